@@ -1,0 +1,164 @@
+//! Micro-benchmarks for the hot paths: frame decode, event encode, filter matching, and fan-out
+//! of one event to N permission-checked subscribers.
+//!
+//! Run with `cargo bench --bench codec`. Report ratios and medians (docs/performance.md); the
+//! machine is shared and noisy.
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use map_router::protocol::capabilities::ParticipantType;
+use map_router::protocol::event::{EventType, SubscriptionFilter};
+use map_router::protocol::jsonrpc::classify;
+use map_router::router::events::filter::CompiledFilter;
+use map_router::router::events::log::{Audience, EventDraft, EventLog, FilterKeys, Retention};
+use map_router::router::events::{EventBus, SubState, Subscription};
+use map_router::router::outbox::{outbox, CausedBy, Delivery, OutboxReceiver};
+use map_router::router::registry::Registry;
+use map_router::router::ConnId;
+
+const SEND: &str = r#"{"jsonrpc":"2.0","id":42,"method":"map/send","params":{"to":{"scope":"team"},"payload":{"text":"hello","n":1},"meta":{"correlationId":"c-1","priority":"high"}}}"#;
+
+fn draft() -> EventDraft {
+    EventDraft {
+        kind: EventType::MessageDelivered,
+        source: Some("agent-1".into()),
+        data: r#"{"messageId":"01M80HY5C69CJBW54QZMBSQASG","from":"agent-1","deliveredTo":["agent-2"],"timestamp":1795315144070,"message":{"id":"01M80HY5C69CJBW54QZMBSQASG","from":"agent-1","to":{"scope":"team"},"timestamp":1795315144070,"payload":{"text":"hello","n":1}}}"#.into(),
+        caused_by: vec![],
+        keys: FilterKeys {
+            scopes: vec!["team".into()],
+            priority: Some("high".into()),
+            ..FilterKeys::default()
+        },
+        audience: Audience::Everyone,
+    }
+}
+
+fn codec(c: &mut Criterion) {
+    let mut g = c.benchmark_group("codec");
+    g.bench_function("classify_request", |b| {
+        let raw: &serde_json::value::RawValue = serde_json::from_str(SEND).unwrap();
+        b.iter(|| std::hint::black_box(classify(raw)));
+    });
+    g.bench_function("decode_send_params", |b| {
+        b.iter(|| {
+            let v: map_router::protocol::methods::messaging::SendParams =
+                serde_json::from_str(r#"{"to":{"scope":"team"},"payload":{"text":"hello","n":1},"meta":{"correlationId":"c-1"}}"#).unwrap();
+            std::hint::black_box(v)
+        });
+    });
+    let mut log = EventLog::new(Retention {
+        max_events: 1000,
+        max_bytes: 1 << 24,
+    });
+    let rec = log.append(draft());
+    g.bench_function("encode_event_delivery", |b| {
+        let d = Delivery {
+            subscription: "01M80HY5AK95PT2NRGZR7TGR7V".into(),
+            sequence: 12345,
+            record: rec.clone(),
+            caused_by: CausedBy::None,
+        };
+        let mut out = String::with_capacity(1024);
+        b.iter(|| {
+            out.clear();
+            d.encode(&mut out);
+            std::hint::black_box(out.len())
+        });
+    });
+    g.finish();
+}
+
+fn filters(c: &mut Criterion) {
+    let mut log = EventLog::new(Retention {
+        max_events: 1000,
+        max_bytes: 1 << 24,
+    });
+    let rec = log.append(draft());
+    let f: SubscriptionFilter = serde_json::from_str(
+        r#"{"eventTypes":["message.*"],"scopes":["team"],"priorities":["high","urgent"]}"#,
+    )
+    .unwrap();
+    let compiled = CompiledFilter::compile(Some(&f)).unwrap();
+    c.bench_function("filter_match", |b| {
+        b.iter(|| std::hint::black_box(compiled.matches(&rec, |_| None)))
+    });
+}
+
+fn subscription(
+    i: usize,
+    conn: ConnId,
+    outbox: map_router::router::outbox::Outbox,
+) -> Subscription {
+    // A mix: half match-all, a quarter filtered in, a quarter filtered out.
+    let filter = match i % 4 {
+        0 | 1 => None,
+        2 => Some(r#"{"eventTypes":["message_delivered"]}"#),
+        _ => Some(r#"{"eventTypes":["agent.*"]}"#),
+    }
+    .map(|j| serde_json::from_str::<SubscriptionFilter>(j).unwrap());
+    Subscription {
+        id: format!("sub-{i}").into(),
+        session: format!("s-{i}").into(),
+        conn,
+        participant: format!("p-{i}").into(),
+        participant_type: if i % 10 == 0 {
+            ParticipantType::System
+        } else {
+            ParticipantType::Client
+        },
+        filter: CompiledFilter::compile(f_ref(&filter)).unwrap(),
+        exclude_own: i % 7 == 0,
+        cursor: 0,
+        start: 0,
+        sequence: 0,
+        state: SubState::Live,
+        outbox,
+    }
+}
+
+fn f_ref(f: &Option<SubscriptionFilter>) -> Option<&SubscriptionFilter> {
+    f.as_ref()
+}
+
+fn fanout(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fanout");
+    for n in [1usize, 10, 100, 1000] {
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
+            let mut bus = EventBus::new(EventLog::new(Retention {
+                max_events: 4096,
+                max_bytes: 1 << 26,
+            }));
+            let registry = Registry::default();
+            let mut receivers: Vec<OutboxReceiver> = Vec::new();
+            for i in 0..n {
+                let (tx, rx) = outbox(1 << 16);
+                receivers.push(rx);
+                bus.insert(subscription(i, ConnId(i as u64), tx));
+            }
+            b.iter(|| {
+                let rec = bus.log.append(draft());
+                bus.publish(&rec, &registry);
+                for rx in &mut receivers {
+                    while rx.try_recv().is_some() {}
+                }
+            });
+        });
+    }
+    g.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = codec, filters, fanout
+}
+criterion_main!(benches);

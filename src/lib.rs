@@ -1,0 +1,20 @@
+//! map-router: a fast, dependable router for MAP, the Multi-Agent Protocol (JSON-RPC 2.0).
+//!
+//! The crate is laid out the way a request flows:
+//!
+//! - [`protocol`]: wire types only (serde + schemars, no I/O): JSON-RPC envelopes, MAP records,
+//!   one type per method, events, and the JSON Schema generator behind `schema/`.
+//! - [`transport`]: framing and connection loops. Each transport adapts its medium (WebSocket
+//!   today) to frames and runs the one connection driver: a reader and a single writer.
+//! - [`router`]: the core. One task owns every session, agent, scope, subscription and the
+//!   event log; transports talk to it through a [`router::RouterHandle`]. It opens no sockets.
+//! - [`server`]: listeners, configuration and graceful shutdown.
+//!
+//! `docs/architecture.md` describes who owns what and how requests and events flow;
+//! `docs/compatibility.md` records every choice between the SDK, the spec and the reference
+//! servers.
+
+pub mod protocol;
+pub mod router;
+pub mod server;
+pub mod transport;

@@ -1,0 +1,180 @@
+//! The `map-router` command line: parse arguments, build the configuration, run the server.
+//!
+//! Logs go to stderr (stdout stays clean for machine output and, later, stdio transports).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use map_router::server::{Config, Server};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "map-router",
+    version,
+    about = "A router for MAP, the Multi-Agent Protocol"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the router (the default when no command is given).
+    Serve(ServeArgs),
+    /// Write (or check) the JSON Schema files generated from the protocol types.
+    Schema {
+        /// Directory to write into.
+        #[arg(long, default_value = "schema")]
+        out: PathBuf,
+        /// Only check that the directory is up to date; exit 1 if not.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct ServeArgs {
+    /// Address to listen on (repeatable). Overrides the config file. Default 127.0.0.1:4500.
+    #[arg(long, env = "MAP_ROUTER_LISTEN", value_delimiter = ',')]
+    listen: Vec<SocketAddr>,
+    /// TOML configuration file.
+    #[arg(long, env = "MAP_ROUTER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Largest accepted text frame, in bytes.
+    #[arg(long, env = "MAP_ROUTER_MAX_FRAME_BYTES")]
+    max_frame_bytes: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Some(Cmd::Schema { out, check }) => schema(&out, check),
+        Some(Cmd::Serve(args)) => serve(args),
+        None => serve(cli.serve),
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn build_config(args: &ServeArgs) -> Result<Config, String> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    if !args.listen.is_empty() {
+        config.listen = args.listen.clone();
+    }
+    if let Some(n) = args.max_frame_bytes {
+        config.limits.max_frame_bytes = n;
+    }
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let config = match build_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("map-router: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("map-router: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let server = match Server::start(config).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("map-router: cannot listen: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for addr in server.local_addrs() {
+            // Stable, parseable line (tests and scripts read it to find the port).
+            eprintln!("map-router listening on ws://{addr}/");
+        }
+        wait_for_signal().await;
+        tracing::info!("shutting down: draining connections");
+        server.shutdown().await;
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn schema(out: &std::path::Path, check: bool) -> ExitCode {
+    let files = map_router::protocol::schema::generate_all();
+    let mut stale = Vec::new();
+    for (name, text) in &files {
+        let path = out.join(name);
+        let current = std::fs::read_to_string(&path).ok();
+        if current.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        if check {
+            stale.push(name.clone());
+            continue;
+        }
+        if let Some(dir) = path.parent() {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                eprintln!("map-router: cannot create {}: {e}", dir.display());
+                return ExitCode::FAILURE;
+            }
+        }
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("map-router: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("wrote {}", path.display());
+    }
+    if !stale.is_empty() {
+        eprintln!(
+            "map-router: schema/ is stale ({}); run `cargo run -- schema --out schema`",
+            stale.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,249 @@
+//! The `Agent` record and its parts, exactly as they appear on the wire (methods.md §0).
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::capabilities::ParticipantCapabilities;
+use super::ids::{AgentId, ParticipantId, ScopeId};
+
+/// An agent's state: one of the SDK's states, or a custom `x-<name>` state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct AgentState(std::borrow::Cow<'static, str>);
+
+impl JsonSchema for AgentState {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "AgentState".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A standard agent state, or a custom `x-<name>` state",
+            "anyOf": [
+                {"type": "string", "enum": Self::KNOWN},
+                {"type": "string", "pattern": "^x-[a-z][a-z0-9-]*$"}
+            ]
+        })
+    }
+}
+
+#[allow(missing_docs)]
+impl AgentState {
+    pub const REGISTERED: Self = Self::known("registered");
+    pub const ACTIVE: Self = Self::known("active");
+    pub const BUSY: Self = Self::known("busy");
+    pub const IDLE: Self = Self::known("idle");
+    pub const SUSPENDED: Self = Self::known("suspended");
+    pub const STOPPING: Self = Self::known("stopping");
+    pub const STOPPED: Self = Self::known("stopped");
+    pub const FAILED: Self = Self::known("failed");
+    pub const ORPHANED: Self = Self::known("orphaned");
+
+    const KNOWN: [&'static str; 9] = [
+        "registered",
+        "active",
+        "busy",
+        "idle",
+        "suspended",
+        "stopping",
+        "stopped",
+        "failed",
+        "orphaned",
+    ];
+
+    const fn known(s: &'static str) -> Self {
+        Self(std::borrow::Cow::Borrowed(s))
+    }
+
+    /// Validates a state string: a known state, or `x-` followed by `[a-z][a-z0-9-]*`.
+    pub fn parse(s: &str) -> Option<Self> {
+        if let Some(k) = Self::KNOWN.iter().find(|k| **k == s) {
+            return Some(Self::known(k));
+        }
+        let custom = s.strip_prefix("x-")?;
+        let mut chars = custom.chars();
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        (first_ok && rest_ok && s.len() <= 64).then(|| Self(s.to_owned().into()))
+    }
+
+    /// The state string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Terminal states: nothing may move an agent out of them.
+    pub fn is_terminal(&self) -> bool {
+        *self == Self::STOPPED
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentState {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        AgentState::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown agent state `{s}` (expected one of {} or x-<name>)",
+                Self::KNOWN.join(", ")
+            ))
+        })
+    }
+}
+
+impl fmt::Display for AgentState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who may see an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentVisibility {
+    /// Everyone.
+    #[default]
+    Public,
+    /// Its owner and the owner of its parent.
+    ParentOnly,
+    /// Participants owning an agent that shares a scope with it.
+    Scope,
+    /// System participants only.
+    System,
+}
+
+/// A declared relationship to another agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRelationship {
+    /// `peer`, `supervisor`, `supervised` or `collaborator`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The other agent.
+    pub agent_id: AgentId,
+    /// Free-form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Lifecycle timestamps (Unix ms) and exit information.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentLifecycle {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_active_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orphaned_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_reason: Option<String>,
+}
+
+/// An agent as the wire shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Agent {
+    /// The agent's id.
+    pub id: AgentId,
+    /// The participant that owns (answers for) this agent; `null` while orphaned.
+    pub owner_id: Option<ParticipantId>,
+    /// Display name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Free text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Parent agent, for spawned children.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<AgentId>,
+    /// Child ids; only present when a query expands them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub children: Option<Vec<AgentId>>,
+    /// Declared relationships to other agents.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relationships: Option<Vec<AgentRelationship>>,
+    /// Current state.
+    pub state: AgentState,
+    /// Role, used by role addressing and filters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Scopes the agent is a member of.
+    pub scopes: Vec<ScopeId>,
+    /// Who may see the agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub visibility: Option<AgentVisibility>,
+    /// Per-agent permission overrides (`canSee`, `canMessage`, `acceptsFrom`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permission_overrides: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Lifecycle timestamps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<AgentLifecycle>,
+    /// Capabilities the agent declared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<ParticipantCapabilities>,
+    /// Where the agent runs (host, os, cloud, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environment: Option<serde_json::Map<String, serde_json::Value>>,
+    /// What the agent can do, for discovery (`capabilities[].id`, `tags`, `accepts`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capability_descriptor: Option<serde_json::Map<String, serde_json::Value>>,
+    /// A persistent identity (`persistentId`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persistent_identity: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Free-form metadata.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_accept_the_sdk_set_and_custom_names_only() {
+        assert_eq!(AgentState::parse("busy"), Some(AgentState::BUSY));
+        assert!(AgentState::parse("x-thinking").is_some());
+        assert!(AgentState::parse("x-").is_none());
+        assert!(AgentState::parse("x-Bad").is_none());
+        assert!(AgentState::parse("sleeping").is_none());
+        let err = serde_json::from_str::<AgentState>("\"nope\"").unwrap_err();
+        assert!(err.to_string().contains("unknown agent state"));
+    }
+
+    #[test]
+    fn owner_id_is_always_present_even_when_null() {
+        let agent = Agent {
+            id: "a".into(),
+            owner_id: None,
+            name: None,
+            description: None,
+            parent: None,
+            children: None,
+            relationships: None,
+            state: AgentState::ORPHANED,
+            role: None,
+            scopes: vec![],
+            visibility: None,
+            permission_overrides: None,
+            lifecycle: None,
+            capabilities: None,
+            environment: None,
+            capability_descriptor: None,
+            persistent_identity: None,
+            metadata: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&agent).unwrap(),
+            r#"{"id":"a","ownerId":null,"state":"orphaned","scopes":[]}"#
+        );
+    }
+}

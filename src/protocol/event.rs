@@ -1,0 +1,433 @@
+//! Events: the `map/event` envelope, the event types we emit with their `data` payloads, and the
+//! subscription filter (events.md §1–4).
+//!
+//! Event type strings are the SDK's `EVENT_TYPES` wire strings (underscore spelling for the core
+//! set), because SDK code compares them literally (`client.request()` looks for
+//! `message_delivered`). Filters accept either spelling.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::agent::AgentState;
+use super::capabilities::ParticipantType;
+use super::ids::{AgentId, EventId, MessageId, ParticipantId, ScopeId, SubscriptionId};
+use super::message::Message;
+
+/// The event types this router emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[allow(missing_docs)]
+pub enum EventType {
+    #[serde(rename = "agent_registered")]
+    AgentRegistered,
+    #[serde(rename = "agent_unregistered")]
+    AgentUnregistered,
+    #[serde(rename = "agent_state_changed")]
+    AgentStateChanged,
+    #[serde(rename = "agent_orphaned")]
+    AgentOrphaned,
+    #[serde(rename = "agent_environment_changed")]
+    AgentEnvironmentChanged,
+    #[serde(rename = "agent.metadata.changed")]
+    AgentMetadataChanged,
+    #[serde(rename = "participant_connected")]
+    ParticipantConnected,
+    #[serde(rename = "participant_disconnected")]
+    ParticipantDisconnected,
+    #[serde(rename = "message_sent")]
+    MessageSent,
+    #[serde(rename = "message_delivered")]
+    MessageDelivered,
+    #[serde(rename = "message_failed")]
+    MessageFailed,
+    #[serde(rename = "scope_created")]
+    ScopeCreated,
+    #[serde(rename = "scope_deleted")]
+    ScopeDeleted,
+    #[serde(rename = "scope_member_joined")]
+    ScopeMemberJoined,
+    #[serde(rename = "scope_member_left")]
+    ScopeMemberLeft,
+    #[serde(rename = "subscription.overflow")]
+    SubscriptionOverflow,
+}
+
+impl EventType {
+    /// Every type, for tests and the schema.
+    pub const ALL: [EventType; 16] = [
+        Self::AgentRegistered,
+        Self::AgentUnregistered,
+        Self::AgentStateChanged,
+        Self::AgentOrphaned,
+        Self::AgentEnvironmentChanged,
+        Self::AgentMetadataChanged,
+        Self::ParticipantConnected,
+        Self::ParticipantDisconnected,
+        Self::MessageSent,
+        Self::MessageDelivered,
+        Self::MessageFailed,
+        Self::ScopeCreated,
+        Self::ScopeDeleted,
+        Self::ScopeMemberJoined,
+        Self::ScopeMemberLeft,
+        Self::SubscriptionOverflow,
+    ];
+
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AgentRegistered => "agent_registered",
+            Self::AgentUnregistered => "agent_unregistered",
+            Self::AgentStateChanged => "agent_state_changed",
+            Self::AgentOrphaned => "agent_orphaned",
+            Self::AgentEnvironmentChanged => "agent_environment_changed",
+            Self::AgentMetadataChanged => "agent.metadata.changed",
+            Self::ParticipantConnected => "participant_connected",
+            Self::ParticipantDisconnected => "participant_disconnected",
+            Self::MessageSent => "message_sent",
+            Self::MessageDelivered => "message_delivered",
+            Self::MessageFailed => "message_failed",
+            Self::ScopeCreated => "scope_created",
+            Self::ScopeDeleted => "scope_deleted",
+            Self::ScopeMemberJoined => "scope_member_joined",
+            Self::ScopeMemberLeft => "scope_member_left",
+            Self::SubscriptionOverflow => "subscription.overflow",
+        }
+    }
+
+    /// The dotted spelling that filters compare against (`agent_registered` → `agent.registered`).
+    pub fn normalized(self) -> &'static str {
+        match self {
+            Self::AgentRegistered => "agent.registered",
+            Self::AgentUnregistered => "agent.unregistered",
+            Self::AgentStateChanged => "agent.state.changed",
+            Self::AgentOrphaned => "agent.orphaned",
+            Self::AgentEnvironmentChanged => "agent.environment.changed",
+            Self::AgentMetadataChanged => "agent.metadata.changed",
+            Self::ParticipantConnected => "participant.connected",
+            Self::ParticipantDisconnected => "participant.disconnected",
+            Self::MessageSent => "message.sent",
+            Self::MessageDelivered => "message.delivered",
+            Self::MessageFailed => "message.failed",
+            Self::ScopeCreated => "scope.created",
+            Self::ScopeDeleted => "scope.deleted",
+            Self::ScopeMemberJoined => "scope.member.joined",
+            Self::ScopeMemberLeft => "scope.member.left",
+            Self::SubscriptionOverflow => "subscription.overflow",
+        }
+    }
+
+    /// Whether this is a message event (the only kind `priorities` filters can match).
+    pub fn is_message(self) -> bool {
+        matches!(
+            self,
+            Self::MessageSent | Self::MessageDelivered | Self::MessageFailed
+        )
+    }
+}
+
+/// The `event` object inside `map/event` and in replay results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// Equal to the envelope's `eventId`.
+    pub id: String,
+    /// The event type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// When the router recorded it (Unix ms).
+    pub timestamp: u64,
+    /// The agent or participant that caused it (`"system"` for the router itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Type-specific payload (see the `*Data` types).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// Event ids that causally precede this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caused_by: Option<Vec<EventId>>,
+}
+
+/// `map/event` params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventNotificationParams {
+    /// The subscription this delivery belongs to.
+    pub subscription_id: SubscriptionId,
+    /// 1 for the first event on the subscription, +1 per event.
+    pub sequence_number: u64,
+    /// The event's id (absent only on the synthetic `subscription.overflow` notice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<EventId>,
+    /// When the event was recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<u64>,
+    /// Causes already delivered on this subscription.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caused_by: Option<Vec<EventId>>,
+    /// The event.
+    pub event: Event,
+}
+
+/// `map/message` params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MessageNotificationParams {
+    /// The delivered message.
+    pub message: Message,
+}
+
+/// A subscription filter. AND across fields, OR within a list; an absent or empty field places
+/// no constraint. Unknown fields are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SubscriptionFilter {
+    /// Event types, in either spelling; `prefix.*` and `*` wildcards.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    /// The event's `source` must be one of these.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_agents: Option<Vec<String>>,
+    /// Alias of `fromAgents` (schema spelling).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
+    /// The source agent's role must be one of these.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_roles: Option<Vec<String>>,
+    /// The role of the agent the event is about (else the source agent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roles: Option<Vec<String>>,
+    /// The event's scope (or a descendant scope of one of these).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scopes: Option<Vec<String>>,
+    /// Message priority (message events only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<Vec<String>>,
+    /// `data.correlationId` or `data.message.meta.correlationId`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_ids: Option<Vec<String>>,
+    /// Each key must deep-equal `data.metadata[key]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata_match: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Dot paths into the related agent's `environment`, each must equal the value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environment_match: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Mail extension filter: only `mail.*` events can match (this router emits none yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mail: Option<serde_json::Value>,
+    /// Trajectory extension filter: only `trajectory.*` events can match (none emitted yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trajectory: Option<serde_json::Value>,
+}
+
+/// One event in a `map/replay` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayedEvent {
+    /// The event id (a position for `afterEventId`).
+    pub event_id: EventId,
+    /// When it was recorded.
+    pub timestamp: u64,
+    /// Its causes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caused_by: Option<Vec<EventId>>,
+    /// The event.
+    pub event: Event,
+}
+
+// ---------------------------------------------------------------------------------------------
+// `data` payloads, one per event type.
+// ---------------------------------------------------------------------------------------------
+
+/// `agent_registered`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentRegisteredData {
+    pub agent_id: AgentId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    pub owner_id: Option<ParticipantId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<AgentId>,
+    /// True when an orphaned agent was reclaimed by its reconnecting owner.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `agent_unregistered`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentUnregisteredData {
+    pub agent_id: AgentId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `agent_state_changed`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentStateChangedData {
+    pub agent_id: AgentId,
+    pub previous_state: AgentState,
+    pub new_state: AgentState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `agent_orphaned`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentOrphanedData {
+    pub agent_id: AgentId,
+    pub previous_owner: ParticipantId,
+}
+
+/// `agent_environment_changed`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentEnvironmentChangedData {
+    pub agent_id: AgentId,
+    pub environment: serde_json::Map<String, serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_environment: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `agent.metadata.changed`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentMetadataChangedData {
+    pub agent_id: AgentId,
+    /// The keys the update set.
+    pub changes: serde_json::Map<String, serde_json::Value>,
+    /// The merged metadata after the update.
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `participant_connected`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct ParticipantConnectedData {
+    pub participant_id: ParticipantId,
+    pub participant_type: ParticipantType,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// True when a detached session was resumed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconnected: Option<bool>,
+}
+
+/// `participant_disconnected`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct ParticipantDisconnectedData {
+    pub participant_id: ParticipantId,
+    pub participant_type: ParticipantType,
+    /// `disconnect` (map/disconnect), `transport_closed` (socket lost) or `shutdown`.
+    pub reason: String,
+}
+
+/// `message_sent`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct MessageSentData {
+    pub message_id: MessageId,
+    pub from: String,
+    pub to: serde_json::Value,
+    pub timestamp: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    pub message: Message,
+}
+
+/// `message_delivered`: one per recipient.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct MessageDeliveredData {
+    pub message_id: MessageId,
+    pub from: String,
+    pub delivered_to: Vec<String>,
+    pub timestamp: u64,
+    /// Omitted when the message expects a response (see docs/compatibility.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    pub message: Message,
+}
+
+/// `message_failed`: a recipient could not be reached.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct MessageFailedData {
+    pub message_id: MessageId,
+    pub from: String,
+    pub to: serde_json::Value,
+    /// The recipient that was not reached.
+    pub recipient: String,
+    /// `recipient_offline` or `recipient_backlogged`.
+    pub reason: String,
+    pub code: i32,
+}
+
+/// `scope_created`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct ScopeCreatedData {
+    pub scope_id: ScopeId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ScopeId>,
+}
+
+/// `scope_deleted`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct ScopeDeletedData {
+    pub scope_id: ScopeId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted_descendants: Option<Vec<ScopeId>>,
+}
+
+/// `scope_member_joined` and `scope_member_left`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct ScopeMemberData {
+    pub scope_id: ScopeId,
+    pub agent_id: AgentId,
+}
+
+/// `subscription.overflow`: this subscription fell further behind than the event log retains.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct SubscriptionOverflowData {
+    pub subscription_id: SubscriptionId,
+    /// How many log entries were evicted before this subscription read them (an upper bound on
+    /// the events it missed: some of them might not have matched its filter).
+    pub events_dropped: u64,
+    /// The first event the subscription receives after the gap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumes_at: Option<EventId>,
+    pub recommendation: String,
+}

@@ -1,0 +1,486 @@
+//! JSON-RPC 2.0 envelopes: classifying incoming frames, and writing responses.
+//!
+//! Owns the rules from `wire.md` §2: what counts as a request, a notification or a response; how
+//! ids are echoed (byte for byte, so a number stays a number); that an absent `params` means `{}`;
+//! and that every success response carries `result`. Nothing here knows a MAP method.
+
+use std::fmt::Write as _;
+
+use schemars::JsonSchema;
+use serde::de::Deserializer;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// The JSON-RPC request id, kept as the exact JSON text the peer sent (`7`, `"a"`, `null`).
+/// Echoing the text guarantees the SDK's strict `===` match on its integer ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Id(Box<str>);
+
+impl Id {
+    /// The `null` id used for errors that cannot be tied to a request.
+    pub fn null() -> Self {
+        Self("null".into())
+    }
+
+    /// An integer id (used by tests and the Rust client).
+    pub fn number(n: u64) -> Self {
+        Self(n.to_string().into())
+    }
+
+    /// Validates raw JSON as an id: a string, a number or `null` (JSON-RPC 2.0 §4).
+    pub fn from_raw(raw: &RawValue) -> Option<Self> {
+        let text = raw.get().trim();
+        match text.as_bytes().first()? {
+            b'"' | b'-' | b'0'..=b'9' => Some(Self(text.into())),
+            b'n' if text == "null" => Some(Self(text.into())),
+            _ => None,
+        }
+    }
+
+    /// The id as JSON text.
+    pub fn as_json(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A JSON-RPC error code. A newtype rather than an enum so MAP can add codes freely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct ErrorCode(pub i32);
+
+#[allow(missing_docs)]
+impl ErrorCode {
+    // JSON-RPC 2.0
+    pub const PARSE_ERROR: Self = Self(-32700);
+    pub const INVALID_REQUEST: Self = Self(-32600);
+    pub const METHOD_NOT_FOUND: Self = Self(-32601);
+    pub const INVALID_PARAMS: Self = Self(-32602);
+    pub const INTERNAL_ERROR: Self = Self(-32603);
+    // MAP auth (1xxx)
+    pub const AUTH_REQUIRED: Self = Self(1000);
+    pub const AUTH_FAILED: Self = Self(1001);
+    pub const TOKEN_EXPIRED: Self = Self(1002);
+    pub const PERMISSION_DENIED: Self = Self(1003);
+    pub const INSUFFICIENT_SCOPE: Self = Self(1004);
+    pub const METHOD_NOT_SUPPORTED: Self = Self(1005);
+    pub const INVALID_CREDENTIALS: Self = Self(1006);
+    // MAP routing (2xxx)
+    pub const ADDRESS_NOT_FOUND: Self = Self(2000);
+    pub const AGENT_NOT_FOUND: Self = Self(2001);
+    pub const SCOPE_NOT_FOUND: Self = Self(2002);
+    pub const DELIVERY_FAILED: Self = Self(2003);
+    pub const ADDRESS_AMBIGUOUS: Self = Self(2004);
+    // MAP agent (3xxx)
+    pub const AGENT_EXISTS: Self = Self(3000);
+    pub const STATE_INVALID: Self = Self(3001);
+    pub const NOT_RESPONDING: Self = Self(3002);
+    pub const TERMINATED: Self = Self(3003);
+    pub const SPAWN_FAILED: Self = Self(3004);
+    // MAP resources (4xxx)
+    pub const EXHAUSTED: Self = Self(4000);
+    pub const RATE_LIMITED: Self = Self(4001);
+    pub const QUOTA_EXCEEDED: Self = Self(4002);
+    // MAP federation (5xxx)
+    pub const FEDERATION_UNAVAILABLE: Self = Self(5000);
+    pub const FEDERATION_SYSTEM_NOT_FOUND: Self = Self(5001);
+
+    /// The `data.category` the SDK associates with this code (wire.md §3).
+    pub fn category(self) -> ErrorCategory {
+        match self.0 {
+            -32603 => ErrorCategory::Internal,
+            c if c < 0 => ErrorCategory::Protocol,
+            1000..=1999 => ErrorCategory::Auth,
+            2000..=2999 => ErrorCategory::Routing,
+            3000..=3999 => ErrorCategory::Agent,
+            4000..=4999 => ErrorCategory::Resource,
+            5000..=5999 => ErrorCategory::Federation,
+            _ => ErrorCategory::Internal,
+        }
+    }
+}
+
+/// `data.category` of a MAP error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(missing_docs)]
+pub enum ErrorCategory {
+    Protocol,
+    Auth,
+    Routing,
+    Agent,
+    Resource,
+    Federation,
+    Mail,
+    Trajectory,
+    Internal,
+}
+
+/// `error.data` of a MAP error (all fields optional; extra keys allowed by the spec).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorData {
+    /// Which family the error belongs to.
+    pub category: ErrorCategory,
+    /// Whether retrying the same call may succeed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    /// For rate limits: how long to wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// Free-form detail, e.g. which field failed to parse.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<serde_json::Value>,
+}
+
+/// A JSON-RPC error object as MAP shapes it: `{code, message, data: {category, ...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorObject {
+    /// The numeric code.
+    pub code: ErrorCode,
+    /// A human-readable message, matching the SDK's factory messages where one exists.
+    pub message: String,
+    /// Category and optional details.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<ErrorData>,
+}
+
+impl ErrorObject {
+    /// An error with `data.category` derived from the code.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            data: Some(ErrorData {
+                category: code.category(),
+                retryable: None,
+                retry_after_ms: None,
+                details: None,
+            }),
+        }
+    }
+
+    /// Adds `data.details`.
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        if let Some(d) = self.data.as_mut() {
+            d.details = Some(details);
+        }
+        self
+    }
+
+    /// Marks the error retryable.
+    pub fn retryable(mut self) -> Self {
+        if let Some(d) = self.data.as_mut() {
+            d.retryable = Some(true);
+        }
+        self
+    }
+
+    /// `-32700 Parse error`.
+    pub fn parse_error(detail: impl Into<String>) -> Self {
+        Self::new(ErrorCode::PARSE_ERROR, "Parse error")
+            .with_details(serde_json::Value::String(detail.into()))
+    }
+
+    /// `-32600 Invalid request`.
+    pub fn invalid_request(detail: impl Into<String>) -> Self {
+        Self::new(ErrorCode::INVALID_REQUEST, "Invalid request")
+            .with_details(serde_json::Value::String(detail.into()))
+    }
+
+    /// `-32601 Method not found: <m>` (the SDK's exact message).
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            format!("Method not found: {method}"),
+        )
+    }
+
+    /// `-32602 Invalid params` with the reason in `data.details`.
+    pub fn invalid_params(detail: impl Into<String>) -> Self {
+        Self::new(ErrorCode::INVALID_PARAMS, "Invalid params")
+            .with_details(serde_json::Value::String(detail.into()))
+    }
+
+    /// `-32603 Internal error`.
+    pub fn internal(detail: impl Into<String>) -> Self {
+        Self::new(ErrorCode::INTERNAL_ERROR, detail)
+    }
+}
+
+/// One incoming JSON object, classified the way the SDK classifies messages (wire.md §2).
+#[derive(Debug)]
+pub enum Incoming<'a> {
+    /// Has `id` and `method`: must be answered.
+    Request {
+        /// Echoed verbatim in the response.
+        id: Id,
+        /// The method name.
+        method: &'a str,
+        /// Raw params; `None` when absent or `null` (treated as `{}` by dispatch).
+        params: Option<&'a RawValue>,
+    },
+    /// Has `method` and no `id` key at all: never answered.
+    Notification {
+        /// The method name.
+        method: &'a str,
+        /// Raw params, if any.
+        params: Option<&'a RawValue>,
+    },
+    /// Has `id` and no `method`: a response to a server request. We never send requests, so
+    /// these are dropped.
+    Response,
+    /// Valid JSON that is not a valid JSON-RPC message; answered with `-32600`.
+    Invalid {
+        /// The id, when one could be read, so the error reaches the right caller.
+        id: Id,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// The envelope fields, borrowed from the frame. Unknown fields are ignored.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+/// Deserializes a field that is present (even when its value is `null`) as `Some`.
+fn present<'de, D>(d: D) -> Result<Option<&'de RawValue>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    <&'de RawValue as Deserialize<'de>>::deserialize(d).map(Some)
+}
+
+/// Classifies one JSON value (already known to be an object) from a frame.
+pub fn classify(raw: &RawValue) -> Incoming<'_> {
+    let env: Envelope<'_> = match serde_json::from_str(raw.get()) {
+        Ok(env) => env,
+        Err(e) => {
+            return Incoming::Invalid {
+                id: Id::null(),
+                reason: format!("not a JSON-RPC object: {e}"),
+            }
+        }
+    };
+    let id = match env.id {
+        None => None,
+        Some(raw_id) => match Id::from_raw(raw_id) {
+            Some(id) => Some(id),
+            None => {
+                return Incoming::Invalid {
+                    id: Id::null(),
+                    reason: "id must be a string, a number or null".into(),
+                }
+            }
+        },
+    };
+    let reply_id = || id.clone().unwrap_or_else(Id::null);
+    if env.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
+        return Incoming::Invalid {
+            id: reply_id(),
+            reason: "jsonrpc must be exactly \"2.0\"".into(),
+        };
+    }
+    let Some(method_raw) = env.method else {
+        if id.is_some() && (env.result.is_some() || env.error.is_some()) {
+            return Incoming::Response;
+        }
+        return Incoming::Invalid {
+            id: reply_id(),
+            reason: "missing method".into(),
+        };
+    };
+    let method: &str = match serde_json::from_str::<&str>(method_raw.get()) {
+        Ok(m) => m,
+        // A method string with escapes cannot be borrowed; no MAP method name has escapes, so
+        // reporting it as invalid is accurate enough.
+        Err(_) => {
+            return Incoming::Invalid {
+                id: reply_id(),
+                reason: "method must be a plain string".into(),
+            }
+        }
+    };
+    let params = match env.params {
+        None => None,
+        Some(p) => match p.get().trim_start().as_bytes().first() {
+            Some(b'{') | Some(b'[') => Some(p),
+            Some(b'n') => None,
+            _ => {
+                return Incoming::Invalid {
+                    id: reply_id(),
+                    reason: "params must be an object or an array".into(),
+                }
+            }
+        },
+    };
+    match id {
+        Some(id) => Incoming::Request { id, method, params },
+        None => Incoming::Notification { method, params },
+    }
+}
+
+/// Writes a success response. `result` must already be JSON text.
+pub fn write_success(out: &mut String, id: &Id, result: &str) {
+    out.reserve(32 + id.as_json().len() + result.len());
+    out.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+    out.push_str(id.as_json());
+    out.push_str(",\"result\":");
+    out.push_str(result);
+    out.push('}');
+}
+
+/// Writes an error response.
+pub fn write_error(out: &mut String, id: &Id, error: &ErrorObject) {
+    out.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+    out.push_str(id.as_json());
+    out.push_str(",\"error\":");
+    match serde_json::to_string(error) {
+        Ok(json) => out.push_str(&json),
+        // Serializing plain strings and numbers cannot fail; keep the frame valid regardless.
+        Err(_) => {
+            let _ = write!(
+                out,
+                "{{\"code\":{},\"message\":\"Internal error\"}}",
+                -32603
+            );
+        }
+    }
+    out.push('}');
+}
+
+/// Writes a notification frame whose params are already JSON text.
+pub fn write_notification(out: &mut String, method: &str, params: &str) {
+    out.push_str("{\"jsonrpc\":\"2.0\",\"method\":\"");
+    out.push_str(method);
+    out.push_str("\",\"params\":");
+    out.push_str(params);
+    out.push('}');
+}
+
+/// A request as a client writes it (used by the Rust client and tests).
+#[derive(Debug, Serialize)]
+pub struct OutgoingRequest<'a, P: Serialize> {
+    /// Always "2.0".
+    pub jsonrpc: &'static str,
+    /// Request id.
+    pub id: u64,
+    /// Method name.
+    pub method: &'a str,
+    /// Params.
+    pub params: P,
+}
+
+/// Reads JSON text as a `Box<RawValue>`, mapping failures to `-32700`.
+pub fn parse_raw(text: &str) -> Result<&RawValue, ErrorObject> {
+    serde_json::from_str::<&RawValue>(text).map_err(|e| ErrorObject::parse_error(e.to_string()))
+}
+
+/// Splits a JSON array's raw text into its elements (for batches).
+pub fn split_batch(raw: &RawValue) -> Result<Vec<&RawValue>, ErrorObject> {
+    serde_json::from_str::<Vec<&RawValue>>(raw.get())
+        .map_err(|e| ErrorObject::parse_error(e.to_string()))
+}
+
+/// Deserialization helper: accepts `null` as the type's default.
+pub fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Turns a serde error into the `details` text of `-32602`.
+pub fn params_error(e: impl std::fmt::Display) -> ErrorObject {
+    ErrorObject::invalid_params(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> &RawValue {
+        serde_json::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn request_notification_response_are_told_apart() {
+        match classify(raw(r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{}}"#)) {
+            Incoming::Request { id, method, params } => {
+                assert_eq!(id.as_json(), "1");
+                assert_eq!(method, "m");
+                assert_eq!(params.unwrap().get(), "{}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            classify(raw(r#"{"jsonrpc":"2.0","method":"m"}"#)),
+            Incoming::Notification {
+                method: "m",
+                params: None
+            }
+        ));
+        assert!(matches!(
+            classify(raw(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)),
+            Incoming::Response
+        ));
+    }
+
+    #[test]
+    fn null_id_is_a_request_and_ids_echo_verbatim() {
+        match classify(raw(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#)) {
+            Incoming::Request { id, .. } => assert_eq!(id.as_json(), "null"),
+            other => panic!("{other:?}"),
+        }
+        match classify(raw(r#"{"jsonrpc":"2.0","id":"abc","method":"m"}"#)) {
+            Incoming::Request { id, .. } => assert_eq!(id.as_json(), "\"abc\""),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn invalid_envelopes_keep_the_id_when_readable() {
+        match classify(raw(r#"{"jsonrpc":"1.0","id":7,"method":"m"}"#)) {
+            Incoming::Invalid { id, .. } => assert_eq!(id.as_json(), "7"),
+            other => panic!("{other:?}"),
+        }
+        match classify(raw(r#"{"jsonrpc":"2.0","id":{"x":1},"method":"m"}"#)) {
+            Incoming::Invalid { id, .. } => assert_eq!(id.as_json(), "null"),
+            other => panic!("{other:?}"),
+        }
+        match classify(raw(r#"{"jsonrpc":"2.0","id":3,"method":"m","params":5}"#)) {
+            Incoming::Invalid { id, .. } => assert_eq!(id.as_json(), "3"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            classify(raw(r#"{"jsonrpc":"2.0","id":3}"#)),
+            Incoming::Invalid { .. }
+        ));
+    }
+
+    #[test]
+    fn responses_serialize_exactly() {
+        let mut out = String::new();
+        write_success(&mut out, &Id::number(4), "{}");
+        assert_eq!(out, r#"{"jsonrpc":"2.0","id":4,"result":{}}"#);
+        out.clear();
+        write_error(&mut out, &Id::null(), &ErrorObject::method_not_found("x/y"));
+        assert_eq!(
+            out,
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32601,"message":"Method not found: x/y","data":{"category":"protocol"}}}"#
+        );
+    }
+}

@@ -1,0 +1,39 @@
+//! `map/send` (methods.md §1).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::method;
+use crate::protocol::capabilities::Capability;
+use crate::protocol::ids::MessageId;
+use crate::protocol::message::MessageMeta;
+
+/// `map/send` params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SendParams {
+    /// Where to send: any address form (see `Address`).
+    pub to: serde_json::Value,
+    /// The payload, delivered untouched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    /// Message metadata, delivered untouched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<MessageMeta>")]
+    pub meta: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `map/send` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SendResult {
+    /// The message id.
+    pub message_id: MessageId,
+    /// Who received it: agent ids for agent recipients, participant ids for participant
+    /// recipients. Possibly empty (for example a scope with no other members).
+    pub delivered: Vec<String>,
+}
+
+method!(
+    /// `map/send`.
+    Send, "map/send", Some(Capability::CanSend), SendParams, SendResult
+);

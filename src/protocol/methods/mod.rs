@@ -1,0 +1,94 @@
+//! One type per MAP method, each naming its wire string, params and result.
+//!
+//! Method-name strings live here and nowhere else. Params types are lenient (unknown fields are
+//! ignored, `params` may be absent); result types are the union shapes chosen in
+//! `docs/compatibility.md`, so SDK clients, the schema and both reference servers' callers find
+//! the fields they read.
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::capabilities::Capability;
+
+pub mod agents;
+pub mod events;
+pub mod messaging;
+pub mod scopes;
+pub mod session;
+
+/// A MAP request method.
+pub trait Method {
+    /// The wire name, e.g. `map/agents/list`.
+    const NAME: &'static str;
+    /// The capability a caller must hold (`meta.json`), if any.
+    const CAPABILITY: Option<Capability>;
+    /// Request params (absent params decode from `{}`).
+    type Params: DeserializeOwned + JsonSchema + Send + 'static;
+    /// Success result.
+    type Result: Serialize + JsonSchema + Send + 'static;
+}
+
+macro_rules! method {
+    ($(#[$m:meta])* $ty:ident, $name:literal, $cap:expr, $params:ty, $result:ty) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy)]
+        pub struct $ty;
+        impl $crate::protocol::methods::Method for $ty {
+            const NAME: &'static str = $name;
+            const CAPABILITY: Option<$crate::protocol::capabilities::Capability> = $cap;
+            type Params = $params;
+            type Result = $result;
+        }
+    };
+}
+pub(crate) use method;
+
+/// Notification method names.
+pub mod notifications {
+    /// Server → client: an event on a subscription.
+    pub const EVENT: &str = "map/event";
+    /// Server → agent connection: a delivered message.
+    pub const MESSAGE: &str = "map/message";
+    /// Client → server: cumulative ack of a subscription's events.
+    pub const SUBSCRIBE_ACK: &str = "map/subscribe.ack";
+}
+
+/// Calls `visit` once per method with its name and the schema-bearing types. Used to generate
+/// `schema/` and to test that every method is dispatched.
+pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
+    use agents::*;
+    use events::*;
+    use messaging::*;
+    use scopes::*;
+    use session::*;
+    visit.visit::<Connect>();
+    visit.visit::<Disconnect>();
+    visit.visit::<Send>();
+    visit.visit::<Subscribe>();
+    visit.visit::<Unsubscribe>();
+    visit.visit::<Replay>();
+    visit.visit::<AgentsList>();
+    visit.visit::<AgentsGet>();
+    visit.visit::<AgentsRegister>();
+    visit.visit::<AgentsSpawn>();
+    visit.visit::<AgentsUnregister>();
+    visit.visit::<AgentsUpdate>();
+    visit.visit::<AgentsStop>();
+    visit.visit::<AgentsSuspend>();
+    visit.visit::<AgentsResume>();
+    visit.visit::<StructureGraph>();
+    visit.visit::<ScopesList>();
+    visit.visit::<ScopesGet>();
+    visit.visit::<ScopesCreate>();
+    visit.visit::<ScopesDelete>();
+    visit.visit::<ScopesJoin>();
+    visit.visit::<ScopesLeave>();
+    visit.visit::<ScopesMembers>();
+}
+
+/// Receives each method type from [`for_each_method`].
+pub trait MethodVisitor {
+    /// Called once per method.
+    fn visit<M: Method>(&mut self);
+}

@@ -1,0 +1,174 @@
+//! `map/connect` and `map/disconnect` (wire.md §4–5).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::method;
+use crate::protocol::agent::Agent;
+use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
+use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
+
+/// What to do with a session's agents when it goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentBehavior {
+    /// Unregister them (children first).
+    Unregister,
+    /// Keep them, owner `null`, state `orphaned`, until someone re-registers their id.
+    Orphan,
+    /// Orphan them, then unregister them if nobody reclaims them within the grace period.
+    GracePeriod,
+}
+
+/// `disconnectPolicy` of `map/connect`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DisconnectPolicy {
+    /// What happens to owned agents.
+    pub agent_behavior: AgentBehavior,
+    /// For `grace-period`: how long agents wait to be reclaimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period_ms: Option<u64>,
+    /// Accepted for compatibility; events are always emitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_subscribers: Option<bool>,
+}
+
+/// Credentials, in either spelling the SDK sends (`credential` or `token`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthCredentials {
+    /// `bearer`, `api-key`, `mtls`, `none`, `did:wba` or `x-*`.
+    pub method: String,
+    /// The credential (docs / `client.connect({auth})` spelling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// The credential (static factory / schema spelling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Free-form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// `map/connect` params.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConnectParams {
+    /// Must be 1 when present.
+    pub protocol_version: Option<serde_json::Value>,
+    /// Who the participant is; `client` when absent.
+    pub participant_type: Option<ParticipantType>,
+    /// Requested participant id (AgentConnection sends its agent id here on reconnect).
+    pub participant_id: Option<ParticipantId>,
+    /// Display name.
+    pub name: Option<String>,
+    /// Capabilities the participant asks for; they can only narrow the default grant.
+    pub capabilities: Option<ParticipantCapabilities>,
+    /// Resume this session (only while it is detached).
+    pub session_id: Option<SessionId>,
+    /// Resume the session this token was issued for.
+    pub resume_token: Option<String>,
+    /// Agents to reclaim on resume (default: all the session owned).
+    pub reclaim_agents: Option<Vec<AgentId>>,
+    /// What happens to this session's agents when it goes away.
+    pub disconnect_policy: Option<DisconnectPolicy>,
+    /// Credentials.
+    pub auth: Option<AuthCredentials>,
+}
+
+/// `systemInfo` of the connect result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SystemInfo {
+    /// Router name.
+    pub name: String,
+    /// Router version.
+    pub version: String,
+}
+
+/// The authenticated identity behind a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Principal {
+    /// Subject.
+    pub id: String,
+    /// Token issuer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    /// Expiry (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+}
+
+/// `map/connect` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectResult {
+    /// Always 1.
+    pub protocol_version: u32,
+    /// The session (stable across resumes).
+    pub session_id: SessionId,
+    /// This participant's id.
+    pub participant_id: ParticipantId,
+    /// The type the participant declared.
+    pub participant_type: ParticipantType,
+    /// What this participant may do, and what the streams support.
+    pub capabilities: ParticipantCapabilities,
+    /// Router name and version.
+    pub system_info: SystemInfo,
+    /// True when an existing session was resumed.
+    pub reconnected: bool,
+    /// Ids of agents this session owns.
+    pub owned_agents: Vec<AgentId>,
+    /// Agents reclaimed on resume.
+    pub reclaimed_agents: Vec<Agent>,
+    /// Single-use token for resuming this session.
+    pub resume_token: String,
+    /// The authenticated principal, when authentication happened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Principal>,
+}
+
+/// `map/disconnect` params.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DisconnectParams {
+    /// Why (recorded in events).
+    pub reason: Option<String>,
+    /// Overrides the session's disconnect policy for this disconnect.
+    pub policy: Option<DisconnectPolicy>,
+}
+
+/// Session summary in the disconnect result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInfo {
+    /// Session id.
+    pub id: SessionId,
+    /// When the session was created (Unix ms).
+    pub created_at: u64,
+    /// When this disconnect happened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<u64>,
+}
+
+/// `map/disconnect` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DisconnectResult {
+    /// Always true.
+    pub acknowledged: bool,
+    /// The session that ended.
+    pub session: SessionInfo,
+    /// Token to resume the session within the resume window.
+    pub resume_token: String,
+}
+
+method!(
+    /// `map/connect`: open (or resume) a session.
+    Connect, "map/connect", None, ConnectParams, ConnectResult
+);
+method!(
+    /// `map/disconnect`: end the session; the result carries a resume token.
+    Disconnect, "map/disconnect", None, DisconnectParams, DisconnectResult
+);

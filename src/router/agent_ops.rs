@@ -1,0 +1,828 @@
+//! Agent handlers: register, spawn, unregister, update, stop, suspend, resume, list, get and
+//! the structure graph.
+//!
+//! Each handler validates, changes the registry, then emits the matching events, causes first.
+//! Decisions (see `docs/compatibility.md`): the first agent an agent-type session registers
+//! without an id gets the participant id as its id, so `reply()` and `delivered` agree;
+//! re-registering an orphaned agent's id reclaims it (the SDK's reconnect does this); update and
+//! unregister require control of the agent (owner, an ancestor's owner, or system); stop,
+//! suspend and resume require `lifecycle.canStop` and tell the agent through a `map/message`
+//! from `system`.
+
+use std::sync::Arc;
+
+use crate::protocol::agent::{Agent, AgentLifecycle, AgentState};
+use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::event::{
+    AgentEnvironmentChangedData, AgentMetadataChangedData, AgentRegisteredData,
+    AgentStateChangedData, AgentUnregisteredData, EventType, ScopeMemberData,
+};
+use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId};
+use crate::protocol::message::Message;
+use crate::protocol::methods::agents::*;
+
+use super::permissions::{can_control_agent, can_see_agent};
+use super::{Caller, Ctx, Router, RouterError};
+
+type JsonMap = serde_json::Map<String, serde_json::Value>;
+
+/// Control messages the router sends to an agent's connection for lifecycle calls.
+const CONTROL_SENDER: &str = "system";
+
+impl Router {
+    /// Looks up an agent the caller may see; invisible agents are reported as not found.
+    fn visible_agent(&self, caller: &Caller, id: &AgentId) -> Result<&Agent, RouterError> {
+        self.registry
+            .get(id.as_str())
+            .map(|r| &r.agent)
+            .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
+            .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))
+    }
+
+    /// Looks up an agent the caller may control.
+    fn controlled_agent(&self, caller: &Caller, id: &AgentId) -> Result<Agent, RouterError> {
+        let agent = self.visible_agent(caller, id)?;
+        if !can_control_agent(&caller.viewer(), agent, &self.registry) {
+            return Err(RouterError::PermissionDenied(format!(
+                "agent {id} is not owned by this participant or its ancestors"
+            )));
+        }
+        Ok(agent.clone())
+    }
+
+    /// `map/agents/register`.
+    pub fn handle_register(
+        &mut self,
+        ctx: &Ctx,
+        p: RegisterParams,
+    ) -> Result<RegisterResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let (agent, resumed) = self.register_agent(&caller, p, Vec::new())?;
+        Ok(RegisterResult {
+            agent,
+            resumed: resumed.then_some(true),
+        })
+    }
+
+    /// Registers (or reclaims) an agent for `caller`; shared by register and spawn.
+    fn register_agent(
+        &mut self,
+        caller: &Caller,
+        p: RegisterParams,
+        caused_by: Vec<EventId>,
+    ) -> Result<(Agent, bool), RouterError> {
+        if p.agent_id.as_ref().is_some_and(|id| id.as_str().is_empty()) {
+            return Err(RouterError::InvalidParams(
+                "agentId must not be empty".into(),
+            ));
+        }
+        if let Some(id) = &p.agent_id {
+            if let Some(existing) = self.registry.get(id.as_str()) {
+                if existing.agent.owner_id.is_none() && existing.agent.state == AgentState::ORPHANED
+                {
+                    let agent = self
+                        .reclaim_orphan(id, &caller.participant, caused_by)
+                        .ok_or_else(|| RouterError::AgentExists(id.to_string()))?;
+                    let agent = self.apply_reregistration(&agent.id, &p).unwrap_or(agent);
+                    self.adopt_primary(caller, &agent.id);
+                    return Ok((agent, true));
+                }
+                return Err(RouterError::AgentExists(id.to_string()));
+            }
+        }
+        if let Some(parent) = &p.parent {
+            self.visible_agent(caller, parent)?;
+        }
+        for scope in p.scopes.iter().flatten() {
+            if !self.scopes.contains(scope.as_str()) {
+                return Err(RouterError::ScopeNotFound(scope.to_string()));
+            }
+        }
+        let id = match p.agent_id {
+            Some(id) => id,
+            None => {
+                let own = AgentId::new(caller.participant.as_arc().clone());
+                if caller.kind == ParticipantType::Agent && !self.registry.contains(own.as_str()) {
+                    own
+                } else {
+                    AgentId::generate()
+                }
+            }
+        };
+        let now = now_ms();
+        let agent = Agent {
+            id: id.clone(),
+            owner_id: Some(caller.participant.clone()),
+            name: p.name,
+            description: p.description,
+            parent: p.parent,
+            children: None,
+            relationships: p.relationships,
+            state: AgentState::REGISTERED,
+            role: p.role,
+            scopes: Vec::new(),
+            visibility: p.visibility,
+            permission_overrides: p.permission_overrides,
+            lifecycle: Some(AgentLifecycle {
+                created_at: Some(now),
+                ..AgentLifecycle::default()
+            }),
+            capabilities: p.capabilities,
+            environment: p.environment,
+            capability_descriptor: p.capability_descriptor,
+            persistent_identity: p.persistent_identity,
+            metadata: p.metadata,
+        };
+        self.registry.insert(agent.clone());
+        self.adopt_primary(caller, &id);
+        let registered = self.emit_agent_event(
+            EventType::AgentRegistered,
+            &agent,
+            &AgentRegisteredData {
+                agent_id: id.clone(),
+                name: agent.name.clone(),
+                role: agent.role.clone(),
+                owner_id: agent.owner_id.clone(),
+                parent: agent.parent.clone(),
+                resumed: None,
+                metadata: agent.metadata.clone(),
+            },
+            caused_by,
+        );
+        for scope in p.scopes.into_iter().flatten() {
+            self.add_member(&scope, &id, vec![registered]);
+        }
+        let agent = self
+            .registry
+            .get(id.as_str())
+            .map(|r| r.agent.clone())
+            .unwrap_or(agent);
+        Ok((agent, false))
+    }
+
+    /// Applies the descriptive fields of a re-registration to a reclaimed agent.
+    fn apply_reregistration(&mut self, id: &AgentId, p: &RegisterParams) -> Option<Agent> {
+        let rec = self.registry.get_mut(id.as_str())?;
+        let a = &mut rec.agent;
+        if p.name.is_some() {
+            a.name = p.name.clone();
+        }
+        if p.description.is_some() {
+            a.description = p.description.clone();
+        }
+        if p.role.is_some() {
+            a.role = p.role.clone();
+        }
+        if p.visibility.is_some() {
+            a.visibility = p.visibility;
+        }
+        if p.capabilities.is_some() {
+            a.capabilities = p.capabilities.clone();
+        }
+        Some(a.clone())
+    }
+
+    fn adopt_primary(&mut self, caller: &Caller, id: &AgentId) {
+        if let Some(s) = self.sessions.get_mut(caller.session.as_str()) {
+            let current_valid = s.primary_agent.as_ref().is_some_and(|a| {
+                self.registry
+                    .is_owned_by(a.as_str(), s.participant.as_str())
+            });
+            if !current_valid {
+                s.primary_agent = Some(id.clone());
+            }
+        }
+    }
+
+    /// `map/agents/spawn`: a child of an agent the caller controls, plus an optional first
+    /// message.
+    pub fn handle_spawn(&mut self, ctx: &Ctx, p: SpawnParams) -> Result<SpawnResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let parent = p.register.parent.clone().ok_or_else(|| {
+            RouterError::InvalidParams("map/agents/spawn requires `parent`".into())
+        })?;
+        self.controlled_agent(&caller, &parent)?;
+        if p.register
+            .agent_id
+            .as_ref()
+            .is_some_and(|id| self.registry.contains(id.as_str()))
+        {
+            return Err(RouterError::AgentExists(
+                p.register
+                    .agent_id
+                    .as_ref()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+            ));
+        }
+        let mut register = p.register;
+        if register.agent_id.is_none() {
+            register.agent_id = Some(AgentId::generate());
+        }
+        if let Some(extra) = p.requested_scopes {
+            register.scopes.get_or_insert_with(Vec::new).extend(extra);
+        }
+        let (agent, _) = self.register_agent(&caller, register, Vec::new())?;
+        let mut message_id = None;
+        if let Some(initial) = p.initial_message {
+            let to = serde_json::json!({ "agent": agent.id });
+            let (id, _) =
+                self.deliver_message(&caller, to, initial.payload, initial.meta, Vec::new())?;
+            message_id = Some(id);
+        }
+        Ok(SpawnResult { agent, message_id })
+    }
+
+    /// `map/agents/unregister`.
+    pub fn handle_unregister(
+        &mut self,
+        ctx: &Ctx,
+        p: UnregisterParams,
+    ) -> Result<UnregisterResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let agent = self.controlled_agent(&caller, &p.agent_id)?;
+        let reason = p.reason.unwrap_or_else(|| "unregistered".into());
+        self.remove_agent(&agent.id, &reason, Vec::new());
+        Ok(UnregisterResult {
+            agent,
+            unregistered: true,
+        })
+    }
+
+    /// Removes an agent: leaves its scopes, emits `agent_unregistered` then one
+    /// `scope_member_left` per scope (caused by the unregistration). Children stay registered.
+    pub(crate) fn remove_agent(&mut self, id: &AgentId, reason: &str, caused_by: Vec<EventId>) {
+        let Some(rec) = self.registry.get(id.as_str()) else {
+            return;
+        };
+        let snapshot = rec.agent.clone();
+        let unregistered = self.emit_agent_event(
+            EventType::AgentUnregistered,
+            &snapshot,
+            &AgentUnregisteredData {
+                agent_id: id.clone(),
+                reason: Some(reason.into()),
+            },
+            caused_by,
+        );
+        for scope in &snapshot.scopes {
+            if let Some(s) = self.scopes.get_mut(scope.as_str()) {
+                s.members.remove(id.as_str());
+            }
+            self.emit_scope_member_event(
+                EventType::ScopeMemberLeft,
+                scope,
+                &snapshot,
+                vec![unregistered],
+            );
+        }
+        self.registry.remove(id.as_str());
+    }
+
+    /// `map/agents/update`.
+    pub fn handle_update(
+        &mut self,
+        ctx: &Ctx,
+        p: UpdateParams,
+    ) -> Result<AgentResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let before = self.controlled_agent(&caller, &p.agent_id)?;
+        if let Some(state) = &p.state {
+            if *state == AgentState::ORPHANED {
+                return Err(RouterError::InvalidParams(
+                    "state `orphaned` is set by the router, not by update".into(),
+                ));
+            }
+            if before.state.is_terminal() && *state != before.state {
+                return Err(RouterError::StateInvalid {
+                    action: "update",
+                    state: before.state.to_string(),
+                });
+            }
+        }
+        let Some(rec) = self.registry.get_mut(p.agent_id.as_str()) else {
+            return Err(RouterError::AgentNotFound(p.agent_id.to_string()));
+        };
+        let now = now_ms();
+        let lifecycle = rec.agent.lifecycle.get_or_insert_with(Default::default);
+        lifecycle.last_active_at = Some(now);
+        if let Some(state) = &p.state {
+            if *state == AgentState::STOPPED {
+                lifecycle.stopped_at = Some(now);
+            }
+            if (*state == AgentState::ACTIVE || *state == AgentState::BUSY)
+                && lifecycle.started_at.is_none()
+            {
+                lifecycle.started_at = Some(now);
+            }
+            rec.agent.state = state.clone();
+        }
+        if let Some(env) = &p.environment {
+            rec.agent.environment = Some(env.clone());
+        }
+        if let Some(changes) = &p.metadata {
+            let meta = rec.agent.metadata.get_or_insert_with(JsonMap::new);
+            for (k, v) in changes {
+                meta.insert(k.clone(), v.clone());
+            }
+        }
+        if let Some(overrides) = &p.permission_overrides {
+            let current = rec
+                .agent
+                .permission_overrides
+                .get_or_insert_with(JsonMap::new);
+            merge_sections(current, overrides);
+        }
+        let after = rec.agent.clone();
+        let mut caused = Vec::new();
+        if let Some(state) = &p.state {
+            if *state != before.state {
+                caused.push(self.emit_agent_event(
+                    EventType::AgentStateChanged,
+                    &after,
+                    &AgentStateChangedData {
+                        agent_id: after.id.clone(),
+                        previous_state: before.state.clone(),
+                        new_state: state.clone(),
+                        reason: None,
+                    },
+                    Vec::new(),
+                ));
+            }
+        }
+        if let Some(env) = &p.environment {
+            self.emit_agent_event(
+                EventType::AgentEnvironmentChanged,
+                &after,
+                &AgentEnvironmentChangedData {
+                    agent_id: after.id.clone(),
+                    environment: env.clone(),
+                    previous_environment: before.environment.clone(),
+                },
+                Vec::new(),
+            );
+        }
+        if let Some(changes) = p.metadata {
+            self.emit_agent_event(
+                EventType::AgentMetadataChanged,
+                &after,
+                &AgentMetadataChangedData {
+                    agent_id: after.id.clone(),
+                    changes,
+                    metadata: after.metadata.clone().unwrap_or_default(),
+                },
+                Vec::new(),
+            );
+        }
+        Ok(AgentResult { agent: after })
+    }
+
+    /// Changes state and emits `agent_state_changed`; returns the new agent and the event id.
+    fn transition(
+        &mut self,
+        id: &AgentId,
+        to: AgentState,
+        reason: Option<String>,
+    ) -> Option<(Agent, EventId)> {
+        let rec = self.registry.get_mut(id.as_str())?;
+        let previous = std::mem::replace(&mut rec.agent.state, to.clone());
+        if to == AgentState::STOPPED {
+            rec.agent
+                .lifecycle
+                .get_or_insert_with(Default::default)
+                .stopped_at = Some(now_ms());
+        }
+        let agent = rec.agent.clone();
+        let ev = self.emit_agent_event(
+            EventType::AgentStateChanged,
+            &agent,
+            &AgentStateChangedData {
+                agent_id: id.clone(),
+                previous_state: previous,
+                new_state: to,
+                reason,
+            },
+            Vec::new(),
+        );
+        Some((agent, ev))
+    }
+
+    /// Tells an agent's connection about a lifecycle call: a `map/message` from `system` whose
+    /// payload is `{"control": "<stop|suspend|resume>", "agentId", "reason"?, "force"?}`.
+    fn send_control(
+        &mut self,
+        agent: &Agent,
+        control: &str,
+        reason: Option<&str>,
+        force: Option<bool>,
+    ) {
+        let mut payload = serde_json::json!({ "control": control, "agentId": agent.id });
+        if let Some(r) = reason {
+            payload["reason"] = r.into();
+        }
+        if let Some(f) = force {
+            payload["force"] = f.into();
+        }
+        let mut meta = JsonMap::new();
+        meta.insert("priority".into(), "urgent".into());
+        meta.insert(
+            "_meta".into(),
+            serde_json::json!({ "mapRouter": { "control": control } }),
+        );
+        let message = Message {
+            id: MessageId::generate(),
+            from: CONTROL_SENDER.into(),
+            to: serde_json::json!({ "agent": agent.id }),
+            timestamp: now_ms(),
+            payload: Some(payload),
+            meta: Some(meta),
+        };
+        if let Some(conn) = self.agent_conn(&agent.id) {
+            let frame = super::messaging::message_frame(&message);
+            self.push_message(conn, frame);
+        }
+    }
+
+    /// `map/agents/stop`.
+    pub fn handle_stop(&mut self, ctx: &Ctx, p: StopParams) -> Result<StopResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let agent = self.visible_agent(&caller, &p.agent_id)?.clone();
+        let force = p.force.unwrap_or(false);
+        if agent.state == AgentState::STOPPED {
+            return Err(RouterError::StateInvalid {
+                action: "stop",
+                state: agent.state.to_string(),
+            });
+        }
+        if force {
+            let (agent, ev) = self
+                .transition(&agent.id, AgentState::STOPPED, p.reason.clone())
+                .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+            self.send_control(&agent, "stop", p.reason.as_deref(), Some(true));
+            self.remove_agent(&agent.id, "stopped", vec![ev]);
+            return Ok(StopResult {
+                stopping: true,
+                agent,
+            });
+        }
+        if agent.state == AgentState::STOPPING {
+            return Ok(StopResult {
+                stopping: true,
+                agent,
+            });
+        }
+        let (agent, _) = self
+            .transition(&agent.id, AgentState::STOPPING, p.reason.clone())
+            .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        self.send_control(&agent, "stop", p.reason.as_deref(), Some(false));
+        Ok(StopResult {
+            stopping: true,
+            agent,
+        })
+    }
+
+    /// `map/agents/suspend`.
+    pub fn handle_suspend(
+        &mut self,
+        ctx: &Ctx,
+        p: SuspendParams,
+    ) -> Result<SuspendResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let agent = self.visible_agent(&caller, &p.agent_id)?.clone();
+        let s = &agent.state;
+        if *s == AgentState::SUSPENDED
+            || *s == AgentState::STOPPED
+            || *s == AgentState::STOPPING
+            || *s == AgentState::ORPHANED
+        {
+            return Err(RouterError::StateInvalid {
+                action: "suspend",
+                state: s.to_string(),
+            });
+        }
+        if let Some(rec) = self.registry.get_mut(agent.id.as_str()) {
+            rec.state_before_suspend = Some(agent.state.clone());
+        }
+        let (agent, _) = self
+            .transition(&agent.id, AgentState::SUSPENDED, p.reason.clone())
+            .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        self.send_control(&agent, "suspend", p.reason.as_deref(), None);
+        Ok(SuspendResult {
+            suspended: true,
+            agent,
+        })
+    }
+
+    /// `map/agents/resume`.
+    pub fn handle_resume(
+        &mut self,
+        ctx: &Ctx,
+        p: ResumeParams,
+    ) -> Result<ResumeResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let agent = self.visible_agent(&caller, &p.agent_id)?.clone();
+        if agent.state != AgentState::SUSPENDED {
+            return Err(RouterError::StateInvalid {
+                action: "resume",
+                state: agent.state.to_string(),
+            });
+        }
+        let back_to = self
+            .registry
+            .get_mut(agent.id.as_str())
+            .and_then(|r| r.state_before_suspend.take())
+            .unwrap_or(AgentState::ACTIVE);
+        let (agent, _) = self
+            .transition(&agent.id, back_to, None)
+            .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        self.send_control(&agent, "resume", None, None);
+        Ok(ResumeResult {
+            resumed: true,
+            agent,
+        })
+    }
+
+    /// `map/agents/list`.
+    pub fn handle_agents_list(
+        &mut self,
+        ctx: &Ctx,
+        p: AgentsListParams,
+    ) -> Result<AgentsListResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let after = match &p.cursor {
+            Some(c) => Some(c.parse::<u64>().map_err(|_| {
+                RouterError::InvalidParams(format!("cursor `{c}` was not issued by this router"))
+            })?),
+            None => None,
+        };
+        if p.limit == Some(0) {
+            return Err(RouterError::InvalidParams(
+                "limit must be at least 1".into(),
+            ));
+        }
+        let limit = p.limit.map_or(usize::MAX, |l| l as usize);
+        let filter = p.filter.unwrap_or_default();
+        let mut agents = Vec::new();
+        let mut next_cursor = None;
+        for rec in self.registry.iter_ordered(after) {
+            if !can_see_agent(&caller.viewer(), &rec.agent, &self.registry)
+                || !agent_matches(&filter, rec)
+            {
+                continue;
+            }
+            if agents.len() == limit {
+                next_cursor = Some(
+                    self.registry
+                        .get(agents_last_id(&agents))
+                        .map(|r| r.order.to_string())
+                        .unwrap_or_default(),
+                );
+                break;
+            }
+            agents.push(rec.agent.clone());
+        }
+        Ok(AgentsListResult {
+            agents,
+            next_cursor,
+        })
+    }
+
+    /// `map/agents/get`.
+    pub fn handle_agents_get(
+        &mut self,
+        ctx: &Ctx,
+        p: AgentsGetParams,
+    ) -> Result<AgentsGetResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        self.visible_agent(&caller, &p.agent_id)?;
+        let id = p.agent_id.as_str();
+        let include = p.include.unwrap_or_default();
+        let visible = |ids: Vec<AgentId>| -> Vec<Agent> {
+            ids.iter()
+                .filter_map(|a| self.registry.get(a.as_str()))
+                .filter(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry))
+                .map(|r| r.agent.clone())
+                .collect()
+        };
+        let agent = self
+            .registry
+            .expanded(id)
+            .ok_or_else(|| RouterError::AgentNotFound(id.into()))?;
+        let parent = if include.parent == Some(true) {
+            agent
+                .parent
+                .clone()
+                .and_then(|p| visible(vec![p]).into_iter().next())
+        } else {
+            None
+        };
+        let children =
+            (include.children == Some(true)).then(|| visible(self.registry.children(id)));
+        let siblings =
+            (include.siblings == Some(true)).then(|| visible(self.registry.siblings(id)));
+        let ancestors = (include.ancestors == Some(true))
+            .then(|| visible(self.registry.ancestors(id, include.max_depth)));
+        let descendants = (include.descendants == Some(true))
+            .then(|| visible(self.registry.descendants(id, include.max_depth)));
+        Ok(AgentsGetResult {
+            agent,
+            parent,
+            children,
+            siblings,
+            ancestors,
+            descendants,
+        })
+    }
+
+    /// `map/structure/graph`.
+    pub fn handle_graph(&mut self, ctx: &Ctx, p: GraphParams) -> Result<GraphResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        if p.depth == Some(0) {
+            return Err(RouterError::InvalidParams(
+                "depth must be at least 1".into(),
+            ));
+        }
+        let ids: Vec<AgentId> = match &p.root_agent_id {
+            Some(root) => {
+                self.visible_agent(&caller, root)?;
+                let mut v = vec![root.clone()];
+                v.extend(self.registry.descendants(root.as_str(), p.depth));
+                v
+            }
+            None => self
+                .registry
+                .iter_ordered(None)
+                .map(|r| r.agent.id.clone())
+                .collect(),
+        };
+        let nodes: Vec<Agent> = ids
+            .iter()
+            .filter_map(|a| self.registry.get(a.as_str()))
+            .filter(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry))
+            .map(|r| r.agent.clone())
+            .collect();
+        let in_graph: std::collections::HashSet<&str> =
+            nodes.iter().map(|a| a.id.as_str()).collect();
+        let mut edges = Vec::new();
+        for node in &nodes {
+            if let Some(parent) = &node.parent {
+                if in_graph.contains(parent.as_str()) {
+                    edges.push(GraphEdge {
+                        from: parent.clone(),
+                        to: node.id.clone(),
+                        kind: "parent-child".into(),
+                    });
+                }
+            }
+            if p.include_relationships != Some(false) {
+                for rel in node.relationships.iter().flatten() {
+                    if in_graph.contains(rel.agent_id.as_str()) {
+                        edges.push(GraphEdge {
+                            from: node.id.clone(),
+                            to: rel.agent_id.clone(),
+                            kind: rel.kind.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(GraphResult { nodes, edges })
+    }
+
+    /// Emits `scope_member_joined` / `scope_member_left` about `agent` in `scope`.
+    pub(crate) fn emit_scope_member_event(
+        &mut self,
+        kind: EventType,
+        scope: &crate::protocol::ids::ScopeId,
+        agent: &Agent,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        let role: Option<Arc<str>> = agent.role.as_deref().map(Arc::from);
+        let draft = super::events::log::EventDraft {
+            kind,
+            source: Some(agent.id.as_arc().clone()),
+            data: super::to_json(&ScopeMemberData {
+                scope_id: scope.clone(),
+                agent_id: agent.id.clone(),
+            }),
+            caused_by,
+            keys: super::events::log::FilterKeys {
+                agent_id: Some(agent.id.clone()),
+                source_role: role.clone(),
+                subject_role: role,
+                scopes: self.scope_keys(scope),
+                ..Default::default()
+            },
+            audience: self.scope_audience(scope, Some(agent)),
+        };
+        self.emit(draft)
+    }
+}
+
+fn agents_last_id(agents: &[Agent]) -> &str {
+    agents.last().map(|a| a.id.as_str()).unwrap_or("")
+}
+
+/// Per-section merge of permission overrides (`canSee`, `canMessage`, `acceptsFrom`).
+fn merge_sections(current: &mut JsonMap, changes: &JsonMap) {
+    for (section, value) in changes {
+        match (current.get_mut(section), value) {
+            (Some(serde_json::Value::Object(cur)), serde_json::Value::Object(new)) => {
+                for (k, v) in new {
+                    cur.insert(k.clone(), v.clone());
+                }
+            }
+            _ => {
+                current.insert(section.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// The `map/agents/list` filter.
+fn agent_matches(f: &AgentFilter, rec: &super::registry::AgentRecord) -> bool {
+    let a = &rec.agent;
+    let any = |list: &Option<Vec<String>>, v: Option<&str>| match list {
+        Some(l) if !l.is_empty() => v.is_some_and(|v| l.iter().any(|x| x == v)),
+        _ => true,
+    };
+    if let Some(states) = f.states.as_ref().filter(|s| !s.is_empty()) {
+        if !states.contains(&a.state) {
+            return false;
+        }
+    }
+    if !any(&f.roles, a.role.as_deref()) {
+        return false;
+    }
+    if let Some(scopes) = f.scopes.as_ref().filter(|s| !s.is_empty()) {
+        if !a.scopes.iter().any(|s| scopes.contains(s)) {
+            return false;
+        }
+    }
+    if f.parent
+        .as_ref()
+        .is_some_and(|p| a.parent.as_ref() != Some(p))
+    {
+        return false;
+    }
+    if f.has_children.is_some_and(|h| h == rec.children.is_empty()) {
+        return false;
+    }
+    if f.owner_id
+        .as_ref()
+        .is_some_and(|o| a.owner_id.as_ref() != Some(o))
+    {
+        return false;
+    }
+    let descriptor = a.capability_descriptor.as_ref();
+    if let Some(cap) = &f.capability_id {
+        let has = descriptor
+            .and_then(|d| d.get("capabilities"))
+            .and_then(|c| c.as_array())
+            .is_some_and(|caps| {
+                caps.iter()
+                    .any(|c| c.get("id").and_then(|i| i.as_str()) == Some(cap))
+            });
+        if !has {
+            return false;
+        }
+    }
+    if let Some(tags) = f.tags.as_ref().filter(|t| !t.is_empty()) {
+        let has = descriptor
+            .and_then(|d| d.get("tags"))
+            .and_then(|t| t.as_array())
+            .is_some_and(|list| {
+                list.iter()
+                    .any(|t| t.as_str().is_some_and(|t| tags.iter().any(|x| x == t)))
+            });
+        if !has {
+            return false;
+        }
+    }
+    if let Some(mime) = &f.accepts {
+        let has = descriptor
+            .and_then(|d| d.get("accepts"))
+            .and_then(|t| t.as_array())
+            .is_some_and(|list| {
+                list.iter().any(|item| {
+                    item.as_str() == Some(mime)
+                        || item.get("contentType").and_then(|c| c.as_str()) == Some(mime)
+                })
+            });
+        if !has {
+            return false;
+        }
+    }
+    if let Some(pid) = &f.persistent_id {
+        let has = a
+            .persistent_identity
+            .as_ref()
+            .and_then(|p| p.get("persistentId"))
+            .and_then(|v| v.as_str())
+            == Some(pid.as_str());
+        if !has {
+            return false;
+        }
+    }
+    true
+}

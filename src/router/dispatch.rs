@@ -1,0 +1,443 @@
+//! The JSON-RPC core: the method table and the per-connection request loop body.
+//!
+//! [`Dispatcher`] maps each method name (from `protocol::methods`, never a literal here) to a
+//! typed handler on [`Router`]. Undecodable params answer `-32602`, unknown methods `-32601`.
+//! Registering a name twice panics at start-up, so a typo cannot silently shadow a method.
+//!
+//! [`RpcSession`] is what a transport runs for each incoming text frame, whatever the
+//! transport: it classifies the frame (request, notification, batch, garbage), refuses
+//! everything but `map/connect` before a session exists (`1000`), dispatches, and queues the
+//! response in the connection's outbox. Requests from one connection are handled one at a time,
+//! in arrival order, so state-changing calls apply in the order they were sent; the router
+//! itself applies calls from all connections in one total order.
+//!
+//! Ordering guarantee: a `map/subscribe` response is queued *before* the subscription is
+//! activated, so no `map/event` can overtake it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use crate::protocol::jsonrpc::{self, ErrorObject, Id, Incoming};
+use crate::protocol::methods::{self, Method};
+
+use super::outbox::{Outbound, Outbox};
+use super::{Command, ConnId, Ctx, Router, RouterError, RouterHandle};
+
+/// Default cap on the number of entries in one batch.
+pub const DEFAULT_MAX_BATCH: usize = 1000;
+
+/// What the session must do after a response is queued.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AfterReply {
+    /// Nothing.
+    Nothing,
+    /// The connection now has a session.
+    Connected,
+    /// The connection's session ended.
+    Disconnected,
+    /// Activate this subscription.
+    Activate(String),
+}
+
+/// A successful call: the result JSON and the follow-up.
+#[derive(Debug)]
+pub struct Reply {
+    /// The `result` value as JSON text.
+    pub result: String,
+    /// Follow-up.
+    pub after: AfterReply,
+}
+
+type CallFuture = Pin<Box<dyn Future<Output = Result<Reply, ErrorObject>> + Send>>;
+type Handler = Box<
+    dyn Fn(&RouterHandle, ConnId, Option<&RawValue>) -> Result<CallFuture, ErrorObject>
+        + Send
+        + Sync,
+>;
+
+struct Entry {
+    handler: Handler,
+    /// `map/connect` is the only method allowed without a session.
+    needs_session: bool,
+}
+
+/// The method table.
+pub struct Dispatcher {
+    table: HashMap<&'static str, Entry>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<_> = self.table.keys().collect();
+        names.sort();
+        f.debug_struct("Dispatcher")
+            .field("methods", &names)
+            .finish()
+    }
+}
+
+type HandlerFn<M> =
+    fn(&mut Router, &Ctx, <M as Method>::Params) -> Result<<M as Method>::Result, RouterError>;
+
+impl Default for Dispatcher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Dispatcher {
+    /// The table with every method this router implements.
+    pub fn new() -> Self {
+        use methods::agents::*;
+        use methods::events::*;
+        use methods::messaging::*;
+        use methods::scopes::*;
+        use methods::session::*;
+        let mut d = Self {
+            table: HashMap::new(),
+        };
+        d.add::<Connect>(Router::handle_connect, |_| AfterReply::Connected);
+        d.add::<Disconnect>(Router::handle_disconnect, |_| AfterReply::Disconnected);
+        d.add::<Send>(Router::handle_send, |_| AfterReply::Nothing);
+        d.add::<Subscribe>(Router::handle_subscribe, |r| {
+            AfterReply::Activate(r.subscription_id.to_string())
+        });
+        d.add::<Unsubscribe>(Router::handle_unsubscribe, |_| AfterReply::Nothing);
+        d.add::<Replay>(Router::handle_replay, |_| AfterReply::Nothing);
+        d.add::<AgentsList>(Router::handle_agents_list, |_| AfterReply::Nothing);
+        d.add::<AgentsGet>(Router::handle_agents_get, |_| AfterReply::Nothing);
+        d.add::<AgentsRegister>(Router::handle_register, |_| AfterReply::Nothing);
+        d.add::<AgentsSpawn>(Router::handle_spawn, |_| AfterReply::Nothing);
+        d.add::<AgentsUnregister>(Router::handle_unregister, |_| AfterReply::Nothing);
+        d.add::<AgentsUpdate>(Router::handle_update, |_| AfterReply::Nothing);
+        d.add::<AgentsStop>(Router::handle_stop, |_| AfterReply::Nothing);
+        d.add::<AgentsSuspend>(Router::handle_suspend, |_| AfterReply::Nothing);
+        d.add::<AgentsResume>(Router::handle_resume, |_| AfterReply::Nothing);
+        d.add::<StructureGraph>(Router::handle_graph, |_| AfterReply::Nothing);
+        d.add::<ScopesList>(Router::handle_scopes_list, |_| AfterReply::Nothing);
+        d.add::<ScopesGet>(Router::handle_scopes_get, |_| AfterReply::Nothing);
+        d.add::<ScopesCreate>(Router::handle_scopes_create, |_| AfterReply::Nothing);
+        d.add::<ScopesDelete>(Router::handle_scopes_delete, |_| AfterReply::Nothing);
+        d.add::<ScopesJoin>(Router::handle_scopes_join, |_| AfterReply::Nothing);
+        d.add::<ScopesLeave>(Router::handle_scopes_leave, |_| AfterReply::Nothing);
+        d.add::<ScopesMembers>(Router::handle_scopes_members, |_| AfterReply::Nothing);
+        d
+    }
+
+    /// Registers `M` with its handler and follow-up.
+    ///
+    /// # Panics
+    /// If `M::NAME` is already registered.
+    pub fn add<M: Method>(&mut self, f: HandlerFn<M>, after: fn(&M::Result) -> AfterReply) {
+        let needs_session = M::NAME != methods::session::Connect::NAME;
+        let handler: Handler = Box::new(move |router, conn, params| {
+            let params: M::Params = decode_params(params)?;
+            let router = router.clone();
+            Ok(Box::pin(async move {
+                let result = router
+                    .call(conn, M::CAPABILITY, needs_session, move |r, ctx| {
+                        f(r, ctx, params)
+                    })
+                    .await
+                    .map_err(ErrorObject::from)?;
+                let json = serde_json::to_string(&result)
+                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
+                Ok(Reply {
+                    result: json,
+                    after: after(&result),
+                })
+            }))
+        });
+        let previous = self.table.insert(
+            M::NAME,
+            Entry {
+                handler,
+                needs_session,
+            },
+        );
+        assert!(previous.is_none(), "method {} registered twice", M::NAME);
+    }
+
+    /// Every registered method name.
+    pub fn methods(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.table.keys().copied()
+    }
+}
+
+/// Decodes params; absent params decode from `{}`.
+fn decode_params<P: serde::de::DeserializeOwned>(
+    params: Option<&RawValue>,
+) -> Result<P, ErrorObject> {
+    let text = params.map_or("{}", RawValue::get);
+    if text.trim_start().starts_with('[') {
+        return Err(ErrorObject::invalid_params(
+            "MAP methods take named params (an object), not an array",
+        ));
+    }
+    serde_json::from_str(text).map_err(jsonrpc::params_error)
+}
+
+/// Per-connection JSON-RPC state, shared by every transport.
+#[derive(Debug)]
+pub struct RpcSession {
+    router: RouterHandle,
+    dispatcher: Arc<Dispatcher>,
+    conn: ConnId,
+    outbox: Outbox,
+    connected: bool,
+    max_batch: usize,
+}
+
+/// The connection's writer is gone; stop reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterGone;
+
+impl RpcSession {
+    /// State for a new connection.
+    pub fn new(
+        router: RouterHandle,
+        dispatcher: Arc<Dispatcher>,
+        conn: ConnId,
+        outbox: Outbox,
+        max_batch: usize,
+    ) -> Self {
+        Self {
+            router,
+            dispatcher,
+            conn,
+            outbox,
+            connected: false,
+            max_batch: max_batch.max(1),
+        }
+    }
+
+    /// Whether `map/connect` has succeeded on this connection (and no disconnect since).
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// Handles one text frame: one JSON value (object or batch). Responses, if any, are queued
+    /// in the outbox before this returns.
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn handle_text(&mut self, text: &str) -> Result<(), WriterGone> {
+        let raw = match serde_json::from_str::<&RawValue>(text) {
+            Ok(raw) => raw,
+            Err(e) => {
+                return self
+                    .send_error(&Id::null(), &ErrorObject::parse_error(e.to_string()))
+                    .await
+            }
+        };
+        if raw.get().trim_start().starts_with('[') {
+            return self.handle_batch(raw).await;
+        }
+        if !raw.get().trim_start().starts_with('{') {
+            return self
+                .send_error(
+                    &Id::null(),
+                    &ErrorObject::invalid_request(
+                        "a JSON-RPC message must be an object or a batch",
+                    ),
+                )
+                .await;
+        }
+        let mut afters = Vec::new();
+        if let Some(frame) = self.handle_one(raw, &mut afters).await {
+            self.push(frame).await?;
+        }
+        self.run_afters(afters).await
+    }
+
+    /// Queues a frame-level error (oversize frame, binary frame, bad UTF-8).
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn reject_frame(&mut self, error: &ErrorObject) -> Result<(), WriterGone> {
+        self.send_error(&Id::null(), error).await
+    }
+
+    async fn handle_batch(&mut self, raw: &RawValue) -> Result<(), WriterGone> {
+        let items = match jsonrpc::split_batch(raw) {
+            Ok(items) => items,
+            Err(e) => return self.send_error(&Id::null(), &e).await,
+        };
+        if items.is_empty() {
+            return self
+                .send_error(&Id::null(), &ErrorObject::invalid_request("empty batch"))
+                .await;
+        }
+        if items.len() > self.max_batch {
+            return self
+                .send_error(
+                    &Id::null(),
+                    &ErrorObject::invalid_request(format!(
+                        "batch of {} exceeds the limit of {}",
+                        items.len(),
+                        self.max_batch
+                    )),
+                )
+                .await;
+        }
+        let mut responses = Vec::new();
+        let mut afters = Vec::new();
+        for item in items {
+            if !item.get().trim_start().starts_with('{') {
+                let mut out = String::new();
+                jsonrpc::write_error(
+                    &mut out,
+                    &Id::null(),
+                    &ErrorObject::invalid_request("batch entries must be objects"),
+                );
+                responses.push(out);
+                continue;
+            }
+            if let Some(frame) = self.handle_one(item, &mut afters).await {
+                responses.push(frame);
+            }
+        }
+        if !responses.is_empty() {
+            let mut frame =
+                String::with_capacity(responses.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
+            frame.push('[');
+            frame.push_str(&responses.join(","));
+            frame.push(']');
+            self.push(frame).await?;
+        }
+        self.run_afters(afters).await
+    }
+
+    /// Handles one message object; returns its response frame, if it gets one.
+    async fn handle_one(&mut self, raw: &RawValue, afters: &mut Vec<AfterReply>) -> Option<String> {
+        match jsonrpc::classify(raw) {
+            Incoming::Request { id, method, params } => {
+                let mut out = String::new();
+                match self.call(method, params).await {
+                    Ok(reply) => {
+                        jsonrpc::write_success(&mut out, &id, &reply.result);
+                        match &reply.after {
+                            AfterReply::Connected => self.connected = true,
+                            AfterReply::Disconnected => self.connected = false,
+                            _ => {}
+                        }
+                        afters.push(reply.after);
+                    }
+                    Err(e) => jsonrpc::write_error(&mut out, &id, &e),
+                }
+                Some(out)
+            }
+            Incoming::Notification { method, params } => {
+                self.notification(method, params);
+                None
+            }
+            Incoming::Response => None,
+            Incoming::Invalid { id, reason } => {
+                let mut out = String::new();
+                jsonrpc::write_error(&mut out, &id, &ErrorObject::invalid_request(reason));
+                Some(out)
+            }
+        }
+    }
+
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Result<Reply, ErrorObject> {
+        let entry = self
+            .dispatcher
+            .table
+            .get(method)
+            .ok_or_else(|| ErrorObject::method_not_found(method))?;
+        if entry.needs_session && !self.connected {
+            return Err(RouterError::NotConnected.to_error_object());
+        }
+        let fut = (entry.handler)(&self.router, self.conn, params)?;
+        fut.await
+    }
+
+    /// Client → server notifications. `map/subscribe.ack` is accepted and ignored (this router
+    /// advertises `supportsAck: false`); unknown notifications are ignored silently, as the
+    /// spec requires.
+    fn notification(&mut self, method: &str, _params: Option<&RawValue>) {
+        if method != methods::notifications::SUBSCRIBE_ACK {
+            tracing::debug!(conn = %self.conn, method, "ignoring unknown notification");
+        }
+    }
+
+    async fn run_afters(&mut self, afters: Vec<AfterReply>) -> Result<(), WriterGone> {
+        for after in afters {
+            if let AfterReply::Activate(subscription) = after {
+                if self
+                    .router
+                    .send(Command::Activate {
+                        conn: self.conn,
+                        subscription,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return Err(WriterGone);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_error(&mut self, id: &Id, error: &ErrorObject) -> Result<(), WriterGone> {
+        let mut out = String::new();
+        jsonrpc::write_error(&mut out, id, error);
+        self.push(out).await
+    }
+
+    async fn push(&mut self, frame: String) -> Result<(), WriterGone> {
+        self.outbox
+            .push(Outbound::Frame(frame))
+            .await
+            .map_err(|_| WriterGone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::methods::{for_each_method, MethodVisitor};
+
+    #[test]
+    fn every_protocol_method_is_dispatched_and_nothing_else() {
+        struct Names(Vec<&'static str>);
+        impl MethodVisitor for Names {
+            fn visit<M: Method>(&mut self) {
+                self.0.push(M::NAME);
+            }
+        }
+        let mut names = Names(Vec::new());
+        for_each_method(&mut names);
+        let d = Dispatcher::new();
+        let mut table: Vec<_> = d.methods().collect();
+        table.sort_unstable();
+        names.0.sort_unstable();
+        assert_eq!(table, names.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "registered twice")]
+    fn duplicate_registration_panics() {
+        let mut d = Dispatcher::new();
+        d.add::<methods::session::Connect>(Router::handle_connect, |_| AfterReply::Nothing);
+    }
+
+    #[test]
+    fn absent_params_decode_as_empty_object_and_arrays_are_refused() {
+        let p: methods::agents::AgentsListParams = decode_params(None).unwrap();
+        assert!(p.filter.is_none());
+        let raw: &RawValue = serde_json::from_str("[1]").unwrap();
+        let err = decode_params::<methods::agents::AgentsListParams>(Some(raw)).unwrap_err();
+        assert_eq!(err.code.0, -32602);
+    }
+}

@@ -1,0 +1,124 @@
+//! Typed router errors and their single mapping to wire errors.
+//!
+//! Every handler returns `RouterError`; the only place a code and message are chosen is
+//! [`RouterError::to_error_object`]. Messages match the SDK's factory messages (wire.md §9) so
+//! clients that compare text keep working. Every error here is fatal to the request only, never
+//! to the connection.
+
+use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
+
+/// An error from a router operation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouterError {
+    /// The connection has no session: `map/connect` first.
+    #[error("Not connected: call map/connect first")]
+    NotConnected,
+    /// A capability or ownership check failed. The text names what was missing.
+    #[error("Permission denied: {0}")]
+    PermissionDenied(String),
+    /// Unknown (or invisible) agent.
+    #[error("Agent not found: {0}")]
+    AgentNotFound(String),
+    /// Unknown (or invisible) scope.
+    #[error("Scope not found: {0}")]
+    ScopeNotFound(String),
+    /// An address that resolves to nothing.
+    #[error("Address not found: {0}")]
+    AddressNotFound(String),
+    /// A bare string address naming both an agent and a scope.
+    #[error("Address is ambiguous: {0}")]
+    AddressAmbiguous(String),
+    /// A federated address to a system we are not connected to.
+    #[error("System not found: {0}")]
+    SystemNotFound(String),
+    /// `agentId` already registered to a live owner.
+    #[error("Agent already exists: {0}")]
+    AgentExists(String),
+    /// A state transition that is not allowed.
+    #[error("Cannot {action} agent in state: {state}")]
+    StateInvalid {
+        /// What was attempted.
+        action: &'static str,
+        /// The agent's current state.
+        state: String,
+    },
+    /// The recipient could not take the message now.
+    #[error("Message delivery failed: {0}")]
+    DeliveryFailed(String),
+    /// Params that parse but make no sense.
+    #[error("Invalid params: {0}")]
+    InvalidParams(String),
+    /// A request that is not allowed in the session's state.
+    #[error("Invalid request: {0}")]
+    InvalidRequest(String),
+    /// A configured limit was reached.
+    #[error("Resource exhausted: {0}")]
+    Exhausted(String),
+    /// The router is shutting down or gone.
+    #[error("Router unavailable")]
+    Unavailable,
+}
+
+impl RouterError {
+    /// The wire error.
+    pub fn to_error_object(&self) -> ErrorObject {
+        let msg = self.to_string();
+        match self {
+            Self::NotConnected => ErrorObject::new(ErrorCode::AUTH_REQUIRED, msg),
+            Self::PermissionDenied(_) => ErrorObject::new(ErrorCode::PERMISSION_DENIED, msg),
+            Self::AgentNotFound(_) => ErrorObject::new(ErrorCode::AGENT_NOT_FOUND, msg),
+            Self::ScopeNotFound(_) => ErrorObject::new(ErrorCode::SCOPE_NOT_FOUND, msg),
+            Self::AddressNotFound(_) => ErrorObject::new(ErrorCode::ADDRESS_NOT_FOUND, msg),
+            Self::AddressAmbiguous(_) => ErrorObject::new(ErrorCode::ADDRESS_AMBIGUOUS, msg),
+            Self::SystemNotFound(_) => {
+                ErrorObject::new(ErrorCode::FEDERATION_SYSTEM_NOT_FOUND, msg)
+            }
+            Self::AgentExists(_) => ErrorObject::new(ErrorCode::AGENT_EXISTS, msg),
+            Self::StateInvalid { .. } => ErrorObject::new(ErrorCode::STATE_INVALID, msg),
+            Self::DeliveryFailed(_) => {
+                ErrorObject::new(ErrorCode::DELIVERY_FAILED, msg).retryable()
+            }
+            Self::InvalidParams(detail) => ErrorObject::invalid_params(detail.clone()),
+            Self::InvalidRequest(detail) => ErrorObject::invalid_request(detail.clone()),
+            Self::Exhausted(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg).retryable(),
+            Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),
+        }
+    }
+}
+
+impl From<RouterError> for ErrorObject {
+    fn from(e: RouterError) -> Self {
+        e.to_error_object()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_messages_match_the_sdk() {
+        let e = RouterError::AgentNotFound("nope".into()).to_error_object();
+        assert_eq!(e.code, ErrorCode::AGENT_NOT_FOUND);
+        assert_eq!(e.message, "Agent not found: nope");
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"code":2001,"message":"Agent not found: nope","data":{"category":"routing"}}"#
+        );
+        let e = RouterError::StateInvalid {
+            action: "resume",
+            state: "idle".into(),
+        }
+        .to_error_object();
+        assert_eq!(e.code.0, 3001);
+        assert_eq!(e.message, "Cannot resume agent in state: idle");
+        assert_eq!(RouterError::NotConnected.to_error_object().code.0, 1000);
+        assert_eq!(
+            RouterError::PermissionDenied("lifecycle.canSpawn".into())
+                .to_error_object()
+                .message,
+            "Permission denied: lifecycle.canSpawn"
+        );
+    }
+}

@@ -1,0 +1,363 @@
+//! Subscription filters, compiled once at subscribe time and matched per event.
+//!
+//! Semantics (events.md §4): AND across fields, OR within a list, an absent or empty list is no
+//! constraint. Event types match in either spelling (`agent_registered` / `agent.registered`),
+//! with `prefix.*` and `*` wildcards; they compile to a bit mask over the types we emit.
+
+use std::collections::HashSet;
+
+use crate::protocol::event::{EventType, SubscriptionFilter};
+use crate::protocol::jsonrpc::ErrorObject;
+
+use super::log::EventRecord;
+
+type JsonMap = serde_json::Map<String, serde_json::Value>;
+
+/// A compiled filter.
+#[derive(Debug, Clone, Default)]
+pub struct CompiledFilter {
+    /// Bit i set = `EventType::ALL[i]` passes. `None` = every type.
+    types: Option<u32>,
+    from_agents: Option<HashSet<String>>,
+    from_roles: Option<HashSet<String>>,
+    roles: Option<HashSet<String>>,
+    scopes: Option<HashSet<String>>,
+    priorities: Option<HashSet<String>>,
+    correlation_ids: Option<HashSet<String>>,
+    metadata_match: Option<JsonMap>,
+    environment_match: Option<Vec<(Vec<String>, serde_json::Value)>>,
+    /// A `mail` or `trajectory` extension filter restricts to those families, which this router
+    /// does not emit: nothing matches.
+    extension_only: bool,
+}
+
+fn set(list: &Option<Vec<String>>) -> Option<HashSet<String>> {
+    match list {
+        Some(v) if !v.is_empty() => Some(v.iter().cloned().collect()),
+        _ => None,
+    }
+}
+
+/// Normalises an event type name: `_` → `.`.
+pub fn normalize_type(t: &str) -> String {
+    t.replace('_', ".")
+}
+
+impl CompiledFilter {
+    /// Compiles a wire filter. Errors (`-32602`) for event-type patterns that are malformed.
+    pub fn compile(filter: Option<&SubscriptionFilter>) -> Result<Self, ErrorObject> {
+        let Some(f) = filter else {
+            return Ok(Self::default());
+        };
+        let types = match &f.event_types {
+            Some(list) if !list.is_empty() => {
+                let mut mask = 0u32;
+                for pattern in list {
+                    if pattern.is_empty() {
+                        return Err(ErrorObject::invalid_params(
+                            "filter.eventTypes must not contain empty strings",
+                        ));
+                    }
+                    let p = normalize_type(pattern);
+                    for (i, t) in EventType::ALL.iter().enumerate() {
+                        if type_matches(&p, t.normalized()) {
+                            mask |= 1 << i;
+                        }
+                    }
+                }
+                Some(mask)
+            }
+            _ => None,
+        };
+        let mut from_agents = set(&f.from_agents);
+        if let Some(extra) = set(&f.agents) {
+            from_agents.get_or_insert_with(HashSet::new).extend(extra);
+        }
+        let environment_match = f
+            .environment_match
+            .as_ref()
+            .filter(|m| !m.is_empty())
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.split('.').map(str::to_owned).collect(), v.clone()))
+                    .collect()
+            });
+        Ok(Self {
+            types,
+            from_agents,
+            from_roles: set(&f.from_roles),
+            roles: set(&f.roles),
+            scopes: set(&f.scopes),
+            priorities: set(&f.priorities),
+            correlation_ids: set(&f.correlation_ids),
+            metadata_match: f.metadata_match.clone().filter(|m| !m.is_empty()),
+            environment_match,
+            extension_only: f.mail.is_some() || f.trajectory.is_some(),
+        })
+    }
+
+    /// Whether the filter lets `rec` through. `environment` looks up the current environment of
+    /// the agent the event is about (for `environmentMatch`).
+    pub fn matches<'a>(
+        &self,
+        rec: &EventRecord,
+        environment: impl FnOnce(&str) -> Option<&'a JsonMap>,
+    ) -> bool {
+        if self.extension_only {
+            return false;
+        }
+        if let Some(mask) = self.types {
+            let idx = EventType::ALL
+                .iter()
+                .position(|t| *t == rec.kind)
+                .unwrap_or(31);
+            if mask & (1 << idx) == 0 {
+                return false;
+            }
+        }
+        if let Some(agents) = &self.from_agents {
+            match &rec.source {
+                Some(s) if agents.contains(&**s) => {}
+                _ => return false,
+            }
+        }
+        if let Some(roles) = &self.from_roles {
+            match &rec.keys.source_role {
+                Some(r) if roles.contains(&**r) => {}
+                _ => return false,
+            }
+        }
+        if let Some(roles) = &self.roles {
+            match &rec.keys.subject_role {
+                Some(r) if roles.contains(&**r) => {}
+                _ => return false,
+            }
+        }
+        if let Some(scopes) = &self.scopes {
+            if !rec.keys.scopes.iter().any(|s| scopes.contains(s.as_str())) {
+                return false;
+            }
+        }
+        if let Some(priorities) = &self.priorities {
+            match &rec.keys.priority {
+                Some(p) if priorities.contains(&**p) => {}
+                _ => return false,
+            }
+        }
+        if let Some(ids) = &self.correlation_ids {
+            if !rec.keys.correlation_ids.iter().any(|c| ids.contains(&**c)) {
+                return false;
+            }
+        }
+        if let Some(want) = &self.metadata_match {
+            let Some(have) = &rec.keys.metadata else {
+                return false;
+            };
+            if !want.iter().all(|(k, v)| have.get(k) == Some(v)) {
+                return false;
+            }
+        }
+        if let Some(paths) = &self.environment_match {
+            let env = rec
+                .keys
+                .agent_id
+                .as_ref()
+                .map(|a| a.as_str())
+                .or(rec.source.as_deref())
+                .and_then(environment);
+            let Some(env) = env else {
+                return false;
+            };
+            for (path, want) in paths {
+                if resolve_path(env, path) != Some(want) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Whether this filter admits every event (used by tests and fast paths).
+    pub fn is_match_all(&self) -> bool {
+        self.types.is_none()
+            && self.from_agents.is_none()
+            && self.from_roles.is_none()
+            && self.roles.is_none()
+            && self.scopes.is_none()
+            && self.priorities.is_none()
+            && self.correlation_ids.is_none()
+            && self.metadata_match.is_none()
+            && self.environment_match.is_none()
+            && !self.extension_only
+    }
+}
+
+/// `pattern` and `name` are both normalised (dotted).
+fn type_matches(pattern: &str, name: &str) -> bool {
+    if pattern == "*" || pattern == name {
+        return true;
+    }
+    match pattern.strip_suffix(".*") {
+        Some(prefix) => name
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('.')),
+        None => false,
+    }
+}
+
+fn resolve_path<'a>(root: &'a JsonMap, path: &[String]) -> Option<&'a serde_json::Value> {
+    let (first, rest) = path.split_first()?;
+    let mut cur = root.get(first)?;
+    for key in rest {
+        cur = cur.as_object()?.get(key)?;
+    }
+    Some(cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::router::events::log::{Audience, FilterKeys};
+    use std::sync::Arc;
+
+    fn record(kind: EventType, source: Option<&str>, keys: FilterKeys) -> EventRecord {
+        let mut r = EventRecord::synthetic(kind, "{}".into(), Audience::Everyone);
+        r.source = source.map(Arc::from);
+        r.keys = keys;
+        r
+    }
+
+    fn compile(json: serde_json::Value) -> CompiledFilter {
+        let f: SubscriptionFilter = serde_json::from_value(json).unwrap();
+        CompiledFilter::compile(Some(&f)).unwrap()
+    }
+
+    fn no_env(_: &str) -> Option<&'static JsonMap> {
+        None
+    }
+
+    #[test]
+    fn absent_and_empty_filters_match_everything() {
+        let r = record(EventType::ScopeCreated, None, FilterKeys::default());
+        assert!(CompiledFilter::compile(None).unwrap().matches(&r, no_env));
+        let f = compile(serde_json::json!({"eventTypes": [], "fromAgents": []}));
+        assert!(f.is_match_all());
+        assert!(f.matches(&r, no_env));
+    }
+
+    #[test]
+    fn event_types_match_in_both_spellings_and_with_wildcards() {
+        let r = record(EventType::AgentRegistered, None, FilterKeys::default());
+        for p in [
+            "agent_registered",
+            "agent.registered",
+            "agent.*",
+            "agent_*",
+            "*",
+        ] {
+            assert!(
+                compile(serde_json::json!({"eventTypes": [p]})).matches(&r, no_env),
+                "{p}"
+            );
+        }
+        for p in [
+            "agent_unregistered",
+            "scope.*",
+            "agent.reg",
+            "agent.registered.*",
+        ] {
+            assert!(
+                !compile(serde_json::json!({"eventTypes": [p]})).matches(&r, no_env),
+                "{p}"
+            );
+        }
+    }
+
+    #[test]
+    fn from_agents_fails_events_without_a_source() {
+        let f = compile(serde_json::json!({"fromAgents": ["a1"]}));
+        assert!(f.matches(
+            &record(
+                EventType::AgentRegistered,
+                Some("a1"),
+                FilterKeys::default()
+            ),
+            no_env
+        ));
+        assert!(!f.matches(
+            &record(
+                EventType::AgentRegistered,
+                Some("a2"),
+                FilterKeys::default()
+            ),
+            no_env
+        ));
+        assert!(!f.matches(
+            &record(EventType::ScopeCreated, None, FilterKeys::default()),
+            no_env
+        ));
+    }
+
+    #[test]
+    fn scopes_roles_priorities_correlation_and_metadata() {
+        let keys = FilterKeys {
+            scopes: vec!["child".into(), "root".into()],
+            subject_role: Some("worker".into()),
+            priority: Some("high".into()),
+            correlation_ids: vec!["c1".into()],
+            metadata: Some(Arc::new(
+                serde_json::json!({"team": "red", "n": 1})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            )),
+            ..FilterKeys::default()
+        };
+        let r = record(EventType::MessageSent, Some("a"), keys);
+        assert!(
+            compile(serde_json::json!({"scopes": ["root"]})).matches(&r, no_env),
+            "ancestor scope"
+        );
+        assert!(!compile(serde_json::json!({"scopes": ["other"]})).matches(&r, no_env));
+        assert!(compile(serde_json::json!({"roles": ["worker", "x"]})).matches(&r, no_env));
+        assert!(!compile(serde_json::json!({"roles": ["boss"]})).matches(&r, no_env));
+        assert!(compile(serde_json::json!({"priorities": ["high"]})).matches(&r, no_env));
+        assert!(compile(serde_json::json!({"correlationIds": ["c1"]})).matches(&r, no_env));
+        assert!(!compile(serde_json::json!({"correlationIds": ["c2"]})).matches(&r, no_env));
+        assert!(compile(serde_json::json!({"metadataMatch": {"team": "red"}})).matches(&r, no_env));
+        assert!(
+            !compile(serde_json::json!({"metadataMatch": {"team": "blue"}})).matches(&r, no_env)
+        );
+        // AND across fields.
+        assert!(
+            !compile(serde_json::json!({"roles": ["worker"], "priorities": ["low"]}))
+                .matches(&r, no_env)
+        );
+    }
+
+    #[test]
+    fn environment_match_resolves_dot_paths() {
+        let env = serde_json::json!({"os": {"type": "linux"}})
+            .as_object()
+            .unwrap()
+            .clone();
+        let keys = FilterKeys {
+            agent_id: Some("a".into()),
+            ..FilterKeys::default()
+        };
+        let r = record(EventType::AgentStateChanged, Some("a"), keys);
+        let f = compile(serde_json::json!({"environmentMatch": {"os.type": "linux"}}));
+        assert!(f.matches(&r, |id| (id == "a").then_some(&env)));
+        let g = compile(serde_json::json!({"environmentMatch": {"os.type": "mac"}}));
+        assert!(!g.matches(&r, |_| Some(&env)));
+    }
+
+    #[test]
+    fn extension_filters_match_nothing_we_emit() {
+        let f = compile(serde_json::json!({"mail": {"conversationId": "c"}}));
+        assert!(!f.matches(
+            &record(EventType::MessageSent, Some("a"), FilterKeys::default()),
+            no_env
+        ));
+    }
+}

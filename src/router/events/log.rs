@@ -1,0 +1,405 @@
+//! The append-only event log: one sequencer, bounded retention, records serialized once.
+//!
+//! Owns event ids (monotonic ULIDs), timestamps (never decreasing), internal sequence numbers
+//! (dense, from 0) and retention. Each record carries its `event` JSON, serialized exactly once
+//! at append time and shared by every delivery, plus the pre-extracted keys that filters and
+//! permission checks read, so delivery never re-parses JSON.
+//!
+//! Retention is bounded by count and by bytes. Evicted records stay alive only while an outbox
+//! still holds a delivery of them (they are `Arc`s).
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use crate::protocol::event::EventType;
+use crate::protocol::ids::{now_ms, AgentId, EventId, MonotonicUlids, ParticipantId, ScopeId};
+
+/// Who may see an event, decided when it is emitted (from the visibility of what it is about).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Audience {
+    /// Every subscriber allowed to observe.
+    Everyone,
+    /// System participants only.
+    System,
+    /// These participants (and system participants).
+    Participants(Vec<ParticipantId>),
+    /// The owner, participants owning an agent in one of these scopes, and system participants.
+    Scoped {
+        /// The owner of the agent the event is about.
+        owner: Option<ParticipantId>,
+        /// That agent's scopes.
+        scopes: Vec<ScopeId>,
+    },
+}
+
+/// Values filters match on, extracted when the event is emitted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FilterKeys {
+    /// `data.agentId`: the agent the event is about.
+    pub agent_id: Option<AgentId>,
+    /// Role of the source agent at emit time.
+    pub source_role: Option<Arc<str>>,
+    /// Role of the agent the event is about (else of the source agent) at emit time.
+    pub subject_role: Option<Arc<str>>,
+    /// The event's scope followed by its ancestors (for `scopes` filters).
+    pub scopes: Vec<ScopeId>,
+    /// Message priority (message events only).
+    pub priority: Option<Arc<str>>,
+    /// `data.correlationId` and `data.message.meta.correlationId`.
+    pub correlation_ids: Vec<Arc<str>>,
+    /// `data.metadata`, for `metadataMatch`.
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+}
+
+/// What a handler hands the log.
+#[derive(Debug)]
+pub struct EventDraft {
+    /// Event type.
+    pub kind: EventType,
+    /// `event.source`.
+    pub source: Option<Arc<str>>,
+    /// `event.data`, already JSON.
+    pub data: String,
+    /// Causes.
+    pub caused_by: Vec<EventId>,
+    /// Filter keys.
+    pub keys: FilterKeys,
+    /// Visibility.
+    pub audience: Audience,
+}
+
+/// A logged event.
+#[derive(Debug)]
+pub struct EventRecord {
+    /// Dense position in the log.
+    pub seq: u64,
+    /// Event id; `None` only for synthetic per-subscription notices.
+    pub id: Option<EventId>,
+    /// Unix ms, never decreasing along the log.
+    pub timestamp: u64,
+    /// Type.
+    pub kind: EventType,
+    /// Source.
+    pub source: Option<Arc<str>>,
+    /// Causes.
+    pub caused_by: Vec<EventId>,
+    /// Filter keys.
+    pub keys: FilterKeys,
+    /// Visibility.
+    pub audience: Audience,
+    /// The `event` object as JSON.
+    pub json: Box<str>,
+    /// Envelope fields after `sequenceNumber`: `,"eventId":"…","timestamp":…`.
+    pub envelope_head: Box<str>,
+}
+
+impl EventRecord {
+    /// Approximate heap footprint, for the byte budget.
+    pub fn footprint(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.json.len()
+            + self.envelope_head.len()
+            + self.caused_by.len() * 16
+            + self.keys.scopes.len() * 24
+    }
+
+    /// A synthetic record that is not in the log (no event id): used for notices that belong to
+    /// one subscription, such as `subscription.overflow`.
+    pub fn synthetic(kind: EventType, data: String, audience: Audience) -> Self {
+        let timestamp = now_ms();
+        let event_id = format!("{}-{}", kind.as_str(), crate::protocol::ids::Ulid::random());
+        let json = build_event_json(&event_id, kind, timestamp, Some("system"), &data, &[]);
+        Self {
+            seq: u64::MAX,
+            id: None,
+            timestamp,
+            kind,
+            source: Some("system".into()),
+            caused_by: Vec::new(),
+            keys: FilterKeys::default(),
+            audience,
+            json: json.into(),
+            envelope_head: format!(",\"timestamp\":{timestamp}").into(),
+        }
+    }
+}
+
+fn build_event_json(
+    id: &str,
+    kind: EventType,
+    timestamp: u64,
+    source: Option<&str>,
+    data: &str,
+    caused_by: &[EventId],
+) -> String {
+    let mut json = String::with_capacity(96 + data.len() + caused_by.len() * 29);
+    json.push_str("{\"id\":\"");
+    json.push_str(id);
+    json.push_str("\",\"type\":\"");
+    json.push_str(kind.as_str());
+    let _ = write!(json, "\",\"timestamp\":{timestamp}");
+    if let Some(source) = source {
+        json.push_str(",\"source\":");
+        json.push_str(&serde_json::to_string(source).unwrap_or_else(|_| "\"\"".into()));
+    }
+    json.push_str(",\"data\":");
+    json.push_str(data);
+    if !caused_by.is_empty() {
+        json.push_str(",\"causedBy\":");
+        push_id_array(&mut json, caused_by);
+    }
+    json.push('}');
+    json
+}
+
+/// Appends `["id","id"]`.
+pub fn push_id_array(out: &mut String, ids: &[EventId]) {
+    out.push('[');
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "\"{id}\"");
+    }
+    out.push(']');
+}
+
+/// Where a sequence number stands relative to retention.
+#[derive(Debug)]
+pub enum Lookup<'a> {
+    /// The record.
+    Present(&'a Arc<EventRecord>),
+    /// Evicted by retention.
+    Evicted,
+    /// Not appended yet.
+    Future,
+}
+
+/// Retention limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// At most this many records.
+    pub max_events: usize,
+    /// At most about this many bytes of records.
+    pub max_bytes: usize,
+}
+
+/// The log.
+#[derive(Debug)]
+pub struct EventLog {
+    records: VecDeque<Arc<EventRecord>>,
+    first_seq: u64,
+    ids: MonotonicUlids,
+    last_timestamp: u64,
+    bytes: usize,
+    retention: Retention,
+}
+
+impl EventLog {
+    /// An empty log.
+    pub fn new(retention: Retention) -> Self {
+        Self {
+            records: VecDeque::new(),
+            first_seq: 0,
+            ids: MonotonicUlids::new(),
+            last_timestamp: 0,
+            bytes: 0,
+            retention: Retention {
+                max_events: retention.max_events.max(1),
+                max_bytes: retention.max_bytes.max(1),
+            },
+        }
+    }
+
+    /// Appends an event, assigning its id, timestamp and sequence number, and evicts what
+    /// retention no longer allows.
+    pub fn append(&mut self, draft: EventDraft) -> Arc<EventRecord> {
+        let timestamp = now_ms().max(self.last_timestamp);
+        self.last_timestamp = timestamp;
+        let id = EventId(self.ids.next(timestamp));
+        let id_text = id.to_string();
+        let json = build_event_json(
+            &id_text,
+            draft.kind,
+            timestamp,
+            draft.source.as_deref(),
+            &draft.data,
+            &draft.caused_by,
+        );
+        let record = Arc::new(EventRecord {
+            seq: self.next_seq(),
+            id: Some(id),
+            timestamp,
+            kind: draft.kind,
+            source: draft.source,
+            caused_by: draft.caused_by,
+            keys: draft.keys,
+            audience: draft.audience,
+            json: json.into(),
+            envelope_head: format!(",\"eventId\":\"{id_text}\",\"timestamp\":{timestamp}").into(),
+        });
+        self.bytes += record.footprint();
+        self.records.push_back(record.clone());
+        self.evict();
+        record
+    }
+
+    fn evict(&mut self) {
+        while self.records.len() > self.retention.max_events
+            || (self.bytes > self.retention.max_bytes && self.records.len() > 1)
+        {
+            if let Some(old) = self.records.pop_front() {
+                self.bytes = self.bytes.saturating_sub(old.footprint());
+                self.first_seq += 1;
+            }
+        }
+    }
+
+    /// Sequence number the next append gets.
+    pub fn next_seq(&self) -> u64 {
+        self.first_seq + self.records.len() as u64
+    }
+
+    /// Oldest retained sequence number.
+    pub fn first_seq(&self) -> u64 {
+        self.first_seq
+    }
+
+    /// Number of retained records.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether nothing is retained.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The record at `seq`.
+    pub fn get(&self, seq: u64) -> Lookup<'_> {
+        if seq < self.first_seq {
+            Lookup::Evicted
+        } else {
+            match self.records.get((seq - self.first_seq) as usize) {
+                Some(r) => Lookup::Present(r),
+                None => Lookup::Future,
+            }
+        }
+    }
+
+    /// The first sequence number whose event id is greater than `id` (ids are monotonic, so
+    /// this is a binary search). Works for ids that were never logged: they are positions.
+    pub fn seq_after(&self, id: EventId) -> u64 {
+        let idx = self
+            .records
+            .partition_point(|r| r.id.is_some_and(|rid| rid <= id));
+        self.first_seq + idx as u64
+    }
+
+    /// The first sequence number whose timestamp is at least `ts`.
+    pub fn seq_at_or_after_time(&self, ts: u64) -> u64 {
+        let idx = self.records.partition_point(|r| r.timestamp < ts);
+        self.first_seq + idx as u64
+    }
+
+    /// The record with this id, if retained.
+    pub fn find(&self, id: EventId) -> Option<&Arc<EventRecord>> {
+        let idx = self
+            .records
+            .partition_point(|r| r.id.is_some_and(|rid| rid < id));
+        self.records.get(idx).filter(|r| r.id == Some(id))
+    }
+
+    /// The id of the oldest retained event.
+    pub fn oldest_id(&self) -> Option<EventId> {
+        self.records.front().and_then(|r| r.id)
+    }
+
+    /// Iterates retained records from `seq` on.
+    pub fn iter_from(&self, seq: u64) -> impl Iterator<Item = &Arc<EventRecord>> {
+        let start = seq.saturating_sub(self.first_seq) as usize;
+        self.records.range(start.min(self.records.len())..)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draft(n: u32) -> EventDraft {
+        EventDraft {
+            kind: EventType::ScopeCreated,
+            source: None,
+            data: format!("{{\"n\":{n}}}"),
+            caused_by: vec![],
+            keys: FilterKeys::default(),
+            audience: Audience::Everyone,
+        }
+    }
+
+    #[test]
+    fn ids_and_timestamps_are_monotonic_and_json_is_well_formed() {
+        let mut log = EventLog::new(Retention {
+            max_events: 100,
+            max_bytes: 1 << 20,
+        });
+        let a = log.append(draft(1));
+        let b = log.append(draft(2));
+        assert!(b.id > a.id);
+        assert!(b.timestamp >= a.timestamp);
+        assert_eq!((a.seq, b.seq), (0, 1));
+        let v: serde_json::Value = serde_json::from_str(&b.json).unwrap();
+        assert_eq!(v["type"], "scope_created");
+        assert_eq!(v["id"], b.id.unwrap().to_string());
+        assert_eq!(v["data"]["n"], 2);
+    }
+
+    #[test]
+    fn retention_evicts_oldest_and_lookups_report_it() {
+        let mut log = EventLog::new(Retention {
+            max_events: 3,
+            max_bytes: 1 << 20,
+        });
+        let first = log.append(draft(0));
+        for n in 1..5 {
+            log.append(draft(n));
+        }
+        assert_eq!(log.len(), 3);
+        assert_eq!(log.first_seq(), 2);
+        assert!(matches!(log.get(0), Lookup::Evicted));
+        assert!(matches!(log.get(4), Lookup::Present(_)));
+        assert!(matches!(log.get(5), Lookup::Future));
+        assert!(log.find(first.id.unwrap()).is_none());
+        assert_eq!(
+            log.seq_after(first.id.unwrap()),
+            2,
+            "evicted id is still a position"
+        );
+    }
+
+    #[test]
+    fn byte_budget_bounds_the_log() {
+        let mut log = EventLog::new(Retention {
+            max_events: 1_000_000,
+            max_bytes: 4096,
+        });
+        for n in 0..1000 {
+            log.append(draft(n));
+        }
+        assert!(log.len() < 1000 && !log.is_empty());
+    }
+
+    #[test]
+    fn seq_after_finds_positions() {
+        let mut log = EventLog::new(Retention {
+            max_events: 100,
+            max_bytes: 1 << 20,
+        });
+        let ids: Vec<_> = (0..5).map(|n| log.append(draft(n)).id.unwrap()).collect();
+        assert_eq!(log.seq_after(ids[2]), 3);
+        assert_eq!(log.seq_after(ids[4]), 5);
+        assert_eq!(log.find(ids[3]).unwrap().seq, 3);
+        assert_eq!(log.seq_at_or_after_time(0), 0);
+    }
+}

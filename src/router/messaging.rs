@@ -1,0 +1,485 @@
+//! `map/send`: address resolution, delivery to connections, and the message events.
+//!
+//! Resolution rules (methods.md "Address → recipients", REC column) and the choices recorded in
+//! `docs/compatibility.md`:
+//! - `{agent: X}` reaches agent X's owning connection; if no agent has that id but a
+//!   participant does, it reaches that participant (this is how `AgentConnection.reply()`
+//!   reaches a client: `reply` addresses `{agent: original.from}`).
+//! - Unknown explicit agents, scopes and participants are errors (2001/2002/2000) unless the
+//!   router runs with `strict_recipients = false`.
+//! - Scope, role and broadcast exclude the sending agent; recipients are de-duplicated, and a
+//!   connection gets one `map/message` however many of its agents were addressed.
+//! - A recipient that is offline (orphaned agent, detached session) or whose connection is
+//!   backlogged beyond its bounded queue is not delivered to: it is left out of `delivered` and
+//!   a `message_failed` event says why. Nothing is dropped silently.
+//!
+//! Events: `message_sent` first, then one `message_delivered` per recipient with
+//! `causedBy: [message_sent]`. `message_delivered.data.correlationId` is left out when the
+//! message expects a response, so the SDK's `client.request()` does not mistake its own request
+//! for the reply (reference-server.md §1.1 #15).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::protocol::capabilities::{Capability, ParticipantType};
+use crate::protocol::event::{EventType, MessageFailedData};
+use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId, ParticipantId, ScopeId};
+use crate::protocol::jsonrpc::ErrorCode;
+use crate::protocol::message::{Address, Message, ParticipantGroup};
+use crate::protocol::methods::messaging::{SendParams, SendResult};
+use crate::protocol::methods::notifications;
+use crate::protocol::scope::ScopeVisibility;
+
+use super::events::log::{Audience, EventDraft, FilterKeys};
+use super::outbox::{Outbound, PushError};
+use super::permissions::can_see_agent;
+use super::{Caller, ConnId, Ctx, Router, RouterError};
+
+type JsonMap = serde_json::Map<String, serde_json::Value>;
+
+/// A resolved recipient.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Recipient {
+    /// An agent (delivered to its owner's connection).
+    Agent(AgentId),
+    /// A participant (delivered to its connection).
+    Participant(ParticipantId),
+}
+
+impl Recipient {
+    fn id(&self) -> &str {
+        match self {
+            Self::Agent(a) => a.as_str(),
+            Self::Participant(p) => p.as_str(),
+        }
+    }
+}
+
+/// The `map/message` frame for a message, shared by all its recipients.
+pub fn message_frame(message: &Message) -> Arc<str> {
+    let json = super::to_json(message);
+    let mut frame = String::with_capacity(json.len() + 64);
+    crate::protocol::jsonrpc::write_notification(
+        &mut frame,
+        notifications::MESSAGE,
+        &format!("{{\"message\":{json}}}"),
+    );
+    frame.into()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SentData<'a> {
+    message_id: &'a MessageId,
+    from: &'a str,
+    to: &'a serde_json::Value,
+    timestamp: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    correlation_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a RawValue>,
+    message: &'a RawValue,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeliveredData<'a> {
+    message_id: &'a MessageId,
+    from: &'a str,
+    delivered_to: [&'a str; 1],
+    timestamp: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    correlation_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a RawValue>,
+    message: &'a RawValue,
+}
+
+fn raw(json: String) -> Box<RawValue> {
+    // `json` comes from serde_json::to_string, so it is valid JSON.
+    RawValue::from_string(json)
+        .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is valid JSON"))
+}
+
+impl Router {
+    /// `map/send`.
+    pub fn handle_send(&mut self, ctx: &Ctx, p: SendParams) -> Result<SendResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let (message_id, delivered) =
+            self.deliver_message(&caller, p.to, p.payload, p.meta, Vec::new())?;
+        Ok(SendResult {
+            message_id,
+            delivered,
+        })
+    }
+
+    /// Resolves, delivers and records one message from `caller`.
+    pub(crate) fn deliver_message(
+        &mut self,
+        caller: &Caller,
+        to: serde_json::Value,
+        payload: Option<serde_json::Value>,
+        meta: Option<JsonMap>,
+        caused_by: Vec<EventId>,
+    ) -> Result<(MessageId, Vec<String>), RouterError> {
+        let address = Address::parse(&to).map_err(RouterError::InvalidParams)?;
+        if address.is_multicast() && !self.session_has(caller, Capability::CanBroadcast) {
+            return Err(RouterError::PermissionDenied(
+                Capability::CanBroadcast.path().into(),
+            ));
+        }
+        let recipients = self.resolve(caller, &address)?;
+        let from = caller.address();
+        let message = Message {
+            id: MessageId::generate(),
+            from: from.to_string(),
+            to,
+            timestamp: now_ms(),
+            payload,
+            meta,
+        };
+        let frame = message_frame(&message);
+        let message_json = raw(super::to_json(&message));
+        let payload_json = message.payload.as_ref().map(|p| raw(super::to_json(p)));
+        let correlation = message.correlation_id();
+        let priority = message.priority();
+        let source_role: Option<Arc<str>> = caller
+            .primary_agent
+            .as_ref()
+            .and_then(|a| self.registry.get(a.as_str()))
+            .and_then(|r| r.agent.role.as_deref())
+            .map(Arc::from);
+        let scope = match &address {
+            Address::Scope(s) => Some(s.clone()),
+            Address::Role { within, .. } => within.clone(),
+            _ => None,
+        };
+        let keys = FilterKeys {
+            agent_id: caller.primary_agent.clone(),
+            source_role: source_role.clone(),
+            subject_role: source_role,
+            scopes: scope
+                .as_ref()
+                .map(|s| self.scope_keys(s))
+                .unwrap_or_default(),
+            priority: Some(Arc::from(priority)),
+            correlation_ids: correlation.map(Arc::from).into_iter().collect(),
+            metadata: None,
+        };
+        let audience = self.message_audience(caller, scope.as_ref());
+        let sent = self.emit(EventDraft {
+            kind: EventType::MessageSent,
+            source: Some(from.clone()),
+            data: super::to_json(&SentData {
+                message_id: &message.id,
+                from: &from,
+                to: &message.to,
+                timestamp: message.timestamp,
+                correlation_id: correlation,
+                priority: message
+                    .meta
+                    .as_ref()
+                    .and_then(|m| m.get("priority"))
+                    .and_then(|p| p.as_str()),
+                payload: payload_json.as_deref(),
+                message: &message_json,
+            }),
+            caused_by,
+            keys: keys.clone(),
+            audience: audience.clone(),
+        });
+
+        let delivered_correlation = if message.expects_response() {
+            None
+        } else {
+            correlation
+        };
+        let mut delivered = Vec::new();
+        let mut reached: HashSet<ConnId> = HashSet::new();
+        for recipient in recipients {
+            let outcome = match self.recipient_conn(&recipient) {
+                None => Err("recipient_offline"),
+                Some(conn) if reached.contains(&conn) => Ok(()),
+                Some(conn) => {
+                    if self.push_message(conn, frame.clone()) {
+                        reached.insert(conn);
+                        Ok(())
+                    } else {
+                        Err("recipient_backlogged")
+                    }
+                }
+            };
+            match outcome {
+                Ok(()) => {
+                    self.emit(EventDraft {
+                        kind: EventType::MessageDelivered,
+                        source: Some(from.clone()),
+                        data: super::to_json(&DeliveredData {
+                            message_id: &message.id,
+                            from: &from,
+                            delivered_to: [recipient.id()],
+                            timestamp: message.timestamp,
+                            correlation_id: delivered_correlation,
+                            payload: payload_json.as_deref(),
+                            message: &message_json,
+                        }),
+                        caused_by: vec![sent],
+                        keys: keys.clone(),
+                        audience: audience.clone(),
+                    });
+                    delivered.push(recipient.id().to_owned());
+                }
+                Err(reason) => {
+                    self.emit(EventDraft {
+                        kind: EventType::MessageFailed,
+                        source: Some(from.clone()),
+                        data: super::to_json(&MessageFailedData {
+                            message_id: message.id.clone(),
+                            from: from.to_string(),
+                            to: message.to.clone(),
+                            recipient: recipient.id().to_owned(),
+                            reason: reason.into(),
+                            code: ErrorCode::DELIVERY_FAILED.0,
+                        }),
+                        caused_by: vec![sent],
+                        keys: keys.clone(),
+                        audience: audience.clone(),
+                    });
+                }
+            }
+        }
+        Ok((message.id, delivered))
+    }
+
+    fn session_has(&self, caller: &Caller, cap: Capability) -> bool {
+        self.sessions
+            .get(caller.session.as_str())
+            .is_some_and(|s| s.capabilities.has(cap))
+    }
+
+    /// Who may see events about a message: everyone, unless it went to a scope whose
+    /// `messageVisibility` narrows it.
+    fn message_audience(&self, caller: &Caller, scope: Option<&ScopeId>) -> Audience {
+        let vis = scope
+            .and_then(|s| self.scopes.get(s.as_str()))
+            .and_then(|s| s.scope.message_visibility)
+            .unwrap_or_default();
+        match (vis, scope) {
+            (ScopeVisibility::Public, _) | (_, None) => Audience::Everyone,
+            (ScopeVisibility::System, _) => Audience::System,
+            (ScopeVisibility::Members, Some(s)) => Audience::Scoped {
+                owner: Some(caller.participant.clone()),
+                scopes: vec![s.clone()],
+            },
+        }
+    }
+
+    /// The connection that receives messages for a recipient, if it is online.
+    fn recipient_conn(&self, r: &Recipient) -> Option<ConnId> {
+        match r {
+            Recipient::Agent(a) => self.agent_conn(a),
+            Recipient::Participant(p) => self.sessions.by_participant(p.as_str())?.conn,
+        }
+    }
+
+    /// The connection of an agent's owner.
+    pub(crate) fn agent_conn(&self, agent: &AgentId) -> Option<ConnId> {
+        let owner = self.registry.get(agent.as_str())?.agent.owner_id.clone()?;
+        self.sessions.by_participant(owner.as_str())?.conn
+    }
+
+    /// Queues a `map/message` frame for a connection without waiting. Returns false when the
+    /// connection is gone or its bounded queue is full.
+    pub(crate) fn push_message(&mut self, conn: ConnId, frame: Arc<str>) -> bool {
+        let cap = self.config.pending_messages;
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return false;
+        };
+        if !c.pending.is_empty() {
+            if c.pending.len() >= cap {
+                return false;
+            }
+            c.pending.push_back(frame);
+            c.outbox.request_wakeup();
+            return true;
+        }
+        match super::events::push(&c.outbox, Outbound::Shared(frame)) {
+            Ok(()) => true,
+            Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
+                c.pending.push_back(frame);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Resolves an address to recipients (see the module docs).
+    fn resolve(&self, caller: &Caller, address: &Address) -> Result<Vec<Recipient>, RouterError> {
+        let strict = self.config.strict_recipients;
+        let viewer = caller.viewer();
+        let visible_agent = |id: &str| {
+            self.registry
+                .get(id)
+                .is_some_and(|r| can_see_agent(&viewer, &r.agent, &self.registry))
+        };
+        let sender_agent = caller.primary_agent.as_ref();
+        let not_sender = |a: &AgentId| Some(a) != sender_agent;
+        let scope_members = |id: &ScopeId| -> Result<Vec<Recipient>, RouterError> {
+            match self.scopes.get(id.as_str()) {
+                Some(s) => Ok(s
+                    .members
+                    .iter()
+                    .filter(|a| not_sender(a) && visible_agent(a.as_str()))
+                    .cloned()
+                    .map(Recipient::Agent)
+                    .collect()),
+                None if strict => Err(RouterError::ScopeNotFound(id.to_string())),
+                None => Ok(Vec::new()),
+            }
+        };
+        let agent_or_participant = |id: &str| -> Option<Recipient> {
+            if visible_agent(id) {
+                Some(Recipient::Agent(id.into()))
+            } else {
+                self.sessions
+                    .by_participant(id)
+                    .map(|s| Recipient::Participant(s.participant.clone()))
+            }
+        };
+        let mut out = match address {
+            Address::Text(text) => {
+                if let Some(id) = text.strip_prefix("agent:") {
+                    match agent_or_participant(id) {
+                        Some(r) => vec![r],
+                        None if strict => return Err(RouterError::AgentNotFound(id.into())),
+                        None => Vec::new(),
+                    }
+                } else if let Some(id) = text.strip_prefix("scope:") {
+                    scope_members(&ScopeId::from(id))?
+                } else {
+                    let is_agent = visible_agent(text);
+                    let is_scope = self.scopes.contains(text);
+                    match (is_agent, is_scope) {
+                        (true, true) => return Err(RouterError::AddressAmbiguous(text.clone())),
+                        (false, true) => scope_members(&ScopeId::from(text.as_str()))?,
+                        _ => match agent_or_participant(text) {
+                            Some(r) => vec![r],
+                            None if strict => {
+                                return Err(RouterError::AddressNotFound(text.clone()))
+                            }
+                            None => Vec::new(),
+                        },
+                    }
+                }
+            }
+            Address::Agent(id) => match agent_or_participant(id.as_str()) {
+                Some(r) => vec![r],
+                None if strict => return Err(RouterError::AgentNotFound(id.to_string())),
+                None => Vec::new(),
+            },
+            Address::Agents(ids) => {
+                let mut v = Vec::new();
+                for id in ids {
+                    match agent_or_participant(id.as_str()) {
+                        Some(r) => v.push(r),
+                        None if strict => return Err(RouterError::AgentNotFound(id.to_string())),
+                        None => {}
+                    }
+                }
+                v
+            }
+            Address::Scope(id) => scope_members(id)?,
+            Address::Role { role, within } => {
+                let members = match within {
+                    Some(scope) => match self.scopes.get(scope.as_str()) {
+                        Some(s) => Some(&s.members),
+                        None if strict => {
+                            return Err(RouterError::ScopeNotFound(scope.to_string()))
+                        }
+                        None => return Ok(Vec::new()),
+                    },
+                    None => None,
+                };
+                self.registry
+                    .iter_ordered(None)
+                    .filter(|r| r.agent.role.as_deref() == Some(role.as_str()))
+                    .filter(|r| members.is_none_or(|m| m.contains(&r.agent.id)))
+                    .filter(|r| not_sender(&r.agent.id) && visible_agent(r.agent.id.as_str()))
+                    .map(|r| Recipient::Agent(r.agent.id.clone()))
+                    .collect()
+            }
+            Address::Hierarchical(h) => {
+                let me = sender_agent.ok_or_else(|| {
+                    RouterError::AddressNotFound(
+                        "hierarchical address: the sender has no registered agent".into(),
+                    )
+                })?;
+                let me = me.as_str();
+                let mut v: Vec<AgentId> = Vec::new();
+                if h.parent {
+                    match self.registry.get(me).and_then(|r| r.agent.parent.clone()) {
+                        Some(p) if self.registry.contains(p.as_str()) => v.push(p),
+                        _ if strict
+                            && !(h.children || h.ancestors || h.descendants || h.siblings) =>
+                        {
+                            return Err(RouterError::AddressNotFound(format!(
+                                "parent of {me} (it has none)"
+                            )))
+                        }
+                        _ => {}
+                    }
+                }
+                if h.children {
+                    v.extend(self.registry.descendants(me, Some(h.depth.unwrap_or(1))));
+                }
+                if h.descendants {
+                    v.extend(self.registry.descendants(me, h.depth));
+                }
+                if h.ancestors {
+                    v.extend(self.registry.ancestors(me, h.depth));
+                }
+                if h.siblings {
+                    v.extend(self.registry.siblings(me));
+                }
+                v.into_iter()
+                    .filter(|a| a.as_str() != me && visible_agent(a.as_str()))
+                    .map(Recipient::Agent)
+                    .collect()
+            }
+            Address::Broadcast => self
+                .registry
+                .iter_ordered(None)
+                .filter(|r| not_sender(&r.agent.id) && visible_agent(r.agent.id.as_str()))
+                .map(|r| Recipient::Agent(r.agent.id.clone()))
+                .collect(),
+            Address::System => Vec::new(),
+            Address::Participant(p) => match self.sessions.by_participant(p.as_str()) {
+                Some(s) => vec![Recipient::Participant(s.participant.clone())],
+                None if strict => return Err(RouterError::AddressNotFound(p.to_string())),
+                None => Vec::new(),
+            },
+            Address::Participants(group) => self
+                .sessions
+                .iter()
+                .filter(|s| s.conn.is_some() && s.participant != caller.participant)
+                .filter(|s| match group {
+                    ParticipantGroup::All => true,
+                    ParticipantGroup::Agents => s.kind == ParticipantType::Agent,
+                    ParticipantGroup::Clients => s.kind == ParticipantType::Client,
+                })
+                .map(|s| Recipient::Participant(s.participant.clone()))
+                .collect(),
+            Address::Federated { system, .. } => {
+                return Err(RouterError::SystemNotFound(system.clone()))
+            }
+        };
+        let mut seen = HashSet::new();
+        out.retain(|r| seen.insert(r.clone()));
+        Ok(out)
+    }
+}

@@ -1,0 +1,543 @@
+//! The router core: the one owner of all routing state. It opens no sockets.
+//!
+//! [`Router`] owns sessions, connections, the agent registry, scopes and the event bus, and runs
+//! as one task that takes [`Command`]s from a bounded channel. Everyone else holds a cheap
+//! [`RouterHandle`]. Because a single task applies every change, sequence numbers and event
+//! order come from one place and need no locks, and calls from one session are applied in the
+//! order they arrive.
+//!
+//! The router never waits on a peer: it hands frames to connection outboxes with `try_push`
+//! only. A full outbox pauses that connection's subscriptions (their events stay in the log) and
+//! queues its messages in a bounded per-connection queue; the connection's writer reports room
+//! with [`Command::Drained`].
+//!
+//! Handlers live in sibling modules, grouped by concept: `session_ops` (connect, disconnect,
+//! detach, resume), `agent_ops`, `scope_ops`, `messaging` (send and address resolution) and
+//! `subscription_ops` (subscribe, unsubscribe, replay).
+
+pub mod agent_ops;
+pub mod dispatch;
+pub mod error;
+pub mod events;
+pub mod messaging;
+pub mod outbox;
+pub mod permissions;
+pub mod registry;
+pub mod scope_ops;
+pub mod scopes;
+pub mod session;
+pub mod session_ops;
+pub mod subscription_ops;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::protocol::agent::Agent;
+use crate::protocol::capabilities::{Capability, ParticipantType};
+use crate::protocol::event::EventType;
+use crate::protocol::ids::{AgentId, EventId, ParticipantId, SessionId};
+
+pub use self::error::RouterError;
+use self::events::log::{Audience, EventDraft, EventLog, FilterKeys, Retention};
+use self::events::EventBus;
+use self::outbox::Outbox;
+use self::registry::Registry;
+use self::scopes::Scopes;
+use self::session::{Conn, Sessions};
+
+/// Identifies one transport connection inside the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conn-{}", self.0)
+    }
+}
+
+/// Default outbox size per connection, in frames. Large enough to absorb bursts at full speed,
+/// small enough that a stalled peer pins little memory (the log keeps the rest).
+pub const DEFAULT_OUTBOX_FRAMES: usize = 1024;
+/// Default bound on `map/message` frames queued per connection beyond its outbox.
+pub const DEFAULT_PENDING_MESSAGES: usize = 4096;
+/// Default event-log retention, in events.
+pub const DEFAULT_LOG_EVENTS: usize = 100_000;
+/// Default event-log retention, in bytes (about).
+pub const DEFAULT_LOG_BYTES: usize = 64 * 1024 * 1024;
+/// Default window for resuming a detached session, and the grace period of orphaned agents.
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(60);
+/// Default capacity of the router's command channel.
+pub const DEFAULT_COMMAND_QUEUE: usize = 8192;
+
+/// Router settings.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// `systemInfo.name`.
+    pub name: String,
+    /// `systemInfo.version`.
+    pub version: String,
+    /// Frames per connection outbox.
+    pub outbox_frames: usize,
+    /// `map/message` frames queued per connection while its outbox is full.
+    pub pending_messages: usize,
+    /// Event-log retention.
+    pub retention: Retention,
+    /// How long a detached session can be resumed, and how long its orphaned agents wait to be
+    /// reclaimed before they are unregistered (under the default `grace-period` policy).
+    pub resume_window: Duration,
+    /// Capacity of the command channel.
+    pub command_queue: usize,
+    /// Whether `map/send` to an unknown explicit agent or scope is an error (2001/2002) rather
+    /// than a success with `delivered: []` (the TestServer's behaviour).
+    pub strict_recipients: bool,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            name: "map-router".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            outbox_frames: DEFAULT_OUTBOX_FRAMES,
+            pending_messages: DEFAULT_PENDING_MESSAGES,
+            retention: Retention {
+                max_events: DEFAULT_LOG_EVENTS,
+                max_bytes: DEFAULT_LOG_BYTES,
+            },
+            resume_window: DEFAULT_RESUME_WINDOW,
+            command_queue: DEFAULT_COMMAND_QUEUE,
+            strict_recipients: true,
+        }
+    }
+}
+
+/// A request-scoped operation the router runs on its own task.
+pub type Op = Box<dyn FnOnce(&mut Router) + Send>;
+
+/// Messages into the router.
+pub enum Command {
+    /// A new connection with its outbox.
+    Attach {
+        /// The connection.
+        conn: ConnId,
+        /// Its outbox.
+        outbox: Outbox,
+    },
+    /// The connection's transport closed.
+    Detach {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Run an operation (a method call) for a connection.
+    Call(Op),
+    /// A subscription's `map/subscribe` response is queued: start delivering.
+    Activate {
+        /// The connection.
+        conn: ConnId,
+        /// The subscription id.
+        subscription: String,
+    },
+    /// The connection's writer has room again.
+    Drained {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Detach everyone and stop.
+    Shutdown,
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Attach { conn, .. } => write!(f, "Attach({conn})"),
+            Self::Detach { conn } => write!(f, "Detach({conn})"),
+            Self::Call(_) => f.write_str("Call"),
+            Self::Activate { conn, subscription } => write!(f, "Activate({conn}, {subscription})"),
+            Self::Drained { conn } => write!(f, "Drained({conn})"),
+            Self::Shutdown => f.write_str("Shutdown"),
+        }
+    }
+}
+
+/// A cheap, cloneable handle to the router task.
+#[derive(Debug, Clone)]
+pub struct RouterHandle {
+    tx: mpsc::Sender<Command>,
+    next_conn: Arc<AtomicU64>,
+    config: Arc<RouterConfig>,
+}
+
+impl RouterHandle {
+    /// A fresh connection id.
+    pub fn new_conn_id(&self) -> ConnId {
+        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The router's configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Sends a command, waiting for room in the channel.
+    ///
+    /// # Errors
+    /// `RouterError::Unavailable` when the router has stopped.
+    pub async fn send(&self, cmd: Command) -> Result<(), RouterError> {
+        self.tx
+            .send(cmd)
+            .await
+            .map_err(|_| RouterError::Unavailable)
+    }
+
+    /// Runs `f` on the router task for `conn` and returns its result. The capability, when
+    /// given, is checked first against the connection's session.
+    ///
+    /// # Errors
+    /// The operation's own error, `NotConnected`, `PermissionDenied`, or `Unavailable`.
+    pub async fn call<R, F>(
+        &self,
+        conn: ConnId,
+        capability: Option<Capability>,
+        needs_session: bool,
+        f: F,
+    ) -> Result<R, RouterError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Router, &Ctx) -> Result<R, RouterError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let op: Op = Box::new(move |router: &mut Router| {
+            let ctx = Ctx { conn };
+            let result = router
+                .check_call(&ctx, capability, needs_session)
+                .and_then(|()| f(router, &ctx));
+            let _ = tx.send(result);
+        });
+        self.send(Command::Call(op)).await?;
+        rx.await.map_err(|_| RouterError::Unavailable)?
+    }
+}
+
+/// The caller of an operation.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    /// The calling connection.
+    pub conn: ConnId,
+}
+
+/// What an operation needs to know about its caller's session.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Session id.
+    pub session: SessionId,
+    /// Participant id.
+    pub participant: ParticipantId,
+    /// Participant type.
+    pub kind: ParticipantType,
+    /// The agent the session speaks as, if any.
+    pub primary_agent: Option<AgentId>,
+}
+
+impl Caller {
+    /// The permission-check view of this caller.
+    pub fn viewer(&self) -> permissions::Viewer<'_> {
+        permissions::Viewer {
+            participant: &self.participant,
+            kind: self.kind,
+        }
+    }
+
+    /// `from` of messages this caller sends, and `source` of events it causes.
+    pub fn address(&self) -> Arc<str> {
+        match &self.primary_agent {
+            Some(a) => a.as_arc().clone(),
+            None => self.participant.as_arc().clone(),
+        }
+    }
+}
+
+/// Things that happen later.
+#[derive(Debug, Clone)]
+enum Deadline {
+    /// A detached session can no longer be resumed.
+    SessionExpiry(SessionId),
+    /// An orphaned agent was not reclaimed in time.
+    OrphanExpiry(AgentId),
+}
+
+/// The owner of all routing state.
+#[derive(Debug)]
+pub struct Router {
+    config: Arc<RouterConfig>,
+    conns: HashMap<ConnId, Conn>,
+    sessions: Sessions,
+    registry: Registry,
+    scopes: Scopes,
+    bus: EventBus,
+    deadlines: BTreeMap<Instant, Vec<Deadline>>,
+    shutting_down: bool,
+}
+
+impl Router {
+    /// Starts the router task and returns its handle.
+    pub fn spawn(config: RouterConfig) -> (RouterHandle, tokio::task::JoinHandle<()>) {
+        let config = Arc::new(config);
+        let (tx, rx) = mpsc::channel(config.command_queue.max(1));
+        let router = Router::new(config.clone());
+        let task = tokio::spawn(router.run(rx));
+        (
+            RouterHandle {
+                tx,
+                next_conn: Arc::new(AtomicU64::new(1)),
+                config,
+            },
+            task,
+        )
+    }
+
+    fn new(config: Arc<RouterConfig>) -> Self {
+        Self {
+            bus: EventBus::new(EventLog::new(config.retention)),
+            config,
+            conns: HashMap::new(),
+            sessions: Sessions::default(),
+            registry: Registry::default(),
+            scopes: Scopes::default(),
+            deadlines: BTreeMap::new(),
+            shutting_down: false,
+        }
+    }
+
+    /// The command loop: block for one command, then take what else is ready (bounded) before
+    /// looking at timers, so a burst is handled without a wake-up per command.
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        const BATCH: usize = 256;
+        loop {
+            let next_deadline = self.deadlines.keys().next().copied();
+            let cmd = tokio::select! {
+                cmd = rx.recv() => cmd,
+                () = sleep_until_opt(next_deadline) => {
+                    self.fire_deadlines(Instant::now());
+                    continue;
+                }
+            };
+            let Some(cmd) = cmd else { break };
+            if self.handle(cmd) {
+                break;
+            }
+            for _ in 0..BATCH {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            if next_deadline.is_some_and(|d| d <= Instant::now()) {
+                self.fire_deadlines(Instant::now());
+            }
+        }
+    }
+
+    /// Applies one command; returns true when the router should stop.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Attach { conn, outbox } => {
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        outbox,
+                        session: None,
+                        pending: Default::default(),
+                    },
+                );
+            }
+            Command::Detach { conn } => self.handle_transport_closed(conn),
+            Command::Call(op) => op(self),
+            Command::Activate { conn, subscription } => {
+                let owned = self.bus.get(&subscription).is_some_and(|s| s.conn == conn);
+                if owned {
+                    self.bus.activate(&subscription, &self.registry);
+                }
+            }
+            Command::Drained { conn } => self.handle_drained(conn),
+            Command::Shutdown => {
+                self.handle_shutdown();
+                return true;
+            }
+        }
+        false
+    }
+
+    fn handle_drained(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            while let Some(frame) = c.pending.front().cloned() {
+                match events::push(&c.outbox, outbox::Outbound::Shared(frame)) {
+                    Ok(()) => {
+                        c.pending.pop_front();
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
+        self.bus.resume_conn(conn, &self.registry);
+    }
+
+    fn fire_deadlines(&mut self, now: Instant) {
+        while let Some(entry) = self.deadlines.first_entry() {
+            if *entry.key() > now {
+                break;
+            }
+            for d in entry.remove() {
+                match d {
+                    Deadline::SessionExpiry(s) => self.expire_session(&s),
+                    Deadline::OrphanExpiry(a) => self.expire_orphan(&a),
+                }
+            }
+        }
+    }
+
+    fn schedule(&mut self, at: Instant, d: Deadline) {
+        self.deadlines.entry(at).or_default().push(d);
+    }
+
+    /// Checks that the connection may make this call.
+    fn check_call(
+        &self,
+        ctx: &Ctx,
+        capability: Option<Capability>,
+        needs_session: bool,
+    ) -> Result<(), RouterError> {
+        if !needs_session {
+            return Ok(());
+        }
+        let session = self.session_of(ctx)?;
+        if let Some(cap) = capability {
+            if !session.capabilities.has(cap) {
+                return Err(RouterError::PermissionDenied(cap.path().into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn session_of(&self, ctx: &Ctx) -> Result<&session::Session, RouterError> {
+        self.conns
+            .get(&ctx.conn)
+            .and_then(|c| c.session.as_ref())
+            .and_then(|s| self.sessions.get(s.as_str()))
+            .ok_or(RouterError::NotConnected)
+    }
+
+    /// The caller's identity, for handlers.
+    pub fn caller(&self, ctx: &Ctx) -> Result<Caller, RouterError> {
+        let s = self.session_of(ctx)?;
+        let primary_agent = s.primary_agent.clone().filter(|a| {
+            self.registry
+                .is_owned_by(a.as_str(), s.participant.as_str())
+        });
+        Ok(Caller {
+            session: s.id.clone(),
+            participant: s.participant.clone(),
+            kind: s.kind,
+            primary_agent,
+        })
+    }
+
+    /// Whether the caller holds a capability.
+    pub fn caller_has(&self, ctx: &Ctx, cap: Capability) -> bool {
+        self.session_of(ctx).is_ok_and(|s| s.capabilities.has(cap))
+    }
+
+    /// Appends an event to the log and fans it out. Returns its id.
+    pub fn emit(&mut self, draft: EventDraft) -> EventId {
+        let rec = self.bus.log.append(draft);
+        self.bus.publish(&rec, &self.registry);
+        // Records appended by `append` always carry an id.
+        rec.id.unwrap_or(EventId(crate::protocol::ids::Ulid(0)))
+    }
+
+    /// Builds and emits an event about an agent: source = the agent, audience from its
+    /// visibility, role keys from its role.
+    pub fn emit_agent_event<D: Serialize>(
+        &mut self,
+        kind: EventType,
+        agent: &Agent,
+        data: &D,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        let role: Option<Arc<str>> = agent.role.as_deref().map(Arc::from);
+        let metadata = match kind {
+            EventType::AgentRegistered | EventType::AgentMetadataChanged => {
+                agent.metadata.clone().map(Arc::new)
+            }
+            _ => None,
+        };
+        let draft = EventDraft {
+            kind,
+            source: Some(agent.id.as_arc().clone()),
+            data: to_json(data),
+            caused_by,
+            keys: FilterKeys {
+                agent_id: Some(agent.id.clone()),
+                source_role: role.clone(),
+                subject_role: role,
+                metadata,
+                ..FilterKeys::default()
+            },
+            audience: permissions::agent_audience(agent, &self.registry),
+        };
+        self.emit(draft)
+    }
+
+    /// Emits an event with no particular agent subject.
+    pub fn emit_plain<D: Serialize>(
+        &mut self,
+        kind: EventType,
+        source: Option<Arc<str>>,
+        data: &D,
+        keys: FilterKeys,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        self.emit(EventDraft {
+            kind,
+            source,
+            data: to_json(data),
+            caused_by,
+            keys,
+            audience: Audience::Everyone,
+        })
+    }
+
+    fn handle_shutdown(&mut self) {
+        self.shutting_down = true;
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in conns {
+            self.handle_transport_closed(conn);
+        }
+    }
+
+    /// Number of attached connections (for tests and metrics).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serializes event data. Our data types contain only strings, numbers, maps and vectors, for
+/// which serde_json cannot fail; an empty object keeps the event well-formed regardless.
+pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
+}

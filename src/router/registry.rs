@@ -1,0 +1,329 @@
+//! The agent registry: agent records, the parent/child tree and the owner index.
+//!
+//! Pure data with queries; it emits no events and checks no permissions (the handlers in
+//! `router::agents` do). Listing order is registration order, which is also what pagination
+//! cursors encode.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::protocol::agent::{Agent, AgentState};
+use crate::protocol::ids::{AgentId, ParticipantId};
+
+/// One registered agent plus what the router needs beyond the wire record.
+#[derive(Debug, Clone)]
+pub struct AgentRecord {
+    /// The wire record (without `children`, which is computed on demand).
+    pub agent: Agent,
+    /// Registration order (pagination key).
+    pub order: u64,
+    /// Child ids.
+    pub children: BTreeSet<AgentId>,
+    /// The state to return to on `map/agents/resume`.
+    pub state_before_suspend: Option<AgentState>,
+    /// The state to return to when an orphan is reclaimed.
+    pub state_before_orphan: Option<AgentState>,
+    /// When an orphan is unregistered if nobody reclaims it (`None`: never).
+    pub orphan_expires: Option<std::time::Instant>,
+}
+
+/// All agents.
+#[derive(Debug, Default)]
+pub struct Registry {
+    agents: HashMap<AgentId, AgentRecord>,
+    order: BTreeMap<u64, AgentId>,
+    by_owner: HashMap<ParticipantId, BTreeSet<AgentId>>,
+    next_order: u64,
+}
+
+impl Registry {
+    /// Looks an agent up.
+    pub fn get(&self, id: &str) -> Option<&AgentRecord> {
+        self.agents.get(id)
+    }
+
+    /// Mutable access. Changing `agent.owner_id` or `agent.parent` through this breaks the
+    /// indexes: use [`Registry::set_owner`].
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut AgentRecord> {
+        self.agents.get_mut(id)
+    }
+
+    /// Whether the id is registered.
+    pub fn contains(&self, id: &str) -> bool {
+        self.agents.contains_key(id)
+    }
+
+    /// Number of agents.
+    pub fn len(&self) -> usize {
+        self.agents.len()
+    }
+
+    /// Whether there are no agents.
+    pub fn is_empty(&self) -> bool {
+        self.agents.is_empty()
+    }
+
+    /// Inserts a new agent (the id must be free and the parent, if any, registered).
+    pub fn insert(&mut self, agent: Agent) {
+        let order = self.next_order;
+        self.next_order += 1;
+        if let Some(parent) = agent.parent.as_ref().and_then(|p| self.agents.get_mut(p)) {
+            parent.children.insert(agent.id.clone());
+        }
+        if let Some(owner) = &agent.owner_id {
+            self.by_owner
+                .entry(owner.clone())
+                .or_default()
+                .insert(agent.id.clone());
+        }
+        self.order.insert(order, agent.id.clone());
+        self.agents.insert(
+            agent.id.clone(),
+            AgentRecord {
+                agent,
+                order,
+                children: BTreeSet::new(),
+                state_before_suspend: None,
+                state_before_orphan: None,
+                orphan_expires: None,
+            },
+        );
+    }
+
+    /// Removes an agent. Its children keep their `parent` field (they become roots of their own
+    /// subtrees in queries); callers remove children first when they mean to.
+    pub fn remove(&mut self, id: &str) -> Option<AgentRecord> {
+        let rec = self.agents.remove(id)?;
+        self.order.remove(&rec.order);
+        if let Some(parent) = rec
+            .agent
+            .parent
+            .as_ref()
+            .and_then(|p| self.agents.get_mut(p))
+        {
+            parent.children.remove(id);
+        }
+        if let Some(owner) = &rec.agent.owner_id {
+            self.unindex_owner(owner, id);
+        }
+        Some(rec)
+    }
+
+    fn unindex_owner(&mut self, owner: &ParticipantId, id: &str) {
+        if let Some(set) = self.by_owner.get_mut(owner) {
+            set.remove(id);
+            if set.is_empty() {
+                self.by_owner.remove(owner);
+            }
+        }
+    }
+
+    /// Changes an agent's owner, keeping the owner index right.
+    pub fn set_owner(&mut self, id: &str, owner: Option<ParticipantId>) {
+        let Some(old) = self.agents.get(id).map(|r| r.agent.owner_id.clone()) else {
+            return;
+        };
+        if let Some(old) = &old {
+            self.unindex_owner(old, id);
+        }
+        if let Some(new) = &owner {
+            self.by_owner
+                .entry(new.clone())
+                .or_default()
+                .insert(AgentId::from(id));
+        }
+        if let Some(rec) = self.agents.get_mut(id) {
+            rec.agent.owner_id = owner;
+        }
+    }
+
+    /// Agents owned by a participant, in id order.
+    pub fn owned_by(&self, owner: &str) -> Vec<AgentId> {
+        self.by_owner
+            .get(owner)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `owner` owns any agent.
+    pub fn owns_any(&self, owner: &str) -> bool {
+        self.by_owner.contains_key(owner)
+    }
+
+    /// Whether `owner` owns `agent`.
+    pub fn is_owned_by(&self, agent: &str, owner: &str) -> bool {
+        self.by_owner.get(owner).is_some_and(|s| s.contains(agent))
+    }
+
+    /// All agents in registration order, starting after order `after` (exclusive).
+    pub fn iter_ordered(&self, after: Option<u64>) -> impl Iterator<Item = &AgentRecord> {
+        let start = after.map_or(0, |a| a.saturating_add(1));
+        self.order
+            .range(start..)
+            .filter_map(|(_, id)| self.agents.get(id))
+    }
+
+    /// Children ids.
+    pub fn children(&self, id: &str) -> Vec<AgentId> {
+        self.agents
+            .get(id)
+            .map(|r| r.children.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Ancestors, nearest first, up to `depth` levels (unlimited when `None`). Stops at a
+    /// missing parent and on cycles.
+    pub fn ancestors(&self, id: &str, depth: Option<u32>) -> Vec<AgentId> {
+        let mut out = Vec::new();
+        let mut cur = self.agents.get(id).and_then(|r| r.agent.parent.clone());
+        while let Some(p) = cur {
+            if depth.is_some_and(|d| out.len() as u32 >= d) || out.contains(&p) || p.as_str() == id
+            {
+                break;
+            }
+            cur = self
+                .agents
+                .get(p.as_str())
+                .and_then(|r| r.agent.parent.clone());
+            if !self.agents.contains_key(p.as_str()) {
+                break;
+            }
+            out.push(p);
+        }
+        out
+    }
+
+    /// Descendants in depth-first pre-order, down to `depth` levels (unlimited when `None`).
+    pub fn descendants(&self, id: &str, depth: Option<u32>) -> Vec<AgentId> {
+        let mut out = Vec::new();
+        let mut seen = BTreeSet::new();
+        self.walk_down(id, 1, depth, &mut out, &mut seen);
+        out
+    }
+
+    fn walk_down(
+        &self,
+        id: &str,
+        level: u32,
+        depth: Option<u32>,
+        out: &mut Vec<AgentId>,
+        seen: &mut BTreeSet<AgentId>,
+    ) {
+        if depth.is_some_and(|d| level > d) {
+            return;
+        }
+        let Some(rec) = self.agents.get(id) else {
+            return;
+        };
+        for child in &rec.children {
+            if seen.insert(child.clone()) {
+                out.push(child.clone());
+                self.walk_down(child.as_str(), level + 1, depth, out, seen);
+            }
+        }
+    }
+
+    /// Agents with the same parent, excluding `id`; empty when `id` has no parent.
+    pub fn siblings(&self, id: &str) -> Vec<AgentId> {
+        let Some(parent) = self.agents.get(id).and_then(|r| r.agent.parent.clone()) else {
+            return Vec::new();
+        };
+        self.children(parent.as_str())
+            .into_iter()
+            .filter(|c| c.as_str() != id)
+            .collect()
+    }
+
+    /// The wire record with `children` filled in.
+    pub fn expanded(&self, id: &str) -> Option<Agent> {
+        let rec = self.agents.get(id)?;
+        let mut agent = rec.agent.clone();
+        if !rec.children.is_empty() {
+            agent.children = Some(rec.children.iter().cloned().collect());
+        }
+        Some(agent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(id: &str, parent: Option<&str>, owner: &str) -> Agent {
+        Agent {
+            id: id.into(),
+            owner_id: Some(owner.into()),
+            name: None,
+            description: None,
+            parent: parent.map(AgentId::from),
+            children: None,
+            relationships: None,
+            state: AgentState::REGISTERED,
+            role: None,
+            scopes: vec![],
+            visibility: None,
+            permission_overrides: None,
+            lifecycle: None,
+            capabilities: None,
+            environment: None,
+            capability_descriptor: None,
+            persistent_identity: None,
+            metadata: None,
+        }
+    }
+
+    fn tree() -> Registry {
+        let mut r = Registry::default();
+        r.insert(agent("root", None, "p1"));
+        r.insert(agent("a", Some("root"), "p1"));
+        r.insert(agent("b", Some("root"), "p2"));
+        r.insert(agent("a1", Some("a"), "p1"));
+        r.insert(agent("a1x", Some("a1"), "p1"));
+        r
+    }
+
+    #[test]
+    fn hierarchy_queries() {
+        let r = tree();
+        assert_eq!(r.children("root"), vec![AgentId::from("a"), "b".into()]);
+        assert_eq!(
+            r.ancestors("a1x", None),
+            vec![AgentId::from("a1"), "a".into(), "root".into()]
+        );
+        assert_eq!(r.ancestors("a1x", Some(1)), vec![AgentId::from("a1")]);
+        assert_eq!(
+            r.descendants("root", None),
+            vec![AgentId::from("a"), "a1".into(), "a1x".into(), "b".into()]
+        );
+        assert_eq!(
+            r.descendants("root", Some(1)),
+            vec![AgentId::from("a"), "b".into()]
+        );
+        assert_eq!(r.siblings("a"), vec![AgentId::from("b")]);
+        assert!(r.siblings("root").is_empty());
+    }
+
+    #[test]
+    fn owner_index_follows_changes() {
+        let mut r = tree();
+        assert_eq!(r.owned_by("p2"), vec![AgentId::from("b")]);
+        r.set_owner("b", None);
+        assert!(r.owned_by("p2").is_empty());
+        assert!(!r.owns_any("p2"));
+        r.set_owner("b", Some("p3".into()));
+        assert!(r.is_owned_by("b", "p3"));
+        r.remove("b");
+        assert!(!r.owns_any("p3"));
+        assert_eq!(r.children("root"), vec![AgentId::from("a")]);
+    }
+
+    #[test]
+    fn ordered_iteration_resumes_after_a_cursor() {
+        let r = tree();
+        let first_two: Vec<_> = r.iter_ordered(None).take(2).map(|a| a.order).collect();
+        let rest: Vec<_> = r
+            .iter_ordered(Some(first_two[1]))
+            .map(|a| a.agent.id.clone())
+            .collect();
+        assert_eq!(rest, vec![AgentId::from("b"), "a1".into(), "a1x".into()]);
+    }
+}

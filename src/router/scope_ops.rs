@@ -1,0 +1,359 @@
+//! Scope handlers: create, delete, list, get, join, leave, members.
+//!
+//! Membership changes keep both sides in step (the scope's member set and `Agent.scopes`) and
+//! emit `scope_member_joined` / `scope_member_left`. Visibility follows `Scope.visibility`
+//! (`public`, `members` = the viewer owns a member agent, `system`); an invisible scope is
+//! reported as not found. Join and leave require control of the agent (its owner, an ancestor's
+//! owner, system) or being the scope's creator.
+
+use crate::protocol::agent::Agent;
+use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::event::{EventType, ScopeCreatedData, ScopeDeletedData};
+use crate::protocol::ids::{AgentId, EventId, ScopeId};
+use crate::protocol::methods::scopes::*;
+use crate::protocol::scope::{Scope, ScopeVisibility};
+
+use super::events::log::{Audience, FilterKeys};
+use super::permissions::{can_control_agent, can_see_agent};
+use super::scopes::ScopeRecord;
+use super::{Caller, Ctx, Router, RouterError};
+
+impl Router {
+    fn can_see_scope(&self, caller: &Caller, scope: &ScopeRecord) -> bool {
+        if caller.kind == ParticipantType::System {
+            return true;
+        }
+        match scope.scope.visibility.unwrap_or_default() {
+            ScopeVisibility::Public => true,
+            ScopeVisibility::System => false,
+            ScopeVisibility::Members => scope.members.iter().any(|m| {
+                self.registry
+                    .is_owned_by(m.as_str(), caller.participant.as_str())
+            }),
+        }
+    }
+
+    fn visible_scope(&self, caller: &Caller, id: &ScopeId) -> Result<&ScopeRecord, RouterError> {
+        self.scopes
+            .get(id.as_str())
+            .filter(|s| self.can_see_scope(caller, s))
+            .ok_or_else(|| RouterError::ScopeNotFound(id.to_string()))
+    }
+
+    /// The scope and its ancestors, as filter keys.
+    pub(crate) fn scope_keys(&self, scope: &ScopeId) -> Vec<ScopeId> {
+        let keys = self.scopes.with_ancestors(scope.as_str());
+        if keys.is_empty() {
+            vec![scope.clone()]
+        } else {
+            keys
+        }
+    }
+
+    /// Who may see events about a scope (and about `agent` in it).
+    pub(crate) fn scope_audience(&self, scope: &ScopeId, agent: Option<&Agent>) -> Audience {
+        let agent_audience = agent.map(|a| super::permissions::agent_audience(a, &self.registry));
+        let scope_vis = self
+            .scopes
+            .get(scope.as_str())
+            .and_then(|s| s.scope.visibility)
+            .unwrap_or_default();
+        let scope_audience = match scope_vis {
+            ScopeVisibility::Public => Audience::Everyone,
+            ScopeVisibility::System => Audience::System,
+            ScopeVisibility::Members => Audience::Scoped {
+                owner: None,
+                scopes: vec![scope.clone()],
+            },
+        };
+        // The narrower of the two (an agent-specific audience wins over a public scope).
+        match (agent_audience, scope_audience) {
+            (Some(Audience::Everyone) | None, s) => s,
+            (Some(a), _) => a,
+        }
+    }
+
+    /// `map/scopes/create`.
+    pub fn handle_scopes_create(
+        &mut self,
+        ctx: &Ctx,
+        p: ScopesCreateParams,
+    ) -> Result<ScopeResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        if let Some(id) = &p.scope_id {
+            if id.as_str().is_empty() {
+                return Err(RouterError::InvalidParams(
+                    "scopeId must not be empty".into(),
+                ));
+            }
+            if self.scopes.contains(id.as_str()) {
+                return Err(RouterError::InvalidParams(format!(
+                    "scope already exists: {id}"
+                )));
+            }
+        }
+        if let Some(parent) = &p.parent {
+            self.visible_scope(&caller, parent)?;
+        }
+        let scope = Scope {
+            id: p.scope_id.unwrap_or_else(ScopeId::generate),
+            name: p.name,
+            description: p.description,
+            parent: p.parent,
+            join_policy: p.join_policy,
+            auto_join_roles: p.auto_join_roles,
+            visibility: p.visibility,
+            message_visibility: p.message_visibility,
+            send_policy: p.send_policy,
+            persistent: p.persistent,
+            auto_delete: p.auto_delete,
+            metadata: p.metadata,
+        };
+        self.scopes
+            .insert(scope.clone(), Some(caller.participant.clone()));
+        let keys = FilterKeys {
+            scopes: self.scope_keys(&scope.id),
+            ..FilterKeys::default()
+        };
+        let audience = self.scope_audience(&scope.id, None);
+        self.emit(super::events::log::EventDraft {
+            kind: EventType::ScopeCreated,
+            source: Some(caller.address()),
+            data: super::to_json(&ScopeCreatedData {
+                scope_id: scope.id.clone(),
+                name: scope.name.clone(),
+                parent: scope.parent.clone(),
+            }),
+            caused_by: Vec::new(),
+            keys,
+            audience,
+        });
+        Ok(ScopeResult { scope })
+    }
+
+    /// `map/scopes/delete`.
+    pub fn handle_scopes_delete(
+        &mut self,
+        ctx: &Ctx,
+        p: ScopeRef,
+    ) -> Result<ScopesDeleteResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let scope = self.visible_scope(&caller, &p.scope_id)?.scope.clone();
+        let descendants = self.scopes.descendants_deepest_first(p.scope_id.as_str());
+        if !descendants.is_empty() && p.delete_descendants != Some(true) {
+            return Err(RouterError::InvalidParams(format!(
+                "scope {} has child scopes; pass deleteDescendants: true to delete them too",
+                p.scope_id
+            )));
+        }
+        let keys = FilterKeys {
+            scopes: self.scope_keys(&scope.id),
+            ..FilterKeys::default()
+        };
+        let audience = self.scope_audience(&scope.id, None);
+        let deleted = self.emit(super::events::log::EventDraft {
+            kind: EventType::ScopeDeleted,
+            source: Some(caller.address()),
+            data: super::to_json(&ScopeDeletedData {
+                scope_id: scope.id.clone(),
+                deleted_descendants: (!descendants.is_empty()).then(|| descendants.clone()),
+            }),
+            caused_by: Vec::new(),
+            keys,
+            audience,
+        });
+        for id in descendants.iter().chain(std::iter::once(&scope.id)) {
+            let members: Vec<AgentId> = self
+                .scopes
+                .get(id.as_str())
+                .map(|s| s.members.iter().cloned().collect())
+                .unwrap_or_default();
+            for agent in members {
+                self.remove_member(id, &agent, vec![deleted]);
+            }
+            self.scopes.remove(id.as_str());
+        }
+        Ok(ScopesDeleteResult {
+            scope,
+            deleted: true,
+            deleted_descendants: descendants,
+        })
+    }
+
+    /// `map/scopes/list`.
+    pub fn handle_scopes_list(
+        &mut self,
+        ctx: &Ctx,
+        p: ScopesListParams,
+    ) -> Result<ScopesListResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let scopes = self
+            .scopes
+            .iter_ordered()
+            .filter(|s| p.parent.is_none() || s.scope.parent == p.parent)
+            .filter(|s| self.can_see_scope(&caller, s))
+            .map(|s| s.scope.clone())
+            .collect();
+        Ok(ScopesListResult { scopes })
+    }
+
+    /// `map/scopes/get`.
+    pub fn handle_scopes_get(
+        &mut self,
+        ctx: &Ctx,
+        p: ScopeRef,
+    ) -> Result<ScopeResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        Ok(ScopeResult {
+            scope: self.visible_scope(&caller, &p.scope_id)?.scope.clone(),
+        })
+    }
+
+    fn check_membership_change(
+        &self,
+        caller: &Caller,
+        p: &MembershipParams,
+    ) -> Result<Agent, RouterError> {
+        let scope = self.visible_scope(caller, &p.scope_id)?;
+        let agent = self
+            .registry
+            .get(p.agent_id.as_str())
+            .map(|r| &r.agent)
+            .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
+            .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        let creator = scope.creator.as_ref() == Some(&caller.participant);
+        if !creator && !can_control_agent(&caller.viewer(), agent, &self.registry) {
+            return Err(RouterError::PermissionDenied(format!(
+                "agent {} is not controlled by this participant",
+                p.agent_id
+            )));
+        }
+        Ok(agent.clone())
+    }
+
+    /// `map/scopes/join`. Joining twice is a no-op that still succeeds.
+    pub fn handle_scopes_join(
+        &mut self,
+        ctx: &Ctx,
+        p: MembershipParams,
+    ) -> Result<JoinResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        self.check_membership_change(&caller, &p)?;
+        self.add_member(&p.scope_id, &p.agent_id, Vec::new());
+        Ok(JoinResult {
+            scope: self.scope_snapshot(&p.scope_id)?,
+            agent: self.agent_snapshot(&p.agent_id)?,
+            joined: true,
+        })
+    }
+
+    /// `map/scopes/leave`. Leaving a scope the agent is not in is a no-op that still succeeds.
+    pub fn handle_scopes_leave(
+        &mut self,
+        ctx: &Ctx,
+        p: MembershipParams,
+    ) -> Result<LeaveResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        self.check_membership_change(&caller, &p)?;
+        self.remove_member(&p.scope_id, &p.agent_id, Vec::new());
+        Ok(LeaveResult {
+            scope: self.scope_snapshot(&p.scope_id)?,
+            agent: self.agent_snapshot(&p.agent_id)?,
+            left: true,
+        })
+    }
+
+    fn scope_snapshot(&self, id: &ScopeId) -> Result<Scope, RouterError> {
+        self.scopes
+            .get(id.as_str())
+            .map(|s| s.scope.clone())
+            .ok_or_else(|| RouterError::ScopeNotFound(id.to_string()))
+    }
+
+    fn agent_snapshot(&self, id: &AgentId) -> Result<Agent, RouterError> {
+        self.registry
+            .get(id.as_str())
+            .map(|r| r.agent.clone())
+            .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))
+    }
+
+    /// `map/scopes/members`.
+    pub fn handle_scopes_members(
+        &mut self,
+        ctx: &Ctx,
+        p: MembersParams,
+    ) -> Result<MembersResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        if p.limit == Some(0) {
+            return Err(RouterError::InvalidParams(
+                "limit must be at least 1".into(),
+            ));
+        }
+        let scope = self.visible_scope(&caller, &p.scope_id)?;
+        let limit = p.limit.map_or(usize::MAX, |l| l as usize);
+        let mut members = Vec::new();
+        let mut next_cursor = None;
+        let start = std::ops::Bound::Excluded(AgentId::from(p.cursor.clone().unwrap_or_default()));
+        let range = match p.cursor {
+            Some(_) => scope.members.range((start, std::ops::Bound::Unbounded)),
+            None => scope.members.range::<AgentId, _>(..),
+        };
+        for id in range {
+            let visible = self
+                .registry
+                .get(id.as_str())
+                .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry));
+            if !visible {
+                continue;
+            }
+            if members.len() == limit {
+                next_cursor = members.last().map(|m: &AgentId| m.to_string());
+                break;
+            }
+            members.push(id.clone());
+        }
+        Ok(MembersResult {
+            members,
+            next_cursor,
+        })
+    }
+
+    /// Adds `agent` to `scope` (both must exist) and emits `scope_member_joined`.
+    pub(crate) fn add_member(&mut self, scope: &ScopeId, agent: &AgentId, caused_by: Vec<EventId>) {
+        let Some(s) = self.scopes.get_mut(scope.as_str()) else {
+            return;
+        };
+        if !s.members.insert(agent.clone()) {
+            return;
+        }
+        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+            return;
+        };
+        if !rec.agent.scopes.contains(scope) {
+            rec.agent.scopes.push(scope.clone());
+        }
+        let snapshot = rec.agent.clone();
+        self.emit_scope_member_event(EventType::ScopeMemberJoined, scope, &snapshot, caused_by);
+    }
+
+    /// Removes `agent` from `scope` and emits `scope_member_left`.
+    pub(crate) fn remove_member(
+        &mut self,
+        scope: &ScopeId,
+        agent: &AgentId,
+        caused_by: Vec<EventId>,
+    ) {
+        let Some(s) = self.scopes.get_mut(scope.as_str()) else {
+            return;
+        };
+        if !s.members.remove(agent.as_str()) {
+            return;
+        }
+        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+            return;
+        };
+        rec.agent.scopes.retain(|x| x != scope);
+        let snapshot = rec.agent.clone();
+        self.emit_scope_member_event(EventType::ScopeMemberLeft, scope, &snapshot, caused_by);
+    }
+}

@@ -1,0 +1,138 @@
+//! Sessions and connections as the router sees them.
+//!
+//! A *connection* is one transport attachment (a WebSocket, a stdio pipe, ...) with its outbox.
+//! A *session* is a participant's logical presence: participant id, capabilities, resume token,
+//! subscriptions. A session is attached to at most one connection; when its connection drops it
+//! is detached and can be resumed with its token (or id) within the resume window.
+//!
+//! This module owns the tables and their indexes; the state transitions (connect, disconnect,
+//! detach, resume) live in `router::session_ops`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
+use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
+use crate::protocol::methods::session::{DisconnectPolicy, Principal};
+
+use super::outbox::Outbox;
+use super::ConnId;
+
+/// One transport attachment.
+#[derive(Debug)]
+pub struct Conn {
+    /// Where frames for this connection go.
+    pub outbox: Outbox,
+    /// The session using this connection, once connected.
+    pub session: Option<SessionId>,
+    /// `map/message` frames waiting for room in the outbox (bounded by config). Kept here, not
+    /// in the outbox, so the router never waits on a slow peer.
+    pub pending: VecDeque<Arc<str>>,
+}
+
+/// A participant's session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// Session id.
+    pub id: SessionId,
+    /// Participant id (stable across resumes).
+    pub participant: ParticipantId,
+    /// Declared type.
+    pub kind: ParticipantType,
+    /// Display name.
+    pub name: Option<String>,
+    /// What it may do.
+    pub capabilities: ParticipantCapabilities,
+    /// Creation time (Unix ms).
+    pub created_at: u64,
+    /// The connection, while attached.
+    pub conn: Option<ConnId>,
+    /// The current single-use resume token.
+    pub resume_token: String,
+    /// What to do with owned agents when the session goes away.
+    pub policy: Option<DisconnectPolicy>,
+    /// The agent this session speaks as (`from` of its messages).
+    pub primary_agent: Option<AgentId>,
+    /// Agents orphaned when the session detached, reclaimed on resume.
+    pub orphaned: Vec<AgentId>,
+    /// When it was detached.
+    pub detached_at: Option<Instant>,
+    /// Authenticated identity, if any.
+    pub principal: Option<Principal>,
+}
+
+/// All sessions and their indexes.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    by_id: HashMap<SessionId, Session>,
+    by_participant: HashMap<ParticipantId, SessionId>,
+    by_token: HashMap<String, SessionId>,
+}
+
+impl Sessions {
+    /// Looks a session up.
+    pub fn get(&self, id: &str) -> Option<&Session> {
+        self.by_id.get(id)
+    }
+
+    /// Mutable access (use [`Sessions::set_token`] to change the token).
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut Session> {
+        self.by_id.get_mut(id)
+    }
+
+    /// The session of a participant.
+    pub fn by_participant(&self, participant: &str) -> Option<&Session> {
+        self.by_participant
+            .get(participant)
+            .and_then(|s| self.by_id.get(s))
+    }
+
+    /// The session a resume token belongs to.
+    pub fn by_token(&self, token: &str) -> Option<&Session> {
+        self.by_token.get(token).and_then(|s| self.by_id.get(s))
+    }
+
+    /// Adds a session (its participant id must be free).
+    pub fn insert(&mut self, session: Session) {
+        self.by_participant
+            .insert(session.participant.clone(), session.id.clone());
+        self.by_token
+            .insert(session.resume_token.clone(), session.id.clone());
+        self.by_id.insert(session.id.clone(), session);
+    }
+
+    /// Removes a session and its index entries.
+    pub fn remove(&mut self, id: &str) -> Option<Session> {
+        let s = self.by_id.remove(id)?;
+        if self.by_participant.get(&s.participant) == Some(&s.id) {
+            self.by_participant.remove(&s.participant);
+        }
+        self.by_token.remove(&s.resume_token);
+        Some(s)
+    }
+
+    /// Replaces a session's resume token (the old one stops working).
+    pub fn set_token(&mut self, id: &str, token: String) {
+        if let Some(s) = self.by_id.get_mut(id) {
+            self.by_token.remove(&s.resume_token);
+            self.by_token.insert(token.clone(), s.id.clone());
+            s.resume_token = token;
+        }
+    }
+
+    /// Every session.
+    pub fn iter(&self) -> impl Iterator<Item = &Session> {
+        self.by_id.values()
+    }
+
+    /// Number of sessions (attached or detached).
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}

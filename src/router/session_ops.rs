@@ -1,0 +1,478 @@
+//! Session state transitions: connect, resume, disconnect, transport loss, expiry.
+//!
+//! Decisions recorded in `docs/compatibility.md`:
+//! - A connection without a session may only call `map/connect`.
+//! - `map/connect` on a connection that already has a session returns that session again (with
+//!   a fresh resume token) if the participant type matches, else `-32600`.
+//! - A resume token (or the id of a *detached* session) resumes that session: same session and
+//!   participant id, its orphaned agents reclaimed, `reconnected: true`. An unknown or expired
+//!   token is not an error: a new session starts. A token for a session that is still attached
+//!   takes the session over (the old connection is closed), which is what a client behind a
+//!   half-open TCP connection needs.
+//! - On `map/disconnect` owned agents are unregistered (policy `unregister`) unless the session
+//!   chose otherwise; on transport loss they are orphaned and unregistered if nobody reclaims
+//!   them within the resume window (policy `grace-period`).
+
+use std::time::Instant;
+
+use crate::protocol::agent::{Agent, AgentState};
+use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType, StreamingCaps};
+use crate::protocol::event::{
+    AgentOrphanedData, AgentStateChangedData, EventType, ParticipantConnectedData,
+    ParticipantDisconnectedData,
+};
+use crate::protocol::ids::{now_ms, random_token, AgentId, EventId, ParticipantId, SessionId};
+use crate::protocol::methods::session::{
+    AgentBehavior, ConnectParams, ConnectResult, DisconnectParams, DisconnectPolicy,
+    DisconnectResult, SessionInfo, SystemInfo,
+};
+use crate::protocol::PROTOCOL_VERSION;
+
+use super::events::log::FilterKeys;
+use super::outbox::Outbound;
+use super::session::Session;
+use super::{ConnId, Ctx, Deadline, Router, RouterError};
+
+/// The `streaming` block we advertise: what our streams do today.
+fn streaming_caps() -> StreamingCaps {
+    StreamingCaps {
+        supports_ack: Some(false),
+        supports_flow_control: Some(false),
+        supports_pause: Some(false),
+    }
+}
+
+impl Router {
+    /// `map/connect`.
+    pub fn handle_connect(
+        &mut self,
+        ctx: &Ctx,
+        p: ConnectParams,
+    ) -> Result<ConnectResult, RouterError> {
+        if let Some(v) = &p.protocol_version {
+            if v.as_u64() != Some(u64::from(PROTOCOL_VERSION)) {
+                return Err(RouterError::InvalidParams(format!(
+                    "unsupported protocolVersion {v}; this router speaks {PROTOCOL_VERSION}"
+                )));
+            }
+        }
+        let kind = p.participant_type.unwrap_or(ParticipantType::Client);
+        let conn = self.conns.get(&ctx.conn).ok_or(RouterError::Unavailable)?;
+
+        // A second connect on a connected transport.
+        if let Some(existing) = conn.session.clone() {
+            let s = self
+                .sessions
+                .get(existing.as_str())
+                .ok_or(RouterError::Unavailable)?;
+            if s.kind != kind {
+                return Err(RouterError::InvalidRequest(format!(
+                    "this connection already has a session as {}; disconnect before connecting as {kind}",
+                    s.kind
+                )));
+            }
+            self.sessions
+                .set_token(existing.as_str(), random_token("resume_"));
+            return Ok(self.connect_result(&existing, true, Vec::new()));
+        }
+
+        // Resume?
+        let resumable = p
+            .resume_token
+            .as_deref()
+            .and_then(|t| self.sessions.by_token(t))
+            .or_else(|| {
+                p.session_id
+                    .as_ref()
+                    .and_then(|id| self.sessions.get(id.as_str()))
+                    .filter(|s| s.conn.is_none())
+            })
+            .filter(|s| s.kind == kind)
+            .map(|s| s.id.clone());
+        if let Some(session_id) = resumable {
+            return Ok(self.resume_session(ctx.conn, &session_id, p.reclaim_agents.as_deref()));
+        }
+
+        // A new session.
+        let participant = match &p.participant_id {
+            Some(id) if !id.as_str().is_empty() => {
+                match self.sessions.by_participant(id.as_str()) {
+                    Some(s) if s.conn.is_some() => ParticipantId::generate(),
+                    Some(detached) => {
+                        // The detached session loses its id to the newcomer; its orphaned
+                        // agents stay orphaned until reclaimed or their grace period ends.
+                        let old = detached.id.clone();
+                        self.sessions.remove(old.as_str());
+                        id.clone()
+                    }
+                    None => id.clone(),
+                }
+            }
+            _ => ParticipantId::generate(),
+        };
+        let mut capabilities = ParticipantCapabilities::defaults_for(kind);
+        if let Some(requested) = &p.capabilities {
+            capabilities = capabilities.narrowed_by(requested);
+        }
+        capabilities.streaming = Some(streaming_caps());
+        let session = Session {
+            id: SessionId::generate(),
+            participant: participant.clone(),
+            kind,
+            name: p.name.clone(),
+            capabilities,
+            created_at: now_ms(),
+            conn: Some(ctx.conn),
+            resume_token: random_token("resume_"),
+            policy: p.disconnect_policy.clone(),
+            primary_agent: None,
+            orphaned: Vec::new(),
+            detached_at: None,
+            principal: None,
+        };
+        let session_id = session.id.clone();
+        self.sessions.insert(session);
+        if let Some(c) = self.conns.get_mut(&ctx.conn) {
+            c.session = Some(session_id.clone());
+        }
+        self.emit_plain(
+            EventType::ParticipantConnected,
+            Some(participant.as_arc().clone()),
+            &ParticipantConnectedData {
+                participant_id: participant,
+                participant_type: kind,
+                name: p.name,
+                reconnected: None,
+            },
+            FilterKeys::default(),
+            Vec::new(),
+        );
+        Ok(self.connect_result(&session_id, false, Vec::new()))
+    }
+
+    fn connect_result(
+        &self,
+        session_id: &SessionId,
+        reconnected: bool,
+        reclaimed: Vec<Agent>,
+    ) -> ConnectResult {
+        // Only called with a session id that exists.
+        let s = self
+            .sessions
+            .get(session_id.as_str())
+            .cloned()
+            .unwrap_or_else(|| unreachable_session(session_id));
+        ConnectResult {
+            protocol_version: PROTOCOL_VERSION,
+            session_id: s.id.clone(),
+            participant_id: s.participant.clone(),
+            participant_type: s.kind,
+            capabilities: s.capabilities.clone(),
+            system_info: SystemInfo {
+                name: self.config.name.clone(),
+                version: self.config.version.clone(),
+            },
+            reconnected,
+            owned_agents: self.registry.owned_by(s.participant.as_str()),
+            reclaimed_agents: reclaimed,
+            resume_token: s.resume_token.clone(),
+            principal: s.principal.clone(),
+        }
+    }
+
+    /// Attaches `conn` to an existing session.
+    fn resume_session(
+        &mut self,
+        conn: ConnId,
+        session_id: &SessionId,
+        reclaim_only: Option<&[AgentId]>,
+    ) -> ConnectResult {
+        // Take the session over from a connection that still holds it.
+        if let Some(old_conn) = self.sessions.get(session_id.as_str()).and_then(|s| s.conn) {
+            if old_conn != conn {
+                self.bus.remove_session(session_id);
+                if let Some(c) = self.conns.get_mut(&old_conn) {
+                    c.session = None;
+                    let _ = c.outbox.try_push(Outbound::Close {
+                        code: 4000,
+                        reason: "session resumed on another connection".into(),
+                    });
+                }
+            }
+        }
+        let Some(s) = self.sessions.get_mut(session_id.as_str()) else {
+            return unreachable_session(session_id);
+        };
+        s.conn = Some(conn);
+        s.detached_at = None;
+        let participant = s.participant.clone();
+        let kind = s.kind;
+        let name = s.name.clone();
+        let orphaned = std::mem::take(&mut s.orphaned);
+        self.sessions
+            .set_token(session_id.as_str(), random_token("resume_"));
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.session = Some(session_id.clone());
+        }
+        let connected = self.emit_plain(
+            EventType::ParticipantConnected,
+            Some(participant.as_arc().clone()),
+            &ParticipantConnectedData {
+                participant_id: participant.clone(),
+                participant_type: kind,
+                name,
+                reconnected: Some(true),
+            },
+            FilterKeys::default(),
+            Vec::new(),
+        );
+        let mut reclaimed = Vec::new();
+        for agent in orphaned {
+            if reclaim_only.is_some_and(|only| !only.contains(&agent)) {
+                continue;
+            }
+            if let Some(a) = self.reclaim_orphan(&agent, &participant, vec![connected]) {
+                reclaimed.push(a);
+            }
+        }
+        if let Some(s) = self.sessions.get_mut(session_id.as_str()) {
+            if s.primary_agent.is_none() {
+                s.primary_agent = reclaimed.first().map(|a| a.id.clone());
+            }
+        }
+        self.connect_result(session_id, true, reclaimed)
+    }
+
+    /// Gives an orphaned agent back to `owner`. Returns the agent if it was orphaned.
+    pub(crate) fn reclaim_orphan(
+        &mut self,
+        agent: &AgentId,
+        owner: &ParticipantId,
+        caused_by: Vec<EventId>,
+    ) -> Option<Agent> {
+        let rec = self.registry.get(agent.as_str())?;
+        if rec.agent.owner_id.is_some() || rec.agent.state != AgentState::ORPHANED {
+            return None;
+        }
+        let restored = rec
+            .state_before_orphan
+            .clone()
+            .unwrap_or(AgentState::REGISTERED);
+        self.registry.set_owner(agent.as_str(), Some(owner.clone()));
+        let rec = self.registry.get_mut(agent.as_str())?;
+        rec.state_before_orphan = None;
+        rec.orphan_expires = None;
+        rec.agent.state = restored.clone();
+        if let Some(l) = rec.agent.lifecycle.as_mut() {
+            l.orphaned_at = None;
+        }
+        let snapshot = rec.agent.clone();
+        self.emit_agent_event(
+            EventType::AgentStateChanged,
+            &snapshot,
+            &AgentStateChangedData {
+                agent_id: agent.clone(),
+                previous_state: AgentState::ORPHANED,
+                new_state: restored,
+                reason: Some("reclaimed".into()),
+            },
+            caused_by,
+        );
+        Some(snapshot)
+    }
+
+    /// `map/disconnect`.
+    pub fn handle_disconnect(
+        &mut self,
+        ctx: &Ctx,
+        p: DisconnectParams,
+    ) -> Result<DisconnectResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let policy = p
+            .policy
+            .or_else(|| {
+                self.sessions
+                    .get(caller.session.as_str())
+                    .and_then(|s| s.policy.clone())
+            })
+            .unwrap_or(DisconnectPolicy {
+                agent_behavior: AgentBehavior::Unregister,
+                grace_period_ms: None,
+                notify_subscribers: None,
+            });
+        let reason = p.reason.unwrap_or_else(|| "disconnect".into());
+        self.detach(ctx.conn, &policy, &reason);
+        let s = self
+            .sessions
+            .get(caller.session.as_str())
+            .ok_or(RouterError::Unavailable)?;
+        Ok(DisconnectResult {
+            acknowledged: true,
+            session: SessionInfo {
+                id: s.id.clone(),
+                created_at: s.created_at,
+                closed_at: Some(now_ms()),
+            },
+            resume_token: s.resume_token.clone(),
+        })
+    }
+
+    /// The transport of `conn` closed (or the router is shutting down).
+    pub(crate) fn handle_transport_closed(&mut self, conn: ConnId) {
+        let has_session = self.conns.get(&conn).is_some_and(|c| c.session.is_some());
+        if has_session {
+            let policy = self
+                .conns
+                .get(&conn)
+                .and_then(|c| c.session.as_ref())
+                .and_then(|s| self.sessions.get(s.as_str()))
+                .and_then(|s| s.policy.clone())
+                .unwrap_or(DisconnectPolicy {
+                    agent_behavior: AgentBehavior::GracePeriod,
+                    grace_period_ms: None,
+                    notify_subscribers: None,
+                });
+            let reason = if self.shutting_down {
+                "shutdown"
+            } else {
+                "transport_closed"
+            };
+            self.detach(conn, &policy, reason);
+        }
+        self.conns.remove(&conn);
+    }
+
+    /// Detaches the session on `conn`: emits `participant_disconnected`, applies the agent
+    /// policy, drops subscriptions, rotates the resume token and schedules expiry.
+    fn detach(&mut self, conn: ConnId, policy: &DisconnectPolicy, reason: &str) {
+        let Some(session_id) = self.conns.get_mut(&conn).and_then(|c| c.session.take()) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.pending.clear();
+        }
+        self.bus.remove_session(&session_id);
+        let Some(s) = self.sessions.get_mut(session_id.as_str()) else {
+            return;
+        };
+        s.conn = None;
+        s.detached_at = Some(Instant::now());
+        let participant = s.participant.clone();
+        let kind = s.kind;
+        self.sessions
+            .set_token(session_id.as_str(), random_token("resume_"));
+
+        let disconnected = self.emit_plain(
+            EventType::ParticipantDisconnected,
+            Some(participant.as_arc().clone()),
+            &ParticipantDisconnectedData {
+                participant_id: participant.clone(),
+                participant_type: kind,
+                reason: reason.into(),
+            },
+            FilterKeys::default(),
+            Vec::new(),
+        );
+
+        // Children before parents, so an unregister never leaves a live child under a removed
+        // parent it owns.
+        let mut owned = self.registry.owned_by(participant.as_str());
+        owned.sort_by_key(|a| std::cmp::Reverse(self.registry.ancestors(a.as_str(), None).len()));
+        match policy.agent_behavior {
+            AgentBehavior::Unregister => {
+                for agent in owned {
+                    self.remove_agent(&agent, "owner_disconnected", vec![disconnected]);
+                }
+            }
+            AgentBehavior::Orphan | AgentBehavior::GracePeriod => {
+                let grace = match policy.agent_behavior {
+                    AgentBehavior::GracePeriod => Some(
+                        policy
+                            .grace_period_ms
+                            .map(std::time::Duration::from_millis)
+                            .unwrap_or(self.config.resume_window),
+                    ),
+                    _ => None,
+                };
+                let expires = grace.map(|g| Instant::now() + g);
+                for agent in &owned {
+                    self.orphan_agent(agent, &participant, vec![disconnected], expires);
+                    if let Some(at) = expires {
+                        self.schedule(at, Deadline::OrphanExpiry(agent.clone()));
+                    }
+                }
+                if let Some(s) = self.sessions.get_mut(session_id.as_str()) {
+                    s.orphaned = owned;
+                }
+            }
+        }
+        let window = self.config.resume_window;
+        self.schedule(Instant::now() + window, Deadline::SessionExpiry(session_id));
+    }
+
+    fn orphan_agent(
+        &mut self,
+        agent: &AgentId,
+        previous_owner: &ParticipantId,
+        caused_by: Vec<EventId>,
+        expires: Option<Instant>,
+    ) {
+        let Some(rec) = self.registry.get(agent.as_str()) else {
+            return;
+        };
+        let previous_state = rec.agent.state.clone();
+        self.registry.set_owner(agent.as_str(), None);
+        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+            return;
+        };
+        rec.state_before_orphan = Some(previous_state);
+        rec.orphan_expires = expires;
+        rec.agent.state = AgentState::ORPHANED;
+        rec.agent
+            .lifecycle
+            .get_or_insert_with(Default::default)
+            .orphaned_at = Some(now_ms());
+        let snapshot = rec.agent.clone();
+        self.emit_agent_event(
+            EventType::AgentOrphaned,
+            &snapshot,
+            &AgentOrphanedData {
+                agent_id: agent.clone(),
+                previous_owner: previous_owner.clone(),
+            },
+            caused_by,
+        );
+    }
+
+    pub(crate) fn expire_session(&mut self, session: &SessionId) {
+        let expired = self
+            .sessions
+            .get(session.as_str())
+            .and_then(|s| s.detached_at)
+            .is_some_and(|at| {
+                at.elapsed() + std::time::Duration::from_millis(5) >= self.config.resume_window
+            });
+        if expired {
+            self.sessions.remove(session.as_str());
+        }
+    }
+
+    pub(crate) fn expire_orphan(&mut self, agent: &AgentId) {
+        let now = Instant::now();
+        let still_orphaned = self.registry.get(agent.as_str()).is_some_and(|r| {
+            r.agent.owner_id.is_none()
+                && r.agent.state == AgentState::ORPHANED
+                && r.orphan_expires.is_some_and(|at| at <= now)
+        });
+        if still_orphaned {
+            // Descendants orphaned by the same detach carry the same deadline and were queued
+            // before their ancestors (see `detach`), so they are already gone.
+            self.remove_agent(agent, "owner_disconnected", Vec::new());
+        }
+    }
+}
+
+fn unreachable_session<T>(id: &SessionId) -> T {
+    // Callers only pass ids they just looked up on the same (single-threaded) router task.
+    panic!("session {id} vanished while the router held it")
+}

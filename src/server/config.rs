@@ -1,0 +1,285 @@
+//! Server configuration: defaults, the TOML file, and the mapping to router and connection
+//! settings. Command-line flags and environment variables are applied on top by `main.rs`.
+//!
+//! Every limit has a named default here, with the reason for its value.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::router::dispatch::DEFAULT_MAX_BATCH;
+use crate::router::events::log::Retention;
+use crate::router::{
+    RouterConfig, DEFAULT_LOG_BYTES, DEFAULT_LOG_EVENTS, DEFAULT_OUTBOX_FRAMES,
+    DEFAULT_PENDING_MESSAGES,
+};
+use crate::transport::connection::ConnectionOptions;
+
+/// Default listen address: loopback only, so a fresh install exposes nothing.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:4500";
+/// Default largest text frame: 1 MiB, far above any MAP message we have seen, small enough that
+/// a hostile peer cannot make us buffer much.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
+/// Default WebSocket ping interval.
+pub const DEFAULT_PING_INTERVAL_MS: u64 = 20_000;
+/// Default idle timeout: three missed pings.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Default time a closing connection gets to flush, and the server to drain on shutdown.
+pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 5_000;
+/// Default resume window (ms).
+pub const DEFAULT_RESUME_WINDOW_MS: u64 = 60_000;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Addresses to listen on (WebSocket at `/` and `/map`).
+    pub listen: Vec<SocketAddr>,
+    /// Limits.
+    pub limits: Limits,
+    /// WebSocket keep-alive.
+    pub websocket: WebSocketSettings,
+    /// Router behaviour.
+    pub router: RouterSettings,
+    /// Event log.
+    pub events: EventSettings,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest text frame in bytes.
+    pub max_frame_bytes: usize,
+    /// Largest batch.
+    pub max_batch: usize,
+}
+
+/// `[websocket]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebSocketSettings {
+    /// Ping interval in ms (0 disables pings).
+    pub ping_interval_ms: u64,
+    /// Close connections silent for this long, in ms (0 disables).
+    pub idle_timeout_ms: u64,
+    /// Time a closing connection gets to flush, in ms.
+    pub drain_timeout_ms: u64,
+}
+
+/// `[router]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterSettings {
+    /// Name in `systemInfo`.
+    pub name: String,
+    /// Frames per connection outbox.
+    pub outbox_frames: usize,
+    /// `map/message` frames queued per connection beyond its outbox.
+    pub pending_messages: usize,
+    /// Resume window and orphan grace period, in ms.
+    pub resume_window_ms: u64,
+    /// Unknown explicit recipients are errors (true) or skipped (false).
+    pub strict_recipients: bool,
+}
+
+/// `[events]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EventSettings {
+    /// Events kept in memory.
+    pub retention_events: usize,
+    /// Bytes of events kept in memory (about).
+    pub retention_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: vec![DEFAULT_LISTEN.parse().expect("valid default address")],
+            limits: Limits::default(),
+            websocket: WebSocketSettings::default(),
+            router: RouterSettings::default(),
+            events: EventSettings::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_batch: DEFAULT_MAX_BATCH,
+        }
+    }
+}
+
+impl Default for WebSocketSettings {
+    fn default() -> Self {
+        Self {
+            ping_interval_ms: DEFAULT_PING_INTERVAL_MS,
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
+            drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
+        }
+    }
+}
+
+impl Default for RouterSettings {
+    fn default() -> Self {
+        Self {
+            name: "map-router".into(),
+            outbox_frames: DEFAULT_OUTBOX_FRAMES,
+            pending_messages: DEFAULT_PENDING_MESSAGES,
+            resume_window_ms: DEFAULT_RESUME_WINDOW_MS,
+            strict_recipients: true,
+        }
+    }
+}
+
+impl Default for EventSettings {
+    fn default() -> Self {
+        Self {
+            retention_events: DEFAULT_LOG_EVENTS,
+            retention_bytes: DEFAULT_LOG_BYTES,
+        }
+    }
+}
+
+/// A configuration file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Reads a TOML file.
+    ///
+    /// # Errors
+    /// Unreadable file, invalid TOML, unknown keys, or out-of-range values.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text.
+    ///
+    /// # Errors
+    /// Invalid TOML, unknown keys, or out-of-range values.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<text>".into(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// The first value out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
+        if self.listen.is_empty() {
+            return bad("listen must name at least one address");
+        }
+        if self.limits.max_frame_bytes < 1024 {
+            return bad("limits.max_frame_bytes must be at least 1024");
+        }
+        if self.limits.max_batch == 0 {
+            return bad("limits.max_batch must be at least 1");
+        }
+        if self.router.outbox_frames < 2 {
+            return bad("router.outbox_frames must be at least 2");
+        }
+        if self.events.retention_events == 0 || self.events.retention_bytes < 4096 {
+            return bad("events.retention_events must be at least 1 and events.retention_bytes at least 4096");
+        }
+        Ok(())
+    }
+
+    /// Router settings.
+    pub fn router_config(&self) -> RouterConfig {
+        RouterConfig {
+            name: self.router.name.clone(),
+            outbox_frames: self.router.outbox_frames,
+            pending_messages: self.router.pending_messages,
+            retention: Retention {
+                max_events: self.events.retention_events,
+                max_bytes: self.events.retention_bytes,
+            },
+            resume_window: Duration::from_millis(self.router.resume_window_ms),
+            strict_recipients: self.router.strict_recipients,
+            ..RouterConfig::default()
+        }
+    }
+
+    /// Per-connection settings.
+    pub fn connection_options(&self) -> ConnectionOptions {
+        let ms = |v: u64| (v > 0).then(|| Duration::from_millis(v));
+        ConnectionOptions {
+            max_frame_bytes: self.limits.max_frame_bytes,
+            max_batch: self.limits.max_batch,
+            ping_interval: ms(self.websocket.ping_interval_ms),
+            idle_timeout: ms(self.websocket.idle_timeout_ms),
+            drain_timeout: Duration::from_millis(self.websocket.drain_timeout_ms),
+            ..ConnectionOptions::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_loopback() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert!(c.listen[0].ip().is_loopback());
+    }
+
+    #[test]
+    fn toml_overrides_and_rejects_unknown_keys() {
+        let c = Config::from_toml(
+            "listen = [\"127.0.0.1:0\"]\n[limits]\nmax_frame_bytes = 4096\n[router]\nresume_window_ms = 10\n",
+        )
+        .unwrap();
+        assert_eq!(c.limits.max_frame_bytes, 4096);
+        assert_eq!(c.router.resume_window_ms, 10);
+        assert_eq!(c.limits.max_batch, DEFAULT_MAX_BATCH, "untouched default");
+        let err = Config::from_toml("[limits]\nmax_frame_byte = 1\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        let err = Config::from_toml("[limits]\nmax_frame_bytes = 10\n").unwrap_err();
+        assert!(err.to_string().contains("at least 1024"), "{err}");
+    }
+}

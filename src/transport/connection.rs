@@ -1,0 +1,316 @@
+//! One connection driver for every transport: a reader loop and a single writer task over any
+//! `Stream` of incoming frames and `Sink` of outgoing frames.
+//!
+//! A transport adapts its socket or pipe to [`InFrame`] / [`OutFrame`] and calls
+//! [`serve_connection`]; everything else (JSON-RPC, sessions, ordering, back-pressure,
+//! keep-alive, shutdown) is the same for all of them.
+//!
+//! - The **reader** hands each text frame to the connection's [`RpcSession`] and waits for it to
+//!   queue its response, so a peer that floods requests without reading responses is slowed by
+//!   its own full outbox.
+//! - The **writer** is the only code that touches the sink, so frames never interleave. It
+//!   drains the outbox in batches (feed several frames, flush once) and reports room to the
+//!   router when the router asked for it.
+//! - Keep-alive: the writer pings every `ping_interval`; the reader closes the connection when
+//!   nothing (not even a pong) arrived for `idle_timeout`.
+//! - On shutdown the reader queues a close frame behind what is already queued, so pending
+//!   responses and events still go out; the writer gets `drain_timeout` to finish.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Sink, SinkExt, Stream, StreamExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::protocol::jsonrpc::ErrorObject;
+use crate::router::dispatch::{Dispatcher, RpcSession, DEFAULT_MAX_BATCH};
+use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
+use crate::router::{Command, ConnId, RouterHandle};
+
+/// A frame from the peer, as the transport decoded it.
+#[derive(Debug)]
+pub enum InFrame {
+    /// A text frame: one JSON value (object or batch).
+    Text(String),
+    /// A binary frame (not supported by MAP over WebSocket).
+    Binary,
+    /// A frame larger than the configured limit.
+    TooLarge {
+        /// Its size in bytes.
+        len: usize,
+    },
+    /// A frame that was not valid UTF-8.
+    BadUtf8,
+    /// Proof of life (ping, pong) with no content.
+    Alive,
+    /// The peer closed.
+    Close,
+}
+
+/// A frame for the peer.
+#[derive(Debug)]
+pub enum OutFrame {
+    /// A text frame.
+    Text(String),
+    /// A keep-alive ping.
+    Ping,
+    /// A close frame.
+    Close {
+        /// Close code.
+        code: u16,
+        /// Reason.
+        reason: String,
+    },
+}
+
+/// Why a transport's stream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The peer sent a message beyond the hard limit; the connection cannot continue.
+    #[error("message exceeds the hard limit of {limit} bytes")]
+    Oversized {
+        /// The hard limit.
+        limit: usize,
+    },
+    /// Any other I/O or protocol failure.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Per-connection settings.
+#[derive(Debug, Clone)]
+pub struct ConnectionOptions {
+    /// Largest accepted text frame; larger frames get a `-32600` and the connection continues.
+    pub max_frame_bytes: usize,
+    /// Largest accepted batch.
+    pub max_batch: usize,
+    /// How often the writer pings (`None`: never).
+    pub ping_interval: Option<Duration>,
+    /// Close the connection when nothing arrives for this long (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// How long the writer may take to flush after the reader stops.
+    pub drain_timeout: Duration,
+    /// How many queued frames the writer feeds before it flushes.
+    pub write_batch: usize,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 1 << 20,
+            max_batch: DEFAULT_MAX_BATCH,
+            ping_interval: Some(Duration::from_secs(20)),
+            idle_timeout: Some(Duration::from_secs(60)),
+            drain_timeout: Duration::from_secs(5),
+            write_batch: 64,
+        }
+    }
+}
+
+/// Serves one connection until the peer leaves, the transport fails, or `shutdown` flips.
+///
+/// # Cancel safety
+/// Not cancel safe: cancelling it skips `Detach`, leaving the session attached to a dead
+/// connection until the router stops. Let it finish; use `shutdown` to end it.
+pub async fn serve_connection<St, Si>(
+    router: RouterHandle,
+    dispatcher: Arc<Dispatcher>,
+    mut stream: St,
+    sink: Si,
+    opts: ConnectionOptions,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    St: Stream<Item = Result<InFrame, TransportError>> + Unpin + Send,
+    Si: Sink<OutFrame> + Unpin + Send + 'static,
+    Si::Error: std::fmt::Display,
+{
+    let conn = router.new_conn_id();
+    let (tx, rx) = outbox(router.config().outbox_frames);
+    if router
+        .send(Command::Attach {
+            conn,
+            outbox: tx.clone(),
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let writer = tokio::spawn(write_loop(
+        rx,
+        sink,
+        router.clone(),
+        conn,
+        opts.ping_interval,
+        opts.write_batch.max(1),
+    ));
+    let mut session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch);
+    let idle = opts.idle_timeout;
+    let mut deadline = idle.map(|d| Instant::now() + d);
+    let close = |code: u16, reason: &str| Outbound::Close {
+        code,
+        reason: reason.into(),
+    };
+
+    let exit: Option<Outbound> = loop {
+        if *shutdown.borrow() {
+            break Some(close(1001, "server shutting down"));
+        }
+        let frame = tokio::select! {
+            // NB: shutdown first, so a busy peer cannot starve it.
+            biased;
+            _ = shutdown.changed() => continue,
+            () = sleep_until_opt(deadline) => {
+                break Some(close(1001, "idle timeout: no frames or pongs received"));
+            }
+            frame = stream.next() => frame,
+        };
+        if let Some(d) = idle {
+            deadline = Some(Instant::now() + d);
+        }
+        let result = match frame {
+            None | Some(Ok(InFrame::Close)) => break None,
+            Some(Err(TransportError::Oversized { limit })) => {
+                break Some(close(1009, &format!("message exceeds {limit} bytes")));
+            }
+            Some(Err(e)) => {
+                tracing::debug!(%conn, error = %e, "transport error");
+                break None;
+            }
+            Some(Ok(InFrame::Alive)) => continue,
+            Some(Ok(InFrame::Text(text))) => {
+                if text.len() > opts.max_frame_bytes {
+                    session
+                        .reject_frame(&too_large(text.len(), opts.max_frame_bytes))
+                        .await
+                } else {
+                    session.handle_text(&text).await
+                }
+            }
+            Some(Ok(InFrame::TooLarge { len })) => {
+                session
+                    .reject_frame(&too_large(len, opts.max_frame_bytes))
+                    .await
+            }
+            Some(Ok(InFrame::Binary)) => session
+                .reject_frame(&ErrorObject::invalid_request(
+                    "binary frames are not supported: send each JSON-RPC message as a text frame",
+                ))
+                .await,
+            Some(Ok(InFrame::BadUtf8)) => {
+                session
+                    .reject_frame(&ErrorObject::parse_error("frame is not valid UTF-8"))
+                    .await
+            }
+        };
+        if result.is_err() {
+            break None;
+        }
+    };
+
+    if let Some(close) = exit {
+        // Behind everything already queued; bounded so a peer that reads nothing cannot hold us.
+        let _ = tokio::time::timeout(opts.drain_timeout, tx.push(close)).await;
+    }
+    let _ = router.send(Command::Detach { conn }).await;
+    drop(session);
+    drop(tx);
+    // The router dropped its outbox handles on Detach; the writer ends when the queue is empty.
+    let abort = writer.abort_handle();
+    if tokio::time::timeout(opts.drain_timeout, writer)
+        .await
+        .is_err()
+    {
+        tracing::debug!(%conn, "writer did not drain in time; dropping the connection");
+        abort.abort();
+    }
+}
+
+fn too_large(len: usize, limit: usize) -> ErrorObject {
+    ErrorObject::invalid_request(format!(
+        "frame of {len} bytes exceeds the limit of {limit} bytes"
+    ))
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The single writer: drains the outbox into the sink.
+async fn write_loop<Si>(
+    mut rx: OutboxReceiver,
+    mut sink: Si,
+    router: RouterHandle,
+    conn: ConnId,
+    ping_interval: Option<Duration>,
+    write_batch: usize,
+) where
+    Si: Sink<OutFrame> + Unpin + Send,
+    Si::Error: std::fmt::Display,
+{
+    let mut ping = ping_interval.map(|p| {
+        let mut i = tokio::time::interval_at(Instant::now() + p, p);
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
+    'outer: loop {
+        let first = tokio::select! {
+            item = rx.recv() => item,
+            _ = tick(&mut ping) => {
+                if sink.send(OutFrame::Ping).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let Some(mut item) = first else { break };
+        let mut fed = 0;
+        loop {
+            match item {
+                Outbound::Close { code, reason } => {
+                    let _ = sink.flush().await;
+                    let _ = sink.send(OutFrame::Close { code, reason }).await;
+                    break 'outer;
+                }
+                other => {
+                    if let Some(text) = other.into_text() {
+                        if let Err(e) = sink.feed(OutFrame::Text(text)).await {
+                            tracing::debug!(%conn, error = %e, "write failed");
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+            fed += 1;
+            if fed >= write_batch {
+                break;
+            }
+            match rx.try_recv() {
+                Some(next) => item = next,
+                None => break,
+            }
+        }
+        if let Err(e) = sink.flush().await {
+            tracing::debug!(%conn, error = %e, "flush failed");
+            break;
+        }
+        if rx.take_wakeup() && router.send(Command::Drained { conn }).await.is_err() {
+            break;
+        }
+    }
+    rx.close();
+    let _ = sink.close().await;
+}
+
+async fn tick(ping: &mut Option<tokio::time::Interval>) {
+    match ping {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,139 @@
+//! WebSocket transport (axum): one JSON-RPC message per text frame, no trailing newline.
+//!
+//! Adapts axum's `WebSocket` to the connection driver's frames. Frame limits are two-level: a
+//! text frame above `max_frame_bytes` is answered with `-32600` and the connection continues;
+//! a message above the hard limit (the WebSocket library's own cap, a multiple of the
+//! configured limit) cannot be buffered at all, so the connection is closed with 1009.
+//!
+//! Reading compatibility: the SDK writes bare JSON per frame; some tools write NDJSON into one
+//! frame. A frame that holds several newline-separated objects is handled object by object.
+
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::response::Response;
+use futures::{SinkExt, StreamExt};
+use tokio::sync::watch;
+
+use super::connection::{serve_connection, ConnectionOptions, InFrame, OutFrame, TransportError};
+use crate::router::dispatch::Dispatcher;
+use crate::router::RouterHandle;
+
+/// What the WebSocket route needs.
+#[derive(Debug, Clone)]
+pub struct WsState {
+    /// The router.
+    pub router: RouterHandle,
+    /// The method table.
+    pub dispatcher: Arc<Dispatcher>,
+    /// Per-connection settings.
+    pub options: ConnectionOptions,
+    /// Flips to true on shutdown.
+    pub shutdown: watch::Receiver<bool>,
+    /// Held by every connection task; the server waits for all clones to drop when draining.
+    pub drain_guard: tokio::sync::mpsc::Sender<()>,
+}
+
+/// The hard cap handed to the WebSocket library: beyond it a message cannot be read at all.
+pub fn hard_limit(max_frame_bytes: usize) -> usize {
+    max_frame_bytes
+        .saturating_mul(4)
+        .max(max_frame_bytes + (1 << 20))
+}
+
+/// The axum handler for `GET /` and `GET /map` with an upgrade.
+pub async fn upgrade(ws: WebSocketUpgrade, State(state): State<WsState>) -> Response {
+    let hard = hard_limit(state.options.max_frame_bytes);
+    ws.max_message_size(hard)
+        .max_frame_size(hard)
+        .on_upgrade(move |socket| serve_socket(socket, state))
+}
+
+async fn serve_socket(socket: WebSocket, state: WsState) {
+    let _guard = state.drain_guard.clone();
+    let hard = hard_limit(state.options.max_frame_bytes);
+    let (sink, stream) = socket.split();
+    let stream = stream
+        .map(move |msg| -> Vec<Result<InFrame, TransportError>> {
+            match msg {
+                Ok(Message::Text(text)) => split_frame(text.as_str()),
+                Ok(Message::Binary(_)) => vec![Ok(InFrame::Binary)],
+                Ok(Message::Ping(_)) | Ok(Message::Pong(_)) => vec![Ok(InFrame::Alive)],
+                Ok(Message::Close(_)) => vec![Ok(InFrame::Close)],
+                Err(e) => {
+                    let text = e.to_string();
+                    if text.contains("too long") || text.contains("limit") || text.contains("Space")
+                    {
+                        vec![Err(TransportError::Oversized { limit: hard })]
+                    } else if text.contains("UTF-8") || text.contains("utf-8") {
+                        vec![Ok(InFrame::BadUtf8)]
+                    } else {
+                        vec![Err(TransportError::Other(text))]
+                    }
+                }
+            }
+        })
+        .flat_map(futures::stream::iter);
+    let sink = sink.with(|frame: OutFrame| async move {
+        Ok::<_, axum::Error>(match frame {
+            OutFrame::Text(s) => Message::Text(s.into()),
+            OutFrame::Ping => Message::Ping(Default::default()),
+            OutFrame::Close { code, reason } => Message::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })),
+        })
+    });
+    serve_connection(
+        state.router,
+        state.dispatcher,
+        Box::pin(stream),
+        Box::pin(sink),
+        state.options,
+        state.shutdown,
+    )
+    .await;
+}
+
+/// One frame normally holds one JSON value (possibly pretty-printed); a frame that is not one
+/// value but several newline-separated ones is split.
+fn split_frame(text: &str) -> Vec<Result<InFrame, TransportError>> {
+    let trimmed = text.trim_end_matches(['\n', '\r']);
+    if !trimmed.contains('\n')
+        || serde_json::from_str::<&serde_json::value::RawValue>(trimmed).is_ok()
+    {
+        return vec![Ok(InFrame::Text(trimmed.to_owned()))];
+    }
+    trimmed
+        .split('\n')
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(|line| Ok(InFrame::Text(line.to_owned())))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(v: Vec<Result<InFrame, TransportError>>) -> Vec<String> {
+        v.into_iter()
+            .map(|f| match f {
+                Ok(InFrame::Text(t)) => t,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn frames_with_newlines_are_split() {
+        assert_eq!(texts(split_frame("{\"a\":1}\n")), vec!["{\"a\":1}"]);
+        assert_eq!(
+            texts(split_frame("{\"a\":1}\n\n{\"b\":2}\n")),
+            vec!["{\"a\":1}", "{\"b\":2}"]
+        );
+        // Pretty-printed JSON is one value spread over lines: it stays whole.
+        assert_eq!(texts(split_frame("{\n  \"a\": 1\n}")).len(), 1);
+    }
+}
