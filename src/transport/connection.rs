@@ -142,8 +142,11 @@ pub async fn serve_connection<St, Si>(
         sink,
         router.clone(),
         conn,
-        opts.ping_interval,
-        opts.write_batch.max(1),
+        WriterOptions {
+            ping_interval: opts.ping_interval,
+            write_timeout: opts.idle_timeout,
+            write_batch: opts.write_batch.max(1),
+        },
     ));
     let mut session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch);
     let idle = opts.idle_timeout;
@@ -185,7 +188,12 @@ pub async fn serve_connection<St, Si>(
                         .reject_frame(&too_large(text.len(), opts.max_frame_bytes))
                         .await
                 } else {
-                    session.handle_text(&text).await
+                    // NB: handling waits for room in the outbox when the peer reads slowly; a
+                    // shutdown must still get through.
+                    tokio::select! {
+                        r = session.handle_text(&text) => r,
+                        _ = shutdown.wait_for(|s| *s) => continue,
+                    }
                 }
             }
             Some(Ok(InFrame::TooLarge { len })) => {
@@ -240,19 +248,45 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
+struct WriterOptions {
+    ping_interval: Option<Duration>,
+    /// A write or flush that takes longer than this means the peer stopped reading: give up.
+    write_timeout: Option<Duration>,
+    write_batch: usize,
+}
+
+/// Runs a sink operation under the write timeout. `Err(())` means failed or timed out.
+async fn bounded<F, E>(limit: Option<Duration>, conn: ConnId, what: &str, op: F) -> Result<(), ()>
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let result = match limit {
+        Some(limit) => match tokio::time::timeout(limit, op).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::debug!(%conn, "{what} timed out: the peer is not reading");
+                return Err(());
+            }
+        },
+        None => op.await,
+    };
+    result.map_err(|e| tracing::debug!(%conn, error = %e, "{what} failed"))
+}
+
 /// The single writer: drains the outbox into the sink.
 async fn write_loop<Si>(
     mut rx: OutboxReceiver,
     mut sink: Si,
     router: RouterHandle,
     conn: ConnId,
-    ping_interval: Option<Duration>,
-    write_batch: usize,
+    opts: WriterOptions,
 ) where
     Si: Sink<OutFrame> + Unpin + Send,
     Si::Error: std::fmt::Display,
 {
-    let mut ping = ping_interval.map(|p| {
+    let limit = opts.write_timeout;
+    let mut ping = opts.ping_interval.map(|p| {
         let mut i = tokio::time::interval_at(Instant::now() + p, p);
         i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         i
@@ -261,7 +295,7 @@ async fn write_loop<Si>(
         let first = tokio::select! {
             item = rx.recv() => item,
             _ = tick(&mut ping) => {
-                if sink.send(OutFrame::Ping).await.is_err() {
+                if bounded(limit, conn, "ping", sink.send(OutFrame::Ping)).await.is_err() {
                     break;
                 }
                 continue;
@@ -272,21 +306,22 @@ async fn write_loop<Si>(
         loop {
             match item {
                 Outbound::Close { code, reason } => {
-                    let _ = sink.flush().await;
-                    let _ = sink.send(OutFrame::Close { code, reason }).await;
+                    let _ = bounded(limit, conn, "flush", sink.flush()).await;
+                    let close = OutFrame::Close { code, reason };
+                    let _ = bounded(limit, conn, "close", sink.send(close)).await;
                     break 'outer;
                 }
                 other => {
                     if let Some(text) = other.into_text() {
-                        if let Err(e) = sink.feed(OutFrame::Text(text)).await {
-                            tracing::debug!(%conn, error = %e, "write failed");
+                        let write = sink.feed(OutFrame::Text(text));
+                        if bounded(limit, conn, "write", write).await.is_err() {
                             break 'outer;
                         }
                     }
                 }
             }
             fed += 1;
-            if fed >= write_batch {
+            if fed >= opts.write_batch {
                 break;
             }
             match rx.try_recv() {
@@ -294,8 +329,7 @@ async fn write_loop<Si>(
                 None => break,
             }
         }
-        if let Err(e) = sink.flush().await {
-            tracing::debug!(%conn, error = %e, "flush failed");
+        if bounded(limit, conn, "flush", sink.flush()).await.is_err() {
             break;
         }
         if rx.take_wakeup() && router.send(Command::Drained { conn }).await.is_err() {
@@ -303,7 +337,7 @@ async fn write_loop<Si>(
         }
     }
     rx.close();
-    let _ = sink.close().await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
 }
 
 async fn tick(ping: &mut Option<tokio::time::Interval>) {
