@@ -204,6 +204,32 @@ pub struct Agent {
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+impl Agent {
+    /// A freshly registered agent: state `registered`, every optional field empty.
+    pub fn new(id: AgentId, owner: Option<ParticipantId>) -> Self {
+        Self {
+            id,
+            owner_id: owner,
+            name: None,
+            description: None,
+            parent: None,
+            children: None,
+            relationships: None,
+            state: AgentState::REGISTERED,
+            role: None,
+            scopes: Vec::new(),
+            visibility: None,
+            permission_overrides: None,
+            lifecycle: None,
+            capabilities: None,
+            environment: None,
+            capability_descriptor: None,
+            persistent_identity: None,
+            metadata: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,26 +247,8 @@ mod tests {
 
     #[test]
     fn owner_id_is_always_present_even_when_null() {
-        let agent = Agent {
-            id: "a".into(),
-            owner_id: None,
-            name: None,
-            description: None,
-            parent: None,
-            children: None,
-            relationships: None,
-            state: AgentState::ORPHANED,
-            role: None,
-            scopes: vec![],
-            visibility: None,
-            permission_overrides: None,
-            lifecycle: None,
-            capabilities: None,
-            environment: None,
-            capability_descriptor: None,
-            persistent_identity: None,
-            metadata: None,
-        };
+        let mut agent = Agent::new("a".into(), None);
+        agent.state = AgentState::ORPHANED;
         assert_eq!(
             serde_json::to_string(&agent).unwrap(),
             r#"{"id":"a","ownerId":null,"state":"orphaned","scopes":[]}"#

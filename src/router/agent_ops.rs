@@ -110,29 +110,23 @@ impl Router {
             }
         };
         let now = now_ms();
-        let agent = Agent {
-            id: id.clone(),
-            owner_id: Some(caller.participant.clone()),
-            name: p.name,
-            description: p.description,
-            parent: p.parent,
-            children: None,
-            relationships: p.relationships,
-            state: AgentState::REGISTERED,
-            role: p.role,
-            scopes: Vec::new(),
-            visibility: p.visibility,
-            permission_overrides: p.permission_overrides,
-            lifecycle: Some(AgentLifecycle {
-                created_at: Some(now),
-                ..AgentLifecycle::default()
-            }),
-            capabilities: p.capabilities,
-            environment: p.environment,
-            capability_descriptor: p.capability_descriptor,
-            persistent_identity: p.persistent_identity,
-            metadata: p.metadata,
-        };
+        let mut agent = Agent::new(id.clone(), Some(caller.participant.clone()));
+        agent.name = p.name;
+        agent.description = p.description;
+        agent.parent = p.parent;
+        agent.relationships = p.relationships;
+        agent.role = p.role;
+        agent.visibility = p.visibility;
+        agent.permission_overrides = p.permission_overrides;
+        agent.lifecycle = Some(AgentLifecycle {
+            created_at: Some(now),
+            ..AgentLifecycle::default()
+        });
+        agent.capabilities = p.capabilities;
+        agent.environment = p.environment;
+        agent.capability_descriptor = p.capability_descriptor;
+        agent.persistent_identity = p.persistent_identity;
+        agent.metadata = p.metadata;
         self.registry.insert(agent.clone());
         self.adopt_primary(caller, &id);
         let registered = self.emit_agent_event(

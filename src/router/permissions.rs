@@ -123,26 +123,10 @@ mod tests {
     use crate::protocol::ids::AgentId;
 
     fn agent(id: &str, parent: Option<&str>, owner: &str, vis: AgentVisibility) -> Agent {
-        Agent {
-            id: id.into(),
-            owner_id: Some(owner.into()),
-            name: None,
-            description: None,
-            parent: parent.map(AgentId::from),
-            children: None,
-            relationships: None,
-            state: AgentState::REGISTERED,
-            role: None,
-            scopes: vec![],
-            visibility: Some(vis),
-            permission_overrides: None,
-            lifecycle: None,
-            capabilities: None,
-            environment: None,
-            capability_descriptor: None,
-            persistent_identity: None,
-            metadata: None,
-        }
+        let mut a = Agent::new(id.into(), Some(owner.into()));
+        a.parent = parent.map(AgentId::from);
+        a.visibility = Some(vis);
+        a
     }
 
     #[test]

@@ -249,26 +249,9 @@ mod tests {
     use super::*;
 
     fn agent(id: &str, parent: Option<&str>, owner: &str) -> Agent {
-        Agent {
-            id: id.into(),
-            owner_id: Some(owner.into()),
-            name: None,
-            description: None,
-            parent: parent.map(AgentId::from),
-            children: None,
-            relationships: None,
-            state: AgentState::REGISTERED,
-            role: None,
-            scopes: vec![],
-            visibility: None,
-            permission_overrides: None,
-            lifecycle: None,
-            capabilities: None,
-            environment: None,
-            capability_descriptor: None,
-            persistent_identity: None,
-            metadata: None,
-        }
+        let mut a = Agent::new(id.into(), Some(owner.into()));
+        a.parent = parent.map(AgentId::from);
+        a
     }
 
     fn tree() -> Registry {
