@@ -119,7 +119,6 @@ pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::agent::AgentState;
     use crate::protocol::ids::AgentId;
 
     fn agent(id: &str, parent: Option<&str>, owner: &str, vis: AgentVisibility) -> Agent {
