@@ -15,3 +15,4 @@ echo "== interop suite (official SDK clients against target/debug/map-router)"
 cargo build --locked --bin map-router
 (cd tests/interop && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/interop/run.mjs --bin target/debug/map-router
+node tests/interop/quickstart.mjs --bin target/debug/map-router

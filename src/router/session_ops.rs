@@ -301,7 +301,7 @@ impl Router {
                 notify_subscribers: None,
             });
         let reason = p.reason.unwrap_or_else(|| "disconnect".into());
-        self.detach(ctx.conn, &policy, &reason);
+        self.detach(ctx.conn, &policy, &reason, true);
         let s = self
             .sessions
             .get(caller.session.as_str())
@@ -337,14 +337,23 @@ impl Router {
             } else {
                 "transport_closed"
             };
-            self.detach(conn, &policy, reason);
+            // The peer is gone and never sees a new token: keep the one it holds.
+            self.detach(conn, &policy, reason, false);
         }
         self.conns.remove(&conn);
     }
 
     /// Detaches the session on `conn`: emits `participant_disconnected`, applies the agent
-    /// policy, drops subscriptions, rotates the resume token and schedules expiry.
-    fn detach(&mut self, conn: ConnId, policy: &DisconnectPolicy, reason: &str) {
+    /// policy, drops subscriptions and schedules expiry. `rotate_token` issues a fresh resume
+    /// token (for `map/disconnect`, whose result carries it); after a lost transport the token
+    /// the client already holds stays valid.
+    fn detach(
+        &mut self,
+        conn: ConnId,
+        policy: &DisconnectPolicy,
+        reason: &str,
+        rotate_token: bool,
+    ) {
         let Some(session_id) = self.conns.get_mut(&conn).and_then(|c| c.session.take()) else {
             return;
         };
@@ -359,8 +368,10 @@ impl Router {
         s.detached_at = Some(Instant::now());
         let participant = s.participant.clone();
         let kind = s.kind;
-        self.sessions
-            .set_token(session_id.as_str(), random_token("resume_"));
+        if rotate_token {
+            self.sessions
+                .set_token(session_id.as_str(), random_token("resume_"));
+        }
 
         let disconnected = self.emit_plain(
             EventType::ParticipantDisconnected,

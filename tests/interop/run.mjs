@@ -1,0 +1,1441 @@
+#!/usr/bin/env node
+// Interop suite: the official MAP SDK clients (@multi-agent-protocol/sdk ClientConnection and
+// AgentConnection) drive the map-router binary over real WebSocket sockets on loopback.
+//
+//   node tests/interop/run.mjs [--bin <path-to-map-router>] [--filter <substring>] [--verbose] [--list]
+//
+// Every scenario gets its own router process (startup ~50 ms), so no scenario can see another's
+// agents, scopes or events. Prints `ok - name` / `FAIL - name: reason` per scenario, then
+// `N passed, M failed`; exits 0 only when nothing failed.
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ClientConnection, AgentConnection, websocketStream } from '@multi-agent-protocol/sdk';
+import WebSocket from 'ws';
+import {
+  assert,
+  Ctx,
+  WAIT_MS,
+  expectCode,
+  killAllRouters,
+  sleep,
+  sorted,
+  until,
+  withTimeout,
+} from './lib.mjs';
+
+// Node 20 has no global WebSocket (lib.mjs sets it too, before any SDK call).
+globalThis.WebSocket = WebSocket;
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const argv = process.argv.slice(2);
+const argValue = (flag) => {
+  const i = argv.indexOf(flag);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const BIN = path.resolve(argValue('--bin') ?? path.join(HERE, '../../target/debug/map-router'));
+const FILTER = argValue('--filter');
+const VERBOSE = argv.includes('--verbose') || !!process.env.INTEROP_VERBOSE;
+const SCENARIO_TIMEOUT_MS = 10_000;
+/** How long to keep listening when asserting that something does NOT arrive. */
+const QUIET_MS = 150;
+const SHORT_WINDOW = '[router]\nresume_window_ms = 300\n';
+
+const scenarios = [];
+/** Registers a scenario. `opts.config`: TOML for the scenario's router. */
+function scenario(name, fn, opts = {}) {
+  scenarios.push({ name, fn, opts });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared helpers
+
+/** A (root) <- B, C; B <- G. Each agent on its own connection. */
+async function family(ctx) {
+  const A = await ctx.agent({ name: 'A', role: 'lead' });
+  const B = await ctx.agent({ name: 'B', role: 'worker', parent: A.id });
+  const C = await ctx.agent({ name: 'C', role: 'worker', parent: A.id });
+  const G = await ctx.agent({ name: 'G', role: 'helper', parent: B.id });
+  return { A, B, C, G, all: [A, B, C, G] };
+}
+
+/**
+ * Checks a map/send result against the handles that must (and must not) get the message:
+ * `delivered` lists exactly `expected` ids, each expected handle receives the message, nobody
+ * else in `all` does.
+ */
+async function expectDelivery(res, expected, all, what) {
+  assert.equal(typeof res.messageId, 'string', `${what}: messageId`);
+  assert.deepEqual(sorted(res.delivered), sorted(expected.map((h) => h.id)), `${what}: delivered`);
+  for (const h of expected) {
+    await until(() => h.inbox.some((m) => m.id === res.messageId), `${what}: ${h.name} receives the message`);
+  }
+  await sleep(QUIET_MS);
+  for (const h of all) {
+    if (expected.includes(h)) continue;
+    assert.ok(!h.inbox.some((m) => m.id === res.messageId), `${what}: ${h.name} must not receive the message`);
+  }
+}
+
+const ids = (agents) => sorted(agents.map((a) => (typeof a === 'string' ? a : a.id)));
+
+// ---------------------------------------------------------------------------------------------
+// Connect / disconnect / resume
+
+scenario('connect: client connect result has the documented shape', async (ctx) => {
+  const c = await ctx.client({ name: 'dash' });
+  const r = c.result;
+  assert.equal(r.protocolVersion, 1);
+  assert.equal(typeof r.sessionId, 'string');
+  assert.equal(typeof r.participantId, 'string');
+  assert.equal(r.participantType, 'client');
+  assert.equal(r.reconnected, false);
+  assert.ok(Array.isArray(r.ownedAgents), 'ownedAgents is an array');
+  assert.ok(Array.isArray(r.reclaimedAgents), 'reclaimedAgents is an array');
+  assert.equal(typeof r.resumeToken, 'string');
+  assert.equal(typeof r.systemInfo?.name, 'string');
+  assert.equal(typeof r.systemInfo?.version, 'string');
+  assert.equal(r.capabilities?.streaming?.supportsAck, false);
+  assert.equal(c.conn.sessionId, r.sessionId, 'SDK records the session id');
+  assert.equal(c.conn.getResumeToken(), r.resumeToken, 'SDK records the resume token');
+  // Default client grant: may observe/query/send/stop/steer, may not broadcast/register/spawn/manage scopes.
+  const caps = r.capabilities;
+  assert.equal(caps.observation?.canObserve, true, 'observation.canObserve');
+  assert.equal(caps.observation?.canQuery, true, 'observation.canQuery');
+  assert.equal(caps.messaging?.canSend, true, 'messaging.canSend');
+  assert.equal(caps.messaging?.canBroadcast, false, 'messaging.canBroadcast');
+  assert.equal(caps.lifecycle?.canRegister, false, 'lifecycle.canRegister');
+  assert.equal(caps.lifecycle?.canSpawn, false, 'lifecycle.canSpawn');
+  assert.equal(caps.lifecycle?.canStop, true, 'lifecycle.canStop');
+  assert.equal(caps.scopes?.canCreateScopes, false, 'scopes.canCreateScopes');
+});
+
+scenario("connect: an agent connection's first agent id is its participant id", async (ctx) => {
+  const a = await ctx.agent({ name: 'worker', role: 'worker' });
+  const { connection, agent } = a.result;
+  assert.equal(connection.participantType, 'agent');
+  assert.equal(connection.protocolVersion, 1);
+  assert.equal(agent.id, connection.participantId, 'agent id == participant id');
+  assert.equal(agent.ownerId, connection.participantId, 'ownerId');
+  assert.equal(agent.state, 'registered');
+  assert.equal(agent.name, 'worker');
+  assert.equal(agent.role, 'worker');
+  assert.ok(Array.isArray(agent.scopes), 'scopes is always an array');
+  assert.equal(typeof agent.lifecycle?.createdAt, 'number', 'lifecycle.createdAt');
+  assert.equal(connection.capabilities?.messaging?.canBroadcast, true, 'agents may broadcast');
+  assert.equal(connection.capabilities?.lifecycle?.canRegister, true, 'agents may register');
+});
+
+scenario('connect: the static connect(url) helpers work over ws', async (ctx) => {
+  const client = await withTimeout(ClientConnection.connect(ctx.url, { name: 'static-client' }), WAIT_MS, 'ClientConnection.connect');
+  const agent = await withTimeout(
+    AgentConnection.connect(ctx.url, { name: 'static-agent', role: 'static-role' }),
+    WAIT_MS,
+    'AgentConnection.connect',
+  );
+  ctx.defer(() => agent.disconnect());
+  ctx.defer(() => client.disconnect());
+  assert.ok(client.isConnected, 'client.isConnected');
+  assert.ok(agent.isConnected, 'agent.isConnected');
+  assert.equal(client.serverCapabilities?.streaming?.supportsAck, false);
+  assert.equal(agent.state, 'registered');
+  const { agents } = await client.listAgents();
+  assert.deepEqual(agents.map((a) => [a.id, a.name, a.role]), [[agent.agentId, 'static-agent', 'static-role']]);
+  await agent.disconnect();
+  await client.disconnect();
+  assert.equal(client.isConnected, false);
+});
+
+scenario('connect: participant_connected and participant_disconnected events', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['participant_connected', 'participant_disconnected'] });
+  const other = await ctx.client({ name: 'visitor' });
+  const conn = await w.waitFor('participant_connected', (e) => e.data?.participantId === other.id);
+  assert.equal(conn.data.participantType, 'client');
+  assert.equal(conn.data.name, 'visitor');
+  assert.equal(conn.source, other.id, 'source = participant id');
+  await other.conn.disconnect();
+  const disc = await w.waitFor('participant_disconnected', (e) => e.data?.participantId === other.id);
+  assert.equal(disc.data.participantType, 'client');
+  assert.deepEqual(
+    w.events.map((e) => e.type),
+    ['participant_connected', 'participant_disconnected'],
+    'only the filtered types, in order',
+  );
+});
+
+scenario('connect: calls before map/connect are refused with 1000', async (ctx) => {
+  const ws = new WebSocket(ctx.url);
+  await withTimeout(new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject)), WAIT_MS, 'ws open');
+  ctx.defer(() => ws.terminate());
+  const client = new ClientConnection(websocketStream(ws));
+  await expectCode(client.listAgents(), 1000, 'listAgents before connect');
+  await expectCode(client.subscribe(), 1000, 'subscribe before connect');
+  await expectCode(client.send({ broadcast: true }, { x: 1 }), 1000, 'send before connect');
+  await expectCode(client.callExtension('map/nope', {}), -32601, 'unknown method before connect (-32601 comes first)');
+  // The connection is still usable afterwards.
+  const result = await withTimeout(client.connect(), WAIT_MS, 'connect after refusals');
+  assert.equal(result.protocolVersion, 1);
+  const { agents } = await client.listAgents();
+  assert.deepEqual(agents, []);
+});
+
+scenario('connect: a second map/connect on a live connection returns the same session', async (ctx) => {
+  const c = await ctx.client({ name: 'twice' });
+  const again = await withTimeout(c.conn.reconnect(), WAIT_MS, 'second connect');
+  assert.equal(again.sessionId, c.result.sessionId);
+  assert.equal(again.participantId, c.result.participantId);
+  assert.equal(again.reconnected, true);
+  assert.equal(typeof again.resumeToken, 'string');
+  assert.notEqual(again.resumeToken, c.result.resumeToken, 'a fresh resume token');
+  const { agents } = await c.conn.listAgents();
+  assert.deepEqual(agents, [], 'connection still works');
+});
+
+scenario('disconnect: map/disconnect returns a resume token; a new connection resumes the session', async (ctx) => {
+  const c = await ctx.client({ name: 'leaver' });
+  const token = await withTimeout(c.conn.disconnect(), WAIT_MS, 'disconnect');
+  assert.equal(typeof token, 'string', 'disconnect() returns the resume token');
+  const disconnectFrame = c.frames.find((f) => f.result && 'acknowledged' in f.result);
+  assert.equal(disconnectFrame?.result?.acknowledged, true, 'disconnect result acknowledged');
+  assert.equal(disconnectFrame?.result?.session?.id, c.result.sessionId, 'disconnect result names the session');
+  const back = await ctx.client({ name: 'leaver', connectOptions: { resumeToken: token } });
+  assert.equal(back.result.reconnected, true);
+  assert.equal(back.result.sessionId, c.result.sessionId, 'same sessionId');
+  assert.equal(back.result.participantId, c.result.participantId, 'same participantId');
+  assert.notEqual(back.result.resumeToken, token, 'fresh token');
+});
+
+scenario('resume: a resume token is single use', async (ctx) => {
+  const c = await ctx.client({ name: 'once' });
+  const token = await c.conn.disconnect();
+  const first = await ctx.client({ name: 'once', connectOptions: { resumeToken: token } });
+  assert.equal(first.result.reconnected, true);
+  await first.conn.disconnect();
+  const second = await ctx.client({ name: 'once', connectOptions: { resumeToken: token } });
+  assert.equal(second.result.reconnected, false, 'a used token starts a new session');
+  assert.notEqual(second.result.sessionId, c.result.sessionId);
+});
+
+scenario('resume: an unknown resume token starts a new session (not an error)', async (ctx) => {
+  const c = await ctx.client({ name: 'stranger', connectOptions: { resumeToken: 'no-such-token' } });
+  assert.equal(c.result.reconnected, false);
+  assert.equal(typeof c.result.sessionId, 'string');
+  assert.equal(typeof c.result.resumeToken, 'string');
+});
+
+scenario('resume: a client session resumes after an abrupt close', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['participant_disconnected'] });
+  const c = await ctx.client({ name: 'flaky' });
+  c.terminate();
+  const disc = await w.waitFor('participant_disconnected', (e) => e.data?.participantId === c.id);
+  assert.equal(disc.data.reason, 'transport_closed');
+  // The token from the connect result is the only one a client that lost its socket holds.
+  const back = await ctx.client({ name: 'flaky', connectOptions: { resumeToken: c.result.resumeToken } });
+  assert.equal(back.result.reconnected, true, 'connect({resumeToken: <token from the connect result>}) resumes');
+  assert.equal(back.result.sessionId, c.result.sessionId);
+  assert.equal(back.result.participantId, c.result.participantId);
+});
+
+scenario(
+  'resume: after the resume window the token starts a new session',
+  async (ctx) => {
+    const c = await ctx.client({ name: 'late' });
+    c.terminate();
+    await sleep(700);
+    const back = await ctx.client({ name: 'late', connectOptions: { resumeToken: c.result.resumeToken } });
+    assert.equal(back.result.reconnected, false);
+    assert.notEqual(back.result.sessionId, c.result.sessionId);
+  },
+  { config: SHORT_WINDOW },
+);
+
+/** A fresh AgentConnection on its own socket that has not sent map/connect yet. */
+async function bareAgentConnection(ctx, name) {
+  const ws = new WebSocket(ctx.url);
+  await withTimeout(new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject)), WAIT_MS, 'ws open');
+  ctx.defer(() => ws.terminate());
+  return new AgentConnection(websocketStream(ws), { name });
+}
+
+scenario('resume: an agent session resumed with its resume token reclaims its orphaned agents', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_orphaned', 'agent_state_changed'] });
+  const a = await ctx.agent({ name: 'resumer' });
+  a.terminate();
+  await w.waitFor('agent_orphaned', (e) => e.data?.agentId === a.id);
+  const conn = await bareAgentConnection(ctx, 'resumer');
+  const result = await withTimeout(conn.connectOnly({ resumeToken: a.result.connection.resumeToken }), WAIT_MS, 'connectOnly with resumeToken');
+  assert.equal(result.reconnected, true, 'connectOnly({resumeToken: <token from the connect result>}) resumes');
+  assert.equal(result.sessionId, a.result.connection.sessionId, 'same session');
+  assert.deepEqual(ids(result.reclaimedAgents ?? []), [a.id], 'reclaimedAgents holds the agent objects');
+  const { agent } = await obs.conn.getAgent(a.id);
+  assert.equal(agent.ownerId, a.pid);
+  assert.equal(agent.state, 'registered');
+});
+
+scenario('resume: a detached agent session resumes by sessionId and reclaims its agents', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_orphaned', 'agent_state_changed'] });
+  const a = await ctx.agent({ name: 'resumer' });
+  const { agent: child } = await a.conn.spawn({ name: 'resumer-child' });
+  a.terminate();
+  await until(() => w.ofType('agent_orphaned').length === 2, 'both agents orphaned');
+  const conn = await bareAgentConnection(ctx, 'resumer');
+  const result = await conn.callExtension('map/connect', {
+    protocolVersion: 1,
+    participantType: 'agent',
+    sessionId: a.result.connection.sessionId,
+  });
+  assert.equal(result.reconnected, true, 'reconnected');
+  assert.equal(result.participantId, a.pid, 'same participant');
+  assert.deepEqual(ids(result.reclaimedAgents ?? []), ids([a.id, child.id]), 'reclaimedAgents');
+  assert.ok(result.reclaimedAgents.every((x) => typeof x === 'object' && x.ownerId === a.pid), 'full Agent objects');
+  const back = await until(() => {
+    const changed = w.ofType('agent_state_changed').filter((e) => e.data?.previousState === 'orphaned');
+    return changed.length === 2 ? changed : null;
+  }, 'agent_state_changed orphaned -> registered for both agents');
+  assert.deepEqual(ids(back.map((e) => e.data.agentId)), ids([a.id, child.id]));
+  assert.ok(back.every((e) => e.data.newState === 'registered'), 'previous state restored');
+  const { agents } = await obs.conn.listAgents({ filter: { ownerId: a.pid } });
+  assert.deepEqual(ids(agents), ids([a.id, child.id]));
+  assert.ok(agents.every((x) => x.state === 'registered'), 'states restored');
+});
+
+scenario('disconnect: AgentConnection.disconnect() unregisters its agent', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_unregistered', 'participant_disconnected'] });
+  const a = await ctx.agent({ name: 'short-lived' });
+  await a.conn.disconnect();
+  const unreg = await w.waitFor('agent_unregistered', (e) => e.data?.agentId === a.id);
+  assert.equal(unreg.source, a.id);
+  await w.waitFor('participant_disconnected', (e) => e.data?.participantId === a.pid);
+  const { agents } = await obs.conn.listAgents();
+  assert.deepEqual(agents, []);
+});
+
+scenario('disconnect: agents left owned at map/disconnect are unregistered (owner_disconnected)', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_unregistered', 'participant_disconnected'] });
+  const a = await ctx.agent({ name: 'parent' });
+  const { agent: child } = await a.conn.spawn({ name: 'child', role: 'helper' });
+  // disconnect() unregisters the primary agent itself, then sends map/disconnect: the spawned
+  // child is still owned by the session and must go with it.
+  await a.conn.disconnect();
+  const gone = await w.waitFor('agent_unregistered', (e) => e.data?.agentId === child.id);
+  assert.equal(gone.data.reason, 'owner_disconnected');
+  const pd = w.events.find((e) => e.type === 'participant_disconnected' && e.data?.participantId === a.pid);
+  assert.ok(pd, 'participant_disconnected');
+  assert.ok(w.events.indexOf(pd) < w.events.indexOf(gone), 'participant_disconnected comes first');
+  assert.ok(gone.causedBy?.includes(pd.id), 'agent_unregistered caused by participant_disconnected');
+  await expectCode(obs.conn.getAgent(child.id), 2001, 'child is gone');
+});
+
+scenario('reconnect: an abrupt close orphans the agent', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch();
+  const a = await ctx.agent({ name: 'fragile', role: 'worker' });
+  a.terminate();
+  const pd = await w.waitFor('participant_disconnected', (e) => e.data?.participantId === a.pid);
+  assert.equal(pd.data.reason, 'transport_closed');
+  const orphaned = await w.waitFor('agent_orphaned', (e) => e.data?.agentId === a.id);
+  assert.equal(orphaned.data.previousOwner, a.pid);
+  assert.ok(orphaned.causedBy?.includes(pd.id), 'agent_orphaned caused by participant_disconnected');
+  const { agent } = await obs.conn.getAgent(a.id);
+  assert.equal(agent.state, 'orphaned');
+  assert.equal(agent.ownerId, null);
+  const { agents } = await obs.conn.listAgents({ filter: { states: ['orphaned'] } });
+  assert.deepEqual(ids(agents), [a.id]);
+});
+
+scenario('reconnect: re-registering the orphaned agent id from a new connection reclaims it', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_orphaned', 'agent_state_changed', 'agent_registered'] });
+  const a = await ctx.agent({ name: 'phoenix', role: 'worker' });
+  await a.conn.busy();
+  a.terminate();
+  await w.waitFor('agent_orphaned', (e) => e.data?.agentId === a.id);
+  const b = await ctx.agent({ name: 'phoenix', role: 'worker', agentId: a.id });
+  assert.equal(b.id, a.id, 'same agent id');
+  const registerResult = b.frames.find((f) => f.result?.agent?.id === a.id)?.result;
+  assert.equal(registerResult?.resumed, true, 'register result says resumed: true');
+  const changed = await w.waitFor('agent_state_changed', (e) => e.data?.agentId === a.id && e.data?.previousState === 'orphaned');
+  assert.equal(changed.data.newState, 'busy', 'back to the state before orphaning');
+  const { agent } = await obs.conn.getAgent(a.id);
+  assert.equal(agent.ownerId, b.pid, 'owned by the new connection');
+  assert.equal(agent.state, 'busy');
+  const { agents } = await obs.conn.listAgents();
+  assert.equal(agents.length, 1, 'still one agent');
+  // Messages now reach the new connection.
+  const res = await obs.conn.send({ agent: a.id }, { after: 'reclaim' });
+  await expectDelivery(res, [b], [b], 'send to the reclaimed agent');
+});
+
+scenario(
+  'reconnect: an orphan not reclaimed within the resume window is unregistered',
+  async (ctx) => {
+    const obs = await ctx.client({ name: 'observer' });
+    const w = await obs.watch({ eventTypes: ['agent_orphaned', 'agent_unregistered'] });
+    const a = await ctx.agent({ name: 'ghost' });
+    a.terminate();
+    await w.waitFor('agent_orphaned', (e) => e.data?.agentId === a.id);
+    const gone = await w.waitFor('agent_unregistered', (e) => e.data?.agentId === a.id, 'agent_unregistered after the window');
+    assert.equal(gone.data.reason, 'owner_disconnected');
+    await expectCode(obs.conn.getAgent(a.id), 2001, 'getAgent after expiry');
+    // Coming back later registers a brand-new agent under the same id.
+    const b = await ctx.agent({ name: 'ghost', agentId: a.id });
+    assert.equal(b.id, a.id);
+    const registerResult = b.frames.find((f) => f.result?.agent?.id === a.id)?.result;
+    assert.notEqual(registerResult?.resumed, true, 'not a resume');
+  },
+  { config: SHORT_WINDOW },
+);
+
+scenario('reconnect: a message to an orphaned agent is not delivered and message_failed says so', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_orphaned', 'message.*'] });
+  const a = await ctx.agent({ name: 'offline' });
+  a.terminate();
+  await w.waitFor('agent_orphaned', (e) => e.data?.agentId === a.id);
+  const res = await obs.conn.send({ agent: a.id }, { hello: 'anyone?' });
+  assert.deepEqual(res.delivered, [], 'orphaned agent is not in delivered');
+  const failed = await w.waitFor('message_failed', (e) => e.data?.messageId === res.messageId);
+  assert.equal(failed.data.reason, 'recipient_offline');
+  assert.equal(failed.data.code, 2003);
+  assert.equal(failed.data.recipient, a.id);
+  assert.ok(!w.events.some((e) => e.type === 'message_delivered' && e.data?.messageId === res.messageId), 'no message_delivered');
+});
+
+// ---------------------------------------------------------------------------------------------
+// Agents: register, spawn, list, get, graph
+
+scenario('register: agent_registered carries agentId, name, role, ownerId', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_registered'] });
+  const a = await ctx.agent({ name: 'reg', role: 'scribe' });
+  const e = await w.waitFor('agent_registered', (ev) => ev.data?.agentId === a.id);
+  assert.equal(e.data.name, 'reg');
+  assert.equal(e.data.role, 'scribe');
+  assert.equal(e.data.ownerId, a.pid);
+  assert.equal(e.source, a.id, 'source = agent id');
+  assert.equal(typeof e.timestamp, 'number');
+});
+
+scenario('register: a live agent id cannot be registered twice (3000)', async (ctx) => {
+  const a = await ctx.agent({ name: 'unique' });
+  const err = await expectCode(ctx.agent({ name: 'impostor', agentId: a.id }), 3000, 'register a live agent id');
+  assert.match(err.message, /already exists/i);
+  const obs = await ctx.client();
+  const { agent } = await obs.conn.getAgent(a.id);
+  assert.equal(agent.ownerId, a.pid, 'original owner kept');
+  assert.equal(agent.name, 'unique');
+});
+
+scenario('register: unknown parent is 2001, unknown scope is 2002', async (ctx) => {
+  await expectCode(ctx.agent({ name: 'orphan', parent: 'no-such-parent' }), 2001, 'register with unknown parent');
+  await expectCode(ctx.agent({ name: 'lost', scopes: ['no-such-scope'] }), 2002, 'register with unknown scope');
+  const obs = await ctx.client();
+  const { agents } = await obs.conn.listAgents();
+  assert.deepEqual(agents, [], 'nothing registered');
+});
+
+scenario('register: clients may not register or spawn agents (1003)', async (ctx) => {
+  const c = await ctx.client();
+  await expectCode(c.conn.callExtension('map/agents/register', { name: 'x' }), 1003, 'client register');
+  const a = await ctx.agent({ name: 'p' });
+  await expectCode(c.conn.callExtension('map/agents/spawn', { name: 'x', parent: a.id }), 1003, 'client spawn');
+});
+
+scenario('spawn: the child is owned by the spawner and receives initialMessage', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_registered'] });
+  const a = await ctx.agent({ name: 'spawner', role: 'lead' });
+  const res = await a.conn.spawn({ name: 'kid', role: 'helper', initialMessage: { payload: { task: 'go' } } });
+  const child = res.agent;
+  assert.equal(child.parent, a.id, 'parent set');
+  assert.equal(child.ownerId, a.pid, 'owned by the spawner session');
+  assert.equal(child.role, 'helper');
+  assert.notEqual(child.id, a.id);
+  assert.equal(typeof res.messageId, 'string', 'initialMessage id returned');
+  const m = await until(() => a.inbox.find((x) => x.id === res.messageId), 'initialMessage on the spawner connection');
+  assert.deepEqual(m.to, { agent: child.id });
+  assert.deepEqual(m.payload, { task: 'go' });
+  assert.equal(m.from, a.id, 'sent from the spawner');
+  await w.waitFor('agent_registered', (e) => e.data?.agentId === child.id);
+  const got = await obs.conn.getAgent(a.id, { include: { children: true } });
+  assert.deepEqual(ids(got.children ?? []), [child.id]);
+  assert.deepEqual(got.agent.children, [child.id], 'agent carries children ids');
+});
+
+scenario('agents/list: filters (roles, states, parent, scopes, hasChildren, ownerId) and pagination', async (ctx) => {
+  const { A, B, C, G } = await family(ctx);
+  const s = await A.conn.createScope({ scopeId: 'team', name: 'Team' });
+  assert.equal(s.id, 'team');
+  await C.conn.joinScope('team');
+  await B.conn.busy();
+  const obs = await ctx.client();
+  const list = async (filter, extra = {}) => ids((await obs.conn.listAgents({ filter, ...extra })).agents);
+  assert.deepEqual(ids((await obs.conn.listAgents()).agents), ids([A, B, C, G]), 'no filter');
+  assert.deepEqual(await list({ roles: ['worker'] }), ids([B, C]), 'roles');
+  assert.deepEqual(await list({ roles: ['worker', 'helper'] }), ids([B, C, G]), 'roles OR');
+  assert.deepEqual(await list({ states: ['busy'] }), ids([B]), 'states');
+  assert.deepEqual(await list({ parent: A.id }), ids([B, C]), 'parent');
+  assert.deepEqual(await list({ scopes: ['team'] }), ids([C]), 'scopes');
+  assert.deepEqual(await list({ hasChildren: true }), ids([A, B]), 'hasChildren');
+  assert.deepEqual(await list({ ownerId: G.pid }), ids([G]), 'ownerId');
+  assert.deepEqual(await list({ roles: ['worker'], states: ['registered'] }), ids([C]), 'AND across fields');
+  assert.deepEqual(await list({ roles: [] }), ids([A, B, C, G]), 'empty list = no constraint');
+  assert.deepEqual(await list({ roles: ['nobody'] }), [], 'no match');
+  // Pagination in registration order.
+  const seen = [];
+  let cursor;
+  let pages = 0;
+  do {
+    const page = await obs.conn.listAgents({ limit: 3, ...(cursor ? { cursor } : {}) });
+    assert.ok(page.agents.length <= 3, 'page size');
+    seen.push(...page.agents.map((a) => a.id));
+    cursor = page.nextCursor;
+    pages++;
+  } while (cursor && pages < 10);
+  assert.equal(pages, 2, 'four agents in pages of three');
+  assert.deepEqual(seen, [A.id, B.id, C.id, G.id], 'registration order, no duplicates');
+});
+
+scenario('agents/get: include parent, children, siblings, ancestors, descendants', async (ctx) => {
+  const { A, B, C, G } = await family(ctx);
+  const obs = await ctx.client();
+  const r = await obs.conn.getAgent(B.id, {
+    include: { parent: true, children: true, siblings: true, ancestors: true, descendants: true },
+  });
+  assert.equal(r.agent.id, B.id);
+  assert.equal(r.agent.parent, A.id);
+  assert.equal(r.parent?.id, A.id, 'parent');
+  assert.deepEqual(ids(r.children ?? []), [G.id], 'children');
+  assert.deepEqual(ids(r.siblings ?? []), [C.id], 'siblings');
+  assert.deepEqual(ids(r.ancestors ?? []), [A.id], 'ancestors');
+  assert.deepEqual(ids(r.descendants ?? []), [G.id], 'descendants');
+  const root = await obs.conn.getAgent(A.id, { include: { descendants: true, maxDepth: 1 } });
+  assert.deepEqual(ids(root.descendants ?? []), ids([B, C]), 'descendants with maxDepth 1');
+  const all = await obs.conn.getAgent(A.id, { include: { descendants: true } });
+  assert.deepEqual(ids(all.descendants ?? []), ids([B, C, G]), 'all descendants');
+  const plain = await obs.conn.getAgent(C.id);
+  assert.equal(plain.children, undefined, 'nothing included unless asked');
+});
+
+scenario('agents/get: unknown id is 2001, missing id is -32602', async (ctx) => {
+  const c = await ctx.client();
+  const err = await expectCode(c.conn.getAgent('nope'), 2001, "getAgent('nope')");
+  assert.match(err.message, /Agent not found: nope/);
+  await expectCode(c.conn.getAgent(), -32602, 'getAgent() without an id');
+});
+
+scenario('structure/graph: nodes and parent-child edges, rootAgentId and depth', async (ctx) => {
+  const { A, B, C, G } = await family(ctx);
+  const loner = await ctx.agent({ name: 'loner' });
+  const obs = await ctx.client();
+  const g = await obs.conn.getStructureGraph();
+  assert.deepEqual(ids(g.nodes), ids([A, B, C, G, loner]), 'all nodes');
+  const edges = (graph) => sorted(graph.edges.filter((e) => e.type === 'parent-child').map((e) => `${e.from}>${e.to}`));
+  assert.deepEqual(edges(g), sorted([`${A.id}>${B.id}`, `${A.id}>${C.id}`, `${B.id}>${G.id}`]), 'edges go parent -> child');
+  const sub = await obs.conn.getStructureGraph({ rootAgentId: B.id });
+  assert.deepEqual(ids(sub.nodes), ids([B, G]), 'subtree of B');
+  assert.deepEqual(edges(sub), [`${B.id}>${G.id}`]);
+  const shallow = await obs.conn.getStructureGraph({ rootAgentId: A.id, depth: 1 });
+  assert.deepEqual(ids(shallow.nodes), ids([A, B, C]), 'depth 1 from A');
+});
+
+scenario('visibility: a parent-only agent is hidden from unrelated participants', async (ctx) => {
+  const A = await ctx.agent({ name: 'boss' });
+  const secret = await ctx.agent({ name: 'secret', parent: A.id, visibility: 'parent-only' });
+  const obs = await ctx.client();
+  const { agents } = await obs.conn.listAgents();
+  assert.deepEqual(ids(agents), [A.id], 'client does not list it');
+  await expectCode(obs.conn.getAgent(secret.id), 2001, 'client get of a hidden agent');
+  const seenByParent = await A.call('map/agents/get', { agentId: secret.id });
+  assert.equal(seenByParent.agent.id, secret.id, "parent's owner sees it");
+  assert.equal(seenByParent.agent.visibility, 'parent-only');
+});
+
+scenario('unregister: result, agent_unregistered then scope_member_left, control required', async (ctx) => {
+  const A = await ctx.agent({ name: 'owner' });
+  await A.conn.createScope({ scopeId: 'room' });
+  const { agent: kid } = await A.conn.spawn({ name: 'kid', scopes: ['room'] });
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_unregistered', 'scope_member_left'] });
+  await expectCode(obs.conn.callExtension('map/agents/unregister', { agentId: kid.id }), 1003, 'client unregistering a foreign agent');
+  const res = await A.call('map/agents/unregister', { agentId: kid.id, reason: 'done' });
+  assert.equal(res.unregistered, true);
+  assert.equal(res.agent?.id, kid.id);
+  const left = await w.waitFor('scope_member_left', (e) => e.data?.agentId === kid.id);
+  const unreg = w.events.find((e) => e.type === 'agent_unregistered' && e.data?.agentId === kid.id);
+  assert.ok(unreg, 'agent_unregistered');
+  assert.ok(w.events.indexOf(unreg) < w.events.indexOf(left), 'unregistered first');
+  assert.equal(left.data.scopeId, 'room');
+  assert.ok(left.causedBy?.includes(unreg.id), 'scope_member_left caused by agent_unregistered');
+  const { members } = await obs.conn.getScopeMembers('room');
+  assert.deepEqual(members, []);
+});
+
+// ---------------------------------------------------------------------------------------------
+// Scopes
+
+scenario('scopes: create, list, get and scope_created', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['scope_created'] });
+  const a = await ctx.agent({ name: 'creator' });
+  const scope = await a.conn.createScope({ scopeId: 'ops', name: 'Operations', metadata: { tier: 1 } });
+  assert.equal(scope.id, 'ops');
+  assert.equal(scope.name, 'Operations');
+  const e = await w.waitFor('scope_created', (ev) => ev.data?.scopeId === 'ops');
+  assert.equal(e.data.name, 'Operations');
+  assert.equal(e.source, a.id, 'source = creator');
+  const auto = await a.conn.createScope({ name: 'Anonymous' });
+  assert.equal(typeof auto.id, 'string', 'generated id');
+  const { scopes } = await obs.conn.listScopes();
+  assert.deepEqual(sorted(scopes.map((s) => s.id)), sorted(['ops', auto.id]));
+  const got = await obs.conn.getScope('ops');
+  assert.equal(got.id, 'ops');
+  assert.equal(got.name, 'Operations');
+  assert.deepEqual(got.metadata, { tier: 1 });
+});
+
+scenario('scopes: join, members, leave with events; repeated join/leave is idempotent', async (ctx) => {
+  const a = await ctx.agent({ name: 'alpha' });
+  const b = await ctx.agent({ name: 'beta' });
+  await a.conn.createScope({ scopeId: 'club' });
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['scope_member_joined', 'scope_member_left'] });
+  const joined = await b.conn.joinScope('club');
+  assert.equal(joined.joined, true);
+  assert.equal(joined.scope?.id, 'club');
+  assert.equal(joined.agent?.id, b.id);
+  await a.conn.joinScope('club');
+  const j = await w.waitFor('scope_member_joined', (e) => e.data?.agentId === b.id);
+  assert.equal(j.data.scopeId, 'club');
+  assert.equal(j.source, b.id);
+  await w.waitFor('scope_member_joined', (e) => e.data?.agentId === a.id);
+  const { members } = await obs.conn.getScopeMembers('club');
+  assert.deepEqual(members, sorted([a.id, b.id]), 'members are sorted agent ids');
+  const { agent } = await obs.conn.getAgent(b.id);
+  assert.deepEqual(agent.scopes, ['club'], "agent.scopes lists it");
+  await b.conn.joinScope('club');
+  const left = await b.conn.leaveScope('club');
+  assert.equal(left.left, true);
+  await w.waitFor('scope_member_left', (e) => e.data?.agentId === b.id && e.data?.scopeId === 'club');
+  await b.conn.leaveScope('club');
+  await sleep(QUIET_MS);
+  assert.equal(w.ofType('scope_member_joined').length, 2, 'second join emitted nothing');
+  assert.equal(w.ofType('scope_member_left').length, 1, 'second leave emitted nothing');
+  assert.deepEqual((await obs.conn.getScopeMembers('club')).members, [a.id]);
+});
+
+scenario('scopes: list by parent; duplicate id is -32602; unknown parent is 2002', async (ctx) => {
+  const a = await ctx.agent({ name: 'architect' });
+  await a.conn.createScope({ scopeId: 'root' });
+  await a.conn.createScope({ scopeId: 'left', parent: 'root' });
+  await a.conn.createScope({ scopeId: 'right', parent: 'root' });
+  await a.conn.createScope({ scopeId: 'deep', parent: 'left' });
+  const obs = await ctx.client();
+  const children = await obs.conn.listScopes({ parent: 'root' });
+  assert.deepEqual(sorted(children.scopes.map((s) => s.id)), ['left', 'right'], 'direct children only');
+  assert.equal((await obs.conn.getScope('deep')).parent, 'left');
+  await expectCode(a.conn.createScope({ scopeId: 'root' }), -32602, 'duplicate scope id');
+  await expectCode(a.conn.createScope({ scopeId: 'x', parent: 'nope' }), 2002, 'unknown parent scope');
+});
+
+scenario('scopes: delete emits scope_deleted then scope_member_left; children need deleteDescendants', async (ctx) => {
+  const a = await ctx.agent({ name: 'admin' });
+  const b = await ctx.agent({ name: 'member' });
+  await a.conn.createScope({ scopeId: 'doomed' });
+  await b.conn.joinScope('doomed');
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['scope_deleted', 'scope_member_left'] });
+  const res = await a.call('map/scopes/delete', { scopeId: 'doomed' });
+  assert.equal(res.deleted, true);
+  assert.equal(res.scope?.id, 'doomed');
+  const left = await w.waitFor('scope_member_left', (e) => e.data?.agentId === b.id);
+  const del = w.events.find((e) => e.type === 'scope_deleted');
+  assert.equal(del?.data?.scopeId, 'doomed');
+  assert.ok(w.events.indexOf(del) < w.events.indexOf(left), 'scope_deleted first');
+  assert.ok(left.causedBy?.includes(del.id), 'member_left caused by scope_deleted');
+  await expectCode(obs.conn.getScope('doomed'), 2002, 'deleted scope');
+  const { agent } = await obs.conn.getAgent(b.id);
+  assert.deepEqual(agent.scopes, [], 'membership removed');
+  // Nested scopes.
+  await a.conn.createScope({ scopeId: 'outer' });
+  await a.conn.createScope({ scopeId: 'inner', parent: 'outer' });
+  await expectCode(a.call('map/scopes/delete', { scopeId: 'outer' }), -32602, 'delete a scope with children');
+  const nested = await a.call('map/scopes/delete', { scopeId: 'outer', deleteDescendants: true });
+  assert.equal(nested.deleted, true);
+  await expectCode(obs.conn.getScope('inner'), 2002, 'descendant deleted too');
+});
+
+scenario('scopes: an unknown scope is 2002 everywhere', async (ctx) => {
+  const a = await ctx.agent({ name: 'prober' });
+  const c = await ctx.client();
+  const e = await expectCode(c.conn.getScope('nope'), 2002, 'getScope');
+  assert.match(e.message, /Scope not found: nope/);
+  await expectCode(c.conn.getScopeMembers('nope'), 2002, 'getScopeMembers');
+  await expectCode(a.conn.joinScope('nope'), 2002, 'joinScope');
+  await expectCode(a.conn.leaveScope('nope'), 2002, 'leaveScope');
+  await expectCode(a.call('map/scopes/delete', { scopeId: 'nope' }), 2002, 'delete');
+  await expectCode(a.conn.send({ scope: 'nope' }, {}), 2002, 'send to {scope}');
+  await expectCode(a.conn.send({ role: 'x', within: 'nope' }, {}), 2002, 'send to {role, within}');
+});
+
+scenario('scopes: clients may not create or delete scopes (1003)', async (ctx) => {
+  const a = await ctx.agent({ name: 'maker' });
+  await a.conn.createScope({ scopeId: 'mine' });
+  const c = await ctx.client();
+  await expectCode(c.conn.callExtension('map/scopes/create', { scopeId: 'theirs' }), 1003, 'client create scope');
+  await expectCode(c.conn.callExtension('map/scopes/delete', { scopeId: 'mine' }), 1003, 'client delete scope');
+  const { scopes } = await c.conn.listScopes();
+  assert.deepEqual(scopes.map((s) => s.id), ['mine']);
+});
+
+// ---------------------------------------------------------------------------------------------
+// Subscriptions and events
+
+scenario('subscribe: unfiltered subscription sees everything, in order, with sequence 1..n', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch();
+  const a = await ctx.agent({ name: 'busy-bee', role: 'worker' });
+  await a.conn.createScope({ scopeId: 'hive' });
+  await a.conn.joinScope('hive');
+  await a.conn.busy();
+  await a.conn.disconnect();
+  await w.waitFor('participant_disconnected', (e) => e.data?.participantId === a.pid);
+  const types = w.events.map((e) => e.type);
+  assert.deepEqual(types, [
+    'participant_connected',
+    'agent_registered',
+    'scope_created',
+    'scope_member_joined',
+    'agent_state_changed',
+    'agent_unregistered',
+    'scope_member_left',
+    'participant_disconnected',
+  ]);
+  const envs = w.envelopes();
+  assert.deepEqual(envs.map((e) => e.sequenceNumber), [1, 2, 3, 4, 5, 6, 7, 8], 'sequence numbers');
+  assert.equal(w.sub.lastSequenceNumber, 8, 'SDK saw the same sequence');
+  for (const env of envs) {
+    assert.equal(env.event.id, env.eventId, 'event.id == eventId');
+    assert.match(env.eventId, /^[0-9A-HJKMNP-TV-Z]{26}$/, 'eventId is a ULID');
+  }
+  assert.deepEqual([...envs.map((e) => e.eventId)].sort(), envs.map((e) => e.eventId), 'event ids increase');
+  assert.equal(w.sub.lastEventId, envs.at(-1).eventId);
+});
+
+scenario('subscribe: register with scopes gives agent_registered and scope_member_joined to one subscriber', async (ctx) => {
+  const host = await ctx.agent({ name: 'host' });
+  await host.conn.createScope({ scopeId: 'lobby' });
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_registered', 'scope_member_joined'] });
+  const a = await ctx.agent({ name: 'guest', scopes: ['lobby'] });
+  const joined = await w.waitFor('scope_member_joined', (e) => e.data?.agentId === a.id);
+  const reg = w.events.find((e) => e.type === 'agent_registered' && e.data?.agentId === a.id);
+  assert.ok(reg, 'agent_registered');
+  assert.equal(joined.data.scopeId, 'lobby');
+  assert.deepEqual(w.events.map((e) => e.type), ['agent_registered', 'scope_member_joined']);
+  assert.ok(joined.causedBy?.includes(reg.id), 'scope_member_joined caused by agent_registered');
+  const envs = w.envelopes();
+  assert.deepEqual(envs.map((e) => e.sequenceNumber), [1, 2]);
+  assert.ok(envs[1].causedBy?.includes(envs[0].eventId), 'envelope causedBy names the shown cause');
+  assert.deepEqual(a.result.agent.scopes, ['lobby'], 'register result lists the scope');
+});
+
+scenario('subscribe: one map/send gives message_sent then one message_delivered per recipient', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['message_sent', 'message_delivered'] });
+  const res = await obs.conn.send({ agents: [a.id, b.id] }, { n: 1 }, { priority: 'high' });
+  const delivered = await until(
+    () => {
+      const d = w.events.filter((e) => e.type === 'message_delivered' && e.data?.messageId === res.messageId);
+      return d.length === 2 ? d : null;
+    },
+    'two message_delivered events',
+  );
+  const sent = w.events.find((e) => e.type === 'message_sent' && e.data?.messageId === res.messageId);
+  assert.ok(sent, 'message_sent');
+  assert.equal(w.events.indexOf(sent), 0, 'message_sent first');
+  assert.equal(sent.data.from, obs.id);
+  assert.deepEqual(sent.data.to, { agents: [a.id, b.id] });
+  assert.deepEqual(sent.data.payload, { n: 1 });
+  assert.equal(sent.data.message?.id, res.messageId);
+  assert.equal(sent.source, obs.id, 'source = sender');
+  assert.deepEqual(sorted(delivered.flatMap((d) => d.data.deliveredTo)), ids([a, b]), 'one per recipient');
+  for (const d of delivered) {
+    assert.ok(d.causedBy?.includes(sent.id), 'delivered caused by sent');
+    assert.deepEqual(d.data.message?.payload, { n: 1 });
+  }
+  assert.equal(w.events.length, 3);
+});
+
+scenario('subscribe: eventTypes filter accepts the dotted spelling', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const dotted = await obs.watch({ eventTypes: ['agent.registered'] });
+  const underscored = await obs.watch({ eventTypes: ['agent_state_changed'] });
+  const a = await ctx.agent({ name: 'x' });
+  await a.conn.busy();
+  await dotted.waitFor('agent_registered', (e) => e.data?.agentId === a.id);
+  await underscored.waitFor('agent_state_changed', (e) => e.data?.agentId === a.id);
+  await sleep(QUIET_MS);
+  assert.deepEqual(dotted.events.map((e) => e.type), ['agent_registered'], 'dotted filter');
+  assert.deepEqual(underscored.events.map((e) => e.type), ['agent_state_changed'], 'independent subscription');
+});
+
+scenario('subscribe: prefix wildcard filter (agent.*)', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent.*'] });
+  const a = await ctx.agent({ name: 'wild' });
+  await a.conn.createScope({ scopeId: 'not-an-agent-event' });
+  await a.conn.idle();
+  await a.conn.updateMetadata({ k: 'v' });
+  await w.waitFor('agent.metadata.changed', (e) => e.data?.agentId === a.id);
+  await sleep(QUIET_MS);
+  assert.deepEqual(w.events.map((e) => e.type), ['agent_registered', 'agent_state_changed', 'agent.metadata.changed']);
+});
+
+scenario('subscribe: fromAgents filter', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ fromAgents: [a.id] });
+  await b.conn.busy();
+  await a.conn.busy();
+  await b.conn.send({ agent: a.id }, { from: 'b' });
+  const fromA = await a.conn.send({ agent: b.id }, { from: 'a' });
+  await w.waitFor('message_delivered', (e) => e.data?.messageId === fromA.messageId);
+  await sleep(QUIET_MS);
+  assert.ok(w.events.length >= 3, 'saw a events');
+  for (const e of w.events) assert.equal(e.source, a.id, `only events sourced by a (${e.type})`);
+  assert.deepEqual(w.events.map((e) => e.type), ['agent_state_changed', 'message_sent', 'message_delivered']);
+});
+
+scenario('subscribe: roles and scopes filters', async (ctx) => {
+  const lead = await ctx.agent({ name: 'lead', role: 'lead' });
+  await lead.conn.createScope({ scopeId: 'red' });
+  await lead.conn.createScope({ scopeId: 'blue' });
+  const obs = await ctx.client({ name: 'observer' });
+  const byRole = await obs.watch({ roles: ['worker'] });
+  const byScope = await obs.watch({ scopes: ['red'] });
+  const w = await ctx.agent({ name: 'w', role: 'worker' });
+  const o = await ctx.agent({ name: 'o', role: 'other' });
+  await o.conn.joinScope('blue');
+  await o.conn.joinScope('red');
+  await w.conn.busy();
+  await o.conn.busy();
+  await byRole.waitFor('agent_state_changed', (e) => e.data?.agentId === w.id);
+  await byScope.waitFor('scope_member_joined', (e) => e.data?.scopeId === 'red');
+  await sleep(QUIET_MS);
+  assert.deepEqual(byRole.events.map((e) => `${e.type}:${e.data?.agentId}`), [`agent_registered:${w.id}`, `agent_state_changed:${w.id}`]);
+  assert.deepEqual(byScope.events.map((e) => `${e.type}:${e.data?.scopeId}`), ['scope_member_joined:red']);
+});
+
+scenario('unsubscribe: no events after unsubscribe; unknown id is not an error', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch();
+  const keep = await obs.watch({ eventTypes: ['agent_state_changed'] });
+  const a = await ctx.agent({ name: 'x' });
+  await w.waitFor('agent_registered', (e) => e.data?.agentId === a.id);
+  await w.sub.unsubscribe();
+  assert.ok(w.sub.isClosed, 'SDK closed the subscription');
+  const before = w.envelopes().length;
+  await a.conn.busy();
+  await keep.waitFor('agent_state_changed', (e) => e.data?.agentId === a.id);
+  await a.conn.idle();
+  await until(() => keep.events.length === 2, 'second state change on the kept subscription');
+  await sleep(QUIET_MS);
+  assert.equal(w.envelopes().length, before, 'no map/event frames for the closed subscription');
+  const res = await obs.conn.callExtension('map/unsubscribe', { subscriptionId: 'no-such-sub' });
+  assert.equal(res.unsubscribed, false);
+  const again = await obs.conn.callExtension('map/unsubscribe', { subscriptionId: w.sub.id });
+  assert.equal(again.subscription?.id, w.sub.id, 'idempotent');
+});
+
+scenario('subscribe: an AgentConnection can subscribe too', async (ctx) => {
+  const a = await ctx.agent({ name: 'watcher' });
+  const w = await a.watch({ eventTypes: ['agent_registered'] });
+  const b = await ctx.agent({ name: 'newcomer' });
+  const e = await w.waitFor('agent_registered', (ev) => ev.data?.agentId === b.id);
+  assert.equal(e.data.name, 'newcomer');
+});
+
+scenario('subscribe: excludeOwnEvents hides events the subscriber caused', async (ctx) => {
+  const a = await ctx.agent({ name: 'self' });
+  const b = await ctx.agent({ name: 'other' });
+  const res = await a.call('map/subscribe', { filter: { eventTypes: ['agent_state_changed'] }, options: { excludeOwnEvents: true } });
+  assert.equal(typeof res.subscriptionId, 'string');
+  await a.conn.busy();
+  await b.conn.busy();
+  const frames = await until(() => {
+    const f = a.envelopes(res.subscriptionId);
+    return f.length ? f : null;
+  }, 'event on the raw subscription');
+  await sleep(QUIET_MS);
+  assert.deepEqual(a.envelopes(res.subscriptionId).map((e) => e.event.data.agentId), [b.id]);
+  assert.equal(frames[0].sequenceNumber, 1);
+});
+
+// ---------------------------------------------------------------------------------------------
+// Messaging: every address form
+
+scenario('send: {agent} from a client reaches the agent with to/meta preserved', async (ctx) => {
+  const a = await ctx.agent({ name: 'target' });
+  const c = await ctx.client({ name: 'sender' });
+  const meta = { priority: 'high', protocol: 'acp', correlationId: 'c-1' };
+  const res = await c.conn.send({ agent: a.id }, { hello: 'world' }, meta);
+  await expectDelivery(res, [a], [a, c], '{agent}');
+  const m = a.inbox.find((x) => x.id === res.messageId);
+  assert.equal(m.from, c.id, 'from = client participant id');
+  assert.deepEqual(m.to, { agent: a.id }, 'to exactly as sent');
+  assert.deepEqual(m.payload, { hello: 'world' });
+  assert.equal(m.meta?.protocol, 'acp', 'extension meta keys survive');
+  assert.equal(m.meta?.correlationId, 'c-1');
+  assert.equal(typeof m.timestamp, 'number');
+});
+
+scenario('send: string addresses (bare id and agent:<id>)', async (ctx) => {
+  const a = await ctx.agent({ name: 'strung' });
+  const c = await ctx.client();
+  const bare = await c.conn.send(a.id, { n: 1 });
+  await expectDelivery(bare, [a], [a, c], 'bare id');
+  const prefixed = await c.conn.send(`agent:${a.id}`, { n: 2 });
+  await expectDelivery(prefixed, [a], [a, c], 'agent:<id>');
+  await expectCode(c.conn.send('nobody-by-that-name', {}), 2000, 'unknown string address');
+});
+
+scenario('send: {agents} reaches each listed agent once', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const x = await ctx.agent({ name: 'x' });
+  const c = await ctx.client();
+  const res = await c.conn.send({ agents: [a.id, b.id, a.id] }, { multi: true });
+  await expectDelivery(res, [a, b], [a, b, x], '{agents}');
+  assert.equal(a.inbox.filter((m) => m.id === res.messageId).length, 1, 'duplicate id delivered once');
+});
+
+scenario('send: {scope} reaches the other members; a lone member gets delivered []', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const cc = await ctx.agent({ name: 'c' });
+  const out = await ctx.agent({ name: 'outsider' });
+  await a.conn.createScope({ scopeId: 'crew' });
+  await a.conn.createScope({ scopeId: 'solo' });
+  for (const h of [a, b, cc]) await h.conn.joinScope('crew');
+  await a.conn.joinScope('solo');
+  const res = await a.conn.sendToScope('crew', { all: 'hands' });
+  await expectDelivery(res, [b, cc], [a, b, cc, out], '{scope}');
+  assert.equal(b.inbox.find((m) => m.id === res.messageId).from, a.id, 'from = sending agent id');
+  const lonely = await a.conn.sendToScope('solo', { anyone: '?' });
+  assert.deepEqual(lonely.delivered, [], 'scope with no other member');
+});
+
+scenario('send: {role} and {role, within}', async (ctx) => {
+  const boss = await ctx.agent({ name: 'boss', role: 'lead' });
+  const w1 = await ctx.agent({ name: 'w1', role: 'worker' });
+  const w2 = await ctx.agent({ name: 'w2', role: 'worker' });
+  const h = await ctx.agent({ name: 'h', role: 'helper' });
+  await boss.conn.createScope({ scopeId: 'shift' });
+  await w2.conn.joinScope('shift');
+  await h.conn.joinScope('shift');
+  const all = [boss, w1, w2, h];
+  const byRole = await boss.conn.send({ role: 'worker' }, { r: 1 });
+  await expectDelivery(byRole, [w1, w2], all, '{role}');
+  const within = await boss.conn.send({ role: 'worker', within: 'shift' }, { r: 2 });
+  await expectDelivery(within, [w2], all, '{role, within}');
+  const self = await w1.conn.send({ role: 'worker' }, { r: 3 });
+  await expectDelivery(self, [w2], all, '{role} excludes the sender');
+});
+
+scenario('send: {parent} and {children}', async (ctx) => {
+  const { A, B, C, G, all } = await family(ctx);
+  const up = await B.conn.sendToParent({ hi: 'parent' });
+  await expectDelivery(up, [A], all, '{parent}');
+  const m = A.inbox.find((x) => x.id === up.messageId);
+  assert.equal(m.meta?.relationship, 'child-to-parent');
+  const down = await A.conn.sendToChildren({ hi: 'kids' });
+  await expectDelivery(down, [B, C], all, '{children}');
+  const deep = await A.conn.send({ children: true, depth: 2 }, { hi: 'all' });
+  await expectDelivery(deep, [B, C, G], all, '{children, depth: 2}');
+  await expectCode(A.conn.sendToParent({}), 2000, '{parent} from a root agent');
+});
+
+scenario('send: {ancestors} and {descendants} with depth', async (ctx) => {
+  const { A, B, C, G, all } = await family(ctx);
+  const up = await G.conn.send({ ancestors: true }, { u: 1 });
+  await expectDelivery(up, [B, A], all, '{ancestors}');
+  const upOne = await G.conn.send({ ancestors: true, depth: 1 }, { u: 2 });
+  await expectDelivery(upOne, [B], all, '{ancestors, depth: 1}');
+  const down = await A.conn.send({ descendants: true }, { d: 1 });
+  await expectDelivery(down, [B, C, G], all, '{descendants}');
+  const downOne = await A.conn.send({ descendants: true, depth: 1 }, { d: 2 });
+  await expectDelivery(downOne, [B, C], all, '{descendants, depth: 1}');
+});
+
+scenario('send: {siblings}', async (ctx) => {
+  const { A, B, C, G, all } = await family(ctx);
+  const D = await ctx.agent({ name: 'D', parent: A.id });
+  const res = await B.conn.sendToSiblings({ s: 1 });
+  await expectDelivery(res, [C, D], [...all, D], '{siblings}');
+  assert.equal(C.inbox.find((x) => x.id === res.messageId).meta?.relationship, 'peer');
+  const none = await A.conn.send({ siblings: true }, { s: 2 });
+  assert.deepEqual(none.delivered, [], 'root agent has no siblings');
+  void G;
+});
+
+scenario('send: {broadcast} reaches every agent except the sender, and no client', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const cc = await ctx.agent({ name: 'c' });
+  const client = await ctx.client({ name: 'dash' });
+  const res = await a.conn.send({ broadcast: true }, { news: 1 });
+  await expectDelivery(res, [b, cc], [a, b, cc, client], '{broadcast}');
+});
+
+scenario('send: {participant} reaches a client connection', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const client = await ctx.client({ name: 'dash' });
+  const other = await ctx.client({ name: 'other' });
+  const res = await a.conn.send({ participant: client.id }, { to: 'client' });
+  await expectDelivery(res, [client], [a, client, other], '{participant}');
+  const m = client.inbox.find((x) => x.id === res.messageId);
+  assert.equal(m.from, a.id);
+  assert.deepEqual(m.to, { participant: client.id });
+  await expectCode(a.conn.send({ participant: 'nope' }, {}), 2000, 'unknown participant');
+});
+
+scenario('send: {participants: all|agents|clients}', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const c1 = await ctx.client({ name: 'c1' });
+  const c2 = await ctx.client({ name: 'c2' });
+  const everyone = [a, b, c1, c2];
+  // b and the clients are addressed by participant id; for agents participant id == agent id.
+  const clients = await a.conn.send({ participants: 'clients' }, { p: 1 });
+  await expectDelivery(clients, [c1, c2], everyone, "{participants: 'clients'}");
+  const agents = await a.conn.send({ participants: 'agents' }, { p: 2 });
+  await expectDelivery(agents, [b], everyone, "{participants: 'agents'} (sender excluded)");
+  const all = await a.conn.send({ participants: 'all' }, { p: 3 });
+  await expectDelivery(all, [b, c1, c2], everyone, "{participants: 'all'}");
+});
+
+scenario('send: {system: true} is accepted and delivered to nobody', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const c = await ctx.client();
+  const fromClient = await c.conn.send({ system: true }, { ping: 'router' });
+  await expectDelivery(fromClient, [], [a, b, c], '{system:true} from a client');
+  const fromAgent = await a.conn.send({ system: true }, { ping: 'router' });
+  await expectDelivery(fromAgent, [], [a, b, c], '{system:true} from an agent');
+});
+
+scenario('send: clients may not send to scope/role/broadcast/participants (1003)', async (ctx) => {
+  const a = await ctx.agent({ name: 'a', role: 'worker' });
+  await a.conn.createScope({ scopeId: 'sc' });
+  await a.conn.joinScope('sc');
+  const c = await ctx.client();
+  for (const to of [{ scope: 'sc' }, { role: 'worker' }, { broadcast: true }, { participants: 'all' }]) {
+    const err = await expectCode(c.conn.send(to, {}), 1003, `client send to ${JSON.stringify(to)}`);
+    assert.match(err.message, /Permission denied/);
+  }
+  await sleep(QUIET_MS);
+  assert.equal(a.inbox.length, 0, 'nothing delivered');
+  const direct = await c.conn.send({ agent: a.id }, {});
+  assert.deepEqual(direct.delivered, [a.id], 'direct sends still allowed');
+});
+
+scenario('send: unknown recipients and malformed addresses are errors', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const c = await ctx.client();
+  const e = await expectCode(c.conn.send({ agent: 'nope' }, {}), 2001, "send to {agent:'nope'}");
+  assert.match(e.message, /Agent not found: nope/);
+  await expectCode(c.conn.send({ agents: [a.id, 'nope'] }, {}), 2001, '{agents} with an unknown id');
+  await expectCode(c.conn.send({ parent: true }, {}), 2000, 'hierarchical address from a client without agents');
+  await expectCode(c.conn.send({ system: 'elsewhere', agent: 'x' }, {}), 5001, 'federated address');
+  await expectCode(c.conn.send([{ agent: a.id }], {}), -32602, 'array of addresses');
+  await expectCode(c.conn.callExtension('map/send', { payload: {} }), -32602, 'missing to');
+  await sleep(QUIET_MS);
+  assert.equal(a.inbox.length, 0, 'nothing delivered to a');
+});
+
+scenario('reply: an agent reply() reaches the client that sent the message', async (ctx) => {
+  const a = await ctx.agent({ name: 'echo' });
+  a.conn.onMessage((m) => {
+    // Not awaited: awaiting a request inside onMessage deadlocks the SDK's serial handler loop.
+    if (m.payload?.ask) a.conn.reply(m, { answer: m.payload.ask * 2 }).catch(() => {});
+  });
+  const c = await ctx.client({ name: 'asker' });
+  const res = await c.conn.send({ agent: a.id }, { ask: 21 });
+  const reply = await until(() => c.inbox.find((m) => m.meta?.correlationId === res.messageId), 'reply on the client connection');
+  assert.equal(reply.from, a.id, 'reply from the agent id');
+  assert.deepEqual(reply.to, { agent: c.id }, 'reply() addresses {agent: original.from}');
+  assert.deepEqual(reply.payload, { answer: 42 });
+  assert.equal(reply.meta.isResult, true);
+});
+
+scenario('request: client.request() resolves with the reply, not its own request', async (ctx) => {
+  const a = await ctx.agent({ name: 'server' });
+  a.conn.onMessage((m) => {
+    if (m.meta?.expectsResponse) a.conn.reply(m, { pong: m.payload?.ping }).catch(() => {});
+  });
+  const c = await ctx.client({ name: 'requester' });
+  const response = await withTimeout(c.conn.request({ agent: a.id }, { ping: 7 }, { timeout: 4000 }), 5000, 'client.request');
+  assert.equal(response.from, a.id, 'response comes from the agent');
+  assert.deepEqual(response.payload, { pong: 7 });
+  assert.equal(response.meta?.isResult, true);
+  const req = a.inbox.find((m) => m.meta?.expectsResponse);
+  assert.ok(req, 'agent got the request');
+  assert.equal(response.meta?.correlationId, req.meta.correlationId, 'correlated');
+  assert.notEqual(response.id, req.id);
+});
+
+scenario('reply: agent-to-agent request and reply', async (ctx) => {
+  const server = await ctx.agent({ name: 'server' });
+  server.conn.onMessage((m) => {
+    if (m.payload?.q) server.conn.reply(m, { a: m.payload.q.toUpperCase() }).catch(() => {});
+  });
+  const caller = await ctx.agent({ name: 'caller' });
+  const res = await caller.conn.sendToAgent(server.id, { q: 'abc' });
+  assert.deepEqual(res.delivered, [server.id]);
+  const reply = await until(() => caller.inbox.find((m) => m.meta?.correlationId === res.messageId), 'reply to the calling agent');
+  assert.equal(reply.from, server.id);
+  assert.deepEqual(reply.to, { agent: caller.id });
+  assert.deepEqual(reply.payload, { a: 'ABC' });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Agent state
+
+scenario('state: updateState, busy() and idle() emit agent_state_changed', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_state_changed'] });
+  const a = await ctx.agent({ name: 'stateful' });
+  const r1 = await a.conn.updateState('active');
+  assert.equal(r1.state, 'active');
+  await a.conn.busy();
+  await a.conn.idle();
+  assert.equal(a.conn.state, 'idle', 'SDK tracks the state');
+  await until(() => w.events.length === 3, 'three state changes');
+  assert.deepEqual(
+    w.events.map((e) => [e.data.agentId, e.data.previousState, e.data.newState]),
+    [
+      [a.id, 'registered', 'active'],
+      [a.id, 'active', 'busy'],
+      [a.id, 'busy', 'idle'],
+    ],
+  );
+  const { agents } = await obs.conn.listAgents({ filter: { states: ['idle'] } });
+  assert.deepEqual(ids(agents), [a.id]);
+  const custom = await a.conn.updateState('x-thinking');
+  assert.equal(custom.state, 'x-thinking', 'x- custom states accepted');
+});
+
+scenario('state: unchanged state emits nothing; orphaned cannot be set (-32602)', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_state_changed'] });
+  const a = await ctx.agent({ name: 'steady' });
+  await a.conn.busy();
+  await a.conn.busy();
+  await expectCode(a.conn.updateState('orphaned'), -32602, "updateState('orphaned')");
+  await expectCode(a.conn.updateState('sleepy'), -32602, 'unknown state without x- prefix');
+  await sleep(QUIET_MS);
+  assert.equal(w.events.length, 1, 'one change only');
+  await expectCode(
+    obs.conn.callExtension('map/agents/update', { agentId: a.id, state: 'idle' }),
+    1003,
+    "client updating an agent it doesn't control",
+  );
+});
+
+scenario('state: done() stops the agent; nothing leaves stopped (3001); metadata still updates', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_state_changed', 'agent.metadata.changed'] });
+  const a = await ctx.agent({ name: 'finisher' });
+  await a.conn.busy();
+  await a.conn.done({ exitCode: 0, exitReason: 'finished' });
+  const meta = await w.waitFor('agent.metadata.changed', (e) => e.data?.agentId === a.id);
+  assert.deepEqual(meta.data.changes, { exitCode: 0, exitReason: 'finished' });
+  const stop = w.events.find((e) => e.type === 'agent_state_changed' && e.data.newState === 'stopped');
+  assert.equal(stop?.data.previousState, 'busy');
+  await expectCode(a.conn.busy(), 3001, 'busy() after done()');
+  const { agent } = await obs.conn.getAgent(a.id);
+  assert.equal(agent.state, 'stopped');
+  assert.equal(agent.metadata?.exitReason, 'finished');
+});
+
+scenario('state: updateMetadata merges and emits agent.metadata.changed', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent.metadata.changed'] });
+  const a = await ctx.agent({ name: 'annotated' });
+  await a.conn.updateMetadata({ model: 'small', temp: 1 });
+  const merged = await a.conn.updateMetadata({ temp: 0 });
+  assert.deepEqual(merged.metadata, { model: 'small', temp: 0 }, 'shallow merge');
+  await until(() => w.events.length === 2, 'two metadata events');
+  assert.deepEqual(w.events[1].data.changes, { temp: 0 });
+  assert.deepEqual(w.events[1].data.metadata, { model: 'small', temp: 0 });
+  const filtered = await obs.watch({ metadataMatch: { model: 'small' } });
+  await a.conn.updateMetadata({ extra: true });
+  const e = await filtered.waitFor('agent.metadata.changed');
+  assert.equal(e.data.metadata.extra, true);
+});
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle control
+
+scenario('stop: stopAgent sets stopping and sends a control message from system', async (ctx) => {
+  const obs = await ctx.client({ name: 'operator' });
+  const w = await obs.watch({ eventTypes: ['agent_state_changed', 'message_sent'] });
+  const a = await ctx.agent({ name: 'worker' });
+  await a.conn.busy();
+  const res = await obs.conn.stopAgent(a.id, { reason: 'maintenance' });
+  assert.equal(res.stopping, true);
+  assert.equal(res.agent?.state, 'stopping');
+  const ctl = await until(() => a.inbox.find((m) => m.from === 'system'), 'control message');
+  assert.equal(ctl.payload?.control, 'stop');
+  assert.equal(ctl.payload?.agentId, a.id);
+  assert.deepEqual(ctl.to, { agent: a.id });
+  const changed = await w.waitFor('agent_state_changed', (e) => e.data?.newState === 'stopping');
+  assert.equal(changed.data.previousState, 'busy', 'correct previousState');
+  const again = await obs.conn.stopAgent(a.id);
+  assert.equal(again.agent?.state, 'stopping', 'stopping a stopping agent succeeds unchanged');
+  await a.conn.done();
+  await expectCode(obs.conn.stopAgent(a.id), 3001, 'stop a stopped agent');
+  assert.ok(!w.events.some((e) => e.type === 'message_sent'), 'no message events for control messages');
+});
+
+scenario('stop: force stop unregisters the agent (reason stopped)', async (ctx) => {
+  const obs = await ctx.client({ name: 'operator' });
+  const w = await obs.watch({ eventTypes: ['agent_state_changed', 'agent_unregistered'] });
+  const a = await ctx.agent({ name: 'doomed' });
+  await obs.conn.stopAgent(a.id, { force: true });
+  const gone = await w.waitFor('agent_unregistered', (e) => e.data?.agentId === a.id);
+  assert.equal(gone.data.reason, 'stopped');
+  assert.ok(w.events.some((e) => e.type === 'agent_state_changed' && e.data?.newState === 'stopped'), 'stopped first');
+  await expectCode(obs.conn.getAgent(a.id), 2001, 'gone');
+  await expectCode(obs.conn.stopAgent('nope'), 2001, 'stop an unknown agent');
+});
+
+scenario('suspend/resume: states, control messages and 3001 for invalid transitions', async (ctx) => {
+  const obs = await ctx.client({ name: 'operator' });
+  const w = await obs.watch({ eventTypes: ['agent_state_changed'] });
+  const a = await ctx.agent({ name: 'napper' });
+  await a.conn.busy();
+  await expectCode(obs.conn.resumeAgent(a.id), 3001, 'resume a non-suspended agent');
+  const s = await obs.conn.suspendAgent(a.id, 'lunch');
+  assert.equal(s.suspended, true);
+  assert.equal(s.agent?.state, 'suspended');
+  await expectCode(obs.conn.suspendAgent(a.id), 3001, 'suspend twice');
+  const r = await obs.conn.resumeAgent(a.id);
+  assert.equal(r.resumed, true);
+  assert.equal(r.agent?.state, 'busy', 'restores the state before suspension');
+  const controls = await until(() => {
+    const c = a.inbox.filter((m) => m.from === 'system').map((m) => m.payload?.control);
+    return c.length === 2 ? c : null;
+  }, 'two control messages');
+  assert.deepEqual(controls, ['suspend', 'resume']);
+  await until(() => w.events.length === 3, 'three state changes');
+  assert.deepEqual(w.events.map((e) => `${e.data.previousState}>${e.data.newState}`), ['registered>busy', 'busy>suspended', 'suspended>busy']);
+});
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+scenario('errors: unknown methods are -32601', async (ctx) => {
+  const c = await ctx.client();
+  const e = await expectCode(c.conn.callExtension('map/nope', {}), -32601, 'map/nope');
+  assert.match(e.message, /Method not found: map\/nope/);
+  await expectCode(c.conn.listTasks({}), -32601, 'map/tasks/list (not offered)');
+  const a = await ctx.agent();
+  await expectCode(a.call('map/agents/update/state', { agentId: a.id, state: 'busy' }), -32601, "MAPServer's non-standard name");
+});
+
+scenario('errors: invalid params are -32602 and carry details', async (ctx) => {
+  const c = await ctx.client();
+  const e = await expectCode(c.conn.getAgent(), -32602, 'getAgent()');
+  assert.equal(typeof e.message, 'string');
+  await expectCode(c.conn.callExtension('map/agents/get', { agentId: 42 }), -32602, 'numeric agentId');
+  await expectCode(c.conn.replay({ limit: 0 }), -32602, 'replay limit 0');
+  await expectCode(c.conn.replay({ afterEventId: 'not-a-ulid' }), -32602, 'malformed afterEventId');
+  await expectCode(c.conn.callExtension('map/agents/list', []), -32602, 'array params');
+  const { agents } = await c.conn.listAgents();
+  assert.deepEqual(agents, [], 'connection still usable');
+});
+
+// ---------------------------------------------------------------------------------------------
+// Replay
+
+scenario('replay: events, hasMore, totalCount and afterEventId pagination', async (ctx) => {
+  const c = await ctx.client({ name: 'historian' });
+  const a = await ctx.agent({ name: 'a' });
+  await a.conn.busy();
+  await a.conn.idle();
+  await a.conn.busy();
+  const all = await c.conn.replay({});
+  assert.ok(Array.isArray(all.events));
+  const types = all.events.map((e) => e.event.type);
+  assert.deepEqual(types, [
+    'participant_connected',
+    'participant_connected',
+    'agent_registered',
+    'agent_state_changed',
+    'agent_state_changed',
+    'agent_state_changed',
+  ]);
+  assert.equal(all.totalCount, 6);
+  assert.equal(all.hasMore, false);
+  for (const item of all.events) {
+    assert.equal(typeof item.eventId, 'string');
+    assert.equal(typeof item.timestamp, 'number');
+    assert.equal(item.event.id, item.eventId);
+  }
+  const page1 = await c.conn.replay({ limit: 4 });
+  assert.equal(page1.events.length, 4);
+  assert.equal(page1.hasMore, true);
+  assert.equal(page1.totalCount, 6, 'totalCount counts all pages');
+  const page2 = await c.conn.replay({ limit: 4, afterEventId: page1.events.at(-1).eventId });
+  assert.equal(page2.events.length, 2);
+  assert.equal(page2.hasMore, false);
+  assert.deepEqual([...page1.events, ...page2.events].map((e) => e.eventId), all.events.map((e) => e.eventId));
+  const collected = [];
+  for await (const item of c.conn.replayAll({ limit: 2 })) collected.push(item.eventId);
+  assert.deepEqual(collected, all.events.map((e) => e.eventId), 'replayAll paginates');
+});
+
+scenario('replay: filters apply as for live subscriptions', async (ctx) => {
+  const c = await ctx.client({ name: 'historian' });
+  const a = await ctx.agent({ name: 'a', role: 'worker' });
+  const b = await ctx.agent({ name: 'b', role: 'other' });
+  await a.conn.busy();
+  await b.conn.busy();
+  await a.conn.sendToAgent(b.id, { x: 1 });
+  const states = await c.conn.replay({ filter: { eventTypes: ['agent.state_changed'] } });
+  assert.deepEqual(states.events.map((e) => e.event.data.agentId), [a.id, b.id], 'eventTypes');
+  const fromA = await c.conn.replay({ filter: { fromAgents: [a.id] } });
+  // An agent connection's participant id is its agent id, so its participant_connected matches too.
+  assert.deepEqual(fromA.events.map((e) => e.event.type), [
+    'participant_connected',
+    'agent_registered',
+    'agent_state_changed',
+    'message_sent',
+    'message_delivered',
+  ]);
+  assert.ok(fromA.events.every((e) => e.event.source === a.id), 'fromAgents matches the source');
+  assert.equal(fromA.totalCount, 5);
+  const byRole = await c.conn.replay({ filter: { roles: ['other'], eventTypes: ['agent_*'] } });
+  assert.ok(byRole.events.every((e) => e.event.data.agentId === b.id), 'roles');
+  const mid = states.events[0].eventId;
+  const after = await c.conn.replay({ afterEventId: mid, filter: { eventTypes: ['agent_state_changed'] } });
+  assert.deepEqual(after.events.map((e) => e.event.data.agentId), [b.id], 'afterEventId is exclusive');
+});
+
+// ---------------------------------------------------------------------------------------------
+// Isolation
+
+scenario('isolation: every scenario starts from an empty router', async (ctx) => {
+  const c = await ctx.client();
+  const { agents } = await c.conn.listAgents();
+  const { scopes } = await c.conn.listScopes();
+  const history = await c.conn.replay({});
+  assert.deepEqual(agents, []);
+  assert.deepEqual(scopes, []);
+  assert.deepEqual(history.events.map((e) => e.event.type), ['participant_connected'], 'only our own connect in the log');
+});
+
+scenario('isolation: two routers do not share state', async (ctx) => {
+  const other = await ctx.startRouter();
+  const a = await ctx.agent({ name: 'here' });
+  const c = await ctx.client({ url: other.url });
+  const { agents } = await c.conn.listAgents();
+  assert.deepEqual(agents, []);
+  await expectCode(c.conn.getAgent(a.id), 2001, 'agent of the other router');
+});
+
+// ---------------------------------------------------------------------------------------------
+// Runner
+
+async function runScenario(s) {
+  const ctx = new Ctx({ bin: BIN, verbose: VERBOSE });
+  currentCtx = ctx;
+  try {
+    await withTimeout(
+      (async () => {
+        const router = await ctx.startRouter({ config: s.opts.config });
+        ctx.url = router.url;
+        await s.fn(ctx);
+        ctx.checkInvariants();
+      })(),
+      s.opts.timeout ?? SCENARIO_TIMEOUT_MS,
+      'scenario',
+    );
+    return null;
+  } catch (err) {
+    return err;
+  } finally {
+    await ctx.cleanup();
+    currentCtx = null;
+  }
+}
+
+// SDK warnings (sequence gaps, unknown subscriptions, handler errors) go to the running
+// scenario's log; they are printed with --verbose and some are asserted on.
+let currentCtx = null;
+for (const level of ['warn', 'error']) {
+  const original = console[level].bind(console);
+  console[level] = (...args) => {
+    const line = args.map((a) => (a instanceof Error ? a.message : typeof a === 'string' ? a : JSON.stringify(a))).join(' ');
+    currentCtx?.sdkLogs.push(line);
+    if (VERBOSE) original(`[sdk] ${line}`);
+  };
+}
+process.on('unhandledRejection', (err) => {
+  currentCtx?.sdkLogs.push(`unhandled rejection: ${err?.message ?? err}`);
+  if (VERBOSE) process.stderr.write(`[runner] unhandled rejection: ${err?.stack ?? err}\n`);
+});
+process.on('exit', killAllRouters);
+for (const sig of ['SIGINT', 'SIGTERM']) {
+  process.on(sig, () => {
+    killAllRouters();
+    process.exit(130);
+  });
+}
+
+async function main() {
+  const selected = scenarios.filter((s) => !FILTER || s.name.includes(FILTER));
+  if (argv.includes('--list')) {
+    for (const s of selected) console.log(s.name);
+    process.exit(0);
+  }
+  if (!existsSync(BIN)) {
+    process.stdout.write(`FAIL - setup: router binary not found at ${BIN} (build it with cargo build --bin map-router)\n`);
+    process.stdout.write('0 passed, 1 failed\n');
+    process.exit(1);
+  }
+  const started = Date.now();
+  let passed = 0;
+  let failed = 0;
+  for (const s of selected) {
+    const t0 = Date.now();
+    const err = await runScenario(s);
+    const ms = Date.now() - t0;
+    if (err) {
+      failed++;
+      const reason = String(err?.message ?? err).replace(/\s+/g, ' ').trim();
+      process.stdout.write(`FAIL - ${s.name}: ${reason}\n`);
+      if (VERBOSE && err?.stack) process.stderr.write(`${err.stack}\n`);
+    } else {
+      passed++;
+      process.stdout.write(`ok - ${s.name}${VERBOSE ? ` (${ms} ms)` : ''}\n`);
+    }
+  }
+  if (VERBOSE) process.stderr.write(`total ${Date.now() - started} ms\n`);
+  process.stdout.write(`${passed} passed, ${failed} failed\n`);
+  killAllRouters();
+  process.exit(failed === 0 ? 0 : 1);
+}
+
+await main();
