@@ -128,7 +128,9 @@ impl Router {
         caused_by: Vec<EventId>,
     ) -> Result<(MessageId, Vec<String>), RouterError> {
         let address = Address::parse(&to).map_err(RouterError::InvalidParams)?;
-        if address.is_multicast() && !self.session_has(caller, Capability::CanBroadcast) {
+        let multicast = address.is_multicast()
+            || matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
+        if multicast && !self.session_has(caller, Capability::CanBroadcast) {
             return Err(RouterError::PermissionDenied(
                 Capability::CanBroadcast.path().into(),
             ));
@@ -254,6 +256,19 @@ impl Router {
             }
         }
         Ok((message.id, delivered))
+    }
+
+    /// Whether a string address resolves to a scope (`scope:<id>`, or a bare scope id that is
+    /// not also an agent's id).
+    fn text_names_scope(&self, caller: &Caller, text: &str) -> bool {
+        if text.starts_with("scope:") {
+            return true;
+        }
+        let is_agent = self
+            .registry
+            .get(text)
+            .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry));
+        !is_agent && self.scopes.contains(text)
     }
 
     fn session_has(&self, caller: &Caller, cap: Capability) -> bool {

@@ -2,8 +2,8 @@
 //!
 //! Membership changes keep both sides in step (the scope's member set and `Agent.scopes`) and
 //! emit `scope_member_joined` / `scope_member_left`. Visibility follows `Scope.visibility`
-//! (`public`, `members` = the viewer owns a member agent, `system`); an invisible scope is
-//! reported as not found. Join and leave require control of the agent (its owner, an ancestor's
+//! (`public`, `members` = the viewer owns a member agent, `system`; its creator always sees it);
+//! an invisible scope is reported as not found. Join and leave require control of the agent (its owner, an ancestor's
 //! owner, system) or being the scope's creator.
 
 use crate::protocol::agent::Agent;
@@ -20,7 +20,9 @@ use super::{Caller, Ctx, Router, RouterError};
 
 impl Router {
     fn can_see_scope(&self, caller: &Caller, scope: &ScopeRecord) -> bool {
-        if caller.kind == ParticipantType::System {
+        if caller.kind == ParticipantType::System
+            || scope.creator.as_ref() == Some(&caller.participant)
+        {
             return true;
         }
         match scope.scope.visibility.unwrap_or_default() {

@@ -1,0 +1,229 @@
+//! Slow consumers (docs/compatibility.md §6–7): a subscriber that stops reading never slows the
+//! router or other subscribers; when it reads again it gets every retained event in order (or
+//! one `subscription.overflow` notice when it fell behind retention); a backlogged message
+//! recipient gets `message_failed`, never a silent drop.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// Large enough that a few hundred events overflow every socket buffer on the way.
+const PAYLOAD_BYTES: usize = 32 * 1024;
+const MESSAGES: u64 = 300;
+const LONG: Duration = Duration::from_secs(60);
+
+fn big_payload(n: u64) -> Value {
+    json!({"n": n, "pad": "p".repeat(PAYLOAD_BYTES)})
+}
+
+/// Sends `MESSAGES` messages to `{system: true}` (so only `message_sent` events exist) in
+/// lockstep with the fast subscriber, which must see each one immediately and in order.
+async fn send_in_lockstep(sender: &mut WsClient, fast: &mut WsClient, fast_sub: &str) {
+    for n in 0..MESSAGES {
+        let r = sender.send(json!({"system": true}), big_payload(n)).await;
+        assert_eq!(r["delivered"], json!([]));
+        let ev = fast.next_event(fast_sub).await;
+        assert_eq!(ev["sequenceNumber"], json!(n + 1));
+        assert_eq!(ev["event"]["type"], json!("message_sent"));
+        assert_eq!(ev["event"]["data"]["payload"]["n"], json!(n));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_subscriber_catches_up_from_the_log_without_gaps() {
+    let (_server, url) = start_server(|c| c.router.outbox_frames = 8).await;
+    let mut sender = WsClient::agent(&url, "bp-src", json!({})).await;
+    let mut fast = WsClient::client(&url).await;
+    let mut slow = WsClient::client(&url).await;
+    let filter = json!({"eventTypes": ["message_sent"]});
+    let slow_sub = slow.subscribe(filter.clone()).await;
+    let fast_sub = fast.subscribe(filter).await;
+
+    // The slow subscriber reads nothing while everything is sent; nobody waits for it.
+    within(LONG, send_in_lockstep(&mut sender, &mut fast, &fast_sub)).await;
+    // The router still answers promptly.
+    sender.ok("map/agents/list", Value::Null).await;
+
+    // Now it reads: every event, in order, no gap, no duplicate.
+    let mut last_id = String::new();
+    within(LONG, async {
+        for n in 0..MESSAGES {
+            let ev = slow.next_event(&slow_sub).await;
+            assert_eq!(ev["sequenceNumber"], json!(n + 1), "no gap");
+            assert_eq!(
+                ev["event"]["type"],
+                json!("message_sent"),
+                "no overflow notice"
+            );
+            assert_eq!(ev["event"]["data"]["payload"]["n"], json!(n));
+            let id = ev["eventId"].as_str().unwrap().to_owned();
+            assert!(id > last_id);
+            last_id = id;
+        }
+    })
+    .await;
+    slow.assert_no_event(&slow_sub).await;
+    fast.assert_no_event(&fast_sub).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_behind_retention_gets_one_overflow_notice_then_continues() {
+    let (_server, url) = start_server(|c| {
+        c.router.outbox_frames = 8;
+        c.events.retention_events = 20;
+    })
+    .await;
+    let mut sender = WsClient::agent(&url, "ov-src", json!({})).await;
+    let mut fast = WsClient::client(&url).await;
+    let mut slow = WsClient::client(&url).await;
+    let filter = json!({"eventTypes": ["message_sent"]});
+    let slow_sub = slow.subscribe(filter.clone()).await;
+    let fast_sub = fast.subscribe(filter).await;
+
+    within(LONG, send_in_lockstep(&mut sender, &mut fast, &fast_sub)).await;
+
+    let mut before: Vec<u64> = Vec::new();
+    let mut after: Vec<u64> = Vec::new();
+    let mut overflow: Option<Value> = None;
+    let mut expected_seq = 1u64;
+    within(LONG, async {
+        for _ in 0..=MESSAGES {
+            let ev = slow.next_event(&slow_sub).await;
+            assert_eq!(
+                ev["sequenceNumber"],
+                json!(expected_seq),
+                "no gap in sequence numbers"
+            );
+            expected_seq += 1;
+            match ev["event"]["type"].as_str() {
+                Some("subscription.overflow") => {
+                    assert!(overflow.is_none(), "one overflow notice");
+                    assert!(ev.get("eventId").is_none(), "no eventId: {ev}");
+                    overflow = Some(ev);
+                }
+                Some("message_sent") => {
+                    let n = ev["event"]["data"]["payload"]["n"].as_u64().unwrap();
+                    if overflow.is_none() {
+                        before.push(n);
+                    } else {
+                        after.push(n);
+                    }
+                    if n == MESSAGES - 1 {
+                        break;
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+    .await;
+    slow.assert_no_event(&slow_sub).await;
+
+    let overflow = overflow.expect("the slow subscriber fell behind retention");
+    let data = &overflow["event"]["data"];
+    assert_eq!(data["subscriptionId"], json!(slow_sub));
+    assert!(data["recommendation"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
+    // Consecutive before and after the notice; the notice counts exactly what was skipped.
+    let consecutive = |v: &[u64]| v.windows(2).all(|w| w[1] == w[0] + 1);
+    assert!(consecutive(&before), "{before:?}");
+    assert!(consecutive(&after), "{after:?}");
+    assert_eq!(before.first().copied().unwrap_or(0), 0);
+    assert_eq!(after.last().copied(), Some(MESSAGES - 1));
+    let resumed_at = after[0];
+    let last_before = before.last().map_or(-1, |&n| n as i64);
+    assert_eq!(
+        data["eventsDropped"],
+        json!(resumed_at as i64 - last_before - 1),
+        "{data}"
+    );
+    assert!(
+        after.len() <= 20,
+        "only retained events follow: {}",
+        after.len()
+    );
+    // resumesAt names the first event delivered after the notice.
+    let replay = sender
+        .ok(
+            "map/replay",
+            json!({"filter": {"eventTypes": ["message_sent"]}}),
+        )
+        .await;
+    let oldest = &replay["events"][0];
+    assert_eq!(oldest["event"]["data"]["payload"]["n"], json!(resumed_at));
+    assert_eq!(data["resumesAt"], oldest["eventId"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_to_a_backlogged_connection_fail_visibly() {
+    let (_server, url) = start_server(|c| {
+        c.router.outbox_frames = 8;
+        c.router.pending_messages = 4;
+    })
+    .await;
+    let mut dst = WsClient::agent(&url, "bl-dst", json!({})).await;
+    let mut src = WsClient::agent(&url, "bl-src", json!({})).await;
+    let mut obs = WsClient::client(&url).await;
+    let sub = obs
+        .subscribe(json!({"eventTypes": ["message_failed"]}))
+        .await;
+
+    // dst reads nothing. Send until the router refuses, then a few more.
+    let mut delivered_ids = Vec::new();
+    let mut failed_ids = Vec::new();
+    within(LONG, async {
+        for n in 0..2000u64 {
+            let r = src.send(json!({"agent": "bl-dst"}), big_payload(n)).await;
+            let id = r["messageId"].as_str().unwrap().to_owned();
+            if r["delivered"] == json!(["bl-dst"]) {
+                assert!(
+                    failed_ids.is_empty(),
+                    "a later message overtook a failed one"
+                );
+                delivered_ids.push(id);
+            } else {
+                assert_eq!(r["delivered"], json!([]), "{r}");
+                failed_ids.push(id);
+                if failed_ids.len() == 3 {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(failed_ids.len(), 3, "the recipient became backlogged");
+
+    for id in &failed_ids {
+        let ev = obs.next_event(&sub).await;
+        assert_eq!(
+            ev["event"]["data"],
+            json!({
+                "messageId": id,
+                "from": "bl-src",
+                "to": {"agent": "bl-dst"},
+                "recipient": "bl-dst",
+                "reason": "recipient_backlogged",
+                "code": 2003
+            })
+        );
+    }
+    obs.assert_no_event(&sub).await;
+
+    // When dst reads, it gets exactly the delivered messages, in order.
+    within(LONG, async {
+        for id in &delivered_ids {
+            let m = dst.next_message().await;
+            assert_eq!(m["id"], json!(id));
+        }
+    })
+    .await;
+    dst.assert_no_message().await;
+    // And it is reachable again.
+    let r = src.send(json!({"agent": "bl-dst"}), json!("again")).await;
+    assert_eq!(r["delivered"], json!(["bl-dst"]));
+    assert_eq!(dst.next_message().await["payload"], json!("again"));
+}

@@ -1,0 +1,503 @@
+//! Shared helpers for the integration tests: an in-process server on `127.0.0.1:0`, a raw
+//! WebSocket JSON-RPC client that never loses an interleaved notification, and a timeout around
+//! every await (STYLE.md §10).
+//!
+//! Every test file does `mod common;` and uses what it needs, so some helpers are unused in a
+//! given test crate.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use map_router::server::{Config, Server};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{Bytes, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// The bound on every single await in the tests.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long "nothing arrives" is watched for.
+pub const QUIET: Duration = Duration::from_millis(250);
+
+/// Awaits `fut` for at most [`TIMEOUT`].
+///
+/// # Panics
+/// When the timeout expires.
+pub async fn with_timeout<F: Future>(fut: F) -> F::Output {
+    within(TIMEOUT, fut).await
+}
+
+/// Awaits `fut` for at most `limit`.
+///
+/// # Panics
+/// When the limit expires.
+pub async fn within<F: Future>(limit: Duration, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {limit:?}"),
+    }
+}
+
+/// Starts a server on `127.0.0.1:0` with the defaults changed by `tweak`; returns it and its
+/// WebSocket URL (`ws://127.0.0.1:PORT/`).
+pub async fn start_server(tweak: impl FnOnce(&mut Config)) -> (Server, String) {
+    let mut cfg = Config {
+        listen: vec!["127.0.0.1:0".parse().expect("valid address")],
+        ..Config::default()
+    };
+    tweak(&mut cfg);
+    let server = with_timeout(Server::start(cfg))
+        .await
+        .expect("server starts");
+    let addr = server.local_addrs()[0];
+    assert!(addr.ip().is_loopback(), "tests listen on loopback only");
+    (server, format!("ws://{addr}/"))
+}
+
+/// Starts a server with the default configuration.
+pub async fn default_server() -> (Server, String) {
+    start_server(|_| {}).await
+}
+
+/// The exact MAP error object `{code, message, data: {category}}`.
+pub fn map_error(code: i64, message: &str, category: &str) -> Value {
+    json!({"code": code, "message": message, "data": {"category": category}})
+}
+
+/// Asserts a JSON-RPC core error (`-32600`, `-32602`, `-32700`): exact code and message,
+/// category `protocol`, and a non-empty `data.details` explaining why.
+pub fn assert_protocol_error(err: &Value, code: i64, message: &str) {
+    assert_eq!(err["code"], json!(code), "code of {err}");
+    assert_eq!(err["message"], json!(message), "message of {err}");
+    assert_eq!(
+        err["data"]["category"],
+        json!("protocol"),
+        "category of {err}"
+    );
+    let details = &err["data"]["details"];
+    assert!(
+        details.as_str().is_some_and(|d| !d.is_empty()) || details.is_object(),
+        "details explain the error: {err}"
+    );
+}
+
+/// Asserts `-32602 Invalid params`.
+pub fn assert_invalid_params(err: &Value) {
+    assert_protocol_error(err, -32602, "Invalid params");
+}
+
+/// What a read from the socket produced.
+#[derive(Debug)]
+pub enum Frame {
+    /// A text frame holding JSON.
+    Json(Value),
+    /// The server closed the connection (with its close code, if any).
+    Closed(Option<u16>),
+}
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A raw WebSocket JSON-RPC client.
+///
+/// `call` numbers requests 1, 2, 3, ... and queues every notification that arrives before the
+/// response, so `notification`, `next_event` and `next_message` still see them, in order.
+#[derive(Debug)]
+pub struct WsClient {
+    ws: Ws,
+    next_id: u64,
+    queue: VecDeque<Value>,
+    /// The last `map/connect` result (`Value::Null` before).
+    pub session: Value,
+}
+
+impl WsClient {
+    /// Opens a WebSocket to `url` (no `map/connect`).
+    pub async fn connect(url: &str) -> Self {
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(64 << 20))
+            .max_frame_size(Some(64 << 20));
+        let (ws, _) = with_timeout(tokio_tungstenite::connect_async_with_config(
+            url,
+            Some(config),
+            true,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("WebSocket connect to {url}: {e}"));
+        Self {
+            ws,
+            next_id: 1,
+            queue: VecDeque::new(),
+            session: Value::Null,
+        }
+    }
+
+    /// Opens a WebSocket and calls `map/connect` with `participantType: kind` plus `extra`.
+    pub async fn connect_as(url: &str, kind: &str, extra: Value) -> Self {
+        let mut c = Self::connect(url).await;
+        let mut params = json!({"protocolVersion": 1, "participantType": kind});
+        merge(&mut params, extra);
+        let result = c.ok("map/connect", params).await;
+        assert_eq!(result["participantType"], json!(kind));
+        c.session = result;
+        c
+    }
+
+    /// A connected `client` participant.
+    pub async fn client(url: &str) -> Self {
+        Self::connect_as(url, "client", json!({})).await
+    }
+
+    /// A connected `system` participant.
+    pub async fn system(url: &str) -> Self {
+        Self::connect_as(url, "system", json!({})).await
+    }
+
+    /// An `agent` participant that registered one agent with `agentId: id` plus `extra`.
+    pub async fn agent(url: &str, id: &str, extra: Value) -> Self {
+        let mut c = Self::connect_as(url, "agent", json!({})).await;
+        let mut params = json!({"agentId": id});
+        merge(&mut params, extra);
+        let agent = c.register_agent(params).await;
+        assert_eq!(agent["id"], json!(id));
+        c
+    }
+
+    /// This connection's participant id (after `map/connect`).
+    pub fn pid(&self) -> String {
+        self.session["participantId"]
+            .as_str()
+            .expect("connected: participantId")
+            .to_owned()
+    }
+
+    /// This connection's session id (after `map/connect`).
+    pub fn sid(&self) -> String {
+        self.session["sessionId"]
+            .as_str()
+            .expect("connected: sessionId")
+            .to_owned()
+    }
+
+    /// Sends a text frame as is.
+    pub async fn send_raw(&mut self, text: &str) {
+        with_timeout(self.ws.send(Message::text(text.to_owned())))
+            .await
+            .expect("send text frame");
+    }
+
+    /// Sends a binary frame.
+    pub async fn send_binary(&mut self, bytes: &[u8]) {
+        with_timeout(self.ws.send(Message::Binary(Bytes::copy_from_slice(bytes))))
+            .await
+            .expect("send binary frame");
+    }
+
+    /// Sends a JSON value as one text frame.
+    pub async fn send_json(&mut self, v: &Value) {
+        self.send_raw(&v.to_string()).await;
+    }
+
+    /// Sends a close frame and waits (bounded) for the server to finish the close handshake.
+    pub async fn close(mut self) {
+        let _ = with_timeout(self.ws.close(None)).await;
+        let _ = tokio::time::timeout(TIMEOUT, async {
+            while let Some(Ok(_)) = self.ws.next().await {}
+        })
+        .await;
+    }
+
+    /// Drops the TCP connection without a close handshake (an abrupt transport loss).
+    pub fn drop_abruptly(self) {
+        drop(self);
+    }
+
+    /// Reads the next frame from the socket, skipping pings and pongs; bypasses the queue.
+    pub async fn read_frame(&mut self) -> Frame {
+        within(TIMEOUT, self.read_frame_unbounded()).await
+    }
+
+    async fn read_frame_unbounded(&mut self) -> Frame {
+        loop {
+            match self.ws.next().await {
+                None => return Frame::Closed(None),
+                Some(Err(e)) => panic!("WebSocket read failed: {e}"),
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(t.as_str())
+                        .unwrap_or_else(|e| panic!("server sent invalid JSON ({e}): {t}"));
+                    return Frame::Json(v);
+                }
+                Some(Ok(Message::Binary(b))) => panic!("server sent a binary frame: {b:?}"),
+                Some(Ok(Message::Close(frame))) => {
+                    return Frame::Closed(frame.map(|f| u16::from(f.code)))
+                }
+                Some(Ok(_)) => continue,
+            }
+        }
+    }
+
+    /// Reads the next JSON frame from the socket (bypassing the queue).
+    ///
+    /// # Panics
+    /// When the connection closes instead.
+    pub async fn read_json(&mut self) -> Value {
+        match self.read_frame().await {
+            Frame::Json(v) => v,
+            Frame::Closed(code) => panic!("connection closed (code {code:?}) instead of a frame"),
+        }
+    }
+
+    /// Reads frames until the server closes; returns the close code. Notifications that arrive
+    /// first are queued. Responses are not expected.
+    pub async fn expect_close(&mut self) -> Option<u16> {
+        loop {
+            match self.read_frame().await {
+                Frame::Closed(code) => return code,
+                Frame::Json(v) if is_notification(&v) => self.queue.push_back(v),
+                Frame::Json(v) => panic!("unexpected frame while waiting for close: {v}"),
+            }
+        }
+    }
+
+    /// Sends a request frame (text as given) and returns the next frame that is not a
+    /// notification (a response object or a batch array). Notifications are queued.
+    pub async fn request_raw(&mut self, text: &str) -> Value {
+        self.send_raw(text).await;
+        self.next_non_notification().await
+    }
+
+    /// The next frame that is not a notification; notifications are queued.
+    pub async fn next_non_notification(&mut self) -> Value {
+        for _ in 0..100_000 {
+            let v = self.read_json().await;
+            if is_notification(&v) {
+                self.queue.push_back(v);
+            } else {
+                return v;
+            }
+        }
+        panic!("no response among 100000 frames");
+    }
+
+    /// Calls `method`. `params` of `Value::Null` sends no `params` key. Returns the `result` or
+    /// the `error` object.
+    pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut req = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if !params.is_null() {
+            req["params"] = params;
+        }
+        self.send_json(&req).await;
+        let resp = self.next_non_notification().await;
+        assert_eq!(resp["jsonrpc"], json!("2.0"), "response envelope: {resp}");
+        assert_eq!(resp["id"], json!(id), "response to request {id}: {resp}");
+        match (resp.get("result"), resp.get("error")) {
+            (Some(r), None) => Ok(r.clone()),
+            (None, Some(e)) => Err(e.clone()),
+            _ => panic!("a response has exactly one of result/error: {resp}"),
+        }
+    }
+
+    /// Calls `method` and expects success.
+    pub async fn ok(&mut self, method: &str, params: Value) -> Value {
+        match self.call(method, params.clone()).await {
+            Ok(v) => v,
+            Err(e) => panic!("{method} {params} failed: {e}"),
+        }
+    }
+
+    /// Calls `method` and expects an error; returns the error object.
+    pub async fn err(&mut self, method: &str, params: Value) -> Value {
+        match self.call(method, params.clone()).await {
+            Ok(v) => panic!("{method} {params} succeeded with {v}; expected an error"),
+            Err(e) => e,
+        }
+    }
+
+    /// `map/agents/register`; returns the agent record.
+    pub async fn register_agent(&mut self, params: Value) -> Value {
+        self.ok("map/agents/register", params).await["agent"].clone()
+    }
+
+    /// `map/subscribe` with `filter` (`Value::Null`: no filter); returns the subscription id.
+    pub async fn subscribe(&mut self, filter: Value) -> String {
+        let params = if filter.is_null() {
+            json!({})
+        } else {
+            json!({ "filter": filter })
+        };
+        self.subscribe_with(params).await
+    }
+
+    /// `map/subscribe` with the given params; returns the subscription id.
+    pub async fn subscribe_with(&mut self, params: Value) -> String {
+        let r = self.ok("map/subscribe", params).await;
+        r["subscriptionId"]
+            .as_str()
+            .expect("subscriptionId is a string")
+            .to_owned()
+    }
+
+    /// `map/send`; returns the result `{messageId, delivered}`.
+    pub async fn send(&mut self, to: Value, payload: Value) -> Value {
+        self.ok("map/send", json!({"to": to, "payload": payload}))
+            .await
+    }
+
+    /// The next notification matching `pred` (queued ones first, in order); notifications
+    /// that do not match stay queued.
+    pub async fn next_notification_where(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(pos) = self.queue.iter().position(&pred) {
+            return self.queue.remove(pos).expect("position is valid");
+        }
+        for _ in 0..100_000 {
+            let v = self.read_json().await;
+            assert!(
+                is_notification(&v),
+                "unexpected response while waiting for a notification: {v}"
+            );
+            if pred(&v) {
+                return v;
+            }
+            self.queue.push_back(v);
+        }
+        panic!("no matching notification among 100000 frames");
+    }
+
+    /// The next notification with `method`; returns the whole frame.
+    pub async fn notification(&mut self, method: &str) -> Value {
+        self.next_notification_where(|v| v["method"] == json!(method))
+            .await
+    }
+
+    /// The `params` of the next `map/event` for subscription `sub`.
+    pub async fn next_event(&mut self, sub: &str) -> Value {
+        let frame = self
+            .next_notification_where(|v| {
+                v["method"] == json!("map/event") && v["params"]["subscriptionId"] == json!(sub)
+            })
+            .await;
+        frame["params"].clone()
+    }
+
+    /// Reads events of `sub` until one of type `kind` arrives; returns it (earlier events of
+    /// `sub` are discarded).
+    pub async fn event_of_type(&mut self, sub: &str, kind: &str) -> Value {
+        for _ in 0..10_000 {
+            let ev = self.next_event(sub).await;
+            if ev["event"]["type"] == json!(kind) {
+                return ev;
+            }
+        }
+        panic!("no {kind} event among 10000");
+    }
+
+    /// The `message` of the next `map/message`.
+    pub async fn next_message(&mut self) -> Value {
+        self.notification("map/message").await["params"]["message"].clone()
+    }
+
+    /// Asserts that no notification satisfying `pred` is queued or arrives within [`QUIET`]
+    /// (other notifications are queued).
+    pub async fn assert_none_where(&mut self, what: &str, pred: impl Fn(&Value) -> bool) {
+        if let Some(v) = self.queue.iter().find(|v| pred(v)) {
+            panic!("unexpected {what}: {v}");
+        }
+        let deadline = tokio::time::Instant::now() + QUIET;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, self.read_frame_unbounded()).await {
+                Err(_) => return,
+                Ok(f) => f,
+            };
+            match frame {
+                Frame::Json(v) => {
+                    assert!(!pred(&v), "unexpected {what}: {v}");
+                    self.queue.push_back(v);
+                }
+                Frame::Closed(code) => panic!("connection closed ({code:?}) while quiet"),
+            }
+        }
+    }
+
+    /// Asserts that no event for `sub` is queued or arrives within [`QUIET`].
+    pub async fn assert_no_event(&mut self, sub: &str) {
+        let sub = sub.to_owned();
+        self.assert_none_where("event", move |v| {
+            v["method"] == json!("map/event") && v["params"]["subscriptionId"] == json!(sub)
+        })
+        .await;
+    }
+
+    /// Asserts that no `map/message` is queued or arrives within [`QUIET`].
+    pub async fn assert_no_message(&mut self) {
+        self.assert_none_where("map/message", |v| v["method"] == json!("map/message"))
+            .await;
+    }
+
+    /// Asserts that nothing at all is queued or arrives within [`QUIET`].
+    pub async fn assert_silent(&mut self) {
+        self.assert_none_where("frame", |_| true).await;
+    }
+
+    /// Removes and returns every queued notification.
+    pub fn take_queued(&mut self) -> Vec<Value> {
+        self.queue.drain(..).collect()
+    }
+}
+
+/// Whether a frame is a notification (an object with `method` and no `id` key).
+pub fn is_notification(v: &Value) -> bool {
+    v.get("method").is_some() && v.get("id").is_none()
+}
+
+/// Shallow-merges the keys of `extra` (an object, or null) into `base`.
+pub fn merge(base: &mut Value, extra: Value) {
+    match extra {
+        Value::Null => {}
+        Value::Object(map) => {
+            for (k, v) in map {
+                base[k] = v;
+            }
+        }
+        other => panic!("extra params must be an object, got {other}"),
+    }
+}
+
+/// The sorted string values of a JSON array (for order-insensitive comparisons).
+pub fn sorted_strings(v: &Value) -> Vec<String> {
+    let mut out: Vec<String> = v
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array, got {v}"))
+        .iter()
+        .map(|x| {
+            x.as_str()
+                .unwrap_or_else(|| panic!("expected strings in {v}"))
+                .to_owned()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Sorted owned strings from literals.
+pub fn strings(items: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = items.iter().map(|s| (*s).to_owned()).collect();
+    v.sort();
+    v
+}
+
+/// The ids of an array of agent records, in order.
+pub fn ids(agents: &Value) -> Vec<String> {
+    agents
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array of agents, got {agents}"))
+        .iter()
+        .map(|a| a["id"].as_str().expect("agent id").to_owned())
+        .collect()
+}
