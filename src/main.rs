@@ -26,6 +26,9 @@ struct Cli {
 enum Cmd {
     /// Run the router (the default when no command is given).
     Serve(ServeArgs),
+    /// Serve one MAP session over this process's stdin/stdout (NDJSON, one message per line);
+    /// listens on network addresses too only when `--listen` is given. Exits at EOF.
+    Stdio(ServeArgs),
     /// Write (or check) the JSON Schema files generated from the protocol types.
     Schema {
         /// Directory to write into.
@@ -55,27 +58,43 @@ fn main() -> ExitCode {
     init_logging();
     match cli.command {
         Some(Cmd::Schema { out, check }) => schema(&out, check),
-        Some(Cmd::Serve(args)) => serve(args),
-        None => serve(cli.serve),
+        Some(Cmd::Serve(args)) => serve(args, Mode::Listen),
+        Some(Cmd::Stdio(args)) => serve(args, Mode::Stdio),
+        None => serve(cli.serve, Mode::Listen),
     }
 }
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }
 
-fn build_config(args: &ServeArgs) -> Result<Config, String> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Network listeners only.
+    Listen,
+    /// One session over stdin/stdout, plus listeners if asked for.
+    Stdio,
+}
+
+fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
     let mut config = match &args.config {
         Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
         None => Config::default(),
     };
     if !args.listen.is_empty() {
         config.listen = args.listen.clone();
+    } else if mode == Mode::Stdio && args.config.is_none() {
+        config.listen.clear();
+    }
+    if mode == Mode::Listen && config.listen.is_empty() {
+        return Err("nothing to serve: `listen` names no address".into());
     }
     if let Some(n) = args.max_frame_bytes {
         config.limits.max_frame_bytes = n;
@@ -84,8 +103,8 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     Ok(config)
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
-    let config = match build_config(&args) {
+fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
+    let config = match build_config(&args, mode) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("map-router: {e}");
@@ -114,7 +133,17 @@ fn serve(args: ServeArgs) -> ExitCode {
             // Stable, parseable line (tests and scripts read it to find the port).
             eprintln!("map-router listening on ws://{addr}/");
         }
-        wait_for_signal().await;
+        match mode {
+            Mode::Listen => wait_for_signal().await,
+            Mode::Stdio => {
+                tokio::select! {
+                    () = server.serve_io(tokio::io::stdin(), tokio::io::stdout()) => {
+                        tracing::info!("stdin closed");
+                    }
+                    () = wait_for_signal() => {}
+                }
+            }
+        }
         tracing::info!("shutting down: draining connections");
         server.shutdown().await;
         tracing::info!("stopped");

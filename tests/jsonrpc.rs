@@ -182,7 +182,6 @@ async fn unknown_methods_get_the_sdk_message_before_and_after_connect() {
         )
     );
     for method in [
-        "map/inject",
         "map/authenticate",
         "mail/create",
         "map/session/list",

@@ -49,11 +49,13 @@ pub enum EventType {
     ScopeMemberLeft,
     #[serde(rename = "subscription.overflow")]
     SubscriptionOverflow,
+    #[serde(rename = "agent.injected")]
+    AgentInjected,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 16] = [
+    pub const ALL: [EventType; 17] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -70,6 +72,7 @@ impl EventType {
         Self::ScopeMemberJoined,
         Self::ScopeMemberLeft,
         Self::SubscriptionOverflow,
+        Self::AgentInjected,
     ];
 
     /// The wire string.
@@ -91,6 +94,7 @@ impl EventType {
             Self::ScopeMemberJoined => "scope_member_joined",
             Self::ScopeMemberLeft => "scope_member_left",
             Self::SubscriptionOverflow => "subscription.overflow",
+            Self::AgentInjected => "agent.injected",
         }
     }
 
@@ -113,6 +117,7 @@ impl EventType {
             Self::ScopeMemberJoined => "scope.member.joined",
             Self::ScopeMemberLeft => "scope.member.left",
             Self::SubscriptionOverflow => "subscription.overflow",
+            Self::AgentInjected => "agent.injected",
         }
     }
 
@@ -430,4 +435,20 @@ pub struct SubscriptionOverflowData {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumes_at: Option<EventId>,
     pub recommendation: String,
+}
+
+/// `agent.injected`: content was injected into an agent (`map/inject`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentInjectedData {
+    pub agent_id: AgentId,
+    /// `queue`, `steer`, `interrupt` or `best-effort`.
+    pub delivery: String,
+    /// Whether it reached the agent's connection.
+    pub injected: bool,
+    pub message_id: MessageId,
+    /// Who injected it.
+    pub injected_by: String,
+    pub content: serde_json::Value,
 }

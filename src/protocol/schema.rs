@@ -46,7 +46,7 @@ pub fn generate_all() -> BTreeMap<String, String> {
         );
     }
 
-    let events: [(event::EventType, Value); 16] = {
+    let events: [(event::EventType, Value); 17] = {
         use event::EventType as T;
         [
             (T::AgentRegistered, data::<event::AgentRegisteredData>()),
@@ -80,6 +80,7 @@ pub fn generate_all() -> BTreeMap<String, String> {
                 T::SubscriptionOverflow,
                 data::<event::SubscriptionOverflowData>(),
             ),
+            (T::AgentInjected, data::<event::AgentInjectedData>()),
         ]
     };
     for (kind, mut doc) in events {

@@ -224,7 +224,11 @@ impl Router {
                 self.deliver_message(&caller, to, initial.payload, initial.meta, Vec::new())?;
             message_id = Some(id);
         }
-        Ok(SpawnResult { agent, message_id })
+        Ok(SpawnResult {
+            agent,
+            message_id,
+            process: None,
+        })
     }
 
     /// `map/agents/unregister`.

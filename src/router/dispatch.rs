@@ -125,6 +125,7 @@ impl Dispatcher {
         d.add::<ScopesJoin>(Router::handle_scopes_join, |_| AfterReply::Nothing);
         d.add::<ScopesLeave>(Router::handle_scopes_leave, |_| AfterReply::Nothing);
         d.add::<ScopesMembers>(Router::handle_scopes_members, |_| AfterReply::Nothing);
+        d.add::<methods::steering::Inject>(Router::handle_inject, |_| AfterReply::Nothing);
         d
     }
 
@@ -192,9 +193,25 @@ pub struct RpcSession {
     max_batch: usize,
 }
 
-/// The connection's writer is gone; stop reading.
+/// The connection's writer (or the router) is gone; stop reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriterGone;
+
+/// The outcome of one frame: the response to write (if any) and follow-ups that must run
+/// once that response is queued (see [`RpcSession::complete`]).
+#[derive(Debug, Default)]
+#[must_use = "follow-ups must run once the response is queued"]
+pub struct Handled {
+    /// The response frame: one object, or an array for a batch.
+    pub response: Option<String>,
+    after: Vec<AfterReply>,
+}
+
+fn error_frame(id: &Id, error: &ErrorObject) -> String {
+    let mut out = String::new();
+    jsonrpc::write_error(&mut out, id, error);
+    out
+}
 
 impl RpcSession {
     /// State for a new connection.
@@ -215,101 +232,113 @@ impl RpcSession {
         }
     }
 
+    /// The router's id for this connection.
+    pub fn conn(&self) -> ConnId {
+        self.conn
+    }
+
     /// Whether `map/connect` has succeeded on this connection (and no disconnect since).
     pub fn is_connected(&self) -> bool {
         self.connected
     }
 
-    /// Handles one text frame: one JSON value (object or batch). Responses, if any, are queued
-    /// in the outbox before this returns.
+    /// Handles one text frame (an object or a batch) and queues its response in the outbox
+    /// before running follow-ups. This is what stream transports (WebSocket, stdio,
+    /// in-process) use.
     ///
     /// # Errors
     /// [`WriterGone`] when the connection's writer has stopped.
     pub async fn handle_text(&mut self, text: &str) -> Result<(), WriterGone> {
+        let handled = self.handle(text).await;
+        self.deliver(handled).await
+    }
+
+    /// Queues a handled frame's response, then runs its follow-ups.
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn deliver(&mut self, handled: Handled) -> Result<(), WriterGone> {
+        let Handled { response, after } = handled;
+        if let Some(frame) = response {
+            self.push(frame).await?;
+        }
+        self.complete(after).await
+    }
+
+    /// Handles one text frame without queueing anything: the caller writes `response` where it
+    /// belongs (the outbox, an HTTP body) and then calls [`RpcSession::complete`].
+    pub async fn handle(&mut self, text: &str) -> Handled {
         let raw = match serde_json::from_str::<&RawValue>(text) {
             Ok(raw) => raw,
-            Err(e) => {
-                return self
-                    .send_error(&Id::null(), &ErrorObject::parse_error(e.to_string()))
-                    .await
-            }
+            Err(e) => return Self::error(&ErrorObject::parse_error(e.to_string())),
         };
         if raw.get().trim_start().starts_with('[') {
             return self.handle_batch(raw).await;
         }
         if !raw.get().trim_start().starts_with('{') {
-            return self
-                .send_error(
-                    &Id::null(),
-                    &ErrorObject::invalid_request(
-                        "a JSON-RPC message must be an object or a batch",
-                    ),
-                )
-                .await;
+            return Self::error(&ErrorObject::invalid_request(
+                "a JSON-RPC message must be an object or a batch",
+            ));
         }
-        let mut afters = Vec::new();
-        if let Some(frame) = self.handle_one(raw, &mut afters).await {
-            self.push(frame).await?;
-        }
-        self.run_afters(afters).await
+        let mut after = Vec::new();
+        let response = self.handle_one(raw, &mut after).await;
+        Handled { response, after }
     }
 
-    /// Queues a frame-level error (oversize frame, binary frame, bad UTF-8).
+    /// A frame-level error (oversize frame, binary frame, bad UTF-8) answered with `id: null`.
+    pub fn error(error: &ErrorObject) -> Handled {
+        Handled {
+            response: Some(error_frame(&Id::null(), error)),
+            after: Vec::new(),
+        }
+    }
+
+    /// Queues a frame-level error.
     ///
     /// # Errors
     /// [`WriterGone`] when the connection's writer has stopped.
     pub async fn reject_frame(&mut self, error: &ErrorObject) -> Result<(), WriterGone> {
-        self.send_error(&Id::null(), error).await
+        self.deliver(Self::error(error)).await
     }
 
-    async fn handle_batch(&mut self, raw: &RawValue) -> Result<(), WriterGone> {
+    async fn handle_batch(&mut self, raw: &RawValue) -> Handled {
         let items = match jsonrpc::split_batch(raw) {
             Ok(items) => items,
-            Err(e) => return self.send_error(&Id::null(), &e).await,
+            Err(e) => return Self::error(&e),
         };
         if items.is_empty() {
-            return self
-                .send_error(&Id::null(), &ErrorObject::invalid_request("empty batch"))
-                .await;
+            return Self::error(&ErrorObject::invalid_request("empty batch"));
         }
         if items.len() > self.max_batch {
-            return self
-                .send_error(
-                    &Id::null(),
-                    &ErrorObject::invalid_request(format!(
-                        "batch of {} exceeds the limit of {}",
-                        items.len(),
-                        self.max_batch
-                    )),
-                )
-                .await;
+            return Self::error(&ErrorObject::invalid_request(format!(
+                "batch of {} exceeds the limit of {}",
+                items.len(),
+                self.max_batch
+            )));
         }
         let mut responses = Vec::new();
-        let mut afters = Vec::new();
+        let mut after = Vec::new();
         for item in items {
             if !item.get().trim_start().starts_with('{') {
-                let mut out = String::new();
-                jsonrpc::write_error(
-                    &mut out,
+                responses.push(error_frame(
                     &Id::null(),
                     &ErrorObject::invalid_request("batch entries must be objects"),
-                );
-                responses.push(out);
+                ));
                 continue;
             }
-            if let Some(frame) = self.handle_one(item, &mut afters).await {
+            if let Some(frame) = self.handle_one(item, &mut after).await {
                 responses.push(frame);
             }
         }
-        if !responses.is_empty() {
+        let response = (!responses.is_empty()).then(|| {
             let mut frame =
                 String::with_capacity(responses.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
             frame.push('[');
             frame.push_str(&responses.join(","));
             frame.push(']');
-            self.push(frame).await?;
-        }
-        self.run_afters(afters).await
+            frame
+        });
+        Handled { response, after }
     }
 
     /// Handles one message object; returns its response frame, if it gets one.
@@ -337,9 +366,7 @@ impl RpcSession {
             }
             Incoming::Response => None,
             Incoming::Invalid { id, reason } => {
-                let mut out = String::new();
-                jsonrpc::write_error(&mut out, &id, &ErrorObject::invalid_request(reason));
-                Some(out)
+                Some(error_frame(&id, &ErrorObject::invalid_request(reason)))
             }
         }
     }
@@ -370,29 +397,23 @@ impl RpcSession {
         }
     }
 
-    async fn run_afters(&mut self, afters: Vec<AfterReply>) -> Result<(), WriterGone> {
-        for after in afters {
+    /// Runs follow-ups; call once the response they follow is queued (or sent).
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the router has stopped.
+    pub async fn complete(&mut self, after: Vec<AfterReply>) -> Result<(), WriterGone> {
+        for after in after {
             if let AfterReply::Activate(subscription) = after {
-                if self
-                    .router
+                self.router
                     .send(Command::Activate {
                         conn: self.conn,
                         subscription,
                     })
                     .await
-                    .is_err()
-                {
-                    return Err(WriterGone);
-                }
+                    .map_err(|_| WriterGone)?;
             }
         }
         Ok(())
-    }
-
-    async fn send_error(&mut self, id: &Id, error: &ErrorObject) -> Result<(), WriterGone> {
-        let mut out = String::new();
-        jsonrpc::write_error(&mut out, id, error);
-        self.push(out).await
     }
 
     async fn push(&mut self, frame: String) -> Result<(), WriterGone> {

@@ -27,6 +27,7 @@ pub mod scope_ops;
 pub mod scopes;
 pub mod session;
 pub mod session_ops;
+pub mod steering;
 pub mod subscription_ops;
 
 use std::collections::{BTreeMap, HashMap};

@@ -209,9 +209,6 @@ impl Config {
     /// The first value out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
-        if self.listen.is_empty() {
-            return bad("listen must name at least one address");
-        }
         if self.limits.max_frame_bytes < 1024 {
             return bad("limits.max_frame_bytes must be at least 1024");
         }

@@ -1,11 +1,15 @@
-//! Listeners, the HTTP routes, and graceful shutdown.
+//! Listeners, the HTTP routes, embedding, and graceful shutdown.
 //!
-//! [`Server::start`] binds every configured address, starts the router task, and serves
-//! WebSocket upgrades at `/` and `/map` (plus `GET /health`). [`Server::shutdown`] drains:
-//! stop accepting, tell every connection to finish (each queues a close frame behind its pending
-//! output), wait for the connection tasks up to the drain timeout, then stop the router. This is
-//! mini-redis's shape: a broadcast shutdown signal and a guard channel whose last sender
-//! dropping means "everyone is done".
+//! [`Server::start`] starts the router task, binds every configured address (possibly none,
+//! when the router is embedded or serves stdio only), and serves WebSocket upgrades at `/` and
+//! `/map` plus `GET /health`. The same server hands out in-process connections
+//! ([`Server::connect_in_process`]) and serves byte-stream pairs ([`Server::serve_io`]), all on
+//! the one connection driver.
+//!
+//! [`Server::shutdown`] drains: stop accepting, tell every connection to finish (each queues a
+//! close behind its pending output), wait for the connection tasks up to the drain timeout,
+//! then stop the router. This is mini-redis's shape: a broadcast shutdown signal and a guard
+//! channel whose last sender dropping means "everyone is done".
 
 pub mod config;
 
@@ -15,13 +19,17 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router as HttpRouter;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::router::dispatch::Dispatcher;
 use crate::router::{Command, Router, RouterHandle};
+use crate::transport::connection::ConnectionOptions;
+use crate::transport::in_process::{self, InProcessLink};
 use crate::transport::ws::{upgrade, WsState};
+use crate::transport::{http, stdio, TransportContext};
 
 pub use config::Config;
 
@@ -29,7 +37,8 @@ pub use config::Config;
 #[derive(Debug)]
 pub struct Server {
     addrs: Vec<SocketAddr>,
-    router: RouterHandle,
+    ctx: TransportContext,
+    options: ConnectionOptions,
     router_task: JoinHandle<()>,
     http_tasks: Vec<JoinHandle<()>>,
     shutdown: watch::Sender<bool>,
@@ -38,7 +47,7 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listeners and starts serving.
+    /// Starts the router and binds the listeners in `config.listen` (none is fine).
     ///
     /// # Errors
     /// An address could not be bound.
@@ -54,18 +63,22 @@ impl Server {
         let (router, router_task) = Router::spawn(config.router_config());
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (drain_guard, drained) = mpsc::channel(1);
-        let state = WsState {
-            router: router.clone(),
+        let ctx = TransportContext {
+            router,
             dispatcher: Arc::new(Dispatcher::new()),
-            options: config.connection_options(),
             shutdown: shutdown_rx.clone(),
             drain_guard,
         };
+        let options = config.connection_options();
         let app = HttpRouter::new()
             .route("/", get(upgrade))
             .route("/map", get(upgrade))
             .route("/health", get(|| async { "ok\n" }))
-            .with_state(state);
+            .with_state(WsState {
+                ctx: ctx.clone(),
+                options: options.clone(),
+            })
+            .merge(http::routes(ctx.clone(), options.clone()));
         let mut http_tasks = Vec::new();
         for listener in listeners {
             let app = app.clone();
@@ -83,12 +96,13 @@ impl Server {
         }
         Ok(Self {
             addrs,
-            router,
+            drain_timeout: options.drain_timeout,
+            ctx,
+            options,
             router_task,
             http_tasks,
             shutdown,
             drained,
-            drain_timeout: config.connection_options().drain_timeout,
         })
     }
 
@@ -97,16 +111,35 @@ impl Server {
         &self.addrs
     }
 
-    /// A handle to the router (for in-process use and tests).
+    /// A handle to the router.
     pub fn router(&self) -> &RouterHandle {
-        &self.router
+        &self.ctx.router
     }
 
-    /// Drains and stops: no new connections, every connection flushes and closes with 1001,
-    /// then the router stops.
+    /// What transports need to serve connections on this server.
+    pub fn context(&self) -> &TransportContext {
+        &self.ctx
+    }
+
+    /// Opens an in-process connection (no socket) to this server's router.
+    pub fn connect_in_process(&self) -> InProcessLink {
+        in_process::connect(&self.ctx, self.options.clone())
+    }
+
+    /// Serves one NDJSON connection over a pair of byte streams until EOF or shutdown.
+    pub async fn serve_io<R, W>(&self, reader: R, writer: W)
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        stdio::serve_io(&self.ctx, reader, writer, self.options.clone()).await;
+    }
+
+    /// Drains and stops: no new connections, every connection flushes and closes (code 1001 on
+    /// WebSocket), then the router stops.
     pub async fn shutdown(self) {
         let Self {
-            router,
+            ctx,
             router_task,
             http_tasks,
             shutdown,
@@ -115,11 +148,16 @@ impl Server {
             ..
         } = self;
         let _ = shutdown.send(true);
-        // Every connection task holds a guard clone; `recv` returns None once all are gone.
-        // The HTTP state holds one clone too, released when the listeners stop.
         for task in http_tasks {
             let _ = tokio::time::timeout(drain_timeout, task).await;
         }
+        let TransportContext {
+            router,
+            drain_guard,
+            ..
+        } = ctx;
+        // Every connection task holds a guard clone; `recv` returns None once all are gone.
+        drop(drain_guard);
         if tokio::time::timeout(drain_timeout + Duration::from_secs(1), drained.recv())
             .await
             .is_err()

@@ -2,7 +2,61 @@
 //!
 //! Every transport adapts its medium to the frames of [`connection`] and runs the same
 //! [`connection::serve_connection`] driver, so sessions, ordering and back-pressure behave the
-//! same over each.
+//! same over each:
+//! - [`ws`]: WebSocket (axum), one JSON-RPC message per text frame;
+//! - [`stdio`]: NDJSON over any byte stream pair: the process's own stdin/stdout, or a
+//!   supervised child's pipes;
+//! - [`in_process`]: channels, for embedding the router in a Rust program;
+//! - [`http`]: `POST /map/rpc` for calls and a Server-Sent-Events stream for notifications.
 
 pub mod connection;
+pub mod http;
+pub mod in_process;
+pub mod ndjson;
+pub mod stdio;
 pub mod ws;
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::router::dispatch::Dispatcher;
+use crate::router::RouterHandle;
+
+/// What every transport needs to serve a connection: the router, the method table, the
+/// shutdown signal, and a drain guard (the server waits for every guard to drop on shutdown).
+#[derive(Debug, Clone)]
+pub struct TransportContext {
+    /// The router.
+    pub router: RouterHandle,
+    /// The method table.
+    pub dispatcher: Arc<Dispatcher>,
+    /// Flips to true on shutdown.
+    pub shutdown: watch::Receiver<bool>,
+    /// Held by every connection task while it runs.
+    pub drain_guard: mpsc::Sender<()>,
+}
+
+impl TransportContext {
+    /// Serves one connection over a frame stream and sink with this context (see
+    /// [`connection::serve_connection`]), holding a drain guard while it runs.
+    pub async fn serve<St, Si>(&self, stream: St, sink: Si, opts: connection::ConnectionOptions)
+    where
+        St: futures::Stream<Item = Result<connection::InFrame, connection::TransportError>>
+            + Unpin
+            + Send,
+        Si: futures::Sink<connection::OutFrame> + Unpin + Send + 'static,
+        Si::Error: std::fmt::Display,
+    {
+        let _guard = self.drain_guard.clone();
+        connection::serve_connection(
+            self.router.clone(),
+            self.dispatcher.clone(),
+            stream,
+            sink,
+            opts,
+            self.shutdown.clone(),
+        )
+        .await;
+    }
+}

@@ -8,31 +8,21 @@
 //! Reading compatibility: the SDK writes bare JSON per frame; some tools write NDJSON into one
 //! frame. A frame that holds several newline-separated objects is handled object by object.
 
-use std::sync::Arc;
-
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
-use tokio::sync::watch;
 
-use super::connection::{serve_connection, ConnectionOptions, InFrame, OutFrame, TransportError};
-use crate::router::dispatch::Dispatcher;
-use crate::router::RouterHandle;
+use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
+use super::TransportContext;
 
 /// What the WebSocket route needs.
 #[derive(Debug, Clone)]
 pub struct WsState {
-    /// The router.
-    pub router: RouterHandle,
-    /// The method table.
-    pub dispatcher: Arc<Dispatcher>,
+    /// Router, method table, shutdown signal, drain guard.
+    pub ctx: TransportContext,
     /// Per-connection settings.
     pub options: ConnectionOptions,
-    /// Flips to true on shutdown.
-    pub shutdown: watch::Receiver<bool>,
-    /// Held by every connection task; the server waits for all clones to drop when draining.
-    pub drain_guard: tokio::sync::mpsc::Sender<()>,
 }
 
 /// The hard cap handed to the WebSocket library: beyond it a message cannot be read at all.
@@ -51,7 +41,6 @@ pub async fn upgrade(ws: WebSocketUpgrade, State(state): State<WsState>) -> Resp
 }
 
 async fn serve_socket(socket: WebSocket, state: WsState) {
-    let _guard = state.drain_guard.clone();
     let hard = hard_limit(state.options.max_frame_bytes);
     let (sink, stream) = socket.split();
     let stream = stream
@@ -85,15 +74,10 @@ async fn serve_socket(socket: WebSocket, state: WsState) {
             })),
         })
     });
-    serve_connection(
-        state.router,
-        state.dispatcher,
-        Box::pin(stream),
-        Box::pin(sink),
-        state.options,
-        state.shutdown,
-    )
-    .await;
+    state
+        .ctx
+        .serve(Box::pin(stream), Box::pin(sink), state.options)
+        .await;
 }
 
 /// One frame normally holds one JSON value (possibly pretty-printed); a frame that is not one

@@ -144,19 +144,82 @@ pub struct InitialMessage {
     pub meta: Option<JsonMap>,
 }
 
+/// When a supervised child process is restarted after it exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartMode {
+    /// Never restart.
+    #[default]
+    Never,
+    /// Restart after a non-zero exit or a signal, not after a clean exit.
+    OnFailure,
+    /// Restart after any exit that was not requested (`map/agents/stop`, shutdown).
+    Always,
+}
+
+/// Restart policy of a supervised child process.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RestartPolicy {
+    /// When to restart.
+    pub mode: RestartMode,
+    /// At most this many restarts (default 5); then the agent stays `failed`.
+    pub max_restarts: Option<u32>,
+    /// First backoff delay in ms (default 500); doubles per consecutive restart.
+    pub backoff_ms: Option<u64>,
+    /// Backoff ceiling in ms (default 30 000).
+    pub max_backoff_ms: Option<u64>,
+}
+
+/// A program for the router to launch and supervise as the spawned agent. It speaks MAP as
+/// NDJSON on its stdin/stdout; its stderr is captured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CommandSpec {
+    /// Executable (looked up in `PATH` when it has no slash).
+    pub program: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Extra environment variables (the router's environment is inherited).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Restart policy (default: never).
+    pub restart: Option<RestartPolicy>,
+    /// How long the child has to connect and register before the spawn fails (default 10 000).
+    pub handshake_timeout_ms: Option<u64>,
+    /// After a graceful stop request, how long before SIGTERM (default 5 000).
+    pub stop_timeout_ms: Option<u64>,
+    /// After SIGTERM, how long before SIGKILL (default 5 000).
+    pub kill_timeout_ms: Option<u64>,
+}
+
 /// `map/agents/spawn` params.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct SpawnParams {
-    /// The child's registration; `parent` is required.
+    /// The child's registration. `parent` defaults to the caller's agent; it is required
+    /// unless `command` is given.
     #[serde(flatten)]
     pub register: RegisterParams,
+    /// Launch and supervise this program as the child.
+    pub command: Option<CommandSpec>,
     /// Sent to the child right after it is registered.
     pub initial_message: Option<InitialMessage>,
     /// Extra scopes to join.
     pub requested_scopes: Option<Vec<ScopeId>>,
     /// Accepted; not enforced by this router yet.
     pub ttl_minutes: Option<u64>,
+}
+
+/// The process behind a supervised agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessInfo {
+    /// Operating-system process id.
+    pub pid: u32,
+    /// The program.
+    pub program: String,
 }
 
 /// `map/agents/spawn` result.
@@ -168,6 +231,9 @@ pub struct SpawnResult {
     /// Id of the initial message, when one was sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message_id: Option<MessageId>,
+    /// The supervised process, when `command` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessInfo>,
 }
 
 /// `map/agents/unregister` params.

@@ -16,6 +16,7 @@ pub mod events;
 pub mod messaging;
 pub mod scopes;
 pub mod session;
+pub mod steering;
 
 /// A MAP request method.
 pub trait Method {
@@ -85,6 +86,7 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<ScopesJoin>();
     visit.visit::<ScopesLeave>();
     visit.visit::<ScopesMembers>();
+    visit.visit::<steering::Inject>();
 }
 
 /// Receives each method type from [`for_each_method`].

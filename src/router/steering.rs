@@ -1,0 +1,129 @@
+//! `map/inject`: put content in front of a running agent, whatever its transport.
+//!
+//! The content travels as a `map/message` from `"system"` to the agent's connection (the SDK
+//! has no inject notification; `AgentConnection.onMessage` is the channel every agent already
+//! handles), with `meta._meta.inject = {delivery, injectedBy}`. Delivery modes, documented in
+//! `docs/steering.md`:
+//! - `queue`: behind messages already queued for the connection;
+//! - `steer`: ahead of queued messages not yet handed to the writer, `priority: urgent`;
+//! - `interrupt`: as `steer`, plus `meta._meta.inject.interrupt = true`;
+//! - `best-effort`: only if the connection can take it right now.
+//!
+//! Every call emits `agent.injected` (also when nothing was delivered, with `injected: false`).
+
+use crate::protocol::event::{AgentInjectedData, EventType};
+use crate::protocol::ids::{now_ms, MessageId};
+use crate::protocol::message::Message;
+use crate::protocol::methods::steering::{InjectDelivery, InjectParams, InjectResult};
+
+use super::events;
+use super::messaging::message_frame;
+use super::outbox::Outbound;
+use super::permissions::can_see_agent;
+use super::{Ctx, Router, RouterError};
+
+fn delivery_name(d: InjectDelivery) -> &'static str {
+    match d {
+        InjectDelivery::Queue => "queue",
+        InjectDelivery::Steer => "steer",
+        InjectDelivery::Interrupt => "interrupt",
+        InjectDelivery::BestEffort => "best-effort",
+    }
+}
+
+impl Router {
+    /// `map/inject`.
+    pub fn handle_inject(
+        &mut self,
+        ctx: &Ctx,
+        p: InjectParams,
+    ) -> Result<InjectResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let agent = self
+            .registry
+            .get(p.agent_id.as_str())
+            .map(|r| r.agent.clone())
+            .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
+            .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        let delivery = p.delivery.unwrap_or_default();
+        let urgent = matches!(delivery, InjectDelivery::Steer | InjectDelivery::Interrupt);
+        let mut inject = serde_json::json!({
+            "delivery": delivery_name(delivery),
+            "injectedBy": caller.address().to_string(),
+        });
+        if delivery == InjectDelivery::Interrupt {
+            inject["interrupt"] = true.into();
+        }
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            "priority".into(),
+            if urgent { "urgent" } else { "normal" }.into(),
+        );
+        meta.insert("_meta".into(), serde_json::json!({ "inject": inject }));
+        let message = Message {
+            id: MessageId::generate(),
+            from: "system".into(),
+            to: serde_json::json!({ "agent": agent.id }),
+            timestamp: now_ms(),
+            payload: Some(p.content.clone()),
+            meta: Some(meta),
+        };
+        let frame = message_frame(&message);
+        let injected = match self.agent_conn(&agent.id) {
+            None => false,
+            Some(conn) => match delivery {
+                InjectDelivery::Queue => self.push_message(conn, frame),
+                InjectDelivery::Steer | InjectDelivery::Interrupt => {
+                    self.push_message_front(conn, frame)
+                }
+                InjectDelivery::BestEffort => self.conns.get(&conn).is_some_and(|c| {
+                    c.pending.is_empty() && c.outbox.try_push(Outbound::Shared(frame)).is_ok()
+                }),
+            },
+        };
+        self.emit_agent_event(
+            EventType::AgentInjected,
+            &agent,
+            &AgentInjectedData {
+                agent_id: agent.id.clone(),
+                delivery: delivery_name(delivery).into(),
+                injected,
+                message_id: message.id.clone(),
+                injected_by: caller.address().to_string(),
+                content: p.content,
+            },
+            Vec::new(),
+        );
+        Ok(InjectResult {
+            injected,
+            delivery,
+            delivered_to: if injected { vec![agent.id] } else { Vec::new() },
+            message_id: message.id,
+        })
+    }
+
+    /// Queues a frame ahead of the connection's pending messages. Returns false when the
+    /// connection is gone or its bounded queue is full.
+    fn push_message_front(&mut self, conn: super::ConnId, frame: std::sync::Arc<str>) -> bool {
+        let cap = self.config.pending_messages;
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return false;
+        };
+        if c.pending.is_empty() {
+            return match events::push(&c.outbox, Outbound::Shared(frame)) {
+                Ok(()) => true,
+                Err(super::outbox::PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
+                    c.pending.push_front(frame);
+                    true
+                }
+                Err(_) => false,
+            };
+        }
+        if c.pending.len() >= cap {
+            return false;
+        }
+        c.pending.push_front(frame);
+        c.outbox.request_wakeup();
+        true
+    }
+}

@@ -1,0 +1,44 @@
+//! NDJSON over a pair of byte streams: the router's own stdin/stdout (`map-router stdio`), or
+//! the pipes of a child process the router supervises.
+//!
+//! Only frames are written to the output stream; logs go to stderr. EOF on the input is a
+//! clean disconnect. There is no ping on pipes and no idle timeout: a pipe's peer is a process,
+//! whose death the router sees as EOF.
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use super::connection::{ConnectionOptions, OutFrame, TransportError};
+use super::ndjson::NdjsonCodec;
+use super::TransportContext;
+
+/// Connection settings suited to pipes: no pings, no idle timeout.
+pub fn pipe_options(mut opts: ConnectionOptions) -> ConnectionOptions {
+    opts.ping_interval = None;
+    opts.idle_timeout = None;
+    opts
+}
+
+/// Serves one MAP connection over `reader` (incoming NDJSON) and `writer` (outgoing NDJSON)
+/// until EOF, a write failure, or shutdown.
+pub async fn serve_io<R, W>(ctx: &TransportContext, reader: R, writer: W, opts: ConnectionOptions)
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let opts = pipe_options(opts);
+    let codec = NdjsonCodec::new(opts.max_frame_bytes);
+    let stream = FramedRead::new(reader, codec.clone()).map(|r| match r {
+        Ok(frame) => Ok(frame),
+        Err(e) => Err(TransportError::Other(e.to_string())),
+    });
+    let sink = FramedWrite::new(writer, codec).with_flat_map(|frame: OutFrame| {
+        futures::stream::iter(match frame {
+            OutFrame::Text(text) => Some(Ok(text)),
+            // Pipes have no ping and no close frame: closing the pipe is the close.
+            OutFrame::Ping | OutFrame::Close { .. } => None,
+        })
+    });
+    ctx.serve(Box::pin(stream), Box::pin(sink), opts).await;
+}
