@@ -8,12 +8,14 @@
 //!   today) to frames and runs the one connection driver: a reader and a single writer.
 //! - [`router`]: the core. One task owns every session, agent, scope, subscription and the
 //!   event log; transports talk to it through a [`router::RouterHandle`]. It opens no sockets.
+//! - [`process`]: supervised subprocess agents (launch, pipes, stderr, restart, stop, reap).
 //! - [`server`]: listeners, configuration and graceful shutdown.
 //!
 //! `docs/architecture.md` describes who owns what and how requests and events flow;
 //! `docs/compatibility.md` records every choice between the SDK, the spec and the reference
 //! servers.
 
+pub mod process;
 pub mod protocol;
 pub mod router;
 pub mod server;

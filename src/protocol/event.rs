@@ -51,11 +51,15 @@ pub enum EventType {
     SubscriptionOverflow,
     #[serde(rename = "agent.injected")]
     AgentInjected,
+    #[serde(rename = "agent.stderr")]
+    AgentStderr,
+    #[serde(rename = "agent.diagnostic")]
+    AgentDiagnostic,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 17] = [
+    pub const ALL: [EventType; 19] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -73,6 +77,8 @@ impl EventType {
         Self::ScopeMemberLeft,
         Self::SubscriptionOverflow,
         Self::AgentInjected,
+        Self::AgentStderr,
+        Self::AgentDiagnostic,
     ];
 
     /// The wire string.
@@ -95,6 +101,8 @@ impl EventType {
             Self::ScopeMemberLeft => "scope_member_left",
             Self::SubscriptionOverflow => "subscription.overflow",
             Self::AgentInjected => "agent.injected",
+            Self::AgentStderr => "agent.stderr",
+            Self::AgentDiagnostic => "agent.diagnostic",
         }
     }
 
@@ -118,6 +126,8 @@ impl EventType {
             Self::ScopeMemberLeft => "scope.member.left",
             Self::SubscriptionOverflow => "subscription.overflow",
             Self::AgentInjected => "agent.injected",
+            Self::AgentStderr => "agent.stderr",
+            Self::AgentDiagnostic => "agent.diagnostic",
         }
     }
 
@@ -282,6 +292,35 @@ pub struct AgentStateChangedData {
     pub new_state: AgentState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A supervised process's exit code, when it exited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended a supervised process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The last lines the process wrote to stderr.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<Vec<String>>,
+}
+
+impl AgentStateChangedData {
+    /// A state change without process exit details.
+    pub fn new(
+        agent_id: AgentId,
+        previous_state: AgentState,
+        new_state: AgentState,
+        reason: Option<String>,
+    ) -> Self {
+        Self {
+            agent_id,
+            previous_state,
+            new_state,
+            reason,
+            exit_code: None,
+            signal: None,
+            stderr_tail: None,
+        }
+    }
 }
 
 /// `agent_orphaned`.
@@ -451,4 +490,35 @@ pub struct AgentInjectedData {
     /// Who injected it.
     pub injected_by: String,
     pub content: serde_json::Value,
+}
+
+/// `agent.stderr`: lines a supervised process wrote to stderr (batched, rate-limited).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentStderrData {
+    pub agent_id: AgentId,
+    pub pid: u32,
+    /// The lines, in order (each at most 4 KiB).
+    pub lines: Vec<String>,
+    /// Lines written since the previous event but not included (rate limit); they are
+    /// counted, never silently lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
+}
+
+/// `agent.diagnostic`: a supervised process wrote something on its MAP channel that is not a
+/// JSON-RPC message.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentDiagnosticData {
+    pub agent_id: AgentId,
+    pub pid: u32,
+    /// `stdout`.
+    pub stream: String,
+    /// The offending line (at most 1 KiB).
+    pub line: String,
+    /// Why it was rejected.
+    pub error: String,
 }

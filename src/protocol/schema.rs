@@ -46,7 +46,7 @@ pub fn generate_all() -> BTreeMap<String, String> {
         );
     }
 
-    let events: [(event::EventType, Value); 17] = {
+    let events: [(event::EventType, Value); 19] = {
         use event::EventType as T;
         [
             (T::AgentRegistered, data::<event::AgentRegisteredData>()),
@@ -81,6 +81,8 @@ pub fn generate_all() -> BTreeMap<String, String> {
                 data::<event::SubscriptionOverflowData>(),
             ),
             (T::AgentInjected, data::<event::AgentInjectedData>()),
+            (T::AgentStderr, data::<event::AgentStderrData>()),
+            (T::AgentDiagnostic, data::<event::AgentDiagnosticData>()),
         ]
     };
     for (kind, mut doc) in events {

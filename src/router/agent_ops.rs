@@ -22,6 +22,7 @@ use crate::protocol::message::Message;
 use crate::protocol::methods::agents::*;
 
 use super::permissions::{can_control_agent, can_see_agent};
+use super::supervision::ProcessControl;
 use super::{Caller, Ctx, Router, RouterError};
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
@@ -40,7 +41,11 @@ impl Router {
     }
 
     /// Looks up an agent the caller may control.
-    fn controlled_agent(&self, caller: &Caller, id: &AgentId) -> Result<Agent, RouterError> {
+    pub(crate) fn controlled_agent(
+        &self,
+        caller: &Caller,
+        id: &AgentId,
+    ) -> Result<Agent, RouterError> {
         let agent = self.visible_agent(caller, id)?;
         if !can_control_agent(&caller.viewer(), agent, &self.registry) {
             return Err(RouterError::PermissionDenied(format!(
@@ -57,7 +62,15 @@ impl Router {
         p: RegisterParams,
     ) -> Result<RegisterResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let (agent, resumed) = self.register_agent(&caller, p, Vec::new())?;
+        let supervised = self.supervised_origin(ctx).filter(|agent| {
+            !self
+                .registry
+                .is_owned_by(agent.as_str(), caller.participant.as_str())
+        });
+        let (agent, resumed) = match supervised {
+            Some(agent) => self.register_supervised(&caller, &agent, p)?,
+            None => self.register_agent(&caller, p, Vec::new())?,
+        };
         Ok(RegisterResult {
             agent,
             resumed: resumed.then_some(true),
@@ -98,7 +111,7 @@ impl Router {
                 return Err(RouterError::ScopeNotFound(scope.to_string()));
             }
         }
-        let id = match p.agent_id {
+        let id = match p.agent_id.clone() {
             Some(id) => id,
             None => {
                 let own = AgentId::new(caller.participant.as_arc().clone());
@@ -109,11 +122,27 @@ impl Router {
                 }
             }
         };
+        let agent = self.create_agent(caller, id, p, caused_by);
+        Ok((agent, false))
+    }
+
+    /// Inserts a new agent owned by `caller` (the id must be free; `parent` and `scopes` are
+    /// taken as given, unknown scopes skipped), emits `agent_registered` and one
+    /// `scope_member_joined` per scope, and returns the stored record.
+    pub(crate) fn create_agent(
+        &mut self,
+        caller: &Caller,
+        id: AgentId,
+        p: RegisterParams,
+        caused_by: Vec<EventId>,
+    ) -> Agent {
         let now = now_ms();
         let mut agent = Agent::new(id.clone(), Some(caller.participant.clone()));
         agent.name = p.name;
         agent.description = p.description;
-        agent.parent = p.parent;
+        agent.parent = p
+            .parent
+            .filter(|parent| self.registry.contains(parent.as_str()));
         agent.relationships = p.relationships;
         agent.role = p.role;
         agent.visibility = p.visibility;
@@ -146,16 +175,18 @@ impl Router {
         for scope in p.scopes.into_iter().flatten() {
             self.add_member(&scope, &id, vec![registered]);
         }
-        let agent = self
-            .registry
+        self.registry
             .get(id.as_str())
             .map(|r| r.agent.clone())
-            .unwrap_or(agent);
-        Ok((agent, false))
+            .unwrap_or(agent)
     }
 
     /// Applies the descriptive fields of a re-registration to a reclaimed agent.
-    fn apply_reregistration(&mut self, id: &AgentId, p: &RegisterParams) -> Option<Agent> {
+    pub(crate) fn apply_reregistration(
+        &mut self,
+        id: &AgentId,
+        p: &RegisterParams,
+    ) -> Option<Agent> {
         let rec = self.registry.get_mut(id.as_str())?;
         let a = &mut rec.agent;
         if p.name.is_some() {
@@ -176,7 +207,7 @@ impl Router {
         Some(a.clone())
     }
 
-    fn adopt_primary(&mut self, caller: &Caller, id: &AgentId) {
+    pub(crate) fn adopt_primary(&mut self, caller: &Caller, id: &AgentId) {
         if let Some(s) = self.sessions.get_mut(caller.session.as_str()) {
             let current_valid = s.primary_agent.as_ref().is_some_and(|a| {
                 self.registry
@@ -253,6 +284,12 @@ impl Router {
         let Some(rec) = self.registry.get(id.as_str()) else {
             return;
         };
+        // An unregistered agent's process has nothing left to do.
+        self.control_process(super::supervision::ProcessControl::Stop {
+            agent: id.clone(),
+            force: false,
+        });
+        self.supervised.remove(id);
         let snapshot = rec.agent.clone();
         let unregistered = self.emit_agent_event(
             EventType::AgentUnregistered,
@@ -338,12 +375,12 @@ impl Router {
                 caused.push(self.emit_agent_event(
                     EventType::AgentStateChanged,
                     &after,
-                    &AgentStateChangedData {
-                        agent_id: after.id.clone(),
-                        previous_state: before.state.clone(),
-                        new_state: state.clone(),
-                        reason: None,
-                    },
+                    &AgentStateChangedData::new(
+                        after.id.clone(),
+                        before.state.clone(),
+                        state.clone(),
+                        None,
+                    ),
                     Vec::new(),
                 ));
             }
@@ -394,12 +431,7 @@ impl Router {
         let ev = self.emit_agent_event(
             EventType::AgentStateChanged,
             &agent,
-            &AgentStateChangedData {
-                agent_id: id.clone(),
-                previous_state: previous,
-                new_state: to,
-                reason,
-            },
+            &AgentStateChangedData::new(id.clone(), previous, to, reason),
             Vec::new(),
         );
         Some((agent, ev))
@@ -457,6 +489,10 @@ impl Router {
                 .transition(&agent.id, AgentState::STOPPED, p.reason.clone())
                 .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
             self.send_control(&agent, "stop", p.reason.as_deref(), Some(true));
+            self.control_process(ProcessControl::Stop {
+                agent: agent.id.clone(),
+                force: true,
+            });
             self.remove_agent(&agent.id, "stopped", vec![ev]);
             return Ok(StopResult {
                 stopping: true,
@@ -473,6 +509,10 @@ impl Router {
             .transition(&agent.id, AgentState::STOPPING, p.reason.clone())
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
         self.send_control(&agent, "stop", p.reason.as_deref(), Some(false));
+        self.control_process(ProcessControl::Stop {
+            agent: agent.id.clone(),
+            force: false,
+        });
         Ok(StopResult {
             stopping: true,
             agent,
@@ -505,6 +545,9 @@ impl Router {
             .transition(&agent.id, AgentState::SUSPENDED, p.reason.clone())
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
         self.send_control(&agent, "suspend", p.reason.as_deref(), None);
+        self.control_process(ProcessControl::Suspend {
+            agent: agent.id.clone(),
+        });
         Ok(SuspendResult {
             suspended: true,
             agent,
@@ -530,6 +573,9 @@ impl Router {
             .get_mut(agent.id.as_str())
             .and_then(|r| r.state_before_suspend.take())
             .unwrap_or(AgentState::ACTIVE);
+        self.control_process(ProcessControl::Resume {
+            agent: agent.id.clone(),
+        });
         let (agent, _) = self
             .transition(&agent.id, back_to, None)
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;

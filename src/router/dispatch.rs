@@ -26,6 +26,7 @@ use crate::protocol::methods::{self, Method};
 
 use super::outbox::{Outbound, Outbox};
 use super::{Command, ConnId, Ctx, Router, RouterError, RouterHandle};
+use crate::process::WeakSupervisor;
 
 /// Default cap on the number of entries in one batch.
 pub const DEFAULT_MAX_BATCH: usize = 1000;
@@ -135,38 +136,83 @@ impl Dispatcher {
     /// If `M::NAME` is already registered.
     pub fn add<M: Method>(&mut self, f: HandlerFn<M>, after: fn(&M::Result) -> AfterReply) {
         let needs_session = M::NAME != methods::session::Connect::NAME;
-        let handler: Handler = Box::new(move |router, conn, params| {
-            let params: M::Params = decode_params(params)?;
-            let router = router.clone();
-            Ok(Box::pin(async move {
-                let result = router
-                    .call(conn, M::CAPABILITY, needs_session, move |r, ctx| {
-                        f(r, ctx, params)
-                    })
-                    .await
-                    .map_err(ErrorObject::from)?;
-                let json = serde_json::to_string(&result)
-                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
-                Ok(Reply {
-                    result: json,
-                    after: after(&result),
-                })
-            }))
-        });
         let previous = self.table.insert(
             M::NAME,
             Entry {
-                handler,
+                handler: typed_handler::<M>(f, after, needs_session),
                 needs_session,
             },
         );
         assert!(previous.is_none(), "method {} registered twice", M::NAME);
     }
 
+    /// The method table with supervised spawning: `map/agents/spawn` with a `command` goes to
+    /// the process supervisor, without one to the router as usual.
+    pub fn with_supervisor(supervisor: WeakSupervisor) -> Self {
+        use methods::agents::{AgentsSpawn, SpawnParams};
+        let mut d = Self::new();
+        let plain =
+            typed_handler::<AgentsSpawn>(Router::handle_spawn, |_| AfterReply::Nothing, true);
+        let handler: Handler = Box::new(move |router, conn, params| {
+            let p: SpawnParams = decode_params(params)?;
+            if p.command.is_none() {
+                return plain(router, conn, params);
+            }
+            let supervisor = supervisor.upgrade().ok_or_else(|| {
+                RouterError::SpawnFailed("the process supervisor has stopped".into())
+                    .to_error_object()
+            })?;
+            Ok(Box::pin(async move {
+                let result = supervisor.spawn(Some(conn), p).await?;
+                let json = serde_json::to_string(&result)
+                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
+                Ok(Reply {
+                    result: json,
+                    after: AfterReply::Nothing,
+                })
+            }))
+        });
+        d.table.insert(
+            AgentsSpawn::NAME,
+            Entry {
+                handler,
+                needs_session: true,
+            },
+        );
+        d
+    }
+
     /// Every registered method name.
     pub fn methods(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.table.keys().copied()
     }
+}
+
+/// Wraps a typed router handler as a table entry: decode params, run on the router task
+/// (after the capability check), encode the result.
+fn typed_handler<M: Method>(
+    f: HandlerFn<M>,
+    after: fn(&M::Result) -> AfterReply,
+    needs_session: bool,
+) -> Handler {
+    Box::new(move |router, conn, params| {
+        let params: M::Params = decode_params(params)?;
+        let router = router.clone();
+        Ok(Box::pin(async move {
+            let result = router
+                .call(conn, M::CAPABILITY, needs_session, move |r, ctx| {
+                    f(r, ctx, params)
+                })
+                .await
+                .map_err(ErrorObject::from)?;
+            let json = serde_json::to_string(&result)
+                .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
+            Ok(Reply {
+                result: json,
+                after: after(&result),
+            })
+        }))
+    })
 }
 
 /// Decodes params; absent params decode from `{}`.

@@ -43,6 +43,9 @@ pub enum RouterError {
         /// The agent's current state.
         state: String,
     },
+    /// A supervised process could not be started or did not complete its handshake.
+    #[error("Failed to spawn agent: {0}")]
+    SpawnFailed(String),
     /// The recipient could not take the message now.
     #[error("Message delivery failed: {0}")]
     DeliveryFailed(String),
@@ -76,6 +79,7 @@ impl RouterError {
             }
             Self::AgentExists(_) => ErrorObject::new(ErrorCode::AGENT_EXISTS, msg),
             Self::StateInvalid { .. } => ErrorObject::new(ErrorCode::STATE_INVALID, msg),
+            Self::SpawnFailed(_) => ErrorObject::new(ErrorCode::SPAWN_FAILED, msg),
             Self::DeliveryFailed(_) => {
                 ErrorObject::new(ErrorCode::DELIVERY_FAILED, msg).retryable()
             }

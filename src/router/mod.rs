@@ -29,6 +29,7 @@ pub mod session;
 pub mod session_ops;
 pub mod steering;
 pub mod subscription_ops;
+pub mod supervision;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -128,6 +129,8 @@ pub enum Command {
         conn: ConnId,
         /// Its outbox.
         outbox: Outbox,
+        /// Who is on the other end.
+        origin: session::ConnOrigin,
     },
     /// The connection's transport closed.
     Detach {
@@ -193,6 +196,24 @@ impl RouterHandle {
             .send(cmd)
             .await
             .map_err(|_| RouterError::Unavailable)
+    }
+
+    /// Runs `f` on the router task and returns its result, with no connection context (for
+    /// the supervisor and other router-side components).
+    ///
+    /// # Errors
+    /// `Unavailable` when the router has stopped.
+    pub async fn with<R, F>(&self, f: F) -> Result<R, RouterError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Router) -> R + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let op: Op = Box::new(move |router: &mut Router| {
+            let _ = tx.send(f(router));
+        });
+        self.send(Command::Call(op)).await?;
+        rx.await.map_err(|_| RouterError::Unavailable)
     }
 
     /// Runs `f` on the router task for `conn` and returns its result. The capability, when
@@ -282,14 +303,27 @@ pub struct Router {
     bus: EventBus,
     deadlines: BTreeMap<Instant, Vec<Deadline>>,
     shutting_down: bool,
+    /// Agents whose processes the router supervises.
+    supervised: supervision::SupervisedTable,
+    /// Where process controls go (the supervisor), when there is one.
+    process_control: Option<mpsc::Sender<supervision::ProcessControl>>,
 }
 
 impl Router {
     /// Starts the router task and returns its handle.
     pub fn spawn(config: RouterConfig) -> (RouterHandle, tokio::task::JoinHandle<()>) {
+        Self::spawn_with(config, None)
+    }
+
+    /// Starts the router task with a channel to a process supervisor.
+    pub fn spawn_with(
+        config: RouterConfig,
+        process_control: Option<mpsc::Sender<supervision::ProcessControl>>,
+    ) -> (RouterHandle, tokio::task::JoinHandle<()>) {
         let config = Arc::new(config);
         let (tx, rx) = mpsc::channel(config.command_queue.max(1));
-        let router = Router::new(config.clone());
+        let mut router = Router::new(config.clone());
+        router.process_control = process_control;
         let task = tokio::spawn(router.run(rx));
         (
             RouterHandle {
@@ -311,6 +345,8 @@ impl Router {
             scopes: Scopes::default(),
             deadlines: BTreeMap::new(),
             shutting_down: false,
+            supervised: Default::default(),
+            process_control: None,
         }
     }
 
@@ -350,10 +386,15 @@ impl Router {
     /// Applies one command; returns true when the router should stop.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Attach { conn, outbox } => {
+            Command::Attach {
+                conn,
+                outbox,
+                origin,
+            } => {
                 self.conns.insert(
                     conn,
                     Conn {
+                        origin,
                         outbox,
                         session: None,
                         pending: Default::default(),

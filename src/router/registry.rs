@@ -24,6 +24,8 @@ pub struct AgentRecord {
     pub state_before_orphan: Option<AgentState>,
     /// When an orphan is unregistered if nobody reclaims it (`None`: never).
     pub orphan_expires: Option<std::time::Instant>,
+    /// The `reason` of that unregistration (default `owner_disconnected`).
+    pub expiry_reason: Option<&'static str>,
 }
 
 /// All agents.
@@ -85,6 +87,7 @@ impl Registry {
                 state_before_suspend: None,
                 state_before_orphan: None,
                 orphan_expires: None,
+                expiry_reason: None,
             },
         );
     }

@@ -19,9 +19,27 @@ use crate::protocol::methods::session::{DisconnectPolicy, Principal};
 use super::outbox::Outbox;
 use super::ConnId;
 
+/// Where a connection comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConnOrigin {
+    /// A peer that connected on its own (WebSocket, stdio, in-process, HTTP).
+    #[default]
+    Remote,
+    /// The pipes of a process the router launched for this agent (`map/agents/spawn` with a
+    /// `command`). Its first registration is that agent, whatever id it asks for.
+    Supervised {
+        /// The agent the process runs as.
+        agent: AgentId,
+        /// The process id.
+        pid: u32,
+    },
+}
+
 /// One transport attachment.
 #[derive(Debug)]
 pub struct Conn {
+    /// Who is on the other end.
+    pub origin: ConnOrigin,
     /// Where frames for this connection go.
     pub outbox: Outbox,
     /// The session using this connection, once connected.

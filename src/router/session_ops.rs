@@ -270,12 +270,12 @@ impl Router {
         self.emit_agent_event(
             EventType::AgentStateChanged,
             &snapshot,
-            &AgentStateChangedData {
-                agent_id: agent.clone(),
-                previous_state: AgentState::ORPHANED,
-                new_state: restored,
-                reason: Some("reclaimed".into()),
-            },
+            &AgentStateChangedData::new(
+                agent.clone(),
+                AgentState::ORPHANED,
+                restored,
+                Some("reclaimed".into()),
+            ),
             caused_by,
         );
         Some(snapshot)
@@ -385,6 +385,18 @@ impl Router {
             Vec::new(),
         );
 
+        let supervised = self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| matches!(c.origin, super::session::ConnOrigin::Supervised { .. }));
+        if supervised {
+            // The supervisor reports the process's exit; that decides the agent's fate.
+            self.release_supervised(participant.as_str());
+            let window = self.config.resume_window;
+            self.schedule(Instant::now() + window, Deadline::SessionExpiry(session_id));
+            return;
+        }
+
         // Children before parents, so an unregister never leaves a live child under a removed
         // parent it owns.
         let mut owned = self.registry.owned_by(participant.as_str());
@@ -470,15 +482,14 @@ impl Router {
 
     pub(crate) fn expire_orphan(&mut self, agent: &AgentId) {
         let now = Instant::now();
-        let still_orphaned = self.registry.get(agent.as_str()).is_some_and(|r| {
-            r.agent.owner_id.is_none()
-                && r.agent.state == AgentState::ORPHANED
-                && r.orphan_expires.is_some_and(|at| at <= now)
+        let expired = self.registry.get(agent.as_str()).and_then(|r| {
+            (r.agent.owner_id.is_none() && r.orphan_expires.is_some_and(|at| at <= now))
+                .then(|| r.expiry_reason.unwrap_or("owner_disconnected"))
         });
-        if still_orphaned {
+        if let Some(reason) = expired {
             // Descendants orphaned by the same detach carry the same deadline and were queued
             // before their ancestors (see `detach`), so they are already gone.
-            self.remove_agent(agent, "owner_disconnected", Vec::new());
+            self.remove_agent(agent, reason, Vec::new());
         }
     }
 }

@@ -9,6 +9,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::process::SupervisorSettings;
+use crate::protocol::methods::agents::{
+    CommandSpec, RegisterParams, RestartMode, RestartPolicy, SpawnParams,
+};
 use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::events::log::Retention;
 use crate::router::{
@@ -45,6 +49,99 @@ pub struct Config {
     pub router: RouterSettings,
     /// Event log.
     pub events: EventSettings,
+    /// Timeouts for supervised processes.
+    pub supervisor: SupervisorConfig,
+    /// Agent processes to start with the router (`[[agents]]`).
+    pub agents: Vec<AgentConfig>,
+}
+
+/// `[supervisor]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SupervisorConfig {
+    /// Graceful stop request → SIGTERM, in ms.
+    pub stop_timeout_ms: u64,
+    /// SIGTERM → SIGKILL, in ms.
+    pub kill_timeout_ms: u64,
+    /// Launch → registration, in ms; a child that has not registered by then fails its spawn.
+    pub handshake_timeout_ms: u64,
+    /// Each escalation step when the router shuts down, in ms.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        let d = SupervisorSettings::default();
+        Self {
+            stop_timeout_ms: d.stop_timeout.as_millis() as u64,
+            kill_timeout_ms: d.kill_timeout.as_millis() as u64,
+            handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
+            shutdown_timeout_ms: d.shutdown_timeout.as_millis() as u64,
+        }
+    }
+}
+
+/// One `[[agents]]` entry: a process the router launches at start-up and supervises.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Agent id (generated when absent).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Agent name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Agent role.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Executable.
+    pub program: String,
+    /// Arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Working directory.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// `never` (default), `on-failure` or `always`.
+    #[serde(default)]
+    pub restart: Option<RestartMode>,
+    /// Restart limit (default 5).
+    #[serde(default)]
+    pub max_restarts: Option<u32>,
+    /// First restart backoff in ms (default 500).
+    #[serde(default)]
+    pub backoff_ms: Option<u64>,
+}
+
+impl AgentConfig {
+    /// The spawn request this entry stands for.
+    pub fn spawn_params(&self) -> SpawnParams {
+        SpawnParams {
+            register: RegisterParams {
+                agent_id: self.id.as_deref().map(Into::into),
+                name: self.name.clone(),
+                role: self.role.clone(),
+                ..RegisterParams::default()
+            },
+            command: Some(CommandSpec {
+                program: self.program.clone(),
+                args: self.args.clone(),
+                env: self.env.clone(),
+                cwd: self.cwd.clone(),
+                restart: Some(RestartPolicy {
+                    mode: self.restart.unwrap_or_default(),
+                    max_restarts: self.max_restarts,
+                    backoff_ms: self.backoff_ms,
+                    max_backoff_ms: None,
+                }),
+                ..CommandSpec::default()
+            }),
+            ..SpawnParams::default()
+        }
+    }
 }
 
 /// `[limits]`.
@@ -103,6 +200,8 @@ impl Default for Config {
             websocket: WebSocketSettings::default(),
             router: RouterSettings::default(),
             events: EventSettings::default(),
+            supervisor: SupervisorConfig::default(),
+            agents: Vec::new(),
         }
     }
 }
@@ -218,6 +317,12 @@ impl Config {
         if self.router.outbox_frames < 2 {
             return bad("router.outbox_frames must be at least 2");
         }
+        if let Some(a) = self.agents.iter().find(|a| a.program.trim().is_empty()) {
+            return Err(ConfigError::Invalid(format!(
+                "agents: entry {} has an empty program",
+                a.name.as_deref().or(a.id.as_deref()).unwrap_or("(unnamed)")
+            )));
+        }
         if self.events.retention_events == 0 || self.events.retention_bytes < 4096 {
             return bad("events.retention_events must be at least 1 and events.retention_bytes at least 4096");
         }
@@ -237,6 +342,17 @@ impl Config {
             resume_window: Duration::from_millis(self.router.resume_window_ms),
             strict_recipients: self.router.strict_recipients,
             ..RouterConfig::default()
+        }
+    }
+
+    /// Supervisor timeouts.
+    pub fn supervisor_settings(&self) -> SupervisorSettings {
+        let s = &self.supervisor;
+        SupervisorSettings {
+            stop_timeout: Duration::from_millis(s.stop_timeout_ms),
+            kill_timeout: Duration::from_millis(s.kill_timeout_ms),
+            handshake_timeout: Duration::from_millis(s.handshake_timeout_ms),
+            shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms),
         }
     }
 
@@ -278,5 +394,23 @@ mod tests {
         assert!(err.to_string().contains("unknown field"), "{err}");
         let err = Config::from_toml("[limits]\nmax_frame_bytes = 10\n").unwrap_err();
         assert!(err.to_string().contains("at least 1024"), "{err}");
+    }
+
+    #[test]
+    fn agents_to_start_become_spawn_requests() {
+        let c = Config::from_toml(
+            "[[agents]]\nname = \"indexer\"\nprogram = \"python3\"\nargs = [\"a.py\"]\nrestart = \"on-failure\"\nmax_restarts = 2\n",
+        )
+        .unwrap();
+        let p = c.agents[0].spawn_params();
+        assert_eq!(p.register.name.as_deref(), Some("indexer"));
+        let cmd = p.command.unwrap();
+        assert_eq!(cmd.program, "python3");
+        assert_eq!(cmd.args, vec!["a.py"]);
+        let restart = cmd.restart.unwrap();
+        assert_eq!(restart.mode, RestartMode::OnFailure);
+        assert_eq!(restart.max_restarts, Some(2));
+        let err = Config::from_toml("[[agents]]\nprogram = \" \"\n").unwrap_err();
+        assert!(err.to_string().contains("empty program"), "{err}");
     }
 }

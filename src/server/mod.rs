@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::process::Supervisor;
 use crate::router::dispatch::Dispatcher;
 use crate::router::{Command, Router, RouterHandle};
 use crate::transport::connection::ConnectionOptions;
@@ -41,6 +42,7 @@ pub struct Server {
     options: ConnectionOptions,
     router_task: JoinHandle<()>,
     http_tasks: Vec<JoinHandle<()>>,
+    supervisor: Supervisor,
     shutdown: watch::Sender<bool>,
     drained: mpsc::Receiver<()>,
     drain_timeout: Duration,
@@ -60,16 +62,35 @@ impl Server {
             .iter()
             .map(TcpListener::local_addr)
             .collect::<std::io::Result<Vec<_>>>()?;
-        let (router, router_task) = Router::spawn(config.router_config());
+        let options = config.connection_options();
+        let (supervisor, process_control) =
+            Supervisor::start(config.supervisor_settings(), options.clone())?;
+        let (router, router_task) =
+            Router::spawn_with(config.router_config(), Some(process_control));
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (drain_guard, drained) = mpsc::channel(1);
         let ctx = TransportContext {
             router,
-            dispatcher: Arc::new(Dispatcher::new()),
+            dispatcher: Arc::new(Dispatcher::with_supervisor(supervisor.downgrade())),
             shutdown: shutdown_rx.clone(),
             drain_guard,
         };
-        let options = config.connection_options();
+        supervisor.bind(ctx.clone());
+        for agent in &config.agents {
+            let supervisor = supervisor.clone();
+            let params = agent.spawn_params();
+            let label = agent.name.clone().unwrap_or_else(|| agent.program.clone());
+            tokio::spawn(async move {
+                match supervisor.spawn(None, params).await {
+                    Ok(r) => {
+                        tracing::info!(agent = %r.agent.id, name = %label, "started configured agent")
+                    }
+                    Err(e) => {
+                        tracing::error!(name = %label, code = e.code.0, error = %e.message, "configured agent failed to start")
+                    }
+                }
+            });
+        }
         let app = HttpRouter::new()
             .route("/", get(upgrade))
             .route("/map", get(upgrade))
@@ -101,6 +122,7 @@ impl Server {
             options,
             router_task,
             http_tasks,
+            supervisor,
             shutdown,
             drained,
         })
@@ -119,6 +141,11 @@ impl Server {
     /// What transports need to serve connections on this server.
     pub fn context(&self) -> &TransportContext {
         &self.ctx
+    }
+
+    /// The process supervisor.
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.supervisor
     }
 
     /// Opens an in-process connection (no socket) to this server's router.
@@ -142,12 +169,17 @@ impl Server {
             ctx,
             router_task,
             http_tasks,
+            supervisor,
             shutdown,
             mut drained,
             drain_timeout,
             ..
         } = self;
+        // Connections close first (a supervised child sees EOF on its stdin, its cue to exit),
+        // then children are stopped and reaped while the router can still record how they
+        // ended.
         let _ = shutdown.send(true);
+        supervisor.shutdown().await;
         for task in http_tasks {
             let _ = tokio::time::timeout(drain_timeout, task).await;
         }

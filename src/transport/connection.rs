@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use crate::protocol::jsonrpc::ErrorObject;
 use crate::router::dispatch::{Dispatcher, RpcSession, DEFAULT_MAX_BATCH};
 use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
+use crate::router::session::ConnOrigin;
 use crate::router::{Command, ConnId, RouterHandle};
 
 /// A frame from the peer, as the transport decoded it.
@@ -93,6 +94,8 @@ pub struct ConnectionOptions {
     pub drain_timeout: Duration,
     /// How many queued frames the writer feeds before it flushes.
     pub write_batch: usize,
+    /// Who is on the other end (a supervised child's pipes, or a remote peer).
+    pub origin: ConnOrigin,
 }
 
 impl Default for ConnectionOptions {
@@ -104,6 +107,7 @@ impl Default for ConnectionOptions {
             idle_timeout: Some(Duration::from_secs(60)),
             drain_timeout: Duration::from_secs(5),
             write_batch: 64,
+            origin: ConnOrigin::Remote,
         }
     }
 }
@@ -131,6 +135,7 @@ pub async fn serve_connection<St, Si>(
         .send(Command::Attach {
             conn,
             outbox: tx.clone(),
+            origin: opts.origin.clone(),
         })
         .await
         .is_err()

@@ -9,7 +9,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use super::connection::{ConnectionOptions, OutFrame, TransportError};
+use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
 use super::ndjson::NdjsonCodec;
 use super::TransportContext;
 
@@ -20,15 +20,21 @@ pub fn pipe_options(mut opts: ConnectionOptions) -> ConnectionOptions {
     opts
 }
 
-/// Serves one MAP connection over `reader` (incoming NDJSON) and `writer` (outgoing NDJSON)
-/// until EOF, a write failure, or shutdown.
-pub async fn serve_io<R, W>(ctx: &TransportContext, reader: R, writer: W, opts: ConnectionOptions)
+/// Frames NDJSON over a reader/writer pair: a stream of incoming frames and a sink of
+/// outgoing ones, as the connection driver wants them.
+pub fn framed<R, W>(
+    reader: R,
+    writer: W,
+    max_line: usize,
+) -> (
+    impl futures::Stream<Item = Result<InFrame, TransportError>> + Unpin + Send,
+    impl futures::Sink<OutFrame, Error = std::io::Error> + Unpin + Send + 'static,
+)
 where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let opts = pipe_options(opts);
-    let codec = NdjsonCodec::new(opts.max_frame_bytes);
+    let codec = NdjsonCodec::new(max_line);
     let stream = FramedRead::new(reader, codec.clone()).map(|r| match r {
         Ok(frame) => Ok(frame),
         Err(e) => Err(TransportError::Other(e.to_string())),
@@ -40,5 +46,17 @@ where
             OutFrame::Ping | OutFrame::Close { .. } => None,
         })
     });
-    ctx.serve(Box::pin(stream), Box::pin(sink), opts).await;
+    (stream, Box::pin(sink))
+}
+
+/// Serves one MAP connection over `reader` (incoming NDJSON) and `writer` (outgoing NDJSON)
+/// until EOF, a write failure, or shutdown.
+pub async fn serve_io<R, W>(ctx: &TransportContext, reader: R, writer: W, opts: ConnectionOptions)
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let opts = pipe_options(opts);
+    let (stream, sink) = framed(reader, writer, opts.max_frame_bytes);
+    ctx.serve(stream, sink, opts).await;
 }

@@ -1,0 +1,425 @@
+//! The router's side of supervised agents: reservations, registration of a supervised
+//! process, exits, and the process output it turns into events.
+//!
+//! The router decides agent state; the supervisor (`crate::process`) owns the processes. They
+//! talk through two narrow channels: the router sends [`ProcessControl`] (stop, suspend, resume)
+//! with `try_send` (it never waits), and the supervisor calls back through the router handle
+//! (`reserve_supervised`, `supervised_exited`, `supervised_output`, ...).
+//!
+//! Lifecycle of one supervised agent:
+//! 1. `map/agents/spawn` with a `command` reserves the agent id and a waiter
+//!    ([`Router::reserve_supervised`]); the supervisor launches the process.
+//! 2. The process connects over its pipes (a connection with origin `Supervised`) and
+//!    registers: whatever id it asks for, it becomes the reserved agent, child of the spawner
+//!    ([`Router::register_supervised`]); the waiter gets the agent and the spawn call returns.
+//! 3. The process exits: the supervisor reports the exit ([`Router::supervised_exited`]); the
+//!    agent goes `failed` (crash) or `stopped` (clean exit or requested stop) with exit code,
+//!    signal and stderr tail in the event. If the process is restarted, its next registration
+//!    takes the agent back (`registered`, reason `restarted`); if not, the agent is unregistered
+//!    (reason `process_exited`) after the resume window, so late viewers still see how it
+//!    ended.
+//! 4. A process that exits before registering fails the spawn (3004) and is not restarted.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::protocol::agent::{Agent, AgentState};
+use crate::protocol::event::{
+    AgentDiagnosticData, AgentStateChangedData, AgentStderrData, EventType,
+};
+use crate::protocol::ids::AgentId;
+use crate::protocol::methods::agents::{RegisterParams, SpawnParams};
+
+use super::session::ConnOrigin;
+use super::{Caller, Ctx, Deadline, Router, RouterError};
+
+/// What the router asks the supervisor to do to a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessControl {
+    /// Stop it: wait for a graceful exit (unless `force`), then SIGTERM, then SIGKILL.
+    Stop {
+        /// The agent.
+        agent: AgentId,
+        /// Skip the graceful wait.
+        force: bool,
+    },
+    /// SIGSTOP its process group.
+    Suspend {
+        /// The agent.
+        agent: AgentId,
+    },
+    /// SIGCONT its process group.
+    Resume {
+        /// The agent.
+        agent: AgentId,
+    },
+}
+
+/// How a supervised process ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Exit code, if it exited.
+    pub code: Option<i32>,
+    /// Signal, if one killed it.
+    pub signal: Option<i32>,
+    /// The last lines it wrote to stderr.
+    pub stderr_tail: Vec<String>,
+    /// The exit was asked for (`map/agents/stop`, unregister, shutdown).
+    pub requested: bool,
+    /// The restart policy would restart it (the router still decides).
+    pub policy_restarts: bool,
+}
+
+impl ExitInfo {
+    fn clean(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("signal {s}"),
+            (None, None) => "unknown status".into(),
+        }
+    }
+}
+
+/// The reservation a spawner waits on.
+pub type SpawnWaiter = oneshot::Receiver<Result<Agent, RouterError>>;
+
+/// Router-side record of one supervised agent.
+#[derive(Debug)]
+pub(crate) struct Supervised {
+    /// Parent link for the agent.
+    parent: Option<AgentId>,
+    /// Registration fields from the spawn call; the process's own register fills gaps.
+    template: RegisterParams,
+    /// The spawner, until the first registration.
+    waiter: Option<oneshot::Sender<Result<Agent, RouterError>>>,
+    /// Whether the agent has registered at least once.
+    registered_once: bool,
+}
+
+/// Supervised agents by id.
+pub(crate) type SupervisedTable = HashMap<AgentId, Supervised>;
+
+impl Router {
+    /// Reserves an agent id for a process about to be launched, checking what a spawn must
+    /// check: `parent` (default: the spawner's agent) must be controlled by the spawner, and the
+    /// id must be free. `spawner` is `None` for agents the router starts from its config.
+    ///
+    /// # Errors
+    /// 2001 / 1003 for the parent, 3000 for a taken id, 1000 without a session.
+    pub fn reserve_supervised(
+        &mut self,
+        spawner: Option<&Ctx>,
+        p: &SpawnParams,
+    ) -> Result<(AgentId, Option<AgentId>, SpawnWaiter), RouterError> {
+        let caller = spawner.map(|ctx| self.caller(ctx)).transpose()?;
+        let parent = p
+            .register
+            .parent
+            .clone()
+            .or_else(|| caller.as_ref().and_then(|c| c.primary_agent.clone()));
+        if let (Some(parent), Some(caller)) = (&parent, &caller) {
+            self.controlled_agent(caller, parent)?;
+        }
+        let id = match &p.register.agent_id {
+            Some(id) if id.as_str().is_empty() => {
+                return Err(RouterError::InvalidParams(
+                    "agentId must not be empty".into(),
+                ))
+            }
+            Some(id) => id.clone(),
+            None => AgentId::generate(),
+        };
+        if self.registry.contains(id.as_str()) || self.supervised.contains_key(&id) {
+            return Err(RouterError::AgentExists(id.to_string()));
+        }
+        for scope in p.register.scopes.iter().flatten() {
+            if !self.scopes.contains(scope.as_str()) {
+                return Err(RouterError::ScopeNotFound(scope.to_string()));
+            }
+        }
+        let mut template = p.register.clone();
+        if let Some(extra) = &p.requested_scopes {
+            template
+                .scopes
+                .get_or_insert_with(Vec::new)
+                .extend(extra.iter().cloned());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.supervised.insert(
+            id.clone(),
+            Supervised {
+                parent: parent.clone(),
+                template,
+                waiter: Some(tx),
+                registered_once: false,
+            },
+        );
+        Ok((id, parent, rx))
+    }
+
+    /// Drops a reservation whose process could not be started or did not register in time.
+    pub fn cancel_supervised(&mut self, agent: &AgentId, error: RouterError) {
+        if let Some(mut s) = self.supervised.remove(agent) {
+            if let Some(w) = s.waiter.take() {
+                let _ = w.send(Err(error));
+            }
+        }
+        if self.registry.contains(agent.as_str()) {
+            self.remove_agent(agent, "spawn_failed", Vec::new());
+        }
+    }
+
+    /// Whether the router supervises a process for this agent.
+    pub fn is_supervised(&self, agent: &str) -> bool {
+        self.supervised.contains_key(agent)
+    }
+
+    /// Registration from a supervised process's connection.
+    pub(crate) fn register_supervised(
+        &mut self,
+        caller: &Caller,
+        agent: &AgentId,
+        p: RegisterParams,
+    ) -> Result<(Agent, bool), RouterError> {
+        let Some(ticket) = self.supervised.get(agent) else {
+            return Err(RouterError::InvalidRequest(format!(
+                "the process for agent {agent} is no longer supervised"
+            )));
+        };
+        let mut params = ticket.template.clone();
+        params.agent_id = Some(agent.clone());
+        params.parent = ticket.parent.clone();
+        fill(&mut params.name, p.name);
+        fill(&mut params.description, p.description);
+        fill(&mut params.role, p.role);
+        fill(&mut params.visibility, p.visibility);
+        fill(&mut params.capabilities, p.capabilities);
+        fill(&mut params.environment, p.environment);
+        fill(&mut params.capability_descriptor, p.capability_descriptor);
+        fill(&mut params.metadata, p.metadata);
+        fill(&mut params.scopes, p.scopes);
+
+        let resumed = match self.registry.get(agent.as_str()) {
+            Some(rec) if rec.agent.owner_id.is_some() => {
+                return Err(RouterError::AgentExists(agent.to_string()))
+            }
+            Some(rec) => {
+                // A restarted process takes its agent back.
+                let previous = rec.agent.state.clone();
+                self.registry
+                    .set_owner(agent.as_str(), Some(caller.participant.clone()));
+                if let Some(rec) = self.registry.get_mut(agent.as_str()) {
+                    rec.agent.state = AgentState::REGISTERED;
+                    rec.orphan_expires = None;
+                    rec.expiry_reason = None;
+                    rec.state_before_orphan = None;
+                }
+                let snapshot = self.apply_reregistration(agent, &params);
+                if let Some(snapshot) = snapshot {
+                    self.emit_agent_event(
+                        EventType::AgentStateChanged,
+                        &snapshot,
+                        &AgentStateChangedData::new(
+                            agent.clone(),
+                            previous,
+                            AgentState::REGISTERED,
+                            Some("restarted".into()),
+                        ),
+                        Vec::new(),
+                    );
+                }
+                self.adopt_primary(caller, agent);
+                true
+            }
+            None => {
+                self.create_agent(caller, agent.clone(), params, Vec::new());
+                false
+            }
+        };
+        let record = self
+            .registry
+            .get(agent.as_str())
+            .map(|r| r.agent.clone())
+            .ok_or_else(|| RouterError::AgentNotFound(agent.to_string()))?;
+        if let Some(ticket) = self.supervised.get_mut(agent) {
+            ticket.registered_once = true;
+            if let Some(w) = ticket.waiter.take() {
+                let _ = w.send(Ok(record.clone()));
+            }
+        }
+        Ok((record, resumed))
+    }
+
+    /// A supervised process's connection went away: its agents lose their owner but keep
+    /// their state; the exit report (or the restarted process) decides what happens next.
+    pub(crate) fn release_supervised(&mut self, participant: &str) {
+        for agent in self.registry.owned_by(participant) {
+            self.registry.set_owner(agent.as_str(), None);
+        }
+    }
+
+    /// A supervised process exited. Returns whether the supervisor should restart it.
+    pub fn supervised_exited(&mut self, agent: &AgentId, pid: u32, info: ExitInfo) -> bool {
+        let Some(ticket) = self.supervised.get_mut(agent) else {
+            return false;
+        };
+        if let Some(waiter) = ticket.waiter.take() {
+            // Died during its handshake: the spawner gets the error, nothing restarts.
+            let tail = info.stderr_tail.join("\n");
+            let _ = waiter.send(Err(RouterError::SpawnFailed(format!(
+                "process {pid} exited ({}) before registering{}",
+                info.describe(),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; stderr: {tail}")
+                }
+            ))));
+            self.supervised.remove(agent);
+            return false;
+        }
+        let restart = info.policy_restarts && !info.requested && ticket.registered_once;
+        let Some(rec) = self.registry.get(agent.as_str()) else {
+            self.supervised.remove(agent);
+            return false;
+        };
+        let previous = rec.agent.state.clone();
+        let new_state = if info.requested || info.clean() {
+            AgentState::STOPPED
+        } else {
+            AgentState::FAILED
+        };
+        let reason = if info.requested {
+            "stopped"
+        } else if info.clean() {
+            "exited"
+        } else {
+            "crashed"
+        };
+        self.registry.set_owner(agent.as_str(), None);
+        let expires = (!restart).then(|| Instant::now() + self.config.resume_window);
+        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+            return false;
+        };
+        rec.agent.state = new_state.clone();
+        rec.orphan_expires = expires;
+        rec.expiry_reason = expires.map(|_| "process_exited");
+        let lifecycle = rec.agent.lifecycle.get_or_insert_with(Default::default);
+        lifecycle.stopped_at = Some(crate::protocol::ids::now_ms());
+        lifecycle.exit_code = info.code.map(i64::from);
+        lifecycle.exit_reason = Some(format!("{reason}: {}", info.describe()));
+        let snapshot = rec.agent.clone();
+        let mut data = AgentStateChangedData::new(
+            agent.clone(),
+            previous,
+            new_state,
+            Some(if restart {
+                format!("{reason}; restarting")
+            } else {
+                reason.to_owned()
+            }),
+        );
+        data.exit_code = info.code;
+        data.signal = info.signal;
+        data.stderr_tail = Some(info.stderr_tail);
+        self.emit_agent_event(EventType::AgentStateChanged, &snapshot, &data, Vec::new());
+        if let Some(at) = expires {
+            self.supervised.remove(agent);
+            self.schedule(at, Deadline::OrphanExpiry(agent.clone()));
+        }
+        restart
+    }
+
+    /// Lines a supervised process wrote to stderr.
+    pub fn supervised_output(
+        &mut self,
+        agent: &AgentId,
+        pid: u32,
+        lines: Vec<String>,
+        dropped: u64,
+    ) {
+        let data = AgentStderrData {
+            agent_id: agent.clone(),
+            pid,
+            lines,
+            dropped: (dropped > 0).then_some(dropped),
+        };
+        self.emit_process_event(EventType::AgentStderr, agent, &data);
+    }
+
+    /// A line on a supervised process's stdout that is not JSON-RPC.
+    pub fn supervised_diagnostic(
+        &mut self,
+        agent: &AgentId,
+        pid: u32,
+        line: String,
+        error: String,
+    ) {
+        let data = AgentDiagnosticData {
+            agent_id: agent.clone(),
+            pid,
+            stream: "stdout".into(),
+            line,
+            error,
+        };
+        self.emit_process_event(EventType::AgentDiagnostic, agent, &data);
+    }
+
+    fn emit_process_event<D: serde::Serialize>(
+        &mut self,
+        kind: EventType,
+        agent: &AgentId,
+        data: &D,
+    ) {
+        match self.registry.get(agent.as_str()).map(|r| r.agent.clone()) {
+            Some(a) => {
+                self.emit_agent_event(kind, &a, data, Vec::new());
+            }
+            None => {
+                // Not registered (yet): the event is about the reservation.
+                let keys = super::events::log::FilterKeys {
+                    agent_id: Some(agent.clone()),
+                    ..Default::default()
+                };
+                self.emit_plain(kind, Some(agent.as_arc().clone()), data, keys, Vec::new());
+            }
+        }
+    }
+
+    /// Tells the supervisor to act on an agent's process, if it has one. Never waits.
+    pub(crate) fn control_process(&self, control: ProcessControl) {
+        let agent = match &control {
+            ProcessControl::Stop { agent, .. }
+            | ProcessControl::Suspend { agent }
+            | ProcessControl::Resume { agent } => agent,
+        };
+        if !self.supervised.contains_key(agent) {
+            return;
+        }
+        if let Some(tx) = &self.process_control {
+            if tx.try_send(control.clone()).is_err() {
+                tracing::warn!(%agent, ?control, "supervisor queue full; process control dropped");
+            }
+        }
+    }
+
+    /// The supervised agent a connection runs as, if any.
+    pub(crate) fn supervised_origin(&self, ctx: &Ctx) -> Option<AgentId> {
+        match self.conns.get(&ctx.conn).map(|c| &c.origin) {
+            Some(ConnOrigin::Supervised { agent, .. }) => Some(agent.clone()),
+            _ => None,
+        }
+    }
+}
+
+fn fill<T>(slot: &mut Option<T>, value: Option<T>) {
+    if slot.is_none() {
+        *slot = value;
+    }
+}
