@@ -1208,6 +1208,32 @@ scenario('stop: stopAgent sets stopping and sends a control message from system'
   assert.ok(!w.events.some((e) => e.type === 'message_sent'), 'no message events for control messages');
 });
 
+scenario('supervised: the router runs an SDK agent over stdio, messages flow both ways, stop reaps it', async (ctx) => {
+  const obs = await ctx.client({ name: 'operator' });
+  const w = await obs.watch({ eventTypes: ['agent_registered', 'agent_state_changed', 'agent_unregistered', 'agent.stderr'] });
+  const boss = await ctx.agent({ name: 'boss' });
+  const res = await boss.call('map/agents/spawn', {
+    name: 'child',
+    command: { program: process.execPath, args: [path.join(HERE, 'stdio_agent.mjs')] },
+  });
+  assert.equal(res.agent?.parent, boss.id, 'a child of the spawner');
+  assert.equal(res.agent?.name, 'child');
+  assert.ok(Number.isInteger(res.process?.pid), 'process info');
+  const child = res.agent.id;
+  const registered = await w.waitFor('agent_registered', (e) => e.data?.agentId === child);
+  assert.equal(registered.data.parent, boss.id);
+  // request/response through the child's stdio, from a ClientConnection.
+  const reply = await withTimeout(obs.conn.request({ agent: child }, { ping: 1 }, { timeout: 5000 }), 6000, 'reply over stdio');
+  assert.deepEqual(reply.payload, { echo: { ping: 1 }, from: 'stdio' });
+  const stderr = await w.waitFor('agent.stderr', (e) => e.data?.agentId === child);
+  assert.ok(stderr.data.lines.some((l) => l.includes(`MAP_AGENT_ID=${child}`)), 'stderr captured with the agent id in the environment');
+  await obs.conn.stopAgent(child, { reason: 'done' });
+  // The SDK agent's disconnect() unregisters its agent, then the process exits.
+  const gone = await w.waitFor('agent_unregistered', (e) => e.data?.agentId === child);
+  assert.equal(gone.data.reason, 'unregistered');
+  await expectCode(obs.conn.getAgent(child), 2001, 'the child is gone');
+});
+
 scenario('stop: force stop unregisters the agent (reason stopped)', async (ctx) => {
   const obs = await ctx.client({ name: 'operator' });
   const w = await obs.watch({ eventTypes: ['agent_state_changed', 'agent_unregistered'] });
