@@ -250,7 +250,8 @@ pub struct WriterGone;
 pub struct Handled {
     /// The response frame: one object, or an array for a batch.
     pub response: Option<String>,
-    after: Vec<AfterReply>,
+    /// Follow-ups for [`RpcSession::complete`], to run once the response is written.
+    pub after: Vec<AfterReply>,
 }
 
 fn error_frame(id: &Id, error: &ErrorObject) -> String {
