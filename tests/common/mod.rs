@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::time::Duration;
@@ -103,13 +105,67 @@ pub enum Frame {
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// A raw WebSocket JSON-RPC client.
+/// The transports a test client can use, to run one scenario over each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// WebSocket on the server's listener.
+    Ws,
+    /// The server's in-process channel pair.
+    InProcess,
+    /// NDJSON over an in-memory byte pipe, served by `Server::serve_io` (the stdio code path).
+    Stdio,
+    /// `POST /map/rpc` plus the SSE stream `GET /map/events`.
+    Http,
+}
+
+impl Transport {
+    /// Every transport.
+    pub const ALL: [Transport; 4] = [
+        Transport::Ws,
+        Transport::InProcess,
+        Transport::Stdio,
+        Transport::Http,
+    ];
+}
+
+/// What carries a test client's frames.
+enum Link {
+    Ws(Box<Ws>),
+    InProcess(map_router::transport::in_process::InProcessLink),
+    Stdio {
+        writer: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+        lines: tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+    },
+    Http(Box<HttpLink>),
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Link::Ws(_) => "Ws",
+            Link::InProcess(_) => "InProcess",
+            Link::Stdio { .. } => "Stdio",
+            Link::Http(_) => "Http",
+        })
+    }
+}
+
+/// The HTTP transport as a frame link: each sent frame is a POST whose response body is the
+/// next frame read; notifications come from the SSE stream, opened once a token is issued.
+struct HttpLink {
+    addr: std::net::SocketAddr,
+    token: Option<String>,
+    responses: VecDeque<Value>,
+    sse: Option<http::Sse>,
+}
+
+/// A raw JSON-RPC client over any transport (WebSocket by default).
 ///
 /// `call` numbers requests 1, 2, 3, ... and queues every notification that arrives before the
 /// response, so `notification`, `next_event` and `next_message` still see them, in order.
 #[derive(Debug)]
 pub struct WsClient {
-    ws: Ws,
+    ws: Link,
     next_id: u64,
     queue: VecDeque<Value>,
     /// The last `map/connect` result (`Value::Null` before).
@@ -129,12 +185,78 @@ impl WsClient {
         ))
         .await
         .unwrap_or_else(|e| panic!("WebSocket connect to {url}: {e}"));
+        Self::with_link(Link::Ws(Box::new(ws)))
+    }
+
+    fn with_link(ws: Link) -> Self {
         Self {
             ws,
             next_id: 1,
             queue: VecDeque::new(),
             session: Value::Null,
         }
+    }
+
+    /// Opens a connection over `transport` to `server` (no `map/connect`).
+    pub async fn open(transport: Transport, server: &Server) -> Self {
+        match transport {
+            Transport::Ws => {
+                let url = format!("ws://{}/", server.local_addrs()[0]);
+                Self::connect(&url).await
+            }
+            Transport::InProcess => Self::with_link(Link::InProcess(server.connect_in_process())),
+            Transport::Stdio => {
+                let (client, served) = tokio::io::duplex(1 << 16);
+                let (server_read, server_write) = tokio::io::split(served);
+                let ctx = server.context().clone();
+                tokio::spawn(async move {
+                    map_router::transport::stdio::serve_io(
+                        &ctx,
+                        server_read,
+                        server_write,
+                        map_router::transport::connection::ConnectionOptions::default(),
+                    )
+                    .await;
+                });
+                let (read, writer) = tokio::io::split(client);
+                use tokio::io::AsyncBufReadExt;
+                Self::with_link(Link::Stdio {
+                    writer,
+                    lines: tokio::io::BufReader::new(read).lines(),
+                })
+            }
+            Transport::Http => Self::with_link(Link::Http(Box::new(HttpLink {
+                addr: server.local_addrs()[0],
+                token: None,
+                responses: VecDeque::new(),
+                sse: None,
+            }))),
+        }
+    }
+
+    /// Opens a connection over `transport` and calls `map/connect` as `kind` plus `extra`.
+    pub async fn open_as(transport: Transport, server: &Server, kind: &str, extra: Value) -> Self {
+        let c = Self::open(transport, server).await;
+        c.connected_as(kind, extra).await
+    }
+
+    /// An `agent` participant over `transport` that registered `agentId: id` plus `extra`.
+    pub async fn open_agent(transport: Transport, server: &Server, id: &str, extra: Value) -> Self {
+        let mut c = Self::open_as(transport, server, "agent", json!({})).await;
+        let mut params = json!({"agentId": id});
+        merge(&mut params, extra);
+        let agent = c.register_agent(params).await;
+        assert_eq!(agent["id"], json!(id));
+        c
+    }
+
+    async fn connected_as(mut self, kind: &str, extra: Value) -> Self {
+        let mut params = json!({"protocolVersion": 1, "participantType": kind});
+        merge(&mut params, extra);
+        let result = self.ok("map/connect", params).await;
+        assert_eq!(result["participantType"], json!(kind));
+        self.session = result;
+        self
     }
 
     /// Opens a WebSocket and calls `map/connect` with `participantType: kind` plus `extra`.
@@ -186,16 +308,49 @@ impl WsClient {
 
     /// Sends a text frame as is.
     pub async fn send_raw(&mut self, text: &str) {
-        with_timeout(self.ws.send(Message::text(text.to_owned())))
-            .await
-            .expect("send text frame");
+        match &mut self.ws {
+            Link::Ws(ws) => with_timeout(ws.send(Message::text(text.to_owned())))
+                .await
+                .expect("send text frame"),
+            Link::InProcess(link) => with_timeout(link.tx.send(text.to_owned()))
+                .await
+                .expect("send in-process frame"),
+            Link::Stdio { writer, .. } => {
+                use tokio::io::AsyncWriteExt;
+                with_timeout(writer.write_all(format!("{text}\n").as_bytes()))
+                    .await
+                    .expect("write line");
+            }
+            Link::Http(h) => {
+                let r = http::post(h.addr, h.token.as_deref(), text).await;
+                if h.token.is_none() {
+                    if let Some(token) = r.token() {
+                        h.sse = Some(http::Sse::open(h.addr, &token, None).await);
+                        h.token = Some(token);
+                    }
+                }
+                if !r.body.is_empty() {
+                    h.responses.push_back(r.json());
+                }
+            }
+        }
+    }
+
+    fn ws(&mut self) -> &mut Ws {
+        match &mut self.ws {
+            Link::Ws(ws) => ws,
+            other => panic!("a WebSocket operation on a {other:?} link"),
+        }
     }
 
     /// Sends a binary frame.
     pub async fn send_binary(&mut self, bytes: &[u8]) {
-        with_timeout(self.ws.send(Message::Binary(Bytes::copy_from_slice(bytes))))
-            .await
-            .expect("send binary frame");
+        with_timeout(
+            self.ws()
+                .send(Message::Binary(Bytes::copy_from_slice(bytes))),
+        )
+        .await
+        .expect("send binary frame");
     }
 
     /// Sends a JSON value as one text frame.
@@ -205,11 +360,13 @@ impl WsClient {
 
     /// Sends a close frame and waits (bounded) for the server to finish the close handshake.
     pub async fn close(mut self) {
-        let _ = with_timeout(self.ws.close(None)).await;
-        let _ = tokio::time::timeout(TIMEOUT, async {
-            while let Some(Ok(_)) = self.ws.next().await {}
-        })
-        .await;
+        if let Link::Ws(ws) = &mut self.ws {
+            let _ = with_timeout((**ws).close(None)).await;
+            let _ = tokio::time::timeout(TIMEOUT, async {
+                while let Some(Ok(_)) = ws.next().await {}
+            })
+            .await;
+        }
     }
 
     /// Drops the TCP connection without a close handshake (an abrupt transport loss).
@@ -223,8 +380,44 @@ impl WsClient {
     }
 
     async fn read_frame_unbounded(&mut self) -> Frame {
+        let parse = |t: &str| -> Frame {
+            Frame::Json(
+                serde_json::from_str(t)
+                    .unwrap_or_else(|e| panic!("server sent invalid JSON ({e}): {t}")),
+            )
+        };
+        let ws = match &mut self.ws {
+            Link::Ws(ws) => ws,
+            Link::InProcess(link) => {
+                return match link.rx.next().await {
+                    Some(t) => parse(&t),
+                    None => Frame::Closed(None),
+                }
+            }
+            Link::Stdio { lines, .. } => {
+                return match lines.next_line().await {
+                    Ok(Some(t)) => parse(&t),
+                    _ => Frame::Closed(None),
+                }
+            }
+            Link::Http(h) => {
+                if let Some(v) = h.responses.pop_front() {
+                    return Frame::Json(v);
+                }
+                let Some(sse) = h.sse.as_mut() else {
+                    panic!("nothing to read: no pending response and no event stream yet");
+                };
+                return match sse.next_unbounded().await {
+                    Some(ev) if ev.event == "close" => {
+                        Frame::Closed(ev.json()["code"].as_u64().map(|c| c as u16))
+                    }
+                    Some(ev) => Frame::Json(ev.json()),
+                    None => Frame::Closed(None),
+                };
+            }
+        };
         loop {
-            match self.ws.next().await {
+            match ws.next().await {
                 None => return Frame::Closed(None),
                 Some(Err(e)) => panic!("WebSocket read failed: {e}"),
                 Some(Ok(Message::Text(t))) => {
