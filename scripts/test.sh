@@ -16,3 +16,27 @@ cargo build --locked --bin map-router
 (cd tests/interop && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
+
+echo "== Rust client examples against target/debug/map-router"
+cargo build --locked --bin map-router --examples
+router_log=$(mktemp)
+target/debug/map-router --listen 127.0.0.1:0 2> "$router_log" &
+router_pid=$!
+trap 'kill "$router_pid" ${agent_pid:-} 2>/dev/null || true; rm -f "$router_log"' EXIT
+MAP_URL=
+for _ in $(seq 100); do
+  MAP_URL=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$router_log" | head -n 1)
+  [ -n "$MAP_URL" ] && break
+  sleep 0.1
+done
+[ -n "$MAP_URL" ] || { echo "the router did not start:"; cat "$router_log"; exit 1; }
+export MAP_URL
+timeout 60 target/debug/examples/embedded
+timeout 60 target/debug/examples/dashboard --seconds 1
+timeout 60 target/debug/examples/agent --seconds 30 &
+agent_pid=$!
+timeout 60 target/debug/examples/orchestrator
+timeout 60 target/debug/examples/supervise
+wait "$agent_pid" # the orchestrator stops the agent, which then exits 0
+kill "$router_pid"
+wait "$router_pid"

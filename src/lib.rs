@@ -10,11 +10,16 @@
 //!   event log; transports talk to it through a [`router::RouterHandle`]. It opens no sockets.
 //! - [`process`]: supervised subprocess agents (launch, pipes, stderr, restart, stop, reap).
 //! - [`server`]: listeners, configuration and graceful shutdown.
+//! - [`client`]: a Rust MAP client (WebSocket, stdio child, in-process): typed calls,
+//!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
+//!   `map-router` user commands (`agent`, `watch`, `send`, ...) on it.
 //!
 //! `docs/architecture.md` describes who owns what and how requests and events flow;
 //! `docs/compatibility.md` records every choice between the SDK, the spec and the reference
 //! servers.
 
+pub mod cli;
+pub mod client;
 pub mod process;
 pub mod protocol;
 pub mod router;

@@ -1,6 +1,8 @@
-//! The `map-router` command line: parse arguments, build the configuration, run the server.
+//! The `map-router` command line: parse arguments, build the configuration, run the server;
+//! or run one of the user commands of `map_router::cli` (`agent`, `watch`, `send`, `agents`,
+//! `scopes`, `spawn`), which talk to a running router.
 //!
-//! Logs go to stderr (stdout stays clean for machine output and, later, stdio transports).
+//! Logs go to stderr (stdout stays clean for machine output and stdio transports).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,6 +40,8 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    #[command(flatten)]
+    User(map_router::cli::Command),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -55,8 +59,11 @@ struct ServeArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // User commands print results on stdout: only warnings and errors go to the log.
+    let quiet = matches!(cli.command, Some(Cmd::User(_)));
+    init_logging(if quiet { "warn" } else { "info" });
     match cli.command {
+        Some(Cmd::User(command)) => map_router::cli::run(command),
         Some(Cmd::Schema { out, check }) => schema(&out, check),
         Some(Cmd::Serve(args)) => serve(args, Mode::Listen),
         Some(Cmd::Stdio(args)) => serve(args, Mode::Stdio),
@@ -64,9 +71,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -121,7 +128,7 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let server = match Server::start(config).await {
             Ok(s) => s,
             Err(e) => {
@@ -148,7 +155,11 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
         server.shutdown().await;
         tracing::info!("stopped");
         ExitCode::SUCCESS
-    })
+    });
+    // NB: tokio's stdin read runs on a blocking thread that only returns at EOF; do not let
+    // it hold the process open after a signal.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    code
 }
 
 async fn wait_for_signal() {

@@ -87,7 +87,7 @@ pub struct ReplayParams {
 }
 
 /// A replayed event already in wire form.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct RawReplayedEvent(pub Box<RawValue>);
 
 impl Serialize for RawReplayedEvent {
@@ -107,7 +107,7 @@ impl JsonSchema for RawReplayedEvent {
 }
 
 /// `map/replay` result.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplayResult {
     /// Matching events, oldest first.

@@ -71,7 +71,7 @@ pub struct ScopesDeleteResult {
     /// Always true on success.
     pub deleted: bool,
     /// Child scopes deleted with it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deleted_descendants: Vec<ScopeId>,
 }
 
