@@ -118,15 +118,9 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match map_router::cli::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("map-router: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let code = runtime.block_on(async move {
         let server = match Server::start(config).await {

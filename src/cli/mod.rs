@@ -184,17 +184,25 @@ fn fail(what: impl Into<String>) -> impl FnOnce(ClientError) -> Failure {
     }
 }
 
-/// Runs a user command to completion on its own runtime.
-pub fn run(command: Command) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded runtime every command runs on; prints why when it cannot start.
+///
+/// # Errors
+/// The exit code to return when the runtime cannot be built.
+pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
+        .map_err(|e| {
             eprintln!("map-router: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+            ExitCode::FAILURE
+        })
+}
+
+/// Runs a user command to completion on its own runtime.
+pub fn run(command: Command) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
     };
     let result = runtime.block_on(async move {
         match command {

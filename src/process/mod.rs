@@ -122,6 +122,20 @@ fn spawn_failed(message: impl Into<String>) -> ErrorObject {
     RouterError::SpawnFailed(message.into()).to_error_object()
 }
 
+/// Drops a reservation whose spawn failed and returns the 3004 error for the spawner.
+async fn cancel_spawn(
+    router: &crate::router::RouterHandle,
+    agent: &AgentId,
+    msg: String,
+) -> ErrorObject {
+    let a = agent.clone();
+    let m = msg.clone();
+    let _ = router
+        .with(move |r| r.cancel_supervised(&a, RouterError::SpawnFailed(m)))
+        .await;
+    spawn_failed(msg)
+}
+
 impl Supervisor {
     /// Starts a supervisor. The returned sender is what the router uses to send process
     /// controls (give it to `Router::spawn_with`).
@@ -232,12 +246,7 @@ impl Supervisor {
                     _ => "the supervisor stopped".to_owned(),
                 };
                 let msg = format!("cannot start `{}`: {why}", command.program);
-                let a = agent.clone();
-                let m = msg.clone();
-                let _ = router
-                    .with(move |r| r.cancel_supervised(&a, RouterError::SpawnFailed(m)))
-                    .await;
-                return Err(spawn_failed(msg));
+                return Err(cancel_spawn(&router, &agent, msg).await);
             }
         };
         let handshake = command
@@ -258,12 +267,7 @@ impl Supervisor {
                     "process {pid} did not register within {} ms",
                     handshake.as_millis()
                 );
-                let a = agent.clone();
-                let m = msg.clone();
-                let _ = router
-                    .with(move |r| r.cancel_supervised(&a, RouterError::SpawnFailed(m)))
-                    .await;
-                return Err(spawn_failed(msg));
+                return Err(cancel_spawn(&router, &agent, msg).await);
             }
         };
         let message_id = match (caller, params.initial_message) {
