@@ -9,6 +9,7 @@
 //! - [`router`]: the core. One task owns every session, agent, scope, subscription and the
 //!   event log; transports talk to it through a [`router::RouterHandle`]. It opens no sockets.
 //! - [`process`]: supervised subprocess agents (launch, pipes, stderr, restart, stop, reap).
+//! - [`store`]: durable storage of the event log (SQLite by default).
 //! - [`server`]: listeners, configuration and graceful shutdown.
 //! - [`client`]: a Rust MAP client (WebSocket, stdio child, in-process): typed calls,
 //!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
@@ -24,4 +25,5 @@ pub mod process;
 pub mod protocol;
 pub mod router;
 pub mod server;
+pub mod store;
 pub mod transport;

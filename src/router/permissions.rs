@@ -81,7 +81,7 @@ pub fn agent_audience(agent: &Agent, reg: &Registry) -> Audience {
             {
                 who.push(parent_owner);
             }
-            Audience::Participants(who)
+            Audience::Participants { who }
         }
         AgentVisibility::Scope => Audience::Scoped {
             owner: agent.owner_id.clone(),
@@ -98,7 +98,7 @@ pub fn audience_allows(viewer: &Viewer<'_>, audience: &Audience, reg: &Registry)
     match audience {
         Audience::Everyone => true,
         Audience::System => false,
-        Audience::Participants(who) => who.contains(viewer.participant),
+        Audience::Participants { who } => who.contains(viewer.participant),
         Audience::Scoped { owner, scopes } => {
             owner.as_ref() == Some(viewer.participant) || shares_scope(viewer, scopes, reg)
         }

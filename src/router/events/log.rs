@@ -12,18 +12,24 @@ use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use crate::protocol::event::EventType;
 use crate::protocol::ids::{now_ms, AgentId, EventId, MonotonicUlids, ParticipantId, ScopeId};
 
 /// Who may see an event, decided when it is emitted (from the visibility of what it is about).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Audience {
     /// Every subscriber allowed to observe.
     Everyone,
     /// System participants only.
     System,
     /// These participants (and system participants).
-    Participants(Vec<ParticipantId>),
+    Participants {
+        /// Who.
+        who: Vec<ParticipantId>,
+    },
     /// The owner, participants owning an agent in one of these scopes, and system participants.
     Scoped {
         /// The owner of the agent the event is about.
@@ -34,7 +40,8 @@ pub enum Audience {
 }
 
 /// Values filters match on, extracted when the event is emitted.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct FilterKeys {
     /// `data.agentId`: the agent the event is about.
     pub agent_id: Option<AgentId>,
@@ -122,6 +129,88 @@ impl EventRecord {
             json: json.into(),
             envelope_head: format!(",\"timestamp\":{timestamp}").into(),
         }
+    }
+}
+
+/// An event record as the durable store keeps it: plain columns, the filter and visibility
+/// metadata as one JSON document, and the `event` JSON exactly as it was first serialized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRow {
+    /// Dense log position.
+    pub seq: u64,
+    /// Event id (26-character ULID).
+    pub id: String,
+    /// Unix ms.
+    pub timestamp: u64,
+    /// Event type wire string.
+    pub kind: String,
+    /// `{source, causedBy, keys, audience}` as JSON.
+    pub meta: String,
+    /// The `event` object as JSON.
+    pub json: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RowMeta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    caused_by: Vec<EventId>,
+    #[serde(default)]
+    keys: FilterKeys,
+    audience: Audience,
+}
+
+impl EventRecord {
+    /// The record as a storage row. Synthetic records (no id) are never stored.
+    pub fn to_row(&self) -> Option<StoredRow> {
+        let id = self.id?;
+        let meta = RowMeta {
+            source: self.source.clone(),
+            caused_by: self.caused_by.clone(),
+            keys: self.keys.clone(),
+            audience: self.audience.clone(),
+        };
+        Some(StoredRow {
+            seq: self.seq,
+            id: id.to_string(),
+            timestamp: self.timestamp,
+            kind: self.kind.as_str().to_owned(),
+            meta: serde_json::to_string(&meta).unwrap_or_else(|_| "{}".into()),
+            json: self.json.to_string(),
+        })
+    }
+
+    /// Rebuilds a record from a storage row.
+    ///
+    /// # Errors
+    /// A row this version cannot read (unknown type, malformed id or metadata).
+    pub fn from_row(row: StoredRow) -> Result<Self, String> {
+        let id = EventId::parse(&row.id).ok_or_else(|| format!("bad event id {}", row.id))?;
+        let kind = EventType::ALL
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == row.kind)
+            .ok_or_else(|| format!("unknown event type {}", row.kind))?;
+        let meta: RowMeta = serde_json::from_str(&row.meta)
+            .map_err(|e| format!("bad metadata for event {}: {e}", row.id))?;
+        Ok(Self {
+            seq: row.seq,
+            id: Some(id),
+            timestamp: row.timestamp,
+            kind,
+            source: meta.source,
+            caused_by: meta.caused_by,
+            keys: meta.keys,
+            audience: meta.audience,
+            json: row.json.into(),
+            envelope_head: format!(
+                ",\"eventId\":\"{}\",\"timestamp\":{}",
+                row.id, row.timestamp
+            )
+            .into(),
+        })
     }
 }
 
@@ -388,6 +477,37 @@ mod tests {
             log.append(draft(n));
         }
         assert!(log.len() < 1000 && !log.is_empty());
+    }
+
+    #[test]
+    fn records_round_trip_through_storage_rows() {
+        let mut log = EventLog::new(Retention {
+            max_events: 10,
+            max_bytes: 1 << 20,
+        });
+        let cause = log.append(draft(1));
+        let mut d = draft(2);
+        d.source = Some("agent-7".into());
+        d.caused_by = vec![cause.id.unwrap()];
+        d.keys.scopes = vec!["team".into()];
+        d.keys.priority = Some("high".into());
+        d.audience = Audience::Participants {
+            who: vec!["p1".into()],
+        };
+        let rec = log.append(d);
+        let row = rec.to_row().unwrap();
+        let back = EventRecord::from_row(row.clone()).unwrap();
+        assert_eq!(back.seq, rec.seq);
+        assert_eq!(back.id, rec.id);
+        assert_eq!(back.json, rec.json);
+        assert_eq!(back.envelope_head, rec.envelope_head);
+        assert_eq!(back.caused_by, rec.caused_by);
+        assert_eq!(back.keys, rec.keys);
+        assert_eq!(back.audience, rec.audience);
+        assert_eq!(back.source, rec.source);
+        let mut bad = row;
+        bad.kind = "nope".into();
+        assert!(EventRecord::from_row(bad).is_err());
     }
 
     #[test]

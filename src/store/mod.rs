@@ -1,0 +1,88 @@
+//! Durable storage for the event log, behind a small trait.
+//!
+//! The router's in-memory [`EventLog`](crate::router::events::log::EventLog) is the hot window
+//! that live delivery reads; an [`EventStore`] is where every event is also appended so that it
+//! survives restarts, can be replayed beyond the memory window, and bounds what a slow
+//! subscriber can fall behind by retention on disk rather than in memory. The default store is
+//! SQLite ([`sqlite`]); the trait is small so that a NATS JetStream store can be added for
+//! multi-node deployments. With no store (`--ephemeral`) everything lives in memory.
+//!
+//! Contract:
+//! - `append` is called by the router task only, with rows in sequence order and contiguous with
+//!   everything appended before; it never blocks (the store queues and commits on its own
+//!   thread, in groups).
+//! - `committed` reports durability: every sequence number below its value is committed as the
+//!   store's durability level defines. Callers that must not answer before their events are
+//!   durable wait on it.
+//! - Reads (`read`, positions) run on the store's own threads and never block the router.
+//! - Retention may delete the oldest rows at any time; `first_seq` says where the log now
+//!   starts, and a read from before it returns what is left (the caller detects the gap).
+
+pub mod sqlite;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::sync::watch;
+
+use crate::protocol::ids::EventId;
+use crate::router::events::log::StoredRow;
+
+/// A store operation's result, resolved on the store's threads.
+pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+/// A storage failure.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database could not be opened, read or written.
+    #[error("event store: {0}")]
+    Io(String),
+    /// A stored row this version cannot read.
+    #[error("event store: corrupt record: {0}")]
+    Corrupt(String),
+    /// The store was closed.
+    #[error("event store is closed")]
+    Closed,
+}
+
+/// What a store found when it opened.
+#[derive(Debug, Clone, Default)]
+pub struct Recovered {
+    /// The sequence number the next event gets.
+    pub next_seq: u64,
+    /// The oldest retained sequence number (`next_seq` when empty).
+    pub first_seq: u64,
+    /// The id of the newest stored event, so new ids continue after it.
+    pub last_id: Option<EventId>,
+    /// The timestamp of the newest stored event, so timestamps never go backwards.
+    pub last_timestamp: u64,
+    /// The newest rows, oldest first, to warm the in-memory window.
+    pub recent: Vec<StoredRow>,
+}
+
+/// Where the event log is kept durably.
+pub trait EventStore: Send + Sync + std::fmt::Debug {
+    /// Queues rows for durable append: in sequence order, contiguous with what came before.
+    /// Never blocks.
+    fn append(&self, rows: Vec<StoredRow>);
+
+    /// Durability progress: every sequence number below the value is committed.
+    fn committed(&self) -> watch::Receiver<u64>;
+
+    /// The oldest retained sequence number (moves forward as retention deletes rows).
+    fn first_seq(&self) -> u64;
+
+    /// Up to `limit` rows with `seq >= from`, in sequence order.
+    fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>>;
+
+    /// The first sequence number whose event id is greater than `id`. Ids are monotonic, so
+    /// this is a position even for an id that was never stored or has been deleted.
+    fn seq_after(&self, id: EventId) -> StoreFuture<u64>;
+
+    /// The first sequence number whose timestamp is at least `ts` (Unix ms).
+    fn seq_at_or_after_time(&self, ts: u64) -> StoreFuture<u64>;
+
+    /// Commits what is queued, then stops the store's threads.
+    fn close(&self) -> StoreFuture<()>;
+}

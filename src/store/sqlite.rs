@@ -1,0 +1,1 @@
+//! The SQLite event store (being built).
