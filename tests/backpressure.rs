@@ -1,6 +1,7 @@
 //! Slow consumers (docs/compatibility.md §6–7): a subscriber that stops reading never slows the
 //! router or other subscribers; when it reads again it gets every retained event in order (or
-//! one `subscription.overflow` notice when it fell behind retention); a backlogged message
+//! one `subscription.overflow` notice, then live events or the end, when it fell behind
+//! retention); a backlogged message
 //! recipient gets `message_failed`, never a silent drop.
 
 mod common;
@@ -70,7 +71,7 @@ async fn a_paused_subscriber_catches_up_from_the_log_without_gaps() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscriber_behind_retention_gets_one_overflow_notice_then_continues() {
+async fn a_subscriber_behind_retention_gets_one_overflow_notice_then_continues_live() {
     let (_server, url) = start_server(|c| {
         c.router.outbox_frames = 8;
         c.events.retention_events = 20;
@@ -85,12 +86,12 @@ async fn a_subscriber_behind_retention_gets_one_overflow_notice_then_continues()
 
     within(LONG, send_in_lockstep(&mut sender, &mut fast, &fast_sub)).await;
 
+    // What the slow one gets: what fitted its outbox, then the notice, and nothing older.
     let mut before: Vec<u64> = Vec::new();
-    let mut after: Vec<u64> = Vec::new();
     let mut overflow: Option<Value> = None;
     let mut expected_seq = 1u64;
     within(LONG, async {
-        for _ in 0..=MESSAGES {
+        loop {
             let ev = slow.next_event(&slow_sub).await;
             assert_eq!(
                 ev["sequenceNumber"],
@@ -100,20 +101,12 @@ async fn a_subscriber_behind_retention_gets_one_overflow_notice_then_continues()
             expected_seq += 1;
             match ev["event"]["type"].as_str() {
                 Some("subscription.overflow") => {
-                    assert!(overflow.is_none(), "one overflow notice");
                     assert!(ev.get("eventId").is_none(), "no eventId: {ev}");
                     overflow = Some(ev);
+                    break;
                 }
                 Some("message_sent") => {
-                    let n = ev["event"]["data"]["payload"]["n"].as_u64().unwrap();
-                    if overflow.is_none() {
-                        before.push(n);
-                    } else {
-                        after.push(n);
-                    }
-                    if n == MESSAGES - 1 {
-                        break;
-                    }
+                    before.push(ev["event"]["data"]["payload"]["n"].as_u64().unwrap());
                 }
                 other => panic!("unexpected {other:?}"),
             }
@@ -121,41 +114,57 @@ async fn a_subscriber_behind_retention_gets_one_overflow_notice_then_continues()
     })
     .await;
     slow.assert_no_event(&slow_sub).await;
-
     let overflow = overflow.expect("the slow subscriber fell behind retention");
     let data = &overflow["event"]["data"];
     assert_eq!(data["subscriptionId"], json!(slow_sub));
+    assert_eq!(data["policy"], json!("skip"));
     assert!(data["recommendation"]
         .as_str()
         .is_some_and(|s| !s.is_empty()));
-    // Consecutive before and after the notice; the notice counts exactly what was skipped.
     let consecutive = |v: &[u64]| v.windows(2).all(|w| w[1] == w[0] + 1);
     assert!(consecutive(&before), "{before:?}");
-    assert!(consecutive(&after), "{after:?}");
     assert_eq!(before.first().copied().unwrap_or(0), 0);
-    assert_eq!(after.last().copied(), Some(MESSAGES - 1));
-    let resumed_at = after[0];
-    let last_before = before.last().map_or(-1, |&n| n as i64);
-    assert_eq!(
-        data["eventsDropped"],
-        json!(resumed_at as i64 - last_before - 1),
-        "{data}"
-    );
+    let skipped = MESSAGES - before.len() as u64;
     assert!(
-        after.len() <= 20,
-        "only retained events follow: {}",
-        after.len()
+        data["eventsDropped"].as_u64().unwrap() >= skipped,
+        "the notice counts at least what was skipped: {data}"
     );
-    // resumesAt names the first event delivered after the notice.
-    let replay = sender
-        .ok(
-            "map/replay",
-            json!({"filter": {"eventTypes": ["message_sent"]}}),
-        )
+
+    // Then live: the next message arrives, in sequence.
+    let r = sender
+        .send(json!({"system": true}), json!({"n": MESSAGES}))
         .await;
-    let oldest = &replay["events"][0];
-    assert_eq!(oldest["event"]["data"]["payload"]["n"], json!(resumed_at));
-    assert_eq!(data["resumesAt"], oldest["eventId"]);
+    assert_eq!(r["delivered"], json!([]));
+    let live = slow.next_event(&slow_sub).await;
+    assert_eq!(live["sequenceNumber"], json!(expected_seq));
+    assert_eq!(live["event"]["data"]["payload"]["n"], json!(MESSAGES));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_with_the_close_policy_is_ended_after_the_notice() {
+    let (_server, url) = start_server(|c| {
+        c.router.outbox_frames = 8;
+        c.events.retention_events = 20;
+    })
+    .await;
+    let mut sender = WsClient::agent(&url, "oc-src", json!({})).await;
+    let mut fast = WsClient::client(&url).await;
+    let mut slow = WsClient::client(&url).await;
+    let filter = json!({"eventTypes": ["message_sent"]});
+    let slow_sub = slow
+        .subscribe_with(json!({"filter": filter, "options": {"onOverflow": "close"}}))
+        .await;
+    let fast_sub = fast.subscribe(filter).await;
+    within(LONG, send_in_lockstep(&mut sender, &mut fast, &fast_sub)).await;
+    let notice = within(LONG, slow.event_of_type(&slow_sub, "subscription.overflow")).await;
+    assert_eq!(notice["event"]["data"]["policy"], json!("close"));
+    // Closed: later events do not arrive, and unsubscribing finds nothing to close.
+    sender.send(json!({"system": true}), json!({"n": -1})).await;
+    slow.assert_no_event(&slow_sub).await;
+    let u = slow
+        .ok("map/unsubscribe", json!({"subscriptionId": slow_sub}))
+        .await;
+    assert_eq!(u["unsubscribed"], json!(false));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

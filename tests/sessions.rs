@@ -32,7 +32,7 @@ fn assert_caps(caps: &Value, expected: [bool; 12]) {
     }
     assert_eq!(
         caps["streaming"],
-        json!({"supportsAck": false, "supportsFlowControl": false, "supportsPause": false})
+        json!({"supportsAck": true, "supportsFlowControl": true, "supportsPause": false})
     );
 }
 

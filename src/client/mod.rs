@@ -744,8 +744,9 @@ pub struct ReplayPage {
     pub events: Vec<ReplayedEvent>,
     /// More matching events follow the last one (ask again with its id as `afterEventId`).
     pub has_more: bool,
-    /// Retained events matching, across all pages.
-    pub total_count: u64,
+    /// Retained events matching, across all pages (absent when the router would have had to
+    /// scan too far to count them).
+    pub total_count: Option<u64>,
     /// `afterEventId` pointed before the oldest retained event: some events are gone.
     pub gap: bool,
 }

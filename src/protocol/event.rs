@@ -474,6 +474,9 @@ pub struct SubscriptionOverflowData {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumes_at: Option<EventId>,
     pub recommendation: String,
+    /// The subscription's overflow policy: `skip` (it continues live) or `close` (it ended).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 /// `agent.injected`: content was injected into an agent (`map/inject`).

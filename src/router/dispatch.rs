@@ -25,7 +25,7 @@ use crate::protocol::jsonrpc::{self, ErrorObject, Id, Incoming};
 use crate::protocol::methods::{self, Method};
 
 use super::outbox::{Outbound, Outbox};
-use super::{Command, ConnId, Ctx, Router, RouterError, RouterHandle};
+use super::{subscription_ops, Command, ConnId, Ctx, Router, RouterError, RouterHandle};
 use crate::process::WeakSupervisor;
 
 /// Default cap on the number of entries in one batch.
@@ -81,6 +81,14 @@ impl std::fmt::Debug for Dispatcher {
     }
 }
 
+/// An asynchronous method handler (see [`Dispatcher::add_async`]).
+pub type AsyncHandlerFn<M> =
+    fn(
+        RouterHandle,
+        ConnId,
+        <M as Method>::Params,
+    ) -> Pin<Box<dyn Future<Output = Result<<M as Method>::Result, RouterError>> + Send>>;
+
 type HandlerFn<M> =
     fn(&mut Router, &Ctx, <M as Method>::Params) -> Result<<M as Method>::Result, RouterError>;
 
@@ -104,11 +112,15 @@ impl Dispatcher {
         d.add::<Connect>(Router::handle_connect, |_| AfterReply::Connected);
         d.add::<Disconnect>(Router::handle_disconnect, |_| AfterReply::Disconnected);
         d.add::<Send>(Router::handle_send, |_| AfterReply::Nothing);
-        d.add::<Subscribe>(Router::handle_subscribe, |r| {
-            AfterReply::Activate(r.subscription_id.to_string())
-        });
+        d.add_async::<Subscribe>(
+            |router, conn, p| Box::pin(subscription_ops::subscribe(router, conn, p)),
+            |r| AfterReply::Activate(r.subscription_id.to_string()),
+        );
         d.add::<Unsubscribe>(Router::handle_unsubscribe, |_| AfterReply::Nothing);
-        d.add::<Replay>(Router::handle_replay, |_| AfterReply::Nothing);
+        d.add_async::<Replay>(
+            |router, conn, p| Box::pin(subscription_ops::replay(router, conn, p)),
+            |_| AfterReply::Nothing,
+        );
         d.add::<AgentsList>(Router::handle_agents_list, |_| AfterReply::Nothing);
         d.add::<AgentsGet>(Router::handle_agents_get, |_| AfterReply::Nothing);
         d.add::<AgentsRegister>(Router::handle_register, |_| AfterReply::Nothing);
@@ -141,6 +153,40 @@ impl Dispatcher {
             Entry {
                 handler: typed_handler::<M>(f, after, needs_session),
                 needs_session,
+            },
+        );
+        assert!(previous.is_none(), "method {} registered twice", M::NAME);
+    }
+
+    /// Registers `M` with an asynchronous handler: one that orchestrates several router steps
+    /// (and reads the durable store between them) instead of one router call. The handler
+    /// checks capabilities itself, in its router calls.
+    ///
+    /// # Panics
+    /// If `M::NAME` is already registered.
+    pub fn add_async<M: Method>(
+        &mut self,
+        f: AsyncHandlerFn<M>,
+        after: fn(&M::Result) -> AfterReply,
+    ) {
+        let handler: Handler = Box::new(move |router, conn, params| {
+            let params: M::Params = decode_params(params)?;
+            let fut = f(router.clone(), conn, params);
+            Ok(Box::pin(async move {
+                let result = fut.await.map_err(ErrorObject::from)?;
+                let json = serde_json::to_string(&result)
+                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
+                Ok(Reply {
+                    result: json,
+                    after: after(&result),
+                })
+            }))
+        });
+        let previous = self.table.insert(
+            M::NAME,
+            Entry {
+                handler,
+                needs_session: true,
             },
         );
         assert!(previous.is_none(), "method {} registered twice", M::NAME);
@@ -408,7 +454,7 @@ impl RpcSession {
                 Some(out)
             }
             Incoming::Notification { method, params } => {
-                self.notification(method, params);
+                self.notification(method, params).await;
                 None
             }
             Incoming::Response => None,
@@ -435,13 +481,29 @@ impl RpcSession {
         fut.await
     }
 
-    /// Client → server notifications. `map/subscribe.ack` is accepted and ignored (this router
-    /// advertises `supportsAck: false`); unknown notifications are ignored silently, as the
-    /// spec requires.
-    fn notification(&mut self, method: &str, _params: Option<&RawValue>) {
+    /// Client → server notifications: `map/subscribe.ack` records an acknowledgement; unknown
+    /// notifications (and malformed acks) are ignored silently, as the spec requires:
+    /// notifications are never answered.
+    async fn notification(&mut self, method: &str, params: Option<&RawValue>) {
         if method != methods::notifications::SUBSCRIBE_ACK {
             tracing::debug!(conn = %self.conn, method, "ignoring unknown notification");
+            return;
         }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Ack {
+            subscription_id: String,
+            up_to_sequence: u64,
+        }
+        let Ok(ack) = serde_json::from_str::<Ack>(params.map_or("{}", RawValue::get)) else {
+            tracing::debug!(conn = %self.conn, "ignoring a malformed map/subscribe.ack");
+            return;
+        };
+        let conn = self.conn;
+        let op: super::Op = Box::new(move |r: &mut Router| {
+            r.handle_ack(conn, &ack.subscription_id, ack.up_to_sequence);
+        });
+        let _ = self.router.send(Command::Call(op)).await;
     }
 
     /// Runs follow-ups; call once the response they follow is queued (or sent).

@@ -58,6 +58,12 @@ pub enum RouterError {
     /// A configured limit was reached.
     #[error("Resource exhausted: {0}")]
     Exhausted(String),
+    /// The durable store failed.
+    #[error("Storage error: {0}")]
+    Storage(String),
+    /// The call took effect but its events were not confirmed durable in time.
+    #[error("Not durable: {0}")]
+    NotDurable(String),
     /// The router is shutting down or gone.
     #[error("Router unavailable")]
     Unavailable,
@@ -86,6 +92,8 @@ impl RouterError {
             Self::InvalidParams(detail) => ErrorObject::invalid_params(detail.clone()),
             Self::InvalidRequest(detail) => ErrorObject::invalid_request(detail.clone()),
             Self::Exhausted(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg).retryable(),
+            Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
+            Self::Storage(_) => ErrorObject::internal(msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),
         }
     }

@@ -43,7 +43,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{Capability, ParticipantType};
 use crate::protocol::event::EventType;
-use crate::protocol::ids::{AgentId, EventId, ParticipantId, SessionId};
+use crate::protocol::ids::{AgentId, EventId, ParticipantId, SessionId, SubscriptionId};
 
 pub use self::error::RouterError;
 use self::events::log::{Audience, EventDraft, EventLog, FilterKeys, Retention};
@@ -76,6 +76,9 @@ pub const DEFAULT_LOG_BYTES: usize = 64 * 1024 * 1024;
 pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(60);
 /// Default capacity of the router's command channel.
 pub const DEFAULT_COMMAND_QUEUE: usize = 8192;
+/// Default wait for a call's events to become durable: long enough for a slow disk's fsync
+/// under load, short enough that a failing disk surfaces as errors rather than hung calls.
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Router settings.
 #[derive(Debug, Clone)]
@@ -98,6 +101,10 @@ pub struct RouterConfig {
     /// Whether `map/send` to an unknown explicit agent or scope is an error (2001/2002) rather
     /// than a success with `delivered: []` (the TestServer's behaviour).
     pub strict_recipients: bool,
+    /// When state-changing calls are answered relative to durability (with a store).
+    pub durability: Durability,
+    /// How long a call waits for its events to be committed before it fails.
+    pub commit_timeout: Duration,
 }
 
 impl Default for RouterConfig {
@@ -114,6 +121,8 @@ impl Default for RouterConfig {
             resume_window: DEFAULT_RESUME_WINDOW,
             command_queue: DEFAULT_COMMAND_QUEUE,
             strict_recipients: true,
+            durability: Durability::Durable,
+            commit_timeout: DEFAULT_COMMIT_TIMEOUT,
         }
     }
 }
@@ -151,6 +160,15 @@ pub enum Command {
         /// The connection.
         conn: ConnId,
     },
+    /// Rows the store read for a subscription's catch-up.
+    DiskRows {
+        /// The subscription.
+        subscription: SubscriptionId,
+        /// Where the read started.
+        from: u64,
+        /// The rows, or why not.
+        rows: Result<Vec<events::log::StoredRow>, crate::store::StoreError>,
+    },
     /// Detach everyone and stop.
     Shutdown,
 }
@@ -163,6 +181,11 @@ impl fmt::Debug for Command {
             Self::Call(_) => f.write_str("Call"),
             Self::Activate { conn, subscription } => write!(f, "Activate({conn}, {subscription})"),
             Self::Drained { conn } => write!(f, "Drained({conn})"),
+            Self::DiskRows {
+                subscription, from, ..
+            } => {
+                write!(f, "DiskRows({subscription}, {from})")
+            }
             Self::Shutdown => f.write_str("Shutdown"),
         }
     }
@@ -174,6 +197,10 @@ pub struct RouterHandle {
     tx: mpsc::Sender<Command>,
     next_conn: Arc<AtomicU64>,
     config: Arc<RouterConfig>,
+    /// Store durability progress, when calls wait for it.
+    committed: Option<tokio::sync::watch::Receiver<u64>>,
+    /// The durable store, for reads that must not go through the router task.
+    store: Option<Arc<dyn crate::store::EventStore>>,
 }
 
 impl RouterHandle {
@@ -185,6 +212,11 @@ impl RouterHandle {
     /// The router's configuration.
     pub fn config(&self) -> &RouterConfig {
         &self.config
+    }
+
+    /// The durable event store, if the log is durable.
+    pub fn store(&self) -> Option<Arc<dyn crate::store::EventStore>> {
+        self.store.clone()
     }
 
     /// Sends a command, waiting for room in the channel.
@@ -235,13 +267,39 @@ impl RouterHandle {
         let (tx, rx) = oneshot::channel();
         let op: Op = Box::new(move |router: &mut Router| {
             let ctx = Ctx { conn };
+            let before = router.bus.log.next_seq();
             let result = router
                 .check_call(&ctx, capability, needs_session)
                 .and_then(|()| f(router, &ctx));
-            let _ = tx.send(result);
+            let after = router.bus.log.next_seq();
+            let _ = tx.send((result, (after > before).then_some(after)));
         });
         self.send(Command::Call(op)).await?;
-        rx.await.map_err(|_| RouterError::Unavailable)?
+        let (result, appended_to) = rx.await.map_err(|_| RouterError::Unavailable)?;
+        let result = result?;
+        if let (Some(until), Some(committed)) = (appended_to, &self.committed) {
+            self.wait_committed(committed.clone(), until).await?;
+        }
+        Ok(result)
+    }
+
+    /// Waits until every event below `until` is committed.
+    async fn wait_committed(
+        &self,
+        mut committed: tokio::sync::watch::Receiver<u64>,
+        until: u64,
+    ) -> Result<(), RouterError> {
+        let limit = self.config.commit_timeout;
+        match tokio::time::timeout(limit, committed.wait_for(|c| *c >= until)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(RouterError::NotDurable(
+                "the event store has stopped".into(),
+            )),
+            Err(_) => Err(RouterError::NotDurable(format!(
+                "the event store did not commit within {} ms",
+                limit.as_millis()
+            ))),
+        }
     }
 }
 
@@ -307,6 +365,31 @@ pub struct Router {
     supervised: supervision::SupervisedTable,
     /// Where process controls go (the supervisor), when there is one.
     process_control: Option<mpsc::Sender<supervision::ProcessControl>>,
+    /// The durable event store, when the log is durable.
+    store: Option<Arc<dyn crate::store::EventStore>>,
+    /// Events appended since the last flush to the store.
+    unflushed: Vec<events::log::StoredRow>,
+}
+
+/// The router's collaborators.
+#[derive(Debug, Default)]
+pub struct RouterParts {
+    /// Where process controls go (the supervisor).
+    pub process_control: Option<mpsc::Sender<supervision::ProcessControl>>,
+    /// The durable event store and what it recovered.
+    pub store: Option<(Arc<dyn crate::store::EventStore>, crate::store::Recovered)>,
+}
+
+/// When a call that changes state is answered, relative to the durability of its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// Answered once the store has committed the call's events (the store's `synchronous`
+    /// setting says what committed survives).
+    #[default]
+    Durable,
+    /// Answered at once; the store commits within its group-commit delay.
+    Async,
 }
 
 impl Router {
@@ -320,15 +403,44 @@ impl Router {
         config: RouterConfig,
         process_control: Option<mpsc::Sender<supervision::ProcessControl>>,
     ) -> (RouterHandle, tokio::task::JoinHandle<()>) {
+        Self::start(
+            config,
+            RouterParts {
+                process_control,
+                store: None,
+            },
+        )
+    }
+
+    /// Starts the router task with its collaborators (supervisor channel, durable store).
+    pub fn start(
+        config: RouterConfig,
+        parts: RouterParts,
+    ) -> (RouterHandle, tokio::task::JoinHandle<()>) {
         let config = Arc::new(config);
         let (tx, rx) = mpsc::channel(config.command_queue.max(1));
         let mut router = Router::new(config.clone());
-        router.process_control = process_control;
+        router.process_control = parts.process_control;
+        let mut committed = None;
+        let handle_store = parts.store.as_ref().map(|(s, _)| s.clone());
+        if let Some((store, recovered)) = parts.store {
+            router.bus.log = EventLog::recover(config.retention, &recovered);
+            if config.durability == Durability::Durable {
+                committed = Some(store.committed());
+            }
+            router.store = Some(store.clone());
+            router.bus.set_disk(events::DiskAccess {
+                store,
+                router: tx.downgrade(),
+            });
+        }
         let task = tokio::spawn(router.run(rx));
         (
             RouterHandle {
                 tx,
                 next_conn: Arc::new(AtomicU64::new(1)),
+                committed,
+                store: handle_store,
                 config,
             },
             task,
@@ -347,6 +459,8 @@ impl Router {
             shutting_down: false,
             supervised: Default::default(),
             process_control: None,
+            store: None,
+            unflushed: Vec::new(),
         }
     }
 
@@ -360,26 +474,41 @@ impl Router {
                 cmd = rx.recv() => cmd,
                 () = sleep_until_opt(next_deadline) => {
                     self.fire_deadlines(Instant::now());
+                    self.flush_store();
                     continue;
                 }
             };
             let Some(cmd) = cmd else { break };
-            if self.handle(cmd) {
-                break;
-            }
+            let mut stop = self.handle(cmd);
             for _ in 0..BATCH {
+                if stop {
+                    break;
+                }
                 match rx.try_recv() {
-                    Ok(cmd) => {
-                        if self.handle(cmd) {
-                            return;
-                        }
-                    }
+                    Ok(cmd) => stop = self.handle(cmd),
                     Err(_) => break,
                 }
             }
             if next_deadline.is_some_and(|d| d <= Instant::now()) {
                 self.fire_deadlines(Instant::now());
             }
+            // NB: once per batch, so the store sees one append per burst, not one per event.
+            self.flush_store();
+            if stop {
+                break;
+            }
+        }
+        self.flush_store();
+    }
+
+    /// Hands the events appended since the last flush to the durable store.
+    fn flush_store(&mut self) {
+        if self.unflushed.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.unflushed);
+        if let Some(store) = &self.store {
+            store.append(rows);
         }
     }
 
@@ -410,6 +539,13 @@ impl Router {
                 }
             }
             Command::Drained { conn } => self.handle_drained(conn),
+            Command::DiskRows {
+                subscription,
+                from,
+                rows,
+            } => self
+                .bus
+                .deliver_disk(subscription.as_str(), from, rows, &self.registry),
             Command::Shutdown => {
                 self.handle_shutdown();
                 return true;
@@ -500,6 +636,11 @@ impl Router {
     /// Appends an event to the log and fans it out. Returns its id.
     pub fn emit(&mut self, draft: EventDraft) -> EventId {
         let rec = self.bus.log.append(draft);
+        if self.store.is_some() {
+            if let Some(row) = rec.to_row() {
+                self.unflushed.push(row);
+            }
+        }
         self.bus.publish(&rec, &self.registry);
         // Records appended by `append` always carry an id.
         rec.id.unwrap_or(EventId(crate::protocol::ids::Ulid(0)))

@@ -33,11 +33,13 @@ use super::outbox::Outbound;
 use super::session::Session;
 use super::{ConnId, Ctx, Deadline, Router, RouterError};
 
-/// The `streaming` block we advertise: what our streams do today.
+/// The `streaming` block we advertise: acks are honoured (`map/subscribe.ack`), and a
+/// subscription that acks gets a credit window (flow control); there is no server-side pause
+/// method.
 fn streaming_caps() -> StreamingCaps {
     StreamingCaps {
-        supports_ack: Some(false),
-        supports_flow_control: Some(false),
+        supports_ack: Some(true),
+        supports_flow_control: Some(true),
         supports_pause: Some(false),
     }
 }

@@ -1,23 +1,38 @@
-//! `map/subscribe`, `map/unsubscribe` and `map/replay`.
+//! `map/subscribe`, `map/unsubscribe`, `map/replay` and `map/subscribe.ack`.
 //!
-//! A new subscription starts `Pending` at the head of the log (or, with `replayFrom` /
-//! `startAfter`, at an earlier retained position) and is activated by the session once its
-//! response is queued, so the response always precedes the first `map/event`. Replay reads the
-//! retained log with the same filter and visibility rules as live delivery.
+//! A new subscription starts `Pending` at the head of the log, or at an earlier position given
+//! by `replayFrom` / `startAfter` (an event id, exclusive, or a timestamp, inclusive). It is
+//! activated by the session once its response is queued, so the response always precedes the
+//! first `map/event`; from there it catches up through the memory window and, further back, the
+//! durable store, then goes live: one sequence, no gap, no duplicate.
+//!
+//! Positions and replay are resolved in the memory window when it covers them, else in the
+//! store. Replay reads in chunks (memory or store), and each chunk is filtered on the router
+//! task with the exact rules of live delivery, so the router never waits on a disk.
 
+use std::sync::Arc;
+
+use crate::protocol::capabilities::Capability;
 use crate::protocol::event::SubscriptionFilter;
 use crate::protocol::ids::{now_ms, EventId, SubscriptionId};
 use crate::protocol::methods::events::*;
 
 use super::events::filter::CompiledFilter;
-use super::events::log::push_id_array;
-use super::events::{EventBus, SubState, Subscription};
-use super::{Ctx, Router, RouterError};
+use super::events::log::{push_id_array, EventRecord, Lookup, StoredRow};
+use super::events::{EventBus, OverflowPolicy, SubState, Subscription};
+use super::{ConnId, Ctx, Router, RouterError, RouterHandle};
 
 /// Most events one `map/replay` page returns.
 pub const MAX_REPLAY_PAGE: u32 = 1000;
 /// Page size when `limit` is absent.
 pub const DEFAULT_REPLAY_PAGE: u32 = 100;
+/// Events examined per router step of a replay (bounds how long one step holds the router).
+pub const REPLAY_CHUNK: usize = 2048;
+/// A replay counts matches (`totalCount`) only while it has examined fewer events than this;
+/// past it, `totalCount` is left out rather than scanning an unbounded log.
+pub const REPLAY_COUNT_BUDGET: u64 = 200_000;
+/// Credit window of a subscription that acknowledges without choosing one.
+pub const DEFAULT_ACK_WINDOW: u64 = 1024;
 
 fn compile(filter: Option<&SubscriptionFilter>) -> Result<CompiledFilter, RouterError> {
     CompiledFilter::compile(filter).map_err(|e| {
@@ -38,43 +53,250 @@ fn parse_event_id(s: &str, field: &str) -> Result<EventId, RouterError> {
     })
 }
 
+/// A position in the log, as a client names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// Just after this event id (which need not exist).
+    AfterId(EventId),
+    /// At the first event at or after this time (Unix ms).
+    AtTime(u64),
+}
+
+fn subscribe_position(p: &SubscribeParams) -> Result<Option<Position>, RouterError> {
+    let bad = || {
+        RouterError::InvalidParams("replayFrom must be an event id or a Unix-ms timestamp".into())
+    };
+    match (&p.replay_from, &p.start_after) {
+        (Some(serde_json::Value::String(id)), _) => {
+            Ok(Some(Position::AfterId(parse_event_id(id, "replayFrom")?)))
+        }
+        (Some(serde_json::Value::Number(n)), _) => {
+            Ok(Some(Position::AtTime(n.as_u64().ok_or_else(bad)?)))
+        }
+        (Some(serde_json::Value::Null) | None, Some(id)) => {
+            Ok(Some(Position::AfterId(parse_event_id(id, "startAfter")?)))
+        }
+        (Some(serde_json::Value::Null) | None, None) => Ok(None),
+        (Some(_), _) => Err(bad()),
+    }
+}
+
+fn storage(e: crate::store::StoreError) -> RouterError {
+    RouterError::Storage(e.to_string())
+}
+
+/// Resolves a position to a sequence number: in the memory window when it covers it, else in
+/// the store.
+async fn resolve(router: &RouterHandle, conn: ConnId, pos: Position) -> Result<u64, RouterError> {
+    let in_memory = router
+        .call(conn, Some(Capability::CanObserve), true, move |r, _| {
+            Ok(r.memory_position(pos))
+        })
+        .await?;
+    if let Some(seq) = in_memory {
+        return Ok(seq);
+    }
+    let store = router
+        .store()
+        .ok_or_else(|| RouterError::Storage("no event store".into()))?;
+    match pos {
+        Position::AfterId(id) => store.seq_after(id).await.map_err(storage),
+        Position::AtTime(ts) => store.seq_at_or_after_time(ts).await.map_err(storage),
+    }
+}
+
+/// `map/subscribe`.
+///
+/// # Errors
+/// `-32602` for a bad filter or position; 1003 without `observation.canObserve`.
+pub async fn subscribe(
+    router: RouterHandle,
+    conn: ConnId,
+    p: SubscribeParams,
+) -> Result<SubscribeResult, RouterError> {
+    compile(p.filter.as_ref())?;
+    let start = match subscribe_position(&p)? {
+        Some(pos) => Some(resolve(&router, conn, pos).await?),
+        None => None,
+    };
+    router
+        .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
+            r.subscribe_at(ctx, p, start)
+        })
+        .await
+}
+
+/// One step of a replay scan.
+struct Chunk {
+    /// Matching events, rendered as replay entries.
+    matched: Vec<String>,
+    /// Events examined.
+    examined: u64,
+    /// Where the next step starts.
+    next: u64,
+    /// The scan reached the head of the log or `toTimestamp`.
+    end: bool,
+}
+
+fn render_replayed(rec: &EventRecord) -> String {
+    let mut s = String::with_capacity(rec.json.len() + 96);
+    s.push_str("{\"eventId\":\"");
+    if let Some(id) = rec.id {
+        s.push_str(&id.to_string());
+    }
+    s.push_str(&format!("\",\"timestamp\":{}", rec.timestamp));
+    if !rec.caused_by.is_empty() {
+        s.push_str(",\"causedBy\":");
+        push_id_array(&mut s, &rec.caused_by);
+    }
+    s.push_str(",\"event\":");
+    s.push_str(&rec.json);
+    s.push('}');
+    s
+}
+
+/// `map/replay`.
+///
+/// # Errors
+/// `-32602` for bad params; 1003 without `observation.canObserve`; a storage error.
+pub async fn replay(
+    router: RouterHandle,
+    conn: ConnId,
+    p: ReplayParams,
+) -> Result<ReplayResult, RouterError> {
+    let limit = match p.limit {
+        Some(0) => {
+            return Err(RouterError::InvalidParams(
+                "limit must be at least 1".into(),
+            ))
+        }
+        Some(l) => l.min(MAX_REPLAY_PAGE),
+        None => DEFAULT_REPLAY_PAGE,
+    } as usize;
+    let filter = Arc::new(compile(p.filter.as_ref())?);
+    let after_id = p
+        .after_event_id
+        .as_deref()
+        .map(|id| parse_event_id(id, "afterEventId"))
+        .transpose()?;
+    let (oldest, memory_first, memory_oldest_id) = router
+        .call(conn, Some(Capability::CanObserve), true, |r, _| {
+            Ok((
+                r.bus.oldest_retained(),
+                r.bus.log.first_seq(),
+                r.bus.log.oldest_id(),
+            ))
+        })
+        .await?;
+    let mut cursor = match (after_id, p.from_timestamp) {
+        (Some(id), _) => resolve(&router, conn, Position::AfterId(id)).await?,
+        (None, Some(ts)) => resolve(&router, conn, Position::AtTime(ts)).await?,
+        (None, None) => oldest,
+    };
+    // Events after `afterEventId` may be gone when it is older than everything retained (and
+    // something was ever deleted). Conservative: it may also flag a client that read exactly up
+    // to the last deleted event.
+    let gap = match after_id {
+        Some(id) if oldest > 0 && cursor <= oldest => {
+            let first_retained = match router.store() {
+                Some(store) if oldest < memory_first => store
+                    .read(oldest, 1)
+                    .await
+                    .map_err(storage)?
+                    .first()
+                    .and_then(|r| EventId::parse(&r.id)),
+                _ => memory_oldest_id,
+            };
+            first_retained.is_some_and(|first| id < first)
+        }
+        _ => false,
+    };
+    let to = p.to_timestamp;
+    let mut page: Vec<RawReplayedEvent> = Vec::new();
+    let mut total: u64 = 0;
+    let mut examined: u64 = 0;
+    let mut counted_all = false;
+    loop {
+        let f = filter.clone();
+        let step = router
+            .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
+                Ok(r.replay_memory_chunk(ctx, &f, cursor, to))
+            })
+            .await?;
+        let chunk = match step {
+            Some(chunk) => chunk,
+            None => {
+                // Before the memory window: read the store.
+                let store = router
+                    .store()
+                    .ok_or_else(|| RouterError::Storage("no event store".into()))?;
+                let rows = store.read(cursor, REPLAY_CHUNK).await.map_err(storage)?;
+                let f = filter.clone();
+                router
+                    .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
+                        Ok(r.replay_rows(ctx, &f, rows, cursor, to))
+                    })
+                    .await?
+            }
+        };
+        examined += chunk.examined;
+        for entry in chunk.matched {
+            total += 1;
+            if page.len() < limit {
+                let raw = serde_json::value::RawValue::from_string(entry)
+                    .map_err(|e| RouterError::Storage(format!("corrupt event: {e}")))?;
+                page.push(RawReplayedEvent(raw));
+            }
+        }
+        cursor = chunk.next;
+        if chunk.end {
+            counted_all = true;
+            break;
+        }
+        if total > limit as u64 && examined >= REPLAY_COUNT_BUDGET {
+            break;
+        }
+    }
+    Ok(ReplayResult {
+        has_more: total > page.len() as u64,
+        events: page,
+        total_count: counted_all.then_some(total),
+        gap: gap.then_some(true),
+    })
+}
+
 impl Router {
-    /// `map/subscribe`.
-    pub fn handle_subscribe(
+    /// The sequence number of a position if the memory window decides it; `None` when only
+    /// the store can (the position is older than the window and a store exists).
+    pub(crate) fn memory_position(&self, pos: Position) -> Option<u64> {
+        let log = &self.bus.log;
+        let seq = match pos {
+            Position::AfterId(id) => log.seq_after(id),
+            Position::AtTime(ts) => log.seq_at_or_after_time(ts),
+        };
+        // The window decides, unless the answer is its very first event while the store still
+        // holds older ones (the position may be among them).
+        let store_has_older = self.store.is_some() && self.bus.oldest_retained() < log.first_seq();
+        (seq > log.first_seq() || !store_has_older).then_some(seq)
+    }
+
+    /// Creates a pending subscription starting at `start` (default: the head).
+    pub(crate) fn subscribe_at(
         &mut self,
         ctx: &Ctx,
         p: SubscribeParams,
+        start: Option<u64>,
     ) -> Result<SubscribeResult, RouterError> {
         let caller = self.caller(ctx)?;
         let filter = compile(p.filter.as_ref())?;
-        let log = &self.bus.log;
-        let start = match (&p.replay_from, &p.start_after) {
-            (Some(serde_json::Value::String(id)), _) => {
-                log.seq_after(parse_event_id(id, "replayFrom")?)
-            }
-            (Some(serde_json::Value::Number(n)), _) => {
-                let ts = n.as_u64().ok_or_else(|| {
-                    RouterError::InvalidParams(
-                        "replayFrom must be an event id or a Unix-ms timestamp".into(),
-                    )
-                })?;
-                log.seq_at_or_after_time(ts)
-            }
-            (Some(serde_json::Value::Null) | None, Some(id)) => {
-                log.seq_after(parse_event_id(id, "startAfter")?)
-            }
-            (Some(serde_json::Value::Null) | None, None) => log.next_seq(),
-            (Some(_), _) => {
-                return Err(RouterError::InvalidParams(
-                    "replayFrom must be an event id or a Unix-ms timestamp".into(),
-                ))
-            }
-        };
+        let head = self.bus.log.next_seq();
+        let start = start.map_or(head, |s| s.min(head));
         let outbox = self
             .conns
             .get(&ctx.conn)
             .map(|c| c.outbox.clone())
             .ok_or(RouterError::Unavailable)?;
+        let options = p.options.unwrap_or_default();
         let id = SubscriptionId::generate();
         self.bus.insert(Subscription {
             id: id.clone(),
@@ -83,14 +305,14 @@ impl Router {
             participant: caller.participant.clone(),
             participant_type: caller.kind,
             filter,
-            exclude_own: p
-                .options
-                .as_ref()
-                .and_then(|o| o.exclude_own_events)
-                .unwrap_or(false),
+            exclude_own: options.exclude_own_events.unwrap_or(false),
             cursor: start,
             start,
             sequence: 0,
+            acked: 0,
+            window: options.ack_window.filter(|w| *w > 0),
+            overflow: options.on_overflow.unwrap_or_default(),
+            disk_pending: false,
             state: SubState::Pending,
             outbox,
         });
@@ -121,91 +343,125 @@ impl Router {
         })
     }
 
-    /// `map/replay`.
-    pub fn handle_replay(
-        &mut self,
-        ctx: &Ctx,
-        p: ReplayParams,
-    ) -> Result<ReplayResult, RouterError> {
+    /// `map/subscribe.ack` (a notification): cumulative acknowledgement; enters credit mode.
+    pub fn handle_ack(&mut self, conn: ConnId, subscription: &str, up_to: u64) {
+        self.bus.ack(
+            conn,
+            subscription,
+            up_to,
+            DEFAULT_ACK_WINDOW,
+            &self.registry,
+        );
+    }
+
+    /// A probe subscription with the caller's identity, for replay filtering.
+    fn probe(&self, ctx: &Ctx, filter: &CompiledFilter) -> Result<Subscription, RouterError> {
         let caller = self.caller(ctx)?;
-        let limit = match p.limit {
-            Some(0) => {
-                return Err(RouterError::InvalidParams(
-                    "limit must be at least 1".into(),
-                ))
-            }
-            Some(l) => l.min(MAX_REPLAY_PAGE),
-            None => DEFAULT_REPLAY_PAGE,
-        } as usize;
-        let filter = compile(p.filter.as_ref())?;
-        let log = &self.bus.log;
-        let mut gap = None;
-        let start = match (&p.after_event_id, p.from_timestamp) {
-            (Some(id), _) => {
-                let id = parse_event_id(id, "afterEventId")?;
-                let start = log.seq_after(id);
-                if start == log.first_seq() && log.first_seq() > 0 {
-                    // The id is older than everything retained: some events after it are gone.
-                    gap = log.oldest_id().map(|oldest| oldest > id);
-                }
-                start
-            }
-            (None, Some(ts)) => log.seq_at_or_after_time(ts),
-            (None, None) => log.first_seq(),
-        };
-        // A probe subscription gives replay the exact rules of live delivery.
-        let probe = Subscription {
+        Ok(Subscription {
             id: SubscriptionId::from("replay"),
-            session: caller.session.clone(),
+            session: caller.session,
             conn: ctx.conn,
-            participant: caller.participant.clone(),
+            participant: caller.participant,
             participant_type: caller.kind,
-            filter,
+            filter: filter.clone(),
             exclude_own: false,
-            cursor: start,
-            start,
+            cursor: 0,
+            start: 0,
             sequence: 0,
+            acked: 0,
+            window: None,
+            overflow: OverflowPolicy::Skip,
+            disk_pending: false,
             state: SubState::Paused,
             outbox: self
                 .conns
                 .get(&ctx.conn)
                 .map(|c| c.outbox.clone())
                 .ok_or(RouterError::Unavailable)?,
-        };
-        let mut events = Vec::new();
-        let mut total: u64 = 0;
-        for rec in log.iter_from(start) {
-            if p.to_timestamp.is_some_and(|to| rec.timestamp > to) {
-                break;
-            }
-            if !EventBus::admits(&probe, rec, &self.registry) {
-                continue;
-            }
-            total += 1;
-            if events.len() < limit {
-                let mut s = String::with_capacity(rec.json.len() + 96);
-                s.push_str("{\"eventId\":\"");
-                if let Some(id) = rec.id {
-                    s.push_str(&id.to_string());
-                }
-                s.push_str(&format!("\",\"timestamp\":{}", rec.timestamp));
-                if !rec.caused_by.is_empty() {
-                    s.push_str(",\"causedBy\":");
-                    push_id_array(&mut s, &rec.caused_by);
-                }
-                s.push_str(",\"event\":");
-                s.push_str(&rec.json);
-                s.push('}');
-                let raw = serde_json::value::RawValue::from_string(s)
-                    .map_err(|e| RouterError::InvalidRequest(format!("corrupt log record: {e}")))?;
-                events.push(RawReplayedEvent(raw));
+        })
+    }
+
+    /// One replay step over the memory window from `from`; `None` when `from` is before it and
+    /// a store holds it.
+    fn replay_memory_chunk(
+        &self,
+        ctx: &Ctx,
+        filter: &CompiledFilter,
+        from: u64,
+        to: Option<u64>,
+    ) -> Option<Chunk> {
+        let log = &self.bus.log;
+        if let Lookup::Evicted = log.get(from) {
+            if self.store.is_some() && from >= self.bus.oldest_retained() {
+                return None;
             }
         }
-        Ok(ReplayResult {
-            has_more: total > events.len() as u64,
-            events,
-            total_count: total,
-            gap: gap.filter(|g| *g),
-        })
+        let probe = self.probe(ctx, filter).ok()?;
+        let start = from.max(log.first_seq());
+        let mut chunk = Chunk {
+            matched: Vec::new(),
+            examined: 0,
+            next: start,
+            end: false,
+        };
+        for rec in log.iter_from(start).take(REPLAY_CHUNK) {
+            if to.is_some_and(|to| rec.timestamp > to) {
+                chunk.end = true;
+                return Some(chunk);
+            }
+            chunk.examined += 1;
+            chunk.next = rec.seq + 1;
+            if EventBus::admits(&probe, rec, &self.registry) {
+                chunk.matched.push(render_replayed(rec));
+            }
+        }
+        chunk.end = chunk.next >= log.next_seq();
+        Some(chunk)
+    }
+
+    /// One replay step over rows read from the store.
+    fn replay_rows(
+        &self,
+        ctx: &Ctx,
+        filter: &CompiledFilter,
+        rows: Vec<StoredRow>,
+        from: u64,
+        to: Option<u64>,
+    ) -> Chunk {
+        let mut chunk = Chunk {
+            matched: Vec::new(),
+            examined: 0,
+            // Rows may start later than asked (retention); none left means the memory window.
+            next: rows
+                .first()
+                .map_or(self.bus.log.first_seq().max(from), |r| r.seq),
+            end: false,
+        };
+        let Ok(probe) = self.probe(ctx, filter) else {
+            chunk.end = true;
+            return chunk;
+        };
+        for row in rows {
+            let seq = row.seq;
+            let rec = match EventRecord::from_row(row) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    tracing::warn!(seq, error = %e, "skipping an unreadable stored event in replay");
+                    chunk.next = seq + 1;
+                    continue;
+                }
+            };
+            if to.is_some_and(|to| rec.timestamp > to) {
+                chunk.end = true;
+                return chunk;
+            }
+            chunk.examined += 1;
+            chunk.next = seq + 1;
+            if EventBus::admits(&probe, &rec, &self.registry) {
+                chunk.matched.push(render_replayed(&rec));
+            }
+        }
+        chunk.end = chunk.next >= self.bus.log.next_seq();
+        chunk
     }
 }

@@ -95,7 +95,7 @@ scenario('connect: client connect result has the documented shape', async (ctx) 
   assert.equal(typeof r.resumeToken, 'string');
   assert.equal(typeof r.systemInfo?.name, 'string');
   assert.equal(typeof r.systemInfo?.version, 'string');
-  assert.equal(r.capabilities?.streaming?.supportsAck, false);
+  assert.equal(r.capabilities?.streaming?.supportsAck, true);
   assert.equal(c.conn.sessionId, r.sessionId, 'SDK records the session id');
   assert.equal(c.conn.getResumeToken(), r.resumeToken, 'SDK records the resume token');
   // Default client grant: may observe/query/send/stop/steer, may not broadcast/register/spawn/manage scopes.
@@ -137,7 +137,7 @@ scenario('connect: the static connect(url) helpers work over ws', async (ctx) =>
   ctx.defer(() => client.disconnect());
   assert.ok(client.isConnected, 'client.isConnected');
   assert.ok(agent.isConnected, 'agent.isConnected');
-  assert.equal(client.serverCapabilities?.streaming?.supportsAck, false);
+  assert.equal(client.serverCapabilities?.streaming?.supportsAck, true);
   assert.equal(agent.state, 'registered');
   const { agents } = await client.listAgents();
   assert.deepEqual(agents.map((a) => [a.id, a.name, a.role]), [[agent.agentId, 'static-agent', 'static-role']]);

@@ -17,6 +17,12 @@ pub struct SubscribeOptions {
     pub exclude_own_events: Option<bool>,
     /// Accepted for compatibility; payloads are always included.
     pub include_message_payloads: Option<bool>,
+    /// Credit window: at most this many events unacknowledged (`map/subscribe.ack`) in flight.
+    /// Without it, a subscription enters credit mode (1024) on its first ack.
+    pub ack_window: Option<u64>,
+    /// When the subscription falls behind everything retained: `skip` (default: after an
+    /// overflow notice, continue live) or `close` (after the notice, end).
+    pub on_overflow: Option<crate::router::events::OverflowPolicy>,
 }
 
 /// `map/subscribe` params.
@@ -114,8 +120,10 @@ pub struct ReplayResult {
     pub events: Vec<RawReplayedEvent>,
     /// More matching events exist after the last one returned.
     pub has_more: bool,
-    /// How many retained events match in total (across all pages).
-    pub total_count: u64,
+    /// How many retained events match in total (across all pages); left out when counting
+    /// would mean scanning more than a bounded number of events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_count: Option<u64>,
     /// Set when `afterEventId` points before the oldest retained event: the events between it
     /// and the first returned one are gone.
     #[serde(skip_serializing_if = "Option::is_none")]

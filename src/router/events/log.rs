@@ -301,6 +301,57 @@ impl EventLog {
         }
     }
 
+    /// A log that continues one recovered from durable storage: sequence numbers, ids and
+    /// timestamps carry on after the stored ones, and the newest stored records fill the
+    /// memory window. Rows this version cannot read are skipped (and counted in the log).
+    pub fn recover(retention: Retention, recovered: &crate::store::Recovered) -> Self {
+        let mut log = Self::new(retention);
+        log.first_seq = recovered.next_seq;
+        log.last_timestamp = recovered.last_timestamp;
+        if let Some(last) = recovered.last_id {
+            log.ids = MonotonicUlids::starting_after(last.0);
+        }
+        let mut skipped = 0usize;
+        let rows = recovered
+            .recent
+            .iter()
+            .filter(|r| r.seq < recovered.next_seq)
+            .cloned();
+        let mut records = Vec::new();
+        for row in rows {
+            match EventRecord::from_row(row) {
+                Ok(rec) => records.push(Arc::new(rec)),
+                Err(e) => {
+                    skipped += 1;
+                    tracing::warn!(error = %e, "skipping a stored event this version cannot read");
+                }
+            }
+        }
+        // The window must be contiguous and end at next_seq.
+        let mut expected = recovered.next_seq;
+        let mut window = VecDeque::new();
+        for rec in records.into_iter().rev() {
+            if rec.seq + 1 != expected {
+                break;
+            }
+            expected = rec.seq;
+            window.push_front(rec);
+        }
+        log.first_seq = expected;
+        for rec in window {
+            log.bytes += rec.footprint();
+            log.records.push_back(rec);
+        }
+        log.evict();
+        if skipped > 0 {
+            tracing::warn!(
+                skipped,
+                "stored events skipped while warming the memory window"
+            );
+        }
+        log
+    }
+
     /// Appends an event, assigning its id, timestamp and sequence number, and evicts what
     /// retention no longer allows.
     pub fn append(&mut self, draft: EventDraft) -> Arc<EventRecord> {

@@ -5,16 +5,23 @@
 //!   may overtake that response (the SDK drops events for ids it does not know yet), so nothing
 //!   is delivered until the session activates it.
 //! - `Live`: caught up; each appended event is offered to it directly.
-//! - `Paused`: behind. Its outbox was full (or it was just activated); the events it has not
-//!   read stay in the log, not in memory per subscriber, and it is caught up from its cursor when
-//!   the connection's writer reports room (`Command::Drained`).
+//! - `Paused`: behind. Its outbox was full, its credit window is used up, or it was just
+//!   activated. The events it has not read stay in the log, not in per-subscriber memory, and
+//!   it is caught up from its cursor when the connection's writer reports room
+//!   (`Command::Drained`) or the subscriber acknowledges (`map/subscribe.ack`).
 //!
-//! If a paused subscription's cursor falls behind retention, it receives one
-//! `subscription.overflow` notice (with how many log entries it lost) and continues from the
-//! oldest retained event: loss is always signalled, never silent.
+//! Catching up reads the in-memory window first; a cursor older than the window is read from
+//! the durable store in batches (asynchronously: the rows come back as `Command::DiskRows`, so
+//! the router never waits on a disk). Only a cursor older than everything retained is a gap:
+//! the subscription gets one `subscription.overflow` notice and then follows its policy, `skip`
+//! (continue live) or `close` (end the subscription). Loss is always signalled, never silent.
 //!
-//! The bus decides visibility per delivery with `router::permissions`, so a change takes effect
-//! on the next event.
+//! Credit: a subscription that acknowledges (`map/subscribe.ack`, or `options.ackWindow` at
+//! subscribe) gets a window: at most that many events unacknowledged in flight; beyond it the
+//! subscription pauses until the next ack.
+//!
+//! Visibility is decided per delivery with `router::permissions`, so a change takes effect on
+//! the next event.
 
 pub mod filter;
 pub mod log;
@@ -22,16 +29,24 @@ pub mod log;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::{EventType, SubscriptionOverflowData};
 use crate::protocol::ids::{ParticipantId, SessionId, SubscriptionId};
+use crate::store::{EventStore, StoreError};
 
 use self::filter::CompiledFilter;
-use self::log::{Audience, EventLog, EventRecord, Lookup};
+use self::log::{Audience, EventLog, EventRecord, Lookup, StoredRow};
 use super::outbox::{CausedBy, Delivery, Outbound, Outbox, PushError};
 use super::permissions::{audience_allows, Viewer};
 use super::registry::Registry;
-use super::ConnId;
+use super::{Command, ConnId};
+
+/// Rows read from the store per catch-up batch: enough to amortise a read, few enough that a
+/// batch the outbox cannot take whole is cheap to re-read.
+pub const DISK_BATCH: usize = 512;
 
 /// Subscription state (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +55,21 @@ pub enum SubState {
     Pending,
     /// Caught up.
     Live,
-    /// Behind; waiting for room in the outbox.
+    /// Behind; waiting for room, credit, or rows from the store.
     Paused,
+}
+
+/// What a subscription does when it falls behind everything the log retains.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OverflowPolicy {
+    /// After the `subscription.overflow` notice, continue with live events.
+    #[default]
+    Skip,
+    /// After the notice, end the subscription.
+    Close,
 }
 
 /// One subscription.
@@ -67,20 +95,64 @@ pub struct Subscription {
     pub start: u64,
     /// Last `sequenceNumber` sent (0 = none yet).
     pub sequence: u64,
+    /// Highest `sequenceNumber` the subscriber acknowledged.
+    pub acked: u64,
+    /// Credit window: at most this many unacknowledged events in flight (`None`: no credit
+    /// limit, only the outbox's).
+    pub window: Option<u64>,
+    /// Behaviour past retention.
+    pub overflow: OverflowPolicy,
+    /// A store read for this subscription is in flight.
+    pub disk_pending: bool,
     /// State.
     pub state: SubState,
     /// Where deliveries go.
     pub outbox: Outbox,
 }
 
+impl Subscription {
+    fn has_credit(&self) -> bool {
+        self.window
+            .is_none_or(|w| self.sequence.saturating_sub(self.acked) < w)
+    }
+}
+
 /// Outcome of offering one event to a subscription.
 enum Offer {
     /// Delivered or filtered out; the cursor moved on.
     Advanced,
-    /// The outbox is full; the cursor stays.
+    /// The outbox is full or the credit window used up; the cursor stays.
     Full,
     /// The connection is gone; stop delivering to it.
     Gone,
+}
+
+/// How the bus reaches the durable store for catch-up reads.
+#[derive(Debug, Clone)]
+pub struct DiskAccess {
+    /// The store.
+    pub store: Arc<dyn EventStore>,
+    /// The router's own command channel, for the rows.
+    pub router: mpsc::WeakSender<Command>,
+}
+
+impl DiskAccess {
+    fn request(&self, subscription: SubscriptionId, from: u64) {
+        let read = self.store.read(from, DISK_BATCH);
+        let router = self.router.clone();
+        tokio::spawn(async move {
+            let rows = read.await;
+            if let Some(tx) = router.upgrade() {
+                let _ = tx
+                    .send(Command::DiskRows {
+                        subscription,
+                        from,
+                        rows,
+                    })
+                    .await;
+            }
+        });
+    }
 }
 
 /// Log + subscriptions.
@@ -89,14 +161,30 @@ pub struct EventBus {
     /// The log.
     pub log: EventLog,
     subs: HashMap<SubscriptionId, Subscription>,
+    disk: Option<DiskAccess>,
 }
 
 impl EventBus {
-    /// A bus over an empty log.
+    /// A bus over a log.
     pub fn new(log: EventLog) -> Self {
         Self {
             log,
             subs: HashMap::new(),
+            disk: None,
+        }
+    }
+
+    /// Lets catch-up read what the memory window no longer holds from the durable store.
+    pub fn set_disk(&mut self, disk: DiskAccess) {
+        self.disk = Some(disk);
+    }
+
+    /// The oldest sequence number any reader can still get: the store's, else the memory
+    /// window's.
+    pub fn oldest_retained(&self) -> u64 {
+        match &self.disk {
+            Some(d) => d.store.first_seq().min(self.log.first_seq()),
+            None => self.log.first_seq(),
         }
     }
 
@@ -127,15 +215,14 @@ impl EventBus {
 
     /// Offers a freshly appended event to every live subscription.
     pub fn publish(&mut self, rec: &Arc<EventRecord>, reg: &Registry) {
-        let Self { log, subs } = self;
+        let Self { log, subs, .. } = self;
         for sub in subs.values_mut() {
             if sub.state != SubState::Live || sub.cursor != rec.seq {
                 continue;
             }
             match offer(sub, rec, log, reg) {
                 Offer::Advanced => {}
-                Offer::Full => sub.state = SubState::Paused,
-                Offer::Gone => sub.state = SubState::Paused,
+                Offer::Full | Offer::Gone => sub.state = SubState::Paused,
             }
         }
     }
@@ -164,26 +251,58 @@ impl EventBus {
         }
     }
 
-    /// Delivers from the cursor until caught up (→ `Live`) or the outbox is full (stays
-    /// `Paused`, with a wake-up requested).
-    fn catch_up(&mut self, id: &str, reg: &Registry) {
-        let Self { log, subs } = self;
-        let Some(sub) = subs.get_mut(id) else { return };
-        if sub.state != SubState::Paused {
+    /// Records an acknowledgement (`map/subscribe.ack`): the subscription enters credit mode
+    /// (with `default_window` if it had none) and, if it was waiting for credit, catches up.
+    /// Acks for other connections' subscriptions are ignored.
+    pub fn ack(&mut self, conn: ConnId, id: &str, up_to: u64, default_window: u64, reg: &Registry) {
+        let Some(sub) = self.subs.get_mut(id) else {
+            return;
+        };
+        if sub.conn != conn {
             return;
         }
+        sub.acked = sub.acked.max(up_to.min(sub.sequence));
+        if sub.window.is_none() {
+            sub.window = Some(default_window.max(1));
+        }
+        if sub.state == SubState::Paused {
+            self.catch_up(id, reg);
+        }
+    }
+
+    /// Delivers from the cursor until caught up (→ `Live`), out of credit or room (stays
+    /// `Paused`), or waiting for store rows.
+    fn catch_up(&mut self, id: &str, reg: &Registry) {
+        let Self { log, subs, disk } = self;
+        let Some(sub) = subs.get_mut(id) else { return };
+        if sub.state != SubState::Paused || sub.disk_pending {
+            return;
+        }
+        let mut close = false;
         loop {
             match log.get(sub.cursor) {
                 Lookup::Future => {
                     sub.state = SubState::Live;
-                    return;
+                    break;
                 }
                 Lookup::Evicted => {
-                    let lost = log.first_seq() - sub.cursor;
-                    if !push_overflow(sub, lost, log) {
-                        return;
+                    if let Some(d) = disk.as_ref() {
+                        if sub.cursor >= d.store.first_seq() {
+                            sub.disk_pending = true;
+                            d.request(sub.id.clone(), sub.cursor);
+                            return;
+                        }
                     }
-                    sub.cursor = log.first_seq();
+                    match overflow(sub, log) {
+                        Overflowed::Queued => match sub.overflow {
+                            OverflowPolicy::Skip => continue,
+                            OverflowPolicy::Close => {
+                                close = true;
+                                break;
+                            }
+                        },
+                        Overflowed::NoRoom => return,
+                    }
                 }
                 Lookup::Present(rec) => {
                     let rec = rec.clone();
@@ -194,6 +313,66 @@ impl EventBus {
                 }
             }
         }
+        if close {
+            subs.remove(id);
+        }
+    }
+
+    /// Rows the store returned for a subscription's catch-up.
+    pub fn deliver_disk(
+        &mut self,
+        id: &str,
+        from: u64,
+        rows: Result<Vec<StoredRow>, StoreError>,
+        reg: &Registry,
+    ) {
+        let Some(sub) = self.subs.get_mut(id) else {
+            return;
+        };
+        sub.disk_pending = false;
+        if sub.state != SubState::Paused || sub.cursor != from {
+            return;
+        }
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Retrying could spin on a broken disk; the gap is reported instead.
+                tracing::error!(subscription = %id, error = %e, "catch-up read failed");
+                Vec::new()
+            }
+        };
+        let mut lost = rows.first().is_none_or(|r| r.seq != from);
+        for row in rows {
+            if row.seq != sub.cursor {
+                lost = true;
+                break;
+            }
+            let rec = match EventRecord::from_row(row) {
+                Ok(rec) => Arc::new(rec),
+                Err(e) => {
+                    tracing::error!(subscription = %id, error = %e, "unreadable stored event");
+                    lost = true;
+                    break;
+                }
+            };
+            match offer(sub, &rec, &self.log, reg) {
+                Offer::Advanced => lost = false,
+                Offer::Full | Offer::Gone => return,
+            }
+        }
+        if lost && sub.cursor < self.log.first_seq() {
+            // What the store no longer holds (retention raced the read, or the read failed)
+            // and memory does not either: a gap, signalled like any other.
+            match overflow(sub, &self.log) {
+                Overflowed::Queued if sub.overflow == OverflowPolicy::Close => {
+                    self.subs.remove(id);
+                    return;
+                }
+                Overflowed::Queued => {}
+                Overflowed::NoRoom => return,
+            }
+        }
+        self.catch_up(id, reg);
     }
 
     /// Removes every subscription of a session; returns their ids.
@@ -241,6 +420,9 @@ fn offer(sub: &mut Subscription, rec: &Arc<EventRecord>, log: &EventLog, reg: &R
     if !admits(sub, rec, reg) {
         sub.cursor = rec.seq + 1;
         return Offer::Advanced;
+    }
+    if !sub.has_credit() {
+        return Offer::Full;
     }
     let delivery = Delivery {
         subscription: sub.id.clone(),
@@ -299,13 +481,30 @@ fn delivered_causes(
     }
 }
 
-/// Queues the overflow notice. Returns false when the outbox is full (try again later).
-fn push_overflow(sub: &mut Subscription, lost: u64, log: &EventLog) -> bool {
+enum Overflowed {
+    /// The notice is queued and the cursor moved past the gap (for `skip`: to live).
+    Queued,
+    /// The outbox is full; try again later.
+    NoRoom,
+}
+
+/// Queues the overflow notice for a cursor older than everything retained, and moves the
+/// cursor: to live (`skip`) or nowhere (`close`, the caller removes the subscription).
+fn overflow(sub: &mut Subscription, log: &EventLog) -> Overflowed {
+    let resume = log.next_seq();
+    let lost = resume.saturating_sub(sub.cursor);
     let data = SubscriptionOverflowData {
         subscription_id: sub.id.clone(),
         events_dropped: lost,
-        resumes_at: log.oldest_id(),
-        recommendation: "the events in the gap are no longer retained; re-read current state (map/agents/list, map/scopes/list)".into(),
+        resumes_at: None,
+        recommendation: match sub.overflow {
+            OverflowPolicy::Skip => "events in the gap are no longer retained; this subscription continues with live events; re-read current state (map/agents/list, map/scopes/list)".into(),
+            OverflowPolicy::Close => "events in the gap are no longer retained; this subscription is closed; re-read current state and subscribe again".into(),
+        },
+        policy: Some(match sub.overflow {
+            OverflowPolicy::Skip => "skip".into(),
+            OverflowPolicy::Close => "close".into(),
+        }),
     };
     let json = serde_json::to_string(&data).unwrap_or_else(|_| "{}".into());
     let rec = Arc::new(EventRecord::synthetic(
@@ -322,8 +521,9 @@ fn push_overflow(sub: &mut Subscription, lost: u64, log: &EventLog) -> bool {
     match push(&sub.outbox, Outbound::Event(delivery)) {
         Ok(()) => {
             sub.sequence += 1;
-            true
+            sub.cursor = resume;
+            Overflowed::Queued
         }
-        Err(_) => false,
+        Err(_) => Overflowed::NoRoom,
     }
 }
