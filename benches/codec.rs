@@ -112,6 +112,10 @@ fn subscription(
         cursor: 0,
         start: 0,
         sequence: 0,
+        acked: 0,
+        window: None,
+        overflow: Default::default(),
+        disk_pending: false,
         state: SubState::Live,
         outbox,
     }
