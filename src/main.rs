@@ -123,6 +123,7 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
         Err(code) => return code,
     };
     let code = runtime.block_on(async move {
+        let mut signals = Signals::install();
         let server = match Server::start(config).await {
             Ok(s) => s,
             Err(e) => {
@@ -135,13 +136,13 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
             eprintln!("map-router listening on ws://{addr}/");
         }
         match mode {
-            Mode::Listen => wait_for_signal().await,
+            Mode::Listen => signals.wait().await,
             Mode::Stdio => {
                 tokio::select! {
                     () = server.serve_io(tokio::io::stdin(), tokio::io::stdout()) => {
                         tracing::info!("stdin closed");
                     }
-                    () = wait_for_signal() => {}
+                    () = signals.wait() => {}
                 }
             }
         }
@@ -156,25 +157,52 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
     code
 }
 
-async fn wait_for_signal() {
+/// SIGINT and SIGTERM, with their handlers installed when this is created: before the server
+/// starts anything (children included), so an early signal still drains instead of killing
+/// the process outright.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self {
+                int: signal(SignalKind::interrupt()).ok(),
+                term: signal(SignalKind::terminate()).ok(),
             }
         }
+        #[cfg(not(unix))]
+        {
+            Self {}
+        }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    async fn wait(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.int) => {}
+                () = recv(&mut self.term) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

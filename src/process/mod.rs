@@ -273,13 +273,13 @@ impl Supervisor {
         let message_id = match (caller, params.initial_message) {
             (Some(conn), Some(initial)) => {
                 let to = serde_json::json!({ "agent": registered.id });
-                let (id, _) = router
+                let d = router
                     .call(conn, Some(Capability::CanSend), true, move |r, ctx| {
                         let caller = r.caller(ctx)?;
                         r.deliver_message(&caller, to, initial.payload, initial.meta, Vec::new())
                     })
                     .await?;
-                Some(id)
+                Some(d.message_id)
             }
             _ => None,
         };
@@ -467,6 +467,15 @@ impl KeeperTask {
                 break;
             };
             tracing::info!(agent = %self.agent, pid, program = %self.command.program, "started supervised process");
+            {
+                let agent = self.agent.clone();
+                let program = self.command.program.clone();
+                let _ = self
+                    .ctx
+                    .router
+                    .with(move |r| r.supervised_launched(&agent, pid, &program))
+                    .await;
+            }
             if let Some(f) = first.take() {
                 let _ = f.send(Ok(pid));
             }

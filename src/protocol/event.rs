@@ -55,11 +55,17 @@ pub enum EventType {
     AgentStderr,
     #[serde(rename = "agent.diagnostic")]
     AgentDiagnostic,
+    #[serde(rename = "message.queued")]
+    MessageQueued,
+    #[serde(rename = "agent.spawning")]
+    AgentSpawning,
+    #[serde(rename = "agent.spawn.failed")]
+    AgentSpawnFailed,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 19] = [
+    pub const ALL: [EventType; 22] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -79,6 +85,9 @@ impl EventType {
         Self::AgentInjected,
         Self::AgentStderr,
         Self::AgentDiagnostic,
+        Self::MessageQueued,
+        Self::AgentSpawning,
+        Self::AgentSpawnFailed,
     ];
 
     /// The wire string.
@@ -103,6 +112,9 @@ impl EventType {
             Self::AgentInjected => "agent.injected",
             Self::AgentStderr => "agent.stderr",
             Self::AgentDiagnostic => "agent.diagnostic",
+            Self::MessageQueued => "message.queued",
+            Self::AgentSpawning => "agent.spawning",
+            Self::AgentSpawnFailed => "agent.spawn.failed",
         }
     }
 
@@ -128,6 +140,9 @@ impl EventType {
             Self::AgentInjected => "agent.injected",
             Self::AgentStderr => "agent.stderr",
             Self::AgentDiagnostic => "agent.diagnostic",
+            Self::MessageQueued => "message.queued",
+            Self::AgentSpawning => "agent.spawning",
+            Self::AgentSpawnFailed => "agent.spawn.failed",
         }
     }
 
@@ -135,7 +150,7 @@ impl EventType {
     pub fn is_message(self) -> bool {
         matches!(
             self,
-            Self::MessageSent | Self::MessageDelivered | Self::MessageFailed
+            Self::MessageSent | Self::MessageDelivered | Self::MessageFailed | Self::MessageQueued
         )
     }
 }
@@ -523,5 +538,39 @@ pub struct AgentDiagnosticData {
     /// The offending line (at most 1 KiB).
     pub line: String,
     /// Why it was rejected.
+    pub error: String,
+}
+
+/// `message.queued`: a recipient is away; the message waits for it (`meta.delivery`
+/// `acknowledged` or `guaranteed`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct MessageQueuedData {
+    pub message_id: MessageId,
+    pub from: String,
+    pub recipient: AgentId,
+    pub reason: String,
+}
+
+/// `agent.spawning`: a supervised process was launched for this agent and has not registered
+/// yet.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentSpawningData {
+    pub agent_id: AgentId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<AgentId>,
+    pub program: String,
+    pub pid: u32,
+}
+
+/// `agent.spawn.failed`: a supervised process could not be started or did not register.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentSpawnFailedData {
+    pub agent_id: AgentId,
     pub error: String,
 }

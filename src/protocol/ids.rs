@@ -196,6 +196,11 @@ impl MonotonicUlids {
         Self { last: last.0 }
     }
 
+    /// The last id issued (0 before any).
+    pub fn last(&self) -> u128 {
+        self.last
+    }
+
     /// The next id for time `ms`: a fresh random id if time moved forward, else `last + 1`.
     pub fn next(&mut self, ms: u64) -> Ulid {
         let candidate = Ulid::from_parts(ms, random_u128() >> 1).0;

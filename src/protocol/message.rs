@@ -45,6 +45,27 @@ impl Message {
             .unwrap_or(false)
     }
 
+    /// `meta.isResult === true` (a reply).
+    pub fn is_result(&self) -> bool {
+        self.meta
+            .as_ref()
+            .and_then(|m| m.get("isResult"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false)
+    }
+
+    /// Whether `meta.delivery` asks for more than fire-and-forget (`acknowledged` or
+    /// `guaranteed`): such messages wait for a recipient that is away.
+    pub fn delivery_guaranteed(&self) -> bool {
+        matches!(
+            self.meta
+                .as_ref()
+                .and_then(|m| m.get("delivery"))
+                .and_then(|v| v.as_str()),
+            Some("acknowledged" | "guaranteed" | "at-least-once" | "exactly-once")
+        )
+    }
+
     /// `meta.priority`, defaulting to `normal`.
     pub fn priority(&self) -> &str {
         self.meta

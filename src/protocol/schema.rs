@@ -46,7 +46,7 @@ pub fn generate_all() -> BTreeMap<String, String> {
         );
     }
 
-    let events: [(event::EventType, Value); 19] = {
+    let events: [(event::EventType, Value); 22] = {
         use event::EventType as T;
         [
             (T::AgentRegistered, data::<event::AgentRegisteredData>()),
@@ -83,6 +83,9 @@ pub fn generate_all() -> BTreeMap<String, String> {
             (T::AgentInjected, data::<event::AgentInjectedData>()),
             (T::AgentStderr, data::<event::AgentStderrData>()),
             (T::AgentDiagnostic, data::<event::AgentDiagnosticData>()),
+            (T::MessageQueued, data::<event::MessageQueuedData>()),
+            (T::AgentSpawning, data::<event::AgentSpawningData>()),
+            (T::AgentSpawnFailed, data::<event::AgentSpawnFailedData>()),
         ]
     };
     for (kind, mut doc) in events {

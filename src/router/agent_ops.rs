@@ -251,9 +251,8 @@ impl Router {
         let mut message_id = None;
         if let Some(initial) = p.initial_message {
             let to = serde_json::json!({ "agent": agent.id });
-            let (id, _) =
-                self.deliver_message(&caller, to, initial.payload, initial.meta, Vec::new())?;
-            message_id = Some(id);
+            let d = self.deliver_message(&caller, to, initial.payload, initial.meta, Vec::new())?;
+            message_id = Some(d.message_id);
         }
         Ok(SpawnResult {
             agent,
@@ -281,7 +280,7 @@ impl Router {
     /// Removes an agent: leaves its scopes, emits `agent_unregistered` then one
     /// `scope_member_left` per scope (caused by the unregistration). Children stay registered.
     pub(crate) fn remove_agent(&mut self, id: &AgentId, reason: &str, caused_by: Vec<EventId>) {
-        let Some(rec) = self.registry.get(id.as_str()) else {
+        let Some(snapshot) = self.registry.get(id.as_str()).map(|r| r.agent.clone()) else {
             return;
         };
         // An unregistered agent's process has nothing left to do.
@@ -290,7 +289,6 @@ impl Router {
             force: false,
         });
         self.supervised.remove(id);
-        let snapshot = rec.agent.clone();
         let unregistered = self.emit_agent_event(
             EventType::AgentUnregistered,
             &snapshot,
@@ -311,6 +309,8 @@ impl Router {
                 vec![unregistered],
             );
         }
+        // Messages kept for it fail now that it will not come back.
+        self.drop_offline(id);
         self.registry.remove(id.as_str());
     }
 
@@ -369,10 +369,10 @@ impl Router {
             merge_sections(current, overrides);
         }
         let after = rec.agent.clone();
-        let mut caused = Vec::new();
         if let Some(state) = &p.state {
             if *state != before.state {
-                caused.push(self.emit_agent_event(
+                let hint = self.take_cause_hint(&after.id);
+                self.emit_agent_event(
                     EventType::AgentStateChanged,
                     &after,
                     &AgentStateChangedData::new(
@@ -381,8 +381,8 @@ impl Router {
                         state.clone(),
                         None,
                     ),
-                    Vec::new(),
-                ));
+                    hint,
+                );
             }
         }
         if let Some(env) = &p.environment {
@@ -427,14 +427,37 @@ impl Router {
                 .get_or_insert_with(Default::default)
                 .stopped_at = Some(now_ms());
         }
+        let caused_by: Vec<EventId> = rec.cause_hint.take().into_iter().collect();
         let agent = rec.agent.clone();
+        let leads_on = to == AgentState::STOPPING || to == AgentState::SUSPENDED;
         let ev = self.emit_agent_event(
             EventType::AgentStateChanged,
             &agent,
             &AgentStateChangedData::new(id.clone(), previous, to, reason),
-            Vec::new(),
+            caused_by,
         );
+        if leads_on {
+            // What follows a stop or suspend request (the agent stopping, being resumed)
+            // follows from it.
+            self.set_cause_hint(id, ev);
+        }
         Some((agent, ev))
+    }
+
+    /// Records the event an agent's next state change follows from.
+    pub(crate) fn set_cause_hint(&mut self, id: &AgentId, event: EventId) {
+        if let Some(rec) = self.registry.get_mut(id.as_str()) {
+            rec.cause_hint = Some(event);
+        }
+    }
+
+    /// Takes the event an agent's next state change follows from.
+    pub(crate) fn take_cause_hint(&mut self, id: &AgentId) -> Vec<EventId> {
+        self.registry
+            .get_mut(id.as_str())
+            .and_then(|r| r.cause_hint.take())
+            .into_iter()
+            .collect()
     }
 
     /// Tells an agent's connection about a lifecycle call: a `map/message` from `system` whose

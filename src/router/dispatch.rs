@@ -242,11 +242,12 @@ fn typed_handler<M: Method>(
     needs_session: bool,
 ) -> Handler {
     Box::new(move |router, conn, params| {
+        let causes = declared_causes(params);
         let params: M::Params = decode_params(params)?;
         let router = router.clone();
         Ok(Box::pin(async move {
             let result = router
-                .call(conn, M::CAPABILITY, needs_session, move |r, ctx| {
+                .call_caused(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
                     f(r, ctx, params)
                 })
                 .await
@@ -259,6 +260,38 @@ fn typed_handler<M: Method>(
             })
         }))
     })
+}
+
+/// The event ids a call names as its causes in `params._meta.causedBy` (malformed entries are
+/// ignored: causality is advisory metadata, never a reason to refuse a call).
+fn declared_causes(params: Option<&RawValue>) -> Vec<crate::protocol::ids::EventId> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default, rename = "causedBy")]
+        caused_by: Vec<serde_json::Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct WithMeta {
+        #[serde(default, rename = "_meta")]
+        meta: Option<Meta>,
+    }
+    let Some(raw) = params else {
+        return Vec::new();
+    };
+    if !raw.get().contains("_meta") {
+        return Vec::new();
+    }
+    serde_json::from_str::<WithMeta>(raw.get())
+        .ok()
+        .and_then(|w| w.meta)
+        .map(|m| {
+            m.caused_by
+                .iter()
+                .filter_map(|v| v.as_str().and_then(crate::protocol::ids::EventId::parse))
+                .take(16)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Decodes params; absent params decode from `{}`.

@@ -18,14 +18,14 @@
 //! message expects a response, so the SDK's `client.request()` does not mistake its own request
 //! for the reply (reference-server.md §1.1 #15).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::protocol::capabilities::{Capability, ParticipantType};
-use crate::protocol::event::{EventType, MessageFailedData};
+use crate::protocol::event::{EventType, MessageFailedData, MessageQueuedData};
 use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId, ParticipantId, ScopeId};
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::{Address, Message, ParticipantGroup};
@@ -39,6 +39,91 @@ use super::permissions::can_see_agent;
 use super::{Caller, ConnId, Ctx, Router, RouterError};
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
+
+/// Most messages kept for one agent while it is away.
+pub const MAX_OFFLINE_MESSAGES: usize = 1000;
+
+/// What became of a message.
+#[derive(Debug)]
+pub struct Delivered {
+    /// Its id.
+    pub message_id: MessageId,
+    /// Recipients it reached.
+    pub delivered: Vec<String>,
+    /// Recipients that are away and get it when they are back.
+    pub queued: Vec<String>,
+}
+
+/// A sent message, with what its later delivery events need (kept while a recipient is away).
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    id: MessageId,
+    correlation: Option<String>,
+    from: Arc<str>,
+    to: serde_json::Value,
+    timestamp: u64,
+    delivered_correlation: Option<String>,
+    payload_json: Option<Box<RawValue>>,
+    message_json: Box<RawValue>,
+    frame: Arc<str>,
+    sent: EventId,
+    keys: FilterKeys,
+    audience: Audience,
+}
+
+/// How many recent deliveries are remembered for linking replies to requests.
+const DELIVERY_INDEX_CAP: usize = 16_384;
+
+/// Recent deliveries, so a reply (`meta.isResult` with the request's `correlationId`) can name
+/// the delivery of the request it answers as its cause. Bounded: the oldest are forgotten.
+#[derive(Debug, Default)]
+pub(crate) struct DeliveryIndex {
+    by_message: HashMap<(MessageId, String), EventId>,
+    by_correlation: HashMap<String, MessageId>,
+    order: std::collections::VecDeque<(MessageId, String, Option<String>)>,
+}
+
+impl DeliveryIndex {
+    fn record(
+        &mut self,
+        message: &MessageId,
+        recipient: &str,
+        correlation: Option<&str>,
+        event: EventId,
+    ) {
+        if self.order.len() >= DELIVERY_INDEX_CAP {
+            if let Some((m, r, c)) = self.order.pop_front() {
+                self.by_message.remove(&(m.clone(), r));
+                if let Some(c) = c {
+                    if self.by_correlation.get(&c) == Some(&m) {
+                        self.by_correlation.remove(&c);
+                    }
+                }
+            }
+        }
+        self.by_message
+            .insert((message.clone(), recipient.to_owned()), event);
+        if let Some(c) = correlation {
+            self.by_correlation.insert(c.to_owned(), message.clone());
+        }
+        self.order.push_back((
+            message.clone(),
+            recipient.to_owned(),
+            correlation.map(str::to_owned),
+        ));
+    }
+
+    /// The delivery to `replier` of the request that `correlation` names (a correlation id,
+    /// or the request's message id, as the SDK's `reply()` uses when there was none).
+    fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
+        let message = self
+            .by_correlation
+            .get(correlation)
+            .cloned()
+            .unwrap_or_else(|| MessageId::from(correlation));
+        self.by_message.get(&(message, replier.to_owned())).copied()
+    }
+}
 
 /// A resolved recipient.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -110,11 +195,11 @@ impl Router {
     /// `map/send`.
     pub fn handle_send(&mut self, ctx: &Ctx, p: SendParams) -> Result<SendResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let (message_id, delivered) =
-            self.deliver_message(&caller, p.to, p.payload, p.meta, Vec::new())?;
+        let d = self.deliver_message(&caller, p.to, p.payload, p.meta, Vec::new())?;
         Ok(SendResult {
-            message_id,
-            delivered,
+            message_id: d.message_id,
+            delivered: d.delivered,
+            queued: d.queued,
         })
     }
 
@@ -126,7 +211,7 @@ impl Router {
         payload: Option<serde_json::Value>,
         meta: Option<JsonMap>,
         caused_by: Vec<EventId>,
-    ) -> Result<(MessageId, Vec<String>), RouterError> {
+    ) -> Result<Delivered, RouterError> {
         let address = Address::parse(&to).map_err(RouterError::InvalidParams)?;
         let multicast = address.is_multicast()
             || matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
@@ -174,6 +259,14 @@ impl Router {
             metadata: None,
         };
         let audience = self.message_audience(caller, scope.as_ref());
+        let mut caused_by = caused_by;
+        if message.is_result() {
+            if let Some(request) =
+                correlation.and_then(|c| self.deliveries.request_delivery(c, &from))
+            {
+                caused_by.push(request);
+            }
+        }
         let sent = self.emit(EventDraft {
             kind: EventType::MessageSent,
             source: Some(from.clone()),
@@ -196,19 +289,34 @@ impl Router {
             audience: audience.clone(),
         });
 
-        let delivered_correlation = if message.expects_response() {
-            None
-        } else {
-            correlation
-        };
+        let out = Arc::new(Outgoing {
+            id: message.id.clone(),
+            correlation: correlation.map(str::to_owned),
+            from: from.clone(),
+            to: message.to.clone(),
+            timestamp: message.timestamp,
+            delivered_correlation: if message.expects_response() {
+                None
+            } else {
+                correlation.map(str::to_owned)
+            },
+            payload_json,
+            message_json,
+            frame,
+            sent,
+            keys,
+            audience,
+        });
+        let queueable = message.delivery_guaranteed();
         let mut delivered = Vec::new();
+        let mut queued = Vec::new();
         let mut reached: HashSet<ConnId> = HashSet::new();
         for recipient in recipients {
             let outcome = match self.recipient_conn(&recipient) {
                 None => Err("recipient_offline"),
                 Some(conn) if reached.contains(&conn) => Ok(()),
                 Some(conn) => {
-                    if self.push_message(conn, frame.clone()) {
+                    if self.push_message(conn, out.frame.clone()) {
                         reached.insert(conn);
                         Ok(())
                     } else {
@@ -216,46 +324,144 @@ impl Router {
                     }
                 }
             };
-            match outcome {
-                Ok(()) => {
-                    self.emit(EventDraft {
-                        kind: EventType::MessageDelivered,
-                        source: Some(from.clone()),
-                        data: super::to_json(&DeliveredData {
-                            message_id: &message.id,
-                            from: &from,
-                            delivered_to: [recipient.id()],
-                            timestamp: message.timestamp,
-                            correlation_id: delivered_correlation,
-                            payload: payload_json.as_deref(),
-                            message: &message_json,
-                        }),
-                        caused_by: vec![sent],
-                        keys: keys.clone(),
-                        audience: audience.clone(),
-                    });
+            match (outcome, &recipient) {
+                (Ok(()), _) => {
+                    self.emit_delivered(&out, recipient.id(), None);
                     delivered.push(recipient.id().to_owned());
                 }
-                Err(reason) => {
-                    self.emit(EventDraft {
-                        kind: EventType::MessageFailed,
-                        source: Some(from.clone()),
-                        data: super::to_json(&MessageFailedData {
-                            message_id: message.id.clone(),
-                            from: from.to_string(),
-                            to: message.to.clone(),
-                            recipient: recipient.id().to_owned(),
-                            reason: reason.into(),
-                            code: ErrorCode::DELIVERY_FAILED.0,
-                        }),
-                        caused_by: vec![sent],
-                        keys: keys.clone(),
-                        audience: audience.clone(),
-                    });
+                (Err("recipient_offline"), Recipient::Agent(agent))
+                    if queueable && self.can_come_back(agent) =>
+                {
+                    match self.queue_offline(agent, &out) {
+                        Ok(()) => queued.push(agent.to_string()),
+                        Err(reason) => self.emit_failed(&out, agent.as_str(), reason),
+                    }
                 }
+                (Err(reason), _) => self.emit_failed(&out, recipient.id(), reason),
             }
         }
-        Ok((message.id, delivered))
+        Ok(Delivered {
+            message_id: out.id.clone(),
+            delivered,
+            queued,
+        })
+    }
+
+    /// Emits `message_delivered` for one recipient; returns its id.
+    fn emit_delivered(
+        &mut self,
+        out: &Outgoing,
+        recipient: &str,
+        extra_cause: Option<EventId>,
+    ) -> EventId {
+        let mut caused_by = vec![out.sent];
+        caused_by.extend(extra_cause);
+        let delivered = self.emit(EventDraft {
+            kind: EventType::MessageDelivered,
+            source: Some(out.from.clone()),
+            data: super::to_json(&DeliveredData {
+                message_id: &out.id,
+                from: &out.from,
+                delivered_to: [recipient],
+                timestamp: out.timestamp,
+                correlation_id: out.delivered_correlation.as_deref(),
+                payload: out.payload_json.as_deref(),
+                message: &out.message_json,
+            }),
+            caused_by,
+            keys: out.keys.clone(),
+            audience: out.audience.clone(),
+        });
+        self.remember_delivery(out, recipient, delivered);
+        delivered
+    }
+
+    fn remember_delivery(&mut self, out: &Outgoing, recipient: &str, delivered: EventId) {
+        self.deliveries
+            .record(&out.id, recipient, out.correlation.as_deref(), delivered);
+    }
+
+    /// Emits `message_failed` for one recipient.
+    fn emit_failed(&mut self, out: &Outgoing, recipient: &str, reason: &str) {
+        self.emit(EventDraft {
+            kind: EventType::MessageFailed,
+            source: Some(out.from.clone()),
+            data: super::to_json(&MessageFailedData {
+                message_id: out.id.clone(),
+                from: out.from.to_string(),
+                to: out.to.clone(),
+                recipient: recipient.to_owned(),
+                reason: reason.into(),
+                code: ErrorCode::DELIVERY_FAILED.0,
+            }),
+            caused_by: vec![out.sent],
+            keys: out.keys.clone(),
+            audience: out.audience.clone(),
+        });
+    }
+
+    /// Whether an agent without a connection may get one back: orphaned within its grace
+    /// period, between restarts of its process, or owned by a detached session.
+    fn can_come_back(&self, agent: &AgentId) -> bool {
+        let Some(rec) = self.registry.get(agent.as_str()) else {
+            return false;
+        };
+        match &rec.agent.owner_id {
+            None => rec.agent.state != crate::protocol::agent::AgentState::STOPPED,
+            Some(owner) => self
+                .sessions
+                .by_participant(owner.as_str())
+                .is_some_and(|s| s.conn.is_none()),
+        }
+    }
+
+    /// Keeps a message for an agent that is away. Errors when its queue is full.
+    fn queue_offline(&mut self, agent: &AgentId, out: &Arc<Outgoing>) -> Result<(), &'static str> {
+        let queue = self.offline.entry(agent.clone()).or_default();
+        if queue.len() >= MAX_OFFLINE_MESSAGES {
+            return Err("recipient_offline_queue_full");
+        }
+        queue.push_back(out.clone());
+        self.emit(EventDraft {
+            kind: EventType::MessageQueued,
+            source: Some(out.from.clone()),
+            data: super::to_json(&MessageQueuedData {
+                message_id: out.id.clone(),
+                from: out.from.to_string(),
+                recipient: agent.clone(),
+                reason: "recipient_offline".into(),
+            }),
+            caused_by: vec![out.sent],
+            keys: out.keys.clone(),
+            audience: out.audience.clone(),
+        });
+        Ok(())
+    }
+
+    /// Delivers what was kept for an agent that is back (resumed, reclaimed, restarted).
+    pub(crate) fn flush_offline(&mut self, agent: &AgentId, cause: Option<EventId>) {
+        let Some(conn) = self.agent_conn(agent) else {
+            return;
+        };
+        let Some(queue) = self.offline.remove(agent) else {
+            return;
+        };
+        for out in queue {
+            if self.push_message(conn, out.frame.clone()) {
+                self.emit_delivered(&out, agent.as_str(), cause);
+            } else {
+                self.emit_failed(&out, agent.as_str(), "recipient_backlogged");
+            }
+        }
+    }
+
+    /// Fails what was kept for an agent that will not come back.
+    pub(crate) fn drop_offline(&mut self, agent: &AgentId) {
+        if let Some(queue) = self.offline.remove(agent) {
+            for out in queue {
+                self.emit_failed(&out, agent.as_str(), "recipient_gone");
+            }
+        }
     }
 
     /// Whether a string address resolves to a scope (`scope:<id>`, or a bare scope id that is

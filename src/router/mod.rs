@@ -264,13 +264,41 @@ impl RouterHandle {
         R: Send + 'static,
         F: FnOnce(&mut Router, &Ctx) -> Result<R, RouterError> + Send + 'static,
     {
+        self.call_caused(conn, capability, needs_session, Vec::new(), f)
+            .await
+    }
+
+    /// [`RouterHandle::call`] for a call that declared causes (`params._meta.causedBy`): the
+    /// call's events without a cause of their own get them. Ids the router has not issued yet
+    /// are dropped.
+    ///
+    /// # Errors
+    /// As [`RouterHandle::call`].
+    pub async fn call_caused<R, F>(
+        &self,
+        conn: ConnId,
+        capability: Option<Capability>,
+        needs_session: bool,
+        causes: Vec<EventId>,
+        f: F,
+    ) -> Result<R, RouterError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Router, &Ctx) -> Result<R, RouterError> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let op: Op = Box::new(move |router: &mut Router| {
             let ctx = Ctx { conn };
             let before = router.bus.log.next_seq();
+            let newest = router.bus.log.newest_id();
+            router.call_causes = causes
+                .into_iter()
+                .filter(|c| newest.is_some_and(|n| *c <= n))
+                .collect();
             let result = router
                 .check_call(&ctx, capability, needs_session)
                 .and_then(|()| f(router, &ctx));
+            router.call_causes.clear();
             let after = router.bus.log.next_seq();
             let _ = tx.send((result, (after > before).then_some(after)));
         });
@@ -369,6 +397,13 @@ pub struct Router {
     store: Option<Arc<dyn crate::store::EventStore>>,
     /// Events appended since the last flush to the store.
     unflushed: Vec<events::log::StoredRow>,
+    /// Messages kept for agents that are away (`meta.delivery` acknowledged/guaranteed).
+    offline: HashMap<AgentId, std::collections::VecDeque<Arc<messaging::Outgoing>>>,
+    /// Recent deliveries, for linking a reply to the request it answers.
+    deliveries: messaging::DeliveryIndex,
+    /// Causes the current call declared (`params._meta.causedBy`); given to its events that
+    /// have no cause of their own.
+    call_causes: Vec<EventId>,
 }
 
 /// The router's collaborators.
@@ -461,6 +496,9 @@ impl Router {
             process_control: None,
             store: None,
             unflushed: Vec::new(),
+            offline: HashMap::new(),
+            deliveries: Default::default(),
+            call_causes: Vec::new(),
         }
     }
 
@@ -634,7 +672,10 @@ impl Router {
     }
 
     /// Appends an event to the log and fans it out. Returns its id.
-    pub fn emit(&mut self, draft: EventDraft) -> EventId {
+    pub fn emit(&mut self, mut draft: EventDraft) -> EventId {
+        if draft.caused_by.is_empty() && !self.call_causes.is_empty() {
+            draft.caused_by = self.call_causes.clone();
+        }
         let rec = self.bus.log.append(draft);
         if self.store.is_some() {
             if let Some(row) = rec.to_row() {

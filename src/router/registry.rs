@@ -26,6 +26,9 @@ pub struct AgentRecord {
     pub orphan_expires: Option<std::time::Instant>,
     /// The `reason` of that unregistration (default `owner_disconnected`).
     pub expiry_reason: Option<&'static str>,
+    /// The event the agent's next state change follows from (a stop request, its orphaning,
+    /// a crash it is restarted after), when nothing more specific is known.
+    pub cause_hint: Option<crate::protocol::ids::EventId>,
 }
 
 /// All agents.
@@ -88,6 +91,7 @@ impl Registry {
                 state_before_orphan: None,
                 orphan_expires: None,
                 expiry_reason: None,
+                cause_hint: None,
             },
         );
     }

@@ -269,7 +269,13 @@ impl Router {
             l.orphaned_at = None;
         }
         let snapshot = rec.agent.clone();
-        self.emit_agent_event(
+        let hint = rec.cause_hint.take();
+        let caused_by = if caused_by.is_empty() {
+            hint.into_iter().collect()
+        } else {
+            caused_by
+        };
+        let reclaimed = self.emit_agent_event(
             EventType::AgentStateChanged,
             &snapshot,
             &AgentStateChangedData::new(
@@ -280,6 +286,8 @@ impl Router {
             ),
             caused_by,
         );
+        // Messages kept while it was away (meta.delivery acknowledged/guaranteed).
+        self.flush_offline(agent, Some(reclaimed));
         Some(snapshot)
     }
 
@@ -458,7 +466,7 @@ impl Router {
             .get_or_insert_with(Default::default)
             .orphaned_at = Some(now_ms());
         let snapshot = rec.agent.clone();
-        self.emit_agent_event(
+        let orphaned = self.emit_agent_event(
             EventType::AgentOrphaned,
             &snapshot,
             &AgentOrphanedData {
@@ -467,6 +475,7 @@ impl Router {
             },
             caused_by,
         );
+        self.set_cause_hint(agent, orphaned);
     }
 
     pub(crate) fn expire_session(&mut self, session: &SessionId) {
@@ -491,7 +500,8 @@ impl Router {
         if let Some(reason) = expired {
             // Descendants orphaned by the same detach carry the same deadline and were queued
             // before their ancestors (see `detach`), so they are already gone.
-            self.remove_agent(agent, reason, Vec::new());
+            let hint = self.take_cause_hint(agent);
+            self.remove_agent(agent, reason, hint);
         }
     }
 }

@@ -27,7 +27,8 @@ use tokio::sync::oneshot;
 
 use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::event::{
-    AgentDiagnosticData, AgentStateChangedData, AgentStderrData, EventType,
+    AgentDiagnosticData, AgentSpawnFailedData, AgentSpawningData, AgentStateChangedData,
+    AgentStderrData, EventType,
 };
 use crate::protocol::ids::AgentId;
 use crate::protocol::methods::agents::{RegisterParams, SpawnParams};
@@ -100,6 +101,10 @@ pub(crate) struct Supervised {
     waiter: Option<oneshot::Sender<Result<Agent, RouterError>>>,
     /// Whether the agent has registered at least once.
     registered_once: bool,
+    /// Who asked for it (`source` of `agent.spawning`).
+    spawner: Option<std::sync::Arc<str>>,
+    /// The `agent.spawning` event, which its first registration follows from.
+    spawning: Option<crate::protocol::ids::EventId>,
 }
 
 /// Supervised agents by id.
@@ -158,14 +163,43 @@ impl Router {
                 template,
                 waiter: Some(tx),
                 registered_once: false,
+                spawner: caller.as_ref().map(Caller::address),
+                spawning: None,
             },
         );
         Ok((id, parent, rx))
     }
 
+    /// The supervisor launched the process for a reserved agent: emits `agent.spawning`, which
+    /// the agent's registration will follow from.
+    pub fn supervised_launched(&mut self, agent: &AgentId, pid: u32, program: &str) {
+        let Some(ticket) = self.supervised.get(agent) else {
+            return;
+        };
+        if ticket.registered_once {
+            return;
+        }
+        let data = AgentSpawningData {
+            agent_id: agent.clone(),
+            parent: ticket.parent.clone(),
+            program: program.to_owned(),
+            pid,
+        };
+        let keys = super::events::log::FilterKeys {
+            agent_id: Some(agent.clone()),
+            ..Default::default()
+        };
+        let source = ticket.spawner.clone();
+        let ev = self.emit_plain(EventType::AgentSpawning, source, &data, keys, Vec::new());
+        if let Some(ticket) = self.supervised.get_mut(agent) {
+            ticket.spawning = Some(ev);
+        }
+    }
+
     /// Drops a reservation whose process could not be started or did not register in time.
     pub fn cancel_supervised(&mut self, agent: &AgentId, error: RouterError) {
         if let Some(mut s) = self.supervised.remove(agent) {
+            self.emit_spawn_failed(agent, &s, &error);
             if let Some(w) = s.waiter.take() {
                 let _ = w.send(Err(error));
             }
@@ -173,6 +207,28 @@ impl Router {
         if self.registry.contains(agent.as_str()) {
             self.remove_agent(agent, "spawn_failed", Vec::new());
         }
+    }
+
+    fn emit_spawn_failed(&mut self, agent: &AgentId, ticket: &Supervised, error: &RouterError) {
+        if ticket.registered_once {
+            return;
+        }
+        let data = AgentSpawnFailedData {
+            agent_id: agent.clone(),
+            error: error.to_string(),
+        };
+        let keys = super::events::log::FilterKeys {
+            agent_id: Some(agent.clone()),
+            ..Default::default()
+        };
+        let caused_by = ticket.spawning.into_iter().collect();
+        self.emit_plain(
+            EventType::AgentSpawnFailed,
+            ticket.spawner.clone(),
+            &data,
+            keys,
+            caused_by,
+        );
     }
 
     /// Whether the router supervises a process for this agent.
@@ -221,8 +277,9 @@ impl Router {
                     rec.state_before_orphan = None;
                 }
                 let snapshot = self.apply_reregistration(agent, &params);
+                let hint = self.take_cause_hint(agent);
                 if let Some(snapshot) = snapshot {
-                    self.emit_agent_event(
+                    let restarted = self.emit_agent_event(
                         EventType::AgentStateChanged,
                         &snapshot,
                         &AgentStateChangedData::new(
@@ -231,14 +288,23 @@ impl Router {
                             AgentState::REGISTERED,
                             Some("restarted".into()),
                         ),
-                        Vec::new(),
+                        hint,
                     );
+                    self.adopt_primary(caller, agent);
+                    self.flush_offline(agent, Some(restarted));
+                } else {
+                    self.adopt_primary(caller, agent);
                 }
-                self.adopt_primary(caller, agent);
                 true
             }
             None => {
-                self.create_agent(caller, agent.clone(), params, Vec::new());
+                let caused_by = self
+                    .supervised
+                    .get(agent)
+                    .and_then(|t| t.spawning)
+                    .into_iter()
+                    .collect();
+                self.create_agent(caller, agent.clone(), params, caused_by);
                 false
             }
         };
@@ -272,7 +338,7 @@ impl Router {
         if let Some(waiter) = ticket.waiter.take() {
             // Died during its handshake: the spawner gets the error, nothing restarts.
             let tail = info.stderr_tail.join("\n");
-            let _ = waiter.send(Err(RouterError::SpawnFailed(format!(
+            let error = RouterError::SpawnFailed(format!(
                 "process {pid} exited ({}) before registering{}",
                 info.describe(),
                 if tail.is_empty() {
@@ -280,8 +346,11 @@ impl Router {
                 } else {
                     format!("; stderr: {tail}")
                 }
-            ))));
-            self.supervised.remove(agent);
+            ));
+            if let Some(ticket) = self.supervised.remove(agent) {
+                self.emit_spawn_failed(agent, &ticket, &error);
+            }
+            let _ = waiter.send(Err(error));
             return false;
         }
         let restart = info.policy_restarts && !info.requested && ticket.registered_once;
@@ -328,7 +397,14 @@ impl Router {
         data.exit_code = info.code;
         data.signal = info.signal;
         data.stderr_tail = Some(info.stderr_tail);
-        self.emit_agent_event(EventType::AgentStateChanged, &snapshot, &data, Vec::new());
+        // A requested stop follows from its `stopping`; a crash follows from nothing we saw.
+        let hint = self.take_cause_hint(agent);
+        let caused_by = if info.requested { hint } else { Vec::new() };
+        let ended =
+            self.emit_agent_event(EventType::AgentStateChanged, &snapshot, &data, caused_by);
+        if restart {
+            self.set_cause_hint(agent, ended);
+        }
         if let Some(at) = expires {
             self.supervised.remove(agent);
             self.schedule(at, Deadline::OrphanExpiry(agent.clone()));

@@ -31,6 +31,10 @@ pub struct SendResult {
     /// Who received it: agent ids for agent recipients, participant ids for participant
     /// recipients. Possibly empty (for example a scope with no other members).
     pub delivered: Vec<String>,
+    /// Agents that are away (their connection dropped, their process restarting) and will get
+    /// the message when they are back: only for `meta.delivery` `acknowledged` or `guaranteed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<String>,
 }
 
 method!(

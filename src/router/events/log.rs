@@ -451,6 +451,15 @@ impl EventLog {
         self.records.get(idx).filter(|r| r.id == Some(id))
     }
 
+    /// The id of the newest event issued (retained or not).
+    pub fn newest_id(&self) -> Option<EventId> {
+        (self.ids_issued()).then(|| EventId(crate::protocol::ids::Ulid(self.ids.last())))
+    }
+
+    fn ids_issued(&self) -> bool {
+        self.ids.last() != 0
+    }
+
     /// The id of the oldest retained event.
     pub fn oldest_id(&self) -> Option<EventId> {
         self.records.front().and_then(|r| r.id)
