@@ -19,10 +19,11 @@ node tests/interop/quickstart.mjs --bin target/debug/map-router
 
 echo "== Rust client examples against target/debug/map-router"
 cargo build --locked --bin map-router --examples
-router_log=$(mktemp)
-target/debug/map-router --listen 127.0.0.1:0 2> "$router_log" &
+router_dir=$(mktemp -d)
+router_log="$router_dir/router.log"
+target/debug/map-router --listen 127.0.0.1:0 --data-dir "$router_dir/data" 2> "$router_log" &
 router_pid=$!
-trap 'kill "$router_pid" ${agent_pid:-} 2>/dev/null || true; rm -f "$router_log"' EXIT
+trap 'kill "$router_pid" ${agent_pid:-} 2>/dev/null || true; rm -rf "$router_dir"' EXIT
 MAP_URL=
 for _ in $(seq 100); do
   MAP_URL=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$router_log" | head -n 1)

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use map_router::server::config::DEFAULT_DATA_DIR;
 use map_router::server::{Config, Server};
 
 #[derive(Debug, Parser)]
@@ -55,6 +56,13 @@ struct ServeArgs {
     /// Largest accepted text frame, in bytes.
     #[arg(long, env = "MAP_ROUTER_MAX_FRAME_BYTES")]
     max_frame_bytes: Option<usize>,
+    /// Directory of the durable event store. `serve` defaults to ./map-router-data; `stdio`
+    /// keeps events in memory unless this (or the config file) names a directory.
+    #[arg(long, env = "MAP_ROUTER_DATA_DIR", conflicts_with = "ephemeral")]
+    data_dir: Option<PathBuf>,
+    /// Keep events in memory only: nothing is written to disk and nothing survives a restart.
+    #[arg(long)]
+    ephemeral: bool,
 }
 
 fn main() -> ExitCode {
@@ -106,6 +114,14 @@ fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
     if let Some(n) = args.max_frame_bytes {
         config.limits.max_frame_bytes = n;
     }
+    if args.ephemeral {
+        config.storage.ephemeral = true;
+    } else if let Some(dir) = &args.data_dir {
+        config.storage.data_dir = Some(dir.clone());
+        config.storage.ephemeral = false;
+    } else if mode == Mode::Listen && config.storage.data_dir.is_none() {
+        config.storage.data_dir = Some(DEFAULT_DATA_DIR.into());
+    }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
@@ -127,7 +143,7 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
         let server = match Server::start(config).await {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("map-router: cannot listen: {e}");
+                eprintln!("map-router: cannot start: {e}");
                 return ExitCode::FAILURE;
             }
         };

@@ -16,12 +16,15 @@ use tokio::task::JoinHandle;
 
 const BIN: &str = env!("CARGO_BIN_EXE_map-router");
 
-fn command(args: &[&str]) -> Command {
+/// The binary with `args`, run in `cwd` (where its default data directory lands).
+fn command(args: &[&str], cwd: &std::path::Path) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
+        .current_dir(cwd)
         .env_remove("MAP_ROUTER_LISTEN")
         .env_remove("MAP_ROUTER_CONFIG")
         .env_remove("MAP_ROUTER_MAX_FRAME_BYTES")
+        .env_remove("MAP_ROUTER_DATA_DIR")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -30,10 +33,21 @@ fn command(args: &[&str]) -> Command {
     cmd
 }
 
-/// Spawns the binary, waits for its listening line, and keeps draining stderr. Returns the
-/// child, the URL and the task collecting the rest of stderr.
-async fn spawn(args: &[&str]) -> (Child, String, JoinHandle<Vec<String>>) {
-    let mut child = command(args).spawn().expect("the binary starts");
+/// Spawns the binary in a fresh working directory, waits for its listening line, and keeps
+/// draining stderr. Returns the child, the URL, the task collecting the rest of stderr, and the
+/// working directory.
+async fn spawn(args: &[&str]) -> (Child, String, JoinHandle<Vec<String>>, TempDir) {
+    let cwd = TempDir::new("bin");
+    let (child, url, rest) = spawn_in(args, &cwd.path).await;
+    (child, url, rest, cwd)
+}
+
+/// [`spawn`] in a given working directory.
+async fn spawn_in(
+    args: &[&str],
+    cwd: &std::path::Path,
+) -> (Child, String, JoinHandle<Vec<String>>) {
+    let mut child = command(args, cwd).spawn().expect("the binary starts");
     let stderr = child.stderr.take().expect("piped stderr");
     let mut lines = BufReader::new(stderr).lines();
     let mut seen = Vec::new();
@@ -88,7 +102,7 @@ fn temp_config(name: &str, text: &str) -> PathBuf {
 
 #[tokio::test]
 async fn the_binary_serves_and_drains_on_sigterm() {
-    let (mut child, url, rest) = spawn(&["--listen", "127.0.0.1:0"]).await;
+    let (mut child, url, rest, cwd) = spawn(&["--listen", "127.0.0.1:0"]).await;
     assert_loopback_url(&url);
 
     let mut agent = WsClient::agent(&url, "bin-1", json!({})).await;
@@ -129,6 +143,11 @@ async fn the_binary_serves_and_drains_on_sigterm() {
         !matches!(refused, Ok(Ok(_))),
         "the listener is closed after shutdown; logs: {logs:?}"
     );
+    let db = cwd.path.join("map-router-data").join("events.sqlite3");
+    assert!(
+        db.is_file(),
+        "serve keeps events in ./map-router-data by default"
+    );
 }
 
 #[tokio::test]
@@ -137,7 +156,7 @@ async fn the_binary_reads_a_config_file() {
         "good",
         "listen = [\"127.0.0.1:0\"]\n[limits]\nmax_batch = 2\n[router]\nname = \"from-file\"\n",
     );
-    let (mut child, url, _rest) = spawn(&["--config", path.to_str().unwrap()]).await;
+    let (mut child, url, _rest, _cwd) = spawn(&["--config", path.to_str().unwrap()]).await;
     assert_loopback_url(&url);
     let c = WsClient::client(&url).await;
     assert_eq!(c.session["systemInfo"]["name"], json!("from-file"));
@@ -158,7 +177,8 @@ async fn the_binary_reads_a_config_file() {
 }
 
 async fn run_to_exit(args: &[&str]) -> (Option<i32>, String) {
-    let out = within(Duration::from_secs(15), command(args).output())
+    let cwd = TempDir::new("bin-exit");
+    let out = within(Duration::from_secs(15), command(args, &cwd.path).output())
         .await
         .expect("run the binary");
     (
@@ -204,4 +224,48 @@ async fn an_invalid_config_file_exits_with_code_2_and_says_why() {
     for p in [unknown, range, syntax] {
         let _ = std::fs::remove_file(p);
     }
+}
+
+#[tokio::test]
+async fn a_second_router_on_the_same_data_dir_is_refused() {
+    let cwd = TempDir::new("bin-lock");
+    let data = cwd.path.join("shared");
+    let data = data.to_str().unwrap();
+    let (mut first, url, _rest) =
+        spawn_in(&["--listen", "127.0.0.1:0", "--data-dir", data], &cwd.path).await;
+    let (code, stderr) = run_to_exit(&["--listen", "127.0.0.1:0", "--data-dir", data]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("map-router: cannot start")
+            && stderr.contains("in use by another map-router process")
+            && stderr.contains(&format!("pid {}", first.id().unwrap())),
+        "says which process holds it: {stderr}"
+    );
+    // The first router is unaffected.
+    let c = WsClient::client(&url).await;
+    assert_eq!(c.session["systemInfo"]["name"], json!("map-router"));
+    sigterm(&first);
+    let status = within(Duration::from_secs(15), first.wait())
+        .await
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn ephemeral_writes_nothing_to_disk() {
+    let (mut child, url, _rest, cwd) = spawn(&["--listen", "127.0.0.1:0", "--ephemeral"]).await;
+    let mut agent = WsClient::agent(&url, "eph-1", json!({})).await;
+    agent
+        .ok(
+            "map/agents/update",
+            json!({"agentId": "eph-1", "state": "busy"}),
+        )
+        .await;
+    sigterm(&child);
+    let status = within(Duration::from_secs(15), child.wait())
+        .await
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+    let entries: Vec<_> = std::fs::read_dir(&cwd.path).unwrap().collect();
+    assert!(entries.is_empty(), "nothing written: {entries:?}");
 }

@@ -394,13 +394,15 @@ fn uuid_like() -> String {
 }
 
 /// Starts the built binary with `config`, waits for it to listen; returns the child.
-async fn start_binary(config: &str) -> (tokio::process::Child, String, tempdir::Dir) {
-    let dir = tempdir::Dir::new();
+async fn start_binary(config: &str) -> (tokio::process::Child, String, TempDir) {
+    let dir = TempDir::new("sup");
     let path = dir.path.join("router.toml");
     std::fs::write(&path, config).unwrap();
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"));
     cmd.arg("--config")
         .arg(&path)
+        .arg("--data-dir")
+        .arg(dir.path.join("data"))
         .arg("--listen")
         .arg("127.0.0.1:0")
         .stdout(Stdio::null())
@@ -470,29 +472,4 @@ async fn no_child_outlives_the_router_on_sigint() {
 #[tokio::test]
 async fn no_child_outlives_a_crashed_router() {
     no_child_outlives("KILL").await;
-}
-
-mod tempdir {
-    /// A temporary directory removed on drop.
-    pub struct Dir {
-        pub path: std::path::PathBuf,
-    }
-
-    impl Dir {
-        pub fn new() -> Self {
-            let path = std::env::temp_dir().join(format!(
-                "map-router-sup-{}-{}",
-                std::process::id(),
-                super::uuid_like()
-            ));
-            std::fs::create_dir_all(&path).unwrap();
-            Self { path }
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
 }

@@ -4,7 +4,7 @@
 //! Every limit has a named default here, with the reason for its value.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -16,9 +16,10 @@ use crate::protocol::methods::agents::{
 use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::events::log::Retention;
 use crate::router::{
-    RouterConfig, DEFAULT_LOG_BYTES, DEFAULT_LOG_EVENTS, DEFAULT_OUTBOX_FRAMES,
-    DEFAULT_PENDING_MESSAGES,
+    Durability, RouterConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_LOG_BYTES, DEFAULT_LOG_EVENTS,
+    DEFAULT_OUTBOX_FRAMES, DEFAULT_PENDING_MESSAGES,
 };
+use crate::store::sqlite::{self, SqliteOptions, Synchronous};
 use crate::transport::connection::ConnectionOptions;
 
 /// Default listen address: loopback only, so a fresh install exposes nothing.
@@ -34,6 +35,9 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 5_000;
 /// Default resume window (ms).
 pub const DEFAULT_RESUME_WINDOW_MS: u64 = 60_000;
+/// The data directory `map-router serve` uses when neither the config file nor `--data-dir`
+/// names one (relative to the working directory). The library default is ephemeral.
+pub const DEFAULT_DATA_DIR: &str = "map-router-data";
 
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -49,6 +53,8 @@ pub struct Config {
     pub router: RouterSettings,
     /// Event log.
     pub events: EventSettings,
+    /// Durable storage of the event log.
+    pub storage: StorageSettings,
     /// Timeouts for supervised processes.
     pub supervisor: SupervisorConfig,
     /// Agent processes to start with the router (`[[agents]]`).
@@ -192,6 +198,67 @@ pub struct EventSettings {
     pub retention_bytes: usize,
 }
 
+/// `[storage]`: where and how durably the event log is kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageSettings {
+    /// Directory holding the SQLite event store. `None`: events live in memory only.
+    pub data_dir: Option<PathBuf>,
+    /// Keep events in memory only, even when `data_dir` is set or the binary would default one.
+    pub ephemeral: bool,
+    /// `durable` (default): a state-changing call is answered after its events are committed.
+    /// `async`: answered at once, committed right after.
+    pub durability: Durability,
+    /// `full` (default): committed events survive power loss. `normal`: they survive a crash of
+    /// the router process; the last commits before a power loss may be lost.
+    pub synchronous: Synchronous,
+    /// Events kept on disk.
+    pub max_events: u64,
+    /// Bytes of events kept on disk (about).
+    pub max_bytes: u64,
+    /// Events older than this many seconds are deleted from disk (0: no age limit).
+    pub max_age_secs: u64,
+    /// How long the writer waits for more events before committing, in ms (0: commit what is
+    /// queued at once; a burst still shares commits).
+    pub group_commit_delay_ms: u64,
+    /// How long a durable call waits for its commit before it fails with 4000, in ms.
+    pub commit_timeout_ms: u64,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            data_dir: None,
+            ephemeral: false,
+            durability: Durability::Durable,
+            synchronous: Synchronous::Full,
+            max_events: sqlite::DEFAULT_MAX_EVENTS,
+            max_bytes: sqlite::DEFAULT_MAX_BYTES,
+            max_age_secs: 0,
+            group_commit_delay_ms: sqlite::DEFAULT_GROUP_COMMIT_DELAY.as_millis() as u64,
+            commit_timeout_ms: DEFAULT_COMMIT_TIMEOUT.as_millis() as u64,
+        }
+    }
+}
+
+impl StorageSettings {
+    /// The store to open, if the log is durable.
+    pub fn sqlite_options(&self) -> Option<SqliteOptions> {
+        if self.ephemeral {
+            return None;
+        }
+        let dir = self.data_dir.as_ref()?;
+        Some(SqliteOptions {
+            synchronous: self.synchronous,
+            group_commit_delay: Duration::from_millis(self.group_commit_delay_ms),
+            max_events: self.max_events,
+            max_bytes: self.max_bytes,
+            max_age: (self.max_age_secs > 0).then(|| Duration::from_secs(self.max_age_secs)),
+            ..SqliteOptions::new(dir)
+        })
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -200,6 +267,7 @@ impl Default for Config {
             websocket: WebSocketSettings::default(),
             router: RouterSettings::default(),
             events: EventSettings::default(),
+            storage: StorageSettings::default(),
             supervisor: SupervisorConfig::default(),
             agents: Vec::new(),
         }
@@ -326,6 +394,22 @@ impl Config {
         if self.events.retention_events == 0 || self.events.retention_bytes < 4096 {
             return bad("events.retention_events must be at least 1 and events.retention_bytes at least 4096");
         }
+        if self.storage.max_events == 0 || self.storage.max_bytes < 4096 {
+            return bad(
+                "storage.max_events must be at least 1 and storage.max_bytes at least 4096",
+            );
+        }
+        if self.storage.commit_timeout_ms == 0 {
+            return bad("storage.commit_timeout_ms must be at least 1");
+        }
+        if self
+            .storage
+            .data_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return bad("storage.data_dir must not be empty (set storage.ephemeral = true to keep events in memory only)");
+        }
         Ok(())
     }
 
@@ -341,6 +425,8 @@ impl Config {
             },
             resume_window: Duration::from_millis(self.router.resume_window_ms),
             strict_recipients: self.router.strict_recipients,
+            durability: self.storage.durability,
+            commit_timeout: Duration::from_millis(self.storage.commit_timeout_ms),
             ..RouterConfig::default()
         }
     }
@@ -394,6 +480,24 @@ mod tests {
         assert!(err.to_string().contains("unknown field"), "{err}");
         let err = Config::from_toml("[limits]\nmax_frame_bytes = 10\n").unwrap_err();
         assert!(err.to_string().contains("at least 1024"), "{err}");
+    }
+
+    #[test]
+    fn storage_is_ephemeral_by_default_and_configurable() {
+        assert!(Config::default().storage.sqlite_options().is_none());
+        let c = Config::from_toml(
+            "[storage]\ndata_dir = \"/tmp/x\"\nsynchronous = \"normal\"\ndurability = \"async\"\nmax_age_secs = 60\n",
+        )
+        .unwrap();
+        let o = c.storage.sqlite_options().unwrap();
+        assert_eq!(o.dir, PathBuf::from("/tmp/x"));
+        assert_eq!(o.synchronous, Synchronous::Normal);
+        assert_eq!(o.max_age, Some(Duration::from_secs(60)));
+        assert_eq!(c.router_config().durability, Durability::Async);
+        let c = Config::from_toml("[storage]\ndata_dir = \"/tmp/x\"\nephemeral = true\n").unwrap();
+        assert!(c.storage.sqlite_options().is_none(), "ephemeral wins");
+        let err = Config::from_toml("[storage]\nsynchronous = \"off\"\n").unwrap_err();
+        assert!(err.to_string().contains("unknown variant"), "{err}");
     }
 
     #[test]

@@ -6,9 +6,12 @@
 //! ([`Server::connect_in_process`]) and serves byte-stream pairs ([`Server::serve_io`]), all on
 //! the one connection driver.
 //!
+//! With `[storage] data_dir` set, [`Server::start`] first opens the SQLite event store there
+//! (recovering the log's position and its newest events) and hands it to the router.
+//!
 //! [`Server::shutdown`] drains: stop accepting, tell every connection to finish (each queues a
 //! close behind its pending output), wait for the connection tasks up to the drain timeout,
-//! then stop the router. This is mini-redis's shape: a broadcast shutdown signal and a guard
+//! then stop the router, then close the store (which commits everything queued). This is mini-redis's shape: a broadcast shutdown signal and a guard
 //! channel whose last sender dropping means "everyone is done".
 
 pub mod config;
@@ -26,7 +29,9 @@ use tokio::task::JoinHandle;
 
 use crate::process::Supervisor;
 use crate::router::dispatch::Dispatcher;
-use crate::router::{Command, Router, RouterHandle};
+use crate::router::{Command, Router, RouterHandle, RouterParts};
+use crate::store::sqlite::SqliteStore;
+use crate::store::EventStore;
 use crate::transport::connection::ConnectionOptions;
 use crate::transport::in_process::{self, InProcessLink};
 use crate::transport::ws::{upgrade, WsState};
@@ -46,13 +51,19 @@ pub struct Server {
     shutdown: watch::Sender<bool>,
     drained: mpsc::Receiver<()>,
     drain_timeout: Duration,
+    store: Option<Arc<dyn EventStore>>,
 }
+
+/// How long shutdown waits for the store to commit what is queued (its own limit for a failing
+/// disk is 10 s).
+const STORE_CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Server {
     /// Starts the router and binds the listeners in `config.listen` (none is fine).
     ///
     /// # Errors
-    /// An address could not be bound.
+    /// An address could not be bound, or the event store could not be opened (its directory is
+    /// unwritable, in use by another router, or holds a file this version cannot read).
     pub async fn start(config: Config) -> std::io::Result<Self> {
         let mut listeners = Vec::new();
         for addr in &config.listen {
@@ -62,11 +73,28 @@ impl Server {
             .iter()
             .map(TcpListener::local_addr)
             .collect::<std::io::Result<Vec<_>>>()?;
+        let store = match config.storage.sqlite_options() {
+            Some(options) => {
+                let opened = tokio::task::spawn_blocking(move || SqliteStore::open(options))
+                    .await
+                    .map_err(std::io::Error::other)?
+                    .map_err(std::io::Error::other)?;
+                let (store, recovered) = opened;
+                Some((store as Arc<dyn EventStore>, recovered))
+            }
+            None => None,
+        };
+        let store_handle = store.as_ref().map(|(s, _)| Arc::clone(s));
         let options = config.connection_options();
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
-        let (router, router_task) =
-            Router::spawn_with(config.router_config(), Some(process_control));
+        let (router, router_task) = Router::start(
+            config.router_config(),
+            RouterParts {
+                process_control: Some(process_control),
+                store,
+            },
+        );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (drain_guard, drained) = mpsc::channel(1);
         let ctx = TransportContext {
@@ -125,6 +153,7 @@ impl Server {
             supervisor,
             shutdown,
             drained,
+            store: store_handle,
         })
     }
 
@@ -173,6 +202,7 @@ impl Server {
             shutdown,
             mut drained,
             drain_timeout,
+            store,
             ..
         } = self;
         // Connections close first (a supervised child sees EOF on its stdin, its cue to exit),
@@ -199,5 +229,14 @@ impl Server {
         let _ = router.send(Command::Shutdown).await;
         drop(router);
         let _ = tokio::time::timeout(drain_timeout, router_task).await;
+        if let Some(store) = store {
+            match tokio::time::timeout(STORE_CLOSE_TIMEOUT, store.close()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "event store did not close cleanly"),
+                Err(_) => {
+                    tracing::error!("event store did not close within {STORE_CLOSE_TIMEOUT:?}")
+                }
+            }
+        }
     }
 }

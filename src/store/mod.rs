@@ -44,6 +44,9 @@ pub enum StoreError {
     /// The store was closed.
     #[error("event store is closed")]
     Closed,
+    /// Another process holds the data directory.
+    #[error("event store: {0}")]
+    Locked(String),
 }
 
 /// What a store found when it opened.

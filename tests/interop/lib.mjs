@@ -68,15 +68,16 @@ export function killAllRouters() {
 }
 
 /**
- * Starts `bin --listen 127.0.0.1:0 [--config <tmp toml>]` and resolves once stderr reports the
- * listening URL.
+ * Starts `bin --listen 127.0.0.1:0 --data-dir <dir> [--config <tmp toml>]` and resolves once
+ * stderr reports the listening URL. The event store lives in a fresh temp directory (removed by
+ * `stopRouter`) unless `dataDir` names one, which outlives the router (restart tests).
  */
-export function startRouter(bin, { config, verbose = false } = {}) {
+export function startRouter(bin, { config, dataDir, verbose = false } = {}) {
   return new Promise((resolve, reject) => {
     const args = ['--listen', '127.0.0.1:0'];
-    let dir = null;
+    const dir = mkdtempSync(path.join(tmpdir(), 'map-router-interop-'));
+    args.push('--data-dir', dataDir ?? path.join(dir, 'data'));
     if (config) {
-      dir = mkdtempSync(path.join(tmpdir(), 'map-router-interop-'));
       const file = path.join(dir, 'router.toml');
       writeFileSync(file, config);
       args.push('--config', file);
