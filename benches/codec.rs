@@ -102,13 +102,13 @@ fn subscription(
         session: format!("s-{i}").into(),
         conn,
         participant: format!("p-{i}").into(),
-        participant_type: if i % 10 == 0 {
+        participant_type: if i.is_multiple_of(10) {
             ParticipantType::System
         } else {
             ParticipantType::Client
         },
         filter: CompiledFilter::compile(f_ref(&filter)).unwrap(),
-        exclude_own: i % 7 == 0,
+        exclude_own: i.is_multiple_of(7),
         cursor: 0,
         start: 0,
         sequence: 0,
