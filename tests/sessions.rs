@@ -320,6 +320,44 @@ async fn resume_by_token_restores_the_session_once() {
 }
 
 #[tokio::test]
+async fn resume_takes_the_sessions_type_and_refuses_another() {
+    let (_server, url) = default_server().await;
+    let mut c = WsClient::system(&url).await;
+    let pid = c.pid();
+    let token = c.ok("map/disconnect", Value::Null).await["resumeToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    c.close().await;
+
+    let mut d = WsClient::connect(&url).await;
+    let e = d
+        .err(
+            "map/connect",
+            json!({"protocolVersion": 1, "participantType": "client", "resumeToken": token}),
+        )
+        .await;
+    assert_eq!(e["code"], json!(-32602), "{e}");
+    assert!(
+        e["data"]["details"]
+            .as_str()
+            .unwrap()
+            .contains("system session"),
+        "{e}"
+    );
+    // Without a type, the session's own is taken.
+    let r = d
+        .ok(
+            "map/connect",
+            json!({"protocolVersion": 1, "resumeToken": token}),
+        )
+        .await;
+    assert_eq!(r["reconnected"], json!(true), "{r}");
+    assert_eq!(r["participantType"], json!("system"));
+    assert_eq!(r["participantId"], json!(pid));
+}
+
+#[tokio::test]
 async fn resume_by_session_id_of_a_detached_session() {
     let (_server, url) = default_server().await;
     let mut c = WsClient::client(&url).await;

@@ -78,7 +78,8 @@ impl Router {
             return Ok(self.connect_result(&existing, true, Vec::new()));
         }
 
-        // Resume?
+        // Resume? Without `participantType` the session's own type is taken; a different one
+        // is refused rather than silently starting a fresh session.
         let resumable = p
             .resume_token
             .as_deref()
@@ -89,9 +90,13 @@ impl Router {
                     .and_then(|id| self.sessions.get(id.as_str()))
                     .filter(|s| s.conn.is_none())
             })
-            .filter(|s| s.kind == kind)
-            .map(|s| s.id.clone());
-        if let Some(session_id) = resumable {
+            .map(|s| (s.id.clone(), s.kind));
+        if let Some((session_id, session_kind)) = resumable {
+            if p.participant_type.is_some_and(|k| k != session_kind) {
+                return Err(RouterError::InvalidParams(format!(
+                    "the session to resume is a {session_kind} session; connect as {session_kind} to resume it"
+                )));
+            }
             return Ok(self.resume_session(ctx.conn, &session_id, p.reclaim_agents.as_deref()));
         }
 
