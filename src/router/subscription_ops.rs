@@ -105,7 +105,48 @@ async fn resolve(router: &RouterHandle, conn: ConnId, pos: Position) -> Result<u
     }
 }
 
+/// Whether events from position `pos` on may be gone: it resolved to `cursor`, the oldest
+/// retained event, and events before that one were deleted that may come after `pos`.
+/// Conservative: it may also flag a client that read exactly up to the last deleted event (or,
+/// for a time, one whose deleted events all predate it within the same millisecond).
+async fn lost_from(
+    router: &RouterHandle,
+    conn: ConnId,
+    pos: Position,
+    cursor: u64,
+) -> Result<bool, RouterError> {
+    let (oldest, memory_first, memory_oldest_id) = router
+        .call(conn, Some(Capability::CanObserve), true, |r, _| {
+            Ok((
+                r.bus.oldest_retained(),
+                r.bus.log.first_seq(),
+                r.bus.log.oldest_id(),
+            ))
+        })
+        .await?;
+    if oldest == 0 || cursor > oldest {
+        return Ok(false);
+    }
+    let first_retained = match router.store() {
+        Some(store) if oldest < memory_first => store
+            .read(oldest, 1)
+            .await
+            .map_err(storage)?
+            .first()
+            .and_then(|r| EventId::parse(&r.id)),
+        _ => memory_oldest_id,
+    };
+    Ok(first_retained.is_some_and(|first| match pos {
+        Position::AfterId(id) => id < first,
+        Position::AtTime(ts) => ts <= first.0.timestamp_ms(),
+    }))
+}
+
 /// `map/subscribe`.
+///
+/// A `replayFrom` event id older than everything retained starts the subscription in the gap:
+/// its first notification is `subscription.overflow`, then it follows its overflow policy, as
+/// a subscriber that fell behind retention does.
 ///
 /// # Errors
 /// `-32602` for a bad filter or position; 1003 without `observation.canObserve`.
@@ -116,7 +157,16 @@ pub async fn subscribe(
 ) -> Result<SubscribeResult, RouterError> {
     compile(p.filter.as_ref())?;
     let start = match subscribe_position(&p)? {
-        Some(pos) => Some(resolve(&router, conn, pos).await?),
+        Some(pos) => {
+            let seq = resolve(&router, conn, pos).await?;
+            // In the gap: start just before the oldest retained event (deleted), so that
+            // delivery starts with the overflow notice.
+            if lost_from(&router, conn, pos, seq).await? {
+                Some(seq.saturating_sub(1))
+            } else {
+                Some(seq)
+            }
+        }
         None => None,
     };
     router
@@ -179,13 +229,9 @@ pub async fn replay(
         .as_deref()
         .map(|id| parse_event_id(id, "afterEventId"))
         .transpose()?;
-    let (oldest, memory_first, memory_oldest_id) = router
+    let oldest = router
         .call(conn, Some(Capability::CanObserve), true, |r, _| {
-            Ok((
-                r.bus.oldest_retained(),
-                r.bus.log.first_seq(),
-                r.bus.log.oldest_id(),
-            ))
+            Ok(r.bus.oldest_retained())
         })
         .await?;
     let mut cursor = match (after_id, p.from_timestamp) {
@@ -193,23 +239,10 @@ pub async fn replay(
         (None, Some(ts)) => resolve(&router, conn, Position::AtTime(ts)).await?,
         (None, None) => oldest,
     };
-    // Events after `afterEventId` may be gone when it is older than everything retained (and
-    // something was ever deleted). Conservative: it may also flag a client that read exactly up
-    // to the last deleted event.
-    let gap = match after_id {
-        Some(id) if oldest > 0 && cursor <= oldest => {
-            let first_retained = match router.store() {
-                Some(store) if oldest < memory_first => store
-                    .read(oldest, 1)
-                    .await
-                    .map_err(storage)?
-                    .first()
-                    .and_then(|r| EventId::parse(&r.id)),
-                _ => memory_oldest_id,
-            };
-            first_retained.is_some_and(|first| id < first)
-        }
-        _ => false,
+    let gap = match (after_id, p.from_timestamp) {
+        (Some(id), _) => lost_from(&router, conn, Position::AfterId(id), cursor).await?,
+        (None, Some(ts)) => lost_from(&router, conn, Position::AtTime(ts), cursor).await?,
+        (None, None) => false,
     };
     let to = p.to_timestamp;
     let mut page: Vec<RawReplayedEvent> = Vec::new();

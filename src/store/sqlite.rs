@@ -360,6 +360,7 @@ impl SqliteStore {
             // Due at once: limits lowered since the last run apply right after open.
             retention_due: Instant::now(),
             retention_backlog: true,
+            retention_pending: false,
         };
         let handle = std::thread::Builder::new()
             .name("map-store-writer".into())
@@ -839,6 +840,8 @@ struct Writer {
     retention_due: Instant,
     /// The last pass ran out of time with rows still to delete.
     retention_backlog: bool,
+    /// Rows were committed since the last pass, which was too recent to run again.
+    retention_pending: bool,
 }
 
 impl Writer {
@@ -859,14 +862,18 @@ impl Writer {
             self.commit_batch()?;
             if Instant::now() >= self.retention_due {
                 self.retain();
+            } else {
+                // Not due yet: the idle wait runs it when it is, so that the last commits
+                // before a quiet spell are not left over the limits.
+                self.retention_pending = true;
             }
         }
     }
 
-    /// Blocks until rows arrive, waking for retention when rows may expire by age or a
-    /// previous pass left work.
+    /// Blocks until rows arrive, waking for retention when rows may expire by age, commits
+    /// happened since the last pass, or a previous pass left work.
     fn wait_idle(&mut self) {
-        let received = if self.retention_backlog {
+        let received = if self.retention_backlog || self.retention_pending {
             let left = self.retention_due.saturating_duration_since(Instant::now());
             self.rx.recv_timeout(left)
         } else if self.max_age.is_some() {
@@ -1056,6 +1063,7 @@ impl Writer {
     /// the next interval; they never hold up commits.
     fn retain(&mut self) {
         let now = Instant::now();
+        self.retention_pending = false;
         match self.retention_pass(now) {
             Ok(true) => {
                 self.retention_due = now + self.retention_interval;
