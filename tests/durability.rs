@@ -108,6 +108,34 @@ async fn replay_and_resume_work_across_a_restart() {
         sorted, after,
         "ids keep increasing across the restart, no duplicate"
     );
+    // The clean shutdown left the agents orphaned; the new run ends them.
+    let ends = c
+        .ok(
+            "map/replay",
+            json!({"afterEventId": before.last().unwrap(), "filter": {"eventTypes": ["agent_unregistered", "participant_disconnected"]}}),
+        )
+        .await;
+    let ends: Vec<(String, String)> = ends["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let d = &e["event"]["data"];
+            (
+                d["agentId"].as_str().unwrap_or("-").to_owned(),
+                d["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .filter(|(_, reason)| reason != "transport_closed")
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            ("r-a".to_owned(), "router_restarted".to_owned()),
+            ("r-b".to_owned(), "router_restarted".to_owned())
+        ],
+        "participants were disconnected by the shutdown already"
+    );
     let page = c
         .ok("map/replay", json!({"afterEventId": before[9], "limit": 5}))
         .await;
@@ -371,16 +399,43 @@ async fn kill_9_under_load_loses_nothing_answered_and_resume_has_no_gap() {
     let (mut child, url) = start_binary(&data).await;
     let mut c = WsClient::system(&url).await;
     let log = replay_ids(&mut c, None).await;
-    // The restarted router's first event is this client's connection.
-    let first_new = c
-        .ok("map/replay", json!({"afterEventId": seen.last().unwrap(), "filter": {"eventTypes": ["participant_connected"]}, "limit": 1000}))
+    // The restarted router's first events end what the killed one left open: every
+    // participant connected and every agent registered at the kill.
+    let closing: Vec<Value> = c
+        .ok(
+            "map/replay",
+            json!({"filter": {"eventTypes": ["participant_disconnected", "agent_unregistered"]}, "limit": 1000}),
+        )
         .await["events"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|e| e["event"]["data"]["participantId"] == json!(c.pid()))
-        .map(|e| e["eventId"].as_str().unwrap().to_owned())
-        .expect("the new connection is logged");
+        .filter(|e| e["event"]["data"]["reason"] == json!("router_restarted"))
+        .cloned()
+        .collect();
+    let (gone, unregistered): (Vec<_>, Vec<_>) = closing
+        .iter()
+        .partition(|e| e["event"]["type"] == json!("participant_disconnected"));
+    assert_eq!(
+        gone.len(),
+        5,
+        "the dashboard, the sink and three senders: {closing:?}"
+    );
+    let mut agents: Vec<&str> = unregistered
+        .iter()
+        .map(|e| e["event"]["data"]["agentId"].as_str().unwrap())
+        .collect();
+    agents.sort_unstable();
+    assert_eq!(agents, ["k-0", "k-1", "k-2", "k-sink"]);
+    for e in &unregistered {
+        let cause = e["causedBy"][0]
+            .as_str()
+            .expect("caused by its owner's disconnect");
+        assert!(gone.iter().any(|g| g["eventId"] == json!(cause)), "{e}");
+    }
+    let listed = c.ok("map/agents/list", Value::Null).await;
+    assert_eq!(listed["agents"], json!([]), "the registry starts empty");
+    let first_new = closing[0]["eventId"].as_str().unwrap().to_owned();
     let boundary = log.iter().position(|id| *id == first_new).unwrap();
     let pre_crash = &log[..boundary];
 

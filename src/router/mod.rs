@@ -22,6 +22,7 @@ pub mod events;
 pub mod messaging;
 pub mod outbox;
 pub mod permissions;
+pub mod recovery;
 pub mod registry;
 pub mod scope_ops;
 pub mod scopes;
@@ -506,6 +507,17 @@ impl Router {
     /// looking at timers, so a burst is handled without a wake-up per command.
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         const BATCH: usize = 256;
+        // First, before any command: end what the previous run left open (commands wait in
+        // the channel meanwhile).
+        if let Some(store) = self.store.clone() {
+            match recovery::previous_run(&*store).await {
+                Ok(run) => self.close_previous_run(run),
+                Err(e) => {
+                    tracing::error!(error = %e, "could not read the previous run's lifecycle events")
+                }
+            }
+            self.flush_store();
+        }
         loop {
             let next_deadline = self.deadlines.keys().next().copied();
             let cmd = tokio::select! {

@@ -86,6 +86,15 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// The first sequence number whose timestamp is at least `ts` (Unix ms).
     fn seq_at_or_after_time(&self, ts: u64) -> StoreFuture<u64>;
 
+    /// Up to `limit` rows whose `kind` is one of `kinds`, with `seq >= from`, in sequence order
+    /// (recovery reads the lifecycle events of the previous run with it).
+    fn read_kinds(
+        &self,
+        kinds: Vec<String>,
+        from: u64,
+        limit: usize,
+    ) -> StoreFuture<Vec<StoredRow>>;
+
     /// Commits what is queued, then stops the store's threads.
     fn close(&self) -> StoreFuture<()>;
 }

@@ -1,0 +1,215 @@
+//! Closing out the previous run after a restart.
+//!
+//! Owns the fold of the durable log's lifecycle events into "who was still there when the
+//! previous process stopped", and the events that end those participants and agents. Sessions
+//! and the registry live in memory only, so after a restart (clean or after a crash) every
+//! participant and agent of the previous run is gone; without these events a dashboard that
+//! rebuilds its view from the log (or resumes from an event id) would show them forever. At
+//! start-up, before it handles any command, the router emits:
+//!
+//! - `participant_disconnected {reason: "router_restarted"}` for every participant whose last
+//!   lifecycle event is `participant_connected`;
+//! - `agent_unregistered {reason: "router_restarted"}` for every agent whose last lifecycle
+//!   event is `agent_registered`, with the registration's audience and filter keys (so a hidden
+//!   agent's end is as hidden as its start), caused by its owner's disconnect when that is
+//!   among them.
+//!
+//! Only what retention kept can be folded: an agent whose registration was deleted is not
+//! known and gets no event.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::event::{AgentUnregisteredData, EventType, ParticipantDisconnectedData};
+use crate::protocol::ids::{AgentId, EventId, ParticipantId};
+use crate::store::{EventStore, StoreError};
+
+use super::events::log::{Audience, EventDraft, EventRecord, FilterKeys};
+use super::Router;
+
+/// The `reason` of the closing events.
+pub const RESTART_REASON: &str = "router_restarted";
+
+/// Rows read per store request while folding.
+const PAGE: usize = 10_000;
+
+/// A participant still connected at the end of the previous run.
+#[derive(Debug, Clone)]
+struct OpenParticipant {
+    seq: u64,
+    id: ParticipantId,
+    kind: ParticipantType,
+}
+
+/// An agent still registered at the end of the previous run.
+#[derive(Debug, Clone)]
+struct OpenAgent {
+    seq: u64,
+    id: AgentId,
+    owner: Option<ParticipantId>,
+    audience: Audience,
+    keys: FilterKeys,
+}
+
+/// What the previous run left open, oldest first.
+#[derive(Debug, Default)]
+pub struct PreviousRun {
+    participants: Vec<OpenParticipant>,
+    agents: Vec<OpenAgent>,
+}
+
+impl PreviousRun {
+    /// Nothing to close.
+    pub fn is_empty(&self) -> bool {
+        self.participants.is_empty() && self.agents.is_empty()
+    }
+}
+
+const KINDS: [EventType; 4] = [
+    EventType::ParticipantConnected,
+    EventType::ParticipantDisconnected,
+    EventType::AgentRegistered,
+    EventType::AgentUnregistered,
+];
+
+/// Folds the lifecycle events of everything `store` holds.
+///
+/// # Errors
+/// The store could not be read. Unreadable rows are skipped with a warning.
+pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreError> {
+    let kinds: Vec<String> = KINDS.iter().map(|k| k.as_str().to_owned()).collect();
+    let mut participants: HashMap<String, OpenParticipant> = HashMap::new();
+    let mut agents: HashMap<String, OpenAgent> = HashMap::new();
+    let mut from = 0;
+    loop {
+        let rows = store.read_kinds(kinds.clone(), from, PAGE).await?;
+        let Some(last) = rows.last() else { break };
+        from = last.seq + 1;
+        let full = rows.len() == PAGE;
+        for row in rows {
+            let rec = match EventRecord::from_row(row) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping an unreadable event while recovering");
+                    continue;
+                }
+            };
+            fold(&mut participants, &mut agents, rec);
+        }
+        if !full {
+            break;
+        }
+    }
+    let mut run = PreviousRun {
+        participants: participants.into_values().collect(),
+        agents: agents.into_values().collect(),
+    };
+    run.participants.sort_by_key(|p| p.seq);
+    run.agents.sort_by_key(|a| a.seq);
+    Ok(run)
+}
+
+fn fold(
+    participants: &mut HashMap<String, OpenParticipant>,
+    agents: &mut HashMap<String, OpenAgent>,
+    rec: EventRecord,
+) {
+    let Ok(event) = serde_json::from_str::<serde_json::Value>(&rec.json) else {
+        return;
+    };
+    let data = &event["data"];
+    let text = |k: &str| data[k].as_str().map(str::to_owned);
+    match rec.kind {
+        EventType::ParticipantConnected => {
+            let (Some(id), Ok(kind)) = (
+                text("participantId"),
+                serde_json::from_value::<ParticipantType>(data["participantType"].clone()),
+            ) else {
+                return;
+            };
+            participants.insert(
+                id.clone(),
+                OpenParticipant {
+                    seq: rec.seq,
+                    id: ParticipantId::from(id.as_str()),
+                    kind,
+                },
+            );
+        }
+        EventType::ParticipantDisconnected => {
+            if let Some(id) = text("participantId") {
+                participants.remove(&id);
+            }
+        }
+        EventType::AgentRegistered => {
+            let Some(id) = text("agentId") else { return };
+            agents.insert(
+                id.clone(),
+                OpenAgent {
+                    seq: rec.seq,
+                    id: AgentId::from(id.as_str()),
+                    owner: text("ownerId").map(|o| ParticipantId::from(o.as_str())),
+                    audience: rec.audience,
+                    keys: rec.keys,
+                },
+            );
+        }
+        EventType::AgentUnregistered => {
+            if let Some(id) = text("agentId") {
+                agents.remove(&id);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Router {
+    /// Emits the events that end what the previous run left open.
+    pub(crate) fn close_previous_run(&mut self, run: PreviousRun) {
+        if run.is_empty() {
+            return;
+        }
+        tracing::info!(
+            participants = run.participants.len(),
+            agents = run.agents.len(),
+            "closing out what the previous run left connected"
+        );
+        let mut disconnected: HashMap<ParticipantId, EventId> = HashMap::new();
+        for p in run.participants {
+            let id = self.emit_plain(
+                EventType::ParticipantDisconnected,
+                Some(p.id.as_arc().clone()),
+                &ParticipantDisconnectedData {
+                    participant_id: p.id.clone(),
+                    participant_type: p.kind,
+                    reason: RESTART_REASON.into(),
+                },
+                FilterKeys::default(),
+                Vec::new(),
+            );
+            disconnected.insert(p.id, id);
+        }
+        for a in run.agents {
+            let caused_by = a
+                .owner
+                .as_ref()
+                .and_then(|o| disconnected.get(o))
+                .copied()
+                .into_iter()
+                .collect();
+            let data = AgentUnregisteredData {
+                agent_id: a.id.clone(),
+                reason: Some(RESTART_REASON.into()),
+            };
+            self.emit(EventDraft {
+                kind: EventType::AgentUnregistered,
+                source: Some(Arc::from(a.id.as_str())),
+                data: serde_json::to_string(&data).unwrap_or_else(|_| "{}".into()),
+                caused_by,
+                keys: a.keys,
+                audience: a.audience,
+            });
+        }
+    }
+}
