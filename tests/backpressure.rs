@@ -236,3 +236,46 @@ async fn messages_to_a_backlogged_connection_fail_visibly() {
     assert_eq!(r["delivered"], json!(["bl-dst"]));
     assert_eq!(dst.next_message().await["payload"], json!("again"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_vanishes_costs_nothing_after_its_session_ends() {
+    let (server, url) = start_server(|c| c.router.outbox_frames = 8).await;
+    let base = with_timeout(server.router().stats()).await.unwrap();
+    let mut sender = WsClient::agent(&url, "bp-gone", json!({})).await;
+    let mut fast = WsClient::client(&url).await;
+    let fast_sub = fast
+        .subscribe(json!({"eventTypes": ["message_sent"]}))
+        .await;
+    let mut ghost = WsClient::client(&url).await;
+    for _ in 0..3 {
+        ghost
+            .subscribe(json!({"eventTypes": ["message_sent"]}))
+            .await;
+    }
+    // Paused far behind, then gone without unsubscribing.
+    within(LONG, send_in_lockstep(&mut sender, &mut fast, &fast_sub)).await;
+    let during = with_timeout(server.router().stats()).await.unwrap();
+    assert_eq!(during.subscriptions, base.subscriptions + 4);
+    ghost.drop_abruptly();
+    let after = within(LONG, async {
+        loop {
+            let s = server.router().stats().await.unwrap();
+            if s.connections == during.connections - 1 {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        after.subscriptions,
+        base.subscriptions + 1,
+        "its three subscriptions went with its session"
+    );
+    // The others are unaffected.
+    sender.send(json!({"system": true}), json!("after")).await;
+    assert_eq!(
+        fast.next_event(&fast_sub).await["sequenceNumber"],
+        json!(MESSAGES + 1)
+    );
+}

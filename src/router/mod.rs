@@ -249,6 +249,22 @@ impl RouterHandle {
         rx.await.map_err(|_| RouterError::Unavailable)
     }
 
+    /// A snapshot of the router's sizes (for health checks, metrics and tests).
+    ///
+    /// # Errors
+    /// `Unavailable` when the router has stopped.
+    pub async fn stats(&self) -> Result<RouterStats, RouterError> {
+        self.with(|r| RouterStats {
+            connections: r.conns.len(),
+            sessions: r.sessions.len(),
+            agents: r.registry.len(),
+            subscriptions: r.bus.len(),
+            log_events: r.bus.log.len(),
+            next_seq: r.bus.log.next_seq(),
+        })
+        .await
+    }
+
     /// Runs `f` on the router task for `conn` and returns its result. The capability, when
     /// given, is checked first against the connection's session.
     ///
@@ -414,6 +430,24 @@ pub struct RouterParts {
     pub process_control: Option<mpsc::Sender<supervision::ProcessControl>>,
     /// The durable event store and what it recovered.
     pub store: Option<(Arc<dyn crate::store::EventStore>, crate::store::Recovered)>,
+}
+
+/// Sizes of the router's state at one moment ([`RouterHandle::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterStats {
+    /// Attached transports.
+    pub connections: usize,
+    /// Sessions, attached or detached (within their resume window).
+    pub sessions: usize,
+    /// Registered agents (orphans included).
+    pub agents: usize,
+    /// Live subscriptions.
+    pub subscriptions: usize,
+    /// Events in the in-memory window.
+    pub log_events: usize,
+    /// The sequence number the next event gets.
+    pub next_seq: u64,
 }
 
 /// When a call that changes state is answered, relative to the durability of its events.
