@@ -6,8 +6,8 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,6 @@ use common::*;
 use futures::{SinkExt, StreamExt};
 use map_router::server::{Config, Server};
 use serde_json::{json, Value};
-use tokio::io::AsyncBufReadExt;
 use tokio_tungstenite::tungstenite::Message;
 
 /// A server on loopback keeping its log in `dir`, with a tiny memory window so that replay and
@@ -255,40 +254,21 @@ async fn reaching_past_retention_is_an_explicit_gap() {
 // ---------------------------------------------------------------------------------------------
 // kill -9 of the real binary
 
-const BIN: &str = env!("CARGO_BIN_EXE_map-router");
-
 /// Starts the binary on `data` with the store waiting 10 ms to group commits (so that a
 /// kill lands between an event's append and its commit often, and an answer given before the
 /// commit would be caught); returns it and its URL.
-async fn start_binary(data: &Path) -> (tokio::process::Child, String) {
+async fn start_router(data: &Path) -> (tokio::process::Child, String) {
     let config = data.with_extension("toml");
     std::fs::write(&config, "[storage]\ngroup_commit_delay_ms = 10\n").unwrap();
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data)
-        .arg("--config")
-        .arg(&config)
-        .env_remove("MAP_ROUTER_CONFIG")
-        .env_remove("MAP_ROUTER_LISTEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the binary");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    let url = with_timeout(async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(url) = line.strip_prefix("map-router listening on ") {
-                return url.to_owned();
-            }
-        }
-        panic!("the binary exited before listening");
-    })
-    .await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, url)
+    common::start_binary([
+        OsStr::new("--listen"),
+        OsStr::new("127.0.0.1:0"),
+        OsStr::new("--data-dir"),
+        data.as_os_str(),
+        OsStr::new("--config"),
+        config.as_os_str(),
+    ])
+    .await
 }
 
 type Ws =
@@ -337,7 +317,7 @@ async fn sender(url: String, id: String, to: String, acked: Arc<Mutex<Vec<String
 async fn kill_9_under_load_loses_nothing_answered_and_resume_has_no_gap() {
     let dir = TempDir::new("kill9");
     let data = dir.path.join("data");
-    let (mut child, url) = start_binary(&data).await;
+    let (mut child, url) = start_router(&data).await;
 
     // A dashboard that reads everything live, recording what it saw.
     let mut dash = WsClient::system(&url).await;
@@ -396,7 +376,7 @@ async fn kill_9_under_load_loses_nothing_answered_and_resume_has_no_gap() {
     let acked = acked.lock().unwrap().clone();
     let seen = seen.lock().unwrap().clone();
 
-    let (mut child, url) = start_binary(&data).await;
+    let (mut child, url) = start_router(&data).await;
     let mut c = WsClient::system(&url).await;
     let log = replay_ids(&mut c, None).await;
     // The restarted router's first events end what the killed one left open: every

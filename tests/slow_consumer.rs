@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::process::Stdio;
+use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,10 +16,7 @@ use std::time::Duration;
 use common::*;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::io::AsyncBufReadExt;
 use tokio_tungstenite::tungstenite::Message;
-
-const BIN: &str = env!("CARGO_BIN_EXE_map-router");
 
 /// Messages sent by each of the two publishers.
 const PER_PUBLISHER: u64 = 2_500;
@@ -107,29 +104,17 @@ async fn a_stalled_subscriber_costs_bounded_memory_and_catches_up_from_the_log()
         "[events]\nretention_events = 2000\nretention_bytes = 4194304\n[router]\noutbox_frames = 256\n",
     )
     .unwrap();
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path.join("data"))
-        .arg("--config")
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the binary");
-    let pid = child.id().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = with_timeout(async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(url) = line.strip_prefix("map-router listening on ") {
-                return url.to_owned();
-            }
-        }
-        panic!("exited before listening");
-    })
+    let data = dir.path.join("data");
+    let (mut child, url) = start_binary([
+        OsStr::new("--listen"),
+        OsStr::new("127.0.0.1:0"),
+        OsStr::new("--data-dir"),
+        data.as_os_str(),
+        OsStr::new("--config"),
+        config.as_os_str(),
+    ])
     .await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let pid = child.id().unwrap();
 
     let filter = json!({"filter": {"eventTypes": ["message_sent", "message_delivered"]}});
     let mut slow = open(&url, "system").await;

@@ -87,6 +87,40 @@ pub async fn start_server(tweak: impl FnOnce(&mut Config)) -> (Server, String) {
     (server, format!("ws://{addr}/"))
 }
 
+/// Starts the built `map-router` binary with `args` (which must make it listen), waits for its
+/// listening line, and keeps draining its stderr. Returns the child (killed on drop) and its URL.
+pub async fn start_binary<I, S>(args: I) -> (tokio::process::Child, String)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
+        .args(args)
+        .env_remove("MAP_ROUTER_CONFIG")
+        .env_remove("MAP_ROUTER_LISTEN")
+        .env_remove("MAP_ROUTER_DATA_DIR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the binary");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let url = with_timeout(async {
+        while let Some(line) = lines.next_line().await.expect("read stderr") {
+            if let Some(url) = line.strip_prefix("map-router listening on ") {
+                return url.to_owned();
+            }
+        }
+        panic!("the binary exited before listening");
+    })
+    .await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url)
+}
+
 /// Starts a server with the default configuration.
 pub async fn default_server() -> (Server, String) {
     start_server(|_| {}).await
