@@ -785,6 +785,12 @@ impl Router {
         })
     }
 
+    /// Marks the router as stopping, so that connections closing from now on are recorded with
+    /// reason `shutdown` (the server calls this before it closes them).
+    pub(crate) fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+    }
+
     fn handle_shutdown(&mut self) {
         self.shutting_down = true;
         let conns: Vec<ConnId> = self.conns.keys().copied().collect();

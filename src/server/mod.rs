@@ -207,7 +207,8 @@ impl Server {
         } = self;
         // Connections close first (a supervised child sees EOF on its stdin, its cue to exit),
         // then children are stopped and reaped while the router can still record how they
-        // ended.
+        // ended. The router learns first, so that those disconnects say `shutdown`.
+        let _ = tokio::time::timeout(drain_timeout, ctx.router.with(Router::begin_shutdown)).await;
         let _ = shutdown.send(true);
         supervisor.shutdown().await;
         for task in http_tasks {

@@ -68,13 +68,15 @@ export function killAllRouters() {
 }
 
 /**
- * Starts `bin --listen 127.0.0.1:0 --data-dir <dir> [--config <tmp toml>]` and resolves once
+ * Starts `bin --listen <listen> --data-dir <dir> [--config <tmp toml>]` and resolves once
  * stderr reports the listening URL. The event store lives in a fresh temp directory (removed by
  * `stopRouter`) unless `dataDir` names one, which outlives the router (restart tests).
+ * `listen` defaults to `127.0.0.1:0`; a restarted router passes the previous one's
+ * `127.0.0.1:<port>` (the router binds with SO_REUSEADDR, so this works right after a kill).
  */
-export function startRouter(bin, { config, dataDir, verbose = false } = {}) {
+export function startRouter(bin, { config, dataDir, listen = '127.0.0.1:0', verbose = false } = {}) {
   return new Promise((resolve, reject) => {
-    const args = ['--listen', '127.0.0.1:0'];
+    const args = ['--listen', listen];
     const dir = mkdtempSync(path.join(tmpdir(), 'map-router-interop-'));
     args.push('--data-dir', dataDir ?? path.join(dir, 'data'));
     if (config) {
@@ -128,6 +130,22 @@ export function startRouter(bin, { config, dataDir, verbose = false } = {}) {
   });
 }
 
+/**
+ * Sends `signal` to the router and waits (bounded) until it has exited. Unlike `stopRouter` it
+ * leaves the router's temp directory alone, so a restart test can reopen its data dir.
+ */
+export async function killRouter(router, signal = 'SIGKILL') {
+  if (!router.exited) {
+    const exited = new Promise((resolve) => router.proc.once('exit', resolve));
+    router.proc.kill(signal);
+    await withTimeout(exited, WAIT_MS, `router exit after ${signal}`);
+  }
+  liveRouters.delete(router);
+}
+
+/** `127.0.0.1:<port>` of a running router, for `startRouter({listen})` on the same port. */
+export const hostPort = (router) => new URL(router.url).host;
+
 export async function stopRouter(router) {
   if (!router.exited) {
     const exited = new Promise((resolve) => router.proc.once('exit', resolve));
@@ -149,6 +167,18 @@ export async function stopRouter(router) {
 function openSocket(url) {
   const ws = new WebSocket(url);
   const frames = [];
+  const sent = [];
+  // Every frame the SDK writes goes through ws.send: record it (acks are notifications, so the
+  // only trace of them is what we sent).
+  const send = ws.send.bind(ws);
+  ws.send = (data, ...rest) => {
+    try {
+      sent.push(JSON.parse(String(data)));
+    } catch {
+      sent.push({ unparsable: String(data) });
+    }
+    return send(data, ...rest);
+  };
   // Registered before the SDK's own listener: every frame the SDK sees is recorded here first.
   ws.on('message', (data, isBinary) => {
     if (isBinary) return;
@@ -162,15 +192,18 @@ function openSocket(url) {
     ws.once('open', resolve);
     ws.once('error', reject);
   });
-  return { ws, frames, opened: withTimeout(opened, WAIT_MS, `WebSocket open ${url}`) };
+  return { ws, frames, sent, opened: withTimeout(opened, WAIT_MS, `WebSocket open ${url}`) };
 }
 
 /** Raw frames helpers shared by both handle kinds. */
 class Handle {
-  constructor(ctx, ws, frames, name) {
+  constructor(ctx, { ws, frames, sent }, name) {
     this.ctx = ctx;
     this.ws = ws;
+    /** Frames received, parsed. */
     this.frames = frames;
+    /** Frames the SDK sent on this socket, parsed. */
+    this.sent = sent;
     this.name = name;
   }
 
@@ -193,11 +226,17 @@ class Handle {
     this.ws.terminate();
   }
 
-  /** Subscribes and collects the events the SDK hands to `on('event')`. */
-  async watch(filter) {
+  /**
+   * Subscribes and collects the events the SDK hands to `on('event')`; `onEvent(event, sub)`,
+   * if given, is called from the same handler right after.
+   */
+  async watch(filter, { onEvent } = {}) {
     const sub = await withTimeout(this.conn.subscribe(filter), WAIT_MS, 'subscribe');
     const events = [];
-    sub.on('event', (event) => events.push(event));
+    sub.on('event', (event) => {
+      events.push(event);
+      onEvent?.(event, sub);
+    });
     const w = { sub, events, handle: this, envelopes: () => this.envelopes(sub.id) };
     w.waitFor = (type, pred = () => true, what) =>
       until(
@@ -218,8 +257,8 @@ export class ClientHandle extends Handle {
 }
 
 export class AgentHandle extends Handle {
-  constructor(ctx, ws, frames, name) {
-    super(ctx, ws, frames, name);
+  constructor(ctx, socket, name) {
+    super(ctx, socket, name);
     this.inbox = [];
   }
 
@@ -239,6 +278,8 @@ export class Ctx {
     this.watches = [];
     this.sdkLogs = [];
     this.deferred = [];
+    this.tempDirs = [];
+    this.allowedWarnings = [];
     this.url = null;
   }
 
@@ -248,13 +289,34 @@ export class Ctx {
     return router;
   }
 
+  /** See `killRouter`: the router is still stopped (and its temp dir removed) at cleanup. */
+  killRouter(router, signal = 'SIGKILL') {
+    return killRouter(router, signal);
+  }
+
+  /** A temp directory (e.g. a data dir shared by two routers), removed after the routers stop. */
+  tempDir() {
+    const dir = mkdtempSync(path.join(tmpdir(), 'map-router-interop-data-'));
+    this.tempDirs.push(dir);
+    return dir;
+  }
+
+  /**
+   * Lets `checkInvariants` pass SDK warnings matching `pattern` that also contain `id` (a
+   * subscription id), for subscriptions the SDK cannot know about; `why` documents it.
+   */
+  allowSdkWarnings(pattern, id, why) {
+    assert.ok(id && why, 'allowSdkWarnings needs an id and a reason');
+    this.allowedWarnings.push({ pattern, id });
+  }
+
   /** A ClientConnection over our own socket; `connect: false` leaves out map/connect. */
   async client({ name = 'client', url = this.url, connect = true, connectOptions, capabilities } = {}) {
-    const { ws, frames, opened } = openSocket(url);
-    const h = new ClientHandle(this, ws, frames, name);
+    const socket = openSocket(url);
+    const h = new ClientHandle(this, socket, name);
     this.handles.push(h);
-    await opened;
-    h.conn = new ClientConnection(websocketStream(ws), { name, capabilities });
+    await socket.opened;
+    h.conn = new ClientConnection(websocketStream(socket.ws), { name, capabilities });
     if (connect) {
       h.result = await withTimeout(h.conn.connect(connectOptions), WAIT_MS, `${name} connect`);
       h.id = h.result.participantId;
@@ -267,11 +329,11 @@ export class Ctx {
    * existing id, as the SDK's reconnect does.
    */
   async agent({ name = 'agent', url = this.url, agentId, role, parent, scopes, visibility, capabilities } = {}) {
-    const { ws, frames, opened } = openSocket(url);
-    const h = new AgentHandle(this, ws, frames, name);
+    const socket = openSocket(url);
+    const h = new AgentHandle(this, socket, name);
     this.handles.push(h);
-    await opened;
-    h.conn = new AgentConnection(websocketStream(ws), {
+    await socket.opened;
+    h.conn = new AgentConnection(websocketStream(socket.ws), {
       name,
       role,
       parent,
@@ -290,6 +352,11 @@ export class Ctx {
     h.id = h.conn.agentId;
     h.pid = h.result.connection.participantId;
     return h;
+  }
+
+  /** A started `ResumingDashboard` (below). */
+  dashboard(opts = {}) {
+    return new ResumingDashboard(this, opts).start();
   }
 
   defer(fn) {
@@ -312,7 +379,8 @@ export class Ctx {
         assert.equal(typeof env.event?.source, 'string', `event.source must be a string (${env.event?.type})`);
       });
     }
-    const gaps = this.sdkLogs.filter((l) => /sequence gap|unknown subscription/i.test(l));
+    const allowed = (l) => this.allowedWarnings.some((a) => a.pattern.test(l) && l.includes(a.id));
+    const gaps = this.sdkLogs.filter((l) => /sequence gap|unknown subscription/i.test(l) && !allowed(l));
     assert.equal(gaps.length, 0, `SDK warnings: ${gaps.join(' / ')}`);
   }
 
@@ -332,5 +400,160 @@ export class Ctx {
       }
     }
     await Promise.all(this.routers.map((r) => stopRouter(r)));
+    for (const dir of this.tempDirs) rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A dashboard that survives losing its connection
+
+/**
+ * A client that keeps one subscription going across lost connections and router restarts, the
+ * way ClientConnection's `reconnection` option is documented to (SDK `#attemptReconnect` and
+ * `#restoreSubscriptions`): when its socket closes it opens a new one (retrying with backoff), a
+ * new ClientConnection `connect()`s with a fresh session, `subscribe(filter)`s again, then
+ * `replay({afterEventId: <newest event id seen>, filter})` page by page, and hands every event to
+ * one handler, dropping event ids it has already handled (as the SDK's Subscription does).
+ *
+ * Why not the SDK's own option: in @multi-agent-protocol/sdk 0.1.15 it cannot succeed.
+ * BaseConnection.close() moves the connection to state "closed" and BaseConnection.reconnect()
+ * throws "Cannot reconnect a permanently closed connection" in that state, so every attempt
+ * fails and the client ends with `reconnectFailed`. Even past that, `#restoreSubscriptions`
+ * puts the restored events into a new Subscription object (only its id is reported, in
+ * `subscriptionRestored`), so the handlers on the subscription the application holds never see
+ * another event. Every step here is public SDK API over our own sockets, so frames are recorded
+ * and every subscription is checked by `checkInvariants`.
+ */
+export class ResumingDashboard {
+  /**
+   * `url`: where to (re)connect; `filter`: the subscription filter (undefined = everything);
+   * `retry`: `{baseDelayMs, maxDelayMs, maxRetries}` between failed reconnection attempts.
+   */
+  constructor(ctx, { name = 'dashboard', url = ctx.url, filter, retry = {} } = {}) {
+    this.ctx = ctx;
+    this.name = name;
+    this.url = url;
+    this.filter = filter;
+    this.retry = { baseDelayMs: 25, maxDelayMs: 200, maxRetries: 40, ...retry };
+    /** What the dashboard's handler got: each event once, in the order handled. */
+    this.events = [];
+    /** Every event before de-duplication: `{eventId, via: 'live' | 'replay', subscriptionId}`. */
+    this.arrivals = [];
+    /** Reconnection events, named as the SDK's `onReconnection` names them. */
+    this.history = [];
+    /** One entry per connection: `{handle, watch}`. */
+    this.connections = [];
+    this.seen = new Set();
+    this.lastEventId = undefined;
+    this.closed = false;
+    this.gate = null;
+    ctx.defer(() => {
+      this.closed = true;
+    });
+  }
+
+  /** The current connection's handle and subscription. */
+  get current() {
+    return this.connections.at(-1);
+  }
+
+  async start() {
+    await this.#attach();
+    return this;
+  }
+
+  /** Abruptly closes the current socket (the dashboard then resumes by itself). */
+  terminate() {
+    this.current.handle.terminate();
+  }
+
+  /** Until the returned function is called, reconnection waits (to make things happen meanwhile). */
+  holdReconnection() {
+    let release;
+    this.gate = new Promise((resolve) => {
+      release = resolve;
+    });
+    return () => {
+      this.gate = null;
+      release();
+    };
+  }
+
+  /** Waits for the `n`-th (1-based) reconnection event of `type`; returns it. */
+  reconnection(type, n = 1, timeout = WAIT_MS) {
+    return until(
+      () => this.history.filter((e) => e.type === type)[n - 1],
+      `${this.name}: reconnection event ${type} #${n} (history: ${this.history.map((e) => e.type).join(',') || 'none'})`,
+      timeout,
+    );
+  }
+
+  /** Waits until the handler has got `n` events; returns them. */
+  waitForCount(n, timeout = WAIT_MS) {
+    return until(
+      () => this.events.length >= n && this.events,
+      `${this.name}: ${n} events (has ${this.events.length})`,
+      timeout,
+    );
+  }
+
+  /** Waits until the handler has got an event matching `pred`; returns it. */
+  waitFor(pred, what, timeout = WAIT_MS) {
+    return until(() => this.events.find(pred), `${this.name}: ${what}`, timeout);
+  }
+
+  #handle(event, via, subscriptionId) {
+    if (this.closed) return;
+    this.arrivals.push({ eventId: event.id, via, subscriptionId });
+    if (this.seen.has(event.id)) return;
+    this.seen.add(event.id);
+    this.events.push(event);
+    if (!this.lastEventId || event.id > this.lastEventId) this.lastEventId = event.id;
+  }
+
+  async #attach() {
+    const handle = await this.ctx.client({ name: this.name, url: this.url });
+    const watch = await handle.watch(this.filter, { onEvent: (e, sub) => this.#handle(e, 'live', sub.id) });
+    this.connections.push({ handle, watch });
+    handle.ws.once('close', () => {
+      if (this.closed) return;
+      this.history.push({ type: 'disconnected' });
+      void this.#reconnect(watch.sub.id);
+    });
+    return watch;
+  }
+
+  async #reconnect(oldSubscriptionId) {
+    if (this.gate) await this.gate;
+    const { baseDelayMs, maxDelayMs, maxRetries } = this.retry;
+    let watch;
+    for (let attempt = 1; !watch; attempt++) {
+      if (this.closed) return;
+      try {
+        watch = await this.#attach();
+      } catch (error) {
+        if (attempt > maxRetries) {
+          this.history.push({ type: 'reconnectFailed', error });
+          return;
+        }
+        const delay = Math.min(baseDelayMs * 2 ** (attempt - 1), maxDelayMs);
+        this.history.push({ type: 'reconnecting', attempt, delay, error });
+        await sleep(delay);
+      }
+    }
+    this.history.push({ type: 'reconnected' });
+    const conn = this.current.handle.conn;
+    try {
+      let afterEventId = this.lastEventId;
+      for (let page = 0; afterEventId && page < 100; page++) {
+        const res = await withTimeout(conn.replay({ afterEventId, filter: this.filter, limit: 100 }), WAIT_MS, 'replay');
+        for (const item of res.events) this.#handle(item.event, 'replay', watch.sub.id);
+        if (!res.hasMore || res.events.length === 0) break;
+        afterEventId = res.events.at(-1).eventId;
+      }
+      this.history.push({ type: 'subscriptionRestored', subscriptionId: oldSubscriptionId, newSubscriptionId: watch.sub.id });
+    } catch (error) {
+      this.history.push({ type: 'subscriptionRestoreFailed', subscriptionId: oldSubscriptionId, error });
+    }
   }
 }

@@ -17,6 +17,7 @@ import {
   Ctx,
   WAIT_MS,
   expectCode,
+  hostPort,
   killAllRouters,
   sleep,
   sorted,
@@ -1357,6 +1358,314 @@ scenario('replay: filters apply as for live subscriptions', async (ctx) => {
   const mid = states.events[0].eventId;
   const after = await c.conn.replay({ afterEventId: mid, filter: { eventTypes: ['agent_state_changed'] } });
   assert.deepEqual(after.events.map((e) => e.event.data.agentId), [b.id], 'afterEventId is exclusive');
+});
+
+// ---------------------------------------------------------------------------------------------
+// Durable log: replay across restarts, resuming dashboards, acks
+
+/** Everything `conn.replayAll(params)` yields (it pages with `params.limit`). */
+async function replayAll(conn, params = {}) {
+  const items = [];
+  const drain = async () => {
+    for await (const item of conn.replayAll(params)) items.push(item);
+  };
+  await withTimeout(drain(), WAIT_MS, 'replayAll');
+  return items;
+}
+
+const range = (from, to) => Array.from({ length: to - from }, (_, i) => from + i);
+
+scenario('replay: history survives a router restart', async (ctx) => {
+  const dataDir = ctx.tempDir();
+  const first = await ctx.startRouter({ dataDir });
+  const c1 = await ctx.client({ name: 'historian', url: first.url });
+  const a = await ctx.agent({ name: 'worker', role: 'worker', url: first.url });
+  await a.conn.busy();
+  await a.conn.idle();
+  const msg = await c1.conn.send({ agent: a.id }, { before: 'restart' });
+  await until(() => a.inbox.some((m) => m.id === msg.messageId), 'the message reaches the agent');
+  const before = await replayAll(c1.conn, { limit: 3 });
+  assert.deepEqual(before.map((e) => e.event.type), [
+    'participant_connected',
+    'participant_connected',
+    'agent_registered',
+    'agent_state_changed',
+    'agent_state_changed',
+    'message_sent',
+    'message_delivered',
+  ]);
+
+  await ctx.killRouter(first, 'SIGTERM');
+  const second = await ctx.startRouter({ dataDir });
+  const c2 = await ctx.client({ name: 'historian', url: second.url });
+  const { agents } = await c2.conn.listAgents();
+  assert.deepEqual(agents, [], 'agents are not restored');
+  // Pages of 3 through the store of the new process.
+  const after = await replayAll(c2.conn, { limit: 3 });
+  assert.deepEqual(after.slice(0, before.length), before, "the first run's events come back with the same ids, order and content");
+  const rest = after.slice(before.length);
+  const label = (e) => `${e.event.type}:${e.event.data?.participantId ?? e.event.data?.agentId}`;
+  // The clean stop ended the first run's connections itself (in no particular order; their
+  // reason is the next scenario's business) ...
+  assert.deepEqual(
+    sorted(rest.slice(0, 3).map(label)),
+    sorted([`participant_disconnected:${c1.id}`, `participant_disconnected:${a.pid}`, `agent_orphaned:${a.id}`]),
+    'the first run ends its connections at SIGTERM',
+  );
+  // ... so the new run closes only the agent that was still registered, then logs our connect.
+  assert.deepEqual(rest.slice(3).map(label), [`agent_unregistered:${a.id}`, `participant_connected:${c2.id}`]);
+  assert.equal(rest[3].event.data.reason, 'router_restarted');
+
+  // New events continue after all of them.
+  const b = await ctx.agent({ name: 'newcomer', url: second.url });
+  await b.conn.busy();
+  const all = await replayAll(c2.conn, { limit: 1000 });
+  assert.deepEqual(all.slice(0, after.length), after, 'the log only grows');
+  assert.deepEqual(all.slice(after.length).map(label), [
+    `participant_connected:${b.pid}`,
+    `agent_registered:${b.id}`,
+    `agent_state_changed:${b.id}`,
+  ]);
+  for (let i = 1; i < all.length; i++) {
+    assert.ok(all[i].eventId > all[i - 1].eventId, `event ids increase across the restart (${all[i - 1].eventId} then ${all[i].eventId})`);
+    assert.ok(all[i].timestamp >= all[i - 1].timestamp, 'timestamps never decrease');
+  }
+  // replay() positions and filters work on the reopened log too.
+  const since = await c2.conn.replay({ afterEventId: before.at(-1).eventId, limit: 100 });
+  assert.deepEqual(since.events.map((e) => e.eventId), all.slice(before.length).map((e) => e.eventId), 'afterEventId = the last first-run event');
+  assert.equal(since.hasMore, false);
+  const states = await c2.conn.replay({ filter: { eventTypes: ['agent_state_changed'] } });
+  assert.deepEqual(
+    states.events.map((e) => e.eventId),
+    all.filter((e) => e.event.type === 'agent_state_changed').map((e) => e.eventId),
+    'a filtered replay spans both runs',
+  );
+  assert.equal(states.events.length, 3);
+});
+
+scenario('restart: a clean stop (SIGTERM) ends its participants with reason shutdown', async (ctx) => {
+  const dataDir = ctx.tempDir();
+  const first = await ctx.startRouter({ dataDir });
+  const c = await ctx.client({ name: 'leaver', url: first.url });
+  const a = await ctx.agent({ name: 'worker', url: first.url });
+  await ctx.killRouter(first, 'SIGTERM');
+  const second = await ctx.startRouter({ dataDir });
+  const h = await ctx.client({ name: 'historian', url: second.url });
+  const { events } = await h.conn.replay({ filter: { eventTypes: ['participant_disconnected', 'agent_orphaned', 'agent_unregistered'] } });
+  const ended = events.filter((e) => e.event.type === 'participant_disconnected');
+  assert.deepEqual(
+    sorted(ended.map((e) => `${e.event.data.participantId}:${e.event.data.reason}`)),
+    sorted([`${c.id}:shutdown`, `${a.pid}:shutdown`]),
+    'each first-run participant ends once, with reason shutdown (not again with router_restarted)',
+  );
+  const unregistered = events.filter((e) => e.event.type === 'agent_unregistered');
+  assert.deepEqual(unregistered.map((e) => `${e.event.data.agentId}:${e.event.data.reason}`), [`${a.id}:router_restarted`]);
+});
+
+scenario('reconnect: a dashboard that resubscribes and replays from its last eventId gets every event once after its socket drops', async (ctx) => {
+  const filter = { eventTypes: ['agent_state_changed', 'agent.metadata.changed'] };
+  const a = await ctx.agent({ name: 'worker' });
+  const dash = await ctx.dashboard({ name: 'dash', filter });
+  const first = dash.current;
+  // Three matching events per phase.
+  const phase = async (name) => {
+    await a.conn.busy();
+    await a.conn.updateMetadata({ phase: name });
+    await a.conn.idle();
+  };
+  await phase('before');
+  await dash.waitForCount(3);
+  const lastBeforeDrop = dash.lastEventId;
+  const release = dash.holdReconnection();
+  dash.terminate();
+  await dash.reconnection('disconnected');
+  await phase('while'); // the socket is gone and the dashboard has not subscribed again
+  release();
+  const restored = await dash.reconnection('subscriptionRestored');
+  await phase('after');
+  await dash.waitForCount(9);
+  await sleep(QUIET_MS);
+
+  const second = dash.current;
+  const log = await replayAll(second.handle.conn, { filter });
+  assert.equal(log.length, 9);
+  assert.deepEqual(dash.events.map((e) => e.id), log.map((e) => e.eventId), "the handler got the log's matching events, each once, in log order");
+  assert.deepEqual(
+    dash.events.filter((e) => e.type === 'agent.metadata.changed').map((e) => e.data.changes.phase),
+    ['before', 'while', 'after'],
+  );
+  // Before: live on the first subscription; while: only the replay has them; after: live on the new one.
+  assert.deepEqual(dash.arrivals.map((x) => x.via), [...Array(3).fill('live'), ...Array(3).fill('replay'), ...Array(3).fill('live')]);
+  assert.ok(dash.arrivals.slice(3).every((x) => x.eventId > lastBeforeDrop), 'nothing from before the drop is delivered again');
+  assert.deepEqual(first.watch.envelopes().map((e) => e.eventId), log.slice(0, 3).map((e) => e.eventId));
+  // A fresh session, and a new subscription that starts at 1 with live events only (no replayFrom).
+  assert.notEqual(second, first);
+  assert.equal(second.handle.result.reconnected, false, 'a fresh session');
+  assert.notEqual(second.handle.id, first.handle.id);
+  assert.equal(restored.newSubscriptionId, second.watch.sub.id);
+  assert.deepEqual(
+    second.watch.envelopes().map((e) => [e.sequenceNumber, e.eventId]),
+    log.slice(6).map((e, i) => [i + 1, e.eventId]),
+  );
+});
+
+scenario(
+  'restart: a resuming dashboard gets every event once across a kill -9 and a restart on the same port',
+  async (ctx) => {
+    const dataDir = ctx.tempDir();
+    const first = await ctx.startRouter({ dataDir });
+    const url = first.url;
+    const dash = await ctx.dashboard({ name: 'dash', url }); // everything
+    const oldDash = dash.current.handle;
+    const visitor = await ctx.client({ name: 'visitor', url });
+    const a = await ctx.agent({ name: 'first-run', url });
+    await a.conn.busy();
+    await dash.waitFor((e) => e.type === 'agent_state_changed' && e.data?.agentId === a.id, 'the first-run agent going busy');
+    const seenBeforeKill = dash.events.map((e) => e.id);
+    assert.deepEqual(dash.events.map((e) => e.type), ['participant_connected', 'participant_connected', 'agent_registered', 'agent_state_changed']);
+    const lastBeforeKill = dash.lastEventId;
+
+    await ctx.killRouter(first, 'SIGKILL');
+    const second = await ctx.startRouter({ dataDir, listen: hostPort(first) });
+    assert.equal(second.url, url, 'the new router listens on the same port');
+    const restored = await dash.reconnection('subscriptionRestored', 1, 5000);
+    const b = await ctx.agent({ name: 'second-run', url });
+    await b.conn.busy();
+    await dash.waitFor((e) => e.type === 'agent_state_changed' && e.data?.agentId === b.id, 'the second-run agent going busy');
+    await sleep(QUIET_MS);
+
+    const log = await replayAll(dash.current.handle.conn, { limit: 1000 });
+    assert.deepEqual(
+      dash.events.map((e) => e.id),
+      log.filter((e) => e.eventId >= seenBeforeKill[0]).map((e) => e.eventId),
+      "the handler got every event of the log from its first one on, each once, in log order",
+    );
+    // Nothing happened between the new subscribe and its replay, so there was nothing to drop.
+    assert.equal(new Set(dash.arrivals.map((x) => x.eventId)).size, dash.arrivals.length, 'no event arrived twice');
+    assert.ok(
+      dash.arrivals.slice(seenBeforeKill.length).every((x) => x.eventId > lastBeforeKill),
+      'nothing seen before the kill is delivered again',
+    );
+    // The replay brings the end of the first run: the closing events of the new run (also for
+    // the dashboard's own first connection, whose start it never saw), then its new connect.
+    const via = new Map(dash.arrivals.map((x) => [x.eventId, x.via]));
+    const replayed = dash.events.filter((e) => via.get(e.id) === 'replay');
+    const label = (e) => `${e.type}:${e.data?.participantId ?? e.data?.agentId}:${e.data?.reason ?? ''}`;
+    assert.deepEqual(sorted(replayed.slice(0, 3).map(label)), sorted([
+      `participant_disconnected:${oldDash.id}:router_restarted`,
+      `participant_disconnected:${visitor.id}:router_restarted`,
+      `participant_disconnected:${a.pid}:router_restarted`,
+    ]));
+    assert.deepEqual(replayed.slice(3).map(label), [
+      `agent_unregistered:${a.id}:router_restarted`,
+      `participant_connected:${dash.current.handle.id}:`,
+    ]);
+    // The second run's events come live on the new subscription, numbered from 1.
+    assert.equal(restored.newSubscriptionId, dash.current.watch.sub.id);
+    assert.deepEqual(dash.current.watch.envelopes().map((e) => `${e.sequenceNumber}:${e.event.type}`), [
+      '1:participant_connected',
+      '2:agent_registered',
+      '3:agent_state_changed',
+    ]);
+    assert.equal(dash.events.at(-1).data?.agentId, b.id, 'the last event last');
+    const { agents } = await dash.current.handle.conn.listAgents();
+    assert.deepEqual(ids(agents), [b.id], 'only the second-run agent is registered');
+  },
+  { timeout: 15_000 },
+);
+
+scenario('ack: subscription.ack() is accepted, holds the stream at its credit window, and flow continues past it', async (ctx) => {
+  const TOTAL = 1500;
+  const ACKED = 300; // acks every 100 events up to here, then none until the stream pauses
+  const WINDOW = 1024; // the default credit window once a subscription has acked
+  const c = await ctx.client({ name: 'acker' });
+  const a = await ctx.agent({ name: 'chatty' });
+  let count = 0;
+  const w = await c.watch(
+    { eventTypes: ['agent.metadata.changed'] },
+    {
+      onEvent: (_event, sub) => {
+        count++;
+        if (count % 100 === 0 && count <= ACKED) sub.ack();
+      },
+    },
+  );
+  assert.equal(w.sub.supportsAck, true, 'sub.supportsAck');
+  // The SDK also queues every event for its async iterator and warns about each one past 1000
+  // unread ("buffer full"): read it.
+  void (async () => {
+    for await (const _ of w.sub);
+  })();
+  for (let i = 0; i < TOTAL; i += 100) {
+    await withTimeout(
+      Promise.all(range(i, i + 100).map((n) => a.conn.updateMetadata({ n }))),
+      WAIT_MS,
+      `metadata updates ${i}..${i + 99}`,
+    );
+  }
+  // Every event is in the log now; the last ack (300) lets 1024 more through, then it pauses.
+  await until(() => w.events.length >= ACKED + WINDOW, `${ACKED + WINDOW} events (have ${w.events.length})`);
+  await sleep(2 * QUIET_MS);
+  assert.equal(w.events.length, ACKED + WINDOW, `the stream pauses with ${WINDOW} events unacknowledged`);
+  w.sub.ack();
+  await until(() => w.events.length >= TOTAL, `${TOTAL} events after the ack (have ${w.events.length})`);
+  await sleep(QUIET_MS);
+  assert.equal(w.events.length, TOTAL);
+  assert.deepEqual(w.events.map((e) => e.data.changes.n), range(0, TOTAL), 'in order');
+  assert.deepEqual(w.envelopes().map((e) => e.sequenceNumber), range(1, TOTAL + 1), 'numbered 1..n');
+  const acks = c.sent.filter((f) => f.method === 'map/subscribe.ack');
+  assert.deepEqual(
+    acks.map((f) => f.params),
+    [100, 200, 300, ACKED + WINDOW].map((upToSequence) => ({ subscriptionId: w.sub.id, upToSequence })),
+    'the SDK sent the acks',
+  );
+  assert.ok(acks.every((f) => !('id' in f)), 'acks are notifications');
+  // Nothing answers an ack: every frame is a map/event or the response to a request we sent.
+  const requestIds = new Set(c.sent.filter((f) => 'id' in f).map((f) => f.id));
+  const stray = c.frames.filter((f) => f.method !== 'map/event' && !(requestIds.has(f.id) && 'result' in f));
+  assert.deepEqual(stray, [], 'no error or stray frame');
+});
+
+scenario('replay: a subscriber resumes from its last eventId with replayFrom (raw frames)', async (ctx) => {
+  const filter = { eventTypes: ['agent_state_changed'] };
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch(filter);
+  const a = await ctx.agent({ name: 'worker' });
+  await a.conn.busy();
+  await a.conn.idle();
+  await a.conn.busy();
+  await a.conn.idle();
+  await until(() => w.events.length === 4, 'four state changes');
+  const seen = w.events.map((e) => e.id);
+  const resumer = await ctx.client({ name: 'resumer' });
+  const why = 'map/subscribe through callExtension has no SDK Subscription, so the SDK warns about each of its events';
+  const res = await resumer.conn.callExtension('map/subscribe', { filter, replayFrom: seen[1] });
+  ctx.allowSdkWarnings(/unknown subscription/i, res.subscriptionId, why);
+  const sub = res.subscriptionId;
+  await until(() => resumer.envelopes(sub).length === 2, 'the two events after replayFrom');
+  await a.conn.busy();
+  await until(() => w.events.length === 5, 'a fifth state change');
+  await until(() => resumer.envelopes(sub).length === 3, 'the live event after the history');
+  await sleep(QUIET_MS);
+  const envs = resumer.envelopes(sub);
+  assert.deepEqual(envs.map((e) => e.eventId), [seen[2], seen[3], w.events[4].id], 'exactly the events after replayFrom, then live');
+  assert.deepEqual(envs.map((e) => e.sequenceNumber), [1, 2, 3]);
+  for (const env of envs) assert.equal(env.event.id, env.eventId);
+  const response = resumer.frames.findIndex((f) => f.result?.subscriptionId === sub);
+  const firstEvent = resumer.frames.findIndex((f) => f.method === 'map/event' && f.params?.subscriptionId === sub);
+  assert.ok(response >= 0 && response < firstEvent, 'the subscribe response comes before its first event');
+
+  // replayFrom a Unix-ms timestamp starts at the first event at or after it.
+  const since = w.events[1].timestamp;
+  const byTime = await resumer.conn.callExtension('map/subscribe', { filter, replayFrom: since });
+  ctx.allowSdkWarnings(/unknown subscription/i, byTime.subscriptionId, why);
+  const expected = (await resumer.conn.replay({ filter })).events.filter((e) => e.timestamp >= since).map((e) => e.eventId);
+  assert.ok(expected.length >= 4, 'at least the events from the second one on');
+  await until(() => resumer.envelopes(byTime.subscriptionId).length === expected.length, `${expected.length} events from the timestamp`);
+  await sleep(QUIET_MS);
+  const timed = resumer.envelopes(byTime.subscriptionId);
+  assert.deepEqual(timed.map((e) => e.eventId), expected);
+  assert.deepEqual(timed.map((e) => e.sequenceNumber), range(1, expected.length + 1));
 });
 
 // ---------------------------------------------------------------------------------------------
