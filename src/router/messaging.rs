@@ -35,7 +35,7 @@ use crate::protocol::scope::ScopeVisibility;
 
 use super::events::log::{Audience, EventDraft, FilterKeys};
 use super::outbox::{Outbound, PushError};
-use super::permissions::can_see_agent;
+use super::permissions::{can_message_agent, can_see_agent, can_see_scope, can_send_to_scope};
 use super::{Caller, ConnId, Ctx, Router, RouterError};
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
@@ -221,6 +221,7 @@ impl Router {
             ));
         }
         let recipients = self.resolve(caller, &address)?;
+        let recipients = self.permitted(caller, recipients, !multicast)?;
         let from = caller.address();
         let message = Message {
             id: MessageId::generate(),
@@ -539,6 +540,43 @@ impl Router {
         }
     }
 
+    /// Keeps the recipients the sender may message (`canMessage` of its agent, `acceptsFrom` of
+    /// each target). A refused explicit target is an error; refused members of a group are
+    /// left out.
+    fn permitted(
+        &self,
+        caller: &Caller,
+        recipients: Vec<Recipient>,
+        explicit: bool,
+    ) -> Result<Vec<Recipient>, RouterError> {
+        let viewer = caller.viewer();
+        let sender = caller
+            .primary_agent
+            .as_ref()
+            .and_then(|a| self.registry.get(a.as_str()))
+            .map(|r| &r.agent);
+        let mut out = Vec::with_capacity(recipients.len());
+        for r in recipients {
+            let allowed = match &r {
+                Recipient::Agent(id) => self
+                    .registry
+                    .get(id.as_str())
+                    .is_some_and(|t| can_message_agent(&viewer, sender, &t.agent, &self.registry)),
+                Recipient::Participant(_) => true,
+            };
+            if allowed {
+                out.push(r);
+            } else if explicit {
+                return Err(RouterError::PermissionDenied(format!(
+                    "agent {} does not accept messages from {}",
+                    r.id(),
+                    caller.address()
+                )));
+            }
+        }
+        Ok(out)
+    }
+
     /// Resolves an address to recipients (see the module docs).
     fn resolve(&self, caller: &Caller, address: &Address) -> Result<Vec<Recipient>, RouterError> {
         let strict = self.config.strict_recipients;
@@ -551,7 +589,16 @@ impl Router {
         let sender_agent = caller.primary_agent.as_ref();
         let not_sender = |a: &AgentId| Some(a) != sender_agent;
         let scope_members = |id: &ScopeId| -> Result<Vec<Recipient>, RouterError> {
-            match self.scopes.get(id.as_str()) {
+            match self
+                .scopes
+                .get(id.as_str())
+                .filter(|s| can_see_scope(&viewer, s, &self.registry))
+            {
+                Some(s) if !can_send_to_scope(&viewer, s, &self.registry) => {
+                    Err(RouterError::PermissionDenied(format!(
+                        "scope {id} takes messages from its members only (sendPolicy)"
+                    )))
+                }
                 Some(s) => Ok(s
                     .members
                     .iter()
@@ -584,7 +631,10 @@ impl Router {
                     scope_members(&ScopeId::from(id))?
                 } else {
                     let is_agent = visible_agent(text);
-                    let is_scope = self.scopes.contains(text);
+                    let is_scope = self
+                        .scopes
+                        .get(text)
+                        .is_some_and(|s| can_see_scope(&viewer, s, &self.registry));
                     match (is_agent, is_scope) {
                         (true, true) => return Err(RouterError::AddressAmbiguous(text.clone())),
                         (false, true) => scope_members(&ScopeId::from(text.as_str()))?,
@@ -617,7 +667,11 @@ impl Router {
             Address::Scope(id) => scope_members(id)?,
             Address::Role { role, within } => {
                 let members = match within {
-                    Some(scope) => match self.scopes.get(scope.as_str()) {
+                    Some(scope) => match self
+                        .scopes
+                        .get(scope.as_str())
+                        .filter(|s| can_see_scope(&viewer, s, &self.registry))
+                    {
                         Some(s) => Some(&s.members),
                         None if strict => {
                             return Err(RouterError::ScopeNotFound(scope.to_string()))

@@ -106,6 +106,8 @@ pub struct RouterConfig {
     pub durability: Durability,
     /// How long a call waits for its events to be committed before it fails.
     pub commit_timeout: Duration,
+    /// Who may see and do what (`[permissions]`).
+    pub permissions: permissions::SharedPolicy,
 }
 
 impl Default for RouterConfig {
@@ -124,6 +126,7 @@ impl Default for RouterConfig {
             strict_recipients: true,
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
+            permissions: Arc::default(),
         }
     }
 }
@@ -366,6 +369,8 @@ pub struct Caller {
     pub kind: ParticipantType,
     /// The agent the session speaks as, if any.
     pub primary_agent: Option<AgentId>,
+    /// The permission policy.
+    pub policy: permissions::SharedPolicy,
 }
 
 impl Caller {
@@ -374,6 +379,8 @@ impl Caller {
         permissions::Viewer {
             participant: &self.participant,
             kind: self.kind,
+            agent: self.primary_agent.as_ref(),
+            policy: &self.policy,
         }
     }
 
@@ -709,6 +716,7 @@ impl Router {
             participant: s.participant.clone(),
             kind: s.kind,
             primary_agent,
+            policy: self.config.permissions.clone(),
         })
     }
 
@@ -761,7 +769,7 @@ impl Router {
                 metadata,
                 ..FilterKeys::default()
             },
-            audience: permissions::agent_audience(agent, &self.registry),
+            audience: permissions::agent_audience(agent, &self.registry, &self.config.permissions),
         };
         self.emit(draft)
     }
