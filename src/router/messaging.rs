@@ -35,7 +35,9 @@ use crate::protocol::scope::ScopeVisibility;
 
 use super::events::log::{Audience, EventDraft, FilterKeys};
 use super::outbox::{Outbound, PushError};
-use super::permissions::{can_message_agent, can_see_agent, can_see_scope, can_send_to_scope};
+use super::permissions::{
+    agent_audience, can_message_agent, can_see_agent, can_see_scope, can_send_to_scope,
+};
 use super::{Caller, ConnId, Ctx, Router, RouterError};
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
@@ -259,7 +261,25 @@ impl Router {
             correlation_ids: correlation.map(Arc::from).into_iter().collect(),
             metadata: None,
         };
-        let audience = self.message_audience(caller, scope.as_ref());
+        // Seen only by those who may see the sender's agent (and, for `message_sent`, every
+        // agent the address names).
+        let sender_audience = caller
+            .primary_agent
+            .as_ref()
+            .and_then(|a| self.registry.get(a.as_str()))
+            .map_or(Audience::Everyone, |r| {
+                agent_audience(&r.agent, &self.registry, &self.config.permissions)
+            });
+        let audience = self
+            .message_audience(caller, scope.as_ref())
+            .and(sender_audience);
+        let sent_audience = if multicast {
+            audience.clone()
+        } else {
+            recipients.iter().fold(audience.clone(), |acc, r| {
+                acc.and(self.recipient_audience(r.id()))
+            })
+        };
         let mut caused_by = caused_by;
         if message.is_result() {
             if let Some(request) =
@@ -287,7 +307,7 @@ impl Router {
             }),
             caused_by,
             keys: keys.clone(),
-            audience: audience.clone(),
+            audience: sent_audience,
         });
 
         let out = Arc::new(Outgoing {
@@ -371,7 +391,7 @@ impl Router {
             }),
             caused_by,
             keys: out.keys.clone(),
-            audience: out.audience.clone(),
+            audience: out.audience.clone().and(self.recipient_audience(recipient)),
         });
         self.remember_delivery(out, recipient, delivered);
         delivered
@@ -397,7 +417,7 @@ impl Router {
             }),
             caused_by: vec![out.sent],
             keys: out.keys.clone(),
-            audience: out.audience.clone(),
+            audience: out.audience.clone().and(self.recipient_audience(recipient)),
         });
     }
 
@@ -434,7 +454,7 @@ impl Router {
             }),
             caused_by: vec![out.sent],
             keys: out.keys.clone(),
-            audience: out.audience.clone(),
+            audience: out.audience.clone().and(self.recipient_audience(agent.as_str())),
         });
         Ok(())
     }
@@ -482,6 +502,14 @@ impl Router {
         self.sessions
             .get(caller.session.as_str())
             .is_some_and(|s| s.capabilities.has(cap))
+    }
+
+    /// Who may see events naming `recipient`: its agent's audience (a participant recipient
+    /// narrows nothing).
+    fn recipient_audience(&self, recipient: &str) -> Audience {
+        self.registry.get(recipient).map_or(Audience::Everyone, |r| {
+            agent_audience(&r.agent, &self.registry, &self.config.permissions)
+        })
     }
 
     /// Who may see events about a message: everyone, unless it went to a scope whose

@@ -707,6 +707,7 @@ pub fn audience_allows(viewer: &Viewer<'_>, audience: &Audience, reg: &Registry)
         Audience::Scoped { owner, scopes } => {
             owner.as_ref() == Some(viewer.participant) || shares_scope(viewer, scopes, reg)
         }
+        Audience::All { of } => of.iter().all(|a| audience_allows(viewer, a, reg)),
     }
 }
 

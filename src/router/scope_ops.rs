@@ -68,18 +68,25 @@ impl Router {
             .get(scope.as_str())
             .and_then(|s| s.scope.visibility)
             .unwrap_or_default();
+        let creator = self
+            .scopes
+            .get(scope.as_str())
+            .and_then(|s| s.creator.clone());
         let scope_audience = match scope_vis {
+            _ if !super::permissions::scope_exposed(&self.config.permissions, scope.as_str()) => {
+                Audience::System
+            }
             ScopeVisibility::Public => Audience::Everyone,
             ScopeVisibility::System => Audience::System,
             ScopeVisibility::Members => Audience::Scoped {
-                owner: None,
+                owner: creator,
                 scopes: vec![scope.clone()],
             },
         };
-        // The narrower of the two (an agent-specific audience wins over a public scope).
-        match (agent_audience, scope_audience) {
-            (Some(Audience::Everyone) | None, s) => s,
-            (Some(a), _) => a,
+        // Whoever may see both the agent and the scope.
+        match agent_audience {
+            Some(a) => a.and(scope_audience),
+            None => scope_audience,
         }
     }
 
