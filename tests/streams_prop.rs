@@ -198,7 +198,9 @@ fn visible_to_client(event: &Value, hidden: &HashSet<String>) -> bool {
         return !named(&data["agentId"]);
     }
     if kind.starts_with("message") {
-        return !(named(&data["from"]) || named(&data["deliveredTo"][0]) || named(&data["recipient"]));
+        return !(named(&data["from"])
+            || named(&data["deliveredTo"][0])
+            || named(&data["recipient"]));
     }
     true
 }

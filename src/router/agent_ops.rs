@@ -182,9 +182,19 @@ impl Router {
         agent.metadata = p.metadata;
         self.registry.insert(agent.clone());
         self.adopt_primary(caller, &id);
+        // Announced with the scopes it is joining, so that a `scope`-visible agent's
+        // registration reaches the participants it will be visible to.
+        let mut announced = agent.clone();
+        announced.scopes = p
+            .scopes
+            .iter()
+            .flatten()
+            .filter(|s| self.scopes.contains(s.as_str()))
+            .cloned()
+            .collect();
         let registered = self.emit_agent_event(
             EventType::AgentRegistered,
-            &agent,
+            &announced,
             &AgentRegisteredData {
                 agent_id: id.clone(),
                 name: agent.name.clone(),

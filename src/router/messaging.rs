@@ -454,7 +454,10 @@ impl Router {
             }),
             caused_by: vec![out.sent],
             keys: out.keys.clone(),
-            audience: out.audience.clone().and(self.recipient_audience(agent.as_str())),
+            audience: out
+                .audience
+                .clone()
+                .and(self.recipient_audience(agent.as_str())),
         });
         Ok(())
     }
@@ -507,9 +510,11 @@ impl Router {
     /// Who may see events naming `recipient`: its agent's audience (a participant recipient
     /// narrows nothing).
     fn recipient_audience(&self, recipient: &str) -> Audience {
-        self.registry.get(recipient).map_or(Audience::Everyone, |r| {
-            agent_audience(&r.agent, &self.registry, &self.config.permissions)
-        })
+        self.registry
+            .get(recipient)
+            .map_or(Audience::Everyone, |r| {
+                agent_audience(&r.agent, &self.registry, &self.config.permissions)
+            })
     }
 
     /// Who may see events about a message: everyone, unless it went to a scope whose

@@ -241,11 +241,14 @@ impl Router {
             .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
         if joining {
-            if scope.members.contains(&p.agent_id) {
-                return Ok(agent.clone());
+            // Joining again is a no-op for whoever controls the agent (its policy allowed it
+            // in once); anyone else must pass the policy.
+            let again = scope.members.contains(&p.agent_id)
+                && can_control_agent(&caller.viewer(), agent, &self.registry);
+            if !again {
+                can_join_scope(&caller.viewer(), scope, agent, &self.registry)
+                    .map_err(RouterError::PermissionDenied)?;
             }
-            can_join_scope(&caller.viewer(), scope, agent, &self.registry)
-                .map_err(RouterError::PermissionDenied)?;
             return Ok(agent.clone());
         }
         let creator = scope.creator.as_ref() == Some(&caller.participant);
