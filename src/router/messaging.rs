@@ -77,12 +77,21 @@ pub(crate) struct Outgoing {
 const DELIVERY_INDEX_CAP: usize = 16_384;
 
 /// Recent deliveries, so a reply (`meta.isResult` with the request's `correlationId`) can name
-/// the delivery of the request it answers as its cause. Bounded: the oldest are forgotten.
+/// the delivery of the request it answers as its cause. Bounded: the oldest messages are
+/// forgotten once more than [`DELIVERY_INDEX_CAP`] deliveries are remembered.
+///
+/// One entry per message (its recipients in a short list), not one per delivery: a scope send
+/// to K agents costs one map insertion and K pushes instead of K insertions, K removals and 2K
+/// string copies (this index was 7 % of the router's time in the fan-out benchmark,
+/// docs/performance.md).
 #[derive(Debug, Default)]
 pub(crate) struct DeliveryIndex {
-    by_message: HashMap<(MessageId, String), EventId>,
+    by_message: HashMap<MessageId, Vec<(Box<str>, EventId)>>,
     by_correlation: HashMap<String, MessageId>,
-    order: std::collections::VecDeque<(MessageId, String, Option<String>)>,
+    /// Messages oldest first, with their correlation id.
+    order: std::collections::VecDeque<(MessageId, Option<String>)>,
+    /// Deliveries remembered in `by_message`.
+    deliveries: usize,
 }
 
 impl DeliveryIndex {
@@ -93,26 +102,32 @@ impl DeliveryIndex {
         correlation: Option<&str>,
         event: EventId,
     ) {
-        if self.order.len() >= DELIVERY_INDEX_CAP {
-            if let Some((m, r, c)) = self.order.pop_front() {
-                self.by_message.remove(&(m.clone(), r));
-                if let Some(c) = c {
-                    if self.by_correlation.get(&c) == Some(&m) {
-                        self.by_correlation.remove(&c);
-                    }
+        while self.deliveries >= DELIVERY_INDEX_CAP {
+            let Some((m, c)) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(list) = self.by_message.remove(&m) {
+                self.deliveries -= list.len();
+            }
+            if let Some(c) = c {
+                if self.by_correlation.get(&c) == Some(&m) {
+                    self.by_correlation.remove(&c);
                 }
             }
         }
-        self.by_message
-            .insert((message.clone(), recipient.to_owned()), event);
-        if let Some(c) = correlation {
-            self.by_correlation.insert(c.to_owned(), message.clone());
-        }
-        self.order.push_back((
-            message.clone(),
-            recipient.to_owned(),
-            correlation.map(str::to_owned),
-        ));
+        let list = match self.by_message.get_mut(message) {
+            Some(list) => list,
+            None => {
+                if let Some(c) = correlation {
+                    self.by_correlation.insert(c.to_owned(), message.clone());
+                }
+                self.order
+                    .push_back((message.clone(), correlation.map(str::to_owned)));
+                self.by_message.entry(message.clone()).or_default()
+            }
+        };
+        list.push((recipient.into(), event));
+        self.deliveries += 1;
     }
 
     /// The delivery to `replier` of the request that `correlation` names (a correlation id,
@@ -123,7 +138,12 @@ impl DeliveryIndex {
             .get(correlation)
             .cloned()
             .unwrap_or_else(|| MessageId::from(correlation));
-        self.by_message.get(&(message, replier.to_owned())).copied()
+        self.by_message
+            .get(&message)?
+            .iter()
+            .rev()
+            .find(|(r, _)| &**r == replier)
+            .map(|(_, e)| *e)
     }
 }
 
