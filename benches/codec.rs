@@ -1,5 +1,6 @@
-//! Micro-benchmarks for the hot paths: frame decode, event encode, filter matching, and fan-out
-//! of one event to N permission-checked subscribers.
+//! Micro-benchmarks for the hot paths: frame decode, event encode, filter matching, fan-out
+//! of one event to N filtered, permission-checked subscribers, and dispatch of a cheap method
+//! through the whole stack (in-process transport, connection driver, router task).
 //!
 //! Run with `cargo bench --bench codec`. Report ratios and medians (docs/performance.md); the
 //! machine is shared and noisy.
@@ -32,6 +33,27 @@ fn draft() -> EventDraft {
         },
         audience: Audience::Everyone,
     }
+}
+
+/// The draft with one of four audiences in turn: everyone, named participants, an agent's
+/// scope mates (checked against the registry), and both of the last two (a message between
+/// agents): the permission checks of a real mix of events.
+fn mixed_draft(k: usize) -> EventDraft {
+    let mut d = draft();
+    let named = || Audience::Participants {
+        who: (0..8).map(|i| format!("p-{}", i * 3).into()).collect(),
+    };
+    let scoped = || Audience::Scoped {
+        owner: Some("p-1".into()),
+        scopes: vec!["team".into()],
+    };
+    d.audience = match k % 4 {
+        0 => Audience::Everyone,
+        1 => named(),
+        2 => scoped(),
+        _ => named().and(scoped()),
+    };
+    d
 }
 
 fn codec(c: &mut Criterion) {
@@ -143,8 +165,10 @@ fn fanout(c: &mut Criterion) {
                 receivers.push(rx);
                 bus.insert(subscription(i, ConnId(i as u64), tx));
             }
+            let mut k = 0usize;
             b.iter(|| {
-                let rec = bus.log.append(draft());
+                k += 1;
+                let rec = bus.log.append(mixed_draft(k));
                 bus.publish(&rec, &registry);
                 for rx in &mut receivers {
                     while rx.try_recv().is_some() {}
@@ -153,6 +177,49 @@ fn fanout(c: &mut Criterion) {
         });
     }
     g.finish();
+}
+
+/// One `map/agents/list` request through an in-process connection: frame decode, dispatch
+/// table, a hop to the router task and back, result encoding, the outbox and the writer.
+fn dispatch(c: &mut Criterion) {
+    use futures::{SinkExt, StreamExt};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, mut link) = runtime.block_on(async {
+        let config = map_router::server::Config {
+            listen: Vec::new(),
+            ..Default::default()
+        };
+        let server = map_router::server::Server::start(config).await.unwrap();
+        let mut link = server.connect_in_process();
+        link.tx
+            .send(r#"{"jsonrpc":"2.0","id":0,"method":"map/connect","params":{"protocolVersion":1,"participantType":"client"}}"#.into())
+            .await
+            .unwrap();
+        link.rx.next().await.unwrap();
+        (server, link)
+    });
+    c.bench_function("dispatch/agents_list", |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let start = std::time::Instant::now();
+                for i in 0..iters {
+                    let frame = format!(
+                        r#"{{"jsonrpc":"2.0","id":{},"method":"map/agents/list"}}"#,
+                        i + 1
+                    );
+                    link.tx.send(frame).await.unwrap();
+                    std::hint::black_box(link.rx.next().await.unwrap());
+                }
+                start.elapsed()
+            })
+        });
+    });
+    drop(link);
+    runtime.block_on(server.shutdown());
 }
 
 fn config() -> Criterion {
@@ -165,6 +232,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = codec, filters, fanout
+    targets = codec, filters, fanout, dispatch
 }
 criterion_main!(benches);

@@ -442,7 +442,7 @@ async fn fanout(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration)
     let created = publishers[0]
         .call(
             "map/scopes/create",
-            json!({"scopeId": format!("bench-{run}"), "name": format!("bench-{run}"), "sendPolicy": "any"}),
+            json!({"scopeId": format!("bench-{}-{run}", std::process::id()), "name": "bench", "sendPolicy": "any"}),
         )
         .await?;
     let scope = created["scope"]["id"]

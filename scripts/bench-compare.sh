@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Runs the load generator (benches/load.rs) against map-router and against the reference
+# MAPServer of @multi-agent-protocol/sdk@0.1.15 (benches/reference/server.mjs), each test on a
+# freshly started server, and prints ours/reference ratios. Loopback only.
+#
+#   scripts/bench-compare.sh [quick]
+#
+# Needs cargo, node (>= 20) and npm. Raw JSON lines go to target/bench/compare-<time>.jsonl.
+# map-router runs twice: as shipped (durable SQLite store in a temp dir) and with --ephemeral
+# (events in memory only, like the reference). The machine is shared: read ratios and medians
+# of several runs, not single figures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=${1:-}
+# 10 000 sessions need 10 000 descriptors in the server and as many in the generator.
+ulimit -n "$(ulimit -Hn)"
+if [ "$(ulimit -n)" -lt 10100 ]; then
+  echo "bench-compare: file limit $(ulimit -n) is too low for 10 000 connections" >&2
+  exit 1
+fi
+
+cargo build --locked --release --bin map-router
+load=$(cargo bench --locked --bench load --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
+[ -x "$load" ] || { echo "bench-compare: no load generator binary" >&2; exit 1; }
+(cd benches/reference && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+
+mkdir -p target/bench
+out=target/bench/compare-$(date -u +%Y%m%dT%H%M%SZ).jsonl
+work=$(mktemp -d)
+server_pid=
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# start <kind>: starts a fresh server of that kind; sets server_pid and url.
+start() {
+  local log="$work/server.log" line
+  : > "$log"
+  case "$1" in
+    ours) rm -rf "$work/data"
+          target/release/map-router --listen 127.0.0.1:0 --data-dir "$work/data" 2> "$log" &
+          line='^map-router listening on ' ;;
+    ours-ephemeral)
+          target/release/map-router --listen 127.0.0.1:0 --ephemeral 2> "$log" &
+          line='^map-router listening on ' ;;
+    reference)
+          node benches/reference/server.mjs 2> "$log" &
+          line='^reference listening on ' ;;
+  esac
+  server_pid=$!
+  url=
+  for _ in $(seq 100); do
+    url=$(grep -m1 "$line" "$log" | sed 's/.* on \(ws:[^ ]*\).*/\1/' || true)
+    [ -n "$url" ] && break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { echo "bench-compare: $1 did not start:" >&2; cat "$log" >&2; exit 1; }
+}
+
+stop() {
+  kill "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  server_pid=
+}
+
+# case <name> <load options...>: runs one case against every server, each freshly started.
+case_() {
+  local name=$1 kind
+  shift
+  for kind in ours ours-ephemeral reference; do
+    start "$kind"
+    # A failed case is reported and the run goes on (the reference fails some at full size).
+    if ! "$load" --bench --url "$url" --server-pid "$server_pid" --server "$kind" "$@" \
+        | jq -c --arg case "$name" '. + {case: $case}' | tee -a "$out"; then
+      echo "{\"case\":\"$name\",\"server\":\"$kind\",\"failed\":true}" | tee -a "$out"
+    fi
+    stop
+  done
+}
+
+if [ "$quick" = quick ]; then
+  case_ fanout-10x2 --test fanout --agents 10 --subscribers 2 --messages 2000
+  case_ rtt --test rtt --calls 1000
+else
+  case_ fanout-10x2 --test fanout --agents 10 --subscribers 2 --messages 20000 --publishers 2
+  case_ fanout-100x10 --test fanout --agents 100 --subscribers 10 --messages 3000 --publishers 2
+  case_ fanout-10x2-at-2700 --test fanout --agents 10 --subscribers 2 --messages 10000 --rate 2700
+  case_ rtt --test rtt --calls 5000 --concurrency 8
+  case_ connections-1000 --test connections --connections 1000
+  case_ connections-10000 --test connections --connections 10000 --timeout-s 120
+  case_ slow --test slow --agents 10 --subscribers 2 --messages 20000 --payload-bytes 1024
+fi
+
+echo
+echo "== ratios ours/reference (as shipped, and ephemeral) from $out"
+jq -s -r '
+  def key: .case + "/" + (.mode // "");
+  def metric:
+    if .test == "fanout" then {tput: .deliveries_per_s, msgs: .msgs_per_s, p99: .latency_ms.p99}
+    elif .test == "rtt" then {tput: .calls_per_s, p99: .latency_ms.p99}
+    elif .test == "connections" then {tput: .connected, bytes: .bytes_per_connection, secs: .connect_s}
+    elif .test == "slow" then {ratio: .deliveries_per_s_ratio, rss_growth_kb: (.with_laggard.rss_after_kb - .with_laggard.rss_before_kb)}
+    else {} end;
+  map(select(.failed | not)) | group_by(key)[] |
+  (map({key: .server, value: metric}) | from_entries) as $m |
+  "\(.[0] | key): ours \($m.ours) ephemeral \($m["ours-ephemeral"]) reference \($m.reference)" +
+  (if ($m.ours.tput // null) != null and ($m.reference.tput // 0) > 0 then
+     "  ratio \(($m.ours.tput / $m.reference.tput * 10 | round) / 10)x / \(($m["ours-ephemeral"].tput / $m.reference.tput * 10 | round) / 10)x"
+   else "" end)
+' "$out"
