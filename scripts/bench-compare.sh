@@ -6,7 +6,7 @@
 #   scripts/bench-compare.sh [quick]
 #
 # Needs cargo, node (>= 20) and npm. Raw JSON lines go to target/bench/compare-<time>.jsonl.
-# map-router runs twice: as shipped (durable SQLite store in a temp dir) and with --ephemeral
+# map-router runs twice: as shipped (durable SQLite store in a temp dir, capped at 64 MiB) and with --ephemeral
 # (events in memory only, like the reference). The machine is shared: read ratios and medians
 # of several runs, not single figures.
 set -euo pipefail
@@ -41,7 +41,11 @@ start() {
   : > "$log"
   case "$1" in
     ours) rm -rf "$work/data"
-          target/release/map-router --listen 127.0.0.1:0 --data-dir "$work/data" 2> "$log" &
+          # As shipped, except that the store keeps at most 64 MiB on disk (default 1 GiB),
+          # so that the benchmark cannot fill a small disk.
+          printf '[storage]\nmax_bytes = 67108864\n' > "$work/ours.toml"
+          target/release/map-router --listen 127.0.0.1:0 --data-dir "$work/data" \
+            --config "$work/ours.toml" 2> "$log" &
           line='^map-router listening on ' ;;
     ours-ephemeral)
           target/release/map-router --listen 127.0.0.1:0 --ephemeral 2> "$log" &
@@ -91,7 +95,7 @@ else
   case_ rtt --test rtt --calls 5000 --concurrency 8
   case_ connections-1000 --test connections --connections 1000
   case_ connections-10000 --test connections --connections 10000 --timeout-s 120
-  case_ slow --test slow --agents 10 --subscribers 2 --messages 20000 --payload-bytes 1024
+  case_ slow --test slow --agents 10 --subscribers 2 --messages 10000 --payload-bytes 1024
 fi
 
 echo

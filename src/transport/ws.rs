@@ -32,11 +32,17 @@ pub fn hard_limit(max_frame_bytes: usize) -> usize {
         .max(max_frame_bytes + (1 << 20))
 }
 
+/// Initial capacity of a connection's WebSocket read buffer. The library's default (128 KiB,
+/// allocated up front) made an idle connection cost about 140 KiB of router memory; requests
+/// are small, and the buffer still grows to hold a larger frame (docs/performance.md).
+pub const READ_BUFFER_BYTES: usize = 4 * 1024;
+
 /// The axum handler for `GET /` and `GET /map` with an upgrade.
 pub async fn upgrade(ws: WebSocketUpgrade, State(state): State<WsState>) -> Response {
     let hard = hard_limit(state.options.max_frame_bytes);
     ws.max_message_size(hard)
         .max_frame_size(hard)
+        .read_buffer_size(READ_BUFFER_BYTES)
         .on_upgrade(move |socket| serve_socket(socket, state))
 }
 
