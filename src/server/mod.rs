@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::get;
+use axum::serve::ListenerExt as _;
 use axum::Router as HttpRouter;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -133,6 +134,15 @@ impl Server {
             let app = app.clone();
             let mut stop = shutdown_rx.clone();
             http_tasks.push(tokio::spawn(async move {
+                // NB. Without TCP_NODELAY, Nagle's algorithm holds a small frame until the
+                // peer acknowledges the previous one, and a peer that only reads delays its
+                // acknowledgements (about 40 ms on Linux): deliveries to agents and subscribers
+                // waited up to that long at low rates (docs/performance.md).
+                let listener = listener.tap_io(|tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                });
                 let served = axum::serve(listener, app)
                     .with_graceful_shutdown(async move {
                         let _ = stop.wait_for(|s| *s).await;
