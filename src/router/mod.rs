@@ -12,10 +12,11 @@
 //! with [`Command::Drained`].
 //!
 //! Handlers live in sibling modules, grouped by concept: `session_ops` (connect, disconnect,
-//! detach, resume), `agent_ops`, `scope_ops`, `messaging` (send and address resolution) and
+//! detach, resume), `auth_ops` (admission, authenticate, refresh, credential expiry), `agent_ops`, `scope_ops`, `messaging` (send and address resolution) and
 //! `subscription_ops` (subscribe, unsubscribe, replay).
 
 pub mod agent_ops;
+pub mod auth_ops;
 pub mod dispatch;
 pub mod error;
 pub mod events;
@@ -106,6 +107,8 @@ pub struct RouterConfig {
     pub durability: Durability,
     /// How long a call waits for its events to be committed before it fails.
     pub commit_timeout: Duration,
+    /// Authentication, when some method is enabled (`None`: everyone is admitted, anonymous).
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
 }
 
 impl Default for RouterConfig {
@@ -124,6 +127,7 @@ impl Default for RouterConfig {
             strict_recipients: true,
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
+            auth: None,
         }
     }
 }
@@ -393,6 +397,10 @@ enum Deadline {
     SessionExpiry(SessionId),
     /// An orphaned agent was not reclaimed in time.
     OrphanExpiry(AgentId),
+    /// Time to send `map/auth/expiring` (for the session's credential of this epoch).
+    CredentialExpiring(SessionId, u64),
+    /// The session's credential (of this epoch) has expired.
+    CredentialExpired(SessionId, u64),
 }
 
 /// The owner of all routing state.
@@ -611,6 +619,7 @@ impl Router {
                         outbox,
                         session: None,
                         pending: Default::default(),
+                        pending_auth: None,
                     },
                 );
             }
@@ -661,6 +670,8 @@ impl Router {
                 match d {
                     Deadline::SessionExpiry(s) => self.expire_session(&s),
                     Deadline::OrphanExpiry(a) => self.expire_orphan(&a),
+                    Deadline::CredentialExpiring(s, epoch) => self.credential_expiring(&s, epoch),
+                    Deadline::CredentialExpired(s, epoch) => self.credential_expired(&s, epoch),
                 }
             }
         }

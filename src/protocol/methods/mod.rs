@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::capabilities::Capability;
 
 pub mod agents;
+pub mod auth;
 pub mod events;
 pub mod messaging;
 pub mod scopes;
@@ -53,6 +54,8 @@ pub mod notifications {
     pub const MESSAGE: &str = "map/message";
     /// Client → server: cumulative ack of a subscription's events.
     pub const SUBSCRIBE_ACK: &str = "map/subscribe.ack";
+    /// Server → client: the session's credential expires soon; refresh it.
+    pub const AUTH_EXPIRING: &str = "map/auth/expiring";
 }
 
 /// Calls `visit` once per method with its name and the schema-bearing types. Used to generate
@@ -65,6 +68,8 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     use session::*;
     visit.visit::<Connect>();
     visit.visit::<Disconnect>();
+    visit.visit::<auth::Authenticate>();
+    visit.visit::<auth::AuthRefresh>();
     visit.visit::<Send>();
     visit.visit::<Subscribe>();
     visit.visit::<Unsubscribe>();
