@@ -26,6 +26,19 @@ pub enum AuthErrorCode {
     AuthRequired,
 }
 
+impl AuthErrorCode {
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidCredentials => "invalid_credentials",
+            Self::Expired => "expired",
+            Self::InsufficientScope => "insufficient_scope",
+            Self::MethodNotSupported => "method_not_supported",
+            Self::AuthRequired => "auth_required",
+        }
+    }
+}
+
 /// Why authentication failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AuthError {
@@ -120,8 +133,9 @@ pub struct AuthenticateResult {
 
 /// `map/auth/refresh` params, in every shape a client sends: `{method, credential}` (both SDK
 /// clients), `{method, token}`, `{credential}` (docs) or `{refreshToken}` (SDK type / schema).
-/// Whichever is present is the new credential; it must name the session's principal.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// Whichever is present is the new credential; it must name the session's principal. `Debug`
+/// never shows it.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RefreshParams {
     /// `bearer` or `api-key`; when absent, a JWT-shaped credential is `bearer`, anything else
@@ -135,6 +149,18 @@ pub struct RefreshParams {
     pub refresh_token: Option<String>,
     /// Free-form.
     pub metadata: Option<serde_json::Value>,
+}
+
+impl std::fmt::Debug for RefreshParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redact = |v: &Option<String>| v.as_ref().map(|_| "***");
+        f.debug_struct("RefreshParams")
+            .field("method", &self.method)
+            .field("credential", &redact(&self.credential))
+            .field("token", &redact(&self.token))
+            .field("refresh_token", &redact(&self.refresh_token))
+            .finish()
+    }
 }
 
 /// `map/auth/refresh` result.

@@ -36,8 +36,9 @@ pub struct DisconnectPolicy {
     pub notify_subscribers: Option<bool>,
 }
 
-/// Credentials, in either spelling the SDK sends (`credential` or `token`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// Credentials, in either spelling the SDK sends (`credential` or `token`). `Debug` never
+/// shows the secret.
+#[derive(Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuthCredentials {
     /// `bearer`, `api-key`, `mtls`, `none`, `did:wba` or `x-*`.
@@ -51,6 +52,18 @@ pub struct AuthCredentials {
     /// Free-form.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
+}
+
+impl std::fmt::Debug for AuthCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redact = |v: &Option<String>| v.as_ref().map(|_| "***");
+        f.debug_struct("AuthCredentials")
+            .field("method", &self.method)
+            .field("credential", &redact(&self.credential))
+            .field("token", &redact(&self.token))
+            .field("metadata", &self.metadata)
+            .finish()
+    }
 }
 
 impl AuthCredentials {
