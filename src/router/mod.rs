@@ -109,6 +109,8 @@ pub struct RouterConfig {
     pub commit_timeout: Duration,
     /// Authentication, when some method is enabled (`None`: everyone is admitted, anonymous).
     pub auth: Option<Arc<crate::auth::Authenticator>>,
+    /// Who may see and do what (`[permissions]`).
+    pub permissions: permissions::SharedPolicy,
 }
 
 impl Default for RouterConfig {
@@ -128,6 +130,7 @@ impl Default for RouterConfig {
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
             auth: None,
+            permissions: Arc::default(),
         }
     }
 }
@@ -370,6 +373,8 @@ pub struct Caller {
     pub kind: ParticipantType,
     /// The agent the session speaks as, if any.
     pub primary_agent: Option<AgentId>,
+    /// The permission policy.
+    pub policy: permissions::SharedPolicy,
 }
 
 impl Caller {
@@ -378,6 +383,8 @@ impl Caller {
         permissions::Viewer {
             participant: &self.participant,
             kind: self.kind,
+            agent: self.primary_agent.as_ref(),
+            policy: &self.policy,
         }
     }
 
@@ -720,6 +727,7 @@ impl Router {
             participant: s.participant.clone(),
             kind: s.kind,
             primary_agent,
+            policy: self.config.permissions.clone(),
         })
     }
 
@@ -772,7 +780,7 @@ impl Router {
                 metadata,
                 ..FilterKeys::default()
             },
-            audience: permissions::agent_audience(agent, &self.registry),
+            audience: permissions::agent_audience(agent, &self.registry, &self.config.permissions),
         };
         self.emit(draft)
     }

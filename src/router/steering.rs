@@ -19,7 +19,6 @@ use crate::protocol::methods::steering::{InjectDelivery, InjectParams, InjectRes
 use super::events;
 use super::messaging::message_frame;
 use super::outbox::Outbound;
-use super::permissions::can_see_agent;
 use super::{Ctx, Router, RouterError};
 
 fn delivery_name(d: InjectDelivery) -> &'static str {
@@ -39,12 +38,7 @@ impl Router {
         p: InjectParams,
     ) -> Result<InjectResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let agent = self
-            .registry
-            .get(p.agent_id.as_str())
-            .map(|r| r.agent.clone())
-            .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
-            .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        let agent = self.lifecycle_agent(&caller, &p.agent_id)?;
         let delivery = p.delivery.unwrap_or_default();
         let urgent = matches!(delivery, InjectDelivery::Steer | InjectDelivery::Interrupt);
         let mut inject = serde_json::json!({

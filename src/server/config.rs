@@ -15,6 +15,7 @@ use crate::protocol::methods::agents::{
 };
 use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::events::log::Retention;
+use crate::router::permissions::Policy;
 use crate::router::{
     Durability, RouterConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_LOG_BYTES, DEFAULT_LOG_EVENTS,
     DEFAULT_OUTBOX_FRAMES, DEFAULT_PENDING_MESSAGES,
@@ -55,6 +56,8 @@ pub struct Config {
     pub events: EventSettings,
     /// Durable storage of the event log.
     pub storage: StorageSettings,
+    /// Who may see and do what (exposure, capability overrides, agent rules).
+    pub permissions: Policy,
     /// Timeouts for supervised processes.
     pub supervisor: SupervisorConfig,
     /// Agent processes to start with the router (`[[agents]]`).
@@ -270,6 +273,7 @@ impl Default for Config {
             router: RouterSettings::default(),
             events: EventSettings::default(),
             storage: StorageSettings::default(),
+            permissions: Policy::default(),
             supervisor: SupervisorConfig::default(),
             agents: Vec::new(),
             auth: crate::auth::AuthSettings::default(),
@@ -431,6 +435,7 @@ impl Config {
             strict_recipients: self.router.strict_recipients,
             durability: self.storage.durability,
             commit_timeout: Duration::from_millis(self.storage.commit_timeout_ms),
+            permissions: std::sync::Arc::new(self.permissions.clone()),
             ..RouterConfig::default()
         }
     }
