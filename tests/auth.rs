@@ -2,7 +2,9 @@
 //! secret, RS256 and ES256 with the keys in `tests/fixtures/auth/`, verified through a JWKS file
 //! written to a temp dir), API keys from a file and from the environment. Covers the
 //! `authRequired` negotiation, `map/authenticate`, `map/auth/refresh`, `map/auth/expiring`, the
-//! end of access at expiry, resume rules, and the trusted-transport bypass.
+//! end of access at expiry, resume rules, and the trusted-transport bypass. Also where
+//! authentication meets permissions: capability overrides per principal, and the binary with a
+//! config file of JWT and visibility rules.
 
 mod common;
 
@@ -866,4 +868,203 @@ async fn the_rust_client_and_the_cli_send_credentials() {
         err.contains("authentication refused (auth_required)"),
         "{err}"
     );
+}
+
+/// `[permissions.principals."<id>"]` as a config file would set it.
+fn principal_overrides(toml_text: &str) -> map_router::router::permissions::Policy {
+    toml::from_str(toml_text).expect("a valid [permissions] table")
+}
+
+#[tokio::test]
+async fn principal_overrides_follow_the_authenticated_principal() {
+    let (_server, url, _dir) = auth_server(|c| {
+        c.permissions = principal_overrides(
+            r#"
+[principals.alice.observation]
+canQuery = false
+[principals.dash.observation]
+canObserve = false
+"#,
+        );
+    })
+    .await;
+    let alice = json!({"method": "api-key", "credential": ALICE_KEY});
+
+    // API key on map/connect: alice gets her override, bob (no override) the type's grant.
+    let (mut a, r) = connect_with(&url, "agent", alice.clone()).await;
+    assert_eq!(r["principal"]["id"], json!("alice"));
+    assert_eq!(
+        r["capabilities"]["observation"]["canQuery"],
+        json!(false),
+        "{r}"
+    );
+    assert_eq!(r["capabilities"]["observation"]["canObserve"], json!(true));
+    let e = a.err("map/agents/list", Value::Null).await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    a.subscribe(Value::Null).await;
+    let (mut b, r) = connect_with(
+        &url,
+        "agent",
+        json!({"method": "api-key", "credential": "ak-bob-0123456789abcdef"}),
+    )
+    .await;
+    assert_eq!(r["capabilities"]["observation"]["canQuery"], json!(true));
+    b.ok("map/agents/list", Value::Null).await;
+
+    // JWT through authRequired then map/authenticate: the pending connect gets dash's grant.
+    let (mut d, r) = connect_with(&url, "client", Value::Null).await;
+    assert_auth_required(&r, None);
+    let ok = d.ok("map/authenticate", bearer(&hs256("dash", 600))).await;
+    assert_eq!(ok["success"], json!(true), "{ok}");
+    assert_eq!(
+        ok["capabilities"]["observation"]["canObserve"],
+        json!(false),
+        "{ok}"
+    );
+    let e = d.err("map/subscribe", json!({})).await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    d.ok("map/agents/list", Value::Null).await;
+
+    // The override does not depend on the method: dash by API key would get it too, and a
+    // JWT for alice gets alice's.
+    let (mut j, r) = connect_with(&url, "client", bearer(&hs256("alice", 600))).await;
+    assert_eq!(r["capabilities"]["observation"]["canQuery"], json!(false));
+    let e = j.err("map/agents/get", json!({"agentId": "x"})).await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+
+    // A resumed session keeps its principal's grant.
+    let bye = a
+        .ok(
+            "map/disconnect",
+            json!({"policy": {"agentBehavior": "orphan"}}),
+        )
+        .await;
+    let (mut back, r) =
+        connect_with_resume(&url, bye["resumeToken"].as_str().unwrap(), alice).await;
+    assert_eq!(r["reconnected"], json!(true), "{r}");
+    assert_eq!(r["capabilities"]["observation"]["canQuery"], json!(false));
+    let e = back.err("map/agents/list", Value::Null).await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+}
+
+/// The whole path a new user takes: JWT authentication and visibility rules in one config
+/// file, the real binary, and a dashboard authenticated as a principal that sees only what it
+/// may see (system exposure, scope visibility, its own capability override), in lists, gets,
+/// live events and replay.
+#[tokio::test]
+async fn a_config_file_with_jwt_and_visibility_rules_limits_what_a_principal_sees() {
+    let dir = TempDir::new("auth-e2e");
+    let secret = dir.path.join("jwt.secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    let config = dir.path.join("map-router.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[auth.jwt]
+issuer = "{ISS}"
+audience = "{AUD}"
+secret_file = {secret:?}
+
+[permissions.exposure.agents]
+hidden = ["internal-*"]
+
+[permissions.principals."viewer".lifecycle]
+canStop = false
+canSteer = false
+"#,
+            secret = secret.display().to_string()
+        ),
+    )
+    .unwrap();
+    let (_child, url) = start_binary([
+        "--listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--ephemeral".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ])
+    .await;
+
+    // Nobody gets in without a token.
+    let (_anon, r) = connect_with(&url, "client", Value::Null).await;
+    assert_eq!(r["authRequired"]["methods"], json!(["bearer"]), "{r}");
+    assert!(r.get("sessionId").is_none(), "{r}");
+
+    let (mut viewer, r) = connect_with(&url, "client", bearer(&hs256("viewer", 600))).await;
+    assert_eq!(r["principal"]["id"], json!("viewer"));
+    assert_eq!(
+        r["capabilities"]["lifecycle"]["canStop"],
+        json!(false),
+        "{r}"
+    );
+    let sub = viewer.subscribe(Value::Null).await;
+
+    let (mut worker, _) = connect_with(&url, "agent", bearer(&hs256("worker", 600))).await;
+    worker
+        .ok("map/scopes/create", json!({"scopeId": "s-ops"}))
+        .await;
+    worker
+        .register_agent(json!({"agentId": "internal-db"}))
+        .await;
+    worker
+        .register_agent(json!({"agentId": "ops-bot", "visibility": "scope", "scopes": ["s-ops"]}))
+        .await;
+    worker.register_agent(json!({"agentId": "pub-1"})).await;
+    // A principal owning an agent in s-ops sees ops-bot; the exposure rule hides internal-db
+    // from it too.
+    let (mut peer, _) = connect_with(&url, "agent", bearer(&hs256("peer", 600))).await;
+    peer.register_agent(json!({"agentId": "peer-bot", "scopes": ["s-ops"]}))
+        .await;
+    let listed = peer.ok("map/agents/list", Value::Null).await;
+    let ids = |list: &Value| {
+        let mut v: Vec<String> = list["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids(&listed), strings(&["ops-bot", "peer-bot", "pub-1"]));
+    worker.register_agent(json!({"agentId": "zz-marker"})).await;
+
+    // The viewer: neither the hidden nor the scope-visible agent, anywhere.
+    let mut seen = Vec::new();
+    loop {
+        let ev = viewer.next_event(&sub).await;
+        let done = ev["event"]["type"] == json!("agent_registered")
+            && ev["event"]["data"]["agentId"] == json!("zz-marker");
+        seen.push(ev);
+        if done {
+            break;
+        }
+    }
+    let replayed = viewer.ok("map/replay", json!({"limit": 1000})).await;
+    for ev in seen.iter().chain(replayed["events"].as_array().unwrap()) {
+        let text = ev.to_string();
+        assert!(
+            !text.contains("internal-db") && !text.contains("ops-bot"),
+            "the viewer was shown {ev}"
+        );
+    }
+    assert!(
+        seen.iter()
+            .any(|e| e["event"]["data"]["agentId"] == json!("pub-1")),
+        "the viewer sees the public agent's registration: {seen:?}"
+    );
+    let listed = viewer.ok("map/agents/list", Value::Null).await;
+    assert_eq!(ids(&listed), strings(&["peer-bot", "pub-1", "zz-marker"]));
+    for hidden in ["internal-db", "ops-bot"] {
+        let e = viewer
+            .err("map/agents/get", json!({"agentId": hidden}))
+            .await;
+        assert_eq!(e["code"], json!(2001), "{hidden}: {e}");
+    }
+    // Its principal's override: it may look, not stop.
+    let e = viewer
+        .err("map/agents/stop", json!({"agentId": "pub-1"}))
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
 }

@@ -4,6 +4,9 @@
 //! - A connection without a session may only call `map/connect` (and `map/authenticate`).
 //! - With authentication on, a connect is first admitted (`auth_ops`): without an accepted
 //!   credential (or a trusted transport) it answers `authRequired` and opens no session.
+//! - A new session's capabilities are `permissions::grant` for its type and its authenticated
+//!   principal (`[permissions.principals."<id>"]`), whether the credential came with
+//!   `map/connect` or with the `map/authenticate` that completed it; a resume keeps them.
 //! - `map/connect` on a connection that already has a session returns that session again (with
 //!   a fresh resume token) if the participant type matches, else `-32600`.
 //! - A resume token (or the id of a *detached* session) resumes that session: same session and
@@ -171,12 +174,12 @@ impl Router {
             }
             _ => ParticipantId::generate(),
         };
-        // The principal's overrides apply once authentication provides one.
-        let override_principal: Option<&str> = None;
+        // `[permissions.principals."<id>"]` applies to the authenticated principal (a resumed
+        // session keeps the grant it got here: resuming needs the same principal).
         let mut capabilities = super::permissions::grant(
             &self.config.permissions,
             kind,
-            override_principal,
+            principal.as_ref().map(|p| p.id.as_str()),
             p.capabilities.as_ref(),
         );
         capabilities.streaming = Some(streaming_caps());
