@@ -100,6 +100,9 @@ struct AuthArgs {
     /// (comma-separated). Default `supervised`.
     #[arg(long, env = "MAP_ROUTER_TRUSTED_TRANSPORTS", value_delimiter = ',')]
     trusted_transports: Vec<String>,
+    /// Principal ids that may connect as `participantType: "system"` (comma-separated).
+    #[arg(long, env = "MAP_ROUTER_SYSTEM_PRINCIPALS", value_delimiter = ',')]
+    system_principals: Vec<String>,
 }
 
 impl AuthArgs {
@@ -137,6 +140,9 @@ impl AuthArgs {
                 .filter(|t| t.trim() != "none")
                 .map(|t| t.parse())
                 .collect::<Result<_, _>>()?;
+        }
+        if !self.system_principals.is_empty() {
+            auth.system_principals = self.system_principals.clone();
         }
         Ok(())
     }

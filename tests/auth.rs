@@ -999,6 +999,16 @@ canSteer = false
         "{r}"
     );
     let sub = viewer.subscribe(Value::Null).await;
+    // Declaring itself a system participant (which sees everything) does not get it around
+    // the rules.
+    let mut c = WsClient::connect(&url).await;
+    let e = c
+        .err(
+            "map/connect",
+            json!({"protocolVersion": 1, "participantType": "system", "auth": bearer(&hs256("viewer", 600))}),
+        )
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
 
     let (mut worker, _) = connect_with(&url, "agent", bearer(&hs256("worker", 600))).await;
     worker
@@ -1067,4 +1077,65 @@ canSteer = false
         .err("map/agents/stop", json!({"agentId": "pub-1"}))
         .await;
     assert_eq!(e["code"], json!(1003), "{e}");
+}
+
+#[tokio::test]
+async fn only_listed_principals_and_trusted_transports_may_be_system() {
+    let (server, url, _dir) = auth_server(|c| {
+        c.auth.system_principals = vec!["ops".into()];
+        c.auth.trusted_transports = vec![TrustedTransport::InProcess];
+    })
+    .await;
+    let system_connect = |auth: Value| {
+        let mut p = json!({"protocolVersion": 1, "participantType": "system"});
+        if !auth.is_null() {
+            p["auth"] = auth;
+        }
+        p
+    };
+    // A valid credential of another principal is not enough.
+    let mut c = WsClient::connect(&url).await;
+    let e = c
+        .err(
+            "map/connect",
+            system_connect(json!({"method": "api-key", "credential": ALICE_KEY})),
+        )
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("auth.system_principals"),
+        "{e}"
+    );
+    // The same connection may still connect as what it is allowed to be.
+    let r = c
+        .ok(
+            "map/connect",
+            json!({"protocolVersion": 1, "auth": {"method": "api-key", "credential": ALICE_KEY}}),
+        )
+        .await;
+    assert_eq!(r["participantType"], json!("client"));
+    // Completing a pending system connect with map/authenticate is checked the same way.
+    let mut p = WsClient::connect(&url).await;
+    let r = p.ok("map/connect", system_connect(Value::Null)).await;
+    assert_auth_required(&r, None);
+    let e = p
+        .err("map/authenticate", bearer(&hs256("mallory", 600)))
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    let e = p.err("map/agents/list", Value::Null).await;
+    assert_eq!(e["code"], json!(1000), "still no session: {e}");
+    // A listed principal, by either route.
+    let (_o, r) = connect_with(&url, "system", bearer(&hs256("ops", 600))).await;
+    assert_eq!(r["participantType"], json!("system"), "{r}");
+    let r = p.ok("map/connect", system_connect(Value::Null)).await;
+    assert_auth_required(&r, None);
+    let ok = p.ok("map/authenticate", bearer(&hs256("ops", 600))).await;
+    assert_eq!(ok["participantType"], json!("system"), "{ok}");
+    // A trusted transport needs no listing.
+    let mut local = WsClient::open(Transport::InProcess, &server).await;
+    let r = local.ok("map/connect", system_connect(Value::Null)).await;
+    assert_eq!(r["participantType"], json!("system"), "{r}");
 }

@@ -129,6 +129,9 @@ pub struct AuthSettings {
     pub realm: Option<String>,
     /// Transports admitted without credentials (default: `["supervised"]`).
     pub trusted_transports: Vec<TrustedTransport>,
+    /// Principal ids that may connect as `participantType: "system"`, which passes every
+    /// permission rule (default: none). Connections over a trusted transport always may.
+    pub system_principals: Vec<String>,
     /// How long before a credential expires `map/auth/expiring` is sent, in seconds (capped at
     /// half the credential's remaining life).
     pub expiry_notice_secs: u64,
@@ -144,6 +147,7 @@ impl Default for AuthSettings {
             methods: None,
             realm: None,
             trusted_transports: vec![TrustedTransport::Supervised],
+            system_principals: Vec::new(),
             expiry_notice_secs: DEFAULT_EXPIRY_NOTICE_SECS,
             api_keys: ApiKeySettings::default(),
             jwt: JwtSettings::default(),
@@ -333,6 +337,7 @@ impl AuthSettings {
                 .clone()
                 .unwrap_or_else(|| default_realm.to_owned()),
             trusted: self.trusted_transports.clone(),
+            system_principals: self.system_principals.clone(),
             expiry_notice: Duration::from_secs(self.expiry_notice_secs),
             leeway: Duration::from_secs(if enabled.contains(&AuthMethodName::Jwt) {
                 self.jwt.leeway_secs

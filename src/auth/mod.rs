@@ -38,6 +38,7 @@ pub struct Authenticator {
     jwt: Option<jwt::JwtVerifier>,
     realm: String,
     trusted: Vec<TrustedTransport>,
+    system_principals: Vec<String>,
     expiry_notice: Duration,
     leeway: Duration,
 }
@@ -75,6 +76,11 @@ impl Authenticator {
     /// Whether connections over `transport` are admitted without credentials.
     pub fn trusts(&self, transport: TrustedTransport) -> bool {
         self.trusted.contains(&transport)
+    }
+
+    /// Whether `principal` may connect as a system participant (`auth.system_principals`).
+    pub fn may_be_system(&self, principal: &str) -> bool {
+        self.system_principals.iter().any(|p| p == principal)
     }
 
     /// How long before expiry `map/auth/expiring` is sent (at most half the remaining life).

@@ -9,6 +9,9 @@
 //!   trusted transport gets the transport's principal; anything else answers `authRequired`
 //!   (plus `error` when a credential was refused), opens no session, and keeps the connect's
 //!   params on the connection until `map/authenticate` completes it.
+//! - **System participants.** With authentication on, `participantType: "system"` (which
+//!   passes every permission rule) is only for principals listed in `auth.system_principals`
+//!   and for connections over a trusted transport; anyone else gets 1003.
 //! - **Resume** needs the same principal (`id` and `issuer`) as the session: a resume token
 //!   alone never opens a session when authentication is on.
 //! - **Refresh** swaps the credential for one of the same principal; the session's expiry moves.
@@ -21,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::{trusted_principal, Authenticator, TrustedTransport};
+use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::ids::{now_ms, SessionId};
 use crate::protocol::methods::auth::{
     AuthError, AuthErrorCode, AuthExpiringParams, AuthRequiredResult, AuthenticateResult,
@@ -124,6 +128,38 @@ impl Router {
                 }
             }
         }
+    }
+
+    /// Whether a session of type `kind` may be opened on `conn` for `principal`: with
+    /// authentication on, `system` needs a principal in `auth.system_principals` or a trusted
+    /// transport.
+    ///
+    /// # Errors
+    /// `PermissionDenied` naming the setting.
+    pub(crate) fn may_take_type(
+        &self,
+        conn: ConnId,
+        kind: ParticipantType,
+        principal: Option<&Principal>,
+    ) -> Result<(), RouterError> {
+        let Some(auth) = self.authenticator() else {
+            return Ok(());
+        };
+        if kind != ParticipantType::System {
+            return Ok(());
+        }
+        let trusted = self
+            .conns
+            .get(&conn)
+            .and_then(|c| trusted_transport(&c.origin))
+            .is_some_and(|(t, _)| auth.trusts(t));
+        if trusted || principal.is_some_and(|p| auth.may_be_system(&p.id)) {
+            return Ok(());
+        }
+        Err(RouterError::PermissionDenied(format!(
+            "principal {} may not connect as system: list it in auth.system_principals",
+            principal.map_or("(none)", |p| p.id.as_str())
+        )))
     }
 
     /// `map/authenticate`: completes the connect that answered `authRequired`; on a connection

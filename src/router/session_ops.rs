@@ -129,6 +129,7 @@ impl Router {
         principal: Option<Principal>,
     ) -> Result<ConnectResult, RouterError> {
         let kind = p.participant_type.unwrap_or(ParticipantType::Client);
+        self.may_take_type(ctx.conn, kind, principal.as_ref())?;
         if let Some(c) = self.conns.get_mut(&ctx.conn) {
             c.pending_auth = None;
         }
