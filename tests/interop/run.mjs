@@ -1893,6 +1893,53 @@ scenario(
   { config: AUTH_CONFIG, timeout: 20_000 },
 );
 
+scenario(
+  'auth: a principal sees only what the config lets it (exposure, scope visibility, its own overrides)',
+  async (ctx) => {
+    // Agents register their ids after connectOnly, under a neutral participant name, so their
+    // participant ids are generated: participant_connected events go to every observer, and
+    // AgentConnection.connect({agentId}) would make the participant id the (hidden) agent id.
+    const agentAs = async (sub, agentId, options = {}) => {
+      const socket = new WebSocket(ctx.url);
+      ctx.defer(() => socket.terminate());
+      await withTimeout(new Promise((r) => socket.once('open', r)), WAIT_MS, 'open');
+      const a = new AgentConnection(websocketStream(socket), { name: 'svc', ...options });
+      await withTimeout(a.connectOnly({ auth: { method: 'bearer', token: jwt(sub, 600) } }), WAIT_MS, 'connectOnly');
+      await withTimeout(a.register({ agentId, name: agentId }), WAIT_MS, `register ${agentId}`);
+      return a;
+    };
+    const dash = await ctx.client({ name: 'dash', connectOptions: { auth: { method: 'bearer', credential: jwt('dashboard', 600) } } });
+    assert.equal(dash.result.principal.id, 'dashboard');
+    assert.equal(dash.result.capabilities.lifecycle.canStop, false, 'the principal override');
+    const w = await dash.watch();
+    const lead = await agentAs('worker', 'lead');
+    await lead.createScope({ scopeId: 's-ops' });
+    await agentAs('worker', 'internal-db');
+    await agentAs('worker', 'ops-bot', { visibility: 'scope', scopes: ['s-ops'] });
+    await agentAs('other', 'zz-marker');
+    await w.waitFor('agent_registered', (e) => e.data?.agentId === 'zz-marker');
+    const leaked = w.events.filter((e) => /internal-db|ops-bot/.test(JSON.stringify(e)));
+    assert.deepEqual(leaked, [], 'events about agents the dashboard may not see');
+    const { agents } = await dash.conn.listAgents();
+    assert.deepEqual(sorted(agents.map((a) => a.id)), ['lead', 'zz-marker']);
+    await expectCode(dash.conn.getAgent('internal-db'), 2001, 'get a hidden agent');
+    await expectCode(dash.conn.getAgent('ops-bot'), 2001, 'get a scope-visible agent');
+    await expectCode(dash.conn.stopAgent('zz-marker'), 1003, 'stop without lifecycle.canStop');
+    // Another principal, without the override, may stop it.
+    const ops = await ctx.client({ name: 'operator', connectOptions: { auth: { method: 'api-key', credential: ALICE_KEY } } });
+    const stopped = await ops.conn.stopAgent('zz-marker');
+    assert.equal(stopped.agent.id, 'zz-marker');
+  },
+  {
+    config: `${AUTH_CONFIG}
+[permissions.exposure.agents]
+hidden = ["internal-*"]
+[permissions.principals."dashboard".lifecycle]
+canStop = false
+`,
+  },
+);
+
 // ---------------------------------------------------------------------------------------------
 // Runner
 
