@@ -785,6 +785,45 @@ impl Router {
         self.emit(draft)
     }
 
+    /// Emits `participant_connected` / `participant_disconnected` about `participant`. They name
+    /// the participant, and the SDK's `AgentConnection` uses its agent's id as the participant
+    /// id, so they are narrowed like agent events: a participant id hidden by the exposure rules
+    /// is seen by system observers only, and a participant owning agents only by those who may
+    /// see every one of them (those it owns, and `also`: the orphans a resume is reclaiming).
+    pub(crate) fn emit_participant_event<D: Serialize>(
+        &mut self,
+        kind: EventType,
+        participant: &ParticipantId,
+        also: &[AgentId],
+        data: &D,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        let policy = &self.config.permissions;
+        let mut audience = if permissions::agent_exposed(policy, participant.as_str()) {
+            Audience::Everyone
+        } else {
+            Audience::System
+        };
+        let owned = self.registry.owned_by(participant.as_str());
+        for id in owned.iter().chain(also) {
+            if let Some(r) = self.registry.get(id.as_str()) {
+                audience = audience.and(permissions::agent_audience(
+                    &r.agent,
+                    &self.registry,
+                    policy,
+                ));
+            }
+        }
+        self.emit(EventDraft {
+            kind,
+            source: Some(participant.as_arc().clone()),
+            data: to_json(data),
+            caused_by,
+            keys: FilterKeys::default(),
+            audience,
+        })
+    }
+
     /// Emits an event with no particular agent subject.
     pub fn emit_plain<D: Serialize>(
         &mut self,

@@ -206,16 +206,16 @@ impl Router {
         if let Some(c) = self.conns.get_mut(&ctx.conn) {
             c.session = Some(session_id.clone());
         }
-        self.emit_plain(
+        self.emit_participant_event(
             EventType::ParticipantConnected,
-            Some(participant.as_arc().clone()),
+            &participant.clone(),
+            &[],
             &ParticipantConnectedData {
                 participant_id: participant,
                 participant_type: kind,
                 name: p.name,
                 reconnected: None,
             },
-            FilterKeys::default(),
             Vec::new(),
         );
         Ok(self.connect_result(&session_id, false, Vec::new()))
@@ -285,16 +285,21 @@ impl Router {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.session = Some(session_id.clone());
         }
-        let connected = self.emit_plain(
+        let reclaiming: Vec<AgentId> = orphaned
+            .iter()
+            .filter(|a| reclaim_only.is_none_or(|only| only.contains(*a)))
+            .cloned()
+            .collect();
+        let connected = self.emit_participant_event(
             EventType::ParticipantConnected,
-            Some(participant.as_arc().clone()),
+            &participant,
+            &reclaiming,
             &ParticipantConnectedData {
                 participant_id: participant.clone(),
                 participant_type: kind,
                 name,
                 reconnected: Some(true),
             },
-            FilterKeys::default(),
             Vec::new(),
         );
         let mut reclaimed = Vec::new();
@@ -452,15 +457,15 @@ impl Router {
                 .set_token(session_id.as_str(), random_token("resume_"));
         }
 
-        let disconnected = self.emit_plain(
+        let disconnected = self.emit_participant_event(
             EventType::ParticipantDisconnected,
-            Some(participant.as_arc().clone()),
+            &participant,
+            &[],
             &ParticipantDisconnectedData {
                 participant_id: participant.clone(),
                 participant_type: kind,
                 reason: reason.into(),
             },
-            FilterKeys::default(),
             Vec::new(),
         );
 
