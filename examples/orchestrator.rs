@@ -101,11 +101,17 @@ async fn main() -> Result<(), ClientError> {
         .await?;
     println!("echo replied: {}", reply.payload.unwrap_or_default());
 
-    // Stop everyone: the children, and the echo agent (it gets a control message and exits).
-    for kid in kids.iter().chain([&echo]) {
-        let stopped = client
-            .stop_agent(kid.id.clone(), Some("done"), false)
-            .await?;
+    // Stop everyone. The children are ours to stop. The echo agent belongs to another
+    // session: agents may not stop agents they do not control, but clients are operators and
+    // may stop any agent they see (docs/security.md), so stop it through a client connection.
+    // It gets a control message and exits.
+    let operator = Client::connect_ws(&url, ClientOptions::new().name("orchestrator-ops")).await?;
+    for (kid, by) in kids
+        .iter()
+        .map(|k| (k, &client))
+        .chain([(&echo, &operator)])
+    {
+        let stopped = by.stop_agent(kid.id.clone(), Some("done"), false).await?;
         println!(
             "{} is {}",
             kid.name.as_deref().unwrap_or("?"),
@@ -122,6 +128,7 @@ async fn main() -> Result<(), ClientError> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    operator.disconnect().await?;
     client.disconnect().await?;
     Ok(())
 }

@@ -21,6 +21,7 @@ echo "== Rust client examples against target/debug/map-router"
 cargo build --locked --bin map-router --examples
 router_dir=$(mktemp -d)
 router_log="$router_dir/router.log"
+: > "$router_log" # exists before the router's shell opens it, so the first read cannot race
 target/debug/map-router --listen 127.0.0.1:0 --data-dir "$router_dir/data" 2> "$router_log" &
 router_pid=$!
 trap 'kill "$router_pid" ${agent_pid:-} 2>/dev/null || true; rm -rf "$router_dir"' EXIT

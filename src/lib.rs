@@ -8,6 +8,8 @@
 //!   today) to frames and runs the one connection driver: a reader and a single writer.
 //! - [`router`]: the core. One task owns every session, agent, scope, subscription and the
 //!   event log; transports talk to it through a [`router::RouterHandle`]. It opens no sockets.
+//! - [`auth`]: authentication: API keys and JWTs from the configuration, checked into a
+//!   principal (what a verdict means for a session is the router's business).
 //! - [`process`]: supervised subprocess agents (launch, pipes, stderr, restart, stop, reap).
 //! - [`store`]: durable storage of the event log (SQLite by default).
 //! - [`server`]: listeners, configuration and graceful shutdown.
@@ -19,6 +21,7 @@
 //! `docs/compatibility.md` records every choice between the SDK, the spec and the reference
 //! servers.
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod process;

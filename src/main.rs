@@ -63,6 +63,89 @@ struct ServeArgs {
     /// Keep events in memory only: nothing is written to disk and nothing survives a restart.
     #[arg(long)]
     ephemeral: bool,
+    #[command(flatten)]
+    auth: AuthArgs,
+}
+
+/// Authentication flags (docs/security.md). Each overrides `[auth]` of the config file.
+#[derive(Debug, Clone, clap::Args)]
+struct AuthArgs {
+    /// Authentication methods: `none`, or `api-key` and/or `jwt` (comma-separated). Default:
+    /// the methods whose keys are configured.
+    #[arg(long = "auth", env = "MAP_ROUTER_AUTH", value_delimiter = ',')]
+    methods: Vec<map_router::auth::config::AuthMethodName>,
+    /// API keys file: one `KEY [PRINCIPAL]` per line.
+    #[arg(long, env = "MAP_ROUTER_API_KEYS_FILE")]
+    api_keys_file: Option<PathBuf>,
+    /// API keys inline, `KEY [PRINCIPAL]` entries separated by commas. Prefer the environment
+    /// variable: a flag is visible to every user in `ps`.
+    #[arg(long, env = "MAP_ROUTER_API_KEYS", hide_env_values = true)]
+    api_keys: Option<String>,
+    /// HS256 secret file for JWTs.
+    #[arg(long, env = "MAP_ROUTER_JWT_SECRET_FILE")]
+    jwt_secret_file: Option<PathBuf>,
+    /// HS256 secret for JWTs, inline. Prefer the environment variable or a file.
+    #[arg(long, env = "MAP_ROUTER_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    /// JWKS file with the public keys of RS256/ES256 tokens (chosen by `kid`).
+    #[arg(long, env = "MAP_ROUTER_JWKS_FILE")]
+    jwks_file: Option<PathBuf>,
+    /// Accepted JWT issuers (`iss`), comma-separated.
+    #[arg(long, env = "MAP_ROUTER_JWT_ISSUER", value_delimiter = ',')]
+    jwt_issuer: Vec<String>,
+    /// Accepted JWT audiences (`aud`), comma-separated.
+    #[arg(long, env = "MAP_ROUTER_JWT_AUDIENCE", value_delimiter = ',')]
+    jwt_audience: Vec<String>,
+    /// Transports admitted without credentials: `supervised`, `in-process`, `stdio`, or `none`
+    /// (comma-separated). Default `supervised`.
+    #[arg(long, env = "MAP_ROUTER_TRUSTED_TRANSPORTS", value_delimiter = ',')]
+    trusted_transports: Vec<String>,
+    /// Principal ids that may connect as `participantType: "system"` (comma-separated).
+    #[arg(long, env = "MAP_ROUTER_SYSTEM_PRINCIPALS", value_delimiter = ',')]
+    system_principals: Vec<String>,
+}
+
+impl AuthArgs {
+    /// Applies the flags on top of the config file's `[auth]`.
+    fn apply(&self, auth: &mut map_router::auth::AuthSettings) -> Result<(), String> {
+        use map_router::auth::config::{OneOrMany, Secret};
+        if !self.methods.is_empty() {
+            auth.methods = Some(self.methods.clone());
+        }
+        if let Some(f) = &self.api_keys_file {
+            auth.api_keys.file = Some(f.clone());
+        }
+        if let Some(k) = &self.api_keys {
+            auth.api_keys.inline = Some(Secret(k.clone()));
+        }
+        if let Some(f) = &self.jwt_secret_file {
+            auth.jwt.secret_file = Some(f.clone());
+        }
+        if let Some(s) = &self.jwt_secret {
+            auth.jwt.secret = Some(Secret(s.clone()));
+        }
+        if let Some(f) = &self.jwks_file {
+            auth.jwt.jwks_file = Some(f.clone());
+        }
+        if !self.jwt_issuer.is_empty() {
+            auth.jwt.issuer = OneOrMany::Many(self.jwt_issuer.clone());
+        }
+        if !self.jwt_audience.is_empty() {
+            auth.jwt.audience = OneOrMany::Many(self.jwt_audience.clone());
+        }
+        if !self.trusted_transports.is_empty() {
+            auth.trusted_transports = self
+                .trusted_transports
+                .iter()
+                .filter(|t| t.trim() != "none")
+                .map(|t| t.parse())
+                .collect::<Result<_, _>>()?;
+        }
+        if !self.system_principals.is_empty() {
+            auth.system_principals = self.system_principals.clone();
+        }
+        Ok(())
+    }
 }
 
 fn main() -> ExitCode {
@@ -122,6 +205,7 @@ fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
     } else if mode == Mode::Listen && config.storage.data_dir.is_none() {
         config.storage.data_dir = Some(DEFAULT_DATA_DIR.into());
     }
+    args.auth.apply(&mut config.auth)?;
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }

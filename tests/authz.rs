@@ -631,3 +631,104 @@ async fn a_message_is_seen_only_by_those_who_see_both_ends() {
         .await;
     assert_eq!(r["events"], json!([]), "nor in replay");
 }
+
+/// `participant_connected` / `participant_disconnected` name the participant, and the SDK's
+/// `AgentConnection` uses its agent's id as the participant id: they must not reveal a hidden
+/// agent. The system sees them all.
+#[tokio::test]
+async fn participant_events_do_not_reveal_hidden_agents() {
+    let (_server, url) = start_server(|c| {
+        c.permissions = toml::from_str(
+            r#"
+[exposure.agents]
+hidden = ["internal-*"]
+"#,
+        )
+        .unwrap();
+    })
+    .await;
+    let kinds = json!({"eventTypes": ["participant_connected", "participant_disconnected"]});
+    let mut sys = WsClient::system(&url).await;
+    let sys_sub = sys.subscribe(kinds.clone()).await;
+    let mut watcher = WsClient::client(&url).await;
+    let sub = watcher.subscribe(kinds).await;
+    sys.ok("map/scopes/create", json!({"scopeId": "p-s"})).await;
+
+    // Hidden by exposure: the participant id is the agent id, as with the SDK.
+    let mut hidden =
+        WsClient::connect_as(&url, "agent", json!({"participantId": "internal-1"})).await;
+    assert_eq!(hidden.pid(), "internal-1");
+    hidden
+        .register_agent(json!({"agentId": "internal-1"}))
+        .await;
+    // Scope-visible: its disconnect is seen only by those who may see it.
+    let mut scoped = WsClient::connect_as(&url, "agent", json!({"participantId": "p-sc"})).await;
+    scoped
+        .register_agent(json!({"agentId": "p-sc", "visibility": "scope", "scopes": ["p-s"]}))
+        .await;
+    // A public one, whose events everyone sees (the positive control).
+    let open = WsClient::connect_as(&url, "agent", json!({"participantId": "p-open"})).await;
+    drop(hidden);
+    drop(scoped);
+    drop(open);
+
+    let mut seen_by_system = Vec::new();
+    for _ in 0..20 {
+        if seen_by_system.len() == 6 {
+            break;
+        }
+        let e = sys.next_event(&sys_sub).await;
+        let id = e["event"]["data"]["participantId"].clone();
+        if ["internal-1", "p-sc", "p-open"]
+            .iter()
+            .any(|x| id == json!(x))
+        {
+            seen_by_system.push((e["event"]["type"].clone(), id));
+        }
+    }
+    for id in ["internal-1", "p-sc", "p-open"] {
+        for kind in ["participant_connected", "participant_disconnected"] {
+            assert!(
+                seen_by_system.contains(&(json!(kind), json!(id))),
+                "system sees {kind} of {id}: {seen_by_system:?}"
+            );
+        }
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let e = watcher.next_event(&sub).await;
+        seen.push((
+            e["event"]["type"].clone(),
+            e["event"]["data"]["participantId"].clone(),
+        ));
+    }
+    watcher.assert_no_event(&sub).await;
+    assert!(
+        seen.contains(&(json!("participant_connected"), json!("p-sc"))),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&(json!("participant_connected"), json!("p-open"))),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&(json!("participant_disconnected"), json!("p-open"))),
+        "{seen:?}"
+    );
+    let r = watcher
+        .ok(
+            "map/replay",
+            json!({"filter": {"eventTypes": ["participant_connected", "participant_disconnected"]}}),
+        )
+        .await;
+    let replayed: Vec<_> = r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"]["data"]["participantId"].clone())
+        .collect();
+    assert!(
+        !replayed.contains(&json!("internal-1")),
+        "nor in replay: {replayed:?}"
+    );
+}

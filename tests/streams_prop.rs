@@ -182,6 +182,8 @@ struct World {
     log: Vec<Value>,
     agents: Vec<AgentSlot>,
     subs: Vec<SubSlot>,
+    /// Participants that owned a hidden agent when they disconnected.
+    hidden_participants: HashSet<String>,
 }
 
 fn agent_id(n: usize) -> String {
@@ -196,6 +198,12 @@ fn visible_to_client(event: &Value, hidden: &HashSet<String>) -> bool {
     let named = |v: &Value| v.as_str().is_some_and(|id| hidden.contains(id));
     if kind.starts_with("agent") {
         return !named(&data["agentId"]);
+    }
+    if kind.starts_with("participant") {
+        // Participant events are narrowed like the agents the participant owns (a fresh
+        // connection owns none yet).
+        let fresh = kind == "participant_connected" && data["reconnected"] != json!(true);
+        return fresh || !named(&data["participantId"]);
     }
     if kind.starts_with("message") {
         return !(named(&data["from"])
@@ -231,6 +239,7 @@ impl World {
             log: Vec::new(),
             agents: (0..AGENTS).map(|_| AgentSlot::default()).collect(),
             subs: (0..SUBS).map(|_| SubSlot::default()).collect(),
+            hidden_participants: HashSet::new(),
         };
         world.barrier().await;
         world
@@ -240,6 +249,7 @@ impl World {
         (0..AGENTS)
             .filter(|&n| self.agents[n].hidden)
             .map(agent_id)
+            .chain(self.hidden_participants.iter().cloned())
             .collect()
     }
 
@@ -466,6 +476,9 @@ impl World {
         };
         c.drop_abruptly();
         let participant = self.agents[n].participant.clone();
+        if self.agents[n].registered && self.agents[n].hidden {
+            self.hidden_participants.insert(participant.clone());
+        }
         let events = self.await_disconnect(&participant).await;
         let mut want = vec!["participant_disconnected"];
         if self.agents[n].registered {

@@ -4,7 +4,8 @@
 //! - Lines from the program become text frames; frames from the router become lines. Lines are
 //!   forwarded as they are (the router answers garbage with JSON-RPC errors itself), except that
 //!   `--name` / `--role` fill in `name` / `role` of `map/connect` and `map/agents/register`
-//!   when the program leaves them out.
+//!   when the program leaves them out, and `--token` / `--api-key` fill in `auth` of
+//!   `map/connect`.
 //! - The program's stderr is ours. Its environment gets `MAP_ROUTER_URL`, and `MAP_AGENT_NAME` /
 //!   `MAP_AGENT_ROLE` when given.
 //! - The two directions run independently, so neither side's slowness can stall the other.
@@ -37,11 +38,12 @@ const FLUSH_GRACE: Duration = Duration::from_secs(1);
 struct Patch {
     name: Option<String>,
     role: Option<String>,
+    auth: Option<Value>,
 }
 
 impl Patch {
     fn apply(&self, line: String) -> String {
-        if self.name.is_none() && self.role.is_none() {
+        if self.name.is_none() && self.role.is_none() && self.auth.is_none() {
             return line;
         }
         if !line.contains("map/connect") && !line.contains("map/agents/register") {
@@ -50,6 +52,7 @@ impl Patch {
         let Ok(mut v) = serde_json::from_str::<Value>(&line) else {
             return line;
         };
+        let is_connect = v.get("method").and_then(Value::as_str) == Some("map/connect");
         let fill: &[(&str, &Option<String>)] = match v.get("method").and_then(Value::as_str) {
             Some("map/connect") => &[("name", &self.name)],
             Some("map/agents/register") => &[("name", &self.name), ("role", &self.role)],
@@ -73,6 +76,9 @@ impl Patch {
                     .entry(*key)
                     .or_insert_with(|| Value::String(value.clone()));
             }
+        }
+        if let (Some(auth), true) = (&self.auth, is_connect) {
+            params.entry("auth").or_insert_with(|| auth.clone());
         }
         v.to_string()
     }
@@ -124,6 +130,10 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, Failure> {
     let patch = Patch {
         name: args.name,
         role: args.role,
+        auth: args
+            .url
+            .credentials()
+            .and_then(|c| serde_json::to_value(c).ok()),
     };
 
     // Program → router. Ends at the program's EOF (then closes the WebSocket) or when the
@@ -254,11 +264,15 @@ mod tests {
         let p = Patch {
             name: Some("n".into()),
             role: Some("r".into()),
+            auth: Some(json!({"method": "api-key", "credential": "k"})),
         };
         let connect =
             r#"{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{"protocolVersion":1}}"#;
         let out: Value = serde_json::from_str(&p.apply(connect.into())).unwrap();
-        assert_eq!(out["params"], json!({"protocolVersion": 1, "name": "n"}));
+        assert_eq!(
+            out["params"],
+            json!({"protocolVersion": 1, "name": "n", "auth": {"method": "api-key", "credential": "k"}})
+        );
         let reg =
             r#"{"jsonrpc":"2.0","id":2,"method":"map/agents/register","params":{"name":"mine"}}"#;
         let out: Value = serde_json::from_str(&p.apply(reg.into())).unwrap();

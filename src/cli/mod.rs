@@ -46,12 +46,41 @@ pub enum Command {
     Spawn(SpawnArgs),
 }
 
-/// Where the router is.
+/// Where the router is, and the credentials it wants (when authentication is on).
 #[derive(Debug, Clone, Args)]
 pub struct UrlArgs {
     /// The router's WebSocket URL.
     #[arg(long, env = "MAP_ROUTER_URL", default_value = DEFAULT_URL)]
     pub url: String,
+    /// A JWT to authenticate with (`bearer`). Prefer the environment variable: a flag is
+    /// visible to every user in `ps`.
+    #[arg(
+        long,
+        env = "MAP_ROUTER_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "api_key"
+    )]
+    pub token: Option<String>,
+    /// An API key to authenticate with (`api-key`). Prefer the environment variable.
+    #[arg(long, env = "MAP_ROUTER_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+impl UrlArgs {
+    /// The `auth` object of `map/connect`, if credentials were given.
+    pub fn credentials(&self) -> Option<crate::protocol::methods::session::AuthCredentials> {
+        let (method, credential) = match (&self.token, &self.api_key) {
+            (Some(t), _) => ("bearer", t),
+            (None, Some(k)) => ("api-key", k),
+            (None, None) => return None,
+        };
+        Some(crate::protocol::methods::session::AuthCredentials {
+            method: method.into(),
+            credential: Some(credential.clone()),
+            token: None,
+            metadata: None,
+        })
+    }
 }
 
 /// `map-router agent`.
@@ -226,6 +255,10 @@ pub fn run(command: Command) -> ExitCode {
 }
 
 async fn connect(url: &UrlArgs, options: ClientOptions) -> Result<Client, Failure> {
+    let options = match url.credentials() {
+        Some(c) => options.auth(c),
+        None => options,
+    };
     Client::connect_ws(&url.url, options.name("map-router-cli"))
         .await
         .map_err(fail("connect"))

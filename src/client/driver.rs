@@ -38,6 +38,7 @@ use crate::protocol::message::Message;
 use crate::protocol::methods::agents::{
     AgentsRegister, AgentsUnregister, RegisterParams, RegisterResult,
 };
+use crate::protocol::methods::auth::{AuthError, AuthErrorCode, AuthRequiredResult};
 use crate::protocol::methods::events::{Subscribe, SubscribeParams, SubscribeResult, Unsubscribe};
 use crate::protocol::methods::messaging::{self, SendParams, SendResult};
 use crate::protocol::methods::notifications;
@@ -445,6 +446,17 @@ impl Driver {
 
     fn on_connected(&mut self, result: Result<String, ClientError>) {
         let result = result.and_then(|raw| {
+            if let Ok(refused) = serde_json::from_str::<AuthRequiredResult>(&raw) {
+                return Err(ClientError::Auth(refused.error.unwrap_or_else(|| {
+                    AuthError::new(
+                        AuthErrorCode::AuthRequired,
+                        format!(
+                            "the router requires authentication (it accepts {}); set ClientOptions::auth",
+                            refused.auth_required.methods.join(", ")
+                        ),
+                    )
+                })));
+            }
             serde_json::from_str::<ConnectResult>(&raw)
                 .map_err(|e| ClientError::decode("map/connect result", e))
         });
@@ -455,6 +467,17 @@ impl Driver {
                 if let Some(tx) = self.initial.take() {
                     let _ = tx.send(Err(e));
                 }
+                self.phase = Phase::Closed;
+                return;
+            }
+            Err(e @ ClientError::Auth(_)) => {
+                // The same credentials will not do better on the next attempt.
+                tracing::warn!(error = %e, "the router refused the credentials; not reconnecting");
+                self.drop_link(&e.to_string());
+                for tx in self.reconnect_waiters.drain(..) {
+                    let _ = tx.send(Err(e.clone()));
+                }
+                self.close_reason = Some(e);
                 self.phase = Phase::Closed;
                 return;
             }

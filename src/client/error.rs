@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::protocol::jsonrpc::ErrorCode;
+use crate::protocol::methods::auth::AuthError;
 
 /// Why a client call failed.
 ///
@@ -45,6 +46,9 @@ pub enum ClientError {
     Transport(String),
     /// A frame or a result could not be decoded into the expected type.
     Decode(String),
+    /// The router requires authentication and refused (or was not given) credentials
+    /// (`map/connect` answered `authRequired`). Not retryable with the same credentials.
+    Auth(AuthError),
 }
 
 impl ClientError {
@@ -108,6 +112,12 @@ impl fmt::Display for ClientError {
             Self::Closed => f.write_str("the client is closed"),
             Self::Transport(why) => write!(f, "transport: {why}"),
             Self::Decode(why) => write!(f, "cannot decode {why}"),
+            Self::Auth(e) => write!(
+                f,
+                "authentication refused ({}): {}",
+                e.code.as_str(),
+                e.message
+            ),
         }
     }
 }

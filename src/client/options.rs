@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::ParticipantId;
-use crate::protocol::methods::session::{ConnectParams, DisconnectPolicy};
+use crate::protocol::methods::session::{AuthCredentials, ConnectParams, DisconnectPolicy};
 
 /// Default time a request waits for its response (the SDK's `defaultTimeout`).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,6 +34,7 @@ pub struct ClientOptions {
     pub(crate) name: Option<String>,
     pub(crate) capabilities: Option<ParticipantCapabilities>,
     pub(crate) resume_token: Option<String>,
+    pub(crate) auth: Option<AuthCredentials>,
     pub(crate) disconnect_policy: Option<DisconnectPolicy>,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
@@ -50,6 +51,7 @@ impl Default for ClientOptions {
             name: None,
             capabilities: None,
             resume_token: None,
+            auth: None,
             disconnect_policy: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -102,6 +104,33 @@ impl ClientOptions {
         self
     }
 
+    /// Credentials sent with every `map/connect` (reconnects included), for a router with
+    /// authentication on (docs/security.md).
+    pub fn auth(mut self, credentials: AuthCredentials) -> Self {
+        self.auth = Some(credentials);
+        self
+    }
+
+    /// Authenticate with a JWT (`{method: "bearer", credential}`).
+    pub fn bearer_token(self, token: impl Into<String>) -> Self {
+        self.auth(AuthCredentials {
+            method: "bearer".into(),
+            credential: Some(token.into()),
+            token: None,
+            metadata: None,
+        })
+    }
+
+    /// Authenticate with an API key (`{method: "api-key", credential}`).
+    pub fn api_key(self, key: impl Into<String>) -> Self {
+        self.auth(AuthCredentials {
+            method: "api-key".into(),
+            credential: Some(key.into()),
+            token: None,
+            metadata: None,
+        })
+    }
+
     /// What the router does with this session's agents when it goes away.
     pub fn disconnect_policy(mut self, policy: DisconnectPolicy) -> Self {
         self.disconnect_policy = Some(policy);
@@ -148,6 +177,7 @@ impl ClientOptions {
             capabilities: self.capabilities.clone(),
             resume_token: self.resume_token.clone(),
             disconnect_policy: self.disconnect_policy.clone(),
+            auth: self.auth.clone(),
             ..ConnectParams::default()
         }
     }

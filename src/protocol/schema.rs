@@ -29,7 +29,7 @@ pub fn generate_all() -> BTreeMap<String, String> {
     }
     for_each_method(&mut Collect(&mut files));
 
-    let notifications: [(&str, Value); 2] = [
+    let notifications: [(&str, Value); 3] = [
         (
             "map/event",
             single::<EventNotificationParams>("map/event params"),
@@ -37,6 +37,10 @@ pub fn generate_all() -> BTreeMap<String, String> {
         (
             "map/message",
             single::<MessageNotificationParams>("map/message params"),
+        ),
+        (
+            super::methods::notifications::AUTH_EXPIRING,
+            single::<super::methods::auth::AuthExpiringParams>("map/auth/expiring params"),
         ),
     ];
     for (name, doc) in notifications {

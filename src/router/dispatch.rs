@@ -6,8 +6,12 @@
 //!
 //! [`RpcSession`] is what a transport runs for each incoming text frame, whatever the
 //! transport: it classifies the frame (request, notification, batch, garbage), refuses
-//! everything but `map/connect` before a session exists (`1000`), dispatches, and queues the
-//! response in the connection's outbox. Requests from one connection are handled one at a time,
+//! everything but `map/connect` and `map/authenticate` before a session exists (`1000`),
+//! dispatches, and queues the response in the connection's outbox.
+//!
+//! Credentials (`map/connect`'s `auth`, `map/authenticate`, `map/auth/refresh`) are verified
+//! here, on the connection's task, before the call goes to the router with the verdict: a
+//! signature check is CPU work the router task must not do. Requests from one connection are handled one at a time,
 //! in arrival order, so state-changing calls apply in the order they were sent; the router
 //! itself applies calls from all connections in one total order.
 //!
@@ -24,8 +28,10 @@ use serde_json::value::RawValue;
 use crate::protocol::jsonrpc::{self, ErrorObject, Id, Incoming};
 use crate::protocol::methods::{self, Method};
 
+use super::auth_ops::{self, Verdict};
 use super::outbox::{Outbound, Outbox};
 use super::{subscription_ops, Command, ConnId, Ctx, Router, RouterError, RouterHandle};
+use crate::auth::Authenticator;
 use crate::process::WeakSupervisor;
 
 /// Default cap on the number of entries in one batch.
@@ -38,6 +44,8 @@ pub enum AfterReply {
     Nothing,
     /// The connection now has a session.
     Connected,
+    /// `map/connect` answered `authRequired`: no session until `map/authenticate` succeeds.
+    AuthRequired,
     /// The connection's session ended.
     Disconnected,
     /// Activate this subscription.
@@ -62,7 +70,7 @@ type Handler = Box<
 
 struct Entry {
     handler: Handler,
-    /// `map/connect` is the only method allowed without a session.
+    /// Only `map/connect` and `map/authenticate` are allowed without a session.
     needs_session: bool,
 }
 
@@ -92,6 +100,17 @@ pub type AsyncHandlerFn<M> =
 type HandlerFn<M> =
     fn(&mut Router, &Ctx, <M as Method>::Params) -> Result<<M as Method>::Result, RouterError>;
 
+/// Checks the credentials in a method's params (`None`: there are none to check).
+type VerifyFn<M> = fn(&Authenticator, &<M as Method>::Params) -> Verdict;
+
+/// A router handler that gets the verdict on the call's credentials.
+type VerifiedHandlerFn<M> = fn(
+    &mut Router,
+    &Ctx,
+    <M as Method>::Params,
+    Verdict,
+) -> Result<<M as Method>::Result, RouterError>;
+
 impl Default for Dispatcher {
     fn default() -> Self {
         Self::new()
@@ -102,6 +121,7 @@ impl Dispatcher {
     /// The table with every method this router implements.
     pub fn new() -> Self {
         use methods::agents::*;
+        use methods::auth::*;
         use methods::events::*;
         use methods::messaging::*;
         use methods::scopes::*;
@@ -109,7 +129,30 @@ impl Dispatcher {
         let mut d = Self {
             table: HashMap::new(),
         };
-        d.add::<Connect>(Router::handle_connect, |_| AfterReply::Connected);
+        d.add_verified::<Connect>(
+            auth_ops::verify_connect,
+            Router::handle_connect_verified,
+            |r| match r {
+                ConnectResponse::Connected(_) => AfterReply::Connected,
+                ConnectResponse::AuthRequired(_) => AfterReply::AuthRequired,
+            },
+        );
+        d.add_verified::<Authenticate>(
+            auth_ops::verify_authenticate,
+            Router::handle_authenticate,
+            |r| {
+                if r.session.is_some() {
+                    AfterReply::Connected
+                } else {
+                    AfterReply::Nothing
+                }
+            },
+        );
+        d.add_verified::<AuthRefresh>(
+            auth_ops::verify_refresh,
+            Router::handle_auth_refresh,
+            |_| AfterReply::Nothing,
+        );
         d.add::<Disconnect>(Router::handle_disconnect, |_| AfterReply::Disconnected);
         d.add::<Send>(Router::handle_send, |_| AfterReply::Nothing);
         d.add_async::<Subscribe>(
@@ -150,11 +193,58 @@ impl Dispatcher {
     /// # Panics
     /// If `M::NAME` is already registered.
     pub fn add<M: Method>(&mut self, f: HandlerFn<M>, after: fn(&M::Result) -> AfterReply) {
-        let needs_session = M::NAME != methods::session::Connect::NAME;
+        let needs_session = needs_session(M::NAME);
         let previous = self.table.insert(
             M::NAME,
             Entry {
                 handler: typed_handler::<M>(f, after, needs_session),
+                needs_session,
+            },
+        );
+        assert!(previous.is_none(), "method {} registered twice", M::NAME);
+    }
+
+    /// Registers `M`, whose params carry credentials: `verify` checks them on the calling
+    /// connection's task (when authentication is on), then `f` runs on the router with the
+    /// verdict.
+    ///
+    /// # Panics
+    /// If `M::NAME` is already registered.
+    pub fn add_verified<M: Method>(
+        &mut self,
+        verify: VerifyFn<M>,
+        f: VerifiedHandlerFn<M>,
+        after: fn(&M::Result) -> AfterReply,
+    ) {
+        let needs_session = needs_session(M::NAME);
+        let handler: Handler = Box::new(move |router, conn, params| {
+            let causes = declared_causes(params);
+            let params: M::Params = decode_params(params)?;
+            let verdict = router
+                .config()
+                .auth
+                .as_deref()
+                .and_then(|a| verify(a, &params));
+            let router = router.clone();
+            Ok(Box::pin(async move {
+                let result = router
+                    .call_caused(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
+                        f(r, ctx, params, verdict)
+                    })
+                    .await
+                    .map_err(ErrorObject::from)?;
+                let json = serde_json::to_string(&result)
+                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
+                Ok(Reply {
+                    result: json,
+                    after: after(&result),
+                })
+            }))
+        });
+        let previous = self.table.insert(
+            M::NAME,
+            Entry {
+                handler,
                 needs_session,
             },
         );
@@ -235,6 +325,11 @@ impl Dispatcher {
     pub fn methods(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.table.keys().copied()
     }
+}
+
+/// Whether a method needs a session: all but `map/connect` and `map/authenticate`.
+fn needs_session(method: &str) -> bool {
+    method != methods::session::Connect::NAME && method != methods::auth::Authenticate::NAME
 }
 
 /// Wraps a typed router handler as a table entry: decode params, run on the router task
@@ -318,6 +413,8 @@ pub struct RpcSession {
     conn: ConnId,
     outbox: Outbox,
     connected: bool,
+    /// `map/connect` answered `authRequired` and nothing succeeded since.
+    awaiting_auth: bool,
     max_batch: usize,
 }
 
@@ -357,6 +454,7 @@ impl RpcSession {
             conn,
             outbox,
             connected: false,
+            awaiting_auth: false,
             max_batch: max_batch.max(1),
         }
     }
@@ -479,7 +577,14 @@ impl RpcSession {
                     Ok(reply) => {
                         jsonrpc::write_success(&mut out, &id, &reply.result);
                         match &reply.after {
-                            AfterReply::Connected => self.connected = true,
+                            AfterReply::Connected => {
+                                self.connected = true;
+                                self.awaiting_auth = false;
+                            }
+                            AfterReply::AuthRequired => {
+                                self.connected = false;
+                                self.awaiting_auth = true;
+                            }
                             AfterReply::Disconnected => self.connected = false,
                             _ => {}
                         }
@@ -511,7 +616,12 @@ impl RpcSession {
             .get(method)
             .ok_or_else(|| ErrorObject::method_not_found(method))?;
         if entry.needs_session && !self.connected {
-            return Err(RouterError::NotConnected.to_error_object());
+            let refusal = if self.awaiting_auth {
+                RouterError::AuthRequired
+            } else {
+                RouterError::NotConnected
+            };
+            return Err(refusal.to_error_object());
         }
         let fut = (entry.handler)(&self.router, self.conn, params)?;
         fut.await

@@ -14,6 +14,10 @@ pub enum RouterError {
     /// The connection has no session: `map/connect` first.
     #[error("Not connected: call map/connect first")]
     NotConnected,
+    /// `map/connect` answered `authRequired`: only `map/authenticate` (or another `map/connect`)
+    /// is allowed until a credential is accepted.
+    #[error("Authentication required: call map/authenticate (or map/connect with auth) first")]
+    AuthRequired,
     /// A capability or ownership check failed. The text names what was missing.
     #[error("Permission denied: {0}")]
     PermissionDenied(String),
@@ -74,7 +78,9 @@ impl RouterError {
     pub fn to_error_object(&self) -> ErrorObject {
         let msg = self.to_string();
         match self {
-            Self::NotConnected => ErrorObject::new(ErrorCode::AUTH_REQUIRED, msg),
+            Self::NotConnected | Self::AuthRequired => {
+                ErrorObject::new(ErrorCode::AUTH_REQUIRED, msg)
+            }
             Self::PermissionDenied(_) => ErrorObject::new(ErrorCode::PERMISSION_DENIED, msg),
             Self::AgentNotFound(_) => ErrorObject::new(ErrorCode::AGENT_NOT_FOUND, msg),
             Self::ScopeNotFound(_) => ErrorObject::new(ErrorCode::SCOPE_NOT_FOUND, msg),

@@ -12,10 +12,11 @@
 //! with [`Command::Drained`].
 //!
 //! Handlers live in sibling modules, grouped by concept: `session_ops` (connect, disconnect,
-//! detach, resume), `agent_ops`, `scope_ops`, `messaging` (send and address resolution) and
+//! detach, resume), `auth_ops` (admission, authenticate, refresh, credential expiry), `agent_ops`, `scope_ops`, `messaging` (send and address resolution) and
 //! `subscription_ops` (subscribe, unsubscribe, replay).
 
 pub mod agent_ops;
+pub mod auth_ops;
 pub mod dispatch;
 pub mod error;
 pub mod events;
@@ -106,6 +107,8 @@ pub struct RouterConfig {
     pub durability: Durability,
     /// How long a call waits for its events to be committed before it fails.
     pub commit_timeout: Duration,
+    /// Authentication, when some method is enabled (`None`: everyone is admitted, anonymous).
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
     /// Who may see and do what (`[permissions]`).
     pub permissions: permissions::SharedPolicy,
 }
@@ -126,6 +129,7 @@ impl Default for RouterConfig {
             strict_recipients: true,
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
+            auth: None,
             permissions: Arc::default(),
         }
     }
@@ -400,6 +404,10 @@ enum Deadline {
     SessionExpiry(SessionId),
     /// An orphaned agent was not reclaimed in time.
     OrphanExpiry(AgentId),
+    /// Time to send `map/auth/expiring` (for the session's credential of this epoch).
+    CredentialExpiring(SessionId, u64),
+    /// The session's credential (of this epoch) has expired.
+    CredentialExpired(SessionId, u64),
 }
 
 /// The owner of all routing state.
@@ -618,6 +626,7 @@ impl Router {
                         outbox,
                         session: None,
                         pending: Default::default(),
+                        pending_auth: None,
                     },
                 );
             }
@@ -668,6 +677,8 @@ impl Router {
                 match d {
                     Deadline::SessionExpiry(s) => self.expire_session(&s),
                     Deadline::OrphanExpiry(a) => self.expire_orphan(&a),
+                    Deadline::CredentialExpiring(s, epoch) => self.credential_expiring(&s, epoch),
+                    Deadline::CredentialExpired(s, epoch) => self.credential_expired(&s, epoch),
                 }
             }
         }
@@ -772,6 +783,45 @@ impl Router {
             audience: permissions::agent_audience(agent, &self.registry, &self.config.permissions),
         };
         self.emit(draft)
+    }
+
+    /// Emits `participant_connected` / `participant_disconnected` about `participant`. They name
+    /// the participant, and the SDK's `AgentConnection` uses its agent's id as the participant
+    /// id, so they are narrowed like agent events: a participant id hidden by the exposure rules
+    /// is seen by system observers only, and a participant owning agents only by those who may
+    /// see every one of them (those it owns, and `also`: the orphans a resume is reclaiming).
+    pub(crate) fn emit_participant_event<D: Serialize>(
+        &mut self,
+        kind: EventType,
+        participant: &ParticipantId,
+        also: &[AgentId],
+        data: &D,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        let policy = &self.config.permissions;
+        let mut audience = if permissions::agent_exposed(policy, participant.as_str()) {
+            Audience::Everyone
+        } else {
+            Audience::System
+        };
+        let owned = self.registry.owned_by(participant.as_str());
+        for id in owned.iter().chain(also) {
+            if let Some(r) = self.registry.get(id.as_str()) {
+                audience = audience.and(permissions::agent_audience(
+                    &r.agent,
+                    &self.registry,
+                    policy,
+                ));
+            }
+        }
+        self.emit(EventDraft {
+            kind,
+            source: Some(participant.as_arc().clone()),
+            data: to_json(data),
+            caused_by,
+            keys: FilterKeys::default(),
+            audience,
+        })
     }
 
     /// Emits an event with no particular agent subject.

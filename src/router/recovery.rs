@@ -177,15 +177,15 @@ impl Router {
         );
         let mut disconnected: HashMap<ParticipantId, EventId> = HashMap::new();
         for p in run.participants {
-            let id = self.emit_plain(
+            let id = self.emit_participant_event(
                 EventType::ParticipantDisconnected,
-                Some(p.id.as_arc().clone()),
+                &p.id,
+                &[],
                 &ParticipantDisconnectedData {
                     participant_id: p.id.clone(),
                     participant_type: p.kind,
                     reason: RESTART_REASON.into(),
                 },
-                FilterKeys::default(),
                 Vec::new(),
             );
             disconnected.insert(p.id, id);

@@ -14,17 +14,23 @@ use std::time::Instant;
 
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
-use crate::protocol::methods::session::{DisconnectPolicy, Principal};
+use crate::protocol::methods::session::{ConnectParams, DisconnectPolicy, Principal};
 
 use super::outbox::Outbox;
 use super::ConnId;
 
-/// Where a connection comes from.
+/// Where a connection comes from (authentication may trust some origins: `[auth]
+/// trusted_transports`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ConnOrigin {
-    /// A peer that connected on its own (WebSocket, stdio, in-process, HTTP).
+    /// A peer that connected on its own over the network (WebSocket, HTTP), or any connection
+    /// whose transport did not say otherwise.
     #[default]
     Remote,
+    /// An in-process link of the program that embeds the router (`Server::connect_in_process`).
+    InProcess,
+    /// The router's own stdin/stdout (`map-router stdio`, `Server::serve_io`).
+    Stdio,
     /// The pipes of a process the router launched for this agent (`map/agents/spawn` with a
     /// `command`). Its first registration is that agent, whatever id it asks for.
     Supervised {
@@ -47,6 +53,8 @@ pub struct Conn {
     /// `map/message` frames waiting for room in the outbox (bounded by config). Kept here, not
     /// in the outbox, so the router never waits on a slow peer.
     pub pending: VecDeque<Arc<str>>,
+    /// A `map/connect` that answered `authRequired`, completed by `map/authenticate`.
+    pub pending_auth: Option<Box<ConnectParams>>,
 }
 
 /// A participant's session.
@@ -76,8 +84,12 @@ pub struct Session {
     pub orphaned: Vec<AgentId>,
     /// When it was detached.
     pub detached_at: Option<Instant>,
-    /// Authenticated identity, if any.
+    /// Authenticated identity (`None` when authentication is off). Permissions and limits key
+    /// on it; its `expires_at` is when the session's access ends unless refreshed.
     pub principal: Option<Principal>,
+    /// Bumped whenever the credential behind `principal` changes (refresh, resume with a new
+    /// one), so expiry deadlines set for an older credential do nothing.
+    pub auth_epoch: u64,
 }
 
 /// All sessions and their indexes.

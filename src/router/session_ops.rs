@@ -1,14 +1,20 @@
 //! Session state transitions: connect, resume, disconnect, transport loss, expiry.
 //!
 //! Decisions recorded in `docs/compatibility.md`:
-//! - A connection without a session may only call `map/connect`.
+//! - A connection without a session may only call `map/connect` (and `map/authenticate`).
+//! - With authentication on, a connect is first admitted (`auth_ops`): without an accepted
+//!   credential (or a trusted transport) it answers `authRequired` and opens no session.
+//! - A new session's capabilities are `permissions::grant` for its type and its authenticated
+//!   principal (`[permissions.principals."<id>"]`), whether the credential came with
+//!   `map/connect` or with the `map/authenticate` that completed it; a resume keeps them.
 //! - `map/connect` on a connection that already has a session returns that session again (with
 //!   a fresh resume token) if the participant type matches, else `-32600`.
 //! - A resume token (or the id of a *detached* session) resumes that session: same session and
 //!   participant id, its orphaned agents reclaimed, `reconnected: true`. An unknown or expired
 //!   token is not an error: a new session starts. A token for a session that is still attached
 //!   takes the session over (the old connection is closed), which is what a client behind a
-//!   half-open TCP connection needs.
+//!   half-open TCP connection needs. With authentication on, only the session's own principal
+//!   (same `id` and `issuer`) can resume it; anyone else gets a new session.
 //! - On `map/disconnect` owned agents are unregistered (policy `unregister`) unless the session
 //!   chose otherwise; on transport loss they are orphaned and unregistered if nobody reclaims
 //!   them within the resume window (policy `grace-period`).
@@ -22,13 +28,15 @@ use crate::protocol::event::{
     ParticipantDisconnectedData, PermissionsClientUpdatedData,
 };
 use crate::protocol::ids::{now_ms, random_token, AgentId, EventId, ParticipantId, SessionId};
+use crate::protocol::methods::auth::ConnectResponse;
 use crate::protocol::methods::permissions::{PermissionsUpdateParams, PermissionsUpdateResult};
 use crate::protocol::methods::session::{
     AgentBehavior, ConnectParams, ConnectResult, DisconnectParams, DisconnectPolicy,
-    DisconnectResult, SessionInfo, SystemInfo,
+    DisconnectResult, Principal, SessionInfo, SystemInfo,
 };
 use crate::protocol::PROTOCOL_VERSION;
 
+use super::auth_ops::{same_principal, Admission, Verdict};
 use super::events::log::{Audience, EventDraft, FilterKeys};
 use super::outbox::Outbound;
 use super::session::Session;
@@ -46,12 +54,29 @@ fn streaming_caps() -> StreamingCaps {
 }
 
 impl Router {
-    /// `map/connect`.
+    /// `map/connect`, verifying its credentials on the router task (the method table verifies
+    /// them on the connection's task instead and calls [`Router::handle_connect_verified`]).
     pub fn handle_connect(
         &mut self,
         ctx: &Ctx,
         p: ConnectParams,
-    ) -> Result<ConnectResult, RouterError> {
+    ) -> Result<ConnectResponse, RouterError> {
+        let verdict = self
+            .config
+            .auth
+            .clone()
+            .and_then(|a| super::auth_ops::verify_connect(&a, &p));
+        self.handle_connect_verified(ctx, p, verdict)
+    }
+
+    /// `map/connect` with its credentials already checked (`verdict`: `None` when none were
+    /// sent or authentication is off).
+    pub fn handle_connect_verified(
+        &mut self,
+        ctx: &Ctx,
+        p: ConnectParams,
+        verdict: Verdict,
+    ) -> Result<ConnectResponse, RouterError> {
         if let Some(v) = &p.protocol_version {
             if v.as_u64() != Some(u64::from(PROTOCOL_VERSION)) {
                 return Err(RouterError::InvalidParams(format!(
@@ -76,7 +101,37 @@ impl Router {
             }
             self.sessions
                 .set_token(existing.as_str(), random_token("resume_"));
-            return Ok(self.connect_result(&existing, true, Vec::new()));
+            return Ok(ConnectResponse::Connected(Box::new(self.connect_result(
+                &existing,
+                true,
+                Vec::new(),
+            ))));
+        }
+
+        let principal = match self.admit(ctx.conn, verdict) {
+            Admission::Admitted(principal) => principal,
+            Admission::Refused(answer) => {
+                if let Some(c) = self.conns.get_mut(&ctx.conn) {
+                    c.pending_auth = Some(Box::new(p));
+                }
+                return Ok(ConnectResponse::AuthRequired(answer));
+            }
+        };
+        self.open_session(ctx, p, principal)
+            .map(|r| ConnectResponse::Connected(Box::new(r)))
+    }
+
+    /// Opens (or resumes) the session of an admitted connect.
+    pub(crate) fn open_session(
+        &mut self,
+        ctx: &Ctx,
+        p: ConnectParams,
+        principal: Option<Principal>,
+    ) -> Result<ConnectResult, RouterError> {
+        let kind = p.participant_type.unwrap_or(ParticipantType::Client);
+        self.may_take_type(ctx.conn, kind, principal.as_ref())?;
+        if let Some(c) = self.conns.get_mut(&ctx.conn) {
+            c.pending_auth = None;
         }
 
         // Resume? Without `participantType` the session's own type is taken; a different one
@@ -91,6 +146,7 @@ impl Router {
                     .and_then(|id| self.sessions.get(id.as_str()))
                     .filter(|s| s.conn.is_none())
             })
+            .filter(|s| same_principal(s.principal.as_ref(), principal.as_ref()))
             .map(|s| (s.id.clone(), s.kind));
         if let Some((session_id, session_kind)) = resumable {
             if p.participant_type.is_some_and(|k| k != session_kind) {
@@ -98,6 +154,7 @@ impl Router {
                     "the session to resume is a {session_kind} session; connect as {session_kind} to resume it"
                 )));
             }
+            self.renew_principal(&session_id, principal);
             return Ok(self.resume_session(ctx.conn, &session_id, p.reclaim_agents.as_deref()));
         }
 
@@ -118,12 +175,12 @@ impl Router {
             }
             _ => ParticipantId::generate(),
         };
-        // The principal's overrides apply once authentication provides one.
-        let principal: Option<&str> = None;
+        // `[permissions.principals."<id>"]` applies to the authenticated principal (a resumed
+        // session keeps the grant it got here: resuming needs the same principal).
         let mut capabilities = super::permissions::grant(
             &self.config.permissions,
             kind,
-            principal,
+            principal.as_ref().map(|p| p.id.as_str()),
             p.capabilities.as_ref(),
         );
         capabilities.streaming = Some(streaming_caps());
@@ -140,29 +197,31 @@ impl Router {
             primary_agent: None,
             orphaned: Vec::new(),
             detached_at: None,
-            principal: None,
+            principal,
+            auth_epoch: 0,
         };
         let session_id = session.id.clone();
         self.sessions.insert(session);
+        self.arm_credential(&session_id);
         if let Some(c) = self.conns.get_mut(&ctx.conn) {
             c.session = Some(session_id.clone());
         }
-        self.emit_plain(
+        self.emit_participant_event(
             EventType::ParticipantConnected,
-            Some(participant.as_arc().clone()),
+            &participant.clone(),
+            &[],
             &ParticipantConnectedData {
                 participant_id: participant,
                 participant_type: kind,
                 name: p.name,
                 reconnected: None,
             },
-            FilterKeys::default(),
             Vec::new(),
         );
         Ok(self.connect_result(&session_id, false, Vec::new()))
     }
 
-    fn connect_result(
+    pub(crate) fn connect_result(
         &self,
         session_id: &SessionId,
         reconnected: bool,
@@ -226,16 +285,21 @@ impl Router {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.session = Some(session_id.clone());
         }
-        let connected = self.emit_plain(
+        let reclaiming: Vec<AgentId> = orphaned
+            .iter()
+            .filter(|a| reclaim_only.is_none_or(|only| only.contains(*a)))
+            .cloned()
+            .collect();
+        let connected = self.emit_participant_event(
             EventType::ParticipantConnected,
-            Some(participant.as_arc().clone()),
+            &participant,
+            &reclaiming,
             &ParticipantConnectedData {
                 participant_id: participant.clone(),
                 participant_type: kind,
                 name,
                 reconnected: Some(true),
             },
-            FilterKeys::default(),
             Vec::new(),
         );
         let mut reclaimed = Vec::new();
@@ -367,7 +431,7 @@ impl Router {
     /// policy, drops subscriptions and schedules expiry. `rotate_token` issues a fresh resume
     /// token (for `map/disconnect`, whose result carries it); after a lost transport the token
     /// the client already holds stays valid.
-    fn detach(
+    pub(super) fn detach(
         &mut self,
         conn: ConnId,
         policy: &DisconnectPolicy,
@@ -393,15 +457,15 @@ impl Router {
                 .set_token(session_id.as_str(), random_token("resume_"));
         }
 
-        let disconnected = self.emit_plain(
+        let disconnected = self.emit_participant_event(
             EventType::ParticipantDisconnected,
-            Some(participant.as_arc().clone()),
+            &participant,
+            &[],
             &ParticipantDisconnectedData {
                 participant_id: participant.clone(),
                 participant_type: kind,
                 reason: reason.into(),
             },
-            FilterKeys::default(),
             Vec::new(),
         );
 

@@ -62,6 +62,8 @@ pub struct Config {
     pub supervisor: SupervisorConfig,
     /// Agent processes to start with the router (`[[agents]]`).
     pub agents: Vec<AgentConfig>,
+    /// Authentication (`[auth]`; off by default).
+    pub auth: crate::auth::AuthSettings,
 }
 
 /// `[supervisor]`.
@@ -274,6 +276,7 @@ impl Default for Config {
             permissions: Policy::default(),
             supervisor: SupervisorConfig::default(),
             agents: Vec::new(),
+            auth: crate::auth::AuthSettings::default(),
         }
     }
 }
@@ -414,6 +417,7 @@ impl Config {
         {
             return bad("storage.data_dir must not be empty (set storage.ephemeral = true to keep events in memory only)");
         }
+        self.auth.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

@@ -30,7 +30,8 @@ use tokio::task::JoinHandle;
 
 use crate::process::Supervisor;
 use crate::router::dispatch::Dispatcher;
-use crate::router::{Command, Router, RouterHandle, RouterParts};
+use crate::router::session::ConnOrigin;
+use crate::router::{Command, Router, RouterConfig, RouterHandle, RouterParts};
 use crate::store::sqlite::SqliteStore;
 use crate::store::EventStore;
 use crate::transport::connection::ConnectionOptions;
@@ -63,9 +64,14 @@ impl Server {
     /// Starts the router and binds the listeners in `config.listen` (none is fine).
     ///
     /// # Errors
-    /// An address could not be bound, or the event store could not be opened (its directory is
-    /// unwritable, in use by another router, or holds a file this version cannot read).
+    /// An address could not be bound, the event store could not be opened (its directory is
+    /// unwritable, in use by another router, or holds a file this version cannot read), or the
+    /// authentication keys could not be read (`[auth]`).
     pub async fn start(config: Config) -> std::io::Result<Self> {
+        let auth = config
+            .auth
+            .build(&config.router.name)
+            .map_err(|e| std::io::Error::other(format!("auth: {e}")))?;
         let mut listeners = Vec::new();
         for addr in &config.listen {
             listeners.push(TcpListener::bind(addr).await?);
@@ -90,7 +96,10 @@ impl Server {
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
         let (router, router_task) = Router::start(
-            config.router_config(),
+            RouterConfig {
+                auth,
+                ..config.router_config()
+            },
             RouterParts {
                 process_control: Some(process_control),
                 store,
@@ -187,18 +196,28 @@ impl Server {
         &self.supervisor
     }
 
-    /// Opens an in-process connection (no socket) to this server's router.
+    /// Opens an in-process connection (no socket) to this server's router (origin
+    /// `InProcess`: admitted without credentials when `auth.trusted_transports` says so).
     pub fn connect_in_process(&self) -> InProcessLink {
-        in_process::connect(&self.ctx, self.options.clone())
+        let options = ConnectionOptions {
+            origin: ConnOrigin::InProcess,
+            ..self.options.clone()
+        };
+        in_process::connect(&self.ctx, options)
     }
 
-    /// Serves one NDJSON connection over a pair of byte streams until EOF or shutdown.
+    /// Serves one NDJSON connection over a pair of byte streams until EOF or shutdown (what
+    /// `map-router stdio` does with its own stdin/stdout; origin `Stdio`).
     pub async fn serve_io<R, W>(&self, reader: R, writer: W)
     where
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        stdio::serve_io(&self.ctx, reader, writer, self.options.clone()).await;
+        let options = ConnectionOptions {
+            origin: ConnOrigin::Stdio,
+            ..self.options.clone()
+        };
+        stdio::serve_io(&self.ctx, reader, writer, options).await;
     }
 
     /// Drains and stops: no new connections, every connection flushes and closes (code 1001 on

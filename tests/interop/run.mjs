@@ -7,7 +7,8 @@
 // Every scenario gets its own router process (startup ~50 ms), so no scenario can see another's
 // agents, scopes or events. Prints `ok - name` / `FAIL - name: reason` per scenario, then
 // `N passed, M failed`; exits 0 only when nothing failed.
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { createHmac, sign as cryptoSign } from 'node:crypto';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ClientConnection, AgentConnection, websocketStream } from '@multi-agent-protocol/sdk';
@@ -1689,6 +1690,255 @@ scenario('isolation: two routers do not share state', async (ctx) => {
   assert.deepEqual(agents, []);
   await expectCode(c.conn.getAgent(a.id), 2001, 'agent of the other router');
 });
+
+// ---------------------------------------------------------------------------------------------
+// Authentication: the SDK's own auth calls against a router with API keys and JWTs
+// (docs/security.md). Tokens are signed here with node:crypto (HS256 with the shared secret,
+// RS256 with the key whose public half is `rsa-1` in the fixture JWKS).
+
+const AUTH_FIXTURES = path.resolve(HERE, '../fixtures/auth');
+const AUTH_ISS = 'https://issuer.interop';
+const AUTH_AUD = 'map-router-interop';
+const HS256_SECRET = readFileSync(path.join(AUTH_FIXTURES, 'hs256.secret'), 'utf8').trim();
+const RS256_PEM = readFileSync(path.join(AUTH_FIXTURES, 'rs256.pem'), 'utf8');
+const ALICE_KEY = 'ak-interop-alice-0123456789';
+const AUTH_CONFIG = `[auth]
+realm = "interop"
+expiry_notice_secs = 300
+[auth.api_keys]
+file = ${JSON.stringify(path.join(AUTH_FIXTURES, 'api-keys.txt'))}
+[auth.jwt]
+issuer = "${AUTH_ISS}"
+audience = "${AUTH_AUD}"
+secret_file = ${JSON.stringify(path.join(AUTH_FIXTURES, 'hs256.secret'))}
+jwks_file = ${JSON.stringify(path.join(AUTH_FIXTURES, 'jwks.json'))}
+leeway_secs = 0
+`;
+
+const b64url = (buf) => Buffer.from(buf).toString('base64url');
+
+/** A JWT for `sub` expiring `ttlSecs` from now, HS256 (default) or RS256 (`kid: rsa-1`). */
+function jwt(sub, ttlSecs, { alg = 'HS256', claims = {} } = {}) {
+  const now = Math.floor(Date.now() / 1000);
+  const header = alg === 'RS256' ? { alg, typ: 'JWT', kid: 'rsa-1' } : { alg, typ: 'JWT' };
+  const body = { sub, iss: AUTH_ISS, aud: AUTH_AUD, iat: now, exp: now + ttlSecs, ...claims };
+  const input = `${b64url(JSON.stringify(header))}.${b64url(JSON.stringify(body))}`;
+  const sig =
+    alg === 'RS256'
+      ? cryptoSign('RSA-SHA256', Buffer.from(input), RS256_PEM)
+      : createHmac('sha256', HS256_SECRET).update(input).digest();
+  return `${input}.${b64url(sig)}`;
+}
+
+/** Resolves with the close code once `ws` closes. */
+const closed = (ws) => new Promise((resolve) => ws.once('close', (code) => resolve(code)));
+
+scenario(
+  'auth: API keys through ClientConnection.connect(url, {auth}) in either spelling',
+  async (ctx) => {
+    // The static factory passes `{method, token}` straight through.
+    const c = await withTimeout(
+      ClientConnection.connect(ctx.url, { name: 'keyed', auth: { method: 'api-key', token: ALICE_KEY } }),
+      WAIT_MS,
+      'ClientConnection.connect',
+    );
+    ctx.defer(() => c.close());
+    const { agents } = await c.listAgents();
+    assert.deepEqual(agents, []);
+    // client.connect({auth}) sends `{method, credential}`; the result names the principal.
+    const h = await ctx.client({ connectOptions: { auth: { method: 'api-key', credential: ALICE_KEY } } });
+    assert.deepEqual(h.result.principal, { id: 'alice' });
+    // Without credentials the SDK's connect resolves with authRequired and no session...
+    const anon = await ctx.client({ name: 'anon' });
+    assert.deepEqual(anon.result.authRequired, { methods: ['bearer', 'api-key'], required: true, realm: 'interop' });
+    assert.equal(anon.result.sessionId, undefined);
+    // ...and nothing else works on that connection.
+    await expectCode(anon.conn.listAgents(), 1000, 'listAgents before authenticating');
+    // A wrong key says why.
+    const wrong = await ctx.client({ name: 'wrong', connectOptions: { auth: { method: 'api-key', credential: 'ak-nope-0123456789abcdef' } } });
+    assert.deepEqual(wrong.result.error, { code: 'invalid_credentials', message: 'unknown API key' });
+  },
+  { config: AUTH_CONFIG },
+);
+
+scenario(
+  'auth: JWTs (HS256, RS256 via JWKS) through AgentConnection.connect(url, {auth})',
+  async (ctx) => {
+    for (const alg of ['HS256', 'RS256']) {
+      const agent = await withTimeout(
+        AgentConnection.connect(ctx.url, { name: `jwt-${alg}`, role: 'worker', auth: { method: 'bearer', token: jwt(`user-${alg}`, 600, { alg }) } }),
+        WAIT_MS,
+        `AgentConnection.connect ${alg}`,
+      );
+      ctx.defer(() => agent.disconnect());
+      assert.equal(typeof agent.agentId, 'string');
+    }
+    const c = await ctx.client({ connectOptions: { auth: { method: 'bearer', credential: jwt('viewer', 600, { alg: 'RS256' }) } } });
+    assert.equal(c.result.principal.id, 'viewer');
+    assert.equal(c.result.principal.issuer, AUTH_ISS);
+    const { agents } = await c.conn.listAgents();
+    assert.deepEqual(sorted(agents.map((a) => a.name)), ['jwt-HS256', 'jwt-RS256']);
+    // Expired or for another audience: the connect answers authRequired, so register fails (1000).
+    const expired = jwt('late', -60);
+    await expectCode(
+      AgentConnection.connect(ctx.url, { name: 'late', auth: { method: 'bearer', token: expired } }),
+      1000,
+      'register with an expired token',
+    );
+    const h = await ctx.client({ name: 'aud', connectOptions: { auth: { method: 'bearer', credential: jwt('x', 600, { claims: { aud: 'elsewhere' } }) } } });
+    assert.equal(h.result.error.code, 'invalid_credentials');
+    const e = await ctx.client({ name: 'exp', connectOptions: { auth: { method: 'bearer', credential: expired } } });
+    assert.equal(e.result.error.code, 'expired');
+  },
+  { config: AUTH_CONFIG },
+);
+
+scenario(
+  'auth: authRequired, then authenticate, then register (AgentConnection and ClientConnection)',
+  async (ctx) => {
+    const agent = await AgentConnection.createConnection(ctx.url, { name: 'negotiator', role: 'worker' });
+    ctx.defer(() => agent.disconnect());
+    const result = await withTimeout(agent.connectOnly(), WAIT_MS, 'connectOnly');
+    assert.deepEqual(result.authRequired.methods, ['bearer', 'api-key']);
+    const bad = await agent.authenticate({ method: result.authRequired.methods[0], token: jwt('n', 600, { claims: { iss: 'https://evil.interop' } }) });
+    assert.equal(bad.success, false);
+    assert.equal(bad.error.code, 'invalid_credentials');
+    const auth = await agent.authenticate({ method: result.authRequired.methods[0], token: jwt('negotiator', 600) });
+    assert.equal(auth.success, true);
+    assert.equal(auth.principal.id, 'negotiator');
+    assert.equal(typeof auth.sessionId, 'string');
+    assert.equal(agent.sessionId, auth.sessionId, 'the SDK stores the session id');
+    const registered = await withTimeout(agent.register(), WAIT_MS, 'register');
+    assert.equal(registered.name, 'negotiator');
+
+    const c = await ctx.client({ name: 'late-auth' });
+    assert.ok(c.result.authRequired);
+    const ok = await c.conn.authenticate({ method: 'api-key', credential: ALICE_KEY });
+    assert.equal(ok.success, true);
+    assert.deepEqual(ok.principal, { id: 'alice' });
+    const { agents } = await c.conn.listAgents();
+    assert.deepEqual(agents.map((a) => a.id), [registered.id]);
+  },
+  { config: AUTH_CONFIG },
+);
+
+scenario(
+  'auth: map/auth/expiring, then refreshAuth keeps the agent; no refresh closes with 4001',
+  async (ctx) => {
+    const agent = await ctx.agent({ name: 'refresher' }).catch((e) => e);
+    assert.ok(agent instanceof Error, 'an agent without credentials cannot register');
+    // An agent whose token expires in 4 s: the notice comes first, the SDK refreshes.
+    const socket = new WebSocket(ctx.url);
+    await withTimeout(new Promise((r) => socket.once('open', r)), WAIT_MS, 'open');
+    const a = new AgentConnection(websocketStream(socket), { name: 'refresher' });
+    ctx.defer(() => socket.terminate());
+    const notices = [];
+    // The SDK awaits notification handlers in its read loop: awaiting the refresh inside the
+    // handler would deadlock (its response could never be read), so it is started, not awaited.
+    a.onNotification('map/auth/expiring', (params) => {
+      notices.push(params);
+      a.refreshAuth({ method: 'bearer', token: jwt('refresher', 600) }).then((r) => notices.push(r), (e) => notices.push(e));
+    });
+    const short = jwt('refresher', 4);
+    const firstExp = JSON.parse(Buffer.from(short.split('.')[1], 'base64url').toString()).exp * 1000;
+    await withTimeout(a.connect({ auth: { method: 'bearer', token: short } }), WAIT_MS, 'connect');
+    await until(() => notices.length === 2, 'map/auth/expiring and the refresh', 6000);
+    assert.equal(notices[0].expiresAt, firstExp);
+    assert.ok(notices[0].expiresInMs > 0 && notices[0].refreshBefore === firstExp, JSON.stringify(notices[0]));
+    assert.equal(notices[1].success, true);
+    assert.ok(notices[1].principal.expiresAt > firstExp);
+    // Past the first token's expiry the agent still works.
+    await sleep(Math.max(0, firstExp - Date.now()) + 500);
+    const busy = await withTimeout(a.busy(), WAIT_MS, 'busy() after the first expiry');
+    assert.equal(busy.state, 'busy');
+    const { agents } = await withTimeout(a.callExtension('map/agents/list', {}), WAIT_MS, 'agents/list after the first expiry');
+    assert.deepEqual(agents.map((x) => x.name), ['refresher']);
+
+    // A client that does not refresh: its socket closes with 4001 at expiry.
+    const c = await ctx.client({ name: 'lapse', connectOptions: { auth: { method: 'bearer', credential: jwt('lapse', 2) } } });
+    const code = await withTimeout(closed(c.ws), 5000, 'close at expiry');
+    assert.equal(code, 4001);
+  },
+  { config: AUTH_CONFIG, timeout: 20_000 },
+);
+
+scenario(
+  'auth: ClientConnection onTokenExpiring refreshes through map/auth/refresh',
+  async (ctx) => {
+    // The SDK arms its timer 60 s before principal.expiresAt: a 63 s token fires it in ~3 s.
+    let asked = 0;
+    const c = await ctx.client({
+      connectOptions: {
+        auth: { method: 'bearer', credential: jwt('dash', 63) },
+        onTokenExpiring: async () => {
+          asked++;
+          return { method: 'bearer', credential: jwt('dash', 600) };
+        },
+      },
+    });
+    const first = c.result.principal.expiresAt;
+    const refreshed = await until(
+      () => c.frames.find((f) => f.result?.success === true && f.result?.principal?.expiresAt > first),
+      'a successful map/auth/refresh',
+      8000,
+    );
+    assert.equal(asked, 1);
+    assert.equal(refreshed.result.principal.id, 'dash');
+    assert.ok(c.sent.some((f) => f.method === 'map/auth/refresh' && typeof f.params.credential === 'string'));
+    // A refresh for another subject is refused and changes nothing.
+    const other = await c.conn.refreshAuth({ method: 'bearer', credential: jwt('mallory', 600) });
+    assert.equal(other.success, false);
+    await c.conn.listAgents();
+  },
+  { config: AUTH_CONFIG, timeout: 20_000 },
+);
+
+scenario(
+  'auth: a principal sees only what the config lets it (exposure, scope visibility, its own overrides)',
+  async (ctx) => {
+    // Agents register their ids after connectOnly, under a neutral participant name, so their
+    // participant ids are generated: participant_connected events go to every observer, and
+    // AgentConnection.connect({agentId}) would make the participant id the (hidden) agent id.
+    const agentAs = async (sub, agentId, options = {}) => {
+      const socket = new WebSocket(ctx.url);
+      ctx.defer(() => socket.terminate());
+      await withTimeout(new Promise((r) => socket.once('open', r)), WAIT_MS, 'open');
+      const a = new AgentConnection(websocketStream(socket), { name: 'svc', ...options });
+      await withTimeout(a.connectOnly({ auth: { method: 'bearer', token: jwt(sub, 600) } }), WAIT_MS, 'connectOnly');
+      await withTimeout(a.register({ agentId, name: agentId }), WAIT_MS, `register ${agentId}`);
+      return a;
+    };
+    const dash = await ctx.client({ name: 'dash', connectOptions: { auth: { method: 'bearer', credential: jwt('dashboard', 600) } } });
+    assert.equal(dash.result.principal.id, 'dashboard');
+    assert.equal(dash.result.capabilities.lifecycle.canStop, false, 'the principal override');
+    const w = await dash.watch();
+    const lead = await agentAs('worker', 'lead');
+    await lead.createScope({ scopeId: 's-ops' });
+    await agentAs('worker', 'internal-db');
+    await agentAs('worker', 'ops-bot', { visibility: 'scope', scopes: ['s-ops'] });
+    await agentAs('other', 'zz-marker');
+    await w.waitFor('agent_registered', (e) => e.data?.agentId === 'zz-marker');
+    const leaked = w.events.filter((e) => /internal-db|ops-bot/.test(JSON.stringify(e)));
+    assert.deepEqual(leaked, [], 'events about agents the dashboard may not see');
+    const { agents } = await dash.conn.listAgents();
+    assert.deepEqual(sorted(agents.map((a) => a.id)), ['lead', 'zz-marker']);
+    await expectCode(dash.conn.getAgent('internal-db'), 2001, 'get a hidden agent');
+    await expectCode(dash.conn.getAgent('ops-bot'), 2001, 'get a scope-visible agent');
+    await expectCode(dash.conn.stopAgent('zz-marker'), 1003, 'stop without lifecycle.canStop');
+    // Another principal, without the override, may stop it.
+    const ops = await ctx.client({ name: 'operator', connectOptions: { auth: { method: 'api-key', credential: ALICE_KEY } } });
+    const stopped = await ops.conn.stopAgent('zz-marker');
+    assert.equal(stopped.agent.id, 'zz-marker');
+  },
+  {
+    config: `${AUTH_CONFIG}
+[permissions.exposure.agents]
+hidden = ["internal-*"]
+[permissions.principals."dashboard".lifecycle]
+canStop = false
+`,
+  },
+);
 
 // ---------------------------------------------------------------------------------------------
 // Runner

@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::capabilities::Capability;
 
 pub mod agents;
+pub mod auth;
 pub mod events;
 pub mod messaging;
 pub mod permissions;
@@ -54,6 +55,8 @@ pub mod notifications {
     pub const MESSAGE: &str = "map/message";
     /// Client → server: cumulative ack of a subscription's events.
     pub const SUBSCRIBE_ACK: &str = "map/subscribe.ack";
+    /// Server → client: the session's credential expires soon; refresh it.
+    pub const AUTH_EXPIRING: &str = "map/auth/expiring";
 }
 
 /// Calls `visit` once per method with its name and the schema-bearing types. Used to generate
@@ -66,6 +69,8 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     use session::*;
     visit.visit::<Connect>();
     visit.visit::<Disconnect>();
+    visit.visit::<auth::Authenticate>();
+    visit.visit::<auth::AuthRefresh>();
     visit.visit::<Send>();
     visit.visit::<Subscribe>();
     visit.visit::<Unsubscribe>();

@@ -1,8 +1,10 @@
-//! `map/connect` and `map/disconnect` (wire.md §4–5).
+//! `map/connect` and `map/disconnect` (wire.md §4–5). The `authRequired` answer of
+//! `map/connect` and the other auth methods are in [`super::auth`].
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::auth::{AuthError, AuthErrorCode, ConnectResponse};
 use super::method;
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
@@ -34,8 +36,9 @@ pub struct DisconnectPolicy {
     pub notify_subscribers: Option<bool>,
 }
 
-/// Credentials, in either spelling the SDK sends (`credential` or `token`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// Credentials, in either spelling the SDK sends (`credential` or `token`). `Debug` never
+/// shows the secret.
+#[derive(Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuthCredentials {
     /// `bearer`, `api-key`, `mtls`, `none`, `did:wba` or `x-*`.
@@ -49,6 +52,41 @@ pub struct AuthCredentials {
     /// Free-form.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
+}
+
+impl std::fmt::Debug for AuthCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redact = |v: &Option<String>| v.as_ref().map(|_| "***");
+        f.debug_struct("AuthCredentials")
+            .field("method", &self.method)
+            .field("credential", &redact(&self.credential))
+            .field("token", &redact(&self.token))
+            .field("metadata", &self.metadata)
+            .finish()
+    }
+}
+
+impl AuthCredentials {
+    /// The credential, from whichever spelling was sent.
+    ///
+    /// # Errors
+    /// Neither `credential` nor `token` (or an empty one), or both with different values.
+    pub fn secret(&self) -> Result<&str, AuthError> {
+        let missing = || {
+            AuthError::new(
+                AuthErrorCode::AuthRequired,
+                "no credential: send it in `credential` (or `token`)",
+            )
+        };
+        match (self.credential.as_deref(), self.token.as_deref()) {
+            (Some(a), Some(b)) if a != b => Err(AuthError::new(
+                AuthErrorCode::InvalidCredentials,
+                "`credential` and `token` differ: send one of them",
+            )),
+            (Some(c), _) | (None, Some(c)) if !c.is_empty() => Ok(c),
+            _ => Err(missing()),
+        }
+    }
 }
 
 /// `map/connect` params.
@@ -86,18 +124,27 @@ pub struct SystemInfo {
     pub version: String,
 }
 
-/// The authenticated identity behind a session.
+/// The authenticated identity behind a session (see docs/security.md): the JWT `sub` and `iss`,
+/// the principal an API key maps to, or the documented identity of a trusted transport
+/// (`issuer: "map-router"`). Two principals are the same subject when `id` and `issuer` match.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Principal {
     /// Subject.
     pub id: String,
     /// Token issuer.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issuer: Option<String>,
     /// Expiry (Unix ms).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+}
+
+impl Principal {
+    /// Whether `other` names the same subject (`id` and `issuer`), whatever the expiry.
+    pub fn same_subject(&self, other: &Principal) -> bool {
+        self.id == other.id && self.issuer == other.issuer
+    }
 }
 
 /// `map/connect` result.
@@ -166,7 +213,7 @@ pub struct DisconnectResult {
 
 method!(
     /// `map/connect`: open (or resume) a session.
-    Connect, "map/connect", None, ConnectParams, ConnectResult
+    Connect, "map/connect", None, ConnectParams, ConnectResponse
 );
 method!(
     /// `map/disconnect`: end the session; the result carries a resume token.
