@@ -487,3 +487,127 @@ async fn kill_9_under_load_loses_nothing_answered_and_resume_has_no_gap() {
     child.start_kill().unwrap();
     let _ = with_timeout(child.wait()).await;
 }
+
+/// Sends `n` `map/send` requests (ids 1..=n) and one `map/agents/list` (id n + 1) after
+/// request `list_after`, all without waiting; returns the responses in arrival order.
+async fn pipelined(c: &mut WsClient, to: &str, n: u64, list_after: u64) -> Vec<Value> {
+    for i in 1..=n {
+        let send = json!({"jsonrpc": "2.0", "id": i, "method": "map/send",
+            "params": {"to": {"agent": to}, "payload": {"i": i}}});
+        c.send_raw(&send.to_string()).await;
+        if i == list_after {
+            let list = json!({"jsonrpc": "2.0", "id": n + 1, "method": "map/agents/list"});
+            c.send_raw(&list.to_string()).await;
+        }
+    }
+    let mut out = Vec::new();
+    for _ in 0..=n {
+        let frame = c.read_json().await;
+        assert!(
+            frame.get("id").is_some(),
+            "only responses expected: {frame}"
+        );
+        out.push(frame);
+    }
+    out
+}
+
+/// With a durable store, a connection keeps reading while its `map/send` answers wait for
+/// their commits, and the answers still leave in request order.
+#[tokio::test]
+async fn pipelined_sends_are_answered_in_request_order() {
+    let dir = TempDir::new("pipeline-order");
+    let (_server, url) = durable_server(&dir.path, |_| {}).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let responses = pipelined(&mut alice, "bob", 200, 100).await;
+    let ids: Vec<u64> = responses
+        .iter()
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect();
+    let mut want: Vec<u64> = (1..=100).collect();
+    want.push(201);
+    want.extend(101..=200);
+    assert_eq!(ids, want, "answers in request order");
+    for r in &responses {
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    // Every message arrived, in order, and every event is in the store.
+    for i in 1..=200u64 {
+        let m = bob.next_message().await;
+        assert_eq!(m["payload"]["i"], json!(i));
+    }
+    let logged = replay_ids(&mut alice, None).await;
+    assert!(
+        logged.len() >= 400,
+        "sent + delivered for each: {}",
+        logged.len()
+    );
+}
+
+/// An answer whose events are not committed within the commit timeout becomes a 4000 error,
+/// and the answers behind it still wait their turn.
+#[tokio::test]
+async fn a_pipelined_send_not_committed_in_time_fails_in_order() {
+    let dir = TempDir::new("pipeline-timeout");
+    let (_server, url) = durable_server(&dir.path, |c| {
+        c.storage.commit_timeout_ms = 200;
+    })
+    .await;
+    let _bob = WsClient::agent(&url, "bob", json!({})).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    // Another writer holds the database: the store cannot commit until it lets go.
+    let blocker = rusqlite::Connection::open(dir.path.join("events.sqlite3")).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let responses = pipelined(&mut alice, "bob", 2, 1).await;
+    blocker.execute_batch("ROLLBACK").unwrap();
+    drop(blocker);
+    let ids: Vec<u64> = responses
+        .iter()
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 3, 2], "{responses:?}");
+    assert_eq!(responses[0]["error"]["code"], json!(4000), "{responses:?}");
+    assert!(responses[1].get("result").is_some(), "{responses:?}");
+    assert_eq!(responses[2]["error"]["code"], json!(4000), "{responses:?}");
+    // The store catches up once the other writer is gone, and the connection works on.
+    let r = alice
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "bob"}, "payload": "after"}),
+        )
+        .await;
+    assert!(r.get("messageId").is_some(), "{r}");
+}
+
+/// While one answer waits for its commit, the connection's next requests are already applied:
+/// the recipient gets every message before the sender gets any answer, and the answers follow,
+/// in order, once the store commits.
+#[tokio::test]
+async fn a_waiting_answer_does_not_hold_up_the_next_requests() {
+    let dir = TempDir::new("pipeline-overlap");
+    let (_server, url) = durable_server(&dir.path, |c| {
+        c.storage.commit_timeout_ms = 20_000;
+    })
+    .await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let blocker = rusqlite::Connection::open(dir.path.join("events.sqlite3")).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for i in 1..=3u64 {
+        let send = json!({"jsonrpc": "2.0", "id": i, "method": "map/send",
+            "params": {"to": {"agent": "bob"}, "payload": {"i": i}}});
+        alice.send_raw(&send.to_string()).await;
+    }
+    for i in 1..=3u64 {
+        assert_eq!(bob.next_message().await["payload"]["i"], json!(i));
+    }
+    alice.assert_silent().await;
+    blocker.execute_batch("ROLLBACK").unwrap();
+    drop(blocker);
+    for i in 1..=3u64 {
+        let r = alice.read_json().await;
+        assert_eq!(r["id"], json!(i), "{r}");
+        assert!(r.get("result").is_some(), "{r}");
+    }
+}

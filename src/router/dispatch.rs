@@ -30,6 +30,7 @@ use crate::protocol::methods::{self, Method};
 
 use super::auth_ops::{self, Verdict};
 use super::outbox::{Outbound, Outbox};
+use super::pipeline::Pipeline;
 use super::{subscription_ops, Command, ConnId, Ctx, Router, RouterError, RouterHandle};
 use crate::auth::Authenticator;
 use crate::process::WeakSupervisor;
@@ -416,6 +417,12 @@ pub struct RpcSession {
     /// `map/connect` answered `authRequired` and nothing succeeded since.
     awaiting_auth: bool,
     max_batch: usize,
+    /// Answers waiting for store commits (stream transports with a durable store).
+    pipeline: Option<Pipeline>,
+    /// What the request just handled needs committed before its answer (with its id).
+    needs_commit: Option<(u64, Id)>,
+    /// Handling a batch (whose answers are never pipelined).
+    in_batch: bool,
 }
 
 /// The connection's writer (or the router) is gone; stop reading.
@@ -456,6 +463,49 @@ impl RpcSession {
             connected: false,
             awaiting_auth: false,
             max_batch: max_batch.max(1),
+            pipeline: None,
+            needs_commit: None,
+            in_batch: false,
+        }
+    }
+
+    /// Lets `map/send` answers wait for their commits in a queue (see [`Pipeline`]) instead of
+    /// holding up the requests behind them. For stream transports that call
+    /// [`RpcSession::commit_ready`] and [`RpcSession::flush_committed`]; without a durable
+    /// store this does nothing.
+    #[must_use]
+    pub fn with_pipelining(mut self) -> Self {
+        self.pipeline = self
+            .router
+            .commit_progress()
+            .map(|(committed, timeout)| Pipeline::new(committed, timeout));
+        self
+    }
+
+    /// Resolves when the oldest waiting answer may be sent; never while none waits.
+    /// Cancel-safe.
+    pub async fn commit_ready(&mut self) {
+        match self.pipeline.as_mut() {
+            Some(p) => p.head_ready().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Sends the waiting answers that may go now, in order; with `all`, waits for every one
+    /// (each bounded by the commit timeout).
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn flush_committed(&mut self, all: bool) -> Result<(), WriterGone> {
+        loop {
+            let Some(p) = self.pipeline.as_mut() else {
+                return Ok(());
+            };
+            match p.pop_ready() {
+                Some(handled) => self.deliver(handled).await?,
+                None if all && !p.is_empty() => p.head_ready().await,
+                None => return Ok(()),
+            }
         }
     }
 
@@ -477,7 +527,18 @@ impl RpcSession {
     /// [`WriterGone`] when the connection's writer has stopped.
     pub async fn handle_text(&mut self, text: &str) -> Result<(), WriterGone> {
         let handled = self.handle(text).await;
-        self.deliver(handled).await
+        let commit = self.needs_commit.take();
+        match self.pipeline.as_mut() {
+            Some(p) if commit.is_some() || !p.is_empty() => {
+                p.push(handled, commit);
+                if p.is_full() {
+                    // Stop reading until the oldest answer can go.
+                    p.head_ready().await;
+                }
+                self.flush_committed(false).await
+            }
+            _ => self.deliver(handled).await,
+        }
     }
 
     /// Queues a handled frame's response, then runs its follow-ups.
@@ -545,6 +606,7 @@ impl RpcSession {
         }
         let mut responses = Vec::new();
         let mut after = Vec::new();
+        self.in_batch = true;
         for item in items {
             if !item.get().trim_start().starts_with('{') {
                 responses.push(error_frame(
@@ -557,6 +619,7 @@ impl RpcSession {
                 responses.push(frame);
             }
         }
+        self.in_batch = false;
         let response = (!responses.is_empty()).then(|| {
             let mut frame =
                 String::with_capacity(responses.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
@@ -573,7 +636,22 @@ impl RpcSession {
         match jsonrpc::classify(raw) {
             Incoming::Request { id, method, params } => {
                 let mut out = String::new();
-                match self.call(method, params).await {
+                // Only `map/send` (the hot path) is pipelined: other calls may read the store
+                // or change what later requests are allowed, so they keep waiting in line.
+                let pipelined = self.pipeline.is_some()
+                    && !self.in_batch
+                    && method == methods::messaging::Send::NAME;
+                let result = if pipelined {
+                    let (result, until) =
+                        RouterHandle::deferring_commit(self.call(method, params)).await;
+                    if let (Ok(_), Some(until)) = (&result, until) {
+                        self.needs_commit = Some((until, id.clone()));
+                    }
+                    result
+                } else {
+                    self.call(method, params).await
+                };
+                match result {
                     Ok(reply) => {
                         jsonrpc::write_success(&mut out, &id, &reply.result);
                         match &reply.after {

@@ -23,6 +23,7 @@ pub mod events;
 pub mod messaging;
 pub mod outbox;
 pub mod permissions;
+pub mod pipeline;
 pub mod recovery;
 pub mod registry;
 pub mod scope_ops;
@@ -199,6 +200,12 @@ impl fmt::Debug for Command {
     }
 }
 
+tokio::task_local! {
+    /// Set while a pipelining connection handles a request: router calls record the log
+    /// position they need committed here instead of waiting for it.
+    static DEFERRED_COMMIT: std::cell::Cell<Option<u64>>;
+}
+
 /// A cheap, cloneable handle to the router task.
 #[derive(Debug, Clone)]
 pub struct RouterHandle {
@@ -330,9 +337,37 @@ impl RouterHandle {
         let (result, appended_to) = rx.await.map_err(|_| RouterError::Unavailable)?;
         let result = result?;
         if let (Some(until), Some(committed)) = (appended_to, &self.committed) {
-            self.wait_committed(committed.clone(), until).await?;
+            // A pipelining connection answers once the commit arrives, without holding up
+            // the requests behind this one (see `dispatch::RpcSession`).
+            let deferred = DEFERRED_COMMIT
+                .try_with(|d| d.set(Some(d.get().map_or(until, |u| u.max(until)))))
+                .is_ok();
+            if !deferred {
+                self.wait_committed(committed.clone(), until).await?;
+            }
         }
         Ok(result)
+    }
+
+    /// Runs `fut`, collecting instead of awaiting the store commits its router calls need:
+    /// returns its output and the log position that must be committed before its answer
+    /// may be sent (`None`: nothing to wait for).
+    pub(crate) async fn deferring_commit<T>(
+        fut: impl std::future::Future<Output = T>,
+    ) -> (T, Option<u64>) {
+        DEFERRED_COMMIT
+            .scope(std::cell::Cell::new(None), async {
+                let out = fut.await;
+                (out, DEFERRED_COMMIT.with(std::cell::Cell::get))
+            })
+            .await
+    }
+
+    /// The store's commit progress and the commit timeout, when calls wait for commits.
+    pub(crate) fn commit_progress(&self) -> Option<(tokio::sync::watch::Receiver<u64>, Duration)> {
+        self.committed
+            .clone()
+            .map(|c| (c, self.config.commit_timeout))
     }
 
     /// Waits until every event below `until` is committed.

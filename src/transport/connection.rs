@@ -153,7 +153,8 @@ pub async fn serve_connection<St, Si>(
             write_batch: opts.write_batch.max(1),
         },
     ));
-    let mut session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch);
+    let mut session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch)
+        .with_pipelining();
     let idle = opts.idle_timeout;
     let mut deadline = idle.map(|d| Instant::now() + d);
     let close = |code: u16, reason: &str| Outbound::Close {
@@ -169,6 +170,12 @@ pub async fn serve_connection<St, Si>(
             // NB: shutdown first, so a busy peer cannot starve it.
             biased;
             _ = shutdown.changed() => continue,
+            () = session.commit_ready() => {
+                if session.flush_committed(false).await.is_err() {
+                    break None;
+                }
+                continue;
+            }
             () = sleep_until_opt(deadline) => {
                 break Some(close(1001, "idle timeout: no frames or pongs received"));
             }
@@ -223,6 +230,9 @@ pub async fn serve_connection<St, Si>(
     };
 
     if let Some(close) = exit {
+        // Answers still waiting for their commits go first (each bounded by the commit
+        // timeout, all by the drain timeout).
+        let _ = tokio::time::timeout(opts.drain_timeout, session.flush_committed(true)).await;
         // Behind everything already queued; bounded so a peer that reads nothing cannot hold us.
         let _ = tokio::time::timeout(opts.drain_timeout, tx.push(close)).await;
     }
