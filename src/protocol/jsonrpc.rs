@@ -205,6 +205,16 @@ impl ErrorObject {
     pub fn internal(detail: impl Into<String>) -> Self {
         Self::new(ErrorCode::INTERNAL_ERROR, detail)
     }
+
+    /// `4001 Rate limited` (the SDK's message), retryable, with `data.retryAfterMs`: how long
+    /// until the same call would be admitted.
+    pub fn rate_limited(retry_after_ms: u64) -> Self {
+        let mut e = Self::new(ErrorCode::RATE_LIMITED, "Rate limited").retryable();
+        if let Some(d) = e.data.as_mut() {
+            d.retry_after_ms = Some(retry_after_ms);
+        }
+        e
+    }
 }
 
 /// One incoming JSON object, classified the way the SDK classifies messages (wire.md §2).
@@ -388,6 +398,55 @@ pub fn parse_raw(text: &str) -> Result<&RawValue, ErrorObject> {
     serde_json::from_str::<&RawValue>(text).map_err(|e| ErrorObject::parse_error(e.to_string()))
 }
 
+/// Default cap on JSON nesting depth (objects and arrays) of one frame. MAP messages nest a
+/// handful of levels (envelope, params, payload, a user's own structure); 64 leaves room for
+/// rich payloads while staying well under serde_json's recursion limit of 128, so a hostile
+/// frame is refused by a linear scan before any value is built.
+pub const DEFAULT_MAX_DEPTH: usize = 64;
+
+/// The largest `max_depth` that can be configured: serde_json itself refuses deeper input.
+pub const MAX_DEPTH_LIMIT: usize = 128;
+
+/// Checks that `text` nests objects and arrays at most `max` levels deep (a batch counts as one
+/// level). One pass over the bytes, tracking strings and escapes, no allocation: cheap enough
+/// to run on every frame before parsing it.
+///
+/// Only nesting is judged; malformed JSON within the limit is left to the parser.
+///
+/// # Errors
+/// `-32600 Invalid request` naming the limit when the text nests deeper.
+pub fn check_depth(text: &str, max: usize) -> Result<(), ErrorObject> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return Err(ErrorObject::invalid_request(format!(
+                        "JSON nesting exceeds the limit of {max} levels"
+                    )));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Splits a JSON array's raw text into its elements (for batches).
 pub fn split_batch(raw: &RawValue) -> Result<Vec<&RawValue>, ErrorObject> {
     serde_json::from_str::<Vec<&RawValue>>(raw.get())
@@ -469,6 +528,28 @@ mod tests {
             classify(raw(r#"{"jsonrpc":"2.0","id":3}"#)),
             Incoming::Invalid { .. }
         ));
+    }
+
+    #[test]
+    fn rate_limited_serializes_exactly() {
+        assert_eq!(
+            serde_json::to_string(&ErrorObject::rate_limited(250)).unwrap(),
+            r#"{"code":4001,"message":"Rate limited","data":{"category":"resource","retryable":true,"retryAfterMs":250}}"#
+        );
+    }
+
+    #[test]
+    fn depth_is_counted_outside_strings_only() {
+        assert!(check_depth(r#"{"a":[{"b":1}]}"#, 3).is_ok());
+        assert!(check_depth(r#"{"a":[{"b":1}]}"#, 2).is_err());
+        // Brackets inside strings (escaped quotes included) do not count.
+        assert!(check_depth(r#"{"a":"[[[[\"{{{{"}"#, 1).is_ok());
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let e = check_depth(&deep, 64).unwrap_err();
+        assert_eq!(e.code, ErrorCode::INVALID_REQUEST);
+        assert!(check_depth(&deep, 100).is_ok());
+        // Unbalanced closers never underflow.
+        assert!(check_depth("]]]]{}", 1).is_ok());
     }
 
     #[test]

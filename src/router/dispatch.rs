@@ -13,6 +13,10 @@
 //!
 //! Ordering guarantee: a `map/subscribe` response is queued *before* the subscription is
 //! activated, so no `map/event` can overtake it.
+//!
+//! Limits applied here, before anything is parsed into values or reaches the router
+//! ([`SessionLimits`]): JSON nesting depth (checked on the raw text, `-32600`), batch size
+//! (`-32600`), and the request rate (`4001` with `data.retryAfterMs`, see [`super::rate`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -25,6 +29,7 @@ use crate::protocol::jsonrpc::{self, ErrorObject, Id, Incoming};
 use crate::protocol::methods::{self, Method};
 
 use super::outbox::{Outbound, Outbox};
+use super::rate::{retry_after_ms, ConnRate};
 use super::{subscription_ops, Command, ConnId, Ctx, Router, RouterError, RouterHandle};
 use crate::process::WeakSupervisor;
 
@@ -294,6 +299,26 @@ fn declared_causes(params: Option<&RawValue>) -> Vec<crate::protocol::ids::Event
         .unwrap_or_default()
 }
 
+/// The principal id in a `map/connect` result, if any.
+fn principal_of(result: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Principal {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct WithPrincipal {
+        #[serde(default)]
+        principal: Option<Principal>,
+    }
+    if !result.contains("\"principal\"") {
+        return None;
+    }
+    serde_json::from_str::<WithPrincipal>(result)
+        .ok()?
+        .principal
+        .map(|p| p.id)
+}
+
 /// Decodes params; absent params decode from `{}`.
 fn decode_params<P: serde::de::DeserializeOwned>(
     params: Option<&RawValue>,
@@ -307,6 +332,27 @@ fn decode_params<P: serde::de::DeserializeOwned>(
     serde_json::from_str(text).map_err(jsonrpc::params_error)
 }
 
+/// What [`RpcSession`] refuses before dispatch (besides the batch size).
+#[derive(Debug)]
+pub struct SessionLimits {
+    /// Deepest JSON nesting accepted in one frame (see [`jsonrpc::check_depth`]).
+    pub max_depth: usize,
+    /// The connection's request-rate buckets.
+    pub rate: ConnRate,
+    /// Longest wait for a rate token before a paced notification (an ack) is applied anyway.
+    pub pace_limit: std::time::Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: jsonrpc::DEFAULT_MAX_DEPTH,
+            rate: ConnRate::default(),
+            pace_limit: std::time::Duration::from_secs(1),
+        }
+    }
+}
+
 /// Per-connection JSON-RPC state, shared by every transport.
 #[derive(Debug)]
 pub struct RpcSession {
@@ -316,6 +362,7 @@ pub struct RpcSession {
     outbox: Outbox,
     connected: bool,
     max_batch: usize,
+    limits: SessionLimits,
 }
 
 /// The connection's writer (or the router) is gone; stop reading.
@@ -355,7 +402,20 @@ impl RpcSession {
             outbox,
             connected: false,
             max_batch: max_batch.max(1),
+            limits: SessionLimits::default(),
         }
+    }
+
+    /// The same session with these limits (depth, rate).
+    pub fn with_limits(mut self, limits: SessionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Keys the session's shared rate bucket on an authenticated principal from now on (called
+    /// when `map/connect` returns a `principal`; authentication may call it too).
+    pub fn set_principal(&mut self, id: &str) {
+        self.limits.rate.set_principal(id);
     }
 
     /// The router's id for this connection.
@@ -394,6 +454,10 @@ impl RpcSession {
     /// Handles one text frame without queueing anything: the caller writes `response` where it
     /// belongs (the outbox, an HTTP body) and then calls [`RpcSession::complete`].
     pub async fn handle(&mut self, text: &str) -> Handled {
+        // NB: before parsing, so a deeply nested frame costs one linear scan and no values.
+        if let Err(e) = jsonrpc::check_depth(text, self.limits.max_depth) {
+            return Self::error(&e);
+        }
         let raw = match serde_json::from_str::<&RawValue>(text) {
             Ok(raw) => raw,
             Err(e) => return Self::error(&ErrorObject::parse_error(e.to_string())),
@@ -472,11 +536,21 @@ impl RpcSession {
         match jsonrpc::classify(raw) {
             Incoming::Request { id, method, params } => {
                 let mut out = String::new();
+                if let Err(wait) = self.limits.rate.check() {
+                    let e = ErrorObject::rate_limited(retry_after_ms(wait));
+                    jsonrpc::write_error(&mut out, &id, &e);
+                    return Some(out);
+                }
                 match self.call(method, params).await {
                     Ok(reply) => {
                         jsonrpc::write_success(&mut out, &id, &reply.result);
                         match &reply.after {
-                            AfterReply::Connected => self.connected = true,
+                            AfterReply::Connected => {
+                                self.connected = true;
+                                if let Some(principal) = principal_of(&reply.result) {
+                                    self.set_principal(&principal);
+                                }
+                            }
                             AfterReply::Disconnected => self.connected = false,
                             _ => {}
                         }
@@ -532,6 +606,8 @@ impl RpcSession {
             tracing::debug!(conn = %self.conn, "ignoring a malformed map/subscribe.ack");
             return;
         };
+        // NB: paced, never dropped: a lost ack would stall a credit-window subscription.
+        self.limits.rate.pace(self.limits.pace_limit).await;
         let conn = self.conn;
         let op: super::Op = Box::new(move |r: &mut Router| {
             r.handle_ack(conn, &ack.subscription_id, ack.up_to_sequence);

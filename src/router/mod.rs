@@ -22,6 +22,8 @@ pub mod events;
 pub mod messaging;
 pub mod outbox;
 pub mod permissions;
+pub mod quotas;
+pub mod rate;
 pub mod recovery;
 pub mod registry;
 pub mod scope_ops;
@@ -106,6 +108,8 @@ pub struct RouterConfig {
     pub durability: Durability,
     /// How long a call waits for its events to be committed before it fails.
     pub commit_timeout: Duration,
+    /// Per-session and per-principal quotas (`[limits]`).
+    pub quotas: quotas::Quotas,
 }
 
 impl Default for RouterConfig {
@@ -124,6 +128,7 @@ impl Default for RouterConfig {
             strict_recipients: true,
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
+            quotas: quotas::Quotas::default(),
         }
     }
 }

@@ -39,6 +39,7 @@ impl Router {
         p: InjectParams,
     ) -> Result<InjectResult, RouterError> {
         let caller = self.caller(ctx)?;
+        self.config.quotas.check_payload(Some(&p.content))?;
         let agent = self
             .registry
             .get(p.agent_id.as_str())

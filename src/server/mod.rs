@@ -15,6 +15,8 @@
 //! channel whose last sender dropping means "everyone is done".
 
 pub mod config;
+pub mod listener;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,6 +67,7 @@ impl Server {
     /// An address could not be bound, or the event store could not be opened (its directory is
     /// unwritable, in use by another router, or holds a file this version cannot read).
     pub async fn start(config: Config) -> std::io::Result<Self> {
+        let tls = config.tls.files().map(|f| tls::acceptor(&f)).transpose()?;
         let mut listeners = Vec::new();
         for addr in &config.listen {
             listeners.push(TcpListener::bind(addr).await?);
@@ -86,6 +89,7 @@ impl Server {
         };
         let store_handle = store.as_ref().map(|(s, _)| Arc::clone(s));
         let options = config.connection_options();
+        let admission = config.admission();
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
         let (router, router_task) = Router::start(
@@ -127,21 +131,29 @@ impl Server {
                 ctx: ctx.clone(),
                 options: options.clone(),
             })
-            .merge(http::routes(ctx.clone(), options.clone()));
+            .merge(http::routes_with(
+                ctx.clone(),
+                options.clone(),
+                http::HttpSettings {
+                    admission: Some(admission.clone()),
+                    body_timeout: Some(config.header_timeout()),
+                    ..http::HttpSettings::default()
+                },
+            ));
+        let listener_settings = listener::ListenerSettings {
+            admission,
+            tls,
+            header_timeout: config.header_timeout(),
+            drain_timeout: options.drain_timeout,
+        };
         let mut http_tasks = Vec::new();
-        for listener in listeners {
-            let app = app.clone();
-            let mut stop = shutdown_rx.clone();
-            http_tasks.push(tokio::spawn(async move {
-                let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "listener failed");
-                }
-            }));
+        for tcp in listeners {
+            http_tasks.push(tokio::spawn(listener::serve(
+                tcp,
+                app.clone(),
+                listener_settings.clone(),
+                shutdown_rx.clone(),
+            )));
         }
         Ok(Self {
             addrs,

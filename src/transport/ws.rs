@@ -9,12 +9,13 @@
 //! frame. A frame that holds several newline-separated objects is handled object by object.
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
 
 use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
 use super::TransportContext;
+use crate::server::listener::PeerInfo;
 
 /// What the WebSocket route needs.
 #[derive(Debug, Clone)]
@@ -33,11 +34,23 @@ pub fn hard_limit(max_frame_bytes: usize) -> usize {
 }
 
 /// The axum handler for `GET /` and `GET /map` with an upgrade.
-pub async fn upgrade(ws: WebSocketUpgrade, State(state): State<WsState>) -> Response {
+///
+/// The connection's [`PeerInfo`] (from the listener) stays with the socket: its admission
+/// slot is released when the WebSocket ends, and its address keys the shared rate bucket.
+pub async fn upgrade(
+    ws: WebSocketUpgrade,
+    peer: Option<Extension<PeerInfo>>,
+    State(mut state): State<WsState>,
+) -> Response {
     let hard = hard_limit(state.options.max_frame_bytes);
+    let peer = peer.map(|Extension(p)| p);
+    state.options.peer = peer.as_ref().map(|p| p.addr);
     ws.max_message_size(hard)
         .max_frame_size(hard)
-        .on_upgrade(move |socket| serve_socket(socket, state))
+        .on_upgrade(move |socket| async move {
+            serve_socket(socket, state).await;
+            drop(peer);
+        })
 }
 
 async fn serve_socket(socket: WebSocket, state: WsState) {
