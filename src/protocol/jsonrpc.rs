@@ -187,11 +187,22 @@ impl ErrorObject {
             .with_details(serde_json::Value::String(detail.into()))
     }
 
-    /// `-32601 Method not found: <m>` (the SDK's exact message).
+    /// `-32601 Method not found: <m>` (the SDK's exact message). A method name longer than
+    /// [`MAX_ECHOED_METHOD`] bytes is cut there (with `…`), so a hostile name is not reflected
+    /// back whole.
     pub fn method_not_found(method: &str) -> Self {
+        let shown = if method.len() > MAX_ECHOED_METHOD {
+            let mut cut = MAX_ECHOED_METHOD;
+            while !method.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            format!("{}…", &method[..cut])
+        } else {
+            method.to_owned()
+        };
         Self::new(
             ErrorCode::METHOD_NOT_FOUND,
-            format!("Method not found: {method}"),
+            format!("Method not found: {shown}"),
         )
     }
 
@@ -216,6 +227,9 @@ impl ErrorObject {
         e
     }
 }
+
+/// The longest method name echoed in full in `-32601`.
+pub const MAX_ECHOED_METHOD: usize = 128;
 
 /// One incoming JSON object, classified the way the SDK classifies messages (wire.md §2).
 #[derive(Debug)]

@@ -81,6 +81,9 @@ pub enum TransportError {
         /// The hard limit.
         limit: usize,
     },
+    /// A WebSocket text frame that is not UTF-8: the connection must fail (RFC 6455 §8.1).
+    #[error("a text frame is not valid UTF-8")]
+    InvalidText,
     /// Any other I/O or protocol failure.
     #[error("{0}")]
     Other(String),
@@ -220,6 +223,9 @@ pub async fn serve_connection<St, Si>(
             None | Some(Ok(InFrame::Close)) => break None,
             Some(Err(TransportError::Oversized { limit })) => {
                 break Some(close(1009, &format!("message exceeds {limit} bytes")));
+            }
+            Some(Err(TransportError::InvalidText)) => {
+                break Some(close(1007, "text frame is not valid UTF-8"));
             }
             Some(Err(e)) => {
                 tracing::debug!(%conn, error = %e, "transport error");

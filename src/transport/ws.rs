@@ -5,6 +5,9 @@
 //! a message above the hard limit (the WebSocket library's own cap, a multiple of the
 //! configured limit) cannot be buffered at all, so the connection is closed with 1009.
 //!
+//! A text frame that is not UTF-8 fails the connection with 1007, as RFC 6455 §8.1 requires
+//! (NDJSON, which has no such rule, answers `-32700` and carries on).
+//!
 //! Reading compatibility: the SDK writes bare JSON per frame; some tools write NDJSON into one
 //! frame. A frame that holds several newline-separated objects is handled object by object.
 
@@ -69,7 +72,7 @@ async fn serve_socket(socket: WebSocket, state: WsState) {
                     {
                         vec![Err(TransportError::Oversized { limit: hard })]
                     } else if text.contains("UTF-8") || text.contains("utf-8") {
-                        vec![Ok(InFrame::BadUtf8)]
+                        vec![Err(TransportError::InvalidText)]
                     } else {
                         vec![Err(TransportError::Other(text))]
                     }
