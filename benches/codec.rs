@@ -107,6 +107,8 @@ fn subscription(
         } else {
             ParticipantType::Client
         },
+        agent: None,
+        policy: Default::default(),
         filter: CompiledFilter::compile(f_ref(&filter)).unwrap(),
         exclude_own: i.is_multiple_of(7),
         cursor: 0,

@@ -133,13 +133,21 @@ async fn the_subscribe_response_precedes_replayed_history() {
 async fn the_subscribe_response_precedes_live_events_under_load() {
     let (_server, url) = default_server().await;
     let mut busy = WsClient::agent(&url, "busy-1", json!({})).await;
-    let flood = tokio::spawn(async move {
-        for n in 0..300 {
-            busy.ok(
-                "map/agents/update",
-                json!({"agentId": "busy-1", "metadata": {"n": n}}),
-            )
-            .await;
+    // Events keep flowing until every round has seen one (bounded in count).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            for n in 0..100_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                busy.ok(
+                    "map/agents/update",
+                    json!({"agentId": "busy-1", "metadata": {"n": n}}),
+                )
+                .await;
+            }
         }
     });
     let mut obs = WsClient::client(&url).await;
@@ -167,6 +175,7 @@ async fn the_subscribe_response_precedes_live_events_under_load() {
         let first = obs.next_event(sub.as_str().unwrap()).await;
         assert_eq!(first["sequenceNumber"], json!(1));
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     with_timeout(flood).await.expect("flood task");
 }
 

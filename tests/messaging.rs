@@ -20,7 +20,14 @@ async fn world(url: &str) -> World {
     let mut a = WsClient::agent(url, "a", json!({"role": "worker"})).await;
     a.register_agent(json!({"agentId": "a2", "role": "helper"}))
         .await;
-    for s in ["team", "team2", "solo"] {
+    // `team` takes messages from anyone (the default `sendPolicy` is members only, which
+    // tests/authz.rs covers).
+    a.ok(
+        "map/scopes/create",
+        json!({"scopeId": "team", "sendPolicy": "any"}),
+    )
+    .await;
+    for s in ["team2", "solo"] {
         a.ok("map/scopes/create", json!({"scopeId": s})).await;
     }
     a.ok(

@@ -188,14 +188,21 @@ fn agent_id(n: usize) -> String {
     format!("a{n}")
 }
 
-/// Whether a non-system participant may see `event` (events about hidden agents are system-only).
+/// Whether a non-system participant may see `event`: events about hidden agents, and message
+/// events from or to one, are system-only.
 fn visible_to_client(event: &Value, hidden: &HashSet<String>) -> bool {
     let kind = event["type"].as_str().unwrap_or_default();
-    if !kind.starts_with("agent") {
-        return true;
+    let data = &event["data"];
+    let named = |v: &Value| v.as_str().is_some_and(|id| hidden.contains(id));
+    if kind.starts_with("agent") {
+        return !named(&data["agentId"]);
     }
-    let id = event["data"]["agentId"].as_str().unwrap_or_default();
-    !hidden.contains(id)
+    if kind.starts_with("message") {
+        return !(named(&data["from"])
+            || named(&data["deliveredTo"][0])
+            || named(&data["recipient"]));
+    }
+    true
 }
 
 impl World {

@@ -226,6 +226,41 @@ impl ParticipantCapabilities {
         }
     }
 
+    /// Sets every flag `over` states (either value), keeping the others: how configuration and
+    /// `map/permissions/update` change a grant (a per-group merge, as the TestServer does).
+    pub fn overlaid_by(mut self, over: &ParticipantCapabilities) -> Self {
+        fn set(granted: &mut Option<bool>, over: Option<bool>) {
+            if over.is_some() {
+                *granted = over;
+            }
+        }
+        if let Some(o) = &over.observation {
+            let g = self.observation.get_or_insert_with(Default::default);
+            set(&mut g.can_observe, o.can_observe);
+            set(&mut g.can_query, o.can_query);
+        }
+        if let Some(o) = &over.messaging {
+            let g = self.messaging.get_or_insert_with(Default::default);
+            set(&mut g.can_send, o.can_send);
+            set(&mut g.can_receive, o.can_receive);
+            set(&mut g.can_broadcast, o.can_broadcast);
+        }
+        if let Some(o) = &over.lifecycle {
+            let g = self.lifecycle.get_or_insert_with(Default::default);
+            set(&mut g.can_spawn, o.can_spawn);
+            set(&mut g.can_register, o.can_register);
+            set(&mut g.can_unregister, o.can_unregister);
+            set(&mut g.can_steer, o.can_steer);
+            set(&mut g.can_stop, o.can_stop);
+        }
+        if let Some(o) = &over.scopes {
+            let g = self.scopes.get_or_insert_with(Default::default);
+            set(&mut g.can_create_scopes, o.can_create_scopes);
+            set(&mut g.can_manage_scopes, o.can_manage_scopes);
+        }
+        self
+    }
+
     /// Narrows a grant by what the participant asked for: a flag the participant set to `false`
     /// becomes `false`; nothing the participant asks for can widen the grant. (This is the
     /// SDK's `intersectCapabilities` with the server default as the base.)

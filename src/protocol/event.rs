@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::agent::AgentState;
-use super::capabilities::ParticipantType;
+use super::capabilities::{ParticipantCapabilities, ParticipantType};
 use super::ids::{AgentId, EventId, MessageId, ParticipantId, ScopeId, SubscriptionId};
 use super::message::Message;
 
@@ -61,11 +61,15 @@ pub enum EventType {
     AgentSpawning,
     #[serde(rename = "agent.spawn.failed")]
     AgentSpawnFailed,
+    #[serde(rename = "permissions_client_updated")]
+    PermissionsClientUpdated,
+    #[serde(rename = "permissions_agent_updated")]
+    PermissionsAgentUpdated,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 22] = [
+    pub const ALL: [EventType; 24] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -88,6 +92,8 @@ impl EventType {
         Self::MessageQueued,
         Self::AgentSpawning,
         Self::AgentSpawnFailed,
+        Self::PermissionsClientUpdated,
+        Self::PermissionsAgentUpdated,
     ];
 
     /// The wire string.
@@ -115,6 +121,8 @@ impl EventType {
             Self::MessageQueued => "message.queued",
             Self::AgentSpawning => "agent.spawning",
             Self::AgentSpawnFailed => "agent.spawn.failed",
+            Self::PermissionsClientUpdated => "permissions_client_updated",
+            Self::PermissionsAgentUpdated => "permissions_agent_updated",
         }
     }
 
@@ -143,6 +151,8 @@ impl EventType {
             Self::MessageQueued => "message.queued",
             Self::AgentSpawning => "agent.spawning",
             Self::AgentSpawnFailed => "agent.spawn.failed",
+            Self::PermissionsClientUpdated => "permissions.client.updated",
+            Self::PermissionsAgentUpdated => "permissions.agent.updated",
         }
     }
 
@@ -492,6 +502,35 @@ pub struct SubscriptionOverflowData {
     /// The subscription's overflow policy: `skip` (it continues live) or `close` (it ended).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+}
+
+/// `permissions_client_updated`: `map/permissions/update` changed a participant's capabilities.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct PermissionsClientUpdatedData {
+    pub client_id: ParticipantId,
+    /// The flags the update set.
+    pub changes: ParticipantCapabilities,
+    /// The capabilities now in force.
+    pub effective_permissions: ParticipantCapabilities,
+    /// Who changed them (the TestServer's name).
+    pub changed_by: ParticipantId,
+    /// The same (the SDK type's name).
+    pub updated_by: ParticipantId,
+}
+
+/// `permissions_agent_updated`: an agent's `permissionOverrides` changed.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct PermissionsAgentUpdatedData {
+    pub agent_id: AgentId,
+    /// The overrides as given.
+    pub changes: serde_json::Map<String, serde_json::Value>,
+    /// The agent's resolved permissions (defaults, role, overrides).
+    pub effective_permissions: serde_json::Value,
+    pub updated_by: ParticipantId,
 }
 
 /// `agent.injected`: content was injected into an agent (`map/inject`).

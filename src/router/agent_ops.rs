@@ -15,13 +15,17 @@ use crate::protocol::agent::{Agent, AgentLifecycle, AgentState};
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::{
     AgentEnvironmentChangedData, AgentMetadataChangedData, AgentRegisteredData,
-    AgentStateChangedData, AgentUnregisteredData, EventType, ScopeMemberData,
+    AgentStateChangedData, AgentUnregisteredData, EventType, PermissionsAgentUpdatedData,
+    ScopeMemberData,
 };
 use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId};
 use crate::protocol::message::Message;
 use crate::protocol::methods::agents::*;
 
-use super::permissions::{can_control_agent, can_see_agent};
+use super::permissions::{
+    can_control_agent, can_manage_lifecycle, can_see_agent, parse_overrides,
+    resolve_agent_permissions,
+};
 use super::supervision::ProcessControl;
 use super::{Caller, Ctx, Router, RouterError};
 
@@ -50,6 +54,22 @@ impl Router {
         if !can_control_agent(&caller.viewer(), agent, &self.registry) {
             return Err(RouterError::PermissionDenied(format!(
                 "agent {id} is not owned by this participant or its ancestors"
+            )));
+        }
+        Ok(agent.clone())
+    }
+
+    /// Looks up an agent the caller may stop, suspend, resume or steer
+    /// ([`can_manage_lifecycle`]).
+    pub(crate) fn lifecycle_agent(
+        &self,
+        caller: &Caller,
+        id: &AgentId,
+    ) -> Result<Agent, RouterError> {
+        let agent = self.visible_agent(caller, id)?;
+        if !can_manage_lifecycle(&caller.viewer(), agent, &self.registry) {
+            return Err(RouterError::PermissionDenied(format!(
+                "agent {id} is not controlled by this participant"
             )));
         }
         Ok(agent.clone())
@@ -107,11 +127,6 @@ impl Router {
         if let Some(parent) = &p.parent {
             self.visible_agent(caller, parent)?;
         }
-        for scope in p.scopes.iter().flatten() {
-            if !self.scopes.contains(scope.as_str()) {
-                return Err(RouterError::ScopeNotFound(scope.to_string()));
-            }
-        }
         let id = match p.agent_id.clone() {
             Some(id) => id,
             None => {
@@ -123,6 +138,15 @@ impl Router {
                 }
             }
         };
+        self.check_initial_scopes(
+            caller,
+            &id,
+            p.role.as_deref(),
+            p.scopes.as_deref().unwrap_or_default(),
+        )?;
+        if let Some(overrides) = &p.permission_overrides {
+            parse_overrides(overrides).map_err(RouterError::InvalidParams)?;
+        }
         let agent = self.create_agent(caller, id, p, caused_by);
         Ok((agent, false))
     }
@@ -159,9 +183,19 @@ impl Router {
         agent.metadata = p.metadata;
         self.registry.insert(agent.clone());
         self.adopt_primary(caller, &id);
+        // Announced with the scopes it is joining, so that a `scope`-visible agent's
+        // registration reaches the participants it will be visible to.
+        let mut announced = agent.clone();
+        announced.scopes = p
+            .scopes
+            .iter()
+            .flatten()
+            .filter(|s| self.scopes.contains(s.as_str()))
+            .cloned()
+            .collect();
         let registered = self.emit_agent_event(
             EventType::AgentRegistered,
-            &agent,
+            &announced,
             &AgentRegisteredData {
                 agent_id: id.clone(),
                 name: agent.name.clone(),
@@ -323,6 +357,9 @@ impl Router {
     ) -> Result<AgentResult, RouterError> {
         let caller = self.caller(ctx)?;
         let before = self.controlled_agent(&caller, &p.agent_id)?;
+        if let Some(overrides) = &p.permission_overrides {
+            parse_overrides(overrides).map_err(RouterError::InvalidParams)?;
+        }
         if let Some(state) = &p.state {
             if *state == AgentState::ORPHANED {
                 return Err(RouterError::InvalidParams(
@@ -406,6 +443,20 @@ impl Router {
                     agent_id: after.id.clone(),
                     changes,
                     metadata: after.metadata.clone().unwrap_or_default(),
+                },
+                Vec::new(),
+            );
+        }
+        if let Some(changes) = p.permission_overrides {
+            let effective = resolve_agent_permissions(&after, &self.config.permissions);
+            self.emit_agent_event(
+                EventType::PermissionsAgentUpdated,
+                &after,
+                &PermissionsAgentUpdatedData {
+                    agent_id: after.id.clone(),
+                    changes,
+                    effective_permissions: serde_json::to_value(effective).unwrap_or_default(),
+                    updated_by: caller.participant.clone(),
                 },
                 Vec::new(),
             );
@@ -500,7 +551,7 @@ impl Router {
     /// `map/agents/stop`.
     pub fn handle_stop(&mut self, ctx: &Ctx, p: StopParams) -> Result<StopResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let agent = self.visible_agent(&caller, &p.agent_id)?.clone();
+        let agent = self.lifecycle_agent(&caller, &p.agent_id)?;
         let force = p.force.unwrap_or(false);
         if agent.state == AgentState::STOPPED {
             return Err(RouterError::StateInvalid {
@@ -550,7 +601,7 @@ impl Router {
         p: SuspendParams,
     ) -> Result<SuspendResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let agent = self.visible_agent(&caller, &p.agent_id)?.clone();
+        let agent = self.lifecycle_agent(&caller, &p.agent_id)?;
         let s = &agent.state;
         if *s == AgentState::SUSPENDED
             || *s == AgentState::STOPPED
@@ -585,7 +636,7 @@ impl Router {
         p: ResumeParams,
     ) -> Result<ResumeResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let agent = self.visible_agent(&caller, &p.agent_id)?.clone();
+        let agent = self.lifecycle_agent(&caller, &p.agent_id)?;
         if agent.state != AgentState::SUSPENDED {
             return Err(RouterError::StateInvalid {
                 action: "resume",

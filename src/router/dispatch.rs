@@ -144,6 +144,9 @@ impl Dispatcher {
         d.add::<ScopesLeave>(Router::handle_scopes_leave, |_| AfterReply::Nothing);
         d.add::<ScopesMembers>(Router::handle_scopes_members, |_| AfterReply::Nothing);
         d.add::<methods::steering::Inject>(Router::handle_inject, |_| AfterReply::Nothing);
+        d.add::<methods::permissions::PermissionsUpdate>(Router::handle_permissions_update, |_| {
+            AfterReply::Nothing
+        });
         d
     }
 

@@ -35,7 +35,9 @@ use crate::protocol::scope::ScopeVisibility;
 
 use super::events::log::{Audience, EventDraft, FilterKeys};
 use super::outbox::{Outbound, PushError};
-use super::permissions::can_see_agent;
+use super::permissions::{
+    agent_audience, can_message_agent, can_see_agent, can_see_scope, can_send_to_scope,
+};
 use super::{Caller, ConnId, Ctx, Router, RouterError};
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
@@ -222,6 +224,7 @@ impl Router {
             ));
         }
         let recipients = self.resolve(caller, &address)?;
+        let recipients = self.permitted(caller, recipients, !multicast)?;
         let from = caller.address();
         let message = Message {
             id: MessageId::generate(),
@@ -259,7 +262,25 @@ impl Router {
             correlation_ids: correlation.map(Arc::from).into_iter().collect(),
             metadata: None,
         };
-        let audience = self.message_audience(caller, scope.as_ref());
+        // Seen only by those who may see the sender's agent (and, for `message_sent`, every
+        // agent the address names).
+        let sender_audience = caller
+            .primary_agent
+            .as_ref()
+            .and_then(|a| self.registry.get(a.as_str()))
+            .map_or(Audience::Everyone, |r| {
+                agent_audience(&r.agent, &self.registry, &self.config.permissions)
+            });
+        let audience = self
+            .message_audience(caller, scope.as_ref())
+            .and(sender_audience);
+        let sent_audience = if multicast {
+            audience.clone()
+        } else {
+            recipients.iter().fold(audience.clone(), |acc, r| {
+                acc.and(self.recipient_audience(r.id()))
+            })
+        };
         let mut caused_by = caused_by;
         if message.is_result() {
             if let Some(request) =
@@ -287,7 +308,7 @@ impl Router {
             }),
             caused_by,
             keys: keys.clone(),
-            audience: audience.clone(),
+            audience: sent_audience,
         });
 
         let out = Arc::new(Outgoing {
@@ -371,7 +392,7 @@ impl Router {
             }),
             caused_by,
             keys: out.keys.clone(),
-            audience: out.audience.clone(),
+            audience: out.audience.clone().and(self.recipient_audience(recipient)),
         });
         self.remember_delivery(out, recipient, delivered);
         delivered
@@ -397,7 +418,7 @@ impl Router {
             }),
             caused_by: vec![out.sent],
             keys: out.keys.clone(),
-            audience: out.audience.clone(),
+            audience: out.audience.clone().and(self.recipient_audience(recipient)),
         });
     }
 
@@ -434,7 +455,10 @@ impl Router {
             }),
             caused_by: vec![out.sent],
             keys: out.keys.clone(),
-            audience: out.audience.clone(),
+            audience: out
+                .audience
+                .clone()
+                .and(self.recipient_audience(agent.as_str())),
         });
         Ok(())
     }
@@ -482,6 +506,16 @@ impl Router {
         self.sessions
             .get(caller.session.as_str())
             .is_some_and(|s| s.capabilities.has(cap))
+    }
+
+    /// Who may see events naming `recipient`: its agent's audience (a participant recipient
+    /// narrows nothing).
+    fn recipient_audience(&self, recipient: &str) -> Audience {
+        self.registry
+            .get(recipient)
+            .map_or(Audience::Everyone, |r| {
+                agent_audience(&r.agent, &self.registry, &self.config.permissions)
+            })
     }
 
     /// Who may see events about a message: everyone, unless it went to a scope whose
@@ -540,6 +574,43 @@ impl Router {
         }
     }
 
+    /// Keeps the recipients the sender may message (`canMessage` of its agent, `acceptsFrom` of
+    /// each target). A refused explicit target is an error; refused members of a group are
+    /// left out.
+    fn permitted(
+        &self,
+        caller: &Caller,
+        recipients: Vec<Recipient>,
+        explicit: bool,
+    ) -> Result<Vec<Recipient>, RouterError> {
+        let viewer = caller.viewer();
+        let sender = caller
+            .primary_agent
+            .as_ref()
+            .and_then(|a| self.registry.get(a.as_str()))
+            .map(|r| &r.agent);
+        let mut out = Vec::with_capacity(recipients.len());
+        for r in recipients {
+            let allowed = match &r {
+                Recipient::Agent(id) => self
+                    .registry
+                    .get(id.as_str())
+                    .is_some_and(|t| can_message_agent(&viewer, sender, &t.agent, &self.registry)),
+                Recipient::Participant(_) => true,
+            };
+            if allowed {
+                out.push(r);
+            } else if explicit {
+                return Err(RouterError::PermissionDenied(format!(
+                    "agent {} does not accept messages from {}",
+                    r.id(),
+                    caller.address()
+                )));
+            }
+        }
+        Ok(out)
+    }
+
     /// Resolves an address to recipients (see the module docs).
     fn resolve(&self, caller: &Caller, address: &Address) -> Result<Vec<Recipient>, RouterError> {
         let strict = self.config.strict_recipients;
@@ -552,7 +623,16 @@ impl Router {
         let sender_agent = caller.primary_agent.as_ref();
         let not_sender = |a: &AgentId| Some(a) != sender_agent;
         let scope_members = |id: &ScopeId| -> Result<Vec<Recipient>, RouterError> {
-            match self.scopes.get(id.as_str()) {
+            match self
+                .scopes
+                .get(id.as_str())
+                .filter(|s| can_see_scope(&viewer, s, &self.registry))
+            {
+                Some(s) if !can_send_to_scope(&viewer, s, &self.registry) => {
+                    Err(RouterError::PermissionDenied(format!(
+                        "scope {id} takes messages from its members only (sendPolicy)"
+                    )))
+                }
                 Some(s) => Ok(s
                     .members
                     .iter()
@@ -585,7 +665,10 @@ impl Router {
                     scope_members(&ScopeId::from(id))?
                 } else {
                     let is_agent = visible_agent(text);
-                    let is_scope = self.scopes.contains(text);
+                    let is_scope = self
+                        .scopes
+                        .get(text)
+                        .is_some_and(|s| can_see_scope(&viewer, s, &self.registry));
                     match (is_agent, is_scope) {
                         (true, true) => return Err(RouterError::AddressAmbiguous(text.clone())),
                         (false, true) => scope_members(&ScopeId::from(text.as_str()))?,
@@ -618,7 +701,11 @@ impl Router {
             Address::Scope(id) => scope_members(id)?,
             Address::Role { role, within } => {
                 let members = match within {
-                    Some(scope) => match self.scopes.get(scope.as_str()) {
+                    Some(scope) => match self
+                        .scopes
+                        .get(scope.as_str())
+                        .filter(|s| can_see_scope(&viewer, s, &self.registry))
+                    {
                         Some(s) => Some(&s.members),
                         None if strict => {
                             return Err(RouterError::ScopeNotFound(scope.to_string()))

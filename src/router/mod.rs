@@ -110,6 +110,8 @@ pub struct RouterConfig {
     pub commit_timeout: Duration,
     /// Per-session and per-principal quotas (`[limits]`).
     pub quotas: quotas::Quotas,
+    /// Who may see and do what (`[permissions]`).
+    pub permissions: permissions::SharedPolicy,
 }
 
 impl Default for RouterConfig {
@@ -129,6 +131,7 @@ impl Default for RouterConfig {
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
             quotas: quotas::Quotas::default(),
+            permissions: Arc::default(),
         }
     }
 }
@@ -371,6 +374,8 @@ pub struct Caller {
     pub kind: ParticipantType,
     /// The agent the session speaks as, if any.
     pub primary_agent: Option<AgentId>,
+    /// The permission policy.
+    pub policy: permissions::SharedPolicy,
 }
 
 impl Caller {
@@ -379,6 +384,8 @@ impl Caller {
         permissions::Viewer {
             participant: &self.participant,
             kind: self.kind,
+            agent: self.primary_agent.as_ref(),
+            policy: &self.policy,
         }
     }
 
@@ -714,6 +721,7 @@ impl Router {
             participant: s.participant.clone(),
             kind: s.kind,
             primary_agent,
+            policy: self.config.permissions.clone(),
         })
     }
 
@@ -766,7 +774,7 @@ impl Router {
                 metadata,
                 ..FilterKeys::default()
             },
-            audience: permissions::agent_audience(agent, &self.registry),
+            audience: permissions::agent_audience(agent, &self.registry, &self.config.permissions),
         };
         self.emit(draft)
     }

@@ -1,19 +1,368 @@
-//! Permission decisions as pure functions of (viewer, target, registry).
+//! Permission decisions as pure functions of (viewer, target, registry, policy).
 //!
-//! Owns *what is allowed*; it never mutates state and never produces wire errors (callers map a
+//! Owns *what is allowed* and the configuration that shapes it ([`Policy`], `[permissions]`
+//! in the config file). It never mutates state and never produces wire errors (callers map a
 //! `false` to `RouterError::PermissionDenied` or, where existence must not leak, to "not
-//! found"). Rules follow `../shared/spec/permissions.md`:
-//! - layer 2: capabilities per method (checked in the router's call path);
-//! - layer 4: agent visibility (`public`, `parent-only`, `scope`, `system`), applied to list,
-//!   get, graph, scope members and events;
-//! - control: who may update, unregister or otherwise act on an agent as its owner.
+//! found"). The four layers of `../shared/spec/permissions.md`, most restrictive wins:
+//!
+//! 1. **System exposure** ([`Exposure`]): agents and scopes matched by hidden globs do not exist
+//!    for non-system participants; hidden event types are never delivered to them (they are
+//!    still logged for system observers).
+//! 2. **Participant capabilities** ([`grant`]): the default matrix per participant type,
+//!    overridden per type and per authenticated principal from the configuration, narrowed by
+//!    what the participant asks for; checked per method by the dispatcher.
+//! 3. **Scope rules** ([`can_see_scope`], [`can_join_scope`], [`can_send_to_scope`]):
+//!    `visibility`, `joinPolicy` (+ `autoJoinRoles`) and `sendPolicy`.
+//! 4. **Agent rules** ([`can_see_agent`], [`can_message_agent`], [`can_control_agent`],
+//!    [`can_manage_lifecycle`]): `visibility` (`public`, `parent-only`, `scope`, `system`), and
+//!    the agent permission model (`canSee`, `canMessage`, `acceptsFrom`; defaults and per-role
+//!    rules from the configuration, per-agent `permissionOverrides`).
+//!
+//! Every path that shows or acts on an agent, scope or event goes through these functions:
+//! list, get, graph, scope members, live events, replay, message recipients, lifecycle and
+//! steering calls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use crate::protocol::agent::{Agent, AgentVisibility};
-use crate::protocol::capabilities::ParticipantType;
-use crate::protocol::ids::ParticipantId;
+use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
+use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
+use crate::protocol::scope::{JoinPolicy, ScopeVisibility, SendPolicy};
 
 use super::events::log::Audience;
 use super::registry::Registry;
+use super::scopes::ScopeRecord;
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+/// `[permissions]`: the policy every decision reads. The default is the open MAP matrix.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields, rename_all = "snake_case")]
+pub struct Policy {
+    /// Layer 1: what the system exposes to non-system participants.
+    pub exposure: Exposure,
+    /// Whether clients with `lifecycle.canStop` / `canSteer` may stop, suspend, resume and
+    /// inject into any agent they can see (`visible`, the default: clients are operators), or
+    /// only agents they control (`controlled`).
+    pub client_lifecycle: ClientLifecycle,
+    /// Capability overrides per participant type (`[permissions.types.client]`, ...), applied
+    /// over the default matrix.
+    pub types: HashMap<ParticipantType, ParticipantCapabilities>,
+    /// Capability overrides per authenticated principal id (`[permissions.principals."alice"]`),
+    /// applied over the type's grant.
+    pub principals: HashMap<String, ParticipantCapabilities>,
+    /// Agent permissions every agent starts from.
+    pub agent_defaults: AgentPermissions,
+    /// Agent permissions per role, over the defaults.
+    pub roles: HashMap<String, AgentPermissions>,
+}
+
+/// Who may stop, suspend, resume and inject, among clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientLifecycle {
+    /// Any agent the client can see.
+    #[default]
+    Visible,
+    /// Only agents the client controls (clients own no agents, so: none).
+    Controlled,
+}
+
+/// Layer 1 (`SystemExposure`). Globs: `*` any run, `?` one character, whole-string match.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Exposure {
+    /// Agent ids.
+    pub agents: GlobRule,
+    /// Scope ids.
+    pub scopes: GlobRule,
+    /// Event types never delivered to non-system participants (either spelling matches).
+    pub hidden_event_types: Vec<String>,
+}
+
+/// Which ids are exposed.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GlobRule {
+    /// Exposed unless matched by `hidden` (and not by `public`).
+    pub public_by_default: bool,
+    /// Always exposed (wins over `public_by_default = false`).
+    pub public: Vec<String>,
+    /// Never exposed (wins over everything).
+    pub hidden: Vec<String>,
+}
+
+impl Default for GlobRule {
+    fn default() -> Self {
+        Self {
+            public_by_default: true,
+            public: Vec::new(),
+            hidden: Vec::new(),
+        }
+    }
+}
+
+impl GlobRule {
+    fn exposes(&self, id: &str) -> bool {
+        if self.hidden.iter().any(|g| glob_match(g, id)) {
+            return false;
+        }
+        self.public_by_default || self.public.iter().any(|g| glob_match(g, id))
+    }
+}
+
+/// Whether `text` matches `pattern` as a whole (`*` = any run, `?` = one character).
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// A rule about other agents (`canSee.agents`, `canMessage.agents`, `acceptsFrom.agents`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum AgentRule {
+    /// `all`, `hierarchy` (parent, child, ancestor or descendant), `scoped` (shares a scope),
+    /// `direct` (none but itself).
+    Named(AgentRuleName),
+    /// `{include: [agent ids]}`.
+    Include {
+        /// The agents allowed.
+        include: Vec<String>,
+    },
+}
+
+/// The named [`AgentRule`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentRuleName {
+    /// Every agent.
+    All,
+    /// Parent, children, ancestors, descendants.
+    Hierarchy,
+    /// Agents sharing a scope.
+    Scoped,
+    /// None but itself.
+    Direct,
+}
+
+/// A rule about participants of one type (`acceptsFrom.clients`, `acceptsFrom.systems`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum ParticipantRule {
+    /// `all` or `none`.
+    Named(AllOrNone),
+    /// `{include: [participant ids]}`.
+    Include {
+        /// The participants allowed.
+        include: Vec<String>,
+    },
+}
+
+/// `all` or `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllOrNone {
+    /// Everyone.
+    All,
+    /// Nobody.
+    None,
+}
+
+/// A rule about scopes (`canSee.scopes`): `all`, `member` or `{include}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum ScopeRule {
+    /// `all` or `member`.
+    Named(ScopeRuleName),
+    /// `{include: [scope ids]}`.
+    Include {
+        /// The scopes allowed.
+        include: Vec<String>,
+    },
+}
+
+/// The named [`ScopeRule`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScopeRuleName {
+    /// Every scope.
+    All,
+    /// Scopes the agent is a member of.
+    Member,
+}
+
+/// `AgentPermissions` (SDK shape, camelCase): every field optional, so that layers merge.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AgentPermissions {
+    /// What the agent can see.
+    pub can_see: CanSee,
+    /// Whom the agent can message.
+    pub can_message: CanMessage,
+    /// From whom the agent accepts messages.
+    pub accepts_from: AcceptsFrom,
+}
+
+/// `canSee`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct CanSee {
+    /// Agents.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agents: Option<AgentRule>,
+    /// Scopes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scopes: Option<ScopeRule>,
+}
+
+/// `canMessage`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct CanMessage {
+    /// Agents.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agents: Option<AgentRule>,
+}
+
+/// `acceptsFrom`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AcceptsFrom {
+    /// Agents (by their relation to the recipient).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agents: Option<AgentRule>,
+    /// Client participants.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clients: Option<ParticipantRule>,
+    /// System and gateway participants.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub systems: Option<ParticipantRule>,
+}
+
+impl AgentPermissions {
+    /// `self` with every field `over` sets replaced (`deepMergePermissions`).
+    pub fn merged(mut self, over: &AgentPermissions) -> Self {
+        fn set<T: Clone>(v: &mut Option<T>, o: &Option<T>) {
+            if o.is_some() {
+                v.clone_from(o);
+            }
+        }
+        set(&mut self.can_see.agents, &over.can_see.agents);
+        set(&mut self.can_see.scopes, &over.can_see.scopes);
+        set(&mut self.can_message.agents, &over.can_message.agents);
+        set(&mut self.accepts_from.agents, &over.accepts_from.agents);
+        set(&mut self.accepts_from.clients, &over.accepts_from.clients);
+        set(&mut self.accepts_from.systems, &over.accepts_from.systems);
+        self
+    }
+
+    fn is_open(&self) -> bool {
+        let all = Some(AgentRule::Named(AgentRuleName::All));
+        let open = |r: &Option<AgentRule>| r.is_none() || *r == all;
+        open(&self.can_see.agents)
+            && matches!(
+                self.can_see.scopes,
+                None | Some(ScopeRule::Named(ScopeRuleName::All))
+            )
+            && open(&self.can_message.agents)
+            && open(&self.accepts_from.agents)
+            && matches!(
+                self.accepts_from.clients,
+                None | Some(ParticipantRule::Named(AllOrNone::All))
+            )
+            && matches!(
+                self.accepts_from.systems,
+                None | Some(ParticipantRule::Named(AllOrNone::All))
+            )
+    }
+}
+
+/// Parses an agent's `permissionOverrides` (the SDK's `AgentPermissions` shape).
+///
+/// # Errors
+/// A message naming what is wrong, for `-32602`.
+pub fn parse_overrides(
+    overrides: &serde_json::Map<String, serde_json::Value>,
+) -> Result<AgentPermissions, String> {
+    serde_json::from_value(serde_json::Value::Object(overrides.clone()))
+        .map_err(|e| format!("permissionOverrides: {e}"))
+}
+
+/// The agent's effective permissions: defaults, then its role's, then its own overrides
+/// (`resolveAgentPermissions`, without the SDK's mapping of `visibility` onto `canSee`:
+/// visibility says who sees the agent, not what it sees).
+pub fn resolve_agent_permissions(agent: &Agent, policy: &Policy) -> AgentPermissions {
+    let mut p = policy.agent_defaults.clone();
+    if let Some(role) = agent.role.as_deref().and_then(|r| policy.roles.get(r)) {
+        p = p.merged(role);
+    }
+    if let Some(over) = agent.permission_overrides.as_ref() {
+        // Stored overrides were validated when they were set; a bad one counts as none.
+        if let Ok(over) = parse_overrides(over) {
+            p = p.merged(&over);
+        }
+    }
+    p
+}
+
+/// Whether `agent` may have rules narrower than "everything" (cheap pre-check, so that open
+/// configurations skip resolution on hot paths).
+fn may_restrict(agent: &Agent, policy: &Policy) -> bool {
+    agent.permission_overrides.is_some()
+        || !policy.agent_defaults.is_open()
+        || agent
+            .role
+            .as_deref()
+            .is_some_and(|r| policy.roles.contains_key(r))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer 2: capabilities
+
+/// The capabilities a participant gets: the default matrix for its type, overridden by the
+/// configuration for its type and then for its principal, narrowed by what it asked for.
+pub fn grant(
+    policy: &Policy,
+    kind: ParticipantType,
+    principal: Option<&str>,
+    requested: Option<&ParticipantCapabilities>,
+) -> ParticipantCapabilities {
+    let mut caps = ParticipantCapabilities::defaults_for(kind);
+    if let Some(over) = policy.types.get(&kind) {
+        caps = caps.overlaid_by(over);
+    }
+    if let Some(over) = principal.and_then(|p| policy.principals.get(p)) {
+        caps = caps.overlaid_by(over);
+    }
+    match requested {
+        Some(r) => caps.narrowed_by(r),
+        None => caps,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Viewers
 
 /// The participant a decision is about.
 #[derive(Debug, Clone, Copy)]
@@ -22,20 +371,24 @@ pub struct Viewer<'a> {
     pub participant: &'a ParticipantId,
     /// Its declared type.
     pub kind: ParticipantType,
+    /// The agent it speaks as (its primary agent), whose `canSee` / `canMessage` rules apply.
+    pub agent: Option<&'a AgentId>,
+    /// The policy.
+    pub policy: &'a Policy,
 }
 
 impl Viewer<'_> {
-    fn is_system(&self) -> bool {
+    /// System participants see and may do everything.
+    pub fn is_system(&self) -> bool {
         self.kind == ParticipantType::System
     }
 }
 
+/// A shared policy for places that keep one (the router, the event bus).
+pub type SharedPolicy = Arc<Policy>;
+
 /// Whether `viewer` owns an agent that is a member of any of `scopes`.
-fn shares_scope(
-    viewer: &Viewer<'_>,
-    scopes: &[crate::protocol::ids::ScopeId],
-    reg: &Registry,
-) -> bool {
+fn shares_scope(viewer: &Viewer<'_>, scopes: &[ScopeId], reg: &Registry) -> bool {
     if scopes.is_empty() {
         return false;
     }
@@ -45,7 +398,36 @@ fn shares_scope(
     })
 }
 
-/// Layer 4: may `viewer` see `agent`?
+/// How `from` relates to `to` for agent rules.
+fn related(rule: &AgentRule, from: &Agent, to: &Agent, reg: &Registry) -> bool {
+    if from.id == to.id {
+        return true;
+    }
+    match rule {
+        AgentRule::Named(AgentRuleName::All) => true,
+        AgentRule::Named(AgentRuleName::Direct) => false,
+        AgentRule::Named(AgentRuleName::Hierarchy) => {
+            reg.ancestors(from.id.as_str(), None).contains(&to.id)
+                || reg.ancestors(to.id.as_str(), None).contains(&from.id)
+        }
+        AgentRule::Named(AgentRuleName::Scoped) => {
+            from.scopes.iter().any(|s| to.scopes.contains(s))
+        }
+        AgentRule::Include { include } => include.iter().any(|i| i == to.id.as_str()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers 1 and 4: agents
+
+/// Layer 1: is the agent exposed at all (to non-system participants)?
+pub fn agent_exposed(policy: &Policy, id: &str) -> bool {
+    policy.exposure.agents.exposes(id)
+}
+
+/// May `viewer` see `agent`? Exposure, the agent's `visibility`, then (for a viewer speaking as
+/// an agent) that agent's `canSee.agents`. A participant always sees the agents it owns
+/// (unless they are system-only).
 ///
 /// `scope` visibility means "the viewer owns an agent sharing a scope with it" (the SDK helper
 /// always allows it; permissions.md §5 fixes that).
@@ -53,8 +435,11 @@ pub fn can_see_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool
     if viewer.is_system() {
         return true;
     }
+    if !agent_exposed(viewer.policy, agent.id.as_str()) {
+        return false;
+    }
     let owns = |id: &str| reg.is_owned_by(id, viewer.participant.as_str());
-    match agent.visibility.unwrap_or_default() {
+    let visible = match agent.visibility.unwrap_or_default() {
         AgentVisibility::Public => true,
         AgentVisibility::System => false,
         AgentVisibility::ParentOnly => {
@@ -63,11 +448,102 @@ pub fn can_see_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool
         AgentVisibility::Scope => {
             owns(agent.id.as_str()) || shares_scope(viewer, &agent.scopes, reg)
         }
+    };
+    visible && viewer_agent_sees(viewer, agent, reg)
+}
+
+/// Layer 4 for viewers speaking as an agent: its `canSee.agents`.
+fn viewer_agent_sees(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
+    let Some(me) = viewer.agent.and_then(|a| reg.get(a.as_str())) else {
+        return true;
+    };
+    if !may_restrict(&me.agent, viewer.policy)
+        || reg.is_owned_by(agent.id.as_str(), viewer.participant.as_str())
+    {
+        return true;
+    }
+    match resolve_agent_permissions(&me.agent, viewer.policy)
+        .can_see
+        .agents
+    {
+        None => true,
+        Some(rule) => related(&rule, &me.agent, agent, reg),
     }
 }
 
+/// May a message from `viewer` (speaking as `sender`, if an agent) be delivered to `target`?
+/// The sender must see the target, its agent's `canMessage.agents` must allow it, and the
+/// target's `acceptsFrom` must accept the sender.
+pub fn can_message_agent(
+    viewer: &Viewer<'_>,
+    sender: Option<&Agent>,
+    target: &Agent,
+    reg: &Registry,
+) -> bool {
+    if !can_see_agent(viewer, target, reg) {
+        return false;
+    }
+    if let Some(sender) = sender {
+        if may_restrict(sender, viewer.policy) {
+            let rule = resolve_agent_permissions(sender, viewer.policy)
+                .can_message
+                .agents;
+            if rule.is_some_and(|r| !related(&r, sender, target, reg)) {
+                return false;
+            }
+        }
+    }
+    if !may_restrict(target, viewer.policy) {
+        return true;
+    }
+    let accepts = resolve_agent_permissions(target, viewer.policy).accepts_from;
+    let participant_rule = |rule: Option<ParticipantRule>| match rule {
+        None | Some(ParticipantRule::Named(AllOrNone::All)) => true,
+        Some(ParticipantRule::Named(AllOrNone::None)) => false,
+        Some(ParticipantRule::Include { include }) => {
+            include.iter().any(|i| i == viewer.participant.as_str())
+        }
+    };
+    match (viewer.kind, sender) {
+        (ParticipantType::Agent, Some(sender)) => accepts
+            .agents
+            .is_none_or(|rule| related(&rule, target, sender, reg)),
+        // An agent participant without an agent of its own is judged as a client.
+        (ParticipantType::Agent | ParticipantType::Client, _) => participant_rule(accepts.clients),
+        (ParticipantType::System | ParticipantType::Gateway, _) => {
+            participant_rule(accepts.systems)
+        }
+    }
+}
+
+/// May `viewer` act on `agent` as its controller (update, unregister, join it to scopes)?
+/// System participants, the owner, and the owner of any ancestor may.
+pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
+    if viewer.is_system() || agent.owner_id.as_ref() == Some(viewer.participant) {
+        return true;
+    }
+    reg.ancestors(agent.id.as_str(), None)
+        .iter()
+        .any(|a| reg.is_owned_by(a.as_str(), viewer.participant.as_str()))
+}
+
+/// May `viewer` stop, suspend, resume or inject into `agent`? (The capability itself,
+/// `lifecycle.canStop` / `canSteer`, is checked by the dispatcher.) Its controllers may; other
+/// agents may not; clients may when the policy lets them act on every agent they can see.
+pub fn can_manage_lifecycle(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
+    if can_control_agent(viewer, agent, reg) {
+        return true;
+    }
+    viewer.kind == ParticipantType::Client
+        && viewer.policy.client_lifecycle == ClientLifecycle::Visible
+        && can_see_agent(viewer, agent, reg)
+}
+
 /// The audience of events about `agent`, fixed when the event is emitted.
-pub fn agent_audience(agent: &Agent, reg: &Registry) -> Audience {
+pub fn agent_audience(agent: &Agent, reg: &Registry, policy: &Policy) -> Audience {
+    if !agent_exposed(policy, agent.id.as_str()) {
+        return Audience::System;
+    }
     match agent.visibility.unwrap_or_default() {
         AgentVisibility::Public => Audience::Everyone,
         AgentVisibility::System => Audience::System,
@@ -90,6 +566,135 @@ pub fn agent_audience(agent: &Agent, reg: &Registry) -> Audience {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Layer 3: scopes
+
+/// Layer 1: is the scope exposed at all?
+pub fn scope_exposed(policy: &Policy, id: &str) -> bool {
+    policy.exposure.scopes.exposes(id)
+}
+
+/// Whether `viewer` owns an agent that is a member of `scope`.
+fn owns_member(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -> bool {
+    scope
+        .members
+        .iter()
+        .any(|m| reg.is_owned_by(m.as_str(), viewer.participant.as_str()))
+}
+
+/// May `viewer` see `scope`? Exposure; `visibility` (`public`; `members` = the viewer owns a
+/// member agent; `system`); its creator always sees it; then the viewer agent's `canSee.scopes`.
+pub fn can_see_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -> bool {
+    if viewer.is_system() {
+        return true;
+    }
+    if !scope_exposed(viewer.policy, scope.scope.id.as_str()) {
+        return false;
+    }
+    let creator = scope.creator.as_ref() == Some(viewer.participant);
+    let visible = creator
+        || match scope.scope.visibility.unwrap_or_default() {
+            ScopeVisibility::Public => true,
+            ScopeVisibility::System => false,
+            ScopeVisibility::Members => owns_member(viewer, scope, reg),
+        };
+    if !visible {
+        return false;
+    }
+    let Some(me) = viewer.agent.and_then(|a| reg.get(a.as_str())) else {
+        return true;
+    };
+    if !may_restrict(&me.agent, viewer.policy) || creator {
+        return true;
+    }
+    match resolve_agent_permissions(&me.agent, viewer.policy)
+        .can_see
+        .scopes
+    {
+        None | Some(ScopeRule::Named(ScopeRuleName::All)) => true,
+        Some(ScopeRule::Named(ScopeRuleName::Member)) => me.agent.scopes.contains(&scope.scope.id),
+        Some(ScopeRule::Include { include }) => {
+            include.iter().any(|i| i == scope.scope.id.as_str())
+        }
+    }
+}
+
+/// Why a join is refused.
+pub type Refusal = String;
+
+/// May `viewer` add `agent` to `scope` (`joinPolicy`)? `open`: the agent's controllers (and the
+/// scope's creator); `invite`: the creator only; `role`: as `open`, and the agent's role must be
+/// in `autoJoinRoles`; `system`: system participants only. System participants may always.
+///
+/// # Errors
+/// Why not, for `Permission denied: ...`.
+pub fn can_join_scope(
+    viewer: &Viewer<'_>,
+    scope: &ScopeRecord,
+    agent: &Agent,
+    reg: &Registry,
+) -> Result<(), Refusal> {
+    if viewer.is_system() {
+        return Ok(());
+    }
+    let creator = scope.creator.as_ref() == Some(viewer.participant);
+    let controls = can_control_agent(viewer, agent, reg);
+    let id = &scope.scope.id;
+    match scope.scope.join_policy.unwrap_or_default() {
+        JoinPolicy::Open if creator || controls => Ok(()),
+        JoinPolicy::Open => Err(format!(
+            "agent {} is not controlled by this participant",
+            agent.id
+        )),
+        JoinPolicy::Invite if creator => Ok(()),
+        JoinPolicy::Invite => Err(format!(
+            "scope {id} is invite-only: only its creator adds members"
+        )),
+        JoinPolicy::Role => {
+            let roles = scope.scope.auto_join_roles.as_deref().unwrap_or_default();
+            if !agent.role.as_ref().is_some_and(|r| roles.contains(r)) {
+                Err(format!("scope {id} admits only the roles {roles:?}"))
+            } else if creator || controls {
+                Ok(())
+            } else {
+                Err(format!(
+                    "agent {} is not controlled by this participant",
+                    agent.id
+                ))
+            }
+        }
+        JoinPolicy::System => Err(format!("scope {id} is joined by system participants only")),
+    }
+}
+
+/// May `viewer` send to `scope` (`sendPolicy`)? `any`: anyone who sees it; `members` (default):
+/// participants owning a member agent, and its creator. System participants may always.
+pub fn can_send_to_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -> bool {
+    if viewer.is_system() {
+        return true;
+    }
+    match scope.scope.send_policy.unwrap_or_default() {
+        SendPolicy::Any => true,
+        SendPolicy::Members => {
+            scope.creator.as_ref() == Some(viewer.participant) || owns_member(viewer, scope, reg)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+/// Layer 1: may non-system participants see events of this type?
+pub fn event_type_exposed(policy: &Policy, kind: &str) -> bool {
+    let norm = |s: &str| s.replace('.', "_");
+    let k = norm(kind);
+    !policy
+        .exposure
+        .hidden_event_types
+        .iter()
+        .any(|h| glob_match(&norm(h), &k))
+}
+
 /// May `viewer` see an event with this audience?
 pub fn audience_allows(viewer: &Viewer<'_>, audience: &Audience, reg: &Registry) -> bool {
     if viewer.is_system() {
@@ -102,24 +707,35 @@ pub fn audience_allows(viewer: &Viewer<'_>, audience: &Audience, reg: &Registry)
         Audience::Scoped { owner, scopes } => {
             owner.as_ref() == Some(viewer.participant) || shares_scope(viewer, scopes, reg)
         }
+        Audience::All { of } => of.iter().all(|a| audience_allows(viewer, a, reg)),
     }
 }
 
-/// May `viewer` act on `agent` as its controller (update, unregister)? System participants, the
-/// owner, and the owner of any ancestor may.
-pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
-    if viewer.is_system() || agent.owner_id.as_ref() == Some(viewer.participant) {
+/// May `viewer` see an event: its type is exposed, its audience admits the viewer, and the agent
+/// it is about (if any, and if still registered) passes the viewer agent's `canSee.agents`.
+pub fn can_see_event(
+    viewer: &Viewer<'_>,
+    kind: &str,
+    audience: &Audience,
+    subject: Option<&AgentId>,
+    reg: &Registry,
+) -> bool {
+    if viewer.is_system() {
         return true;
     }
-    reg.ancestors(agent.id.as_str(), None)
-        .iter()
-        .any(|a| reg.is_owned_by(a.as_str(), viewer.participant.as_str()))
+    if !event_type_exposed(viewer.policy, kind) || !audience_allows(viewer, audience, reg) {
+        return false;
+    }
+    match subject.and_then(|s| reg.get(s.as_str())) {
+        Some(rec) => viewer_agent_sees(viewer, &rec.agent, reg),
+        None => true,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::ids::AgentId;
+    use crate::protocol::scope::Scope;
 
     fn agent(id: &str, parent: Option<&str>, owner: &str, vis: AgentVisibility) -> Agent {
         let mut a = Agent::new(id.into(), Some(owner.into()));
@@ -128,8 +744,18 @@ mod tests {
         a
     }
 
+    fn viewer<'a>(p: &'a ParticipantId, kind: ParticipantType, policy: &'a Policy) -> Viewer<'a> {
+        Viewer {
+            participant: p,
+            kind,
+            agent: None,
+            policy,
+        }
+    }
+
     #[test]
     fn visibility_table() {
+        let policy = Policy::default();
         let mut reg = Registry::default();
         reg.insert(agent("parent", None, "p-owner", AgentVisibility::Public));
         let child = agent(
@@ -148,10 +774,7 @@ mod tests {
             ParticipantId::from("other"),
             ParticipantId::from("sys"),
         );
-        let v = |p| Viewer {
-            participant: p,
-            kind: ParticipantType::Client,
-        };
+        let v = |p| viewer(p, ParticipantType::Client, &policy);
         assert!(can_see_agent(&v(&po), &child, &reg), "parent's owner");
         assert!(can_see_agent(&v(&co), &child, &reg), "owner");
         assert!(!can_see_agent(&v(&other), &child, &reg));
@@ -159,19 +782,17 @@ mod tests {
             !can_see_agent(&v(&co), &hidden, &reg),
             "system-only even for its owner"
         );
-        let system = Viewer {
-            participant: &sys,
-            kind: ParticipantType::System,
-        };
+        let system = viewer(&sys, ParticipantType::System, &policy);
         assert!(can_see_agent(&system, &hidden, &reg));
 
-        let audience = agent_audience(&child, &reg);
+        let audience = agent_audience(&child, &reg, &policy);
         assert!(audience_allows(&v(&po), &audience, &reg));
         assert!(!audience_allows(&v(&other), &audience, &reg));
     }
 
     #[test]
     fn control_follows_ownership_up_the_tree() {
+        let policy = Policy::default();
         let mut reg = Registry::default();
         reg.insert(agent("root", None, "boss", AgentVisibility::Public));
         let leaf = agent("leaf", Some("root"), "worker", AgentVisibility::Public);
@@ -181,12 +802,189 @@ mod tests {
             ParticipantId::from("worker"),
             ParticipantId::from("other"),
         );
-        let v = |p| Viewer {
-            participant: p,
-            kind: ParticipantType::Agent,
-        };
+        let v = |p| viewer(p, ParticipantType::Agent, &policy);
         assert!(can_control_agent(&v(&worker), &leaf, &reg));
         assert!(can_control_agent(&v(&boss), &leaf, &reg));
         assert!(!can_control_agent(&v(&other), &leaf, &reg));
+        assert!(
+            !can_manage_lifecycle(&v(&other), &leaf, &reg),
+            "a stranger agent"
+        );
+        let client = viewer(&other, ParticipantType::Client, &policy);
+        assert!(
+            can_manage_lifecycle(&client, &leaf, &reg),
+            "operator clients by default"
+        );
+        let strict = Policy {
+            client_lifecycle: ClientLifecycle::Controlled,
+            ..Policy::default()
+        };
+        let client = viewer(&other, ParticipantType::Client, &strict);
+        assert!(!can_manage_lifecycle(&client, &leaf, &reg));
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("internal-*", "internal-db"));
+        assert!(glob_match("a?c", "abc"));
+        assert!(!glob_match("a?c", "abbc"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("*x*y", "axbxy"));
+        assert!(!glob_match("internal-*", "public-internal-db"));
+    }
+
+    #[test]
+    fn exposure_hides_agents_and_event_types() {
+        let policy: Policy = toml::from_str(
+            "[exposure]\nhidden_event_types = [\"agent.metadata_changed\", \"message_*\"]\n[exposure.agents]\nhidden = [\"internal-*\"]\n",
+        )
+        .unwrap();
+        let mut reg = Registry::default();
+        let a = agent("internal-db", None, "o", AgentVisibility::Public);
+        reg.insert(a.clone());
+        let p = ParticipantId::from("o");
+        assert!(!can_see_agent(
+            &viewer(&p, ParticipantType::Client, &policy),
+            &a,
+            &reg
+        ));
+        assert_eq!(agent_audience(&a, &reg, &policy), Audience::System);
+        assert!(!event_type_exposed(&policy, "message_sent"));
+        assert!(
+            !event_type_exposed(&policy, "agent.metadata.changed"),
+            "either spelling"
+        );
+        assert!(event_type_exposed(&policy, "agent_registered"));
+    }
+
+    #[test]
+    fn accepts_from_and_can_message() {
+        let policy: Policy = toml::from_str(
+            "[roles.vault.acceptsFrom]\nagents = \"hierarchy\"\nclients = \"none\"\n",
+        )
+        .unwrap();
+        let mut reg = Registry::default();
+        let mut vault = agent("vault", Some("lead"), "ov", AgentVisibility::Public);
+        vault.role = Some("vault".into());
+        let lead = agent("lead", None, "ol", AgentVisibility::Public);
+        let stranger = agent("stranger", None, "os", AgentVisibility::Public);
+        reg.insert(lead.clone());
+        reg.insert(vault.clone());
+        reg.insert(stranger.clone());
+        let (ol, os, oc) = (
+            ParticipantId::from("ol"),
+            ParticipantId::from("os"),
+            ParticipantId::from("client"),
+        );
+        let as_agent = |p, a: &'static str| Viewer {
+            participant: p,
+            kind: ParticipantType::Agent,
+            agent: Some(Box::leak(Box::new(AgentId::from(a)))),
+            policy: &policy,
+        };
+        assert!(
+            can_message_agent(&as_agent(&ol, "lead"), Some(&lead), &vault, &reg),
+            "its parent"
+        );
+        assert!(!can_message_agent(
+            &as_agent(&os, "stranger"),
+            Some(&stranger),
+            &vault,
+            &reg
+        ));
+        let client = viewer(&oc, ParticipantType::Client, &policy);
+        assert!(
+            !can_message_agent(&client, None, &vault, &reg),
+            "clients: none"
+        );
+        assert!(
+            can_message_agent(&client, None, &lead, &reg),
+            "others accept everyone"
+        );
+    }
+
+    #[test]
+    fn join_and_send_policies() {
+        let policy = Policy::default();
+        let mut reg = Registry::default();
+        let mut worker = agent("w", None, "ow", AgentVisibility::Public);
+        worker.role = Some("worker".into());
+        reg.insert(worker.clone());
+        let record = |join: JoinPolicy, send: SendPolicy| ScopeRecord {
+            scope: Scope {
+                id: "s".into(),
+                name: None,
+                description: None,
+                parent: None,
+                join_policy: Some(join),
+                auto_join_roles: Some(vec!["lead".into()]),
+                visibility: None,
+                message_visibility: None,
+                send_policy: Some(send),
+                persistent: None,
+                auto_delete: None,
+                metadata: None,
+            },
+            order: 0,
+            members: Default::default(),
+            children: Default::default(),
+            creator: Some("creator".into()),
+        };
+        let (ow, creator) = (ParticipantId::from("ow"), ParticipantId::from("creator"));
+        let owner = viewer(&ow, ParticipantType::Agent, &policy);
+        let maker = viewer(&creator, ParticipantType::Agent, &policy);
+        assert!(can_join_scope(
+            &owner,
+            &record(JoinPolicy::Open, SendPolicy::Members),
+            &worker,
+            &reg
+        )
+        .is_ok());
+        assert!(can_join_scope(
+            &owner,
+            &record(JoinPolicy::Invite, SendPolicy::Members),
+            &worker,
+            &reg
+        )
+        .is_err());
+        assert!(can_join_scope(
+            &maker,
+            &record(JoinPolicy::Invite, SendPolicy::Members),
+            &worker,
+            &reg
+        )
+        .is_ok());
+        assert!(
+            can_join_scope(
+                &owner,
+                &record(JoinPolicy::Role, SendPolicy::Members),
+                &worker,
+                &reg
+            )
+            .is_err(),
+            "not a lead"
+        );
+        assert!(can_join_scope(
+            &maker,
+            &record(JoinPolicy::System, SendPolicy::Members),
+            &worker,
+            &reg
+        )
+        .is_err());
+        assert!(!can_send_to_scope(
+            &owner,
+            &record(JoinPolicy::Open, SendPolicy::Members),
+            &reg
+        ));
+        assert!(can_send_to_scope(
+            &maker,
+            &record(JoinPolicy::Open, SendPolicy::Members),
+            &reg
+        ));
+        assert!(can_send_to_scope(
+            &owner,
+            &record(JoinPolicy::Open, SendPolicy::Any),
+            &reg
+        ));
     }
 }

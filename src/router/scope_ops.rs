@@ -7,32 +7,19 @@
 //! owner, system) or being the scope's creator.
 
 use crate::protocol::agent::Agent;
-use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::{EventType, ScopeCreatedData, ScopeDeletedData};
 use crate::protocol::ids::{AgentId, EventId, ScopeId};
 use crate::protocol::methods::scopes::*;
 use crate::protocol::scope::{Scope, ScopeVisibility};
 
 use super::events::log::{Audience, FilterKeys};
-use super::permissions::{can_control_agent, can_see_agent};
+use super::permissions::{can_control_agent, can_join_scope, can_see_agent, can_see_scope};
 use super::scopes::ScopeRecord;
 use super::{Caller, Ctx, Router, RouterError};
 
 impl Router {
     fn can_see_scope(&self, caller: &Caller, scope: &ScopeRecord) -> bool {
-        if caller.kind == ParticipantType::System
-            || scope.creator.as_ref() == Some(&caller.participant)
-        {
-            return true;
-        }
-        match scope.scope.visibility.unwrap_or_default() {
-            ScopeVisibility::Public => true,
-            ScopeVisibility::System => false,
-            ScopeVisibility::Members => scope.members.iter().any(|m| {
-                self.registry
-                    .is_owned_by(m.as_str(), caller.participant.as_str())
-            }),
-        }
+        can_see_scope(&caller.viewer(), scope, &self.registry)
     }
 
     fn visible_scope(&self, caller: &Caller, id: &ScopeId) -> Result<&ScopeRecord, RouterError> {
@@ -40,6 +27,25 @@ impl Router {
             .get(id.as_str())
             .filter(|s| self.can_see_scope(caller, s))
             .ok_or_else(|| RouterError::ScopeNotFound(id.to_string()))
+    }
+
+    /// Checks that a new agent `id` (with `role`, owned by the caller) may start in `scopes`:
+    /// each must be visible (else 2002) and admit it under its `joinPolicy` (else 1003).
+    pub(crate) fn check_initial_scopes(
+        &self,
+        caller: &Caller,
+        id: &AgentId,
+        role: Option<&str>,
+        scopes: &[ScopeId],
+    ) -> Result<(), RouterError> {
+        let mut prospective = Agent::new(id.clone(), Some(caller.participant.clone()));
+        prospective.role = role.map(str::to_owned);
+        for scope in scopes {
+            let record = self.visible_scope(caller, scope)?;
+            can_join_scope(&caller.viewer(), record, &prospective, &self.registry)
+                .map_err(RouterError::PermissionDenied)?;
+        }
+        Ok(())
     }
 
     /// The scope and its ancestors, as filter keys.
@@ -54,24 +60,33 @@ impl Router {
 
     /// Who may see events about a scope (and about `agent` in it).
     pub(crate) fn scope_audience(&self, scope: &ScopeId, agent: Option<&Agent>) -> Audience {
-        let agent_audience = agent.map(|a| super::permissions::agent_audience(a, &self.registry));
+        let agent_audience = agent.map(|a| {
+            super::permissions::agent_audience(a, &self.registry, &self.config.permissions)
+        });
         let scope_vis = self
             .scopes
             .get(scope.as_str())
             .and_then(|s| s.scope.visibility)
             .unwrap_or_default();
+        let creator = self
+            .scopes
+            .get(scope.as_str())
+            .and_then(|s| s.creator.clone());
         let scope_audience = match scope_vis {
+            _ if !super::permissions::scope_exposed(&self.config.permissions, scope.as_str()) => {
+                Audience::System
+            }
             ScopeVisibility::Public => Audience::Everyone,
             ScopeVisibility::System => Audience::System,
             ScopeVisibility::Members => Audience::Scoped {
-                owner: None,
+                owner: creator,
                 scopes: vec![scope.clone()],
             },
         };
-        // The narrower of the two (an agent-specific audience wins over a public scope).
-        match (agent_audience, scope_audience) {
-            (Some(Audience::Everyone) | None, s) => s,
-            (Some(a), _) => a,
+        // Whoever may see both the agent and the scope.
+        match agent_audience {
+            Some(a) => a.and(scope_audience),
+            None => scope_audience,
         }
     }
 
@@ -211,10 +226,12 @@ impl Router {
         })
     }
 
+    /// Checks a join (`joinPolicy`) or a leave (the agent's controllers or the scope's creator).
     fn check_membership_change(
         &self,
         caller: &Caller,
         p: &MembershipParams,
+        joining: bool,
     ) -> Result<Agent, RouterError> {
         let scope = self.visible_scope(caller, &p.scope_id)?;
         let agent = self
@@ -223,6 +240,17 @@ impl Router {
             .map(|r| &r.agent)
             .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        if joining {
+            // Joining again is a no-op for whoever controls the agent (its policy allowed it
+            // in once); anyone else must pass the policy.
+            let again = scope.members.contains(&p.agent_id)
+                && can_control_agent(&caller.viewer(), agent, &self.registry);
+            if !again {
+                can_join_scope(&caller.viewer(), scope, agent, &self.registry)
+                    .map_err(RouterError::PermissionDenied)?;
+            }
+            return Ok(agent.clone());
+        }
         let creator = scope.creator.as_ref() == Some(&caller.participant);
         if !creator && !can_control_agent(&caller.viewer(), agent, &self.registry) {
             return Err(RouterError::PermissionDenied(format!(
@@ -240,7 +268,7 @@ impl Router {
         p: MembershipParams,
     ) -> Result<JoinResult, RouterError> {
         let caller = self.caller(ctx)?;
-        self.check_membership_change(&caller, &p)?;
+        self.check_membership_change(&caller, &p, true)?;
         self.add_member(&p.scope_id, &p.agent_id, Vec::new());
         Ok(JoinResult {
             scope: self.scope_snapshot(&p.scope_id)?,
@@ -256,7 +284,7 @@ impl Router {
         p: MembershipParams,
     ) -> Result<LeaveResult, RouterError> {
         let caller = self.caller(ctx)?;
-        self.check_membership_change(&caller, &p)?;
+        self.check_membership_change(&caller, &p, false)?;
         self.remove_member(&p.scope_id, &p.agent_id, Vec::new());
         Ok(LeaveResult {
             scope: self.scope_snapshot(&p.scope_id)?,

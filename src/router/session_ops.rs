@@ -16,19 +16,20 @@
 use std::time::Instant;
 
 use crate::protocol::agent::{Agent, AgentState};
-use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType, StreamingCaps};
+use crate::protocol::capabilities::{Capability, ParticipantType, StreamingCaps};
 use crate::protocol::event::{
     AgentOrphanedData, AgentStateChangedData, EventType, ParticipantConnectedData,
-    ParticipantDisconnectedData,
+    ParticipantDisconnectedData, PermissionsClientUpdatedData,
 };
 use crate::protocol::ids::{now_ms, random_token, AgentId, EventId, ParticipantId, SessionId};
+use crate::protocol::methods::permissions::{PermissionsUpdateParams, PermissionsUpdateResult};
 use crate::protocol::methods::session::{
     AgentBehavior, ConnectParams, ConnectResult, DisconnectParams, DisconnectPolicy,
     DisconnectResult, SessionInfo, SystemInfo,
 };
 use crate::protocol::PROTOCOL_VERSION;
 
-use super::events::log::FilterKeys;
+use super::events::log::{Audience, EventDraft, FilterKeys};
 use super::outbox::Outbound;
 use super::session::Session;
 use super::{ConnId, Ctx, Deadline, Router, RouterError};
@@ -125,10 +126,14 @@ impl Router {
             }
             _ => ParticipantId::generate(),
         };
-        let mut capabilities = ParticipantCapabilities::defaults_for(kind);
-        if let Some(requested) = &p.capabilities {
-            capabilities = capabilities.narrowed_by(requested);
-        }
+        // The principal's overrides apply once authentication provides one.
+        let principal: Option<&str> = None;
+        let mut capabilities = super::permissions::grant(
+            &self.config.permissions,
+            kind,
+            principal,
+            p.capabilities.as_ref(),
+        );
         capabilities.streaming = Some(streaming_caps());
         let session = Session {
             id: SessionId::generate(),
@@ -525,4 +530,60 @@ impl Router {
 fn unreachable_session<T>(id: &SessionId) -> T {
     // Callers only pass ids they just looked up on the same (single-threaded) router task.
     panic!("session {id} vanished while the router held it")
+}
+
+impl Router {
+    /// `map/permissions/update`: system participants only. The flags given are set on the
+    /// target session (a per-group merge); the next request and the next event already see
+    /// them. Revoking `observation.canObserve` ends the target's subscriptions after the
+    /// `permissions_client_updated` event that announces it.
+    pub fn handle_permissions_update(
+        &mut self,
+        ctx: &Ctx,
+        p: PermissionsUpdateParams,
+    ) -> Result<PermissionsUpdateResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        if caller.kind != ParticipantType::System {
+            return Err(RouterError::PermissionDenied(
+                "map/permissions/update is for system participants".into(),
+            ));
+        }
+        let session = self
+            .sessions
+            .by_participant(p.client_id.as_str())
+            .map(|s| s.id.clone())
+            .ok_or_else(|| {
+                RouterError::InvalidParams(format!("Client {} not found", p.client_id))
+            })?;
+        let s = self
+            .sessions
+            .get_mut(session.as_str())
+            .ok_or(RouterError::Unavailable)?;
+        let mut effective = s.capabilities.clone().overlaid_by(&p.permissions);
+        effective.streaming = Some(streaming_caps());
+        s.capabilities = effective.clone();
+        self.emit(EventDraft {
+            kind: EventType::PermissionsClientUpdated,
+            source: Some(caller.participant.as_arc().clone()),
+            data: super::to_json(&PermissionsClientUpdatedData {
+                client_id: p.client_id.clone(),
+                changes: p.permissions,
+                effective_permissions: effective.clone(),
+                changed_by: caller.participant.clone(),
+                updated_by: caller.participant.clone(),
+            }),
+            caused_by: Vec::new(),
+            keys: FilterKeys::default(),
+            audience: Audience::Participants {
+                who: vec![p.client_id],
+            },
+        });
+        if !effective.has(Capability::CanObserve) {
+            self.bus.remove_session(&session);
+        }
+        Ok(PermissionsUpdateResult {
+            success: true,
+            effective_permissions: effective,
+        })
+    }
 }

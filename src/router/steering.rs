@@ -19,7 +19,6 @@ use crate::protocol::methods::steering::{InjectDelivery, InjectParams, InjectRes
 use super::events;
 use super::messaging::message_frame;
 use super::outbox::Outbound;
-use super::permissions::can_see_agent;
 use super::{Ctx, Router, RouterError};
 
 fn delivery_name(d: InjectDelivery) -> &'static str {
@@ -40,12 +39,7 @@ impl Router {
     ) -> Result<InjectResult, RouterError> {
         let caller = self.caller(ctx)?;
         self.config.quotas.check_payload(Some(&p.content))?;
-        let agent = self
-            .registry
-            .get(p.agent_id.as_str())
-            .map(|r| r.agent.clone())
-            .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
-            .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+        let agent = self.lifecycle_agent(&caller, &p.agent_id)?;
         let delivery = p.delivery.unwrap_or_default();
         let urgent = matches!(delivery, InjectDelivery::Steer | InjectDelivery::Interrupt);
         let mut inject = serde_json::json!({

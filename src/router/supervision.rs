@@ -143,9 +143,16 @@ impl Router {
         if self.registry.contains(id.as_str()) || self.supervised.contains_key(&id) {
             return Err(RouterError::AgentExists(id.to_string()));
         }
-        for scope in p.register.scopes.iter().flatten() {
-            if !self.scopes.contains(scope.as_str()) {
-                return Err(RouterError::ScopeNotFound(scope.to_string()));
+        let scopes = p.register.scopes.as_deref().unwrap_or_default();
+        match &caller {
+            Some(caller) => {
+                self.check_initial_scopes(caller, &id, p.register.role.as_deref(), scopes)?;
+            }
+            // Agents from the router's own configuration: trusted, the scopes must exist.
+            None => {
+                if let Some(scope) = scopes.iter().find(|s| !self.scopes.contains(s.as_str())) {
+                    return Err(RouterError::ScopeNotFound(scope.to_string()));
+                }
             }
         }
         let mut template = p.register.clone();

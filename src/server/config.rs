@@ -16,6 +16,7 @@ use crate::protocol::methods::agents::{
 };
 use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::events::log::Retention;
+use crate::router::permissions::Policy;
 use crate::router::quotas::{self, Quotas};
 use crate::router::rate::{self, Rate, RateLimits};
 use crate::router::{
@@ -68,6 +69,8 @@ pub struct Config {
     pub events: EventSettings,
     /// Durable storage of the event log.
     pub storage: StorageSettings,
+    /// Who may see and do what (exposure, capability overrides, agent rules).
+    pub permissions: Policy,
     /// Timeouts for supervised processes.
     pub supervisor: SupervisorConfig,
     /// Agent processes to start with the router (`[[agents]]`).
@@ -332,6 +335,7 @@ impl Default for Config {
             router: RouterSettings::default(),
             events: EventSettings::default(),
             storage: StorageSettings::default(),
+            permissions: Policy::default(),
             supervisor: SupervisorConfig::default(),
             agents: Vec::new(),
         }
@@ -519,6 +523,7 @@ impl Config {
                 max_payload_bytes: self.limits.max_payload_bytes,
                 max_sessions_per_principal: self.limits.max_sessions_per_principal,
             },
+            permissions: std::sync::Arc::new(self.permissions.clone()),
             ..RouterConfig::default()
         }
     }

@@ -14,6 +14,7 @@ use super::capabilities::Capability;
 pub mod agents;
 pub mod events;
 pub mod messaging;
+pub mod permissions;
 pub mod scopes;
 pub mod session;
 pub mod steering;
@@ -87,6 +88,7 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<ScopesLeave>();
     visit.visit::<ScopesMembers>();
     visit.visit::<steering::Inject>();
+    visit.visit::<permissions::PermissionsUpdate>();
 }
 
 /// Receives each method type from [`for_each_method`].

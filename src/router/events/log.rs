@@ -37,6 +37,32 @@ pub enum Audience {
         /// That agent's scopes.
         scopes: Vec<ScopeId>,
     },
+    /// Whoever every one of these admits (an event about several things: a message between
+    /// two agents is seen only by those who may see both).
+    All {
+        /// The audiences.
+        of: Vec<Audience>,
+    },
+}
+
+impl Audience {
+    /// The audience admitting whoever both `self` and `other` admit.
+    pub fn and(self, other: Audience) -> Audience {
+        match (self, other) {
+            (Audience::Everyone, x) | (x, Audience::Everyone) => x,
+            (Audience::System, _) | (_, Audience::System) => Audience::System,
+            (a, b) if a == b => a,
+            (Audience::All { mut of }, Audience::All { of: more }) => {
+                of.extend(more);
+                Audience::All { of }
+            }
+            (Audience::All { mut of }, x) | (x, Audience::All { mut of }) => {
+                of.push(x);
+                Audience::All { of }
+            }
+            (a, b) => Audience::All { of: vec![a, b] },
+        }
+    }
 }
 
 /// Values filters match on, extracted when the event is emitted.

@@ -34,13 +34,13 @@ use tokio::sync::mpsc;
 
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::{EventType, SubscriptionOverflowData};
-use crate::protocol::ids::{ParticipantId, SessionId, SubscriptionId};
+use crate::protocol::ids::{AgentId, ParticipantId, SessionId, SubscriptionId};
 use crate::store::{EventStore, StoreError};
 
 use self::filter::CompiledFilter;
 use self::log::{Audience, EventLog, EventRecord, Lookup, StoredRow};
 use super::outbox::{CausedBy, Delivery, Outbound, Outbox, PushError};
-use super::permissions::{audience_allows, Viewer};
+use super::permissions::{can_see_event, SharedPolicy, Viewer};
 use super::registry::Registry;
 use super::{Command, ConnId};
 
@@ -85,6 +85,10 @@ pub struct Subscription {
     pub participant: ParticipantId,
     /// Subscriber type.
     pub participant_type: ParticipantType,
+    /// The agent the subscriber speaks as (its `canSee` rules apply).
+    pub agent: Option<AgentId>,
+    /// The permission policy.
+    pub policy: SharedPolicy,
     /// Compiled filter.
     pub filter: CompiledFilter,
     /// Skip events caused by the subscriber itself.
@@ -404,8 +408,16 @@ fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
     let viewer = Viewer {
         participant: &sub.participant,
         kind: sub.participant_type,
+        agent: sub.agent.as_ref(),
+        policy: &sub.policy,
     };
-    if !audience_allows(&viewer, &rec.audience, reg) {
+    if !can_see_event(
+        &viewer,
+        rec.kind.as_str(),
+        &rec.audience,
+        rec.keys.agent_id.as_ref(),
+        reg,
+    ) {
         return false;
     }
     if sub.exclude_own {
