@@ -28,10 +28,16 @@ impl Id {
     }
 
     /// Validates raw JSON as an id: a string, a number or `null` (JSON-RPC 2.0 §4).
+    ///
+    /// A number must also fit a double (`1e400` does not): the id is echoed verbatim, and a
+    /// response that a strict JSON parser cannot read would never reach its caller.
     pub fn from_raw(raw: &RawValue) -> Option<Self> {
         let text = raw.get().trim();
         match text.as_bytes().first()? {
-            b'"' | b'-' | b'0'..=b'9' => Some(Self(text.into())),
+            b'"' => Some(Self(text.into())),
+            b'-' | b'0'..=b'9' => serde_json::from_str::<serde_json::Number>(text)
+                .ok()
+                .map(|_| Self(text.into())),
             b'n' if text == "null" => Some(Self(text.into())),
             _ => None,
         }
@@ -83,6 +89,38 @@ impl ErrorCode {
     // MAP federation (5xxx)
     pub const FEDERATION_UNAVAILABLE: Self = Self(5000);
     pub const FEDERATION_SYSTEM_NOT_FOUND: Self = Self(5001);
+
+    /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
+    /// The fuzz property tests check that no other code ever reaches a peer.
+    pub const ALL: [Self; 27] = [
+        Self::PARSE_ERROR,
+        Self::INVALID_REQUEST,
+        Self::METHOD_NOT_FOUND,
+        Self::INVALID_PARAMS,
+        Self::INTERNAL_ERROR,
+        Self::AUTH_REQUIRED,
+        Self::AUTH_FAILED,
+        Self::TOKEN_EXPIRED,
+        Self::PERMISSION_DENIED,
+        Self::INSUFFICIENT_SCOPE,
+        Self::METHOD_NOT_SUPPORTED,
+        Self::INVALID_CREDENTIALS,
+        Self::ADDRESS_NOT_FOUND,
+        Self::AGENT_NOT_FOUND,
+        Self::SCOPE_NOT_FOUND,
+        Self::DELIVERY_FAILED,
+        Self::ADDRESS_AMBIGUOUS,
+        Self::AGENT_EXISTS,
+        Self::STATE_INVALID,
+        Self::NOT_RESPONDING,
+        Self::TERMINATED,
+        Self::SPAWN_FAILED,
+        Self::EXHAUSTED,
+        Self::RATE_LIMITED,
+        Self::QUOTA_EXCEEDED,
+        Self::FEDERATION_UNAVAILABLE,
+        Self::FEDERATION_SYSTEM_NOT_FOUND,
+    ];
 
     /// The `data.category` the SDK associates with this code (wire.md §3).
     pub fn category(self) -> ErrorCategory {
@@ -305,7 +343,8 @@ pub fn classify(raw: &RawValue) -> Incoming<'_> {
             None => {
                 return Incoming::Invalid {
                     id: Id::null(),
-                    reason: "id must be a string, a number or null".into(),
+                    reason: "id must be a string, a number (within the range of a double) or null"
+                        .into(),
                 }
             }
         },
@@ -459,6 +498,47 @@ pub fn check_depth(text: &str, max: usize) -> Result<(), ErrorObject> {
         }
     }
     Ok(())
+}
+
+/// The shape of one text frame once its frame-level checks passed (see [`parse_frame`]).
+#[derive(Debug)]
+pub enum Frame<'a> {
+    /// One JSON value that is not an array (normally an object; anything else is answered
+    /// `-32600` by the session).
+    One(&'a RawValue),
+    /// A batch: between 1 and `max_batch` entries, in order.
+    Batch(Vec<&'a RawValue>),
+}
+
+/// The frame-level checks every transport's text goes through before any entry is classified,
+/// in this order: nesting depth (a linear scan, before any value is built: `-32600`), JSON
+/// syntax (`-32700`), then for a batch its syntax, emptiness and size (`-32600`). An `Err` is
+/// answered once with `id: null`.
+///
+/// # Errors
+/// The error object to send with `id: null`.
+pub fn parse_frame(
+    text: &str,
+    max_depth: usize,
+    max_batch: usize,
+) -> Result<Frame<'_>, ErrorObject> {
+    check_depth(text, max_depth)?;
+    let raw = parse_raw(text)?;
+    if !raw.get().trim_start().starts_with('[') {
+        return Ok(Frame::One(raw));
+    }
+    let items = split_batch(raw)?;
+    if items.is_empty() {
+        return Err(ErrorObject::invalid_request("empty batch"));
+    }
+    if items.len() > max_batch {
+        return Err(ErrorObject::invalid_request(format!(
+            "batch of {} exceeds the limit of {}",
+            items.len(),
+            max_batch
+        )));
+    }
+    Ok(Frame::Batch(items))
 }
 
 /// Splits a JSON array's raw text into its elements (for batches).

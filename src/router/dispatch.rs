@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
-use crate::protocol::jsonrpc::{self, ErrorObject, Id, Incoming};
+use crate::protocol::jsonrpc::{self, ErrorObject, Frame, Id, Incoming};
 use crate::protocol::methods::{self, Method};
 
 use super::outbox::{Outbound, Outbox};
@@ -457,25 +457,22 @@ impl RpcSession {
     /// Handles one text frame without queueing anything: the caller writes `response` where it
     /// belongs (the outbox, an HTTP body) and then calls [`RpcSession::complete`].
     pub async fn handle(&mut self, text: &str) -> Handled {
-        // NB: before parsing, so a deeply nested frame costs one linear scan and no values.
-        if let Err(e) = jsonrpc::check_depth(text, self.limits.max_depth) {
-            return Self::error(&e);
+        // NB: the depth is checked before parsing, so a deeply nested frame costs one linear
+        // scan and no values.
+        match jsonrpc::parse_frame(text, self.limits.max_depth, self.max_batch) {
+            Err(e) => Self::error(&e),
+            Ok(Frame::Batch(items)) => self.handle_batch(items).await,
+            Ok(Frame::One(raw)) => {
+                if !raw.get().trim_start().starts_with('{') {
+                    return Self::error(&ErrorObject::invalid_request(
+                        "a JSON-RPC message must be an object or a batch",
+                    ));
+                }
+                let mut after = Vec::new();
+                let response = self.handle_one(raw, &mut after).await;
+                Handled { response, after }
+            }
         }
-        let raw = match serde_json::from_str::<&RawValue>(text) {
-            Ok(raw) => raw,
-            Err(e) => return Self::error(&ErrorObject::parse_error(e.to_string())),
-        };
-        if raw.get().trim_start().starts_with('[') {
-            return self.handle_batch(raw).await;
-        }
-        if !raw.get().trim_start().starts_with('{') {
-            return Self::error(&ErrorObject::invalid_request(
-                "a JSON-RPC message must be an object or a batch",
-            ));
-        }
-        let mut after = Vec::new();
-        let response = self.handle_one(raw, &mut after).await;
-        Handled { response, after }
     }
 
     /// A frame-level error (oversize frame, binary frame, bad UTF-8) answered with `id: null`.
@@ -494,21 +491,7 @@ impl RpcSession {
         self.deliver(Self::error(error)).await
     }
 
-    async fn handle_batch(&mut self, raw: &RawValue) -> Handled {
-        let items = match jsonrpc::split_batch(raw) {
-            Ok(items) => items,
-            Err(e) => return Self::error(&e),
-        };
-        if items.is_empty() {
-            return Self::error(&ErrorObject::invalid_request("empty batch"));
-        }
-        if items.len() > self.max_batch {
-            return Self::error(&ErrorObject::invalid_request(format!(
-                "batch of {} exceeds the limit of {}",
-                items.len(),
-                self.max_batch
-            )));
-        }
+    async fn handle_batch(&mut self, items: Vec<&RawValue>) -> Handled {
         let mut responses = Vec::new();
         let mut after = Vec::new();
         for item in items {
