@@ -452,3 +452,11 @@ fn a_filter_that_constrains_nothing_matches_every_sample_event() {
     assert_eq!(filter_matches(br#"{"eventTypes":[""]}"#), Err(-32602));
     assert_eq!(filter_matches(b"[1]"), Ok(None));
 }
+
+/// Regression (proptest on the frame_decode entry point): a line of Unicode-only whitespace is
+/// skipped like a blank line instead of becoming an empty frame answered `-32700`.
+#[test]
+fn unicode_blank_lines_are_not_frames() {
+    let frames = check_decode(b"\x0b\n\xe2\x80\xa8\r\n \t\n", 1).expect("invariants hold");
+    assert!(frames.is_empty(), "{frames:?}");
+}
