@@ -17,6 +17,9 @@
 //!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
 //!   `map-router` user commands (`agent`, `watch`, `send`, ...) on it.
 //!
+//! - `fuzzing` (hidden): entry points shared by the cargo-fuzz targets in `fuzz/` and
+//!   `tests/fuzz_prop.rs`; not a stable API.
+//!
 //! `docs/architecture.md` describes who owns what and how requests and events flow;
 //! `docs/compatibility.md` records every choice between the SDK, the spec and the reference
 //! servers.
@@ -24,6 +27,8 @@
 pub mod auth;
 pub mod cli;
 pub mod client;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod process;
 pub mod protocol;
 pub mod router;

@@ -63,6 +63,27 @@ struct ServeArgs {
     /// Keep events in memory only: nothing is written to disk and nothing survives a restart.
     #[arg(long)]
     ephemeral: bool,
+    /// PEM certificate chain: serve wss:// and https:// (needs --tls-key).
+    #[arg(long, env = "MAP_ROUTER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "MAP_ROUTER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Network connections at once (0: unlimited).
+    #[arg(long, env = "MAP_ROUTER_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Network connections at once from one IP address (0: unlimited).
+    #[arg(long, env = "MAP_ROUTER_MAX_CONNECTIONS_PER_IP")]
+    max_connections_per_ip: Option<usize>,
+    /// Requests per second per connection (0: unlimited).
+    #[arg(long, env = "MAP_ROUTER_RATE_PER_CONNECTION")]
+    rate_per_connection: Option<u32>,
+    /// Requests per second per principal, or per IP address without one (0: unlimited).
+    #[arg(long, env = "MAP_ROUTER_RATE_PER_PRINCIPAL")]
+    rate_per_principal: Option<u32>,
+    /// Close connections that have not completed map/connect within this many ms (0: never).
+    #[arg(long, env = "MAP_ROUTER_HANDSHAKE_TIMEOUT_MS")]
+    handshake_timeout_ms: Option<u64>,
     #[command(flatten)]
     auth: AuthArgs,
 }
@@ -197,6 +218,26 @@ fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
     if let Some(n) = args.max_frame_bytes {
         config.limits.max_frame_bytes = n;
     }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls.cert = Some(cert.clone());
+        config.tls.key = Some(key.clone());
+    }
+    let l = &mut config.limits;
+    if let Some(n) = args.max_connections {
+        l.max_connections = n;
+    }
+    if let Some(n) = args.max_connections_per_ip {
+        l.max_connections_per_ip = n;
+    }
+    if let Some(n) = args.rate_per_connection {
+        l.rate_per_connection = n;
+    }
+    if let Some(n) = args.rate_per_principal {
+        l.rate_per_principal = n;
+    }
+    if let Some(n) = args.handshake_timeout_ms {
+        l.handshake_timeout_ms = n;
+    }
     if args.ephemeral {
         config.storage.ephemeral = true;
     } else if let Some(dir) = &args.data_dir {
@@ -218,6 +259,11 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let scheme = if config.tls.files().is_some() {
+        "wss"
+    } else {
+        "ws"
+    };
     let runtime = match map_router::cli::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -233,7 +279,7 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
         };
         for addr in server.local_addrs() {
             // Stable, parseable line (tests and scripts read it to find the port).
-            eprintln!("map-router listening on ws://{addr}/");
+            eprintln!("map-router listening on {scheme}://{addr}/");
         }
         match mode {
             Mode::Listen => signals.wait().await,

@@ -28,10 +28,16 @@ impl Id {
     }
 
     /// Validates raw JSON as an id: a string, a number or `null` (JSON-RPC 2.0 §4).
+    ///
+    /// A number must also fit a double (`1e400` does not): the id is echoed verbatim, and a
+    /// response that a strict JSON parser cannot read would never reach its caller.
     pub fn from_raw(raw: &RawValue) -> Option<Self> {
         let text = raw.get().trim();
         match text.as_bytes().first()? {
-            b'"' | b'-' | b'0'..=b'9' => Some(Self(text.into())),
+            b'"' => Some(Self(text.into())),
+            b'-' | b'0'..=b'9' => serde_json::from_str::<serde_json::Number>(text)
+                .ok()
+                .map(|_| Self(text.into())),
             b'n' if text == "null" => Some(Self(text.into())),
             _ => None,
         }
@@ -83,6 +89,38 @@ impl ErrorCode {
     // MAP federation (5xxx)
     pub const FEDERATION_UNAVAILABLE: Self = Self(5000);
     pub const FEDERATION_SYSTEM_NOT_FOUND: Self = Self(5001);
+
+    /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
+    /// The fuzz property tests check that no other code ever reaches a peer.
+    pub const ALL: [Self; 27] = [
+        Self::PARSE_ERROR,
+        Self::INVALID_REQUEST,
+        Self::METHOD_NOT_FOUND,
+        Self::INVALID_PARAMS,
+        Self::INTERNAL_ERROR,
+        Self::AUTH_REQUIRED,
+        Self::AUTH_FAILED,
+        Self::TOKEN_EXPIRED,
+        Self::PERMISSION_DENIED,
+        Self::INSUFFICIENT_SCOPE,
+        Self::METHOD_NOT_SUPPORTED,
+        Self::INVALID_CREDENTIALS,
+        Self::ADDRESS_NOT_FOUND,
+        Self::AGENT_NOT_FOUND,
+        Self::SCOPE_NOT_FOUND,
+        Self::DELIVERY_FAILED,
+        Self::ADDRESS_AMBIGUOUS,
+        Self::AGENT_EXISTS,
+        Self::STATE_INVALID,
+        Self::NOT_RESPONDING,
+        Self::TERMINATED,
+        Self::SPAWN_FAILED,
+        Self::EXHAUSTED,
+        Self::RATE_LIMITED,
+        Self::QUOTA_EXCEEDED,
+        Self::FEDERATION_UNAVAILABLE,
+        Self::FEDERATION_SYSTEM_NOT_FOUND,
+    ];
 
     /// The `data.category` the SDK associates with this code (wire.md §3).
     pub fn category(self) -> ErrorCategory {
@@ -187,11 +225,22 @@ impl ErrorObject {
             .with_details(serde_json::Value::String(detail.into()))
     }
 
-    /// `-32601 Method not found: <m>` (the SDK's exact message).
+    /// `-32601 Method not found: <m>` (the SDK's exact message). A method name longer than
+    /// [`MAX_ECHOED_METHOD`] bytes is cut there (with `…`), so a hostile name is not reflected
+    /// back whole.
     pub fn method_not_found(method: &str) -> Self {
+        let shown = if method.len() > MAX_ECHOED_METHOD {
+            let mut cut = MAX_ECHOED_METHOD;
+            while !method.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            format!("{}…", &method[..cut])
+        } else {
+            method.to_owned()
+        };
         Self::new(
             ErrorCode::METHOD_NOT_FOUND,
-            format!("Method not found: {method}"),
+            format!("Method not found: {shown}"),
         )
     }
 
@@ -205,7 +254,20 @@ impl ErrorObject {
     pub fn internal(detail: impl Into<String>) -> Self {
         Self::new(ErrorCode::INTERNAL_ERROR, detail)
     }
+
+    /// `4001 Rate limited` (the SDK's message), retryable, with `data.retryAfterMs`: how long
+    /// until the same call would be admitted.
+    pub fn rate_limited(retry_after_ms: u64) -> Self {
+        let mut e = Self::new(ErrorCode::RATE_LIMITED, "Rate limited").retryable();
+        if let Some(d) = e.data.as_mut() {
+            d.retry_after_ms = Some(retry_after_ms);
+        }
+        e
+    }
 }
+
+/// The longest method name echoed in full in `-32601`.
+pub const MAX_ECHOED_METHOD: usize = 128;
 
 /// One incoming JSON object, classified the way the SDK classifies messages (wire.md §2).
 #[derive(Debug)]
@@ -281,7 +343,8 @@ pub fn classify(raw: &RawValue) -> Incoming<'_> {
             None => {
                 return Incoming::Invalid {
                     id: Id::null(),
-                    reason: "id must be a string, a number or null".into(),
+                    reason: "id must be a string, a number (within the range of a double) or null"
+                        .into(),
                 }
             }
         },
@@ -388,6 +451,96 @@ pub fn parse_raw(text: &str) -> Result<&RawValue, ErrorObject> {
     serde_json::from_str::<&RawValue>(text).map_err(|e| ErrorObject::parse_error(e.to_string()))
 }
 
+/// Default cap on JSON nesting depth (objects and arrays) of one frame. MAP messages nest a
+/// handful of levels (envelope, params, payload, a user's own structure); 64 leaves room for
+/// rich payloads while staying well under serde_json's recursion limit of 128, so a hostile
+/// frame is refused by a linear scan before any value is built.
+pub const DEFAULT_MAX_DEPTH: usize = 64;
+
+/// The largest `max_depth` that can be configured: serde_json itself refuses deeper input.
+pub const MAX_DEPTH_LIMIT: usize = 128;
+
+/// Checks that `text` nests objects and arrays at most `max` levels deep (a batch counts as one
+/// level). One pass over the bytes, tracking strings and escapes, no allocation: cheap enough
+/// to run on every frame before parsing it.
+///
+/// Only nesting is judged; malformed JSON within the limit is left to the parser.
+///
+/// # Errors
+/// `-32600 Invalid request` naming the limit when the text nests deeper.
+pub fn check_depth(text: &str, max: usize) -> Result<(), ErrorObject> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return Err(ErrorObject::invalid_request(format!(
+                        "JSON nesting exceeds the limit of {max} levels"
+                    )));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The shape of one text frame once its frame-level checks passed (see [`parse_frame`]).
+#[derive(Debug)]
+pub enum Frame<'a> {
+    /// One JSON value that is not an array (normally an object; anything else is answered
+    /// `-32600` by the session).
+    One(&'a RawValue),
+    /// A batch: between 1 and `max_batch` entries, in order.
+    Batch(Vec<&'a RawValue>),
+}
+
+/// The frame-level checks every transport's text goes through before any entry is classified,
+/// in this order: nesting depth (a linear scan, before any value is built: `-32600`), JSON
+/// syntax (`-32700`), then for a batch its syntax, emptiness and size (`-32600`). An `Err` is
+/// answered once with `id: null`.
+///
+/// # Errors
+/// The error object to send with `id: null`.
+pub fn parse_frame(
+    text: &str,
+    max_depth: usize,
+    max_batch: usize,
+) -> Result<Frame<'_>, ErrorObject> {
+    check_depth(text, max_depth)?;
+    let raw = parse_raw(text)?;
+    if !raw.get().trim_start().starts_with('[') {
+        return Ok(Frame::One(raw));
+    }
+    let items = split_batch(raw)?;
+    if items.is_empty() {
+        return Err(ErrorObject::invalid_request("empty batch"));
+    }
+    if items.len() > max_batch {
+        return Err(ErrorObject::invalid_request(format!(
+            "batch of {} exceeds the limit of {}",
+            items.len(),
+            max_batch
+        )));
+    }
+    Ok(Frame::Batch(items))
+}
+
 /// Splits a JSON array's raw text into its elements (for batches).
 pub fn split_batch(raw: &RawValue) -> Result<Vec<&RawValue>, ErrorObject> {
     serde_json::from_str::<Vec<&RawValue>>(raw.get())
@@ -469,6 +622,28 @@ mod tests {
             classify(raw(r#"{"jsonrpc":"2.0","id":3}"#)),
             Incoming::Invalid { .. }
         ));
+    }
+
+    #[test]
+    fn rate_limited_serializes_exactly() {
+        assert_eq!(
+            serde_json::to_string(&ErrorObject::rate_limited(250)).unwrap(),
+            r#"{"code":4001,"message":"Rate limited","data":{"category":"resource","retryable":true,"retryAfterMs":250}}"#
+        );
+    }
+
+    #[test]
+    fn depth_is_counted_outside_strings_only() {
+        assert!(check_depth(r#"{"a":[{"b":1}]}"#, 3).is_ok());
+        assert!(check_depth(r#"{"a":[{"b":1}]}"#, 2).is_err());
+        // Brackets inside strings (escaped quotes included) do not count.
+        assert!(check_depth(r#"{"a":"[[[[\"{{{{"}"#, 1).is_ok());
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let e = check_depth(&deep, 64).unwrap_err();
+        assert_eq!(e.code, ErrorCode::INVALID_REQUEST);
+        assert!(check_depth(&deep, 100).is_ok());
+        // Unbalanced closers never underflow.
+        assert!(check_depth("]]]]{}", 1).is_ok());
     }
 
     #[test]

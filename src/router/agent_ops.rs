@@ -123,6 +123,7 @@ impl Router {
                 return Err(RouterError::AgentExists(id.to_string()));
             }
         }
+        self.check_agent_quota(caller.participant.as_str())?;
         if let Some(parent) = &p.parent {
             self.visible_agent(caller, parent)?;
         }

@@ -17,6 +17,10 @@
 //!
 //! Ordering guarantee: a `map/subscribe` response is queued *before* the subscription is
 //! activated, so no `map/event` can overtake it.
+//!
+//! Limits applied here, before anything is parsed into values or reaches the router
+//! ([`SessionLimits`]): JSON nesting depth (checked on the raw text, `-32600`), batch size
+//! (`-32600`), and the request rate (`4001` with `data.retryAfterMs`, see [`super::rate`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -25,12 +29,13 @@ use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
-use crate::protocol::jsonrpc::{self, ErrorObject, Id, Incoming};
+use crate::protocol::jsonrpc::{self, ErrorObject, Frame, Id, Incoming};
 use crate::protocol::methods::{self, Method};
 
 use super::auth_ops::{self, Verdict};
 use super::outbox::{Outbound, Outbox};
 use super::pipeline::Pipeline;
+use super::rate::{retry_after_ms, ConnRate};
 use super::{subscription_ops, Command, ConnId, Ctx, Router, RouterError, RouterHandle};
 use crate::auth::Authenticator;
 use crate::process::WeakSupervisor;
@@ -393,6 +398,26 @@ fn declared_causes(params: Option<&RawValue>) -> Vec<crate::protocol::ids::Event
         .unwrap_or_default()
 }
 
+/// The principal id in a `map/connect` result, if any.
+fn principal_of(result: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Principal {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct WithPrincipal {
+        #[serde(default)]
+        principal: Option<Principal>,
+    }
+    if !result.contains("\"principal\"") {
+        return None;
+    }
+    serde_json::from_str::<WithPrincipal>(result)
+        .ok()?
+        .principal
+        .map(|p| p.id)
+}
+
 /// Decodes params; absent params decode from `{}`.
 fn decode_params<P: serde::de::DeserializeOwned>(
     params: Option<&RawValue>,
@@ -404,6 +429,27 @@ fn decode_params<P: serde::de::DeserializeOwned>(
         ));
     }
     serde_json::from_str(text).map_err(jsonrpc::params_error)
+}
+
+/// What [`RpcSession`] refuses before dispatch (besides the batch size).
+#[derive(Debug)]
+pub struct SessionLimits {
+    /// Deepest JSON nesting accepted in one frame (see [`jsonrpc::check_depth`]).
+    pub max_depth: usize,
+    /// The connection's request-rate buckets.
+    pub rate: ConnRate,
+    /// Longest wait for a rate token before a paced notification (an ack) is applied anyway.
+    pub pace_limit: std::time::Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: jsonrpc::DEFAULT_MAX_DEPTH,
+            rate: ConnRate::default(),
+            pace_limit: std::time::Duration::from_secs(1),
+        }
+    }
 }
 
 /// Per-connection JSON-RPC state, shared by every transport.
@@ -423,6 +469,7 @@ pub struct RpcSession {
     needs_commit: Option<(u64, Id)>,
     /// Handling a batch (whose answers are never pipelined).
     in_batch: bool,
+    limits: SessionLimits,
 }
 
 /// The connection's writer (or the router) is gone; stop reading.
@@ -463,6 +510,7 @@ impl RpcSession {
             connected: false,
             awaiting_auth: false,
             max_batch: max_batch.max(1),
+            limits: SessionLimits::default(),
             pipeline: None,
             needs_commit: None,
             in_batch: false,
@@ -507,6 +555,18 @@ impl RpcSession {
                 None => return Ok(()),
             }
         }
+    }
+
+    /// The same session with these limits (depth, rate).
+    pub fn with_limits(mut self, limits: SessionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Keys the session's shared rate bucket on an authenticated principal from now on (called
+    /// when `map/connect` returns a `principal`; authentication may call it too).
+    pub fn set_principal(&mut self, id: &str) {
+        self.limits.rate.set_principal(id);
     }
 
     /// The router's id for this connection.
@@ -556,21 +616,22 @@ impl RpcSession {
     /// Handles one text frame without queueing anything: the caller writes `response` where it
     /// belongs (the outbox, an HTTP body) and then calls [`RpcSession::complete`].
     pub async fn handle(&mut self, text: &str) -> Handled {
-        let raw = match serde_json::from_str::<&RawValue>(text) {
-            Ok(raw) => raw,
-            Err(e) => return Self::error(&ErrorObject::parse_error(e.to_string())),
-        };
-        if raw.get().trim_start().starts_with('[') {
-            return self.handle_batch(raw).await;
+        // NB: the depth is checked before parsing, so a deeply nested frame costs one linear
+        // scan and no values.
+        match jsonrpc::parse_frame(text, self.limits.max_depth, self.max_batch) {
+            Err(e) => Self::error(&e),
+            Ok(Frame::Batch(items)) => self.handle_batch(items).await,
+            Ok(Frame::One(raw)) => {
+                if !raw.get().trim_start().starts_with('{') {
+                    return Self::error(&ErrorObject::invalid_request(
+                        "a JSON-RPC message must be an object or a batch",
+                    ));
+                }
+                let mut after = Vec::new();
+                let response = self.handle_one(raw, &mut after).await;
+                Handled { response, after }
+            }
         }
-        if !raw.get().trim_start().starts_with('{') {
-            return Self::error(&ErrorObject::invalid_request(
-                "a JSON-RPC message must be an object or a batch",
-            ));
-        }
-        let mut after = Vec::new();
-        let response = self.handle_one(raw, &mut after).await;
-        Handled { response, after }
     }
 
     /// A frame-level error (oversize frame, binary frame, bad UTF-8) answered with `id: null`.
@@ -589,21 +650,7 @@ impl RpcSession {
         self.deliver(Self::error(error)).await
     }
 
-    async fn handle_batch(&mut self, raw: &RawValue) -> Handled {
-        let items = match jsonrpc::split_batch(raw) {
-            Ok(items) => items,
-            Err(e) => return Self::error(&e),
-        };
-        if items.is_empty() {
-            return Self::error(&ErrorObject::invalid_request("empty batch"));
-        }
-        if items.len() > self.max_batch {
-            return Self::error(&ErrorObject::invalid_request(format!(
-                "batch of {} exceeds the limit of {}",
-                items.len(),
-                self.max_batch
-            )));
-        }
+    async fn handle_batch(&mut self, items: Vec<&RawValue>) -> Handled {
         let mut responses = Vec::new();
         let mut after = Vec::new();
         self.in_batch = true;
@@ -636,6 +683,11 @@ impl RpcSession {
         match jsonrpc::classify(raw) {
             Incoming::Request { id, method, params } => {
                 let mut out = String::new();
+                if let Err(wait) = self.limits.rate.check() {
+                    let e = ErrorObject::rate_limited(retry_after_ms(wait));
+                    jsonrpc::write_error(&mut out, &id, &e);
+                    return Some(out);
+                }
                 // Only `map/send` (the hot path) is pipelined: other calls may read the store
                 // or change what later requests are allowed, so they keep waiting in line.
                 let pipelined = self.pipeline.is_some()
@@ -658,6 +710,9 @@ impl RpcSession {
                             AfterReply::Connected => {
                                 self.connected = true;
                                 self.awaiting_auth = false;
+                                if let Some(principal) = principal_of(&reply.result) {
+                                    self.set_principal(&principal);
+                                }
                             }
                             AfterReply::AuthRequired => {
                                 self.connected = false;
@@ -723,6 +778,8 @@ impl RpcSession {
             tracing::debug!(conn = %self.conn, "ignoring a malformed map/subscribe.ack");
             return;
         };
+        // NB: paced, never dropped: a lost ack would stall a credit-window subscription.
+        self.limits.rate.pace(self.limits.pace_limit).await;
         let conn = self.conn;
         let op: super::Op = Box::new(move |r: &mut Router| {
             r.handle_ack(conn, &ack.subscription_id, ack.up_to_sequence);

@@ -62,6 +62,9 @@ pub enum RouterError {
     /// A configured limit was reached.
     #[error("Resource exhausted: {0}")]
     Exhausted(String),
+    /// A per-session or per-principal quota was reached (`[limits]`).
+    #[error("Quota exceeded: {0}")]
+    QuotaExceeded(String),
     /// The durable store failed.
     #[error("Storage error: {0}")]
     Storage(String),
@@ -98,6 +101,7 @@ impl RouterError {
             Self::InvalidParams(detail) => ErrorObject::invalid_params(detail.clone()),
             Self::InvalidRequest(detail) => ErrorObject::invalid_request(detail.clone()),
             Self::Exhausted(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg).retryable(),
+            Self::QuotaExceeded(_) => ErrorObject::new(ErrorCode::QUOTA_EXCEEDED, msg),
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),

@@ -217,6 +217,7 @@ impl Router {
     /// `map/send`.
     pub fn handle_send(&mut self, ctx: &Ctx, p: SendParams) -> Result<SendResult, RouterError> {
         let caller = self.caller(ctx)?;
+        self.config.quotas.check_payload(p.payload.as_ref())?;
         let d = self.deliver_message(&caller, p.to, p.payload, p.meta, Vec::new())?;
         Ok(SendResult {
             message_id: d.message_id,

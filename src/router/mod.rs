@@ -24,6 +24,8 @@ pub mod messaging;
 pub mod outbox;
 pub mod permissions;
 pub mod pipeline;
+pub mod quotas;
+pub mod rate;
 pub mod recovery;
 pub mod registry;
 pub mod scope_ops;
@@ -110,6 +112,8 @@ pub struct RouterConfig {
     pub commit_timeout: Duration,
     /// Authentication, when some method is enabled (`None`: everyone is admitted, anonymous).
     pub auth: Option<Arc<crate::auth::Authenticator>>,
+    /// Per-session and per-principal quotas (`[limits]`).
+    pub quotas: quotas::Quotas,
     /// Who may see and do what (`[permissions]`).
     pub permissions: permissions::SharedPolicy,
 }
@@ -131,6 +135,7 @@ impl Default for RouterConfig {
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
             auth: None,
+            quotas: quotas::Quotas::default(),
             permissions: Arc::default(),
         }
     }

@@ -140,6 +140,15 @@ impl Outbox {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+
+    /// Completes when the writer has gone away (it gave up on a peer that stopped reading, or
+    /// the connection is closing).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
 }
 
 impl OutboxReceiver {

@@ -151,6 +151,11 @@ impl Registry {
             .unwrap_or_default()
     }
 
+    /// How many agents `owner` owns (for the agents-per-session quota).
+    pub fn owned_count(&self, owner: &str) -> usize {
+        self.by_owner.get(owner).map_or(0, BTreeSet::len)
+    }
+
     /// Whether `owner` owns any agent.
     pub fn owns_any(&self, owner: &str) -> bool {
         self.by_owner.contains_key(owner)

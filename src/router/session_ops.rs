@@ -154,6 +154,14 @@ impl Router {
                     "the session to resume is a {session_kind} session; connect as {session_kind} to resume it"
                 )));
             }
+            let detached_principal = self
+                .sessions
+                .get(session_id.as_str())
+                .filter(|s| s.conn.is_none())
+                .and_then(|s| s.principal.as_ref().map(|p| p.id.clone()));
+            if let Some(principal) = detached_principal {
+                self.check_principal_quota(&principal)?;
+            }
             self.renew_principal(&session_id, principal);
             return Ok(self.resume_session(ctx.conn, &session_id, p.reclaim_agents.as_deref()));
         }
@@ -200,6 +208,9 @@ impl Router {
             principal,
             auth_epoch: 0,
         };
+        if let Some(principal) = &session.principal {
+            self.check_principal_quota(&principal.id)?;
+        }
         let session_id = session.id.clone();
         self.sessions.insert(session);
         self.arm_credential(&session_id);

@@ -38,6 +38,7 @@ impl Router {
         p: InjectParams,
     ) -> Result<InjectResult, RouterError> {
         let caller = self.caller(ctx)?;
+        self.config.quotas.check_payload(Some(&p.content))?;
         let agent = self.lifecycle_agent(&caller, &p.agent_id)?;
         let delivery = p.delivery.unwrap_or_default();
         let urgent = matches!(delivery, InjectDelivery::Steer | InjectDelivery::Interrupt);

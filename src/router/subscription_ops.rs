@@ -321,6 +321,7 @@ impl Router {
         start: Option<u64>,
     ) -> Result<SubscribeResult, RouterError> {
         let caller = self.caller(ctx)?;
+        self.check_subscription_quota(ctx)?;
         let filter = compile(p.filter.as_ref())?;
         let head = self.bus.log.next_seq();
         let start = start.map_or(head, |s| s.min(head));

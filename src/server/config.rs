@@ -10,17 +10,21 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::process::SupervisorSettings;
+use crate::protocol::jsonrpc::{DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT};
 use crate::protocol::methods::agents::{
     CommandSpec, RegisterParams, RestartMode, RestartPolicy, SpawnParams,
 };
 use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::events::log::Retention;
 use crate::router::permissions::Policy;
+use crate::router::quotas::{self, Quotas};
+use crate::router::rate::{self, Rate, RateLimits};
 use crate::router::{
     Durability, RouterConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_LOG_BYTES, DEFAULT_LOG_EVENTS,
     DEFAULT_OUTBOX_FRAMES, DEFAULT_PENDING_MESSAGES,
 };
 use crate::store::sqlite::{self, SqliteOptions, Synchronous};
+use crate::transport::admission::{self, Admission};
 use crate::transport::connection::ConnectionOptions;
 
 /// Default listen address: loopback only, so a fresh install exposes nothing.
@@ -36,6 +40,13 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 5_000;
 /// Default resume window (ms).
 pub const DEFAULT_RESUME_WINDOW_MS: u64 = 60_000;
+/// Default time a new connection has to complete `map/connect`: the SDK's own open timeout
+/// (10 s); a peer that has not said who it is by then is holding a connection for nothing.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Default time for a TLS handshake and for each HTTP request's headers (including the
+/// WebSocket upgrade request): generous for slow networks, short enough that a slow-loris
+/// peer trickling header bytes holds its connection slot only briefly.
+pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
 /// The data directory `map-router serve` uses when neither the config file nor `--data-dir`
 /// names one (relative to the working directory). The library default is ephemeral.
 pub const DEFAULT_DATA_DIR: &str = "map-router-data";
@@ -48,6 +59,8 @@ pub struct Config {
     pub listen: Vec<SocketAddr>,
     /// Limits.
     pub limits: Limits,
+    /// TLS for the listeners (`wss://`, `https://`).
+    pub tls: TlsSettings,
     /// WebSocket keep-alive.
     pub websocket: WebSocketSettings,
     /// Router behaviour.
@@ -155,7 +168,8 @@ impl AgentConfig {
     }
 }
 
-/// `[limits]`.
+/// `[limits]`. Every count or rate can be 0 to disable that limit (except the frame, batch and
+/// depth limits, which always apply).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
@@ -163,6 +177,55 @@ pub struct Limits {
     pub max_frame_bytes: usize,
     /// Largest batch.
     pub max_batch: usize,
+    /// Deepest JSON nesting (objects and arrays) in one frame; at most 128.
+    pub max_depth: usize,
+    /// Largest serialized `map/send` payload (and `map/inject` content) in bytes.
+    pub max_payload_bytes: usize,
+    /// Subscriptions one session may hold.
+    pub max_subscriptions_per_session: usize,
+    /// Agents one session may own.
+    pub max_agents_per_session: usize,
+    /// Sessions attached at once per authenticated principal.
+    pub max_sessions_per_principal: usize,
+    /// Network connections at once (TCP connections and HTTP sessions).
+    pub max_connections: usize,
+    /// Network connections at once from one IP address.
+    pub max_connections_per_ip: usize,
+    /// Requests per second per connection (sustained).
+    pub rate_per_connection: u32,
+    /// Requests a connection may send at once.
+    pub burst_per_connection: u32,
+    /// Requests per second per principal (else per remote IP address).
+    pub rate_per_principal: u32,
+    /// Requests a principal (or address) may send at once.
+    pub burst_per_principal: u32,
+    /// A connection without a MAP session this long is closed, in ms.
+    pub handshake_timeout_ms: u64,
+    /// TLS handshake and HTTP request headers must arrive within this, in ms.
+    pub header_timeout_ms: u64,
+}
+
+/// `[tls]`: both or neither.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM certificate chain.
+    pub cert: Option<PathBuf>,
+    /// PEM private key.
+    pub key: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// The files, when TLS is on.
+    pub fn files(&self) -> Option<super::tls::TlsFiles> {
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some(super::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// `[websocket]`.
@@ -269,6 +332,7 @@ impl Default for Config {
         Self {
             listen: vec![DEFAULT_LISTEN.parse().expect("valid default address")],
             limits: Limits::default(),
+            tls: TlsSettings::default(),
             websocket: WebSocketSettings::default(),
             router: RouterSettings::default(),
             events: EventSettings::default(),
@@ -286,6 +350,19 @@ impl Default for Limits {
         Self {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             max_batch: DEFAULT_MAX_BATCH,
+            max_depth: DEFAULT_MAX_DEPTH,
+            max_payload_bytes: quotas::DEFAULT_MAX_PAYLOAD_BYTES,
+            max_subscriptions_per_session: quotas::DEFAULT_MAX_SUBSCRIPTIONS_PER_SESSION,
+            max_agents_per_session: quotas::DEFAULT_MAX_AGENTS_PER_SESSION,
+            max_sessions_per_principal: quotas::DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+            max_connections: admission::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_ip: admission::DEFAULT_MAX_CONNECTIONS_PER_IP,
+            rate_per_connection: rate::DEFAULT_CONNECTION_RATE.per_second,
+            burst_per_connection: rate::DEFAULT_CONNECTION_RATE.burst,
+            rate_per_principal: rate::DEFAULT_PRINCIPAL_RATE.per_second,
+            burst_per_principal: rate::DEFAULT_PRINCIPAL_RATE.burst,
+            handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
+            header_timeout_ms: DEFAULT_HEADER_TIMEOUT_MS,
         }
     }
 }
@@ -389,6 +466,15 @@ impl Config {
         if self.limits.max_batch == 0 {
             return bad("limits.max_batch must be at least 1");
         }
+        if !(2..=MAX_DEPTH_LIMIT).contains(&self.limits.max_depth) {
+            return bad("limits.max_depth must be between 2 and 128");
+        }
+        if self.limits.header_timeout_ms == 0 {
+            return bad("limits.header_timeout_ms must be at least 1");
+        }
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return bad("tls needs both cert and key (or neither)");
+        }
         if self.router.outbox_frames < 2 {
             return bad("router.outbox_frames must be at least 2");
         }
@@ -435,6 +521,12 @@ impl Config {
             strict_recipients: self.router.strict_recipients,
             durability: self.storage.durability,
             commit_timeout: Duration::from_millis(self.storage.commit_timeout_ms),
+            quotas: Quotas {
+                max_subscriptions_per_session: self.limits.max_subscriptions_per_session,
+                max_agents_per_session: self.limits.max_agents_per_session,
+                max_payload_bytes: self.limits.max_payload_bytes,
+                max_sessions_per_principal: self.limits.max_sessions_per_principal,
+            },
             permissions: std::sync::Arc::new(self.permissions.clone()),
             ..RouterConfig::default()
         }
@@ -451,12 +543,43 @@ impl Config {
         }
     }
 
-    /// Per-connection settings.
+    /// The request-rate limits (a fresh set of buckets: call once per server).
+    pub fn rate_limits(&self) -> std::sync::Arc<RateLimits> {
+        let l = &self.limits;
+        RateLimits::new(
+            Some(Rate {
+                per_second: l.rate_per_connection,
+                burst: l.burst_per_connection,
+            }),
+            Some(Rate {
+                per_second: l.rate_per_principal,
+                burst: l.burst_per_principal,
+            }),
+        )
+    }
+
+    /// The network connection counters (fresh: call once per server).
+    pub fn admission(&self) -> std::sync::Arc<Admission> {
+        Admission::new(
+            self.limits.max_connections,
+            self.limits.max_connections_per_ip,
+        )
+    }
+
+    /// Deadline for TLS handshakes and HTTP request headers.
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_millis(self.limits.header_timeout_ms)
+    }
+
+    /// Per-connection settings (with a fresh set of rate buckets).
     pub fn connection_options(&self) -> ConnectionOptions {
         let ms = |v: u64| (v > 0).then(|| Duration::from_millis(v));
         ConnectionOptions {
             max_frame_bytes: self.limits.max_frame_bytes,
             max_batch: self.limits.max_batch,
+            max_depth: self.limits.max_depth,
+            handshake_timeout: ms(self.limits.handshake_timeout_ms),
+            rate: self.rate_limits(),
             ping_interval: ms(self.websocket.ping_interval_ms),
             idle_timeout: ms(self.websocket.idle_timeout_ms),
             drain_timeout: Duration::from_millis(self.websocket.drain_timeout_ms),

@@ -15,13 +15,14 @@
 //! channel whose last sender dropping means "everyone is done".
 
 pub mod config;
+pub mod listener;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::get;
-use axum::serve::ListenerExt as _;
 use axum::Router as HttpRouter;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -72,6 +73,7 @@ impl Server {
             .auth
             .build(&config.router.name)
             .map_err(|e| std::io::Error::other(format!("auth: {e}")))?;
+        let tls = config.tls.files().map(|f| tls::acceptor(&f)).transpose()?;
         let mut listeners = Vec::new();
         for addr in &config.listen {
             listeners.push(TcpListener::bind(addr).await?);
@@ -93,6 +95,7 @@ impl Server {
         };
         let store_handle = store.as_ref().map(|(s, _)| Arc::clone(s));
         let options = config.connection_options();
+        let admission = config.admission();
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
         let (router, router_task) = Router::start(
@@ -137,30 +140,29 @@ impl Server {
                 ctx: ctx.clone(),
                 options: options.clone(),
             })
-            .merge(http::routes(ctx.clone(), options.clone()));
+            .merge(http::routes_with(
+                ctx.clone(),
+                options.clone(),
+                http::HttpSettings {
+                    admission: Some(admission.clone()),
+                    body_timeout: Some(config.header_timeout()),
+                    ..http::HttpSettings::default()
+                },
+            ));
+        let listener_settings = listener::ListenerSettings {
+            admission,
+            tls,
+            header_timeout: config.header_timeout(),
+            drain_timeout: options.drain_timeout,
+        };
         let mut http_tasks = Vec::new();
-        for listener in listeners {
-            let app = app.clone();
-            let mut stop = shutdown_rx.clone();
-            http_tasks.push(tokio::spawn(async move {
-                // NB. Without TCP_NODELAY, Nagle's algorithm holds a small frame until the
-                // peer acknowledges the previous one, and a peer that only reads delays its
-                // acknowledgements (about 40 ms on Linux): deliveries to agents and subscribers
-                // waited up to that long at low rates (docs/performance.md).
-                let listener = listener.tap_io(|tcp| {
-                    if let Err(e) = tcp.set_nodelay(true) {
-                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                    }
-                });
-                let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "listener failed");
-                }
-            }));
+        for tcp in listeners {
+            http_tasks.push(tokio::spawn(listener::serve(
+                tcp,
+                app.clone(),
+                listener_settings.clone(),
+                shutdown_rx.clone(),
+            )));
         }
         Ok(Self {
             addrs,

@@ -15,6 +15,12 @@
 //!   nothing (not even a pong) arrived for `idle_timeout`.
 //! - On shutdown the reader queues a close frame behind what is already queued, so pending
 //!   responses and events still go out; the writer gets `drain_timeout` to finish.
+//! - Handshake: a connection that has no MAP session `handshake_timeout` after it opened (or
+//!   after its session ended) is closed with 1008 and a reason; on pipes, which have no close
+//!   frame, the connection just ends.
+//! - A peer that stops reading: the writer gives up when one write or flush takes longer than
+//!   `idle_timeout`; the reader notices at once (the outbox closes) and ends the connection.
+//!   Until then the outbox is bounded, so the stalled peer pins a bounded amount of memory.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,9 +29,10 @@ use futures::{Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::protocol::jsonrpc::ErrorObject;
-use crate::router::dispatch::{Dispatcher, RpcSession, DEFAULT_MAX_BATCH};
+use crate::protocol::jsonrpc::{ErrorObject, DEFAULT_MAX_DEPTH};
+use crate::router::dispatch::{Dispatcher, RpcSession, SessionLimits, DEFAULT_MAX_BATCH};
 use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
+use crate::router::rate::RateLimits;
 use crate::router::session::ConnOrigin;
 use crate::router::{Command, ConnId, RouterHandle};
 
@@ -74,6 +81,9 @@ pub enum TransportError {
         /// The hard limit.
         limit: usize,
     },
+    /// A WebSocket text frame that is not UTF-8: the connection must fail (RFC 6455 §8.1).
+    #[error("a text frame is not valid UTF-8")]
+    InvalidText,
     /// Any other I/O or protocol failure.
     #[error("{0}")]
     Other(String),
@@ -96,6 +106,15 @@ pub struct ConnectionOptions {
     pub write_batch: usize,
     /// Who is on the other end (a supervised child's pipes, or a remote peer).
     pub origin: ConnOrigin,
+    /// Deepest JSON nesting accepted in a frame.
+    pub max_depth: usize,
+    /// Close a connection that has no MAP session this long after it opened (`None`: never).
+    pub handshake_timeout: Option<Duration>,
+    /// Request-rate limits (shared by every connection of a server).
+    pub rate: Arc<RateLimits>,
+    /// The peer's network address, when it has one (keys the shared rate bucket of an
+    /// unauthenticated peer).
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 impl Default for ConnectionOptions {
@@ -108,6 +127,10 @@ impl Default for ConnectionOptions {
             drain_timeout: Duration::from_secs(5),
             write_batch: 64,
             origin: ConnOrigin::Remote,
+            max_depth: DEFAULT_MAX_DEPTH,
+            handshake_timeout: Some(Duration::from_secs(10)),
+            rate: RateLimits::unlimited(),
+            peer: None,
         }
     }
 }
@@ -154,9 +177,20 @@ pub async fn serve_connection<St, Si>(
         },
     ));
     let mut session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch)
+        .with_limits(SessionLimits {
+            max_depth: opts.max_depth,
+            rate: opts.rate.connection(opts.peer.map(|p| p.ip())),
+            ..SessionLimits::default()
+        })
         .with_pipelining();
     let idle = opts.idle_timeout;
     let mut deadline = idle.map(|d| Instant::now() + d);
+    // A supervised child's handshake is the supervisor's business (its own timeout).
+    let handshake = match opts.origin {
+        ConnOrigin::Remote | ConnOrigin::InProcess | ConnOrigin::Stdio => opts.handshake_timeout,
+        ConnOrigin::Supervised { .. } => None,
+    };
+    let mut handshake_deadline = handshake.map(|d| Instant::now() + d);
     let close = |code: u16, reason: &str| Outbound::Close {
         code,
         reason: reason.into(),
@@ -170,6 +204,14 @@ pub async fn serve_connection<St, Si>(
             // NB: shutdown first, so a busy peer cannot starve it.
             biased;
             _ = shutdown.changed() => continue,
+            () = tx.closed() => {
+                tracing::debug!(%conn, "writer gave up (the peer is not reading); closing");
+                break None;
+            }
+            () = sleep_until_opt(handshake_deadline) => {
+                let ms = handshake.map_or(0, |d| d.as_millis());
+                break Some(close(1008, &format!("handshake timeout: no map/connect within {ms} ms")));
+            }
             () = session.commit_ready() => {
                 if session.flush_committed(false).await.is_err() {
                     break None;
@@ -188,6 +230,9 @@ pub async fn serve_connection<St, Si>(
             None | Some(Ok(InFrame::Close)) => break None,
             Some(Err(TransportError::Oversized { limit })) => {
                 break Some(close(1009, &format!("message exceeds {limit} bytes")));
+            }
+            Some(Err(TransportError::InvalidText)) => {
+                break Some(close(1007, "text frame is not valid UTF-8"));
             }
             Some(Err(e)) => {
                 tracing::debug!(%conn, error = %e, "transport error");
@@ -227,6 +272,12 @@ pub async fn serve_connection<St, Si>(
         if result.is_err() {
             break None;
         }
+        handshake_deadline = match (session.is_connected(), handshake_deadline) {
+            (true, _) => None,
+            // The session ended (map/disconnect): the clock starts again.
+            (false, None) => handshake.map(|d| Instant::now() + d),
+            (false, running) => running,
+        };
     };
 
     if let Some(close) = exit {

@@ -44,6 +44,10 @@
 //!   `idle_timeout` beyond a keep-alive period (a peer that stopped reading). The router then
 //!   applies its transport-loss rules; the MAP session can be resumed with its `resumeToken`
 //!   from a new HTTP connection. A periodic sweep (a quarter of the timeout, at most 1 s) does it.
+//! - **Limits.** A new HTTP session takes a network-connection slot (`transport::admission`)
+//!   for as long as it lives, like a WebSocket does; over the limit its `map/connect` POST is
+//!   answered `503` / `429` with a JSON-RPC error body. A request body must arrive within
+//!   `body_timeout` (else `408`). Depth and rate limits are the same as on every transport.
 //! - **Shutdown.** Streams flush what is queued, send `event: close`, and end; every
 //!   connection is detached. Drain guards are held only by live connections, streams and
 //!   in-flight POSTs, so `Server::shutdown` can finish.
@@ -55,7 +59,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Extension, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -71,10 +75,12 @@ use super::TransportContext;
 use crate::protocol::ids::random_token;
 use crate::protocol::jsonrpc::ErrorObject;
 use crate::protocol::methods::notifications;
-use crate::router::dispatch::RpcSession;
+use crate::router::dispatch::{RpcSession, SessionLimits};
 use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
 use crate::router::session::ConnOrigin;
 use crate::router::{Command, ConnId, RouterError};
+use crate::server::listener::PeerInfo;
+use crate::transport::admission::{Admission, Slot};
 
 /// Path of the JSON-RPC endpoint.
 pub const RPC_PATH: &str = "/map/rpc";
@@ -108,6 +114,10 @@ pub struct HttpSettings {
     pub ring_bytes: usize,
     /// Interval of SSE keep-alive comments.
     pub keep_alive: Duration,
+    /// Counters that HTTP sessions take a place in (`None`: not counted).
+    pub admission: Option<Arc<Admission>>,
+    /// A request body must arrive within this (`None`: no limit).
+    pub body_timeout: Option<Duration>,
 }
 
 impl Default for HttpSettings {
@@ -116,6 +126,8 @@ impl Default for HttpSettings {
             ring_frames: DEFAULT_RING_FRAMES,
             ring_bytes: DEFAULT_RING_BYTES,
             keep_alive: DEFAULT_KEEP_ALIVE,
+            admission: None,
+            body_timeout: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -187,6 +199,8 @@ struct HttpConn {
     closed: watch::Sender<bool>,
     /// Keeps `Server::shutdown` waiting while the connection lives; dropped on close.
     drain_guard: Mutex<Option<mpsc::Sender<()>>>,
+    /// Its place among the server's network connections, released with the connection.
+    _slot: Option<Slot>,
 }
 
 #[derive(Debug)]
@@ -516,9 +530,26 @@ async fn read_body(headers: &HeaderMap, body: Body, hard: usize) -> Result<Vec<u
     Ok(out)
 }
 
-async fn post_rpc(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+async fn post_rpc(
+    State(shared): State<Arc<Shared>>,
+    peer: Option<Extension<PeerInfo>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let peer = peer.map(|Extension(p)| p.addr);
     let limit = shared.options.max_frame_bytes;
-    let body = match read_body(&headers, body, super::ws::hard_limit(limit)).await {
+    let read = read_body(&headers, body, super::ws::hard_limit(limit));
+    let read = match shared.settings.body_timeout {
+        Some(t) => tokio::time::timeout(t, read).await.ok(),
+        None => Some(read.await),
+    };
+    let Some(read) = read else {
+        return error_response(
+            StatusCode::REQUEST_TIMEOUT,
+            &ErrorObject::invalid_request("the request body did not arrive in time"),
+        );
+    };
+    let body = match read {
         Ok(body) => body,
         Err(BodyError::TooLarge(len)) => return too_large(len, limit),
         Err(BodyError::Broken) => {
@@ -559,7 +590,7 @@ async fn post_rpc(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: B
     let task = tokio::spawn(async move {
         match existing {
             Some(in_use) => post_existing(&shared, in_use, text).await,
-            None => post_new(&shared, text).await,
+            None => post_new(&shared, text, peer).await,
         }
     });
     task.await.unwrap_or_else(|e| {
@@ -610,8 +641,19 @@ async fn post_existing(shared: &Arc<Shared>, in_use: InUse, text: String) -> Res
     }
 }
 
-async fn post_new(shared: &Arc<Shared>, text: String) -> Response {
+async fn post_new(
+    shared: &Arc<Shared>,
+    text: String,
+    peer: Option<std::net::SocketAddr>,
+) -> Response {
     let _drain_guard = shared.ctx.drain_guard.clone();
+    let slot = match &shared.settings.admission {
+        Some(admission) => match admission.admit(peer.map(|p| p.ip())) {
+            Ok(slot) => Some(slot),
+            Err(refusal) => return crate::server::listener::refusal_response(refusal),
+        },
+        None => None,
+    };
     let router = &shared.ctx.router;
     let conn = router.new_conn_id();
     let (tx, rx) = outbox(router.config().outbox_frames);
@@ -633,7 +675,12 @@ async fn post_new(shared: &Arc<Shared>, text: String) -> Response {
         conn,
         tx,
         shared.options.max_batch,
-    );
+    )
+    .with_limits(SessionLimits {
+        max_depth: shared.options.max_depth,
+        rate: shared.options.rate.connection(peer.map(|p| p.ip())),
+        ..SessionLimits::default()
+    });
     let frame = handle_on(&mut rpc, &text).await;
     if !rpc.is_connected() {
         // No MAP session: keep nothing.
@@ -655,6 +702,7 @@ async fn post_new(shared: &Arc<Shared>, text: String) -> Response {
         generation: watch::Sender::new(0),
         closed: watch::Sender::new(false),
         drain_guard: Mutex::new(Some(shared.ctx.drain_guard.clone())),
+        _slot: slot,
     });
     if !shared.insert(http.clone()) {
         // Shutting down: the session was created and is detached at once (resumable).

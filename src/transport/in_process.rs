@@ -2,7 +2,8 @@
 //! bounded channels, with no socket and no serialization beyond the JSON frames themselves.
 //!
 //! The router side runs the same connection driver as every other transport, so dispatch,
-//! ordering, back-pressure and shutdown behave exactly as over WebSocket.
+//! ordering, back-pressure and shutdown behave exactly as over WebSocket. Only the timers
+//! differ: no ping, no idle timeout and no handshake timeout (the peer is this program).
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
@@ -31,6 +32,8 @@ pub fn connect(ctx: &TransportContext, opts: ConnectionOptions) -> InProcessLink
     let mut opts = opts;
     opts.ping_interval = None;
     opts.idle_timeout = None;
+    // The embedding program is trusted to connect when it likes.
+    opts.handshake_timeout = None;
     let stream = server_rx.map(|text| Ok(InFrame::Text(text)));
     let sink = server_tx.with_flat_map(|frame: OutFrame| {
         futures::stream::iter(match frame {

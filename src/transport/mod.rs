@@ -9,6 +9,7 @@
 //! - [`in_process`]: channels, for embedding the router in a Rust program;
 //! - [`http`]: `POST /map/rpc` for calls and a Server-Sent-Events stream for notifications.
 
+pub mod admission;
 pub mod connection;
 pub mod http;
 pub mod in_process;

@@ -5,16 +5,20 @@
 //! a message above the hard limit (the WebSocket library's own cap, a multiple of the
 //! configured limit) cannot be buffered at all, so the connection is closed with 1009.
 //!
+//! A text frame that is not UTF-8 fails the connection with 1007, as RFC 6455 §8.1 requires
+//! (NDJSON, which has no such rule, answers `-32700` and carries on).
+//!
 //! Reading compatibility: the SDK writes bare JSON per frame; some tools write NDJSON into one
 //! frame. A frame that holds several newline-separated objects is handled object by object.
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
 
 use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
 use super::TransportContext;
+use crate::server::listener::PeerInfo;
 
 /// What the WebSocket route needs.
 #[derive(Debug, Clone)]
@@ -38,12 +42,24 @@ pub fn hard_limit(max_frame_bytes: usize) -> usize {
 pub const READ_BUFFER_BYTES: usize = 4 * 1024;
 
 /// The axum handler for `GET /` and `GET /map` with an upgrade.
-pub async fn upgrade(ws: WebSocketUpgrade, State(state): State<WsState>) -> Response {
+///
+/// The connection's [`PeerInfo`] (from the listener) stays with the socket: its admission
+/// slot is released when the WebSocket ends, and its address keys the shared rate bucket.
+pub async fn upgrade(
+    ws: WebSocketUpgrade,
+    peer: Option<Extension<PeerInfo>>,
+    State(mut state): State<WsState>,
+) -> Response {
     let hard = hard_limit(state.options.max_frame_bytes);
+    let peer = peer.map(|Extension(p)| p);
+    state.options.peer = peer.as_ref().map(|p| p.addr);
     ws.max_message_size(hard)
         .max_frame_size(hard)
         .read_buffer_size(READ_BUFFER_BYTES)
-        .on_upgrade(move |socket| serve_socket(socket, state))
+        .on_upgrade(move |socket| async move {
+            serve_socket(socket, state).await;
+            drop(peer);
+        })
 }
 
 async fn serve_socket(socket: WebSocket, state: WsState) {
@@ -62,7 +78,7 @@ async fn serve_socket(socket: WebSocket, state: WsState) {
                     {
                         vec![Err(TransportError::Oversized { limit: hard })]
                     } else if text.contains("UTF-8") || text.contains("utf-8") {
-                        vec![Ok(InFrame::BadUtf8)]
+                        vec![Err(TransportError::InvalidText)]
                     } else {
                         vec![Err(TransportError::Other(text))]
                     }

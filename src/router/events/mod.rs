@@ -202,6 +202,11 @@ impl EventBus {
         self.subs.is_empty()
     }
 
+    /// Number of subscriptions a session holds (for the subscriptions-per-session quota).
+    pub fn count_for_session(&self, session: &SessionId) -> usize {
+        self.subs.values().filter(|s| &s.session == session).count()
+    }
+
     /// Looks a subscription up.
     pub fn get(&self, id: &str) -> Option<&Subscription> {
         self.subs.get(id)

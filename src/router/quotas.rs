@@ -1,0 +1,150 @@
+//! Per-session and per-principal quotas: how much router state one participant may hold.
+//!
+//! Owns the numbers and the checks; handlers call them before they create state. Every refusal
+//! is `4002 Quota exceeded: <what> (limit N)`: fatal to the
+//! request only, and not retryable as such (the participant must first release something).
+//!
+//! - subscriptions per session (`map/subscribe`);
+//! - agents owned per session (`map/agents/register`, `map/agents/spawn`); an agent's owner is
+//!   its session's participant, so a resumed session keeps its count;
+//! - payload bytes of one `map/send` (and of `map/inject` content): a message is copied into the
+//!   log and to every recipient, so it is bounded well below the frame limit;
+//! - sessions attached at once per authenticated principal. Sessions without a principal are
+//!   not counted here: anonymous peers are bounded per remote address when they connect
+//!   (`transport::admission`).
+
+use super::{Ctx, Router, RouterError};
+
+/// Default subscriptions per session: a dashboard uses a handful; 100 leaves room while
+/// bounding the per-event fan-out work one participant can cause.
+pub const DEFAULT_MAX_SUBSCRIPTIONS_PER_SESSION: usize = 100;
+/// Default agents owned per session: an orchestrator with a large team, not an unbounded
+/// registry growth from one peer.
+pub const DEFAULT_MAX_AGENTS_PER_SESSION: usize = 1000;
+/// Default largest `map/send` payload (serialized): 256 KiB. Each message is stored in the
+/// event log (`message_sent`, one `message_delivered` per recipient) and queued per recipient.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+/// Default sessions attached at once per authenticated principal.
+pub const DEFAULT_MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
+
+/// The quotas (0 = unlimited for each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quotas {
+    /// Subscriptions one session may hold.
+    pub max_subscriptions_per_session: usize,
+    /// Agents one session may own.
+    pub max_agents_per_session: usize,
+    /// Largest serialized `map/send` payload or `map/inject` content.
+    pub max_payload_bytes: usize,
+    /// Sessions attached at once per authenticated principal.
+    pub max_sessions_per_principal: usize,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            max_subscriptions_per_session: DEFAULT_MAX_SUBSCRIPTIONS_PER_SESSION,
+            max_agents_per_session: DEFAULT_MAX_AGENTS_PER_SESSION,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_sessions_per_principal: DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+        }
+    }
+}
+
+fn exceeded(what: &str, limit: usize) -> RouterError {
+    RouterError::QuotaExceeded(format!("{what} (limit {limit})"))
+}
+
+/// Counts bytes a value serializes to, without building the text.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The serialized size of `value` in bytes.
+pub fn serialized_len(value: &serde_json::Value) -> usize {
+    let mut count = ByteCount(0);
+    // Writing into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+impl Quotas {
+    /// Checks a message payload (or injected content) against `max_payload_bytes`.
+    ///
+    /// # Errors
+    /// `QuotaExceeded` when it is larger.
+    pub fn check_payload(&self, payload: Option<&serde_json::Value>) -> Result<(), RouterError> {
+        let (Some(payload), limit) = (payload, self.max_payload_bytes) else {
+            return Ok(());
+        };
+        if limit == 0 {
+            return Ok(());
+        }
+        let len = serialized_len(payload);
+        if len > limit {
+            return Err(RouterError::QuotaExceeded(format!(
+                "payload of {len} bytes exceeds {limit} bytes"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Router {
+    /// Before `map/subscribe` creates a subscription for the caller's session.
+    ///
+    /// # Errors
+    /// `QuotaExceeded` at the limit; `NotConnected` without a session.
+    pub(crate) fn check_subscription_quota(&self, ctx: &Ctx) -> Result<(), RouterError> {
+        let limit = self.config.quotas.max_subscriptions_per_session;
+        if limit == 0 {
+            return Ok(());
+        }
+        let session = self.session_of(ctx)?;
+        if self.bus.count_for_session(&session.id) >= limit {
+            return Err(exceeded("subscriptions per session", limit));
+        }
+        Ok(())
+    }
+
+    /// Before an agent is registered or spawned for `owner` (a participant id).
+    ///
+    /// # Errors
+    /// `QuotaExceeded` at the limit.
+    pub(crate) fn check_agent_quota(&self, owner: &str) -> Result<(), RouterError> {
+        let limit = self.config.quotas.max_agents_per_session;
+        if limit > 0 && self.registry.owned_count(owner) >= limit {
+            return Err(exceeded("agents per session", limit));
+        }
+        Ok(())
+    }
+
+    /// Before a session with this principal attaches (new or resumed).
+    ///
+    /// # Errors
+    /// `QuotaExceeded` when the principal already has that many attached sessions.
+    pub(crate) fn check_principal_quota(&self, principal: &str) -> Result<(), RouterError> {
+        let limit = self.config.quotas.max_sessions_per_principal;
+        if limit == 0 {
+            return Ok(());
+        }
+        let attached = self
+            .sessions
+            .iter()
+            .filter(|s| s.conn.is_some())
+            .filter(|s| s.principal.as_ref().is_some_and(|p| p.id == principal))
+            .count();
+        if attached >= limit {
+            return Err(exceeded("sessions per principal", limit));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,170 @@
+//! Admission of network connections: how many may be open at once, in total and per remote IP
+//! address.
+//!
+//! Owns the counters only. The listener asks for a [`Slot`] for every accepted TCP connection,
+//! and the HTTP transport for every HTTP session it creates (an HTTP session outlives the TCP
+//! connections that carry its POSTs); the slot is released when its last holder drops it (for
+//! a WebSocket, when the socket closes). A refusal says which limit was reached, so the listener
+//! can answer with a clear status (`503` total, `429` per address) instead of a silent reset.
+//!
+//! Pipes and in-process links are not network connections and are not counted. Per-principal
+//! limits need an authenticated session and live in `router::quotas`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
+
+/// Default cap on network connections at once: well under common file-descriptor limits, far
+/// above what one router serves in practice.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default cap per remote IP address: one host cannot take the whole server.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_connections` reached.
+    Total(usize),
+    /// `max_connections_per_ip` reached for this address.
+    PerIp(usize),
+}
+
+impl Refusal {
+    /// The HTTP status to answer with: 503 when the server is full, 429 when this address is.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::Total(_) => 503,
+            Self::PerIp(_) => 429,
+        }
+    }
+
+    /// The JSON-RPC error for the body: 4000 (the server's resource) or 4002 (this address's
+    /// quota), retryable.
+    pub fn error(self) -> ErrorObject {
+        match self {
+            Self::Total(limit) => ErrorObject::new(
+                ErrorCode::EXHAUSTED,
+                format!("Resource exhausted: connections (limit {limit})"),
+            )
+            .retryable(),
+            Self::PerIp(limit) => ErrorObject::new(
+                ErrorCode::QUOTA_EXCEEDED,
+                format!("Quota exceeded: connections per address (limit {limit})"),
+            )
+            .retryable(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// The connection counters of one server.
+#[derive(Debug)]
+pub struct Admission {
+    max_total: usize,
+    max_per_ip: usize,
+    counts: Mutex<Counts>,
+}
+
+/// One admitted connection; releases its place when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    admission: Arc<Admission>,
+    ip: Option<IpAddr>,
+}
+
+impl Admission {
+    /// Counters with these limits (0: unlimited).
+    pub fn new(max_total: usize, max_per_ip: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max_total,
+            max_per_ip,
+            counts: Mutex::new(Counts::default()),
+        })
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        // Plain counters: consistent even if a holder panicked.
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a place for a connection from `ip`.
+    ///
+    /// # Errors
+    /// The limit that is reached.
+    pub fn admit(self: &Arc<Self>, ip: Option<IpAddr>) -> Result<Slot, Refusal> {
+        let mut c = self.counts();
+        if self.max_total > 0 && c.total >= self.max_total {
+            return Err(Refusal::Total(self.max_total));
+        }
+        if let Some(ip) = ip {
+            let n = c.per_ip.entry(ip).or_insert(0);
+            if self.max_per_ip > 0 && *n >= self.max_per_ip {
+                return Err(Refusal::PerIp(self.max_per_ip));
+            }
+            *n += 1;
+        }
+        c.total += 1;
+        Ok(Slot {
+            admission: Arc::clone(self),
+            ip,
+        })
+    }
+
+    /// Connections admitted and not yet released.
+    pub fn open(&self) -> usize {
+        self.counts().total
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut c = self.admission.counts();
+        c.total = c.total.saturating_sub(1);
+        if let Some(ip) = self.ip {
+            if let Some(n) = c.per_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    c.per_ip.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_total_and_per_address_and_releases_on_drop() {
+        let a = Admission::new(3, 2);
+        let ip1: IpAddr = "10.0.0.1".parse().unwrap();
+        let ip2: IpAddr = "10.0.0.2".parse().unwrap();
+        let s1 = a.admit(Some(ip1)).unwrap();
+        let _s2 = a.admit(Some(ip1)).unwrap();
+        assert_eq!(a.admit(Some(ip1)).unwrap_err(), Refusal::PerIp(2));
+        let _s3 = a.admit(Some(ip2)).unwrap();
+        assert_eq!(a.admit(Some(ip2)).unwrap_err(), Refusal::Total(3));
+        drop(s1);
+        assert_eq!(a.open(), 2);
+        let _s4 = a.admit(Some(ip1)).unwrap();
+        assert_eq!(Refusal::Total(3).status(), 503);
+        assert_eq!(Refusal::PerIp(2).error().code, ErrorCode::QUOTA_EXCEEDED);
+    }
+
+    #[test]
+    fn zero_is_unlimited() {
+        let a = Admission::new(0, 0);
+        let slots: Vec<_> = (0..1000).map(|_| a.admit(None).unwrap()).collect();
+        assert_eq!(a.open(), 1000);
+        drop(slots);
+        assert_eq!(a.open(), 0);
+    }
+}
