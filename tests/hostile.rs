@@ -67,7 +67,12 @@ impl Healthy {
 }
 
 async fn server(tweak: impl FnOnce(&mut Config)) -> (Server, String) {
-    start_server(tweak).await
+    // Every test peer is on loopback: apply the per-address limits to it too.
+    start_server(|c| {
+        c.limits.exempt_loopback = false;
+        tweak(c);
+    })
+    .await
 }
 
 /// The error object of a single response, checking the envelope and the id.
@@ -939,7 +944,11 @@ async fn connection_limits_refuse_upgrades_and_http_sessions_with_a_status() {
     b.close().await;
 
     // HTTP: a session holds a slot like a socket does.
-    let (server2, _url) = start_server(|c| c.limits.max_connections_per_ip = 2).await;
+    let (server2, _url) = start_server(|c| {
+        c.limits.exempt_loopback = false;
+        c.limits.max_connections_per_ip = 2;
+    })
+    .await;
     let addr2 = server2.local_addrs()[0];
     let first = http::post(addr2, None, &http::rpc(1, "map/connect", json!({}))).await;
     assert_eq!(first.status, 200);

@@ -79,6 +79,8 @@ pub struct RateLimits {
     connection: Option<Quota>,
     principal: Option<Keyed>,
     checks: AtomicU32,
+    /// Loopback peers get no per-connection bucket and no per-address bucket.
+    exempt_loopback: bool,
 }
 
 impl RateLimits {
@@ -90,7 +92,22 @@ impl RateLimits {
                 .and_then(Rate::quota)
                 .map(RateLimiter::hashmap),
             checks: AtomicU32::new(0),
+            exempt_loopback: false,
         })
+    }
+
+    /// The same limits, with loopback peers exempt from the per-connection and per-address
+    /// buckets (`limits.exempt_loopback`); an authenticated principal's bucket still applies.
+    #[must_use]
+    pub fn exempting_loopback(self: Arc<Self>, exempt: bool) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut limits) => {
+                limits.exempt_loopback = exempt;
+                Arc::new(limits)
+            }
+            // Shared already: keep it as it is (only called on fresh limits).
+            Err(shared) => shared,
+        }
     }
 
     /// No limits at all.
@@ -100,6 +117,13 @@ impl RateLimits {
 
     /// The buckets of a new connection from `peer` (a network address, when it has one).
     pub fn connection(self: &Arc<Self>, peer: Option<IpAddr>) -> ConnRate {
+        if self.exempt_loopback && peer.is_some_and(|ip| ip.is_loopback()) {
+            return ConnRate {
+                own: None,
+                shared: Arc::clone(self),
+                key: None,
+            };
+        }
         ConnRate {
             own: self.connection.map(RateLimiter::direct),
             shared: Arc::clone(self),
@@ -126,6 +150,7 @@ impl Default for RateLimits {
             connection: None,
             principal: None,
             checks: AtomicU32::new(0),
+            exempt_loopback: false,
         }
     }
 }
@@ -213,6 +238,29 @@ mod tests {
         assert!(retry_after_ms(wait) >= 1);
         // Another connection has its own bucket.
         assert!(limits.connection(None).check().is_ok());
+    }
+
+    #[test]
+    fn loopback_peers_are_exempt_when_configured_but_principals_are_not() {
+        let rate = Some(Rate {
+            per_second: 1,
+            burst: 1,
+        });
+        let limits = RateLimits::new(rate, rate).exempting_loopback(true);
+        let lo: IpAddr = "::1".parse().unwrap();
+        let mut local = limits.connection(Some(lo));
+        for _ in 0..100 {
+            assert!(local.check().is_ok());
+        }
+        let remote = limits.connection(Some("10.0.0.1".parse().unwrap()));
+        assert!(remote.check().is_ok());
+        assert!(remote.check().is_err(), "remote peers keep their buckets");
+        local.set_principal("alice");
+        assert!(local.check().is_ok());
+        assert!(
+            local.check().is_err(),
+            "an authenticated principal's bucket applies"
+        );
     }
 
     #[test]

@@ -203,6 +203,11 @@ pub struct Limits {
     pub handshake_timeout_ms: u64,
     /// TLS handshake and HTTP request headers must arrive within this, in ms.
     pub header_timeout_ms: u64,
+    /// Loopback peers (local processes: spawned agents, local dashboards, benchmarks) skip the
+    /// per-address limits (`max_connections_per_ip`, the per-address rate bucket) and the
+    /// per-connection rate; every peer on one host shares 127.0.0.1, so those limits cannot
+    /// tell them apart. `max_connections`, quotas and per-principal rates still apply.
+    pub exempt_loopback: bool,
 }
 
 /// `[tls]`: both or neither.
@@ -363,6 +368,7 @@ impl Default for Limits {
             burst_per_principal: rate::DEFAULT_PRINCIPAL_RATE.burst,
             handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
             header_timeout_ms: DEFAULT_HEADER_TIMEOUT_MS,
+            exempt_loopback: true,
         }
     }
 }
@@ -556,6 +562,7 @@ impl Config {
                 burst: l.burst_per_principal,
             }),
         )
+        .exempting_loopback(l.exempt_loopback)
     }
 
     /// The network connection counters (fresh: call once per server).
@@ -563,6 +570,7 @@ impl Config {
         Admission::new(
             self.limits.max_connections,
             self.limits.max_connections_per_ip,
+            self.limits.exempt_loopback,
         )
     }
 

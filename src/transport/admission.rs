@@ -16,9 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
 
-/// Default cap on network connections at once: well under common file-descriptor limits, far
-/// above what one router serves in practice.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default cap on network connections at once: 10 000 idle sessions fit (about 15 KB of router
+/// memory each); the process's file-descriptor limit must allow it (`ulimit -n`), else accept
+/// backs off on EMFILE.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
 /// Default cap per remote IP address: one host cannot take the whole server.
 pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
 
@@ -69,6 +70,8 @@ struct Counts {
 pub struct Admission {
     max_total: usize,
     max_per_ip: usize,
+    /// Loopback addresses are not counted per address (every local process shares one).
+    exempt_loopback: bool,
     counts: Mutex<Counts>,
 }
 
@@ -80,11 +83,13 @@ pub struct Slot {
 }
 
 impl Admission {
-    /// Counters with these limits (0: unlimited).
-    pub fn new(max_total: usize, max_per_ip: usize) -> Arc<Self> {
+    /// Counters with these limits (0: unlimited); with `exempt_loopback`, loopback peers
+    /// count towards the total only.
+    pub fn new(max_total: usize, max_per_ip: usize, exempt_loopback: bool) -> Arc<Self> {
         Arc::new(Self {
             max_total,
             max_per_ip,
+            exempt_loopback,
             counts: Mutex::new(Counts::default()),
         })
     }
@@ -99,6 +104,7 @@ impl Admission {
     /// # Errors
     /// The limit that is reached.
     pub fn admit(self: &Arc<Self>, ip: Option<IpAddr>) -> Result<Slot, Refusal> {
+        let ip = ip.filter(|ip| !(self.exempt_loopback && ip.is_loopback()));
         let mut c = self.counts();
         if self.max_total > 0 && c.total >= self.max_total {
             return Err(Refusal::Total(self.max_total));
@@ -144,7 +150,7 @@ mod tests {
 
     #[test]
     fn limits_total_and_per_address_and_releases_on_drop() {
-        let a = Admission::new(3, 2);
+        let a = Admission::new(3, 2, false);
         let ip1: IpAddr = "10.0.0.1".parse().unwrap();
         let ip2: IpAddr = "10.0.0.2".parse().unwrap();
         let s1 = a.admit(Some(ip1)).unwrap();
@@ -160,8 +166,29 @@ mod tests {
     }
 
     #[test]
+    fn loopback_peers_count_towards_the_total_only_when_exempt() {
+        let a = Admission::new(5, 1, true);
+        let lo4: IpAddr = "127.0.0.1".parse().unwrap();
+        let lo6: IpAddr = "::1".parse().unwrap();
+        let remote: IpAddr = "10.0.0.1".parse().unwrap();
+        let local: Vec<_> = (0..3).map(|_| a.admit(Some(lo4)).unwrap()).collect();
+        let _six = a.admit(Some(lo6)).unwrap();
+        let _r = a.admit(Some(remote)).unwrap();
+        assert_eq!(a.admit(Some(remote)).unwrap_err(), Refusal::Total(5));
+        drop(local);
+        assert_eq!(
+            a.admit(Some(remote)).unwrap_err(),
+            Refusal::PerIp(1),
+            "remote still limited"
+        );
+        let strict = Admission::new(0, 1, false);
+        let _one = strict.admit(Some(lo4)).unwrap();
+        assert_eq!(strict.admit(Some(lo4)).unwrap_err(), Refusal::PerIp(1));
+    }
+
+    #[test]
     fn zero_is_unlimited() {
-        let a = Admission::new(0, 0);
+        let a = Admission::new(0, 0, false);
         let slots: Vec<_> = (0..1000).map(|_| a.admit(None).unwrap()).collect();
         assert_eq!(a.open(), 1000);
         drop(slots);
