@@ -612,14 +612,6 @@ async fn trusted_transports_are_admitted_with_a_documented_principal() {
     assert_auth_required(&r, None);
 }
 
-fn child(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/children")
-        .join(name)
-        .display()
-        .to_string()
-}
-
 #[tokio::test]
 async fn supervised_children_are_trusted_by_default() {
     let (_server, url, dir) = auth_server(|_| {}).await;
@@ -634,7 +626,7 @@ async fn supervised_children_are_trusted_by_default() {
     let spawned = boss
         .ok(
             "map/agents/spawn",
-            json!({"agentId": "kid", "name": "kid", "command": {"program": child("echo_agent.sh"), "env": {"LOG": log.display().to_string()}}}),
+            json!({"agentId": "kid", "name": "kid", "command": {"program": child_program("echo_agent.sh"), "env": {"LOG": log.display().to_string()}}}),
         )
         .await;
     assert_eq!(spawned["agent"]["id"], json!("kid"));
@@ -675,7 +667,7 @@ async fn untrusted_supervised_children_need_credentials() {
         Duration::from_secs(8),
         boss.err(
             "map/agents/spawn",
-            json!({"agentId": "kid", "command": {"program": child("echo_agent.sh")}}),
+            json!({"agentId": "kid", "command": {"program": child_program("echo_agent.sh")}}),
         ),
     )
     .await;
@@ -756,41 +748,24 @@ async fn without_auth_nobody_has_a_principal() {
 
 #[tokio::test]
 async fn the_binary_takes_keys_from_flags_and_the_environment() {
-    use tokio::io::AsyncBufReadExt;
     let dir = TempDir::new("auth-bin");
     let secret = dir.path.join("secret");
     std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--ephemeral",
-            "--jwt-issuer",
-            ISS,
-            "--jwt-audience",
-            AUD,
-        ])
-        .arg("--jwt-secret-file")
-        .arg(&secret)
-        .env_remove("MAP_ROUTER_CONFIG")
-        .env("MAP_ROUTER_API_KEYS", format!("{ENV_KEY} dave"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the binary");
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = with_timeout(async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(url) = line.strip_prefix("map-router listening on ") {
-                return url.to_owned();
-            }
-        }
-        panic!("the binary exited before listening");
-    })
+    let (_router, url) = start_binary_with_env(
+        [
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--ephemeral".as_ref(),
+            "--jwt-issuer".as_ref(),
+            ISS.as_ref(),
+            "--jwt-audience".as_ref(),
+            AUD.as_ref(),
+            "--jwt-secret-file".as_ref(),
+            secret.as_os_str(),
+        ],
+        [("MAP_ROUTER_API_KEYS", format!("{ENV_KEY} dave"))],
+    )
     .await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let (_c, r) = connect_with(
         &url,
         "client",

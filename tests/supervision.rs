@@ -6,23 +6,14 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
 
-fn child(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/children")
-        .join(name)
-        .display()
-        .to_string()
-}
-
 fn spawn_params(name: &str, script: &str, extra: Value) -> Value {
-    let mut command = json!({"program": child(script)});
+    let mut command = json!({"program": child_program(script)});
     merge(&mut command, extra);
     json!({"name": name, "command": command})
 }
@@ -430,8 +421,8 @@ async fn no_child_outlives(signal: &str) {
     let marker = format!("outlive-{signal}-{}", uuid_like());
     let config = format!(
         "[supervisor]\nshutdown_timeout_ms = 300\n\n[[agents]]\nname = \"stubborn\"\nprogram = \"{}\"\nargs = [\"{marker}\"]\n\n[[agents]]\nname = \"echo\"\nprogram = \"{}\"\nargs = [\"{marker}\"]\n",
-        child("stubborn_agent.sh"),
-        child("echo_agent.sh"),
+        child_program("stubborn_agent.sh"),
+        child_program("echo_agent.sh"),
     );
     let (mut router, _url, _dir) = start_binary(&config).await;
     wait_until("both children running", Duration::from_secs(10), || {

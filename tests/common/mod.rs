@@ -94,12 +94,28 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    start_binary_with_env(args, std::iter::empty::<(&str, &str)>()).await
+}
+
+/// As [`start_binary`], with these environment variables set for the binary.
+pub async fn start_binary_with_env<I, S, E, K, V>(
+    args: I,
+    env: E,
+) -> (tokio::process::Child, String)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+    E: IntoIterator<Item = (K, V)>,
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
     use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
         .args(args)
         .env_remove("MAP_ROUTER_CONFIG")
         .env_remove("MAP_ROUTER_LISTEN")
         .env_remove("MAP_ROUTER_DATA_DIR")
+        .envs(env)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -119,6 +135,15 @@ where
     .await;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, url)
+}
+
+/// The path of a test child program in `tests/children/`.
+pub fn child_program(name: &str) -> String {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/children")
+        .join(name)
+        .display()
+        .to_string()
 }
 
 /// Starts a server with the default configuration.
