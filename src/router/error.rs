@@ -77,6 +77,19 @@ pub enum RouterError {
 }
 
 impl RouterError {
+    /// A call whose events were not committed: the store stopped, or it did not commit
+    /// within `limit`.
+    pub fn not_committed(store_stopped: bool, limit: std::time::Duration) -> Self {
+        Self::NotDurable(if store_stopped {
+            "the event store has stopped".into()
+        } else {
+            format!(
+                "the event store did not commit within {} ms",
+                limit.as_millis()
+            )
+        })
+    }
+
     /// The wire error.
     pub fn to_error_object(&self) -> ErrorObject {
         let msg = self.to_string();

@@ -384,13 +384,8 @@ impl RouterHandle {
         let limit = self.config.commit_timeout;
         match tokio::time::timeout(limit, committed.wait_for(|c| *c >= until)).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(RouterError::NotDurable(
-                "the event store has stopped".into(),
-            )),
-            Err(_) => Err(RouterError::NotDurable(format!(
-                "the event store did not commit within {} ms",
-                limit.as_millis()
-            ))),
+            Ok(Err(_)) => Err(RouterError::not_committed(true, limit)),
+            Err(_) => Err(RouterError::not_committed(false, limit)),
         }
     }
 }

@@ -101,14 +101,7 @@ impl Pipeline {
         let mut w = self.queue.pop_front()?;
         if !ok {
             if let Some((_, id)) = &w.commit {
-                let error = RouterError::NotDurable(if store_gone {
-                    "the event store has stopped".into()
-                } else {
-                    format!(
-                        "the event store did not commit within {} ms",
-                        self.timeout.as_millis()
-                    )
-                });
+                let error = RouterError::not_committed(store_gone, self.timeout);
                 let mut frame = String::new();
                 jsonrpc::write_error(&mut frame, id, &error.to_error_object());
                 w.handled.response = Some(frame);
