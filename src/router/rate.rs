@@ -84,35 +84,27 @@ pub struct RateLimits {
 }
 
 impl RateLimits {
-    /// Limits with the given rates (`None`, or a rate of 0 per second: unlimited).
-    pub fn new(per_connection: Option<Rate>, per_principal: Option<Rate>) -> Arc<Self> {
+    /// Limits with the given rates (`None`, or a rate of 0 per second: unlimited); with
+    /// `exempt_loopback`, loopback peers get neither a per-connection nor a per-address bucket
+    /// (`limits.exempt_loopback`; an authenticated principal's bucket still applies).
+    pub fn new(
+        per_connection: Option<Rate>,
+        per_principal: Option<Rate>,
+        exempt_loopback: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
             connection: per_connection.and_then(Rate::quota),
             principal: per_principal
                 .and_then(Rate::quota)
                 .map(RateLimiter::hashmap),
             checks: AtomicU32::new(0),
-            exempt_loopback: false,
+            exempt_loopback,
         })
-    }
-
-    /// The same limits, with loopback peers exempt from the per-connection and per-address
-    /// buckets (`limits.exempt_loopback`); an authenticated principal's bucket still applies.
-    #[must_use]
-    pub fn exempting_loopback(self: Arc<Self>, exempt: bool) -> Arc<Self> {
-        match Arc::try_unwrap(self) {
-            Ok(mut limits) => {
-                limits.exempt_loopback = exempt;
-                Arc::new(limits)
-            }
-            // Shared already: keep it as it is (only called on fresh limits).
-            Err(shared) => shared,
-        }
     }
 
     /// No limits at all.
     pub fn unlimited() -> Arc<Self> {
-        Self::new(None, None)
+        Self::new(None, None, false)
     }
 
     /// The buckets of a new connection from `peer` (a network address, when it has one).
@@ -228,6 +220,7 @@ mod tests {
                 burst: 3,
             }),
             None,
+            false,
         );
         let c = limits.connection(None);
         for _ in 0..3 {
@@ -246,7 +239,7 @@ mod tests {
             per_second: 1,
             burst: 1,
         });
-        let limits = RateLimits::new(rate, rate).exempting_loopback(true);
+        let limits = RateLimits::new(rate, rate, true);
         let lo: IpAddr = "::1".parse().unwrap();
         let mut local = limits.connection(Some(lo));
         for _ in 0..100 {
@@ -271,6 +264,7 @@ mod tests {
                 per_second: 1,
                 burst: 2,
             }),
+            false,
         );
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let a = limits.connection(Some(ip));
@@ -294,6 +288,7 @@ mod tests {
                 burst: 0,
             }),
             None,
+            false,
         );
         let c = limits.connection(None);
         for _ in 0..10_000 {

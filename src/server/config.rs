@@ -561,8 +561,8 @@ impl Config {
                 per_second: l.rate_per_principal,
                 burst: l.burst_per_principal,
             }),
+            l.exempt_loopback,
         )
-        .exempting_loopback(l.exempt_loopback)
     }
 
     /// The network connection counters (fresh: call once per server).
