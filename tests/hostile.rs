@@ -412,18 +412,7 @@ async fn invalid_utf8_in_websocket_text_frames_and_ndjson_lines() {
     healthy.check().await;
 
     // NDJSON: a line that is not UTF-8 is a parse error; the next line is served.
-    let (client, served) = tokio::io::duplex(1 << 16);
-    let (sr, sw) = tokio::io::split(served);
-    let ctx = server.context().clone();
-    tokio::spawn(async move {
-        map_router::transport::stdio::serve_io(
-            &ctx,
-            sr,
-            sw,
-            map_router::transport::connection::ConnectionOptions::default(),
-        )
-        .await;
-    });
+    let (client, _serving) = ndjson_pipe(&server, Default::default());
     let (read, mut write) = tokio::io::split(client);
     let mut lines = tokio::io::BufReader::new(read).lines();
     with_timeout(write.write_all(
@@ -761,16 +750,11 @@ async fn connections_that_never_connect_are_closed_with_a_reason() {
     assert_eq!(c.expect_close().await, Some(1008));
     healthy.check().await;
     // NDJSON: the connection just ends.
-    let (client, served) = tokio::io::duplex(1 << 16);
-    let (sr, sw) = tokio::io::split(served);
-    let ctx = server.context().clone();
     let opts = map_router::transport::connection::ConnectionOptions {
         handshake_timeout: Some(Duration::from_millis(300)),
         ..Default::default()
     };
-    let serving = tokio::spawn(async move {
-        map_router::transport::stdio::serve_io(&ctx, sr, sw, opts).await;
-    });
+    let (client, serving) = ndjson_pipe(&server, opts);
     within(Duration::from_secs(5), serving).await.unwrap();
     let (read, _write) = tokio::io::split(client);
     let mut lines = tokio::io::BufReader::new(read).lines();

@@ -137,6 +137,21 @@ where
     (child, url)
 }
 
+/// An in-memory byte pipe that `server` serves as NDJSON with `opts` (the stdio code path).
+/// Returns the client's end and the serving task.
+pub fn ndjson_pipe(
+    server: &Server,
+    opts: map_router::transport::connection::ConnectionOptions,
+) -> (tokio::io::DuplexStream, tokio::task::JoinHandle<()>) {
+    let (client, served) = tokio::io::duplex(1 << 16);
+    let (server_read, server_write) = tokio::io::split(served);
+    let ctx = server.context().clone();
+    let serving = tokio::spawn(async move {
+        map_router::transport::stdio::serve_io(&ctx, server_read, server_write, opts).await;
+    });
+    (client, serving)
+}
+
 /// The path of a test child program in `tests/children/`.
 pub fn child_program(name: &str) -> String {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -290,18 +305,7 @@ impl WsClient {
             }
             Transport::InProcess => Self::with_link(Link::InProcess(server.connect_in_process())),
             Transport::Stdio => {
-                let (client, served) = tokio::io::duplex(1 << 16);
-                let (server_read, server_write) = tokio::io::split(served);
-                let ctx = server.context().clone();
-                tokio::spawn(async move {
-                    map_router::transport::stdio::serve_io(
-                        &ctx,
-                        server_read,
-                        server_write,
-                        map_router::transport::connection::ConnectionOptions::default(),
-                    )
-                    .await;
-                });
+                let (client, _serving) = ndjson_pipe(server, Default::default());
                 let (read, writer) = tokio::io::split(client);
                 use tokio::io::AsyncBufReadExt;
                 Self::with_link(Link::Stdio {
