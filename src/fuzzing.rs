@@ -503,10 +503,7 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
     let (to_peer, mut from_router) = mpsc::unbounded::<OutFrame>();
     let stream = from_peer.map(Ok);
     let sink = to_peer.sink_map_err(|e| e.to_string());
-    let conn = {
-        let ctx = ctx.clone();
-        tokio::spawn(async move { ctx.serve(stream, sink, opts).await })
-    };
+    let conn = tokio::spawn(ctx.serve(stream, sink, opts));
     while let Some(frame) = queue.pop_front() {
         // Room for every frame was reserved above; a failure means the connection ended.
         if to_router.send(frame).await.is_err() {

@@ -247,8 +247,10 @@ pub async fn serve_connection<St, Si>(
                 } else {
                     // NB: handling waits for room in the outbox when the peer reads slowly; a
                     // shutdown must still get through.
+                    // NB: boxed: handling a request is the largest state of this loop, and
+                    // an idle connection (the common case) should not carry its space.
                     tokio::select! {
-                        r = session.handle_text(&text) => r,
+                        r = Box::pin(session.handle_text(&text)) => r,
                         _ = shutdown.wait_for(|s| *s) => continue,
                     }
                 }

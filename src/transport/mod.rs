@@ -41,7 +41,15 @@ pub struct TransportContext {
 impl TransportContext {
     /// Serves one connection over a frame stream and sink with this context (see
     /// [`connection::serve_connection`]), holding a drain guard while it runs.
-    pub async fn serve<St, Si>(&self, stream: St, sink: Si, opts: connection::ConnectionOptions)
+    ///
+    /// Not an `async fn`: the returned future owns what it needs (it does not borrow `self`),
+    /// so a transport can build it in a plain function and spawn only the session loop.
+    pub fn serve<St, Si>(
+        &self,
+        stream: St,
+        sink: Si,
+        opts: connection::ConnectionOptions,
+    ) -> impl std::future::Future<Output = ()> + Send + use<St, Si>
     where
         St: futures::Stream<Item = Result<connection::InFrame, connection::TransportError>>
             + Unpin
@@ -49,15 +57,17 @@ impl TransportContext {
         Si: futures::Sink<connection::OutFrame> + Unpin + Send + 'static,
         Si::Error: std::fmt::Display,
     {
-        let _guard = self.drain_guard.clone();
-        connection::serve_connection(
+        let guard = self.drain_guard.clone();
+        let serve = connection::serve_connection(
             self.router.clone(),
             self.dispatcher.clone(),
             stream,
             sink,
             opts,
             self.shutdown.clone(),
-        )
-        .await;
+        );
+        // NB: a combinator, not `async move { serve.await }`: an async block would hold the
+        // session loop's future twice (once as a local, once as the awaited value).
+        futures::FutureExt::map(serve, move |()| drop(guard))
     }
 }

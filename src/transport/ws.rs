@@ -14,7 +14,7 @@
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::Response;
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 
 use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
 use super::TransportContext;
@@ -56,13 +56,16 @@ pub async fn upgrade(
     ws.max_message_size(hard)
         .max_frame_size(hard)
         .read_buffer_size(READ_BUFFER_BYTES)
-        .on_upgrade(move |socket| async move {
-            serve_socket(socket, state).await;
-            drop(peer);
+        .on_upgrade(move |socket| {
+            let serve = serve_socket(socket, state);
+            serve.map(move |()| drop(peer))
         })
 }
 
-async fn serve_socket(socket: WebSocket, state: WsState) {
+/// Builds the connection's future. Not an `async fn`: an idle connection's task holds only
+/// the session loop, not also the socket, stream and sink it was built from (an `async fn`
+/// keeps room for them beside the loop, about 3 KB per connection).
+fn serve_socket(socket: WebSocket, state: WsState) -> impl std::future::Future<Output = ()> + Send {
     let hard = hard_limit(state.options.max_frame_bytes);
     let (sink, stream) = socket.split();
     let stream = stream
@@ -99,7 +102,6 @@ async fn serve_socket(socket: WebSocket, state: WsState) {
     state
         .ctx
         .serve(Box::pin(stream), Box::pin(sink), state.options)
-        .await;
 }
 
 /// One frame normally holds one JSON value (possibly pretty-printed); a frame that is not one
