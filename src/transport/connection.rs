@@ -371,6 +371,7 @@ async fn write_loop<Si>(
         };
         let Some(mut item) = first else { break };
         let mut fed = 0;
+        let mut yielded = false;
         loop {
             match item {
                 Outbound::Close { code, reason } => {
@@ -394,6 +395,17 @@ async fn write_loop<Si>(
             }
             match rx.try_recv() {
                 Some(next) => item = next,
+                None if !yielded => {
+                    // Once per flush, let the router (and other writers) run before the
+                    // syscall: under fan-out the next frames are usually a moment away, and
+                    // one write for several frames costs far less than one each.
+                    yielded = true;
+                    tokio::task::yield_now().await;
+                    match rx.try_recv() {
+                        Some(next) => item = next,
+                        None => break,
+                    }
+                }
                 None => break,
             }
         }
