@@ -12,6 +12,12 @@ use clap::{Parser, Subcommand};
 use map_router::server::config::DEFAULT_DATA_DIR;
 use map_router::server::{Config, Server};
 
+// NB: the binary's allocator, not the library's: glibc's malloc took about 16 % of the
+// router's CPU in fan-out (events of about 1 KB made and freed on different threads);
+// docs/performance.md has the A/B.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "map-router",

@@ -240,6 +240,14 @@ impl Outbound {
 mod tests {
     use super::*;
 
+    /// The channel allocates its first block of 32 slots when a connection opens, so every
+    /// byte of `Outbound` is paid 32 times per idle connection.
+    #[test]
+    fn a_queued_frame_stays_small() {
+        let size = std::mem::size_of::<Outbound>();
+        assert!(size <= 56, "Outbound takes {size} bytes");
+    }
+
     #[tokio::test]
     async fn full_queue_returns_the_item_and_wakeup_fires_after_draining() {
         let (tx, mut rx) = outbox(2);
