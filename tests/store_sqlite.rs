@@ -13,8 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use map_router::protocol::event::EventType;
 use map_router::protocol::ids::{now_ms, EventId, Ulid};
-use map_router::router::events::log::StoredRow;
+use map_router::router::events::log::{
+    Audience, EventDraft, EventLog, FilterKeys, Retention, StoredRow,
+};
 use map_router::store::sqlite::{SqliteOptions, SqliteStore, Synchronous, DB_FILE_NAME};
 use map_router::store::{EventStore, StoreError};
 
@@ -136,6 +139,38 @@ async fn append_commits_and_publishes() {
     // A clean close checkpoints the WAL into the database file and removes it.
     let wal = dir.path().join(format!("{DB_FILE_NAME}-wal"));
     assert!(!wal.exists(), "{} is left after close", wal.display());
+}
+
+/// The router hands the store logged events, which the writer thread turns into rows: what
+/// is read back is exactly the rows the records make, in order.
+#[tokio::test]
+async fn logged_events_are_stored_as_their_rows() {
+    let dir = TempDir::new("records");
+    let (store, _) = open(SqliteOptions::new(dir.path()));
+    let mut log = EventLog::new(Retention {
+        max_events: 100,
+        max_bytes: 1 << 20,
+    });
+    let records: Vec<_> = (0..20)
+        .map(|n| {
+            log.append(EventDraft {
+                kind: EventType::ScopeCreated,
+                source: Some("agent-1".into()),
+                data: format!("{{\"n\":{n}}}"),
+                caused_by: vec![],
+                keys: FilterKeys::default(),
+                audience: Audience::Everyone,
+            })
+        })
+        .collect();
+    let expected: Vec<StoredRow> = records.iter().filter_map(|r| r.to_row()).collect();
+    assert_eq!(expected.len(), 20);
+    store.append_records(records[..5].to_vec());
+    store.append_records(Vec::new());
+    store.append_records(records[5..].to_vec());
+    wait_committed(&store, 20).await;
+    assert_eq!(read_all(&store, 0).await, expected);
+    within(store.close()).await.expect("close");
 }
 
 #[tokio::test]

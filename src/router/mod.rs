@@ -463,7 +463,7 @@ pub struct Router {
     /// The durable event store, when the log is durable.
     store: Option<Arc<dyn crate::store::EventStore>>,
     /// Events appended since the last flush to the store.
-    unflushed: Vec<events::log::StoredRow>,
+    unflushed: Vec<Arc<events::log::EventRecord>>,
     /// Messages kept for agents that are away (`meta.delivery` acknowledged/guaranteed).
     offline: HashMap<AgentId, std::collections::VecDeque<Arc<messaging::Outgoing>>>,
     /// Recent deliveries, for linking a reply to the request it answers.
@@ -640,9 +640,9 @@ impl Router {
         if self.unflushed.is_empty() {
             return;
         }
-        let rows = std::mem::take(&mut self.unflushed);
+        let records = std::mem::take(&mut self.unflushed);
         if let Some(store) = &self.store {
-            store.append(rows);
+            store.append_records(records);
         }
     }
 
@@ -778,9 +778,8 @@ impl Router {
         }
         let rec = self.bus.log.append(draft);
         if self.store.is_some() {
-            if let Some(row) = rec.to_row() {
-                self.unflushed.push(row);
-            }
+            // The store builds the row on its own thread.
+            self.unflushed.push(rec.clone());
         }
         self.bus.publish(&rec, &self.registry);
         // Records appended by `append` always carry an id.

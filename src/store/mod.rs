@@ -8,8 +8,9 @@
 //! multi-node deployments. With no store (`--ephemeral`) everything lives in memory.
 //!
 //! Contract:
-//! - `append` is called by the router task only, with rows in sequence order and contiguous with
-//!   everything appended before; it never blocks (the store queues and commits on its own
+//! - `append` (rows) and `append_records` (logged events, which the store turns into rows on
+//!   its own thread) are called by the router task only, in sequence order and contiguous with
+//!   everything appended before; they never block (the store queues and commits on its own
 //!   thread, in groups).
 //! - `committed` reports durability: every sequence number below its value is committed as the
 //!   store's durability level defines. Callers that must not answer before their events are
@@ -22,11 +23,12 @@ pub mod sqlite;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use crate::protocol::ids::EventId;
-use crate::router::events::log::StoredRow;
+use crate::router::events::log::{EventRecord, StoredRow};
 
 /// A store operation's result, resolved on the store's threads.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
@@ -69,6 +71,13 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Queues rows for durable append: in sequence order, contiguous with what came before.
     /// Never blocks.
     fn append(&self, rows: Vec<StoredRow>);
+
+    /// Queues logged events for durable append, with the same contract as [`Self::append`].
+    /// The router calls this one, so that a store can turn records into rows on its own
+    /// thread (building a row copies the event's JSON); this default converts here.
+    fn append_records(&self, records: Vec<Arc<EventRecord>>) {
+        self.append(records.iter().filter_map(|r| r.to_row()).collect());
+    }
 
     /// Durability progress: every sequence number below the value is committed.
     fn committed(&self) -> watch::Receiver<u64>;

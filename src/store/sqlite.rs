@@ -68,7 +68,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::{EventStore, Recovered, StoreError, StoreFuture};
 use crate::protocol::ids::{now_ms, EventId};
-use crate::router::events::log::StoredRow;
+use crate::router::events::log::{EventRecord, StoredRow};
 
 /// The database file inside [`SqliteOptions::dir`].
 pub const DB_FILE_NAME: &str = "events.sqlite3";
@@ -269,7 +269,7 @@ struct Exits {
 pub struct SqliteStore {
     path: PathBuf,
     /// Rows to the writer; `None` once closed.
-    writer: Mutex<Option<mpsc::Sender<Vec<StoredRow>>>>,
+    writer: Mutex<Option<mpsc::Sender<Incoming>>>,
     /// Requests to the readers; `None` once closed.
     readers: Mutex<Option<mpsc::Sender<ReadRequest>>>,
     committed: watch::Receiver<u64>,
@@ -432,27 +432,70 @@ impl SqliteStore {
     }
 }
 
-impl EventStore for SqliteStore {
-    fn append(&self, rows: Vec<StoredRow>) {
-        if rows.is_empty() {
+/// What the writer thread receives: rows, or logged events it turns into rows itself.
+enum Incoming {
+    Rows(Vec<StoredRow>),
+    Records(Vec<Arc<EventRecord>>),
+}
+
+impl Incoming {
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::Rows(rows) => rows.is_empty(),
+            Self::Records(records) => records.is_empty(),
+        }
+    }
+
+    /// How many, and the first sequence number, for error reports.
+    fn extent(&self) -> (usize, u64) {
+        match self {
+            Self::Rows(rows) => (rows.len(), rows.first().map_or(0, |r| r.seq)),
+            Self::Records(records) => (records.len(), records.first().map_or(0, |r| r.seq)),
+        }
+    }
+
+    fn into_rows(self) -> Vec<StoredRow> {
+        match self {
+            Self::Rows(rows) => rows,
+            Self::Records(records) => records.iter().filter_map(|r| r.to_row()).collect(),
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Hands rows or records to the writer thread; never blocks.
+    fn send(&self, incoming: Incoming) {
+        if incoming.is_empty() {
             return;
         }
         let guard = lock(&self.writer);
         let Some(tx) = guard.as_ref() else {
+            let (rows, first) = incoming.extent();
             tracing::error!(
-                rows = rows.len(),
-                first = rows[0].seq,
+                rows,
+                first,
                 "event store: append after close; rows not stored"
             );
             return;
         };
-        if let Err(mpsc::SendError(rows)) = tx.send(rows) {
+        if let Err(mpsc::SendError(incoming)) = tx.send(incoming) {
+            let (rows, first) = incoming.extent();
             tracing::error!(
-                rows = rows.len(),
-                first = rows[0].seq,
+                rows,
+                first,
                 "event store: the writer thread has stopped; rows not stored"
             );
         }
+    }
+}
+
+impl EventStore for SqliteStore {
+    fn append(&self, rows: Vec<StoredRow>) {
+        self.send(Incoming::Rows(rows));
+    }
+
+    fn append_records(&self, records: Vec<Arc<EventRecord>>) {
+        self.send(Incoming::Records(records));
     }
 
     fn committed(&self) -> watch::Receiver<u64> {
@@ -873,7 +916,7 @@ fn seq_where(
 /// The writer thread's state. Only this thread writes the file.
 struct Writer {
     conn: Connection,
-    rx: mpsc::Receiver<Vec<StoredRow>>,
+    rx: mpsc::Receiver<Incoming>,
     group_commit_delay: Duration,
     max_batch_rows: usize,
     max_age: Option<Duration>,
@@ -984,8 +1027,8 @@ impl Writer {
     }
 
     /// Queues received rows, checking the contract (contiguous seqs).
-    fn enqueue(&mut self, rows: Vec<StoredRow>) {
-        for row in rows {
+    fn enqueue(&mut self, incoming: Incoming) {
+        for row in incoming.into_rows() {
             if row.seq < self.expected_seq {
                 // Its position is already taken: inserting it would fail forever and wedge
                 // every later commit. A caller bug, reported loudly.
