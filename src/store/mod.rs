@@ -33,6 +33,12 @@ use crate::router::events::log::{EventRecord, StoredRow};
 /// A store operation's result, resolved on the store's threads.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
+/// The storage rows of logged events (records without an id, which are never logged, have
+/// none).
+pub fn rows_of(records: &[Arc<EventRecord>]) -> Vec<StoredRow> {
+    records.iter().filter_map(|r| r.to_row()).collect()
+}
+
 /// A storage failure.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -76,7 +82,7 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// The router calls this one, so that a store can turn records into rows on its own
     /// thread (building a row copies the event's JSON); this default converts here.
     fn append_records(&self, records: Vec<Arc<EventRecord>>) {
-        self.append(records.iter().filter_map(|r| r.to_row()).collect());
+        self.append(rows_of(&records));
     }
 
     /// Durability progress: every sequence number below the value is committed.

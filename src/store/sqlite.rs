@@ -439,14 +439,7 @@ enum Incoming {
 }
 
 impl Incoming {
-    fn is_empty(&self) -> bool {
-        match self {
-            Self::Rows(rows) => rows.is_empty(),
-            Self::Records(records) => records.is_empty(),
-        }
-    }
-
-    /// How many, and the first sequence number, for error reports.
+    /// How many, and the first sequence number (for error reports).
     fn extent(&self) -> (usize, u64) {
         match self {
             Self::Rows(rows) => (rows.len(), rows.first().map_or(0, |r| r.seq)),
@@ -457,7 +450,7 @@ impl Incoming {
     fn into_rows(self) -> Vec<StoredRow> {
         match self {
             Self::Rows(rows) => rows,
-            Self::Records(records) => records.iter().filter_map(|r| r.to_row()).collect(),
+            Self::Records(records) => super::rows_of(&records),
         }
     }
 }
@@ -465,12 +458,12 @@ impl Incoming {
 impl SqliteStore {
     /// Hands rows or records to the writer thread; never blocks.
     fn send(&self, incoming: Incoming) {
-        if incoming.is_empty() {
+        let (rows, first) = incoming.extent();
+        if rows == 0 {
             return;
         }
         let guard = lock(&self.writer);
         let Some(tx) = guard.as_ref() else {
-            let (rows, first) = incoming.extent();
             tracing::error!(
                 rows,
                 first,
@@ -478,8 +471,7 @@ impl SqliteStore {
             );
             return;
         };
-        if let Err(mpsc::SendError(incoming)) = tx.send(incoming) {
-            let (rows, first) = incoming.extent();
+        if tx.send(incoming).is_err() {
             tracing::error!(
                 rows,
                 first,

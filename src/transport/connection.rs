@@ -246,9 +246,8 @@ pub async fn serve_connection<St, Si>(
                         .await
                 } else {
                     // NB: handling waits for room in the outbox when the peer reads slowly; a
-                    // shutdown must still get through.
-                    // NB: boxed: handling a request is the largest state of this loop, and
-                    // an idle connection (the common case) should not carry its space.
+                    // shutdown must still get through. Boxed: handling a request is the
+                    // largest state of this loop, and an idle connection should not carry it.
                     tokio::select! {
                         r = Box::pin(session.handle_text(&text)) => r,
                         _ = shutdown.wait_for(|s| *s) => continue,
@@ -393,19 +392,19 @@ async fn write_loop<Si>(
             if fed >= opts.write_batch {
                 break;
             }
-            match rx.try_recv() {
-                Some(next) => item = next,
+            let next = match rx.try_recv() {
                 None if !yielded => {
                     // Once per flush, let the router (and other writers) run before the
                     // syscall: under fan-out the next frames are usually a moment away, and
                     // one write for several frames costs far less than one each.
                     yielded = true;
                     tokio::task::yield_now().await;
-                    match rx.try_recv() {
-                        Some(next) => item = next,
-                        None => break,
-                    }
+                    rx.try_recv()
                 }
+                next => next,
+            };
+            match next {
+                Some(next) => item = next,
                 None => break,
             }
         }
