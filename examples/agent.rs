@@ -2,7 +2,7 @@
 //! stop (`map/agents/stop`), after `--seconds N`, or on Ctrl-C.
 //!
 //! ```sh
-//! MAP_URL=ws://127.0.0.1:4500/ cargo run --example agent -- --seconds 60
+//! MAP_ROUTER_URL=ws://127.0.0.1:4500/ cargo run --example agent -- --seconds 60
 //! ```
 
 use std::time::Duration;
@@ -14,7 +14,7 @@ use serde_json::json;
 
 #[tokio::main]
 async fn main() -> Result<(), ClientError> {
-    let url = std::env::var("MAP_URL").unwrap_or_else(|_| "ws://127.0.0.1:4500/".into());
+    let url = map_router::client::router_url_from_env();
     let seconds = seconds_arg();
     let client = Client::connect_ws(&url, ClientOptions::agent().name("echo")).await?;
     let agent = client

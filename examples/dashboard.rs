@@ -2,7 +2,7 @@
 //! (or until Ctrl-C).
 //!
 //! ```sh
-//! MAP_URL=ws://127.0.0.1:4500/ cargo run --example dashboard -- --seconds 10
+//! MAP_ROUTER_URL=ws://127.0.0.1:4500/ cargo run --example dashboard -- --seconds 10
 //! ```
 
 use std::time::Duration;
@@ -13,7 +13,7 @@ use map_router::protocol::event::SubscriptionFilter;
 
 #[tokio::main]
 async fn main() -> Result<(), ClientError> {
-    let url = std::env::var("MAP_URL").unwrap_or_else(|_| "ws://127.0.0.1:4500/".into());
+    let url = map_router::client::router_url_from_env();
     let seconds = seconds_arg();
     let client = Client::connect_ws(&url, ClientOptions::new().name("dashboard")).await?;
 

@@ -3,20 +3,21 @@
 //! Waits up to `--wait-seconds N` (default 10) for an echo agent to show up.
 //!
 //! ```sh
-//! MAP_URL=ws://127.0.0.1:4500/ cargo run --example orchestrator
+//! MAP_ROUTER_URL=ws://127.0.0.1:4500/ cargo run --example orchestrator
 //! ```
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use map_router::client::{Client, ClientError, ClientOptions};
+use map_router::protocol::agent::AgentState;
 use map_router::protocol::methods::agents::{AgentFilter, RegisterParams, SpawnParams};
 use map_router::protocol::methods::scopes::ScopesCreateParams;
 use serde_json::json;
 
 #[tokio::main]
 async fn main() -> Result<(), ClientError> {
-    let url = std::env::var("MAP_URL").unwrap_or_else(|_| "ws://127.0.0.1:4500/".into());
+    let url = map_router::client::router_url_from_env();
     let wait = Duration::from_secs_f64(number_arg("--wait-seconds").unwrap_or(10.0));
 
     // Agents may create scopes and spawn; clients may not.
@@ -80,6 +81,8 @@ async fn main() -> Result<(), ClientError> {
         let found = client
             .list_agents(AgentFilter {
                 roles: Some(vec!["echo".into()]),
+                // A stopped, failed or orphaned echo agent cannot answer.
+                states: Some(AgentState::LIVE.to_vec()),
                 ..Default::default()
             })
             .await?;

@@ -7,7 +7,7 @@
 //!
 //! ```sh
 //! cargo run --release -- serve &            # a router on ws://127.0.0.1:4500/
-//! cargo run --example supervise             # MAP_URL overrides the address
+//! cargo run --example supervise             # MAP_ROUTER_URL overrides the address
 //! ```
 
 use std::error::Error;
@@ -35,7 +35,7 @@ done
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let url = std::env::var("MAP_URL").unwrap_or_else(|_| "ws://127.0.0.1:4500/".into());
+    let url = map_router::client::router_url_from_env();
     let boss = Client::connect_ws(&url, ClientOptions::agent().name("orchestrator")).await?;
     boss.register(RegisterParams {
         name: Some("orchestrator".into()),

@@ -25,14 +25,14 @@ router_log="$router_dir/router.log"
 target/debug/map-router --listen 127.0.0.1:0 --data-dir "$router_dir/data" 2> "$router_log" &
 router_pid=$!
 trap 'kill "$router_pid" ${agent_pid:-} 2>/dev/null || true; rm -rf "$router_dir"' EXIT
-MAP_URL=
+MAP_ROUTER_URL=
 for _ in $(seq 100); do
-  MAP_URL=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$router_log" | head -n 1)
-  [ -n "$MAP_URL" ] && break
+  MAP_ROUTER_URL=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$router_log" | head -n 1)
+  [ -n "$MAP_ROUTER_URL" ] && break
   sleep 0.1
 done
-[ -n "$MAP_URL" ] || { echo "the router did not start:"; cat "$router_log"; exit 1; }
-export MAP_URL
+[ -n "$MAP_ROUTER_URL" ] || { echo "the router did not start:"; cat "$router_log"; exit 1; }
+export MAP_ROUTER_URL
 timeout 60 target/debug/examples/embedded
 timeout 60 target/debug/examples/dashboard --seconds 1
 timeout 60 target/debug/examples/agent --seconds 30 &

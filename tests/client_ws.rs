@@ -435,6 +435,51 @@ async fn request_and_reply_are_correlated() {
     server.shutdown().await;
 }
 
+/// A request that the router delivered to nobody fails at once with `NoRecipient`, not after
+/// its timeout: here the agent's connection dropped, so it is orphaned and offline.
+#[tokio::test]
+async fn a_request_nobody_received_fails_at_once() {
+    let (server, url) = default_server().await;
+    let gone = connect(&url, ClientOptions::agent()).await;
+    let agent = with_timeout(gone.register(RegisterParams {
+        name: Some("gone".into()),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    let id = agent.id().to_string();
+    with_timeout(gone.close()).await.unwrap();
+    let asker = connect(&url, ClientOptions::new()).await;
+    // Wait (bounded) until the router has seen the connection go.
+    let mut orphaned = false;
+    for _ in 0..100 {
+        let a = with_timeout(asker.get_agent(id.clone())).await.unwrap();
+        if a.owner_id.is_none() {
+            orphaned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(orphaned, "the agent was never orphaned");
+    let started = std::time::Instant::now();
+    let err = with_timeout(asker.request(
+        json!({"agent": id}),
+        json!("anyone?"),
+        Duration::from_secs(30),
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ClientError::NoRecipient { .. }), "{err:?}");
+    assert!(err.to_string().contains("nobody received"), "{err}");
+    // Long before the 30 s timeout (the bound is generous: machines are shared).
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn control_messages_and_injections_reach_the_agent() {
     let (server, url) = default_server().await;

@@ -550,8 +550,10 @@ async fn pipelined_sends_are_answered_in_request_order() {
 #[tokio::test]
 async fn a_pipelined_send_not_committed_in_time_fails_in_order() {
     let dir = TempDir::new("pipeline-timeout");
+    // NB. The timeout also bounds the connects and registrations below: short enough that the
+    // blocked sends fail quickly, long enough for an fsync on a busy shared disk.
     let (_server, url) = durable_server(&dir.path, |c| {
-        c.storage.commit_timeout_ms = 200;
+        c.storage.commit_timeout_ms = 2_000;
     })
     .await;
     let _bob = WsClient::agent(&url, "bob", json!({})).await;

@@ -275,6 +275,71 @@ async fn a_child_that_dies_or_stays_silent_during_its_handshake_fails_the_spawn(
     assert_eq!(err["code"], json!(3004));
 }
 
+/// A child that connects without `participantType` is an agent (the docs' minimal children
+/// rely on it); one that insists on being a client cannot register, and the failed spawn says
+/// why: the child's last error answer and its stderr.
+#[tokio::test]
+async fn a_child_is_an_agent_by_default_and_a_failed_handshake_says_why() {
+    let (_server, url) = default_server().await;
+    let mut boss = WsClient::agent(&url, "why-boss", json!({})).await;
+    let plain = r#"printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"map/connect"}' '{"jsonrpc":"2.0","id":2,"method":"map/agents/register","params":{"name":"plain"}}'; cat > /dev/null"#;
+    let spawned = boss
+        .ok(
+            "map/agents/spawn",
+            json!({"name": "plain", "command": {"program": "sh", "args": ["-c", plain], "handshakeTimeoutMs": 5000}}),
+        )
+        .await;
+    assert_eq!(spawned["agent"]["name"], json!("plain"), "{spawned}");
+    assert_eq!(spawned["agent"]["state"], json!("registered"), "{spawned}");
+
+    let marker = format!("client-{}", uuid_like());
+    let client = r#"printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{"participantType":"client"}}' '{"jsonrpc":"2.0","id":"reg","method":"map/agents/register","params":{}}'; echo "waiting for my registration" >&2; sleep 30"#;
+    let err = boss
+        .err(
+            "map/agents/spawn",
+            json!({"name": "client", "command": {"program": "sh", "args": ["-c", client, &marker], "handshakeTimeoutMs": 1500}}),
+        )
+        .await;
+    assert_eq!(err["code"], json!(3004), "{err}");
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains("did not register within 1500 ms"),
+        "{message}"
+    );
+    assert!(
+        message.contains("last error answer: map/agents/register → 1003"),
+        "{message}"
+    );
+    assert!(message.contains("lifecycle.canRegister"), "{message}");
+    assert!(
+        message.contains("stderr: waiting for my registration"),
+        "{message}"
+    );
+    wait_until(
+        "the client child to be killed",
+        Duration::from_secs(5),
+        || processes_with(&marker).is_empty(),
+    )
+    .await;
+
+    // One that gives up after the refusal: the exit and the refusal both reach the spawner.
+    let quitter = r#"printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{"participantType":"client"}}' '{"jsonrpc":"2.0","id":2,"method":"map/agents/register"}'; read -r a; read -r b; echo "refused: $b" >&2; exit 3"#;
+    let err = boss
+        .err(
+            "map/agents/spawn",
+            json!({"name": "quitter", "command": {"program": "sh", "args": ["-c", quitter], "handshakeTimeoutMs": 5000}}),
+        )
+        .await;
+    assert_eq!(err["code"], json!(3004), "{err}");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("exit code 3"), "{message}");
+    assert!(
+        message.contains("last error answer: map/agents/register → 1003"),
+        "{message}"
+    );
+    assert!(message.contains("refused: "), "{message}");
+}
+
 #[tokio::test]
 async fn garbage_on_the_map_channel_becomes_diagnostics_and_the_session_survives() {
     let (_server, url) = default_server().await;

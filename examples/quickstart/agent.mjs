@@ -1,10 +1,10 @@
 // An agent that answers every message it gets.
-//   MAP_URL=ws://127.0.0.1:4500/ node agent.mjs [--seconds N]
+//   MAP_ROUTER_URL=ws://127.0.0.1:4500/ node agent.mjs [--seconds N]
 import WebSocket from 'ws';
 globalThis.WebSocket = WebSocket; // Node 20 has no global WebSocket; the SDK expects one.
 import { AgentConnection } from '@multi-agent-protocol/sdk';
 
-const url = process.env.MAP_URL ?? 'ws://127.0.0.1:4500/';
+const url = process.env.MAP_ROUTER_URL || process.env.MAP_URL || 'ws://127.0.0.1:4500/';
 const agent = await AgentConnection.connect(url, { name: 'echo', role: 'echo' });
 console.log(`registered as ${agent.agentId}`);
 

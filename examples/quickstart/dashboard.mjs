@@ -1,10 +1,10 @@
 // A dashboard: print every event the router emits.
-//   MAP_URL=ws://127.0.0.1:4500/ node dashboard.mjs [--seconds N]
+//   MAP_ROUTER_URL=ws://127.0.0.1:4500/ node dashboard.mjs [--seconds N]
 import WebSocket from 'ws';
 globalThis.WebSocket = WebSocket;
 import { ClientConnection } from '@multi-agent-protocol/sdk';
 
-const url = process.env.MAP_URL ?? 'ws://127.0.0.1:4500/';
+const url = process.env.MAP_ROUTER_URL || process.env.MAP_URL || 'ws://127.0.0.1:4500/';
 const client = await ClientConnection.connect(url, { name: 'dashboard' });
 
 const { agents } = await client.listAgents();

@@ -1,11 +1,11 @@
 // An orchestrator: spawn two children into a scope, steer them, ask the echo agent a question,
 // stop the children, and exit.
-//   MAP_URL=ws://127.0.0.1:4500/ node orchestrator.mjs
+//   MAP_ROUTER_URL=ws://127.0.0.1:4500/ node orchestrator.mjs
 import WebSocket from 'ws';
 globalThis.WebSocket = WebSocket;
 import { AgentConnection, ClientConnection } from '@multi-agent-protocol/sdk';
 
-const url = process.env.MAP_URL ?? 'ws://127.0.0.1:4500/';
+const url = process.env.MAP_ROUTER_URL || process.env.MAP_URL || 'ws://127.0.0.1:4500/';
 const boss = await AgentConnection.connect(url, { name: 'orchestrator', role: 'lead' });
 
 const team = await boss.createScope({ name: 'team' });
@@ -23,7 +23,10 @@ console.log('scope message delivered to', sent.delivered);
 
 // Ask the echo agent (node agent.mjs), if one is running, and wait for its reply.
 const client = await ClientConnection.connect(url, { name: 'orchestrator-client' });
-const { agents } = await client.listAgents({ filter: { roles: ['echo'] } });
+// Only live agents: a stopped or orphaned echo agent cannot answer.
+const { agents } = await client.listAgents({
+  filter: { roles: ['echo'], states: ['registered', 'active', 'busy', 'idle'] },
+});
 if (agents.length > 0) {
   const reply = await client.request({ agent: agents[0].id }, { question: 'ping?' }, { timeout: 5000 });
   console.log('echo replied:', JSON.stringify(reply.payload));

@@ -1000,10 +1000,21 @@ impl Driver {
                 correlation_id,
                 reply,
             } => {
-                let result = result.and_then(|raw| {
-                    serde_json::from_str::<SendResult>(&raw)
-                        .map_err(|e| ClientError::decode("map/send result", e))
-                });
+                let result = result
+                    .and_then(|raw| {
+                        serde_json::from_str::<SendResult>(&raw)
+                            .map_err(|e| ClientError::decode("map/send result", e))
+                    })
+                    .and_then(|sent| {
+                        // NB. Nobody to answer: fail now rather than at the timeout.
+                        if sent.delivered.is_empty() && sent.queued.is_empty() {
+                            Err(ClientError::NoRecipient {
+                                message_id: sent.message_id.to_string(),
+                            })
+                        } else {
+                            Ok(sent)
+                        }
+                    });
                 if result.is_err() {
                     self.waiters.remove(&correlation_id);
                 }

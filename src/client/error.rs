@@ -49,6 +49,14 @@ pub enum ClientError {
     /// The router requires authentication and refused (or was not given) credentials
     /// (`map/connect` answered `authRequired`). Not retryable with the same credentials.
     Auth(AuthError),
+    /// A [`Client::request`](super::Client::request) reached nobody: the router answered its
+    /// `map/send` with no recipient delivered or queued (the agent is gone, or the address
+    /// matched no one), so no reply can come. Returned at once instead of waiting for the
+    /// timeout.
+    NoRecipient {
+        /// The id the router gave the message.
+        message_id: String,
+    },
 }
 
 impl ClientError {
@@ -117,6 +125,11 @@ impl fmt::Display for ClientError {
                 "authentication refused ({}): {}",
                 e.code.as_str(),
                 e.message
+            ),
+            Self::NoRecipient { message_id } => write!(
+                f,
+                "nobody received the request (message {message_id}): no recipient is connected, \
+                 so no reply can come"
             ),
         }
     }

@@ -87,6 +87,19 @@ use crate::server::Server;
 /// Most pages a convenience listing follows (`list_agents`, `scopes().members`).
 const MAX_PAGES: usize = 10_000;
 
+/// Where a router listens by default (`map-router serve`).
+pub const DEFAULT_ROUTER_URL: &str = "ws://127.0.0.1:4500/";
+
+/// The router URL a program should use: `MAP_ROUTER_URL` (what the CLI reads), else `MAP_URL`
+/// (accepted for older scripts), else [`DEFAULT_ROUTER_URL`]. Empty values count as unset.
+pub fn router_url_from_env() -> String {
+    ["MAP_ROUTER_URL", "MAP_URL"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok())
+        .find(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ROUTER_URL.to_owned())
+}
+
 /// A connection to a MAP router. Cheap to clone; every clone shares the connection.
 #[derive(Clone)]
 pub struct Client {
@@ -486,8 +499,9 @@ impl Client {
     /// goes to this call only, never to an inbox.
     ///
     /// # Errors
-    /// [`ClientError::Timeout`] when no reply arrives in time (including when nobody received
-    /// the request), else as [`Client::send`].
+    /// [`ClientError::NoRecipient`] at once when the router says nobody received the request
+    /// (delivered to no one, queued for no one); [`ClientError::Timeout`] when no reply arrives
+    /// in time; else as [`Client::send`].
     pub async fn request(
         &self,
         to: impl Into<Value>,

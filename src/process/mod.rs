@@ -22,6 +22,7 @@
 //! A child that dies or stays silent during its handshake fails the spawn call (3004) and is
 //! not restarted. On shutdown every child is stopped the same way with the shutdown timeouts.
 
+pub mod handshake;
 pub mod os;
 pub mod output;
 
@@ -30,7 +31,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -43,11 +44,12 @@ use crate::protocol::methods::agents::{
     CommandSpec, ProcessInfo, RestartMode, RestartPolicy, SpawnParams, SpawnResult,
 };
 use crate::router::session::ConnOrigin;
-use crate::router::supervision::{ExitInfo, ProcessControl};
+use crate::router::supervision::{spawn_failure_cause, ExitInfo, ProcessControl};
 use crate::router::{ConnId, RouterError};
-use crate::transport::connection::{ConnectionOptions, InFrame};
+use crate::transport::connection::{ConnectionOptions, InFrame, OutFrame};
 use crate::transport::{stdio, TransportContext};
 
+use self::handshake::Trace;
 use self::os::Signal;
 use self::output::Tail;
 
@@ -237,7 +239,15 @@ impl Supervisor {
             env.push(("MAP_PARENT_ID".to_owned(), parent.to_string()));
         }
         let (first_tx, first_rx) = oneshot::channel();
-        self.start_keeper(&ctx, agent.clone(), command.clone(), env, first_tx);
+        let watch = Watch::default();
+        self.start_keeper(
+            &ctx,
+            agent.clone(),
+            command.clone(),
+            env,
+            watch.clone(),
+            first_tx,
+        );
         let pid = match first_rx.await {
             Ok(Ok(pid)) => pid,
             other => {
@@ -264,8 +274,9 @@ impl Supervisor {
                 })
                 .await;
                 let msg = format!(
-                    "process {pid} did not register within {} ms",
-                    handshake.as_millis()
+                    "process {pid} did not register within {} ms{}",
+                    handshake.as_millis(),
+                    spawn_failure_cause(watch.trace.last_error().as_deref(), &watch.tail.lines())
                 );
                 return Err(cancel_spawn(&router, &agent, msg).await);
             }
@@ -311,6 +322,7 @@ impl Supervisor {
         agent: AgentId,
         command: CommandSpec,
         env: Vec<(String, String)>,
+        watch: Watch,
         first: oneshot::Sender<Result<u32, String>>,
     ) {
         let (tx, rx) = mpsc::channel(16);
@@ -318,6 +330,7 @@ impl Supervisor {
             agent: agent.clone(),
             command,
             env,
+            watch,
             ctx: ctx.clone(),
             options: self.inner.options.clone(),
             settings: self.inner.settings.clone(),
@@ -389,10 +402,19 @@ enum Phase {
     Killed,
 }
 
+/// What the keeper collects about the current run of a process, shared with the spawn call
+/// that waits for its handshake (a failed spawn reports the cause).
+#[derive(Debug, Default, Clone)]
+struct Watch {
+    tail: Tail,
+    trace: Trace,
+}
+
 struct KeeperTask {
     agent: AgentId,
     command: CommandSpec,
     env: Vec<(String, String)>,
+    watch: Watch,
     ctx: TransportContext,
     options: ConnectionOptions,
     settings: SupervisorSettings,
@@ -429,9 +451,10 @@ impl KeeperTask {
         let mut first = Some(first);
         let mut restarts: u32 = 0;
         let mut consecutive: u32 = 0;
-        let tail = Tail::default();
+        let tail = self.watch.tail.clone();
         loop {
             tail.clear();
+            self.watch.trace.clear();
             let started = Instant::now();
             let child = match self.spawner.spawn(self.build()).await {
                 Ok(child) => child,
@@ -448,6 +471,7 @@ impl KeeperTask {
                         stderr_tail: vec![format!("cannot start: {e}")],
                         requested: false,
                         policy_restarts: self.policy_allows(None, restarts),
+                        last_error: None,
                     };
                     if !self.report(0, info).await {
                         break;
@@ -492,6 +516,7 @@ impl KeeperTask {
                 stderr_tail: tail.lines(),
                 requested: requested || shutdown,
                 policy_restarts: !shutdown && self.policy_allows(code, restarts),
+                last_error: self.watch.trace.last_error(),
             };
             if !self.report(pid, info).await || shutdown {
                 break;
@@ -506,6 +531,7 @@ impl KeeperTask {
                     stderr_tail: tail.lines(),
                     requested: true,
                     policy_restarts: false,
+                    last_error: self.watch.trace.last_error(),
                 };
                 self.report(pid, info).await;
                 break;
@@ -587,6 +613,7 @@ impl KeeperTask {
                 out,
                 inp,
                 self.options.clone(),
+                self.watch.trace.clone(),
             ))),
             _ => None,
         };
@@ -728,7 +755,8 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Serves a child's pipes; non-JSON lines become diagnostics instead of replies.
+/// Serves a child's pipes; non-JSON lines become diagnostics instead of replies. `trace`
+/// taps both directions (requests in, error answers out) to explain a failed handshake.
 async fn serve_child(
     ctx: TransportContext,
     agent: AgentId,
@@ -736,6 +764,7 @@ async fn serve_child(
     stdout: tokio::process::ChildStdout,
     stdin: tokio::process::ChildStdin,
     options: ConnectionOptions,
+    trace: Trace,
 ) {
     let mut opts = options;
     opts.origin = ConnOrigin::Supervised {
@@ -743,15 +772,26 @@ async fn serve_child(
         pid,
     };
     let (stream, sink) = stdio::framed(stdout, stdin, opts.max_frame_bytes);
+    let answers = trace.clone();
+    let sink = sink.with(move |frame: OutFrame| {
+        if let OutFrame::Text(text) = &frame {
+            answers.answer(text);
+        }
+        futures::future::ready(Ok::<_, std::io::Error>(frame))
+    });
     let router = ctx.router.clone();
     let limiter = Arc::new(Mutex::new((Instant::now(), 0u32, 0u64)));
     let stream = stream.filter_map(move |frame| {
         let router = router.clone();
         let agent = agent.clone();
         let limiter = limiter.clone();
+        let trace = trace.clone();
         async move {
             let (line, error) = match frame {
-                Ok(InFrame::Text(line)) if is_json_message(&line) => return Some(Ok(InFrame::Text(line))),
+                Ok(InFrame::Text(line)) if is_json_message(&line) => {
+                    trace.request(&line);
+                    return Some(Ok(InFrame::Text(line)));
+                }
                 Ok(InFrame::Text(line)) => (line, "not a JSON-RPC message".to_owned()),
                 Ok(InFrame::TooLarge { len }) => (
                     format!("<{len} bytes>"),

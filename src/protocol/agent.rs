@@ -40,6 +40,9 @@ impl AgentState {
     pub const STOPPED: Self = Self::known("stopped");
     pub const FAILED: Self = Self::known("failed");
     pub const ORPHANED: Self = Self::known("orphaned");
+    /// The states of an agent that is up and taking messages (for example a filter that
+    /// should skip stopped, failed, suspended and orphaned agents).
+    pub const LIVE: [Self; 4] = [Self::REGISTERED, Self::ACTIVE, Self::BUSY, Self::IDLE];
 
     const KNOWN: [&'static str; 9] = [
         "registered",

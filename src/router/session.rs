@@ -41,6 +41,19 @@ pub enum ConnOrigin {
     },
 }
 
+impl ConnOrigin {
+    /// The participant type of a `map/connect` that leaves `participantType` out: `agent` on
+    /// the pipes of a supervised process (a child launched to be an agent, which the docs tell
+    /// to connect and register), `client` everywhere else (the MAP default). A participant
+    /// that wants another type says so.
+    pub fn default_participant_type(&self) -> ParticipantType {
+        match self {
+            ConnOrigin::Supervised { .. } => ParticipantType::Agent,
+            _ => ParticipantType::Client,
+        }
+    }
+}
+
 /// One transport attachment.
 #[derive(Debug)]
 pub struct Conn {

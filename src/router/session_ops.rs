@@ -84,8 +84,10 @@ impl Router {
                 )));
             }
         }
-        let kind = p.participant_type.unwrap_or(ParticipantType::Client);
         let conn = self.conns.get(&ctx.conn).ok_or(RouterError::Unavailable)?;
+        let kind = p
+            .participant_type
+            .unwrap_or_else(|| conn.origin.default_participant_type());
 
         // A second connect on a connected transport.
         if let Some(existing) = conn.session.clone() {
@@ -128,7 +130,13 @@ impl Router {
         p: ConnectParams,
         principal: Option<Principal>,
     ) -> Result<ConnectResult, RouterError> {
-        let kind = p.participant_type.unwrap_or(ParticipantType::Client);
+        let kind = p.participant_type.unwrap_or_else(|| {
+            self.conns
+                .get(&ctx.conn)
+                .map_or(ParticipantType::Client, |c| {
+                    c.origin.default_participant_type()
+                })
+        });
         self.may_take_type(ctx.conn, kind, principal.as_ref())?;
         if let Some(c) = self.conns.get_mut(&ctx.conn) {
             c.pending_auth = None;

@@ -71,6 +71,24 @@ pub struct ExitInfo {
     pub requested: bool,
     /// The restart policy would restart it (the router still decides).
     pub policy_restarts: bool,
+    /// The last JSON-RPC error the router answered the process (`method → code message`),
+    /// which often says why it never registered.
+    pub last_error: Option<String>,
+}
+
+/// The cause of a failed spawn, for its 3004 message: the process's last error answer and its
+/// stderr tail, each when there is one (`"; last error answer: …; stderr: …"`).
+pub fn spawn_failure_cause(last_error: Option<&str>, stderr_tail: &[String]) -> String {
+    let mut out = String::new();
+    if let Some(e) = last_error {
+        out.push_str("; last error answer: ");
+        out.push_str(e);
+    }
+    if !stderr_tail.is_empty() {
+        out.push_str("; stderr: ");
+        out.push_str(&stderr_tail.join("\n"));
+    }
+    out
 }
 
 impl ExitInfo {
@@ -344,15 +362,10 @@ impl Router {
         };
         if let Some(waiter) = ticket.waiter.take() {
             // Died during its handshake: the spawner gets the error, nothing restarts.
-            let tail = info.stderr_tail.join("\n");
             let error = RouterError::SpawnFailed(format!(
                 "process {pid} exited ({}) before registering{}",
                 info.describe(),
-                if tail.is_empty() {
-                    String::new()
-                } else {
-                    format!("; stderr: {tail}")
-                }
+                spawn_failure_cause(info.last_error.as_deref(), &info.stderr_tail)
             ));
             if let Some(ticket) = self.supervised.remove(agent) {
                 self.emit_spawn_failed(agent, &ticket, &error);

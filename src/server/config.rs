@@ -433,18 +433,47 @@ impl Config {
     ///
     /// # Errors
     /// Unreadable file, invalid TOML, unknown keys, or out-of-range values.
+    ///
+    /// Relative paths in the file (`[tls]` cert and key, `[storage] data_dir`, the
+    /// `[auth.*]` key files, an `[[agents]]` `cwd`) are taken relative to the file's
+    /// directory, so a config works from wherever the router is started. (Flags and
+    /// environment variables stay relative to the working directory.)
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_toml(&text).map_err(|e| match e {
+        let mut config = Self::from_toml(&text).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.display().to_string(),
                 message,
             },
             other => other,
-        })
+        })?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            config.resolve_paths(dir);
+        }
+        Ok(config)
+    }
+
+    /// Makes every relative path of the file settings relative to `dir` instead.
+    fn resolve_paths(&mut self, dir: &Path) {
+        let rebase = |p: &mut Option<PathBuf>| {
+            if let Some(path) = p.as_mut().filter(|p| p.is_relative()) {
+                *path = dir.join(&*path);
+            }
+        };
+        rebase(&mut self.tls.cert);
+        rebase(&mut self.tls.key);
+        rebase(&mut self.storage.data_dir);
+        rebase(&mut self.auth.api_keys.file);
+        rebase(&mut self.auth.jwt.secret_file);
+        rebase(&mut self.auth.jwt.jwks_file);
+        for agent in &mut self.agents {
+            if let Some(cwd) = agent.cwd.as_mut().filter(|c| Path::new(c).is_relative()) {
+                *cwd = dir.join(&*cwd).to_string_lossy().into_owned();
+            }
+        }
     }
 
     /// Parses TOML text.
@@ -599,6 +628,36 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_paths_in_a_file_are_relative_to_its_directory() {
+        let dir = std::env::temp_dir().join(format!("map-router-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("router.toml");
+        std::fs::write(
+            &file,
+            "[tls]\ncert = \"tls/cert.pem\"\nkey = \"/abs/key.pem\"\n\
+             [storage]\ndata_dir = \"data\"\n\
+             [auth.api_keys]\nfile = \"keys\"\n\
+             [auth.jwt]\nissuer = \"i\"\naudience = \"a\"\njwks_file = \"../jwks.json\"\n\
+             [[agents]]\nprogram = \"python3\"\ncwd = \"agents\"\n\
+             [[agents]]\nprogram = \"python3\"\n",
+        )
+        .unwrap();
+        let c = Config::from_file(&file).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(c.tls.cert, Some(dir.join("tls/cert.pem")));
+        assert_eq!(c.tls.key, Some(PathBuf::from("/abs/key.pem")));
+        assert_eq!(c.storage.data_dir, Some(dir.join("data")));
+        assert_eq!(c.auth.api_keys.file, Some(dir.join("keys")));
+        assert_eq!(c.auth.jwt.jwks_file, Some(dir.join("../jwks.json")));
+        assert_eq!(c.agents[0].cwd.as_deref(), dir.join("agents").to_str());
+        // No cwd: the router's own working directory, as before.
+        assert_eq!(c.agents[1].cwd, None);
+        // Text that is not a file has no directory to be relative to.
+        let t = Config::from_toml("[storage]\ndata_dir = \"data\"\n").unwrap();
+        assert_eq!(t.storage.data_dir, Some(PathBuf::from("data")));
+    }
 
     #[test]
     fn defaults_are_valid_and_loopback() {

@@ -22,7 +22,7 @@ const BIN = path.resolve(binArg ?? path.join(HERE, '../../target/debug/map-route
 function run(script, args, url) {
   const child = spawn(process.execPath, [script, ...args], {
     cwd: EXAMPLES,
-    env: { ...process.env, MAP_URL: url },
+    env: { ...process.env, MAP_ROUTER_URL: url },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
