@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod docs;
 pub mod http;
 
 /// A fresh directory under the system temp dir, removed on drop.

@@ -1,0 +1,90 @@
+//! The walkthroughs in `docs/` run as written: the blocks marked `<!-- doc: test NAME -->` are
+//! joined in order and run with `sh -e` against the built router on 127.0.0.1, and what they
+//! printed (and left behind) is checked.
+
+mod common;
+
+use std::time::Duration;
+
+use common::docs::doc_script;
+use common::*;
+
+/// Runs `script` with `sh -e` in `dir` with `env`, bounded by `limit`; returns stdout, and
+/// panics with both streams when it fails.
+async fn run_script(
+    script: &str,
+    dir: &std::path::Path,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> String {
+    let out = within(
+        limit,
+        tokio::process::Command::new("sh")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(dir)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("sh runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the script failed ({}):\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn the_http_and_sse_walkthrough_with_curl() {
+    let dir = TempDir::new("http-walkthrough");
+    let (_router, url) = start_binary(["serve", "--listen", "127.0.0.1:0", "--ephemeral"]).await;
+    let http = url.trim_end_matches('/').replacen("ws://", "http://", 1);
+    let script = doc_script("docs/http.md", "http-walkthrough");
+    let out = run_script(
+        &script,
+        &dir.path,
+        &[("MAP_HTTP", &http)],
+        Duration::from_secs(30),
+    )
+    .await;
+    let session = out
+        .lines()
+        .find_map(|l| l.strip_prefix("session: "))
+        .expect("the session line");
+    assert!(session.starts_with("http_"), "{out}");
+    let agent = out
+        .lines()
+        .find_map(|l| l.strip_prefix("agent: "))
+        .expect("the agent line");
+    assert!(!agent.is_empty(), "{out}");
+    assert!(out.contains(r#""subscriptionId":"#), "{out}");
+    assert!(
+        out.contains(&format!(r#""delivered":["{agent}"]"#)),
+        "{out}"
+    );
+    // The stream, in order: message_sent, the message, message_delivered, close.
+    let events = std::fs::read_to_string(dir.path.join("events.txt")).expect("events.txt");
+    let at = |needle: &str| {
+        events
+            .find(needle)
+            .unwrap_or_else(|| panic!("no {needle} in the stream:\n{events}"))
+    };
+    let sent = at(r#""type":"message_sent""#);
+    let message = at("event: map/message");
+    let delivered = at(r#""type":"message_delivered""#);
+    let close = at("event: close");
+    assert!(
+        sent < message && message < delivered && delivered < close,
+        "{events}"
+    );
+    assert!(
+        events.contains(r#""payload":{"hello":"from curl"}"#),
+        "{events}"
+    );
+}
