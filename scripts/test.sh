@@ -3,7 +3,8 @@
 # built binary), the benches in test mode, and the interop suite in which the official
 # @multi-agent-protocol/sdk clients drive the built binary over real WebSockets.
 #
-# Needs: cargo, node (>= 20) and npm. Touches only loopback.
+# Needs: cargo, node (>= 20), npm and openssl (tests/tls_client.rs runs the recipe in
+# docs/security.md). Touches only loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,13 +1,13 @@
 //! `map-router agent -- <cmd>`: a program that speaks MAP as NDJSON on its stdin/stdout, bridged
-//! to the router over one WebSocket.
+//! to the router over one WebSocket (`ws://` or `wss://`, trusting `--ca-file` as every command).
 //!
 //! - Lines from the program become text frames; frames from the router become lines. Lines are
 //!   forwarded as they are (the router answers garbage with JSON-RPC errors itself), except that
 //!   `--name` / `--role` fill in `name` / `role` of `map/connect` and `map/agents/register`
 //!   when the program leaves them out, and `--token` / `--api-key` fill in `auth` of
 //!   `map/connect`.
-//! - The program's stderr is ours. Its environment gets `MAP_ROUTER_URL`, and `MAP_AGENT_NAME` /
-//!   `MAP_AGENT_ROLE` when given.
+//! - The program's stderr is ours. Its environment gets `MAP_ROUTER_URL`, and
+//!   `MAP_ROUTER_CA_FILE`, `MAP_AGENT_NAME` / `MAP_AGENT_ROLE` when given.
 //! - The two directions run independently, so neither side's slowness can stall the other.
 //! - When the program exits: its last lines are flushed (bounded), the WebSocket is closed, and
 //!   the command exits with the program's exit code (128 + signal when killed by a signal).
@@ -25,8 +25,8 @@ use tokio::process::Child;
 use tokio::sync::oneshot;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use super::{AgentArgs, Failure};
-use crate::client::transport::{self, Link, MAX_INBOUND_FRAME};
+use super::{connect_failure, AgentArgs, Failure};
+use crate::client::transport::{Link, WsEndpoint, MAX_INBOUND_FRAME};
 use crate::transport::connection::InFrame;
 use crate::transport::ndjson::NdjsonCodec;
 
@@ -282,14 +282,12 @@ fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
 
 pub async fn run(args: AgentArgs) -> Result<ExitCode, Failure> {
     let url = args.url.url.clone();
+    let endpoint = WsEndpoint::new(&url, args.url.ca_file.as_deref()).map_err(connect_failure)?;
     let Link {
         stream: mut from_router,
         sink: mut to_router,
         ..
-    } = transport::connect_ws(&url).await.map_err(|e| Failure {
-        what: format!("cannot connect to {url}"),
-        error: e.to_string(),
-    })?;
+    } = endpoint.connect().await.map_err(connect_failure)?;
 
     let program = args.command[0].clone();
     let mut cmd = tokio::process::Command::new(&program);
@@ -299,6 +297,9 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, Failure> {
         .stderr(Stdio::inherit())
         .env("MAP_ROUTER_URL", &url)
         .kill_on_drop(true);
+    if let Some(ca_file) = &args.url.ca_file {
+        cmd.env("MAP_ROUTER_CA_FILE", ca_file);
+    }
     if let Some(name) = &args.name {
         cmd.env("MAP_AGENT_NAME", name);
     }

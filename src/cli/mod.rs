@@ -1,7 +1,9 @@
 //! The `map-router` user commands, built on [`crate::client`]: `agent` (bridge a program's
 //! stdio to the router), `watch` (tail events), `send`, `agents`, `scopes` and `spawn`.
 //!
-//! Every command takes `--url` (env `MAP_ROUTER_URL`, default `ws://127.0.0.1:4500/`). Commands
+//! Every command takes `--url` (env `MAP_ROUTER_URL`, default `ws://127.0.0.1:4500/`; `wss://`
+//! for a router serving TLS, and `http(s)://` is taken as `ws(s)://`) and `--ca-file` (env
+//! `MAP_ROUTER_CA_FILE`: a PEM CA to trust besides the system's roots). Commands
 //! that need agent rights (`spawn`, `send` to a group) connect as participant type `agent`
 //! without registering an agent; the others connect as `client`. Output goes to stdout; errors
 //! go to stderr as `map-router: <what>: <MAP error>` with exit code 1.
@@ -10,6 +12,7 @@ mod bridge;
 mod format;
 
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
@@ -49,9 +52,15 @@ pub enum Command {
 /// Where the router is, and the credentials it wants (when authentication is on).
 #[derive(Debug, Clone, Args)]
 pub struct UrlArgs {
-    /// The router's WebSocket URL.
+    /// The router's URL: ws://HOST:PORT/, or wss://HOST:PORT/ when it serves TLS (http:// and
+    /// https:// are taken as ws:// and wss://).
     #[arg(long, env = "MAP_ROUTER_URL", default_value = DEFAULT_URL)]
     pub url: String,
+    /// A CA certificate (PEM) to trust for a wss:// router, besides the system's root
+    /// certificates: the CA that signed the router's certificate (or that certificate itself
+    /// when it is self-signed).
+    #[arg(long, env = "MAP_ROUTER_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// A JWT to authenticate with (`bearer`). Prefer the environment variable: a flag is
     /// visible to every user in `ps`.
     #[arg(
@@ -259,9 +268,27 @@ async fn connect(url: &UrlArgs, options: ClientOptions) -> Result<Client, Failur
         Some(c) => options.auth(c),
         None => options,
     };
+    let options = match &url.ca_file {
+        Some(path) => options.ca_file(path),
+        None => options,
+    };
     Client::connect_ws(&url.url, options.name("map-router-cli"))
         .await
-        .map_err(fail("connect"))
+        .map_err(connect_failure)
+}
+
+/// A failed connection, with the CLI's remedy when the router's certificate is not trusted.
+fn connect_failure(e: ClientError) -> Failure {
+    match e {
+        ClientError::UntrustedCertificate { url, reason } => Failure {
+            what: format!("cannot connect to {url}"),
+            error: format!(
+                "TLS certificate not trusted ({reason}); pass the router's CA with --ca-file \
+                 or MAP_ROUTER_CA_FILE"
+            ),
+        },
+        e => fail("connect")(e),
+    }
 }
 
 /// One-shot commands do not reconnect: they fail fast.

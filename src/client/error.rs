@@ -1,6 +1,7 @@
 //! [`ClientError`]: everything a client call can fail with.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::protocol::jsonrpc::ErrorCode;
@@ -46,6 +47,24 @@ pub enum ClientError {
     Transport(String),
     /// A frame or a result could not be decoded into the expected type.
     Decode(String),
+    /// The router's TLS certificate is not trusted for this URL: signed by a CA the client does
+    /// not trust, expired, or issued for another host name. Trust the router's CA with
+    /// [`ClientOptions::ca_file`](super::ClientOptions::ca_file). Not retryable as it is.
+    UntrustedCertificate {
+        /// The URL connected to (`wss://...`).
+        url: String,
+        /// What was wrong with the certificate (rustls's words, e.g.
+        /// `invalid peer certificate: UnknownIssuer`).
+        reason: String,
+    },
+    /// The CA file given with [`ClientOptions::ca_file`](super::ClientOptions::ca_file) cannot
+    /// be used: unreadable, not PEM, or without a certificate. Not retryable.
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
     /// The router requires authentication and refused (or was not given) credentials
     /// (`map/connect` answered `authRequired`). Not retryable with the same credentials.
     Auth(AuthError),
@@ -120,6 +139,12 @@ impl fmt::Display for ClientError {
             Self::Closed => f.write_str("the client is closed"),
             Self::Transport(why) => write!(f, "transport: {why}"),
             Self::Decode(why) => write!(f, "cannot decode {why}"),
+            Self::UntrustedCertificate { url, reason } => write!(
+                f,
+                "cannot connect to {url}: TLS certificate not trusted ({reason}); trust the \
+                 router's CA with ClientOptions::ca_file"
+            ),
+            Self::CaFile { path, reason } => write!(f, "CA file {}: {reason}", path.display()),
             Self::Auth(e) => write!(
                 f,
                 "authentication refused ({}): {}",

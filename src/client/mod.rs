@@ -48,6 +48,7 @@ mod driver;
 mod error;
 mod options;
 mod subscription;
+mod tls;
 pub(crate) mod transport;
 
 use std::sync::Arc;
@@ -127,18 +128,24 @@ impl Client {
     // Connecting
     // -----------------------------------------------------------------------------------------
 
-    /// Connects over WebSocket (`ws://host:port/`) and opens a session (`map/connect`). Lost
-    /// connections are re-established according to the options' [`ReconnectPolicy`].
+    /// Connects over WebSocket (`ws://host:port/`, or `wss://host:port/` to a router serving
+    /// TLS) and opens a session (`map/connect`). `http://` and `https://` URLs are taken as
+    /// `ws://` and `wss://`. Over TLS the client trusts the platform's root certificates plus
+    /// [`ClientOptions::ca_file`]. Lost connections are re-established according to the
+    /// options' [`ReconnectPolicy`].
     ///
     /// # Errors
-    /// [`ClientError::Transport`] when the socket cannot be opened, the router's error when
-    /// `map/connect` fails, [`ClientError::Timeout`] after the connect timeout.
+    /// [`ClientError::Transport`] when the socket cannot be opened (or the URL is not a
+    /// WebSocket URL), [`ClientError::UntrustedCertificate`] when the router's certificate is
+    /// not trusted, [`ClientError::CaFile`] when the CA file cannot be used, the router's error
+    /// when `map/connect` fails, [`ClientError::Timeout`] after the connect timeout.
     pub async fn connect_ws(url: &str, options: ClientOptions) -> Result<Self, ClientError> {
         let limit = options.connect_timeout;
-        let link = tokio::time::timeout(limit, transport::connect_ws(url))
+        let endpoint = transport::WsEndpoint::new(url, options.ca_file.as_deref())?;
+        let link = tokio::time::timeout(limit, endpoint.connect())
             .await
             .map_err(|_| ClientError::Timeout(limit))??;
-        Self::start(link, Some(transport::ws_connector(url.to_owned())), options).await
+        Self::start(link, Some(transport::ws_connector(endpoint)), options).await
     }
 
     /// Spawns `command` (for example `map-router stdio`) and speaks MAP as NDJSON over its

@@ -1,5 +1,6 @@
 //! [`ClientOptions`], [`ReconnectPolicy`] and [`ConnectionState`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
@@ -41,6 +42,7 @@ pub struct ClientOptions {
     pub(crate) reconnect: ReconnectPolicy,
     pub(crate) subscription_buffer: usize,
     pub(crate) message_buffer: usize,
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 impl Default for ClientOptions {
@@ -58,6 +60,7 @@ impl Default for ClientOptions {
             reconnect: ReconnectPolicy::default(),
             subscription_buffer: DEFAULT_SUBSCRIPTION_BUFFER,
             message_buffer: DEFAULT_MESSAGE_BUFFER,
+            ca_file: None,
         }
     }
 }
@@ -164,6 +167,27 @@ impl ClientOptions {
     /// Messages buffered per agent inbox (at least 1; default 1024).
     pub fn message_buffer(mut self, messages: usize) -> Self {
         self.message_buffer = messages.max(1);
+        self
+    }
+
+    /// A CA certificate file (PEM, one or more certificates) to trust for a `wss://` router,
+    /// besides the platform's root certificates: the CA that signed the router's certificate, or
+    /// a self-signed certificate itself. Read when the client is created (an unusable file is
+    /// [`ClientError::CaFile`](super::ClientError::CaFile)) and kept for its reconnects; ignored
+    /// for `ws://`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), map_router::client::ClientError> {
+    /// use map_router::client::{Client, ClientOptions};
+    /// let client = Client::connect_ws(
+    ///     "wss://router.example:4500/",
+    ///     ClientOptions::new().ca_file("ca.pem"),
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
         self
     }
 
