@@ -1048,3 +1048,34 @@ async fn replay_reports_a_gap_when_the_position_was_evicted() {
     assert!(r.get("gap").is_none(), "{r}");
     assert_eq!(r["totalCount"], json!(5));
 }
+
+/// A snapshot and a stream that meet exactly: `map/agents/list` (and scopes/list, graph) say
+/// which event their answer is as of, and a subscription that replays from that id starts right
+/// after it: what happened between the two calls arrives, what the snapshot already showed
+/// does not.
+#[tokio::test]
+async fn a_snapshot_names_its_event_and_a_subscription_continues_from_it() {
+    let (_server, url) = default_server().await;
+    let _first = WsClient::agent(&url, "first", json!({})).await;
+    let mut dash = WsClient::client(&url).await;
+    let list = dash.ok("map/agents/list", json!({})).await;
+    assert_eq!(ids(&list["agents"]), vec!["first"]);
+    let as_of = list["asOf"].as_str().expect("asOf").to_owned();
+    let scopes = dash.ok("map/scopes/list", json!({})).await;
+    let graph = dash.ok("map/structure/graph", json!({})).await;
+    assert_eq!(scopes["asOf"].as_str(), Some(as_of.as_str()), "{scopes}");
+    assert_eq!(graph["asOf"].as_str(), Some(as_of.as_str()), "{graph}");
+    // Something happens before the dashboard subscribes.
+    let _second = WsClient::agent(&url, "second", json!({})).await;
+    let sub = dash
+        .subscribe_with(
+            json!({"filter": {"eventTypes": ["agent_registered"]}, "replayFrom": as_of}),
+        )
+        .await;
+    let e = dash.next_event(&sub).await;
+    assert_eq!(e["event"]["data"]["agentId"], json!("second"), "{e}");
+    dash.assert_no_event(&sub).await;
+    // And the next snapshot is as of a later event.
+    let later = dash.ok("map/agents/list", json!({})).await;
+    assert!(later["asOf"].as_str().unwrap() > as_of.as_str(), "{later}");
+}

@@ -703,6 +703,7 @@ impl Router {
         Ok(AgentsListResult {
             agents,
             next_cursor,
+            as_of: self.bus.log.newest_id(),
         })
     }
 
@@ -805,7 +806,11 @@ impl Router {
                 }
             }
         }
-        Ok(GraphResult { nodes, edges })
+        Ok(GraphResult {
+            nodes,
+            edges,
+            as_of: self.bus.log.newest_id(),
+        })
     }
 
     /// Emits `scope_member_joined` / `scope_member_left` about `agent` in `scope`.

@@ -211,7 +211,10 @@ impl Router {
             .filter(|s| self.can_see_scope(&caller, s))
             .map(|s| s.scope.clone())
             .collect();
-        Ok(ScopesListResult { scopes })
+        Ok(ScopesListResult {
+            scopes,
+            as_of: self.bus.log.newest_id(),
+        })
     }
 
     /// `map/scopes/get`.

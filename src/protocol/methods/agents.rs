@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::method;
 use crate::protocol::agent::{Agent, AgentRelationship, AgentState, AgentVisibility};
 use crate::protocol::capabilities::{Capability, ParticipantCapabilities};
-use crate::protocol::ids::{AgentId, MessageId, ParticipantId, ScopeId};
+use crate::protocol::ids::{AgentId, EventId, MessageId, ParticipantId, ScopeId};
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
 
@@ -54,6 +54,11 @@ pub struct AgentsListResult {
     /// Present when more agents follow.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
+    /// The newest event in the log when this answer was made (absent when the log is empty):
+    /// the answer shows the state as of that event. `map/subscribe` with `replayFrom` set to
+    /// it continues exactly from there, with no gap and no duplicate (a map-router extension).
+    #[serde(default, rename = "asOf", skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<EventId>,
 }
 
 /// `include` of `map/agents/get`.
@@ -375,6 +380,11 @@ pub struct GraphResult {
     pub nodes: Vec<Agent>,
     /// Edges between visible agents.
     pub edges: Vec<GraphEdge>,
+    /// The newest event in the log when this answer was made (absent when the log is empty):
+    /// the answer shows the state as of that event. `map/subscribe` with `replayFrom` set to
+    /// it continues exactly from there, with no gap and no duplicate (a map-router extension).
+    #[serde(default, rename = "asOf", skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<EventId>,
 }
 
 method!(

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::method;
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::Capability;
-use crate::protocol::ids::{AgentId, ScopeId};
+use crate::protocol::ids::{AgentId, EventId, ScopeId};
 use crate::protocol::scope::{JoinPolicy, Scope, ScopeVisibility, SendPolicy};
 
 /// `map/scopes/list` params.
@@ -22,6 +22,11 @@ pub struct ScopesListParams {
 pub struct ScopesListResult {
     /// Visible scopes, in creation order.
     pub scopes: Vec<Scope>,
+    /// The newest event in the log when this answer was made (absent when the log is empty):
+    /// the answer shows the state as of that event. `map/subscribe` with `replayFrom` set to
+    /// it continues exactly from there, with no gap and no duplicate (a map-router extension).
+    #[serde(default, rename = "asOf", skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<EventId>,
 }
 
 /// Params naming one scope (`get`, `delete`).
