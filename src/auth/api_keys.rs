@@ -12,7 +12,9 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::config::MIN_API_KEY_LEN;
+/// Shortest API key accepted: a key an attacker could guess is no key.
+pub const MIN_API_KEY_LEN: usize = 16;
+
 
 #[derive(Clone)]
 struct Entry {

@@ -12,8 +12,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::api_keys::ApiKeys;
+pub use super::api_keys::MIN_API_KEY_LEN;
+pub use super::authenticator::TrustedTransport;
+use super::authenticator::{Authenticator, AuthenticatorParts};
 use super::jwt::JwtVerifier;
-use super::Authenticator;
+pub use super::jwt::MIN_JWT_SECRET_LEN;
 
 /// Default lead time of `map/auth/expiring`: five minutes (the SDK's MAPServer default) gives a
 /// client time to fetch a new token; short tokens get half their remaining life instead.
@@ -21,10 +24,6 @@ pub const DEFAULT_EXPIRY_NOTICE_SECS: u64 = 300;
 /// Default clock leeway for `exp` and `nbf`: enough for ordinary clock skew between the issuer
 /// and the router, short enough that an expired token stops working within half a minute.
 pub const DEFAULT_LEEWAY_SECS: u64 = 30;
-/// Shortest API key accepted: a key an attacker could guess is no key.
-pub const MIN_API_KEY_LEN: usize = 16;
-/// Shortest HS256 secret accepted (RFC 7518 §3.2: at least the hash size, 256 bits).
-pub const MIN_JWT_SECRET_LEN: usize = 32;
 
 /// A secret given inline (a flag or its environment variable). Never printed.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -63,32 +62,6 @@ impl std::str::FromStr for AuthMethodName {
     }
 }
 
-/// A transport whose connections are admitted without credentials.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TrustedTransport {
-    /// The pipes of processes the router launched itself (`map/agents/spawn` with a `command`,
-    /// `[[agents]]`). Their principal is `supervised:<agentId>`.
-    Supervised,
-    /// In-process connections of a program that embeds the router. Principal `in-process`.
-    InProcess,
-    /// `map-router stdio`: the router's own stdin/stdout. Principal `stdio`.
-    Stdio,
-}
-
-impl std::str::FromStr for TrustedTransport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "supervised" => Ok(Self::Supervised),
-            "in-process" => Ok(Self::InProcess),
-            "stdio" => Ok(Self::Stdio),
-            other => Err(format!(
-                "unknown transport `{other}` (expected supervised, in-process or stdio)"
-            )),
-        }
-    }
-}
 
 /// One string or a list of strings (`issuer = "a"` or `issuer = ["a", "b"]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -329,7 +302,7 @@ impl AuthSettings {
         } else {
             None
         };
-        Ok(Some(Arc::new(Authenticator {
+        Ok(Some(Arc::new(Authenticator::new(AuthenticatorParts {
             api_keys,
             jwt,
             realm: self
@@ -344,7 +317,7 @@ impl AuthSettings {
             } else {
                 0
             }),
-        })))
+        }))))
     }
 }
 
@@ -374,6 +347,9 @@ fn read_env(var: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::super::authenticator::{trusted_principal, LOCAL_ISSUER};
+    use crate::protocol::methods::auth::RefreshParams;
+    use crate::protocol::methods::session::{AuthCredentials, AuthErrorCode};
 
     fn parse(text: &str) -> AuthSettings {
         #[derive(Deserialize)]
@@ -433,5 +409,81 @@ mod tests {
             "{err}"
         );
         assert_eq!(format!("{:?}", s.api_keys.inline), "Some(Secret(***))");
+    }
+
+    // Authenticator checks, built from settings.
+
+
+    fn keys_only() -> Authenticator {
+        let mut s = AuthSettings::default();
+        s.api_keys.inline = Some(Secret("k-0123456789abcdef alice".into()));
+        clone_of(&s)
+    }
+
+    fn clone_of(s: &AuthSettings) -> Authenticator {
+        let a = s.build("realm").unwrap().unwrap();
+        std::sync::Arc::try_unwrap(a).unwrap()
+    }
+
+    fn creds(method: &str, credential: Option<&str>, token: Option<&str>) -> AuthCredentials {
+        AuthCredentials {
+            method: method.into(),
+            credential: credential.map(Into::into),
+            token: token.map(Into::into),
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn both_spellings_and_bearer_api_keys() {
+        let a = keys_only();
+        assert_eq!(a.methods(), vec!["api-key"]);
+        for c in [
+            creds("api-key", Some("k-0123456789abcdef"), None),
+            creds("api-key", None, Some("k-0123456789abcdef")),
+            creds("bearer", Some("k-0123456789abcdef"), None),
+        ] {
+            assert_eq!(a.verify(&c).unwrap().id, "alice");
+        }
+        let e = a
+            .verify(&creds("api-key", Some("k-0123456789abcdeX"), None))
+            .unwrap_err();
+        assert_eq!(e.code, AuthErrorCode::InvalidCredentials);
+        let e = a.verify(&creds("api-key", None, None)).unwrap_err();
+        assert_eq!(e.code, AuthErrorCode::AuthRequired);
+        let e = a
+            .verify(&creds(
+                "api-key",
+                Some("a-0123456789abcdef"),
+                Some("b-0123456789abcdef"),
+            ))
+            .unwrap_err();
+        assert_eq!(e.code, AuthErrorCode::InvalidCredentials);
+        let e = a
+            .verify(&creds("mtls", Some("k-0123456789abcdef"), None))
+            .unwrap_err();
+        assert_eq!(e.code, AuthErrorCode::MethodNotSupported);
+        assert!(e
+            .message
+            .starts_with("Authentication method not supported: mtls"));
+    }
+
+    #[test]
+    fn refresh_takes_any_shape() {
+        let a = keys_only();
+        let p = RefreshParams {
+            refresh_token: Some("k-0123456789abcdef".into()),
+            ..RefreshParams::default()
+        };
+        assert_eq!(a.verify_refresh(&p).unwrap().id, "alice");
+        let e = a.verify_refresh(&RefreshParams::default()).unwrap_err();
+        assert_eq!(e.code, AuthErrorCode::AuthRequired);
+    }
+
+    #[test]
+    fn trusted_principals_are_local() {
+        let p = trusted_principal(TrustedTransport::Supervised, Some("a1"));
+        assert_eq!(p.id, "supervised:a1");
+        assert_eq!(p.issuer.as_deref(), Some(LOCAL_ISSUER));
     }
 }

@@ -16,9 +16,11 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::config::MIN_JWT_SECRET_LEN;
 use crate::protocol::methods::auth::{AuthError, AuthErrorCode};
 use crate::protocol::methods::session::Principal;
+
+/// Shortest HS256 secret accepted (RFC 7518 §3.2: at least the hash size, 256 bits).
+pub const MIN_JWT_SECRET_LEN: usize = 32;
 
 struct Key {
     kid: Option<String>,

@@ -13,19 +13,17 @@
 //! - **TLS** (rustls, ring provider) when the server has a certificate: the same routes behind
 //!   `wss://` and `https://`. A plain-text request to a TLS port fails the handshake and is
 //!   closed.
-//! - **Peer info.** Each request carries a [`PeerInfo`] extension (remote address, admission
+//! - **Peer info.** Each request carries a `PeerInfo` extension (remote address, admission
 //!   slot); the WebSocket handler keeps it for the socket's lifetime, so an upgraded connection
 //!   keeps its slot after hyper hands the socket over.
 //! - **Shutdown.** Stop accepting, ask every connection to finish its in-flight request
 //!   (hyper's graceful shutdown), and wait for them up to the drain timeout.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{header, HeaderValue, Request, Response, StatusCode};
+use axum::http::Request;
 use axum::Router as HttpRouter;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -34,20 +32,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower_service::Service;
 
-use crate::router::dispatch::RpcSession;
-use crate::transport::admission::{Admission, Refusal, Slot};
+use crate::transport::admission::{refusal_response, Admission, PeerInfo, Refusal};
 
 /// At most this many over-limit connections are answered at once; more are closed unanswered.
 pub const MAX_REFUSING: usize = 64;
-
-/// Where a request came from, as a request extension.
-#[derive(Debug, Clone)]
-pub struct PeerInfo {
-    /// The remote address.
-    pub addr: SocketAddr,
-    /// The admission slot of the TCP connection (released when the last clone drops).
-    pub slot: Arc<Slot>,
-}
 
 /// What the accept loop needs.
 #[derive(Clone)]
@@ -211,20 +199,3 @@ async fn serve_http<I>(
     }
 }
 
-/// The answer to a connection over a limit: a status, `Retry-After`, and a JSON-RPC error body.
-pub fn refusal_response(refusal: Refusal) -> Response<Body> {
-    let body = RpcSession::error(&refusal.error())
-        .response
-        .unwrap_or_default();
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() =
-        StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
-}

@@ -1,6 +1,6 @@
 //! Durable storage for the event log, behind a small trait.
 //!
-//! The router's in-memory [`EventLog`](crate::router::events::log::EventLog) is the hot window
+//! The router's in-memory event log is the hot window
 //! that live delivery reads; an [`EventStore`] is where every event is also appended so that it
 //! survives restarts, can be replayed beyond the memory window, and bounds what a slow
 //! subscriber can fall behind by retention on disk rather than in memory. The default store is
@@ -19,6 +19,7 @@
 //! - Retention may delete the oldest rows at any time; `first_seq` says where the log now
 //!   starts, and a read from before it returns what is left (the caller detects the gap).
 
+pub mod record;
 pub mod sqlite;
 
 use std::future::Future;
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::protocol::ids::EventId;
-use crate::router::events::log::{EventRecord, StoredRow};
+use self::record::{EventRecord, StoredRow};
 
 /// A store operation's result, resolved on the store's threads.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;

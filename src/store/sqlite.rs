@@ -68,7 +68,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::{EventStore, Recovered, StoreError, StoreFuture};
 use crate::protocol::ids::{now_ms, EventId};
-use crate::router::events::log::{EventRecord, StoredRow};
+use super::record::{EventRecord, StoredRow};
 
 /// The database file inside [`SqliteOptions::dir`].
 pub const DB_FILE_NAME: &str = "events.sqlite3";

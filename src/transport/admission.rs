@@ -11,10 +11,14 @@
 //! limits need an authenticated session and live in `router::quotas`.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Response, StatusCode};
+
 use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
+use crate::router::dispatch::RpcSession;
 
 /// Default cap on network connections at once: 10 000 idle sessions fit (about 15 KB of router
 /// memory each); the process's file-descriptor limit must allow it (`ulimit -n`), else accept
@@ -142,6 +146,33 @@ impl Drop for Slot {
             }
         }
     }
+}
+
+/// Where a request came from, as a request extension.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// The remote address.
+    pub addr: SocketAddr,
+    /// The admission slot of the TCP connection (released when the last clone drops).
+    pub slot: Arc<Slot>,
+}
+
+/// The answer to a connection over a limit: a status, `Retry-After`, and a JSON-RPC error body.
+pub fn refusal_response(refusal: Refusal) -> Response<Body> {
+    let body = RpcSession::error(&refusal.error())
+        .response
+        .unwrap_or_default();
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() =
+        StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 #[cfg(test)]

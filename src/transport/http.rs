@@ -79,7 +79,7 @@ use crate::router::dispatch::{RpcSession, SessionLimits};
 use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
 use crate::router::session::ConnOrigin;
 use crate::router::{Command, ConnId, RouterError};
-use crate::server::listener::PeerInfo;
+use super::admission::PeerInfo;
 use crate::transport::admission::{Admission, Slot};
 
 /// Path of the JSON-RPC endpoint.
@@ -650,7 +650,7 @@ async fn post_new(
     let slot = match &shared.settings.admission {
         Some(admission) => match admission.admit(peer.map(|p| p.ip())) {
             Ok(slot) => Some(slot),
-            Err(refusal) => return crate::server::listener::refusal_response(refusal),
+            Err(refusal) => return super::admission::refusal_response(refusal),
         },
         None => None,
     };

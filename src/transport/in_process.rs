@@ -61,9 +61,8 @@ mod tests {
     /// the future inside an `async` block instead of returning it once cost about 3 KB.
     #[tokio::test]
     async fn a_connection_future_stays_small() {
-        let config = crate::server::Config::default();
         let (router, _task) = Router::start(
-            config.router_config(),
+            crate::router::RouterConfig::default(),
             RouterParts {
                 process_control: None,
                 store: None,

@@ -18,7 +18,7 @@ use futures::{FutureExt, SinkExt, StreamExt};
 
 use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
 use super::TransportContext;
-use crate::server::listener::PeerInfo;
+use super::admission::PeerInfo;
 
 /// What the WebSocket route needs.
 #[derive(Debug, Clone)]

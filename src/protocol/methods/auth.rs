@@ -9,106 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use super::method;
 use super::session::{AuthCredentials, ConnectResult, Principal};
-
-/// The string codes of auth failures (the SDK's `AuthErrorCode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum AuthErrorCode {
-    /// The credential is unknown, malformed, badly signed, or for another issuer or audience.
-    InvalidCredentials,
-    /// The credential has expired.
-    Expired,
-    /// The credential is valid but does not grant enough (not produced by this router yet).
-    InsufficientScope,
-    /// The `method` is not one this router accepts.
-    MethodNotSupported,
-    /// No credential was given, or the call needs a `map/connect` first.
-    AuthRequired,
-}
-
-impl AuthErrorCode {
-    /// The wire string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InvalidCredentials => "invalid_credentials",
-            Self::Expired => "expired",
-            Self::InsufficientScope => "insufficient_scope",
-            Self::MethodNotSupported => "method_not_supported",
-            Self::AuthRequired => "auth_required",
-        }
-    }
-}
-
-/// Why authentication failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct AuthError {
-    /// Machine-readable reason.
-    pub code: AuthErrorCode,
-    /// What was wrong, for people (never echoes the credential).
-    pub message: String,
-}
-
-impl AuthError {
-    /// An error with this code and message.
-    pub fn new(code: AuthErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for AuthError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-/// `authRequired` of a `map/connect` result: what this router accepts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AuthRequiredInfo {
-    /// Accepted `auth.method` values (`bearer` for JWTs, `api-key`).
-    pub methods: Vec<String>,
-    /// Always true: this router has no optional authentication.
-    pub required: bool,
-    /// The configured realm (defaults to the router name).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub realm: Option<String>,
-}
-
-/// The `map/connect` result when authentication is required and was missing or failed: no
-/// session exists yet. Complete it with `map/authenticate` on the same connection, or call
-/// `map/connect` again with `auth`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AuthRequiredResult {
-    /// What the router accepts.
-    pub auth_required: AuthRequiredInfo,
-    /// Why the credentials sent were refused (absent when none were sent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<AuthError>,
-}
-
-/// The `map/connect` result: a session, or the request to authenticate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum ConnectResponse {
-    /// Connected (or resumed).
-    Connected(Box<ConnectResult>),
-    /// Authentication is required first; there is no session.
-    AuthRequired(AuthRequiredResult),
-}
-
-impl ConnectResponse {
-    /// The session, when connected.
-    pub fn connected(&self) -> Option<&ConnectResult> {
-        match self {
-            Self::Connected(r) => Some(r),
-            Self::AuthRequired(_) => None,
-        }
-    }
-}
+// The vocabulary of `map/connect`'s answer lives with `map/connect`; re-exported here, where it
+// was first defined.
+pub use super::session::{
+    AuthError, AuthErrorCode, AuthRequiredInfo, AuthRequiredResult, ConnectResponse,
+};
 
 /// `map/authenticate` params: the same object as `map/connect`'s `auth`.
 pub type AuthenticateParams = AuthCredentials;

@@ -22,7 +22,7 @@ pub struct SubscribeOptions {
     pub ack_window: Option<u64>,
     /// When the subscription falls behind everything retained: `skip` (default: after an
     /// overflow notice, continue live) or `close` (after the notice, end).
-    pub on_overflow: Option<crate::router::events::OverflowPolicy>,
+    pub on_overflow: Option<OverflowPolicy>,
 }
 
 /// `map/subscribe` params.
@@ -128,6 +128,19 @@ pub struct ReplayResult {
     /// and the first returned one are gone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gap: Option<bool>,
+}
+
+/// What a subscription does when it falls behind everything the log retains.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OverflowPolicy {
+    /// After the `subscription.overflow` notice, continue with live events.
+    #[default]
+    Skip,
+    /// After the notice, end the subscription.
+    Close,
 }
 
 method!(

@@ -29,7 +29,6 @@ pub mod log;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::protocol::capabilities::ParticipantType;
@@ -59,18 +58,7 @@ pub enum SubState {
     Paused,
 }
 
-/// What a subscription does when it falls behind everything the log retains.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OverflowPolicy {
-    /// After the `subscription.overflow` notice, continue with live events.
-    #[default]
-    Skip,
-    /// After the notice, end the subscription.
-    Close,
-}
+pub use crate::protocol::methods::events::OverflowPolicy;
 
 /// One subscription.
 #[derive(Debug)]
