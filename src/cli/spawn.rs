@@ -96,7 +96,12 @@ fn working_dir(here: &Path, cwd: Option<&Path>) -> PathBuf {
 fn program_path(program: &str, dir: &Path) -> String {
     let path = Path::new(program);
     if program.contains('/') && path.is_relative() {
-        dir.join(path).display().to_string()
+        // Collecting the components drops the `.` of `./a.sh`.
+        dir.join(path)
+            .components()
+            .collect::<PathBuf>()
+            .display()
+            .to_string()
     } else {
         program.to_owned()
     }
@@ -180,7 +185,8 @@ mod tests {
             Path::new("/srv")
         );
         assert_eq!(program_path("python3", here), "python3");
-        assert_eq!(program_path("./a.sh", here), "/home/u/proj/./a.sh");
+        assert_eq!(program_path("./a.sh", here), "/home/u/proj/a.sh");
+        assert_eq!(program_path("../b/a.sh", here), "/home/u/proj/../b/a.sh");
         assert_eq!(program_path("bin/a", here), "/home/u/proj/bin/a");
         assert_eq!(program_path("/bin/sh", here), "/bin/sh");
     }

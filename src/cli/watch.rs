@@ -305,10 +305,10 @@ impl Reporter {
 /// A connection error without the words the notes already say.
 fn why(error: Option<ClientError>) -> String {
     match error {
-        Some(ClientError::Transport(why)) => why
-            .strip_prefix("connection lost: ")
-            .unwrap_or(&why)
-            .to_owned(),
+        Some(ClientError::Transport(why)) => {
+            let why = why.strip_prefix("connection lost: ").unwrap_or(&why);
+            why.strip_prefix("transport: ").unwrap_or(why).to_owned()
+        }
         Some(e) => describe(&e),
         None => "no reason given".into(),
     }
@@ -463,6 +463,12 @@ mod tests {
                 "connection lost: closed by the router".into()
             ))),
             "closed by the router"
+        );
+        assert_eq!(
+            why(Some(ClientError::Transport(
+                "connection lost: transport: closed by the router (1001 bye)".into()
+            ))),
+            "closed by the router (1001 bye)"
         );
         assert_eq!(why(None), "no reason given");
     }
