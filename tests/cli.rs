@@ -441,6 +441,12 @@ async fn spawn_asks_the_router_to_supervise_a_program() {
         err.contains("map/agents/spawn: MAP error 1003") && err.contains(id),
         "{err}"
     );
+    // A spawned agent is stopped by name, from the command line.
+    let out = run(&url, &["stop", "kid", "--force"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stopped: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stopped["agent"]["id"], json!(id));
+    assert_eq!(stopped["agent"]["state"], json!("stopped"));
     with_timeout(server.shutdown()).await;
 }
 
