@@ -810,7 +810,7 @@ async fn send_says_when_nobody_received_the_message() {
         "map-router: send: nobody received the message (no recipient is connected)\n"
     );
     let out = run(&url, &["send", "--to", "gone", "--strict"]).await;
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("nobody received"), "{}", stderr(&out));
     server.shutdown().await;
 }

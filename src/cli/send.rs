@@ -21,8 +21,9 @@ use crate::client::{ClientError, ClientOptions};
 use crate::protocol::methods::agents::RegisterParams;
 use crate::protocol::methods::messaging::{SendParams, SendResult};
 
-/// Exit code of `send --strict` when nobody received the message.
-pub const EXIT_NOT_RECEIVED: u8 = 2;
+/// Exit code of `send --strict` when nobody received the message (1 is an error, 2 a usage
+/// error).
+pub const EXIT_NOT_RECEIVED: u8 = 3;
 
 /// `map-router send`.
 #[derive(Debug, Args)]
@@ -41,7 +42,8 @@ pub struct SendArgs {
     /// from it.
     #[arg(long, value_name = "NAME")]
     as_agent: Option<String>,
-    /// Exit with code 2 when nobody received the message (no recipient connected).
+    /// Exit with code 3 when nobody received the message (no recipient connected); 1 is for
+    /// errors, 2 for usage errors.
     #[arg(long)]
     strict: bool,
 }
