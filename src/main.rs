@@ -177,9 +177,15 @@ impl AuthArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // User commands print results on stdout: only warnings and errors go to the log.
+    // User commands print results on stdout: only warnings and errors go to the log, and not
+    // the client driver's warnings about the connection, which the commands report in their
+    // own words (`watch`: connection lost, reconnected, gave up).
     let quiet = matches!(cli.command, Some(Cmd::User(_)));
-    init_logging(if quiet { "warn" } else { "info" });
+    init_logging(if quiet {
+        "warn,map_router::client::driver=error"
+    } else {
+        "info"
+    });
     match cli.command {
         Some(Cmd::User(command)) => map_router::cli::run(command),
         Some(Cmd::Schema { out, check }) => schema(&out, check),

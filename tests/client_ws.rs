@@ -751,10 +751,17 @@ async fn calls_made_during_an_outage_wait_for_the_new_session() {
     // Hold the new connection's first bytes so the outage lasts until released.
     proxy.hold.store(true, Ordering::SeqCst);
     proxy.cut();
+    assert_eq!(client.last_connection_error(), None, "never lost yet");
     let mut states = client.state_changes();
     with_timeout(states.wait_for(|s| matches!(s, ConnectionState::Reconnecting { .. })))
         .await
         .unwrap();
+    // Why the connection went is known by the time the state says so.
+    assert!(
+        matches!(client.last_connection_error(), Some(ClientError::Transport(ref why)) if why.starts_with("connection lost")),
+        "{:?}",
+        client.last_connection_error()
+    );
     let call = {
         let client = client.clone();
         tokio::spawn(async move { client.list_agents(Default::default()).await })
@@ -824,6 +831,8 @@ async fn when_reconnecting_gives_up_the_client_closes() {
         "{:?}",
         sub.error()
     );
+    // The last attempt's error, the same the stream ended with.
+    assert_eq!(client.last_connection_error(), sub.error());
     assert_eq!(
         with_timeout(client.list_agents(Default::default()))
             .await

@@ -339,7 +339,11 @@ fn named_paths(code: &str) -> Vec<Named> {
 }
 
 /// The file (relative to `src/`) that defines the item `path` names, seen from `module`.
-fn resolve(module: &[String], path: &[String], modules: &HashMap<Vec<String>, PathBuf>) -> Option<PathBuf> {
+fn resolve(
+    module: &[String],
+    path: &[String],
+    modules: &HashMap<Vec<String>, PathBuf>,
+) -> Option<PathBuf> {
     let mut abs: Vec<String> = Vec::new();
     let mut rest = path;
     match path.first().map(String::as_str) {
@@ -455,7 +459,10 @@ fn no_file_imports_in_a_circle() {
         // A parent module that re-exports or names its children does not depend on them in a
         // way that matters for layering, but a child naming its parent does: both count, so
         // parents must not name the children that name them back.
-        graph.entry(e.from.clone()).or_default().insert(e.to.clone());
+        graph
+            .entry(e.from.clone())
+            .or_default()
+            .insert(e.to.clone());
         why.entry((e.from.clone(), e.to.clone()))
             .or_insert_with(|| format!("src/{}:{}: {}", e.from.display(), e.line, e.text));
     }
@@ -558,7 +565,12 @@ fn no_file_imports_in_a_circle() {
 fn the_checker_reads_use_trees_and_ignores_comments_and_strings() {
     assert_eq!(
         expand("crate::a::{b, c::{d, e as f}, g}"),
-        ["crate::a::b", "crate::a::c::d", "crate::a::c::e", "crate::a::g"]
+        [
+            "crate::a::b",
+            "crate::a::c::d",
+            "crate::a::c::e",
+            "crate::a::g"
+        ]
     );
     let code = code_only("let s = \"crate::x::y\"; // use crate::z;\nuse super::w; let c = '\"';");
     let paths: Vec<String> = named_paths(&code)

@@ -15,7 +15,6 @@ use subtle::ConstantTimeEq;
 /// Shortest API key accepted: a key an attacker could guess is no key.
 pub const MIN_API_KEY_LEN: usize = 16;
 
-
 #[derive(Clone)]
 struct Entry {
     digest: [u8; 32],

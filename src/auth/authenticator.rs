@@ -227,4 +227,3 @@ pub fn trusted_principal(transport: TrustedTransport, agent: Option<&str>) -> Pr
         expires_at: None,
     }
 }
-

@@ -62,7 +62,6 @@ impl std::str::FromStr for AuthMethodName {
     }
 }
 
-
 /// One string or a list of strings (`issuer = "a"` or `issuer = ["a", "b"]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
@@ -346,8 +345,8 @@ fn read_env(var: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::authenticator::{trusted_principal, LOCAL_ISSUER};
+    use super::*;
     use crate::protocol::methods::auth::RefreshParams;
     use crate::protocol::methods::session::{AuthCredentials, AuthErrorCode};
 
@@ -412,7 +411,6 @@ mod tests {
     }
 
     // Authenticator checks, built from settings.
-
 
     fn keys_only() -> Authenticator {
         let mut s = AuthSettings::default();

@@ -11,13 +11,12 @@
 //! task, never on the router's: a signature check is CPU work the router must not wait for.
 //! The rules are documented in docs/security.md.
 
-mod authenticator;
 pub mod api_keys;
+mod authenticator;
 pub mod config;
 pub mod jwt;
 
 pub use authenticator::{
-    trusted_principal, Authenticator, TrustedTransport, LOCAL_ISSUER, METHOD_API_KEY,
-    METHOD_BEARER,
+    trusted_principal, Authenticator, TrustedTransport, LOCAL_ISSUER, METHOD_API_KEY, METHOD_BEARER,
 };
 pub use config::AuthSettings;

@@ -1,34 +1,60 @@
 //! The `map-router` user commands, built on [`crate::client`]: `agent` (bridge a program's
-//! stdio to the router), `watch` (tail events), `send`, `agents`, `scopes` and `spawn`.
+//! stdio to the router), `watch` (tail events), `send` and `request` (messages), `agents` and
+//! `scopes` (listings), `spawn` (a supervised child), and `stop`, `suspend`, `resume`, `inject`
+//! (operate on an agent).
 //!
 //! Every command takes `--url` (env `MAP_ROUTER_URL`, default `ws://127.0.0.1:4500/`; `wss://`
-//! for a router serving TLS, and `http(s)://` is taken as `ws(s)://`) and `--ca-file` (env
-//! `MAP_ROUTER_CA_FILE`: a PEM CA to trust besides the system's roots). Commands
-//! that need agent rights (`spawn`, `send` to a group) connect as participant type `agent`
-//! without registering an agent; the others connect as `client`. Output goes to stdout; errors
-//! go to stderr as `map-router: <what>: <MAP error>` with exit code 1.
+//! for a router serving TLS, and `http(s)://` is taken as `ws(s)://`), `--ca-file` (env
+//! `MAP_ROUTER_CA_FILE`: a PEM CA to trust besides the system's roots) and the
+//! credentials of [`UrlArgs`]. Commands that need agent rights (`spawn`, `send`/`request` to a
+//! group, `send --as-agent`) connect as participant type `agent` without registering an agent;
+//! the others connect as `client` (clients may stop and steer every agent they can see by
+//! default). Every connection is recognisably the CLI's: name `map-router-cli`, participant id
+//! `map-router-cli-<random>` (and so are `send --as-agent`'s temporary agents), which is how
+//! `watch` hides the CLI's own comings and goings. Output goes to stdout; errors go to stderr
+//! as `map-router: <what>: <error>` with exit code 1.
+//!
+//! Where things are: agent names → ids in `resolve`, each command family in its own module
+//! (`watch`, `send`, `control`, `spawn`, `list`), output formats in `format`.
 
 mod bridge;
+mod control;
 mod format;
+mod list;
+mod resolve;
+mod send;
+mod spawn;
+mod watch;
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use futures::StreamExt;
 use serde_json::Value;
 
 use crate::client::{Client, ClientError, ClientOptions, ReconnectPolicy};
-use crate::protocol::event::SubscriptionFilter;
 use crate::protocol::message::Address;
-use crate::protocol::methods::agents::{
-    CommandSpec, RegisterParams, RestartMode, RestartPolicy, SpawnParams,
-};
-use crate::protocol::methods::session::{AgentBehavior, DisconnectParams, DisconnectPolicy};
+
+pub use control::{AgentRef, InjectArgs, StopArgs, SuspendArgs};
+pub use list::ListArgs;
+pub use send::{RequestArgs, SendArgs};
+pub use spawn::{Restart, SpawnArgs};
+pub use watch::WatchArgs;
 
 /// Default router URL of the user commands.
 pub const DEFAULT_URL: &str = "ws://127.0.0.1:4500/";
+
+/// The name every CLI connection gives in `map/connect`.
+pub const CLI_NAME: &str = "map-router-cli";
+/// How the participant ids of CLI connections, and the ids of the CLI's temporary agents,
+/// begin (`watch` hides their connection events unless `--all`).
+pub const CLI_ID_PREFIX: &str = "map-router-cli-";
+
+/// What the CLI says when the router wants credentials it was not given.
+pub const AUTH_HINT: &str =
+    "the router requires authentication: pass --api-key KEY or --token JWT \
+     (or set MAP_ROUTER_API_KEY / MAP_ROUTER_TOKEN)";
 
 /// The user commands (flattened into `map-router`'s subcommands).
 #[derive(Debug, Subcommand)]
@@ -38,15 +64,29 @@ pub enum Command {
     /// program's exit code.
     Agent(AgentArgs),
     /// Tail events: one line per event (UTC time, type, source, data), or JSON lines.
+    #[command(long_about = watch::LONG_ABOUT)]
     Watch(WatchArgs),
-    /// Send a message and print the result (`{messageId, delivered}`).
+    /// Send a message and print the result (`{messageId, delivered}`); warns when nobody
+    /// received it.
     Send(SendArgs),
+    /// Send a message and wait for the correlated reply; print the reply's payload.
+    Request(RequestArgs),
     /// List agents.
     Agents(ListArgs),
     /// List scopes.
     Scopes(ListArgs),
     /// Ask the router to launch and supervise a program as a child agent.
     Spawn(SpawnArgs),
+    /// Stop an agent: it gets a `stop` control message and goes `stopping` (with `--force`: it
+    /// is stopped and unregistered at once). Prints the result.
+    Stop(StopArgs),
+    /// Suspend an agent (it gets a `suspend` control message). Prints the agent.
+    Suspend(SuspendArgs),
+    /// Resume a suspended agent (it gets a `resume` control message). Prints the agent.
+    Resume(AgentRef),
+    /// Put content in front of a running agent (`map/inject`, see docs/steering.md). Prints
+    /// the result.
+    Inject(InjectArgs),
 }
 
 /// Where the router is, and the credentials it wants (when authentication is on).
@@ -110,103 +150,6 @@ pub struct AgentArgs {
     command: Vec<String>,
 }
 
-/// `map-router watch`.
-#[derive(Debug, Args)]
-pub struct WatchArgs {
-    #[command(flatten)]
-    url: UrlArgs,
-    /// A full subscription filter as JSON (e.g. `{"eventTypes":["agent.*"]}`); the flags below
-    /// add to it.
-    #[arg(long, value_name = "JSON")]
-    filter: Option<String>,
-    /// Only these event types (repeatable; either spelling, `prefix.*` and `*` work).
-    #[arg(long = "type", value_name = "TYPE")]
-    types: Vec<String>,
-    /// Only events caused by these agents (repeatable).
-    #[arg(long = "agent", value_name = "AGENT")]
-    agents: Vec<String>,
-    /// Only events in these scopes or their descendants (repeatable).
-    #[arg(long = "scope", value_name = "SCOPE")]
-    scopes: Vec<String>,
-    /// Print each event's `map/event` params as one JSON line.
-    #[arg(long)]
-    json: bool,
-}
-
-/// `map-router send`.
-#[derive(Debug, Args)]
-pub struct SendArgs {
-    #[command(flatten)]
-    url: UrlArgs,
-    /// Recipient: an agent id, or any MAP address as JSON (`{"scope":"team"}`,
-    /// `{"role":"worker"}`, `{"broadcast":true}`).
-    #[arg(long, value_name = "ADDRESS")]
-    to: String,
-    /// The payload as JSON (text that is not JSON is sent as a string).
-    #[arg(long, value_name = "JSON")]
-    payload: Option<String>,
-    /// Register an agent with this name for the duration of the send, so the message comes
-    /// from it.
-    #[arg(long, value_name = "NAME")]
-    as_agent: Option<String>,
-}
-
-/// `map-router agents` and `map-router scopes`.
-#[derive(Debug, Args)]
-pub struct ListArgs {
-    #[command(flatten)]
-    url: UrlArgs,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
-/// `map-router spawn`.
-#[derive(Debug, Args)]
-pub struct SpawnArgs {
-    #[command(flatten)]
-    url: UrlArgs,
-    /// Parent agent id.
-    #[arg(long)]
-    parent: Option<String>,
-    /// Agent name.
-    #[arg(long)]
-    name: Option<String>,
-    /// Agent role.
-    #[arg(long)]
-    role: Option<String>,
-    /// Scopes to join (repeatable).
-    #[arg(long = "scope", value_name = "SCOPE")]
-    scopes: Vec<String>,
-    /// When the router restarts the program after it exits.
-    #[arg(long, value_enum, default_value_t = Restart::Never)]
-    restart: Restart,
-    /// The program and its arguments (after `--`).
-    #[arg(last = true, required = true, value_name = "CMD")]
-    command: Vec<String>,
-}
-
-/// `--restart` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Restart {
-    /// Never restart.
-    Never,
-    /// Restart after a non-zero exit or a signal.
-    OnFailure,
-    /// Restart after any exit that was not requested.
-    Always,
-}
-
-impl From<Restart> for RestartMode {
-    fn from(r: Restart) -> Self {
-        match r {
-            Restart::Never => RestartMode::Never,
-            Restart::OnFailure => RestartMode::OnFailure,
-            Restart::Always => RestartMode::Always,
-        }
-    }
-}
-
 /// A failed command: what was being done, and why.
 #[derive(Debug)]
 struct Failure {
@@ -214,11 +157,32 @@ struct Failure {
     error: String,
 }
 
+impl Failure {
+    fn new(what: impl Into<String>, error: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            error: error.into(),
+        }
+    }
+}
+
 fn fail(what: impl Into<String>) -> impl FnOnce(ClientError) -> Failure {
     let what = what.into();
     move |e| Failure {
         what,
-        error: e.to_string(),
+        error: describe(&e),
+    }
+}
+
+/// A client error in the CLI's words: authentication problems name the CLI's flags, not the
+/// Rust API.
+fn describe(e: &ClientError) -> String {
+    match e {
+        e if e.is_auth_required() => AUTH_HINT.to_owned(),
+        ClientError::Auth(_) => {
+            format!("{e}; check --api-key / --token (or MAP_ROUTER_API_KEY / MAP_ROUTER_TOKEN)")
+        }
+        e => e.to_string(),
     }
 }
 
@@ -245,11 +209,16 @@ pub fn run(command: Command) -> ExitCode {
     let result = runtime.block_on(async move {
         match command {
             Command::Agent(args) => bridge::run(args).await,
-            Command::Watch(args) => watch(args).await,
-            Command::Send(args) => send(args).await,
-            Command::Agents(args) => agents(args).await,
-            Command::Scopes(args) => scopes(args).await,
-            Command::Spawn(args) => spawn(args).await,
+            Command::Watch(args) => watch::run(args).await,
+            Command::Send(args) => send::send(args).await,
+            Command::Request(args) => send::request(args).await,
+            Command::Agents(args) => list::agents(args).await,
+            Command::Scopes(args) => list::scopes(args).await,
+            Command::Spawn(args) => spawn::run(args).await,
+            Command::Stop(args) => control::stop(args).await,
+            Command::Suspend(args) => control::suspend(args).await,
+            Command::Resume(args) => control::resume(args).await,
+            Command::Inject(args) => control::inject(args).await,
         }
     });
     // Nothing may linger on a blocking thread (a stdin read) and delay the exit.
@@ -272,7 +241,7 @@ async fn connect(url: &UrlArgs, options: ClientOptions) -> Result<Client, Failur
         Some(path) => options.ca_file(path),
         None => options,
     };
-    Client::connect_ws(&url.url, options.name("map-router-cli"))
+    Client::connect_ws(&url.url, cli_identity(options))
         .await
         .map_err(connect_failure)
 }
@@ -289,6 +258,18 @@ fn connect_failure(e: ClientError) -> Failure {
         },
         e => fail("connect")(e),
     }
+}
+
+/// Makes a connection recognisably the CLI's: name [`CLI_NAME`], participant id
+/// [`CLI_ID_PREFIX`]`<random>`.
+fn cli_identity(options: ClientOptions) -> ClientOptions {
+    options.name(CLI_NAME).participant_id(cli_id())
+}
+
+/// A fresh id that begins with [`CLI_ID_PREFIX`].
+fn cli_id() -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{CLI_ID_PREFIX}{}", &random[..16])
 }
 
 /// One-shot commands do not reconnect: they fail fast.
@@ -321,213 +302,37 @@ fn pretty(v: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("<unprintable: {e}>"))
 }
 
-// ---------------------------------------------------------------------------------------------
-// watch
-// ---------------------------------------------------------------------------------------------
-
-fn watch_filter(args: &WatchArgs) -> Result<SubscriptionFilter, Failure> {
-    let mut filter: SubscriptionFilter = match &args.filter {
-        Some(text) => serde_json::from_str(text).map_err(|e| Failure {
-            what: "--filter".into(),
-            error: format!("not a subscription filter: {e}"),
-        })?,
-        None => SubscriptionFilter::default(),
-    };
-    let add = |list: &mut Option<Vec<String>>, more: &[String]| {
-        if !more.is_empty() {
-            list.get_or_insert_with(Vec::new)
-                .extend(more.iter().cloned());
-        }
-    };
-    add(&mut filter.event_types, &args.types);
-    add(&mut filter.from_agents, &args.agents);
-    add(&mut filter.scopes, &args.scopes);
-    Ok(filter)
-}
-
-async fn watch(args: WatchArgs) -> Result<ExitCode, Failure> {
-    let filter = watch_filter(&args)?;
-    // A watcher outlives router restarts for a while: it keeps reconnecting.
-    let client = connect(
-        &args.url,
-        ClientOptions::new().reconnect(ReconnectPolicy::default().max_attempts(30)),
-    )
-    .await?;
-    let mut events = client
-        .subscribe(filter)
-        .await
-        .map_err(fail("map/subscribe"))?;
-    let interrupted = tokio::signal::ctrl_c();
-    tokio::pin!(interrupted);
-    loop {
-        tokio::select! {
-            _ = &mut interrupted => break,
-            next = events.next() => {
-                let Some(event) = next else {
-                    return match events.error() {
-                        Some(e) => Err(fail("the event stream ended")(e)),
-                        None => Ok(ExitCode::SUCCESS),
-                    };
-                };
-                let line = if args.json {
-                    serde_json::to_string(&event).unwrap_or_default()
-                } else {
-                    format::event_line(&event)
-                };
-                if !print_line(&line) {
-                    break;
-                }
-            }
-        }
-    }
-    let _ = client.close().await;
-    Ok(ExitCode::SUCCESS)
-}
-
-// ---------------------------------------------------------------------------------------------
-// send
-// ---------------------------------------------------------------------------------------------
-
-async fn send(args: SendArgs) -> Result<ExitCode, Failure> {
-    let to = if args.to.trim_start().starts_with(['{', '[']) {
-        serde_json::from_str::<Value>(&args.to).map_err(|e| Failure {
-            what: "--to".into(),
-            error: format!("not valid JSON: {e}"),
-        })?
-    } else {
-        Value::String(args.to.clone())
-    };
-    let payload = args.payload.as_deref().map(json_or_string);
-    let needs_agent = args.as_agent.is_some() || address_is_group(&to);
-    let options = if needs_agent {
-        ClientOptions::agent()
-    } else {
-        ClientOptions::new()
-    };
-    let client = connect(&args.url, one_shot(options)).await?;
-    if let Some(name) = &args.as_agent {
-        client
-            .register(RegisterParams {
-                name: Some(name.clone()),
-                ..RegisterParams::default()
-            })
-            .await
-            .map_err(fail("map/agents/register"))?;
-    }
-    let result = client
-        .send_with(crate::protocol::methods::messaging::SendParams {
-            to,
-            payload,
-            meta: None,
-        })
-        .await
-        .map_err(fail("map/send"));
-    // The temporary agent goes with the session.
+/// Leaves a one-shot session: `map/disconnect` (the session's own agents go with it), then
+/// close.
+async fn leave(client: &Client) {
     let _ = client.disconnect().await;
-    let result = result?;
-    print_line(&serde_json::to_string(&result).unwrap_or_default());
-    Ok(ExitCode::SUCCESS)
 }
 
-// ---------------------------------------------------------------------------------------------
-// agents, scopes
-// ---------------------------------------------------------------------------------------------
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::methods::auth::{AuthError, AuthErrorCode};
 
-async fn agents(args: ListArgs) -> Result<ExitCode, Failure> {
-    let client = connect(&args.url, one_shot(ClientOptions::new())).await?;
-    let agents = client
-        .list_agents(Default::default())
-        .await
-        .map_err(fail("map/agents/list"));
-    let _ = client.disconnect().await;
-    let agents = agents?;
-    if args.json {
-        print_line(&pretty(&agents));
-    } else if agents.is_empty() {
-        print_line("no agents");
-    } else {
-        print_line(format::agents_table(&agents).trim_end());
+    #[test]
+    fn auth_errors_name_the_cli_flags() {
+        let missing = ClientError::Auth(AuthError::new(AuthErrorCode::AuthRequired, "rust hint"));
+        assert_eq!(describe(&missing), AUTH_HINT);
+        let refused = ClientError::Auth(AuthError::new(AuthErrorCode::InvalidCredentials, "bad"));
+        let text = describe(&refused);
+        assert!(
+            text.starts_with("authentication refused (invalid_credentials): bad; check --api-key"),
+            "{text}"
+        );
+        assert_eq!(describe(&ClientError::Closed), "the client is closed");
     }
-    Ok(ExitCode::SUCCESS)
-}
 
-async fn scopes(args: ListArgs) -> Result<ExitCode, Failure> {
-    let client = connect(&args.url, one_shot(ClientOptions::new())).await?;
-    let listed = async {
-        let scopes = client.scopes().list().await?;
-        let mut rows = Vec::with_capacity(scopes.len());
-        for scope in scopes {
-            let members = client.scopes().members(scope.id.clone()).await?;
-            rows.push((scope, members));
-        }
-        Ok::<_, ClientError>(rows)
+    #[test]
+    fn cli_ids_are_recognisable_and_fresh() {
+        let (a, b) = (cli_id(), cli_id());
+        assert!(
+            a.starts_with(CLI_ID_PREFIX) && a.len() == CLI_ID_PREFIX.len() + 16,
+            "{a}"
+        );
+        assert_ne!(a, b);
     }
-    .await
-    .map_err(fail("map/scopes/list"));
-    let _ = client.disconnect().await;
-    let rows = listed?;
-    if args.json {
-        let json: Vec<Value> = rows
-            .iter()
-            .map(|(scope, members)| {
-                let mut v = serde_json::to_value(scope).unwrap_or(Value::Null);
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("members".into(), serde_json::json!(members));
-                }
-                v
-            })
-            .collect();
-        print_line(&pretty(&json));
-    } else if rows.is_empty() {
-        print_line("no scopes");
-    } else {
-        print_line(format::scopes_table(&rows).trim_end());
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-// ---------------------------------------------------------------------------------------------
-// spawn
-// ---------------------------------------------------------------------------------------------
-
-async fn spawn(args: SpawnArgs) -> Result<ExitCode, Failure> {
-    let mut command = args.command.into_iter();
-    let program = command.next().unwrap_or_default();
-    let params = SpawnParams {
-        register: RegisterParams {
-            name: args.name,
-            role: args.role,
-            parent: args.parent.map(Into::into),
-            scopes: (!args.scopes.is_empty())
-                .then(|| args.scopes.into_iter().map(Into::into).collect()),
-            ..RegisterParams::default()
-        },
-        command: Some(CommandSpec {
-            program,
-            args: command.collect(),
-            restart: Some(RestartPolicy {
-                mode: args.restart.into(),
-                ..RestartPolicy::default()
-            }),
-            ..CommandSpec::default()
-        }),
-        ..SpawnParams::default()
-    };
-    let client = connect(&args.url, one_shot(ClientOptions::agent())).await?;
-    let result = client.spawn(params).await.map_err(fail("map/agents/spawn"));
-    // Leave without taking anything down with this session.
-    let _ = client
-        .call::<crate::protocol::methods::session::Disconnect>(DisconnectParams {
-            reason: Some("map-router spawn done".into()),
-            policy: Some(DisconnectPolicy {
-                agent_behavior: AgentBehavior::Orphan,
-                grace_period_ms: None,
-                notify_subscribers: None,
-            }),
-        })
-        .await;
-    let _ = client.close().await;
-    let result = result?;
-    print_line(&pretty(&result));
-    Ok(ExitCode::SUCCESS)
 }

@@ -150,6 +150,8 @@ pub(crate) struct Shared {
     /// The latest connect result.
     pub session: Mutex<Option<ConnectResult>>,
     pub state: watch::Sender<ConnectionState>,
+    /// Why the connection was last lost, or why the latest reconnect attempt failed.
+    pub last_error: Mutex<Option<ClientError>>,
     /// Messages no agent handle takes.
     pub unclaimed: Arc<Inbox>,
     /// The stdio child's process id.
@@ -256,6 +258,7 @@ pub(crate) fn spawn(link: Link, connector: Option<Connector>, options: ClientOpt
     let shared = Arc::new(Shared {
         session: Mutex::new(None),
         state,
+        last_error: Mutex::new(None),
         unclaimed: Inbox::new(options.message_buffer, "client"),
         child_id: link.child.as_ref().and_then(tokio::process::Child::id),
     });
@@ -429,6 +432,13 @@ impl Driver {
         self.shared.state.send_replace(state);
     }
 
+    /// Records why the connection was lost or an attempt failed, before the state says so.
+    fn set_last_error(&self, error: ClientError) {
+        if let Ok(mut last) = self.shared.last_error.lock() {
+            *last = Some(error);
+        }
+    }
+
     /// Records a connect (or disconnect) result's token.
     fn remember_token(&mut self, raw: &str) {
         #[derive(Deserialize)]
@@ -451,7 +461,8 @@ impl Driver {
                     AuthError::new(
                         AuthErrorCode::AuthRequired,
                         format!(
-                            "the router requires authentication (it accepts {}); set ClientOptions::auth",
+                            "the router requires authentication (it accepts {}); give credentials \
+                             with ClientOptions::api_key, ::bearer_token or ::auth",
                             refused.auth_required.methods.join(", ")
                         ),
                     )
@@ -473,6 +484,7 @@ impl Driver {
             Err(e @ ClientError::Auth(_)) => {
                 // The same credentials will not do better on the next attempt.
                 tracing::warn!(error = %e, "the router refused the credentials; not reconnecting");
+                self.set_last_error(e.clone());
                 self.drop_link(&e.to_string());
                 for tx in self.reconnect_waiters.drain(..) {
                     let _ = tx.send(Err(e.clone()));
@@ -576,6 +588,7 @@ impl Driver {
             return;
         }
         tracing::debug!(%reason, "transport lost");
+        self.set_last_error(ClientError::Transport(format!("connection lost: {reason}")));
         self.drop_link(&reason);
         if self.phase == Phase::Closing || self.phase == Phase::Closed {
             self.phase = Phase::Closed;
@@ -690,6 +703,7 @@ impl Driver {
     }
 
     fn schedule_retry(&mut self, error: ClientError) {
+        self.set_last_error(error.clone());
         let policy = self.client_options.reconnect;
         let max = if self.reconnect_waiters.is_empty() {
             policy.max_attempts

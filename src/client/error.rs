@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::protocol::jsonrpc::ErrorCode;
-use crate::protocol::methods::auth::AuthError;
+use crate::protocol::methods::auth::{AuthError, AuthErrorCode};
 
 /// Why a client call failed.
 ///
@@ -115,6 +115,14 @@ impl ClientError {
         }
     }
 
+    /// Whether the router requires authentication and was given no credentials
+    /// (`map/connect` answered `authRequired` with code `auth_required`). Credentials that were
+    /// given and refused are [`ClientError::Auth`] with another code (`invalid_credentials`,
+    /// `expired`, ...).
+    pub fn is_auth_required(&self) -> bool {
+        matches!(self, Self::Auth(e) if e.code == AuthErrorCode::AuthRequired)
+    }
+
     pub(crate) fn decode(what: &str, e: impl fmt::Display) -> Self {
         Self::Decode(format!("{what}: {e}"))
     }
@@ -187,5 +195,14 @@ mod tests {
             data: Some(json!({"category": "resource", "retryable": true})),
         };
         assert!(retry.is_retryable());
+    }
+
+    #[test]
+    fn auth_required_is_told_apart_from_refused_credentials() {
+        let missing = ClientError::Auth(AuthError::new(AuthErrorCode::AuthRequired, "no"));
+        let refused = ClientError::Auth(AuthError::new(AuthErrorCode::InvalidCredentials, "no"));
+        assert!(missing.is_auth_required());
+        assert!(!refused.is_auth_required());
+        assert!(!ClientError::Closed.is_auth_required());
     }
 }

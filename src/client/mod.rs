@@ -251,6 +251,27 @@ impl Client {
         self.inner.shared.state.subscribe()
     }
 
+    /// Why the connection was last lost, or why the latest reconnect attempt failed (the
+    /// error a [`ConnectionState::Reconnecting`] or [`ConnectionState::Closed`] state is
+    /// about). `None` until the connection is first lost; not cleared by a reconnect. Read it
+    /// when [`Client::state_changes`] reports a change:
+    ///
+    /// ```no_run
+    /// # async fn demo(client: map_router::client::Client) {
+    /// use map_router::client::ConnectionState;
+    /// let mut states = client.state_changes();
+    /// while states.changed().await.is_ok() {
+    ///     let state = *states.borrow_and_update();
+    ///     if let ConnectionState::Reconnecting { attempt } = state {
+    ///         eprintln!("reconnecting (attempt {attempt}): {:?}", client.last_connection_error());
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn last_connection_error(&self) -> Option<ClientError> {
+        self.inner.shared.last_error.lock().ok()?.clone()
+    }
+
     /// The process id of the child behind a [`Client::spawn_stdio`] client.
     pub fn child_id(&self) -> Option<u32> {
         self.inner.shared.child_id

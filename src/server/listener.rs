@@ -198,4 +198,3 @@ async fn serve_http<I>(
         }
     }
 }
-

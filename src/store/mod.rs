@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::protocol::ids::EventId;
 use self::record::{EventRecord, StoredRow};
+use crate::protocol::ids::EventId;
 
 /// A store operation's result, resolved on the store's threads.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;

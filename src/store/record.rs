@@ -260,4 +260,3 @@ pub fn push_id_array(out: &mut String, ids: &[EventId]) {
     }
     out.push(']');
 }
-

@@ -66,9 +66,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::{oneshot, watch};
 
+use super::record::{EventRecord, StoredRow};
 use super::{EventStore, Recovered, StoreError, StoreFuture};
 use crate::protocol::ids::{now_ms, EventId};
-use super::record::{EventRecord, StoredRow};
 
 /// The database file inside [`SqliteOptions::dir`].
 pub const DB_FILE_NAME: &str = "events.sqlite3";

@@ -70,6 +70,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::admission::PeerInfo;
 use super::connection::ConnectionOptions;
 use super::TransportContext;
 use crate::protocol::ids::random_token;
@@ -79,7 +80,6 @@ use crate::router::dispatch::{RpcSession, SessionLimits};
 use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
 use crate::router::session::ConnOrigin;
 use crate::router::{Command, ConnId, RouterError};
-use super::admission::PeerInfo;
 use crate::transport::admission::{Admission, Slot};
 
 /// Path of the JSON-RPC endpoint.

@@ -16,9 +16,9 @@ use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures::{FutureExt, SinkExt, StreamExt};
 
+use super::admission::PeerInfo;
 use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
 use super::TransportContext;
-use super::admission::PeerInfo;
 
 /// What the WebSocket route needs.
 #[derive(Debug, Clone)]

@@ -131,9 +131,7 @@ pub struct ReplayResult {
 }
 
 /// What a subscription does when it falls behind everything the log retains.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OverflowPolicy {
     /// After the `subscription.overflow` notice, continue with live events.
