@@ -88,3 +88,40 @@ async fn the_http_and_sse_walkthrough_with_curl() {
         "{events}"
     );
 }
+
+/// The README's command-line session, against the built binary (on the `PATH`, as after
+/// `cargo install --path .`), from the repository's root.
+#[tokio::test]
+async fn the_readme_command_line_session() {
+    let (_router, url) = start_binary(["serve", "--listen", "127.0.0.1:0", "--ephemeral"]).await;
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_map-router"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = doc_script("README.md", "readme-cli");
+    let out = run_script(
+        &script,
+        &common::docs::root(),
+        &[("PATH", &path), ("MAP_ROUTER_URL", &url)],
+        Duration::from_secs(60),
+    )
+    .await;
+    // spawn, agents, send, request, suspend, resume, inject, stop, stdio: each said its piece.
+    for needle in [
+        r#""name": "worker-1""#,   // spawn's result
+        "worker-1  echo",          // the agents table
+        r#""delivered":"#,         // send's result
+        r#""by": "worker-1""#,     // request: the reply's payload
+        r#""state": "suspended""#, // suspend
+        r#""injected": true"#,     // inject
+        r#""stopping": true"#,     // stop
+        r#""protocolVersion":1"#,  // map-router stdio answered map/connect
+    ] {
+        assert!(out.contains(needle), "no {needle} in:\n{out}");
+    }
+}

@@ -501,23 +501,11 @@ async fn the_rust_client_connects_registers_and_gets_messages_over_tls() {
     }
 }
 
-/// The fenced shell block between `<!-- tls-recipe -->` and `<!-- /tls-recipe -->` in
-/// docs/security.md.
+/// The shell block of docs/security.md marked `<!-- doc: test tls-recipe -->`.
 fn documented_recipe() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/security.md");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let (_, after) = text
-        .split_once("<!-- tls-recipe -->")
-        .expect("docs/security.md has a <!-- tls-recipe --> marker");
-    let (section, _) = after
-        .split_once("<!-- /tls-recipe -->")
-        .expect("docs/security.md has a <!-- /tls-recipe --> marker");
-    let (_, fenced) = section
-        .split_once("```sh\n")
-        .expect("the recipe is a ```sh block");
-    let (body, _) = fenced.split_once("```").expect("the ```sh block is closed");
+    let body = common::docs::doc_script("docs/security.md", "tls-recipe");
     assert!(body.contains("openssl"), "the recipe runs openssl: {body}");
-    body.to_owned()
+    body
 }
 
 #[tokio::test]

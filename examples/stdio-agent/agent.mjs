@@ -28,14 +28,19 @@ lines.on('line', (line) => {
   const frame = JSON.parse(line);
   if (frame.error) { // an answer to one of our requests that failed
     log(`request ${frame.id} failed: ${JSON.stringify(frame.error)}`);
-    process.exit(1);
+    if (frame.id === 1 || frame.id === 2) process.exit(1); // could not connect or register
+    return;
   }
   if (frame.method !== 'map/message') return; // answers to our requests, events
   const { message } = frame.params;
   const meta = message.meta ?? {};
-  if (message.from === 'system' && message.payload?.control === 'stop') {
-    log('stop requested; exiting');
-    process.exit(0);
+  if (message.from === 'system') { // the router: control messages and injected content
+    if (message.payload?.control === 'stop') {
+      log('stop requested; exiting');
+      process.exit(0);
+    }
+    log(`from the router: ${JSON.stringify(message.payload)}`); // suspend, resume, steering
+    return;
   }
   if (meta.isResult) return; // a reply to something we asked; this agent asks nothing
   send('map/send', {

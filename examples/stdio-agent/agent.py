@@ -44,15 +44,20 @@ for line in sys.stdin:  # EOF: the router is going away
     frame = json.loads(line)
     if "error" in frame:  # an answer to one of our requests that failed
         log(f"request {frame.get('id')} failed: {frame['error']}")
-        sys.exit(1)
+        if frame.get("id") in (1, 2):  # could not connect or register: nothing to do here
+            sys.exit(1)
+        continue
     if frame.get("method") != "map/message":
         continue  # answers to our requests, and events if we subscribed
     message = frame["params"]["message"]
     payload = message.get("payload")
     meta = message.get("meta") or {}
-    if message["from"] == "system" and isinstance(payload, dict) and payload.get("control") == "stop":
-        log("stop requested; exiting")
-        sys.exit(0)
+    if message["from"] == "system":  # the router: control messages and injected content
+        if isinstance(payload, dict) and payload.get("control") == "stop":
+            log("stop requested; exiting")
+            sys.exit(0)
+        log(f"from the router: {json.dumps(payload)}")  # suspend, resume, steering
+        continue
     if meta.get("isResult"):
         continue  # a reply to something we asked; this agent asks nothing
     send("map/send", {

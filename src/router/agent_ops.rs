@@ -315,9 +315,19 @@ impl Router {
     /// Removes an agent: leaves its scopes, emits `agent_unregistered` then one
     /// `scope_member_left` per scope (caused by the unregistration). Children stay registered.
     pub(crate) fn remove_agent(&mut self, id: &AgentId, reason: &str, caused_by: Vec<EventId>) {
-        let Some(snapshot) = self.registry.get(id.as_str()).map(|r| r.agent.clone()) else {
+        let Some(mut snapshot) = self.registry.get(id.as_str()).map(|r| r.agent.clone()) else {
             return;
         };
+        let mut caused_by = caused_by;
+        if snapshot.state == AgentState::STOPPING {
+            // It was asked to stop, and it went: observers see it `stopped`, then gone.
+            if let Some((agent, ev)) =
+                self.transition(id, AgentState::STOPPED, Some(reason.to_owned()))
+            {
+                snapshot = agent;
+                caused_by.push(ev);
+            }
+        }
         // An unregistered agent's process has nothing left to do.
         self.control_process(super::supervision::ProcessControl::Stop {
             agent: id.clone(),

@@ -5,6 +5,7 @@
 //! - `<!-- doc: file PATH -->`: the block is the whole of that file of the repository;
 //! - `<!-- doc: config -->`: a configuration the router accepts (every ```toml block is one,
 //!   marked or not);
+//! - `<!-- doc: ci -->`: a command `.ci/run` runs (the README's test command);
 //! - `<!-- doc: illustrative -->`: shows a shape or an abridged program; not run.
 //!
 //! `tests/docs_examples.rs` checks that every block has one.
