@@ -467,71 +467,59 @@ fn no_file_imports_in_a_circle() {
             .or_insert_with(|| format!("src/{}:{}: {}", e.from.display(), e.line, e.text));
     }
     // Tarjan's strongly connected components.
-    let nodes: Vec<PathBuf> = graph.keys().cloned().collect();
-    let mut index: HashMap<PathBuf, usize> = HashMap::new();
-    let mut low: HashMap<PathBuf, usize> = HashMap::new();
-    let mut on_stack: BTreeSet<PathBuf> = BTreeSet::new();
-    let mut stack: Vec<PathBuf> = Vec::new();
-    let mut next = 0;
-    let mut cycles: Vec<Vec<PathBuf>> = Vec::new();
-    fn strong(
-        v: &PathBuf,
-        graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
-        next: &mut usize,
-        index: &mut HashMap<PathBuf, usize>,
-        low: &mut HashMap<PathBuf, usize>,
-        stack: &mut Vec<PathBuf>,
-        on_stack: &mut BTreeSet<PathBuf>,
-        cycles: &mut Vec<Vec<PathBuf>>,
-    ) {
-        index.insert(v.clone(), *next);
-        low.insert(v.clone(), *next);
-        *next += 1;
-        stack.push(v.clone());
-        on_stack.insert(v.clone());
-        for w in graph.get(v).into_iter().flatten() {
-            if !index.contains_key(w) {
-                strong(w, graph, next, index, low, stack, on_stack, cycles);
-                let lw = low[w];
-                let lv = low.get_mut(v).unwrap();
-                *lv = (*lv).min(lw);
-            } else if on_stack.contains(w) {
-                let iw = index[w];
-                let lv = low.get_mut(v).unwrap();
-                *lv = (*lv).min(iw);
-            }
-        }
-        if low[v] == index[v] {
-            let mut component = Vec::new();
-            loop {
-                let w = stack.pop().unwrap();
-                on_stack.remove(&w);
-                let done = &w == v;
-                component.push(w);
-                if done {
-                    break;
+    #[derive(Default)]
+    struct Tarjan {
+        next: usize,
+        index: HashMap<PathBuf, usize>,
+        low: HashMap<PathBuf, usize>,
+        stack: Vec<PathBuf>,
+        on_stack: BTreeSet<PathBuf>,
+        cycles: Vec<Vec<PathBuf>>,
+    }
+    impl Tarjan {
+        fn strong(&mut self, v: &PathBuf, graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) {
+            self.index.insert(v.clone(), self.next);
+            self.low.insert(v.clone(), self.next);
+            self.next += 1;
+            self.stack.push(v.clone());
+            self.on_stack.insert(v.clone());
+            for w in graph.get(v).into_iter().flatten() {
+                if !self.index.contains_key(w) {
+                    self.strong(w, graph);
+                    let lw = self.low[w];
+                    let lv = self.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(lw);
+                } else if self.on_stack.contains(w) {
+                    let iw = self.index[w];
+                    let lv = self.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(iw);
                 }
             }
-            if component.len() > 1 {
-                component.sort();
-                cycles.push(component);
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                loop {
+                    let w = self.stack.pop().unwrap();
+                    self.on_stack.remove(&w);
+                    let done = &w == v;
+                    component.push(w);
+                    if done {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.cycles.push(component);
+                }
             }
         }
     }
-    for v in &nodes {
-        if !index.contains_key(v) {
-            strong(
-                v,
-                &graph,
-                &mut next,
-                &mut index,
-                &mut low,
-                &mut stack,
-                &mut on_stack,
-                &mut cycles,
-            );
+    let mut t = Tarjan::default();
+    for v in graph.keys() {
+        if !t.index.contains_key(v) {
+            t.strong(v, &graph);
         }
     }
+    let cycles = t.cycles;
     let report: Vec<String> = cycles
         .iter()
         .map(|c| {
