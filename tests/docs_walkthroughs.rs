@@ -125,3 +125,58 @@ async fn the_readme_command_line_session() {
         assert!(out.contains(needle), "no {needle} in:\n{out}");
     }
 }
+
+/// The README's configuration file runs as copied: saved beside the minimal agent it starts
+/// (a copy of the repository's layout), the router starts on it (its `listen` replaced by a
+/// free port), keeps its log next to the file, and the configured agent answers.
+#[tokio::test]
+async fn the_readme_config_file_runs_as_copied() {
+    let dir = TempDir::new("readme-config");
+    let config = doc_script("README.md", "readme-config");
+    std::fs::write(dir.path.join("router.toml"), &config).unwrap();
+    std::fs::create_dir_all(dir.path.join("examples/stdio-agent")).unwrap();
+    std::fs::copy(
+        common::docs::root().join("examples/stdio-agent/agent.py"),
+        dir.path.join("examples/stdio-agent/agent.py"),
+    )
+    .unwrap();
+    // Started from elsewhere: the file's relative paths must not depend on the working directory.
+    let config_path = dir.path.join("router.toml");
+    let (_router, url) = start_binary([
+        "serve",
+        "--config",
+        config_path.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .await;
+    assert!(
+        dir.path.join("map-router-data/events.sqlite3").exists(),
+        "the log is beside the file"
+    );
+    let bin = env!("CARGO_BIN_EXE_map-router");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = within(
+            Duration::from_secs(30),
+            tokio::process::Command::new(bin)
+                .args(["request", "--url", &url, "--to", "echo", "--payload", "1"])
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            assert!(stdout.contains(r#""by": "echo""#), "{stdout}");
+            break;
+        }
+        // The agent may still be starting: "no agent has the id or name `echo`".
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the configured agent never answered: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
