@@ -1,0 +1,407 @@
+//! [`RpcSession`]: the per-connection JSON-RPC state every transport runs for each incoming
+//! text frame. It classifies the frame (request, notification, batch, garbage), refuses
+//! everything but `map/connect` and `map/authenticate` before a session exists (`1000`), calls
+//! the method table ([`Dispatcher`]), holds the answer until the store has committed what the
+//! call appended (in place, or in the connection's [`Pipeline`] for methods whose table entry
+//! says [`Answer::Pipelined`]), and queues the response in the connection's outbox.
+//!
+//! Requests from one connection are handled one at a time, in arrival order, so state-changing
+//! calls apply in the order they were sent; the router itself applies calls from all
+//! connections in one total order.
+//!
+//! Ordering guarantee: a `map/subscribe` response is queued *before* the subscription is
+//! activated, so no `map/event` can overtake it.
+//!
+//! Limits applied here, before anything is parsed into values or reaches the router
+//! ([`SessionLimits`]): JSON nesting depth (checked on the raw text, `-32600`), batch size
+//! (`-32600`), and the request rate (`4001` with `data.retryAfterMs`, see [`super::rate`]).
+
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use crate::protocol::jsonrpc::{self, ErrorObject, Frame, Id, Incoming};
+use crate::protocol::methods;
+
+use super::core::{Command, Op, Router};
+use super::dispatch::{Answer, Dispatcher};
+use super::handle::RouterHandle;
+use super::ids::ConnId;
+use super::outbox::{Outbound, Outbox};
+use super::pipeline::Pipeline;
+use super::rate::{retry_after_ms, ConnRate};
+use super::reply::{AfterReply, Handled, Reply};
+use super::RouterError;
+
+/// What [`RpcSession`] refuses before dispatch (besides the batch size).
+#[derive(Debug)]
+pub struct SessionLimits {
+    /// Deepest JSON nesting accepted in one frame (see [`jsonrpc::check_depth`]).
+    pub max_depth: usize,
+    /// The connection's request-rate buckets.
+    pub rate: ConnRate,
+    /// Longest wait for a rate token before a paced notification (an ack) is applied anyway.
+    pub pace_limit: std::time::Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: jsonrpc::DEFAULT_MAX_DEPTH,
+            rate: ConnRate::default(),
+            pace_limit: std::time::Duration::from_secs(1),
+        }
+    }
+}
+
+/// Per-connection JSON-RPC state, shared by every transport.
+#[derive(Debug)]
+pub struct RpcSession {
+    router: RouterHandle,
+    dispatcher: Arc<Dispatcher>,
+    conn: ConnId,
+    outbox: Outbox,
+    connected: bool,
+    /// `map/connect` answered `authRequired` and nothing succeeded since.
+    awaiting_auth: bool,
+    max_batch: usize,
+    /// Answers waiting for store commits (stream transports with a durable store).
+    pipeline: Option<Pipeline>,
+    /// What the request just handled needs committed before its answer (with its id).
+    needs_commit: Option<(u64, Id)>,
+    /// Handling a batch (whose answers are never pipelined).
+    in_batch: bool,
+    limits: SessionLimits,
+}
+
+/// The connection's writer (or the router) is gone; stop reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterGone;
+
+fn error_frame(id: &Id, error: &ErrorObject) -> String {
+    let mut out = String::new();
+    jsonrpc::write_error(&mut out, id, error);
+    out
+}
+
+impl RpcSession {
+    /// State for a new connection.
+    pub fn new(
+        router: RouterHandle,
+        dispatcher: Arc<Dispatcher>,
+        conn: ConnId,
+        outbox: Outbox,
+        max_batch: usize,
+    ) -> Self {
+        Self {
+            router,
+            dispatcher,
+            conn,
+            outbox,
+            connected: false,
+            awaiting_auth: false,
+            max_batch: max_batch.max(1),
+            limits: SessionLimits::default(),
+            pipeline: None,
+            needs_commit: None,
+            in_batch: false,
+        }
+    }
+
+    /// Lets `map/send` answers wait for their commits in a queue (see [`Pipeline`]) instead of
+    /// holding up the requests behind them. For stream transports that call
+    /// [`RpcSession::commit_ready`] and [`RpcSession::flush_committed`]; without a durable
+    /// store this does nothing.
+    #[must_use]
+    pub fn with_pipelining(mut self) -> Self {
+        self.pipeline = self
+            .router
+            .commit_progress()
+            .map(|(committed, timeout)| Pipeline::new(committed, timeout));
+        self
+    }
+
+    /// Resolves when the oldest waiting answer may be sent; never while none waits.
+    /// Cancel-safe.
+    pub async fn commit_ready(&mut self) {
+        match self.pipeline.as_mut() {
+            Some(p) => p.head_ready().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Sends the waiting answers that may go now, in order; with `all`, waits for every one
+    /// (each bounded by the commit timeout).
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn flush_committed(&mut self, all: bool) -> Result<(), WriterGone> {
+        loop {
+            let Some(p) = self.pipeline.as_mut() else {
+                return Ok(());
+            };
+            match p.pop_ready() {
+                Some(handled) => self.deliver(handled).await?,
+                None if all && !p.is_empty() => p.head_ready().await,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// The same session with these limits (depth, rate).
+    pub fn with_limits(mut self, limits: SessionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Keys the session's shared rate bucket on an authenticated principal from now on (called
+    /// when `map/connect` returns a `principal`; authentication may call it too).
+    pub fn set_principal(&mut self, id: &str) {
+        self.limits.rate.set_principal(id);
+    }
+
+    /// The router's id for this connection.
+    pub fn conn(&self) -> ConnId {
+        self.conn
+    }
+
+    /// Whether `map/connect` has succeeded on this connection (and no disconnect since).
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// Handles one text frame (an object or a batch) and queues its response in the outbox
+    /// before running follow-ups. This is what stream transports (WebSocket, stdio,
+    /// in-process) use.
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn handle_text(&mut self, text: &str) -> Result<(), WriterGone> {
+        let handled = self.handle(text).await;
+        let commit = self.needs_commit.take();
+        match self.pipeline.as_mut() {
+            Some(p) if commit.is_some() || !p.is_empty() => {
+                p.push(handled, commit);
+                if p.is_full() {
+                    // Stop reading until the oldest answer can go.
+                    p.head_ready().await;
+                }
+                self.flush_committed(false).await
+            }
+            _ => self.deliver(handled).await,
+        }
+    }
+
+    /// Queues a handled frame's response, then runs its follow-ups.
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn deliver(&mut self, handled: Handled) -> Result<(), WriterGone> {
+        let Handled { response, after } = handled;
+        if let Some(frame) = response {
+            self.push(frame).await?;
+        }
+        self.complete(after).await
+    }
+
+    /// Handles one text frame without queueing anything: the caller writes `response` where it
+    /// belongs (the outbox, an HTTP body) and then calls [`RpcSession::complete`].
+    pub async fn handle(&mut self, text: &str) -> Handled {
+        // NB: the depth is checked before parsing, so a deeply nested frame costs one linear
+        // scan and no values.
+        match jsonrpc::parse_frame(text, self.limits.max_depth, self.max_batch) {
+            Err(e) => Self::error(&e),
+            Ok(Frame::Batch(items)) => self.handle_batch(items).await,
+            Ok(Frame::One(raw)) => {
+                if !raw.get().trim_start().starts_with('{') {
+                    return Self::error(&ErrorObject::invalid_request(
+                        "a JSON-RPC message must be an object or a batch",
+                    ));
+                }
+                let mut after = Vec::new();
+                let response = self.handle_one(raw, &mut after).await;
+                Handled { response, after }
+            }
+        }
+    }
+
+    /// A frame-level error (oversize frame, binary frame, bad UTF-8) answered with `id: null`.
+    pub fn error(error: &ErrorObject) -> Handled {
+        Handled {
+            response: Some(error_frame(&Id::null(), error)),
+            after: Vec::new(),
+        }
+    }
+
+    /// Queues a frame-level error.
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the connection's writer has stopped.
+    pub async fn reject_frame(&mut self, error: &ErrorObject) -> Result<(), WriterGone> {
+        self.deliver(Self::error(error)).await
+    }
+
+    async fn handle_batch(&mut self, items: Vec<&RawValue>) -> Handled {
+        let mut responses = Vec::new();
+        let mut after = Vec::new();
+        self.in_batch = true;
+        for item in items {
+            if !item.get().trim_start().starts_with('{') {
+                responses.push(error_frame(
+                    &Id::null(),
+                    &ErrorObject::invalid_request("batch entries must be objects"),
+                ));
+                continue;
+            }
+            if let Some(frame) = self.handle_one(item, &mut after).await {
+                responses.push(frame);
+            }
+        }
+        self.in_batch = false;
+        let response = (!responses.is_empty()).then(|| {
+            let mut frame =
+                String::with_capacity(responses.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
+            frame.push('[');
+            frame.push_str(&responses.join(","));
+            frame.push(']');
+            frame
+        });
+        Handled { response, after }
+    }
+
+    /// Handles one message object; returns its response frame, if it gets one.
+    async fn handle_one(&mut self, raw: &RawValue, afters: &mut Vec<AfterReply>) -> Option<String> {
+        match jsonrpc::classify(raw) {
+            Incoming::Request { id, method, params } => {
+                let mut out = String::new();
+                if let Err(wait) = self.limits.rate.check() {
+                    let e = ErrorObject::rate_limited(retry_after_ms(wait));
+                    jsonrpc::write_error(&mut out, &id, &e);
+                    return Some(out);
+                }
+                // Only `map/send` (the hot path) is pipelined: other calls may read the store
+                // or change what later requests are allowed, so they keep waiting in line.
+                let pipelined = self.pipeline.is_some()
+                    && !self.in_batch
+                    && method == methods::messaging::Send::NAME;
+                let result = if pipelined {
+                    let (result, until) =
+                        RouterHandle::deferring_commit(self.call(method, params)).await;
+                    if let (Ok(_), Some(until)) = (&result, until) {
+                        self.needs_commit = Some((until, id.clone()));
+                    }
+                    result
+                } else {
+                    self.call(method, params).await
+                };
+                match result {
+                    Ok(reply) => {
+                        jsonrpc::write_success(&mut out, &id, &reply.result);
+                        match &reply.after {
+                            AfterReply::Connected => {
+                                self.connected = true;
+                                self.awaiting_auth = false;
+                                if let Some(principal) = principal_of(&reply.result) {
+                                    self.set_principal(&principal);
+                                }
+                            }
+                            AfterReply::AuthRequired => {
+                                self.connected = false;
+                                self.awaiting_auth = true;
+                            }
+                            AfterReply::Disconnected => self.connected = false,
+                            _ => {}
+                        }
+                        afters.push(reply.after);
+                    }
+                    Err(e) => jsonrpc::write_error(&mut out, &id, &e),
+                }
+                Some(out)
+            }
+            Incoming::Notification { method, params } => {
+                self.notification(method, params).await;
+                None
+            }
+            Incoming::Response => None,
+            Incoming::Invalid { id, reason } => {
+                Some(error_frame(&id, &ErrorObject::invalid_request(reason)))
+            }
+        }
+    }
+
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Result<Reply, ErrorObject> {
+        let entry = self
+            .dispatcher
+            .table
+            .get(method)
+            .ok_or_else(|| ErrorObject::method_not_found(method))?;
+        if entry.needs_session && !self.connected {
+            let refusal = if self.awaiting_auth {
+                RouterError::AuthRequired
+            } else {
+                RouterError::NotConnected
+            };
+            return Err(refusal.to_error_object());
+        }
+        let fut = (entry.handler)(&self.router, self.conn, params)?;
+        fut.await
+    }
+
+    /// Client → server notifications: `map/subscribe.ack` records an acknowledgement; unknown
+    /// notifications (and malformed acks) are ignored silently, as the spec requires:
+    /// notifications are never answered.
+    async fn notification(&mut self, method: &str, params: Option<&RawValue>) {
+        if method != methods::notifications::SUBSCRIBE_ACK {
+            tracing::debug!(conn = %self.conn, method, "ignoring unknown notification");
+            return;
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Ack {
+            subscription_id: String,
+            up_to_sequence: u64,
+        }
+        let Ok(ack) = serde_json::from_str::<Ack>(params.map_or("{}", RawValue::get)) else {
+            tracing::debug!(conn = %self.conn, "ignoring a malformed map/subscribe.ack");
+            return;
+        };
+        // NB: paced, never dropped: a lost ack would stall a credit-window subscription.
+        self.limits.rate.pace(self.limits.pace_limit).await;
+        let conn = self.conn;
+        let op: super::Op = Box::new(move |r: &mut Router| {
+            r.handle_ack(conn, &ack.subscription_id, ack.up_to_sequence);
+        });
+        let _ = self.router.send(Command::Call(op)).await;
+    }
+
+    /// Runs follow-ups; call once the response they follow is queued (or sent).
+    ///
+    /// # Errors
+    /// [`WriterGone`] when the router has stopped.
+    pub async fn complete(&mut self, after: Vec<AfterReply>) -> Result<(), WriterGone> {
+        for after in after {
+            if let AfterReply::Activate(subscription) = after {
+                self.router
+                    .send(Command::Activate {
+                        conn: self.conn,
+                        subscription,
+                    })
+                    .await
+                    .map_err(|_| WriterGone)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn push(&mut self, frame: String) -> Result<(), WriterGone> {
+        self.outbox
+            .push(Outbound::Frame(frame))
+            .await
+            .map_err(|_| WriterGone)
+    }
+}
+
