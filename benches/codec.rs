@@ -11,11 +11,11 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use map_router::protocol::capabilities::ParticipantType;
 use map_router::protocol::event::{EventType, SubscriptionFilter};
 use map_router::protocol::jsonrpc::classify;
+use map_router::router::agents::registry::Registry;
+use map_router::router::events::bus::{EventBus, SubState, Subscription};
 use map_router::router::events::filter::CompiledFilter;
 use map_router::router::events::log::{Audience, EventDraft, EventLog, FilterKeys, Retention};
-use map_router::router::events::{EventBus, SubState, Subscription};
 use map_router::router::outbox::{outbox, CausedBy, Delivery, OutboxReceiver};
-use map_router::router::registry::Registry;
 use map_router::router::ConnId;
 
 const SEND: &str = r#"{"jsonrpc":"2.0","id":42,"method":"map/send","params":{"to":{"scope":"team"},"payload":{"text":"hello","n":1},"meta":{"correlationId":"c-1","priority":"high"}}}"#;

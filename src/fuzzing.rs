@@ -33,8 +33,11 @@ use crate::protocol::event::{EventType, SubscriptionFilter};
 use crate::protocol::jsonrpc::{self, ErrorCode, Frame, Incoming};
 use crate::router::dispatch::Dispatcher;
 use crate::router::events::filter::CompiledFilter;
-use crate::router::events::log::{Audience, EventRecord, FilterKeys};
-use crate::router::{Router, RouterParts};
+use crate::router::events::log::Audience;
+use crate::router::events::log::EventRecord;
+use crate::router::events::log::FilterKeys;
+use crate::router::Router;
+use crate::router::RouterParts;
 use crate::transport::connection::{ConnectionOptions, InFrame, OutFrame};
 use crate::transport::ndjson::NdjsonCodec;
 use crate::transport::TransportContext;
@@ -171,7 +174,7 @@ fn entry(raw: &serde_json::value::RawValue) -> Entry {
     }
 }
 
-/// Classifies one text frame exactly as [`crate::router::dispatch::RpcSession`] does.
+/// Classifies one text frame exactly as [`crate::router::rpc::RpcSession`] does.
 pub fn classify_text(text: &str, max_depth: usize, max_batch: usize) -> Decoded {
     match jsonrpc::parse_frame(text, max_depth, max_batch) {
         Err(e) => Decoded::Rejected {

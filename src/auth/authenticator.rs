@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::api_keys;
-use super::jwt;
+use crate::auth::api_keys;
+use crate::auth::jwt;
 use crate::protocol::methods::auth::RefreshParams;
 use crate::protocol::methods::session::{
     AuthCredentials, AuthError, AuthErrorCode, AuthRequiredInfo, AuthRequiredResult, Principal,

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::api_keys::ApiKeys;
-pub use super::api_keys::MIN_API_KEY_LEN;
-pub use super::authenticator::TrustedTransport;
-use super::authenticator::{Authenticator, AuthenticatorParts};
-use super::jwt::JwtVerifier;
-pub use super::jwt::MIN_JWT_SECRET_LEN;
+use crate::auth::api_keys::ApiKeys;
+pub use crate::auth::api_keys::MIN_API_KEY_LEN;
+use crate::auth::authenticator::Authenticator;
+use crate::auth::authenticator::AuthenticatorParts;
+pub use crate::auth::authenticator::TrustedTransport;
+use crate::auth::jwt::JwtVerifier;
+pub use crate::auth::jwt::MIN_JWT_SECRET_LEN;
 
 /// Default lead time of `map/auth/expiring`: five minutes (the SDK's MAPServer default) gives a
 /// client time to fetch a new token; short tokens get half their remaining life instead.
@@ -345,8 +346,9 @@ fn read_env(var: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::authenticator::{trusted_principal, LOCAL_ISSUER};
     use super::*;
+    use crate::auth::authenticator::trusted_principal;
+    use crate::auth::authenticator::LOCAL_ISSUER;
     use crate::protocol::methods::auth::RefreshParams;
     use crate::protocol::methods::session::{AuthCredentials, AuthErrorCode};
 

@@ -25,7 +25,9 @@ use tokio::process::Child;
 use tokio::sync::oneshot;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use super::{connect_failure, AgentArgs, Failure};
+use crate::cli::connect_failure;
+use crate::cli::AgentArgs;
+use crate::cli::Failure;
 use crate::client::transport::{Link, WsEndpoint, MAX_INBOUND_FRAME};
 use crate::transport::connection::InFrame;
 use crate::transport::ndjson::NdjsonCodec;

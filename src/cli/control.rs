@@ -10,9 +10,16 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{
-    connect, fail, json_or_string, leave, one_shot, pretty, print_line, resolve, Failure, UrlArgs,
-};
+use crate::cli::connect;
+use crate::cli::fail;
+use crate::cli::json_or_string;
+use crate::cli::leave;
+use crate::cli::one_shot;
+use crate::cli::pretty;
+use crate::cli::print_line;
+use crate::cli::resolve;
+use crate::cli::Failure;
+use crate::cli::UrlArgs;
 use crate::client::{Client, ClientError, ClientOptions};
 use crate::protocol::ids::AgentId;
 use crate::protocol::methods::steering::InjectDelivery;

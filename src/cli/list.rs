@@ -5,7 +5,15 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::Value;
 
-use super::{connect, fail, format, leave, one_shot, pretty, print_line, Failure, UrlArgs};
+use crate::cli::connect;
+use crate::cli::fail;
+use crate::cli::format;
+use crate::cli::leave;
+use crate::cli::one_shot;
+use crate::cli::pretty;
+use crate::cli::print_line;
+use crate::cli::Failure;
+use crate::cli::UrlArgs;
 use crate::client::{ClientError, ClientOptions};
 
 /// `map-router agents` and `map-router scopes`.

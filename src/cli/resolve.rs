@@ -17,7 +17,9 @@
 
 use serde_json::Value;
 
-use super::{describe, format, Failure};
+use crate::cli::describe;
+use crate::cli::format;
+use crate::cli::Failure;
 use crate::client::{Client, ClientError};
 use crate::protocol::agent::Agent;
 use crate::protocol::ids::AgentId;

@@ -12,11 +12,18 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::Value;
 
-use super::resolve::To;
-use super::{
-    address_is_group, cli_id, connect, fail, json_or_string, leave, one_shot, pretty, print_line,
-    Failure, UrlArgs,
-};
+use crate::cli::address_is_group;
+use crate::cli::cli_id;
+use crate::cli::connect;
+use crate::cli::fail;
+use crate::cli::json_or_string;
+use crate::cli::leave;
+use crate::cli::one_shot;
+use crate::cli::pretty;
+use crate::cli::print_line;
+use crate::cli::resolve::To;
+use crate::cli::Failure;
+use crate::cli::UrlArgs;
 use crate::client::{ClientError, ClientOptions};
 use crate::protocol::methods::agents::RegisterParams;
 use crate::protocol::methods::messaging::{SendParams, SendResult};

@@ -13,7 +13,14 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{connect, fail, one_shot, pretty, print_line, resolve, Failure, UrlArgs};
+use crate::cli::connect;
+use crate::cli::fail;
+use crate::cli::one_shot;
+use crate::cli::pretty;
+use crate::cli::print_line;
+use crate::cli::resolve;
+use crate::cli::Failure;
+use crate::cli::UrlArgs;
 use crate::client::ClientOptions;
 use crate::protocol::methods::agents::{
     CommandSpec, RegisterParams, RestartMode, RestartPolicy, SpawnParams,

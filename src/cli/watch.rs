@@ -22,9 +22,16 @@ use clap::Args;
 use futures::StreamExt;
 use serde_json::Value;
 
-use super::{
-    connect, describe, fail, format, print_line, resolve, Failure, UrlArgs, CLI_ID_PREFIX, CLI_NAME,
-};
+use crate::cli::connect;
+use crate::cli::describe;
+use crate::cli::fail;
+use crate::cli::format;
+use crate::cli::print_line;
+use crate::cli::resolve;
+use crate::cli::Failure;
+use crate::cli::UrlArgs;
+use crate::cli::CLI_ID_PREFIX;
+use crate::cli::CLI_NAME;
 use crate::client::{ClientError, ClientOptions, ConnectionState, EventEnvelope, ReconnectPolicy};
 use crate::protocol::event::SubscriptionFilter;
 use crate::protocol::ids::SubscriptionId;

@@ -16,8 +16,9 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::driver::Internal;
-use super::{Client, ClientError};
+use crate::client::driver::Internal;
+use crate::client::Client;
+use crate::client::ClientError;
 use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::ids::AgentId;
 use crate::protocol::message::Message;

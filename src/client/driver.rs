@@ -27,11 +27,18 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::agent::{explicit_agents, Inbox};
-use super::options::{ClientOptions, ConnectionState};
-use super::subscription::{EventEnvelope, Offer, SubShared};
-use super::transport::{Connector, FrameSink, FrameStream, Link};
-use super::ClientError;
+use crate::client::agent::explicit_agents;
+use crate::client::agent::Inbox;
+use crate::client::options::ClientOptions;
+use crate::client::options::ConnectionState;
+use crate::client::subscription::EventEnvelope;
+use crate::client::subscription::Offer;
+use crate::client::subscription::SubShared;
+use crate::client::transport::Connector;
+use crate::client::transport::FrameSink;
+use crate::client::transport::FrameStream;
+use crate::client::transport::Link;
+use crate::client::ClientError;
 use crate::protocol::ids::{now_ms, AgentId, SubscriptionId};
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::Message;
@@ -604,7 +611,7 @@ impl Driver {
             return;
         }
         let can_retry = self.connector.is_some()
-            && !super::transport::is_takeover(&reason)
+            && !crate::client::transport::is_takeover(&reason)
             && (self.client_options.reconnect.is_enabled() || !self.reconnect_waiters.is_empty());
         if !can_retry {
             self.close_reason = Some(ClientError::Transport(format!("connection lost: {reason}")));
@@ -1198,7 +1205,7 @@ impl Driver {
                 }
             },
         };
-        if super::MessageExt::is_reply(&message) {
+        if crate::client::MessageExt::is_reply(&message) {
             if let Some(waiter) = message
                 .correlation_id()
                 .and_then(|c| self.waiters.remove(c))
@@ -1279,7 +1286,7 @@ impl Driver {
             Some(link) => link.shutdown().await,
             None => {
                 if let Some(child) = self.child.take() {
-                    super::transport::reap(child).await;
+                    crate::client::transport::reap(child).await;
                 }
             }
         }

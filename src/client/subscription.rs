@@ -10,8 +10,10 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use super::driver::{Command, Internal};
-use super::{Client, ClientError};
+use crate::client::driver::Command;
+use crate::client::driver::Internal;
+use crate::client::Client;
+use crate::client::ClientError;
 use crate::protocol::event::Event;
 use crate::protocol::ids::SubscriptionId;
 

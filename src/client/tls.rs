@@ -23,7 +23,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;
 use tokio_tungstenite::tungstenite;
 
-use super::ClientError;
+use crate::client::ClientError;
 
 /// What `wss://` connections of one client trust: built once, shared by every reconnect.
 #[derive(Clone)]

@@ -24,8 +24,10 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::Connector as TlsConnector;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use super::tls::{self, TlsFailure, Trust};
-use super::ClientError;
+use crate::client::tls;
+use crate::client::tls::TlsFailure;
+use crate::client::tls::Trust;
+use crate::client::ClientError;
 use crate::server::Server;
 use crate::transport::connection::InFrame;
 use crate::transport::ndjson::NdjsonCodec;

@@ -31,6 +31,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
@@ -43,15 +44,19 @@ use crate::protocol::jsonrpc::ErrorObject;
 use crate::protocol::methods::agents::{
     CommandSpec, ProcessInfo, RestartMode, RestartPolicy, SpawnParams, SpawnResult,
 };
-use crate::router::session::ConnOrigin;
-use crate::router::supervision::{spawn_failure_cause, ExitInfo, ProcessControl};
-use crate::router::{ConnId, RouterError};
+use crate::router::agents::supervised::spawn_failure_cause;
+use crate::router::agents::supervised::ExitInfo;
+use crate::router::agents::supervised::ProcessControl;
+use crate::router::dispatch::ProcessSpawner;
+use crate::router::sessions::table::ConnOrigin;
+use crate::router::ConnId;
+use crate::router::RouterError;
 use crate::transport::connection::{ConnectionOptions, InFrame, OutFrame};
 use crate::transport::{stdio, TransportContext};
 
-use self::handshake::Trace;
-use self::os::Signal;
-use self::output::Tail;
+use crate::process::handshake::Trace;
+use crate::process::os::Signal;
+use crate::process::output::Tail;
 
 /// Timeouts for supervised processes (each overridable per spawn in `CommandSpec`).
 #[derive(Debug, Clone)]
@@ -369,6 +374,23 @@ impl WeakSupervisor {
     /// The supervisor, if it still exists.
     pub fn upgrade(&self) -> Option<Supervisor> {
         self.0.upgrade().map(|inner| Supervisor { inner })
+    }
+}
+
+/// How the method table reaches the supervisor (weakly: the table does not keep it alive).
+impl ProcessSpawner for WeakSupervisor {
+    fn spawn(
+        &self,
+        caller: ConnId,
+        params: SpawnParams,
+    ) -> BoxFuture<'static, Result<SpawnResult, ErrorObject>> {
+        let supervisor = self.upgrade();
+        Box::pin(async move {
+            match supervisor {
+                Some(s) => s.spawn(Some(caller), params).await,
+                None => Err(spawn_failed("the process supervisor has stopped")),
+            }
+        })
     }
 }
 

@@ -5,8 +5,10 @@ use std::fmt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::capabilities::ParticipantCapabilities;
-use super::ids::{AgentId, ParticipantId, ScopeId};
+use crate::protocol::capabilities::ParticipantCapabilities;
+use crate::protocol::ids::AgentId;
+use crate::protocol::ids::ParticipantId;
+use crate::protocol::ids::ScopeId;
 
 /// An agent's state: one of the SDK's states, or a custom `x-<name>` state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]

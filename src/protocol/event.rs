@@ -8,10 +8,16 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::agent::AgentState;
-use super::capabilities::{ParticipantCapabilities, ParticipantType};
-use super::ids::{AgentId, EventId, MessageId, ParticipantId, ScopeId, SubscriptionId};
-use super::message::Message;
+use crate::protocol::agent::AgentState;
+use crate::protocol::capabilities::ParticipantCapabilities;
+use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::ids::AgentId;
+use crate::protocol::ids::EventId;
+use crate::protocol::ids::MessageId;
+use crate::protocol::ids::ParticipantId;
+use crate::protocol::ids::ScopeId;
+use crate::protocol::ids::SubscriptionId;
+use crate::protocol::message::Message;
 
 /// The event types this router emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

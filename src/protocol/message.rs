@@ -6,7 +6,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::ids::{AgentId, MessageId, ParticipantId, ScopeId};
+use crate::protocol::ids::AgentId;
+use crate::protocol::ids::MessageId;
+use crate::protocol::ids::ParticipantId;
+use crate::protocol::ids::ScopeId;
 
 /// A message as recipients get it in `map/message` and as message events carry it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -10,9 +10,14 @@ use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{json, Value};
 
-use super::event::{self, EventNotificationParams, MessageNotificationParams, SubscriptionFilter};
-use super::jsonrpc::ErrorObject;
-use super::methods::{for_each_method, Method, MethodVisitor};
+use crate::protocol::event;
+use crate::protocol::event::EventNotificationParams;
+use crate::protocol::event::MessageNotificationParams;
+use crate::protocol::event::SubscriptionFilter;
+use crate::protocol::jsonrpc::ErrorObject;
+use crate::protocol::methods::for_each_method;
+use crate::protocol::methods::Method;
+use crate::protocol::methods::MethodVisitor;
 
 /// Every schema file, keyed by its path relative to `schema/`, as pretty JSON with a trailing
 /// newline.
@@ -39,8 +44,10 @@ pub fn generate_all() -> BTreeMap<String, String> {
             single::<MessageNotificationParams>("map/message params"),
         ),
         (
-            super::methods::notifications::AUTH_EXPIRING,
-            single::<super::methods::auth::AuthExpiringParams>("map/auth/expiring params"),
+            crate::protocol::methods::notifications::AUTH_EXPIRING,
+            single::<crate::protocol::methods::auth::AuthExpiringParams>(
+                "map/auth/expiring params",
+            ),
         ),
     ];
     for (name, doc) in notifications {

@@ -1,47 +1,54 @@
-//! The JSON-RPC core: the method table and the per-connection request loop body.
+//! The method table: each method name (from `protocol::methods`, never a literal here) mapped
+//! to its typed handler, and **when its answer may be sent** relative to the durable store
+//! ([`Answer`]): after the commit of what the call appended, in place, or in the connection's
+//! pipeline. Undecodable params answer `-32602`, unknown methods `-32601`. Registering a name
+//! twice panics at start-up, so a typo cannot silently shadow a method.
 //!
-//! [`Dispatcher`] maps each method name (from `protocol::methods`, never a literal here) to a
-//! typed handler on [`Router`]. Undecodable params answer `-32602`, unknown methods `-32601`.
-//! Registering a name twice panics at start-up, so a typo cannot silently shadow a method.
+//! Each entry decodes the params, runs the handler on the router task (after the capability
+//! check) and encodes the result; [`super::rpc::RpcSession`] then applies the entry's
+//! [`Answer`]. Credentials (`map/connect`'s `auth`, `map/authenticate`, `map/auth/refresh`) are
+//! verified in the entry, on the connection's task, before the call goes to the router with the
+//! verdict: a signature check is CPU work the router task must not do.
 //!
-//! [`RpcSession`] is what a transport runs for each incoming text frame, whatever the
-//! transport: it classifies the frame (request, notification, batch, garbage), refuses
-//! everything but `map/connect` and `map/authenticate` before a session exists (`1000`),
-//! dispatches, and queues the response in the connection's outbox.
-//!
-//! Credentials (`map/connect`'s `auth`, `map/authenticate`, `map/auth/refresh`) are verified
-//! here, on the connection's task, before the call goes to the router with the verdict: a
-//! signature check is CPU work the router task must not do. Requests from one connection are handled one at a time,
-//! in arrival order, so state-changing calls apply in the order they were sent; the router
-//! itself applies calls from all connections in one total order.
-//!
-//! Ordering guarantee: a `map/subscribe` response is queued *before* the subscription is
-//! activated, so no `map/event` can overtake it.
-//!
-//! Limits applied here, before anything is parsed into values or reaches the router
-//! ([`SessionLimits`]): JSON nesting depth (checked on the raw text, `-32600`), batch size
-//! (`-32600`), and the request rate (`4001` with `data.retryAfterMs`, see [`super::rate`]).
+//! `map/agents/spawn` with a `command` goes to a [`ProcessSpawner`] that the server installs
+//! (the process supervisor): the router itself launches nothing.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use serde_json::value::RawValue;
 
-use crate::protocol::jsonrpc::{self, ErrorObject, Frame, Id, Incoming};
-use crate::protocol::methods::{self, Method};
-
-use super::auth_ops::{self, Verdict};
-use super::outbox::{Outbound, Outbox};
-use super::pipeline::Pipeline;
-use super::rate::{retry_after_ms, ConnRate};
-use super::{subscription_ops, Command, ConnId, Ctx, Router, RouterError, RouterHandle};
 use crate::auth::Authenticator;
-use crate::process::WeakSupervisor;
+use crate::protocol::jsonrpc::{self, ErrorObject};
+use crate::protocol::methods::agents::{SpawnParams, SpawnResult};
+use crate::protocol::methods::{self, Method};
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::events::ops as subscriptions;
+use crate::router::handle::RouterHandle;
+use crate::router::ids::ConnId;
+use crate::router::reply::{AfterReply, Reply};
+use crate::router::sessions::auth::{self, Verdict};
 
 /// Default cap on the number of entries in one batch.
 pub const DEFAULT_MAX_BATCH: usize = 1000;
+
+/// When a method's answer may be sent, relative to the store's commit of the events the call
+/// appended (with durability `durable`; otherwise nothing is waited for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Once the call's events are committed; the connection reads its next request only then.
+    /// A call that appended nothing is answered at once.
+    AfterCommit,
+    /// Once the call's events are committed, but the connection goes on reading meanwhile: the
+    /// answer waits in the connection's pipeline, and answers leave in request order
+    /// ([`super::pipeline`]). In a batch, or over HTTP, it is answered as `AfterCommit`.
+    Pipelined,
+}
 
 type CallFuture = Pin<Box<dyn Future<Output = Result<Reply, ErrorObject>> + Send>>;
 type Handler = Box<
@@ -50,10 +57,25 @@ type Handler = Box<
         + Sync,
 >;
 
-struct Entry {
+/// One method of the table.
+pub(crate) struct Entry {
     handler: Handler,
     /// Only `map/connect` and `map/authenticate` are allowed without a session.
-    needs_session: bool,
+    pub(crate) needs_session: bool,
+    /// When its answer may be sent.
+    pub(crate) answer: Answer,
+}
+
+impl Entry {
+    /// Decodes `params` and starts the call.
+    pub(crate) fn call(
+        &self,
+        router: &RouterHandle,
+        conn: ConnId,
+        params: Option<&RawValue>,
+    ) -> Result<CallFuture, ErrorObject> {
+        (self.handler)(router, conn, params)
+    }
 }
 
 /// The method table.
@@ -69,6 +91,18 @@ impl std::fmt::Debug for Dispatcher {
             .field("methods", &names)
             .finish()
     }
+}
+
+/// Launches a supervised process for `map/agents/spawn` with a `command`, on behalf of the
+/// calling connection, and answers once it has registered (the server installs the process
+/// supervisor; see `crate::process`).
+pub trait ProcessSpawner: Send + Sync + std::fmt::Debug {
+    /// Reserves the agent, launches the process and waits (bounded) for its registration.
+    fn spawn(
+        &self,
+        caller: ConnId,
+        params: SpawnParams,
+    ) -> BoxFuture<'static, Result<SpawnResult, ErrorObject>>;
 }
 
 /// An asynchronous method handler (see [`Dispatcher::add_async`]).
@@ -93,6 +127,11 @@ type VerifiedHandlerFn<M> = fn(
     Verdict,
 ) -> Result<<M as Method>::Result, RouterError>;
 
+/// The follow-up of most methods: none.
+fn nothing<R>(_: &R) -> AfterReply {
+    AfterReply::Nothing
+}
+
 impl Default for Dispatcher {
     fn default() -> Self {
         Self::new()
@@ -108,11 +147,13 @@ impl Dispatcher {
         use methods::messaging::*;
         use methods::scopes::*;
         use methods::session::*;
+        use Answer::{AfterCommit, Pipelined};
         let mut d = Self {
             table: HashMap::new(),
         };
+        // Sessions and authentication.
         d.add_verified::<Connect>(
-            auth_ops::verify_connect,
+            auth::verify_connect,
             Router::handle_connect_verified,
             |r| match r {
                 ConnectResponse::Connected(_) => AfterReply::Connected,
@@ -120,7 +161,7 @@ impl Dispatcher {
             },
         );
         d.add_verified::<Authenticate>(
-            auth_ops::verify_authenticate,
+            auth::verify_authenticate,
             Router::handle_authenticate,
             |r| {
                 if r.session.is_some() {
@@ -130,65 +171,80 @@ impl Dispatcher {
                 }
             },
         );
-        d.add_verified::<AuthRefresh>(
-            auth_ops::verify_refresh,
-            Router::handle_auth_refresh,
-            |_| AfterReply::Nothing,
-        );
-        d.add::<Disconnect>(Router::handle_disconnect, |_| AfterReply::Disconnected);
-        d.add::<Send>(Router::handle_send, |_| AfterReply::Nothing);
+        d.add_verified::<AuthRefresh>(auth::verify_refresh, Router::handle_auth_refresh, nothing);
+        d.add::<Disconnect>(AfterCommit, Router::handle_disconnect, |_| {
+            AfterReply::Disconnected
+        });
+        // Messages: the hot path, pipelined.
+        d.add::<Send>(Pipelined, Router::handle_send, nothing);
+        d.add::<methods::steering::Inject>(AfterCommit, Router::handle_inject, nothing);
+        // Events.
         d.add_async::<Subscribe>(
-            |router, conn, p| Box::pin(subscription_ops::subscribe(router, conn, p)),
+            |router, conn, p| Box::pin(subscriptions::subscribe(router, conn, p)),
             |r| AfterReply::Activate(r.subscription_id.to_string()),
         );
-        d.add::<Unsubscribe>(Router::handle_unsubscribe, |_| AfterReply::Nothing);
+        d.add::<Unsubscribe>(AfterCommit, Router::handle_unsubscribe, nothing);
         d.add_async::<Replay>(
-            |router, conn, p| Box::pin(subscription_ops::replay(router, conn, p)),
-            |_| AfterReply::Nothing,
+            |router, conn, p| Box::pin(subscriptions::replay(router, conn, p)),
+            nothing,
         );
-        d.add::<AgentsList>(Router::handle_agents_list, |_| AfterReply::Nothing);
-        d.add::<AgentsGet>(Router::handle_agents_get, |_| AfterReply::Nothing);
-        d.add::<AgentsRegister>(Router::handle_register, |_| AfterReply::Nothing);
-        d.add::<AgentsSpawn>(Router::handle_spawn, |_| AfterReply::Nothing);
-        d.add::<AgentsUnregister>(Router::handle_unregister, |_| AfterReply::Nothing);
-        d.add::<AgentsUpdate>(Router::handle_update, |_| AfterReply::Nothing);
-        d.add::<AgentsStop>(Router::handle_stop, |_| AfterReply::Nothing);
-        d.add::<AgentsSuspend>(Router::handle_suspend, |_| AfterReply::Nothing);
-        d.add::<AgentsResume>(Router::handle_resume, |_| AfterReply::Nothing);
-        d.add::<StructureGraph>(Router::handle_graph, |_| AfterReply::Nothing);
-        d.add::<ScopesList>(Router::handle_scopes_list, |_| AfterReply::Nothing);
-        d.add::<ScopesGet>(Router::handle_scopes_get, |_| AfterReply::Nothing);
-        d.add::<ScopesCreate>(Router::handle_scopes_create, |_| AfterReply::Nothing);
-        d.add::<ScopesDelete>(Router::handle_scopes_delete, |_| AfterReply::Nothing);
-        d.add::<ScopesJoin>(Router::handle_scopes_join, |_| AfterReply::Nothing);
-        d.add::<ScopesLeave>(Router::handle_scopes_leave, |_| AfterReply::Nothing);
-        d.add::<ScopesMembers>(Router::handle_scopes_members, |_| AfterReply::Nothing);
-        d.add::<methods::steering::Inject>(Router::handle_inject, |_| AfterReply::Nothing);
-        d.add::<methods::permissions::PermissionsUpdate>(Router::handle_permissions_update, |_| {
-            AfterReply::Nothing
-        });
+        // Agents.
+        d.add::<AgentsList>(AfterCommit, Router::handle_agents_list, nothing);
+        d.add::<AgentsGet>(AfterCommit, Router::handle_agents_get, nothing);
+        d.add::<AgentsRegister>(AfterCommit, Router::handle_register, nothing);
+        d.add::<AgentsSpawn>(AfterCommit, Router::handle_spawn, nothing);
+        d.add::<AgentsUnregister>(AfterCommit, Router::handle_unregister, nothing);
+        d.add::<AgentsUpdate>(AfterCommit, Router::handle_update, nothing);
+        d.add::<AgentsStop>(AfterCommit, Router::handle_stop, nothing);
+        d.add::<AgentsSuspend>(AfterCommit, Router::handle_suspend, nothing);
+        d.add::<AgentsResume>(AfterCommit, Router::handle_resume, nothing);
+        d.add::<StructureGraph>(AfterCommit, Router::handle_graph, nothing);
+        // Scopes.
+        d.add::<ScopesList>(AfterCommit, Router::handle_scopes_list, nothing);
+        d.add::<ScopesGet>(AfterCommit, Router::handle_scopes_get, nothing);
+        d.add::<ScopesCreate>(AfterCommit, Router::handle_scopes_create, nothing);
+        d.add::<ScopesDelete>(AfterCommit, Router::handle_scopes_delete, nothing);
+        d.add::<ScopesJoin>(AfterCommit, Router::handle_scopes_join, nothing);
+        d.add::<ScopesLeave>(AfterCommit, Router::handle_scopes_leave, nothing);
+        d.add::<ScopesMembers>(AfterCommit, Router::handle_scopes_members, nothing);
+        // Permissions.
+        d.add::<methods::permissions::PermissionsUpdate>(
+            AfterCommit,
+            Router::handle_permissions_update,
+            nothing,
+        );
         d
     }
 
-    /// Registers `M` with its handler and follow-up.
+    fn insert(&mut self, name: &'static str, entry: Entry) {
+        let previous = self.table.insert(name, entry);
+        assert!(previous.is_none(), "method {name} registered twice");
+    }
+
+    /// Registers `M` with its handler, when its answer may be sent, and its follow-up.
     ///
     /// # Panics
     /// If `M::NAME` is already registered.
-    pub fn add<M: Method>(&mut self, f: HandlerFn<M>, after: fn(&M::Result) -> AfterReply) {
+    pub fn add<M: Method>(
+        &mut self,
+        answer: Answer,
+        f: HandlerFn<M>,
+        after: fn(&M::Result) -> AfterReply,
+    ) {
         let needs_session = needs_session(M::NAME);
-        let previous = self.table.insert(
+        self.insert(
             M::NAME,
             Entry {
                 handler: typed_handler::<M>(f, after, needs_session),
                 needs_session,
+                answer,
             },
         );
-        assert!(previous.is_none(), "method {} registered twice", M::NAME);
     }
 
     /// Registers `M`, whose params carry credentials: `verify` checks them on the calling
     /// connection's task (when authentication is on), then `f` runs on the router with the
-    /// verdict.
+    /// verdict. Answered after the commit of what it appended.
     ///
     /// # Panics
     /// If `M::NAME` is already registered.
@@ -209,33 +265,29 @@ impl Dispatcher {
                 .and_then(|a| verify(a, &params));
             let router = router.clone();
             Ok(Box::pin(async move {
-                let result = router
-                    .call_caused(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
+                let (result, commit) = router
+                    .call_deferred(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
                         f(r, ctx, params, verdict)
                     })
                     .await
                     .map_err(ErrorObject::from)?;
-                let json = serde_json::to_string(&result)
-                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
-                Ok(Reply {
-                    result: json,
-                    after: after(&result),
-                })
+                reply(&result, after, commit)
             }))
         });
-        let previous = self.table.insert(
+        self.insert(
             M::NAME,
             Entry {
                 handler,
                 needs_session,
+                answer: Answer::AfterCommit,
             },
         );
-        assert!(previous.is_none(), "method {} registered twice", M::NAME);
     }
 
     /// Registers `M` with an asynchronous handler: one that orchestrates several router steps
     /// (and reads the durable store between them) instead of one router call. The handler
-    /// checks capabilities itself, in its router calls.
+    /// checks capabilities itself, in its router calls, and those calls wait for their own
+    /// commits: its answer is [`Answer::AfterCommit`].
     ///
     /// # Panics
     /// If `M::NAME` is already registered.
@@ -249,48 +301,34 @@ impl Dispatcher {
             let fut = f(router.clone(), conn, params);
             Ok(Box::pin(async move {
                 let result = fut.await.map_err(ErrorObject::from)?;
-                let json = serde_json::to_string(&result)
-                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
-                Ok(Reply {
-                    result: json,
-                    after: after(&result),
-                })
+                reply(&result, after, None)
             }))
         });
-        let previous = self.table.insert(
+        self.insert(
             M::NAME,
             Entry {
                 handler,
                 needs_session: true,
+                answer: Answer::AfterCommit,
             },
         );
-        assert!(previous.is_none(), "method {} registered twice", M::NAME);
     }
 
     /// The method table with supervised spawning: `map/agents/spawn` with a `command` goes to
-    /// the process supervisor, without one to the router as usual.
-    pub fn with_supervisor(supervisor: WeakSupervisor) -> Self {
-        use methods::agents::{AgentsSpawn, SpawnParams};
+    /// `spawner`, without one to the router as usual.
+    pub fn with_spawner(spawner: Arc<dyn ProcessSpawner>) -> Self {
+        use methods::agents::AgentsSpawn;
         let mut d = Self::new();
-        let plain =
-            typed_handler::<AgentsSpawn>(Router::handle_spawn, |_| AfterReply::Nothing, true);
+        let plain = typed_handler::<AgentsSpawn>(Router::handle_spawn, nothing, true);
         let handler: Handler = Box::new(move |router, conn, params| {
             let p: SpawnParams = decode_params(params)?;
             if p.command.is_none() {
                 return plain(router, conn, params);
             }
-            let supervisor = supervisor.upgrade().ok_or_else(|| {
-                RouterError::SpawnFailed("the process supervisor has stopped".into())
-                    .to_error_object()
-            })?;
+            let spawned = spawner.spawn(conn, p);
             Ok(Box::pin(async move {
-                let result = supervisor.spawn(Some(conn), p).await?;
-                let json = serde_json::to_string(&result)
-                    .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
-                Ok(Reply {
-                    result: json,
-                    after: AfterReply::Nothing,
-                })
+                let result = spawned.await?;
+                reply(&result, nothing, None)
             }))
         });
         d.table.insert(
@@ -298,6 +336,7 @@ impl Dispatcher {
             Entry {
                 handler,
                 needs_session: true,
+                answer: Answer::AfterCommit,
             },
         );
         d
@@ -307,6 +346,31 @@ impl Dispatcher {
     pub fn methods(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.table.keys().copied()
     }
+
+    /// The entry of `method`, if it is in the table.
+    pub(crate) fn get(&self, method: &str) -> Option<&Entry> {
+        self.table.get(method)
+    }
+
+    /// When `method`'s answer may be sent, if it is in the table.
+    pub fn answer_of(&self, method: &str) -> Option<Answer> {
+        self.table.get(method).map(|e| e.answer)
+    }
+}
+
+/// Encodes a result as a [`Reply`].
+fn reply<R: serde::Serialize>(
+    result: &R,
+    after: fn(&R) -> AfterReply,
+    commit: Option<u64>,
+) -> Result<Reply, ErrorObject> {
+    let json = serde_json::to_string(result)
+        .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
+    Ok(Reply {
+        result: json,
+        after: after(result),
+        commit,
+    })
 }
 
 /// Whether a method needs a session: all but `map/connect` and `map/authenticate`.
@@ -315,7 +379,7 @@ fn needs_session(method: &str) -> bool {
 }
 
 /// Wraps a typed router handler as a table entry: decode params, run on the router task
-/// (after the capability check), encode the result.
+/// (after the capability check), encode the result with the log position to be committed.
 fn typed_handler<M: Method>(
     f: HandlerFn<M>,
     after: fn(&M::Result) -> AfterReply,
@@ -326,18 +390,13 @@ fn typed_handler<M: Method>(
         let params: M::Params = decode_params(params)?;
         let router = router.clone();
         Ok(Box::pin(async move {
-            let result = router
-                .call_caused(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
+            let (result, commit) = router
+                .call_deferred(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
                     f(r, ctx, params)
                 })
                 .await
                 .map_err(ErrorObject::from)?;
-            let json = serde_json::to_string(&result)
-                .map_err(|e| ErrorObject::internal(format!("cannot encode result: {e}")))?;
-            Ok(Reply {
-                result: json,
-                after: after(&result),
-            })
+            reply(&result, after, commit)
         }))
     })
 }
@@ -374,28 +433,8 @@ fn declared_causes(params: Option<&RawValue>) -> Vec<crate::protocol::ids::Event
         .unwrap_or_default()
 }
 
-/// The principal id in a `map/connect` result, if any.
-fn principal_of(result: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Principal {
-        id: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct WithPrincipal {
-        #[serde(default)]
-        principal: Option<Principal>,
-    }
-    if !result.contains("\"principal\"") {
-        return None;
-    }
-    serde_json::from_str::<WithPrincipal>(result)
-        .ok()?
-        .principal
-        .map(|p| p.id)
-}
-
 /// Decodes params; absent params decode from `{}`.
-fn decode_params<P: serde::de::DeserializeOwned>(
+pub(crate) fn decode_params<P: serde::de::DeserializeOwned>(
     params: Option<&RawValue>,
 ) -> Result<P, ErrorObject> {
     let text = params.map_or("{}", RawValue::get);
@@ -433,7 +472,7 @@ mod tests {
     #[should_panic(expected = "registered twice")]
     fn duplicate_registration_panics() {
         let mut d = Dispatcher::new();
-        d.add::<methods::session::Connect>(Router::handle_connect, |_| AfterReply::Nothing);
+        d.add::<methods::session::Connect>(Answer::AfterCommit, Router::handle_connect, nothing);
     }
 
     #[test]

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::events::log::EventRecord;
 use crate::protocol::ids::{EventId, SubscriptionId};
+use crate::router::events::log::EventRecord;
 
 /// Which causes to write in a delivery's envelope `causedBy`.
 #[derive(Debug, Clone)]
@@ -195,11 +195,11 @@ impl Delivery {
             CausedBy::None => {}
             CausedBy::All => {
                 out.push_str(",\"causedBy\":");
-                super::events::log::push_id_array(out, &rec.caused_by);
+                crate::router::events::log::push_id_array(out, &rec.caused_by);
             }
             CausedBy::Some(ids) => {
                 out.push_str(",\"causedBy\":");
-                super::events::log::push_id_array(out, ids);
+                crate::router::events::log::push_id_array(out, ids);
             }
         }
         out.push_str(",\"event\":");

@@ -32,9 +32,9 @@ use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
 use crate::protocol::scope::{JoinPolicy, ScopeVisibility, SendPolicy};
 
-use super::events::log::Audience;
-use super::registry::Registry;
-use super::scopes::ScopeRecord;
+use crate::router::agents::registry::Registry;
+use crate::router::events::log::Audience;
+use crate::router::scopes::table::ScopeRecord;
 
 // ---------------------------------------------------------------------------------------------
 // Configuration

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use crate::protocol::jsonrpc::{self, Id};
 
-use super::dispatch::Handled;
-use super::RouterError;
+use crate::router::error::RouterError;
+use crate::router::reply::Handled;
 
 /// Handled requests a connection may have waiting for commits before it stops reading.
 pub const MAX_WAITING: usize = 256;

@@ -13,7 +13,7 @@
 //!   not counted here: anonymous peers are bounded per remote address when they connect
 //!   (`transport::admission`).
 
-use super::{Ctx, Router, RouterError};
+use crate::router::error::RouterError;
 
 /// Default subscriptions per session: a dashboard uses a handful; 100 leaves room while
 /// bounding the per-event fan-out work one participant can cause.
@@ -51,7 +51,7 @@ impl Default for Quotas {
     }
 }
 
-fn exceeded(what: &str, limit: usize) -> RouterError {
+pub(crate) fn exceeded(what: &str, limit: usize) -> RouterError {
     RouterError::QuotaExceeded(format!("{what} (limit {limit})"))
 }
 
@@ -93,57 +93,6 @@ impl Quotas {
             return Err(RouterError::QuotaExceeded(format!(
                 "payload of {len} bytes exceeds {limit} bytes"
             )));
-        }
-        Ok(())
-    }
-}
-
-impl Router {
-    /// Before `map/subscribe` creates a subscription for the caller's session.
-    ///
-    /// # Errors
-    /// `QuotaExceeded` at the limit; `NotConnected` without a session.
-    pub(crate) fn check_subscription_quota(&self, ctx: &Ctx) -> Result<(), RouterError> {
-        let limit = self.config.quotas.max_subscriptions_per_session;
-        if limit == 0 {
-            return Ok(());
-        }
-        let session = self.session_of(ctx)?;
-        if self.bus.count_for_session(&session.id) >= limit {
-            return Err(exceeded("subscriptions per session", limit));
-        }
-        Ok(())
-    }
-
-    /// Before an agent is registered or spawned for `owner` (a participant id).
-    ///
-    /// # Errors
-    /// `QuotaExceeded` at the limit.
-    pub(crate) fn check_agent_quota(&self, owner: &str) -> Result<(), RouterError> {
-        let limit = self.config.quotas.max_agents_per_session;
-        if limit > 0 && self.registry.owned_count(owner) >= limit {
-            return Err(exceeded("agents per session", limit));
-        }
-        Ok(())
-    }
-
-    /// Before a session with this principal attaches (new or resumed).
-    ///
-    /// # Errors
-    /// `QuotaExceeded` when the principal already has that many attached sessions.
-    pub(crate) fn check_principal_quota(&self, principal: &str) -> Result<(), RouterError> {
-        let limit = self.config.quotas.max_sessions_per_principal;
-        if limit == 0 {
-            return Ok(());
-        }
-        let attached = self
-            .sessions
-            .iter()
-            .filter(|s| s.conn.is_some())
-            .filter(|s| s.principal.as_ref().is_some_and(|p| p.id == principal))
-            .count();
-        if attached >= limit {
-            return Err(exceeded("sessions per principal", limit));
         }
         Ok(())
     }

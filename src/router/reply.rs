@@ -40,4 +40,3 @@ pub struct Handled {
     /// Follow-ups for [`RpcSession::complete`], to run once the response is written.
     pub after: Vec<AfterReply>,
 }
-

@@ -23,15 +23,22 @@ use serde_json::value::RawValue;
 use crate::protocol::jsonrpc::{self, ErrorObject, Frame, Id, Incoming};
 use crate::protocol::methods;
 
-use super::core::{Command, Op, Router};
-use super::dispatch::{Answer, Dispatcher};
-use super::handle::RouterHandle;
-use super::ids::ConnId;
-use super::outbox::{Outbound, Outbox};
-use super::pipeline::Pipeline;
-use super::rate::{retry_after_ms, ConnRate};
-use super::reply::{AfterReply, Handled, Reply};
-use super::RouterError;
+use crate::router::core::Command;
+
+use crate::router::core::Router;
+use crate::router::dispatch::Answer;
+use crate::router::dispatch::Dispatcher;
+use crate::router::error::RouterError;
+use crate::router::handle::RouterHandle;
+use crate::router::ids::ConnId;
+use crate::router::outbox::Outbound;
+use crate::router::outbox::Outbox;
+use crate::router::pipeline::Pipeline;
+use crate::router::rate::retry_after_ms;
+use crate::router::rate::ConnRate;
+use crate::router::reply::AfterReply;
+use crate::router::reply::Handled;
+use crate::router::reply::Reply;
 
 /// What [`RpcSession`] refuses before dispatch (besides the batch size).
 #[derive(Debug)]
@@ -279,21 +286,7 @@ impl RpcSession {
                     jsonrpc::write_error(&mut out, &id, &e);
                     return Some(out);
                 }
-                // Only `map/send` (the hot path) is pipelined: other calls may read the store
-                // or change what later requests are allowed, so they keep waiting in line.
-                let pipelined = self.pipeline.is_some()
-                    && !self.in_batch
-                    && method == methods::messaging::Send::NAME;
-                let result = if pipelined {
-                    let (result, until) =
-                        RouterHandle::deferring_commit(self.call(method, params)).await;
-                    if let (Ok(_), Some(until)) = (&result, until) {
-                        self.needs_commit = Some((until, id.clone()));
-                    }
-                    result
-                } else {
-                    self.call(method, params).await
-                };
+                let result = self.call(&id, method, params).await;
                 match result {
                     Ok(reply) => {
                         jsonrpc::write_success(&mut out, &id, &reply.result);
@@ -329,14 +322,17 @@ impl RpcSession {
         }
     }
 
+    /// Runs one request: checks it may be made now, calls its table entry, and holds the answer
+    /// as the entry says ([`Answer`]): until the store has committed what the call appended, or
+    /// (pipelined) records that commit for the connection's pipeline and returns at once.
     async fn call(
         &mut self,
+        id: &Id,
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<Reply, ErrorObject> {
         let entry = self
             .dispatcher
-            .table
             .get(method)
             .ok_or_else(|| ErrorObject::method_not_found(method))?;
         if entry.needs_session && !self.connected {
@@ -347,8 +343,23 @@ impl RpcSession {
             };
             return Err(refusal.to_error_object());
         }
-        let fut = (entry.handler)(&self.router, self.conn, params)?;
-        fut.await
+        let answer = entry.answer;
+        let reply = entry.call(&self.router, self.conn, params)?.await?;
+        let Some(until) = reply.commit else {
+            return Ok(reply);
+        };
+        // Only a pipelined method on a pipelining connection, outside a batch, lets the next
+        // request in before its commit: other calls may read the store or change what later
+        // requests are allowed, so they keep waiting in line.
+        if answer == Answer::Pipelined && self.pipeline.is_some() && !self.in_batch {
+            self.needs_commit = Some((until, id.clone()));
+        } else {
+            self.router
+                .wait_committed(until)
+                .await
+                .map_err(ErrorObject::from)?;
+        }
+        Ok(reply)
     }
 
     /// Client → server notifications: `map/subscribe.ack` records an acknowledgement; unknown
@@ -372,7 +383,7 @@ impl RpcSession {
         // NB: paced, never dropped: a lost ack would stall a credit-window subscription.
         self.limits.rate.pace(self.limits.pace_limit).await;
         let conn = self.conn;
-        let op: super::Op = Box::new(move |r: &mut Router| {
+        let op: crate::router::core::Op = Box::new(move |r: &mut Router| {
             r.handle_ack(conn, &ack.subscription_id, ack.up_to_sequence);
         });
         let _ = self.router.send(Command::Call(op)).await;
@@ -405,3 +416,22 @@ impl RpcSession {
     }
 }
 
+/// The principal id in a `map/connect` result, if any.
+fn principal_of(result: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Principal {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct WithPrincipal {
+        #[serde(default)]
+        principal: Option<Principal>,
+    }
+    if !result.contains("\"principal\"") {
+        return None;
+    }
+    serde_json::from_str::<WithPrincipal>(result)
+        .ok()?
+        .principal
+        .map(|p| p.id)
+}

@@ -17,12 +17,18 @@ use crate::protocol::methods::agents::{
 use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::events::log::Retention;
 use crate::router::permissions::Policy;
-use crate::router::quotas::{self, Quotas};
-use crate::router::rate::{self, Rate, RateLimits};
-use crate::router::{
-    Durability, RouterConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_LOG_BYTES, DEFAULT_LOG_EVENTS,
-    DEFAULT_OUTBOX_FRAMES, DEFAULT_PENDING_MESSAGES,
-};
+use crate::router::quotas;
+use crate::router::quotas::Quotas;
+use crate::router::rate;
+use crate::router::rate::Rate;
+use crate::router::rate::RateLimits;
+use crate::router::Durability;
+use crate::router::RouterConfig;
+use crate::router::DEFAULT_COMMIT_TIMEOUT;
+use crate::router::DEFAULT_LOG_BYTES;
+use crate::router::DEFAULT_LOG_EVENTS;
+use crate::router::DEFAULT_OUTBOX_FRAMES;
+use crate::router::DEFAULT_PENDING_MESSAGES;
 use crate::store::sqlite::{self, SqliteOptions, Synchronous};
 use crate::transport::admission::{self, Admission};
 use crate::transport::connection::ConnectionOptions;
@@ -222,9 +228,9 @@ pub struct TlsSettings {
 
 impl TlsSettings {
     /// The files, when TLS is on.
-    pub fn files(&self) -> Option<super::tls::TlsFiles> {
+    pub fn files(&self) -> Option<crate::server::tls::TlsFiles> {
         match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => Some(super::tls::TlsFiles {
+            (Some(cert), Some(key)) => Some(crate::server::tls::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
             }),

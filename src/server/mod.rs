@@ -31,8 +31,12 @@ use tokio::task::JoinHandle;
 
 use crate::process::Supervisor;
 use crate::router::dispatch::Dispatcher;
-use crate::router::session::ConnOrigin;
-use crate::router::{Command, Router, RouterConfig, RouterHandle, RouterParts};
+use crate::router::sessions::table::ConnOrigin;
+use crate::router::Command;
+use crate::router::Router;
+use crate::router::RouterConfig;
+use crate::router::RouterHandle;
+use crate::router::RouterParts;
 use crate::store::sqlite::SqliteStore;
 use crate::store::EventStore;
 use crate::transport::connection::ConnectionOptions;
@@ -112,7 +116,7 @@ impl Server {
         let (drain_guard, drained) = mpsc::channel(1);
         let ctx = TransportContext {
             router,
-            dispatcher: Arc::new(Dispatcher::with_supervisor(supervisor.downgrade())),
+            dispatcher: Arc::new(Dispatcher::with_spawner(Arc::new(supervisor.downgrade()))),
             shutdown: shutdown_rx.clone(),
             drain_guard,
         };

@@ -28,8 +28,9 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use self::record::{EventRecord, StoredRow};
 use crate::protocol::ids::EventId;
+use crate::store::record::EventRecord;
+use crate::store::record::StoredRow;
 
 /// A store operation's result, resolved on the store's threads.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;

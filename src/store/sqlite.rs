@@ -66,9 +66,13 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::{oneshot, watch};
 
-use super::record::{EventRecord, StoredRow};
-use super::{EventStore, Recovered, StoreError, StoreFuture};
 use crate::protocol::ids::{now_ms, EventId};
+use crate::store::record::EventRecord;
+use crate::store::record::StoredRow;
+use crate::store::EventStore;
+use crate::store::Recovered;
+use crate::store::StoreError;
+use crate::store::StoreFuture;
 
 /// The database file inside [`SqliteOptions::dir`].
 pub const DB_FILE_NAME: &str = "events.sqlite3";
@@ -450,7 +454,7 @@ impl Incoming {
     fn into_rows(self) -> Vec<StoredRow> {
         match self {
             Self::Rows(rows) => rows,
-            Self::Records(records) => super::rows_of(&records),
+            Self::Records(records) => crate::store::rows_of(&records),
         }
     }
 }

@@ -18,7 +18,7 @@ use axum::body::Body;
 use axum::http::{header, HeaderValue, Response, StatusCode};
 
 use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
-use crate::router::dispatch::RpcSession;
+use crate::router::rpc::RpcSession;
 
 /// Default cap on network connections at once: 10 000 idle sessions fit (about 15 KB of router
 /// memory each); the process's file-descriptor limit must allow it (`ulimit -n`), else accept

@@ -30,11 +30,18 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::protocol::jsonrpc::{ErrorObject, DEFAULT_MAX_DEPTH};
-use crate::router::dispatch::{Dispatcher, RpcSession, SessionLimits, DEFAULT_MAX_BATCH};
-use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
+use crate::router::dispatch::Dispatcher;
+use crate::router::dispatch::DEFAULT_MAX_BATCH;
+use crate::router::outbox::outbox;
+use crate::router::outbox::Outbound;
+use crate::router::outbox::OutboxReceiver;
 use crate::router::rate::RateLimits;
-use crate::router::session::ConnOrigin;
-use crate::router::{Command, ConnId, RouterHandle};
+use crate::router::rpc::RpcSession;
+use crate::router::rpc::SessionLimits;
+use crate::router::sessions::table::ConnOrigin;
+use crate::router::Command;
+use crate::router::ConnId;
+use crate::router::RouterHandle;
 
 /// A frame from the peer, as the transport decoded it.
 #[derive(Debug)]

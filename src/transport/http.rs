@@ -70,17 +70,22 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::admission::PeerInfo;
-use super::connection::ConnectionOptions;
-use super::TransportContext;
 use crate::protocol::ids::random_token;
 use crate::protocol::jsonrpc::ErrorObject;
 use crate::protocol::methods::notifications;
-use crate::router::dispatch::{RpcSession, SessionLimits};
-use crate::router::outbox::{outbox, Outbound, OutboxReceiver};
-use crate::router::session::ConnOrigin;
-use crate::router::{Command, ConnId, RouterError};
+use crate::router::outbox::outbox;
+use crate::router::outbox::Outbound;
+use crate::router::outbox::OutboxReceiver;
+use crate::router::rpc::RpcSession;
+use crate::router::rpc::SessionLimits;
+use crate::router::sessions::table::ConnOrigin;
+use crate::router::Command;
+use crate::router::ConnId;
+use crate::router::RouterError;
+use crate::transport::admission::PeerInfo;
 use crate::transport::admission::{Admission, Slot};
+use crate::transport::connection::ConnectionOptions;
+use crate::transport::TransportContext;
 
 /// Path of the JSON-RPC endpoint.
 pub const RPC_PATH: &str = "/map/rpc";
@@ -143,7 +148,7 @@ pub fn routes_with(
     options: ConnectionOptions,
     settings: HttpSettings,
 ) -> HttpRouter {
-    let hard = super::ws::hard_limit(options.max_frame_bytes);
+    let hard = crate::transport::ws::hard_limit(options.max_frame_bytes);
     let shared = Arc::new(Shared {
         ctx,
         options,
@@ -538,7 +543,7 @@ async fn post_rpc(
 ) -> Response {
     let peer = peer.map(|Extension(p)| p.addr);
     let limit = shared.options.max_frame_bytes;
-    let read = read_body(&headers, body, super::ws::hard_limit(limit));
+    let read = read_body(&headers, body, crate::transport::ws::hard_limit(limit));
     let read = match shared.settings.body_timeout {
         Some(t) => tokio::time::timeout(t, read).await.ok(),
         None => Some(read.await),
@@ -650,7 +655,7 @@ async fn post_new(
     let slot = match &shared.settings.admission {
         Some(admission) => match admission.admit(peer.map(|p| p.ip())) {
             Ok(slot) => Some(slot),
-            Err(refusal) => return super::admission::refusal_response(refusal),
+            Err(refusal) => return crate::transport::admission::refusal_response(refusal),
         },
         None => None,
     };

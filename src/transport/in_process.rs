@@ -8,8 +8,10 @@
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 
-use super::connection::{ConnectionOptions, InFrame, OutFrame};
-use super::TransportContext;
+use crate::transport::connection::ConnectionOptions;
+use crate::transport::connection::InFrame;
+use crate::transport::connection::OutFrame;
+use crate::transport::TransportContext;
 
 /// Frames buffered in each direction of an in-process link.
 pub const LINK_CAPACITY: usize = 256;
@@ -54,7 +56,8 @@ mod tests {
 
     use super::*;
     use crate::router::dispatch::Dispatcher;
-    use crate::router::{Router, RouterParts};
+    use crate::router::Router;
+    use crate::router::RouterParts;
 
     /// An idle connection's task is the session loop's future; every byte of it is paid per
     /// connection (10 000 idle sessions at under 16 KB each, docs/performance.md). Building

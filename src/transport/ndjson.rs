@@ -16,7 +16,7 @@
 use bytes::{Buf, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
-use super::connection::InFrame;
+use crate::transport::connection::InFrame;
 
 /// Default cap on one line: the same 1 MiB as a WebSocket frame.
 pub const DEFAULT_MAX_LINE: usize = 1 << 20;

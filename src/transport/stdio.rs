@@ -9,9 +9,12 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
-use super::ndjson::NdjsonCodec;
-use super::TransportContext;
+use crate::transport::connection::ConnectionOptions;
+use crate::transport::connection::InFrame;
+use crate::transport::connection::OutFrame;
+use crate::transport::connection::TransportError;
+use crate::transport::ndjson::NdjsonCodec;
+use crate::transport::TransportContext;
 
 /// Connection settings suited to pipes: no pings, no idle timeout.
 pub fn pipe_options(mut opts: ConnectionOptions) -> ConnectionOptions {

@@ -16,9 +16,12 @@ use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures::{FutureExt, SinkExt, StreamExt};
 
-use super::admission::PeerInfo;
-use super::connection::{ConnectionOptions, InFrame, OutFrame, TransportError};
-use super::TransportContext;
+use crate::transport::admission::PeerInfo;
+use crate::transport::connection::ConnectionOptions;
+use crate::transport::connection::InFrame;
+use crate::transport::connection::OutFrame;
+use crate::transport::connection::TransportError;
+use crate::transport::TransportContext;
 
 /// What the WebSocket route needs.
 #[derive(Debug, Clone)]

@@ -783,3 +783,19 @@ pub fn ids(agents: &Value) -> Vec<String> {
         .map(|a| a["id"].as_str().expect("agent id").to_owned())
         .collect()
 }
+
+/// A listing result (`map/agents/list`, `map/scopes/list`, `map/structure/graph`) without its
+/// `asOf`, after checking that `asOf`, when present, is an event id (26-character ULID).
+pub fn without_as_of(result: &Value) -> Value {
+    let mut r = result.clone();
+    if let Some(o) = r.as_object_mut() {
+        if let Some(as_of) = o.remove("asOf") {
+            let id = as_of.as_str().unwrap_or_default();
+            assert!(
+                id.len() == 26 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+                "asOf is not an event id: {as_of}"
+            );
+        }
+    }
+    r
+}

@@ -4,10 +4,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
 use crate::protocol::agent::{Agent, AgentRelationship, AgentState, AgentVisibility};
 use crate::protocol::capabilities::{Capability, ParticipantCapabilities};
 use crate::protocol::ids::{AgentId, EventId, MessageId, ParticipantId, ScopeId};
+use crate::protocol::methods::method;
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
 

@@ -7,13 +7,17 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
-use super::session::{AuthCredentials, ConnectResult, Principal};
+use crate::protocol::methods::method;
+use crate::protocol::methods::session::AuthCredentials;
+use crate::protocol::methods::session::ConnectResult;
+use crate::protocol::methods::session::Principal;
 // The vocabulary of `map/connect`'s answer lives with `map/connect`; re-exported here, where it
 // was first defined.
-pub use super::session::{
-    AuthError, AuthErrorCode, AuthRequiredInfo, AuthRequiredResult, ConnectResponse,
-};
+pub use crate::protocol::methods::session::AuthError;
+pub use crate::protocol::methods::session::AuthErrorCode;
+pub use crate::protocol::methods::session::AuthRequiredInfo;
+pub use crate::protocol::methods::session::AuthRequiredResult;
+pub use crate::protocol::methods::session::ConnectResponse;
 
 /// `map/authenticate` params: the same object as `map/connect`'s `auth`.
 pub type AuthenticateParams = AuthCredentials;

@@ -4,10 +4,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::method;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::event::{ReplayedEvent, SubscriptionFilter};
 use crate::protocol::ids::SubscriptionId;
+use crate::protocol::methods::method;
 
 /// `options` of `map/subscribe`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -3,10 +3,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::MessageId;
 use crate::protocol::message::MessageMeta;
+use crate::protocol::methods::method;
 
 /// `map/send` params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

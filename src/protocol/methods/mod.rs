@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::capabilities::Capability;
+use crate::protocol::capabilities::Capability;
 
 pub mod agents;
 pub mod auth;

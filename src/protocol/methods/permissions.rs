@@ -3,9 +3,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
 use crate::protocol::capabilities::ParticipantCapabilities;
 use crate::protocol::ids::ParticipantId;
+use crate::protocol::methods::method;
 
 /// `map/permissions/update` params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

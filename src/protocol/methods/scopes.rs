@@ -3,10 +3,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::{AgentId, EventId, ScopeId};
+use crate::protocol::methods::method;
 use crate::protocol::scope::{JoinPolicy, Scope, ScopeVisibility, SendPolicy};
 
 /// `map/scopes/list` params.

@@ -4,10 +4,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
+use crate::protocol::methods::method;
 
 /// What to do with a session's agents when it goes away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -3,9 +3,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::method;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::{AgentId, MessageId};
+use crate::protocol::methods::method;
 
 /// How injected content is delivered (see `docs/steering.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use crate::protocol::event::{EventType, SubscriptionFilter};
 use crate::protocol::jsonrpc::ErrorObject;
 
-use super::log::EventRecord;
+use crate::router::events::log::EventRecord;
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
 
@@ -217,7 +217,8 @@ fn resolve_path<'a>(root: &'a JsonMap, path: &[String]) -> Option<&'a serde_json
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::router::events::log::{Audience, FilterKeys};
+    use crate::router::events::log::Audience;
+    use crate::router::events::log::FilterKeys;
     use std::sync::Arc;
 
     fn record(kind: EventType, source: Option<&str>, keys: FilterKeys) -> EventRecord {

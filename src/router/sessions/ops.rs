@@ -36,11 +36,19 @@ use crate::protocol::methods::session::{
 };
 use crate::protocol::PROTOCOL_VERSION;
 
-use super::auth_ops::{same_principal, Admission, Verdict};
-use super::events::log::{Audience, EventDraft, FilterKeys};
-use super::outbox::Outbound;
-use super::session::Session;
-use super::{ConnId, Ctx, Deadline, Router, RouterError};
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::events::log::Audience;
+use crate::router::events::log::EventDraft;
+use crate::router::events::log::FilterKeys;
+use crate::router::ids::ConnId;
+use crate::router::outbox::Outbound;
+use crate::router::sessions::auth::same_principal;
+use crate::router::sessions::auth::Admission;
+use crate::router::sessions::auth::Verdict;
+use crate::router::sessions::table::Session;
+use crate::router::timers::Deadline;
 
 /// The `streaming` block we advertise: acks are honoured (`map/subscribe.ack`), and a
 /// subscription that acks gets a credit window (flow control); there is no server-side pause
@@ -65,7 +73,7 @@ impl Router {
             .config
             .auth
             .clone()
-            .and_then(|a| super::auth_ops::verify_connect(&a, &p));
+            .and_then(|a| crate::router::sessions::auth::verify_connect(&a, &p));
         self.handle_connect_verified(ctx, p, verdict)
     }
 
@@ -193,7 +201,7 @@ impl Router {
         };
         // `[permissions.principals."<id>"]` applies to the authenticated principal (a resumed
         // session keeps the grant it got here: resuming needs the same principal).
-        let mut capabilities = super::permissions::grant(
+        let mut capabilities = crate::router::permissions::grant(
             &self.config.permissions,
             kind,
             principal.as_ref().map(|p| p.id.as_str()),
@@ -488,10 +496,12 @@ impl Router {
             Vec::new(),
         );
 
-        let supervised = self
-            .conns
-            .get(&conn)
-            .is_some_and(|c| matches!(c.origin, super::session::ConnOrigin::Supervised { .. }));
+        let supervised = self.conns.get(&conn).is_some_and(|c| {
+            matches!(
+                c.origin,
+                crate::router::sessions::table::ConnOrigin::Supervised { .. }
+            )
+        });
         if supervised {
             // The supervisor reports the process's exit; that decides the agent's fate.
             self.release_supervised(participant.as_str());
@@ -637,7 +647,7 @@ impl Router {
         self.emit(EventDraft {
             kind: EventType::PermissionsClientUpdated,
             source: Some(caller.participant.as_arc().clone()),
-            data: super::to_json(&PermissionsClientUpdatedData {
+            data: crate::router::core::to_json(&PermissionsClientUpdatedData {
                 client_id: p.client_id.clone(),
                 changes: p.permissions,
                 effective_permissions: effective.clone(),

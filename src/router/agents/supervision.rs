@@ -20,7 +20,9 @@
 //!    ended.
 //! 4. A process that exits before registering fails the spawn (3004) and is not restarted.
 
-use std::collections::HashMap;
+use crate::router::agents::supervised::{
+    spawn_failure_cause, ExitInfo, ProcessControl, SpawnWaiter, Supervised,
+};
 use std::time::Instant;
 
 use tokio::sync::oneshot;
@@ -33,100 +35,12 @@ use crate::protocol::event::{
 use crate::protocol::ids::AgentId;
 use crate::protocol::methods::agents::{RegisterParams, SpawnParams};
 
-use super::session::ConnOrigin;
-use super::{Caller, Ctx, Deadline, Router, RouterError};
-
-/// What the router asks the supervisor to do to a process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProcessControl {
-    /// Stop it: wait for a graceful exit (unless `force`), then SIGTERM, then SIGKILL.
-    Stop {
-        /// The agent.
-        agent: AgentId,
-        /// Skip the graceful wait.
-        force: bool,
-    },
-    /// SIGSTOP its process group.
-    Suspend {
-        /// The agent.
-        agent: AgentId,
-    },
-    /// SIGCONT its process group.
-    Resume {
-        /// The agent.
-        agent: AgentId,
-    },
-}
-
-/// How a supervised process ended.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ExitInfo {
-    /// Exit code, if it exited.
-    pub code: Option<i32>,
-    /// Signal, if one killed it.
-    pub signal: Option<i32>,
-    /// The last lines it wrote to stderr.
-    pub stderr_tail: Vec<String>,
-    /// The exit was asked for (`map/agents/stop`, unregister, shutdown).
-    pub requested: bool,
-    /// The restart policy would restart it (the router still decides).
-    pub policy_restarts: bool,
-    /// The last JSON-RPC error the router answered the process (`method → code message`),
-    /// which often says why it never registered.
-    pub last_error: Option<String>,
-}
-
-/// The cause of a failed spawn, for its 3004 message: the process's last error answer and its
-/// stderr tail, each when there is one (`"; last error answer: …; stderr: …"`).
-pub fn spawn_failure_cause(last_error: Option<&str>, stderr_tail: &[String]) -> String {
-    let mut out = String::new();
-    if let Some(e) = last_error {
-        out.push_str("; last error answer: ");
-        out.push_str(e);
-    }
-    if !stderr_tail.is_empty() {
-        out.push_str("; stderr: ");
-        out.push_str(&stderr_tail.join("\n"));
-    }
-    out
-}
-
-impl ExitInfo {
-    fn clean(&self) -> bool {
-        self.code == Some(0)
-    }
-
-    fn describe(&self) -> String {
-        match (self.code, self.signal) {
-            (Some(c), _) => format!("exit code {c}"),
-            (None, Some(s)) => format!("signal {s}"),
-            (None, None) => "unknown status".into(),
-        }
-    }
-}
-
-/// The reservation a spawner waits on.
-pub type SpawnWaiter = oneshot::Receiver<Result<Agent, RouterError>>;
-
-/// Router-side record of one supervised agent.
-#[derive(Debug)]
-pub(crate) struct Supervised {
-    /// Parent link for the agent.
-    parent: Option<AgentId>,
-    /// Registration fields from the spawn call; the process's own register fills gaps.
-    template: RegisterParams,
-    /// The spawner, until the first registration.
-    waiter: Option<oneshot::Sender<Result<Agent, RouterError>>>,
-    /// Whether the agent has registered at least once.
-    registered_once: bool,
-    /// Who asked for it (`source` of `agent.spawning`).
-    spawner: Option<std::sync::Arc<str>>,
-    /// The `agent.spawning` event, which its first registration follows from.
-    spawning: Option<crate::protocol::ids::EventId>,
-}
-
-/// Supervised agents by id.
-pub(crate) type SupervisedTable = HashMap<AgentId, Supervised>;
+use crate::router::caller::Caller;
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::sessions::table::ConnOrigin;
+use crate::router::timers::Deadline;
 
 impl Router {
     /// Reserves an agent id for a process about to be launched, checking what a spawn must
@@ -158,7 +72,7 @@ impl Router {
             Some(id) => id.clone(),
             None => AgentId::generate(),
         };
-        if self.registry.contains(id.as_str()) || self.supervised.contains_key(&id) {
+        if self.registry.contains(id.as_str()) || self.supervised.contains(&id) {
             return Err(RouterError::AgentExists(id.to_string()));
         }
         let scopes = p.register.scopes.as_deref().unwrap_or_default();
@@ -210,7 +124,7 @@ impl Router {
             program: program.to_owned(),
             pid,
         };
-        let keys = super::events::log::FilterKeys {
+        let keys = crate::router::events::log::FilterKeys {
             agent_id: Some(agent.clone()),
             ..Default::default()
         };
@@ -242,7 +156,7 @@ impl Router {
             agent_id: agent.clone(),
             error: error.to_string(),
         };
-        let keys = super::events::log::FilterKeys {
+        let keys = crate::router::events::log::FilterKeys {
             agent_id: Some(agent.clone()),
             ..Default::default()
         };
@@ -257,8 +171,8 @@ impl Router {
     }
 
     /// Whether the router supervises a process for this agent.
-    pub fn is_supervised(&self, agent: &str) -> bool {
-        self.supervised.contains_key(agent)
+    pub fn is_supervised(&self, agent: &AgentId) -> bool {
+        self.supervised.contains(agent)
     }
 
     /// Registration from a supervised process's connection.
@@ -479,7 +393,7 @@ impl Router {
             }
             None => {
                 // Not registered (yet): the event is about the reservation.
-                let keys = super::events::log::FilterKeys {
+                let keys = crate::router::events::log::FilterKeys {
                     agent_id: Some(agent.clone()),
                     ..Default::default()
                 };
@@ -490,19 +404,7 @@ impl Router {
 
     /// Tells the supervisor to act on an agent's process, if it has one. Never waits.
     pub(crate) fn control_process(&self, control: ProcessControl) {
-        let agent = match &control {
-            ProcessControl::Stop { agent, .. }
-            | ProcessControl::Suspend { agent }
-            | ProcessControl::Resume { agent } => agent,
-        };
-        if !self.supervised.contains_key(agent) {
-            return;
-        }
-        if let Some(tx) = &self.process_control {
-            if tx.try_send(control.clone()).is_err() {
-                tracing::warn!(%agent, ?control, "supervisor queue full; process control dropped");
-            }
-        }
+        self.supervised.control(control);
     }
 
     /// The supervised agent a connection runs as, if any.

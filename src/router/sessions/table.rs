@@ -16,8 +16,8 @@ use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
 use crate::protocol::methods::session::{ConnectParams, DisconnectPolicy, Principal};
 
-use super::outbox::Outbox;
-use super::ConnId;
+use crate::router::ids::ConnId;
+use crate::router::outbox::Outbox;
 
 /// Where a connection comes from (authentication may trust some origins: `[auth]
 /// trusted_transports`).

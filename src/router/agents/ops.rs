@@ -22,12 +22,16 @@ use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId};
 use crate::protocol::message::Message;
 use crate::protocol::methods::agents::*;
 
-use super::permissions::{
-    can_control_agent, can_manage_lifecycle, can_see_agent, parse_overrides,
-    resolve_agent_permissions,
-};
-use super::supervision::ProcessControl;
-use super::{Caller, Ctx, Router, RouterError};
+use crate::router::agents::supervised::ProcessControl;
+use crate::router::caller::Caller;
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::permissions::can_control_agent;
+use crate::router::permissions::can_manage_lifecycle;
+use crate::router::permissions::can_see_agent;
+use crate::router::permissions::parse_overrides;
+use crate::router::permissions::resolve_agent_permissions;
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
 
@@ -329,7 +333,7 @@ impl Router {
             }
         }
         // An unregistered agent's process has nothing left to do.
-        self.control_process(super::supervision::ProcessControl::Stop {
+        self.control_process(crate::router::agents::supervised::ProcessControl::Stop {
             agent: id.clone(),
             force: false,
         });
@@ -553,7 +557,7 @@ impl Router {
             meta: Some(meta),
         };
         if let Some(conn) = self.agent_conn(&agent.id) {
-            let frame = super::messaging::message_frame(&message);
+            let frame = crate::router::messaging::ops::message_frame(&message);
             self.push_message(conn, frame);
         }
     }
@@ -832,15 +836,15 @@ impl Router {
         caused_by: Vec<EventId>,
     ) -> EventId {
         let role: Option<Arc<str>> = agent.role.as_deref().map(Arc::from);
-        let draft = super::events::log::EventDraft {
+        let draft = crate::router::events::log::EventDraft {
             kind,
             source: Some(agent.id.as_arc().clone()),
-            data: super::to_json(&ScopeMemberData {
+            data: crate::router::core::to_json(&ScopeMemberData {
                 scope_id: scope.clone(),
                 agent_id: agent.id.clone(),
             }),
             caused_by,
-            keys: super::events::log::FilterKeys {
+            keys: crate::router::events::log::FilterKeys {
                 agent_id: Some(agent.id.clone()),
                 source_role: role.clone(),
                 subject_role: role,
@@ -874,7 +878,7 @@ fn merge_sections(current: &mut JsonMap, changes: &JsonMap) {
 }
 
 /// The `map/agents/list` filter.
-fn agent_matches(f: &AgentFilter, rec: &super::registry::AgentRecord) -> bool {
+fn agent_matches(f: &AgentFilter, rec: &crate::router::agents::registry::AgentRecord) -> bool {
     let a = &rec.agent;
     let any = |list: &Option<Vec<String>>, v: Option<&str>| match list {
         Some(l) if !l.is_empty() => v.is_some_and(|v| l.iter().any(|x| x == v)),

@@ -16,10 +16,11 @@ use crate::protocol::ids::{now_ms, MessageId};
 use crate::protocol::message::Message;
 use crate::protocol::methods::steering::{InjectDelivery, InjectParams, InjectResult};
 
-use super::events;
-use super::messaging::message_frame;
-use super::outbox::Outbound;
-use super::{Ctx, Router, RouterError};
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::messaging::ops::message_frame;
+use crate::router::outbox::Outbound;
 
 fn delivery_name(d: InjectDelivery) -> &'static str {
     match d {
@@ -99,15 +100,19 @@ impl Router {
 
     /// Queues a frame ahead of the connection's pending messages. Returns false when the
     /// connection is gone or its bounded queue is full.
-    fn push_message_front(&mut self, conn: super::ConnId, frame: std::sync::Arc<str>) -> bool {
+    fn push_message_front(
+        &mut self,
+        conn: crate::router::ids::ConnId,
+        frame: std::sync::Arc<str>,
+    ) -> bool {
         let cap = self.config.pending_messages;
         let Some(c) = self.conns.get_mut(&conn) else {
             return false;
         };
         if c.pending.is_empty() {
-            return match events::push(&c.outbox, Outbound::Shared(frame)) {
+            return match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
                 Ok(()) => true,
-                Err(super::outbox::PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
+                Err(crate::router::outbox::PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
                     c.pending.push_front(frame);
                     true
                 }

@@ -18,7 +18,7 @@
 //! message expects a response, so the SDK's `client.request()` does not mistake its own request
 //! for the reply (reference-server.md §1.1 #15).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -33,17 +33,24 @@ use crate::protocol::methods::messaging::{SendParams, SendResult};
 use crate::protocol::methods::notifications;
 use crate::protocol::scope::ScopeVisibility;
 
-use super::events::log::{Audience, EventDraft, FilterKeys};
-use super::outbox::{Outbound, PushError};
-use super::permissions::{
-    agent_audience, can_message_agent, can_see_agent, can_see_scope, can_send_to_scope,
-};
-use super::{Caller, ConnId, Ctx, Router, RouterError};
+use crate::router::caller::Caller;
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::events::log::Audience;
+use crate::router::events::log::EventDraft;
+use crate::router::events::log::FilterKeys;
+use crate::router::ids::ConnId;
+use crate::router::messaging::state::Outgoing;
+use crate::router::outbox::Outbound;
+use crate::router::outbox::PushError;
+use crate::router::permissions::agent_audience;
+use crate::router::permissions::can_message_agent;
+use crate::router::permissions::can_see_agent;
+use crate::router::permissions::can_see_scope;
+use crate::router::permissions::can_send_to_scope;
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
-
-/// Most messages kept for one agent while it is away.
-pub const MAX_OFFLINE_MESSAGES: usize = 1000;
 
 /// What became of a message.
 #[derive(Debug)]
@@ -54,97 +61,6 @@ pub struct Delivered {
     pub delivered: Vec<String>,
     /// Recipients that are away and get it when they are back.
     pub queued: Vec<String>,
-}
-
-/// A sent message, with what its later delivery events need (kept while a recipient is away).
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    id: MessageId,
-    correlation: Option<String>,
-    from: Arc<str>,
-    to: serde_json::Value,
-    timestamp: u64,
-    delivered_correlation: Option<String>,
-    payload_json: Option<Box<RawValue>>,
-    message_json: Box<RawValue>,
-    frame: Arc<str>,
-    sent: EventId,
-    keys: FilterKeys,
-    audience: Audience,
-}
-
-/// How many recent deliveries are remembered for linking replies to requests.
-const DELIVERY_INDEX_CAP: usize = 16_384;
-
-/// Recent deliveries, so a reply (`meta.isResult` with the request's `correlationId`) can name
-/// the delivery of the request it answers as its cause. Bounded: the oldest messages are
-/// forgotten once more than [`DELIVERY_INDEX_CAP`] deliveries are remembered.
-///
-/// One entry per message (its recipients in a short list), not one per delivery: a scope send
-/// to K agents costs one map insertion and K pushes instead of K insertions, K removals and 2K
-/// string copies (this index was 7 % of the router's time in the fan-out benchmark,
-/// docs/performance.md).
-#[derive(Debug, Default)]
-pub(crate) struct DeliveryIndex {
-    by_message: HashMap<MessageId, Vec<(Box<str>, EventId)>>,
-    by_correlation: HashMap<String, MessageId>,
-    /// Messages oldest first, with their correlation id.
-    order: std::collections::VecDeque<(MessageId, Option<String>)>,
-    /// Deliveries remembered in `by_message`.
-    deliveries: usize,
-}
-
-impl DeliveryIndex {
-    fn record(
-        &mut self,
-        message: &MessageId,
-        recipient: &str,
-        correlation: Option<&str>,
-        event: EventId,
-    ) {
-        while self.deliveries >= DELIVERY_INDEX_CAP {
-            let Some((m, c)) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(list) = self.by_message.remove(&m) {
-                self.deliveries -= list.len();
-            }
-            if let Some(c) = c {
-                if self.by_correlation.get(&c) == Some(&m) {
-                    self.by_correlation.remove(&c);
-                }
-            }
-        }
-        let list = match self.by_message.get_mut(message) {
-            Some(list) => list,
-            None => {
-                if let Some(c) = correlation {
-                    self.by_correlation.insert(c.to_owned(), message.clone());
-                }
-                self.order
-                    .push_back((message.clone(), correlation.map(str::to_owned)));
-                self.by_message.entry(message.clone()).or_default()
-            }
-        };
-        list.push((recipient.into(), event));
-        self.deliveries += 1;
-    }
-
-    /// The delivery to `replier` of the request that `correlation` names (a correlation id,
-    /// or the request's message id, as the SDK's `reply()` uses when there was none).
-    fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
-        let message = self
-            .by_correlation
-            .get(correlation)
-            .cloned()
-            .unwrap_or_else(|| MessageId::from(correlation));
-        self.by_message
-            .get(&message)?
-            .iter()
-            .rev()
-            .find(|(r, _)| &**r == replier)
-            .map(|(_, e)| *e)
-    }
 }
 
 /// A resolved recipient.
@@ -167,7 +83,7 @@ impl Recipient {
 
 /// The `map/message` frame for a message, shared by all its recipients.
 pub fn message_frame(message: &Message) -> Arc<str> {
-    let json = super::to_json(message);
+    let json = crate::router::core::to_json(message);
     let mut frame = String::with_capacity(json.len() + 64);
     crate::protocol::jsonrpc::write_notification(
         &mut frame,
@@ -255,8 +171,11 @@ impl Router {
             meta,
         };
         let frame = message_frame(&message);
-        let message_json = raw(super::to_json(&message));
-        let payload_json = message.payload.as_ref().map(|p| raw(super::to_json(p)));
+        let message_json = raw(crate::router::core::to_json(&message));
+        let payload_json = message
+            .payload
+            .as_ref()
+            .map(|p| raw(crate::router::core::to_json(p)));
         let correlation = message.correlation_id();
         let priority = message.priority();
         let source_role: Option<Arc<str>> = caller
@@ -304,7 +223,7 @@ impl Router {
         let mut caused_by = caused_by;
         if message.is_result() {
             if let Some(request) =
-                correlation.and_then(|c| self.deliveries.request_delivery(c, &from))
+                correlation.and_then(|c| self.messaging.request_delivery(c, &from))
             {
                 caused_by.push(request);
             }
@@ -312,7 +231,7 @@ impl Router {
         let sent = self.emit(EventDraft {
             kind: EventType::MessageSent,
             source: Some(from.clone()),
-            data: super::to_json(&SentData {
+            data: crate::router::core::to_json(&SentData {
                 message_id: &message.id,
                 from: &from,
                 to: &message.to,
@@ -401,7 +320,7 @@ impl Router {
         let delivered = self.emit(EventDraft {
             kind: EventType::MessageDelivered,
             source: Some(out.from.clone()),
-            data: super::to_json(&DeliveredData {
+            data: crate::router::core::to_json(&DeliveredData {
                 message_id: &out.id,
                 from: &out.from,
                 delivered_to: [recipient],
@@ -419,8 +338,7 @@ impl Router {
     }
 
     fn remember_delivery(&mut self, out: &Outgoing, recipient: &str, delivered: EventId) {
-        self.deliveries
-            .record(&out.id, recipient, out.correlation.as_deref(), delivered);
+        self.messaging.record_delivery(out, recipient, delivered);
     }
 
     /// Emits `message_failed` for one recipient.
@@ -428,7 +346,7 @@ impl Router {
         self.emit(EventDraft {
             kind: EventType::MessageFailed,
             source: Some(out.from.clone()),
-            data: super::to_json(&MessageFailedData {
+            data: crate::router::core::to_json(&MessageFailedData {
                 message_id: out.id.clone(),
                 from: out.from.to_string(),
                 to: out.to.clone(),
@@ -459,15 +377,11 @@ impl Router {
 
     /// Keeps a message for an agent that is away. Errors when its queue is full.
     fn queue_offline(&mut self, agent: &AgentId, out: &Arc<Outgoing>) -> Result<(), &'static str> {
-        let queue = self.offline.entry(agent.clone()).or_default();
-        if queue.len() >= MAX_OFFLINE_MESSAGES {
-            return Err("recipient_offline_queue_full");
-        }
-        queue.push_back(out.clone());
+        self.messaging.keep(agent, out)?;
         self.emit(EventDraft {
             kind: EventType::MessageQueued,
             source: Some(out.from.clone()),
-            data: super::to_json(&MessageQueuedData {
+            data: crate::router::core::to_json(&MessageQueuedData {
                 message_id: out.id.clone(),
                 from: out.from.to_string(),
                 recipient: agent.clone(),
@@ -488,7 +402,7 @@ impl Router {
         let Some(conn) = self.agent_conn(agent) else {
             return;
         };
-        let Some(queue) = self.offline.remove(agent) else {
+        let Some(queue) = self.messaging.take_kept(agent) else {
             return;
         };
         for out in queue {
@@ -502,7 +416,7 @@ impl Router {
 
     /// Fails what was kept for an agent that will not come back.
     pub(crate) fn drop_offline(&mut self, agent: &AgentId) {
-        if let Some(queue) = self.offline.remove(agent) {
+        if let Some(queue) = self.messaging.take_kept(agent) {
             for out in queue {
                 self.emit_failed(&out, agent.as_str(), "recipient_gone");
             }
@@ -584,7 +498,7 @@ impl Router {
             c.outbox.request_wakeup();
             return true;
         }
-        match super::events::push(&c.outbox, Outbound::Shared(frame)) {
+        match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
             Ok(()) => true,
             Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
                 c.pending.push_back(frame);

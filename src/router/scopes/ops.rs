@@ -12,10 +12,17 @@ use crate::protocol::ids::{AgentId, EventId, ScopeId};
 use crate::protocol::methods::scopes::*;
 use crate::protocol::scope::{Scope, ScopeVisibility};
 
-use super::events::log::{Audience, FilterKeys};
-use super::permissions::{can_control_agent, can_join_scope, can_see_agent, can_see_scope};
-use super::scopes::ScopeRecord;
-use super::{Caller, Ctx, Router, RouterError};
+use crate::router::caller::Caller;
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::events::log::Audience;
+use crate::router::events::log::FilterKeys;
+use crate::router::permissions::can_control_agent;
+use crate::router::permissions::can_join_scope;
+use crate::router::permissions::can_see_agent;
+use crate::router::permissions::can_see_scope;
+use crate::router::scopes::table::ScopeRecord;
 
 impl Router {
     fn can_see_scope(&self, caller: &Caller, scope: &ScopeRecord) -> bool {
@@ -61,7 +68,7 @@ impl Router {
     /// Who may see events about a scope (and about `agent` in it).
     pub(crate) fn scope_audience(&self, scope: &ScopeId, agent: Option<&Agent>) -> Audience {
         let agent_audience = agent.map(|a| {
-            super::permissions::agent_audience(a, &self.registry, &self.config.permissions)
+            crate::router::permissions::agent_audience(a, &self.registry, &self.config.permissions)
         });
         let scope_vis = self
             .scopes
@@ -73,7 +80,11 @@ impl Router {
             .get(scope.as_str())
             .and_then(|s| s.creator.clone());
         let scope_audience = match scope_vis {
-            _ if !super::permissions::scope_exposed(&self.config.permissions, scope.as_str()) => {
+            _ if !crate::router::permissions::scope_exposed(
+                &self.config.permissions,
+                scope.as_str(),
+            ) =>
+            {
                 Audience::System
             }
             ScopeVisibility::Public => Audience::Everyone,
@@ -133,10 +144,10 @@ impl Router {
             ..FilterKeys::default()
         };
         let audience = self.scope_audience(&scope.id, None);
-        self.emit(super::events::log::EventDraft {
+        self.emit(crate::router::events::log::EventDraft {
             kind: EventType::ScopeCreated,
             source: Some(caller.address()),
-            data: super::to_json(&ScopeCreatedData {
+            data: crate::router::core::to_json(&ScopeCreatedData {
                 scope_id: scope.id.clone(),
                 name: scope.name.clone(),
                 parent: scope.parent.clone(),
@@ -168,10 +179,10 @@ impl Router {
             ..FilterKeys::default()
         };
         let audience = self.scope_audience(&scope.id, None);
-        let deleted = self.emit(super::events::log::EventDraft {
+        let deleted = self.emit(crate::router::events::log::EventDraft {
             kind: EventType::ScopeDeleted,
             source: Some(caller.address()),
-            data: super::to_json(&ScopeDeletedData {
+            data: crate::router::core::to_json(&ScopeDeletedData {
                 scope_id: scope.id.clone(),
                 deleted_descendants: (!descendants.is_empty()).then(|| descendants.clone()),
             }),

@@ -17,10 +17,20 @@ use crate::protocol::event::SubscriptionFilter;
 use crate::protocol::ids::{now_ms, EventId, SubscriptionId};
 use crate::protocol::methods::events::*;
 
-use super::events::filter::CompiledFilter;
-use super::events::log::{push_id_array, EventRecord, Lookup, StoredRow};
-use super::events::{EventBus, OverflowPolicy, SubState, Subscription};
-use super::{ConnId, Ctx, Router, RouterError, RouterHandle};
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::events::bus::EventBus;
+use crate::router::events::bus::OverflowPolicy;
+use crate::router::events::bus::SubState;
+use crate::router::events::bus::Subscription;
+use crate::router::events::filter::CompiledFilter;
+use crate::router::events::log::push_id_array;
+use crate::router::events::log::EventRecord;
+use crate::router::events::log::Lookup;
+use crate::router::events::log::StoredRow;
+use crate::router::handle::RouterHandle;
+use crate::router::ids::ConnId;
 
 /// Most events one `map/replay` page returns.
 pub const MAX_REPLAY_PAGE: u32 = 1000;

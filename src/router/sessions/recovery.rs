@@ -25,8 +25,11 @@ use crate::protocol::event::{AgentUnregisteredData, EventType, ParticipantDiscon
 use crate::protocol::ids::{AgentId, EventId, ParticipantId};
 use crate::store::{EventStore, StoreError};
 
-use super::events::log::{Audience, EventDraft, EventRecord, FilterKeys};
-use super::Router;
+use crate::router::core::Router;
+use crate::router::events::log::Audience;
+use crate::router::events::log::EventDraft;
+use crate::router::events::log::EventRecord;
+use crate::router::events::log::FilterKeys;
 
 /// The `reason` of the closing events.
 pub const RESTART_REASON: &str = "router_restarted";
@@ -165,6 +168,21 @@ fn fold(
 }
 
 impl Router {
+    /// With a durable store: reads the previous run's lifecycle events and ends what it left
+    /// open (the router's first act, before any command).
+    pub(crate) async fn recover_previous_run(&mut self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        match previous_run(&*store).await {
+            Ok(run) => self.close_previous_run(run),
+            Err(e) => {
+                tracing::error!(error = %e, "could not read the previous run's lifecycle events")
+            }
+        }
+        self.flush_store();
+    }
+
     /// Emits the events that end what the previous run left open.
     pub(crate) fn close_previous_run(&mut self, run: PreviousRun) {
         if run.is_empty() {

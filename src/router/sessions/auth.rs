@@ -35,9 +35,13 @@ use crate::protocol::methods::session::{
     AgentBehavior, AuthCredentials, ConnectParams, DisconnectPolicy, Principal,
 };
 
-use super::outbox::Outbound;
-use super::session::ConnOrigin;
-use super::{ConnId, Ctx, Deadline, Router, RouterError};
+use crate::router::caller::Ctx;
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::ids::ConnId;
+use crate::router::outbox::Outbound;
+use crate::router::sessions::table::ConnOrigin;
+use crate::router::timers::Deadline;
 
 /// The outcome of verifying a call's credentials: `None` when none were sent (or
 /// authentication is off).
@@ -326,7 +330,11 @@ impl Router {
         );
     }
 
-    fn current_epoch(&self, session: &SessionId, epoch: u64) -> Option<&super::session::Session> {
+    fn current_epoch(
+        &self,
+        session: &SessionId,
+        epoch: u64,
+    ) -> Option<&crate::router::sessions::table::Session> {
         self.sessions
             .get(session.as_str())
             .filter(|s| s.auth_epoch == epoch)
@@ -350,7 +358,7 @@ impl Router {
         let frame = format!(
             r#"{{"jsonrpc":"2.0","method":"{}","params":{}}}"#,
             notifications::AUTH_EXPIRING,
-            super::to_json(&params)
+            crate::router::core::to_json(&params)
         );
         if !self.push_message(conn, frame.into()) {
             tracing::debug!(%session, "could not queue map/auth/expiring: the connection is backlogged");

@@ -1,0 +1,95 @@
+//! [`RouterConfig`]: the router's settings and their defaults (each default's reason is on its
+//! constant), and [`Durability`]: when a state-changing call is answered relative to the
+//! store's commit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::router::events::log::Retention;
+use crate::router::permissions;
+use crate::router::quotas;
+
+/// Default outbox size per connection, in frames. Large enough to absorb bursts at full speed,
+/// small enough that a stalled peer pins little memory (the log keeps the rest).
+pub const DEFAULT_OUTBOX_FRAMES: usize = 1024;
+/// Default bound on `map/message` frames queued per connection beyond its outbox.
+pub const DEFAULT_PENDING_MESSAGES: usize = 4096;
+/// Default event-log retention, in events.
+pub const DEFAULT_LOG_EVENTS: usize = 100_000;
+/// Default event-log retention, in bytes (about).
+pub const DEFAULT_LOG_BYTES: usize = 64 * 1024 * 1024;
+/// Default window for resuming a detached session, and the grace period of orphaned agents.
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(60);
+/// Default capacity of the router's command channel.
+pub const DEFAULT_COMMAND_QUEUE: usize = 8192;
+/// Default wait for a call's events to become durable: long enough for a slow disk's fsync
+/// under load, short enough that a failing disk surfaces as errors rather than hung calls.
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Router settings.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// `systemInfo.name`.
+    pub name: String,
+    /// `systemInfo.version`.
+    pub version: String,
+    /// Frames per connection outbox.
+    pub outbox_frames: usize,
+    /// `map/message` frames queued per connection while its outbox is full.
+    pub pending_messages: usize,
+    /// Event-log retention.
+    pub retention: Retention,
+    /// How long a detached session can be resumed, and how long its orphaned agents wait to be
+    /// reclaimed before they are unregistered (under the default `grace-period` policy).
+    pub resume_window: Duration,
+    /// Capacity of the command channel.
+    pub command_queue: usize,
+    /// Whether `map/send` to an unknown explicit agent or scope is an error (2001/2002) rather
+    /// than a success with `delivered: []` (the TestServer's behaviour).
+    pub strict_recipients: bool,
+    /// When state-changing calls are answered relative to durability (with a store).
+    pub durability: Durability,
+    /// How long a call waits for its events to be committed before it fails.
+    pub commit_timeout: Duration,
+    /// Authentication, when some method is enabled (`None`: everyone is admitted, anonymous).
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
+    /// Per-session and per-principal quotas (`[limits]`).
+    pub quotas: quotas::Quotas,
+    /// Who may see and do what (`[permissions]`).
+    pub permissions: permissions::SharedPolicy,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            name: "map-router".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            outbox_frames: DEFAULT_OUTBOX_FRAMES,
+            pending_messages: DEFAULT_PENDING_MESSAGES,
+            retention: Retention {
+                max_events: DEFAULT_LOG_EVENTS,
+                max_bytes: DEFAULT_LOG_BYTES,
+            },
+            resume_window: DEFAULT_RESUME_WINDOW,
+            command_queue: DEFAULT_COMMAND_QUEUE,
+            strict_recipients: true,
+            durability: Durability::Durable,
+            commit_timeout: DEFAULT_COMMIT_TIMEOUT,
+            auth: None,
+            quotas: quotas::Quotas::default(),
+            permissions: Arc::default(),
+        }
+    }
+}
+
+/// When a call that changes state is answered, relative to the durability of its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// Answered once the store has committed the call's events (the store's `synchronous`
+    /// setting says what committed survives).
+    #[default]
+    Durable,
+    /// Answered at once; the store commits within its group-commit delay.
+    Async,
+}

@@ -1,0 +1,482 @@
+//! [`Router`]: the owner of all routing state, and the loop of the router task.
+//!
+//! The router owns sessions, connections, the agent registry, scopes, the event bus and the
+//! rest, and runs as one task that takes [`Command`]s from a bounded channel. Everyone else
+//! holds a cheap [`RouterHandle`](crate::router::handle::RouterHandle). Because a single task
+//! applies every change, sequence numbers and event order come from one place and need no
+//! locks, and calls from one session are applied in the order they arrive.
+//!
+//! The router never waits on a peer: it hands frames to connection outboxes with `try_push`
+//! only. A full outbox pauses that connection's subscriptions (their events stay in the log)
+//! and queues its messages in a bounded per-connection queue; the connection's writer reports
+//! room with [`Command::Drained`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::protocol::agent::Agent;
+use crate::protocol::capabilities::Capability;
+use crate::protocol::event::EventType;
+use crate::protocol::ids::{AgentId, EventId, ParticipantId};
+use crate::router::agents::registry::Registry;
+use crate::router::agents::supervised::{ProcessControl, Supervision};
+use crate::router::caller::{Caller, Ctx};
+use crate::router::config::RouterConfig;
+use crate::router::error::RouterError;
+use crate::router::events::bus::{DiskRows, EventBus};
+use crate::router::events::log::{Audience, EventDraft, EventLog, FilterKeys};
+use crate::router::ids::ConnId;
+use crate::router::messaging::state::Messaging;
+use crate::router::outbox;
+use crate::router::outbox::Outbox;
+use crate::router::permissions;
+use crate::router::scopes::table::Scopes;
+use crate::router::sessions::table::{self as session, Conn, Sessions};
+use crate::router::timers::{Deadline, Timers};
+
+/// A request-scoped operation the router runs on its own task.
+pub type Op = Box<dyn FnOnce(&mut Router) + Send>;
+
+/// Messages into the router.
+pub enum Command {
+    /// A new connection with its outbox.
+    Attach {
+        /// The connection.
+        conn: ConnId,
+        /// Its outbox.
+        outbox: Outbox,
+        /// Who is on the other end.
+        origin: session::ConnOrigin,
+    },
+    /// The connection's transport closed.
+    Detach {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Run an operation (a method call) for a connection.
+    Call(Op),
+    /// A subscription's `map/subscribe` response is queued: start delivering.
+    Activate {
+        /// The connection.
+        conn: ConnId,
+        /// The subscription id.
+        subscription: String,
+    },
+    /// The connection's writer has room again.
+    Drained {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Rows the store read for a subscription's catch-up.
+    DiskRows(DiskRows),
+    /// Detach everyone and stop.
+    Shutdown,
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Attach { conn, .. } => write!(f, "Attach({conn})"),
+            Self::Detach { conn } => write!(f, "Detach({conn})"),
+            Self::Call(_) => f.write_str("Call"),
+            Self::Activate { conn, subscription } => write!(f, "Activate({conn}, {subscription})"),
+            Self::Drained { conn } => write!(f, "Drained({conn})"),
+            Self::DiskRows(rows) => {
+                write!(f, "DiskRows({}, {})", rows.subscription, rows.from)
+            }
+            Self::Shutdown => f.write_str("Shutdown"),
+        }
+    }
+}
+
+/// The owner of all routing state.
+#[derive(Debug)]
+pub struct Router {
+    pub(super) config: Arc<RouterConfig>,
+    pub(super) conns: HashMap<ConnId, Conn>,
+    pub(super) sessions: Sessions,
+    pub(super) registry: Registry,
+    pub(super) scopes: Scopes,
+    pub(super) bus: EventBus,
+    pub(super) timers: Timers,
+    pub(super) shutting_down: bool,
+    /// Agents whose processes the router supervises, and the channel to the supervisor.
+    pub(super) supervised: Supervision,
+    /// The durable event store, when the log is durable.
+    pub(super) store: Option<Arc<dyn crate::store::EventStore>>,
+    /// Events appended since the last flush to the store.
+    pub(super) unflushed: Vec<Arc<crate::router::events::log::EventRecord>>,
+    /// Messages kept for agents that are away, and recent deliveries (reply correlation).
+    pub(super) messaging: Messaging,
+    /// Causes the current call declared (`params._meta.causedBy`); given to its events that
+    /// have no cause of their own.
+    pub(super) call_causes: Vec<EventId>,
+}
+
+/// The router's collaborators.
+#[derive(Debug, Default)]
+pub struct RouterParts {
+    /// Where process controls go (the supervisor).
+    pub process_control: Option<mpsc::Sender<ProcessControl>>,
+    /// The durable event store and what it recovered.
+    pub store: Option<(Arc<dyn crate::store::EventStore>, crate::store::Recovered)>,
+}
+
+/// Sizes of the router's state at one moment ([`RouterHandle::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterStats {
+    /// Attached transports.
+    pub connections: usize,
+    /// Sessions, attached or detached (within their resume window).
+    pub sessions: usize,
+    /// Registered agents (orphans included).
+    pub agents: usize,
+    /// Live subscriptions.
+    pub subscriptions: usize,
+    /// Events in the in-memory window.
+    pub log_events: usize,
+    /// The sequence number the next event gets.
+    pub next_seq: u64,
+}
+
+impl Router {
+    pub(crate) fn new(config: Arc<RouterConfig>) -> Self {
+        Self {
+            bus: EventBus::new(EventLog::new(config.retention)),
+            config,
+            conns: HashMap::new(),
+            sessions: Sessions::default(),
+            registry: Registry::default(),
+            scopes: Scopes::default(),
+            timers: Timers::default(),
+            shutting_down: false,
+            supervised: Supervision::default(),
+            store: None,
+            unflushed: Vec::new(),
+            messaging: Messaging::default(),
+            call_causes: Vec::new(),
+        }
+    }
+
+    /// The command loop: block for one command, then take what else is ready (bounded) before
+    /// looking at timers, so a burst is handled without a wake-up per command.
+    pub(super) async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        const BATCH: usize = 256;
+        // First, before any command: end what the previous run left open (commands wait in
+        // the channel meanwhile).
+        self.recover_previous_run().await;
+        loop {
+            let next_deadline = self.timers.next();
+            let cmd = tokio::select! {
+                cmd = rx.recv() => cmd,
+                () = sleep_until_opt(next_deadline) => {
+                    self.fire_deadlines(Instant::now());
+                    self.flush_store();
+                    continue;
+                }
+            };
+            let Some(cmd) = cmd else { break };
+            let mut stop = self.handle(cmd);
+            for _ in 0..BATCH {
+                if stop {
+                    break;
+                }
+                match rx.try_recv() {
+                    Ok(cmd) => stop = self.handle(cmd),
+                    Err(_) => break,
+                }
+            }
+            if next_deadline.is_some_and(|d| d <= Instant::now()) {
+                self.fire_deadlines(Instant::now());
+            }
+            // NB: once per batch, so the store sees one append per burst, not one per event.
+            self.flush_store();
+            if stop {
+                break;
+            }
+        }
+        self.flush_store();
+    }
+
+    /// Hands the events appended since the last flush to the durable store.
+    pub(super) fn flush_store(&mut self) {
+        if self.unflushed.is_empty() {
+            return;
+        }
+        let records = std::mem::take(&mut self.unflushed);
+        if let Some(store) = &self.store {
+            store.append_records(records);
+        }
+    }
+
+    /// Applies one command; returns true when the router should stop.
+    pub(super) fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Attach {
+                conn,
+                outbox,
+                origin,
+            } => {
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        origin,
+                        outbox,
+                        session: None,
+                        pending: Default::default(),
+                        pending_auth: None,
+                    },
+                );
+            }
+            Command::Detach { conn } => self.handle_transport_closed(conn),
+            Command::Call(op) => op(self),
+            Command::Activate { conn, subscription } => {
+                let owned = self.bus.get(&subscription).is_some_and(|s| s.conn == conn);
+                if owned {
+                    self.bus.activate(&subscription, &self.registry);
+                }
+            }
+            Command::Drained { conn } => self.handle_drained(conn),
+            Command::DiskRows(DiskRows {
+                subscription,
+                from,
+                rows,
+            }) => self
+                .bus
+                .deliver_disk(subscription.as_str(), from, rows, &self.registry),
+            Command::Shutdown => {
+                self.handle_shutdown();
+                return true;
+            }
+        }
+        false
+    }
+
+    pub(super) fn handle_drained(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            while let Some(frame) = c.pending.front().cloned() {
+                match crate::router::events::bus::push(&c.outbox, outbox::Outbound::Shared(frame)) {
+                    Ok(()) => {
+                        c.pending.pop_front();
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
+        self.bus.resume_conn(conn, &self.registry);
+    }
+
+    pub(super) fn fire_deadlines(&mut self, now: Instant) {
+        // NB: a deadline's handler may schedule another one that is already due.
+        loop {
+            let due = self.timers.take_due(now);
+            if due.is_empty() {
+                return;
+            }
+            for d in due {
+                match d {
+                    Deadline::SessionExpiry(s) => self.expire_session(&s),
+                    Deadline::OrphanExpiry(a) => self.expire_orphan(&a),
+                    Deadline::CredentialExpiring(s, epoch) => self.credential_expiring(&s, epoch),
+                    Deadline::CredentialExpired(s, epoch) => self.credential_expired(&s, epoch),
+                }
+            }
+        }
+    }
+
+    pub(super) fn schedule(&mut self, at: Instant, d: Deadline) {
+        self.timers.schedule(at, d);
+    }
+
+    /// Checks that the connection may make this call.
+    pub(super) fn check_call(
+        &self,
+        ctx: &Ctx,
+        capability: Option<Capability>,
+        needs_session: bool,
+    ) -> Result<(), RouterError> {
+        if !needs_session {
+            return Ok(());
+        }
+        let session = self.session_of(ctx)?;
+        if let Some(cap) = capability {
+            if !session.capabilities.has(cap) {
+                return Err(RouterError::PermissionDenied(cap.path().into()));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn session_of(&self, ctx: &Ctx) -> Result<&session::Session, RouterError> {
+        self.conns
+            .get(&ctx.conn)
+            .and_then(|c| c.session.as_ref())
+            .and_then(|s| self.sessions.get(s.as_str()))
+            .ok_or(RouterError::NotConnected)
+    }
+
+    /// The caller's identity, for handlers.
+    pub fn caller(&self, ctx: &Ctx) -> Result<Caller, RouterError> {
+        let s = self.session_of(ctx)?;
+        let primary_agent = s.primary_agent.clone().filter(|a| {
+            self.registry
+                .is_owned_by(a.as_str(), s.participant.as_str())
+        });
+        Ok(Caller {
+            session: s.id.clone(),
+            participant: s.participant.clone(),
+            kind: s.kind,
+            primary_agent,
+            policy: self.config.permissions.clone(),
+        })
+    }
+
+    /// Whether the caller holds a capability.
+    pub fn caller_has(&self, ctx: &Ctx, cap: Capability) -> bool {
+        self.session_of(ctx).is_ok_and(|s| s.capabilities.has(cap))
+    }
+
+    /// Appends an event to the log and fans it out. Returns its id.
+    pub fn emit(&mut self, mut draft: EventDraft) -> EventId {
+        if draft.caused_by.is_empty() && !self.call_causes.is_empty() {
+            draft.caused_by = self.call_causes.clone();
+        }
+        let rec = self.bus.log.append(draft);
+        if self.store.is_some() {
+            // The store builds the row on its own thread.
+            self.unflushed.push(rec.clone());
+        }
+        self.bus.publish(&rec, &self.registry);
+        // Records appended by `append` always carry an id.
+        rec.id.unwrap_or(EventId(crate::protocol::ids::Ulid(0)))
+    }
+
+    /// Builds and emits an event about an agent: source = the agent, audience from its
+    /// visibility, role keys from its role.
+    pub fn emit_agent_event<D: Serialize>(
+        &mut self,
+        kind: EventType,
+        agent: &Agent,
+        data: &D,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        let role: Option<Arc<str>> = agent.role.as_deref().map(Arc::from);
+        let metadata = match kind {
+            EventType::AgentRegistered | EventType::AgentMetadataChanged => {
+                agent.metadata.clone().map(Arc::new)
+            }
+            _ => None,
+        };
+        let draft = EventDraft {
+            kind,
+            source: Some(agent.id.as_arc().clone()),
+            data: to_json(data),
+            caused_by,
+            keys: FilterKeys {
+                agent_id: Some(agent.id.clone()),
+                source_role: role.clone(),
+                subject_role: role,
+                metadata,
+                ..FilterKeys::default()
+            },
+            audience: permissions::agent_audience(agent, &self.registry, &self.config.permissions),
+        };
+        self.emit(draft)
+    }
+
+    /// Emits `participant_connected` / `participant_disconnected` about `participant`. They name
+    /// the participant, and the SDK's `AgentConnection` uses its agent's id as the participant
+    /// id, so they are narrowed like agent events: a participant id hidden by the exposure rules
+    /// is seen by system observers only, and a participant owning agents only by those who may
+    /// see every one of them (those it owns, and `also`: the orphans a resume is reclaiming).
+    pub(crate) fn emit_participant_event<D: Serialize>(
+        &mut self,
+        kind: EventType,
+        participant: &ParticipantId,
+        also: &[AgentId],
+        data: &D,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        let policy = &self.config.permissions;
+        let mut audience = if permissions::agent_exposed(policy, participant.as_str()) {
+            Audience::Everyone
+        } else {
+            Audience::System
+        };
+        let owned = self.registry.owned_by(participant.as_str());
+        for id in owned.iter().chain(also) {
+            if let Some(r) = self.registry.get(id.as_str()) {
+                audience = audience.and(permissions::agent_audience(
+                    &r.agent,
+                    &self.registry,
+                    policy,
+                ));
+            }
+        }
+        self.emit(EventDraft {
+            kind,
+            source: Some(participant.as_arc().clone()),
+            data: to_json(data),
+            caused_by,
+            keys: FilterKeys::default(),
+            audience,
+        })
+    }
+
+    /// Emits an event with no particular agent subject.
+    pub fn emit_plain<D: Serialize>(
+        &mut self,
+        kind: EventType,
+        source: Option<Arc<str>>,
+        data: &D,
+        keys: FilterKeys,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        self.emit(EventDraft {
+            kind,
+            source,
+            data: to_json(data),
+            caused_by,
+            keys,
+            audience: Audience::Everyone,
+        })
+    }
+
+    /// Marks the router as stopping, so that connections closing from now on are recorded with
+    /// reason `shutdown` (the server calls this before it closes them).
+    pub(crate) fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+    }
+
+    fn handle_shutdown(&mut self) {
+        self.shutting_down = true;
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in conns {
+            self.handle_transport_closed(conn);
+        }
+    }
+
+    /// Number of attached connections (for tests and metrics).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serializes event data. Our data types contain only strings, numbers, maps and vectors, for
+/// which serde_json cannot fail; an empty object keeps the event well-formed regardless.
+pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
+}

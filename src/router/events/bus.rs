@@ -1,0 +1,557 @@
+//! The event bus: the log, the subscriptions, and fan-out from one to the other.
+//!
+//! Each subscription is a cursor into the log. A subscription is in one of three states:
+//! - `Pending`: created, but its `map/subscribe` response may not be on the wire yet. No event
+//!   may overtake that response (the SDK drops events for ids it does not know yet), so nothing
+//!   is delivered until the session activates it.
+//! - `Live`: caught up; each appended event is offered to it directly.
+//! - `Paused`: behind. Its outbox was full, its credit window is used up, or it was just
+//!   activated. The events it has not read stay in the log, not in per-subscriber memory, and
+//!   it is caught up from its cursor when the connection's writer reports room
+//!   (`Command::Drained`) or the subscriber acknowledges (`map/subscribe.ack`).
+//!
+//! Catching up reads the in-memory window first; a cursor older than the window is read from
+//! the durable store in batches (asynchronously: the rows come back as `Command::DiskRows`, so
+//! the router never waits on a disk). Only a cursor older than everything retained is a gap:
+//! the subscription gets one `subscription.overflow` notice and then follows its policy, `skip`
+//! (continue live) or `close` (end the subscription). Loss is always signalled, never silent.
+//!
+//! Credit: a subscription that acknowledges (`map/subscribe.ack`, or `options.ackWindow` at
+//! subscribe) gets a window: at most that many events unacknowledged in flight; beyond it the
+//! subscription pauses until the next ack.
+//!
+//! Visibility is decided per delivery with `router::permissions`, so a change takes effect on
+//! the next event.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::event::{EventType, SubscriptionOverflowData};
+use crate::protocol::ids::{AgentId, ParticipantId, SessionId, SubscriptionId};
+use crate::store::{EventStore, StoreError};
+
+use crate::router::agents::registry::Registry;
+use crate::router::events::filter::CompiledFilter;
+use crate::router::events::log::Audience;
+use crate::router::events::log::EventLog;
+use crate::router::events::log::EventRecord;
+use crate::router::events::log::Lookup;
+use crate::router::events::log::StoredRow;
+use crate::router::ids::ConnId;
+use crate::router::outbox::CausedBy;
+use crate::router::outbox::Delivery;
+use crate::router::outbox::Outbound;
+use crate::router::outbox::Outbox;
+use crate::router::outbox::PushError;
+use crate::router::permissions::can_see_event;
+use crate::router::permissions::SharedPolicy;
+use crate::router::permissions::Viewer;
+
+/// Rows read from the store per catch-up batch: enough to amortise a read, few enough that a
+/// batch the outbox cannot take whole is cheap to re-read.
+pub const DISK_BATCH: usize = 512;
+
+/// Subscription state (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubState {
+    /// Awaiting activation after its response is queued.
+    Pending,
+    /// Caught up.
+    Live,
+    /// Behind; waiting for room, credit, or rows from the store.
+    Paused,
+}
+
+pub use crate::protocol::methods::events::OverflowPolicy;
+
+/// One subscription.
+#[derive(Debug)]
+pub struct Subscription {
+    /// Wire id.
+    pub id: SubscriptionId,
+    /// Owning session.
+    pub session: SessionId,
+    /// The connection it delivers to.
+    pub conn: ConnId,
+    /// Subscriber identity (for visibility).
+    pub participant: ParticipantId,
+    /// Subscriber type.
+    pub participant_type: ParticipantType,
+    /// The agent the subscriber speaks as (its `canSee` rules apply).
+    pub agent: Option<AgentId>,
+    /// The permission policy.
+    pub policy: SharedPolicy,
+    /// Compiled filter.
+    pub filter: CompiledFilter,
+    /// Skip events caused by the subscriber itself.
+    pub exclude_own: bool,
+    /// Next log sequence number to examine.
+    pub cursor: u64,
+    /// First log sequence number this subscription could see.
+    pub start: u64,
+    /// Last `sequenceNumber` sent (0 = none yet).
+    pub sequence: u64,
+    /// Highest `sequenceNumber` the subscriber acknowledged.
+    pub acked: u64,
+    /// Credit window: at most this many unacknowledged events in flight (`None`: no credit
+    /// limit, only the outbox's).
+    pub window: Option<u64>,
+    /// Behaviour past retention.
+    pub overflow: OverflowPolicy,
+    /// A store read for this subscription is in flight.
+    pub disk_pending: bool,
+    /// State.
+    pub state: SubState,
+    /// Where deliveries go.
+    pub outbox: Outbox,
+}
+
+impl Subscription {
+    fn has_credit(&self) -> bool {
+        self.window
+            .is_none_or(|w| self.sequence.saturating_sub(self.acked) < w)
+    }
+}
+
+/// Outcome of offering one event to a subscription.
+enum Offer {
+    /// Delivered or filtered out; the cursor moved on.
+    Advanced,
+    /// The outbox is full or the credit window used up; the cursor stays.
+    Full,
+    /// The connection is gone; stop delivering to it.
+    Gone,
+}
+
+/// Rows the store read for a subscription's catch-up, on their way back to the router task.
+#[derive(Debug)]
+pub struct DiskRows {
+    /// The subscription.
+    pub subscription: SubscriptionId,
+    /// Where the read started.
+    pub from: u64,
+    /// The rows, or why not.
+    pub rows: Result<Vec<StoredRow>, crate::store::StoreError>,
+}
+
+/// Hands [`DiskRows`] back to the router task (which then calls [`EventBus::deliver_disk`]);
+/// the router's handle builds it around its command channel, so the bus knows no commands.
+pub type RowsBack = Arc<dyn Fn(DiskRows) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// How the bus reaches the durable store for catch-up reads.
+#[derive(Clone)]
+pub struct DiskAccess {
+    /// The store.
+    pub store: Arc<dyn EventStore>,
+    /// Where the rows go.
+    pub rows_back: RowsBack,
+}
+
+impl std::fmt::Debug for DiskAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskAccess").finish_non_exhaustive()
+    }
+}
+
+impl DiskAccess {
+    fn request(&self, subscription: SubscriptionId, from: u64) {
+        let read = self.store.read(from, DISK_BATCH);
+        let back = self.rows_back.clone();
+        tokio::spawn(async move {
+            let rows = read.await;
+            back(DiskRows {
+                subscription,
+                from,
+                rows,
+            })
+            .await;
+        });
+    }
+}
+
+/// Log + subscriptions.
+#[derive(Debug)]
+pub struct EventBus {
+    /// The log.
+    pub log: EventLog,
+    subs: HashMap<SubscriptionId, Subscription>,
+    disk: Option<DiskAccess>,
+}
+
+impl EventBus {
+    /// A bus over a log.
+    pub fn new(log: EventLog) -> Self {
+        Self {
+            log,
+            subs: HashMap::new(),
+            disk: None,
+        }
+    }
+
+    /// Lets catch-up read what the memory window no longer holds from the durable store.
+    pub fn set_disk(&mut self, disk: DiskAccess) {
+        self.disk = Some(disk);
+    }
+
+    /// The oldest sequence number any reader can still get: the store's, else the memory
+    /// window's.
+    pub fn oldest_retained(&self) -> u64 {
+        match &self.disk {
+            Some(d) => d.store.first_seq().min(self.log.first_seq()),
+            None => self.log.first_seq(),
+        }
+    }
+
+    /// Number of subscriptions.
+    pub fn len(&self) -> usize {
+        self.subs.len()
+    }
+
+    /// Whether there are no subscriptions.
+    pub fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+    }
+
+    /// Number of subscriptions a session holds (for the subscriptions-per-session quota).
+    pub fn count_for_session(&self, session: &SessionId) -> usize {
+        self.subs.values().filter(|s| &s.session == session).count()
+    }
+
+    /// Looks a subscription up.
+    pub fn get(&self, id: &str) -> Option<&Subscription> {
+        self.subs.get(id)
+    }
+
+    /// Adds a pending subscription.
+    pub fn insert(&mut self, sub: Subscription) {
+        self.subs.insert(sub.id.clone(), sub);
+    }
+
+    /// Removes a subscription.
+    pub fn remove(&mut self, id: &str) -> Option<Subscription> {
+        self.subs.remove(id)
+    }
+
+    /// Offers a freshly appended event to every live subscription.
+    pub fn publish(&mut self, rec: &Arc<EventRecord>, reg: &Registry) {
+        let Self { log, subs, .. } = self;
+        for sub in subs.values_mut() {
+            if sub.state != SubState::Live || sub.cursor != rec.seq {
+                continue;
+            }
+            match offer(sub, rec, log, reg) {
+                Offer::Advanced => {}
+                Offer::Full | Offer::Gone => sub.state = SubState::Paused,
+            }
+        }
+    }
+
+    /// Moves a pending subscription to catching up, and catches it up as far as its outbox
+    /// allows.
+    pub fn activate(&mut self, id: &str, reg: &Registry) {
+        if let Some(sub) = self.subs.get_mut(id) {
+            if sub.state == SubState::Pending {
+                sub.state = SubState::Paused;
+            }
+        }
+        self.catch_up(id, reg);
+    }
+
+    /// Catches every paused subscription of a connection up (its writer reported room).
+    pub fn resume_conn(&mut self, conn: ConnId, reg: &Registry) {
+        let ids: Vec<SubscriptionId> = self
+            .subs
+            .values()
+            .filter(|s| s.conn == conn && s.state == SubState::Paused)
+            .map(|s| s.id.clone())
+            .collect();
+        for id in ids {
+            self.catch_up(id.as_str(), reg);
+        }
+    }
+
+    /// Records an acknowledgement (`map/subscribe.ack`): the subscription enters credit mode
+    /// (with `default_window` if it had none) and, if it was waiting for credit, catches up.
+    /// Acks for other connections' subscriptions are ignored.
+    pub fn ack(&mut self, conn: ConnId, id: &str, up_to: u64, default_window: u64, reg: &Registry) {
+        let Some(sub) = self.subs.get_mut(id) else {
+            return;
+        };
+        if sub.conn != conn {
+            return;
+        }
+        sub.acked = sub.acked.max(up_to.min(sub.sequence));
+        if sub.window.is_none() {
+            sub.window = Some(default_window.max(1));
+        }
+        if sub.state == SubState::Paused {
+            self.catch_up(id, reg);
+        }
+    }
+
+    /// Delivers from the cursor until caught up (→ `Live`), out of credit or room (stays
+    /// `Paused`), or waiting for store rows.
+    fn catch_up(&mut self, id: &str, reg: &Registry) {
+        let Self { log, subs, disk } = self;
+        let Some(sub) = subs.get_mut(id) else { return };
+        if sub.state != SubState::Paused || sub.disk_pending {
+            return;
+        }
+        let mut close = false;
+        loop {
+            match log.get(sub.cursor) {
+                Lookup::Future => {
+                    sub.state = SubState::Live;
+                    break;
+                }
+                Lookup::Evicted => {
+                    if let Some(d) = disk.as_ref() {
+                        if sub.cursor >= d.store.first_seq() {
+                            sub.disk_pending = true;
+                            d.request(sub.id.clone(), sub.cursor);
+                            return;
+                        }
+                    }
+                    match overflow(sub, log) {
+                        Overflowed::Queued => match sub.overflow {
+                            OverflowPolicy::Skip => continue,
+                            OverflowPolicy::Close => {
+                                close = true;
+                                break;
+                            }
+                        },
+                        Overflowed::NoRoom => return,
+                    }
+                }
+                Lookup::Present(rec) => {
+                    let rec = rec.clone();
+                    match offer(sub, &rec, log, reg) {
+                        Offer::Advanced => {}
+                        Offer::Full | Offer::Gone => return,
+                    }
+                }
+            }
+        }
+        if close {
+            subs.remove(id);
+        }
+    }
+
+    /// Rows the store returned for a subscription's catch-up.
+    pub fn deliver_disk(
+        &mut self,
+        id: &str,
+        from: u64,
+        rows: Result<Vec<StoredRow>, StoreError>,
+        reg: &Registry,
+    ) {
+        let Some(sub) = self.subs.get_mut(id) else {
+            return;
+        };
+        sub.disk_pending = false;
+        if sub.state != SubState::Paused || sub.cursor != from {
+            return;
+        }
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Retrying could spin on a broken disk; the gap is reported instead.
+                tracing::error!(subscription = %id, error = %e, "catch-up read failed");
+                Vec::new()
+            }
+        };
+        let mut lost = rows.first().is_none_or(|r| r.seq != from);
+        for row in rows {
+            if row.seq != sub.cursor {
+                lost = true;
+                break;
+            }
+            let rec = match EventRecord::from_row(row) {
+                Ok(rec) => Arc::new(rec),
+                Err(e) => {
+                    tracing::error!(subscription = %id, error = %e, "unreadable stored event");
+                    lost = true;
+                    break;
+                }
+            };
+            match offer(sub, &rec, &self.log, reg) {
+                Offer::Advanced => lost = false,
+                Offer::Full | Offer::Gone => return,
+            }
+        }
+        if lost && sub.cursor < self.log.first_seq() {
+            // What the store no longer holds (retention raced the read, or the read failed)
+            // and memory does not either: a gap, signalled like any other.
+            match overflow(sub, &self.log) {
+                Overflowed::Queued if sub.overflow == OverflowPolicy::Close => {
+                    self.subs.remove(id);
+                    return;
+                }
+                Overflowed::Queued => {}
+                Overflowed::NoRoom => return,
+            }
+        }
+        self.catch_up(id, reg);
+    }
+
+    /// Removes every subscription of a session; returns their ids.
+    pub fn remove_session(&mut self, session: &SessionId) -> Vec<SubscriptionId> {
+        let ids: Vec<SubscriptionId> = self
+            .subs
+            .values()
+            .filter(|s| &s.session == session)
+            .map(|s| s.id.clone())
+            .collect();
+        for id in &ids {
+            self.subs.remove(id.as_str());
+        }
+        ids
+    }
+
+    /// Whether a subscription would deliver `rec` (filter + visibility + own-events rule).
+    pub fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
+        admits(sub, rec, reg)
+    }
+}
+
+fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
+    let viewer = Viewer {
+        participant: &sub.participant,
+        kind: sub.participant_type,
+        agent: sub.agent.as_ref(),
+        policy: &sub.policy,
+    };
+    if !can_see_event(
+        &viewer,
+        rec.kind.as_str(),
+        &rec.audience,
+        rec.keys.agent_id.as_ref(),
+        reg,
+    ) {
+        return false;
+    }
+    if sub.exclude_own {
+        if let Some(src) = rec.source.as_deref() {
+            if src == sub.participant.as_str() || reg.is_owned_by(src, sub.participant.as_str()) {
+                return false;
+            }
+        }
+    }
+    sub.filter.matches(rec, |agent| {
+        reg.get(agent).and_then(|r| r.agent.environment.as_ref())
+    })
+}
+
+/// Offers `rec` (which must be at `sub.cursor`) to `sub`.
+fn offer(sub: &mut Subscription, rec: &Arc<EventRecord>, log: &EventLog, reg: &Registry) -> Offer {
+    if !admits(sub, rec, reg) {
+        sub.cursor = rec.seq + 1;
+        return Offer::Advanced;
+    }
+    if !sub.has_credit() {
+        return Offer::Full;
+    }
+    let delivery = Delivery {
+        subscription: sub.id.clone(),
+        sequence: sub.sequence + 1,
+        record: rec.clone(),
+        caused_by: delivered_causes(sub, rec, log, reg),
+    };
+    match push(&sub.outbox, Outbound::Event(delivery)) {
+        Ok(()) => {
+            sub.sequence += 1;
+            sub.cursor = rec.seq + 1;
+            Offer::Advanced
+        }
+        Err(PushError::Full(_)) => Offer::Full,
+        Err(PushError::Closed(_)) => Offer::Gone,
+    }
+}
+
+/// Tries to queue; on a full queue requests a wake-up and tries once more (see `outbox`).
+pub(crate) fn push(outbox: &Outbox, item: Outbound) -> Result<(), PushError> {
+    match outbox.try_push(item) {
+        Err(PushError::Full(item)) => {
+            outbox.request_wakeup();
+            outbox.try_push(item)
+        }
+        other => other,
+    }
+}
+
+/// The envelope `causedBy`: only causes this subscription was shown (a cause it never saw would
+/// make a client-side causal buffer wait for nothing).
+fn delivered_causes(
+    sub: &Subscription,
+    rec: &EventRecord,
+    log: &EventLog,
+    reg: &Registry,
+) -> CausedBy {
+    if rec.caused_by.is_empty() {
+        return CausedBy::None;
+    }
+    let seen: Vec<_> = rec
+        .caused_by
+        .iter()
+        .copied()
+        .filter(|id| {
+            log.find(*id)
+                .is_some_and(|cause| cause.seq >= sub.start && admits(sub, cause, reg))
+        })
+        .collect();
+    if seen.is_empty() {
+        CausedBy::None
+    } else if seen.len() == rec.caused_by.len() {
+        CausedBy::All
+    } else {
+        CausedBy::Some(seen)
+    }
+}
+
+enum Overflowed {
+    /// The notice is queued and the cursor moved past the gap (for `skip`: to live).
+    Queued,
+    /// The outbox is full; try again later.
+    NoRoom,
+}
+
+/// Queues the overflow notice for a cursor older than everything retained, and moves the
+/// cursor: to live (`skip`) or nowhere (`close`, the caller removes the subscription).
+fn overflow(sub: &mut Subscription, log: &EventLog) -> Overflowed {
+    let resume = log.next_seq();
+    let lost = resume.saturating_sub(sub.cursor);
+    let data = SubscriptionOverflowData {
+        subscription_id: sub.id.clone(),
+        events_dropped: lost,
+        resumes_at: None,
+        recommendation: match sub.overflow {
+            OverflowPolicy::Skip => "events in the gap are no longer retained; this subscription continues with live events; re-read current state (map/agents/list, map/scopes/list)".into(),
+            OverflowPolicy::Close => "events in the gap are no longer retained; this subscription is closed; re-read current state and subscribe again".into(),
+        },
+        policy: Some(match sub.overflow {
+            OverflowPolicy::Skip => "skip".into(),
+            OverflowPolicy::Close => "close".into(),
+        }),
+    };
+    let json = serde_json::to_string(&data).unwrap_or_else(|_| "{}".into());
+    let rec = Arc::new(EventRecord::synthetic(
+        EventType::SubscriptionOverflow,
+        json,
+        Audience::Everyone,
+    ));
+    let delivery = Delivery {
+        subscription: sub.id.clone(),
+        sequence: sub.sequence + 1,
+        record: rec,
+        caused_by: CausedBy::None,
+    };
+    match push(&sub.outbox, Outbound::Event(delivery)) {
+        Ok(()) => {
+            sub.sequence += 1;
+            sub.cursor = resume;
+            Overflowed::Queued
+        }
+        Err(_) => Overflowed::NoRoom,
+    }
+}

@@ -1,0 +1,255 @@
+//! [`RouterHandle`]: the cheap, cloneable handle everyone outside the router task holds. It
+//! sends [`Command`]s, runs operations on the router task and returns their results, and waits
+//! (bounded) for the durable store to commit what a call appended, when the caller must not
+//! answer before that. [`Router::start`] builds the router task and its first handle.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::protocol::capabilities::Capability;
+use crate::protocol::ids::EventId;
+use crate::router::agents::supervised::{ProcessControl, Supervision};
+use crate::router::caller::Ctx;
+use crate::router::config::{Durability, RouterConfig};
+use crate::router::core::{Command, Op, Router, RouterParts, RouterStats};
+use crate::router::error::RouterError;
+use crate::router::events::bus::{DiskAccess, DiskRows, RowsBack};
+use crate::router::events::log::EventLog;
+use crate::router::ids::ConnId;
+
+/// A cheap, cloneable handle to the router task.
+#[derive(Debug, Clone)]
+pub struct RouterHandle {
+    tx: mpsc::Sender<Command>,
+    next_conn: Arc<AtomicU64>,
+    config: Arc<RouterConfig>,
+    /// Store durability progress, when calls wait for it.
+    committed: Option<tokio::sync::watch::Receiver<u64>>,
+    /// The durable store, for reads that must not go through the router task.
+    store: Option<Arc<dyn crate::store::EventStore>>,
+}
+
+impl RouterHandle {
+    /// A fresh connection id.
+    pub fn new_conn_id(&self) -> ConnId {
+        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The router's configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// The durable event store, if the log is durable.
+    pub fn store(&self) -> Option<Arc<dyn crate::store::EventStore>> {
+        self.store.clone()
+    }
+
+    /// Sends a command, waiting for room in the channel.
+    ///
+    /// # Errors
+    /// `RouterError::Unavailable` when the router has stopped.
+    pub async fn send(&self, cmd: Command) -> Result<(), RouterError> {
+        self.tx
+            .send(cmd)
+            .await
+            .map_err(|_| RouterError::Unavailable)
+    }
+
+    /// Runs `f` on the router task and returns its result, with no connection context (for
+    /// the supervisor and other router-side components).
+    ///
+    /// # Errors
+    /// `Unavailable` when the router has stopped.
+    pub async fn with<R, F>(&self, f: F) -> Result<R, RouterError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Router) -> R + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let op: Op = Box::new(move |router: &mut Router| {
+            let _ = tx.send(f(router));
+        });
+        self.send(Command::Call(op)).await?;
+        rx.await.map_err(|_| RouterError::Unavailable)
+    }
+
+    /// A snapshot of the router's sizes (for health checks, metrics and tests).
+    ///
+    /// # Errors
+    /// `Unavailable` when the router has stopped.
+    pub async fn stats(&self) -> Result<RouterStats, RouterError> {
+        self.with(|r| RouterStats {
+            connections: r.conns.len(),
+            sessions: r.sessions.len(),
+            agents: r.registry.len(),
+            subscriptions: r.bus.len(),
+            log_events: r.bus.log.len(),
+            next_seq: r.bus.log.next_seq(),
+        })
+        .await
+    }
+
+    /// Runs `f` on the router task for `conn`, waits (bounded) until the store has committed
+    /// what it appended (when calls wait for commits), and returns its result. The capability,
+    /// when given, is checked first against the connection's session.
+    ///
+    /// # Errors
+    /// The operation's own error, `NotConnected`, `PermissionDenied`, `NotDurable` (4000) when
+    /// the commit does not come in time, or `Unavailable`.
+    pub async fn call<R, F>(
+        &self,
+        conn: ConnId,
+        capability: Option<Capability>,
+        needs_session: bool,
+        f: F,
+    ) -> Result<R, RouterError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Router, &Ctx) -> Result<R, RouterError> + Send + 'static,
+    {
+        let (result, commit) = self
+            .call_deferred(conn, capability, needs_session, Vec::new(), f)
+            .await?;
+        if let Some(until) = commit {
+            self.wait_committed(until).await?;
+        }
+        Ok(result)
+    }
+
+    /// Runs `f` on the router task for `conn` without waiting for the store: returns its result
+    /// and, when it appended events and calls wait for commits, the log position that must be
+    /// committed before the answer may be sent (the method table decides how: see
+    /// `dispatch::Answer`). `causes` are the event ids the call declared
+    /// (`params._meta.causedBy`): its events without a cause of their own get them (ids the
+    /// router has not issued yet are dropped).
+    ///
+    /// # Errors
+    /// The operation's own error, `NotConnected`, `PermissionDenied`, or `Unavailable`.
+    pub async fn call_deferred<R, F>(
+        &self,
+        conn: ConnId,
+        capability: Option<Capability>,
+        needs_session: bool,
+        causes: Vec<EventId>,
+        f: F,
+    ) -> Result<(R, Option<u64>), RouterError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Router, &Ctx) -> Result<R, RouterError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let op: Op = Box::new(move |router: &mut Router| {
+            let ctx = Ctx { conn };
+            let before = router.bus.log.next_seq();
+            let newest = router.bus.log.newest_id();
+            router.call_causes = causes
+                .into_iter()
+                .filter(|c| newest.is_some_and(|n| *c <= n))
+                .collect();
+            let result = router
+                .check_call(&ctx, capability, needs_session)
+                .and_then(|()| f(router, &ctx));
+            router.call_causes.clear();
+            let after = router.bus.log.next_seq();
+            let _ = tx.send((result, (after > before).then_some(after)));
+        });
+        self.send(Command::Call(op)).await?;
+        let (result, appended_to) = rx.await.map_err(|_| RouterError::Unavailable)?;
+        let result = result?;
+        let commit = appended_to.filter(|_| self.committed.is_some());
+        Ok((result, commit))
+    }
+
+    /// The store's commit progress and the commit timeout, when calls wait for commits.
+    pub(crate) fn commit_progress(&self) -> Option<(tokio::sync::watch::Receiver<u64>, Duration)> {
+        self.committed
+            .clone()
+            .map(|c| (c, self.config.commit_timeout))
+    }
+
+    /// Waits (bounded by the commit timeout) until every event below `until` is committed;
+    /// at once when calls do not wait for commits.
+    ///
+    /// # Errors
+    /// `NotDurable` (4000) when the commit does not come in time or the store has stopped.
+    pub async fn wait_committed(&self, until: u64) -> Result<(), RouterError> {
+        let Some(mut committed) = self.committed.clone() else {
+            return Ok(());
+        };
+        let limit = self.config.commit_timeout;
+        let reached = tokio::time::timeout(limit, committed.wait_for(|c| *c >= until))
+            .await
+            .map(|r| r.is_ok());
+        match reached {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(RouterError::not_committed(true, limit)),
+            Err(_) => Err(RouterError::not_committed(false, limit)),
+        }
+    }
+}
+
+impl Router {
+    /// Starts the router task and returns its handle.
+    pub fn spawn(config: RouterConfig) -> (RouterHandle, tokio::task::JoinHandle<()>) {
+        Self::spawn_with(config, None)
+    }
+
+    /// Starts the router task with a channel to a process supervisor.
+    pub fn spawn_with(
+        config: RouterConfig,
+        process_control: Option<mpsc::Sender<ProcessControl>>,
+    ) -> (RouterHandle, tokio::task::JoinHandle<()>) {
+        Self::start(
+            config,
+            RouterParts {
+                process_control,
+                store: None,
+            },
+        )
+    }
+
+    /// Starts the router task with its collaborators (supervisor channel, durable store).
+    pub fn start(
+        config: RouterConfig,
+        parts: RouterParts,
+    ) -> (RouterHandle, tokio::task::JoinHandle<()>) {
+        let config = Arc::new(config);
+        let (tx, rx) = mpsc::channel(config.command_queue.max(1));
+        let mut router = Router::new(config.clone());
+        router.supervised = Supervision::new(parts.process_control);
+        let mut committed = None;
+        let handle_store = parts.store.as_ref().map(|(s, _)| s.clone());
+        if let Some((store, recovered)) = parts.store {
+            router.bus.log = EventLog::recover(config.retention, &recovered);
+            if config.durability == Durability::Durable {
+                committed = Some(store.committed());
+            }
+            router.store = Some(store.clone());
+            let commands = tx.downgrade();
+            let rows_back: RowsBack = Arc::new(move |rows: DiskRows| {
+                let commands = commands.clone();
+                Box::pin(async move {
+                    if let Some(tx) = commands.upgrade() {
+                        let _ = tx.send(Command::DiskRows(rows)).await;
+                    }
+                })
+            });
+            router.bus.set_disk(DiskAccess { store, rows_back });
+        }
+        let task = tokio::spawn(router.run(rx));
+        (
+            RouterHandle {
+                tx,
+                next_conn: Arc::new(AtomicU64::new(1)),
+                committed,
+                store: handle_store,
+                config,
+            },
+            task,
+        )
+    }
+}

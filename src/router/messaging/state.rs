@@ -1,0 +1,150 @@
+//! [`Messaging`]: what the message handlers keep between calls: messages kept for agents that
+//! are away (`meta.delivery` acknowledged or guaranteed), bounded per agent, and an index of
+//! recent deliveries that links a reply to the request it answers. The handlers are in
+//! [`super::ops`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use crate::protocol::ids::{AgentId, EventId, MessageId};
+use crate::router::events::log::{Audience, FilterKeys};
+
+/// Most messages kept for one agent while it is away.
+pub const MAX_OFFLINE_MESSAGES: usize = 1000;
+
+/// A sent message, with what its later delivery events need (kept while a recipient is away).
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub(crate) id: MessageId,
+    pub(crate) correlation: Option<String>,
+    pub(crate) from: Arc<str>,
+    pub(crate) to: serde_json::Value,
+    pub(crate) timestamp: u64,
+    pub(crate) delivered_correlation: Option<String>,
+    pub(crate) payload_json: Option<Box<RawValue>>,
+    pub(crate) message_json: Box<RawValue>,
+    pub(crate) frame: Arc<str>,
+    pub(crate) sent: EventId,
+    pub(crate) keys: FilterKeys,
+    pub(crate) audience: Audience,
+}
+
+/// How many recent deliveries are remembered for linking replies to requests.
+const DELIVERY_INDEX_CAP: usize = 16_384;
+
+/// Recent deliveries, so a reply (`meta.isResult` with the request's `correlationId`) can name
+/// the delivery of the request it answers as its cause. Bounded: the oldest messages are
+/// forgotten once more than [`DELIVERY_INDEX_CAP`] deliveries are remembered.
+///
+/// One entry per message (its recipients in a short list), not one per delivery: a scope send
+/// to K agents costs one map insertion and K pushes instead of K insertions, K removals and 2K
+/// string copies (this index was 7 % of the router's time in the fan-out benchmark,
+/// docs/performance.md).
+#[derive(Debug, Default)]
+pub(crate) struct DeliveryIndex {
+    by_message: HashMap<MessageId, Vec<(Box<str>, EventId)>>,
+    by_correlation: HashMap<String, MessageId>,
+    /// Messages oldest first, with their correlation id.
+    order: std::collections::VecDeque<(MessageId, Option<String>)>,
+    /// Deliveries remembered in `by_message`.
+    deliveries: usize,
+}
+
+impl DeliveryIndex {
+    pub(crate) fn record(
+        &mut self,
+        message: &MessageId,
+        recipient: &str,
+        correlation: Option<&str>,
+        event: EventId,
+    ) {
+        while self.deliveries >= DELIVERY_INDEX_CAP {
+            let Some((m, c)) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(list) = self.by_message.remove(&m) {
+                self.deliveries -= list.len();
+            }
+            if let Some(c) = c {
+                if self.by_correlation.get(&c) == Some(&m) {
+                    self.by_correlation.remove(&c);
+                }
+            }
+        }
+        let list = match self.by_message.get_mut(message) {
+            Some(list) => list,
+            None => {
+                if let Some(c) = correlation {
+                    self.by_correlation.insert(c.to_owned(), message.clone());
+                }
+                self.order
+                    .push_back((message.clone(), correlation.map(str::to_owned)));
+                self.by_message.entry(message.clone()).or_default()
+            }
+        };
+        list.push((recipient.into(), event));
+        self.deliveries += 1;
+    }
+
+    /// The delivery to `replier` of the request that `correlation` names (a correlation id,
+    /// or the request's message id, as the SDK's `reply()` uses when there was none).
+    pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
+        let message = self
+            .by_correlation
+            .get(correlation)
+            .cloned()
+            .unwrap_or_else(|| MessageId::from(correlation));
+        self.by_message
+            .get(&message)?
+            .iter()
+            .rev()
+            .find(|(r, _)| &**r == replier)
+            .map(|(_, e)| *e)
+    }
+}
+
+/// The messaging part of the router's state.
+#[derive(Debug, Default)]
+pub(crate) struct Messaging {
+    /// Messages kept for agents that are away, oldest first.
+    offline: HashMap<AgentId, VecDeque<Arc<Outgoing>>>,
+    /// Recent deliveries, for linking a reply to the request it answers.
+    deliveries: DeliveryIndex,
+}
+
+impl Messaging {
+    /// Keeps `out` for `agent` until it is back.
+    ///
+    /// # Errors
+    /// The reason to report when the agent's queue is full ([`MAX_OFFLINE_MESSAGES`]).
+    pub(crate) fn keep(
+        &mut self,
+        agent: &AgentId,
+        out: &Arc<Outgoing>,
+    ) -> Result<(), &'static str> {
+        let queue = self.offline.entry(agent.clone()).or_default();
+        if queue.len() >= MAX_OFFLINE_MESSAGES {
+            return Err("recipient_offline_queue_full");
+        }
+        queue.push_back(out.clone());
+        Ok(())
+    }
+
+    /// Takes what was kept for `agent`, oldest first.
+    pub(crate) fn take_kept(&mut self, agent: &AgentId) -> Option<VecDeque<Arc<Outgoing>>> {
+        self.offline.remove(agent)
+    }
+
+    /// Remembers that `out` was delivered to `recipient` by event `delivered`.
+    pub(crate) fn record_delivery(&mut self, out: &Outgoing, recipient: &str, delivered: EventId) {
+        self.deliveries
+            .record(&out.id, recipient, out.correlation.as_deref(), delivered);
+    }
+
+    /// The delivery to `replier` of the request that `correlation` names.
+    pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
+        self.deliveries.request_delivery(correlation, replier)
+    }
+}
