@@ -261,8 +261,11 @@ fn inline_modules(code: &str) -> Vec<(String, usize, usize)> {
     out
 }
 
-/// The paths a file names: `use` trees and inline `crate::`/`super::`/`self::` paths.
-fn named_paths(code: &str) -> Vec<Named> {
+/// The paths a file names: `use` trees and inline `crate::`/`super::`/`self::` paths, and
+/// paths that start with the name of one of the file's own child modules (`children`: in a
+/// `mod.rs`, `use driver::Command` names the child `driver`), which are rewritten as
+/// `self::…`.
+fn named_paths(code: &str, children: &[String]) -> Vec<Named> {
     let line_of = |at: usize| code[..at].matches('\n').count() + 1;
     let mods = inline_modules(code);
     let inline_at = |at: usize| -> Vec<String> {
@@ -288,15 +291,25 @@ fn named_paths(code: &str) -> Vec<Named> {
         use_spans.push((start, start + end));
         let tree = &code[start + 4..start + end];
         at = start + end;
-        if !(tree.trim_start().starts_with("crate")
-            || tree.trim_start().starts_with("super")
-            || tree.trim_start().starts_with("self"))
+        let first = tree
+            .trim_start()
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or("");
+        if !(first == "crate"
+            || first == "super"
+            || first == "self"
+            || children.iter().any(|c| c == first))
         {
             continue;
         }
         for p in expand(tree) {
+            let mut path: Vec<String> = p.split("::").map(str::to_owned).collect();
+            if children.iter().any(|c| *c == path[0]) {
+                path.insert(0, "self".to_owned());
+            }
             out.push(Named {
-                path: p.split("::").map(str::to_owned).collect(),
+                path,
                 inline: inline_at(start),
                 line: line_of(start),
                 text: format!("use {};", tree.trim()),
@@ -305,7 +318,12 @@ fn named_paths(code: &str) -> Vec<Named> {
     }
     // Paths in code.
     let bytes = code.as_bytes();
-    for root in ["crate::", "super::", "self::"] {
+    let child_roots: Vec<String> = children.iter().map(|c| format!("{c}::")).collect();
+    let roots: Vec<&str> = ["crate::", "super::", "self::"]
+        .into_iter()
+        .chain(child_roots.iter().map(String::as_str))
+        .collect();
+    for root in roots {
         let mut at = 0;
         while let Some(n) = code[at..].find(root) {
             let start = at + n;
@@ -327,8 +345,12 @@ fn named_paths(code: &str) -> Vec<Named> {
                 end += 1;
             }
             let path = code[start..end].trim_end_matches(':');
+            let mut segs: Vec<String> = path.split("::").map(str::to_owned).collect();
+            if !matches!(segs[0].as_str(), "crate" | "super" | "self") {
+                segs.insert(0, "self".to_owned());
+            }
             out.push(Named {
-                path: path.split("::").map(str::to_owned).collect(),
+                path: segs,
                 inline: inline_at(start),
                 line: line_of(start),
                 text: path.to_owned(),
@@ -405,7 +427,17 @@ fn edges() -> Vec<Edge> {
         let text = std::fs::read_to_string(src().join(file)).unwrap();
         let code = code_only(&text);
         let module = module_of(file);
-        for named in named_paths(&code) {
+        // Only a `mod.rs` (or a root file) has child modules in files.
+        let children: Vec<String> = if file.ends_with("mod.rs") || file.iter().count() == 1 {
+            modules
+                .keys()
+                .filter(|m| m.len() == module.len() + 1 && m.starts_with(&module))
+                .map(|m| m[module.len()].clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for named in named_paths(&code, &children) {
             let mut here = module.clone();
             here.extend(named.inline.iter().cloned());
             let Some(to) = resolve(&here, &named.path, &modules) else {
@@ -561,7 +593,7 @@ fn the_checker_reads_use_trees_and_ignores_comments_and_strings() {
         ]
     );
     let code = code_only("let s = \"crate::x::y\"; // use crate::z;\nuse super::w; let c = '\"';");
-    let paths: Vec<String> = named_paths(&code)
+    let paths: Vec<String> = named_paths(&code, &[])
         .into_iter()
         .map(|n| n.path.join("::"))
         .collect();

@@ -19,18 +19,36 @@ use std::process::{ExitCode, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use clap::Args;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::process::Child;
 use tokio::sync::oneshot;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use crate::cli::connect_failure;
-use crate::cli::AgentArgs;
-use crate::cli::Failure;
+use crate::cli::common::connect_failure;
+use crate::cli::common::{Failure, UrlArgs};
 use crate::client::transport::{Link, WsEndpoint, MAX_INBOUND_FRAME};
 use crate::transport::connection::InFrame;
 use crate::transport::ndjson::NdjsonCodec;
+
+/// `map-router agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    url: UrlArgs,
+    /// Agent name: exported as MAP_AGENT_NAME and filled into `map/connect` and
+    /// `map/agents/register` when the program leaves `name` out.
+    #[arg(long)]
+    name: Option<String>,
+    /// Agent role: exported as MAP_AGENT_ROLE and filled into `map/agents/register` when the
+    /// program leaves `role` out.
+    #[arg(long)]
+    role: Option<String>,
+    /// The program and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
 
 /// How long the program gets to exit after its stdin is closed, before it is killed.
 pub const EXIT_GRACE: Duration = Duration::from_secs(5);

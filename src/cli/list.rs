@@ -5,15 +5,15 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::Value;
 
-use crate::cli::connect;
-use crate::cli::fail;
+use crate::cli::common::connect;
+use crate::cli::common::fail;
+use crate::cli::common::leave;
+use crate::cli::common::one_shot;
+use crate::cli::common::pretty;
+use crate::cli::common::print_line;
+use crate::cli::common::Failure;
+use crate::cli::common::UrlArgs;
 use crate::cli::format;
-use crate::cli::leave;
-use crate::cli::one_shot;
-use crate::cli::pretty;
-use crate::cli::print_line;
-use crate::cli::Failure;
-use crate::cli::UrlArgs;
 use crate::client::{ClientError, ClientOptions};
 
 /// `map-router agents` and `map-router scopes`.

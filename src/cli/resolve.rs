@@ -17,9 +17,9 @@
 
 use serde_json::Value;
 
-use crate::cli::describe;
+use crate::cli::common::describe;
+use crate::cli::common::Failure;
 use crate::cli::format;
-use crate::cli::Failure;
 use crate::client::{Client, ClientError};
 use crate::protocol::agent::Agent;
 use crate::protocol::ids::AgentId;

@@ -13,14 +13,14 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::cli::connect;
-use crate::cli::fail;
-use crate::cli::one_shot;
-use crate::cli::pretty;
-use crate::cli::print_line;
+use crate::cli::common::connect;
+use crate::cli::common::fail;
+use crate::cli::common::one_shot;
+use crate::cli::common::pretty;
+use crate::cli::common::print_line;
+use crate::cli::common::Failure;
+use crate::cli::common::UrlArgs;
 use crate::cli::resolve;
-use crate::cli::Failure;
-use crate::cli::UrlArgs;
 use crate::client::ClientOptions;
 use crate::protocol::methods::agents::{
     CommandSpec, RegisterParams, RestartMode, RestartPolicy, SpawnParams,

@@ -3,149 +3,24 @@
 //!
 //! The routing of incoming messages is documented on [`AgentHandle`].
 
-use std::collections::VecDeque;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::client::driver::Internal;
-use crate::client::Client;
-use crate::client::ClientError;
+use crate::client::command::{Command, Internal};
+use crate::client::error::ClientError;
+use crate::client::handle::Client;
+use crate::client::inbox::{Inbox, Messages};
 use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::ids::AgentId;
 use crate::protocol::message::Message;
-use crate::protocol::methods::agents::{SpawnParams, SpawnResult, UpdateParams};
+use crate::protocol::methods::agents::{RegisterParams, SpawnParams, SpawnResult, UpdateParams};
 use crate::protocol::methods::messaging::SendResult;
-
-/// A bounded message queue filled by the driver and read by one [`Messages`] stream.
-#[derive(Debug)]
-pub(crate) struct Inbox {
-    state: Mutex<InboxQueue>,
-    capacity: usize,
-    dropped: AtomicU64,
-    /// A name for log lines (the agent id, or `client`).
-    label: String,
-}
-
-#[derive(Debug)]
-struct InboxQueue {
-    buf: VecDeque<Message>,
-    waker: Option<Waker>,
-    taken: bool,
-    ended: bool,
-}
-
-impl Inbox {
-    pub fn new(capacity: usize, label: impl Into<String>) -> Arc<Self> {
-        Arc::new(Self {
-            state: Mutex::new(InboxQueue {
-                buf: VecDeque::new(),
-                waker: None,
-                taken: false,
-                ended: false,
-            }),
-            capacity: capacity.max(1),
-            dropped: AtomicU64::new(0),
-            label: label.into(),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, InboxQueue> {
-        // Critical sections are a few field updates; a poisoned lock is still consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Queues a message, or drops it (logged and counted) when the inbox is full.
-    pub fn push(&self, message: Message) {
-        let mut q = self.lock();
-        if q.ended {
-            return;
-        }
-        if q.buf.len() >= self.capacity {
-            drop(q);
-            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if n == 1 || n.is_power_of_two() {
-                tracing::warn!(
-                    inbox = %self.label,
-                    dropped = n,
-                    message = %message.id,
-                    "message inbox full: message dropped (read the inbox faster or raise message_buffer)"
-                );
-            }
-            return;
-        }
-        q.buf.push_back(message);
-        if let Some(w) = q.waker.take() {
-            w.wake();
-        }
-    }
-
-    /// Ends the stream after the queued messages.
-    pub fn end(&self) {
-        let mut q = self.lock();
-        q.ended = true;
-        if let Some(w) = q.waker.take() {
-            w.wake();
-        }
-    }
-
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// The one stream over this inbox; `None` when it was already taken.
-    pub fn take(self: &Arc<Self>) -> Option<Messages> {
-        let mut q = self.lock();
-        if q.taken {
-            return None;
-        }
-        q.taken = true;
-        Some(Messages {
-            inbox: Some(self.clone()),
-        })
-    }
-}
-
-/// A stream of [`Message`]s delivered to an agent (or, from [`Client::messages`], to the
-/// connection). Ends when the client closes or the agent handle is dropped or unregistered.
-#[derive(Debug)]
-pub struct Messages {
-    inbox: Option<Arc<Inbox>>,
-}
-
-impl Messages {
-    /// A stream that has already ended (returned when the inbox was taken before).
-    pub(crate) fn ended() -> Self {
-        Self { inbox: None }
-    }
-}
-
-impl Stream for Messages {
-    type Item = Message;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Message>> {
-        let Some(inbox) = &self.inbox else {
-            return Poll::Ready(None);
-        };
-        let mut q = inbox.lock();
-        if let Some(m) = q.buf.pop_front() {
-            return Poll::Ready(Some(m));
-        }
-        if q.ended {
-            return Poll::Ready(None);
-        }
-        q.waker = Some(cx.waker().clone());
-        Poll::Pending
-    }
-}
 
 /// A registered agent, from [`Client::register`].
 ///
@@ -354,195 +229,37 @@ impl AgentHandle {
     }
 }
 
-/// What a control message from the router asks an agent to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ControlAction {
-    /// `map/agents/stop`: finish up and stop.
-    Stop,
-    /// `map/agents/suspend`: pause work until resumed.
-    Suspend,
-    /// `map/agents/resume`: continue.
-    Resume,
-    /// A control word this client does not know.
-    Other(String),
-}
-
-/// A control message: `{from: "system", payload: {control, agentId, reason?, force?}}`, sent by
-/// the router when someone stops, suspends or resumes the agent.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Control {
-    /// What to do.
-    pub action: ControlAction,
-    /// The agent it is about.
-    pub agent_id: Option<AgentId>,
-    /// Why, as given by the caller.
-    pub reason: Option<String>,
-    /// For stop: the router already stopped the agent.
-    pub force: bool,
-}
-
-/// Content injected with `map/inject`: `{from: "system", meta: {_meta: {inject: {...}}}}`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Injection {
-    /// `queue`, `steer`, `interrupt` or `best-effort`.
-    pub delivery: String,
-    /// Who injected it (agent or participant id).
-    pub injected_by: Option<String>,
-    /// `interrupt` delivery: abandon the current step.
-    pub interrupt: bool,
-    /// The injected content (the message payload).
-    pub content: Value,
-}
-
-/// Helpers to recognise special messages.
-///
-/// ```
-/// use map_router::client::{ControlAction, MessageExt};
-/// use map_router::protocol::message::Message;
-///
-/// let m: Message = serde_json::from_value(serde_json::json!({
-///     "id": "m1", "from": "system", "to": {"agent": "a1"}, "timestamp": 0,
-///     "payload": {"control": "stop", "agentId": "a1", "reason": "done"}
-/// })).unwrap();
-/// assert_eq!(m.control().unwrap().action, ControlAction::Stop);
-/// assert!(m.injection().is_none());
-/// ```
-pub trait MessageExt {
-    /// The control request, when this is a control message from the router.
-    fn control(&self) -> Option<Control>;
-    /// The injection, when this is content injected with `map/inject`.
-    fn injection(&self) -> Option<Injection>;
-    /// `meta.isResult == true`: a reply to a request.
-    fn is_reply(&self) -> bool;
-}
-
-impl MessageExt for Message {
-    fn control(&self) -> Option<Control> {
-        if self.from != "system" {
-            return None;
-        }
-        let payload = self.payload.as_ref()?.as_object()?;
-        let word = payload.get("control")?.as_str()?;
-        let action = match word {
-            "stop" => ControlAction::Stop,
-            "suspend" => ControlAction::Suspend,
-            "resume" => ControlAction::Resume,
-            other => ControlAction::Other(other.to_owned()),
-        };
-        Some(Control {
-            action,
-            agent_id: payload
-                .get("agentId")
-                .and_then(Value::as_str)
-                .map(AgentId::from),
-            reason: payload
-                .get("reason")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            force: payload
-                .get("force")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-        })
+impl Client {
+    /// Messages delivered to this connection that no [`AgentHandle`] takes (see
+    /// [`AgentHandle`]'s docs for the routing). One stream per client: a second call returns an
+    /// ended stream.
+    pub fn messages(&self) -> Messages {
+        self.inner
+            .shared
+            .unclaimed
+            .take()
+            .unwrap_or_else(Messages::ended)
     }
 
-    fn injection(&self) -> Option<Injection> {
-        if self.from != "system" {
-            return None;
-        }
-        let inject = self
-            .meta
-            .as_ref()?
-            .get("_meta")?
-            .get("inject")?
-            .as_object()?;
-        Some(Injection {
-            delivery: inject
-                .get("delivery")
-                .and_then(Value::as_str)
-                .unwrap_or("queue")
-                .to_owned(),
-            injected_by: inject
-                .get("injectedBy")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            interrupt: inject
-                .get("interrupt")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            content: self.payload.clone().unwrap_or(Value::Null),
-        })
-    }
-
-    fn is_reply(&self) -> bool {
-        self.meta
-            .as_ref()
-            .and_then(|m| m.get("isResult"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-    }
-}
-
-/// The agent ids a `to` address names explicitly, or `None` for group addresses.
-pub(crate) fn explicit_agents(to: &Value) -> Option<Vec<&str>> {
-    match to {
-        Value::String(s) if s.starts_with("scope:") => None,
-        Value::String(s) => Some(vec![s.strip_prefix("agent:").unwrap_or(s)]),
-        Value::Object(o) if o.get("system").is_none() => {
-            if let Some(a) = o.get("agent").and_then(Value::as_str) {
-                Some(vec![a])
-            } else {
-                o.get("agents")
-                    .and_then(Value::as_array)
-                    .map(|list| list.iter().filter_map(Value::as_str).collect())
-            }
-        }
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn msg(v: Value) -> Message {
-        serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn injections_and_replies_are_recognised() {
-        let m = msg(
-            json!({"id": "m", "from": "system", "to": {"agent": "a"}, "timestamp": 1,
-            "payload": {"hint": "x"},
-            "meta": {"priority": "urgent", "_meta": {"inject": {"delivery": "interrupt", "injectedBy": "boss", "interrupt": true}}}}),
-        );
-        let i = m.injection().unwrap();
-        assert_eq!(i.delivery, "interrupt");
-        assert!(i.interrupt);
-        assert_eq!(i.injected_by.as_deref(), Some("boss"));
-        assert_eq!(i.content, json!({"hint": "x"}));
-        assert!(m.control().is_none());
-        let r = msg(
-            json!({"id": "r", "from": "a", "to": {"agent": "b"}, "timestamp": 1,
-            "meta": {"isResult": true, "correlationId": "c"}}),
-        );
-        assert!(r.is_reply());
-        assert!(r.injection().is_none());
-    }
-
-    #[test]
-    fn explicit_addresses_name_agents() {
-        assert_eq!(explicit_agents(&json!("a")), Some(vec!["a"]));
-        assert_eq!(explicit_agents(&json!("agent:a")), Some(vec!["a"]));
-        assert_eq!(explicit_agents(&json!({"agent": "a"})), Some(vec!["a"]));
-        assert_eq!(
-            explicit_agents(&json!({"agents": ["a", "b"]})),
-            Some(vec!["a", "b"])
-        );
-        assert_eq!(explicit_agents(&json!({"scope": "s"})), None);
-        assert_eq!(explicit_agents(&json!("scope:s")), None);
-        assert_eq!(explicit_agents(&json!({"broadcast": true})), None);
+    /// Registers an agent owned by this session and returns its handle, whose inbox receives
+    /// the agent's messages from the moment the registration is answered. Needs
+    /// `lifecycle.canRegister` (connect with [`ClientOptions::agent`]).
+    ///
+    /// If the session cannot be resumed after a reconnect (its token expired), the client
+    /// registers its agents again with the same ids.
+    ///
+    /// # Errors
+    /// As [`Client::call`]: 3000 when the id is taken, 1003 for `client` participants.
+    pub async fn register(&self, params: RegisterParams) -> Result<AgentHandle, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        let (result, inbox) = self
+            .command(Command::Register { params, reply }, rx)
+            .await?;
+        Ok(AgentHandle::new(
+            self.clone(),
+            result.agent,
+            inbox,
+            self.inner.internal_tx.clone(),
+        ))
     }
 }

@@ -27,18 +27,16 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::client::agent::explicit_agents;
-use crate::client::agent::Inbox;
+use crate::client::command::{Command, Internal};
+use crate::client::error::ClientError;
+use crate::client::feed::{EventEnvelope, Offer, SubShared};
+use crate::client::inbox::{explicit_agents, Inbox};
 use crate::client::options::ClientOptions;
 use crate::client::options::ConnectionState;
-use crate::client::subscription::EventEnvelope;
-use crate::client::subscription::Offer;
-use crate::client::subscription::SubShared;
 use crate::client::transport::Connector;
 use crate::client::transport::FrameSink;
 use crate::client::transport::FrameStream;
 use crate::client::transport::Link;
-use crate::client::ClientError;
 use crate::protocol::ids::{now_ms, AgentId, SubscriptionId};
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::Message;
@@ -47,7 +45,7 @@ use crate::protocol::methods::agents::{
 };
 use crate::protocol::methods::auth::{AuthError, AuthErrorCode, AuthRequiredResult};
 use crate::protocol::methods::events::{Subscribe, SubscribeParams, SubscribeResult, Unsubscribe};
-use crate::protocol::methods::messaging::{self, SendParams, SendResult};
+use crate::protocol::methods::messaging::{self, SendResult};
 use crate::protocol::methods::notifications;
 use crate::protocol::methods::session::{
     Connect, ConnectResult, Disconnect, DisconnectParams, DisconnectResult,
@@ -60,56 +58,7 @@ const MAX_QUEUED_FRAMES: usize = 256;
 /// How often abandoned waiters (callers that timed out) are swept.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-type Reply<T> = oneshot::Sender<Result<T, ClientError>>;
-
-/// A request from a handle to the driver.
-pub(crate) enum Command {
-    /// Any method; params and result are JSON text.
-    Call {
-        method: String,
-        params: String,
-        reply: Reply<String>,
-    },
-    /// A notification (no response).
-    Notify { method: String, params: String },
-    /// `map/subscribe`, registering the buffer when the response arrives.
-    Subscribe {
-        params: SubscribeParams,
-        reply: Reply<Arc<SubShared>>,
-    },
-    /// `map/unsubscribe` of a [`Subscription`].
-    Unsubscribe { key: u64, reply: Reply<()> },
-    /// `map/agents/register`, creating the agent's inbox when the response arrives.
-    Register {
-        params: RegisterParams,
-        reply: Reply<(RegisterResult, Arc<Inbox>)>,
-    },
-    /// `map/send` with `expectsResponse`, plus a waiter for the reply.
-    Request {
-        params: SendParams,
-        correlation_id: String,
-        waiter: oneshot::Sender<Message>,
-        reply: Reply<SendResult>,
-    },
-    /// Open a new transport and resume the session.
-    Reconnect { reply: Reply<ConnectResult> },
-    /// Close, after `map/disconnect` when params are given.
-    Close {
-        disconnect: Option<DisconnectParams>,
-        reply: Reply<Option<DisconnectResult>>,
-    },
-}
-
-/// Notifications from handles that cannot await (drops, stream polls).
-#[derive(Debug)]
-pub(crate) enum Internal {
-    /// A [`Subscription`] was dropped.
-    DropSubscription(u64),
-    /// A paused subscription's consumer caught up.
-    ResumeSubscription(u64),
-    /// The last [`AgentHandle`] of an agent was dropped.
-    DropAgent(AgentId),
-}
+use crate::client::command::Reply;
 
 /// What a request in flight is for.
 enum Pending {
@@ -1205,7 +1154,7 @@ impl Driver {
                 }
             },
         };
-        if crate::client::MessageExt::is_reply(&message) {
+        if crate::client::message::MessageExt::is_reply(&message) {
             if let Some(waiter) = message
                 .correlation_id()
                 .and_then(|c| self.waiters.remove(c))

@@ -23,7 +23,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;
 use tokio_tungstenite::tungstenite;
 
-use crate::client::ClientError;
+use crate::client::error::ClientError;
 
 /// What `wss://` connections of one client trust: built once, shared by every reconnect.
 #[derive(Clone)]

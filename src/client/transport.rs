@@ -6,7 +6,8 @@
 //!   taken as `ws://` and `wss://`, so the router's own https URL works as it is.
 //! - stdio ([`spawn_stdio`]): a child process speaking NDJSON on its stdin/stdout
 //!   ([`NdjsonCodec`]); the link owns the child and kills and reaps it when it shuts down.
-//! - in-process ([`in_process`]): the channels of a [`Server`]'s in-process link.
+//! - in-process ([`in_process`]): the channels of an in-process link to a router in this
+//!   program (a `server::Server` opens them).
 //! - anything else that is a `Stream<Item = String>` + `Sink<String>` ([`custom`]).
 
 use std::path::Path;
@@ -24,12 +25,12 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::Connector as TlsConnector;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
+use crate::client::error::ClientError;
 use crate::client::tls;
 use crate::client::tls::TlsFailure;
 use crate::client::tls::Trust;
-use crate::client::ClientError;
-use crate::server::Server;
 use crate::transport::connection::InFrame;
+use crate::transport::in_process::InProcessLinks;
 use crate::transport::ndjson::NdjsonCodec;
 
 /// Largest frame the client reads: a `map/replay` page of 1 000 events can exceed the router's
@@ -261,7 +262,7 @@ pub(crate) fn spawn_stdio(mut command: Command) -> Result<Link, ClientError> {
 }
 
 /// An in-process link to `server` (no socket).
-pub(crate) fn in_process(server: &Server) -> Link {
+pub(crate) fn in_process<S: InProcessLinks + ?Sized>(server: &S) -> Link {
     let link = server.connect_in_process();
     custom(
         link.rx,

@@ -276,3 +276,8 @@ impl Server {
         }
     }
 }
+impl in_process::InProcessLinks for Server {
+    fn connect_in_process(&self) -> InProcessLink {
+        Server::connect_in_process(self)
+    }
+}

@@ -27,6 +27,13 @@ pub struct InProcessLink {
     pub rx: mpsc::Receiver<String>,
 }
 
+/// Something that opens in-process connections to a router (the server does): what
+/// `client::Client::in_process` takes, so that the client needs no server.
+pub trait InProcessLinks {
+    /// Opens one in-process connection.
+    fn connect_in_process(&self) -> InProcessLink;
+}
+
 /// Opens an in-process connection served by a task spawned on the current runtime.
 pub fn connect(ctx: &TransportContext, opts: ConnectionOptions) -> InProcessLink {
     let (client_tx, server_rx) = mpsc::channel::<String>(LINK_CAPACITY);

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::agent::{Agent, AgentRelationship, AgentState, AgentVisibility};
 use crate::protocol::capabilities::{Capability, ParticipantCapabilities};
 use crate::protocol::ids::{AgentId, EventId, MessageId, ParticipantId, ScopeId};
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
 

@@ -7,7 +7,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 use crate::protocol::methods::session::AuthCredentials;
 use crate::protocol::methods::session::ConnectResult;
 use crate::protocol::methods::session::Principal;

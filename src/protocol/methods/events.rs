@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::event::{ReplayedEvent, SubscriptionFilter};
 use crate::protocol::ids::SubscriptionId;
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 
 /// `options` of `map/subscribe`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

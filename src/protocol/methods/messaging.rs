@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::MessageId;
 use crate::protocol::message::MessageMeta;
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 
 /// `map/send` params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

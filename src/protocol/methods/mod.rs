@@ -5,47 +5,17 @@
 //! `docs/compatibility.md`, so SDK clients, the schema and both reference servers' callers find
 //! the fields they read.
 
-use schemars::JsonSchema;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
-use crate::protocol::capabilities::Capability;
-
 pub mod agents;
 pub mod auth;
 pub mod events;
 pub mod messaging;
+pub mod method;
 pub mod permissions;
 pub mod scopes;
 pub mod session;
 pub mod steering;
 
-/// A MAP request method.
-pub trait Method {
-    /// The wire name, e.g. `map/agents/list`.
-    const NAME: &'static str;
-    /// The capability a caller must hold (`meta.json`), if any.
-    const CAPABILITY: Option<Capability>;
-    /// Request params (absent params decode from `{}`).
-    type Params: DeserializeOwned + JsonSchema + Send + 'static;
-    /// Success result.
-    type Result: Serialize + JsonSchema + Send + 'static;
-}
-
-macro_rules! method {
-    ($(#[$m:meta])* $ty:ident, $name:literal, $cap:expr, $params:ty, $result:ty) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy)]
-        pub struct $ty;
-        impl $crate::protocol::methods::Method for $ty {
-            const NAME: &'static str = $name;
-            const CAPABILITY: Option<$crate::protocol::capabilities::Capability> = $cap;
-            type Params = $params;
-            type Result = $result;
-        }
-    };
-}
-pub(crate) use method;
+pub use method::Method;
 
 /// Notification method names.
 pub mod notifications {

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::capabilities::ParticipantCapabilities;
 use crate::protocol::ids::ParticipantId;
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 
 /// `map/permissions/update` params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::{AgentId, EventId, ScopeId};
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 use crate::protocol::scope::{JoinPolicy, Scope, ScopeVisibility, SendPolicy};
 
 /// `map/scopes/list` params.

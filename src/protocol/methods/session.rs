@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 
 /// What to do with a session's agents when it goes away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

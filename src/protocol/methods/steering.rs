@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::{AgentId, MessageId};
-use crate::protocol::methods::method;
+use crate::protocol::methods::method::method;
 
 /// How injected content is delivered (see `docs/steering.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
