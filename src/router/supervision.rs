@@ -259,12 +259,12 @@ impl Router {
         data: &D,
         caused_by: Vec<crate::protocol::ids::EventId>,
     ) -> crate::protocol::ids::EventId {
-        let audience = if super::permissions::agent_exposed(&self.config.permissions, agent.as_str())
-        {
-            super::events::log::Audience::Everyone
-        } else {
-            super::events::log::Audience::System
-        };
+        let audience =
+            if super::permissions::agent_exposed(&self.config.permissions, agent.as_str()) {
+                super::events::log::Audience::Everyone
+            } else {
+                super::events::log::Audience::System
+            };
         self.emit(super::EventDraft {
             kind,
             source,

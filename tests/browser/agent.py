@@ -7,7 +7,7 @@ It connects and registers over stdin/stdout like examples/stdio-agent/agent.py, 
 to STATE and reports usage under the documented convention (`metadata.usage {inputTokens,
 outputTokens, costUsd}`, docs/dashboard.md), records two trajectory checkpoints (ignored where
 the router has no trajectory extension), spawns each CHILD as a supervised process running this
-same script, writes a line to stderr for every message it gets, and exits 0 on the router's
+same script (the lead first creates a scope `team` for itself and its children), writes a line to stderr for every message it gets, and exits 0 on the router's
 stop control message or when stdin closes.
 """
 import json
@@ -44,10 +44,13 @@ for i, label in enumerate(["started", "planned"], start=1):
         "id": f"{agent_id}-cp-{i}", "agentId": agent_id, "label": label,
         "metadata": {"usage": {"inputTokens": tokens_in // 2, "outputTokens": tokens_out // 2, "costUsd": cost / 2}},
     }})
+if children:  # a lead: its team is a scope it and its children are members of
+    send("map/scopes/create", {"scopeId": "team", "name": "team", "sendPolicy": "any"})
+    send("map/scopes/join", {"scopeId": "team", "agentId": agent_id})
 for i in range(0, len(children), 6):
     child_id, role, child_state, c_in, c_out, c_cost = children[i:i + 6]
     send("map/agents/spawn", {
-        "agentId": child_id, "name": child_id, "role": role,
+        "agentId": child_id, "name": child_id, "role": role, "scopes": ["team"],
         "command": {"program": sys.executable, "args": [os.path.abspath(__file__), child_state, c_in, c_out, c_cost]},
     })
 log(f"ready (pid {os.getpid()}, state {state})")

@@ -279,6 +279,8 @@ scenario('dashboard', async (t, browser) => {
       { lead: ['active', null], 'worker-1': ['busy', 'lead'], 'worker-2': ['idle', 'lead'] },
     );
     assert.match(by['worker-1'].text, /restarts 0/);
+    for (const n of nodes) assert.match(n.text, /team/, `${n.id} shows its scope`);
+    await page.locator(`${tid('scope')}[data-scope-id="team"]`, { hasText: '3 members' }).waitFor({ timeout: WAIT_MS });
     assert.equal(await page.textContent(tid('connection-status')), 'live');
     await page.locator(`${tid('history-status')}[data-state="ready"]`).waitFor({ state: 'attached', timeout: WAIT_MS });
     await shot(page, '01-tree');
@@ -323,6 +325,8 @@ scenario('dashboard', async (t, browser) => {
     // Where the router has the trajectory extension, each agent of agent.py records two.
     if (cps.status === 'loaded') assert.deepEqual(cps.ids, ['lead-cp-1', 'lead-cp-2']);
     else assert.equal(cps.status, 'unavailable');
+    await page.locator(tid('flow-message')).first().waitFor({ timeout: WAIT_MS });
+    await shot(page, 'dashboard');
   });
 
   await t.step('steering: suspend, resume and inject from the detail pane', async () => {
@@ -337,7 +341,7 @@ scenario('dashboard', async (t, browser) => {
     await detail.locator(tid('steer-result'), { hasText: 'injected' }).waitFor({ timeout: WAIT_MS });
     await page.locator(`${tid('event-row')}[data-type="agent.injected"]`).waitFor({ timeout: WAIT_MS });
     await until(async () => /got \{"hint": "look at the errors first"\}/.test(await detail.locator(tid('stderr-tail')).textContent()), 'the agent to log the injected content');
-    await shot(page, 'dashboard');
+    await shot(page, '02-steering');
   });
 
   await t.step('a paused stream holds new events and shows each once, in order, on resume', async () => {
@@ -390,7 +394,7 @@ scenario('dashboard', async (t, browser) => {
     assert.deepEqual(Object.fromEntries(nodes.map((n) => [n.id, n.state])), { lead: 'active', 'worker-1': 'busy', 'worker-2': 'idle' });
     const last = (await rows(page)).at(-1);
     assert.equal(last.id, marker.id, 'the past stream ends at the chosen event');
-    await shot(page, '02-past');
+    await shot(page, '03-past');
   });
 
   await t.step('back to live shows what happened meanwhile: every event once, in order', async () => {
@@ -408,7 +412,7 @@ scenario('dashboard', async (t, browser) => {
     const logged = (await peer.history()).filter((e) => e.type === 'message_sent').map((e) => e.id);
     assert.deepEqual(shown, logged.slice(-shown.length), 'the rows are the tail of the log, in order');
     assert.ok(!(await treeNodes(page)).some((n) => n.id === 'worker-2'), 'worker-2 stays gone in the live tree');
-    await shot(page, '03-live');
+    await shot(page, '04-live');
   });
 });
 
@@ -466,7 +470,7 @@ args = ["${AGENT}", "active", "30", "5", "0.003"]
     await page.locator(tid('auth-form')).waitFor({ timeout: WAIT_MS });
     assert.equal(await page.getAttribute(tid('connection-status'), 'data-status'), 'auth required');
     assert.equal(await page.locator(tid('agent-node')).count(), 0);
-    await shot(page, '04-auth');
+    await shot(page, '05-auth');
   });
 
   await t.step('a wrong key is refused with a clear error', async () => {
@@ -502,7 +506,7 @@ args = ["${AGENT}", "active", "30", "5", "0.003"]
     const detail = page.locator(`${tid('agent-detail')}[data-agent-id="public-a"]`);
     await detail.locator(tid('steering-none')).waitFor({ timeout: WAIT_MS });
     assert.equal(await detail.locator(tid('stop')).count(), 0);
-    await shot(page, '05-auth-visible');
+    await shot(page, '06-auth-visible');
   });
 
   await t.step('the key is kept in the tab across a reload', async () => {

@@ -13,8 +13,8 @@
 // above the cursor makes every path free of gaps and duplicates.
 import { ClosedError, MapClient, RpcError, routerUrl } from './client.js';
 import { Model } from './model.js';
-import { collectMessages, fillSelect, nameOf, renderAgentDetail, renderEvents, renderFlow, renderMessageDetail, renderScopes, renderTree } from './views.js';
-import { clock, compareIds, el, replaceChildren } from './util.js';
+import { collectMessages, fillSelect, nameOf, renderAgentDetail, renderEvents, renderFlow, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
+import { clock, compareIds, el } from './util.js';
 
 const params = new URLSearchParams(location.search);
 /** Events a paused stream keeps before it forgets them and reads them again on resume. */
@@ -622,7 +622,7 @@ function render() {
   S.filters = { type: $('filter-type').value, agent: $('filter-agent').value, scope: $('filter-scope').value };
   const stream = $('event-stream');
   stream.dataset.paused = S.paused ? 'true' : 'false';
-  renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model, limit: ROWS, canTravel: S.historyReady }, actions);
+  renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model: past ? model : treeModel, limit: ROWS, canTravel: S.historyReady }, actions);
   const pause = $('pause');
   pause.textContent = S.paused ? 'Resume' : 'Pause';
   pause.setAttribute('aria-pressed', S.paused ? 'true' : 'false');
@@ -638,16 +638,16 @@ function render() {
         : `${S.list.length} events`;
 
   // Flow
-  renderFlow($('message-flow'), collectMessages(events, FLOW_MESSAGES), { model, selectedMessage: S.selected?.kind === 'message' ? S.selected.id : null }, actions);
+  renderFlow($('message-flow'), collectMessages(events, FLOW_MESSAGES), { model: past ? model : treeModel, selectedMessage: S.selected?.kind === 'message' ? S.selected.id : null }, actions);
 
   // Detail
   const detail = $('detail');
   if (S.selected?.kind === 'agent') {
     renderAgentDetail(detail, past ? model : treeModel, S.selected.id, { cp: S.cp, past, caps: S.caps, steer: S.steer, injectForm }, actions);
   } else if (S.selected?.kind === 'message') {
-    renderMessageDetail(detail, S.selected.message, model);
+    renderMessageDetail(detail, S.selected.message, past ? model : treeModel);
   } else {
-    replaceChildren(detail, el('p', { class: 'muted' }, 'Select an agent or a message.'));
+    renderPlaceholder(detail);
   }
 
   // Scrubber
@@ -670,6 +670,8 @@ function withProcs(live, folded) {
   const view = Object.create(live);
   view.procs = new Map([...live.procs, ...folded.procs]);
   view.checkpoints = new Map([...folded.checkpoints, ...live.checkpoints]);
+  // No snapshot lists participants: their names come from the log.
+  view.participants = new Map([...folded.participants, ...live.participants]);
   return view;
 }
 

@@ -3,6 +3,15 @@
 import { agentsOf, scopesOf } from './model.js';
 import { clock, compact, el, num, pretty, replaceChildren } from './util.js';
 
+// Parts of the page are redrawn only when what they show changed: a node replaced under the
+// pointer between mousedown and mouseup loses the click, and events arrive all the time.
+const drawn = new WeakMap();
+function once(root, key, draw) {
+  if (drawn.get(root) === key) return;
+  drawn.set(root, key);
+  draw();
+}
+
 const KNOWN_STATES = new Set(['registered', 'active', 'busy', 'idle', 'suspended', 'stopping', 'stopped', 'failed', 'orphaned']);
 
 function stateClass(state) {
@@ -24,6 +33,16 @@ export function nameOf(model, id) {
 /** The hierarchy of `model`, each node a button that selects the agent. */
 export function renderTree(root, model, { selectedId, mode }, actions) {
   root.dataset.mode = mode;
+  const key = JSON.stringify([
+    mode,
+    selectedId,
+    [...model.agents.values()].map((a) => [a.id, a.name, a.role, a.state, a.parent, a.scopes, model.procs.get(a.id) ?? null]),
+    [...model.scopes.values()].map((s) => [s.id, s.name]),
+  ]);
+  once(root, key, () => drawTree(root, model, selectedId, actions));
+}
+
+function drawTree(root, model, selectedId, actions) {
   const roots = model.roots();
   if (roots.length === 0) {
     replaceChildren(root, el('p', { class: 'empty', 'data-testid': 'tree-empty' }, 'No agents.'));
@@ -78,6 +97,11 @@ function agentNode(model, a, selected, actions) {
 /** Scopes with their member counts. */
 export function renderScopes(root, model) {
   const scopes = [...model.scopes.values()];
+  const key = JSON.stringify([scopes, [...model.agents.values()].map((a) => a.scopes)]);
+  once(root, key, () => drawScopes(root, model, scopes));
+}
+
+function drawScopes(root, model, scopes) {
   if (scopes.length === 0) {
     replaceChildren(root, el('p', { class: 'empty' }, 'No scopes.'));
     return;
@@ -136,7 +160,7 @@ export function summarize(event, model) {
       return `${who(d.agentId)} ${event.type === 'scope_member_joined' ? 'joined' : 'left'} ${model?.scopes.get(d.scopeId)?.name ?? d.scopeId}`;
     case 'participant_connected':
     case 'participant_disconnected':
-      return `${d.name ?? d.participantId} (${d.participantType})${d.reason ? `: ${d.reason}` : ''}`;
+      return `${d.name ?? who(d.participantId)} (${d.participantType})${d.reason ? `: ${d.reason}` : ''}`;
     case 'trajectory.checkpoint':
       return `${who(d.checkpoint?.agentId)}: ${d.checkpoint?.label ?? d.checkpoint?.id}`;
     default:
@@ -155,11 +179,29 @@ export function renderEvents(root, events, { filters, expanded, model, limit, ca
   }
   rows.reverse();
   const stick = root.scrollTop + root.clientHeight >= root.scrollHeight - 8;
-  replaceChildren(
-    root,
-    rows.length === 0 ? el('li', { class: 'empty' }, 'No events.') : null,
-    rows.map((e) =>
-      el(
+  // Rows are kept by event id: only new rows are inserted and old ones removed, so a row under
+  // the pointer stays where it is.
+  const rowKey = (e) => `${e.id}|${expanded.has(e.id)}|${canTravel}|${summarize(e, model)}`;
+  const wanted = new Map(rows.map((e) => [rowKey(e), e]));
+  for (const child of [...root.children]) {
+    if (!wanted.has(child.dataset.rowKey)) child.remove();
+  }
+  let cursor = root.firstElementChild;
+  for (const [k, e] of wanted) {
+    if (cursor && cursor.dataset.rowKey === k) {
+      cursor = cursor.nextElementSibling;
+      continue;
+    }
+    const row = eventRow(e, { expanded, model, canTravel }, actions);
+    row.dataset.rowKey = k;
+    root.insertBefore(row, cursor);
+  }
+  if (rows.length === 0) root.append(el('li', { class: 'empty', 'data-row-key': 'empty' }, 'No events.'));
+  if (stick) root.scrollTop = root.scrollHeight;
+}
+
+function eventRow(e, { expanded, model, canTravel }, actions) {
+  return el(
         'li',
         { class: `event type-${e.type.replace(/[^a-z]/gi, '-')}`, 'data-testid': 'event-row', 'data-event-id': e.id, 'data-type': e.type },
         el('time', { datetime: new Date(e.timestamp).toISOString() }, clock(e.timestamp)),
@@ -173,10 +215,7 @@ export function renderEvents(root, events, { filters, expanded, model, limit, ca
           ? el('button', { type: 'button', class: 'travel', 'data-testid': 'travel-here', title: 'Show the system as it was after this event', 'aria-label': 'Time travel to this event', onclick: () => actions.travelTo(e.id) }, '◀')
           : null,
         expanded.has(e.id) ? el('pre', { class: 'json' }, pretty(e)) : null,
-      ),
-    ),
-  );
-  if (stick) root.scrollTop = root.scrollHeight;
+      );
 }
 
 /** Replaces a <select>'s options when the set changed (keeps the user's choice otherwise). */
@@ -225,6 +264,11 @@ function svg(tag, attrs = {}, ...children) {
 
 /** A sequence diagram: one lane per agent or participant, one arrow per delivery. */
 export function renderFlow(root, messages, { model, selectedMessage }, actions) {
+  const key = JSON.stringify([selectedMessage, messages.map((m) => [m.id, nameOf(model, m.from), m.delivered.map((r) => nameOf(model, r)), m.failed.length])]);
+  once(root, key, () => drawFlow(root, messages, model, selectedMessage, actions));
+}
+
+function drawFlow(root, messages, model, selectedMessage, actions) {
   if (messages.length === 0) {
     replaceChildren(root, el('p', { class: 'empty', 'data-testid': 'flow-empty' }, 'No messages yet.'));
     return;
@@ -297,6 +341,15 @@ function truncate(s, n) {
 
 /** One message: envelope, payload, and its W3C trace context when present. */
 export function renderMessageDetail(root, m, model) {
+  once(root, JSON.stringify(['message', m.id, m.delivered, m.failed, nameOf(model, m.from)]), () => drawMessageDetail(root, m, model));
+}
+
+/** The detail pane's text when nothing is selected. */
+export function renderPlaceholder(root) {
+  once(root, 'placeholder', () => replaceChildren(root, el('p', { class: 'muted' }, 'Select an agent or a message.')));
+}
+
+function drawMessageDetail(root, m, model) {
   const meta = m.message?.meta ?? {};
   replaceChildren(
     root,
@@ -345,10 +398,17 @@ function usageLine(u, testid) {
  */
 export function renderAgentDetail(root, model, agentId, { cp, past, caps, steer, injectForm }, actions) {
   const a = model.agents.get(agentId);
-  if (!a) {
-    replaceChildren(root, el('section', { 'data-testid': 'agent-detail', 'data-agent-id': agentId }, el('h2', {}, agentId), el('p', { class: 'muted' }, past ? 'This agent did not exist at this point.' : 'This agent is gone.')));
-    return;
-  }
+  // The frame changes with the agent; its two parts (what it is, how to steer it) each only
+  // when what they show changed.
+  once(root, JSON.stringify([agentId, !!a, !!past]), () => {
+    if (!a) {
+      replaceChildren(root, el('section', { 'data-testid': 'agent-detail', 'data-agent-id': agentId }, el('h2', {}, agentId), el('p', { class: 'muted' }, past ? 'This agent did not exist at this point.' : 'This agent is gone.')));
+    } else {
+      replaceChildren(root, el('section', { 'data-testid': 'agent-detail', 'data-agent-id': agentId, 'aria-label': `Agent ${a.name ?? a.id}` }, el('div', { class: 'detail-info' }), el('div', { class: 'detail-steer' })));
+    }
+  });
+  if (!a) return;
+  const [info, steerRoot] = root.firstElementChild.children;
   const p = model.procs.get(agentId);
   const own = model.usageOf(agentId);
   const total = model.subtreeUsage(agentId);
@@ -356,11 +416,16 @@ export function renderAgentDetail(root, model, agentId, { cp, past, caps, steer,
   const cpStatus = cp?.agentId === agentId ? cp.status : 'loading';
   const canStop = caps?.lifecycle?.canStop === true;
   const canSteer = caps?.lifecycle?.canSteer === true;
-  replaceChildren(
-    root,
-    el(
-      'section',
-      { 'data-testid': 'agent-detail', 'data-agent-id': agentId, 'aria-label': `Agent ${a.name ?? a.id}` },
+  const note = steer?.agentId === agentId ? steer : null;
+  once(steerRoot, JSON.stringify([!!past, canStop, canSteer, note]), () =>
+    replaceChildren(
+      steerRoot,
+      past ? el('p', { class: 'muted' }, 'Steering is off while you look at the past.') : steeringSection(a, { canStop, canSteer, steer: note, injectForm }, actions),
+    ),
+  );
+  once(info, JSON.stringify([a, p ?? null, own, total, checkpoints, cpStatus, cp?.error ?? null, a.parent ? nameOf(model, a.parent) : null]), () =>
+    replaceChildren(
+      info,
       el('h2', {}, a.name ?? a.id, ' ', el('span', { class: stateClass(a.state), 'data-testid': 'detail-state' }, a.state)),
       el(
         'dl',
@@ -383,9 +448,6 @@ export function renderAgentDetail(root, model, agentId, { cp, past, caps, steer,
       el('pre', { class: 'json', 'data-testid': 'agent-metadata' }, pretty(a.metadata ?? {})),
       el('h3', {}, 'Trajectory checkpoints'),
       checkpointSection(cpStatus, cp, checkpoints, actions),
-      past
-        ? el('p', { class: 'muted' }, 'Steering is off while you look at the past.')
-        : steeringSection(a, { canStop, canSteer, steer, injectForm }, actions),
     ),
   );
 }
@@ -402,7 +464,7 @@ function processSection(p) {
       el('dt', {}, 'restarts'),
       el('dd', { 'data-testid': 'process-restarts' }, p.restarts),
       el('dt', {}, 'last exit'),
-      el('dd', { 'data-testid': 'process-exit' }, p.exitCode !== null && p.exitCode !== undefined ? `code ${p.exitCode}` : p.signal !== null && p.signal !== undefined ? `signal ${p.signal}` : 'running'),
+      el('dd', { 'data-testid': 'process-exit' }, p.exitCode !== null && p.exitCode !== undefined ? `code ${p.exitCode}` : p.signal !== null && p.signal !== undefined ? `signal ${p.signal}` : 'none'),
       p.exitReason ? [el('dt', {}, 'reason'), el('dd', {}, p.exitReason)] : null,
       p.error ? [el('dt', {}, 'spawn error'), el('dd', {}, p.error)] : null,
     ),
@@ -450,7 +512,7 @@ function steeringSection(a, { canStop, canSteer, steer, injectForm }, actions) {
   if (!canStop && !canSteer) {
     return el('p', { class: 'muted', 'data-testid': 'steering-none' }, 'Your principal may not steer agents.');
   }
-  const note = steer?.agentId === a.id ? steer : null;
+  const note = steer;
   return el(
     'section',
     { 'data-testid': 'steering', 'aria-label': 'Steering' },
