@@ -63,7 +63,7 @@ class Follower {
   }
 
   push(event) {
-    if (this.blocked) {
+    if (this.blocked || this.overflowed) {
       this.queue.push(event);
       if (this.queue.length > this.cap) {
         this.queue = [];
@@ -99,6 +99,8 @@ class Follower {
   async catchUp() {
     if (this.blocks.size > 0 || this.running) return;
     this.running = true;
+    const client = S.client;
+    let failed = false;
     try {
       while (this.overflowed && this.blocks.size === 0) {
         this.overflowed = false;
@@ -113,12 +115,16 @@ class Follower {
       }
     } catch (err) {
       this.overflowed = true; // read again on the next catch-up
+      failed = true;
       if (!(err instanceof ClosedError)) console.warn(`map-router dashboard: ${this.name} catch-up failed`, err);
     } finally {
       this.running = false;
     }
-    if (this.blocks.size === 0 && (this.overflowed || this.queue.length > 0) && S.client && !S.client.closed) {
-      await this.catchUp();
+    const alive = client && client === S.client && !client.closed;
+    if (failed && alive) {
+      setTimeout(() => void this.catchUp(), 2000); // a refused or slow replay: try again later
+    } else if (!failed && alive && this.blocks.size === 0 && (this.overflowed || this.queue.length > 0)) {
+      await this.catchUp(); // blocked and released while it was reading
     }
   }
 }
