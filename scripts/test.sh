@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of map-router: unit and integration tests (including the schema check and the
-# built binary), the benches in test mode, and the interop suite in which the official
-# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets.
+# built binary), the benches in test mode, the interop suite in which the official
+# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets, and the web
+# dashboard in headless Chromium (tests/browser/).
 #
-# Needs: cargo, node (>= 20), npm and openssl (tests/tls_client.rs runs the recipe in
-# docs/security.md). Touches only loopback.
+# Needs: cargo, node (>= 20), npm, openssl (tests/tls_client.rs runs the recipe in
+# docs/security.md) and chromium at /usr/bin/chromium (the dashboard's browser tests; .ci/run
+# installs it). Touches only loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +19,10 @@ cargo build --locked --bin map-router
 (cd tests/interop && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
+
+echo "== browser tests (the /ui dashboard in headless Chromium against target/debug/map-router)"
+(cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+node tests/browser/run.mjs --bin target/debug/map-router
 
 echo "== Rust client examples against target/debug/map-router"
 cargo build --locked --bin map-router --examples

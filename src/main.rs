@@ -292,6 +292,10 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
         for addr in server.local_addrs() {
             // Stable, parseable line (tests and scripts read it to find the port).
             eprintln!("map-router listening on {scheme}://{addr}/");
+            eprintln!(
+                "map-router dashboard on {}",
+                map_router::server::ui::url(*addr, scheme == "wss")
+            );
         }
         match mode {
             Mode::Listen => signals.wait().await,

@@ -529,3 +529,42 @@ async fn no_child_outlives_the_router_on_sigint() {
 async fn no_child_outlives_a_crashed_router() {
     no_child_outlives("KILL").await;
 }
+
+/// The exposure rules hide a supervised agent from its very first event: `agent.spawning` is
+/// emitted before the child registers, and for an id the rules hide it reaches system observers
+/// only, in live streams and in replay alike.
+#[tokio::test]
+async fn a_hidden_supervised_agent_is_hidden_from_its_first_event() {
+    let (_server, url) = start_server(|c| {
+        c.permissions = toml::from_str("[exposure.agents]\nhidden = [\"secret-*\"]\n")
+            .expect("a valid [permissions] table");
+    })
+    .await;
+    let mut watcher = WsClient::client(&url).await;
+    let sub = watcher.subscribe(json!({"eventTypes": ["agent.*"]})).await;
+    let mut sys = WsClient::system(&url).await;
+    for id in ["secret-kid", "public-kid"] {
+        sys.ok(
+            "map/agents/spawn",
+            json!({"agentId": id, "name": id, "command": {"program": child_program("echo_agent.sh")}}),
+        )
+        .await;
+    }
+    // The public child's registration comes after the secret child's spawning in the log.
+    let registered = watcher.event_of_type(&sub, "agent_registered").await;
+    assert_eq!(registered["event"]["data"]["agentId"], json!("public-kid"));
+    let about = |events: &Value, id: &str| -> Vec<String> {
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["event"]["data"]["agentId"] == json!(id))
+            .map(|e| e["event"]["type"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let seen = watcher.ok("map/replay", json!({"limit": 1000})).await;
+    assert_eq!(about(&seen, "secret-kid"), Vec::<String>::new());
+    assert!(about(&seen, "public-kid").contains(&"agent.spawning".to_owned()));
+    let all = sys.ok("map/replay", json!({"limit": 1000})).await;
+    assert!(about(&all, "secret-kid").contains(&"agent.spawning".to_owned()));
+}

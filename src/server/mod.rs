@@ -2,7 +2,7 @@
 //!
 //! [`Server::start`] starts the router task, binds every configured address (possibly none,
 //! when the router is embedded or serves stdio only), and serves WebSocket upgrades at `/` and
-//! `/map` plus `GET /health`. The same server hands out in-process connections
+//! `/map`, `GET /health`, and the web dashboard's static files at `/ui` (`ui.rs`). The same server hands out in-process connections
 //! ([`Server::connect_in_process`]) and serves byte-stream pairs ([`Server::serve_io`]), all on
 //! the one connection driver.
 //!
@@ -17,6 +17,7 @@
 pub mod config;
 pub mod listener;
 pub mod tls;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -152,7 +153,8 @@ impl Server {
                     body_timeout: Some(config.header_timeout()),
                     ..http::HttpSettings::default()
                 },
-            ));
+            ))
+            .merge(ui::routes());
         let listener_settings = listener::ListenerSettings {
             admission,
             tls,

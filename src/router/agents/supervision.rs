@@ -124,12 +124,8 @@ impl Router {
             program: program.to_owned(),
             pid,
         };
-        let keys = crate::router::events::log::FilterKeys {
-            agent_id: Some(agent.clone()),
-            ..Default::default()
-        };
         let source = ticket.spawner.clone();
-        let ev = self.emit_plain(EventType::AgentSpawning, source, &data, keys, Vec::new());
+        let ev = self.emit_reserved(EventType::AgentSpawning, source, agent, &data, Vec::new());
         if let Some(ticket) = self.supervised.get_mut(agent) {
             ticket.spawning = Some(ev);
         }
@@ -156,18 +152,46 @@ impl Router {
             agent_id: agent.clone(),
             error: error.to_string(),
         };
-        let keys = crate::router::events::log::FilterKeys {
-            agent_id: Some(agent.clone()),
-            ..Default::default()
-        };
         let caused_by = ticket.spawning.into_iter().collect();
-        self.emit_plain(
+        self.emit_reserved(
             EventType::AgentSpawnFailed,
             ticket.spawner.clone(),
+            agent,
             &data,
-            keys,
             caused_by,
         );
+    }
+
+    /// Emits an event about a reserved agent that is not registered (yet): nobody knows its
+    /// visibility, but the exposure rules already apply to its id (a hidden id is seen by system
+    /// observers only, as it will be once registered).
+    fn emit_reserved<D: serde::Serialize>(
+        &mut self,
+        kind: EventType,
+        source: Option<std::sync::Arc<str>>,
+        agent: &AgentId,
+        data: &D,
+        caused_by: Vec<crate::protocol::ids::EventId>,
+    ) -> crate::protocol::ids::EventId {
+        let audience = if crate::router::permissions::agent_exposed(
+            &self.config.permissions,
+            agent.as_str(),
+        ) {
+            crate::router::events::log::Audience::Everyone
+        } else {
+            crate::router::events::log::Audience::System
+        };
+        self.emit(crate::router::events::log::EventDraft {
+            kind,
+            source,
+            data: crate::router::core::to_json(data),
+            caused_by,
+            keys: crate::router::events::log::FilterKeys {
+                agent_id: Some(agent.clone()),
+                ..Default::default()
+            },
+            audience,
+        })
     }
 
     /// Whether the router supervises a process for this agent.
@@ -393,11 +417,7 @@ impl Router {
             }
             None => {
                 // Not registered (yet): the event is about the reservation.
-                let keys = crate::router::events::log::FilterKeys {
-                    agent_id: Some(agent.clone()),
-                    ..Default::default()
-                };
-                self.emit_plain(kind, Some(agent.as_arc().clone()), data, keys, Vec::new());
+                self.emit_reserved(kind, Some(agent.as_arc().clone()), agent, data, Vec::new());
             }
         }
     }

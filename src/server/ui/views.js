@@ -1,0 +1,532 @@
+// Rendering: each function draws one part of the page from the state app.js hands it, and
+// calls back through `actions` (select, steer, travel). No MAP calls here.
+import { agentsOf, scopesOf } from './model.js';
+import { clock, compact, el, num, pretty, replaceChildren } from './util.js';
+
+// Parts of the page are redrawn only when what they show changed: a node replaced under the
+// pointer between mousedown and mouseup loses the click, and events arrive all the time.
+const drawn = new WeakMap();
+function once(root, key, draw) {
+  if (drawn.get(root) === key) return;
+  drawn.set(root, key);
+  draw();
+}
+
+const KNOWN_STATES = new Set(['registered', 'active', 'busy', 'idle', 'suspended', 'stopping', 'stopped', 'failed', 'orphaned']);
+
+function stateClass(state) {
+  return `state state-${KNOWN_STATES.has(state) ? state : 'custom'}`;
+}
+
+/** Display name of an agent or participant id. */
+export function nameOf(model, id) {
+  if (id === 'system') return 'router';
+  const a = model?.agents.get(id);
+  if (a) return a.name ?? a.id;
+  const p = model?.participants.get(id);
+  return p?.name ?? id;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agent tree
+
+/** The hierarchy of `model`, each node a button that selects the agent. */
+export function renderTree(root, model, { selectedId, mode }, actions) {
+  root.dataset.mode = mode;
+  const key = JSON.stringify([
+    mode,
+    selectedId,
+    [...model.agents.values()].map((a) => [a.id, a.name, a.role, a.state, a.parent, a.scopes, model.procs.get(a.id) ?? null]),
+    [...model.scopes.values()].map((s) => [s.id, s.name]),
+  ]);
+  once(root, key, () => drawTree(root, model, selectedId, actions));
+}
+
+function drawTree(root, model, selectedId, actions) {
+  const roots = model.roots();
+  if (roots.length === 0) {
+    replaceChildren(root, el('p', { class: 'empty', 'data-testid': 'tree-empty' }, 'No agents.'));
+    return;
+  }
+  const seen = new Set();
+  const branch = (agents, level) =>
+    el(
+      'ul',
+      { role: level === 1 ? 'tree' : 'group', 'aria-label': level === 1 ? 'Agents' : null },
+      agents.map((a) => {
+        if (seen.has(a.id)) return null;
+        seen.add(a.id);
+        const kids = model.children(a.id);
+        return el(
+          'li',
+          { role: 'treeitem', 'aria-level': level, 'aria-selected': a.id === selectedId ? 'true' : 'false', 'aria-expanded': kids.length ? 'true' : null },
+          agentNode(model, a, a.id === selectedId, actions),
+          kids.length ? branch(kids, level + 1) : null,
+        );
+      }),
+    );
+  replaceChildren(root, branch(roots, 1));
+}
+
+function agentNode(model, a, selected, actions) {
+  const p = model.procs.get(a.id);
+  const procBits = [];
+  if (p?.pid) procBits.push(`pid ${p.pid}`);
+  if (p && (p.pid || p.restarts || p.exitCode !== null)) procBits.push(`restarts ${p.restarts}`);
+  if (p && p.exitCode !== null && p.exitCode !== undefined) procBits.push(`exit ${p.exitCode}`);
+  if (p && p.signal !== null && p.signal !== undefined) procBits.push(`signal ${p.signal}`);
+  return el(
+    'button',
+    {
+      type: 'button',
+      class: `agent-node${selected ? ' selected' : ''}`,
+      'data-testid': 'agent-node',
+      'data-agent-id': a.id,
+      'data-state': a.state,
+      'aria-pressed': selected ? 'true' : 'false',
+      onclick: () => actions.selectAgent(a.id),
+    },
+    el('span', { class: 'agent-name' }, a.name ?? a.id),
+    a.role ? el('span', { class: 'agent-role' }, a.role) : null,
+    el('span', { class: stateClass(a.state), 'data-testid': 'agent-state' }, a.state),
+    (a.scopes ?? []).map((s) => el('span', { class: 'chip', title: `scope ${s}` }, model.scopes.get(s)?.name ?? s)),
+    procBits.length ? el('span', { class: 'proc', 'data-testid': 'agent-proc' }, procBits.join(' · ')) : null,
+  );
+}
+
+/** Scopes with their member counts. */
+export function renderScopes(root, model) {
+  const scopes = [...model.scopes.values()];
+  const key = JSON.stringify([scopes, [...model.agents.values()].map((a) => a.scopes)]);
+  once(root, key, () => drawScopes(root, model, scopes));
+}
+
+function drawScopes(root, model, scopes) {
+  if (scopes.length === 0) {
+    replaceChildren(root, el('p', { class: 'empty' }, 'No scopes.'));
+    return;
+  }
+  const members = (id) => [...model.agents.values()].filter((a) => (a.scopes ?? []).includes(id)).length;
+  replaceChildren(
+    root,
+    el(
+      'ul',
+      { class: 'scopes' },
+      scopes.map((s) =>
+        el('li', { 'data-testid': 'scope', 'data-scope-id': s.id }, el('span', { class: 'chip' }, s.name ?? s.id), ` ${members(s.id)} members`, s.parent ? ` · in ${s.parent}` : ''),
+      ),
+    ),
+  );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Event stream
+
+/** Whether an event passes the stream's filters. */
+export function matches(event, filters) {
+  if (filters.type && event.type !== filters.type) return false;
+  if (filters.agent && !agentsOf(event).has(filters.agent)) return false;
+  if (filters.scope && !scopesOf(event).has(filters.scope)) return false;
+  return true;
+}
+
+/** A one-line description of an event. */
+export function summarize(event, model) {
+  const d = event.data ?? {};
+  const who = (id) => nameOf(model, id);
+  switch (event.type) {
+    case 'message_sent':
+      return `${who(d.from)} → ${compact(d.to, 60)}: ${compact(d.payload ?? d.message?.payload, 120)}`;
+    case 'message_delivered':
+      return `${who(d.from)} → ${(d.deliveredTo ?? []).map(who).join(', ')}: ${compact(d.payload ?? d.message?.payload, 120)}`;
+    case 'message_failed':
+      return `${who(d.from)} ↛ ${who(d.recipient)}: ${d.reason}`;
+    case 'agent_state_changed':
+      return `${who(d.agentId)}: ${d.previousState} → ${d.newState}${d.reason ? ` (${d.reason})` : ''}${d.exitCode !== undefined ? ` exit ${d.exitCode}` : ''}${d.signal !== undefined ? ` signal ${d.signal}` : ''}`;
+    case 'agent_registered':
+      return `${d.name ?? d.agentId}${d.role ? ` (${d.role})` : ''}${d.parent ? ` under ${who(d.parent)}` : ''}`;
+    case 'agent_unregistered':
+      return `${who(d.agentId)}${d.reason ? ` (${d.reason})` : ''}`;
+    case 'agent.metadata.changed':
+      return `${who(d.agentId)}: ${compact(d.changes, 140)}`;
+    case 'agent.stderr':
+      return `${who(d.agentId)} [pid ${d.pid}]: ${(d.lines ?? []).join(' ⏎ ')}`;
+    case 'agent.spawning':
+      return `${who(d.agentId)}: ${d.program} pid ${d.pid}`;
+    case 'agent.injected':
+      return `${who(d.agentId)} (${d.delivery}${d.injected ? '' : ', not delivered'}): ${compact(d.content, 100)}`;
+    case 'scope_member_joined':
+    case 'scope_member_left':
+      return `${who(d.agentId)} ${event.type === 'scope_member_joined' ? 'joined' : 'left'} ${model?.scopes.get(d.scopeId)?.name ?? d.scopeId}`;
+    case 'participant_connected':
+    case 'participant_disconnected':
+      return `${d.name ?? who(d.participantId)} (${d.participantType})${d.reason ? `: ${d.reason}` : ''}`;
+    case 'trajectory.checkpoint':
+      return `${who(d.checkpoint?.agentId)}: ${d.checkpoint?.label ?? d.checkpoint?.id}`;
+    default:
+      return compact(d, 160);
+  }
+}
+
+/**
+ * The event list: the newest `limit` events of `events` that pass the filters, newest last.
+ * `expanded` is the set of event ids whose JSON is open.
+ */
+export function renderEvents(root, events, { filters, expanded, model, limit, canTravel }, actions) {
+  const rows = [];
+  for (let i = events.length - 1; i >= 0 && rows.length < limit; i--) {
+    if (matches(events[i], filters)) rows.push(events[i]);
+  }
+  rows.reverse();
+  const stick = root.scrollTop + root.clientHeight >= root.scrollHeight - 8;
+  // Rows are kept by event id: only new rows are inserted and old ones removed, so a row under
+  // the pointer stays where it is.
+  const rowKey = (e) => `${e.id}|${expanded.has(e.id)}|${canTravel}|${summarize(e, model)}`;
+  const wanted = new Map(rows.map((e) => [rowKey(e), e]));
+  for (const child of [...root.children]) {
+    if (!wanted.has(child.dataset.rowKey)) child.remove();
+  }
+  let cursor = root.firstElementChild;
+  for (const [k, e] of wanted) {
+    if (cursor && cursor.dataset.rowKey === k) {
+      cursor = cursor.nextElementSibling;
+      continue;
+    }
+    const row = eventRow(e, { expanded, model, canTravel }, actions);
+    row.dataset.rowKey = k;
+    root.insertBefore(row, cursor);
+  }
+  if (rows.length === 0) root.append(el('li', { class: 'empty', 'data-row-key': 'empty' }, 'No events.'));
+  if (stick) root.scrollTop = root.scrollHeight;
+}
+
+function eventRow(e, { expanded, model, canTravel }, actions) {
+  return el(
+        'li',
+        { class: `event type-${e.type.replace(/[^a-z]/gi, '-')}`, 'data-testid': 'event-row', 'data-event-id': e.id, 'data-type': e.type },
+        el('time', { datetime: new Date(e.timestamp).toISOString() }, clock(e.timestamp)),
+        el('span', { class: 'etype' }, e.type),
+        el(
+          'button',
+          { type: 'button', class: 'summary', 'aria-expanded': expanded.has(e.id) ? 'true' : 'false', onclick: () => actions.toggleEvent(e) },
+          summarize(e, model),
+        ),
+        canTravel
+          ? el('button', { type: 'button', class: 'travel', 'data-testid': 'travel-here', title: 'Show the system as it was after this event', 'aria-label': 'Time travel to this event', onclick: () => actions.travelTo(e.id) }, '◀')
+          : null,
+        expanded.has(e.id) ? el('pre', { class: 'json' }, pretty(e)) : null,
+      );
+}
+
+/** Replaces a <select>'s options when the set changed (keeps the user's choice otherwise). */
+export function fillSelect(select, options, allLabel) {
+  const key = JSON.stringify(options);
+  if (select.dataset.key === key) return;
+  const current = select.value;
+  select.dataset.key = key;
+  replaceChildren(select, el('option', { value: '' }, allLabel), options.map(([value, label]) => el('option', { value }, label)));
+  select.value = options.some(([v]) => v === current) ? current : '';
+}
+
+// ---------------------------------------------------------------------------------------------
+// Message flow
+
+/** Messages in `events` (sent, then who got them), oldest first, at most `limit`. */
+export function collectMessages(events, limit) {
+  const byId = new Map();
+  for (const e of events) {
+    const d = e.data ?? {};
+    if (!d.messageId) continue;
+    let m = byId.get(d.messageId);
+    if (e.type === 'message_sent') {
+      m = m ?? { id: d.messageId, delivered: [], failed: [] };
+      Object.assign(m, { from: d.from, to: d.to, payload: d.payload ?? d.message?.payload, message: d.message, timestamp: e.timestamp, eventId: e.id });
+      byId.set(d.messageId, m);
+    } else if (m && e.type === 'message_delivered') {
+      for (const r of d.deliveredTo ?? []) if (!m.delivered.includes(r)) m.delivered.push(r);
+    } else if (m && e.type === 'message_failed') {
+      m.failed.push({ recipient: d.recipient, reason: d.reason });
+    }
+  }
+  return [...byId.values()].filter((m) => m.eventId).slice(-limit);
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k.startsWith('on') && typeof v === 'function') node.addEventListener(k.slice(2), v);
+    else if (v !== null && v !== undefined) node.setAttribute(k, String(v));
+  }
+  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined && c !== false) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+/** A sequence diagram: one lane per agent or participant, one arrow per delivery. */
+export function renderFlow(root, messages, { model, selectedMessage }, actions) {
+  const key = JSON.stringify([selectedMessage, messages.map((m) => [m.id, nameOf(model, m.from), m.delivered.map((r) => nameOf(model, r)), m.failed.length])]);
+  once(root, key, () => drawFlow(root, messages, model, selectedMessage, actions));
+}
+
+function drawFlow(root, messages, model, selectedMessage, actions) {
+  if (messages.length === 0) {
+    replaceChildren(root, el('p', { class: 'empty', 'data-testid': 'flow-empty' }, 'No messages yet.'));
+    return;
+  }
+  const lanes = [];
+  const lane = (id) => {
+    let i = lanes.indexOf(id);
+    if (i < 0) {
+      lanes.push(id);
+      i = lanes.length - 1;
+    }
+    return i;
+  };
+  for (const m of messages) {
+    lane(m.from);
+    for (const r of targetsOf(m)) lane(r);
+  }
+  const laneW = 120;
+  const rowH = 26;
+  const top = 30;
+  const width = Math.max(lanes.length * laneW, 240);
+  const height = top + messages.length * rowH + 10;
+  const x = (id) => lane(id) * laneW + laneW / 2;
+  const drawing = svg(
+    'svg',
+    { width, height, viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': `Message flow between ${lanes.length} participants` },
+    svg('defs', {}, svg('marker', { id: 'arrow', viewBox: '0 0 10 10', refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: 'auto-start-reverse' }, svg('path', { d: 'M 0 0 L 10 5 L 0 10 z', class: 'arrowhead' }))),
+    lanes.map((id) => [
+      svg('text', { x: x(id), y: 16, 'text-anchor': 'middle', class: 'lane-label' }, truncate(nameOf(model, id), 16)),
+      svg('line', { x1: x(id), y1: 22, x2: x(id), y2: height, class: 'lane' }),
+    ]),
+    messages.map((m, i) => {
+      const y = top + i * rowH + rowH / 2;
+      const targets = targetsOf(m);
+      const selected = m.id === selectedMessage;
+      return svg(
+        'g',
+        { class: `msg${selected ? ' selected' : ''}`, 'data-testid': 'flow-message', 'data-message-id': m.id, tabindex: 0, role: 'button', 'aria-label': `Message from ${nameOf(model, m.from)}`, onclick: () => actions.selectMessage(m), onkeydown: (ev) => (ev.key === 'Enter' || ev.key === ' ') && actions.selectMessage(m) },
+        svg('rect', { x: 0, y: y - rowH / 2, width, height: rowH, class: 'hit' }),
+        targets.length === 0
+          ? svg('circle', { cx: x(m.from), cy: y, r: 4, class: 'self' })
+          : targets.map((t) => {
+              const failed = m.failed.some((f) => f.recipient === t);
+              const x1 = x(m.from);
+              const x2 = x(t);
+              return svg('line', { x1, y1: y, x2: x2 === x1 ? x1 + 30 : x2 + (x2 > x1 ? -4 : 4), y2: y, class: failed ? 'arrow failed' : 'arrow', 'marker-end': 'url(#arrow)' });
+            }),
+        svg('text', { x: Math.min(...[m.from, ...targets].map(x)) + 8, y: y - 4, class: 'msg-label' }, truncate(compact(m.payload, 60), 40)),
+      );
+    }),
+  );
+  const stick = root.scrollTop + root.clientHeight >= root.scrollHeight - 8;
+  replaceChildren(root, drawing);
+  if (stick) root.scrollTop = root.scrollHeight;
+}
+
+function targetsOf(m) {
+  const out = [...m.delivered, ...m.failed.map((f) => f.recipient)];
+  if (out.length === 0 && m.to && typeof m.to === 'object' && typeof m.to.agent === 'string') out.push(m.to.agent);
+  return [...new Set(out)];
+}
+
+function truncate(s, n) {
+  const t = String(s ?? '');
+  return t.length > n ? `${t.slice(0, n - 1)}…` : t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Detail panes
+
+/** One message: envelope, payload, and its W3C trace context when present. */
+export function renderMessageDetail(root, m, model) {
+  once(root, JSON.stringify(['message', m.id, m.delivered, m.failed, nameOf(model, m.from)]), () => drawMessageDetail(root, m, model));
+}
+
+/** The detail pane's text when nothing is selected. */
+export function renderPlaceholder(root) {
+  once(root, 'placeholder', () => replaceChildren(root, el('p', { class: 'muted' }, 'Select an agent or a message.')));
+}
+
+function drawMessageDetail(root, m, model) {
+  const meta = m.message?.meta ?? {};
+  replaceChildren(
+    root,
+    el(
+      'section',
+      { 'data-testid': 'message-detail', 'aria-label': 'Message detail' },
+      el('h2', {}, 'Message'),
+      el(
+        'dl',
+        {},
+        el('dt', {}, 'id'),
+        el('dd', {}, m.id),
+        el('dt', {}, 'from'),
+        el('dd', {}, `${nameOf(model, m.from)} (${m.from})`),
+        el('dt', {}, 'to'),
+        el('dd', {}, compact(m.to, 200)),
+        el('dt', {}, 'delivered to'),
+        el('dd', {}, m.delivered.map((r) => nameOf(model, r)).join(', ') || '–'),
+        m.failed.length ? [el('dt', {}, 'failed'), el('dd', {}, m.failed.map((f) => `${nameOf(model, f.recipient)}: ${f.reason}`).join(', '))] : null,
+        el('dt', {}, 'sent'),
+        el('dd', {}, clock(m.timestamp)),
+        meta.traceparent ? [el('dt', {}, 'traceparent'), el('dd', { 'data-testid': 'traceparent' }, String(meta.traceparent))] : null,
+        meta.tracestate ? [el('dt', {}, 'tracestate'), el('dd', {}, String(meta.tracestate))] : null,
+      ),
+      el('h3', {}, 'Payload'),
+      el('pre', { class: 'json', 'data-testid': 'message-payload' }, pretty(m.payload)),
+      el('h3', {}, 'Meta'),
+      el('pre', { class: 'json' }, pretty(meta)),
+    ),
+  );
+}
+
+function usageLine(u, testid) {
+  if (!u) return el('span', { 'data-testid': testid, class: 'muted' }, 'not reported');
+  return el(
+    'span',
+    { 'data-testid': testid, 'data-input-tokens': u.inputTokens, 'data-output-tokens': u.outputTokens, 'data-cost-usd': u.costUsd },
+    `in ${num(u.inputTokens)} · out ${num(u.outputTokens)} tokens · $${num(u.costUsd, 4)}`,
+    u.agents !== undefined ? ` (${u.agents} reporting)` : '',
+  );
+}
+
+/**
+ * One agent: record, process, usage, checkpoints and (when allowed and live) steering.
+ * `cp` is the state of the `trajectory/list` call: {status, list, error}.
+ */
+export function renderAgentDetail(root, model, agentId, { cp, past, caps, steer, injectForm }, actions) {
+  const a = model.agents.get(agentId);
+  // The frame changes with the agent; its two parts (what it is, how to steer it) each only
+  // when what they show changed.
+  once(root, JSON.stringify([agentId, !!a, !!past]), () => {
+    if (!a) {
+      replaceChildren(root, el('section', { 'data-testid': 'agent-detail', 'data-agent-id': agentId }, el('h2', {}, agentId), el('p', { class: 'muted' }, past ? 'This agent did not exist at this point.' : 'This agent is gone.')));
+    } else {
+      replaceChildren(root, el('section', { 'data-testid': 'agent-detail', 'data-agent-id': agentId, 'aria-label': `Agent ${a.name ?? a.id}` }, el('div', { class: 'detail-info' }), el('div', { class: 'detail-steer' })));
+    }
+  });
+  if (!a) return;
+  const [info, steerRoot] = root.firstElementChild.children;
+  const p = model.procs.get(agentId);
+  const own = model.usageOf(agentId);
+  const total = model.subtreeUsage(agentId);
+  const checkpoints = mergeCheckpoints(cp?.agentId === agentId ? cp.list : [], model.checkpointsOf(agentId), past?.timestamp);
+  const cpStatus = cp?.agentId === agentId ? cp.status : 'loading';
+  const canStop = caps?.lifecycle?.canStop === true;
+  const canSteer = caps?.lifecycle?.canSteer === true;
+  const note = steer?.agentId === agentId ? steer : null;
+  once(steerRoot, JSON.stringify([!!past, canStop, canSteer, note]), () =>
+    replaceChildren(
+      steerRoot,
+      past ? el('p', { class: 'muted' }, 'Steering is off while you look at the past.') : steeringSection(a, { canStop, canSteer, steer: note, injectForm }, actions),
+    ),
+  );
+  once(info, JSON.stringify([a, p ?? null, own, total, checkpoints, cpStatus, cp?.error ?? null, a.parent ? nameOf(model, a.parent) : null]), () =>
+    replaceChildren(
+      info,
+      el('h2', {}, a.name ?? a.id, ' ', el('span', { class: stateClass(a.state), 'data-testid': 'detail-state' }, a.state)),
+      el(
+        'dl',
+        {},
+        el('dt', {}, 'id'),
+        el('dd', {}, a.id),
+        a.role ? [el('dt', {}, 'role'), el('dd', {}, a.role)] : null,
+        el('dt', {}, 'owner'),
+        el('dd', {}, a.ownerId ?? '– (orphaned)'),
+        a.parent ? [el('dt', {}, 'parent'), el('dd', {}, `${nameOf(model, a.parent)} (${a.parent})`)] : null,
+        el('dt', {}, 'scopes'),
+        el('dd', {}, (a.scopes ?? []).map((s) => model.scopes.get(s)?.name ?? s).join(', ') || '–'),
+        a.visibility ? [el('dt', {}, 'visibility'), el('dd', {}, a.visibility)] : null,
+        a.lifecycle?.createdAt ? [el('dt', {}, 'created'), el('dd', {}, clock(a.lifecycle.createdAt))] : null,
+      ),
+      el('h3', {}, 'Usage'),
+      el('dl', { 'data-testid': 'usage' }, el('dt', {}, 'own'), el('dd', {}, usageLine(own, 'usage-own')), el('dt', {}, 'with descendants'), el('dd', {}, usageLine(total.agents ? total : null, 'usage-total'))),
+      p ? processSection(p) : null,
+      el('h3', {}, 'Metadata'),
+      el('pre', { class: 'json', 'data-testid': 'agent-metadata' }, pretty(a.metadata ?? {})),
+      el('h3', {}, 'Trajectory checkpoints'),
+      checkpointSection(cpStatus, cp, checkpoints, actions),
+    ),
+  );
+}
+
+function processSection(p) {
+  return [
+    el('h3', {}, 'Process'),
+    el(
+      'dl',
+      { 'data-testid': 'process' },
+      el('dt', {}, 'pid'),
+      el('dd', { 'data-testid': 'process-pid' }, p.pid ?? '–'),
+      p.program ? [el('dt', {}, 'program'), el('dd', {}, p.program)] : null,
+      el('dt', {}, 'restarts'),
+      el('dd', { 'data-testid': 'process-restarts' }, p.restarts),
+      el('dt', {}, 'last exit'),
+      el('dd', { 'data-testid': 'process-exit' }, p.exitCode !== null && p.exitCode !== undefined ? `code ${p.exitCode}` : p.signal !== null && p.signal !== undefined ? `signal ${p.signal}` : 'none'),
+      p.exitReason ? [el('dt', {}, 'reason'), el('dd', {}, p.exitReason)] : null,
+      p.error ? [el('dt', {}, 'spawn error'), el('dd', {}, p.error)] : null,
+    ),
+    el('h4', {}, 'stderr (tail)', p.dropped ? ` · ${p.dropped} lines dropped by the rate limit` : ''),
+    el('pre', { class: 'stderr', 'data-testid': 'stderr-tail' }, p.stderr.length ? p.stderr.join('\n') : '(nothing yet)'),
+  ];
+}
+
+function mergeCheckpoints(listed, fromEvents, until) {
+  const byId = new Map();
+  for (const cp of [...(listed ?? []), ...(fromEvents ?? [])]) if (cp?.id) byId.set(cp.id, cp);
+  return [...byId.values()]
+    .filter((cp) => until === undefined || (cp.timestamp ?? 0) <= until)
+    .sort((a, b) => (a.timestamp ?? 0) - (b.timestamp ?? 0) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+}
+
+function checkpointSection(status, cp, checkpoints, actions) {
+  if (status === 'unavailable') {
+    return el('p', { 'data-testid': 'checkpoints', 'data-status': 'unavailable', class: 'muted' }, 'Trajectory checkpoints are not available on this router (trajectory/list: method not found).');
+  }
+  if (status === 'error') {
+    return el('p', { 'data-testid': 'checkpoints', 'data-status': 'error', class: 'error' }, `Could not read checkpoints: ${cp.error}`, ' ', el('button', { type: 'button', onclick: () => actions.reloadCheckpoints() }, 'Retry'));
+  }
+  if (checkpoints.length === 0) {
+    return el('p', { 'data-testid': 'checkpoints', 'data-status': status, class: 'muted' }, status === 'loading' ? 'Loading…' : 'No checkpoints.');
+  }
+  return el(
+    'ol',
+    { 'data-testid': 'checkpoints', 'data-status': status, class: 'checkpoints' },
+    checkpoints.map((c) =>
+      el(
+        'li',
+        { 'data-testid': 'checkpoint', 'data-checkpoint-id': c.id },
+        el('time', {}, clock(c.timestamp)),
+        ' ',
+        el('strong', {}, c.label ?? c.id),
+        c.sessionId ? el('span', { class: 'muted' }, ` session ${c.sessionId}`) : null,
+        c.metadata ? el('pre', { class: 'json' }, compact(c.metadata, 300)) : null,
+      ),
+    ),
+  );
+}
+
+function steeringSection(a, { canStop, canSteer, steer, injectForm }, actions) {
+  if (!canStop && !canSteer) {
+    return el('p', { class: 'muted', 'data-testid': 'steering-none' }, 'Your principal may not steer agents.');
+  }
+  const note = steer;
+  return el(
+    'section',
+    { 'data-testid': 'steering', 'aria-label': 'Steering' },
+    el('h3', {}, 'Steering'),
+    canStop
+      ? el(
+          'div',
+          { class: 'buttons' },
+          el('button', { type: 'button', 'data-testid': 'stop', onclick: () => actions.steer('map/agents/stop', { agentId: a.id, reason: 'stopped from the dashboard' }) }, 'Stop'),
+          el('button', { type: 'button', 'data-testid': 'suspend', onclick: () => actions.steer('map/agents/suspend', { agentId: a.id, reason: 'suspended from the dashboard' }) }, 'Suspend'),
+          el('button', { type: 'button', 'data-testid': 'resume', onclick: () => actions.steer('map/agents/resume', { agentId: a.id }) }, 'Resume'),
+        )
+      : null,
+    canSteer ? injectForm : null,
+    note ? el('p', { role: 'status', class: note.error ? 'error' : 'ok', 'data-testid': note.error ? 'steer-error' : 'steer-result' }, note.text) : null,
+  );
+}

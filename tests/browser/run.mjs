@@ -1,0 +1,603 @@
+#!/usr/bin/env node
+// Browser tests of the live dashboard (/ui): headless Chromium (Debian's `chromium` package,
+// driven by playwright-core) against the map-router binary with a supervised tree of agents.
+//
+//   node tests/browser/run.mjs [--bin <path-to-map-router>] [--chromium <path>] [--filter <substring>]
+//
+// Each scenario starts its own router (127.0.0.1:0, a temporary data dir and config) and a fresh
+// browser context. Prints `ok - scenario: step` per step, `FAIL - ...` with the reason, then
+// `N passed, M failed`; exits 0 only when nothing failed. Screenshots go to
+// target/browser-artifacts/. Every wait is bounded; the whole run is bounded by RUN_LIMIT_MS.
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import assert from 'node:assert/strict';
+import { chromium } from 'playwright-core';
+import WebSocket from 'ws';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const argv = process.argv.slice(2);
+const arg = (flag, fallback) => {
+  const i = argv.indexOf(flag);
+  return i >= 0 ? argv[i + 1] : fallback;
+};
+const BIN = path.resolve(arg('--bin', path.join(HERE, '../../target/debug/map-router')));
+const CHROMIUM = arg('--chromium', process.env.CHROMIUM ?? '/usr/bin/chromium');
+const FILTER = arg('--filter');
+const ARTIFACTS = path.resolve(HERE, '../../target/browser-artifacts');
+const AGENT = path.join(HERE, 'agent.py');
+/** The whole run. */
+const RUN_LIMIT_MS = 120_000;
+/** One wait (an element, a state, an answer). */
+const WAIT_MS = 8_000;
+/** How long "it does not appear" is watched. */
+const QUIET_MS = 400;
+/** The acceptance bound for a live event to be on the page. */
+const LIVE_MS = 1_000;
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function withTimeout(promise, ms, what) {
+  let timer;
+  return Promise.race([
+    promise,
+    new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what}: timed out after ${ms} ms`)), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+/** Polls `fn` (async allowed) until it returns something truthy, within `ms`. */
+async function until(fn, what, ms = WAIT_MS) {
+  const deadline = Date.now() + ms;
+  let last;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}${last ? ` (last error: ${last.message})` : ''}`);
+    await sleep(25);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routers
+
+const routers = new Set();
+
+/** The test's environment without the router's own variables (the flags say everything). */
+function routerEnv() {
+  const env = { ...process.env };
+  for (const k of Object.keys(env)) if (k.startsWith('MAP_ROUTER_')) delete env[k];
+  return env;
+}
+
+/** Starts the binary with `config` (TOML); resolves once it printed both of its URLs. */
+function startRouter(config, files = {}) {
+  const dir = mkdtempSync(path.join(tmpdir(), 'map-router-browser-'));
+  for (const [name, text] of Object.entries(files)) writeFileSync(path.join(dir, name), text, { mode: 0o600 });
+  writeFileSync(path.join(dir, 'router.toml'), config);
+  const proc = spawn(BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', path.join(dir, 'data'), '--config', path.join(dir, 'router.toml')], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: routerEnv(),
+  });
+  const router = { proc, dir, log: [], wsUrl: null, uiUrl: null };
+  routers.add(router);
+  return withTimeout(
+    new Promise((resolve, reject) => {
+      let buf = '';
+      proc.stderr.setEncoding('utf8');
+      proc.stderr.on('data', (chunk) => {
+        buf += chunk;
+        let nl;
+        while ((nl = buf.indexOf('\n')) >= 0) {
+          const line = buf.slice(0, nl);
+          buf = buf.slice(nl + 1);
+          router.log.push(line);
+          if (router.log.length > 300) router.log.shift();
+          const ws = /^map-router listening on (ws:\/\/127\.0\.0\.1:\d+\/)$/.exec(line);
+          if (ws) router.wsUrl = ws[1];
+          const ui = /^map-router dashboard on (http:\/\/127\.0\.0\.1:\d+\/ui)$/.exec(line);
+          if (ui) router.uiUrl = ui[1];
+          if (router.wsUrl && router.uiUrl) resolve(router);
+        }
+      });
+      proc.on('exit', (code) => reject(new Error(`router exited (${code}) before listening: ${router.log.slice(-5).join(' | ')}`)));
+    }),
+    WAIT_MS,
+    'router start',
+  );
+}
+
+async function stopRouter(router) {
+  routers.delete(router);
+  if (router.proc.exitCode === null && router.proc.signalCode === null) {
+    const exited = new Promise((r) => router.proc.once('exit', r));
+    router.proc.kill('SIGTERM');
+    await withTimeout(exited, 6000, 'router exit').catch(() => router.proc.kill('SIGKILL'));
+  }
+  rmSync(router.dir, { recursive: true, force: true });
+}
+
+// ---------------------------------------------------------------------------------------------
+// A MAP client for the test's own side (sending messages, reading the log)
+
+class Peer {
+  static async connect(url, params = {}) {
+    const peer = new Peer();
+    peer.ws = new WebSocket(url);
+    peer.pending = new Map();
+    peer.nextId = 1;
+    peer.ws.on('message', (data) => {
+      const f = JSON.parse(String(data));
+      const w = f.id !== undefined ? peer.pending.get(f.id) : undefined;
+      if (!w) return;
+      peer.pending.delete(f.id);
+      if (f.error) w.reject(Object.assign(new Error(f.error.message), { code: f.error.code }));
+      else w.resolve(f.result);
+    });
+    await withTimeout(new Promise((resolve, reject) => {
+      peer.ws.once('open', resolve);
+      peer.ws.once('error', reject);
+    }), WAIT_MS, 'test client socket');
+    const res = await peer.call('map/connect', { protocolVersion: 1, participantType: 'client', name: 'browser-test', ...params });
+    assert.ok(!res.authRequired, `test client connects: ${JSON.stringify(res)}`);
+    return peer;
+  }
+
+  call(method, params = {}) {
+    const id = this.nextId++;
+    return withTimeout(new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.ws.send(JSON.stringify({ jsonrpc: '2.0', id, method, params }));
+    }), WAIT_MS, method);
+  }
+
+  send(to, payload, meta) {
+    return this.call('map/send', meta ? { to, payload, meta } : { to, payload });
+  }
+
+  /** Every event of the log this peer may see, oldest first (bounded). */
+  async history() {
+    const out = [];
+    let after;
+    for (let page = 0; page < 100; page++) {
+      const r = await this.call('map/replay', after ? { afterEventId: after, limit: 1000 } : { limit: 1000 });
+      for (const e of r.events) out.push(e.event);
+      if (!r.hasMore || r.events.length === 0) return out;
+      after = r.events.at(-1).eventId;
+    }
+    throw new Error('history longer than 100 pages');
+  }
+
+  close() {
+    this.ws.close();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Page helpers
+
+const tid = (id) => `[data-testid="${id}"]`;
+
+async function shot(page, name) {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.screenshot({ path: path.join(ARTIFACTS, `${name}.png`), fullPage: false });
+}
+
+/** The agent nodes drawn in the tree: [{id, state, parent (id of the enclosing node or null)}]. */
+function treeNodes(page) {
+  return page.$$eval(`${tid('agent-tree')} ${tid('agent-node')}`, (nodes) =>
+    nodes.map((n) => {
+      const group = n.closest('[role="treeitem"]')?.parentElement?.closest('[role="treeitem"]');
+      const parent = group?.querySelector(':scope > [data-testid="agent-node"]')?.dataset.agentId ?? null;
+      return { id: n.dataset.agentId, state: n.dataset.state, parent, text: n.textContent };
+    }),
+  );
+}
+
+/** The rows of the event stream: [{id, type, text}]. */
+function rows(page) {
+  return page.$$eval(`${tid('event-stream')} ${tid('event-row')}`, (rs) => rs.map((r) => ({ id: r.dataset.eventId, type: r.dataset.type, text: r.textContent })));
+}
+
+/** The numbers `seq` of message_sent rows whose payload carries `tag`, in page order. */
+async function sequence(page, tag) {
+  const out = [];
+  for (const r of await rows(page)) {
+    if (r.type !== 'message_sent' || !r.text.includes(`"tag":"${tag}"`)) continue;
+    const m = /"seq":(\d+)/.exec(r.text);
+    if (m) out.push(Number(m[1]));
+  }
+  return out;
+}
+
+const range = (n) => Array.from({ length: n }, (_, i) => i + 1);
+
+/**
+ * The checkpoints the detail pane shows for the selected agent: {status, ids}. `status` is
+ * `unavailable` on a router without `trajectory/list` (-32601), `loaded` when the call worked.
+ */
+async function checkpointsShown(page) {
+  const box = page.locator(`${tid('agent-detail')} ${tid('checkpoints')}`);
+  await box.waitFor({ timeout: WAIT_MS });
+  await until(async () => (await box.getAttribute('data-status')) !== 'loading', 'checkpoints to load');
+  return {
+    status: await box.getAttribute('data-status'),
+    ids: await page.$$eval(`${tid('checkpoint')}`, (cs) => cs.map((c) => c.dataset.checkpointId)),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+const scenarios = [];
+const scenario = (name, fn) => scenarios.push({ name, fn });
+
+function treeConfig() {
+  return `
+[router]
+resume_window_ms = 1000
+
+[[agents]]
+id = "lead"
+name = "lead"
+role = "lead"
+program = "python3"
+args = ["${AGENT}", "active", "1200", "300", "0.012",
+        "worker-1", "worker", "busy", "800", "150", "0.006",
+        "worker-2", "worker", "idle", "500", "100", "0.003"]
+`;
+}
+
+scenario('dashboard', async (t, browser) => {
+  const router = await t.router(treeConfig());
+  const peer = await t.peer(router.wsUrl);
+  await until(async () => {
+    const { agents } = await peer.call('map/agents/list');
+    const states = Object.fromEntries(agents.map((a) => [a.id, a.state]));
+    return states.lead === 'active' && states['worker-1'] === 'busy' && states['worker-2'] === 'idle';
+  }, 'the three supervised agents in their states', 15_000);
+
+  const context = await t.context(browser);
+  const page = await context.newPage();
+  await page.goto(router.uiUrl);
+
+  await t.step('the tree shows the three supervised agents with their states and processes', async () => {
+    const nodes = await until(async () => {
+      const ns = await treeNodes(page);
+      return ns.length === 3 && ns.every((n) => /pid \d+/.test(n.text)) ? ns : null;
+    }, 'three nodes with their pids');
+    const by = Object.fromEntries(nodes.map((n) => [n.id, n]));
+    assert.deepEqual(
+      Object.fromEntries(nodes.map((n) => [n.id, [n.state, n.parent]])),
+      { lead: ['active', null], 'worker-1': ['busy', 'lead'], 'worker-2': ['idle', 'lead'] },
+    );
+    assert.match(by['worker-1'].text, /restarts 0/);
+    for (const n of nodes) assert.match(n.text, /team/, `${n.id} shows its scope`);
+    await page.locator(`${tid('scope')}[data-scope-id="team"]`, { hasText: '3 members' }).waitFor({ timeout: WAIT_MS });
+    assert.equal(await page.textContent(tid('connection-status')), 'live');
+    await page.locator(`${tid('history-status')}[data-state="ready"]`).waitFor({ state: 'attached', timeout: WAIT_MS });
+    await shot(page, '01-tree');
+  });
+
+  await t.step('a message sent by another client is on the page within a second', async () => {
+    const sent = Date.now();
+    const res = await peer.send({ agent: 'worker-1' }, { probe: 'live-1', task: 'summarize the logs' });
+    assert.deepEqual(res.delivered, ['worker-1']);
+    await page
+      .locator(`${tid('event-row')}[data-type="message_sent"]`, { hasText: 'live-1' })
+      .waitFor({ timeout: Math.max(1, LIVE_MS - (Date.now() - sent)) });
+  });
+
+  await t.step('the message flow draws it; a click shows its payload and trace context', async () => {
+    const traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+    await peer.send({ agent: 'worker-2' }, { probe: 'traced', step: 2 }, { traceparent });
+    const arrow = page.locator(tid('flow-message')).last();
+    await until(async () => (await page.locator(tid('flow-message')).count()) >= 2, 'two messages in the flow');
+    await arrow.click();
+    const detail = page.locator(tid('message-detail'));
+    await detail.waitFor({ timeout: WAIT_MS });
+    assert.match(await detail.locator(tid('message-payload')).textContent(), /"probe": "traced"/);
+    assert.equal(await detail.locator(tid('traceparent')).textContent(), traceparent);
+  });
+
+  await t.step('clicking an agent shows its metadata, process, and usage summed up the tree', async () => {
+    await page.locator(`${tid('agent-node')}[data-agent-id="lead"]`).click();
+    const detail = page.locator(`${tid('agent-detail')}[data-agent-id="lead"]`);
+    await detail.waitFor({ timeout: WAIT_MS });
+    assert.match(await detail.locator(tid('agent-metadata')).textContent(), /"inputTokens": 1200/);
+    const own = detail.locator(tid('usage-own'));
+    assert.equal(await own.getAttribute('data-input-tokens'), '1200');
+    const total = detail.locator(tid('usage-total'));
+    assert.equal(await total.getAttribute('data-input-tokens'), '2500');
+    assert.equal(await total.getAttribute('data-output-tokens'), '550');
+    assert.ok(Math.abs(Number(await total.getAttribute('data-cost-usd')) - 0.021) < 1e-9);
+    assert.match(await total.textContent(), /3 reporting/);
+    assert.match(await detail.locator(tid('process-pid')).textContent(), /^\d+$/);
+    await until(async () => /lead: ready/.test(await detail.locator(tid('stderr-tail')).textContent()), 'the stderr tail');
+    const cps = await checkpointsShown(page);
+    // Where the router has the trajectory extension, each agent of agent.py records two.
+    if (cps.status === 'loaded') assert.deepEqual(cps.ids, ['lead-cp-1', 'lead-cp-2']);
+    else assert.equal(cps.status, 'unavailable');
+    await page.locator(tid('flow-message')).first().waitFor({ timeout: WAIT_MS });
+    await shot(page, 'dashboard');
+  });
+
+  await t.step('steering: suspend, resume and inject from the detail pane', async () => {
+    await page.locator(`${tid('agent-node')}[data-agent-id="worker-1"]`).click();
+    const detail = page.locator(`${tid('agent-detail')}[data-agent-id="worker-1"]`);
+    await detail.locator(tid('suspend')).click();
+    await page.locator(`${tid('agent-node')}[data-agent-id="worker-1"][data-state="suspended"]`).waitFor({ timeout: WAIT_MS });
+    await detail.locator(tid('resume')).click();
+    await page.locator(`${tid('agent-node')}[data-agent-id="worker-1"][data-state="busy"]`).waitFor({ timeout: WAIT_MS });
+    await detail.locator(tid('inject-content')).fill('{"hint":"look at the errors first"}');
+    await detail.locator(tid('inject')).click();
+    await detail.locator(tid('steer-result'), { hasText: 'injected' }).waitFor({ timeout: WAIT_MS });
+    await page.locator(`${tid('event-row')}[data-type="agent.injected"]`).waitFor({ timeout: WAIT_MS });
+    await until(async () => /got \{"hint": "look at the errors first"\}/.test(await detail.locator(tid('stderr-tail')).textContent()), 'the agent to log the injected content');
+    await shot(page, '02-steering');
+  });
+
+  await t.step('a paused stream holds new events and shows each once, in order, on resume', async () => {
+    await page.click(tid('pause'));
+    for (const seq of range(5)) await peer.send({ agent: 'worker-1' }, { tag: 'paused', seq });
+    await until(async () => /5 new events held|held/.test(await page.textContent(tid('stream-status'))), 'the held count');
+    await sleep(QUIET_MS);
+    assert.deepEqual(await sequence(page, 'paused'), [], 'nothing is drawn while paused');
+    await page.click(tid('pause'));
+    await until(async () => (await sequence(page, 'paused')).length === 5, 'the five held messages');
+    assert.deepEqual(await sequence(page, 'paused'), range(5));
+  });
+
+  await t.step('a pause longer than the buffer reads the missed events again on resume', async () => {
+    const small = await context.newPage();
+    await small.goto(`${router.uiUrl}?buffer=10`);
+    await small.locator(`${tid('connection-status')}[data-status="live"]`).waitFor({ timeout: WAIT_MS });
+    await small.click(tid('pause'));
+    for (const seq of range(30)) await peer.send({ agent: 'worker-1' }, { tag: 'overflow', seq });
+    await until(async () => /more than 10/.test(await small.textContent(tid('stream-status'))), 'the overflow notice');
+    await small.click(tid('pause'));
+    await until(async () => (await sequence(small, 'overflow')).length >= 30, 'thirty messages after resume');
+    assert.deepEqual(await sequence(small, 'overflow'), range(30));
+    await small.close();
+  });
+
+  let marker;
+  await t.step('stopping an agent from the dashboard removes it from the live tree', async () => {
+    await peer.send({ agent: 'worker-2' }, { tag: 'marker', note: 'before the stop' });
+    marker = (await peer.history()).filter((e) => e.type === 'message_sent' && e.data.payload?.tag === 'marker').at(-1);
+    assert.ok(marker, 'the marker message is in the log');
+    await page.locator(`${tid('agent-node')}[data-agent-id="worker-2"]`).click();
+    await page.locator(`${tid('agent-detail')}[data-agent-id="worker-2"] ${tid('stop')}`).click();
+    await until(async () => !(await treeNodes(page)).some((n) => n.id === 'worker-2'), 'worker-2 to leave the live tree');
+    const ended = (await peer.history()).filter((e) => e.type === 'agent_unregistered' && e.data.agentId === 'worker-2');
+    assert.equal(ended.length, 1);
+  });
+
+  await t.step('scrubbing back shows the stopped agent as it was', async () => {
+    const log = await peer.history();
+    const index = log.findIndex((e) => e.id === marker.id);
+    assert.ok(index >= 0);
+    await page.locator(tid('scrubber')).fill(String(index));
+    await page.locator(`${tid('scrubber-label')}[data-event-id="${marker.id}"]`).waitFor({ timeout: WAIT_MS });
+    await page.locator(`${tid('mode')}[data-mode="past"]`).waitFor({ timeout: WAIT_MS });
+    const nodes = await until(async () => {
+      const ns = await treeNodes(page);
+      return ns.some((n) => n.id === 'worker-2') ? ns : null;
+    }, 'worker-2 in the past tree');
+    assert.deepEqual(Object.fromEntries(nodes.map((n) => [n.id, n.state])), { lead: 'active', 'worker-1': 'busy', 'worker-2': 'idle' });
+    const last = (await rows(page)).at(-1);
+    assert.equal(last.id, marker.id, 'the past stream ends at the chosen event');
+    await shot(page, '03-past');
+  });
+
+  await t.step('back to live shows what happened meanwhile: every event once, in order', async () => {
+    for (const seq of range(20)) await peer.send({ agent: 'worker-1' }, { tag: 'meanwhile', seq });
+    await sleep(QUIET_MS);
+    assert.deepEqual(await sequence(page, 'meanwhile'), [], 'the past does not show new events');
+    await page.click(tid('back-to-live'));
+    await page.locator(`${tid('mode')}[data-mode="live"]`).waitFor({ timeout: WAIT_MS });
+    await page.selectOption(tid('filter-type'), 'message_sent');
+    await until(async () => (await sequence(page, 'meanwhile')).length >= 20, 'the twenty messages');
+    assert.deepEqual(await sequence(page, 'meanwhile'), range(20));
+    // The whole stream is the log, with no duplicates: compare the ids of the message_sent rows.
+    const shown = (await rows(page)).map((r) => r.id);
+    assert.equal(new Set(shown).size, shown.length, 'no event twice');
+    const logged = (await peer.history()).filter((e) => e.type === 'message_sent').map((e) => e.id);
+    assert.deepEqual(shown, logged.slice(-shown.length), 'the rows are the tail of the log, in order');
+    assert.ok(!(await treeNodes(page)).some((n) => n.id === 'worker-2'), 'worker-2 stays gone in the live tree');
+    await shot(page, '04-live');
+  });
+});
+
+scenario('auth', async (t, browser) => {
+  const config = `
+[auth]
+system_principals = ["ops"]
+
+[auth.api_keys]
+file = "api-keys"
+
+[permissions.exposure.agents]
+hidden = ["secret-*"]
+
+[permissions.principals."dashboard".lifecycle]
+canStop = false
+canSteer = false
+
+[[agents]]
+id = "public-a"
+name = "public-a"
+role = "worker"
+program = "python3"
+args = ["${AGENT}", "idle", "10", "5", "0.001"]
+
+[[agents]]
+id = "public-b"
+name = "public-b"
+role = "worker"
+program = "python3"
+args = ["${AGENT}", "busy", "20", "5", "0.002"]
+
+[[agents]]
+id = "secret-c"
+name = "secret-c"
+role = "auditor"
+program = "python3"
+args = ["${AGENT}", "active", "30", "5", "0.003"]
+`;
+  const keys = 'dashboard-key-0123456789abcdef dashboard\nops-key-0123456789abcdef0123 ops\n';
+  const router = await t.router(config, { 'api-keys': keys });
+  const ops = await t.peer(router.wsUrl, { participantType: 'system', auth: { method: 'api-key', credential: 'ops-key-0123456789abcdef0123' } });
+  // NB: secret-c stays `registered`: exposure rules hide an agent from its own (non-system)
+  // session too, so its map/agents/update answers 2001.
+  await until(async () => {
+    const states = Object.fromEntries((await ops.call('map/agents/list')).agents.map((a) => [a.id, a.state]));
+    return states['public-a'] === 'idle' && states['public-b'] === 'busy' && states['secret-c'];
+  }, 'three agents, the public ones in their states', 15_000);
+
+  const context = await t.context(browser);
+  const page = await context.newPage();
+  await page.goto(router.uiUrl);
+
+  await t.step('the page asks for a key', async () => {
+    await page.locator(tid('auth-form')).waitFor({ timeout: WAIT_MS });
+    assert.equal(await page.getAttribute(tid('connection-status'), 'data-status'), 'auth required');
+    assert.equal(await page.locator(tid('agent-node')).count(), 0);
+    await shot(page, '05-auth');
+  });
+
+  await t.step('a wrong key is refused with a clear error', async () => {
+    await page.selectOption(tid('auth-method'), 'api-key');
+    await page.fill(tid('auth-credential'), 'not-a-key-0123456789abcdef');
+    await page.click(tid('auth-submit'));
+    const error = page.locator(tid('auth-error'));
+    await error.waitFor({ timeout: WAIT_MS });
+    assert.match(await error.textContent(), /invalid_credentials/);
+    assert.ok(await page.locator(tid('auth-form')).isVisible());
+  });
+
+  await t.step('the right key shows only what its principal may see', async () => {
+    await page.fill(tid('auth-credential'), 'dashboard-key-0123456789abcdef');
+    await page.click(tid('auth-submit'));
+    await page.locator(`${tid('connection-status')}[data-status="live"]`).waitFor({ timeout: WAIT_MS });
+    assert.equal(await page.textContent(tid('principal')), 'principal dashboard');
+    const nodes = await until(async () => {
+      const ns = await treeNodes(page);
+      return ns.length === 2 ? ns : null;
+    }, 'two visible agents');
+    assert.deepEqual(nodes.map((n) => n.id).sort(), ['public-a', 'public-b']);
+    await ops.send({ agent: 'secret-c' }, { tag: 'hidden' });
+    await ops.send({ agent: 'public-a' }, { tag: 'visible' });
+    await page.locator(`${tid('event-row')}[data-type="message_sent"]`, { hasText: '"tag":"visible"' }).waitFor({ timeout: WAIT_MS });
+    const text = (await rows(page)).map((r) => r.text).join('\n');
+    assert.ok(!text.includes('secret-c') && !text.includes('"tag":"hidden"'), `nothing about the hidden agent: ${text.split('\n').filter((l) => l.includes('secret')).join(' / ')}`);
+    assert.ok(!(await treeNodes(page)).some((n) => n.id === 'secret-c'));
+  });
+
+  await t.step('steering is offered only where the principal may steer', async () => {
+    await page.locator(`${tid('agent-node')}[data-agent-id="public-a"]`).click();
+    const detail = page.locator(`${tid('agent-detail')}[data-agent-id="public-a"]`);
+    await detail.locator(tid('steering-none')).waitFor({ timeout: WAIT_MS });
+    assert.equal(await detail.locator(tid('stop')).count(), 0);
+    await shot(page, '06-auth-visible');
+  });
+
+  await t.step('the key is kept in the tab across a reload', async () => {
+    await page.reload();
+    await page.locator(`${tid('connection-status')}[data-status="live"]`).waitFor({ timeout: WAIT_MS });
+    assert.ok(!(await page.locator(tid('auth-form')).isVisible()));
+    await until(async () => (await treeNodes(page)).length === 2, 'the two visible agents again');
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Runner
+
+let passed = 0;
+let failed = 0;
+
+async function runScenario(s, browser) {
+  const cleanups = [];
+  let broken = null;
+  const t = {
+    async router(config, files) {
+      const r = await startRouter(config, files);
+      cleanups.push(() => stopRouter(r));
+      t.routerLog = r.log;
+      return r;
+    },
+    async peer(url, params) {
+      const p = await Peer.connect(url, params);
+      cleanups.push(() => p.close());
+      return p;
+    },
+    async context(b) {
+      const c = await b.newContext({ viewport: { width: 1440, height: 900 } });
+      c.setDefaultTimeout(WAIT_MS);
+      t.pageErrors = [];
+      c.on('page', (p) => p.on('pageerror', (e) => t.pageErrors.push(e.message)));
+      cleanups.push(() => c.close());
+      return c;
+    },
+    async step(name, fn) {
+      const label = `${s.name}: ${name}`;
+      if (broken) {
+        failed++;
+        console.log(`FAIL - ${label}: not run after "${broken}" failed`);
+        return;
+      }
+      try {
+        await fn();
+        if (t.pageErrors?.length) throw new Error(`errors in the page: ${t.pageErrors.join('; ')}`);
+        passed++;
+        console.log(`ok - ${label}`);
+      } catch (err) {
+        failed++;
+        broken = name;
+        console.log(`FAIL - ${label}: ${err.message}`);
+        if (t.routerLog) console.log(`  router stderr (last lines): ${t.routerLog.slice(-8).join('\n    ')}`);
+      }
+    },
+  };
+  try {
+    await s.fn(t, browser);
+  } catch (err) {
+    failed++;
+    console.log(`FAIL - ${s.name}: ${err.message}`);
+  } finally {
+    for (const c of cleanups.reverse()) await Promise.resolve(c()).catch(() => {});
+  }
+}
+
+const overall = setTimeout(() => {
+  console.log(`FAIL - the run took longer than ${RUN_LIMIT_MS / 1000} s`);
+  for (const r of routers) r.proc.kill('SIGKILL');
+  console.log(`${passed} passed, ${failed + 1} failed`);
+  process.exit(1);
+}, RUN_LIMIT_MS);
+
+const browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  // launch() gives every run a fresh temporary profile (user-data-dir), removed on close.
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  timeout: 30_000,
+});
+try {
+  for (const s of scenarios) {
+    if (FILTER && !s.name.includes(FILTER)) continue;
+    await runScenario(s, browser);
+  }
+} finally {
+  await browser.close().catch(() => {});
+  for (const r of routers) r.proc.kill('SIGKILL');
+  clearTimeout(overall);
+}
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed === 0 && passed > 0 ? 0 : 1);
