@@ -89,10 +89,13 @@ impl ErrorCode {
     // MAP federation (5xxx)
     pub const FEDERATION_UNAVAILABLE: Self = Self(5000);
     pub const FEDERATION_SYSTEM_NOT_FOUND: Self = Self(5001);
+    // Sessions extension (16xxx, `urn:map:ext:sessions:1`'s range; the codes are ours).
+    pub const SESSION_NOT_FOUND: Self = Self(16000);
+    pub const SESSION_IN_USE: Self = Self(16001);
 
     /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
     /// The fuzz property tests check that no other code ever reaches a peer.
-    pub const ALL: [Self; 27] = [
+    pub const ALL: [Self; 29] = [
         Self::PARSE_ERROR,
         Self::INVALID_REQUEST,
         Self::METHOD_NOT_FOUND,
@@ -120,6 +123,8 @@ impl ErrorCode {
         Self::QUOTA_EXCEEDED,
         Self::FEDERATION_UNAVAILABLE,
         Self::FEDERATION_SYSTEM_NOT_FOUND,
+        Self::SESSION_NOT_FOUND,
+        Self::SESSION_IN_USE,
     ];
 
     /// The `data.category` the SDK associates with this code (wire.md §3).
@@ -132,6 +137,7 @@ impl ErrorCode {
             3000..=3999 => ErrorCategory::Agent,
             4000..=4999 => ErrorCategory::Resource,
             5000..=5999 => ErrorCategory::Federation,
+            16000..=16999 => ErrorCategory::Session,
             _ => ErrorCategory::Internal,
         }
     }
@@ -148,6 +154,7 @@ pub enum ErrorCategory {
     Agent,
     Resource,
     Federation,
+    Session,
     Mail,
     Trajectory,
     Internal,

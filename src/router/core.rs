@@ -321,6 +321,14 @@ impl Router {
             .ok_or(RouterError::NotConnected)
     }
 
+    /// Records that the caller's session made a call (`lastActiveAt` of `map/session/list`).
+    pub(super) fn touch_session(&mut self, ctx: &Ctx) {
+        let session = self.conns.get(&ctx.conn).and_then(|c| c.session.clone());
+        if let Some(id) = session {
+            self.sessions.touch(&id);
+        }
+    }
+
     /// The caller's identity, for handlers.
     pub fn caller(&self, ctx: &Ctx) -> Result<Caller, RouterError> {
         let s = self.session_of(ctx)?;

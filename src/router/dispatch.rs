@@ -175,6 +175,15 @@ impl Dispatcher {
         d.add::<Disconnect>(AfterCommit, Router::handle_disconnect, |_| {
             AfterReply::Disconnected
         });
+        d.add::<SessionList>(AfterCommit, Router::handle_session_list, nothing);
+        d.add::<SessionLoad>(AfterCommit, Router::handle_session_load, nothing);
+        d.add::<SessionClose>(AfterCommit, Router::handle_session_close, |r| {
+            if r.current {
+                AfterReply::Disconnected
+            } else {
+                AfterReply::Nothing
+            }
+        });
         // Messages: the hot path, pipelined.
         d.add::<Send>(Pipelined, Router::handle_send, nothing);
         d.add::<methods::steering::Inject>(AfterCommit, Router::handle_inject, nothing);

@@ -65,6 +65,13 @@ pub enum RouterError {
     /// A per-session or per-principal quota was reached (`[limits]`).
     #[error("Quota exceeded: {0}")]
     QuotaExceeded(String),
+    /// No session with that id that the caller may see (unknown, ended, or another
+    /// principal's: existence does not leak).
+    #[error("Session not found: {0}")]
+    SessionNotFound(String),
+    /// The session is attached to another connection.
+    #[error("Session in use: {0} is attached to another connection")]
+    SessionInUse(String),
     /// The durable store failed.
     #[error("Storage error: {0}")]
     Storage(String),
@@ -115,6 +122,8 @@ impl RouterError {
             Self::InvalidRequest(detail) => ErrorObject::invalid_request(detail.clone()),
             Self::Exhausted(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg).retryable(),
             Self::QuotaExceeded(_) => ErrorObject::new(ErrorCode::QUOTA_EXCEEDED, msg),
+            Self::SessionNotFound(_) => ErrorObject::new(ErrorCode::SESSION_NOT_FOUND, msg),
+            Self::SessionInUse(_) => ErrorObject::new(ErrorCode::SESSION_IN_USE, msg),
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),

@@ -152,7 +152,10 @@ impl RouterHandle {
                 .collect();
             let result = router
                 .check_call(&ctx, capability, needs_session)
-                .and_then(|()| f(router, &ctx));
+                .and_then(|()| {
+                    router.touch_session(&ctx);
+                    f(router, &ctx)
+                });
             router.call_causes.clear();
             let after = router.bus.log.next_seq();
             let _ = tx.send((result, (after > before).then_some(after)));

@@ -1730,6 +1730,84 @@ function jwt(sub, ttlSecs, { alg = 'HS256', claims = {} } = {}) {
   return `${input}.${b64url(sig)}`;
 }
 
+const BOB_KEY = 'ak-interop-bob-0123456789';
+
+/** An AgentConnection of Alice's on a socket of its own (connected and registered). */
+async function keyedAgent(ctx, name) {
+  const ws = new WebSocket(ctx.url);
+  await withTimeout(new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject)), WAIT_MS, 'ws open');
+  ctx.defer(() => ws.terminate());
+  const conn = new AgentConnection(websocketStream(ws), { name });
+  const result = await withTimeout(conn.connect({ auth: { method: 'api-key', token: ALICE_KEY } }), WAIT_MS, `${name} connect`);
+  return { ws, conn, id: conn.agentId, sessionId: result.connection.sessionId, pid: result.connection.participantId };
+}
+
+scenario(
+  'sessions: listSessions shows a principal its own sessions only',
+  async (ctx) => {
+    const a1 = await ctx.client({ name: 'a1', connectOptions: { auth: { method: 'api-key', credential: ALICE_KEY } } });
+    const a2 = await ctx.client({ name: 'a2', connectOptions: { auth: { method: 'api-key', credential: ALICE_KEY } } });
+    const b = await ctx.client({ name: 'b', connectOptions: { auth: { method: 'api-key', credential: BOB_KEY } } });
+    const { sessions } = await a2.conn.listSessions();
+    assert.deepEqual(sorted(sessions.map((s) => s.id)), sorted([a1.result.sessionId, a2.result.sessionId]));
+    assert.ok(sessions.every((s) => typeof s.createdAt === 'number'), 'createdAt');
+    assert.equal(sessions.find((s) => s.id === a2.result.sessionId).current, true);
+    const theirs = await b.conn.listSessions();
+    assert.deepEqual(theirs.sessions.map((s) => s.id), [b.result.sessionId]);
+  },
+  { config: AUTH_CONFIG },
+);
+
+scenario(
+  'sessions: loadSession moves a connection to a detached session; its agent comes back',
+  async (ctx) => {
+    const auth = { method: 'api-key', credential: ALICE_KEY };
+    const obs = await ctx.client({ name: 'observer', connectOptions: { auth } });
+    const w = await obs.watch({ eventTypes: ['agent_orphaned', 'participant_connected'] });
+    const old = await keyedAgent(ctx, 'old');
+    old.ws.terminate();
+    await w.waitFor('agent_orphaned', (e) => e.data?.agentId === old.id);
+    const now = await ctx.client({ name: 'now', connectOptions: { auth } });
+    const loaded = await now.conn.loadSession(old.sessionId);
+    assert.equal(loaded.sessionId, old.sessionId);
+    assert.equal(loaded.restored, true);
+    assert.deepEqual(loaded.reclaimedAgents.map((a) => a.id), [old.id]);
+    await w.waitFor('participant_connected', (e) => e.data?.reconnected === true);
+    const { agent: back } = await obs.conn.getAgent(old.id);
+    assert.equal(back.ownerId, old.pid, 'owned by the loaded session again');
+    assert.equal(back.state, 'registered');
+    // Bob cannot load Alice's sessions: not found.
+    const b = await ctx.client({ name: 'b', connectOptions: { auth: { method: 'api-key', credential: BOB_KEY } } });
+    await expectCode(b.conn.loadSession(now.result.sessionId), 16000, 'another principal');
+  },
+  { config: AUTH_CONFIG },
+);
+
+scenario(
+  'sessions: closeSession ends a detached session and unregisters its orphaned agents',
+  async (ctx) => {
+    const auth = { method: 'api-key', credential: ALICE_KEY };
+    const obs = await ctx.client({ name: 'observer', connectOptions: { auth } });
+    const w = await obs.watch({ eventTypes: ['agent_orphaned', 'agent_unregistered'] });
+    const old = await keyedAgent(ctx, 'dropped');
+    old.ws.terminate();
+    await w.waitFor('agent_orphaned', (e) => e.data?.agentId === old.id);
+    const closed = await obs.conn.closeSession(old.sessionId);
+    assert.equal(closed.closed, true);
+    assert.equal(closed.session.id, old.sessionId);
+    assert.equal(typeof closed.session.closedAt, 'number');
+    const gone = await w.waitFor('agent_unregistered', (e) => e.data?.agentId === old.id);
+    assert.equal(gone.data.reason, 'session_closed');
+    const { sessions } = await obs.conn.listSessions();
+    assert.ok(!sessions.some((s) => s.id === old.sessionId), 'no longer listed');
+    // Closing its own session ends the connection's session: calls need a new connect.
+    const own = await obs.conn.closeSession();
+    assert.equal(own.current, true);
+    await expectCode(obs.conn.listAgents(), 1000, 'after closing its own session');
+  },
+  { config: AUTH_CONFIG },
+);
+
 /** Resolves with the close code once `ws` closes. */
 const closed = (ws) => new Promise((resolve) => ws.once('close', (code) => resolve(code)));
 

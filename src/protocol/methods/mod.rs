@@ -39,6 +39,9 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     use session::*;
     visit.visit::<Connect>();
     visit.visit::<Disconnect>();
+    visit.visit::<SessionList>();
+    visit.visit::<SessionLoad>();
+    visit.visit::<SessionClose>();
     visit.visit::<auth::Authenticate>();
     visit.visit::<auth::AuthRefresh>();
     visit.visit::<Send>();

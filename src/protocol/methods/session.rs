@@ -310,6 +310,94 @@ impl ConnectResponse {
     }
 }
 
+/// `map/session/list` params (none besides `_meta`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
+pub struct SessionListParams {}
+
+/// One session of `map/session/list`: the spec's `{id, createdAt, lastActiveAt?}` plus who it
+/// is and whether a connection holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSummary {
+    /// Session id.
+    pub id: SessionId,
+    /// When it was created (Unix ms).
+    pub created_at: u64,
+    /// When it last made a call (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_active_at: Option<u64>,
+    /// Its participant.
+    pub participant_id: ParticipantId,
+    /// Its participant type.
+    pub participant_type: ParticipantType,
+    /// Its display name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `attached` (a connection holds it) or `detached` (resumable, or loadable, until its
+    /// resume window ends).
+    pub state: String,
+    /// Whether it is the session of the connection that asked.
+    pub current: bool,
+    /// Agents it owns (or that wait for it, orphaned, while it is detached).
+    pub agents: Vec<AgentId>,
+}
+
+/// `map/session/list` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionListResult {
+    /// The caller's sessions: those of its authenticated principal (or, without
+    /// authentication, of its participant id), oldest first.
+    pub sessions: Vec<SessionSummary>,
+}
+
+/// `map/session/load` params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionLoadParams {
+    /// The detached session to attach this connection to.
+    pub session_id: SessionId,
+}
+
+/// `map/session/load` result: the spec's `{sessionId, restored}` plus what a resuming
+/// `map/connect` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionLoadResult {
+    /// The session now attached to this connection.
+    pub session_id: SessionId,
+    /// True when the connection moved to it; false when it already was the connection's.
+    pub restored: bool,
+    /// Its participant.
+    pub participant_id: ParticipantId,
+    /// Agents it took back from orphanhood.
+    pub reclaimed_agents: Vec<Agent>,
+    /// Its new single-use resume token.
+    pub resume_token: String,
+}
+
+/// `map/session/close` params.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SessionCloseParams {
+    /// The session to end for good (absent: the caller's own).
+    pub session_id: Option<SessionId>,
+    /// Why (recorded in `participant_disconnected` and `agent_unregistered`).
+    pub reason: Option<String>,
+}
+
+/// `map/session/close` result: the SDK's `{session}` and the schema's `{closed}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionCloseResult {
+    /// Always true (a session that cannot be closed is an error).
+    pub closed: bool,
+    /// The session that ended.
+    pub session: SessionInfo,
+    /// Whether it was the calling connection's own session (the connection then has none:
+    /// `map/connect` again to go on).
+    pub current: bool,
+}
+
 method!(
     /// `map/connect`: open (or resume) a session.
     Connect, "map/connect", None, ConnectParams, ConnectResponse
@@ -317,4 +405,16 @@ method!(
 method!(
     /// `map/disconnect`: end the session; the result carries a resume token.
     Disconnect, "map/disconnect", None, DisconnectParams, DisconnectResult
+);
+method!(
+    /// `map/session/list` (sessions extension).
+    SessionList, "map/session/list", None, SessionListParams, SessionListResult
+);
+method!(
+    /// `map/session/load` (sessions extension).
+    SessionLoad, "map/session/load", None, SessionLoadParams, SessionLoadResult
+);
+method!(
+    /// `map/session/close` (sessions extension).
+    SessionClose, "map/session/close", None, SessionCloseParams, SessionCloseResult
 );

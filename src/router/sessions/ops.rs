@@ -215,6 +215,7 @@ impl Router {
             name: p.name.clone(),
             capabilities,
             created_at: now_ms(),
+            last_active_at: now_ms(),
             conn: Some(ctx.conn),
             resume_token: random_token("resume_"),
             policy: p.disconnect_policy.clone(),
@@ -279,7 +280,7 @@ impl Router {
     }
 
     /// Attaches `conn` to an existing session.
-    fn resume_session(
+    pub(crate) fn resume_session(
         &mut self,
         conn: ConnId,
         session_id: &SessionId,

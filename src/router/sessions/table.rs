@@ -85,6 +85,8 @@ pub struct Session {
     pub capabilities: ParticipantCapabilities,
     /// Creation time (Unix ms).
     pub created_at: u64,
+    /// When it last made a call (Unix ms).
+    pub last_active_at: u64,
     /// The connection, while attached.
     pub conn: Option<ConnId>,
     /// The current single-use resume token.
@@ -161,6 +163,13 @@ impl Sessions {
             self.by_token.remove(&s.resume_token);
             self.by_token.insert(token.clone(), s.id.clone());
             s.resume_token = token;
+        }
+    }
+
+    /// Records that `id` made a call now.
+    pub fn touch(&mut self, id: &SessionId) {
+        if let Some(s) = self.by_id.get_mut(id.as_str()) {
+            s.last_active_at = crate::protocol::ids::now_ms();
         }
     }
 
