@@ -88,7 +88,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut stop_requested = false;
     tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(e) = events.next().await {
-            let data = e.event.data.clone().unwrap_or_default();
+            let data = e.data();
             match e.kind() {
                 "agent.stderr" => {
                     for line in data["lines"].as_array().into_iter().flatten() {

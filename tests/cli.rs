@@ -160,7 +160,7 @@ async fn send_prints_the_result_and_reports_map_errors() {
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["delivered"], json!(["t1"]));
     let m = with_timeout(inbox.next()).await.unwrap();
-    assert_eq!(m.payload, Some(json!({"x": 1})));
+    assert_eq!(m.payload_value(), Some(json!({"x": 1})));
     assert_eq!(m.id.as_str(), result["messageId"].as_str().unwrap());
 
     // Text that is not JSON is sent as a string; a group address connects as an agent.
@@ -171,7 +171,7 @@ async fn send_prints_the_result_and_reports_map_errors() {
     .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
-        with_timeout(inbox.next()).await.unwrap().payload,
+        with_timeout(inbox.next()).await.unwrap().payload_value(),
         Some(json!("hello"))
     );
 
@@ -180,10 +180,7 @@ async fn send_prints_the_result_and_reports_map_errors() {
     assert!(out.status.success(), "{}", stderr(&out));
     let m = with_timeout(inbox.next()).await.unwrap();
     let registered = with_timeout(registrations.next()).await.unwrap();
-    assert_eq!(
-        registered.event.data.as_ref().unwrap()["name"],
-        json!("courier")
-    );
+    assert_eq!(registered.data()["name"], json!("courier"));
     assert_eq!(m.from, registered.event.source.unwrap());
 
     // MAP errors are printed clearly, with a non-zero exit code.
@@ -340,7 +337,7 @@ async fn agent_bridges_a_shell_script_agent() {
         .await
         .unwrap();
     let pong = with_timeout(inbox.next()).await.unwrap();
-    assert_eq!(pong.payload, Some(json!("pong")));
+    assert_eq!(pong.payload_value(), Some(json!("pong")));
     assert_eq!(pong.from, "shell-agent");
 
     let out = with_timeout(child.wait_with_output()).await.unwrap();
@@ -482,7 +479,10 @@ async fn agents_are_named_by_id_or_unique_name() {
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["delivered"], json!(["w1"]));
     assert_eq!(
-        with_timeout(writer_inbox.next()).await.unwrap().payload,
+        with_timeout(writer_inbox.next())
+            .await
+            .unwrap()
+            .payload_value(),
         Some(json!(1))
     );
     let out = run(&url, &["send", "--to", "w1", "--payload", "2"]).await;

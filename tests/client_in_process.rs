@@ -71,7 +71,7 @@ async fn in_process_clients_call_subscribe_and_exchange_messages() {
             .await
             .unwrap();
     assert!(reply.is_reply());
-    assert_eq!(reply.payload, Some(json!({"echo": 1})));
+    assert_eq!(reply.payload_value(), Some(json!({"echo": 1})));
     assert_eq!(
         with_timeout(watcher.list_agents(Default::default()))
             .await

@@ -109,10 +109,7 @@ async fn take(sub: &mut Subscription, n: usize) -> Vec<EventEnvelope> {
 }
 
 fn scope_id(e: &EventEnvelope) -> String {
-    e.event.data.as_ref().unwrap()["scopeId"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    e.data()["scopeId"].as_str().unwrap().to_owned()
 }
 
 #[tokio::test]
@@ -401,7 +398,7 @@ async fn request_and_reply_are_correlated() {
     }
     for (i, t) in tasks.into_iter().enumerate() {
         let reply = with_timeout(t).await.unwrap().expect("a reply");
-        assert_eq!(reply.payload, Some(json!({"echo": {"n": i}})));
+        assert_eq!(reply.payload_value(), Some(json!({"echo": {"n": i}})));
         assert!(reply.is_reply());
         assert_eq!(reply.from, echo.id().as_str());
     }
@@ -420,7 +417,7 @@ async fn request_and_reply_are_correlated() {
     ))
     .await
     .unwrap();
-    assert_eq!(reply.payload, Some(json!({"echo": "hi"})));
+    assert_eq!(reply.payload_value(), Some(json!({"echo": "hi"})));
     let err = with_timeout(asker.request(
         asker_client.participant_id().unwrap().to_string(),
         json!("to myself"),
@@ -431,7 +428,7 @@ async fn request_and_reply_are_correlated() {
     assert_eq!(err, ClientError::Timeout(Duration::from_millis(200)));
     // ...and the request itself reached the inbox (it was addressed to the asker).
     let own = with_timeout(inbox.next()).await.unwrap();
-    assert_eq!(own.payload, Some(json!("to myself")));
+    assert_eq!(own.payload_value(), Some(json!("to myself")));
     server.shutdown().await;
 }
 
@@ -557,17 +554,17 @@ async fn group_messages_reach_agent_handles_and_others_the_client_inbox() {
         .await
         .unwrap();
     assert_eq!(
-        with_timeout(b_in.next()).await.unwrap().payload,
+        with_timeout(b_in.next()).await.unwrap().payload_value(),
         Some(json!("for b"))
     );
     for inbox in [&mut a_in, &mut b_in] {
         assert_eq!(
-            with_timeout(inbox.next()).await.unwrap().payload,
+            with_timeout(inbox.next()).await.unwrap().payload_value(),
             Some(json!("for role r"))
         );
     }
     assert_eq!(
-        with_timeout(rest.next()).await.unwrap().payload,
+        with_timeout(rest.next()).await.unwrap().payload_value(),
         Some(json!("for the child"))
     );
     assert!(tokio::time::timeout(QUIET, a_in.next()).await.is_err());
@@ -737,7 +734,7 @@ async fn a_cut_connection_resumes_the_session_and_the_subscription_continues() {
         .await
         .unwrap();
     assert_eq!(
-        with_timeout(inbox.next()).await.unwrap().payload,
+        with_timeout(inbox.next()).await.unwrap().payload_value(),
         Some(json!("still there?"))
     );
     server.shutdown().await;

@@ -182,7 +182,11 @@ async fn unknown_methods_get_the_sdk_message_before_and_after_connect() {
             "protocol"
         )
     );
-    for method in ["map/federation/connect", "mail/create", "map/session/list"] {
+    for method in [
+        "map/federation/connect",
+        "mail/create",
+        "map/resources/list",
+    ] {
         assert_eq!(
             c.err(method, json!({})).await,
             map_error(-32601, &format!("Method not found: {method}"), "protocol")

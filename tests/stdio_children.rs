@@ -193,7 +193,7 @@ async fn each_documented_child_through_the_bridge() {
         let mut states = Vec::new();
         let gone = within(STEP, async {
             while let Some(e) = events.next().await {
-                let data = e.event.data.clone().unwrap_or_default();
+                let data = e.data();
                 if data["agentId"] != id {
                     continue;
                 }

@@ -199,7 +199,7 @@ async fn cli_commands_speak_wss_with_the_ca_file() {
     let result: serde_json::Value = serde_json::from_str(success(&out).trim()).unwrap();
     assert_eq!(result["delivered"], json!(["tls-target"]), "{result}");
     let message = with_timeout(inbox.next()).await.expect("the message");
-    assert_eq!(message.payload, Some(json!({"over": "tls"})));
+    assert_eq!(message.payload_value(), Some(json!({"over": "tls"})));
 
     // agents --json now lists it.
     let out = run("agents", &url, &["--ca-file", ca_arg, "--json"]).await;
@@ -276,7 +276,7 @@ async fn the_agent_bridge_speaks_wss_with_the_ca_file() {
         .await
         .unwrap();
     let pong = with_timeout(inbox.next()).await.expect("pong");
-    assert_eq!(pong.payload, Some(json!("pong")));
+    assert_eq!(pong.payload_value(), Some(json!("pong")));
     assert_eq!(pong.from, "tls-agent");
     let out = within(CLI_TIMEOUT, child.wait_with_output()).await.unwrap();
     assert_eq!(out.status.code(), Some(5), "stderr: {}", stderr(&out));
@@ -403,7 +403,7 @@ async fn the_rust_client_connects_registers_and_gets_messages_over_tls() {
         .unwrap();
     assert_eq!(sent.delivered, vec!["worker".to_owned()]);
     let message = with_timeout(inbox.next()).await.expect("the message");
-    assert_eq!(message.payload, Some(json!({"n": 1})));
+    assert_eq!(message.payload_value(), Some(json!({"n": 1})));
 
     // A reconnect opens a new TLS connection with the same trust and resumes the session.
     with_timeout(agent.reconnect())
@@ -415,7 +415,7 @@ async fn the_rust_client_connects_registers_and_gets_messages_over_tls() {
     let message = with_timeout(inbox.next())
         .await
         .expect("after the reconnect");
-    assert_eq!(message.payload, Some(json!({"n": 2})));
+    assert_eq!(message.payload_value(), Some(json!({"n": 2})));
 
     // Without the CA: a certificate error, not a generic transport failure.
     let refused = with_timeout(Client::connect_ws(

@@ -104,8 +104,8 @@ pub(super) async fn send(args: SendArgs) -> Result<ExitCode, Failure> {
         }
         client
             .send_with(SendParams {
-                to,
-                payload,
+                to: to.into(),
+                payload: payload.map(Into::into),
                 meta: None,
             })
             .await
@@ -168,7 +168,8 @@ pub(super) async fn request(args: RequestArgs) -> Result<ExitCode, Failure> {
     if args.json {
         print_line(&pretty(&reply));
     } else {
-        print_line(&pretty(reply.payload.as_ref().unwrap_or(&Value::Null)));
+        // The payload exactly as the agent wrote it.
+        print_line(reply.payload.as_ref().map_or("null", |p| p.get()));
     }
     Ok(ExitCode::SUCCESS)
 }

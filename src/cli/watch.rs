@@ -183,10 +183,9 @@ pub(super) struct CliEvents {
 impl CliEvents {
     /// Whether `e` is about a CLI connection or agent (and so hidden).
     pub(super) fn hides(&mut self, e: &EventEnvelope) -> bool {
+        let data = e.event.data.as_ref().map(|d| d.to_value());
         let field = |key: &str| {
-            e.event
-                .data
-                .as_ref()
+            data.as_ref()
                 .and_then(|d| d.get(key))
                 .and_then(Value::as_str)
         };
@@ -330,8 +329,8 @@ fn verdict(first: &EventEnvelope) -> String {
         .event
         .data
         .as_ref()
-        .and_then(|d| d.get("eventsDropped"))
-        .and_then(Value::as_u64);
+        .map(|d| d.to_value())
+        .and_then(|d| d.get("eventsDropped").and_then(Value::as_u64));
     match dropped {
         Some(n) => format!(
             "events were missed: the router no longer had up to {n} of the events from the outage"

@@ -1157,7 +1157,7 @@ impl Driver {
         if crate::client::message::MessageExt::is_reply(&message) {
             if let Some(waiter) = message
                 .correlation_id()
-                .and_then(|c| self.waiters.remove(c))
+                .and_then(|c| self.waiters.remove(&c))
             {
                 let _ = waiter.send(message);
                 return;
@@ -1167,7 +1167,7 @@ impl Driver {
             self.shared.unclaimed.push(message);
             return;
         }
-        match explicit_agents(&message.to) {
+        match explicit_agents(&message.to.to_value()) {
             Some(ids) => {
                 let targets: Vec<&AgentEntry> = self
                     .agents

@@ -39,14 +39,23 @@ impl EventEnvelope {
         &self.event.kind
     }
 
+    /// `event.data` parsed into a [`serde_json::Value`] (`Null` when absent). The event keeps
+    /// its text; use [`EventEnvelope::data_as`] for a typed payload.
+    pub fn data(&self) -> serde_json::Value {
+        self.event
+            .data
+            .as_ref()
+            .map_or(serde_json::Value::Null, |d| d.to_value())
+    }
+
     /// Decodes `event.data` into one of the typed payloads of
     /// [`protocol::event`](crate::protocol::event) (e.g. `AgentRegisteredData`).
     ///
     /// # Errors
     /// [`ClientError::Decode`] when the data is absent or has another shape.
     pub fn data_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, ClientError> {
-        let data = self.event.data.clone().unwrap_or(serde_json::Value::Null);
-        serde_json::from_value(data).map_err(|e| ClientError::decode(&self.event.kind, e))
+        let data = self.event.data.as_ref().map_or("null", |d| d.get());
+        serde_json::from_str(data).map_err(|e| ClientError::decode(&self.event.kind, e))
     }
 }
 

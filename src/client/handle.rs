@@ -20,6 +20,7 @@ use crate::client::transport::{self, Link};
 use crate::protocol::agent::Agent;
 use crate::protocol::event::ReplayedEvent;
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
+use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;
 use crate::protocol::methods::agents::*;
 use crate::protocol::methods::events::{Replay, ReplayParams};
@@ -422,8 +423,8 @@ impl Client {
         payload: Value,
     ) -> Result<SendResult, ClientError> {
         self.send_with(SendParams {
-            to: to.into(),
-            payload: Some(payload),
+            to: RawJson::from(to.into()),
+            payload: Some(payload.into()),
             meta: None,
         })
         .await
@@ -463,9 +464,9 @@ impl Client {
         let (reply, rx) = oneshot::channel();
         let cmd = Command::Request {
             params: SendParams {
-                to: to.into(),
-                payload: Some(payload),
-                meta: Some(meta),
+                to: RawJson::from(to.into()),
+                payload: Some(payload.into()),
+                meta: Some(meta.into()),
             },
             correlation_id,
             waiter,
@@ -493,14 +494,13 @@ impl Client {
         let mut meta = serde_json::Map::new();
         let correlation = message
             .correlation_id()
-            .map(str::to_owned)
             .unwrap_or_else(|| message.id.to_string());
         meta.insert("correlationId".into(), Value::String(correlation));
         meta.insert("isResult".into(), Value::Bool(true));
         self.send_with(SendParams {
-            to: serde_json::json!({ "agent": message.from }),
-            payload: Some(payload),
-            meta: Some(meta),
+            to: RawJson::from(serde_json::json!({ "agent": message.from })),
+            payload: Some(payload.into()),
+            meta: Some(meta.into()),
         })
         .await
     }
@@ -517,7 +517,7 @@ impl Client {
     ) -> Result<InjectResult, ClientError> {
         self.call::<Inject>(InjectParams {
             agent_id: agent_id.into(),
-            content,
+            content: content.into(),
             delivery: Some(delivery),
         })
         .await

@@ -75,7 +75,8 @@ impl MessageExt for Message {
         if self.from != "system" {
             return None;
         }
-        let payload = self.payload.as_ref()?.as_object()?;
+        let payload = self.payload.as_ref()?.to_value();
+        let payload = payload.as_object()?;
         let word = payload.get("control")?.as_str()?;
         let action = match word {
             "stop" => ControlAction::Stop,
@@ -104,12 +105,8 @@ impl MessageExt for Message {
         if self.from != "system" {
             return None;
         }
-        let inject = self
-            .meta
-            .as_ref()?
-            .get("_meta")?
-            .get("inject")?
-            .as_object()?;
+        let meta = self.meta.as_ref()?.to_value();
+        let inject = meta.get("_meta")?.get("inject")?.as_object()?;
         Some(Injection {
             delivery: inject
                 .get("delivery")
@@ -124,16 +121,12 @@ impl MessageExt for Message {
                 .get("interrupt")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
-            content: self.payload.clone().unwrap_or(Value::Null),
+            content: self.payload_value().unwrap_or(Value::Null),
         })
     }
 
     fn is_reply(&self) -> bool {
-        self.meta
-            .as_ref()
-            .and_then(|m| m.get("isResult"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
+        self.is_result()
     }
 }
 

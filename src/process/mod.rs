@@ -288,7 +288,9 @@ impl Supervisor {
         };
         let message_id = match (caller, params.initial_message) {
             (Some(conn), Some(initial)) => {
-                let to = serde_json::json!({ "agent": registered.id });
+                let to = crate::protocol::json::RawJson::from(
+                    serde_json::json!({ "agent": registered.id }),
+                );
                 let d = router
                     .call(conn, Some(Capability::CanSend), true, move |r, ctx| {
                         let caller = r.caller(ctx)?;

@@ -9,6 +9,7 @@ use crate::protocol::capabilities::ParticipantCapabilities;
 use crate::protocol::ids::AgentId;
 use crate::protocol::ids::ParticipantId;
 use crate::protocol::ids::ScopeId;
+use crate::protocol::json::RawJson;
 
 /// An agent's state: one of the SDK's states, or a custom `x-<name>` state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -204,9 +205,9 @@ pub struct Agent {
     /// A persistent identity (`persistentId`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub persistent_identity: Option<serde_json::Map<String, serde_json::Value>>,
-    /// Free-form metadata.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Free-form metadata, exactly as the agent (or its updates) wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<RawJson>,
 }
 
 impl Agent {

@@ -17,6 +17,7 @@ use crate::protocol::ids::MessageId;
 use crate::protocol::ids::ParticipantId;
 use crate::protocol::ids::ScopeId;
 use crate::protocol::ids::SubscriptionId;
+use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;
 
 /// The event types this router emits.
@@ -185,9 +186,10 @@ pub struct Event {
     /// The agent or participant that caused it (`"system"` for the router itself).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    /// Type-specific payload (see the `*Data` types).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
+    /// Type-specific payload (see the `*Data` types), exactly as the router wrote it (and so,
+    /// where it carries a participant's JSON, exactly as the participant wrote that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<RawJson>,
     /// Event ids that causally precede this one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caused_by: Option<Vec<EventId>>,
@@ -299,8 +301,8 @@ pub struct AgentRegisteredData {
     /// True when an orphaned agent was reclaimed by its reconnecting owner.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<RawJson>,
 }
 
 /// `agent_unregistered`.
@@ -380,10 +382,10 @@ pub struct AgentEnvironmentChangedData {
 #[allow(missing_docs)]
 pub struct AgentMetadataChangedData {
     pub agent_id: AgentId,
-    /// The keys the update set.
-    pub changes: serde_json::Map<String, serde_json::Value>,
+    /// The keys the update set, as the update wrote them.
+    pub changes: RawJson,
     /// The merged metadata after the update.
-    pub metadata: serde_json::Map<String, serde_json::Value>,
+    pub metadata: RawJson,
 }
 
 /// `participant_connected`.
@@ -418,14 +420,14 @@ pub struct ParticipantDisconnectedData {
 pub struct MessageSentData {
     pub message_id: MessageId,
     pub from: String,
-    pub to: serde_json::Value,
+    pub to: RawJson,
     pub timestamp: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub payload: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<RawJson>,
     pub message: Message,
 }
 
@@ -441,8 +443,8 @@ pub struct MessageDeliveredData {
     /// Omitted when the message expects a response (see docs/compatibility.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub payload: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<RawJson>,
     pub message: Message,
 }
 
@@ -453,7 +455,7 @@ pub struct MessageDeliveredData {
 pub struct MessageFailedData {
     pub message_id: MessageId,
     pub from: String,
-    pub to: serde_json::Value,
+    pub to: RawJson,
     /// The recipient that was not reached.
     pub recipient: String,
     /// `recipient_offline` or `recipient_backlogged`.
@@ -552,7 +554,7 @@ pub struct AgentInjectedData {
     pub message_id: MessageId,
     /// Who injected it.
     pub injected_by: String,
-    pub content: serde_json::Value,
+    pub content: RawJson,
 }
 
 /// `agent.stderr`: lines a supervised process wrote to stderr (batched, rate-limited).

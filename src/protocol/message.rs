@@ -10,8 +10,10 @@ use crate::protocol::ids::AgentId;
 use crate::protocol::ids::MessageId;
 use crate::protocol::ids::ParticipantId;
 use crate::protocol::ids::ScopeId;
+use crate::protocol::json::RawJson;
 
-/// A message as recipients get it in `map/message` and as message events carry it.
+/// A message as recipients get it in `map/message` and as message events carry it. `to`,
+/// `payload` and `meta` are the sender's JSON text, passed on byte for byte ([`RawJson`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Message {
     /// The message id.
@@ -21,61 +23,100 @@ pub struct Message {
     pub from: String,
     /// The address exactly as the sender wrote it.
     #[schemars(with = "AddressSchema")]
-    pub to: serde_json::Value,
+    pub to: RawJson,
     /// When the router accepted the message (Unix ms).
     pub timestamp: u64,
-    /// The payload, untouched.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub payload: Option<serde_json::Value>,
-    /// Message metadata, untouched (extension keys such as `protocol` are allowed).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The payload, exactly as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<RawJson>,
+    /// Message metadata, exactly as sent (extension keys such as `protocol` are allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<MessageMeta>")]
-    pub meta: Option<serde_json::Map<String, serde_json::Value>>,
+    pub meta: Option<RawJson>,
 }
 
 impl Message {
+    /// The fields of `meta` the router and the clients read (parsed on each call: read it
+    /// once when several are needed).
+    pub fn meta_view(&self) -> MetaView {
+        MetaView::of(self.meta.as_ref())
+    }
+
     /// `meta.correlationId`, if a string.
-    pub fn correlation_id(&self) -> Option<&str> {
-        self.meta.as_ref()?.get("correlationId")?.as_str()
+    pub fn correlation_id(&self) -> Option<String> {
+        self.meta_view().correlation_id
     }
 
     /// `meta.expectsResponse === true`.
     pub fn expects_response(&self) -> bool {
-        self.meta
-            .as_ref()
-            .and_then(|m| m.get("expectsResponse"))
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false)
+        self.meta_view().expects_response
     }
 
     /// `meta.isResult === true` (a reply).
     pub fn is_result(&self) -> bool {
-        self.meta
-            .as_ref()
-            .and_then(|m| m.get("isResult"))
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false)
+        self.meta_view().is_result
+    }
+
+    /// The payload as a [`serde_json::Value`] (a parsed copy), if there is one.
+    pub fn payload_value(&self) -> Option<serde_json::Value> {
+        self.payload.as_ref().map(RawJson::to_value)
+    }
+}
+
+/// What the router reads in a message's `meta`: each field only when it has the right type
+/// (a `correlationId` that is not a string is not a correlation id).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetaView {
+    /// `meta.correlationId`.
+    pub correlation_id: Option<String>,
+    /// `meta.expectsResponse === true`.
+    pub expects_response: bool,
+    /// `meta.isResult === true`.
+    pub is_result: bool,
+    /// `meta.delivery`.
+    pub delivery: Option<String>,
+    /// `meta.priority`.
+    pub priority: Option<String>,
+}
+
+impl MetaView {
+    /// Reads `meta` (one pass over its text; absent or not an object: all defaults).
+    pub fn of(meta: Option<&RawJson>) -> Self {
+        let Some(members) = meta.and_then(RawJson::members) else {
+            return Self::default();
+        };
+        let text = |k: &str| {
+            members
+                .get(k)
+                .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+        };
+        let flag = |k: &str| {
+            members
+                .get(k)
+                .and_then(|raw| serde_json::from_str::<bool>(raw.get()).ok())
+                .unwrap_or(false)
+        };
+        Self {
+            correlation_id: text("correlationId"),
+            expects_response: flag("expectsResponse"),
+            is_result: flag("isResult"),
+            delivery: text("delivery"),
+            priority: text("priority"),
+        }
     }
 
     /// Whether `meta.delivery` asks for more than fire-and-forget (`acknowledged` or
     /// `guaranteed`): such messages wait for a recipient that is away.
     pub fn delivery_guaranteed(&self) -> bool {
         matches!(
-            self.meta
-                .as_ref()
-                .and_then(|m| m.get("delivery"))
-                .and_then(|v| v.as_str()),
+            self.delivery.as_deref(),
             Some("acknowledged" | "guaranteed" | "at-least-once" | "exactly-once")
         )
     }
 
     /// `meta.priority`, defaulting to `normal`.
     pub fn priority(&self) -> &str {
-        self.meta
-            .as_ref()
-            .and_then(|m| m.get("priority"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("normal")
+        self.priority.as_deref().unwrap_or("normal")
     }
 }
 
@@ -176,6 +217,14 @@ pub enum Address {
 }
 
 impl Address {
+    /// Parses the `to` of `map/send` as the sender wrote it.
+    ///
+    /// # Errors
+    /// The reason, for a `-32602`.
+    pub fn parse_raw(to: &RawJson) -> Result<Self, String> {
+        Self::parse(&to.to_value())
+    }
+
     /// Parses the `to` value of `map/send`. The error is the reason, for a `-32602`.
     pub fn parse(value: &serde_json::Value) -> Result<Self, String> {
         use serde_json::Value;

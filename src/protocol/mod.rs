@@ -8,6 +8,7 @@ pub mod agent;
 pub mod capabilities;
 pub mod event;
 pub mod ids;
+pub mod json;
 pub mod jsonrpc;
 pub mod message;
 pub mod methods;

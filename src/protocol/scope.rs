@@ -4,6 +4,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::ids::ScopeId;
+use crate::protocol::json::RawJson;
 
 /// Who may join a scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -81,7 +82,7 @@ pub struct Scope {
     /// Delete the scope when its last member leaves.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto_delete: Option<bool>,
-    /// Free-form metadata.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Free-form metadata, exactly as its creator wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<RawJson>,
 }

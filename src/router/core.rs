@@ -376,9 +376,12 @@ impl Router {
     ) -> EventId {
         let role: Option<Arc<str>> = agent.role.as_deref().map(Arc::from);
         let metadata = match kind {
-            EventType::AgentRegistered | EventType::AgentMetadataChanged => {
-                agent.metadata.clone().map(Arc::new)
-            }
+            // Parsed here, once, for `metadataMatch` filters; the event carries the text.
+            EventType::AgentRegistered | EventType::AgentMetadataChanged => agent
+                .metadata
+                .as_ref()
+                .and_then(|m| m.parse::<serde_json::Map<String, serde_json::Value>>().ok())
+                .map(Arc::new),
             _ => None,
         };
         let draft = EventDraft {

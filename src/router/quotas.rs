@@ -13,6 +13,7 @@
 //!   not counted here: anonymous peers are bounded per remote address when they connect
 //!   (`transport::admission`).
 
+use crate::protocol::json::RawJson;
 use crate::router::error::RouterError;
 
 /// Default subscriptions per session: a dashboard uses a handful; 100 leaves room while
@@ -55,40 +56,19 @@ pub(crate) fn exceeded(what: &str, limit: usize) -> RouterError {
     RouterError::QuotaExceeded(format!("{what} (limit {limit})"))
 }
 
-/// Counts bytes a value serializes to, without building the text.
-struct ByteCount(usize);
-
-impl std::io::Write for ByteCount {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len();
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The serialized size of `value` in bytes.
-pub fn serialized_len(value: &serde_json::Value) -> usize {
-    let mut count = ByteCount(0);
-    // Writing into a counter cannot fail.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
 impl Quotas {
     /// Checks a message payload (or injected content) against `max_payload_bytes`.
     ///
     /// # Errors
     /// `QuotaExceeded` when it is larger.
-    pub fn check_payload(&self, payload: Option<&serde_json::Value>) -> Result<(), RouterError> {
+    pub fn check_payload(&self, payload: Option<&RawJson>) -> Result<(), RouterError> {
         let (Some(payload), limit) = (payload, self.max_payload_bytes) else {
             return Ok(());
         };
         if limit == 0 {
             return Ok(());
         }
-        let len = serialized_len(payload);
+        let len = payload.len();
         if len > limit {
             return Err(RouterError::QuotaExceeded(format!(
                 "payload of {len} bytes exceeds {limit} bytes"

@@ -901,6 +901,20 @@ scenario('send: {agent} from a client reaches the agent with to/meta preserved',
   assert.equal(typeof m.timestamp, 'number');
 });
 
+scenario('send: the payload reaches an SDK recipient with its keys in the order sent', async (ctx) => {
+  const a = await ctx.agent({ name: 'target' });
+  const c = await ctx.client({ name: 'sender' });
+  const big = 'x'.repeat(20000);
+  const payload = { k: 1, s: 'two', n: 3.5, i: -4, b: true, o: { z: 1, a: [2, { y: 3, b: 4 }] }, big };
+  const res = await c.conn.send({ agent: a.id }, payload);
+  await expectDelivery(res, [a], [a, c], '{agent}');
+  const m = a.inbox.find((x) => x.id === res.messageId);
+  assert.deepEqual(Object.keys(m.payload), ['k', 's', 'n', 'i', 'b', 'o', 'big'], 'keys in the order sent');
+  assert.deepEqual(Object.keys(m.payload.o), ['z', 'a'], 'nested keys in the order sent');
+  assert.deepEqual(Object.keys(m.payload.o.a[1]), ['y', 'b']);
+  assert.equal(JSON.stringify(m.payload), JSON.stringify(payload), 'the same text');
+});
+
 scenario('send: string addresses (bare id and agent:<id>)', async (ctx) => {
   const a = await ctx.agent({ name: 'strung' });
   const c = await ctx.client();

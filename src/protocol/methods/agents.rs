@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::agent::{Agent, AgentRelationship, AgentState, AgentVisibility};
 use crate::protocol::capabilities::{Capability, ParticipantCapabilities};
 use crate::protocol::ids::{AgentId, EventId, MessageId, ParticipantId, ScopeId};
+use crate::protocol::json::RawJson;
 use crate::protocol::methods::method::method;
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
@@ -123,7 +124,8 @@ pub struct RegisterParams {
     pub capability_descriptor: Option<JsonMap>,
     pub persistent_identity: Option<JsonMap>,
     pub resume_persistent_identity: Option<bool>,
-    pub metadata: Option<JsonMap>,
+    /// Free-form, kept byte for byte.
+    pub metadata: Option<RawJson>,
     pub permission_overrides: Option<JsonMap>,
     pub relationships: Option<Vec<AgentRelationship>>,
 }
@@ -143,10 +145,10 @@ pub struct RegisterResult {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct InitialMessage {
-    /// Payload of the first message.
-    pub payload: Option<serde_json::Value>,
-    /// Its metadata.
-    pub meta: Option<JsonMap>,
+    /// Payload of the first message, delivered byte for byte.
+    pub payload: Option<RawJson>,
+    /// Its metadata, delivered byte for byte.
+    pub meta: Option<RawJson>,
 }
 
 /// When a supervised child process is restarted after it exits.
@@ -199,8 +201,10 @@ pub struct CommandSpec {
     pub kill_timeout_ms: Option<u64>,
 }
 
-/// `map/agents/spawn` params.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// `map/agents/spawn` params: the child's registration fields and the spawn's own, in one
+/// object. Read with a hand-written `Deserialize` (the registration's verbatim metadata cannot
+/// pass through serde's buffering of flattened fields).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct SpawnParams {
     /// The child's registration. `parent` defaults to the caller's agent; it is required
@@ -215,6 +219,31 @@ pub struct SpawnParams {
     pub requested_scopes: Option<Vec<ScopeId>>,
     /// Accepted; not enforced by this router yet.
     pub ttl_minutes: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for SpawnParams {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase", default)]
+        #[derive(Default)]
+        struct Own {
+            command: Option<CommandSpec>,
+            initial_message: Option<InitialMessage>,
+            requested_scopes: Option<Vec<ScopeId>>,
+            ttl_minutes: Option<u64>,
+        }
+        let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+        let register: RegisterParams = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+        let own: Own = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+        Ok(Self {
+            register,
+            command: own.command,
+            initial_message: own.initial_message,
+            requested_scopes: own.requested_scopes,
+            ttl_minutes: own.ttl_minutes,
+        })
+    }
 }
 
 /// The process behind a supervised agent.
@@ -274,9 +303,9 @@ pub struct UpdateParams {
     /// Replaces the environment.
     #[serde(default)]
     pub environment: Option<JsonMap>,
-    /// Shallow-merged into the metadata.
+    /// Shallow-merged into the metadata: each value byte for byte.
     #[serde(default)]
-    pub metadata: Option<JsonMap>,
+    pub metadata: Option<RawJson>,
     /// Merged per section (`canSee`, `canMessage`, `acceptsFrom`).
     #[serde(default)]
     pub permission_overrides: Option<JsonMap>,

@@ -5,21 +5,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::MessageId;
+use crate::protocol::json::RawJson;
 use crate::protocol::message::MessageMeta;
 use crate::protocol::methods::method::method;
 
 /// `map/send` params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SendParams {
-    /// Where to send: any address form (see `Address`).
-    pub to: serde_json::Value,
-    /// The payload, delivered untouched.
+    /// Where to send: any address form (see `Address`), kept as written.
+    #[schemars(with = "serde_json::Value")]
+    pub to: RawJson,
+    /// The payload, delivered byte for byte.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payload: Option<serde_json::Value>,
-    /// Message metadata, delivered untouched.
+    pub payload: Option<RawJson>,
+    /// Message metadata, delivered byte for byte.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<MessageMeta>")]
-    pub meta: Option<serde_json::Map<String, serde_json::Value>>,
+    pub meta: Option<RawJson>,
 }
 
 /// `map/send` result.

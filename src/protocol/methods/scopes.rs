@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::{AgentId, EventId, ScopeId};
+use crate::protocol::json::RawJson;
 use crate::protocol::methods::method::method;
 use crate::protocol::scope::{JoinPolicy, Scope, ScopeVisibility, SendPolicy};
 
@@ -64,7 +65,7 @@ pub struct ScopesCreateParams {
     pub send_policy: Option<SendPolicy>,
     pub persistent: Option<bool>,
     pub auto_delete: Option<bool>,
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub metadata: Option<RawJson>,
 }
 
 /// `map/scopes/delete` result.

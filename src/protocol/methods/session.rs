@@ -290,14 +290,39 @@ pub struct AuthRequiredResult {
     pub error: Option<AuthError>,
 }
 
-/// The `map/connect` result: a session, or the request to authenticate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// The `map/connect` result: a session, or the request to authenticate. Serialized as the
+/// variant's object (untagged); read back by whether `authRequired` is present (not by trying
+/// each shape: verbatim JSON inside an agent cannot be read through serde's buffering).
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum ConnectResponse {
     /// Connected (or resumed).
     Connected(Box<ConnectResult>),
     /// Authentication is required first; there is no session.
     AuthRequired(AuthRequiredResult),
+}
+
+impl<'de> Deserialize<'de> for ConnectResponse {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Probe {
+            #[serde(default)]
+            auth_required: Option<serde::de::IgnoredAny>,
+        }
+        let probe: Probe = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+        if probe.auth_required.is_some() {
+            serde_json::from_str(raw.get())
+                .map(Self::AuthRequired)
+                .map_err(D::Error::custom)
+        } else {
+            serde_json::from_str(raw.get())
+                .map(Self::Connected)
+                .map_err(D::Error::custom)
+        }
+    }
 }
 
 impl ConnectResponse {

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::{AgentId, MessageId};
+use crate::protocol::json::RawJson;
 use crate::protocol::methods::method::method;
 
 /// How injected content is delivered (see `docs/steering.md`).
@@ -28,8 +29,8 @@ pub enum InjectDelivery {
 pub struct InjectParams {
     /// The target agent.
     pub agent_id: AgentId,
-    /// What to inject (any JSON).
-    pub content: serde_json::Value,
+    /// What to inject (any JSON), delivered byte for byte.
+    pub content: RawJson,
     /// Delivery mode (default `queue`).
     #[serde(default)]
     pub delivery: Option<InjectDelivery>,

@@ -19,6 +19,7 @@ use crate::protocol::event::{
     ScopeMemberData,
 };
 use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId};
+use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;
 use crate::protocol::methods::agents::*;
 
@@ -113,6 +114,7 @@ impl Router {
                 "agentId must not be empty".into(),
             ));
         }
+        check_object("metadata", p.metadata.as_ref())?;
         if let Some(id) = &p.agent_id {
             if let Some(existing) = self.registry.get(id.as_str()) {
                 if existing.agent.owner_id.is_none() && existing.agent.state == AgentState::ORPHANED
@@ -289,7 +291,7 @@ impl Router {
         let (agent, _) = self.register_agent(&caller, register, Vec::new())?;
         let mut message_id = None;
         if let Some(initial) = p.initial_message {
-            let to = serde_json::json!({ "agent": agent.id });
+            let to = RawJson::from(serde_json::json!({ "agent": agent.id }));
             let d = self.deliver_message(&caller, to, initial.payload, initial.meta, Vec::new())?;
             message_id = Some(d.message_id);
         }
@@ -371,6 +373,7 @@ impl Router {
     ) -> Result<AgentResult, RouterError> {
         let caller = self.caller(ctx)?;
         let before = self.controlled_agent(&caller, &p.agent_id)?;
+        check_object("metadata", p.metadata.as_ref())?;
         if let Some(overrides) = &p.permission_overrides {
             parse_overrides(overrides).map_err(RouterError::InvalidParams)?;
         }
@@ -408,10 +411,11 @@ impl Router {
             rec.agent.environment = Some(env.clone());
         }
         if let Some(changes) = &p.metadata {
-            let meta = rec.agent.metadata.get_or_insert_with(JsonMap::new);
-            for (k, v) in changes {
-                meta.insert(k.clone(), v.clone());
-            }
+            // A shallow merge of the texts: each value stays byte for byte.
+            rec.agent.metadata = Some(match &rec.agent.metadata {
+                Some(current) => current.merged(changes).unwrap_or_else(|| changes.clone()),
+                None => changes.clone(),
+            });
         }
         if let Some(overrides) = &p.permission_overrides {
             let current = rec
@@ -456,7 +460,10 @@ impl Router {
                 &AgentMetadataChangedData {
                     agent_id: after.id.clone(),
                     changes,
-                    metadata: after.metadata.clone().unwrap_or_default(),
+                    metadata: after
+                        .metadata
+                        .clone()
+                        .unwrap_or_else(|| RawJson::from_text("{}").unwrap_or_default()),
                 },
                 Vec::new(),
             );
@@ -551,10 +558,10 @@ impl Router {
         let message = Message {
             id: MessageId::generate(),
             from: CONTROL_SENDER.into(),
-            to: serde_json::json!({ "agent": agent.id }),
+            to: RawJson::from(serde_json::json!({ "agent": agent.id })),
             timestamp: now_ms(),
-            payload: Some(payload),
-            meta: Some(meta),
+            payload: Some(RawJson::from(payload)),
+            meta: Some(RawJson::from(meta)),
         };
         if let Some(conn) = self.agent_conn(&agent.id) {
             let frame = crate::router::messaging::ops::message_frame(&message);
@@ -963,4 +970,17 @@ fn agent_matches(f: &AgentFilter, rec: &crate::router::agents::registry::AgentRe
         }
     }
     true
+}
+
+/// A free-form field that must be a JSON object when given (`metadata`).
+///
+/// # Errors
+/// `-32602` naming the field.
+pub(crate) fn check_object(field: &str, value: Option<&RawJson>) -> Result<(), RouterError> {
+    match value {
+        Some(v) if !v.is_object() => Err(RouterError::InvalidParams(format!(
+            "`{field}` must be an object"
+        ))),
+        _ => Ok(()),
+    }
 }

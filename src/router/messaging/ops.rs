@@ -27,6 +27,7 @@ use serde_json::value::RawValue;
 use crate::protocol::capabilities::{Capability, ParticipantType};
 use crate::protocol::event::{EventType, MessageFailedData, MessageQueuedData};
 use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId, ParticipantId, ScopeId};
+use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::{Address, Message, ParticipantGroup};
 use crate::protocol::methods::messaging::{SendParams, SendResult};
@@ -49,8 +50,6 @@ use crate::router::permissions::can_message_agent;
 use crate::router::permissions::can_see_agent;
 use crate::router::permissions::can_see_scope;
 use crate::router::permissions::can_send_to_scope;
-
-type JsonMap = serde_json::Map<String, serde_json::Value>;
 
 /// What became of a message.
 #[derive(Debug)]
@@ -83,13 +82,17 @@ impl Recipient {
 
 /// The `map/message` frame for a message, shared by all its recipients.
 pub fn message_frame(message: &Message) -> Arc<str> {
-    let json = crate::router::core::to_json(message);
-    let mut frame = String::with_capacity(json.len() + 64);
-    crate::protocol::jsonrpc::write_notification(
-        &mut frame,
-        notifications::MESSAGE,
-        &format!("{{\"message\":{json}}}"),
-    );
+    message_frame_of(&crate::router::core::to_json(message))
+}
+
+/// The `map/message` frame around a message's JSON.
+fn message_frame_of(message_json: &str) -> Arc<str> {
+    let mut params = String::with_capacity(message_json.len() + 12);
+    params.push_str("{\"message\":");
+    params.push_str(message_json);
+    params.push('}');
+    let mut frame = String::with_capacity(params.len() + 64);
+    crate::protocol::jsonrpc::write_notification(&mut frame, notifications::MESSAGE, &params);
     frame.into()
 }
 
@@ -98,14 +101,14 @@ pub fn message_frame(message: &Message) -> Arc<str> {
 struct SentData<'a> {
     message_id: &'a MessageId,
     from: &'a str,
-    to: &'a serde_json::Value,
+    to: &'a RawJson,
     timestamp: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     correlation_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     priority: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    payload: Option<&'a RawValue>,
+    payload: Option<&'a RawJson>,
     message: &'a RawValue,
 }
 
@@ -119,7 +122,7 @@ struct DeliveredData<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     correlation_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    payload: Option<&'a RawValue>,
+    payload: Option<&'a RawJson>,
     message: &'a RawValue,
 }
 
@@ -146,12 +149,12 @@ impl Router {
     pub(crate) fn deliver_message(
         &mut self,
         caller: &Caller,
-        to: serde_json::Value,
-        payload: Option<serde_json::Value>,
-        meta: Option<JsonMap>,
+        to: RawJson,
+        payload: Option<RawJson>,
+        meta: Option<RawJson>,
         caused_by: Vec<EventId>,
     ) -> Result<Delivered, RouterError> {
-        let address = Address::parse(&to).map_err(RouterError::InvalidParams)?;
+        let address = Address::parse_raw(&to).map_err(RouterError::InvalidParams)?;
         let multicast = address.is_multicast()
             || matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
         if multicast && !self.session_has(caller, Capability::CanBroadcast) {
@@ -170,14 +173,13 @@ impl Router {
             payload,
             meta,
         };
-        let frame = message_frame(&message);
+        // NB: serialized once; `to`, `payload` and `meta` are the sender's text, spliced in.
         let message_json = raw(crate::router::core::to_json(&message));
-        let payload_json = message
-            .payload
-            .as_ref()
-            .map(|p| raw(crate::router::core::to_json(p)));
-        let correlation = message.correlation_id();
-        let priority = message.priority();
+        let frame = message_frame_of(message_json.get());
+        let payload_json = message.payload.clone();
+        let view = message.meta_view();
+        let correlation = view.correlation_id.as_deref();
+        let priority = view.priority();
         let source_role: Option<Arc<str>> = caller
             .primary_agent
             .as_ref()
@@ -221,7 +223,7 @@ impl Router {
             })
         };
         let mut caused_by = caused_by;
-        if message.is_result() {
+        if view.is_result {
             if let Some(request) =
                 correlation.and_then(|c| self.messaging.request_delivery(c, &from))
             {
@@ -237,12 +239,8 @@ impl Router {
                 to: &message.to,
                 timestamp: message.timestamp,
                 correlation_id: correlation,
-                priority: message
-                    .meta
-                    .as_ref()
-                    .and_then(|m| m.get("priority"))
-                    .and_then(|p| p.as_str()),
-                payload: payload_json.as_deref(),
+                priority: view.priority.as_deref(),
+                payload: payload_json.as_ref(),
                 message: &message_json,
             }),
             caused_by,
@@ -256,7 +254,7 @@ impl Router {
             from: from.clone(),
             to: message.to.clone(),
             timestamp: message.timestamp,
-            delivered_correlation: if message.expects_response() {
+            delivered_correlation: if view.expects_response {
                 None
             } else {
                 correlation.map(str::to_owned)
@@ -268,7 +266,7 @@ impl Router {
             keys,
             audience,
         });
-        let queueable = message.delivery_guaranteed();
+        let queueable = view.delivery_guaranteed();
         let mut delivered = Vec::new();
         let mut queued = Vec::new();
         let mut reached: HashSet<ConnId> = HashSet::new();
@@ -326,7 +324,7 @@ impl Router {
                 delivered_to: [recipient],
                 timestamp: out.timestamp,
                 correlation_id: out.delivered_correlation.as_deref(),
-                payload: out.payload_json.as_deref(),
+                payload: out.payload_json.as_ref(),
                 message: &out.message_json,
             }),
             caused_by,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use crate::protocol::ids::{AgentId, EventId, MessageId};
+use crate::protocol::json::RawJson;
 use crate::router::events::log::{Audience, FilterKeys};
 
 /// Most messages kept for one agent while it is away.
@@ -20,10 +21,10 @@ pub(crate) struct Outgoing {
     pub(crate) id: MessageId,
     pub(crate) correlation: Option<String>,
     pub(crate) from: Arc<str>,
-    pub(crate) to: serde_json::Value,
+    pub(crate) to: RawJson,
     pub(crate) timestamp: u64,
     pub(crate) delivered_correlation: Option<String>,
-    pub(crate) payload_json: Option<Box<RawValue>>,
+    pub(crate) payload_json: Option<RawJson>,
     pub(crate) message_json: Box<RawValue>,
     pub(crate) frame: Arc<str>,
     pub(crate) sent: EventId,

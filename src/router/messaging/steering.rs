@@ -13,6 +13,7 @@
 
 use crate::protocol::event::{AgentInjectedData, EventType};
 use crate::protocol::ids::{now_ms, MessageId};
+use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;
 use crate::protocol::methods::steering::{InjectDelivery, InjectParams, InjectResult};
 
@@ -59,10 +60,10 @@ impl Router {
         let message = Message {
             id: MessageId::generate(),
             from: "system".into(),
-            to: serde_json::json!({ "agent": agent.id }),
+            to: RawJson::from(serde_json::json!({ "agent": agent.id })),
             timestamp: now_ms(),
             payload: Some(p.content.clone()),
-            meta: Some(meta),
+            meta: Some(RawJson::from(meta)),
         };
         let frame = message_frame(&message);
         let injected = match self.agent_conn(&agent.id) {

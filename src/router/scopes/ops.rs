@@ -123,6 +123,7 @@ impl Router {
         if let Some(parent) = &p.parent {
             self.visible_scope(&caller, parent)?;
         }
+        crate::router::agents::ops::check_object("metadata", p.metadata.as_ref())?;
         let scope = Scope {
             id: p.scope_id.unwrap_or_else(ScopeId::generate),
             name: p.name,
