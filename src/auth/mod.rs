@@ -2,12 +2,12 @@
 //!
 //! Owns the configured methods and their key material ([`config`] reads it once, at start-up:
 //! API keys in [`api_keys`], a JWT secret and a JWKS in [`jwt`]) and the pure check of one
-//! credential: [`Authenticator::verify`] turns an `auth` object into a [`Principal`] (with its
-//! expiry) or an [`AuthError`] with the wire code. It keeps no session state and does no I/O
+//! credential: [`Authenticator::verify`] turns an `auth` object into a [`Principal`](crate::protocol::methods::session::Principal) (with its
+//! expiry) or an [`AuthError`](crate::protocol::methods::session::AuthError) with the wire code. It keeps no session state and does no I/O
 //! after start-up.
 //!
 //! What a verdict means for a connection (authRequired, pending connects, resume, refresh,
-//! expiry) is decided by the router (`router::auth_ops`). Verification runs on the connection's
+//! expiry) is decided by the router (`router::sessions::auth`). Verification runs on the connection's
 //! task, never on the router's: a signature check is CPU work the router must not wait for.
 //! The rules are documented in docs/security.md.
 

@@ -243,7 +243,7 @@ impl Client {
 
     /// Registers an agent owned by this session and returns its handle, whose inbox receives
     /// the agent's messages from the moment the registration is answered. Needs
-    /// `lifecycle.canRegister` (connect with [`ClientOptions::agent`]).
+    /// `lifecycle.canRegister` (connect with [`ClientOptions::agent`](crate::client::ClientOptions::agent)).
     ///
     /// If the session cannot be resumed after a reconnect (its token expired), the client
     /// registers its agents again with the same ids.

@@ -79,7 +79,7 @@ impl Client {
     /// TLS) and opens a session (`map/connect`). `http://` and `https://` URLs are taken as
     /// `ws://` and `wss://`. Over TLS the client trusts the platform's root certificates plus
     /// [`ClientOptions::ca_file`]. Lost connections are re-established according to the
-    /// options' [`ReconnectPolicy`].
+    /// options' [`ReconnectPolicy`](crate::client::ReconnectPolicy).
     ///
     /// # Errors
     /// [`ClientError::Transport`] when the socket cannot be opened (or the URL is not a
@@ -98,7 +98,7 @@ impl Client {
     /// Spawns `command` (for example `map-router stdio`) and speaks MAP as NDJSON over its
     /// stdin/stdout. The child's stderr is inherited unless the command says otherwise. When the
     /// client closes (or every handle is dropped) the child's stdin is closed; the child gets
-    /// [`CHILD_EXIT_GRACE`] to exit, then it is killed, and it is always reaped. A stdio client
+    /// [`CHILD_EXIT_GRACE`](crate::client::CHILD_EXIT_GRACE) to exit, then it is killed, and it is always reaped. A stdio client
     /// does not reconnect: when the child exits, the client closes.
     ///
     /// ```no_run
@@ -122,7 +122,7 @@ impl Client {
     }
 
     /// Connects to a router running in this process, with no socket (see
-    /// [`Server::connect_in_process`]). The link ends only when the server shuts down; it is not
+    /// `Server::connect_in_process`). The link ends only when the server shuts down; it is not
     /// re-established.
     ///
     /// # Errors
@@ -567,7 +567,7 @@ impl Client {
 
     /// Spawns a child agent (`map/agents/spawn`). Without `command`, the child belongs to this
     /// session and its messages arrive on this connection ([`Client::messages`], or an
-    /// [`AgentHandle`] inbox when addressed to a group). With `command`, the router launches and
+    /// [`AgentHandle`](crate::client::AgentHandle) inbox when addressed to a group). With `command`, the router launches and
     /// supervises the program as the child.
     ///
     /// # Errors

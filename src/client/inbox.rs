@@ -102,7 +102,7 @@ impl Inbox {
     }
 }
 
-/// A stream of [`Message`]s delivered to an agent (or, from [`Client::messages`], to the
+/// A stream of [`Message`]s delivered to an agent (or, from [`Client::messages`](crate::client::Client::messages), to the
 /// connection). Ends when the client closes or the agent handle is dropped or unregistered.
 #[derive(Debug)]
 pub struct Messages {

@@ -127,7 +127,7 @@ pub struct RouterParts {
     pub store: Option<(Arc<dyn crate::store::EventStore>, crate::store::Recovered)>,
 }
 
-/// Sizes of the router's state at one moment ([`RouterHandle::stats`]).
+/// Sizes of the router's state at one moment ([`RouterHandle::stats`](crate::router::handle::RouterHandle::stats)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RouterStats {

@@ -1,7 +1,7 @@
 //! Request rate limits: one token bucket per connection and one per principal (GCRA, from the
 //! `governor` crate).
 //!
-//! Owns the buckets and the rule of what counts; [`super::dispatch::RpcSession`] asks before
+//! Owns the buckets and the rule of what counts; [`crate::router::rpc::RpcSession`] asks before
 //! each request and answers `4001 Rate limited` with `data.retryAfterMs` when a bucket is empty.
 //!
 //! What counts: every request, including each request inside a batch and requests sent before

@@ -31,12 +31,12 @@ pub struct Reply {
 }
 
 /// The outcome of one frame: the response to write (if any) and follow-ups that must run
-/// once that response is queued (see [`RpcSession::complete`]).
+/// once that response is queued (see [`RpcSession::complete`](crate::router::rpc::RpcSession::complete)).
 #[derive(Debug, Default)]
 #[must_use = "follow-ups must run once the response is queued"]
 pub struct Handled {
     /// The response frame: one object, or an array for a batch.
     pub response: Option<String>,
-    /// Follow-ups for [`RpcSession::complete`], to run once the response is written.
+    /// Follow-ups for [`RpcSession::complete`](crate::router::rpc::RpcSession::complete), to run once the response is written.
     pub after: Vec<AfterReply>,
 }

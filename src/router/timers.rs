@@ -1,4 +1,4 @@
-//! [`Timers`]: what happens later (a detached session's expiry, an orphan's grace period, a
+//! `Timers`: what happens later (a detached session's expiry, an orphan's grace period, a
 //! credential's expiry), kept in time order and fired from the router task's loop.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! [`Supervision`]: the router's record of supervised agents (reservations made by
+//! `Supervision`: the router's record of supervised agents (reservations made by
 //! `map/agents/spawn` with a `command`, the spawner waiting for the first registration, the
 //! template of the registration) and the channel to the process supervisor. The handlers
 //! that use it are in [`super::supervision`]; processes themselves are `crate::process`'s.

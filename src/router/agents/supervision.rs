@@ -11,7 +11,7 @@
 //!    ([`Router::reserve_supervised`]); the supervisor launches the process.
 //! 2. The process connects over its pipes (a connection with origin `Supervised`) and
 //!    registers: whatever id it asks for, it becomes the reserved agent, child of the spawner
-//!    ([`Router::register_supervised`]); the waiter gets the agent and the spawn call returns.
+//!    (`Router::register_supervised`); the waiter gets the agent and the spawn call returns.
 //! 3. The process exits: the supervisor reports the exit ([`Router::supervised_exited`]); the
 //!    agent goes `failed` (crash) or `stopped` (clean exit or requested stop) with exit code,
 //!    signal and stderr tail in the event. If the process is restarted, its next registration

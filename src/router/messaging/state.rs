@@ -1,4 +1,4 @@
-//! [`Messaging`]: what the message handlers keep between calls: messages kept for agents that
+//! `Messaging`: what the message handlers keep between calls: messages kept for agents that
 //! are away (`meta.delivery` acknowledged or guaranteed), bounded per agent, and an index of
 //! recent deliveries that links a reply to the request it answers. The handlers are in
 //! [`super::ops`].

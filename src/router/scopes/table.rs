@@ -1,6 +1,6 @@
 //! The scope tree and its membership.
 //!
-//! Pure data with queries, like the registry: the scope handlers in `router::scope_ops` emit
+//! Pure data with queries, like the registry: the scope handlers in `router::scopes::ops` emit
 //! events and check permissions. Membership is kept on both sides (scope → members here,
 //! agent → `Agent.scopes` in the registry); the handlers keep the two in step.
 

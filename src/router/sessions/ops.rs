@@ -2,7 +2,7 @@
 //!
 //! Decisions recorded in `docs/compatibility.md`:
 //! - A connection without a session may only call `map/connect` (and `map/authenticate`).
-//! - With authentication on, a connect is first admitted (`auth_ops`): without an accepted
+//! - With authentication on, a connect is first admitted (`sessions::auth`): without an accepted
 //!   credential (or a trusted transport) it answers `authRequired` and opens no session.
 //! - A new session's capabilities are `permissions::grant` for its type and its authenticated
 //!   principal (`[permissions.principals."<id>"]`), whether the credential came with

@@ -6,7 +6,7 @@
 //! is detached and can be resumed with its token (or id) within the resume window.
 //!
 //! This module owns the tables and their indexes; the state transitions (connect, disconnect,
-//! detach, resume) live in `router::session_ops`.
+//! detach, resume) live in `router::sessions::ops`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
