@@ -317,7 +317,7 @@ impl Router {
         self.conns
             .get(&ctx.conn)
             .and_then(|c| c.session.as_ref())
-            .and_then(|s| self.sessions.get(s.as_str()))
+            .and_then(|s| self.sessions.get(s))
             .ok_or(RouterError::NotConnected)
     }
 
@@ -332,10 +332,10 @@ impl Router {
     /// The caller's identity, for handlers.
     pub fn caller(&self, ctx: &Ctx) -> Result<Caller, RouterError> {
         let s = self.session_of(ctx)?;
-        let primary_agent = s.primary_agent.clone().filter(|a| {
-            self.registry
-                .is_owned_by(a.as_str(), s.participant.as_str())
-        });
+        let primary_agent = s
+            .primary_agent
+            .clone()
+            .filter(|a| self.registry.is_owned_by(a, &s.participant));
         Ok(Caller {
             session: s.id.clone(),
             participant: s.participant.clone(),
@@ -420,9 +420,9 @@ impl Router {
         } else {
             Audience::System
         };
-        let owned = self.registry.owned_by(participant.as_str());
+        let owned = self.registry.owned_by(participant);
         for id in owned.iter().chain(also) {
-            if let Some(r) = self.registry.get(id.as_str()) {
+            if let Some(r) = self.registry.get(id) {
                 audience = audience.and(permissions::agent_audience(
                     &r.agent,
                     &self.registry,

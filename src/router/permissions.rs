@@ -392,8 +392,8 @@ fn shares_scope(viewer: &Viewer<'_>, scopes: &[ScopeId], reg: &Registry) -> bool
     if scopes.is_empty() {
         return false;
     }
-    reg.owned_by(viewer.participant.as_str()).iter().any(|a| {
-        reg.get(a.as_str())
+    reg.owned_by(viewer.participant).iter().any(|a| {
+        reg.get(a)
             .is_some_and(|r| r.agent.scopes.iter().any(|s| scopes.contains(s)))
     })
 }
@@ -407,8 +407,8 @@ fn related(rule: &AgentRule, from: &Agent, to: &Agent, reg: &Registry) -> bool {
         AgentRule::Named(AgentRuleName::All) => true,
         AgentRule::Named(AgentRuleName::Direct) => false,
         AgentRule::Named(AgentRuleName::Hierarchy) => {
-            reg.ancestors(from.id.as_str(), None).contains(&to.id)
-                || reg.ancestors(to.id.as_str(), None).contains(&from.id)
+            reg.ancestors(&from.id, None).contains(&to.id)
+                || reg.ancestors(&to.id, None).contains(&from.id)
         }
         AgentRule::Named(AgentRuleName::Scoped) => {
             from.scopes.iter().any(|s| to.scopes.contains(s))
@@ -438,28 +438,22 @@ pub fn can_see_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool
     if !agent_exposed(viewer.policy, agent.id.as_str()) {
         return false;
     }
-    let owns = |id: &str| reg.is_owned_by(id, viewer.participant.as_str());
+    let owns = |id: &AgentId| reg.is_owned_by(id, viewer.participant);
     let visible = match agent.visibility.unwrap_or_default() {
         AgentVisibility::Public => true,
         AgentVisibility::System => false,
-        AgentVisibility::ParentOnly => {
-            owns(agent.id.as_str()) || agent.parent.as_ref().is_some_and(|p| owns(p.as_str()))
-        }
-        AgentVisibility::Scope => {
-            owns(agent.id.as_str()) || shares_scope(viewer, &agent.scopes, reg)
-        }
+        AgentVisibility::ParentOnly => owns(&agent.id) || agent.parent.as_ref().is_some_and(owns),
+        AgentVisibility::Scope => owns(&agent.id) || shares_scope(viewer, &agent.scopes, reg),
     };
     visible && viewer_agent_sees(viewer, agent, reg)
 }
 
 /// Layer 4 for viewers speaking as an agent: its `canSee.agents`.
 fn viewer_agent_sees(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
-    let Some(me) = viewer.agent.and_then(|a| reg.get(a.as_str())) else {
+    let Some(me) = viewer.agent.and_then(|a| reg.get(a)) else {
         return true;
     };
-    if !may_restrict(&me.agent, viewer.policy)
-        || reg.is_owned_by(agent.id.as_str(), viewer.participant.as_str())
-    {
+    if !may_restrict(&me.agent, viewer.policy) || reg.is_owned_by(&agent.id, viewer.participant) {
         return true;
     }
     match resolve_agent_permissions(&me.agent, viewer.policy)
@@ -522,9 +516,9 @@ pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> 
     if viewer.is_system() || agent.owner_id.as_ref() == Some(viewer.participant) {
         return true;
     }
-    reg.ancestors(agent.id.as_str(), None)
+    reg.ancestors(&agent.id, None)
         .iter()
-        .any(|a| reg.is_owned_by(a.as_str(), viewer.participant.as_str()))
+        .any(|a| reg.is_owned_by(a, viewer.participant))
 }
 
 /// May `viewer` stop, suspend, resume or inject into `agent`? (The capability itself,
@@ -552,7 +546,7 @@ pub fn agent_audience(agent: &Agent, reg: &Registry, policy: &Policy) -> Audienc
             if let Some(parent_owner) = agent
                 .parent
                 .as_ref()
-                .and_then(|p| reg.get(p.as_str()))
+                .and_then(|p| reg.get(p))
                 .and_then(|p| p.agent.owner_id.clone())
             {
                 who.push(parent_owner);
@@ -579,7 +573,7 @@ fn owns_member(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -> bool
     scope
         .members
         .iter()
-        .any(|m| reg.is_owned_by(m.as_str(), viewer.participant.as_str()))
+        .any(|m| reg.is_owned_by(m, viewer.participant))
 }
 
 /// May `viewer` see `scope`? Exposure; `visibility` (`public`; `members` = the viewer owns a
@@ -601,7 +595,7 @@ pub fn can_see_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -
     if !visible {
         return false;
     }
-    let Some(me) = viewer.agent.and_then(|a| reg.get(a.as_str())) else {
+    let Some(me) = viewer.agent.and_then(|a| reg.get(a)) else {
         return true;
     };
     if !may_restrict(&me.agent, viewer.policy) || creator {
@@ -726,7 +720,7 @@ pub fn can_see_event(
     if !event_type_exposed(viewer.policy, kind) || !audience_allows(viewer, audience, reg) {
         return false;
     }
-    match subject.and_then(|s| reg.get(s.as_str())) {
+    match subject.and_then(|s| reg.get(s)) {
         Some(rec) => viewer_agent_sees(viewer, &rec.agent, reg),
         None => true,
     }

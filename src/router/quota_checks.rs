@@ -1,6 +1,7 @@
 //! The quota checks handlers make before they create state (`impl Router`): the numbers and
 //! their reasons are in [`super::quotas`].
 
+use crate::protocol::ids::ParticipantId;
 use crate::router::caller::Ctx;
 use crate::router::core::Router;
 use crate::router::error::RouterError;
@@ -27,7 +28,7 @@ impl Router {
     ///
     /// # Errors
     /// `QuotaExceeded` at the limit.
-    pub(crate) fn check_agent_quota(&self, owner: &str) -> Result<(), RouterError> {
+    pub(crate) fn check_agent_quota(&self, owner: &ParticipantId) -> Result<(), RouterError> {
         let limit = self.config.quotas.max_agents_per_session;
         if limit > 0 && self.registry.owned_count(owner) >= limit {
             return Err(exceeded("agents per session", limit));

@@ -43,7 +43,7 @@ impl Router {
     /// Looks up an agent the caller may see; invisible agents are reported as not found.
     fn visible_agent(&self, caller: &Caller, id: &AgentId) -> Result<&Agent, RouterError> {
         self.registry
-            .get(id.as_str())
+            .get(id)
             .map(|r| &r.agent)
             .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
             .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))
@@ -87,11 +87,9 @@ impl Router {
         p: RegisterParams,
     ) -> Result<RegisterResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let supervised = self.supervised_origin(ctx).filter(|agent| {
-            !self
-                .registry
-                .is_owned_by(agent.as_str(), caller.participant.as_str())
-        });
+        let supervised = self
+            .supervised_origin(ctx)
+            .filter(|agent| !self.registry.is_owned_by(agent, &caller.participant));
         let (agent, resumed) = match supervised {
             Some(agent) => self.register_supervised(&caller, &agent, p)?,
             None => self.register_agent(&caller, p, Vec::new())?,
@@ -116,7 +114,7 @@ impl Router {
         }
         check_object("metadata", p.metadata.as_ref())?;
         if let Some(id) = &p.agent_id {
-            if let Some(existing) = self.registry.get(id.as_str()) {
+            if let Some(existing) = self.registry.get(id) {
                 if existing.agent.owner_id.is_none() && existing.agent.state == AgentState::ORPHANED
                 {
                     let agent = self
@@ -129,7 +127,7 @@ impl Router {
                 return Err(RouterError::AgentExists(id.to_string()));
             }
         }
-        self.check_agent_quota(caller.participant.as_str())?;
+        self.check_agent_quota(&caller.participant)?;
         if let Some(parent) = &p.parent {
             self.visible_agent(caller, parent)?;
         }
@@ -137,7 +135,7 @@ impl Router {
             Some(id) => id,
             None => {
                 let own = AgentId::new(caller.participant.as_arc().clone());
-                if caller.kind == ParticipantType::Agent && !self.registry.contains(own.as_str()) {
+                if caller.kind == ParticipantType::Agent && !self.registry.contains(&own) {
                     own
                 } else {
                     AgentId::generate()
@@ -171,9 +169,7 @@ impl Router {
         let mut agent = Agent::new(id.clone(), Some(caller.participant.clone()));
         agent.name = p.name;
         agent.description = p.description;
-        agent.parent = p
-            .parent
-            .filter(|parent| self.registry.contains(parent.as_str()));
+        agent.parent = p.parent.filter(|parent| self.registry.contains(parent));
         agent.relationships = p.relationships;
         agent.role = p.role;
         agent.visibility = p.visibility;
@@ -196,7 +192,7 @@ impl Router {
             .scopes
             .iter()
             .flatten()
-            .filter(|s| self.scopes.contains(s.as_str()))
+            .filter(|s| self.scopes.contains(s))
             .cloned()
             .collect();
         let registered = self.emit_agent_event(
@@ -217,7 +213,7 @@ impl Router {
             self.add_member(&scope, &id, vec![registered]);
         }
         self.registry
-            .get(id.as_str())
+            .get(&id)
             .map(|r| r.agent.clone())
             .unwrap_or(agent)
     }
@@ -228,7 +224,7 @@ impl Router {
         id: &AgentId,
         p: &RegisterParams,
     ) -> Option<Agent> {
-        let rec = self.registry.get_mut(id.as_str())?;
+        let rec = self.registry.get_mut(id)?;
         let a = &mut rec.agent;
         if p.name.is_some() {
             a.name = p.name.clone();
@@ -249,11 +245,11 @@ impl Router {
     }
 
     pub(crate) fn adopt_primary(&mut self, caller: &Caller, id: &AgentId) {
-        if let Some(s) = self.sessions.get_mut(caller.session.as_str()) {
-            let current_valid = s.primary_agent.as_ref().is_some_and(|a| {
-                self.registry
-                    .is_owned_by(a.as_str(), s.participant.as_str())
-            });
+        if let Some(s) = self.sessions.get_mut(&caller.session) {
+            let current_valid = s
+                .primary_agent
+                .as_ref()
+                .is_some_and(|a| self.registry.is_owned_by(a, &s.participant));
             if !current_valid {
                 s.primary_agent = Some(id.clone());
             }
@@ -271,7 +267,7 @@ impl Router {
         if p.register
             .agent_id
             .as_ref()
-            .is_some_and(|id| self.registry.contains(id.as_str()))
+            .is_some_and(|id| self.registry.contains(id))
         {
             return Err(RouterError::AgentExists(
                 p.register
@@ -321,7 +317,7 @@ impl Router {
     /// Removes an agent: leaves its scopes, emits `agent_unregistered` then one
     /// `scope_member_left` per scope (caused by the unregistration). Children stay registered.
     pub(crate) fn remove_agent(&mut self, id: &AgentId, reason: &str, caused_by: Vec<EventId>) {
-        let Some(mut snapshot) = self.registry.get(id.as_str()).map(|r| r.agent.clone()) else {
+        let Some(mut snapshot) = self.registry.get(id).map(|r| r.agent.clone()) else {
             return;
         };
         let mut caused_by = caused_by;
@@ -350,7 +346,7 @@ impl Router {
             caused_by,
         );
         for scope in &snapshot.scopes {
-            if let Some(s) = self.scopes.get_mut(scope.as_str()) {
+            if let Some(s) = self.scopes.get_mut(scope) {
                 s.members.remove(id.as_str());
             }
             self.emit_scope_member_event(
@@ -362,7 +358,7 @@ impl Router {
         }
         // Messages kept for it fail now that it will not come back.
         self.drop_offline(id);
-        self.registry.remove(id.as_str());
+        self.registry.remove(id);
     }
 
     /// `map/agents/update`.
@@ -390,7 +386,7 @@ impl Router {
                 });
             }
         }
-        let Some(rec) = self.registry.get_mut(p.agent_id.as_str()) else {
+        let Some(rec) = self.registry.get_mut(&p.agent_id) else {
             return Err(RouterError::AgentNotFound(p.agent_id.to_string()));
         };
         let now = now_ms();
@@ -492,7 +488,7 @@ impl Router {
         to: AgentState,
         reason: Option<String>,
     ) -> Option<(Agent, EventId)> {
-        let rec = self.registry.get_mut(id.as_str())?;
+        let rec = self.registry.get_mut(id)?;
         let previous = std::mem::replace(&mut rec.agent.state, to.clone());
         if to == AgentState::STOPPED {
             rec.agent
@@ -519,7 +515,7 @@ impl Router {
 
     /// Records the event an agent's next state change follows from.
     pub(crate) fn set_cause_hint(&mut self, id: &AgentId, event: EventId) {
-        if let Some(rec) = self.registry.get_mut(id.as_str()) {
+        if let Some(rec) = self.registry.get_mut(id) {
             rec.cause_hint = Some(event);
         }
     }
@@ -527,7 +523,7 @@ impl Router {
     /// Takes the event an agent's next state change follows from.
     pub(crate) fn take_cause_hint(&mut self, id: &AgentId) -> Vec<EventId> {
         self.registry
-            .get_mut(id.as_str())
+            .get_mut(id)
             .and_then(|r| r.cause_hint.take())
             .into_iter()
             .collect()
@@ -634,7 +630,7 @@ impl Router {
                 state: s.to_string(),
             });
         }
-        if let Some(rec) = self.registry.get_mut(agent.id.as_str()) {
+        if let Some(rec) = self.registry.get_mut(&agent.id) {
             rec.state_before_suspend = Some(agent.state.clone());
         }
         let (agent, _) = self
@@ -666,7 +662,7 @@ impl Router {
         }
         let back_to = self
             .registry
-            .get_mut(agent.id.as_str())
+            .get_mut(&agent.id)
             .and_then(|r| r.state_before_suspend.take())
             .unwrap_or(AgentState::ACTIVE);
         self.control_process(ProcessControl::Resume {
@@ -712,8 +708,8 @@ impl Router {
             }
             if agents.len() == limit {
                 next_cursor = Some(
-                    self.registry
-                        .get(agents_last_id(&agents))
+                    agents_last_id(&agents)
+                        .and_then(|id| self.registry.get(id))
                         .map(|r| r.order.to_string())
                         .unwrap_or_default(),
                 );
@@ -736,11 +732,11 @@ impl Router {
     ) -> Result<AgentsGetResult, RouterError> {
         let caller = self.caller(ctx)?;
         self.visible_agent(&caller, &p.agent_id)?;
-        let id = p.agent_id.as_str();
+        let id = &p.agent_id;
         let include = p.include.unwrap_or_default();
         let visible = |ids: Vec<AgentId>| -> Vec<Agent> {
             ids.iter()
-                .filter_map(|a| self.registry.get(a.as_str()))
+                .filter_map(|a| self.registry.get(a))
                 .filter(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry))
                 .map(|r| r.agent.clone())
                 .collect()
@@ -748,7 +744,7 @@ impl Router {
         let agent = self
             .registry
             .expanded(id)
-            .ok_or_else(|| RouterError::AgentNotFound(id.into()))?;
+            .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))?;
         let parent = if include.parent == Some(true) {
             agent
                 .parent
@@ -787,7 +783,7 @@ impl Router {
             Some(root) => {
                 self.visible_agent(&caller, root)?;
                 let mut v = vec![root.clone()];
-                v.extend(self.registry.descendants(root.as_str(), p.depth));
+                v.extend(self.registry.descendants(root, p.depth));
                 v
             }
             None => self
@@ -798,7 +794,7 @@ impl Router {
         };
         let nodes: Vec<Agent> = ids
             .iter()
-            .filter_map(|a| self.registry.get(a.as_str()))
+            .filter_map(|a| self.registry.get(a))
             .filter(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry))
             .map(|r| r.agent.clone())
             .collect();
@@ -864,8 +860,8 @@ impl Router {
     }
 }
 
-fn agents_last_id(agents: &[Agent]) -> &str {
-    agents.last().map(|a| a.id.as_str()).unwrap_or("")
+fn agents_last_id(agents: &[Agent]) -> Option<&AgentId> {
+    agents.last().map(|a| &a.id)
 }
 
 /// Per-section merge of permission overrides (`canSee`, `canMessage`, `acceptsFrom`).

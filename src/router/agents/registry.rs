@@ -42,18 +42,30 @@ pub struct Registry {
 
 impl Registry {
     /// Looks an agent up.
-    pub fn get(&self, id: &str) -> Option<&AgentRecord> {
+    pub fn get(&self, id: &AgentId) -> Option<&AgentRecord> {
         self.agents.get(id)
+    }
+
+    /// Looks an agent up by an id that arrives as text (a message recipient's id, an event's
+    /// `source`), without building an [`AgentId`]: on the hot paths of delivery only.
+    pub fn get_by_text(&self, id: &str) -> Option<&AgentRecord> {
+        self.agents.get(id)
+    }
+
+    /// Whether the agent named by `id` (text, as in [`Registry::get_by_text`]) is owned by
+    /// `owner`.
+    pub fn text_is_owned_by(&self, id: &str, owner: &ParticipantId) -> bool {
+        self.by_owner.get(owner).is_some_and(|s| s.contains(id))
     }
 
     /// Mutable access. Changing `agent.owner_id` or `agent.parent` through this breaks the
     /// indexes: use [`Registry::set_owner`].
-    pub fn get_mut(&mut self, id: &str) -> Option<&mut AgentRecord> {
+    pub fn get_mut(&mut self, id: &AgentId) -> Option<&mut AgentRecord> {
         self.agents.get_mut(id)
     }
 
     /// Whether the id is registered.
-    pub fn contains(&self, id: &str) -> bool {
+    pub fn contains(&self, id: &AgentId) -> bool {
         self.agents.contains_key(id)
     }
 
@@ -98,7 +110,7 @@ impl Registry {
 
     /// Removes an agent. Its children keep their `parent` field (they become roots of their own
     /// subtrees in queries); callers remove children first when they mean to.
-    pub fn remove(&mut self, id: &str) -> Option<AgentRecord> {
+    pub fn remove(&mut self, id: &AgentId) -> Option<AgentRecord> {
         let rec = self.agents.remove(id)?;
         self.order.remove(&rec.order);
         if let Some(parent) = rec
@@ -115,7 +127,7 @@ impl Registry {
         Some(rec)
     }
 
-    fn unindex_owner(&mut self, owner: &ParticipantId, id: &str) {
+    fn unindex_owner(&mut self, owner: &ParticipantId, id: &AgentId) {
         if let Some(set) = self.by_owner.get_mut(owner) {
             set.remove(id);
             if set.is_empty() {
@@ -125,7 +137,7 @@ impl Registry {
     }
 
     /// Changes an agent's owner, keeping the owner index right.
-    pub fn set_owner(&mut self, id: &str, owner: Option<ParticipantId>) {
+    pub fn set_owner(&mut self, id: &AgentId, owner: Option<ParticipantId>) {
         let Some(old) = self.agents.get(id).map(|r| r.agent.owner_id.clone()) else {
             return;
         };
@@ -136,7 +148,7 @@ impl Registry {
             self.by_owner
                 .entry(new.clone())
                 .or_default()
-                .insert(AgentId::from(id));
+                .insert(id.clone());
         }
         if let Some(rec) = self.agents.get_mut(id) {
             rec.agent.owner_id = owner;
@@ -144,7 +156,7 @@ impl Registry {
     }
 
     /// Agents owned by a participant, in id order.
-    pub fn owned_by(&self, owner: &str) -> Vec<AgentId> {
+    pub fn owned_by(&self, owner: &ParticipantId) -> Vec<AgentId> {
         self.by_owner
             .get(owner)
             .map(|s| s.iter().cloned().collect())
@@ -152,17 +164,17 @@ impl Registry {
     }
 
     /// How many agents `owner` owns (for the agents-per-session quota).
-    pub fn owned_count(&self, owner: &str) -> usize {
+    pub fn owned_count(&self, owner: &ParticipantId) -> usize {
         self.by_owner.get(owner).map_or(0, BTreeSet::len)
     }
 
     /// Whether `owner` owns any agent.
-    pub fn owns_any(&self, owner: &str) -> bool {
+    pub fn owns_any(&self, owner: &ParticipantId) -> bool {
         self.by_owner.contains_key(owner)
     }
 
     /// Whether `owner` owns `agent`.
-    pub fn is_owned_by(&self, agent: &str, owner: &str) -> bool {
+    pub fn is_owned_by(&self, agent: &AgentId, owner: &ParticipantId) -> bool {
         self.by_owner.get(owner).is_some_and(|s| s.contains(agent))
     }
 
@@ -175,7 +187,7 @@ impl Registry {
     }
 
     /// Children ids.
-    pub fn children(&self, id: &str) -> Vec<AgentId> {
+    pub fn children(&self, id: &AgentId) -> Vec<AgentId> {
         self.agents
             .get(id)
             .map(|r| r.children.iter().cloned().collect())
@@ -184,19 +196,15 @@ impl Registry {
 
     /// Ancestors, nearest first, up to `depth` levels (unlimited when `None`). Stops at a
     /// missing parent and on cycles.
-    pub fn ancestors(&self, id: &str, depth: Option<u32>) -> Vec<AgentId> {
+    pub fn ancestors(&self, id: &AgentId, depth: Option<u32>) -> Vec<AgentId> {
         let mut out = Vec::new();
         let mut cur = self.agents.get(id).and_then(|r| r.agent.parent.clone());
         while let Some(p) = cur {
-            if depth.is_some_and(|d| out.len() as u32 >= d) || out.contains(&p) || p.as_str() == id
-            {
+            if depth.is_some_and(|d| out.len() as u32 >= d) || out.contains(&p) || p == *id {
                 break;
             }
-            cur = self
-                .agents
-                .get(p.as_str())
-                .and_then(|r| r.agent.parent.clone());
-            if !self.agents.contains_key(p.as_str()) {
+            cur = self.agents.get(&p).and_then(|r| r.agent.parent.clone());
+            if !self.agents.contains_key(&p) {
                 break;
             }
             out.push(p);
@@ -205,7 +213,7 @@ impl Registry {
     }
 
     /// Descendants in depth-first pre-order, down to `depth` levels (unlimited when `None`).
-    pub fn descendants(&self, id: &str, depth: Option<u32>) -> Vec<AgentId> {
+    pub fn descendants(&self, id: &AgentId, depth: Option<u32>) -> Vec<AgentId> {
         let mut out = Vec::new();
         let mut seen = BTreeSet::new();
         self.walk_down(id, 1, depth, &mut out, &mut seen);
@@ -214,7 +222,7 @@ impl Registry {
 
     fn walk_down(
         &self,
-        id: &str,
+        id: &AgentId,
         level: u32,
         depth: Option<u32>,
         out: &mut Vec<AgentId>,
@@ -229,24 +237,24 @@ impl Registry {
         for child in &rec.children {
             if seen.insert(child.clone()) {
                 out.push(child.clone());
-                self.walk_down(child.as_str(), level + 1, depth, out, seen);
+                self.walk_down(child, level + 1, depth, out, seen);
             }
         }
     }
 
     /// Agents with the same parent, excluding `id`; empty when `id` has no parent.
-    pub fn siblings(&self, id: &str) -> Vec<AgentId> {
+    pub fn siblings(&self, id: &AgentId) -> Vec<AgentId> {
         let Some(parent) = self.agents.get(id).and_then(|r| r.agent.parent.clone()) else {
             return Vec::new();
         };
-        self.children(parent.as_str())
+        self.children(&parent)
             .into_iter()
-            .filter(|c| c.as_str() != id)
+            .filter(|c| c != id)
             .collect()
     }
 
     /// The wire record with `children` filled in.
-    pub fn expanded(&self, id: &str) -> Option<Agent> {
+    pub fn expanded(&self, id: &AgentId) -> Option<Agent> {
         let rec = self.agents.get(id)?;
         let mut agent = rec.agent.clone();
         if !rec.children.is_empty() {
@@ -279,36 +287,42 @@ mod tests {
     #[test]
     fn hierarchy_queries() {
         let r = tree();
-        assert_eq!(r.children("root"), vec![AgentId::from("a"), "b".into()]);
         assert_eq!(
-            r.ancestors("a1x", None),
+            r.children(&"root".into()),
+            vec![AgentId::from("a"), "b".into()]
+        );
+        assert_eq!(
+            r.ancestors(&"a1x".into(), None),
             vec![AgentId::from("a1"), "a".into(), "root".into()]
         );
-        assert_eq!(r.ancestors("a1x", Some(1)), vec![AgentId::from("a1")]);
         assert_eq!(
-            r.descendants("root", None),
+            r.ancestors(&"a1x".into(), Some(1)),
+            vec![AgentId::from("a1")]
+        );
+        assert_eq!(
+            r.descendants(&"root".into(), None),
             vec![AgentId::from("a"), "a1".into(), "a1x".into(), "b".into()]
         );
         assert_eq!(
-            r.descendants("root", Some(1)),
+            r.descendants(&"root".into(), Some(1)),
             vec![AgentId::from("a"), "b".into()]
         );
-        assert_eq!(r.siblings("a"), vec![AgentId::from("b")]);
-        assert!(r.siblings("root").is_empty());
+        assert_eq!(r.siblings(&"a".into()), vec![AgentId::from("b")]);
+        assert!(r.siblings(&"root".into()).is_empty());
     }
 
     #[test]
     fn owner_index_follows_changes() {
         let mut r = tree();
-        assert_eq!(r.owned_by("p2"), vec![AgentId::from("b")]);
-        r.set_owner("b", None);
-        assert!(r.owned_by("p2").is_empty());
-        assert!(!r.owns_any("p2"));
-        r.set_owner("b", Some("p3".into()));
-        assert!(r.is_owned_by("b", "p3"));
-        r.remove("b");
-        assert!(!r.owns_any("p3"));
-        assert_eq!(r.children("root"), vec![AgentId::from("a")]);
+        assert_eq!(r.owned_by(&"p2".into()), vec![AgentId::from("b")]);
+        r.set_owner(&"b".into(), None);
+        assert!(r.owned_by(&"p2".into()).is_empty());
+        assert!(!r.owns_any(&"p2".into()));
+        r.set_owner(&"b".into(), Some("p3".into()));
+        assert!(r.is_owned_by(&"b".into(), &"p3".into()));
+        r.remove(&"b".into());
+        assert!(!r.owns_any(&"p3".into()));
+        assert_eq!(r.children(&"root".into()), vec![AgentId::from("a")]);
     }
 
     #[test]

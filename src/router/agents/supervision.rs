@@ -32,7 +32,7 @@ use crate::protocol::event::{
     AgentDiagnosticData, AgentSpawnFailedData, AgentSpawningData, AgentStateChangedData,
     AgentStderrData, EventType,
 };
-use crate::protocol::ids::AgentId;
+use crate::protocol::ids::{AgentId, ParticipantId};
 use crate::protocol::methods::agents::{RegisterParams, SpawnParams};
 
 use crate::router::caller::Caller;
@@ -72,7 +72,7 @@ impl Router {
             Some(id) => id.clone(),
             None => AgentId::generate(),
         };
-        if self.registry.contains(id.as_str()) || self.supervised.contains(&id) {
+        if self.registry.contains(&id) || self.supervised.contains(&id) {
             return Err(RouterError::AgentExists(id.to_string()));
         }
         let scopes = p.register.scopes.as_deref().unwrap_or_default();
@@ -82,7 +82,7 @@ impl Router {
             }
             // Agents from the router's own configuration: trusted, the scopes must exist.
             None => {
-                if let Some(scope) = scopes.iter().find(|s| !self.scopes.contains(s.as_str())) {
+                if let Some(scope) = scopes.iter().find(|s| !self.scopes.contains(s)) {
                     return Err(RouterError::ScopeNotFound(scope.to_string()));
                 }
             }
@@ -139,7 +139,7 @@ impl Router {
                 let _ = w.send(Err(error));
             }
         }
-        if self.registry.contains(agent.as_str()) {
+        if self.registry.contains(agent) {
             self.remove_agent(agent, "spawn_failed", Vec::new());
         }
     }
@@ -224,7 +224,7 @@ impl Router {
         fill(&mut params.metadata, p.metadata);
         fill(&mut params.scopes, p.scopes);
 
-        let resumed = match self.registry.get(agent.as_str()) {
+        let resumed = match self.registry.get(agent) {
             Some(rec) if rec.agent.owner_id.is_some() => {
                 return Err(RouterError::AgentExists(agent.to_string()))
             }
@@ -232,8 +232,8 @@ impl Router {
                 // A restarted process takes its agent back.
                 let previous = rec.agent.state.clone();
                 self.registry
-                    .set_owner(agent.as_str(), Some(caller.participant.clone()));
-                if let Some(rec) = self.registry.get_mut(agent.as_str()) {
+                    .set_owner(agent, Some(caller.participant.clone()));
+                if let Some(rec) = self.registry.get_mut(agent) {
                     rec.agent.state = AgentState::REGISTERED;
                     rec.orphan_expires = None;
                     rec.expiry_reason = None;
@@ -273,7 +273,7 @@ impl Router {
         };
         let record = self
             .registry
-            .get(agent.as_str())
+            .get(agent)
             .map(|r| r.agent.clone())
             .ok_or_else(|| RouterError::AgentNotFound(agent.to_string()))?;
         if let Some(ticket) = self.supervised.get_mut(agent) {
@@ -287,9 +287,9 @@ impl Router {
 
     /// A supervised process's connection went away: its agents lose their owner but keep
     /// their state; the exit report (or the restarted process) decides what happens next.
-    pub(crate) fn release_supervised(&mut self, participant: &str) {
+    pub(crate) fn release_supervised(&mut self, participant: &ParticipantId) {
         for agent in self.registry.owned_by(participant) {
-            self.registry.set_owner(agent.as_str(), None);
+            self.registry.set_owner(&agent, None);
         }
     }
 
@@ -312,7 +312,7 @@ impl Router {
             return false;
         }
         let restart = info.policy_restarts && !info.requested && ticket.registered_once;
-        let Some(rec) = self.registry.get(agent.as_str()) else {
+        let Some(rec) = self.registry.get(agent) else {
             self.supervised.remove(agent);
             return false;
         };
@@ -329,9 +329,9 @@ impl Router {
         } else {
             "crashed"
         };
-        self.registry.set_owner(agent.as_str(), None);
+        self.registry.set_owner(agent, None);
         let expires = (!restart).then(|| Instant::now() + self.config.resume_window);
-        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+        let Some(rec) = self.registry.get_mut(agent) else {
             return false;
         };
         rec.agent.state = new_state.clone();
@@ -411,7 +411,7 @@ impl Router {
         agent: &AgentId,
         data: &D,
     ) {
-        match self.registry.get(agent.as_str()).map(|r| r.agent.clone()) {
+        match self.registry.get(agent).map(|r| r.agent.clone()) {
             Some(a) => {
                 self.emit_agent_event(kind, &a, data, Vec::new());
             }

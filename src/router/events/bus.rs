@@ -433,13 +433,14 @@ fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
     }
     if sub.exclude_own {
         if let Some(src) = rec.source.as_deref() {
-            if src == sub.participant.as_str() || reg.is_owned_by(src, sub.participant.as_str()) {
+            if src == sub.participant.as_str() || reg.text_is_owned_by(src, &sub.participant) {
                 return false;
             }
         }
     }
     sub.filter.matches(rec, |agent| {
-        reg.get(agent).and_then(|r| r.agent.environment.as_ref())
+        reg.get_by_text(agent)
+            .and_then(|r| r.agent.environment.as_ref())
     })
 }
 

@@ -183,7 +183,7 @@ impl Router {
         let source_role: Option<Arc<str>> = caller
             .primary_agent
             .as_ref()
-            .and_then(|a| self.registry.get(a.as_str()))
+            .and_then(|a| self.registry.get(a))
             .and_then(|r| r.agent.role.as_deref())
             .map(Arc::from);
         let scope = match &address {
@@ -208,7 +208,7 @@ impl Router {
         let sender_audience = caller
             .primary_agent
             .as_ref()
-            .and_then(|a| self.registry.get(a.as_str()))
+            .and_then(|a| self.registry.get(a))
             .map_or(Audience::Everyone, |r| {
                 agent_audience(&r.agent, &self.registry, &self.config.permissions)
             });
@@ -361,14 +361,14 @@ impl Router {
     /// Whether an agent without a connection may get one back: orphaned within its grace
     /// period, between restarts of its process, or owned by a detached session.
     fn can_come_back(&self, agent: &AgentId) -> bool {
-        let Some(rec) = self.registry.get(agent.as_str()) else {
+        let Some(rec) = self.registry.get(agent) else {
             return false;
         };
         match &rec.agent.owner_id {
             None => rec.agent.state != crate::protocol::agent::AgentState::STOPPED,
             Some(owner) => self
                 .sessions
-                .by_participant(owner.as_str())
+                .by_participant(owner)
                 .is_some_and(|s| s.conn.is_none()),
         }
     }
@@ -429,14 +429,14 @@ impl Router {
         }
         let is_agent = self
             .registry
-            .get(text)
+            .get(&AgentId::from(text))
             .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry));
-        !is_agent && self.scopes.contains(text)
+        !is_agent && self.scopes.contains(&ScopeId::from(text))
     }
 
     fn session_has(&self, caller: &Caller, cap: Capability) -> bool {
         self.sessions
-            .get(caller.session.as_str())
+            .get(&caller.session)
             .is_some_and(|s| s.capabilities.has(cap))
     }
 
@@ -444,7 +444,7 @@ impl Router {
     /// narrows nothing).
     fn recipient_audience(&self, recipient: &str) -> Audience {
         self.registry
-            .get(recipient)
+            .get_by_text(recipient)
             .map_or(Audience::Everyone, |r| {
                 agent_audience(&r.agent, &self.registry, &self.config.permissions)
             })
@@ -454,7 +454,7 @@ impl Router {
     /// `messageVisibility` narrows it.
     fn message_audience(&self, caller: &Caller, scope: Option<&ScopeId>) -> Audience {
         let vis = scope
-            .and_then(|s| self.scopes.get(s.as_str()))
+            .and_then(|s| self.scopes.get(s))
             .and_then(|s| s.scope.message_visibility)
             .unwrap_or_default();
         match (vis, scope) {
@@ -471,14 +471,14 @@ impl Router {
     fn recipient_conn(&self, r: &Recipient) -> Option<ConnId> {
         match r {
             Recipient::Agent(a) => self.agent_conn(a),
-            Recipient::Participant(p) => self.sessions.by_participant(p.as_str())?.conn,
+            Recipient::Participant(p) => self.sessions.by_participant(p)?.conn,
         }
     }
 
     /// The connection of an agent's owner.
     pub(crate) fn agent_conn(&self, agent: &AgentId) -> Option<ConnId> {
-        let owner = self.registry.get(agent.as_str())?.agent.owner_id.clone()?;
-        self.sessions.by_participant(owner.as_str())?.conn
+        let owner = self.registry.get(agent)?.agent.owner_id.clone()?;
+        self.sessions.by_participant(&owner)?.conn
     }
 
     /// Queues a `map/message` frame for a connection without waiting. Returns false when the
@@ -519,14 +519,14 @@ impl Router {
         let sender = caller
             .primary_agent
             .as_ref()
-            .and_then(|a| self.registry.get(a.as_str()))
+            .and_then(|a| self.registry.get(a))
             .map(|r| &r.agent);
         let mut out = Vec::with_capacity(recipients.len());
         for r in recipients {
             let allowed = match &r {
                 Recipient::Agent(id) => self
                     .registry
-                    .get(id.as_str())
+                    .get(id)
                     .is_some_and(|t| can_message_agent(&viewer, sender, &t.agent, &self.registry)),
                 Recipient::Participant(_) => true,
             };
@@ -547,7 +547,7 @@ impl Router {
     fn resolve(&self, caller: &Caller, address: &Address) -> Result<Vec<Recipient>, RouterError> {
         let strict = self.config.strict_recipients;
         let viewer = caller.viewer();
-        let visible_agent = |id: &str| {
+        let visible_agent = |id: &AgentId| {
             self.registry
                 .get(id)
                 .is_some_and(|r| can_see_agent(&viewer, &r.agent, &self.registry))
@@ -557,7 +557,7 @@ impl Router {
         let scope_members = |id: &ScopeId| -> Result<Vec<Recipient>, RouterError> {
             match self
                 .scopes
-                .get(id.as_str())
+                .get(id)
                 .filter(|s| can_see_scope(&viewer, s, &self.registry))
             {
                 Some(s) if !can_send_to_scope(&viewer, s, &self.registry) => {
@@ -568,7 +568,7 @@ impl Router {
                 Some(s) => Ok(s
                     .members
                     .iter()
-                    .filter(|a| not_sender(a) && visible_agent(a.as_str()))
+                    .filter(|a| not_sender(a) && visible_agent(a))
                     .cloned()
                     .map(Recipient::Agent)
                     .collect()),
@@ -577,11 +577,12 @@ impl Router {
             }
         };
         let agent_or_participant = |id: &str| -> Option<Recipient> {
-            if visible_agent(id) {
-                Some(Recipient::Agent(id.into()))
+            let agent = AgentId::from(id);
+            if visible_agent(&agent) {
+                Some(Recipient::Agent(agent))
             } else {
                 self.sessions
-                    .by_participant(id)
+                    .by_participant(&ParticipantId::from(id))
                     .map(|s| Recipient::Participant(s.participant.clone()))
             }
         };
@@ -596,10 +597,10 @@ impl Router {
                 } else if let Some(id) = text.strip_prefix("scope:") {
                     scope_members(&ScopeId::from(id))?
                 } else {
-                    let is_agent = visible_agent(text);
+                    let is_agent = visible_agent(&AgentId::from(text.as_str()));
                     let is_scope = self
                         .scopes
-                        .get(text)
+                        .get(&ScopeId::from(text.as_str()))
                         .is_some_and(|s| can_see_scope(&viewer, s, &self.registry));
                     match (is_agent, is_scope) {
                         (true, true) => return Err(RouterError::AddressAmbiguous(text.clone())),
@@ -635,7 +636,7 @@ impl Router {
                 let members = match within {
                     Some(scope) => match self
                         .scopes
-                        .get(scope.as_str())
+                        .get(scope)
                         .filter(|s| can_see_scope(&viewer, s, &self.registry))
                     {
                         Some(s) => Some(&s.members),
@@ -650,7 +651,7 @@ impl Router {
                     .iter_ordered(None)
                     .filter(|r| r.agent.role.as_deref() == Some(role.as_str()))
                     .filter(|r| members.is_none_or(|m| m.contains(&r.agent.id)))
-                    .filter(|r| not_sender(&r.agent.id) && visible_agent(r.agent.id.as_str()))
+                    .filter(|r| not_sender(&r.agent.id) && visible_agent(&r.agent.id))
                     .map(|r| Recipient::Agent(r.agent.id.clone()))
                     .collect()
             }
@@ -660,11 +661,10 @@ impl Router {
                         "hierarchical address: the sender has no registered agent".into(),
                     )
                 })?;
-                let me = me.as_str();
                 let mut v: Vec<AgentId> = Vec::new();
                 if h.parent {
                     match self.registry.get(me).and_then(|r| r.agent.parent.clone()) {
-                        Some(p) if self.registry.contains(p.as_str()) => v.push(p),
+                        Some(p) if self.registry.contains(&p) => v.push(p),
                         _ if strict
                             && !(h.children || h.ancestors || h.descendants || h.siblings) =>
                         {
@@ -688,18 +688,18 @@ impl Router {
                     v.extend(self.registry.siblings(me));
                 }
                 v.into_iter()
-                    .filter(|a| a.as_str() != me && visible_agent(a.as_str()))
+                    .filter(|a| a != me && visible_agent(a))
                     .map(Recipient::Agent)
                     .collect()
             }
             Address::Broadcast => self
                 .registry
                 .iter_ordered(None)
-                .filter(|r| not_sender(&r.agent.id) && visible_agent(r.agent.id.as_str()))
+                .filter(|r| not_sender(&r.agent.id) && visible_agent(&r.agent.id))
                 .map(|r| Recipient::Agent(r.agent.id.clone()))
                 .collect(),
             Address::System => Vec::new(),
-            Address::Participant(p) => match self.sessions.by_participant(p.as_str()) {
+            Address::Participant(p) => match self.sessions.by_participant(p) {
                 Some(s) => vec![Recipient::Participant(s.participant.clone())],
                 None if strict => return Err(RouterError::AddressNotFound(p.to_string())),
                 None => Vec::new(),

@@ -31,7 +31,7 @@ impl Router {
 
     fn visible_scope(&self, caller: &Caller, id: &ScopeId) -> Result<&ScopeRecord, RouterError> {
         self.scopes
-            .get(id.as_str())
+            .get(id)
             .filter(|s| self.can_see_scope(caller, s))
             .ok_or_else(|| RouterError::ScopeNotFound(id.to_string()))
     }
@@ -57,7 +57,7 @@ impl Router {
 
     /// The scope and its ancestors, as filter keys.
     pub(crate) fn scope_keys(&self, scope: &ScopeId) -> Vec<ScopeId> {
-        let keys = self.scopes.with_ancestors(scope.as_str());
+        let keys = self.scopes.with_ancestors(scope);
         if keys.is_empty() {
             vec![scope.clone()]
         } else {
@@ -72,13 +72,10 @@ impl Router {
         });
         let scope_vis = self
             .scopes
-            .get(scope.as_str())
+            .get(scope)
             .and_then(|s| s.scope.visibility)
             .unwrap_or_default();
-        let creator = self
-            .scopes
-            .get(scope.as_str())
-            .and_then(|s| s.creator.clone());
+        let creator = self.scopes.get(scope).and_then(|s| s.creator.clone());
         let scope_audience = match scope_vis {
             _ if !crate::router::permissions::scope_exposed(
                 &self.config.permissions,
@@ -114,7 +111,7 @@ impl Router {
                     "scopeId must not be empty".into(),
                 ));
             }
-            if self.scopes.contains(id.as_str()) {
+            if self.scopes.contains(id) {
                 return Err(RouterError::InvalidParams(format!(
                     "scope already exists: {id}"
                 )));
@@ -168,7 +165,7 @@ impl Router {
     ) -> Result<ScopesDeleteResult, RouterError> {
         let caller = self.caller(ctx)?;
         let scope = self.visible_scope(&caller, &p.scope_id)?.scope.clone();
-        let descendants = self.scopes.descendants_deepest_first(p.scope_id.as_str());
+        let descendants = self.scopes.descendants_deepest_first(&p.scope_id);
         if !descendants.is_empty() && p.delete_descendants != Some(true) {
             return Err(RouterError::InvalidParams(format!(
                 "scope {} has child scopes; pass deleteDescendants: true to delete them too",
@@ -194,13 +191,13 @@ impl Router {
         for id in descendants.iter().chain(std::iter::once(&scope.id)) {
             let members: Vec<AgentId> = self
                 .scopes
-                .get(id.as_str())
+                .get(id)
                 .map(|s| s.members.iter().cloned().collect())
                 .unwrap_or_default();
             for agent in members {
                 self.remove_member(id, &agent, vec![deleted]);
             }
-            self.scopes.remove(id.as_str());
+            self.scopes.remove(id);
         }
         Ok(ScopesDeleteResult {
             scope,
@@ -251,7 +248,7 @@ impl Router {
         let scope = self.visible_scope(caller, &p.scope_id)?;
         let agent = self
             .registry
-            .get(p.agent_id.as_str())
+            .get(&p.agent_id)
             .map(|r| &r.agent)
             .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
@@ -310,14 +307,14 @@ impl Router {
 
     fn scope_snapshot(&self, id: &ScopeId) -> Result<Scope, RouterError> {
         self.scopes
-            .get(id.as_str())
+            .get(id)
             .map(|s| s.scope.clone())
             .ok_or_else(|| RouterError::ScopeNotFound(id.to_string()))
     }
 
     fn agent_snapshot(&self, id: &AgentId) -> Result<Agent, RouterError> {
         self.registry
-            .get(id.as_str())
+            .get(id)
             .map(|r| r.agent.clone())
             .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))
     }
@@ -346,7 +343,7 @@ impl Router {
         for id in range {
             let visible = self
                 .registry
-                .get(id.as_str())
+                .get(id)
                 .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry));
             if !visible {
                 continue;
@@ -365,13 +362,13 @@ impl Router {
 
     /// Adds `agent` to `scope` (both must exist) and emits `scope_member_joined`.
     pub(crate) fn add_member(&mut self, scope: &ScopeId, agent: &AgentId, caused_by: Vec<EventId>) {
-        let Some(s) = self.scopes.get_mut(scope.as_str()) else {
+        let Some(s) = self.scopes.get_mut(scope) else {
             return;
         };
         if !s.members.insert(agent.clone()) {
             return;
         }
-        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+        let Some(rec) = self.registry.get_mut(agent) else {
             return;
         };
         if !rec.agent.scopes.contains(scope) {
@@ -388,13 +385,13 @@ impl Router {
         agent: &AgentId,
         caused_by: Vec<EventId>,
     ) {
-        let Some(s) = self.scopes.get_mut(scope.as_str()) else {
+        let Some(s) = self.scopes.get_mut(scope) else {
             return;
         };
         if !s.members.remove(agent.as_str()) {
             return;
         }
-        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+        let Some(rec) = self.registry.get_mut(agent) else {
             return;
         };
         rec.agent.scopes.retain(|x| x != scope);

@@ -34,17 +34,17 @@ pub struct Scopes {
 
 impl Scopes {
     /// Looks a scope up.
-    pub fn get(&self, id: &str) -> Option<&ScopeRecord> {
+    pub fn get(&self, id: &ScopeId) -> Option<&ScopeRecord> {
         self.scopes.get(id)
     }
 
     /// Mutable access (do not change `scope.parent` through it).
-    pub fn get_mut(&mut self, id: &str) -> Option<&mut ScopeRecord> {
+    pub fn get_mut(&mut self, id: &ScopeId) -> Option<&mut ScopeRecord> {
         self.scopes.get_mut(id)
     }
 
     /// Whether the id exists.
-    pub fn contains(&self, id: &str) -> bool {
+    pub fn contains(&self, id: &ScopeId) -> bool {
         self.scopes.contains_key(id)
     }
 
@@ -69,7 +69,7 @@ impl Scopes {
     }
 
     /// Removes one scope (not its children).
-    pub fn remove(&mut self, id: &str) -> Option<ScopeRecord> {
+    pub fn remove(&mut self, id: &ScopeId) -> Option<ScopeRecord> {
         let rec = self.scopes.remove(id)?;
         self.order.remove(&rec.order);
         if let Some(parent) = rec
@@ -89,36 +89,33 @@ impl Scopes {
     }
 
     /// The scope followed by its ancestors (nearest first); empty when unknown.
-    pub fn with_ancestors(&self, id: &str) -> Vec<ScopeId> {
+    pub fn with_ancestors(&self, id: &ScopeId) -> Vec<ScopeId> {
         let mut out = Vec::new();
         let mut cur = self.scopes.get(id).map(|r| r.scope.id.clone());
         while let Some(s) = cur {
             if out.contains(&s) {
                 break;
             }
-            cur = self
-                .scopes
-                .get(s.as_str())
-                .and_then(|r| r.scope.parent.clone());
+            cur = self.scopes.get(&s).and_then(|r| r.scope.parent.clone());
             out.push(s);
         }
         out
     }
 
     /// All descendants of a scope, deepest first (the order to delete them in).
-    pub fn descendants_deepest_first(&self, id: &str) -> Vec<ScopeId> {
+    pub fn descendants_deepest_first(&self, id: &ScopeId) -> Vec<ScopeId> {
         let mut out = Vec::new();
         self.collect_down(id, &mut out);
         out.reverse();
         out
     }
 
-    fn collect_down(&self, id: &str, out: &mut Vec<ScopeId>) {
+    fn collect_down(&self, id: &ScopeId, out: &mut Vec<ScopeId>) {
         if let Some(rec) = self.scopes.get(id) {
             for child in &rec.children {
                 if !out.contains(child) {
                     out.push(child.clone());
-                    self.collect_down(child.as_str(), out);
+                    self.collect_down(child, out);
                 }
             }
         }
@@ -153,15 +150,15 @@ mod tests {
         s.insert(scope("team", Some("org")), None);
         s.insert(scope("squad", Some("team")), None);
         assert_eq!(
-            s.with_ancestors("squad"),
+            s.with_ancestors(&"squad".into()),
             vec![ScopeId::from("squad"), "team".into(), "org".into()]
         );
         assert_eq!(
-            s.descendants_deepest_first("org"),
+            s.descendants_deepest_first(&"org".into()),
             vec![ScopeId::from("squad"), "team".into()]
         );
-        s.remove("squad");
-        assert!(s.get("team").unwrap().children.is_empty());
+        s.remove(&"squad".into());
+        assert!(s.get(&"team".into()).unwrap().children.is_empty());
         assert_eq!(s.iter_ordered().count(), 2);
     }
 }

@@ -277,10 +277,7 @@ impl Router {
         let new = verdict.inspect_err(|e| {
             tracing::info!(%session, code = ?e.code, reason = %e.message, "credential refresh refused");
         })?;
-        let current = self
-            .sessions
-            .get(session.as_str())
-            .and_then(|s| s.principal.clone());
+        let current = self.sessions.get(session).and_then(|s| s.principal.clone());
         if !current.as_ref().is_some_and(|c| c.same_subject(&new)) {
             return Err(AuthError::new(
                 AuthErrorCode::InvalidCredentials,
@@ -294,7 +291,7 @@ impl Router {
     /// Gives a session a (newer) credential of its principal: a new expiry re-arms the
     /// deadlines, old ones are ignored from now on.
     pub(crate) fn renew_principal(&mut self, session: &SessionId, principal: Option<Principal>) {
-        let Some(s) = self.sessions.get_mut(session.as_str()) else {
+        let Some(s) = self.sessions.get_mut(session) else {
             return;
         };
         if s.principal == principal {
@@ -310,7 +307,7 @@ impl Router {
         let Some(auth) = self.authenticator() else {
             return;
         };
-        let Some(s) = self.sessions.get(session.as_str()) else {
+        let Some(s) = self.sessions.get(session) else {
             return;
         };
         let Some(expires_at) = s.principal.as_ref().and_then(|p| p.expires_at) else {
@@ -335,9 +332,7 @@ impl Router {
         session: &SessionId,
         epoch: u64,
     ) -> Option<&crate::router::sessions::table::Session> {
-        self.sessions
-            .get(session.as_str())
-            .filter(|s| s.auth_epoch == epoch)
+        self.sessions.get(session).filter(|s| s.auth_epoch == epoch)
     }
 
     /// Sends `map/auth/expiring` to the session's connection, if it is attached.

@@ -54,7 +54,7 @@ impl Router {
             .iter()
             .filter(|s| owns(&me, s))
             .map(|s| {
-                let mut agents = self.registry.owned_by(s.participant.as_str());
+                let mut agents = self.registry.owned_by(&s.participant);
                 agents.extend(s.orphaned.iter().cloned());
                 SessionSummary {
                     id: s.id.clone(),
@@ -81,7 +81,7 @@ impl Router {
     /// The caller's session `id`, refused as "not found" when it is not the caller's.
     fn own_session(&self, me: &Session, id: &SessionId) -> Result<Session, RouterError> {
         self.sessions
-            .get(id.as_str())
+            .get(id)
             .filter(|s| owns(me, s))
             .cloned()
             .ok_or_else(|| RouterError::SessionNotFound(id.to_string()))
@@ -158,12 +158,12 @@ impl Router {
                 notify_subscribers: None,
             };
             self.detach(ctx.conn, &policy, &reason, false);
-            self.sessions.remove(target.id.as_str());
+            self.sessions.remove(&target.id);
         } else {
             if target.conn.is_some() {
                 return Err(RouterError::SessionInUse(target.id.to_string()));
             }
-            self.sessions.remove(target.id.as_str());
+            self.sessions.remove(&target.id);
             self.release_orphans(&target.orphaned, &reason);
         }
         Ok(SessionCloseResult {
@@ -179,13 +179,13 @@ impl Router {
         let mut still: Vec<AgentId> = orphaned
             .iter()
             .filter(|a| {
-                self.registry.get(a.as_str()).is_some_and(|r| {
+                self.registry.get(a).is_some_and(|r| {
                     r.agent.owner_id.is_none() && r.agent.state == AgentState::ORPHANED
                 })
             })
             .cloned()
             .collect();
-        still.sort_by_key(|a| std::cmp::Reverse(self.registry.ancestors(a.as_str(), None).len()));
+        still.sort_by_key(|a| std::cmp::Reverse(self.registry.ancestors(a, None).len()));
         for agent in still {
             let hint = self.take_cause_hint(&agent);
             self.remove_agent(&agent, reason, hint);

@@ -101,7 +101,7 @@ impl Router {
         if let Some(existing) = conn.session.clone() {
             let s = self
                 .sessions
-                .get(existing.as_str())
+                .get(&existing)
                 .ok_or(RouterError::Unavailable)?;
             if s.kind != kind {
                 return Err(RouterError::InvalidRequest(format!(
@@ -109,8 +109,7 @@ impl Router {
                     s.kind
                 )));
             }
-            self.sessions
-                .set_token(existing.as_str(), random_token("resume_"));
+            self.sessions.set_token(&existing, random_token("resume_"));
             return Ok(ConnectResponse::Connected(Box::new(self.connect_result(
                 &existing,
                 true,
@@ -159,7 +158,7 @@ impl Router {
             .or_else(|| {
                 p.session_id
                     .as_ref()
-                    .and_then(|id| self.sessions.get(id.as_str()))
+                    .and_then(|id| self.sessions.get(id))
                     .filter(|s| s.conn.is_none())
             })
             .filter(|s| same_principal(s.principal.as_ref(), principal.as_ref()))
@@ -172,7 +171,7 @@ impl Router {
             }
             let detached_principal = self
                 .sessions
-                .get(session_id.as_str())
+                .get(&session_id)
                 .filter(|s| s.conn.is_none())
                 .and_then(|s| s.principal.as_ref().map(|p| p.id.clone()));
             if let Some(principal) = detached_principal {
@@ -185,13 +184,13 @@ impl Router {
         // A new session.
         let participant = match &p.participant_id {
             Some(id) if !id.as_str().is_empty() => {
-                match self.sessions.by_participant(id.as_str()) {
+                match self.sessions.by_participant(id) {
                     Some(s) if s.conn.is_some() => ParticipantId::generate(),
                     Some(detached) => {
                         // The detached session loses its id to the newcomer; its orphaned
                         // agents stay orphaned until reclaimed or their grace period ends.
                         let old = detached.id.clone();
-                        self.sessions.remove(old.as_str());
+                        self.sessions.remove(&old);
                         id.clone()
                     }
                     None => id.clone(),
@@ -258,7 +257,7 @@ impl Router {
         // Only called with a session id that exists.
         let s = self
             .sessions
-            .get(session_id.as_str())
+            .get(session_id)
             .cloned()
             .unwrap_or_else(|| unreachable_session(session_id));
         ConnectResult {
@@ -272,7 +271,7 @@ impl Router {
                 version: self.config.version.clone(),
             },
             reconnected,
-            owned_agents: self.registry.owned_by(s.participant.as_str()),
+            owned_agents: self.registry.owned_by(&s.participant),
             reclaimed_agents: reclaimed,
             resume_token: s.resume_token.clone(),
             principal: s.principal.clone(),
@@ -287,7 +286,7 @@ impl Router {
         reclaim_only: Option<&[AgentId]>,
     ) -> ConnectResult {
         // Take the session over from a connection that still holds it.
-        if let Some(old_conn) = self.sessions.get(session_id.as_str()).and_then(|s| s.conn) {
+        if let Some(old_conn) = self.sessions.get(session_id).and_then(|s| s.conn) {
             if old_conn != conn {
                 self.bus.remove_session(session_id);
                 if let Some(c) = self.conns.get_mut(&old_conn) {
@@ -299,7 +298,7 @@ impl Router {
                 }
             }
         }
-        let Some(s) = self.sessions.get_mut(session_id.as_str()) else {
+        let Some(s) = self.sessions.get_mut(session_id) else {
             return unreachable_session(session_id);
         };
         s.conn = Some(conn);
@@ -308,8 +307,7 @@ impl Router {
         let kind = s.kind;
         let name = s.name.clone();
         let orphaned = std::mem::take(&mut s.orphaned);
-        self.sessions
-            .set_token(session_id.as_str(), random_token("resume_"));
+        self.sessions.set_token(session_id, random_token("resume_"));
         if let Some(c) = self.conns.get_mut(&conn) {
             c.session = Some(session_id.clone());
         }
@@ -339,7 +337,7 @@ impl Router {
                 reclaimed.push(a);
             }
         }
-        if let Some(s) = self.sessions.get_mut(session_id.as_str()) {
+        if let Some(s) = self.sessions.get_mut(session_id) {
             if s.primary_agent.is_none() {
                 s.primary_agent = reclaimed.first().map(|a| a.id.clone());
             }
@@ -354,7 +352,7 @@ impl Router {
         owner: &ParticipantId,
         caused_by: Vec<EventId>,
     ) -> Option<Agent> {
-        let rec = self.registry.get(agent.as_str())?;
+        let rec = self.registry.get(agent)?;
         if rec.agent.owner_id.is_some() || rec.agent.state != AgentState::ORPHANED {
             return None;
         }
@@ -362,8 +360,8 @@ impl Router {
             .state_before_orphan
             .clone()
             .unwrap_or(AgentState::REGISTERED);
-        self.registry.set_owner(agent.as_str(), Some(owner.clone()));
-        let rec = self.registry.get_mut(agent.as_str())?;
+        self.registry.set_owner(agent, Some(owner.clone()));
+        let rec = self.registry.get_mut(agent)?;
         rec.state_before_orphan = None;
         rec.orphan_expires = None;
         rec.agent.state = restored.clone();
@@ -404,7 +402,7 @@ impl Router {
             .policy
             .or_else(|| {
                 self.sessions
-                    .get(caller.session.as_str())
+                    .get(&caller.session)
                     .and_then(|s| s.policy.clone())
             })
             .unwrap_or(DisconnectPolicy {
@@ -416,7 +414,7 @@ impl Router {
         self.detach(ctx.conn, &policy, &reason, true);
         let s = self
             .sessions
-            .get(caller.session.as_str())
+            .get(&caller.session)
             .ok_or(RouterError::Unavailable)?;
         Ok(DisconnectResult {
             acknowledged: true,
@@ -437,7 +435,7 @@ impl Router {
                 .conns
                 .get(&conn)
                 .and_then(|c| c.session.as_ref())
-                .and_then(|s| self.sessions.get(s.as_str()))
+                .and_then(|s| self.sessions.get(s))
                 .and_then(|s| s.policy.clone())
                 .unwrap_or(DisconnectPolicy {
                     agent_behavior: AgentBehavior::GracePeriod,
@@ -473,7 +471,7 @@ impl Router {
             c.pending.clear();
         }
         self.bus.remove_session(&session_id);
-        let Some(s) = self.sessions.get_mut(session_id.as_str()) else {
+        let Some(s) = self.sessions.get_mut(&session_id) else {
             return;
         };
         s.conn = None;
@@ -482,7 +480,7 @@ impl Router {
         let kind = s.kind;
         if rotate_token {
             self.sessions
-                .set_token(session_id.as_str(), random_token("resume_"));
+                .set_token(&session_id, random_token("resume_"));
         }
 
         let disconnected = self.emit_participant_event(
@@ -505,7 +503,7 @@ impl Router {
         });
         if supervised {
             // The supervisor reports the process's exit; that decides the agent's fate.
-            self.release_supervised(participant.as_str());
+            self.release_supervised(&participant);
             let window = self.config.resume_window;
             self.schedule(Instant::now() + window, Deadline::SessionExpiry(session_id));
             return;
@@ -513,8 +511,8 @@ impl Router {
 
         // Children before parents, so an unregister never leaves a live child under a removed
         // parent it owns.
-        let mut owned = self.registry.owned_by(participant.as_str());
-        owned.sort_by_key(|a| std::cmp::Reverse(self.registry.ancestors(a.as_str(), None).len()));
+        let mut owned = self.registry.owned_by(&participant);
+        owned.sort_by_key(|a| std::cmp::Reverse(self.registry.ancestors(a, None).len()));
         match policy.agent_behavior {
             AgentBehavior::Unregister => {
                 for agent in owned {
@@ -538,7 +536,7 @@ impl Router {
                         self.schedule(at, Deadline::OrphanExpiry(agent.clone()));
                     }
                 }
-                if let Some(s) = self.sessions.get_mut(session_id.as_str()) {
+                if let Some(s) = self.sessions.get_mut(&session_id) {
                     s.orphaned = owned;
                 }
             }
@@ -554,12 +552,12 @@ impl Router {
         caused_by: Vec<EventId>,
         expires: Option<Instant>,
     ) {
-        let Some(rec) = self.registry.get(agent.as_str()) else {
+        let Some(rec) = self.registry.get(agent) else {
             return;
         };
         let previous_state = rec.agent.state.clone();
-        self.registry.set_owner(agent.as_str(), None);
-        let Some(rec) = self.registry.get_mut(agent.as_str()) else {
+        self.registry.set_owner(agent, None);
+        let Some(rec) = self.registry.get_mut(agent) else {
             return;
         };
         rec.state_before_orphan = Some(previous_state);
@@ -585,19 +583,19 @@ impl Router {
     pub(crate) fn expire_session(&mut self, session: &SessionId) {
         let expired = self
             .sessions
-            .get(session.as_str())
+            .get(session)
             .and_then(|s| s.detached_at)
             .is_some_and(|at| {
                 at.elapsed() + std::time::Duration::from_millis(5) >= self.config.resume_window
             });
         if expired {
-            self.sessions.remove(session.as_str());
+            self.sessions.remove(session);
         }
     }
 
     pub(crate) fn expire_orphan(&mut self, agent: &AgentId) {
         let now = Instant::now();
-        let expired = self.registry.get(agent.as_str()).and_then(|r| {
+        let expired = self.registry.get(agent).and_then(|r| {
             (r.agent.owner_id.is_none() && r.orphan_expires.is_some_and(|at| at <= now))
                 .then(|| r.expiry_reason.unwrap_or("owner_disconnected"))
         });
@@ -633,14 +631,14 @@ impl Router {
         }
         let session = self
             .sessions
-            .by_participant(p.client_id.as_str())
+            .by_participant(&p.client_id)
             .map(|s| s.id.clone())
             .ok_or_else(|| {
                 RouterError::InvalidParams(format!("Client {} not found", p.client_id))
             })?;
         let s = self
             .sessions
-            .get_mut(session.as_str())
+            .get_mut(&session)
             .ok_or(RouterError::Unavailable)?;
         let mut effective = s.capabilities.clone().overlaid_by(&p.permissions);
         effective.streaming = Some(streaming_caps());

@@ -117,17 +117,17 @@ pub struct Sessions {
 
 impl Sessions {
     /// Looks a session up.
-    pub fn get(&self, id: &str) -> Option<&Session> {
+    pub fn get(&self, id: &SessionId) -> Option<&Session> {
         self.by_id.get(id)
     }
 
     /// Mutable access (use [`Sessions::set_token`] to change the token).
-    pub fn get_mut(&mut self, id: &str) -> Option<&mut Session> {
+    pub fn get_mut(&mut self, id: &SessionId) -> Option<&mut Session> {
         self.by_id.get_mut(id)
     }
 
     /// The session of a participant.
-    pub fn by_participant(&self, participant: &str) -> Option<&Session> {
+    pub fn by_participant(&self, participant: &ParticipantId) -> Option<&Session> {
         self.by_participant
             .get(participant)
             .and_then(|s| self.by_id.get(s))
@@ -148,7 +148,7 @@ impl Sessions {
     }
 
     /// Removes a session and its index entries.
-    pub fn remove(&mut self, id: &str) -> Option<Session> {
+    pub fn remove(&mut self, id: &SessionId) -> Option<Session> {
         let s = self.by_id.remove(id)?;
         if self.by_participant.get(&s.participant) == Some(&s.id) {
             self.by_participant.remove(&s.participant);
@@ -158,7 +158,7 @@ impl Sessions {
     }
 
     /// Replaces a session's resume token (the old one stops working).
-    pub fn set_token(&mut self, id: &str, token: String) {
+    pub fn set_token(&mut self, id: &SessionId, token: String) {
         if let Some(s) = self.by_id.get_mut(id) {
             self.by_token.remove(&s.resume_token);
             self.by_token.insert(token.clone(), s.id.clone());
@@ -168,7 +168,7 @@ impl Sessions {
 
     /// Records that `id` made a call now.
     pub fn touch(&mut self, id: &SessionId) {
-        if let Some(s) = self.by_id.get_mut(id.as_str()) {
+        if let Some(s) = self.by_id.get_mut(id) {
             s.last_active_at = crate::protocol::ids::now_ms();
         }
     }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A/B of two map-router binaries on the fan-out case of the load generator, alternating, each
+# case on a fresh server pinned to core 0 with the generator pinned to core 1. Prints one JSON
+# line per run: the binary (a|b), mode, K+S, server CPU ticks (utime+stime from /proc) and the
+# generator's result.
+#
+#   cargo bench --bench load --no-run   # builds target/release/deps/load-*
+#   scripts/bench-ab.sh LOAD_BIN BIN_A BIN_B [ROUNDS] [PAYLOAD_BYTES] > results.jsonl
+#
+# Loopback only; every wait is bounded.
+set -euo pipefail
+LOAD=$1; A=$2; B=$3; ROUNDS=${4:-3}; PAYLOAD=${5:-1024}
+cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+for round in $(seq "$ROUNDS"); do
+  for label in a b; do
+    bin=$A; [ "$label" = b ] && bin=$B
+    for mode in ephemeral durable; do
+      for case in "10 2" "100 10"; do
+        read -r K S <<<"$case"
+        dir=$(mktemp -d)
+        extra=(--ephemeral); [ "$mode" = durable ] && extra=(--data-dir "$dir/data")
+        taskset -c 0 "$bin" serve --listen 127.0.0.1:0 "${extra[@]}" 2> "$dir/log" &
+        pid=$!
+        url=""
+        for _ in $(seq 100); do
+          url=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$dir/log" | head -n1)
+          [ -n "$url" ] && break
+          sleep 0.1
+        done
+        [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; exit 1; }
+        c0=$(cpu "$pid")
+        res=$(taskset -c 1 timeout 300 "$LOAD" --url "$url" --server-pid "$pid" --test fanout \
+          --agents "$K" --subscribers "$S" --publishers 2 --messages 20000 \
+          --payload-bytes "$PAYLOAD" 2>/dev/null | grep deliveries_per_s | head -n1)
+        c1=$(cpu "$pid")
+        kill "$pid"; wait "$pid" 2>/dev/null || true
+        echo "{\"round\":$round,\"bin\":\"$label\",\"mode\":\"$mode\",\"k\":$K,\"s\":$S,\"cpu_ticks\":$((c1 - c0)),\"result\":$res}"
+        rm -rf "$dir"
+      done
+    done
+  done
+done
