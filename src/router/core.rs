@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::Capability;
 use crate::protocol::event::EventType;
-use crate::protocol::ids::{AgentId, EventId, ParticipantId};
+use crate::protocol::ids::{AgentId, EventId, ParticipantId, SubscriptionId};
 use crate::router::agents::registry::Registry;
 use crate::router::agents::supervised::{ProcessControl, Supervision};
 use crate::router::caller::{Caller, Ctx};
@@ -65,7 +65,7 @@ pub enum Command {
         /// The connection.
         conn: ConnId,
         /// The subscription id.
-        subscription: String,
+        subscription: SubscriptionId,
     },
     /// The connection's writer has room again.
     Drained {
@@ -249,7 +249,7 @@ impl Router {
                 rows,
             }) => self
                 .bus
-                .deliver_disk(subscription.as_str(), from, rows, &self.registry),
+                .deliver_disk(&subscription, from, rows, &self.registry),
             Command::Shutdown => {
                 self.handle_shutdown();
                 return true;

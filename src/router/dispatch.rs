@@ -190,7 +190,7 @@ impl Dispatcher {
         // Events.
         d.add_async::<Subscribe>(
             |router, conn, p| Box::pin(subscriptions::subscribe(router, conn, p)),
-            |r| AfterReply::Activate(r.subscription_id.to_string()),
+            |r| AfterReply::Activate(r.subscription_id.clone()),
         );
         d.add::<Unsubscribe>(AfterCommit, Router::handle_unsubscribe, nothing);
         d.add_async::<Replay>(

@@ -3,6 +3,8 @@
 //! result, the follow-up the connection runs once the response is queued, and the log
 //! position that must be committed before the response may be sent.
 
+use crate::protocol::ids::SubscriptionId;
+
 /// What the session must do after a response is queued.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AfterReply {
@@ -15,7 +17,7 @@ pub enum AfterReply {
     /// The connection's session ended.
     Disconnected,
     /// Activate this subscription.
-    Activate(String),
+    Activate(SubscriptionId),
 }
 
 /// A successful call: the result JSON and the follow-up.

@@ -373,7 +373,7 @@ impl RpcSession {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Ack {
-            subscription_id: String,
+            subscription_id: crate::protocol::ids::SubscriptionId,
             up_to_sequence: u64,
         }
         let Ok(ack) = serde_json::from_str::<Ack>(params.map_or("{}", RawValue::get)) else {

@@ -347,7 +347,7 @@ impl Router {
         );
         for scope in &snapshot.scopes {
             if let Some(s) = self.scopes.get_mut(scope) {
-                s.members.remove(id.as_str());
+                s.members.remove(id);
             }
             self.emit_scope_member_event(
                 EventType::ScopeMemberLeft,

@@ -219,7 +219,7 @@ impl EventBus {
     }
 
     /// Looks a subscription up.
-    pub fn get(&self, id: &str) -> Option<&Subscription> {
+    pub fn get(&self, id: &SubscriptionId) -> Option<&Subscription> {
         self.subs.get(id)
     }
 
@@ -229,7 +229,7 @@ impl EventBus {
     }
 
     /// Removes a subscription.
-    pub fn remove(&mut self, id: &str) -> Option<Subscription> {
+    pub fn remove(&mut self, id: &SubscriptionId) -> Option<Subscription> {
         self.subs.remove(id)
     }
 
@@ -249,7 +249,7 @@ impl EventBus {
 
     /// Moves a pending subscription to catching up, and catches it up as far as its outbox
     /// allows.
-    pub fn activate(&mut self, id: &str, reg: &Registry) {
+    pub fn activate(&mut self, id: &SubscriptionId, reg: &Registry) {
         if let Some(sub) = self.subs.get_mut(id) {
             if sub.state == SubState::Pending {
                 sub.state = SubState::Paused;
@@ -267,14 +267,21 @@ impl EventBus {
             .map(|s| s.id.clone())
             .collect();
         for id in ids {
-            self.catch_up(id.as_str(), reg);
+            self.catch_up(&id, reg);
         }
     }
 
     /// Records an acknowledgement (`map/subscribe.ack`): the subscription enters credit mode
     /// (with `default_window` if it had none) and, if it was waiting for credit, catches up.
     /// Acks for other connections' subscriptions are ignored.
-    pub fn ack(&mut self, conn: ConnId, id: &str, up_to: u64, default_window: u64, reg: &Registry) {
+    pub fn ack(
+        &mut self,
+        conn: ConnId,
+        id: &SubscriptionId,
+        up_to: u64,
+        default_window: u64,
+        reg: &Registry,
+    ) {
         let Some(sub) = self.subs.get_mut(id) else {
             return;
         };
@@ -292,7 +299,7 @@ impl EventBus {
 
     /// Delivers from the cursor until caught up (→ `Live`), out of credit or room (stays
     /// `Paused`), or waiting for store rows.
-    fn catch_up(&mut self, id: &str, reg: &Registry) {
+    fn catch_up(&mut self, id: &SubscriptionId, reg: &Registry) {
         let Self { log, subs, disk } = self;
         let Some(sub) = subs.get_mut(id) else { return };
         if sub.state != SubState::Paused || sub.disk_pending {
@@ -341,7 +348,7 @@ impl EventBus {
     /// Rows the store returned for a subscription's catch-up.
     pub fn deliver_disk(
         &mut self,
-        id: &str,
+        id: &SubscriptionId,
         from: u64,
         rows: Result<Vec<StoredRow>, StoreError>,
         reg: &Registry,
@@ -404,7 +411,7 @@ impl EventBus {
             .map(|s| s.id.clone())
             .collect();
         for id in &ids {
-            self.subs.remove(id.as_str());
+            self.subs.remove(id);
         }
         ids
     }

@@ -377,9 +377,9 @@ impl Router {
         let caller = self.caller(ctx)?;
         let mine = self
             .bus
-            .get(p.subscription_id.as_str())
+            .get(&p.subscription_id)
             .is_some_and(|s| s.session == caller.session);
-        let unsubscribed = mine && self.bus.remove(p.subscription_id.as_str()).is_some();
+        let unsubscribed = mine && self.bus.remove(&p.subscription_id).is_some();
         Ok(UnsubscribeResult {
             unsubscribed,
             subscription: ClosedSubscription {
@@ -390,7 +390,7 @@ impl Router {
     }
 
     /// `map/subscribe.ack` (a notification): cumulative acknowledgement; enters credit mode.
-    pub fn handle_ack(&mut self, conn: ConnId, subscription: &str, up_to: u64) {
+    pub fn handle_ack(&mut self, conn: ConnId, subscription: &SubscriptionId, up_to: u64) {
         self.bus.ack(
             conn,
             subscription,

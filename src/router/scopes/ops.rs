@@ -388,7 +388,7 @@ impl Router {
         let Some(s) = self.scopes.get_mut(scope) else {
             return;
         };
-        if !s.members.remove(agent.as_str()) {
+        if !s.members.remove(agent) {
             return;
         }
         let Some(rec) = self.registry.get_mut(agent) else {
