@@ -11,7 +11,6 @@
 //! and queues its messages in a bounded per-connection queue; the connection's writer reports
 //! room with [`Command::Drained`].
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,7 +35,7 @@ use crate::router::outbox;
 use crate::router::outbox::Outbox;
 use crate::router::permissions;
 use crate::router::scopes::table::Scopes;
-use crate::router::sessions::table::{self as session, Conn, Sessions};
+use crate::router::sessions::table::{self as session, Conn, Conns, Sessions};
 use crate::router::timers::{Deadline, Timers};
 
 /// A request-scoped operation the router runs on its own task.
@@ -98,7 +97,7 @@ impl fmt::Debug for Command {
 #[derive(Debug)]
 pub struct Router {
     pub(super) config: Arc<RouterConfig>,
-    pub(super) conns: HashMap<ConnId, Conn>,
+    pub(super) conns: Conns,
     pub(super) sessions: Sessions,
     pub(super) registry: Registry,
     pub(super) scopes: Scopes,
@@ -150,7 +149,7 @@ impl Router {
         Self {
             bus: EventBus::new(EventLog::new(config.retention)),
             config,
-            conns: HashMap::new(),
+            conns: Conns::default(),
             sessions: Sessions::default(),
             registry: Registry::default(),
             scopes: Scopes::default(),
@@ -467,7 +466,7 @@ impl Router {
 
     fn handle_shutdown(&mut self) {
         self.shutting_down = true;
-        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        let conns: Vec<ConnId> = self.conns.ids();
         for conn in conns {
             self.handle_transport_closed(conn);
         }

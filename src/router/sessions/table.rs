@@ -70,6 +70,49 @@ pub struct Conn {
     pub pending_auth: Option<Box<ConnectParams>>,
 }
 
+/// The attached connections, by id.
+#[derive(Debug, Default)]
+pub struct Conns {
+    by_id: HashMap<ConnId, Conn>,
+}
+
+impl Conns {
+    /// A connection.
+    pub fn get(&self, id: &ConnId) -> Option<&Conn> {
+        self.by_id.get(id)
+    }
+
+    /// A connection, to change it.
+    pub fn get_mut(&mut self, id: &ConnId) -> Option<&mut Conn> {
+        self.by_id.get_mut(id)
+    }
+
+    /// Adds a connection (its id is fresh: `RouterHandle::new_conn_id`).
+    pub fn insert(&mut self, id: ConnId, conn: Conn) {
+        self.by_id.insert(id, conn);
+    }
+
+    /// Removes a connection.
+    pub fn remove(&mut self, id: &ConnId) -> Option<Conn> {
+        self.by_id.remove(id)
+    }
+
+    /// Every connection id.
+    pub fn ids(&self) -> Vec<ConnId> {
+        self.by_id.keys().copied().collect()
+    }
+
+    /// Number of attached connections.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
 /// A participant's session.
 #[derive(Debug, Clone)]
 pub struct Session {
