@@ -587,6 +587,7 @@ fn sample_events() -> Vec<EventRecord> {
                     Vec::new()
                 },
                 metadata: (i % 2 == 1).then(|| metadata.clone()),
+                work_session: (i % 2 == 0).then(|| Arc::from("w1")),
             };
             rec
         })

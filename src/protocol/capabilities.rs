@@ -107,6 +107,21 @@ pub struct StreamingCaps {
     pub supports_pause: Option<bool>,
 }
 
+/// `trajectory` group (SDK `ParticipantCapabilities.trajectory`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct TrajectoryCaps {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_report: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_query: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_request_content: Option<bool>,
+}
+
 /// `ParticipantCapabilities`. Groups we do not interpret (mail, tasks, ...) are kept verbatim in
 /// `other` so a client's declaration round-trips.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -124,6 +139,9 @@ pub struct ParticipantCapabilities {
     /// Scope management.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scopes: Option<ScopeCaps>,
+    /// The trajectory extension.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trajectory: Option<TrajectoryCaps>,
     /// Event stream features (server → client only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub streaming: Option<StreamingCaps>,
@@ -148,6 +166,9 @@ pub enum Capability {
     CanStop,
     CanCreateScopes,
     CanManageScopes,
+    CanReportTrajectory,
+    CanQueryTrajectory,
+    CanRequestTrajectoryContent,
 }
 
 impl Capability {
@@ -166,6 +187,9 @@ impl Capability {
             Self::CanStop => "lifecycle.canStop",
             Self::CanCreateScopes => "scopes.canCreateScopes",
             Self::CanManageScopes => "scopes.canManageScopes",
+            Self::CanReportTrajectory => "trajectory.canReport",
+            Self::CanQueryTrajectory => "trajectory.canQuery",
+            Self::CanRequestTrajectoryContent => "trajectory.canRequestContent",
         }
     }
 }
@@ -186,6 +210,11 @@ impl ParticipantCapabilities {
             Capability::CanStop => self.lifecycle.as_ref().and_then(|g| g.can_stop),
             Capability::CanCreateScopes => self.scopes.as_ref().and_then(|g| g.can_create_scopes),
             Capability::CanManageScopes => self.scopes.as_ref().and_then(|g| g.can_manage_scopes),
+            Capability::CanReportTrajectory => self.trajectory.as_ref().and_then(|g| g.can_report),
+            Capability::CanQueryTrajectory => self.trajectory.as_ref().and_then(|g| g.can_query),
+            Capability::CanRequestTrajectoryContent => {
+                self.trajectory.as_ref().and_then(|g| g.can_request_content)
+            }
         };
         v.unwrap_or(false)
     }
@@ -220,6 +249,14 @@ impl ParticipantCapabilities {
             scopes: Some(ScopeCaps {
                 can_create_scopes: Some(scopes),
                 can_manage_scopes: Some(scopes),
+            }),
+            // Every participant may read trajectories (filtered by what it may see); reporting
+            // is for agents (and system participants).
+            trajectory: Some(TrajectoryCaps {
+                enabled: Some(true),
+                can_report: Some(reg),
+                can_query: Some(obs),
+                can_request_content: Some(obs),
             }),
             streaming: None,
             other: serde_json::Map::new(),
@@ -258,6 +295,13 @@ impl ParticipantCapabilities {
             set(&mut g.can_create_scopes, o.can_create_scopes);
             set(&mut g.can_manage_scopes, o.can_manage_scopes);
         }
+        if let Some(o) = &over.trajectory {
+            let g = self.trajectory.get_or_insert_with(Default::default);
+            set(&mut g.enabled, o.enabled);
+            set(&mut g.can_report, o.can_report);
+            set(&mut g.can_query, o.can_query);
+            set(&mut g.can_request_content, o.can_request_content);
+        }
         self
     }
 
@@ -289,6 +333,11 @@ impl ParticipantCapabilities {
         if let (Some(g), Some(r)) = (self.scopes.as_mut(), requested.scopes.as_ref()) {
             narrow(&mut g.can_create_scopes, r.can_create_scopes);
             narrow(&mut g.can_manage_scopes, r.can_manage_scopes);
+        }
+        if let (Some(g), Some(r)) = (self.trajectory.as_mut(), requested.trajectory.as_ref()) {
+            narrow(&mut g.can_report, r.can_report);
+            narrow(&mut g.can_query, r.can_query);
+            narrow(&mut g.can_request_content, r.can_request_content);
         }
         self
     }

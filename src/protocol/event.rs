@@ -72,11 +72,13 @@ pub enum EventType {
     PermissionsClientUpdated,
     #[serde(rename = "permissions_agent_updated")]
     PermissionsAgentUpdated,
+    #[serde(rename = "trajectory.checkpoint")]
+    TrajectoryCheckpoint,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 24] = [
+    pub const ALL: [EventType; 25] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -101,6 +103,7 @@ impl EventType {
         Self::AgentSpawnFailed,
         Self::PermissionsClientUpdated,
         Self::PermissionsAgentUpdated,
+        Self::TrajectoryCheckpoint,
     ];
 
     /// The wire string.
@@ -130,6 +133,7 @@ impl EventType {
             Self::AgentSpawnFailed => "agent.spawn.failed",
             Self::PermissionsClientUpdated => "permissions_client_updated",
             Self::PermissionsAgentUpdated => "permissions_agent_updated",
+            Self::TrajectoryCheckpoint => "trajectory.checkpoint",
         }
     }
 
@@ -160,6 +164,7 @@ impl EventType {
             Self::AgentSpawnFailed => "agent.spawn.failed",
             Self::PermissionsClientUpdated => "permissions.client.updated",
             Self::PermissionsAgentUpdated => "permissions.agent.updated",
+            Self::TrajectoryCheckpoint => "trajectory.checkpoint",
         }
     }
 
@@ -261,9 +266,22 @@ pub struct SubscriptionFilter {
     /// Mail extension filter: only `mail.*` events can match (this router emits none yet).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mail: Option<serde_json::Value>,
-    /// Trajectory extension filter: only `trajectory.*` events can match (none emitted yet).
+    /// Trajectory extension filter: only `trajectory.*` events match, narrowed to the
+    /// checkpoint's `agentId` and `sessionId` when given.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub trajectory: Option<serde_json::Value>,
+    pub trajectory: Option<TrajectoryFilter>,
+}
+
+/// The `trajectory` member of a subscription filter (SDK `TrajectorySubscriptionFilter`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrajectoryFilter {
+    /// Only checkpoints of this agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// Only checkpoints of this work session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
 }
 
 /// One event in a `map/replay` result.

@@ -89,13 +89,17 @@ impl ErrorCode {
     // MAP federation (5xxx)
     pub const FEDERATION_UNAVAILABLE: Self = Self(5000);
     pub const FEDERATION_SYSTEM_NOT_FOUND: Self = Self(5001);
+    // Trajectory extension (13xxx, `urn:map:ext:trajectory:1`).
+    pub const CHECKPOINT_NOT_FOUND: Self = Self(13001);
+    pub const CONTENT_UNAVAILABLE: Self = Self(13002);
+    pub const TRAJECTORY_PERMISSION_DENIED: Self = Self(13004);
     // Sessions extension (16xxx, `urn:map:ext:sessions:1`'s range; the codes are ours).
     pub const SESSION_NOT_FOUND: Self = Self(16000);
     pub const SESSION_IN_USE: Self = Self(16001);
 
     /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
     /// The fuzz property tests check that no other code ever reaches a peer.
-    pub const ALL: [Self; 29] = [
+    pub const ALL: [Self; 32] = [
         Self::PARSE_ERROR,
         Self::INVALID_REQUEST,
         Self::METHOD_NOT_FOUND,
@@ -123,6 +127,9 @@ impl ErrorCode {
         Self::QUOTA_EXCEEDED,
         Self::FEDERATION_UNAVAILABLE,
         Self::FEDERATION_SYSTEM_NOT_FOUND,
+        Self::CHECKPOINT_NOT_FOUND,
+        Self::CONTENT_UNAVAILABLE,
+        Self::TRAJECTORY_PERMISSION_DENIED,
         Self::SESSION_NOT_FOUND,
         Self::SESSION_IN_USE,
     ];
@@ -137,6 +144,7 @@ impl ErrorCode {
             3000..=3999 => ErrorCategory::Agent,
             4000..=4999 => ErrorCategory::Resource,
             5000..=5999 => ErrorCategory::Federation,
+            13000..=13999 => ErrorCategory::Trajectory,
             16000..=16999 => ErrorCategory::Session,
             _ => ErrorCategory::Internal,
         }

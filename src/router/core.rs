@@ -112,6 +112,8 @@ pub struct Router {
     pub(super) unflushed: Vec<Arc<crate::router::events::log::EventRecord>>,
     /// Messages kept for agents that are away, and recent deliveries (reply correlation).
     pub(super) messaging: Messaging,
+    /// Trajectory checkpoints and content requests waiting on agents.
+    pub(super) trajectories: crate::router::trajectory::table::Trajectories,
     /// Causes the current call declared (`params._meta.causedBy`); given to its events that
     /// have no cause of their own.
     pub(super) call_causes: Vec<EventId>,
@@ -159,6 +161,7 @@ impl Router {
             store: None,
             unflushed: Vec::new(),
             messaging: Messaging::default(),
+            trajectories: Default::default(),
             call_causes: Vec::new(),
         }
     }

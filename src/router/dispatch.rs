@@ -216,6 +216,23 @@ impl Dispatcher {
         d.add::<ScopesJoin>(AfterCommit, Router::handle_scopes_join, nothing);
         d.add::<ScopesLeave>(AfterCommit, Router::handle_scopes_leave, nothing);
         d.add::<ScopesMembers>(AfterCommit, Router::handle_scopes_members, nothing);
+        // Trajectory extension.
+        {
+            use methods::trajectory::*;
+            d.add::<TrajectoryCheckpoint>(
+                AfterCommit,
+                Router::handle_trajectory_checkpoint,
+                nothing,
+            );
+            d.add::<TrajectoryList>(AfterCommit, Router::handle_trajectory_list, nothing);
+            d.add::<TrajectoryGet>(AfterCommit, Router::handle_trajectory_get, nothing);
+            d.add_async::<TrajectoryContent>(
+                |router, conn, p| {
+                    Box::pin(crate::router::trajectory::ops::content(router, conn, p))
+                },
+                |r| AfterReply::Frames(r.chunks.clone()),
+            );
+        }
         // Permissions.
         d.add::<methods::permissions::PermissionsUpdate>(
             AfterCommit,

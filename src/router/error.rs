@@ -72,6 +72,15 @@ pub enum RouterError {
     /// The session is attached to another connection.
     #[error("Session in use: {0} is attached to another connection")]
     SessionInUse(String),
+    /// No checkpoint with that id that the caller may see.
+    #[error("Checkpoint not found: {0}")]
+    CheckpointNotFound(String),
+    /// A checkpoint's content cannot be had (its agent is gone, has none, or did not answer).
+    #[error("Content unavailable: {0}")]
+    ContentUnavailable(String),
+    /// A trajectory operation on an agent the caller does not own.
+    #[error("Permission denied: {0}")]
+    TrajectoryDenied(String),
     /// The durable store failed.
     #[error("Storage error: {0}")]
     Storage(String),
@@ -124,6 +133,11 @@ impl RouterError {
             Self::QuotaExceeded(_) => ErrorObject::new(ErrorCode::QUOTA_EXCEEDED, msg),
             Self::SessionNotFound(_) => ErrorObject::new(ErrorCode::SESSION_NOT_FOUND, msg),
             Self::SessionInUse(_) => ErrorObject::new(ErrorCode::SESSION_IN_USE, msg),
+            Self::CheckpointNotFound(_) => ErrorObject::new(ErrorCode::CHECKPOINT_NOT_FOUND, msg),
+            Self::ContentUnavailable(_) => ErrorObject::new(ErrorCode::CONTENT_UNAVAILABLE, msg),
+            Self::TrajectoryDenied(_) => {
+                ErrorObject::new(ErrorCode::TRAJECTORY_PERMISSION_DENIED, msg)
+            }
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),

@@ -19,6 +19,7 @@ use crate::router::error::RouterError;
 use crate::router::events::bus::{DiskAccess, DiskRows, RowsBack};
 use crate::router::events::log::EventLog;
 use crate::router::ids::ConnId;
+use crate::router::trajectory::table::Trajectories;
 
 /// A cheap, cloneable handle to the router task.
 #[derive(Debug, Clone)]
@@ -228,6 +229,7 @@ impl Router {
         let handle_store = parts.store.as_ref().map(|(s, _)| s.clone());
         if let Some((store, recovered)) = parts.store {
             router.bus.log = EventLog::recover(config.retention, &recovered);
+            router.trajectories = Trajectories::recover(&recovered.checkpoints);
             if config.durability == Durability::Durable {
                 committed = Some(store.committed());
             }

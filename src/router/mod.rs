@@ -13,6 +13,7 @@
 //! - [`scopes`]: the scope tree and membership;
 //! - [`messaging`]: `map/send`, address resolution, offline queues, correlation, steering;
 //! - [`events`]: the append-only log, subscriptions with a cursor each, filters, replay;
+//! - [`trajectory`]: the trajectory extension's checkpoints and content requests;
 //! - [`permissions`]: every permission decision, as pure functions.
 //!
 //! A new extension (tasks, mail, trajectory) is one more such part: a folder with its state and
@@ -44,6 +45,7 @@ pub mod rpc;
 pub mod scopes;
 pub mod sessions;
 pub mod timers;
+pub mod trajectory;
 
 pub use self::caller::{Caller, Ctx};
 pub use self::config::{

@@ -18,6 +18,8 @@ pub enum AfterReply {
     Disconnected,
     /// Activate this subscription.
     Activate(SubscriptionId),
+    /// Write these frames after the response (a streamed `trajectory/content`).
+    Frames(Vec<String>),
 }
 
 /// A successful call: the result JSON and the follow-up.

@@ -362,10 +362,28 @@ impl RpcSession {
         Ok(reply)
     }
 
-    /// Client → server notifications: `map/subscribe.ack` records an acknowledgement; unknown
-    /// notifications (and malformed acks) are ignored silently, as the spec requires:
-    /// notifications are never answered.
+    /// Client → server notifications: `map/subscribe.ack` records an acknowledgement,
+    /// `trajectory/content.response` answers a content request; unknown notifications (and
+    /// malformed ones) are ignored silently, as the spec requires: notifications are never
+    /// answered.
     async fn notification(&mut self, method: &str, params: Option<&RawValue>) {
+        if method == methods::trajectory::notifications::CONTENT_RESPONSE {
+            let text = params.map_or("{}", RawValue::get);
+            match serde_json::from_str::<methods::trajectory::ContentResponse>(text) {
+                Ok(response) => {
+                    self.limits.rate.pace(self.limits.pace_limit).await;
+                    let conn = self.conn;
+                    let op: crate::router::core::Op = Box::new(move |r: &mut Router| {
+                        r.handle_content_response(conn, response);
+                    });
+                    let _ = self.router.send(Command::Call(op)).await;
+                }
+                Err(e) => {
+                    tracing::debug!(conn = %self.conn, error = %e, "ignoring a malformed trajectory/content.response");
+                }
+            }
+            return;
+        }
         if method != methods::notifications::SUBSCRIBE_ACK {
             tracing::debug!(conn = %self.conn, method, "ignoring unknown notification");
             return;
@@ -395,14 +413,22 @@ impl RpcSession {
     /// [`WriterGone`] when the router has stopped.
     pub async fn complete(&mut self, after: Vec<AfterReply>) -> Result<(), WriterGone> {
         for after in after {
-            if let AfterReply::Activate(subscription) = after {
-                self.router
-                    .send(Command::Activate {
-                        conn: self.conn,
-                        subscription,
-                    })
-                    .await
-                    .map_err(|_| WriterGone)?;
+            match after {
+                AfterReply::Activate(subscription) => {
+                    self.router
+                        .send(Command::Activate {
+                            conn: self.conn,
+                            subscription,
+                        })
+                        .await
+                        .map_err(|_| WriterGone)?;
+                }
+                AfterReply::Frames(frames) => {
+                    for frame in frames {
+                        self.push(frame).await?;
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -72,6 +72,9 @@ pub struct Recovered {
     pub last_timestamp: u64,
     /// The newest rows, oldest first, to warm the in-memory window.
     pub recent: Vec<StoredRow>,
+    /// The row of every stored `trajectory.checkpoint` event (the newest per checkpoint id),
+    /// which retention does not trim.
+    pub checkpoints: Vec<StoredRow>,
 }
 
 /// Where the event log is kept durably.

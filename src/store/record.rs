@@ -79,6 +79,10 @@ pub struct FilterKeys {
     pub correlation_ids: Vec<Arc<str>>,
     /// `data.metadata`, for `metadataMatch`.
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// A checkpoint's work-session id (`trajectory.checkpoint` events), for `trajectory`
+    /// filters; its agent is `agent_id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub work_session: Option<Arc<str>>,
 }
 
 /// A logged event.

@@ -158,6 +158,32 @@ const META_NEXT_SEQ: &str = "next_seq";
 const META_LAST_ID: &str = "last_id";
 const META_LAST_TS: &str = "last_ts";
 
+/// The event type whose rows are also kept in `checkpoints`.
+const CHECKPOINT_KIND: &str = "trajectory.checkpoint";
+const CHECKPOINT_SQL: &str = "INSERT INTO checkpoints (checkpoint, seq, id, ts, kind, meta, json) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+     ON CONFLICT (checkpoint) DO UPDATE SET seq = excluded.seq, id = excluded.id, \
+     ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json";
+
+/// `data.checkpoint.id` of a checkpoint event's JSON.
+fn checkpoint_id(event_json: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Data {
+        checkpoint: Id,
+    }
+    #[derive(serde::Deserialize)]
+    struct Event {
+        data: Data,
+    }
+    serde_json::from_str::<Event>(event_json)
+        .ok()
+        .map(|e| e.data.checkpoint.id)
+}
+
 const INSERT_SQL: &str =
     "INSERT INTO events (seq, id, ts, kind, meta, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 const SELECT_ROWS_SQL: &str =
@@ -667,6 +693,21 @@ fn init_schema(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     // once for a file that predates it).
     tx.execute_batch("CREATE INDEX IF NOT EXISTS events_kind ON events (kind, seq);")
         .map_err(|e| sql_err(&context, e))?;
+    // The trajectory extension's checkpoints: the row of each checkpoint's newest event, kept
+    // apart from `events` so that retention never trims them (a file that predates it gets it
+    // empty).
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS checkpoints (
+             checkpoint TEXT PRIMARY KEY,
+             seq  INTEGER NOT NULL,
+             id   TEXT NOT NULL,
+             ts   INTEGER NOT NULL,
+             kind TEXT NOT NULL,
+             meta TEXT NOT NULL,
+             json TEXT NOT NULL
+         );",
+    )
+    .map_err(|e| sql_err(&context, e))?;
     tx.commit().map_err(|e| sql_err(&context, e))
 }
 
@@ -762,6 +803,12 @@ fn recover(conn: &Connection, recent_rows: usize) -> Result<OpenState, StoreErro
     if recent_rows > 0 && recent_from < recovered.next_seq {
         recovered.recent = select_rows(conn, recent_from, recent_rows)?;
     }
+    recovered.checkpoints = query_rows(
+        conn,
+        "SELECT seq, id, ts, kind, meta, json FROM checkpoints ORDER BY seq",
+        &[],
+        1024,
+    )?;
     Ok(OpenState {
         recovered,
         bytes: from_sql_int(bytes, "byte total")?,
@@ -1127,6 +1174,21 @@ impl Writer {
                     row.json
                 ])?;
             }
+        }
+        for row in self.batch.iter().filter(|r| r.kind == CHECKPOINT_KIND) {
+            let Some(checkpoint) = checkpoint_id(&row.json) else {
+                tracing::warn!(event = %row.id, "a trajectory.checkpoint event without a checkpoint id");
+                continue;
+            };
+            tx.prepare_cached(CHECKPOINT_SQL)?.execute(params![
+                checkpoint,
+                sql_int(row.seq),
+                row.id,
+                sql_int(row.timestamp),
+                row.kind,
+                row.meta,
+                row.json
+            ])?;
         }
         // On error the dropped transaction rolls back: nothing of the batch is in the file.
         tx.commit()

@@ -5,8 +5,7 @@
 
 It connects and registers over stdin/stdout like examples/stdio-agent/agent.py, sets its state
 to STATE and reports usage under the documented convention (`metadata.usage {inputTokens,
-outputTokens, costUsd}`, docs/dashboard.md), records two trajectory checkpoints (ignored where
-the router has no trajectory extension), spawns each CHILD as a supervised process running this
+outputTokens, costUsd}`, docs/dashboard.md), records two trajectory checkpoints, spawns each CHILD as a supervised process running this
 same script (the lead first creates a scope `team` for itself and its children), writes a line to stderr for every message it gets, and exits 0 on the router's
 stop control message or when stdin closes.
 """
@@ -60,8 +59,7 @@ for line in sys.stdin:
         continue
     frame = json.loads(line)
     if "error" in frame:
-        if frame["error"].get("code") != -32601:  # a router without the trajectory extension
-            log(f"request {frame.get('id')} failed: {frame['error'].get('code')} {frame['error'].get('message')}")
+        log(f"request {frame.get('id')} failed: {frame['error'].get('code')} {frame['error'].get('message')}")
         continue
     if frame.get("method") != "map/message":
         continue

@@ -1822,6 +1822,94 @@ scenario(
   { config: AUTH_CONFIG },
 );
 
+// ---------------------------------------------------------------------------------------------
+// The trajectory extension through the SDK's callExtension (docs/trajectory.md).
+
+scenario('trajectory: a checkpoint comes back with its id and a server timestamp; trajectory.* subscribers see it', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['trajectory.*'] });
+  const a = await ctx.agent({ name: 'worker' });
+  const before = Date.now();
+  const { checkpoint } = await a.conn.callExtension('trajectory/checkpoint', {
+    checkpoint: { id: 'cp-interop-1', agentId: a.id, label: 'planned', metadata: { z: 1, a: 2 } },
+  });
+  assert.equal(checkpoint.id, 'cp-interop-1');
+  assert.equal(checkpoint.agentId, a.id);
+  assert.ok(typeof checkpoint.timestamp === 'number' && checkpoint.timestamp >= before, 'timestamp filled by the server');
+  assert.deepEqual(Object.keys(checkpoint.metadata), ['z', 'a'], 'metadata as sent');
+  const ev = await w.waitFor('trajectory.checkpoint', (e) => e.data?.checkpoint?.id === 'cp-interop-1');
+  assert.deepEqual(ev.data.checkpoint, checkpoint);
+  assert.equal(ev.source, a.id);
+  const got = await obs.conn.callExtension('trajectory/get', { checkpointId: 'cp-interop-1' });
+  assert.deepEqual(got.checkpoint, checkpoint);
+  const list = await obs.conn.callExtension('trajectory/list', { filter: { agentId: a.id } });
+  assert.deepEqual(list.checkpoints.map((c) => c.id), ['cp-interop-1']);
+  assert.equal(list.hasMore, false);
+  await expectCode(obs.conn.callExtension('trajectory/get', { checkpointId: 'no-such-checkpoint' }), 13001, 'unknown checkpoint');
+  // The connect result advertises the extension.
+  assert.equal(obs.result.capabilities?.trajectory?.canQuery, true, 'capabilities.trajectory');
+});
+
+scenario('trajectory: list and get work after a router restart (kill -9)', async (ctx) => {
+  const dataDir = ctx.tempDir();
+  const first = await ctx.startRouter({ dataDir });
+  const a = await ctx.agent({ name: 'worker', url: first.url });
+  const reported = [];
+  for (let i = 1; i <= 3; i++) {
+    const { checkpoint } = await a.conn.callExtension('trajectory/checkpoint', {
+      checkpoint: { id: `restart-${i}`, agentId: a.id, sessionId: 'work-1', metadata: { step: i } },
+    });
+    reported.push(checkpoint);
+  }
+  await ctx.killRouter(first, 'SIGKILL');
+  const second = await ctx.startRouter({ dataDir });
+  const c = await ctx.client({ name: 'reader', url: second.url });
+  const page1 = await c.conn.callExtension('trajectory/list', { filter: { sessionId: 'work-1' }, limit: 2 });
+  assert.equal(page1.hasMore, true);
+  const page2 = await c.conn.callExtension('trajectory/list', { filter: { sessionId: 'work-1' }, limit: 2, cursor: page1.nextCursor });
+  assert.equal(page2.hasMore, false);
+  const ids = [...page1.checkpoints, ...page2.checkpoints].map((cp) => cp.id);
+  assert.deepEqual(sorted(ids), sorted(reported.map((cp) => cp.id)), 'every answered checkpoint is back');
+  const got = await c.conn.callExtension('trajectory/get', { checkpointId: 'restart-2' });
+  assert.deepEqual(got.checkpoint, reported[1]);
+});
+
+scenario('trajectory: content is asked of the agent (onNotification / sendNotification)', async (ctx) => {
+  const a = await ctx.agent({ name: 'worker' });
+  a.conn.onNotification('trajectory/content.request', async (params) => {
+    await a.conn.sendNotification('trajectory/content.response', {
+      requestId: params.requestId,
+      artifacts: { transcript: [`asked about ${params.checkpointId}`] },
+    });
+  });
+  await a.conn.callExtension('trajectory/checkpoint', { checkpoint: { id: 'cp-content', agentId: a.id } });
+  const c = await ctx.client({ name: 'reader' });
+  const { content } = await c.conn.callExtension('trajectory/content', { checkpointId: 'cp-content' });
+  assert.equal(content.streaming, false);
+  assert.equal(content.checkpointId, 'cp-content');
+  assert.deepEqual(content.artifacts, { transcript: ['asked about cp-content'] });
+  await expectCode(c.conn.callExtension('trajectory/content', { checkpointId: 'nope' }), 13001, 'unknown checkpoint');
+});
+
+scenario(
+  "trajectory: another principal cannot read a hidden agent's checkpoints",
+  async (ctx) => {
+    const ws = new WebSocket(ctx.url);
+    await withTimeout(new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject)), WAIT_MS, 'ws open');
+    ctx.defer(() => ws.terminate());
+    const alice = new AgentConnection(websocketStream(ws), { name: 'private', visibility: 'parent-only' });
+    await withTimeout(alice.connect({ auth: { method: 'api-key', token: ALICE_KEY } }), WAIT_MS, 'alice connect');
+    await alice.callExtension('trajectory/checkpoint', { checkpoint: { id: 'hidden-1', agentId: alice.agentId } });
+    const bob = await ctx.client({ name: 'bob', connectOptions: { auth: { method: 'api-key', credential: BOB_KEY } } });
+    await expectCode(bob.conn.callExtension('trajectory/get', { checkpointId: 'hidden-1' }), 13001, "another principal's hidden checkpoint");
+    const list = await bob.conn.callExtension('trajectory/list', {});
+    assert.deepEqual(list.checkpoints, [], 'nothing listed');
+    const own = await alice.callExtension('trajectory/list', {});
+    assert.deepEqual(own.checkpoints.map((c) => c.id), ['hidden-1'], 'its owner sees it');
+  },
+  { config: AUTH_CONFIG },
+);
+
 /** Resolves with the close code once `ws` closes. */
 const closed = (ws) => new Promise((resolve) => ws.once('close', (code) => resolve(code)));
 

@@ -14,6 +14,7 @@ pub mod permissions;
 pub mod scopes;
 pub mod session;
 pub mod steering;
+pub mod trajectory;
 
 pub use method::Method;
 
@@ -67,6 +68,10 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<ScopesMembers>();
     visit.visit::<steering::Inject>();
     visit.visit::<permissions::PermissionsUpdate>();
+    visit.visit::<trajectory::TrajectoryCheckpoint>();
+    visit.visit::<trajectory::TrajectoryList>();
+    visit.visit::<trajectory::TrajectoryGet>();
+    visit.visit::<trajectory::TrajectoryContent>();
 }
 
 /// Receives each method type from [`for_each_method`].

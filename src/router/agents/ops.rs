@@ -41,7 +41,11 @@ const CONTROL_SENDER: &str = "system";
 
 impl Router {
     /// Looks up an agent the caller may see; invisible agents are reported as not found.
-    fn visible_agent(&self, caller: &Caller, id: &AgentId) -> Result<&Agent, RouterError> {
+    pub(crate) fn visible_agent(
+        &self,
+        caller: &Caller,
+        id: &AgentId,
+    ) -> Result<&Agent, RouterError> {
         self.registry
             .get(id)
             .map(|r| &r.agent)

@@ -26,9 +26,12 @@ pub struct CompiledFilter {
     correlation_ids: Option<HashSet<String>>,
     metadata_match: Option<JsonMap>,
     environment_match: Option<Vec<(Vec<String>, serde_json::Value)>>,
-    /// A `mail` or `trajectory` extension filter restricts to those families, which this router
-    /// does not emit: nothing matches.
-    extension_only: bool,
+    /// A `mail` extension filter restricts to that family, which this router does not emit:
+    /// nothing matches.
+    mail_only: bool,
+    /// A `trajectory` extension filter: only `trajectory.*` events, of this agent and work
+    /// session when given.
+    trajectory: Option<(Option<String>, Option<String>)>,
 }
 
 fn set(list: &Option<Vec<String>>) -> Option<HashSet<String>> {
@@ -92,7 +95,11 @@ impl CompiledFilter {
             correlation_ids: set(&f.correlation_ids),
             metadata_match: f.metadata_match.clone().filter(|m| !m.is_empty()),
             environment_match,
-            extension_only: f.mail.is_some() || f.trajectory.is_some(),
+            mail_only: f.mail.is_some(),
+            trajectory: f
+                .trajectory
+                .as_ref()
+                .map(|t| (t.agent_id.clone(), t.session_id.clone())),
         })
     }
 
@@ -103,8 +110,25 @@ impl CompiledFilter {
         rec: &EventRecord,
         environment: impl FnOnce(&str) -> Option<&'a JsonMap>,
     ) -> bool {
-        if self.extension_only {
+        if self.mail_only {
             return false;
+        }
+        if let Some((agent, session)) = &self.trajectory {
+            if rec.kind != EventType::TrajectoryCheckpoint {
+                return false;
+            }
+            if agent
+                .as_deref()
+                .is_some_and(|a| rec.keys.agent_id.as_ref().is_none_or(|k| k.as_str() != a))
+            {
+                return false;
+            }
+            if session
+                .as_deref()
+                .is_some_and(|s| rec.keys.work_session.as_deref() != Some(s))
+            {
+                return false;
+            }
         }
         if let Some(mask) = self.types {
             let idx = EventType::ALL
@@ -188,7 +212,8 @@ impl CompiledFilter {
             && self.correlation_ids.is_none()
             && self.metadata_match.is_none()
             && self.environment_match.is_none()
-            && !self.extension_only
+            && !self.mail_only
+            && self.trajectory.is_none()
     }
 }
 

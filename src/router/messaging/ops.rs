@@ -202,6 +202,7 @@ impl Router {
             priority: Some(Arc::from(priority)),
             correlation_ids: correlation.map(Arc::from).into_iter().collect(),
             metadata: None,
+            work_session: None,
         };
         // Seen only by those who may see the sender's agent (and, for `message_sent`, every
         // agent the address names).

@@ -429,6 +429,7 @@ impl Router {
 
     /// The transport of `conn` closed (or the router is shutting down).
     pub(crate) fn handle_transport_closed(&mut self, conn: ConnId) {
+        self.trajectories.connection_closed(conn);
         let has_session = self.conns.get(&conn).is_some_and(|c| c.session.is_some());
         if has_session {
             let policy = self
