@@ -73,7 +73,7 @@ fn codec(c: &mut Criterion) {
         max_events: 1000,
         max_bytes: 1 << 24,
     });
-    let rec = log.append(draft());
+    let rec = log.append(draft(), None);
     g.bench_function("encode_event_delivery", |b| {
         let d = Delivery {
             subscription: "01M80HY5AK95PT2NRGZR7TGR7V".into(),
@@ -96,7 +96,7 @@ fn filters(c: &mut Criterion) {
         max_events: 1000,
         max_bytes: 1 << 24,
     });
-    let rec = log.append(draft());
+    let rec = log.append(draft(), None);
     let f: SubscriptionFilter = serde_json::from_str(
         r#"{"eventTypes":["message.*"],"scopes":["team"],"priorities":["high","urgent"]}"#,
     )
@@ -168,7 +168,7 @@ fn fanout(c: &mut Criterion) {
             let mut k = 0usize;
             b.iter(|| {
                 k += 1;
-                let rec = bus.log.append(mixed_draft(k));
+                let rec = bus.log.append(mixed_draft(k), None);
                 bus.publish(&rec, &registry);
                 for rx in &mut receivers {
                     while rx.try_recv().is_some() {}

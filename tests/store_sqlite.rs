@@ -153,14 +153,17 @@ async fn logged_events_are_stored_as_their_rows() {
     });
     let records: Vec<_> = (0..20)
         .map(|n| {
-            log.append(EventDraft {
-                kind: EventType::ScopeCreated,
-                source: Some("agent-1".into()),
-                data: format!("{{\"n\":{n}}}"),
-                caused_by: vec![],
-                keys: FilterKeys::default(),
-                audience: Audience::Everyone,
-            })
+            log.append(
+                EventDraft {
+                    kind: EventType::ScopeCreated,
+                    source: Some("agent-1".into()),
+                    data: format!("{{\"n\":{n}}}"),
+                    caused_by: vec![],
+                    keys: FilterKeys::default(),
+                    audience: Audience::Everyone,
+                },
+                None,
+            )
         })
         .collect();
     let expected: Vec<StoredRow> = records.iter().filter_map(|r| r.to_row()).collect();

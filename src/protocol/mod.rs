@@ -14,6 +14,7 @@ pub mod message;
 pub mod methods;
 pub mod schema;
 pub mod scope;
+pub mod trace;
 
 /// The only protocol version MAP defines.
 pub const PROTOCOL_VERSION: u32 = 1;

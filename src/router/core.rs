@@ -114,6 +114,9 @@ pub struct Router {
     pub(super) messaging: Messaging,
     /// Trajectory checkpoints and content requests waiting on agents.
     pub(super) trajectories: crate::router::trajectory::table::Trajectories,
+    /// The trace context of the current call (`params._meta.traceparent`): stamped on its
+    /// events that have none of their own.
+    pub(super) call_trace: Option<crate::protocol::trace::TraceContext>,
     /// Causes the current call declared (`params._meta.causedBy`); given to its events that
     /// have no cause of their own.
     pub(super) call_causes: Vec<EventId>,
@@ -163,6 +166,7 @@ impl Router {
             messaging: Messaging::default(),
             trajectories: Default::default(),
             call_causes: Vec::new(),
+            call_trace: None,
         }
     }
 
@@ -353,11 +357,22 @@ impl Router {
     }
 
     /// Appends an event to the log and fans it out. Returns its id.
-    pub fn emit(&mut self, mut draft: EventDraft) -> EventId {
+    pub fn emit(&mut self, draft: EventDraft) -> EventId {
+        let trace = self.call_trace.clone();
+        self.emit_traced(draft, trace.as_ref())
+    }
+
+    /// [`Router::emit`] with the event's own trace context (a message's `meta.traceparent`)
+    /// instead of the call's.
+    pub fn emit_traced(
+        &mut self,
+        mut draft: EventDraft,
+        trace: Option<&crate::protocol::trace::TraceContext>,
+    ) -> EventId {
         if draft.caused_by.is_empty() && !self.call_causes.is_empty() {
             draft.caused_by = self.call_causes.clone();
         }
-        let rec = self.bus.log.append(draft);
+        let rec = self.bus.log.append(draft, trace);
         if self.store.is_some() {
             // The store builds the row on its own thread.
             self.unflushed.push(rec.clone());

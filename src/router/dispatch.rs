@@ -25,11 +25,12 @@ use crate::auth::Authenticator;
 use crate::protocol::jsonrpc::{self, ErrorObject};
 use crate::protocol::methods::agents::{SpawnParams, SpawnResult};
 use crate::protocol::methods::{self, Method};
+use crate::protocol::trace::TraceContext;
 use crate::router::caller::Ctx;
 use crate::router::core::Router;
 use crate::router::error::RouterError;
 use crate::router::events::ops as subscriptions;
-use crate::router::handle::RouterHandle;
+use crate::router::handle::{Declared, RouterHandle};
 use crate::router::ids::ConnId;
 use crate::router::reply::{AfterReply, Reply};
 use crate::router::sessions::auth::{self, Verdict};
@@ -282,7 +283,7 @@ impl Dispatcher {
     ) {
         let needs_session = needs_session(M::NAME);
         let handler: Handler = Box::new(move |router, conn, params| {
-            let causes = declared_causes(params);
+            let declared = declared(params);
             let params: M::Params = decode_params(params)?;
             let verdict = router
                 .config()
@@ -292,9 +293,13 @@ impl Dispatcher {
             let router = router.clone();
             Ok(Box::pin(async move {
                 let (result, commit) = router
-                    .call_deferred(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
-                        f(r, ctx, params, verdict)
-                    })
+                    .call_deferred(
+                        conn,
+                        M::CAPABILITY,
+                        needs_session,
+                        declared,
+                        move |r, ctx| f(r, ctx, params, verdict),
+                    )
                     .await
                     .map_err(ErrorObject::from)?;
                 reply(&result, after, commit)
@@ -347,9 +352,22 @@ impl Dispatcher {
         let mut d = Self::new();
         let plain = typed_handler::<AgentsSpawn>(Router::handle_spawn, nothing, true);
         let handler: Handler = Box::new(move |router, conn, params| {
-            let p: SpawnParams = decode_params(params)?;
-            if p.command.is_none() {
+            let mut p: SpawnParams = decode_params(params)?;
+            let Some(command) = p.command.as_mut() else {
                 return plain(router, conn, params);
+            };
+            // The spawn's trace context continues in the child (unless its env sets its own).
+            if let Some(trace) = declared(params).trace {
+                command
+                    .env
+                    .entry("TRACEPARENT".into())
+                    .or_insert_with(|| trace.traceparent.to_string());
+                if let Some(state) = &trace.tracestate {
+                    command
+                        .env
+                        .entry("TRACESTATE".into())
+                        .or_insert_with(|| state.to_string());
+                }
             }
             let spawned = spawner.spawn(conn, p);
             Ok(Box::pin(async move {
@@ -412,14 +430,18 @@ fn typed_handler<M: Method>(
     needs_session: bool,
 ) -> Handler {
     Box::new(move |router, conn, params| {
-        let causes = declared_causes(params);
+        let declared = declared(params);
         let params: M::Params = decode_params(params)?;
         let router = router.clone();
         Ok(Box::pin(async move {
             let (result, commit) = router
-                .call_deferred(conn, M::CAPABILITY, needs_session, causes, move |r, ctx| {
-                    f(r, ctx, params)
-                })
+                .call_deferred(
+                    conn,
+                    M::CAPABILITY,
+                    needs_session,
+                    declared,
+                    move |r, ctx| f(r, ctx, params),
+                )
                 .await
                 .map_err(ErrorObject::from)?;
             reply(&result, after, commit)
@@ -427,13 +449,18 @@ fn typed_handler<M: Method>(
     })
 }
 
-/// The event ids a call names as its causes in `params._meta.causedBy` (malformed entries are
-/// ignored: causality is advisory metadata, never a reason to refuse a call).
-fn declared_causes(params: Option<&RawValue>) -> Vec<crate::protocol::ids::EventId> {
+/// What a call declares in `params._meta`: the event ids it names as its causes
+/// (`causedBy`, at most 16) and its trace context (`traceparent`, `tracestate`). Malformed
+/// entries are ignored: both are advisory metadata, never a reason to refuse a call.
+pub(crate) fn declared(params: Option<&RawValue>) -> Declared {
     #[derive(serde::Deserialize)]
     struct Meta {
         #[serde(default, rename = "causedBy")]
         caused_by: Vec<serde_json::Value>,
+        #[serde(default)]
+        traceparent: Option<serde_json::Value>,
+        #[serde(default)]
+        tracestate: Option<serde_json::Value>,
     }
     #[derive(serde::Deserialize)]
     struct WithMeta {
@@ -441,22 +468,62 @@ fn declared_causes(params: Option<&RawValue>) -> Vec<crate::protocol::ids::Event
         meta: Option<Meta>,
     }
     let Some(raw) = params else {
-        return Vec::new();
+        return Declared::default();
     };
     if !raw.get().contains("_meta") {
-        return Vec::new();
+        return Declared::default();
     }
-    serde_json::from_str::<WithMeta>(raw.get())
+    let Some(m) = serde_json::from_str::<WithMeta>(raw.get())
         .ok()
         .and_then(|w| w.meta)
-        .map(|m| {
-            m.caused_by
-                .iter()
-                .filter_map(|v| v.as_str().and_then(crate::protocol::ids::EventId::parse))
-                .take(16)
-                .collect()
-        })
-        .unwrap_or_default()
+    else {
+        return Declared::default();
+    };
+    Declared {
+        causes: m
+            .caused_by
+            .iter()
+            .filter_map(|v| v.as_str().and_then(crate::protocol::ids::EventId::parse))
+            .take(16)
+            .collect(),
+        trace: m
+            .traceparent
+            .as_ref()
+            .and_then(|v| v.as_str())
+            .and_then(|p| TraceContext::new(p, m.tracestate.as_ref().and_then(|v| v.as_str()))),
+    }
+}
+
+/// The trace context a request carries: its message's (`params.meta`, for `map/send`), else its
+/// own (`params._meta`). Parses only params that mention `traceparent`.
+pub(crate) fn trace_of_params(params: Option<&RawValue>) -> Option<TraceContext> {
+    #[derive(serde::Deserialize)]
+    struct Trace {
+        #[serde(default)]
+        traceparent: Option<serde_json::Value>,
+        #[serde(default)]
+        tracestate: Option<serde_json::Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params {
+        #[serde(default)]
+        meta: Option<Trace>,
+        #[serde(default, rename = "_meta")]
+        own: Option<Trace>,
+    }
+    let raw = params?.get();
+    if !raw.contains("traceparent") {
+        return None;
+    }
+    let p: Params = serde_json::from_str(raw).ok()?;
+    let of = |t: Option<Trace>| {
+        let t = t?;
+        TraceContext::new(
+            t.traceparent.as_ref()?.as_str()?,
+            t.tracestate.as_ref().and_then(|s| s.as_str()),
+        )
+    };
+    of(p.meta).or_else(|| of(p.own))
 }
 
 /// Decodes params; absent params decode from `{}`.

@@ -21,6 +21,17 @@ use crate::router::events::log::EventLog;
 use crate::router::ids::ConnId;
 use crate::router::trajectory::table::Trajectories;
 
+/// What a request declares about itself in `params._meta`: the events that caused it
+/// (`causedBy`) and its trace context (`traceparent`, `tracestate`). Both are advisory: a
+/// malformed entry is ignored, never a reason to refuse the call.
+#[derive(Debug, Clone, Default)]
+pub struct Declared {
+    /// Event ids the call's events name as causes.
+    pub causes: Vec<EventId>,
+    /// Stamped on the call's events (`event._meta`).
+    pub trace: Option<crate::protocol::trace::TraceContext>,
+}
+
 /// A cheap, cloneable handle to the router task.
 #[derive(Debug, Clone)]
 pub struct RouterHandle {
@@ -113,7 +124,7 @@ impl RouterHandle {
         F: FnOnce(&mut Router, &Ctx) -> Result<R, RouterError> + Send + 'static,
     {
         let (result, commit) = self
-            .call_deferred(conn, capability, needs_session, Vec::new(), f)
+            .call_deferred(conn, capability, needs_session, Declared::default(), f)
             .await?;
         if let Some(until) = commit {
             self.wait_committed(until).await?;
@@ -135,7 +146,7 @@ impl RouterHandle {
         conn: ConnId,
         capability: Option<Capability>,
         needs_session: bool,
-        causes: Vec<EventId>,
+        declared: Declared,
         f: F,
     ) -> Result<(R, Option<u64>), RouterError>
     where
@@ -147,6 +158,8 @@ impl RouterHandle {
             let ctx = Ctx { conn };
             let before = router.bus.log.next_seq();
             let newest = router.bus.log.newest_id();
+            let Declared { causes, trace } = declared;
+            router.call_trace = trace;
             router.call_causes = causes
                 .into_iter()
                 .filter(|c| newest.is_some_and(|n| *c <= n))
@@ -158,6 +171,7 @@ impl RouterHandle {
                     f(router, &ctx)
                 });
             router.call_causes.clear();
+            router.call_trace = None;
             let after = router.bus.log.next_seq();
             let _ = tx.send((result, (after > before).then_some(after)));
         });

@@ -344,7 +344,15 @@ impl RpcSession {
             return Err(refusal.to_error_object());
         }
         let answer = entry.answer;
-        let reply = entry.call(&self.router, self.conn, params)?.await?;
+        // The request's span carries its trace id when it has a trace context (a message's
+        // `meta.traceparent`, else `params._meta.traceparent`).
+        let span = tracing::debug_span!("map.request", conn = %self.conn, method, trace_id = tracing::field::Empty);
+        if let Some(trace) = crate::router::dispatch::trace_of_params(params) {
+            span.record("trace_id", trace.trace_id());
+        }
+        let reply =
+            tracing::Instrument::instrument(entry.call(&self.router, self.conn, params)?, span)
+                .await?;
         let Some(until) = reply.commit else {
             return Ok(reply);
         };

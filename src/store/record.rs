@@ -125,7 +125,7 @@ impl EventRecord {
     pub fn synthetic(kind: EventType, data: String, audience: Audience) -> Self {
         let timestamp = now_ms();
         let event_id = format!("{}-{}", kind.as_str(), crate::protocol::ids::Ulid::random());
-        let json = build_event_json(&event_id, kind, timestamp, Some("system"), &data, &[]);
+        let json = build_event_json(&event_id, kind, timestamp, Some("system"), &data, &[], None);
         Self {
             seq: u64::MAX,
             id: None,
@@ -223,8 +223,8 @@ impl EventRecord {
     }
 }
 
-/// The `event` object's JSON: `{"id","type","timestamp","source"?,"data","causedBy"?}`,
-/// with `data` spliced in as it is.
+/// The `event` object's JSON: `{"id","type","timestamp","source"?,"data","causedBy"?,"_meta"?}`,
+/// with `data` and `_meta` (the trace context, when the event has one) spliced in as they are.
 pub fn build_event_json(
     id: &str,
     kind: EventType,
@@ -232,8 +232,11 @@ pub fn build_event_json(
     source: Option<&str>,
     data: &str,
     caused_by: &[EventId],
+    meta: Option<&str>,
 ) -> String {
-    let mut json = String::with_capacity(96 + data.len() + caused_by.len() * 29);
+    let mut json = String::with_capacity(
+        96 + data.len() + caused_by.len() * 29 + meta.map_or(0, |m| m.len() + 9),
+    );
     json.push_str("{\"id\":\"");
     json.push_str(id);
     json.push_str("\",\"type\":\"");
@@ -248,6 +251,10 @@ pub fn build_event_json(
     if !caused_by.is_empty() {
         json.push_str(",\"causedBy\":");
         push_id_array(&mut json, caused_by);
+    }
+    if let Some(meta) = meta {
+        json.push_str(",\"_meta\":");
+        json.push_str(meta);
     }
     json.push('}');
     json

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::protocol::event::EventType;
 use crate::protocol::ids::{now_ms, EventId, MonotonicUlids};
+use crate::protocol::trace::TraceContext;
 pub use crate::store::record::{
     build_event_json, push_id_array, Audience, EventRecord, FilterKeys, StoredRow,
 };
@@ -134,7 +135,7 @@ impl EventLog {
 
     /// Appends an event, assigning its id, timestamp and sequence number, and evicts what
     /// retention no longer allows.
-    pub fn append(&mut self, draft: EventDraft) -> Arc<EventRecord> {
+    pub fn append(&mut self, draft: EventDraft, trace: Option<&TraceContext>) -> Arc<EventRecord> {
         let timestamp = now_ms().max(self.last_timestamp);
         self.last_timestamp = timestamp;
         let id = EventId(self.ids.next(timestamp));
@@ -146,6 +147,7 @@ impl EventLog {
             draft.source.as_deref(),
             &draft.data,
             &draft.caused_by,
+            trace.map(TraceContext::to_meta_json).as_deref(),
         );
         let record = Arc::new(EventRecord {
             seq: self.next_seq(),
@@ -273,8 +275,8 @@ mod tests {
             max_events: 100,
             max_bytes: 1 << 20,
         });
-        let a = log.append(draft(1));
-        let b = log.append(draft(2));
+        let a = log.append(draft(1), None);
+        let b = log.append(draft(2), None);
         assert!(b.id > a.id);
         assert!(b.timestamp >= a.timestamp);
         assert_eq!((a.seq, b.seq), (0, 1));
@@ -290,9 +292,9 @@ mod tests {
             max_events: 3,
             max_bytes: 1 << 20,
         });
-        let first = log.append(draft(0));
+        let first = log.append(draft(0), None);
         for n in 1..5 {
-            log.append(draft(n));
+            log.append(draft(n), None);
         }
         assert_eq!(log.len(), 3);
         assert_eq!(log.first_seq(), 2);
@@ -314,7 +316,7 @@ mod tests {
             max_bytes: 4096,
         });
         for n in 0..1000 {
-            log.append(draft(n));
+            log.append(draft(n), None);
         }
         assert!(log.len() < 1000 && !log.is_empty());
     }
@@ -325,7 +327,7 @@ mod tests {
             max_events: 10,
             max_bytes: 1 << 20,
         });
-        let cause = log.append(draft(1));
+        let cause = log.append(draft(1), None);
         let mut d = draft(2);
         d.source = Some("agent-7".into());
         d.caused_by = vec![cause.id.unwrap()];
@@ -334,7 +336,7 @@ mod tests {
         d.audience = Audience::Participants {
             who: vec!["p1".into()],
         };
-        let rec = log.append(d);
+        let rec = log.append(d, None);
         let row = rec.to_row().unwrap();
         let back = EventRecord::from_row(row.clone()).unwrap();
         assert_eq!(back.seq, rec.seq);
@@ -356,7 +358,9 @@ mod tests {
             max_events: 100,
             max_bytes: 1 << 20,
         });
-        let ids: Vec<_> = (0..5).map(|n| log.append(draft(n)).id.unwrap()).collect();
+        let ids: Vec<_> = (0..5)
+            .map(|n| log.append(draft(n), None).id.unwrap())
+            .collect();
         assert_eq!(log.seq_after(ids[2]), 3);
         assert_eq!(log.seq_after(ids[4]), 5);
         assert_eq!(log.find(ids[3]).unwrap().seq, 3);

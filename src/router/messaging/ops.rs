@@ -178,6 +178,12 @@ impl Router {
         let frame = message_frame_of(message_json.get());
         let payload_json = message.payload.clone();
         let view = message.meta_view();
+        // The message's own trace context, else the request's (`params._meta`).
+        let trace = message
+            .meta
+            .as_ref()
+            .and_then(crate::protocol::trace::TraceContext::from_meta)
+            .or_else(|| self.call_trace.clone());
         let correlation = view.correlation_id.as_deref();
         let priority = view.priority();
         let source_role: Option<Arc<str>> = caller
@@ -231,23 +237,26 @@ impl Router {
                 caused_by.push(request);
             }
         }
-        let sent = self.emit(EventDraft {
-            kind: EventType::MessageSent,
-            source: Some(from.clone()),
-            data: crate::router::core::to_json(&SentData {
-                message_id: &message.id,
-                from: &from,
-                to: &message.to,
-                timestamp: message.timestamp,
-                correlation_id: correlation,
-                priority: view.priority.as_deref(),
-                payload: payload_json.as_ref(),
-                message: &message_json,
-            }),
-            caused_by,
-            keys: keys.clone(),
-            audience: sent_audience,
-        });
+        let sent = self.emit_traced(
+            EventDraft {
+                kind: EventType::MessageSent,
+                source: Some(from.clone()),
+                data: crate::router::core::to_json(&SentData {
+                    message_id: &message.id,
+                    from: &from,
+                    to: &message.to,
+                    timestamp: message.timestamp,
+                    correlation_id: correlation,
+                    priority: view.priority.as_deref(),
+                    payload: payload_json.as_ref(),
+                    message: &message_json,
+                }),
+                caused_by,
+                keys: keys.clone(),
+                audience: sent_audience,
+            },
+            trace.as_ref(),
+        );
 
         let out = Arc::new(Outgoing {
             id: message.id.clone(),
@@ -266,6 +275,7 @@ impl Router {
             sent,
             keys,
             audience,
+            trace,
         });
         let queueable = view.delivery_guaranteed();
         let mut delivered = Vec::new();
@@ -316,22 +326,25 @@ impl Router {
     ) -> EventId {
         let mut caused_by = vec![out.sent];
         caused_by.extend(extra_cause);
-        let delivered = self.emit(EventDraft {
-            kind: EventType::MessageDelivered,
-            source: Some(out.from.clone()),
-            data: crate::router::core::to_json(&DeliveredData {
-                message_id: &out.id,
-                from: &out.from,
-                delivered_to: [recipient],
-                timestamp: out.timestamp,
-                correlation_id: out.delivered_correlation.as_deref(),
-                payload: out.payload_json.as_ref(),
-                message: &out.message_json,
-            }),
-            caused_by,
-            keys: out.keys.clone(),
-            audience: out.audience.clone().and(self.recipient_audience(recipient)),
-        });
+        let delivered = self.emit_traced(
+            EventDraft {
+                kind: EventType::MessageDelivered,
+                source: Some(out.from.clone()),
+                data: crate::router::core::to_json(&DeliveredData {
+                    message_id: &out.id,
+                    from: &out.from,
+                    delivered_to: [recipient],
+                    timestamp: out.timestamp,
+                    correlation_id: out.delivered_correlation.as_deref(),
+                    payload: out.payload_json.as_ref(),
+                    message: &out.message_json,
+                }),
+                caused_by,
+                keys: out.keys.clone(),
+                audience: out.audience.clone().and(self.recipient_audience(recipient)),
+            },
+            out.trace.as_ref(),
+        );
         self.remember_delivery(out, recipient, delivered);
         delivered
     }
@@ -342,21 +355,24 @@ impl Router {
 
     /// Emits `message_failed` for one recipient.
     fn emit_failed(&mut self, out: &Outgoing, recipient: &str, reason: &str) {
-        self.emit(EventDraft {
-            kind: EventType::MessageFailed,
-            source: Some(out.from.clone()),
-            data: crate::router::core::to_json(&MessageFailedData {
-                message_id: out.id.clone(),
-                from: out.from.to_string(),
-                to: out.to.clone(),
-                recipient: recipient.to_owned(),
-                reason: reason.into(),
-                code: ErrorCode::DELIVERY_FAILED.0,
-            }),
-            caused_by: vec![out.sent],
-            keys: out.keys.clone(),
-            audience: out.audience.clone().and(self.recipient_audience(recipient)),
-        });
+        self.emit_traced(
+            EventDraft {
+                kind: EventType::MessageFailed,
+                source: Some(out.from.clone()),
+                data: crate::router::core::to_json(&MessageFailedData {
+                    message_id: out.id.clone(),
+                    from: out.from.to_string(),
+                    to: out.to.clone(),
+                    recipient: recipient.to_owned(),
+                    reason: reason.into(),
+                    code: ErrorCode::DELIVERY_FAILED.0,
+                }),
+                caused_by: vec![out.sent],
+                keys: out.keys.clone(),
+                audience: out.audience.clone().and(self.recipient_audience(recipient)),
+            },
+            out.trace.as_ref(),
+        );
     }
 
     /// Whether an agent without a connection may get one back: orphaned within its grace
@@ -377,22 +393,25 @@ impl Router {
     /// Keeps a message for an agent that is away. Errors when its queue is full.
     fn queue_offline(&mut self, agent: &AgentId, out: &Arc<Outgoing>) -> Result<(), &'static str> {
         self.messaging.keep(agent, out)?;
-        self.emit(EventDraft {
-            kind: EventType::MessageQueued,
-            source: Some(out.from.clone()),
-            data: crate::router::core::to_json(&MessageQueuedData {
-                message_id: out.id.clone(),
-                from: out.from.to_string(),
-                recipient: agent.clone(),
-                reason: "recipient_offline".into(),
-            }),
-            caused_by: vec![out.sent],
-            keys: out.keys.clone(),
-            audience: out
-                .audience
-                .clone()
-                .and(self.recipient_audience(agent.as_str())),
-        });
+        self.emit_traced(
+            EventDraft {
+                kind: EventType::MessageQueued,
+                source: Some(out.from.clone()),
+                data: crate::router::core::to_json(&MessageQueuedData {
+                    message_id: out.id.clone(),
+                    from: out.from.to_string(),
+                    recipient: agent.clone(),
+                    reason: "recipient_offline".into(),
+                }),
+                caused_by: vec![out.sent],
+                keys: out.keys.clone(),
+                audience: out
+                    .audience
+                    .clone()
+                    .and(self.recipient_audience(agent.as_str())),
+            },
+            out.trace.as_ref(),
+        );
         Ok(())
     }
 

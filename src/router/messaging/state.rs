@@ -30,6 +30,8 @@ pub(crate) struct Outgoing {
     pub(crate) sent: EventId,
     pub(crate) keys: FilterKeys,
     pub(crate) audience: Audience,
+    /// The message's trace context (or its request's), stamped on its events.
+    pub(crate) trace: Option<crate::protocol::trace::TraceContext>,
 }
 
 /// How many recent deliveries are remembered for linking replies to requests.
