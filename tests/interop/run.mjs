@@ -1891,6 +1891,23 @@ scenario('trajectory: content is asked of the agent (onNotification / sendNotifi
   await expectCode(c.conn.callExtension('trajectory/content', { checkpointId: 'nope' }), 13001, 'unknown checkpoint');
 });
 
+scenario('trace: a traceparent in a message meta is stamped on its events as event._meta', async (ctx) => {
+  const traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+  const tracestate = 'rojo=00f067aa0ba902b7';
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['message_sent', 'message_delivered'] });
+  const a = await ctx.agent({ name: 'worker' });
+  const c = await ctx.client({ name: 'sender' });
+  const res = await c.conn.send({ agent: a.id }, { step: 1 }, { traceparent, tracestate });
+  await until(() => a.inbox.some((m) => m.id === res.messageId), 'the message reaches the agent');
+  const got = a.inbox.find((m) => m.id === res.messageId);
+  assert.equal(got.meta?.traceparent, traceparent, 'the message keeps its meta');
+  for (const type of ['message_sent', 'message_delivered']) {
+    const ev = await w.waitFor(type, (e) => e.data?.messageId === res.messageId);
+    assert.deepEqual(ev._meta, { traceparent, tracestate }, `${type} carries the trace context`);
+  }
+});
+
 scenario(
   "trajectory: another principal cannot read a hidden agent's checkpoints",
   async (ctx) => {
