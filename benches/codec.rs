@@ -140,6 +140,7 @@ fn subscription(
         window: None,
         overflow: Default::default(),
         disk_pending: false,
+        overflows: 0,
         state: SubState::Live,
         outbox,
     }

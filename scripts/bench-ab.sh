@@ -7,19 +7,23 @@
 #   cargo bench --bench load --no-run   # builds target/release/deps/load-*
 #   scripts/bench-ab.sh LOAD_BIN BIN_A BIN_B [ROUNDS] [PAYLOAD_BYTES] > results.jsonl
 #
+# A_ARGS / B_ARGS (optional): extra `serve` arguments for A or B, e.g. the same binary twice
+# with B_ARGS="--config metrics-off.toml".
+#
 # Loopback only; every wait is bounded.
 set -euo pipefail
 LOAD=$1; A=$2; B=$3; ROUNDS=${4:-3}; PAYLOAD=${5:-1024}
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 for round in $(seq "$ROUNDS"); do
   for label in a b; do
-    bin=$A; [ "$label" = b ] && bin=$B
+    bin=$A; args=${A_ARGS:-}; [ "$label" = b ] && bin=$B && args=${B_ARGS:-}
     for mode in ephemeral durable; do
       for case in "10 2" "100 10"; do
         read -r K S <<<"$case"
         dir=$(mktemp -d)
         extra=(--ephemeral); [ "$mode" = durable ] && extra=(--data-dir "$dir/data")
-        taskset -c 0 "$bin" serve --listen 127.0.0.1:0 "${extra[@]}" 2> "$dir/log" &
+        # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
+        taskset -c 0 "$bin" serve --listen 127.0.0.1:0 "${extra[@]}" $args 2> "$dir/log" &
         pid=$!
         url=""
         for _ in $(seq 100); do

@@ -483,6 +483,7 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
         RouterParts {
             process_control: None,
             store: None,
+            metrics: None,
         },
     );
     let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);

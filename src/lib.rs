@@ -12,6 +12,9 @@
 //!   principal (what a verdict means for a session is the router's business).
 //! - [`process`]: supervised subprocess agents (launch, pipes, stderr, restart, stop, reap).
 //! - [`store`]: durable storage of the event log (SQLite by default).
+//! - [`metrics`]: the Prometheus families and the `GET /metrics` text (the lowest layer: the
+//!   router, the store and the sessions report into it; the router's own state is read at
+//!   scrape time).
 //! - [`server`]: listeners, configuration and graceful shutdown.
 //! - [`client`]: a Rust MAP client (WebSocket, stdio child, in-process): typed calls,
 //!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
@@ -29,6 +32,7 @@ pub mod cli;
 pub mod client;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod metrics;
 pub mod process;
 pub mod protocol;
 pub mod router;

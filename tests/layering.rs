@@ -19,10 +19,14 @@ use std::path::{Path, PathBuf};
 /// everything together; `fuzzing.rs` reaches the internals the fuzzers drive.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
+    ("metrics", &[]),
     ("auth", &["protocol"]),
-    ("store", &["protocol"]),
-    ("router", &["protocol", "store", "auth"]),
-    ("transport", &["protocol", "store", "auth", "router"]),
+    ("store", &["protocol", "metrics"]),
+    ("router", &["protocol", "store", "auth", "metrics"]),
+    (
+        "transport",
+        &["protocol", "store", "auth", "router", "metrics"],
+    ),
     ("process", &["protocol", "router", "transport"]),
     ("client", &["protocol", "transport"]),
     (
@@ -34,6 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "router",
             "transport",
             "process",
+            "metrics",
         ],
     ),
     (
@@ -47,6 +52,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "process",
             "client",
             "server",
+            "metrics",
         ],
     ),
 ];

@@ -143,6 +143,14 @@ impl Authenticator {
         self.verify_secret(Some(&c.method), secret)
     }
 
+    /// Checks an HTTP `Authorization: Bearer` credential: a JWT, or an API key.
+    ///
+    /// # Errors
+    /// Why the credential is refused, with the wire code.
+    pub fn verify_bearer(&self, secret: &str) -> Result<Principal, AuthError> {
+        self.verify_secret(None, secret)
+    }
+
     /// Checks the new credential of `map/auth/refresh` (any of its shapes).
     ///
     /// # Errors

@@ -48,7 +48,7 @@ use crate::router::agents::supervised::spawn_failure_cause;
 use crate::router::agents::supervised::ExitInfo;
 use crate::router::agents::supervised::ProcessControl;
 use crate::router::dispatch::ProcessSpawner;
-use crate::router::sessions::table::ConnOrigin;
+use crate::router::sessions::table::{ConnOrigin, Transport};
 use crate::router::ConnId;
 use crate::router::RouterError;
 use crate::transport::connection::{ConnectionOptions, InFrame, OutFrame};
@@ -791,6 +791,7 @@ async fn serve_child(
     trace: Trace,
 ) {
     let mut opts = options;
+    opts.transport = Transport::Pipes;
     opts.origin = ConnOrigin::Supervised {
         agent: agent.clone(),
         pid,

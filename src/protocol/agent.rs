@@ -80,6 +80,11 @@ impl AgentState {
         &self.0
     }
 
+    /// The state's name when it is one of the standard states (`None` for an `x-` state).
+    pub fn standard(&self) -> Option<&'static str> {
+        Self::KNOWN.iter().copied().find(|k| *k == self.0)
+    }
+
     /// Terminal states: nothing may move an agent out of them.
     pub fn is_terminal(&self) -> bool {
         *self == Self::STOPPED

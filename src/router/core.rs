@@ -51,6 +51,8 @@ pub enum Command {
         outbox: Outbox,
         /// Who is on the other end.
         origin: session::ConnOrigin,
+        /// The medium.
+        transport: session::Transport,
     },
     /// The connection's transport closed.
     Detach {
@@ -120,6 +122,8 @@ pub struct Router {
     /// Causes the current call declared (`params._meta.causedBy`); given to its events that
     /// have no cause of their own.
     pub(super) call_causes: Vec<EventId>,
+    /// Running counts for the metrics (read at scrape time).
+    pub(super) counters: crate::router::metrics::counters::Counters,
 }
 
 /// The router's collaborators.
@@ -129,6 +133,8 @@ pub struct RouterParts {
     pub process_control: Option<mpsc::Sender<ProcessControl>>,
     /// The durable event store and what it recovered.
     pub store: Option<(Arc<dyn crate::store::EventStore>, crate::store::Recovered)>,
+    /// The server's metrics (`None`: not collected).
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// Sizes of the router's state at one moment ([`RouterHandle::stats`](crate::router::handle::RouterHandle::stats)).
@@ -167,6 +173,7 @@ impl Router {
             trajectories: Default::default(),
             call_causes: Vec::new(),
             call_trace: None,
+            counters: Default::default(),
         }
     }
 
@@ -228,11 +235,14 @@ impl Router {
                 conn,
                 outbox,
                 origin,
+                transport,
             } => {
+                self.counters.connection_opened(transport);
                 self.conns.insert(
                     conn,
                     Conn {
                         origin,
+                        transport,
                         outbox,
                         session: None,
                         pending: Default::default(),
@@ -373,6 +383,7 @@ impl Router {
             draft.caused_by = self.call_causes.clone();
         }
         let rec = self.bus.log.append(draft, trace);
+        self.counters.event_appended();
         if self.store.is_some() {
             // The store builds the row on its own thread.
             self.unflushed.push(rec.clone());

@@ -391,6 +391,11 @@ impl Dispatcher {
         self.table.keys().copied()
     }
 
+    /// The table's own spelling of `method` (a `'static` name, for metrics labels).
+    pub fn name_of(&self, method: &str) -> Option<&'static str> {
+        self.table.get_key_value(method).map(|(k, _)| *k)
+    }
+
     /// The entry of `method`, if it is in the table.
     pub(crate) fn get(&self, method: &str) -> Option<&Entry> {
         self.table.get(method)

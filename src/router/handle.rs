@@ -42,9 +42,26 @@ pub struct RouterHandle {
     committed: Option<tokio::sync::watch::Receiver<u64>>,
     /// The durable store, for reads that must not go through the router task.
     store: Option<Arc<dyn crate::store::EventStore>>,
+    /// Where request latencies and error codes are observed (`[metrics] enabled`).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl RouterHandle {
+    /// The server's metrics, when they are enabled.
+    pub fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
+        self.metrics.as_ref()
+    }
+
+    /// The text of `GET /metrics`: the metrics' families and the router's snapshot.
+    ///
+    /// # Errors
+    /// `NotFound`-like `Unavailable` when metrics are off or the router has stopped.
+    pub async fn render_metrics(&self) -> Result<String, RouterError> {
+        let metrics = self.metrics.clone().ok_or(RouterError::Unavailable)?;
+        let snapshot = self.with(|r| r.metrics_snapshot()).await?;
+        Ok(metrics.render(snapshot).await)
+    }
+
     /// A fresh connection id.
     pub fn new_conn_id(&self) -> ConnId {
         ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
@@ -226,6 +243,7 @@ impl Router {
             RouterParts {
                 process_control,
                 store: None,
+                metrics: None,
             },
         )
     }
@@ -266,6 +284,7 @@ impl Router {
                 next_conn: Arc::new(AtomicU64::new(1)),
                 committed,
                 store: handle_store,
+                metrics: parts.metrics,
                 config,
             },
             task,

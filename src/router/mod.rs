@@ -21,7 +21,8 @@
 //!
 //! Around them: [`dispatch`] (the method table: name → handler, and when each answer may be
 //! sent relative to the store's commit), [`rpc`] (one connection's JSON-RPC session),
-//! [`pipeline`] (answers waiting for commits, in order), [`outbox`] (bounded queues to
+//! [`pipeline`] (answers waiting for commits, in order), [`metrics`] (running counts and the
+//! scrape-time snapshot of everything above), [`outbox`] (bounded queues to
 //! writers), [`rate`] and [`quotas`] (limits), [`error`] (the one mapping to wire errors).
 
 pub mod agents;
@@ -34,6 +35,7 @@ pub mod events;
 pub mod handle;
 pub mod ids;
 pub mod messaging;
+pub mod metrics;
 pub mod outbox;
 pub mod permissions;
 pub mod pipeline;

@@ -136,6 +136,11 @@ impl Outbox {
         self.shared.wants_wakeup.store(true, Ordering::Release);
     }
 
+    /// Frames queued and not yet taken by the writer.
+    pub fn depth(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     /// Whether the writer has gone away.
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()

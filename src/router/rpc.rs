@@ -217,7 +217,10 @@ impl RpcSession {
         // NB: the depth is checked before parsing, so a deeply nested frame costs one linear
         // scan and no values.
         match jsonrpc::parse_frame(text, self.limits.max_depth, self.max_batch) {
-            Err(e) => Self::error(&e),
+            Err(e) => {
+                self.count_error(&e);
+                Self::error(&e)
+            }
             Ok(Frame::Batch(items)) => self.handle_batch(items).await,
             Ok(Frame::One(raw)) => {
                 if !raw.get().trim_start().starts_with('{') {
@@ -245,7 +248,15 @@ impl RpcSession {
     /// # Errors
     /// [`WriterGone`] when the connection's writer has stopped.
     pub async fn reject_frame(&mut self, error: &ErrorObject) -> Result<(), WriterGone> {
+        self.count_error(error);
         self.deliver(Self::error(error)).await
+    }
+
+    /// Counts an error answered before any method was looked up.
+    fn count_error(&self, error: &ErrorObject) {
+        if let Some(m) = self.router.metrics() {
+            m.count_error(crate::metrics::NO_METHOD, i64::from(error.code.0));
+        }
     }
 
     async fn handle_batch(&mut self, items: Vec<&RawValue>) -> Handled {
@@ -283,10 +294,20 @@ impl RpcSession {
                 let mut out = String::new();
                 if let Err(wait) = self.limits.rate.check() {
                     let e = ErrorObject::rate_limited(retry_after_ms(wait));
+                    self.count_error(&e);
                     jsonrpc::write_error(&mut out, &id, &e);
                     return Some(out);
                 }
+                let started = std::time::Instant::now();
                 let result = self.call(&id, method, params).await;
+                if let Some(m) = self.router.metrics() {
+                    let label = self
+                        .dispatcher
+                        .name_of(method)
+                        .unwrap_or(crate::metrics::UNKNOWN_METHOD);
+                    let code = result.as_ref().err().map(|e| i64::from(e.code.0));
+                    m.observe_request(label, started.elapsed(), code);
+                }
                 match result {
                     Ok(reply) => {
                         jsonrpc::write_success(&mut out, &id, &reply.result);
@@ -317,7 +338,9 @@ impl RpcSession {
             }
             Incoming::Response => None,
             Incoming::Invalid { id, reason } => {
-                Some(error_frame(&id, &ErrorObject::invalid_request(reason)))
+                let e = ErrorObject::invalid_request(reason);
+                self.count_error(&e);
+                Some(error_frame(&id, &e))
             }
         }
     }

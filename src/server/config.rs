@@ -83,6 +83,29 @@ pub struct Config {
     pub agents: Vec<AgentConfig>,
     /// Authentication (`[auth]`; off by default).
     pub auth: crate::auth::AuthSettings,
+    /// Prometheus metrics at `GET /metrics` (`[metrics]`).
+    pub metrics: MetricsSettings,
+}
+
+/// `[metrics]`: Prometheus metrics at `GET /metrics` (docs/metrics.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Collect metrics and serve `GET /metrics` (default true). Off: nothing is measured and
+    /// the route is absent (404).
+    pub enabled: bool,
+    /// Serve `GET /metrics` without credentials even when `[auth]` is on (default false: it
+    /// then wants `Authorization: Bearer <API key or JWT>`, like a MAP session would).
+    pub public: bool,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            public: false,
+        }
+    }
 }
 
 /// `[supervisor]`.
@@ -352,6 +375,7 @@ impl Default for Config {
             supervisor: SupervisorConfig::default(),
             agents: Vec::new(),
             auth: crate::auth::AuthSettings::default(),
+            metrics: MetricsSettings::default(),
         }
     }
 }

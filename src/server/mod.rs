@@ -2,7 +2,8 @@
 //!
 //! [`Server::start`] starts the router task, binds every configured address (possibly none,
 //! when the router is embedded or serves stdio only), and serves WebSocket upgrades at `/` and
-//! `/map`, `GET /health`, and the web dashboard's static files at `/ui` (`ui.rs`). The same server hands out in-process connections
+//! `/map`, `GET /health`, Prometheus metrics at `GET /metrics` (`metrics.rs`), and the web
+//! dashboard's static files at `/ui` (`ui.rs`). The same server hands out in-process connections
 //! ([`Server::connect_in_process`]) and serves byte-stream pairs ([`Server::serve_io`]), all on
 //! the one connection driver.
 //!
@@ -16,6 +17,7 @@
 
 pub mod config;
 pub mod listener;
+pub mod metrics;
 pub mod tls;
 pub mod ui;
 
@@ -87,8 +89,10 @@ impl Server {
             .iter()
             .map(TcpListener::local_addr)
             .collect::<std::io::Result<Vec<_>>>()?;
+        let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
         let store = match config.storage.sqlite_options() {
-            Some(options) => {
+            Some(mut options) => {
+                options.metrics = metrics.as_ref().map(|m| m.store());
                 let opened = tokio::task::spawn_blocking(move || SqliteStore::open(options))
                     .await
                     .map_err(std::io::Error::other)?
@@ -103,6 +107,7 @@ impl Server {
         let admission = config.admission();
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
+        let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
         let (router, router_task) = Router::start(
             RouterConfig {
                 auth,
@@ -111,6 +116,7 @@ impl Server {
             RouterParts {
                 process_control: Some(process_control),
                 store,
+                metrics: metrics.clone(),
             },
         );
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -155,6 +161,11 @@ impl Server {
                 },
             ))
             .merge(ui::routes());
+        let app = if metrics.is_some() {
+            app.merge(metrics::routes(ctx.router.clone(), metrics_auth))
+        } else {
+            app
+        };
         let listener_settings = listener::ListenerSettings {
             admission,
             tls,

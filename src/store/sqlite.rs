@@ -235,6 +235,8 @@ pub struct SqliteOptions {
     pub retention_interval: Duration,
     /// Newest rows returned in [`Recovered::recent`] ([`DEFAULT_RECENT_ROWS`]).
     pub recent_rows: usize,
+    /// Where each commit's duration and size are observed (`None`: not measured).
+    pub metrics: Option<crate::metrics::StoreMetrics>,
 }
 
 impl SqliteOptions {
@@ -250,6 +252,7 @@ impl SqliteOptions {
             max_bytes: DEFAULT_MAX_BYTES,
             retention_interval: DEFAULT_RETENTION_INTERVAL,
             recent_rows: DEFAULT_RECENT_ROWS,
+            metrics: None,
         }
     }
 }
@@ -382,6 +385,7 @@ impl SqliteStore {
             max_events: options.max_events,
             max_bytes: options.max_bytes,
             retention_interval: options.retention_interval,
+            metrics: options.metrics.clone(),
             queue: VecDeque::new(),
             batch: Vec::new(),
             disconnected: false,
@@ -966,6 +970,7 @@ struct Writer {
     max_events: u64,
     max_bytes: u64,
     retention_interval: Duration,
+    metrics: Option<crate::metrics::StoreMetrics>,
     /// Received, not yet in a transaction.
     queue: VecDeque<StoredRow>,
     /// The group being committed; kept across failed attempts.
@@ -1101,6 +1106,7 @@ impl Writer {
     /// Only once the senders are gone and [`CLOSE_RETRY_LIMIT`] has passed; the rows still
     /// queued are reported as lost.
     fn commit_batch(&mut self) -> Result<(), StoreError> {
+        let started = Instant::now();
         let mut backoff = RETRY_BACKOFF_START;
         let mut give_up_at: Option<Instant> = None;
         let mut retrying = false;
@@ -1144,6 +1150,9 @@ impl Writer {
             backoff = next_backoff(backoff);
         }
 
+        if let Some(m) = &self.metrics {
+            m.observe_commit(started.elapsed(), self.batch.len());
+        }
         let bytes: u64 = self.batch.iter().map(row_bytes).sum();
         if let Some(last) = self.batch.last() {
             self.committed_next = self.committed_next.max(last.seq + 1);

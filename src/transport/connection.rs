@@ -38,7 +38,7 @@ use crate::router::outbox::OutboxReceiver;
 use crate::router::rate::RateLimits;
 use crate::router::rpc::RpcSession;
 use crate::router::rpc::SessionLimits;
-use crate::router::sessions::table::ConnOrigin;
+use crate::router::sessions::table::{ConnOrigin, Transport};
 use crate::router::Command;
 use crate::router::ConnId;
 use crate::router::RouterHandle;
@@ -113,6 +113,8 @@ pub struct ConnectionOptions {
     pub write_batch: usize,
     /// Who is on the other end (a supervised child's pipes, or a remote peer).
     pub origin: ConnOrigin,
+    /// The medium (set by each transport's entry point; a metrics label).
+    pub transport: Transport,
     /// Deepest JSON nesting accepted in a frame.
     pub max_depth: usize,
     /// Close a connection that has no MAP session this long after it opened (`None`: never).
@@ -134,6 +136,7 @@ impl Default for ConnectionOptions {
             drain_timeout: Duration::from_secs(5),
             write_batch: 64,
             origin: ConnOrigin::Remote,
+            transport: Transport::WebSocket,
             max_depth: DEFAULT_MAX_DEPTH,
             handshake_timeout: Some(Duration::from_secs(10)),
             rate: RateLimits::unlimited(),
@@ -166,6 +169,7 @@ pub async fn serve_connection<St, Si>(
             conn,
             outbox: tx.clone(),
             origin: opts.origin.clone(),
+            transport: opts.transport,
         })
         .await
         .is_err()

@@ -78,7 +78,7 @@ use crate::router::outbox::Outbound;
 use crate::router::outbox::OutboxReceiver;
 use crate::router::rpc::RpcSession;
 use crate::router::rpc::SessionLimits;
-use crate::router::sessions::table::ConnOrigin;
+use crate::router::sessions::table::{ConnOrigin, Transport};
 use crate::router::Command;
 use crate::router::ConnId;
 use crate::router::RouterError;
@@ -668,6 +668,7 @@ async fn post_new(
             outbox: tx.clone(),
             // An HTTP peer is never a supervised child's pipes.
             origin: ConnOrigin::Remote,
+            transport: Transport::Http,
         })
         .await
         .is_err()

@@ -8,6 +8,7 @@
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 
+use crate::router::sessions::table::Transport;
 use crate::transport::connection::ConnectionOptions;
 use crate::transport::connection::InFrame;
 use crate::transport::connection::OutFrame;
@@ -39,6 +40,7 @@ pub fn connect(ctx: &TransportContext, opts: ConnectionOptions) -> InProcessLink
     let (client_tx, server_rx) = mpsc::channel::<String>(LINK_CAPACITY);
     let (server_tx, client_rx) = mpsc::channel::<String>(LINK_CAPACITY);
     let mut opts = opts;
+    opts.transport = Transport::InProcess;
     opts.ping_interval = None;
     opts.idle_timeout = None;
     // The embedding program is trusted to connect when it likes.
@@ -76,6 +78,7 @@ mod tests {
             RouterParts {
                 process_control: None,
                 store: None,
+                metrics: None,
             },
         );
         let (_stop, shutdown) = tokio::sync::watch::channel(false);

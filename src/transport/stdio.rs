@@ -9,6 +9,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
+use crate::router::sessions::table::Transport;
 use crate::transport::connection::ConnectionOptions;
 use crate::transport::connection::InFrame;
 use crate::transport::connection::OutFrame;
@@ -59,7 +60,8 @@ where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let opts = pipe_options(opts);
+    let mut opts = pipe_options(opts);
+    opts.transport = Transport::Stdio;
     let (stream, sink) = framed(reader, writer, opts.max_frame_bytes);
     ctx.serve(stream, sink, opts).await;
 }

@@ -118,6 +118,11 @@ impl Supervision {
         }
     }
 
+    /// How many agents are supervised (reserved or running).
+    pub(crate) fn len(&self) -> usize {
+        self.agents.len()
+    }
+
     /// Whether `agent` is supervised (reserved or running).
     pub(crate) fn contains(&self, agent: &AgentId) -> bool {
         self.agents.contains_key(agent)

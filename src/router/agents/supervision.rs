@@ -308,6 +308,7 @@ impl Router {
             if let Some(ticket) = self.supervised.remove(agent) {
                 self.emit_spawn_failed(agent, &ticket, &error);
             }
+            self.counters.process_exited("spawn_failed", false);
             let _ = waiter.send(Err(error));
             return false;
         }
@@ -329,6 +330,7 @@ impl Router {
         } else {
             "crashed"
         };
+        self.counters.process_exited(reason, restart);
         self.registry.set_owner(agent, None);
         let expires = (!restart).then(|| Instant::now() + self.config.resume_window);
         let Some(rec) = self.registry.get_mut(agent) else {

@@ -105,6 +105,8 @@ pub struct Subscription {
     pub state: SubState,
     /// Where deliveries go.
     pub outbox: Outbox,
+    /// Overflow notices sent on it (`sequence` counts every delivery).
+    pub overflows: u64,
 }
 
 impl Subscription {
@@ -177,6 +179,31 @@ pub struct EventBus {
     pub log: EventLog,
     subs: HashMap<SubscriptionId, Subscription>,
     disk: Option<DiskAccess>,
+    /// What removed subscriptions delivered (the live ones count their own).
+    retired: BusCounts,
+}
+
+/// Deliveries and overflow notices since start ([`EventBus::counts`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BusCounts {
+    /// `map/event` notifications queued (overflow notices included).
+    pub deliveries: u64,
+    /// Overflow notices queued.
+    pub overflows: u64,
+    /// Subscriptions now pending, live and paused.
+    pub by_state: [u64; 3],
+}
+
+/// Removes a subscription, keeping what it delivered in `retired`.
+fn retire(
+    subs: &mut HashMap<SubscriptionId, Subscription>,
+    retired: &mut BusCounts,
+    id: &SubscriptionId,
+) -> Option<Subscription> {
+    let sub = subs.remove(id)?;
+    retired.deliveries += sub.sequence;
+    retired.overflows += sub.overflows;
+    Some(sub)
 }
 
 impl EventBus {
@@ -186,6 +213,7 @@ impl EventBus {
             log,
             subs: HashMap::new(),
             disk: None,
+            retired: BusCounts::default(),
         }
     }
 
@@ -230,7 +258,25 @@ impl EventBus {
 
     /// Removes a subscription.
     pub fn remove(&mut self, id: &SubscriptionId) -> Option<Subscription> {
-        self.subs.remove(id)
+        retire(&mut self.subs, &mut self.retired, id)
+    }
+
+    /// Deliveries and overflow notices since start, and subscriptions by state (computed at
+    /// call time: delivering counts nothing extra).
+    pub fn counts(&self) -> BusCounts {
+        let mut counts = self.retired;
+        counts.by_state = [0; 3];
+        for sub in self.subs.values() {
+            counts.deliveries += sub.sequence;
+            counts.overflows += sub.overflows;
+            let i = match sub.state {
+                SubState::Pending => 0,
+                SubState::Live => 1,
+                SubState::Paused => 2,
+            };
+            counts.by_state[i] += 1;
+        }
+        counts
     }
 
     /// Offers a freshly appended event to every live subscription.
@@ -300,7 +346,12 @@ impl EventBus {
     /// Delivers from the cursor until caught up (→ `Live`), out of credit or room (stays
     /// `Paused`), or waiting for store rows.
     fn catch_up(&mut self, id: &SubscriptionId, reg: &Registry) {
-        let Self { log, subs, disk } = self;
+        let Self {
+            log,
+            subs,
+            disk,
+            retired,
+        } = self;
         let Some(sub) = subs.get_mut(id) else { return };
         if sub.state != SubState::Paused || sub.disk_pending {
             return;
@@ -341,7 +392,7 @@ impl EventBus {
             }
         }
         if close {
-            subs.remove(id);
+            retire(subs, retired, id);
         }
     }
 
@@ -392,7 +443,7 @@ impl EventBus {
             // and memory does not either: a gap, signalled like any other.
             match overflow(sub, &self.log) {
                 Overflowed::Queued if sub.overflow == OverflowPolicy::Close => {
-                    self.subs.remove(id);
+                    retire(&mut self.subs, &mut self.retired, id);
                     return;
                 }
                 Overflowed::Queued => {}
@@ -411,7 +462,7 @@ impl EventBus {
             .map(|s| s.id.clone())
             .collect();
         for id in &ids {
-            self.subs.remove(id);
+            retire(&mut self.subs, &mut self.retired, id);
         }
         ids
     }
@@ -557,6 +608,7 @@ fn overflow(sub: &mut Subscription, log: &EventLog) -> Overflowed {
     match push(&sub.outbox, Outbound::Event(delivery)) {
         Ok(()) => {
             sub.sequence += 1;
+            sub.overflows += 1;
             sub.cursor = resume;
             Overflowed::Queued
         }

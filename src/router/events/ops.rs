@@ -359,6 +359,7 @@ impl Router {
             window: options.ack_window.filter(|w| *w > 0),
             overflow: options.on_overflow.unwrap_or_default(),
             disk_pending: false,
+            overflows: 0,
             state: SubState::Pending,
             outbox,
         });
@@ -420,6 +421,7 @@ impl Router {
             window: None,
             overflow: OverflowPolicy::Skip,
             disk_pending: false,
+            overflows: 0,
             state: SubState::Paused,
             outbox: self
                 .conns

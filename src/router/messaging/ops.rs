@@ -514,16 +514,21 @@ impl Router {
             }
             c.pending.push_back(frame);
             c.outbox.request_wakeup();
+            self.counters.message_queued();
             return true;
         }
-        match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
+        let queued = match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
             Ok(()) => true,
             Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
                 c.pending.push_back(frame);
                 true
             }
             Err(_) => false,
+        };
+        if queued {
+            self.counters.message_queued();
         }
+        queued
     }
 
     /// Keeps the recipients the sender may message (`canMessage` of its agent, `acceptsFrom` of

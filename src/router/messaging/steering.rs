@@ -110,21 +110,25 @@ impl Router {
         let Some(c) = self.conns.get_mut(&conn) else {
             return false;
         };
-        if c.pending.is_empty() {
-            return match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
+        let queued = if c.pending.is_empty() {
+            match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
                 Ok(()) => true,
                 Err(crate::router::outbox::PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
                     c.pending.push_front(frame);
                     true
                 }
                 Err(_) => false,
-            };
+            }
+        } else if c.pending.len() >= cap {
+            false
+        } else {
+            c.pending.push_front(frame);
+            c.outbox.request_wakeup();
+            true
+        };
+        if queued {
+            self.counters.message_queued();
         }
-        if c.pending.len() >= cap {
-            return false;
-        }
-        c.pending.push_front(frame);
-        c.outbox.request_wakeup();
-        true
+        queued
     }
 }

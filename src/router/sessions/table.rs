@@ -54,11 +54,51 @@ impl ConnOrigin {
     }
 }
 
+/// The medium a connection runs over (a label of the connection metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// A WebSocket (`/`, `/map`).
+    #[default]
+    WebSocket,
+    /// The HTTP + SSE binding (`/http`).
+    Http,
+    /// The router's own stdin/stdout.
+    Stdio,
+    /// An in-process link.
+    InProcess,
+    /// A supervised child's pipes.
+    Pipes,
+}
+
+impl Transport {
+    /// Every transport, in label order.
+    pub const ALL: [Self; 5] = [
+        Self::WebSocket,
+        Self::Http,
+        Self::Stdio,
+        Self::InProcess,
+        Self::Pipes,
+    ];
+
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WebSocket => "websocket",
+            Self::Http => "http",
+            Self::Stdio => "stdio",
+            Self::InProcess => "in_process",
+            Self::Pipes => "pipes",
+        }
+    }
+}
+
 /// One transport attachment.
 #[derive(Debug)]
 pub struct Conn {
     /// Who is on the other end.
     pub origin: ConnOrigin,
+    /// The medium.
+    pub transport: Transport,
     /// Where frames for this connection go.
     pub outbox: Outbox,
     /// The session using this connection, once connected.
@@ -95,6 +135,11 @@ impl Conns {
     /// Removes a connection.
     pub fn remove(&mut self, id: &ConnId) -> Option<Conn> {
         self.by_id.remove(id)
+    }
+
+    /// Every connection.
+    pub fn iter(&self) -> impl Iterator<Item = (&ConnId, &Conn)> {
+        self.by_id.iter()
     }
 
     /// Every connection id.

@@ -1,0 +1,78 @@
+//! `GET /metrics`: the Prometheus scrape endpoint (docs/metrics.md).
+//!
+//! Owns only the route and its access check. What is measured lives in `crate::metrics`, and
+//! the router's part of each scrape is one router command
+//! ([`RouterHandle::render_metrics`]). With `[auth]` on and `[metrics] public = false` (the
+//! default), a scrape must carry `Authorization: Bearer <credential>`, checked by the same
+//! [`Authenticator`] that admits MAP sessions (an API key or a JWT); otherwise it is `401` with
+//! a `WWW-Authenticate` header.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router as HttpRouter;
+
+use crate::auth::Authenticator;
+use crate::router::RouterHandle;
+
+#[derive(Clone)]
+struct MetricsState {
+    router: RouterHandle,
+    /// `Some` when scrapes must authenticate.
+    auth: Option<Arc<Authenticator>>,
+}
+
+/// The `/metrics` route. `auth`: the authenticator scrapes must pass, or `None` when the
+/// endpoint is public (no `[auth]`, or `[metrics] public = true`).
+pub fn routes(router: RouterHandle, auth: Option<Arc<Authenticator>>) -> HttpRouter {
+    HttpRouter::new()
+        .route("/metrics", get(scrape))
+        .with_state(MetricsState { router, auth })
+}
+
+fn unauthorized(why: &str) -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"map-router metrics\""),
+        )],
+        format!("{why}\n"),
+    )
+        .into_response()
+}
+
+async fn scrape(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
+    if let Some(auth) = &state.auth {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim);
+        let Some(secret) = given.filter(|s| !s.is_empty()) else {
+            return unauthorized(
+                "metrics need `Authorization: Bearer <API key or JWT>` (or `[metrics] public = true`)",
+            );
+        };
+        if let Err(e) = auth.verify_bearer(secret) {
+            return unauthorized(&format!("credential refused: {}", e.message));
+        }
+    }
+    match state.router.render_metrics().await {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "router unavailable\n").into_response(),
+    }
+}
