@@ -22,6 +22,7 @@ for round in $(seq "$ROUNDS"); do
         read -r K S <<<"$case"
         dir=$(mktemp -d)
         extra=(--ephemeral); [ "$mode" = durable ] && extra=(--data-dir "$dir/data")
+        : > "$dir/log"  # exists before the server starts writing (the poll below reads it)
         # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
         taskset -c 0 "$bin" serve --listen 127.0.0.1:0 "${extra[@]}" $args 2> "$dir/log" &
         pid=$!

@@ -51,6 +51,8 @@ pub struct RouterConfig {
     pub durability: Durability,
     /// How long a call waits for its events to be committed before it fails.
     pub commit_timeout: Duration,
+    /// When subscribers are shown an event, relative to its commit (with a store).
+    pub delivery: Delivery,
     /// Authentication, when some method is enabled (`None`: everyone is admitted, anonymous).
     pub auth: Option<Arc<crate::auth::Authenticator>>,
     /// Per-session and per-principal quotas (`[limits]`).
@@ -75,11 +77,27 @@ impl Default for RouterConfig {
             strict_recipients: true,
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
+            delivery: Delivery::Committed,
             auth: None,
             quotas: quotas::Quotas::default(),
             permissions: Arc::default(),
         }
     }
+}
+
+/// When an event is delivered to subscribers, relative to the store's commit of it (with a
+/// durable store; without one every event is delivered at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Delivery {
+    /// Read-committed: a subscriber is shown an event once its group commit has landed, so no
+    /// event it saw can be erased by a crash. Commits are pipelined: the router goes on
+    /// appending while a commit is in flight.
+    #[default]
+    Committed,
+    /// Live first: shown as soon as it is appended. A crash before the commit can erase events
+    /// a subscriber was shown (docs/streams.md).
+    Live,
 }
 
 /// When a call that changes state is answered, relative to the durability of its events.

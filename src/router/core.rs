@@ -75,6 +75,8 @@ pub enum Command {
     },
     /// Rows the store read for a subscription's catch-up.
     DiskRows(DiskRows),
+    /// The store committed every event below this log position (read-committed delivery).
+    Committed(u64),
     /// Detach everyone and stop.
     Shutdown,
 }
@@ -90,6 +92,7 @@ impl fmt::Debug for Command {
             Self::DiskRows(rows) => {
                 write!(f, "DiskRows({}, {})", rows.subscription, rows.from)
             }
+            Self::Committed(upto) => write!(f, "Committed({upto})"),
             Self::Shutdown => f.write_str("Shutdown"),
         }
     }
@@ -266,6 +269,7 @@ impl Router {
             }) => self
                 .bus
                 .deliver_disk(&subscription, from, rows, &self.registry),
+            Command::Committed(upto) => self.bus.committed(upto, &self.registry),
             Command::Shutdown => {
                 self.handle_shutdown();
                 return true;

@@ -13,7 +13,7 @@ use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::EventId;
 use crate::router::agents::supervised::{ProcessControl, Supervision};
 use crate::router::caller::Ctx;
-use crate::router::config::{Durability, RouterConfig};
+use crate::router::config::{Delivery, Durability, RouterConfig};
 use crate::router::core::{Command, Op, Router, RouterParts, RouterStats};
 use crate::router::error::RouterError;
 use crate::router::events::bus::{DiskAccess, DiskRows, RowsBack};
@@ -275,6 +275,23 @@ impl Router {
                     }
                 })
             });
+            if config.delivery == Delivery::Committed {
+                // Read-committed: events reach subscribers as their commits land.
+                let mut progress = store.committed();
+                router
+                    .bus
+                    .deliver_committed_only(*progress.borrow_and_update());
+                let commands = tx.downgrade();
+                tokio::spawn(async move {
+                    while progress.changed().await.is_ok() {
+                        let upto = *progress.borrow_and_update();
+                        let Some(tx) = commands.upgrade() else { break };
+                        if tx.send(Command::Committed(upto)).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
             router.bus.set_disk(DiskAccess { store, rows_back });
         }
         let task = tokio::spawn(router.run(rx));

@@ -14,6 +14,7 @@ use crate::protocol::jsonrpc::{DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT};
 use crate::protocol::methods::agents::{
     CommandSpec, RegisterParams, RestartMode, RestartPolicy, SpawnParams,
 };
+use crate::router::config::Delivery;
 use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::events::log::Retention;
 use crate::router::permissions::Policy;
@@ -325,6 +326,9 @@ pub struct StorageSettings {
     pub group_commit_delay_ms: u64,
     /// How long a durable call waits for its commit before it fails with 4000, in ms.
     pub commit_timeout_ms: u64,
+    /// `committed` (default): subscribers are shown events once committed (read-committed).
+    /// `live`: shown at once; a crash can erase events a subscriber saw.
+    pub delivery: Delivery,
 }
 
 impl Default for StorageSettings {
@@ -339,6 +343,7 @@ impl Default for StorageSettings {
             max_age_secs: 0,
             group_commit_delay_ms: sqlite::DEFAULT_GROUP_COMMIT_DELAY.as_millis() as u64,
             commit_timeout_ms: DEFAULT_COMMIT_TIMEOUT.as_millis() as u64,
+            delivery: Delivery::Committed,
         }
     }
 }
@@ -585,6 +590,7 @@ impl Config {
             resume_window: Duration::from_millis(self.router.resume_window_ms),
             strict_recipients: self.router.strict_recipients,
             durability: self.storage.durability,
+            delivery: self.storage.delivery,
             commit_timeout: Duration::from_millis(self.storage.commit_timeout_ms),
             quotas: Quotas {
                 max_subscriptions_per_session: self.limits.max_subscriptions_per_session,

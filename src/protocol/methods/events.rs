@@ -46,6 +46,11 @@ pub struct SubscribeParams {
 pub struct SubscribeResult {
     /// Used in every `map/event` of this subscription.
     pub subscription_id: SubscriptionId,
+    /// Set when `replayFrom` (or `startAfter`) names an event id the log does not have (and
+    /// not because retention removed it: that is `subscription.overflow`). The subscription
+    /// starts after that id in log order (ids are time-ordered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_event_id: Option<bool>,
 }
 
 /// `map/unsubscribe` params.
@@ -128,6 +133,11 @@ pub struct ReplayResult {
     /// and the first returned one are gone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gap: Option<bool>,
+    /// Set when `afterEventId` is an id the log does not have (and not because retention
+    /// removed it: that is `gap`). The replay continues after that id in log order (ids are
+    /// time-ordered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_event_id: Option<bool>,
 }
 
 /// What a subscription does when it falls behind everything the log retains.

@@ -181,6 +181,9 @@ pub struct EventBus {
     disk: Option<DiskAccess>,
     /// What removed subscriptions delivered (the live ones count their own).
     retired: BusCounts,
+    /// Read-committed delivery: events at or past this log position are not committed yet and
+    /// are shown to no one (`None`: every appended event is deliverable at once).
+    visible: Option<u64>,
 }
 
 /// Deliveries and overflow notices since start ([`EventBus::counts`]).
@@ -214,6 +217,49 @@ impl EventBus {
             subs: HashMap::new(),
             disk: None,
             retired: BusCounts::default(),
+            visible: None,
+        }
+    }
+
+    /// Switches to read-committed delivery: events from `committed` on are held back until
+    /// [`EventBus::committed`] reports them committed.
+    pub fn deliver_committed_only(&mut self, committed: u64) {
+        self.visible = Some(committed);
+    }
+
+    /// One past the last event subscribers and replays may be shown: the committed position
+    /// under read-committed delivery, else the log's head.
+    pub fn visible_head(&self) -> u64 {
+        self.visible.unwrap_or_else(|| self.log.next_seq())
+    }
+
+    /// The store committed every event below `upto`: show them to the live subscriptions, in
+    /// log order (read-committed delivery; nothing to do otherwise).
+    pub fn committed(&mut self, upto: u64, reg: &Registry) {
+        let Some(old) = self.visible else { return };
+        if upto <= old {
+            return;
+        }
+        self.visible = Some(upto);
+        for seq in old..upto {
+            if let Lookup::Present(rec) = self.log.get(seq) {
+                let rec = rec.clone();
+                self.offer_live(&rec, reg);
+            }
+        }
+        // NB. Only when the memory window is smaller than what a commit covers could a live
+        // subscription be left behind (its event already evicted): it catches up from the store.
+        let behind: Vec<SubscriptionId> = self
+            .subs
+            .values()
+            .filter(|s| s.state == SubState::Live && s.cursor < upto)
+            .map(|s| s.id.clone())
+            .collect();
+        for id in behind {
+            if let Some(sub) = self.subs.get_mut(&id) {
+                sub.state = SubState::Paused;
+            }
+            self.catch_up(&id, reg);
         }
     }
 
@@ -279,8 +325,16 @@ impl EventBus {
         counts
     }
 
-    /// Offers a freshly appended event to every live subscription.
+    /// Offers a freshly appended event to every live subscription, unless delivery waits for
+    /// its commit ([`EventBus::committed`] offers it then).
     pub fn publish(&mut self, rec: &Arc<EventRecord>, reg: &Registry) {
+        if self.visible.is_none() {
+            self.offer_live(rec, reg);
+        }
+    }
+
+    /// Offers an event to every live subscription whose cursor is at it.
+    fn offer_live(&mut self, rec: &Arc<EventRecord>, reg: &Registry) {
         let Self { log, subs, .. } = self;
         for sub in subs.values_mut() {
             if sub.state != SubState::Live || sub.cursor != rec.seq {
@@ -351,6 +405,7 @@ impl EventBus {
             subs,
             disk,
             retired,
+            visible,
         } = self;
         let Some(sub) = subs.get_mut(id) else { return };
         if sub.state != SubState::Paused || sub.disk_pending {
@@ -358,6 +413,11 @@ impl EventBus {
         }
         let mut close = false;
         loop {
+            if visible.is_some_and(|v| sub.cursor >= v) {
+                // Caught up with what is committed; the rest comes with its commit.
+                sub.state = SubState::Live;
+                break;
+            }
             match log.get(sub.cursor) {
                 Lookup::Future => {
                     sub.state = SubState::Live;

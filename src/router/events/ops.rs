@@ -152,6 +152,36 @@ async fn lost_from(
     }))
 }
 
+/// Whether `id`, which resolved to `seq` (the position just after it), is an event of the log:
+/// the event just before `seq` has exactly that id. Read from the memory window when it holds
+/// that position, else from the store.
+async fn id_known(
+    router: &RouterHandle,
+    conn: ConnId,
+    id: EventId,
+    seq: u64,
+) -> Result<bool, RouterError> {
+    let Some(before) = seq.checked_sub(1) else {
+        return Ok(false);
+    };
+    let in_memory = router
+        .call(conn, Some(Capability::CanObserve), true, move |r, _| {
+            let log = &r.bus.log;
+            Ok((before >= log.first_seq()).then(|| log.find(id).is_some_and(|e| e.seq == before)))
+        })
+        .await?;
+    if let Some(known) = in_memory {
+        return Ok(known);
+    }
+    let Some(store) = router.store() else {
+        return Ok(false);
+    };
+    let rows = store.read(before, 1).await.map_err(storage)?;
+    Ok(rows
+        .first()
+        .is_some_and(|r| r.seq == before && EventId::parse(&r.id) == Some(id)))
+}
+
 /// `map/subscribe`.
 ///
 /// A `replayFrom` event id older than everything retained starts the subscription in the gap:
@@ -166,6 +196,7 @@ pub async fn subscribe(
     p: SubscribeParams,
 ) -> Result<SubscribeResult, RouterError> {
     compile(p.filter.as_ref())?;
+    let mut unknown = false;
     let start = match subscribe_position(&p)? {
         Some(pos) => {
             let seq = resolve(&router, conn, pos).await?;
@@ -174,16 +205,21 @@ pub async fn subscribe(
             if lost_from(&router, conn, pos, seq).await? {
                 Some(seq.saturating_sub(1))
             } else {
+                if let Position::AfterId(id) = pos {
+                    unknown = !id_known(&router, conn, id, seq).await?;
+                }
                 Some(seq)
             }
         }
         None => None,
     };
-    router
+    let mut result = router
         .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
             r.subscribe_at(ctx, p, start)
         })
-        .await
+        .await?;
+    result.unknown_event_id = unknown.then_some(true);
+    Ok(result)
 }
 
 /// One step of a replay scan.
@@ -254,6 +290,10 @@ pub async fn replay(
         (None, Some(ts)) => lost_from(&router, conn, Position::AtTime(ts), cursor).await?,
         (None, None) => false,
     };
+    let unknown = match after_id {
+        Some(id) if !gap => !id_known(&router, conn, id, cursor).await?,
+        _ => false,
+    };
     let to = p.to_timestamp;
     let mut page: Vec<RawReplayedEvent> = Vec::new();
     let mut total: u64 = 0;
@@ -305,6 +345,7 @@ pub async fn replay(
         events: page,
         total_count: counted_all.then_some(total),
         gap: gap.then_some(true),
+        unknown_event_id: unknown.then_some(true),
     })
 }
 
@@ -365,6 +406,7 @@ impl Router {
         });
         Ok(SubscribeResult {
             subscription_id: id,
+            unknown_event_id: None,
         })
     }
 
@@ -454,7 +496,12 @@ impl Router {
             next: start,
             end: false,
         };
-        for rec in log.iter_from(start).take(REPLAY_CHUNK) {
+        let head = self.bus.visible_head();
+        for rec in log
+            .iter_from(start)
+            .take(REPLAY_CHUNK)
+            .take_while(|r| r.seq < head)
+        {
             if to.is_some_and(|to| rec.timestamp > to) {
                 chunk.end = true;
                 return Some(chunk);
@@ -465,7 +512,7 @@ impl Router {
                 chunk.matched.push(render_replayed(rec));
             }
         }
-        chunk.end = chunk.next >= log.next_seq();
+        chunk.end = chunk.next >= head;
         Some(chunk)
     }
 
@@ -511,7 +558,7 @@ impl Router {
                 chunk.matched.push(render_replayed(&rec));
             }
         }
-        chunk.end = chunk.next >= self.bus.log.next_seq();
+        chunk.end = chunk.next >= self.bus.visible_head();
         chunk
     }
 }
