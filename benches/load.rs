@@ -11,6 +11,11 @@
 //!   and after (from `/proc/<pid>/status`).
 //! - `slow`: the fan-out run twice, the second time with one more subscriber that never reads:
 //!   the others' throughput with and without it, and the server's memory.
+//! - `churn`: W waves of N agents join one scope, one of them sends a payload to it, then half
+//!   leave cleanly (`map/disconnect`) and half drop their socket (their agents stay orphaned for
+//!   the resume window, so later sends find more and more silent members). Reports what one send
+//!   costs: events and bytes a subscriber to every event receives per send, and, with
+//!   `--data-dir` (the server's), the growth of its store per send.
 //!
 //! It talks only to the server it is given (`--url ws://127.0.0.1:PORT/`); without `--url` it
 //! starts map-router in this process on `127.0.0.1:0` (then RSS includes the generator).
@@ -67,7 +72,7 @@ struct Args {
     /// Label for the server in the output.
     #[arg(long, default_value = "map-router")]
     server: String,
-    /// Tests to run: fanout, rtt, connections, slow (repeatable; default all).
+    /// Tests to run: fanout, rtt, connections, slow, churn (repeatable; default all).
     #[arg(long = "test")]
     tests: Vec<String>,
     /// Fan-out: agents in the scope (K).
@@ -103,6 +108,15 @@ struct Args {
     /// Connections test: sessions to open (C).
     #[arg(long)]
     connections: Option<usize>,
+    /// Churn: waves.
+    #[arg(long)]
+    waves: Option<usize>,
+    /// Churn: agents per wave.
+    #[arg(long)]
+    wave_agents: Option<usize>,
+    /// Churn: the server's data directory, to measure its store's growth per send.
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
     /// Bound on each test, in seconds.
     #[arg(long, default_value_t = 120)]
     timeout_s: u64,
@@ -278,7 +292,9 @@ impl FanoutSpec {
     /// Frames each subscriber should get per message.
     fn events_per_message(&self) -> u64 {
         if self.all_events {
-            1 + self.agents as u64 // message_sent + one message_delivered per recipient
+            // message_sent + one message_delivered listing the scope's members (map-router;
+            // the reference sends one per recipient, so its readers stop early).
+            1 + u64::from(self.agents > 0)
         } else {
             1
         }
@@ -720,6 +736,183 @@ async fn slow(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration) -
 }
 
 // ---------------------------------------------------------------------------------------------
+// Churn
+
+#[derive(Debug, Clone)]
+struct ChurnSpec {
+    waves: usize,
+    agents: usize,
+    payload_bytes: usize,
+}
+
+/// Bytes of the files under `dir` (recursively).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// What the churn observer received: `map/event` frames and their bytes, all and message
+/// events (`message_*`, `message.*`) only.
+#[derive(Default)]
+struct Observed {
+    frames: u64,
+    bytes: u64,
+    message_frames: u64,
+    message_bytes: u64,
+}
+
+/// Counts `map/event` frames and their bytes until `stop` flips.
+async fn read_events(mut rx: Rx, mut stop: watch::Receiver<bool>) -> Observed {
+    let mut o = Observed::default();
+    loop {
+        let msg = tokio::select! {
+            m = rx.next() => m,
+            _ = stop.changed() => break,
+        };
+        match msg {
+            Some(Ok(Message::Text(t))) if t.contains("\"map/event\"") => {
+                o.frames += 1;
+                o.bytes += t.len() as u64;
+                if t.contains("\"type\":\"message") {
+                    o.message_frames += 1;
+                    o.message_bytes += t.len() as u64;
+                }
+            }
+            Some(Ok(_)) => {}
+            _ => break,
+        }
+    }
+    o
+}
+
+async fn churn(
+    url: &str,
+    spec: &ChurnSpec,
+    data_dir: Option<&std::path::Path>,
+    pid: Option<u32>,
+    limit: Duration,
+) -> Res<Value> {
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let deadline = Instant::now() + limit;
+    let (mut owner, _) = Conn::agent(url, &format!("churn-owner-{run}")).await?;
+    let created = owner
+        .call(
+            "map/scopes/create",
+            json!({"scopeId": format!("churn-{}-{run}", std::process::id()), "name": "churn", "sendPolicy": "any"}),
+        )
+        .await?;
+    let scope = created["scope"]["id"]
+        .as_str()
+        .ok_or_else(|| format!("scopes/create result without scope.id: {created}"))?
+        .to_owned();
+    let mut observer = Conn::session(url, "client", &format!("churn-observer-{run}")).await?;
+    observer
+        .call("map/subscribe", json!({"filter": {}}))
+        .await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let Conn {
+        tx: observer_tx,
+        rx,
+        ..
+    } = observer;
+    let reader = tokio::spawn(read_events(rx, stop_rx));
+    let store_before = data_dir.map(dir_bytes);
+    let padding = "x".repeat(spec.payload_bytes);
+    let start = Instant::now();
+    let (mut sends, mut delivered) = (0u64, 0u64);
+    for wave in 0..spec.waves {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "churn: wave {wave} of {} past the time limit",
+                spec.waves
+            ));
+        }
+        let scope_ref = &scope;
+        let members = parallel(spec.agents, 32, |i| async move {
+            let (mut c, id) = Conn::agent(url, &format!("churn-{run}-{wave}-{i}")).await?;
+            c.call(
+                "map/scopes/join",
+                json!({"scopeId": scope_ref, "agentId": id}),
+            )
+            .await?;
+            Res::Ok(c)
+        })
+        .await
+        .into_iter()
+        .collect::<Res<Vec<_>>>()?;
+        let mut members = members.into_iter();
+        let Some(mut sender) = members.next() else {
+            continue;
+        };
+        let r = sender
+            .call(
+                "map/send",
+                json!({"to": {"scope": scope}, "payload": {"wave": wave, "pad": padding}}),
+            )
+            .await?;
+        sends += 1;
+        delivered += r["delivered"].as_array().map_or(0, |a| a.len() as u64);
+        // Half leave cleanly, half drop their socket.
+        for (i, mut c) in std::iter::once(sender).chain(members).enumerate() {
+            if i % 2 == 0 {
+                c.call("map/disconnect", json!({})).await?;
+                let _ = c.tx.close().await;
+            } else {
+                drop(c);
+            }
+        }
+    }
+    let send_s = start.elapsed().as_secs_f64();
+    // Let the last events reach the observer and the store commit them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = stop_tx.send(true);
+    let seen = tokio::time::timeout(CALL_TIMEOUT, reader)
+        .await
+        .map_err(|_| "churn: observer did not stop".to_owned())?
+        .map_err(|e| e.to_string())?;
+    drop(observer_tx);
+    let store_after = data_dir.map(dir_bytes);
+    let per_send = |n: u64| {
+        if sends == 0 {
+            0.0
+        } else {
+            (n as f64 / sends as f64).round()
+        }
+    };
+    let store_growth = match (store_before, store_after) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    Ok(json!({
+        "test": "churn",
+        "waves": spec.waves,
+        "wave_agents": spec.agents,
+        "payload_bytes": spec.payload_bytes,
+        "sends": sends,
+        "delivered": delivered,
+        "send_s": send_s,
+        "observer_events": seen.frames,
+        "observer_bytes": seen.bytes,
+        "observer_events_per_send": per_send(seen.frames),
+        "observer_bytes_per_send": per_send(seen.bytes),
+        "message_events_per_send": per_send(seen.message_frames),
+        "message_bytes_per_send": per_send(seen.message_bytes),
+        "store_bytes": store_growth,
+        "store_bytes_per_send": store_growth.map(per_send),
+        "rss_after_kb": rss_kb(pid),
+    }))
+}
+
+// ---------------------------------------------------------------------------------------------
 // Main
 
 /// Sizes for the full run and for the smoke run.
@@ -729,6 +922,7 @@ struct Sizes {
     calls: u64,
     concurrency: usize,
     connections: usize,
+    churn: ChurnSpec,
 }
 
 fn sizes(args: &Args) -> Sizes {
@@ -755,6 +949,11 @@ fn sizes(args: &Args) -> Sizes {
         calls: args.calls.unwrap_or(if full { 5_000 } else { 50 }),
         concurrency: args.concurrency.unwrap_or(if full { 8 } else { 2 }),
         connections: args.connections.unwrap_or(if full { 1_000 } else { 20 }),
+        churn: ChurnSpec {
+            waves: args.waves.unwrap_or(if full { 40 } else { 4 }),
+            agents: args.wave_agents.unwrap_or(if full { 40 } else { 6 }),
+            payload_bytes: args.payload_bytes.unwrap_or(512),
+        },
     }
 }
 
@@ -785,6 +984,11 @@ fn check(line: &Value) -> Res<()> {
         Some("slow") => {
             check(&parsed["baseline"])?;
             check(&parsed["with_laggard"])?;
+        }
+        Some("churn") => {
+            if parsed["sends"] != parsed["waves"] || parsed["observer_events"] == json!(0) {
+                return fail("churn sends or events missing");
+            }
         }
         _ => return fail("unknown test"),
     }
@@ -836,7 +1040,7 @@ async fn run(args: Args) -> Res<()> {
         }
     };
     let tests: Vec<&str> = if args.tests.is_empty() {
-        vec!["rtt", "fanout", "slow", "connections"]
+        vec!["rtt", "fanout", "slow", "connections", "churn"]
     } else {
         args.tests.iter().map(String::as_str).collect()
     };
@@ -851,6 +1055,7 @@ async fn run(args: Args) -> Res<()> {
             "rtt" => rtt(&url, sizes.calls, sizes.concurrency).await?,
             "connections" => vec![connections(&url, sizes.connections, pid).await?],
             "slow" => vec![slow(&url, &sizes.slow, pid, limit).await?],
+            "churn" => vec![churn(&url, &sizes.churn, args.data_dir.as_deref(), pid, limit).await?],
             other => return Err(format!("unknown test {other}")),
         };
         for mut line in lines {

@@ -9,6 +9,12 @@
 # map-router runs twice: as shipped (durable SQLite store in a temp dir, capped at 64 MiB) and with --ephemeral
 # (events in memory only, like the reference). The machine is shared: read ratios and medians
 # of several runs, not single figures.
+#
+# Every server runs pinned to core 0 and the load generator to core 1 (`taskset`), the same way
+# for every server; each case also reports the server's CPU time (utime + stime from
+# /proc/PID/stat, before and after the case) per unit of work: per delivery for fan-out and
+# slow-consumer cases, per call for round trips. Ratios of that figure are the steadiest on a
+# shared machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +30,17 @@ cargo build --locked --release --bin map-router
 load=$(cargo bench --locked --bench load --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$load" ] || { echo "bench-compare: no load generator binary" >&2; exit 1; }
 (cd benches/reference && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+
+if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+  pin_server=(taskset -c 0); pin_load=(taskset -c 1)
+  echo "bench-compare: servers pinned to core 0, the load generator to core 1 (taskset)"
+else
+  pin_server=(); pin_load=()
+  echo "bench-compare: not pinned (needs 2 cores and taskset): figures are noisier"
+fi
+ticks_per_s=$(getconf CLK_TCK)
+# cpu_ticks <pid>: utime + stime of a process, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 mkdir -p target/bench
 out=target/bench/compare-$(date -u +%Y%m%dT%H%M%SZ).jsonl
@@ -44,14 +61,14 @@ start() {
           # As shipped, except that the store keeps at most 64 MiB on disk (default 1 GiB),
           # so that the benchmark cannot fill a small disk.
           printf '[storage]\nmax_bytes = 67108864\n' > "$work/ours.toml"
-          target/release/map-router --listen 127.0.0.1:0 --data-dir "$work/data" \
+          "${pin_server[@]}" target/release/map-router --listen 127.0.0.1:0 --data-dir "$work/data" \
             --config "$work/ours.toml" 2> "$log" &
           line='^map-router listening on ' ;;
     ours-ephemeral)
-          target/release/map-router --listen 127.0.0.1:0 --ephemeral 2> "$log" &
+          "${pin_server[@]}" target/release/map-router --listen 127.0.0.1:0 --ephemeral 2> "$log" &
           line='^map-router listening on ' ;;
     reference)
-          node benches/reference/server.mjs 2> "$log" &
+          "${pin_server[@]}" node benches/reference/server.mjs 2> "$log" &
           line='^reference listening on ' ;;
   esac
   server_pid=$!
@@ -76,9 +93,27 @@ case_() {
   shift
   for kind in ours ours-ephemeral reference; do
     start "$kind"
+    local c0 result
+    c0=$(cpu_ticks "$server_pid")
+    # The churn case measures the store's growth in the durable server's data directory.
+    local data=()
+    [ "$kind" = ours ] && data=(--data-dir "$work/data")
     # A failed case is reported and the run goes on (the reference fails some at full size).
-    if ! "$load" --bench --url "$url" --server-pid "$server_pid" --server "$kind" "$@" \
-        | jq -c --arg case "$name" '. + {case: $case}' | tee -a "$out"; then
+    if result=$("${pin_load[@]}" "$load" --bench --url "$url" --server-pid "$server_pid" \
+        --server "$kind" "${data[@]}" "$@"); then
+      local cpu_s
+      cpu_s=$(echo "$(cpu_ticks "$server_pid") $c0 $ticks_per_s" | awk '{printf "%.3f", ($1 - $2) / $3}')
+      echo "$result" | jq -c --arg case "$name" --argjson cpu "$cpu_s" '. + {case: $case,
+          server_cpu_s: $cpu,
+          server_cpu_us_per_unit: (
+            (if .test == "fanout" then .deliveries
+             elif .test == "rtt" then .calls
+             elif .test == "slow" then ((.baseline.deliveries // 0) + (.with_laggard.deliveries // 0))
+             elif .test == "churn" then .sends
+             else null end) as $units
+            | if ($units // 0) > 0 then ($cpu * 1e6 / $units * 100 | round) / 100 else null end)}' \
+        | tee -a "$out"
+    else
       echo "{\"case\":\"$name\",\"server\":\"$kind\",\"failed\":true}" | tee -a "$out"
     fi
     stop
@@ -96,6 +131,7 @@ else
   case_ connections-1000 --test connections --connections 1000
   case_ connections-10000 --test connections --connections 10000 --timeout-s 120
   case_ slow --test slow --agents 10 --subscribers 2 --messages 10000 --payload-bytes 1024
+  case_ churn --test churn --waves 40 --wave-agents 40 --payload-bytes 512
 fi
 
 echo
@@ -107,11 +143,16 @@ jq -s -r '
     elif .test == "rtt" then {tput: .calls_per_s, p99: .latency_ms.p99}
     elif .test == "connections" then {tput: .connected, bytes: .bytes_per_connection, secs: .connect_s}
     elif .test == "slow" then {ratio: .deliveries_per_s_ratio, rss_growth_kb: (.with_laggard.rss_after_kb - .with_laggard.rss_before_kb)}
-    else {} end;
+    elif .test == "churn" then {events_per_send: .observer_events_per_send, observer_bytes_per_send: .observer_bytes_per_send, message_events_per_send: .message_events_per_send, message_bytes_per_send: .message_bytes_per_send, store_bytes_per_send: .store_bytes_per_send}
+    else {} end
+    + {cpu_us: .server_cpu_us_per_unit};
   map(select(.failed | not)) | group_by(key)[] |
   (map({key: .server, value: metric}) | from_entries) as $m |
   "\(.[0] | key): ours \($m.ours) ephemeral \($m["ours-ephemeral"]) reference \($m.reference)" +
   (if ($m.ours.tput // null) != null and ($m.reference.tput // 0) > 0 then
      "  ratio \(($m.ours.tput / $m.reference.tput * 10 | round) / 10)x / \(($m["ours-ephemeral"].tput / $m.reference.tput * 10 | round) / 10)x"
+   else "" end) +
+  (if ($m.ours.cpu_us // null) != null and ($m.reference.cpu_us // 0) > 0 then
+     "  server CPU per unit ref/ours \(($m.reference.cpu_us / $m.ours.cpu_us * 10 | round) / 10)x / \(($m.reference.cpu_us / $m["ours-ephemeral"].cpu_us * 10 | round) / 10)x"
    else "" end)
 ' "$out"

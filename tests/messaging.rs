@@ -500,26 +500,41 @@ async fn message_sent_precedes_message_delivered_which_names_its_cause() {
     assert_eq!(data["message"]["id"], message_id);
     assert_eq!(data["message"]["from"], json!("a"));
 
-    let mut recipients = Vec::new();
-    for _ in 0..2 {
-        let d = w.cl.next_event(&sub).await;
-        assert_eq!(d["event"]["type"], json!("message_delivered"));
-        assert_eq!(d["event"]["source"], json!("a"));
-        assert_eq!(d["causedBy"], json!([sent["eventId"]]));
-        assert_eq!(d["event"]["causedBy"], json!([sent["eventId"]]));
-        let data = &d["event"]["data"];
-        assert_eq!(data["messageId"], message_id);
-        assert_eq!(data["from"], json!("a"));
-        assert_eq!(data["correlationId"], json!("corr-1"));
-        assert_eq!(data["payload"], json!({"x": 1}));
-        assert_eq!(data["message"]["payload"], json!({"x": 1}));
-        assert!(data["timestamp"].is_u64());
-        let to = data["deliveredTo"].as_array().expect("deliveredTo");
-        assert_eq!(to.len(), 1);
-        recipients.push(to[0].as_str().unwrap().to_owned());
-    }
+    // A send to a group: one message_delivered listing every recipient, without the payload
+    // (it is in message_sent).
+    let d = w.cl.next_event(&sub).await;
+    assert_eq!(d["event"]["type"], json!("message_delivered"));
+    assert_eq!(d["event"]["source"], json!("a"));
+    assert_eq!(d["causedBy"], json!([sent["eventId"]]));
+    assert_eq!(d["event"]["causedBy"], json!([sent["eventId"]]));
+    let data = &d["event"]["data"];
+    assert_eq!(data["messageId"], message_id);
+    assert_eq!(data["from"], json!("a"));
+    assert_eq!(data["correlationId"], json!("corr-1"));
+    assert!(data.get("payload").is_none(), "{data}");
+    assert!(data.get("message").is_none(), "{data}");
+    assert!(data["timestamp"].is_u64());
+    let mut recipients: Vec<String> = data["deliveredTo"]
+        .as_array()
+        .expect("deliveredTo")
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect();
     recipients.sort();
     assert_eq!(recipients, strings(&["b", "c"]));
+    w.cl.assert_no_event(&sub).await;
+
+    // A send to one agent: its own message_delivered, with the message.
+    w.a.send(json!({"agent": "b"}), json!({"y": 2})).await;
+    let sent = w.cl.next_event(&sub).await;
+    assert_eq!(sent["event"]["type"], json!("message_sent"));
+    let d = w.cl.next_event(&sub).await;
+    assert_eq!(d["event"]["type"], json!("message_delivered"));
+    assert_eq!(d["causedBy"], json!([sent["eventId"]]));
+    let data = &d["event"]["data"];
+    assert_eq!(data["deliveredTo"], json!(["b"]));
+    assert_eq!(data["payload"], json!({"y": 2}));
+    assert_eq!(data["message"]["payload"], json!({"y": 2}));
     w.cl.assert_no_event(&sub).await;
 }
 
@@ -605,7 +620,7 @@ async fn an_offline_recipient_is_not_delivered_and_a_failure_event_says_so() {
             "messageId": r["messageId"],
             "from": "b",
             "to": {"agents": ["a", "c"]},
-            "recipient": "a",
+            "recipients": ["a"],
             "reason": "recipient_offline",
             "code": 2003
         })

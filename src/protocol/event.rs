@@ -456,14 +456,20 @@ pub struct MessageSentData {
 pub struct MessageDeliveredData {
     pub message_id: MessageId,
     pub from: String,
+    /// The recipient (one per event for a send to one agent), or every recipient the message
+    /// reached (one event per multicast send, and per audience: docs/streams.md).
     pub delivered_to: Vec<String>,
     pub timestamp: u64,
     /// Omitted when the message expects a response (see docs/compatibility.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
+    /// The payload and the whole message: on the event of a send to one agent (the SDK's
+    /// `request()` reads it there), and on deliveries from the offline queue. Left out of a
+    /// multicast's event: the message is stored once, in its `message_sent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<RawJson>,
-    pub message: Message,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
 }
 
 /// `message_failed`: a recipient could not be reached.
@@ -474,9 +480,14 @@ pub struct MessageFailedData {
     pub message_id: MessageId,
     pub from: String,
     pub to: RawJson,
-    /// The recipient that was not reached.
-    pub recipient: String,
-    /// `recipient_offline` or `recipient_backlogged`.
+    /// The recipient that was not reached (a send to one agent, or a queued message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<String>,
+    /// The recipients not reached, for one reason (a multicast: one event per reason and
+    /// audience).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipients: Option<Vec<String>>,
+    /// `recipient_offline`, `recipient_backlogged` or `recipient_gone`.
     pub reason: String,
     pub code: i32,
 }
@@ -614,7 +625,12 @@ pub struct AgentDiagnosticData {
 pub struct MessageQueuedData {
     pub message_id: MessageId,
     pub from: String,
-    pub recipient: AgentId,
+    /// The recipient that is away (a send to one agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<AgentId>,
+    /// The recipients that are away (a multicast: one event per audience).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipients: Option<Vec<AgentId>>,
     pub reason: String,
 }
 

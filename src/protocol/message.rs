@@ -328,6 +328,23 @@ impl Address {
         Err(bad("no recognised address form (agent, agents, scope, role, parent, children, ancestors, descendants, siblings, broadcast, system, participant, participants)"))
     }
 
+    /// Whether this form names exactly one recipient (`{agent}`, `{participant}`, `{parent}`,
+    /// `system`, a federated agent, or a bare id that is not a scope's). A send to any other form
+    /// records its outcomes as one event per outcome, listing the recipients (docs/streams.md).
+    pub fn names_one(&self) -> bool {
+        match self {
+            Address::Agent(_)
+            | Address::Participant(_)
+            | Address::System
+            | Address::Federated { .. } => true,
+            Address::Text(t) => !t.starts_with("scope:"),
+            Address::Hierarchical(h) => {
+                h.parent && !(h.children || h.ancestors || h.descendants || h.siblings)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether this form reaches a group rather than one named recipient (requires
     /// `messaging.canBroadcast`).
     pub fn is_multicast(&self) -> bool {

@@ -748,33 +748,50 @@ scenario('subscribe: register with scopes gives agent_registered and scope_membe
   assert.deepEqual(a.result.agent.scopes, ['lobby'], 'register result lists the scope');
 });
 
-scenario('subscribe: one map/send gives message_sent then one message_delivered per recipient', async (ctx) => {
+scenario('subscribe: a send to one agent gives message_sent then its message_delivered with the message', async (ctx) => {
   const a = await ctx.agent({ name: 'a' });
-  const b = await ctx.agent({ name: 'b' });
   const obs = await ctx.client({ name: 'observer' });
   const w = await obs.watch({ eventTypes: ['message_sent', 'message_delivered'] });
-  const res = await obs.conn.send({ agents: [a.id, b.id] }, { n: 1 }, { priority: 'high' });
-  const delivered = await until(
-    () => {
-      const d = w.events.filter((e) => e.type === 'message_delivered' && e.data?.messageId === res.messageId);
-      return d.length === 2 ? d : null;
-    },
-    'two message_delivered events',
-  );
+  const res = await obs.conn.send({ agent: a.id }, { n: 1 }, { priority: 'high' });
+  const delivered = await w.waitFor('message_delivered', (e) => e.data?.messageId === res.messageId);
   const sent = w.events.find((e) => e.type === 'message_sent' && e.data?.messageId === res.messageId);
   assert.ok(sent, 'message_sent');
   assert.equal(w.events.indexOf(sent), 0, 'message_sent first');
   assert.equal(sent.data.from, obs.id);
-  assert.deepEqual(sent.data.to, { agents: [a.id, b.id] });
+  assert.deepEqual(sent.data.to, { agent: a.id });
   assert.deepEqual(sent.data.payload, { n: 1 });
   assert.equal(sent.data.message?.id, res.messageId);
   assert.equal(sent.source, obs.id, 'source = sender');
-  assert.deepEqual(sorted(delivered.flatMap((d) => d.data.deliveredTo)), ids([a, b]), 'one per recipient');
-  for (const d of delivered) {
-    assert.ok(d.causedBy?.includes(sent.id), 'delivered caused by sent');
-    assert.deepEqual(d.data.message?.payload, { n: 1 });
-  }
-  assert.equal(w.events.length, 3);
+  assert.deepEqual(delivered.data.deliveredTo, [a.id]);
+  assert.ok(delivered.causedBy?.includes(sent.id), 'delivered caused by sent');
+  assert.deepEqual(delivered.data.message?.payload, { n: 1 }, 'a send to one agent keeps the message');
+  await sleep(QUIET_MS);
+  assert.equal(w.events.length, 2);
+});
+
+scenario('subscribe: a send to several agents gives one message_delivered listing them, the payload only in message_sent', async (ctx) => {
+  const a = await ctx.agent({ name: 'a' });
+  const b = await ctx.agent({ name: 'b' });
+  const c = await ctx.agent({ name: 'c' });
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['agent_orphaned', 'message_sent', 'message_delivered', 'message_failed'] });
+  c.terminate();
+  await w.waitFor('agent_orphaned', (e) => e.data?.agentId === c.id);
+  const res = await obs.conn.send({ agents: [a.id, b.id, c.id] }, { n: 1 });
+  const delivered = await w.waitFor('message_delivered', (e) => e.data?.messageId === res.messageId);
+  const failed = await w.waitFor('message_failed', (e) => e.data?.messageId === res.messageId);
+  const sent = w.events.find((e) => e.type === 'message_sent' && e.data?.messageId === res.messageId);
+  assert.deepEqual(sent.data.payload, { n: 1 });
+  assert.deepEqual(sorted(delivered.data.deliveredTo), ids([a, b]), 'every recipient reached, in one event');
+  assert.equal(delivered.data.message, undefined, 'no copy of the message');
+  assert.equal(delivered.data.payload, undefined, 'no copy of the payload');
+  assert.ok(delivered.causedBy?.includes(sent.id), 'delivered caused by sent');
+  assert.deepEqual(failed.data.recipients, [c.id]);
+  assert.equal(failed.data.reason, 'recipient_offline');
+  assert.ok(failed.causedBy?.includes(sent.id), 'failed caused by sent');
+  await sleep(QUIET_MS);
+  assert.equal(w.events.filter((e) => e.data?.messageId === res.messageId).length, 3, 'one event per outcome');
+  assert.deepEqual(sorted(res.delivered), ids([a, b]));
 });
 
 scenario('subscribe: eventTypes filter accepts the dotted spelling', async (ctx) => {

@@ -126,6 +126,44 @@ struct DeliveredData<'a> {
     message: &'a RawValue,
 }
 
+/// `message_delivered` of a multicast: every recipient of one audience, and no copy of the
+/// message (it is in `message_sent`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MulticastDeliveredData<'a> {
+    message_id: &'a MessageId,
+    from: &'a str,
+    delivered_to: &'a [String],
+    timestamp: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    correlation_id: Option<&'a str>,
+}
+
+/// What became of one recipient of a multicast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Delivered,
+    Queued,
+    Failed(&'static str),
+}
+
+/// A multicast's recipients grouped by outcome and by who may see them: one event per group.
+#[derive(Default)]
+struct Outcomes(Vec<(Outcome, Audience, Vec<String>)>);
+
+impl Outcomes {
+    fn add(&mut self, outcome: Outcome, audience: Audience, recipient: &str) {
+        match self
+            .0
+            .iter_mut()
+            .find(|(o, a, _)| *o == outcome && *a == audience)
+        {
+            Some((_, _, list)) => list.push(recipient.to_owned()),
+            None => self.0.push((outcome, audience, vec![recipient.to_owned()])),
+        }
+    }
+}
+
 fn raw(json: String) -> Box<RawValue> {
     // `json` comes from serde_json::to_string, so it is valid JSON.
     RawValue::from_string(json)
@@ -155,8 +193,10 @@ impl Router {
         caused_by: Vec<EventId>,
     ) -> Result<Delivered, RouterError> {
         let address = Address::parse_raw(&to).map_err(RouterError::InvalidParams)?;
-        let multicast = address.is_multicast()
-            || matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
+        let names_scope = matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
+        let multicast = address.is_multicast() || names_scope;
+        // Outcomes are one event per recipient only when the address names one recipient.
+        let aggregate = multicast || !address.names_one();
         if multicast && !self.session_has(caller, Capability::CanBroadcast) {
             return Err(RouterError::PermissionDenied(
                 Capability::CanBroadcast.path().into(),
@@ -281,6 +321,10 @@ impl Router {
         let mut delivered = Vec::new();
         let mut queued = Vec::new();
         let mut reached: HashSet<ConnId> = HashSet::new();
+        // A send to a group records its outcomes as one event per outcome (and audience),
+        // listing the recipients; a send to one agent keeps the per-recipient events the SDK
+        // reads.
+        let mut outcomes = Outcomes::default();
         for recipient in recipients {
             let outcome = match self.recipient_conn(&recipient) {
                 None => Err("recipient_offline"),
@@ -294,21 +338,41 @@ impl Router {
                     }
                 }
             };
-            match (outcome, &recipient) {
+            let id = recipient.id();
+            let outcome = match (outcome, &recipient) {
                 (Ok(()), _) => {
-                    self.emit_delivered(&out, recipient.id(), None);
-                    delivered.push(recipient.id().to_owned());
+                    delivered.push(id.to_owned());
+                    Outcome::Delivered
                 }
                 (Err("recipient_offline"), Recipient::Agent(agent))
                     if queueable && self.can_come_back(agent) =>
                 {
-                    match self.queue_offline(agent, &out) {
-                        Ok(()) => queued.push(agent.to_string()),
-                        Err(reason) => self.emit_failed(&out, agent.as_str(), reason),
+                    match self.messaging.keep(agent, &out) {
+                        Ok(()) => {
+                            queued.push(agent.to_string());
+                            Outcome::Queued
+                        }
+                        Err(reason) => Outcome::Failed(reason),
                     }
                 }
-                (Err(reason), _) => self.emit_failed(&out, recipient.id(), reason),
+                (Err(reason), _) => Outcome::Failed(reason),
+            };
+            // A participant (a client, which reads messages only from `message_delivered`
+            // events) keeps its own event with the message, even in a group.
+            if aggregate && matches!(recipient, Recipient::Agent(_)) {
+                outcomes.add(outcome, self.recipient_audience(id), id);
+                continue;
             }
+            match outcome {
+                Outcome::Delivered => {
+                    self.emit_delivered(&out, id, None);
+                }
+                Outcome::Queued => self.emit_queued(&out, id),
+                Outcome::Failed(reason) => self.emit_failed(&out, id, reason),
+            }
+        }
+        for (outcome, audience, list) in outcomes.0 {
+            self.emit_outcome(&out, outcome, audience, list);
         }
         Ok(Delivered {
             message_id: out.id.clone(),
@@ -349,6 +413,71 @@ impl Router {
         delivered
     }
 
+    /// Emits the one event of a multicast's recipients with the same outcome and audience.
+    fn emit_outcome(
+        &mut self,
+        out: &Outgoing,
+        outcome: Outcome,
+        audience: Audience,
+        recipients: Vec<String>,
+    ) {
+        let (kind, data) = match outcome {
+            Outcome::Delivered => (
+                EventType::MessageDelivered,
+                crate::router::core::to_json(&MulticastDeliveredData {
+                    message_id: &out.id,
+                    from: &out.from,
+                    delivered_to: &recipients,
+                    timestamp: out.timestamp,
+                    correlation_id: out.delivered_correlation.as_deref(),
+                }),
+            ),
+            Outcome::Queued => (
+                EventType::MessageQueued,
+                crate::router::core::to_json(&MessageQueuedData {
+                    message_id: out.id.clone(),
+                    from: out.from.to_string(),
+                    recipient: None,
+                    recipients: Some(
+                        recipients
+                            .iter()
+                            .map(|r| AgentId::from(r.as_str()))
+                            .collect(),
+                    ),
+                    reason: "recipient_offline".into(),
+                }),
+            ),
+            Outcome::Failed(reason) => (
+                EventType::MessageFailed,
+                crate::router::core::to_json(&MessageFailedData {
+                    message_id: out.id.clone(),
+                    from: out.from.to_string(),
+                    to: out.to.clone(),
+                    recipient: None,
+                    recipients: Some(recipients.clone()),
+                    reason: reason.into(),
+                    code: ErrorCode::DELIVERY_FAILED.0,
+                }),
+            ),
+        };
+        let event = self.emit_traced(
+            EventDraft {
+                kind,
+                source: Some(out.from.clone()),
+                data,
+                caused_by: vec![out.sent],
+                keys: out.keys.clone(),
+                audience: out.audience.clone().and(audience),
+            },
+            out.trace.as_ref(),
+        );
+        if outcome == Outcome::Delivered {
+            for r in &recipients {
+                self.remember_delivery(out, r, event);
+            }
+        }
+    }
+
     fn remember_delivery(&mut self, out: &Outgoing, recipient: &str, delivered: EventId) {
         self.messaging.record_delivery(out, recipient, delivered);
     }
@@ -363,7 +492,8 @@ impl Router {
                     message_id: out.id.clone(),
                     from: out.from.to_string(),
                     to: out.to.clone(),
-                    recipient: recipient.to_owned(),
+                    recipient: Some(recipient.to_owned()),
+                    recipients: None,
                     reason: reason.into(),
                     code: ErrorCode::DELIVERY_FAILED.0,
                 }),
@@ -390,9 +520,9 @@ impl Router {
         }
     }
 
-    /// Keeps a message for an agent that is away. Errors when its queue is full.
-    fn queue_offline(&mut self, agent: &AgentId, out: &Arc<Outgoing>) -> Result<(), &'static str> {
-        self.messaging.keep(agent, out)?;
+    /// Emits `message.queued` for a message kept for one agent that is away.
+    fn emit_queued(&mut self, out: &Arc<Outgoing>, agent: &str) {
+        let agent = AgentId::from(agent);
         self.emit_traced(
             EventDraft {
                 kind: EventType::MessageQueued,
@@ -400,7 +530,8 @@ impl Router {
                 data: crate::router::core::to_json(&MessageQueuedData {
                     message_id: out.id.clone(),
                     from: out.from.to_string(),
-                    recipient: agent.clone(),
+                    recipient: Some(agent.clone()),
+                    recipients: None,
                     reason: "recipient_offline".into(),
                 }),
                 caused_by: vec![out.sent],
@@ -412,7 +543,6 @@ impl Router {
             },
             out.trace.as_ref(),
         );
-        Ok(())
     }
 
     /// Delivers what was kept for an agent that is back (resumed, reclaimed, restarted).

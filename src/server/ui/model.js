@@ -314,6 +314,7 @@ export function agentsOf(event) {
   add(d.recipient);
   add(d.participantId);
   for (const r of d.deliveredTo ?? []) add(r);
+  for (const r of Array.isArray(d.recipients) ? d.recipients : []) add(r);
   add(d.checkpoint?.agentId);
   const to = d.to ?? d.message?.to;
   if (to && typeof to === 'object') {

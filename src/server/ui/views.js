@@ -130,6 +130,11 @@ export function matches(event, filters) {
   return true;
 }
 
+/** The recipients of a message_failed or message.queued: one (`recipient`) or a multicast's (`recipients`). */
+function recipientsOf(d) {
+  return typeof d.recipient === 'string' ? [d.recipient] : Array.isArray(d.recipients) ? d.recipients : [];
+}
+
 /** A one-line description of an event. */
 export function summarize(event, model) {
   const d = event.data ?? {};
@@ -138,9 +143,12 @@ export function summarize(event, model) {
     case 'message_sent':
       return `${who(d.from)} → ${compact(d.to, 60)}: ${compact(d.payload ?? d.message?.payload, 120)}`;
     case 'message_delivered':
-      return `${who(d.from)} → ${(d.deliveredTo ?? []).map(who).join(', ')}: ${compact(d.payload ?? d.message?.payload, 120)}`;
+      // A multicast's one event lists every recipient and leaves the payload in message_sent.
+      return `${who(d.from)} → ${(d.deliveredTo ?? []).map(who).join(', ')}${d.payload !== undefined || d.message ? `: ${compact(d.payload ?? d.message?.payload, 120)}` : ''}`;
     case 'message_failed':
-      return `${who(d.from)} ↛ ${who(d.recipient)}: ${d.reason}`;
+      return `${who(d.from)} ↛ ${recipientsOf(d).map(who).join(', ')}: ${d.reason}`;
+    case 'message.queued':
+      return `${who(d.from)} ⇢ ${recipientsOf(d).map(who).join(', ')} (kept: ${d.reason})`;
     case 'agent_state_changed':
       return `${who(d.agentId)}: ${d.previousState} → ${d.newState}${d.reason ? ` (${d.reason})` : ''}${d.exitCode !== undefined ? ` exit ${d.exitCode}` : ''}${d.signal !== undefined ? ` signal ${d.signal}` : ''}`;
     case 'agent_registered':
@@ -245,7 +253,7 @@ export function collectMessages(events, limit) {
     } else if (m && e.type === 'message_delivered') {
       for (const r of d.deliveredTo ?? []) if (!m.delivered.includes(r)) m.delivered.push(r);
     } else if (m && e.type === 'message_failed') {
-      m.failed.push({ recipient: d.recipient, reason: d.reason });
+      for (const r of recipientsOf(d)) m.failed.push({ recipient: r, reason: d.reason });
     }
   }
   return [...byId.values()].filter((m) => m.eventId).slice(-limit);
