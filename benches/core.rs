@@ -17,6 +17,10 @@ use map_router::server::{Config, Server};
 use map_router::transport::in_process::InProcessLink;
 use serde_json::{json, Value};
 
+/// The binary's allocator (src/main.rs), so that the figure is the shipped router's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Sends in flight at most.
 const WINDOW: u64 = 64;
 
@@ -57,12 +61,17 @@ struct Setup {
 }
 
 async fn setup(k: usize, s: usize) -> Setup {
-    let server = Server::start(Config {
+    let mut config = Config {
         listen: Vec::new(),
         ..Config::default()
-    })
-    .await
-    .expect("server");
+    };
+    // Readers share the one thread with the router: let members fall behind by a whole
+    // sample rather than have messages refused as backlogged (which `run` would report).
+    config.router.pending_messages = 1 << 22;
+    // In-process links have no loopback exemption: lift the per-connection request rate.
+    config.limits.rate_per_connection = 0;
+    config.limits.rate_per_principal = 0;
+    let server = Server::start(config).await.expect("server");
     let mut publisher = connect(&server, "agent").await;
     call(
         &mut publisher,
@@ -121,9 +130,24 @@ async fn setup(k: usize, s: usize) -> Setup {
 /// Reads `n` notifications from a link; returns the link.
 async fn drain(mut link: InProcessLink, n: u64) -> InProcessLink {
     for _ in 0..n {
-        link.rx.next().await.expect("router up");
+        tokio::time::timeout(Duration::from_secs(30), link.rx.next())
+            .await
+            .expect("a delivery within 30 s")
+            .expect("router up");
     }
     link
+}
+
+/// Reads one `map/send` answer and checks that it reached all `k` members (a refused delivery
+/// would leave a reader waiting forever).
+async fn answer(publisher: &mut InProcessLink, k: usize) {
+    let text = tokio::time::timeout(Duration::from_secs(30), publisher.rx.next())
+        .await
+        .expect("an answer within 30 s")
+        .expect("router up");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let reached = v["result"]["delivered"].as_array().map_or(0, Vec::len);
+    assert_eq!(reached, k, "a send did not reach every member: {text}");
 }
 
 /// Sends `n` messages with at most [`WINDOW`] unanswered while every member and subscriber
@@ -147,12 +171,12 @@ async fn run(setup: &mut Setup, n: u64, next_id: &mut u64) -> Duration {
         publisher.tx.send(frame).await.expect("router up");
         in_flight += 1;
         while in_flight >= WINDOW {
-            publisher.rx.next().await.expect("router up");
+            answer(publisher, setup.k).await;
             in_flight -= 1;
         }
     }
     while in_flight > 0 {
-        publisher.rx.next().await.expect("router up");
+        answer(publisher, setup.k).await;
         in_flight -= 1;
     }
     let mut links = Vec::with_capacity(readers.len());

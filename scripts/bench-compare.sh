@@ -107,7 +107,7 @@ case_() {
           server_cpu_s: $cpu,
           server_cpu_us_per_unit: (
             (if .test == "fanout" then .deliveries
-             elif .test == "rtt" then .calls
+             elif .test == "rtt" then (.calls * 2) # one server runs both modes, `calls` each
              elif .test == "slow" then ((.baseline.deliveries // 0) + (.with_laggard.deliveries // 0))
              elif .test == "churn" then .sends
              else null end) as $units

@@ -13,7 +13,6 @@
 //! `map/agents/spawn` with a `command` goes to a [`ProcessSpawner`] that the server installs
 //! (the process supervisor): the router itself launches nothing.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -81,7 +80,7 @@ impl Entry {
 
 /// The method table.
 pub struct Dispatcher {
-    table: HashMap<&'static str, Entry>,
+    table: crate::router::ids::IdMap<&'static str, Entry>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -150,7 +149,7 @@ impl Dispatcher {
         use methods::session::*;
         use Answer::{AfterCommit, Pipelined};
         let mut d = Self {
-            table: HashMap::new(),
+            table: Default::default(),
         };
         // Sessions and authentication.
         d.add_verified::<Connect>(

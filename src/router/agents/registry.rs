@@ -4,7 +4,9 @@
 //! `router::agents` do). Listing order is registration order, which is also what pagination
 //! cursors encode.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::router::ids::IdMap;
 
 use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::ids::{AgentId, ParticipantId};
@@ -34,9 +36,9 @@ pub struct AgentRecord {
 /// All agents.
 #[derive(Debug, Default)]
 pub struct Registry {
-    agents: HashMap<AgentId, AgentRecord>,
+    agents: IdMap<AgentId, AgentRecord>,
     order: BTreeMap<u64, AgentId>,
-    by_owner: HashMap<ParticipantId, BTreeSet<AgentId>>,
+    by_owner: IdMap<ParticipantId, BTreeSet<AgentId>>,
     next_order: u64,
 }
 

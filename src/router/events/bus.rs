@@ -23,7 +23,6 @@
 //! Visibility is decided per delivery with `router::permissions`, so a change takes effect on
 //! the next event.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::protocol::capabilities::ParticipantType;
@@ -38,7 +37,7 @@ use crate::router::events::log::EventLog;
 use crate::router::events::log::EventRecord;
 use crate::router::events::log::Lookup;
 use crate::router::events::log::StoredRow;
-use crate::router::ids::ConnId;
+use crate::router::ids::{ConnId, IdMap};
 use crate::router::outbox::CausedBy;
 use crate::router::outbox::Delivery;
 use crate::router::outbox::Outbound;
@@ -177,7 +176,7 @@ impl DiskAccess {
 pub struct EventBus {
     /// The log.
     pub log: EventLog,
-    subs: HashMap<SubscriptionId, Subscription>,
+    subs: IdMap<SubscriptionId, Subscription>,
     disk: Option<DiskAccess>,
     /// What removed subscriptions delivered (the live ones count their own).
     retired: BusCounts,
@@ -199,7 +198,7 @@ pub struct BusCounts {
 
 /// Removes a subscription, keeping what it delivered in `retired`.
 fn retire(
-    subs: &mut HashMap<SubscriptionId, Subscription>,
+    subs: &mut IdMap<SubscriptionId, Subscription>,
     retired: &mut BusCounts,
     id: &SubscriptionId,
 ) -> Option<Subscription> {
@@ -214,7 +213,7 @@ impl EventBus {
     pub fn new(log: EventLog) -> Self {
         Self {
             log,
-            subs: HashMap::new(),
+            subs: IdMap::default(),
             disk: None,
             retired: BusCounts::default(),
             visible: None,

@@ -41,7 +41,7 @@ use crate::router::error::RouterError;
 use crate::router::events::log::Audience;
 use crate::router::events::log::EventDraft;
 use crate::router::events::log::FilterKeys;
-use crate::router::ids::ConnId;
+use crate::router::ids::{ConnId, IdSet};
 use crate::router::messaging::state::Outgoing;
 use crate::router::outbox::Outbound;
 use crate::router::outbox::PushError;
@@ -320,7 +320,7 @@ impl Router {
         let queueable = view.delivery_guaranteed();
         let mut delivered = Vec::new();
         let mut queued = Vec::new();
-        let mut reached: HashSet<ConnId> = HashSet::new();
+        let mut reached: IdSet<ConnId> = IdSet::default();
         // A send to a group records its outcomes as one event per outcome (and audience),
         // listing the recipients; a send to one agent keeps the per-recipient events the SDK
         // reads.

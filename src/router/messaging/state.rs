@@ -3,7 +3,7 @@
 //! recent deliveries that links a reply to the request it answers. The handlers are in
 //! [`super::ops`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde_json::value::RawValue;
@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use crate::protocol::ids::{AgentId, EventId, MessageId};
 use crate::protocol::json::RawJson;
 use crate::router::events::log::{Audience, FilterKeys};
+use crate::router::ids::IdMap;
 
 /// Most messages kept for one agent while it is away.
 pub const MAX_OFFLINE_MESSAGES: usize = 1000;
@@ -47,8 +48,8 @@ const DELIVERY_INDEX_CAP: usize = 16_384;
 /// docs/performance.md).
 #[derive(Debug, Default)]
 pub(crate) struct DeliveryIndex {
-    by_message: HashMap<MessageId, Vec<(Box<str>, EventId)>>,
-    by_correlation: HashMap<String, MessageId>,
+    by_message: IdMap<MessageId, Vec<(Box<str>, EventId)>>,
+    by_correlation: IdMap<String, MessageId>,
     /// Messages oldest first, with their correlation id.
     order: std::collections::VecDeque<(MessageId, Option<String>)>,
     /// Deliveries remembered in `by_message`.
@@ -112,7 +113,7 @@ impl DeliveryIndex {
 #[derive(Debug, Default)]
 pub(crate) struct Messaging {
     /// Messages kept for agents that are away, oldest first.
-    offline: HashMap<AgentId, VecDeque<Arc<Outgoing>>>,
+    offline: IdMap<AgentId, VecDeque<Arc<Outgoing>>>,
     /// Recent deliveries, for linking a reply to the request it answers.
     deliveries: DeliveryIndex,
 }

@@ -4,7 +4,9 @@
 //! events and check permissions. Membership is kept on both sides (scope → members here,
 //! agent → `Agent.scopes` in the registry); the handlers keep the two in step.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::router::ids::IdMap;
 
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
 use crate::protocol::scope::Scope;
@@ -27,7 +29,7 @@ pub struct ScopeRecord {
 /// All scopes.
 #[derive(Debug, Default)]
 pub struct Scopes {
-    scopes: HashMap<ScopeId, ScopeRecord>,
+    scopes: IdMap<ScopeId, ScopeRecord>,
     order: BTreeMap<u64, ScopeId>,
     next_order: u64,
 }

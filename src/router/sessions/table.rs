@@ -8,7 +8,9 @@
 //! This module owns the tables and their indexes; the state transitions (connect, disconnect,
 //! detach, resume) live in `router::sessions::ops`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::router::ids::IdMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -113,7 +115,7 @@ pub struct Conn {
 /// The attached connections, by id.
 #[derive(Debug, Default)]
 pub struct Conns {
-    by_id: HashMap<ConnId, Conn>,
+    by_id: IdMap<ConnId, Conn>,
 }
 
 impl Conns {
@@ -198,9 +200,9 @@ pub struct Session {
 /// All sessions and their indexes.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    by_id: HashMap<SessionId, Session>,
-    by_participant: HashMap<ParticipantId, SessionId>,
-    by_token: HashMap<String, SessionId>,
+    by_id: IdMap<SessionId, Session>,
+    by_participant: IdMap<ParticipantId, SessionId>,
+    by_token: IdMap<String, SessionId>,
 }
 
 impl Sessions {
