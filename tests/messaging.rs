@@ -679,3 +679,57 @@ async fn member_only_message_visibility_hides_scope_messages_from_outsiders() {
         "the scope message was not shown"
     );
 }
+
+/// A group send's outcome events are split by audience: a viewer who may not see a recipient
+/// (an agent with `system` visibility) gets an event listing only the recipients it may see,
+/// and never one naming the hidden agent; a system viewer gets both.
+#[tokio::test]
+async fn a_group_delivery_never_names_a_hidden_recipient_to_those_who_may_not_see_it() {
+    let (_server, url) = default_server().await;
+    let mut w = world(&url).await;
+    let mut h = WsClient::agent(
+        &url,
+        "hidden",
+        json!({"visibility": "system", "scopes": ["team"]}),
+    )
+    .await;
+    // A system participant sees (and so reaches) the hidden agent.
+    let mut sys = WsClient::system(&url).await;
+    let mut watcher = WsClient::system(&url).await;
+    let types = json!({"eventTypes": ["message_sent", "message_delivered"]});
+    let client_sub = w.cl.subscribe(types.clone()).await;
+    let system_sub = watcher.subscribe(types).await;
+
+    let r = sys.send(json!({"scope": "team"}), json!({"g": 1})).await;
+    assert_eq!(
+        sorted_strings(&r["delivered"]),
+        strings(&["a", "b", "hidden"])
+    );
+    assert_eq!(h.next_message().await["id"], r["messageId"]);
+
+    // The client: message_sent, then one message_delivered naming only `a` and `b`.
+    let sent = w.cl.next_event(&client_sub).await;
+    assert_eq!(sent["event"]["type"], json!("message_sent"));
+    let d = w.cl.next_event(&client_sub).await;
+    assert_eq!(d["event"]["type"], json!("message_delivered"));
+    assert_eq!(
+        sorted_strings(&d["event"]["data"]["deliveredTo"]),
+        strings(&["a", "b"])
+    );
+    w.cl.assert_no_event(&client_sub).await;
+
+    // The system viewer: both groups, one event each.
+    let sent = watcher.next_event(&system_sub).await;
+    assert_eq!(sent["event"]["type"], json!("message_sent"));
+    let mut groups = Vec::new();
+    for _ in 0..2 {
+        let d = watcher.next_event(&system_sub).await;
+        assert_eq!(d["event"]["type"], json!("message_delivered"));
+        assert_eq!(d["causedBy"], json!([sent["eventId"]]));
+        assert!(d["event"]["data"].get("payload").is_none());
+        groups.push(sorted_strings(&d["event"]["data"]["deliveredTo"]));
+    }
+    groups.sort();
+    assert_eq!(groups, vec![strings(&["a", "b"]), strings(&["hidden"])]);
+    watcher.assert_no_event(&system_sub).await;
+}
