@@ -730,15 +730,25 @@ async fn replay_all(c: &mut WsClient, after: Option<&str>) -> Vec<Value> {
 /// after each restart, every event the live subscriber was shown is in the log, every answered
 /// send has its `message_sent`, and no event id appears twice or out of order. (With
 /// `[storage] delivery = "live"` this test fails within a few rounds.)
+///
+/// `MAP_KILL9_ROUNDS` (at most 2 000) runs more rounds, as `scripts/kill9.sh` does;
+/// `MAP_KILL9_SEED` repeats the kill points of a printed seed.
 #[tokio::test]
 async fn kill_9_at_random_points_never_erases_what_a_subscriber_saw() {
-    const ROUNDS: usize = 20;
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    eprintln!("kill points seed: {seed}");
+    let env_number = |name: &str| {
+        std::env::var(name).ok().map(|v| {
+            v.parse::<u64>()
+                .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+        })
+    };
+    let rounds = env_number("MAP_KILL9_ROUNDS").map_or(20, |n| n.clamp(1, 2_000) as usize);
+    let seed = env_number("MAP_KILL9_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    }) | 1;
+    eprintln!("kill points seed: {seed}, {rounds} rounds");
     let mut rng = Rng(seed);
     let dir = TempDir::new("kill9-rounds");
     let data = dir.path.join("data");
@@ -746,7 +756,7 @@ async fn kill_9_at_random_points_never_erases_what_a_subscriber_saw() {
     let mut all_ids = std::collections::HashSet::new();
     let mut previous: Option<(Vec<String>, Vec<String>)> = None;
     let mut total_seen = 0;
-    for round in 0..=ROUNDS {
+    for round in 0..=rounds {
         let (mut child, url) = start_router(&data).await;
         // Check what the previous round left against what its observers saw.
         let mut c = WsClient::system(&url).await;
@@ -787,7 +797,7 @@ async fn kill_9_at_random_points_never_erases_what_a_subscriber_saw() {
             total_seen += seen.len();
         }
         mark = Some(last);
-        if round == ROUNDS {
+        if round == rounds {
             child.start_kill().unwrap();
             let _ = with_timeout(child.wait()).await;
             break;
@@ -840,7 +850,7 @@ async fn kill_9_at_random_points_never_erases_what_a_subscriber_saw() {
         previous = Some((seen, acked));
     }
     assert!(
-        total_seen > ROUNDS * 10,
-        "the subscribers saw the load: {total_seen} events in {ROUNDS} rounds"
+        total_seen > rounds * 10,
+        "the subscribers saw the load: {total_seen} events in {rounds} rounds"
     );
 }
