@@ -854,3 +854,35 @@ async fn kill_9_at_random_points_never_erases_what_a_subscriber_saw() {
         "the subscribers saw the load: {total_seen} events in {rounds} rounds"
     );
 }
+
+/// A client reads its own writes: a replay sent right after a send was answered shows that
+/// send's `message_sent`, every time. (Read-committed delivery learns of commits through a
+/// channel of its own, which could reach the router after the answer had left.)
+#[tokio::test]
+async fn a_replay_right_after_an_answer_shows_the_answered_send() {
+    let dir = TempDir::new("read-own-writes");
+    let (mut child, url) = start_router(&dir.path.join("data")).await;
+    let mut a = WsClient::agent(&url, "ryw-a", json!({})).await;
+    let _b = WsClient::agent(&url, "ryw-b", json!({})).await;
+    let mut last: Option<String> = None;
+    for i in 0..300 {
+        let r = a.send(json!({"agent": "ryw-b"}), json!({"i": i})).await;
+        let mut params = json!({"limit": 1000, "filter": {"eventTypes": ["message_sent"]}});
+        if let Some(id) = &last {
+            params["afterEventId"] = json!(id);
+        }
+        let page = a.ok("map/replay", params).await;
+        let events = page["events"].as_array().expect("events");
+        assert!(
+            events
+                .iter()
+                .any(|e| e["event"]["data"]["messageId"] == r["messageId"]),
+            "send {i}: its message_sent is not in a replay sent after its answer: {page}"
+        );
+        last = events
+            .last()
+            .map(|e| e["eventId"].as_str().unwrap().to_owned());
+    }
+    child.start_kill().unwrap();
+    let _ = with_timeout(child.wait()).await;
+}

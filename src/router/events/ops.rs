@@ -277,6 +277,7 @@ pub async fn replay(
         .transpose()?;
     let oldest = router
         .call(conn, Some(Capability::CanObserve), true, |r, _| {
+            r.sync_committed();
             Ok(r.bus.oldest_retained())
         })
         .await?;
@@ -365,6 +366,17 @@ impl Router {
     }
 
     /// Creates a pending subscription starting at `start` (default: the head).
+    /// Brings the visible head up to what the store has committed. Under read-committed
+    /// delivery the router hears of commits through `Command::Committed`, which can arrive
+    /// after the answer to a call whose events that commit holds; a replay sent after such an
+    /// answer must show them (a client reads its own writes).
+    pub(crate) fn sync_committed(&mut self) {
+        if let Some(store) = &self.store {
+            let upto = *store.committed().borrow();
+            self.bus.committed(upto, &self.registry);
+        }
+    }
+
     pub(crate) fn subscribe_at(
         &mut self,
         ctx: &Ctx,
