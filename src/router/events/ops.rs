@@ -365,7 +365,6 @@ impl Router {
         (seq > log.first_seq() || !store_has_older).then_some(seq)
     }
 
-    /// Creates a pending subscription starting at `start` (default: the head).
     /// Brings the visible head up to what the store has committed. Under read-committed
     /// delivery the router hears of commits through `Command::Committed`, which can arrive
     /// after the answer to a call whose events that commit holds; a replay sent after such an
@@ -377,6 +376,7 @@ impl Router {
         }
     }
 
+    /// Creates a pending subscription starting at `start` (default: the head).
     pub(crate) fn subscribe_at(
         &mut self,
         ctx: &Ctx,

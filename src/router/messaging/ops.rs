@@ -193,8 +193,8 @@ impl Router {
         caused_by: Vec<EventId>,
     ) -> Result<Delivered, RouterError> {
         let address = Address::parse_raw(&to).map_err(RouterError::InvalidParams)?;
-        let names_scope = matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
-        let multicast = address.is_multicast() || names_scope;
+        let multicast = address.is_multicast()
+            || matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
         // Outcomes are one event per recipient only when the address names one recipient.
         let aggregate = multicast || !address.names_one();
         if multicast && !self.session_has(caller, Capability::CanBroadcast) {
@@ -388,29 +388,51 @@ impl Router {
         recipient: &str,
         extra_cause: Option<EventId>,
     ) -> EventId {
-        let mut caused_by = vec![out.sent];
-        caused_by.extend(extra_cause);
-        let delivered = self.emit_traced(
-            EventDraft {
-                kind: EventType::MessageDelivered,
-                source: Some(out.from.clone()),
-                data: crate::router::core::to_json(&DeliveredData {
-                    message_id: &out.id,
-                    from: &out.from,
-                    delivered_to: [recipient],
-                    timestamp: out.timestamp,
-                    correlation_id: out.delivered_correlation.as_deref(),
-                    payload: out.payload_json.as_ref(),
-                    message: &out.message_json,
-                }),
-                caused_by,
-                keys: out.keys.clone(),
-                audience: out.audience.clone().and(self.recipient_audience(recipient)),
-            },
-            out.trace.as_ref(),
+        let data = crate::router::core::to_json(&DeliveredData {
+            message_id: &out.id,
+            from: &out.from,
+            delivered_to: [recipient],
+            timestamp: out.timestamp,
+            correlation_id: out.delivered_correlation.as_deref(),
+            payload: out.payload_json.as_ref(),
+            message: &out.message_json,
+        });
+        let audience = self.recipient_audience(recipient);
+        let delivered = self.emit_about(
+            out,
+            EventType::MessageDelivered,
+            data,
+            audience,
+            extra_cause,
         );
         self.remember_delivery(out, recipient, delivered);
         delivered
+    }
+
+    /// Emits an event about what became of `out` for some of its recipients: caused by its
+    /// `message_sent` (and `extra_cause`), with its filter keys and trace context, seen by
+    /// those who may see the message and `audience` (its recipients').
+    fn emit_about(
+        &mut self,
+        out: &Outgoing,
+        kind: EventType,
+        data: String,
+        audience: Audience,
+        extra_cause: Option<EventId>,
+    ) -> EventId {
+        let mut caused_by = vec![out.sent];
+        caused_by.extend(extra_cause);
+        self.emit_traced(
+            EventDraft {
+                kind,
+                source: Some(out.from.clone()),
+                data,
+                caused_by,
+                keys: out.keys.clone(),
+                audience: out.audience.clone().and(audience),
+            },
+            out.trace.as_ref(),
+        )
     }
 
     /// Emits the one event of a multicast's recipients with the same outcome and audience.
@@ -460,17 +482,7 @@ impl Router {
                 }),
             ),
         };
-        let event = self.emit_traced(
-            EventDraft {
-                kind,
-                source: Some(out.from.clone()),
-                data,
-                caused_by: vec![out.sent],
-                keys: out.keys.clone(),
-                audience: out.audience.clone().and(audience),
-            },
-            out.trace.as_ref(),
-        );
+        let event = self.emit_about(out, kind, data, audience, None);
         if outcome == Outcome::Delivered {
             for r in &recipients {
                 self.remember_delivery(out, r, event);
@@ -484,25 +496,17 @@ impl Router {
 
     /// Emits `message_failed` for one recipient.
     fn emit_failed(&mut self, out: &Outgoing, recipient: &str, reason: &str) {
-        self.emit_traced(
-            EventDraft {
-                kind: EventType::MessageFailed,
-                source: Some(out.from.clone()),
-                data: crate::router::core::to_json(&MessageFailedData {
-                    message_id: out.id.clone(),
-                    from: out.from.to_string(),
-                    to: out.to.clone(),
-                    recipient: Some(recipient.to_owned()),
-                    recipients: None,
-                    reason: reason.into(),
-                    code: ErrorCode::DELIVERY_FAILED.0,
-                }),
-                caused_by: vec![out.sent],
-                keys: out.keys.clone(),
-                audience: out.audience.clone().and(self.recipient_audience(recipient)),
-            },
-            out.trace.as_ref(),
-        );
+        let data = crate::router::core::to_json(&MessageFailedData {
+            message_id: out.id.clone(),
+            from: out.from.to_string(),
+            to: out.to.clone(),
+            recipient: Some(recipient.to_owned()),
+            recipients: None,
+            reason: reason.into(),
+            code: ErrorCode::DELIVERY_FAILED.0,
+        });
+        let audience = self.recipient_audience(recipient);
+        self.emit_about(out, EventType::MessageFailed, data, audience, None);
     }
 
     /// Whether an agent without a connection may get one back: orphaned within its grace
@@ -522,27 +526,15 @@ impl Router {
 
     /// Emits `message.queued` for a message kept for one agent that is away.
     fn emit_queued(&mut self, out: &Arc<Outgoing>, agent: &str) {
-        let agent = AgentId::from(agent);
-        self.emit_traced(
-            EventDraft {
-                kind: EventType::MessageQueued,
-                source: Some(out.from.clone()),
-                data: crate::router::core::to_json(&MessageQueuedData {
-                    message_id: out.id.clone(),
-                    from: out.from.to_string(),
-                    recipient: Some(agent.clone()),
-                    recipients: None,
-                    reason: "recipient_offline".into(),
-                }),
-                caused_by: vec![out.sent],
-                keys: out.keys.clone(),
-                audience: out
-                    .audience
-                    .clone()
-                    .and(self.recipient_audience(agent.as_str())),
-            },
-            out.trace.as_ref(),
-        );
+        let data = crate::router::core::to_json(&MessageQueuedData {
+            message_id: out.id.clone(),
+            from: out.from.to_string(),
+            recipient: Some(AgentId::from(agent)),
+            recipients: None,
+            reason: "recipient_offline".into(),
+        });
+        let audience = self.recipient_audience(agent);
+        self.emit_about(out, EventType::MessageQueued, data, audience, None);
     }
 
     /// Delivers what was kept for an agent that is back (resumed, reclaimed, restarted).
