@@ -209,6 +209,29 @@ impl Conn {
         Ok((c, id))
     }
 
+    /// An agent session whose agent joined `scope`.
+    async fn member(url: &str, name: &str, scope: &str) -> Res<Self> {
+        let (mut c, id) = Self::agent(url, name).await?;
+        c.call("map/scopes/join", json!({"scopeId": scope, "agentId": id}))
+            .await?;
+        Ok(c)
+    }
+
+    /// Creates a scope anyone may send to (`scopeId` `<prefix>-<pid>-<run>`; the reference
+    /// ignores it) and returns the id the server gave it.
+    async fn create_scope(&mut self, prefix: &str, run: u64) -> Res<String> {
+        let created = self
+            .call(
+                "map/scopes/create",
+                json!({"scopeId": format!("{prefix}-{}-{run}", std::process::id()), "name": prefix, "sendPolicy": "any"}),
+            )
+            .await?;
+        created["scope"]["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("scopes/create result without scope.id: {created}"))
+    }
+
     /// Sends a request and returns its result; notifications before the response are skipped.
     async fn call(&mut self, method: &str, params: Value) -> Res<Value> {
         let id = self.next_id;
@@ -455,24 +478,10 @@ async fn fanout(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration)
         let (c, _) = Conn::agent(url, &format!("bench-pub-{run}-{p}")).await?;
         publishers.push(c);
     }
-    let created = publishers[0]
-        .call(
-            "map/scopes/create",
-            json!({"scopeId": format!("bench-{}-{run}", std::process::id()), "name": "bench", "sendPolicy": "any"}),
-        )
-        .await?;
-    let scope = created["scope"]["id"]
-        .as_str()
-        .ok_or_else(|| format!("scopes/create result without scope.id: {created}"))?
-        .to_owned();
-    let agents = parallel(spec.agents, 32, |i| {
-        let scope = scope.clone();
-        async move {
-            let (mut c, id) = Conn::agent(url, &format!("bench-agent-{run}-{i}")).await?;
-            c.call("map/scopes/join", json!({"scopeId": scope, "agentId": id}))
-                .await?;
-            Res::Ok(c)
-        }
+    let scope = publishers[0].create_scope("bench", run).await?;
+    let scope_ref = &scope;
+    let agents = parallel(spec.agents, 32, |i| async move {
+        Conn::member(url, &format!("bench-agent-{run}-{i}"), scope_ref).await
     })
     .await
     .into_iter()
@@ -804,16 +813,7 @@ async fn churn(
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + limit;
     let (mut owner, _) = Conn::agent(url, &format!("churn-owner-{run}")).await?;
-    let created = owner
-        .call(
-            "map/scopes/create",
-            json!({"scopeId": format!("churn-{}-{run}", std::process::id()), "name": "churn", "sendPolicy": "any"}),
-        )
-        .await?;
-    let scope = created["scope"]["id"]
-        .as_str()
-        .ok_or_else(|| format!("scopes/create result without scope.id: {created}"))?
-        .to_owned();
+    let scope = owner.create_scope("churn", run).await?;
     let mut observer = Conn::session(url, "client", &format!("churn-observer-{run}")).await?;
     observer
         .call("map/subscribe", json!({"filter": {}}))
@@ -838,13 +838,7 @@ async fn churn(
         }
         let scope_ref = &scope;
         let members = parallel(spec.agents, 32, |i| async move {
-            let (mut c, id) = Conn::agent(url, &format!("churn-{run}-{wave}-{i}")).await?;
-            c.call(
-                "map/scopes/join",
-                json!({"scopeId": scope_ref, "agentId": id}),
-            )
-            .await?;
-            Res::Ok(c)
+            Conn::member(url, &format!("churn-{run}-{wave}-{i}"), scope_ref).await
         })
         .await
         .into_iter()
