@@ -589,6 +589,7 @@ fn sample_events() -> Vec<EventRecord> {
                 },
                 metadata: (i % 2 == 1).then(|| metadata.clone()),
                 work_session: (i % 2 == 0).then(|| Arc::from("w1")),
+                task_id: kind.is_task().then(|| Arc::from(["t1", "t2"][i % 2])),
             };
             rec
         })
@@ -670,6 +671,7 @@ fn loosenings(filter: &SubscriptionFilter) -> Vec<SubscriptionFilter> {
     drop(|f| {
         f.mail = None;
         f.trajectory = None;
+        f.tasks = None;
     });
     out
 }

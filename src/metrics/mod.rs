@@ -200,6 +200,8 @@ pub struct RouterGauges {
     pub process_restarts: u64,
     /// Trajectory checkpoints held.
     pub checkpoints: u64,
+    /// Tasks held (the tasks extension).
+    pub tasks: u64,
     /// The sequence number the next event gets.
     pub log_next_seq: u64,
 }
@@ -369,6 +371,7 @@ impl Collector for RouterCollector {
             "Trajectory checkpoints held",
             g.checkpoints,
         )?;
+        gauge(e, "tasks", "Tasks held (the tasks extension)", g.tasks)?;
         Ok(())
     }
 }

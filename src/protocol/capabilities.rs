@@ -122,6 +122,23 @@ pub struct TrajectoryCaps {
     pub can_request_content: Option<bool>,
 }
 
+/// `tasks` group (SDK `ParticipantCapabilities.tasks`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct TasksCaps {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_create: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_assign: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_update: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_list: Option<bool>,
+}
+
 /// `ParticipantCapabilities`. Groups we do not interpret (mail, tasks, ...) are kept verbatim in
 /// `other` so a client's declaration round-trips.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -142,6 +159,9 @@ pub struct ParticipantCapabilities {
     /// The trajectory extension.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trajectory: Option<TrajectoryCaps>,
+    /// The tasks extension.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TasksCaps>,
     /// Event stream features (server → client only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub streaming: Option<StreamingCaps>,
@@ -169,6 +189,10 @@ pub enum Capability {
     CanReportTrajectory,
     CanQueryTrajectory,
     CanRequestTrajectoryContent,
+    CanCreateTasks,
+    CanAssignTasks,
+    CanUpdateTasks,
+    CanListTasks,
 }
 
 impl Capability {
@@ -190,6 +214,10 @@ impl Capability {
             Self::CanReportTrajectory => "trajectory.canReport",
             Self::CanQueryTrajectory => "trajectory.canQuery",
             Self::CanRequestTrajectoryContent => "trajectory.canRequestContent",
+            Self::CanCreateTasks => "tasks.canCreate",
+            Self::CanAssignTasks => "tasks.canAssign",
+            Self::CanUpdateTasks => "tasks.canUpdate",
+            Self::CanListTasks => "tasks.canList",
         }
     }
 }
@@ -215,6 +243,10 @@ impl ParticipantCapabilities {
             Capability::CanRequestTrajectoryContent => {
                 self.trajectory.as_ref().and_then(|g| g.can_request_content)
             }
+            Capability::CanCreateTasks => self.tasks.as_ref().and_then(|g| g.can_create),
+            Capability::CanAssignTasks => self.tasks.as_ref().and_then(|g| g.can_assign),
+            Capability::CanUpdateTasks => self.tasks.as_ref().and_then(|g| g.can_update),
+            Capability::CanListTasks => self.tasks.as_ref().and_then(|g| g.can_list),
         };
         v.unwrap_or(false)
     }
@@ -257,6 +289,15 @@ impl ParticipantCapabilities {
                 can_report: Some(reg),
                 can_query: Some(obs),
                 can_request_content: Some(obs),
+            }),
+            // Every participant may list the tasks it may see; working on them is for those
+            // that may send (clients hand out work, agents and gateways do it).
+            tasks: Some(TasksCaps {
+                enabled: Some(true),
+                can_create: Some(send),
+                can_assign: Some(send),
+                can_update: Some(send),
+                can_list: Some(obs),
             }),
             streaming: None,
             other: serde_json::Map::new(),
@@ -302,6 +343,14 @@ impl ParticipantCapabilities {
             set(&mut g.can_query, o.can_query);
             set(&mut g.can_request_content, o.can_request_content);
         }
+        if let Some(o) = &over.tasks {
+            let g = self.tasks.get_or_insert_with(Default::default);
+            set(&mut g.enabled, o.enabled);
+            set(&mut g.can_create, o.can_create);
+            set(&mut g.can_assign, o.can_assign);
+            set(&mut g.can_update, o.can_update);
+            set(&mut g.can_list, o.can_list);
+        }
         self
     }
 
@@ -338,6 +387,12 @@ impl ParticipantCapabilities {
             narrow(&mut g.can_report, r.can_report);
             narrow(&mut g.can_query, r.can_query);
             narrow(&mut g.can_request_content, r.can_request_content);
+        }
+        if let (Some(g), Some(r)) = (self.tasks.as_mut(), requested.tasks.as_ref()) {
+            narrow(&mut g.can_create, r.can_create);
+            narrow(&mut g.can_assign, r.can_assign);
+            narrow(&mut g.can_update, r.can_update);
+            narrow(&mut g.can_list, r.can_list);
         }
         self
     }

@@ -74,11 +74,21 @@ pub enum EventType {
     PermissionsAgentUpdated,
     #[serde(rename = "trajectory.checkpoint")]
     TrajectoryCheckpoint,
+    #[serde(rename = "task.created")]
+    TaskCreated,
+    #[serde(rename = "task.assigned")]
+    TaskAssigned,
+    #[serde(rename = "task.status")]
+    TaskStatus,
+    #[serde(rename = "task.completed")]
+    TaskCompleted,
+    #[serde(rename = "task.updated")]
+    TaskUpdated,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 25] = [
+    pub const ALL: [EventType; 30] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -104,6 +114,11 @@ impl EventType {
         Self::PermissionsClientUpdated,
         Self::PermissionsAgentUpdated,
         Self::TrajectoryCheckpoint,
+        Self::TaskCreated,
+        Self::TaskAssigned,
+        Self::TaskStatus,
+        Self::TaskCompleted,
+        Self::TaskUpdated,
     ];
 
     /// The wire string.
@@ -134,6 +149,11 @@ impl EventType {
             Self::PermissionsClientUpdated => "permissions_client_updated",
             Self::PermissionsAgentUpdated => "permissions_agent_updated",
             Self::TrajectoryCheckpoint => "trajectory.checkpoint",
+            Self::TaskCreated => "task.created",
+            Self::TaskAssigned => "task.assigned",
+            Self::TaskStatus => "task.status",
+            Self::TaskCompleted => "task.completed",
+            Self::TaskUpdated => "task.updated",
         }
     }
 
@@ -165,7 +185,24 @@ impl EventType {
             Self::PermissionsClientUpdated => "permissions.client.updated",
             Self::PermissionsAgentUpdated => "permissions.agent.updated",
             Self::TrajectoryCheckpoint => "trajectory.checkpoint",
+            Self::TaskCreated => "task.created",
+            Self::TaskAssigned => "task.assigned",
+            Self::TaskStatus => "task.status",
+            Self::TaskCompleted => "task.completed",
+            Self::TaskUpdated => "task.updated",
         }
+    }
+
+    /// Whether this is a task event (the only kind a `tasks` filter can match).
+    pub fn is_task(self) -> bool {
+        matches!(
+            self,
+            Self::TaskCreated
+                | Self::TaskAssigned
+                | Self::TaskStatus
+                | Self::TaskCompleted
+                | Self::TaskUpdated
+        )
     }
 
     /// Whether this is a message event (the only kind `priorities` filters can match).
@@ -270,6 +307,19 @@ pub struct SubscriptionFilter {
     /// checkpoint's `agentId` and `sessionId` when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trajectory: Option<TrajectoryFilter>,
+    /// Tasks extension filter (ours): only `task.*` events match, narrowed to these task ids
+    /// when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TasksFilter>,
+}
+
+/// The `tasks` member of a subscription filter (this router's addition: the SDK has none).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TasksFilter {
+    /// Only events of these tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_ids: Option<Vec<String>>,
 }
 
 /// The `trajectory` member of a subscription filter (SDK `TrajectorySubscriptionFilter`).

@@ -93,13 +93,17 @@ impl ErrorCode {
     pub const CHECKPOINT_NOT_FOUND: Self = Self(13001);
     pub const CONTENT_UNAVAILABLE: Self = Self(13002);
     pub const TRAJECTORY_PERMISSION_DENIED: Self = Self(13004);
+    // Tasks extension (14xxx, `urn:map:ext:tasks:1`).
+    pub const TASK_NOT_FOUND: Self = Self(14001);
+    pub const TASK_ASSIGNMENT_FAILED: Self = Self(14002);
+    pub const TASK_PERMISSION_DENIED: Self = Self(14003);
     // Sessions extension (16xxx, `urn:map:ext:sessions:1`'s range; the codes are ours).
     pub const SESSION_NOT_FOUND: Self = Self(16000);
     pub const SESSION_IN_USE: Self = Self(16001);
 
     /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
     /// The fuzz property tests check that no other code ever reaches a peer.
-    pub const ALL: [Self; 32] = [
+    pub const ALL: [Self; 35] = [
         Self::PARSE_ERROR,
         Self::INVALID_REQUEST,
         Self::METHOD_NOT_FOUND,
@@ -130,6 +134,9 @@ impl ErrorCode {
         Self::CHECKPOINT_NOT_FOUND,
         Self::CONTENT_UNAVAILABLE,
         Self::TRAJECTORY_PERMISSION_DENIED,
+        Self::TASK_NOT_FOUND,
+        Self::TASK_ASSIGNMENT_FAILED,
+        Self::TASK_PERMISSION_DENIED,
         Self::SESSION_NOT_FOUND,
         Self::SESSION_IN_USE,
     ];
@@ -145,6 +152,7 @@ impl ErrorCode {
             4000..=4999 => ErrorCategory::Resource,
             5000..=5999 => ErrorCategory::Federation,
             13000..=13999 => ErrorCategory::Trajectory,
+            14000..=14999 => ErrorCategory::Task,
             16000..=16999 => ErrorCategory::Session,
             _ => ErrorCategory::Internal,
         }
@@ -165,6 +173,7 @@ pub enum ErrorCategory {
     Session,
     Mail,
     Trajectory,
+    Task,
     Internal,
 }
 

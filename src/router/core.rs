@@ -119,6 +119,8 @@ pub struct Router {
     pub(super) messaging: Messaging,
     /// Trajectory checkpoints and content requests waiting on agents.
     pub(super) trajectories: crate::router::trajectory::table::Trajectories,
+    /// The tasks extension's tasks.
+    pub(super) tasks: crate::router::tasks::table::Tasks,
     /// The trace context of the current call (`params._meta.traceparent`): stamped on its
     /// events that have none of their own.
     pub(super) call_trace: Option<crate::protocol::trace::TraceContext>,
@@ -174,6 +176,7 @@ impl Router {
             unflushed: Vec::new(),
             messaging: Messaging::default(),
             trajectories: Default::default(),
+            tasks: Default::default(),
             call_causes: Vec::new(),
             call_trace: None,
             counters: Default::default(),

@@ -233,6 +233,15 @@ impl Dispatcher {
                 |r| AfterReply::Frames(r.chunks.clone()),
             );
         }
+        // Tasks extension.
+        {
+            use methods::tasks::*;
+            d.add::<TasksCreate>(AfterCommit, Router::handle_tasks_create, nothing);
+            d.add::<TasksAssign>(AfterCommit, Router::handle_tasks_assign, nothing);
+            d.add::<TasksUpdate>(AfterCommit, Router::handle_tasks_update, nothing);
+            d.add::<TasksGet>(AfterCommit, Router::handle_tasks_get, nothing);
+            d.add::<TasksList>(AfterCommit, Router::handle_tasks_list, nothing);
+        }
         // Permissions.
         d.add::<methods::permissions::PermissionsUpdate>(
             AfterCommit,

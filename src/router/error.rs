@@ -81,6 +81,15 @@ pub enum RouterError {
     /// A trajectory operation on an agent the caller does not own.
     #[error("Permission denied: {0}")]
     TrajectoryDenied(String),
+    /// No task with that id that the caller may see.
+    #[error("Task not found: {0}")]
+    TaskNotFound(String),
+    /// A task cannot be assigned to that agent.
+    #[error("Task assignment failed: {0}")]
+    TaskAssignmentFailed(String),
+    /// A change to a task the caller may see but not modify.
+    #[error("Task permission denied: {0}")]
+    TaskDenied(String),
     /// The durable store failed.
     #[error("Storage error: {0}")]
     Storage(String),
@@ -138,6 +147,11 @@ impl RouterError {
             Self::TrajectoryDenied(_) => {
                 ErrorObject::new(ErrorCode::TRAJECTORY_PERMISSION_DENIED, msg)
             }
+            Self::TaskNotFound(_) => ErrorObject::new(ErrorCode::TASK_NOT_FOUND, msg),
+            Self::TaskAssignmentFailed(_) => {
+                ErrorObject::new(ErrorCode::TASK_ASSIGNMENT_FAILED, msg)
+            }
+            Self::TaskDenied(_) => ErrorObject::new(ErrorCode::TASK_PERMISSION_DENIED, msg),
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),

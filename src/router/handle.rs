@@ -262,6 +262,7 @@ impl Router {
         if let Some((store, recovered)) = parts.store {
             router.bus.log = EventLog::recover(config.retention, &recovered);
             router.trajectories = Trajectories::recover(&recovered.checkpoints);
+            router.tasks = crate::router::tasks::table::Tasks::recover(&recovered.tasks);
             if config.durability == Durability::Durable {
                 committed = Some(store.committed());
             }

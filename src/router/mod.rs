@@ -14,6 +14,7 @@
 //! - [`messaging`]: `map/send`, address resolution, offline queues, correlation, steering;
 //! - [`events`]: the append-only log, subscriptions with a cursor each, filters, replay;
 //! - [`trajectory`]: the trajectory extension's checkpoints and content requests;
+//! - [`tasks`]: the tasks extension's task board;
 //! - [`permissions`]: every permission decision, as pure functions.
 //!
 //! A new extension (tasks, mail, trajectory) is one more such part: a folder with its state and
@@ -46,6 +47,7 @@ pub mod reply;
 pub mod rpc;
 pub mod scopes;
 pub mod sessions;
+pub mod tasks;
 pub mod timers;
 pub mod trajectory;
 

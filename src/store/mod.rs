@@ -75,6 +75,8 @@ pub struct Recovered {
     /// The row of every stored `trajectory.checkpoint` event (the newest per checkpoint id),
     /// which retention does not trim.
     pub checkpoints: Vec<StoredRow>,
+    /// The row of every task's newest `task.*` event, which retention does not trim.
+    pub tasks: Vec<StoredRow>,
 }
 
 /// Where the event log is kept durably.

@@ -83,6 +83,9 @@ pub struct FilterKeys {
     /// filters; its agent is `agent_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub work_session: Option<Arc<str>>,
+    /// The task a `task.*` event is about, for `tasks` filters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<Arc<str>>,
 }
 
 /// A logged event.

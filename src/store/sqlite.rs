@@ -158,30 +158,61 @@ const META_NEXT_SEQ: &str = "next_seq";
 const META_LAST_ID: &str = "last_id";
 const META_LAST_TS: &str = "last_ts";
 
-/// The event type whose rows are also kept in `checkpoints`.
-const CHECKPOINT_KIND: &str = "trajectory.checkpoint";
-const CHECKPOINT_SQL: &str = "INSERT INTO checkpoints (checkpoint, seq, id, ts, kind, meta, json) \
+/// Rows also kept, the newest per key, in a table of their own that retention never trims:
+/// the trajectory extension's checkpoints and the tasks extension's tasks. Recovery reads the
+/// table back (`Recovered::checkpoints`, `Recovered::tasks`).
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    /// The table (its key column is named after `member`).
+    table: &'static str,
+    /// Whether an event type's rows are kept here.
+    kinds: fn(&str) -> bool,
+    /// The member of `data` whose `id` is the key.
+    member: &'static str,
+    /// The upsert.
+    sql: &'static str,
+    /// Where recovery puts the rows.
+    slot: fn(&mut Recovered) -> &mut Vec<StoredRow>,
+}
+
+const KEPT_CHECKPOINTS: Kept = Kept {
+    table: "checkpoints",
+    kinds: |k| k == "trajectory.checkpoint",
+    member: "checkpoint",
+    sql: "INSERT INTO checkpoints (checkpoint, seq, id, ts, kind, meta, json) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
      ON CONFLICT (checkpoint) DO UPDATE SET seq = excluded.seq, id = excluded.id, \
-     ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json";
+     ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json",
+    slot: |r| &mut r.checkpoints,
+};
 
-/// `data.checkpoint.id` of a checkpoint event's JSON.
-fn checkpoint_id(event_json: &str) -> Option<String> {
+const KEPT_TASKS: Kept = Kept {
+    table: "tasks",
+    kinds: |k| k.starts_with("task."),
+    member: "task",
+    sql: "INSERT INTO tasks (task, seq, id, ts, kind, meta, json) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+     ON CONFLICT (task) DO UPDATE SET seq = excluded.seq, id = excluded.id, \
+     ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json",
+    slot: |r| &mut r.tasks,
+};
+
+const KEPT: [Kept; 2] = [KEPT_CHECKPOINTS, KEPT_TASKS];
+
+/// `data.<member>.id` of an event's JSON.
+fn kept_key(event_json: &str, member: &str) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Id {
         id: String,
     }
     #[derive(serde::Deserialize)]
-    struct Data {
-        checkpoint: Id,
+    struct Event<'a> {
+        #[serde(borrow)]
+        data: std::collections::HashMap<std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue>,
     }
-    #[derive(serde::Deserialize)]
-    struct Event {
-        data: Data,
-    }
-    serde_json::from_str::<Event>(event_json)
-        .ok()
-        .map(|e| e.data.checkpoint.id)
+    let event: Event<'_> = serde_json::from_str(event_json).ok()?;
+    let raw = event.data.get(member)?;
+    serde_json::from_str::<Id>(raw.get()).ok().map(|i| i.id)
 }
 
 const INSERT_SQL: &str =
@@ -700,18 +731,23 @@ fn init_schema(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     // The trajectory extension's checkpoints: the row of each checkpoint's newest event, kept
     // apart from `events` so that retention never trims them (a file that predates it gets it
     // empty).
-    tx.execute_batch(
-        "CREATE TABLE IF NOT EXISTS checkpoints (
-             checkpoint TEXT PRIMARY KEY,
-             seq  INTEGER NOT NULL,
-             id   TEXT NOT NULL,
-             ts   INTEGER NOT NULL,
-             kind TEXT NOT NULL,
-             meta TEXT NOT NULL,
-             json TEXT NOT NULL
-         );",
-    )
-    .map_err(|e| sql_err(&context, e))?;
+    // The same for the tasks extension's tasks (`KEPT`).
+    for kept in KEPT {
+        let key = kept.member;
+        tx.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+                 {key} TEXT PRIMARY KEY,
+                 seq  INTEGER NOT NULL,
+                 id   TEXT NOT NULL,
+                 ts   INTEGER NOT NULL,
+                 kind TEXT NOT NULL,
+                 meta TEXT NOT NULL,
+                 json TEXT NOT NULL
+             );",
+            table = kept.table
+        ))
+        .map_err(|e| sql_err(&context, e))?;
+    }
     tx.commit().map_err(|e| sql_err(&context, e))
 }
 
@@ -807,12 +843,18 @@ fn recover(conn: &Connection, recent_rows: usize) -> Result<OpenState, StoreErro
     if recent_rows > 0 && recent_from < recovered.next_seq {
         recovered.recent = select_rows(conn, recent_from, recent_rows)?;
     }
-    recovered.checkpoints = query_rows(
-        conn,
-        "SELECT seq, id, ts, kind, meta, json FROM checkpoints ORDER BY seq",
-        &[],
-        1024,
-    )?;
+    for kept in KEPT {
+        let rows = query_rows(
+            conn,
+            &format!(
+                "SELECT seq, id, ts, kind, meta, json FROM {} ORDER BY seq",
+                kept.table
+            ),
+            &[],
+            1024,
+        )?;
+        *(kept.slot)(&mut recovered) = rows;
+    }
     Ok(OpenState {
         recovered,
         bytes: from_sql_int(bytes, "byte total")?,
@@ -1184,20 +1226,22 @@ impl Writer {
                 ])?;
             }
         }
-        for row in self.batch.iter().filter(|r| r.kind == CHECKPOINT_KIND) {
-            let Some(checkpoint) = checkpoint_id(&row.json) else {
-                tracing::warn!(event = %row.id, "a trajectory.checkpoint event without a checkpoint id");
-                continue;
-            };
-            tx.prepare_cached(CHECKPOINT_SQL)?.execute(params![
-                checkpoint,
-                sql_int(row.seq),
-                row.id,
-                sql_int(row.timestamp),
-                row.kind,
-                row.meta,
-                row.json
-            ])?;
+        for kept in KEPT {
+            for row in self.batch.iter().filter(|r| (kept.kinds)(&r.kind)) {
+                let Some(key) = kept_key(&row.json, kept.member) else {
+                    tracing::warn!(event = %row.id, kind = %row.kind, "an event without the id it is kept by");
+                    continue;
+                };
+                tx.prepare_cached(kept.sql)?.execute(params![
+                    key,
+                    sql_int(row.seq),
+                    row.id,
+                    sql_int(row.timestamp),
+                    row.kind,
+                    row.meta,
+                    row.json
+                ])?;
+            }
         }
         // On error the dropped transaction rolls back: nothing of the batch is in the file.
         tx.commit()

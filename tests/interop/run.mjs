@@ -1308,7 +1308,7 @@ scenario('errors: unknown methods are -32601', async (ctx) => {
   const c = await ctx.client();
   const e = await expectCode(c.conn.callExtension('map/nope', {}), -32601, 'map/nope');
   assert.match(e.message, /Method not found: map\/nope/);
-  await expectCode(c.conn.listTasks({}), -32601, 'map/tasks/list (not offered)');
+  await expectCode(c.conn.callExtension('map/resources/list', { type: 'x-workspace/repo' }), -32601, 'map/resources/list (not offered)');
   const a = await ctx.agent();
   await expectCode(a.call('map/agents/update/state', { agentId: a.id, state: 'busy' }), -32601, "MAPServer's non-standard name");
 });
@@ -1906,6 +1906,64 @@ scenario('trajectory: content is asked of the agent (onNotification / sendNotifi
   assert.equal(content.checkpointId, 'cp-content');
   assert.deepEqual(content.artifacts, { transcript: ['asked about cp-content'] });
   await expectCode(c.conn.callExtension('trajectory/content', { checkpointId: 'nope' }), 13001, 'unknown checkpoint');
+});
+
+// ---------------------------------------------------------------------------------------------
+// The tasks extension through the SDK's createTask / assignTask / updateTask / listTasks
+// (docs/tasks.md).
+
+scenario('tasks: create, assign, update and list through the SDK; task.* subscribers see every step', async (ctx) => {
+  const obs = await ctx.client({ name: 'observer' });
+  const w = await obs.watch({ eventTypes: ['task.*'] });
+  const a = await ctx.agent({ name: 'worker' });
+  const c = await ctx.client({ name: 'boss' });
+  const { task } = await c.conn.createTask({ task: { title: 'write it', meta: { z: 1, a: 2 } } });
+  assert.ok(task.id.startsWith('task-'), `generated id ${task.id}`);
+  assert.equal(task.status, 'open');
+  assert.deepEqual(Object.keys(task.meta), ['z', 'a'], 'meta as sent');
+  const created = await w.waitFor('task.created', (e) => e.data?.task?.id === task.id);
+  assert.deepEqual(created.data.task, task);
+  const { task: assigned } = await c.conn.assignTask(task.id, a.id);
+  assert.equal(assigned.assignee, a.id);
+  const asg = await w.waitFor('task.assigned', (e) => e.data?.taskId === task.id);
+  assert.equal(asg.data.agentId, a.id);
+  // The assignee works on it with the agent SDK's own calls.
+  const { task: started } = await a.conn.updateTask({ taskId: task.id, status: 'in_progress', meta: { step: 1 } });
+  assert.deepEqual(started.meta, { z: 1, a: 2, step: 1 }, 'meta merged shallowly');
+  const st = await w.waitFor('task.status', (e) => e.data?.taskId === task.id);
+  assert.equal(st.data.previous, 'open');
+  assert.equal(st.data.current, 'in_progress');
+  await a.conn.updateTask({ taskId: task.id, status: 'completed', meta: { result: 'done' } });
+  const done = await w.waitFor('task.completed', (e) => e.data?.taskId === task.id);
+  assert.equal(done.data.result, 'done');
+  const mine = await a.conn.listTasks({ filter: { assignee: a.id, status: ['completed'] } });
+  assert.deepEqual(mine.tasks.map((t) => t.id), [task.id]);
+  assert.equal(mine.hasMore, false);
+  await expectCode(c.conn.updateTask({ taskId: 'no-such-task', status: 'failed' }), 14001, 'unknown task');
+  await expectCode(c.conn.assignTask(task.id, 'no-such-agent'), 14002, 'unknown agent');
+  assert.equal(obs.result.capabilities?.tasks?.canList, true, 'capabilities.tasks');
+});
+
+scenario('tasks: every answered task is back after a router restart (kill -9)', async (ctx) => {
+  const dataDir = ctx.tempDir();
+  const first = await ctx.startRouter({ dataDir });
+  const c = await ctx.client({ name: 'boss', url: first.url });
+  const made = [];
+  for (let i = 1; i <= 3; i++) {
+    const { task } = await c.conn.createTask({ task: { id: `restart-task-${i}`, meta: { n: i } } });
+    made.push(task);
+  }
+  const { task: moved } = await c.conn.updateTask({ taskId: 'restart-task-2', status: 'blocked' });
+  await ctx.killRouter(first, 'SIGKILL');
+  const second = await ctx.startRouter({ dataDir });
+  const r = await ctx.client({ name: 'reader', url: second.url });
+  const page1 = await r.conn.listTasks({ limit: 2 });
+  assert.equal(page1.hasMore, true);
+  const page2 = await r.conn.listTasks({ limit: 2, cursor: page1.nextCursor });
+  assert.equal(page2.hasMore, false);
+  const back = [...page1.tasks, ...page2.tasks];
+  assert.deepEqual(back.map((t) => t.id), made.map((t) => t.id), 'every task, in creation order');
+  assert.deepEqual(back[1], moved, 'the newest state of a changed task');
 });
 
 scenario('trace: a traceparent in a message meta is stamped on its events as event._meta', async (ctx) => {

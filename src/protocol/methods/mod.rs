@@ -14,6 +14,7 @@ pub mod permissions;
 pub mod scopes;
 pub mod session;
 pub mod steering;
+pub mod tasks;
 pub mod trajectory;
 
 pub use method::Method;
@@ -72,6 +73,11 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<trajectory::TrajectoryList>();
     visit.visit::<trajectory::TrajectoryGet>();
     visit.visit::<trajectory::TrajectoryContent>();
+    visit.visit::<tasks::TasksCreate>();
+    visit.visit::<tasks::TasksAssign>();
+    visit.visit::<tasks::TasksUpdate>();
+    visit.visit::<tasks::TasksGet>();
+    visit.visit::<tasks::TasksList>();
 }
 
 /// Receives each method type from [`for_each_method`].

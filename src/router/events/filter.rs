@@ -17,7 +17,7 @@ type JsonMap = serde_json::Map<String, serde_json::Value>;
 #[derive(Debug, Clone, Default)]
 pub struct CompiledFilter {
     /// Bit i set = `EventType::ALL[i]` passes. `None` = every type.
-    types: Option<u32>,
+    types: Option<u64>,
     from_agents: Option<HashSet<String>>,
     from_roles: Option<HashSet<String>>,
     roles: Option<HashSet<String>>,
@@ -32,6 +32,8 @@ pub struct CompiledFilter {
     /// A `trajectory` extension filter: only `trajectory.*` events, of this agent and work
     /// session when given.
     trajectory: Option<(Option<String>, Option<String>)>,
+    /// A `tasks` filter: only `task.*` events, of these tasks when given.
+    tasks: Option<Option<HashSet<String>>>,
 }
 
 fn set(list: &Option<Vec<String>>) -> Option<HashSet<String>> {
@@ -54,7 +56,7 @@ impl CompiledFilter {
         };
         let types = match &f.event_types {
             Some(list) if !list.is_empty() => {
-                let mut mask = 0u32;
+                let mut mask = 0u64;
                 for pattern in list {
                     if pattern.is_empty() {
                         return Err(ErrorObject::invalid_params(
@@ -64,7 +66,7 @@ impl CompiledFilter {
                     let p = normalize_type(pattern);
                     for (i, t) in EventType::ALL.iter().enumerate() {
                         if type_matches(&p, t.normalized()) {
-                            mask |= 1 << i;
+                            mask |= 1u64 << i;
                         }
                     }
                 }
@@ -100,6 +102,7 @@ impl CompiledFilter {
                 .trajectory
                 .as_ref()
                 .map(|t| (t.agent_id.clone(), t.session_id.clone())),
+            tasks: f.tasks.as_ref().map(|t| set(&t.task_ids)),
         })
     }
 
@@ -130,12 +133,23 @@ impl CompiledFilter {
                 return false;
             }
         }
+        if let Some(ids) = &self.tasks {
+            if !rec.kind.is_task() {
+                return false;
+            }
+            if ids
+                .as_ref()
+                .is_some_and(|ids| rec.keys.task_id.as_deref().is_none_or(|t| !ids.contains(t)))
+            {
+                return false;
+            }
+        }
         if let Some(mask) = self.types {
             let idx = EventType::ALL
                 .iter()
                 .position(|t| *t == rec.kind)
-                .unwrap_or(31);
-            if mask & (1 << idx) == 0 {
+                .unwrap_or(63);
+            if mask & (1u64 << idx) == 0 {
                 return false;
             }
         }
@@ -214,6 +228,7 @@ impl CompiledFilter {
             && self.environment_match.is_none()
             && !self.mail_only
             && self.trajectory.is_none()
+            && self.tasks.is_none()
     }
 }
 

@@ -249,6 +249,7 @@ impl Router {
             correlation_ids: correlation.map(Arc::from).into_iter().collect(),
             metadata: None,
             work_session: None,
+            task_id: None,
         };
         // Seen only by those who may see the sender's agent (and, for `message_sent`, every
         // agent the address names).

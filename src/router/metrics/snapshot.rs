@@ -79,6 +79,7 @@ impl Router {
                 .collect(),
             process_restarts: self.counters.restarts,
             checkpoints: self.trajectories.len() as u64,
+            tasks: self.tasks.len() as u64,
             log_next_seq: self.bus.log.next_seq(),
         }
     }

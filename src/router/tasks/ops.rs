@@ -1,0 +1,410 @@
+//! Handlers of the tasks extension: create, assign, update, get, list.
+
+use std::sync::Arc;
+
+use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::event::EventType;
+use crate::protocol::ids::{now_ms, AgentId, EventId};
+use crate::protocol::json::RawJson;
+use crate::protocol::methods::tasks::{
+    AssignParams, AssignedData, CompletedData, CreateParams, CreatedData, GetParams, ListParams,
+    ListResult, StatusData, Task, TaskResult, TaskStatus, UpdateParams, UpdatedData,
+};
+use crate::router::caller::{Caller, Ctx};
+use crate::router::core::{to_json, Router};
+use crate::router::error::RouterError;
+use crate::router::events::log::{EventDraft, FilterKeys};
+use crate::router::permissions;
+use crate::router::tasks::table::Entry;
+use crate::store::record::Audience;
+
+/// Longest task id accepted.
+pub const MAX_ID_LEN: usize = 256;
+/// Default `map/tasks/list` page.
+pub const DEFAULT_PAGE: u32 = 100;
+/// Largest `map/tasks/list` page.
+pub const MAX_PAGE: u32 = 1000;
+
+impl Router {
+    /// Whether `caller` may see a task: system participants, its creator, and whoever its
+    /// newest event's audience (its assignee's, or everyone) admits.
+    fn sees_task(&self, caller: &Caller, e: &Entry) -> bool {
+        caller.kind == ParticipantType::System
+            || e.task.created_by.as_ref() == Some(&caller.participant)
+            || permissions::can_see_event(
+                &caller.viewer(),
+                EventType::TaskCreated.as_str(),
+                &e.audience,
+                e.task.assignee.as_ref(),
+                &self.registry,
+            )
+    }
+
+    /// A task the caller may see, else "not found" (existence does not leak).
+    fn visible_task(&self, caller: &Caller, id: &str) -> Result<Arc<Entry>, RouterError> {
+        self.tasks
+            .get(id)
+            .filter(|e| self.sees_task(caller, e))
+            .cloned()
+            .ok_or_else(|| RouterError::TaskNotFound(id.to_owned()))
+    }
+
+    /// Whether `caller` may change a task: system participants, its creator, and the owner of
+    /// its assignee.
+    fn may_change_task(&self, caller: &Caller, task: &Task) -> bool {
+        caller.kind == ParticipantType::System
+            || task.created_by.as_ref() == Some(&caller.participant)
+            || task
+                .assignee
+                .as_ref()
+                .is_some_and(|a| self.registry.is_owned_by(a, &caller.participant))
+    }
+
+    /// An agent a task can be assigned to: registered and visible to the caller.
+    fn assignable(&self, caller: &Caller, agent: &AgentId) -> Result<(), RouterError> {
+        self.visible_agent(caller, agent).map(|_| ()).map_err(|_| {
+            RouterError::TaskAssignmentFailed(format!(
+                "agent {agent} is not registered or not visible to this session"
+            ))
+        })
+    }
+
+    /// Who may see a task's events: its assignee's audience, or everyone when unassigned.
+    fn task_audience(&self, task: &Task) -> Audience {
+        match &task.assignee {
+            None => Audience::Everyone,
+            Some(a) => match self.registry.get(a) {
+                Some(rec) => permissions::agent_audience(
+                    &rec.agent,
+                    &self.registry,
+                    &self.config.permissions,
+                ),
+                // Assigned to an agent that is gone: as private as an unknown agent's events.
+                None => Audience::System,
+            },
+        }
+    }
+
+    /// Emits one `task.*` event about `task`, caused by `caller`, and returns its id.
+    fn emit_task_event(
+        &mut self,
+        caller: &Caller,
+        kind: EventType,
+        data: String,
+        task: &Task,
+        audience: Audience,
+        caused_by: Vec<EventId>,
+    ) -> EventId {
+        let role: Option<Arc<str>> = task
+            .assignee
+            .as_ref()
+            .and_then(|a| self.registry.get(a))
+            .and_then(|r| r.agent.role.as_deref())
+            .map(Arc::from);
+        self.emit(EventDraft {
+            kind,
+            source: Some(caller.address()),
+            data,
+            caused_by,
+            keys: FilterKeys {
+                agent_id: task.assignee.clone(),
+                subject_role: role,
+                task_id: Some(Arc::from(task.id.as_str())),
+                ..FilterKeys::default()
+            },
+            audience,
+        })
+    }
+
+    /// Stores `task` with its audience.
+    fn keep_task(&mut self, task: &Task, audience: Audience) {
+        self.tasks.put(Entry {
+            task: task.clone(),
+            audience,
+        });
+    }
+
+    /// `map/tasks/create`: stores the task and emits `task.created`.
+    ///
+    /// # Errors
+    /// `InvalidParams` for an empty, overlong or taken id, or a `meta` that is not an object;
+    /// `TaskAssignmentFailed` (14002) for an assignee the caller may not see.
+    pub fn handle_tasks_create(
+        &mut self,
+        ctx: &Ctx,
+        p: CreateParams,
+    ) -> Result<TaskResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let input = p.task;
+        let id = match input.id {
+            Some(id) => {
+                if id.is_empty() || id.len() > MAX_ID_LEN {
+                    return Err(RouterError::InvalidParams(format!(
+                        "task.id must be 1 to {MAX_ID_LEN} bytes"
+                    )));
+                }
+                if self.tasks.get(&id).is_some() {
+                    return Err(RouterError::InvalidParams(format!(
+                        "task id {id} is already taken"
+                    )));
+                }
+                id
+            }
+            None => format!("task-{}", crate::protocol::ids::Ulid::random()),
+        };
+        check_meta(input.meta.as_ref())?;
+        if let Some(a) = &input.assignee {
+            self.assignable(&caller, a)?;
+        }
+        let now = now_ms();
+        let task = Task {
+            id,
+            assignee: input.assignee,
+            title: input.title,
+            status: input.status.unwrap_or_default(),
+            description: input.description,
+            meta: input.meta,
+            created_by: Some(caller.participant.clone()),
+            created_at: now,
+            updated_at: now,
+        };
+        let audience = self.task_audience(&task);
+        let data = to_json(&CreatedData { task: task.clone() });
+        self.emit_task_event(
+            &caller,
+            EventType::TaskCreated,
+            data,
+            &task,
+            audience.clone(),
+            Vec::new(),
+        );
+        self.keep_task(&task, audience);
+        Ok(TaskResult { task })
+    }
+
+    /// `map/tasks/assign`: sets the assignee and emits `task.assigned` (nothing when it is
+    /// already that agent).
+    ///
+    /// # Errors
+    /// `TaskNotFound` (14001); `TaskAssignmentFailed` (14002) for an agent the caller may not
+    /// see; `TaskDenied` (14003) when the caller may not change the task (and is not claiming
+    /// an unassigned one for an agent of its own).
+    pub fn handle_tasks_assign(
+        &mut self,
+        ctx: &Ctx,
+        p: AssignParams,
+    ) -> Result<TaskResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let e = self.visible_task(&caller, &p.task_id)?;
+        self.assignable(&caller, &p.agent_id)?;
+        let claim = e.task.assignee.is_none()
+            && self.registry.is_owned_by(&p.agent_id, &caller.participant);
+        if !claim && !self.may_change_task(&caller, &e.task) {
+            return Err(RouterError::TaskDenied(format!(
+                "task {} is not this session's to assign",
+                p.task_id
+            )));
+        }
+        if e.task.assignee.as_ref() == Some(&p.agent_id) {
+            return Ok(TaskResult {
+                task: e.task.clone(),
+            });
+        }
+        let mut task = e.task.clone();
+        task.assignee = Some(p.agent_id.clone());
+        task.updated_at = now_ms();
+        let audience = self.task_audience(&task);
+        let data = to_json(&AssignedData {
+            task_id: task.id.clone(),
+            agent_id: p.agent_id,
+            task: task.clone(),
+        });
+        self.emit_task_event(
+            &caller,
+            EventType::TaskAssigned,
+            data,
+            &task,
+            audience.clone(),
+            Vec::new(),
+        );
+        self.keep_task(&task, audience);
+        Ok(TaskResult { task })
+    }
+
+    /// `map/tasks/update`: changes the fields given (`meta` shallow-merged) and emits
+    /// `task.status` (then `task.completed` when it became completed) or `task.updated`;
+    /// nothing when nothing changed.
+    ///
+    /// # Errors
+    /// `TaskNotFound` (14001); `TaskAssignmentFailed` (14002) for a new assignee the caller may
+    /// not see; `TaskDenied` (14003) when the caller may not change the task; `InvalidParams`
+    /// for a `meta` that is not an object.
+    pub fn handle_tasks_update(
+        &mut self,
+        ctx: &Ctx,
+        p: UpdateParams,
+    ) -> Result<TaskResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let e = self.visible_task(&caller, &p.task_id)?;
+        if !self.may_change_task(&caller, &e.task) {
+            return Err(RouterError::TaskDenied(format!(
+                "task {} is not this session's to change",
+                p.task_id
+            )));
+        }
+        check_meta(p.meta.as_ref())?;
+        if let Some(Some(a)) = &p.assignee {
+            self.assignable(&caller, a)?;
+        }
+        let before = &e.task;
+        let mut task = before.clone();
+        if let Some(s) = p.status {
+            task.status = s;
+        }
+        if let Some(t) = p.title {
+            task.title = Some(t);
+        }
+        if let Some(d) = p.description {
+            task.description = Some(d);
+        }
+        if let Some(a) = p.assignee {
+            task.assignee = a;
+        }
+        if let Some(changes) = p.meta {
+            task.meta = Some(match &task.meta {
+                Some(old) => old.merged(&changes).unwrap_or(changes),
+                None => changes,
+            });
+        }
+        if task == *before {
+            return Ok(TaskResult { task });
+        }
+        task.updated_at = now_ms();
+        let audience = self.task_audience(&task);
+        if task.status != before.status {
+            let data = to_json(&StatusData {
+                task_id: task.id.clone(),
+                previous: before.status,
+                current: task.status,
+                task: task.clone(),
+            });
+            let status_event = self.emit_task_event(
+                &caller,
+                EventType::TaskStatus,
+                data,
+                &task,
+                audience.clone(),
+                Vec::new(),
+            );
+            if task.status == TaskStatus::Completed {
+                let result = task
+                    .meta
+                    .as_ref()
+                    .and_then(|m| m.members())
+                    .and_then(|m| m.get("result").map(|r| r.get().to_owned()))
+                    .and_then(|text| RawJson::from_text(text).ok());
+                let data = to_json(&CompletedData {
+                    task_id: task.id.clone(),
+                    result,
+                    task: task.clone(),
+                });
+                self.emit_task_event(
+                    &caller,
+                    EventType::TaskCompleted,
+                    data,
+                    &task,
+                    audience.clone(),
+                    vec![status_event],
+                );
+            }
+        } else {
+            let data = to_json(&UpdatedData {
+                task_id: task.id.clone(),
+                task: task.clone(),
+            });
+            self.emit_task_event(
+                &caller,
+                EventType::TaskUpdated,
+                data,
+                &task,
+                audience.clone(),
+                Vec::new(),
+            );
+        }
+        self.keep_task(&task, audience);
+        Ok(TaskResult { task })
+    }
+
+    /// `map/tasks/get`.
+    ///
+    /// # Errors
+    /// `TaskNotFound` (14001) for an unknown task or one the caller may not see.
+    pub fn handle_tasks_get(&mut self, ctx: &Ctx, p: GetParams) -> Result<TaskResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let e = self.visible_task(&caller, &p.task_id)?;
+        Ok(TaskResult {
+            task: e.task.clone(),
+        })
+    }
+
+    /// `map/tasks/list`: creation order, only what the caller may see.
+    ///
+    /// # Errors
+    /// `InvalidParams` for a cursor that names no task the caller may see.
+    pub fn handle_tasks_list(
+        &mut self,
+        ctx: &Ctx,
+        p: ListParams,
+    ) -> Result<ListResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
+        let filter = p.filter.unwrap_or_default();
+        let after = match &p.cursor {
+            Some(c) => Some(
+                self.visible_task(&caller, c)
+                    .map_err(|_| RouterError::InvalidParams(format!("unknown cursor {c:?}")))?
+                    .key(),
+            ),
+            None => None,
+        };
+        let mut tasks = Vec::new();
+        let mut has_more = false;
+        for e in self.tasks.in_order(after.as_ref()) {
+            let t = &e.task;
+            if filter
+                .assignee
+                .as_ref()
+                .is_some_and(|a| t.assignee.as_ref() != Some(a))
+                || filter.status.as_ref().is_some_and(|s| !s.admits(t.status))
+                || !self.sees_task(&caller, e)
+            {
+                continue;
+            }
+            if tasks.len() == limit {
+                has_more = true;
+                break;
+            }
+            tasks.push(t.clone());
+        }
+        let next_cursor = if has_more {
+            tasks.last().map(|t: &Task| t.id.clone())
+        } else {
+            None
+        };
+        Ok(ListResult {
+            tasks,
+            has_more,
+            next_cursor,
+        })
+    }
+}
+
+/// A task's `meta` must be an object.
+fn check_meta(meta: Option<&RawJson>) -> Result<(), RouterError> {
+    match meta {
+        Some(m) if !m.is_object() => Err(RouterError::InvalidParams(
+            "task meta must be an object".into(),
+        )),
+        _ => Ok(()),
+    }
+}
