@@ -590,6 +590,14 @@ fn sample_events() -> Vec<EventRecord> {
                 metadata: (i % 2 == 1).then(|| metadata.clone()),
                 work_session: (i % 2 == 0).then(|| Arc::from("w1")),
                 task_id: kind.is_task().then(|| Arc::from(["t1", "t2"][i % 2])),
+                mail: kind.is_mail().then(|| {
+                    Arc::new(crate::store::record::MailKeys {
+                        conversation_id: ["c1", "c2"][i % 2].into(),
+                        thread_id: (i % 3 == 0).then(|| "th1".into()),
+                        participant_id: Some(["a1", "a2"][i % 2].into()),
+                        content_type: (i % 2 == 0).then(|| "text".into()),
+                    })
+                }),
             };
             rec
         })

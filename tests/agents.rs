@@ -1120,3 +1120,39 @@ async fn scope_visibility_shows_agents_to_participants_sharing_a_scope() {
         "hidden member filtered"
     );
 }
+
+#[tokio::test]
+async fn presence_follows_the_connection_not_the_registration() {
+    let (_server, url) = default_server().await;
+    let mut watcher = WsClient::system(&url).await;
+    let sub = watcher
+        .subscribe(json!({"eventTypes": ["agent.presence.changed"]}))
+        .await;
+    let before = map_router::protocol::ids::now_ms();
+    let a = WsClient::agent(&url, "p1", json!({})).await;
+    let got = watcher.ok("map/agents/get", json!({"agentId": "p1"})).await;
+    assert_eq!(got["agent"]["presence"]["status"], json!("online"), "{got}");
+    assert!(got["agent"]["presence"]["since"].as_u64().unwrap() >= before);
+    assert!(got["agent"]["presence"].get("lastSeen").is_none(), "{got}");
+    // Registration is its own event: no presence event for it.
+    watcher.assert_no_event(&sub).await;
+
+    a.drop_abruptly();
+    let ev = watcher.next_event(&sub).await;
+    assert_eq!(ev["event"]["data"]["agentId"], json!("p1"));
+    assert_eq!(ev["event"]["data"]["status"], json!("offline"));
+    let last_seen = ev["event"]["data"]["lastSeen"].as_u64().unwrap();
+    assert!(last_seen >= before);
+    // Still registered, and offline.
+    let got = watcher.ok("map/agents/get", json!({"agentId": "p1"})).await;
+    assert_eq!(got["agent"]["state"], json!("orphaned"));
+    assert_eq!(got["agent"]["presence"]["status"], json!("offline"));
+    assert_eq!(got["agent"]["presence"]["lastSeen"], json!(last_seen));
+
+    // Re-registering the id (what the SDK's reconnect does) brings it back online.
+    let _a = WsClient::agent(&url, "p1", json!({})).await;
+    let ev = watcher.next_event(&sub).await;
+    assert_eq!(ev["event"]["data"]["status"], json!("online"));
+    let got = watcher.ok("map/agents/get", json!({"agentId": "p1"})).await;
+    assert_eq!(got["agent"]["presence"]["status"], json!("online"));
+}

@@ -78,6 +78,7 @@ async fn act(url: &str) -> Vec<&'static str> {
         "scope_member_left",
         "participant_disconnected",
         "agent_orphaned",
+        "agent.presence.changed",
     ]
 }
 
@@ -220,6 +221,7 @@ async fn event_type_filters_accept_both_spellings_and_wildcards() {
                 "agent_registered",
                 "agent_unregistered",
                 "agent_orphaned",
+                "agent.presence.changed",
             ],
         ),
         (
@@ -861,7 +863,14 @@ async fn a_transport_loss_orphans_agents_and_reregistering_reclaims_them() {
         assert_eq!(ev["event"]["type"], json!("agent_orphaned"));
         assert_eq!(ev["causedBy"], json!([disc["eventId"]]));
         assert_eq!(ev["event"]["data"]["previousOwner"], json!(pid));
-        orphaned.push(ev["event"]["data"]["agentId"].as_str().unwrap().to_owned());
+        let agent = ev["event"]["data"]["agentId"].as_str().unwrap().to_owned();
+        // Each orphaning takes the agent offline.
+        let presence = obs.next_event(&sub).await;
+        assert_eq!(presence["event"]["type"], json!("agent.presence.changed"));
+        assert_eq!(presence["event"]["data"]["agentId"], json!(agent));
+        assert_eq!(presence["event"]["data"]["status"], json!("offline"));
+        assert_eq!(presence["causedBy"], json!([ev["eventId"]]));
+        orphaned.push(agent);
     }
     orphaned.sort();
     assert_eq!(orphaned, strings(&["tl-1", "tl-2"]));

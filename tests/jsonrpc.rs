@@ -184,7 +184,7 @@ async fn unknown_methods_get_the_sdk_message_before_and_after_connect() {
     );
     for method in [
         "map/federation/connect",
-        "mail/create",
+        "workspace/list",
         "map/resources/list",
     ] {
         assert_eq!(

@@ -510,6 +510,7 @@ impl World {
         let mut want = vec!["participant_disconnected"];
         if self.agents[n].registered {
             want.push("agent_orphaned");
+            want.push("agent.presence.changed");
         }
         assert_eq!(types(&events), want);
     }
@@ -543,11 +544,16 @@ impl World {
             "{t:?}"
         );
         assert_eq!(
+            count("agent.presence.changed"),
+            usize::from(registered),
+            "back online: {t:?}"
+        );
+        assert_eq!(
             count("message_delivered"),
             queued,
             "kept messages delivered: {t:?}"
         );
-        assert_eq!(t.len(), 1 + usize::from(registered) + queued, "{t:?}");
+        assert_eq!(t.len(), 1 + 2 * usize::from(registered) + queued, "{t:?}");
     }
 
     async fn subscribe(&mut self, n: usize, filter: FilterKind, system: bool, acks: bool) {

@@ -202,6 +202,8 @@ pub struct RouterGauges {
     pub checkpoints: u64,
     /// Tasks held (the tasks extension).
     pub tasks: u64,
+    /// Conversations held (the mail extension).
+    pub conversations: u64,
     /// The sequence number the next event gets.
     pub log_next_seq: u64,
 }
@@ -372,6 +374,12 @@ impl Collector for RouterCollector {
             g.checkpoints,
         )?;
         gauge(e, "tasks", "Tasks held (the tasks extension)", g.tasks)?;
+        gauge(
+            e,
+            "conversations",
+            "Conversations held (the mail extension)",
+            g.conversations,
+        )?;
         Ok(())
     }
 }

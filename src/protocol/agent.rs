@@ -213,6 +213,53 @@ pub struct Agent {
     /// Free-form metadata, exactly as the agent (or its updates) wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<RawJson>,
+    /// Whether the agent is connected now, and since when (ours; `docs/compatibility.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence: Option<Presence>,
+}
+
+/// `online` or `offline`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(missing_docs)]
+pub enum PresenceStatus {
+    Online,
+    Offline,
+}
+
+/// An agent's presence: online while the session that owns it is attached to a live
+/// connection; offline from the moment it is orphaned (its connection lost) until it is
+/// reclaimed. Registered is not online: an orphaned agent is registered and offline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Presence {
+    /// Online or offline.
+    pub status: PresenceStatus,
+    /// Unix ms when this status began.
+    pub since: u64,
+    /// Unix ms when the agent was last connected (offline only: the moment it went away).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<u64>,
+}
+
+impl Presence {
+    /// Online from `now`.
+    pub fn online(now: u64) -> Self {
+        Self {
+            status: PresenceStatus::Online,
+            since: now,
+            last_seen: None,
+        }
+    }
+
+    /// Offline from `now`, last seen then.
+    pub fn offline(now: u64) -> Self {
+        Self {
+            status: PresenceStatus::Offline,
+            since: now,
+            last_seen: Some(now),
+        }
+    }
 }
 
 impl Agent {
@@ -237,6 +284,7 @@ impl Agent {
             capability_descriptor: None,
             persistent_identity: None,
             metadata: None,
+            presence: None,
         }
     }
 }

@@ -139,7 +139,26 @@ pub struct TasksCaps {
     pub can_list: Option<bool>,
 }
 
-/// `ParticipantCapabilities`. Groups we do not interpret (mail, tasks, ...) are kept verbatim in
+/// `mail` group (SDK `ParticipantCapabilities.mail`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct MailCaps {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_create: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_join: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_invite: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_view_history: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_create_threads: Option<bool>,
+}
+
+/// `ParticipantCapabilities`. Groups we do not interpret (workspace, resources, ...) are kept verbatim in
 /// `other` so a client's declaration round-trips.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -162,6 +181,9 @@ pub struct ParticipantCapabilities {
     /// The tasks extension.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tasks: Option<TasksCaps>,
+    /// The mail extension.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mail: Option<MailCaps>,
     /// Event stream features (server → client only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub streaming: Option<StreamingCaps>,
@@ -193,6 +215,11 @@ pub enum Capability {
     CanAssignTasks,
     CanUpdateTasks,
     CanListTasks,
+    CanCreateConversations,
+    CanJoinConversations,
+    CanInviteToConversations,
+    CanViewConversationHistory,
+    CanCreateThreads,
 }
 
 impl Capability {
@@ -218,6 +245,11 @@ impl Capability {
             Self::CanAssignTasks => "tasks.canAssign",
             Self::CanUpdateTasks => "tasks.canUpdate",
             Self::CanListTasks => "tasks.canList",
+            Self::CanCreateConversations => "mail.canCreate",
+            Self::CanJoinConversations => "mail.canJoin",
+            Self::CanInviteToConversations => "mail.canInvite",
+            Self::CanViewConversationHistory => "mail.canViewHistory",
+            Self::CanCreateThreads => "mail.canCreateThreads",
         }
     }
 }
@@ -247,6 +279,13 @@ impl ParticipantCapabilities {
             Capability::CanAssignTasks => self.tasks.as_ref().and_then(|g| g.can_assign),
             Capability::CanUpdateTasks => self.tasks.as_ref().and_then(|g| g.can_update),
             Capability::CanListTasks => self.tasks.as_ref().and_then(|g| g.can_list),
+            Capability::CanCreateConversations => self.mail.as_ref().and_then(|g| g.can_create),
+            Capability::CanJoinConversations => self.mail.as_ref().and_then(|g| g.can_join),
+            Capability::CanInviteToConversations => self.mail.as_ref().and_then(|g| g.can_invite),
+            Capability::CanViewConversationHistory => {
+                self.mail.as_ref().and_then(|g| g.can_view_history)
+            }
+            Capability::CanCreateThreads => self.mail.as_ref().and_then(|g| g.can_create_threads),
         };
         v.unwrap_or(false)
     }
@@ -298,6 +337,16 @@ impl ParticipantCapabilities {
                 can_assign: Some(send),
                 can_update: Some(send),
                 can_list: Some(obs),
+            }),
+            // Conversations: whoever may send takes part in them; whoever may observe reads
+            // the ones it takes part in.
+            mail: Some(MailCaps {
+                enabled: Some(true),
+                can_create: Some(send),
+                can_join: Some(send),
+                can_invite: Some(send),
+                can_view_history: Some(obs),
+                can_create_threads: Some(send),
             }),
             streaming: None,
             other: serde_json::Map::new(),
@@ -351,6 +400,15 @@ impl ParticipantCapabilities {
             set(&mut g.can_update, o.can_update);
             set(&mut g.can_list, o.can_list);
         }
+        if let Some(o) = &over.mail {
+            let g = self.mail.get_or_insert_with(Default::default);
+            set(&mut g.enabled, o.enabled);
+            set(&mut g.can_create, o.can_create);
+            set(&mut g.can_join, o.can_join);
+            set(&mut g.can_invite, o.can_invite);
+            set(&mut g.can_view_history, o.can_view_history);
+            set(&mut g.can_create_threads, o.can_create_threads);
+        }
         self
     }
 
@@ -393,6 +451,13 @@ impl ParticipantCapabilities {
             narrow(&mut g.can_assign, r.can_assign);
             narrow(&mut g.can_update, r.can_update);
             narrow(&mut g.can_list, r.can_list);
+        }
+        if let (Some(g), Some(r)) = (self.mail.as_mut(), requested.mail.as_ref()) {
+            narrow(&mut g.can_create, r.can_create);
+            narrow(&mut g.can_join, r.can_join);
+            narrow(&mut g.can_invite, r.can_invite);
+            narrow(&mut g.can_view_history, r.can_view_history);
+            narrow(&mut g.can_create_threads, r.can_create_threads);
         }
         self
     }

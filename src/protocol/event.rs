@@ -84,11 +84,25 @@ pub enum EventType {
     TaskCompleted,
     #[serde(rename = "task.updated")]
     TaskUpdated,
+    #[serde(rename = "agent.presence.changed")]
+    AgentPresenceChanged,
+    #[serde(rename = "mail.created")]
+    MailCreated,
+    #[serde(rename = "mail.closed")]
+    MailClosed,
+    #[serde(rename = "mail.participant.joined")]
+    MailParticipantJoined,
+    #[serde(rename = "mail.participant.left")]
+    MailParticipantLeft,
+    #[serde(rename = "mail.turn.added")]
+    MailTurnAdded,
+    #[serde(rename = "mail.thread.created")]
+    MailThreadCreated,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 30] = [
+    pub const ALL: [EventType; 37] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -119,6 +133,13 @@ impl EventType {
         Self::TaskStatus,
         Self::TaskCompleted,
         Self::TaskUpdated,
+        Self::AgentPresenceChanged,
+        Self::MailCreated,
+        Self::MailClosed,
+        Self::MailParticipantJoined,
+        Self::MailParticipantLeft,
+        Self::MailTurnAdded,
+        Self::MailThreadCreated,
     ];
 
     /// The wire string.
@@ -154,6 +175,13 @@ impl EventType {
             Self::TaskStatus => "task.status",
             Self::TaskCompleted => "task.completed",
             Self::TaskUpdated => "task.updated",
+            Self::AgentPresenceChanged => "agent.presence.changed",
+            Self::MailCreated => "mail.created",
+            Self::MailClosed => "mail.closed",
+            Self::MailParticipantJoined => "mail.participant.joined",
+            Self::MailParticipantLeft => "mail.participant.left",
+            Self::MailTurnAdded => "mail.turn.added",
+            Self::MailThreadCreated => "mail.thread.created",
         }
     }
 
@@ -190,6 +218,13 @@ impl EventType {
             Self::TaskStatus => "task.status",
             Self::TaskCompleted => "task.completed",
             Self::TaskUpdated => "task.updated",
+            Self::AgentPresenceChanged => "agent.presence.changed",
+            Self::MailCreated => "mail.created",
+            Self::MailClosed => "mail.closed",
+            Self::MailParticipantJoined => "mail.participant.joined",
+            Self::MailParticipantLeft => "mail.participant.left",
+            Self::MailTurnAdded => "mail.turn.added",
+            Self::MailThreadCreated => "mail.thread.created",
         }
     }
 
@@ -202,6 +237,19 @@ impl EventType {
                 | Self::TaskStatus
                 | Self::TaskCompleted
                 | Self::TaskUpdated
+        )
+    }
+
+    /// Whether this is a mail event (the only kind a `mail` filter can match).
+    pub fn is_mail(self) -> bool {
+        matches!(
+            self,
+            Self::MailCreated
+                | Self::MailClosed
+                | Self::MailParticipantJoined
+                | Self::MailParticipantLeft
+                | Self::MailTurnAdded
+                | Self::MailThreadCreated
         )
     }
 
@@ -300,9 +348,10 @@ pub struct SubscriptionFilter {
     /// Dot paths into the related agent's `environment`, each must equal the value.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub environment_match: Option<serde_json::Map<String, serde_json::Value>>,
-    /// Mail extension filter: only `mail.*` events can match (this router emits none yet).
+    /// Mail extension filter (SDK `MailSubscriptionFilter`): only `mail.*` events match,
+    /// narrowed by its fields.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mail: Option<serde_json::Value>,
+    pub mail: Option<MailFilter>,
     /// Trajectory extension filter: only `trajectory.*` events match, narrowed to the
     /// checkpoint's `agentId` and `sessionId` when given.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -311,6 +360,24 @@ pub struct SubscriptionFilter {
     /// when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<TasksFilter>,
+}
+
+/// The `mail` member of a subscription filter (SDK `MailSubscriptionFilter`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MailFilter {
+    /// Only events of this conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<String>,
+    /// Only turns and threads of this thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+    /// Only events about or by this mail participant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub participant_id: Option<String>,
+    /// Only turns of this content type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 /// The `tasks` member of a subscription filter (this router's addition: the SDK has none).
@@ -431,6 +498,18 @@ impl AgentStateChangedData {
 pub struct AgentOrphanedData {
     pub agent_id: AgentId,
     pub previous_owner: ParticipantId,
+}
+
+/// `agent.presence.changed` (ours): an agent that stays registered went offline or came back.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct AgentPresenceChangedData {
+    pub agent_id: AgentId,
+    pub status: crate::protocol::agent::PresenceStatus,
+    pub since: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<u64>,
 }
 
 /// `agent_environment_changed`.

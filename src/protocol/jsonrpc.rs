@@ -89,6 +89,17 @@ impl ErrorCode {
     // MAP federation (5xxx)
     pub const FEDERATION_UNAVAILABLE: Self = Self(5000);
     pub const FEDERATION_SYSTEM_NOT_FOUND: Self = Self(5001);
+    // Mail extension (10xxx, `urn:map:ext:mail:1`; the SDK's MAIL_ERROR_CODES).
+    pub const MAIL_CONVERSATION_NOT_FOUND: Self = Self(10000);
+    pub const MAIL_CONVERSATION_CLOSED: Self = Self(10001);
+    pub const MAIL_NOT_A_PARTICIPANT: Self = Self(10002);
+    pub const MAIL_PERMISSION_DENIED: Self = Self(10003);
+    pub const MAIL_TURN_NOT_FOUND: Self = Self(10004);
+    pub const MAIL_THREAD_NOT_FOUND: Self = Self(10005);
+    pub const MAIL_INVALID_TURN_CONTENT: Self = Self(10006);
+    pub const MAIL_PARTICIPANT_ALREADY_JOINED: Self = Self(10007);
+    pub const MAIL_HISTORY_ACCESS_DENIED: Self = Self(10009);
+    pub const MAIL_PARENT_CONVERSATION_NOT_FOUND: Self = Self(10010);
     // Trajectory extension (13xxx, `urn:map:ext:trajectory:1`).
     pub const CHECKPOINT_NOT_FOUND: Self = Self(13001);
     pub const CONTENT_UNAVAILABLE: Self = Self(13002);
@@ -103,7 +114,7 @@ impl ErrorCode {
 
     /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
     /// The fuzz property tests check that no other code ever reaches a peer.
-    pub const ALL: [Self; 35] = [
+    pub const ALL: [Self; 45] = [
         Self::PARSE_ERROR,
         Self::INVALID_REQUEST,
         Self::METHOD_NOT_FOUND,
@@ -131,6 +142,16 @@ impl ErrorCode {
         Self::QUOTA_EXCEEDED,
         Self::FEDERATION_UNAVAILABLE,
         Self::FEDERATION_SYSTEM_NOT_FOUND,
+        Self::MAIL_CONVERSATION_NOT_FOUND,
+        Self::MAIL_CONVERSATION_CLOSED,
+        Self::MAIL_NOT_A_PARTICIPANT,
+        Self::MAIL_PERMISSION_DENIED,
+        Self::MAIL_TURN_NOT_FOUND,
+        Self::MAIL_THREAD_NOT_FOUND,
+        Self::MAIL_INVALID_TURN_CONTENT,
+        Self::MAIL_PARTICIPANT_ALREADY_JOINED,
+        Self::MAIL_HISTORY_ACCESS_DENIED,
+        Self::MAIL_PARENT_CONVERSATION_NOT_FOUND,
         Self::CHECKPOINT_NOT_FOUND,
         Self::CONTENT_UNAVAILABLE,
         Self::TRAJECTORY_PERMISSION_DENIED,
@@ -151,6 +172,7 @@ impl ErrorCode {
             3000..=3999 => ErrorCategory::Agent,
             4000..=4999 => ErrorCategory::Resource,
             5000..=5999 => ErrorCategory::Federation,
+            10000..=10999 => ErrorCategory::Mail,
             13000..=13999 => ErrorCategory::Trajectory,
             14000..=14999 => ErrorCategory::Task,
             16000..=16999 => ErrorCategory::Session,

@@ -121,6 +121,8 @@ pub struct Router {
     pub(super) trajectories: crate::router::trajectory::table::Trajectories,
     /// The tasks extension's tasks.
     pub(super) tasks: crate::router::tasks::table::Tasks,
+    /// The mail extension's conversations.
+    pub(super) mailboxes: crate::router::mail::table::Mailboxes,
     /// The trace context of the current call (`params._meta.traceparent`): stamped on its
     /// events that have none of their own.
     pub(super) call_trace: Option<crate::protocol::trace::TraceContext>,
@@ -177,6 +179,7 @@ impl Router {
             messaging: Messaging::default(),
             trajectories: Default::default(),
             tasks: Default::default(),
+            mailboxes: Default::default(),
             call_causes: Vec::new(),
             call_trace: None,
             counters: Default::default(),

@@ -242,6 +242,23 @@ impl Dispatcher {
             d.add::<TasksGet>(AfterCommit, Router::handle_tasks_get, nothing);
             d.add::<TasksList>(AfterCommit, Router::handle_tasks_list, nothing);
         }
+        // Mail extension.
+        {
+            use methods::mail::*;
+            d.add::<MailCreate>(AfterCommit, Router::handle_mail_create, nothing);
+            d.add::<MailGet>(AfterCommit, Router::handle_mail_get, nothing);
+            d.add::<MailList>(AfterCommit, Router::handle_mail_list, nothing);
+            d.add::<MailClose>(AfterCommit, Router::handle_mail_close, nothing);
+            d.add::<MailJoin>(AfterCommit, Router::handle_mail_join, nothing);
+            d.add::<MailLeave>(AfterCommit, Router::handle_mail_leave, nothing);
+            d.add::<MailInvite>(AfterCommit, Router::handle_mail_invite, nothing);
+            d.add::<MailTurn>(AfterCommit, Router::handle_mail_turn, nothing);
+            d.add::<MailTurnsList>(AfterCommit, Router::handle_mail_turns_list, nothing);
+            d.add::<MailThreadCreate>(AfterCommit, Router::handle_mail_thread_create, nothing);
+            d.add::<MailThreadList>(AfterCommit, Router::handle_mail_thread_list, nothing);
+            d.add::<MailSummary>(AfterCommit, Router::handle_mail_summary, nothing);
+            d.add::<MailReplay>(AfterCommit, Router::handle_mail_replay, nothing);
+        }
         // Permissions.
         d.add::<methods::permissions::PermissionsUpdate>(
             AfterCommit,

@@ -90,6 +90,9 @@ pub enum RouterError {
     /// A change to a task the caller may see but not modify.
     #[error("Task permission denied: {0}")]
     TaskDenied(String),
+    /// A mail extension error: its code and message.
+    #[error("{1}")]
+    Mail(crate::protocol::jsonrpc::ErrorCode, String),
     /// The durable store failed.
     #[error("Storage error: {0}")]
     Storage(String),
@@ -152,6 +155,7 @@ impl RouterError {
                 ErrorObject::new(ErrorCode::TASK_ASSIGNMENT_FAILED, msg)
             }
             Self::TaskDenied(_) => ErrorObject::new(ErrorCode::TASK_PERMISSION_DENIED, msg),
+            Self::Mail(code, _) => ErrorObject::new(*code, msg),
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),

@@ -263,6 +263,11 @@ impl Router {
             router.bus.log = EventLog::recover(config.retention, &recovered);
             router.trajectories = Trajectories::recover(&recovered.checkpoints);
             router.tasks = crate::router::tasks::table::Tasks::recover(&recovered.tasks);
+            router.mailboxes = crate::router::mail::table::Mailboxes::recover(
+                &recovered.conversations,
+                &recovered.turns,
+                &recovered.threads,
+            );
             if config.durability == Durability::Durable {
                 committed = Some(store.committed());
             }

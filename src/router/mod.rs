@@ -15,6 +15,7 @@
 //! - [`events`]: the append-only log, subscriptions with a cursor each, filters, replay;
 //! - [`trajectory`]: the trajectory extension's checkpoints and content requests;
 //! - [`tasks`]: the tasks extension's task board;
+//! - [`mail`]: the mail extension's conversations, turns and threads;
 //! - [`permissions`]: every permission decision, as pure functions.
 //!
 //! A new extension (tasks, mail, trajectory) is one more such part: a folder with its state and
@@ -35,6 +36,7 @@ pub mod error;
 pub mod events;
 pub mod handle;
 pub mod ids;
+pub mod mail;
 pub mod messaging;
 pub mod metrics;
 pub mod outbox;

@@ -77,6 +77,13 @@ pub struct Recovered {
     pub checkpoints: Vec<StoredRow>,
     /// The row of every task's newest `task.*` event, which retention does not trim.
     pub tasks: Vec<StoredRow>,
+    /// The row of every conversation's newest conversation event (`mail.created`,
+    /// `mail.closed`, `mail.participant.*`), which retention does not trim.
+    pub conversations: Vec<StoredRow>,
+    /// The row of every `mail.turn.added` event, which retention does not trim.
+    pub turns: Vec<StoredRow>,
+    /// The row of every `mail.thread.created` event, which retention does not trim.
+    pub threads: Vec<StoredRow>,
 }
 
 /// Where the event log is kept durably.

@@ -86,6 +86,26 @@ pub struct FilterKeys {
     /// The task a `task.*` event is about, for `tasks` filters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_id: Option<Arc<str>>,
+    /// What `mail` filters match on (`mail.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mail: Option<Arc<MailKeys>>,
+}
+
+/// The keys of a `mail.*` event.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MailKeys {
+    /// Its conversation.
+    pub conversation_id: String,
+    /// The thread of its turn or thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+    /// The mail participant it is about or by (joined, left, author, creator, closer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub participant_id: Option<String>,
+    /// Its turn's content type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 /// A logged event.

@@ -175,14 +175,29 @@ struct Kept {
     slot: fn(&mut Recovered) -> &mut Vec<StoredRow>,
 }
 
+/// The upsert into a kept table whose key column is `key`.
+macro_rules! kept_upsert {
+    ($table:literal, $key:literal) => {
+        concat!(
+            "INSERT INTO ",
+            $table,
+            " (",
+            $key,
+            ", seq, id, ts, kind, meta, json) ",
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ",
+            "ON CONFLICT (",
+            $key,
+            ") DO UPDATE SET seq = excluded.seq, id = excluded.id, ",
+            "ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json"
+        )
+    };
+}
+
 const KEPT_CHECKPOINTS: Kept = Kept {
     table: "checkpoints",
     kinds: |k| k == "trajectory.checkpoint",
     member: "checkpoint",
-    sql: "INSERT INTO checkpoints (checkpoint, seq, id, ts, kind, meta, json) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-     ON CONFLICT (checkpoint) DO UPDATE SET seq = excluded.seq, id = excluded.id, \
-     ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json",
+    sql: kept_upsert!("checkpoints", "checkpoint"),
     slot: |r| &mut r.checkpoints,
 };
 
@@ -190,14 +205,46 @@ const KEPT_TASKS: Kept = Kept {
     table: "tasks",
     kinds: |k| k.starts_with("task."),
     member: "task",
-    sql: "INSERT INTO tasks (task, seq, id, ts, kind, meta, json) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-     ON CONFLICT (task) DO UPDATE SET seq = excluded.seq, id = excluded.id, \
-     ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json",
+    sql: kept_upsert!("tasks", "task"),
     slot: |r| &mut r.tasks,
 };
 
-const KEPT: [Kept; 2] = [KEPT_CHECKPOINTS, KEPT_TASKS];
+const KEPT_CONVERSATIONS: Kept = Kept {
+    table: "conversations",
+    kinds: |k| {
+        matches!(
+            k,
+            "mail.created" | "mail.closed" | "mail.participant.joined" | "mail.participant.left"
+        )
+    },
+    member: "conversation",
+    sql: kept_upsert!("conversations", "conversation"),
+    slot: |r| &mut r.conversations,
+};
+
+const KEPT_TURNS: Kept = Kept {
+    table: "turns",
+    kinds: |k| k == "mail.turn.added",
+    member: "turn",
+    sql: kept_upsert!("turns", "turn"),
+    slot: |r| &mut r.turns,
+};
+
+const KEPT_THREADS: Kept = Kept {
+    table: "threads",
+    kinds: |k| k == "mail.thread.created",
+    member: "thread",
+    sql: kept_upsert!("threads", "thread"),
+    slot: |r| &mut r.threads,
+};
+
+const KEPT: [Kept; 5] = [
+    KEPT_CHECKPOINTS,
+    KEPT_TASKS,
+    KEPT_CONVERSATIONS,
+    KEPT_TURNS,
+    KEPT_THREADS,
+];
 
 /// `data.<member>.id` of an event's JSON.
 fn kept_key(event_json: &str, member: &str) -> Option<String> {

@@ -1439,14 +1439,20 @@ scenario('replay: history survives a router restart', async (ctx) => {
   const label = (e) => `${e.event.type}:${e.event.data?.participantId ?? e.event.data?.agentId}`;
   // The clean stop ended the first run's connections itself (in no particular order; their
   // reason is the next scenario's business) ...
+  // (the orphaned agent goes offline: agent.presence.changed) ...
   assert.deepEqual(
-    sorted(rest.slice(0, 3).map(label)),
-    sorted([`participant_disconnected:${c1.id}`, `participant_disconnected:${a.pid}`, `agent_orphaned:${a.id}`]),
+    sorted(rest.slice(0, 4).map(label)),
+    sorted([
+      `participant_disconnected:${c1.id}`,
+      `participant_disconnected:${a.pid}`,
+      `agent_orphaned:${a.id}`,
+      `agent.presence.changed:${a.id}`,
+    ]),
     'the first run ends its connections at SIGTERM',
   );
   // ... so the new run closes only the agent that was still registered, then logs our connect.
-  assert.deepEqual(rest.slice(3).map(label), [`agent_unregistered:${a.id}`, `participant_connected:${c2.id}`]);
-  assert.equal(rest[3].event.data.reason, 'router_restarted');
+  assert.deepEqual(rest.slice(4).map(label), [`agent_unregistered:${a.id}`, `participant_connected:${c2.id}`]);
+  assert.equal(rest[4].event.data.reason, 'router_restarted');
 
   // New events continue after all of them.
   const b = await ctx.agent({ name: 'newcomer', url: second.url });
@@ -1964,6 +1970,63 @@ scenario('tasks: every answered task is back after a router restart (kill -9)', 
   const back = [...page1.tasks, ...page2.tasks];
   assert.deepEqual(back.map((t) => t.id), made.map((t) => t.id), 'every task, in creation order');
   assert.deepEqual(back[1], moved, 'the newest state of a changed task');
+});
+
+// ---------------------------------------------------------------------------------------------
+// The mail extension through the SDK's mail calls (docs/mail.md).
+
+scenario('mail: createConversation, sendWithMail records turns, listTurns, close; mail.* events; an outsider sees nothing', async (ctx) => {
+  const a = await ctx.agent({ name: 'alice' });
+  const b = await ctx.agent({ name: 'bob' });
+  const outsider = await ctx.agent({ name: 'eve' });
+  const w = await a.watch({ eventTypes: ['mail.*'] });
+  const ow = await outsider.watch({ eventTypes: ['mail.*'] });
+  const { conversation, participant } = await a.conn.createConversation({ subject: 'interop', metadata: { z: 1, a: 2 } });
+  assert.ok(conversation.id.startsWith('conv-'), conversation.id);
+  assert.equal(participant.role, 'initiator');
+  assert.deepEqual(Object.keys(conversation.metadata), ['z', 'a'], 'metadata as sent');
+  await w.waitFor('mail.created', (e) => e.data?.conversationId === conversation.id);
+  await a.conn.sendWithMail({ agent: b.id }, { hello: 'bob' }, conversation.id);
+  const got = await until(() => b.inbox.find((m) => m.meta?.mail?.conversationId === conversation.id), 'bob gets the message');
+  assert.deepEqual(got.payload, { hello: 'bob' });
+  await b.conn.sendWithMail({ agent: a.id }, 'hello alice', conversation.id);
+  await a.conn.recordTurn({ conversationId: conversation.id, contentType: 'text', content: 'noted' });
+  const { turns } = await a.conn.listTurns({ conversationId: conversation.id });
+  assert.deepEqual(turns.map((t) => t.content), [{ hello: 'bob' }, 'hello alice', 'noted']);
+  assert.deepEqual(turns.map((t) => t.participant), [a.id, b.id, a.id]);
+  assert.equal(turns[0].source.type, 'intercepted');
+  const joined = await w.waitFor('mail.participant.joined', (e) => e.data?.participant?.id === b.id);
+  assert.equal(joined.data.conversationId, conversation.id);
+  await w.waitFor('mail.turn.added', (e) => e.data?.turn?.content === 'noted');
+  const { conversation: closed } = await a.conn.closeConversation(conversation.id, 'done');
+  assert.equal(closed.status, 'completed');
+  await w.waitFor('mail.closed', (e) => e.data?.conversationId === conversation.id);
+  await expectCode(b.conn.sendWithMail({ agent: a.id }, 'late', conversation.id), 10001, 'send to a closed conversation');
+  // Eve takes no part: not found, not listed, no events.
+  await expectCode(outsider.conn.getConversation(conversation.id), 10000, 'outsider get');
+  await expectCode(outsider.conn.listTurns({ conversationId: conversation.id }), 10000, 'outsider listTurns');
+  const mine = await outsider.conn.listConversations();
+  assert.deepEqual(mine.conversations, []);
+  await sleep(100);
+  assert.equal(ow.events.length, 0, `the outsider saw ${ow.events.map((e) => e.type).join(',')}`);
+});
+
+scenario('mail: listTurns after a router restart (kill -9)', async (ctx) => {
+  const dataDir = ctx.tempDir();
+  const first = await ctx.startRouter({ dataDir });
+  const a = await ctx.agent({ name: 'alice', url: first.url });
+  const b = await ctx.agent({ name: 'bob', url: first.url });
+  const { conversation } = await a.conn.createConversation({ subject: 'kept' });
+  await a.conn.sendWithMail({ agent: b.id }, { n: 1 }, conversation.id);
+  await a.conn.recordTurn({ conversationId: conversation.id, contentType: 'text', content: 'two' });
+  await ctx.killRouter(first, 'SIGKILL');
+  const second = await ctx.startRouter({ dataDir });
+  const again = await ctx.agent({ name: 'alice', url: second.url, agentId: a.id });
+  const { turns } = await again.conn.listTurns({ conversationId: conversation.id });
+  assert.deepEqual(turns.map((t) => t.content), [{ n: 1 }, 'two']);
+  const { conversation: back, participants } = await again.conn.getConversation(conversation.id, { participants: true });
+  assert.equal(back.subject, 'kept');
+  assert.deepEqual(participants.map((p) => p.id), [a.id, b.id]);
 });
 
 scenario('trace: a traceparent in a message meta is stamped on its events as event._meta', async (ctx) => {

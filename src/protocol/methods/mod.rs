@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod auth;
 pub mod events;
+pub mod mail;
 pub mod messaging;
 pub mod method;
 pub mod permissions;
@@ -78,6 +79,19 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<tasks::TasksUpdate>();
     visit.visit::<tasks::TasksGet>();
     visit.visit::<tasks::TasksList>();
+    visit.visit::<mail::MailCreate>();
+    visit.visit::<mail::MailGet>();
+    visit.visit::<mail::MailList>();
+    visit.visit::<mail::MailClose>();
+    visit.visit::<mail::MailJoin>();
+    visit.visit::<mail::MailLeave>();
+    visit.visit::<mail::MailInvite>();
+    visit.visit::<mail::MailTurn>();
+    visit.visit::<mail::MailTurnsList>();
+    visit.visit::<mail::MailThreadCreate>();
+    visit.visit::<mail::MailThreadList>();
+    visit.visit::<mail::MailSummary>();
+    visit.visit::<mail::MailReplay>();
 }
 
 /// Receives each method type from [`for_each_method`].

@@ -187,6 +187,7 @@ impl Router {
         agent.capability_descriptor = p.capability_descriptor;
         agent.persistent_identity = p.persistent_identity;
         agent.metadata = p.metadata;
+        agent.presence = Some(crate::protocol::agent::Presence::online(now));
         self.registry.insert(agent.clone());
         self.adopt_primary(caller, &id);
         // Announced with the scopes it is joining, so that a `scope`-visible agent's

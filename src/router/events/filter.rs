@@ -26,9 +26,8 @@ pub struct CompiledFilter {
     correlation_ids: Option<HashSet<String>>,
     metadata_match: Option<JsonMap>,
     environment_match: Option<Vec<(Vec<String>, serde_json::Value)>>,
-    /// A `mail` extension filter restricts to that family, which this router does not emit:
-    /// nothing matches.
-    mail_only: bool,
+    /// A `mail` extension filter: only `mail.*` events, narrowed by its fields.
+    mail: Option<crate::protocol::event::MailFilter>,
     /// A `trajectory` extension filter: only `trajectory.*` events, of this agent and work
     /// session when given.
     trajectory: Option<(Option<String>, Option<String>)>,
@@ -97,7 +96,7 @@ impl CompiledFilter {
             correlation_ids: set(&f.correlation_ids),
             metadata_match: f.metadata_match.clone().filter(|m| !m.is_empty()),
             environment_match,
-            mail_only: f.mail.is_some(),
+            mail: f.mail.clone(),
             trajectory: f
                 .trajectory
                 .as_ref()
@@ -113,8 +112,22 @@ impl CompiledFilter {
         rec: &EventRecord,
         environment: impl FnOnce(&str) -> Option<&'a JsonMap>,
     ) -> bool {
-        if self.mail_only {
-            return false;
+        if let Some(m) = &self.mail {
+            let Some(keys) = rec.keys.mail.as_deref().filter(|_| rec.kind.is_mail()) else {
+                return false;
+            };
+            let differs = |want: &Option<String>, have: &Option<String>| {
+                want.as_ref().is_some_and(|w| have.as_ref() != Some(w))
+            };
+            if m.conversation_id
+                .as_ref()
+                .is_some_and(|c| *c != keys.conversation_id)
+                || differs(&m.thread_id, &keys.thread_id)
+                || differs(&m.participant_id, &keys.participant_id)
+                || differs(&m.content_type, &keys.content_type)
+            {
+                return false;
+            }
         }
         if let Some((agent, session)) = &self.trajectory {
             if rec.kind != EventType::TrajectoryCheckpoint {
@@ -226,7 +239,7 @@ impl CompiledFilter {
             && self.correlation_ids.is_none()
             && self.metadata_match.is_none()
             && self.environment_match.is_none()
-            && !self.mail_only
+            && self.mail.is_none()
             && self.trajectory.is_none()
             && self.tasks.is_none()
     }

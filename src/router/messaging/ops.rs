@@ -175,7 +175,31 @@ impl Router {
     pub fn handle_send(&mut self, ctx: &Ctx, p: SendParams) -> Result<SendResult, RouterError> {
         let caller = self.caller(ctx)?;
         self.config.quotas.check_payload(p.payload.as_ref())?;
+        // `meta.mail` also records the message as a turn of that conversation (mail
+        // extension): checked before routing, recorded after.
+        // (A substring test first: most sends have no `mail`, and parsing their meta is waste.)
+        let mail = match p
+            .meta
+            .as_ref()
+            .filter(|m| m.get().contains("\"mail\""))
+            .and_then(|m| m.members()?.get("mail").copied())
+        {
+            Some(raw) => Some(
+                serde_json::from_str::<crate::protocol::methods::mail::MailMeta>(raw.get())
+                    .map_err(|e| RouterError::InvalidParams(format!("meta.mail: {e}")))?,
+            ),
+            None => None,
+        };
+        let author = match &mail {
+            Some(m) => Some(self.check_mail_send(&caller, m)?),
+            None => None,
+        };
+        let payload = mail.as_ref().and(p.payload.clone());
         let d = self.deliver_message(&caller, p.to, p.payload, p.meta, Vec::new())?;
+        if let (Some(m), Some(author)) = (mail, author) {
+            let reached: Vec<String> = d.delivered.iter().chain(&d.queued).cloned().collect();
+            self.record_mail_send(&caller, m, author, d.message_id.clone(), payload, &reached);
+        }
         Ok(SendResult {
             message_id: d.message_id,
             delivered: d.delivered,
@@ -250,6 +274,7 @@ impl Router {
             metadata: None,
             work_session: None,
             task_id: None,
+            mail: None,
         };
         // Seen only by those who may see the sender's agent (and, for `message_sent`, every
         // agent the address names).

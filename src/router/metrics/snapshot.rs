@@ -80,6 +80,7 @@ impl Router {
             process_restarts: self.counters.restarts,
             checkpoints: self.trajectories.len() as u64,
             tasks: self.tasks.len() as u64,
+            conversations: self.mailboxes.len() as u64,
             log_next_seq: self.bus.log.next_seq(),
         }
     }

@@ -21,11 +21,11 @@
 
 use std::time::Instant;
 
-use crate::protocol::agent::{Agent, AgentState};
+use crate::protocol::agent::{Agent, AgentState, Presence};
 use crate::protocol::capabilities::{Capability, ParticipantType, StreamingCaps};
 use crate::protocol::event::{
-    AgentOrphanedData, AgentStateChangedData, EventType, ParticipantConnectedData,
-    ParticipantDisconnectedData, PermissionsClientUpdatedData,
+    AgentOrphanedData, AgentPresenceChangedData, AgentStateChangedData, EventType,
+    ParticipantConnectedData, ParticipantDisconnectedData, PermissionsClientUpdatedData,
 };
 use crate::protocol::ids::{now_ms, random_token, AgentId, EventId, ParticipantId, SessionId};
 use crate::protocol::methods::auth::ConnectResponse;
@@ -368,6 +368,7 @@ impl Router {
         if let Some(l) = rec.agent.lifecycle.as_mut() {
             l.orphaned_at = None;
         }
+        rec.agent.presence = Some(Presence::online(now_ms()));
         let snapshot = rec.agent.clone();
         let hint = rec.cause_hint.take();
         let caused_by = if caused_by.is_empty() {
@@ -386,6 +387,7 @@ impl Router {
             ),
             caused_by,
         );
+        self.emit_presence(&snapshot, vec![reclaimed]);
         // Messages kept while it was away (meta.delivery acknowledged/guaranteed).
         self.flush_offline(agent, Some(reclaimed));
         Some(snapshot)
@@ -546,6 +548,24 @@ impl Router {
         self.schedule(Instant::now() + window, Deadline::SessionExpiry(session_id));
     }
 
+    /// Emits `agent.presence.changed` with the agent's presence as recorded.
+    fn emit_presence(&mut self, agent: &Agent, caused_by: Vec<EventId>) {
+        let Some(p) = agent.presence else {
+            return;
+        };
+        self.emit_agent_event(
+            EventType::AgentPresenceChanged,
+            agent,
+            &AgentPresenceChangedData {
+                agent_id: agent.id.clone(),
+                status: p.status,
+                since: p.since,
+                last_seen: p.last_seen,
+            },
+            caused_by,
+        );
+    }
+
     fn orphan_agent(
         &mut self,
         agent: &AgentId,
@@ -564,10 +584,12 @@ impl Router {
         rec.state_before_orphan = Some(previous_state);
         rec.orphan_expires = expires;
         rec.agent.state = AgentState::ORPHANED;
+        let now = now_ms();
         rec.agent
             .lifecycle
             .get_or_insert_with(Default::default)
-            .orphaned_at = Some(now_ms());
+            .orphaned_at = Some(now);
+        rec.agent.presence = Some(Presence::offline(now));
         let snapshot = rec.agent.clone();
         let orphaned = self.emit_agent_event(
             EventType::AgentOrphaned,
@@ -578,6 +600,7 @@ impl Router {
             },
             caused_by,
         );
+        self.emit_presence(&snapshot, vec![orphaned]);
         self.set_cause_hint(agent, orphaned);
     }
 

@@ -1,0 +1,18 @@
+//! The mail extension (`mail/*`, and `meta.mail` on `map/send`): conversations that outlive a
+//! connection. It owns the conversations, their participants, turns and threads
+//! ([`table::Mailboxes`]); its handlers are in [`ops`].
+//!
+//! - A mail participant id is an agent id (a session speaking as an agent) or a MAP participant
+//!   id (a session without one). A session takes part in a conversation through its agent, its
+//!   participant id, or any agent it owns.
+//! - Who sees a conversation: its participants (those that left too) and system participants.
+//!   To anyone else it does not exist (`10000`). Every `mail.*` event has that audience: the
+//!   owners of its participants' agents; a turn's visibility narrows its event further.
+//! - A `map/send` with `meta.mail {conversationId}` is routed as usual and recorded as a turn
+//!   (`source: intercepted`); agents it reached that were not in the conversation join it.
+//! - Durable with the log: the store keeps the newest event of each conversation (which
+//!   carries the conversation and all its participants), every turn and every thread in tables
+//!   retention never trims, and they are rebuilt from those at start.
+
+pub mod ops;
+pub mod table;
