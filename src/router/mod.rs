@@ -40,6 +40,7 @@ pub mod mail;
 pub mod messaging;
 pub mod metrics;
 pub mod outbox;
+pub mod page;
 pub mod permissions;
 pub mod pipeline;
 pub mod quota_checks;

@@ -14,6 +14,7 @@ use crate::router::core::{to_json, Router};
 use crate::router::error::RouterError;
 use crate::router::events::log::{EventDraft, FilterKeys};
 use crate::router::mail::table::Conv;
+use crate::router::page::take_page;
 use crate::store::record::{Audience, MailKeys};
 
 /// Longest subject, reason, content type and participant id accepted (bytes).
@@ -562,44 +563,31 @@ impl Router {
             }
             None => None,
         };
-        let mut conversations = Vec::new();
-        let mut has_more = false;
-        for conv in self.mailboxes.in_order(after.as_ref()) {
+        let matching = self.mailboxes.in_order(after.as_ref()).filter(|conv| {
             let c = &conv.conversation;
-            let seen = who.system || conv.participants.iter().any(|p| who.has(&p.id));
-            if !seen
-                || f.kind
+            (who.system || conv.participants.iter().any(|p| who.has(&p.id)))
+                && f.kind
                     .as_ref()
-                    .is_some_and(|k| !k.is_empty() && !k.contains(&c.kind))
-                || f.status
+                    .is_none_or(|k| k.is_empty() || k.contains(&c.kind))
+                && f.status
                     .as_ref()
-                    .is_some_and(|s| !s.is_empty() && !s.contains(&c.status))
-                || f.participant_id
+                    .is_none_or(|s| s.is_empty() || s.contains(&c.status))
+                && f.participant_id
                     .as_ref()
-                    .is_some_and(|id| conv.participant(id).is_none())
-                || f.created_after.is_some_and(|t| c.created_at <= t)
-                || f.created_before.is_some_and(|t| c.created_at >= t)
-                || f.parent_conversation_id
+                    .is_none_or(|id| conv.participant(id).is_some())
+                && f.created_after.is_none_or(|t| c.created_at > t)
+                && f.created_before.is_none_or(|t| c.created_at < t)
+                && f.parent_conversation_id
                     .as_ref()
-                    .is_some_and(|id| c.parent_conversation_id.as_ref() != Some(id))
-            {
-                continue;
-            }
-            if conversations.len() == limit {
-                has_more = true;
-                break;
-            }
-            conversations.push(c.clone());
-        }
-        let next_cursor = if has_more {
-            conversations.last().map(|c: &Conversation| c.id.clone())
-        } else {
-            None
-        };
+                    .is_none_or(|id| c.parent_conversation_id.as_ref() == Some(id))
+        });
+        let page = take_page(matching.map(|c| c.conversation.clone()), limit, |c| {
+            c.id.clone()
+        });
         Ok(ListResult {
-            conversations,
-            has_more,
-            next_cursor,
+            conversations: page.items,
+            has_more: page.has_more,
+            next_cursor: page.next_cursor,
         })
     }
 
@@ -714,23 +702,11 @@ impl Router {
                     }
                     _ => 0,
                 };
-                let mut turns: Vec<Turn> = Vec::new();
-                let mut more = false;
-                for t in conv.turns[start.min(conv.turns.len())..]
+                let visible = conv.turns[start.min(conv.turns.len())..]
                     .iter()
-                    .filter(|t| self.sees_turn(conv, &who, t))
-                {
-                    if turns.len() == limit {
-                        more = true;
-                        break;
-                    }
-                    turns.push((**t).clone());
-                }
-                let cursor = if more {
-                    turns.last().map(|t| t.id.clone())
-                } else {
-                    None
-                };
+                    .filter(|t| self.sees_turn(conv, &who, t));
+                let page = take_page(visible.map(|t| (**t).clone()), limit, |t| t.id.clone());
+                let (turns, cursor) = (page.items, page.next_cursor);
                 let summary = cu.include_summary.then(|| summarize(conv, &turns));
                 (Some(turns), cursor, summary)
             }
@@ -962,24 +938,13 @@ impl Router {
         } else {
             Box::new(window.iter())
         };
-        let mut turns = Vec::new();
-        let mut has_more = false;
-        for t in iter.filter(matches) {
-            if turns.len() == limit {
-                has_more = true;
-                break;
-            }
-            turns.push((**t).clone());
-        }
-        let next_cursor = if has_more {
-            turns.last().map(|t: &Turn| t.id.clone())
-        } else {
-            None
-        };
+        let page = take_page(iter.filter(matches).map(|t| (**t).clone()), limit, |t| {
+            t.id.clone()
+        });
         Ok(TurnsPage {
-            turns,
-            has_more,
-            next_cursor,
+            turns: page.items,
+            has_more: page.has_more,
+            next_cursor: page.next_cursor,
         })
     }
 
@@ -1083,28 +1048,16 @@ impl Router {
             }
             None => 0,
         };
-        let mut threads = Vec::new();
-        let mut has_more = false;
-        for t in conv.threads[start..].iter().filter(|t| {
+        let matching = conv.threads[start..].iter().filter(|t| {
             p.parent_thread_id
                 .as_ref()
                 .is_none_or(|pt| t.parent_thread_id.as_ref() == Some(pt))
-        }) {
-            if threads.len() == limit {
-                has_more = true;
-                break;
-            }
-            threads.push(t.clone());
-        }
-        let next_cursor = if has_more {
-            threads.last().map(|t: &Thread| t.id.clone())
-        } else {
-            None
-        };
+        });
+        let page = take_page(matching.cloned(), limit, |t| t.id.clone());
         Ok(ThreadListResult {
-            threads,
-            has_more,
-            next_cursor,
+            threads: page.items,
+            has_more: page.has_more,
+            next_cursor: page.next_cursor,
         })
     }
 

@@ -14,6 +14,7 @@ use crate::router::caller::{Caller, Ctx};
 use crate::router::core::{to_json, Router};
 use crate::router::error::RouterError;
 use crate::router::events::log::{EventDraft, FilterKeys};
+use crate::router::page::take_page;
 use crate::router::permissions;
 use crate::router::tasks::table::Entry;
 use crate::store::record::Audience;
@@ -367,34 +368,20 @@ impl Router {
             ),
             None => None,
         };
-        let mut tasks = Vec::new();
-        let mut has_more = false;
-        for e in self.tasks.in_order(after.as_ref()) {
+        let matching = self.tasks.in_order(after.as_ref()).filter(|e| {
             let t = &e.task;
-            if filter
+            filter
                 .assignee
                 .as_ref()
-                .is_some_and(|a| t.assignee.as_ref() != Some(a))
-                || filter.status.as_ref().is_some_and(|s| !s.admits(t.status))
-                || !self.sees_task(&caller, e)
-            {
-                continue;
-            }
-            if tasks.len() == limit {
-                has_more = true;
-                break;
-            }
-            tasks.push(t.clone());
-        }
-        let next_cursor = if has_more {
-            tasks.last().map(|t: &Task| t.id.clone())
-        } else {
-            None
-        };
+                .is_none_or(|a| t.assignee.as_ref() == Some(a))
+                && filter.status.as_ref().is_none_or(|s| s.admits(t.status))
+                && self.sees_task(&caller, e)
+        });
+        let page = take_page(matching.map(|e| e.task.clone()), limit, |t| t.id.clone());
         Ok(ListResult {
-            tasks,
-            has_more,
-            next_cursor,
+            tasks: page.items,
+            has_more: page.has_more,
+            next_cursor: page.next_cursor,
         })
     }
 }

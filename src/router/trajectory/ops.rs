@@ -23,6 +23,7 @@ use crate::router::error::RouterError;
 use crate::router::events::log::{EventDraft, FilterKeys};
 use crate::router::handle::RouterHandle;
 use crate::router::ids::ConnId;
+use crate::router::page::take_page;
 use crate::router::permissions;
 use crate::router::trajectory::table::{ContentAnswer, Entry};
 
@@ -170,40 +171,31 @@ impl Router {
             ),
             None => None,
         };
-        let mut checkpoints = Vec::new();
-        let mut has_more = false;
-        for e in self
+        let matching = self
             .trajectories
             .newest_first(filter.agent_id.as_ref(), before.as_ref())
-        {
-            let c = &e.checkpoint;
-            if filter.after_timestamp.is_some_and(|t| c.timestamp <= t) {
-                break; // newest first: everything after this is older still
-            }
-            if filter.before_timestamp.is_some_and(|t| c.timestamp >= t)
-                || filter
-                    .session_id
-                    .as_ref()
-                    .is_some_and(|s| c.session_id.as_ref() != Some(s))
-                || !self.sees_checkpoint(&caller, e)
-            {
-                continue;
-            }
-            if checkpoints.len() == limit {
-                has_more = true;
-                break;
-            }
-            checkpoints.push(c.clone());
-        }
-        let next_cursor = if has_more {
-            checkpoints.last().map(|c: &Checkpoint| c.id.clone())
-        } else {
-            None
-        };
+            // Newest first: once one is too old, all that follow are older still.
+            .take_while(|e| {
+                filter
+                    .after_timestamp
+                    .is_none_or(|t| e.checkpoint.timestamp > t)
+            })
+            .filter(|e| {
+                let c = &e.checkpoint;
+                filter.before_timestamp.is_none_or(|t| c.timestamp < t)
+                    && filter
+                        .session_id
+                        .as_ref()
+                        .is_none_or(|s| c.session_id.as_ref() == Some(s))
+                    && self.sees_checkpoint(&caller, e)
+            });
+        let page = take_page(matching.map(|e| e.checkpoint.clone()), limit, |c| {
+            c.id.clone()
+        });
         Ok(ListResult {
-            checkpoints,
-            has_more,
-            next_cursor,
+            checkpoints: page.items,
+            has_more: page.has_more,
+            next_cursor: page.next_cursor,
         })
     }
 
