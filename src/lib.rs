@@ -15,6 +15,8 @@
 //! - [`metrics`]: the Prometheus families and the `GET /metrics` text (the lowest layer: the
 //!   router, the store and the sessions report into it; the router's own state is read at
 //!   scrape time).
+//! - [`gateway`]: translators from other agent protocols (MAMP 1.0, the agent IM gateway) to
+//!   MAP, on the same HTTP server; each opens in-process MAP sessions like any participant.
 //! - [`server`]: listeners, configuration and graceful shutdown.
 //! - [`client`]: a Rust MAP client (WebSocket, stdio child, in-process): typed calls,
 //!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
@@ -32,6 +34,7 @@ pub mod cli;
 pub mod client;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gateway;
 pub mod metrics;
 pub mod process;
 pub mod protocol;

@@ -86,6 +86,8 @@ pub struct Config {
     pub auth: crate::auth::AuthSettings,
     /// Prometheus metrics at `GET /metrics` (`[metrics]`).
     pub metrics: MetricsSettings,
+    /// The MAMP and IM gateways (`[gateways]`, docs/gateways.md; on by default).
+    pub gateways: crate::gateway::GatewaySettings,
 }
 
 /// `[metrics]`: Prometheus metrics at `GET /metrics` (docs/metrics.md).
@@ -381,6 +383,7 @@ impl Default for Config {
             agents: Vec::new(),
             auth: crate::auth::AuthSettings::default(),
             metrics: MetricsSettings::default(),
+            gateways: crate::gateway::GatewaySettings::default(),
         }
     }
 }
@@ -574,6 +577,7 @@ impl Config {
             return bad("storage.data_dir must not be empty (set storage.ephemeral = true to keep events in memory only)");
         }
         self.auth.validate().map_err(ConfigError::Invalid)?;
+        self.gateways.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

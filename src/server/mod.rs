@@ -2,8 +2,9 @@
 //!
 //! [`Server::start`] starts the router task, binds every configured address (possibly none,
 //! when the router is embedded or serves stdio only), and serves WebSocket upgrades at `/` and
-//! `/map`, `GET /health`, Prometheus metrics at `GET /metrics` (`metrics.rs`), and the web
-//! dashboard's static files at `/ui` (`ui.rs`). The same server hands out in-process connections
+//! `/map`, `GET /health`, Prometheus metrics at `GET /metrics` (`metrics.rs`), the web
+//! dashboard's static files at `/ui` (`ui.rs`), and the gateways' routes (`crate::gateway`:
+//! `/mamp/v1/*`, `/gateway/*`, `/api/*`). The same server hands out in-process connections
 //! ([`Server::connect_in_process`]) and serves byte-stream pairs ([`Server::serve_io`]), all on
 //! the one connection driver.
 //!
@@ -108,6 +109,7 @@ impl Server {
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
         let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
+        let gateway_auth = auth.clone();
         let (router, router_task) = Router::start(
             RouterConfig {
                 auth,
@@ -161,6 +163,25 @@ impl Server {
                 },
             ))
             .merge(ui::routes());
+        let gateways = Arc::new(crate::gateway::GatewayContext::new(
+            config.gateways.clone(),
+            gateway_auth,
+            config.router.name.clone(),
+            addrs
+                .first()
+                .map_or_else(|| config.router.name.clone(), ToString::to_string),
+            Arc::new(GatewayLinks {
+                ctx: ctx.clone(),
+                options: ConnectionOptions {
+                    origin: ConnOrigin::InProcess,
+                    ..options.clone()
+                },
+            }),
+        ));
+        let app = app.merge(crate::gateway::routes(Arc::clone(&gateways)));
+        if !config.gateways.mamp.remote.is_empty() && config.gateways.mamp.enabled {
+            tokio::spawn(crate::gateway::peers::open_configured(gateways));
+        }
         let app = if metrics.is_some() {
             app.merge(metrics::routes(ctx.router.clone(), metrics_auth))
         } else {
@@ -289,6 +310,20 @@ impl Server {
         }
     }
 }
+/// How the gateways open their in-process sessions (the server's context and options, origin
+/// `InProcess`), without holding the server itself.
+#[derive(Debug)]
+struct GatewayLinks {
+    ctx: TransportContext,
+    options: ConnectionOptions,
+}
+
+impl in_process::InProcessLinks for GatewayLinks {
+    fn connect_in_process(&self) -> InProcessLink {
+        in_process::connect(&self.ctx, self.options.clone())
+    }
+}
+
 impl in_process::InProcessLinks for Server {
     fn connect_in_process(&self) -> InProcessLink {
         Server::connect_in_process(self)

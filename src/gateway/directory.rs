@@ -1,0 +1,593 @@
+//! [`Directory`]: the gateways' read model, folded from the MAP event log by the service
+//! session (a `system` participant, so it sees every event): who exchanged how many messages
+//! with whom and when, in which conversations, and each agent's presence as the log tells it.
+//! Plus the one thing the log cannot know: which IM agents hold a live WebSocket right now
+//! (`live`), updated by `im/connect.rs`.
+//!
+//! It starts by reading the whole retained log (`map/replay`, page by page, so a restarted
+//! router answers with what happened before the restart), then follows a subscription from
+//! the last event it read. It is a reader only: it never writes to the router.
+//!
+//! Counting: a message counts once for its sender (`message_sent`) and once for each
+//! recipient it reached (`message_delivered`); its conversation is `meta.mail.conversationId`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::client::Client;
+use crate::gateway::wire::{iso8601, now_ms, GatewayError};
+use crate::protocol::event::{Event, SubscriptionFilter};
+use crate::protocol::methods::events::{ReplayParams, SubscribeParams};
+
+/// Event types the directory folds.
+const FOLDED: &[&str] = &[
+    "message_sent",
+    "message_delivered",
+    "agent_registered",
+    "agent_unregistered",
+    "agent_orphaned",
+    "agent.presence.changed",
+    "mail.created",
+    "mail.participant.joined",
+    "mail.participant.left",
+    "mail.closed",
+];
+
+/// Replay page size while catching up.
+const REPLAY_PAGE: u32 = 1000;
+/// Message ids remembered to find the conversation of a `message_delivered` whose event does
+/// not carry the message (multicast): enough for any burst between a send and its deliveries.
+const REMEMBERED_MESSAGES: usize = 10_000;
+/// Conversations listed in a contact's `recent_conversations`.
+const RECENT_CONVERSATIONS: usize = 10;
+/// Characters of a message kept as a conversation's `last_message` / a collaborator's summary.
+const PREVIEW_CHARS: usize = 200;
+
+/// The read model. All reads take a snapshot under a std mutex, never held across an await.
+#[derive(Debug)]
+pub struct Directory {
+    state: Mutex<State>,
+    live: Mutex<HashMap<String, Live>>,
+}
+
+/// A live IM connection (what `GET /gateway/agents` lists).
+#[derive(Debug, Clone)]
+pub struct Live {
+    /// `capabilities` of its `register` frame.
+    pub capabilities: Value,
+    /// When it registered (Unix ms).
+    pub connected_at: u64,
+    /// Its latest frame (Unix ms).
+    pub last_seen: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    agents: HashMap<String, AgentRec>,
+    conversations: HashMap<String, ConvRec>,
+    /// message id → (conversation, preview), for deliveries.
+    messages: HashMap<String, (Option<String>, String)>,
+    message_order: VecDeque<String>,
+    /// IM agents whose connection ended in this process, with its last frame.
+    im_gone: HashMap<String, u64>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct AgentRec {
+    name: Option<String>,
+    online: bool,
+    last_seen: u64,
+    first_contact: u64,
+    last_contact: u64,
+    total_messages: u64,
+    peers: BTreeSet<String>,
+    conversations: BTreeSet<String>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ConvRec {
+    subject: Option<String>,
+    started_at: u64,
+    last_message_at: u64,
+    last_message: String,
+    closed: bool,
+    total_messages: u64,
+    participants: BTreeMap<String, PartRec>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct PartRec {
+    joined_at: u64,
+    last_message_at: u64,
+    summary: String,
+    /// Whether its latest act was sending (then it waits for an answer).
+    last_sent: bool,
+    left: bool,
+}
+
+impl Directory {
+    /// Folds the retained log, then follows it live.
+    ///
+    /// # Errors
+    /// [`GatewayError::Map`] when the replay or the subscription fails.
+    pub async fn start(client: Client, _host: String) -> Result<Arc<Self>, GatewayError> {
+        let dir = Arc::new(Self {
+            state: Mutex::new(State::default()),
+            live: Mutex::new(HashMap::new()),
+        });
+        let filter = SubscriptionFilter {
+            event_types: Some(FOLDED.iter().map(|s| (*s).to_owned()).collect()),
+            ..SubscriptionFilter::default()
+        };
+        let mut after: Option<String> = None;
+        loop {
+            let page = client
+                .replay(ReplayParams {
+                    after_event_id: after.clone(),
+                    filter: Some(filter.clone()),
+                    limit: Some(REPLAY_PAGE),
+                    ..ReplayParams::default()
+                })
+                .await?;
+            for e in &page.events {
+                dir.fold(&e.event);
+                after = Some(e.event_id.to_string());
+            }
+            if !page.has_more || page.events.is_empty() {
+                break;
+            }
+        }
+        let mut events = client
+            .subscribe_with(SubscribeParams {
+                filter: Some(filter),
+                replay_from: Some(after.map_or(json!(0), Value::String)),
+                ..SubscribeParams::default()
+            })
+            .await?;
+        let me = Arc::clone(&dir);
+        tokio::spawn(async move {
+            while let Some(e) = events.next().await {
+                me.fold(&e.event);
+            }
+        });
+        Ok(dir)
+    }
+
+    fn fold(&self, e: &Event) {
+        let data = e.data.as_ref().map_or(Value::Null, |d| d.to_value());
+        let ts = e.timestamp;
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let st = &mut *st;
+        let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        match e.kind.as_str() {
+            "agent_registered" => {
+                if let Some(id) = text(&data, "agentId") {
+                    let a = st.agents.entry(id).or_default();
+                    a.online = true;
+                    a.last_seen = ts;
+                    if let Some(name) = text(&data, "name") {
+                        a.name = Some(name);
+                    }
+                }
+            }
+            "agent_unregistered" | "agent_orphaned" => {
+                if let Some(id) = text(&data, "agentId") {
+                    let a = st.agents.entry(id).or_default();
+                    a.online = false;
+                    a.last_seen = a.last_seen.max(ts);
+                }
+            }
+            "agent.presence.changed" => {
+                if let Some(id) = text(&data, "agentId") {
+                    let a = st.agents.entry(id).or_default();
+                    a.online = data.get("status").and_then(Value::as_str) == Some("online");
+                    a.last_seen = data
+                        .get("lastSeen")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(ts)
+                        .max(a.last_seen);
+                }
+            }
+            "message_sent" => {
+                let (Some(id), Some(from)) = (text(&data, "messageId"), text(&data, "from")) else {
+                    return;
+                };
+                let message = data.get("message").cloned().unwrap_or(Value::Null);
+                let conv = message
+                    .pointer("/meta/mail/conversationId")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let preview = preview(message.get("payload").or_else(|| data.get("payload")));
+                remember(st, &id, conv.clone(), preview.clone());
+                count(st, &from, None, conv.as_deref(), ts, &preview, true);
+            }
+            "message_delivered" => {
+                let Some(id) = text(&data, "messageId") else {
+                    return;
+                };
+                let from = text(&data, "from").unwrap_or_default();
+                let (conv, preview) = match data.get("message") {
+                    Some(m) => (
+                        m.pointer("/meta/mail/conversationId")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                        preview(m.get("payload")),
+                    ),
+                    None => st
+                        .messages
+                        .get(&id)
+                        .cloned()
+                        .unwrap_or((None, String::new())),
+                };
+                let to: Vec<String> = data
+                    .get("deliveredTo")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for r in to {
+                    count(st, &r, Some(&from), conv.as_deref(), ts, &preview, false);
+                    if let Some(f) = st.agents.get_mut(&from) {
+                        f.peers.insert(r.clone());
+                    }
+                }
+            }
+            "mail.created" => {
+                if let Some(id) = text(&data, "conversationId") {
+                    let c = st.conversations.entry(id).or_default();
+                    c.started_at = if c.started_at == 0 { ts } else { c.started_at };
+                    c.subject = data
+                        .pointer("/conversation/subject")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
+                }
+            }
+            "mail.participant.joined" => {
+                let id = text(&data, "conversationId");
+                let who = data
+                    .pointer("/participant/id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                if let (Some(id), Some(who)) = (id, who) {
+                    let c = st.conversations.entry(id.clone()).or_default();
+                    if c.started_at == 0 {
+                        c.started_at = ts;
+                    }
+                    let p = c.participants.entry(who.clone()).or_default();
+                    p.joined_at = ts;
+                    p.left = false;
+                    st.agents.entry(who).or_default().conversations.insert(id);
+                }
+            }
+            "mail.participant.left" => {
+                let id = text(&data, "conversationId");
+                let who = text(&data, "participantId");
+                if let (Some(id), Some(who)) = (id, who) {
+                    if let Some(p) = st
+                        .conversations
+                        .get_mut(&id)
+                        .and_then(|c| c.participants.get_mut(&who))
+                    {
+                        p.left = true;
+                    }
+                }
+            }
+            "mail.closed" => {
+                if let Some(id) = text(&data, "conversationId") {
+                    st.conversations.entry(id).or_default().closed = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Live IM connections (im/connect.rs)
+    // -----------------------------------------------------------------------------------------
+
+    /// An IM agent registered on a live connection.
+    pub fn connected(&self, uri: &str, capabilities: Value) {
+        let now = now_ms();
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(
+                uri.to_owned(),
+                Live {
+                    capabilities,
+                    connected_at: now,
+                    last_seen: now,
+                },
+            );
+        }
+        if let Ok(mut st) = self.state.lock() {
+            st.im_gone.remove(uri);
+        }
+    }
+
+    /// A frame arrived on an IM agent's connection.
+    pub fn heard(&self, uri: &str) {
+        if let Ok(mut live) = self.live.lock() {
+            if let Some(l) = live.get_mut(uri) {
+                l.last_seen = now_ms();
+            }
+        }
+    }
+
+    /// An IM agent's connection ended (closed, or its heartbeats stopped).
+    pub fn disconnected(&self, uri: &str) {
+        let gone = self.live.lock().ok().and_then(|mut l| l.remove(uri));
+        if let (Some(gone), Ok(mut st)) = (gone, self.state.lock()) {
+            st.im_gone.insert(uri.to_owned(), gone.last_seen);
+        }
+    }
+
+    /// Whether an IM agent holds a live connection under `uri`.
+    pub fn is_live(&self, uri: &str) -> bool {
+        self.live.lock().is_ok_and(|l| l.contains_key(uri))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Reads
+    // -----------------------------------------------------------------------------------------
+
+    /// `{agent_uri, status, last_seen}` of the agent with MAP id `id` shown as `uri`; `None`
+    /// when the directory never heard of it.
+    pub fn status(&self, id: &str, uri: &str) -> Option<Value> {
+        let live = self.live.lock().ok()?.get(id).cloned();
+        let st = self.state.lock().ok()?;
+        let rec = st.agents.get(id);
+        let gone = st.im_gone.get(id).copied();
+        if live.is_none() && rec.is_none() && gone.is_none() {
+            return None;
+        }
+        let (online, last_seen) = match (&live, rec) {
+            (Some(l), _) => (true, l.last_seen),
+            // An IM agent is online only with a live connection (its MAP agent may linger,
+            // orphaned, for the resume window).
+            (None, Some(r)) => (
+                r.online && gone.is_none() && !id.starts_with("agent://"),
+                r.last_seen.max(gone.unwrap_or(0)),
+            ),
+            (None, None) => (false, gone.unwrap_or(0)),
+        };
+        let last_seen = if online {
+            now_ms().max(last_seen)
+        } else {
+            last_seen
+        };
+        Some(json!({
+            "agent_uri": uri,
+            "status": if online { "online" } else { "offline" },
+            "last_seen": iso8601(last_seen),
+        }))
+    }
+
+    /// The live IM connections: `(uri, Live)`, sorted by URI.
+    pub fn online(&self) -> Vec<(String, Live)> {
+        let mut out: Vec<_> = self
+            .live
+            .lock()
+            .map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every agent that sent or received a message, or connected over IM, as contacts;
+    /// `uri_of` turns a MAP agent id into its URI.
+    pub fn contacts(&self, uri_of: &dyn Fn(&str) -> String) -> Vec<Value> {
+        let ids: Vec<String> = {
+            let Ok(st) = self.state.lock() else {
+                return Vec::new();
+            };
+            let mut ids: Vec<String> = st
+                .agents
+                .iter()
+                .filter(|(id, a)| a.total_messages > 0 || id.starts_with("agent://"))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.extend(self.online().into_iter().map(|(uri, _)| uri));
+            ids.sort();
+            ids.dedup();
+            ids
+        };
+        ids.iter()
+            .filter_map(|id| self.contact(id, uri_of))
+            .collect()
+    }
+
+    /// One contact in the seed's shape, plus `status`/`last_seen`; `None` if unknown.
+    pub fn contact(&self, id: &str, uri_of: &dyn Fn(&str) -> String) -> Option<Value> {
+        let uri = uri_of(id);
+        let status = self.status(id, &uri)?;
+        let capabilities = self
+            .live
+            .lock()
+            .ok()?
+            .get(id)
+            .map_or(Value::Array(Vec::new()), |l| l.capabilities.clone());
+        let st = self.state.lock().ok()?;
+        let a = st.agents.get(id).cloned().unwrap_or_default();
+        let mut recent: Vec<(&String, &ConvRec)> = a
+            .conversations
+            .iter()
+            .filter_map(|c| st.conversations.get(c).map(|r| (c, r)))
+            .collect();
+        recent.sort_by_key(|x| std::cmp::Reverse(x.1.last_message_at));
+        let recent: Vec<Value> = recent
+            .into_iter()
+            .take(RECENT_CONVERSATIONS)
+            .map(|(id, c)| conversation_summary(id, c))
+            .collect();
+        Some(json!({
+            "agent_uri": uri,
+            "agent_id": id,
+            "name": a.name.clone().unwrap_or_else(|| uri.clone()),
+            "type": "agent",
+            "card": {"capabilities": capabilities},
+            "stats": {
+                "first_contact": (a.first_contact > 0).then(|| iso8601(a.first_contact)),
+                "last_contact": (a.last_contact > 0).then(|| iso8601(a.last_contact)),
+                "total_conversations": a.conversations.len(),
+                "total_messages": a.total_messages,
+            },
+            "recent_conversations": recent,
+            "peers": a.peers.iter().map(|p| uri_of(p)).collect::<Vec<_>>(),
+            "tags": [],
+            "pinned": false,
+            "status": status["status"],
+            "last_seen": status["last_seen"],
+        }))
+    }
+
+    /// The conversations agent `id` took part in, newest first; `None` if unknown.
+    pub fn conversations_of(&self, id: &str, uri_of: &dyn Fn(&str) -> String) -> Option<Value> {
+        let st = self.state.lock().ok()?;
+        let a = st.agents.get(id)?;
+        let mut list: Vec<(&String, &ConvRec)> = a
+            .conversations
+            .iter()
+            .filter_map(|c| st.conversations.get(c).map(|r| (c, r)))
+            .collect();
+        list.sort_by_key(|x| std::cmp::Reverse(x.1.last_message_at));
+        Some(Value::Array(
+            list.into_iter()
+                .map(|(cid, c)| {
+                    let mut v = conversation_summary(cid, c);
+                    v["total_messages"] = c.total_messages.into();
+                    v["participants"] = c
+                        .participants
+                        .keys()
+                        .map(|p| Value::String(uri_of(p)))
+                        .collect();
+                    v
+                })
+                .collect(),
+        ))
+    }
+
+    /// The collaborators of a conversation (seed 002's "active collaborators" of a trace: our
+    /// trace is the conversation); `None` if the conversation is unknown.
+    pub fn collaborators(&self, conv: &str, uri_of: &dyn Fn(&str) -> String) -> Option<Value> {
+        let st = self.state.lock().ok()?;
+        let c = st.conversations.get(conv)?;
+        Some(Value::Array(
+            c.participants
+                .iter()
+                .map(|(id, p)| {
+                    let status = if c.closed || p.left {
+                        "completed"
+                    } else if p.last_sent {
+                        "waiting"
+                    } else {
+                        "running"
+                    };
+                    json!({
+                        "name": st.agents.get(id).and_then(|a| a.name.clone()).unwrap_or_else(|| uri_of(id)),
+                        "type": "agent",
+                        "agent_uri": uri_of(id),
+                        "agent_id": id,
+                        "trace_id": conv,
+                        "conversation_id": conv,
+                        "status": status,
+                        "summary": p.summary,
+                        "last_message_at": (p.last_message_at > 0).then(|| iso8601(p.last_message_at)),
+                    })
+                })
+                .collect(),
+        ))
+    }
+}
+
+fn conversation_summary(id: &str, c: &ConvRec) -> Value {
+    json!({
+        "conversation_id": id,
+        "trace_id": id,
+        "subject": c.subject,
+        "started_at": iso8601(c.started_at),
+        "last_message_at": (c.last_message_at > 0).then(|| iso8601(c.last_message_at)),
+        "last_message": c.last_message,
+        "status": if c.closed { "completed" } else { "active" },
+    })
+}
+
+/// Remembers a message's conversation for its deliveries.
+fn remember(st: &mut State, id: &str, conv: Option<String>, preview: String) {
+    if st.messages.insert(id.to_owned(), (conv, preview)).is_none() {
+        st.message_order.push_back(id.to_owned());
+        while st.message_order.len() > REMEMBERED_MESSAGES {
+            if let Some(old) = st.message_order.pop_front() {
+                st.messages.remove(&old);
+            }
+        }
+    }
+}
+
+/// Counts one message for `agent` (sent, or received from `peer`).
+fn count(
+    st: &mut State,
+    agent: &str,
+    peer: Option<&str>,
+    conv: Option<&str>,
+    ts: u64,
+    preview: &str,
+    sent: bool,
+) {
+    let a = st.agents.entry(agent.to_owned()).or_default();
+    a.total_messages += 1;
+    if a.first_contact == 0 {
+        a.first_contact = ts;
+    }
+    a.last_contact = a.last_contact.max(ts);
+    if let Some(p) = peer {
+        a.peers.insert(p.to_owned());
+    }
+    let Some(conv) = conv else {
+        return;
+    };
+    a.conversations.insert(conv.to_owned());
+    let c = st.conversations.entry(conv.to_owned()).or_default();
+    if c.started_at == 0 {
+        c.started_at = ts;
+    }
+    if sent {
+        c.total_messages += 1;
+        c.last_message_at = c.last_message_at.max(ts);
+        c.last_message = preview.to_owned();
+    }
+    let p = c.participants.entry(agent.to_owned()).or_default();
+    if p.joined_at == 0 {
+        p.joined_at = ts;
+    }
+    p.last_message_at = p.last_message_at.max(ts);
+    p.last_sent = sent;
+    if sent {
+        p.summary = preview.to_owned();
+    }
+}
+
+/// A short text of a payload: a string as is, MAMP/IM blocks' texts joined, else the JSON.
+fn preview(payload: Option<&Value>) -> String {
+    let text = match payload {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        Some(other) => other
+            .get("text")
+            .and_then(Value::as_str)
+            .map_or_else(|| other.to_string(), str::to_owned),
+    };
+    text.chars().take(PREVIEW_CHARS).collect()
+}

@@ -1,0 +1,402 @@
+//! `WS /gateway/connect`: one IM agent's connection (seed 002, "Agent 注册和发现").
+//!
+//! Frames in: `{"type":"register","agent_uri","capabilities"}` (first), `{"type":"heartbeat"}`,
+//! and `{"type":"send","to","content","conversation_id?"}` (an extension: send without a
+//! second connection). Frames out: `{"type":"registered","agent_uri"}`, `{"type":"heartbeat_ack"}`,
+//! `{"type":"message","from","to","content","conversation_id","message_id","timestamp"}` for
+//! every MAP message to the agent, `{"type":"sent",...}` and `{"type":"error","error","message"}`.
+//! A wrong frame gets an error frame and the connection stays open.
+//!
+//! The connection is one in-process MAP session owning one MAP agent (id = `agent_uri`). Any
+//! frame counts as a sign of life; after `heartbeat_timeout_ms` without one the connection is
+//! closed (4008 "heartbeat timeout") and so is the MAP session, so the router reports the agent
+//! offline. Owns nothing beyond the connection's lifetime.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::client::{Client, ClientOptions, Messages};
+use crate::gateway::context::GatewayContext;
+use crate::gateway::im::sender::Im;
+use crate::gateway::wire::{iso8601, AgentUri};
+use crate::protocol::ids::AgentId;
+use crate::protocol::json::RawJson;
+use crate::protocol::message::Message;
+use crate::protocol::methods::agents::RegisterParams;
+
+/// Close code of a connection whose heartbeats stopped.
+const CLOSE_HEARTBEAT_TIMEOUT: u16 = 4008;
+/// Close code of a connection that never registered, or whose agent URI is taken.
+const CLOSE_NOT_REGISTERED: u16 = 4001;
+
+/// The upgrade. With `[auth]` on, the credential comes as `Authorization: Bearer` or
+/// `?token=` (browsers cannot set headers on a WebSocket).
+pub async fn upgrade(
+    State(im): State<Arc<Im>>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    if im.ctx.auth.is_some() {
+        let mut headers = headers.clone();
+        if let Some(token) = query.get("token") {
+            if let Ok(v) = format!("Bearer {token}").parse() {
+                headers.insert(axum::http::header::AUTHORIZATION, v);
+            }
+        }
+        if let Some(r) = im.ctx.bearer_refusal(&headers) {
+            return r;
+        }
+    }
+    let max = im.ctx.settings.im.max_frame_bytes;
+    ws.max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| serve(im, socket))
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct Frame {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    agent_uri: Option<String>,
+    #[serde(default)]
+    capabilities: Option<Value>,
+    #[serde(default)]
+    to: Option<String>,
+    #[serde(default)]
+    content: Option<Box<RawValue>>,
+    #[serde(default)]
+    conversation_id: Option<String>,
+}
+
+/// A pushed `message` frame; `content` is the MAP payload as sent.
+#[derive(Serialize)]
+struct Pushed<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    from: &'a str,
+    to: &'a str,
+    content: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    conversation_id: Option<&'a str>,
+    message_id: &'a str,
+    timestamp: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    protocol: Option<&'a str>,
+}
+
+fn error_frame(error: &str, message: &str) -> WsMessage {
+    WsMessage::Text(
+        json!({"type": "error", "error": error, "message": message})
+            .to_string()
+            .into(),
+    )
+}
+
+async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
+    let _ = socket
+        .send(WsMessage::Close(Some(CloseFrame {
+            code,
+            reason: reason.to_owned().into(),
+        })))
+        .await;
+}
+
+/// A registered IM agent's session.
+struct Registered {
+    uri: String,
+    client: Client,
+    messages: Messages,
+    /// Kept so that the agent's messages keep reaching `messages`.
+    _agent: crate::client::AgentHandle,
+}
+
+async fn serve(im: Arc<Im>, mut socket: WebSocket) {
+    let Some(reg) = register(&im, &mut socket).await else {
+        return;
+    };
+    let Registered {
+        uri,
+        client,
+        mut messages,
+        _agent,
+    } = reg;
+    let timeout = im.ctx.settings.im.heartbeat_timeout();
+    let directory = match im.ctx.service().await {
+        Ok(s) => Arc::clone(&s.directory),
+        Err(_) => return,
+    };
+    let mut deadline = Instant::now() + timeout;
+    loop {
+        tokio::select! {
+            frame = socket.recv() => {
+                let text = match frame {
+                    Some(Ok(WsMessage::Text(t))) => t,
+                    Some(Ok(WsMessage::Binary(_))) => {
+                        deadline = Instant::now() + timeout;
+                        directory.heard(&uri);
+                        let _ = socket.send(error_frame("unsupported_frame", "binary frames are not supported: send JSON text")).await;
+                        continue;
+                    }
+                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
+                    Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
+                };
+                deadline = Instant::now() + timeout;
+                directory.heard(&uri);
+                let reply = handle_frame(&im, &uri, text.as_str()).await;
+                if let Some(reply) = reply {
+                    if socket.send(reply).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            message = messages.next() => {
+                let Some(message) = message else {
+                    close(&mut socket, 1011, "MAP session ended").await;
+                    break;
+                };
+                if socket.send(push_frame(&im.ctx, &uri, &message)).await.is_err() {
+                    break;
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                close(&mut socket, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout").await;
+                break;
+            }
+        }
+    }
+    if let Ok(mut s) = im.sessions.lock() {
+        s.remove(&uri);
+    }
+    directory.disconnected(&uri);
+    // A lost transport for the router: the agent goes offline (orphaned, reclaimable by the
+    // next registration under the same URI).
+    let _ = client.close().await;
+}
+
+/// Waits (bounded) for a valid `register` frame and opens the agent's MAP session.
+async fn register(im: &Arc<Im>, socket: &mut WebSocket) -> Option<Registered> {
+    let deadline = Instant::now() + im.ctx.settings.im.register_timeout();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, socket.recv()).await {
+            Err(_) => {
+                close(socket, CLOSE_NOT_REGISTERED, "no register frame").await;
+                return None;
+            }
+            Ok(Some(Ok(WsMessage::Text(t)))) => t,
+            Ok(Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_)))) => continue,
+            Ok(Some(Ok(WsMessage::Binary(_)))) => {
+                let _ = socket
+                    .send(error_frame(
+                        "unsupported_frame",
+                        "binary frames are not supported",
+                    ))
+                    .await;
+                continue;
+            }
+            Ok(_) => return None,
+        };
+        let frame: Frame = match serde_json::from_str(frame.as_str()) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = socket
+                    .send(error_frame(
+                        "invalid_frame",
+                        &format!("not a gateway frame: {e}"),
+                    ))
+                    .await;
+                continue;
+            }
+        };
+        if frame.kind != "register" {
+            let _ = socket
+                .send(error_frame(
+                    "not_registered",
+                    "send {\"type\":\"register\",\"agent_uri\",\"capabilities\"} first",
+                ))
+                .await;
+            continue;
+        }
+        let Some(uri) = frame.agent_uri.filter(|u| AgentUri::parse(u).is_some()) else {
+            let _ = socket
+                .send(error_frame(
+                    "invalid_agent_uri",
+                    "agent_uri must be agent://HOST/ID",
+                ))
+                .await;
+            continue;
+        };
+        let capabilities = frame.capabilities.unwrap_or(Value::Array(Vec::new()));
+        let service = match im.ctx.service().await {
+            Ok(s) => s.clone(),
+            Err(e) => {
+                let _ = socket
+                    .send(error_frame("gateway_unavailable", &e.to_string()))
+                    .await;
+                close(socket, 1011, "gateway unavailable").await;
+                return None;
+            }
+        };
+        if service.directory.is_live(&uri) {
+            let _ = socket
+                .send(error_frame(
+                    "agent_uri_in_use",
+                    &format!("{uri} is connected on another socket"),
+                ))
+                .await;
+            close(socket, CLOSE_NOT_REGISTERED, "agent_uri in use").await;
+            return None;
+        }
+        let opened = async {
+            let client = im
+                .ctx
+                .open_session(ClientOptions::agent().name(uri.clone()))
+                .await?;
+            let agent = client
+                .register(RegisterParams {
+                    agent_id: Some(AgentId::from(uri.as_str())),
+                    name: Some(uri.clone()),
+                    role: Some("im-agent".into()),
+                    metadata: Some(RawJson::from(json!({
+                        "gateway": "im",
+                        "agentUri": uri,
+                        "capabilities": capabilities,
+                    }))),
+                    ..RegisterParams::default()
+                })
+                .await?;
+            Ok::<_, crate::gateway::wire::GatewayError>((client, agent))
+        }
+        .await;
+        let (client, agent) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = socket
+                    .send(error_frame("register_failed", &e.to_string()))
+                    .await;
+                close(socket, CLOSE_NOT_REGISTERED, "register failed").await;
+                return None;
+            }
+        };
+        let messages = agent.messages();
+        service.directory.connected(&uri, capabilities);
+        if let Ok(mut s) = im.sessions.lock() {
+            s.insert(uri.clone(), client.clone());
+        }
+        let ok = json!({"type": "registered", "agent_uri": uri, "agent_id": agent.id()});
+        if socket
+            .send(WsMessage::Text(ok.to_string().into()))
+            .await
+            .is_err()
+        {
+            service.directory.disconnected(&uri);
+            let _ = client.close().await;
+            return None;
+        }
+        return Some(Registered {
+            uri,
+            client,
+            messages,
+            _agent: agent,
+        });
+    }
+}
+
+/// The answer to one frame after registration, if any.
+async fn handle_frame(im: &Arc<Im>, uri: &str, text: &str) -> Option<WsMessage> {
+    let frame: Frame = match serde_json::from_str(text) {
+        Ok(f) => f,
+        Err(e) => {
+            return Some(error_frame(
+                "invalid_frame",
+                &format!("not a gateway frame: {e}"),
+            ))
+        }
+    };
+    match frame.kind.as_str() {
+        "heartbeat" => Some(WsMessage::Text(
+            json!({"type": "heartbeat_ack", "timestamp": iso8601(crate::gateway::wire::now_ms())})
+                .to_string()
+                .into(),
+        )),
+        "register" => Some(error_frame(
+            "already_registered",
+            &format!("this connection is {uri}"),
+        )),
+        "send" => {
+            let (Some(to), Some(content)) = (frame.to, frame.content) else {
+                return Some(error_frame(
+                    "invalid_frame",
+                    "send needs `to` and `content`",
+                ));
+            };
+            let headers = HeaderMap::new();
+            match im
+                .deliver(&headers, uri, &to, &content, frame.conversation_id.as_deref())
+                .await
+            {
+                Ok((conversation_id, message_id)) => Some(WsMessage::Text(
+                    json!({"type": "sent", "conversation_id": conversation_id, "message_id": message_id})
+                        .to_string()
+                        .into(),
+                )),
+                Err(r) => {
+                    let body = axum::body::to_bytes(r.into_body(), 64 * 1024)
+                        .await
+                        .unwrap_or_default();
+                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    Some(error_frame(
+                        v["error"].as_str().unwrap_or("send_failed"),
+                        v["message"].as_str().unwrap_or("send failed"),
+                    ))
+                }
+            }
+        }
+        other => Some(error_frame(
+            "unknown_frame_type",
+            &format!("unknown frame type `{other}` (expected heartbeat or send)"),
+        )),
+    }
+}
+
+/// A MAP message as a pushed `message` frame.
+fn push_frame(ctx: &GatewayContext, uri: &str, message: &Message) -> WsMessage {
+    let meta = message.meta.as_ref().map(RawJson::to_value);
+    let conversation = meta
+        .as_ref()
+        .and_then(|m| m.pointer("/mail/conversationId"))
+        .and_then(Value::as_str);
+    let protocol = meta
+        .as_ref()
+        .and_then(|m| m.get("protocol"))
+        .and_then(Value::as_str);
+    let null = RawJson::null();
+    let content = message.payload.as_ref().unwrap_or(&null);
+    let from = ctx.uri_of(&message.from);
+    let frame = Pushed {
+        kind: "message",
+        from: &from,
+        to: uri,
+        content: content.as_raw(),
+        conversation_id: conversation,
+        message_id: message.id.as_str(),
+        timestamp: iso8601(message.timestamp),
+        protocol,
+    };
+    let text = serde_json::to_string(&frame).unwrap_or_else(|e| {
+        json!({"type": "error", "error": "encode", "message": e.to_string()}).to_string()
+    });
+    WsMessage::Text(text.into())
+}

@@ -1,0 +1,183 @@
+//! The small shared pieces of both gateways, with no state: `agent://` URIs, times in the
+//! seeds' format, the seeds' error body, JSON answers, the bearer header, and
+//! [`GatewayError`].
+
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::client::ClientError;
+
+/// Why a gateway could not do what was asked, before its protocol's own error mapping.
+#[derive(Debug)]
+pub enum GatewayError {
+    /// The gateway's MAP session could not be opened or a call failed for reasons of the
+    /// router (it is shutting down, refuses in-process sessions, ...).
+    Unavailable(String),
+    /// A MAP call answered with an error.
+    Map(ClientError),
+}
+
+impl From<ClientError> for GatewayError {
+    fn from(e: ClientError) -> Self {
+        GatewayError::Map(e)
+    }
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GatewayError::Unavailable(why) => write!(f, "gateway unavailable: {why}"),
+            GatewayError::Map(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A JSON answer (axum's `Json` needs its `json` feature, which the rest of the server does
+/// not use).
+#[derive(Debug)]
+pub struct Json<T>(pub T);
+
+impl<T: serde::Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        match serde_json::to_vec(&self.0) {
+            Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer` header.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+}
+
+/// The seeds' error body: `{"error", "message", "status_code"}`.
+pub fn error_response(status: StatusCode, error: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({
+            "error": error,
+            "message": message,
+            "status_code": status.as_u16(),
+        })),
+    )
+        .into_response()
+}
+
+/// A 503 for a gateway whose MAP session is unavailable, or a 502 for a MAP error nobody
+/// mapped.
+pub fn gateway_error_response(e: &GatewayError) -> Response {
+    match e {
+        GatewayError::Unavailable(why) => {
+            error_response(StatusCode::SERVICE_UNAVAILABLE, "gateway_unavailable", why)
+        }
+        GatewayError::Map(e) => {
+            error_response(StatusCode::BAD_GATEWAY, "map_error", &e.to_string())
+        }
+    }
+}
+
+/// An `agent://HOST/ID` URI (seed 000, "Agent URI"). The id is everything after the first
+/// `/` following the host, and may itself contain slashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentUri {
+    /// The host part.
+    pub host: String,
+    /// The id part.
+    pub id: String,
+}
+
+impl AgentUri {
+    /// The URI scheme with its slashes.
+    pub const SCHEME: &'static str = "agent://";
+
+    /// Parses `text`; `None` unless it is `agent://HOST/ID` with a non-empty host and id and
+    /// no whitespace or control characters.
+    pub fn parse(text: &str) -> Option<Self> {
+        if text.len() > MAX_URI_BYTES || text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return None;
+        }
+        let rest = text.strip_prefix(Self::SCHEME)?;
+        let (host, id) = rest.split_once('/')?;
+        if host.is_empty() || id.is_empty() {
+            return None;
+        }
+        Some(Self {
+            host: host.to_owned(),
+            id: id.to_owned(),
+        })
+    }
+}
+
+/// Longest agent URI accepted (a URI is an agent id too; ids this long are already odd).
+pub const MAX_URI_BYTES: usize = 512;
+
+/// Now, in Unix ms.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A Unix-ms time as the seeds write times: RFC 3339 in UTC, `2026-03-04T10:30:00.123Z`.
+pub fn iso8601(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil, inverted).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{:03}Z",
+        ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_uris() {
+        assert_eq!(
+            AgentUri::parse("agent://other.com/a/b"),
+            Some(AgentUri {
+                host: "other.com".into(),
+                id: "a/b".into()
+            })
+        );
+        for bad in [
+            "",
+            "agent://",
+            "agent://host",
+            "agent://host/",
+            "agent:///id",
+            "http://host/id",
+            "agent://h st/id",
+        ] {
+            assert_eq!(AgentUri::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn times_are_rfc3339() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601(1_772_618_400_123), "2026-03-04T10:00:00.123Z");
+        assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+}
