@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of map-router: unit and integration tests (including the schema check and the
 # built binary), the benches in test mode, the interop suite in which the official
-# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets, and the web
-# dashboard in headless Chromium (tests/browser/).
+# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets, the gateway
+# suite in which the seeds' Python clients (httpx, websockets) drive the MAMP and IM gateways
+# (tests/gateways/), and the web dashboard in headless Chromium (tests/browser/).
 #
-# Needs: cargo, node (>= 20), npm, openssl (tests/tls_client.rs runs the recipe in
+# Needs: cargo, node (>= 20), npm, python3 with venv (tests/gateways/setup.sh makes the venv,
+# from PyPI, unless it exists), openssl (tests/tls_client.rs runs the recipe in
 # docs/security.md) and chromium at /usr/bin/chromium (the dashboard's browser tests; .ci/run
 # installs it). Touches only loopback.
 set -euo pipefail
@@ -19,6 +21,10 @@ cargo build --locked --bin map-router
 (cd tests/interop && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
+
+echo "== gateway suite (the seeds' Python clients against target/debug/map-router)"
+gateways_python=$(tests/gateways/setup.sh)
+"$gateways_python" tests/gateways/run.py --bin target/debug/map-router
 
 echo "== browser tests (the /ui dashboard in headless Chromium against target/debug/map-router)"
 (cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
