@@ -638,3 +638,77 @@ async fn im_and_map_agents_message_each_other() {
     let all = get(addr, "/api/contacts").await.json();
     assert!(all["contacts"].as_array().unwrap().len() >= 2);
 }
+
+#[tokio::test]
+async fn im_oversize_frames_close_the_connection_and_the_agent_goes_offline() {
+    let (_server, addr, _url) = server(|c| c.gateways.im.max_frame_bytes = 1024).await;
+    let mut s = ws(addr).await;
+    send(
+        &mut s,
+        json!({"type": "register", "agent_uri": "agent://internal/big"}),
+    )
+    .await;
+    assert_eq!(frame(&mut s).await["type"], "registered");
+    let huge = json!({"type": "send", "to": "x", "content": "y".repeat(4096)});
+    let _ = with_timeout(s.send(Ws::Text(huge.to_string().into()))).await;
+    let ended = within(Duration::from_secs(5), async {
+        loop {
+            match s.next().await {
+                Some(Ok(Ws::Close(_))) | None | Some(Err(_)) => return true,
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(ended);
+    poll(addr, "/gateway/status/agent://internal/big", |r| {
+        r.status == 200 && r.json()["status"] == "offline"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mamp_remote_agents_are_map_agents_and_a_dead_endpoint_breaks_nothing() {
+    // Port 9 (discard) on loopback: nothing listens there in the test machine's namespace.
+    let (_server, addr, url) = server(|c| {
+        c.gateways.mamp.request_timeout_ms = 1000;
+        c.gateways.mamp.remote = vec![map_router::gateway::config::RemoteMamp {
+            uri: "agent://other.example/code-analyst".into(),
+            endpoint: "http://127.0.0.1:9".into(),
+            token: None,
+            name: Some("Code Analyst".into()),
+        }];
+    })
+    .await;
+    let (client, agent) = map_agent(&url, "analyst").await;
+    let remote = within(Duration::from_secs(5), async {
+        loop {
+            if let Ok(a) = client.get_agent("agent://other.example/code-analyst").await {
+                return a;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(remote.name.as_deref(), Some("Code Analyst"));
+    let sent = with_timeout(client.send(
+        json!({"agent": "agent://other.example/code-analyst"}),
+        json!("hello"),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        sent.delivered,
+        vec!["agent://other.example/code-analyst".to_owned()]
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The gateway still serves, and the MAP agent can still be reached from outside.
+    let ok = post(
+        addr,
+        "/mamp/v1/messages",
+        &envelope(addr, agent.id().as_str(), None, json!("hi")),
+        None,
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+}

@@ -328,7 +328,7 @@ async def im_scenarios(binary, work):
     quoted = urllib.parse.quote(uri, safe="")
     try:
         analyst = await MapAgent.connect(router.ws, "analyst")
-        await analyst.call("map/agents/register", {"name": "analyst"})
+        analyst_id = (await analyst.call("map/agents/register", {"name": "analyst"}))["agent"]["id"]
         # The seed's PC agent: connect, register, heartbeat (faster than 30 s for the test).
         ws = await bounded(websockets.connect(f"{router.ws}/gateway/connect"), "IM connect")
         await ws.send(json.dumps({"type": "register", "agent_uri": uri,
@@ -370,12 +370,22 @@ async def im_scenarios(binary, work):
                   pushed["conversation_id"] == conv and pushed["from"], f"pushed: {pushed}")
             print("ok im POST /gateway/send arrives on the socket as a message frame")
 
-            await analyst.call("map/send", {"to": {"agent": uri}, "payload": "分析完成",
-                                            "meta": {"mail": {"conversationId": conv}}})
+            # The IM agent asks the MAP agent (seed: POST /gateway/send, here naming the
+            # sender), and the MAP agent's reply in that conversation reaches the socket.
+            r = await http.post("/gateway/send", json={"to": analyst_id, "content": "重点分析 core 模块",
+                                                       "from": uri})
+            check(r.status_code == 200, f"IM to MAP: {r.status_code} {r.text}")
+            ask_conv = r.json()["conversation_id"]
+            ask = await analyst.message()
+            check(ask["from"] == uri and ask["payload"] == "重点分析 core 模块" and
+                  ask["meta"]["mail"]["conversationId"] == ask_conv and
+                  ask["meta"]["protocol"] == "im", f"MAP side: {ask}")
+            await analyst.call("map/send", {"to": {"agent": ask["from"]}, "payload": "分析完成",
+                                            "meta": {"mail": {"conversationId": ask_conv}}})
             reply = await bounded(frames.get(), "MAP reply")
             check(reply["type"] == "message" and reply["content"] == "分析完成" and
-                  reply["conversation_id"] == conv, f"reply: {reply}")
-            print("ok im a MAP agent's reply arrives as a message frame")
+                  reply["conversation_id"] == ask_conv, f"reply: {reply}")
+            print("ok im an IM agent's message reaches a MAP agent, whose reply arrives as a frame")
 
             beating = False
             await bounded(hb, "heartbeat loop ends")
@@ -395,12 +405,13 @@ async def im_scenarios(binary, work):
                 return c.status_code, (c.json().get("stats", {}) if c.status_code == 200 else {})
 
             deadline = time.monotonic() + STEP
-            while (await total())[1].get("total_messages") != 2:
+            while (await total())[1].get("total_messages") != 3:
                 check(time.monotonic() < deadline, f"contact: {await total()}")
                 await asyncio.sleep(0.1)
-            collab = (await http.get(f"/api/traces/{conv}/collaborators")).json()
-            check(uri in [c["agent_uri"] for c in collab["collaborators"]], f"collab: {collab}")
-            print("ok im the contact counts both messages; the conversation lists collaborators")
+            collab = (await http.get(f"/api/traces/{ask_conv}/collaborators")).json()
+            uris = [c["agent_uri"] for c in collab["collaborators"]]
+            check(uri in uris and len(uris) == 2, f"collaborators: {collab}")
+            print("ok im the contact counts its three messages; the conversation lists collaborators")
         rd.cancel()
         await analyst.close()
         router.stop()
@@ -408,7 +419,7 @@ async def im_scenarios(binary, work):
         router = Router(binary, config, data).start()
         async with httpx.AsyncClient(base_url=router.http, timeout=STEP) as http:
             c = await http.get(f"/api/contacts/{quoted}")
-            check(c.status_code == 200 and c.json()["stats"]["total_messages"] == 2,
+            check(c.status_code == 200 and c.json()["stats"]["total_messages"] == 3,
                   f"after restart: {c.status_code} {c.text}")
             st = (await http.get(f"/gateway/status/{quoted}")).json()
             check(st["status"] == "offline" and st["last_seen"], f"status after restart: {st}")

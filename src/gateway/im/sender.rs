@@ -59,9 +59,9 @@ impl Im {
             .await
             .map_err(|e| gateway_error_response(&e))?;
         let target = match AgentUri::parse(to) {
-            Some(uri) => match resolve(&service.client, to).await {
-                Some(a) if a.id.as_str() == to => Some(a),
-                _ if ctx.is_local_host(&uri.host, headers) => {
+            Some(uri) => match service.client.get_agent(to).await {
+                Ok(a) => Some(a),
+                Err(_) if ctx.is_local_host(&uri.host, headers) => {
                     resolve(&service.client, &uri.id).await
                 }
                 _ => None,

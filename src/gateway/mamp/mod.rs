@@ -189,9 +189,9 @@ async fn receive(
     let env = &checked.envelope;
     // An agent registered under the whole URI (an IM agent, a remote MAMP agent) is reached
     // whatever the host; otherwise the host must be ours and the id an agent id or name.
-    let target = match resolve(&service.client, &env.to).await {
-        Some(a) if a.id.as_str() == env.to => Some(a),
-        _ if ctx.is_local_host(&checked.to.host, &headers) => {
+    let target = match service.client.get_agent(env.to.as_str()).await {
+        Ok(a) => Some(a),
+        Err(_) if ctx.is_local_host(&checked.to.host, &headers) => {
             resolve(&service.client, &checked.to.id).await
         }
         _ => None,
