@@ -536,6 +536,30 @@ async fn im_presence_follows_the_connection_and_its_heartbeats() {
         get(addr, "/gateway/agents").await.json()["agents"],
         json!([])
     );
+    // Away, it cannot send; back under the same URI, it is the same MAP agent, online again.
+    let away = post(
+        addr,
+        "/gateway/send",
+        br#"{"from":"agent://internal/pc-agent","to":"agent://internal/pc-agent","content":"x"}"#,
+        None,
+    )
+    .await;
+    assert_error(&away, 409, "agent_offline");
+    let mut again = ws(addr).await;
+    send(
+        &mut again,
+        json!({"type": "register", "agent_uri": "agent://internal/pc-agent"}),
+    )
+    .await;
+    let reg = frame(&mut again).await;
+    assert_eq!(reg["type"], "registered", "{reg}");
+    assert_eq!(reg["agent_id"], "agent://internal/pc-agent");
+    assert_eq!(
+        get(addr, "/gateway/status/agent://internal/pc-agent")
+            .await
+            .json()["status"],
+        "online"
+    );
 }
 
 #[tokio::test]

@@ -109,7 +109,7 @@ impl GatewayContext {
                             .name("gateway"),
                     )
                     .await?;
-                let directory = Directory::start(client.clone(), self.host().to_owned()).await?;
+                let directory = Directory::start(client.clone()).await?;
                 Ok(Service { client, directory })
             })
             .await

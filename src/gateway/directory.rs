@@ -113,7 +113,7 @@ impl Directory {
     ///
     /// # Errors
     /// [`GatewayError::Map`] when the replay or the subscription fails.
-    pub async fn start(client: Client, _host: String) -> Result<Arc<Self>, GatewayError> {
+    pub async fn start(client: Client) -> Result<Arc<Self>, GatewayError> {
         let dir = Arc::new(Self {
             state: Mutex::new(State::default()),
             live: Mutex::new(HashMap::new()),
@@ -327,6 +327,13 @@ impl Directory {
         if let (Some(gone), Ok(mut st)) = (gone, self.state.lock()) {
             st.im_gone.insert(uri.to_owned(), gone.last_seen);
         }
+    }
+
+    /// Whether `uri` is an IM agent whose connection ended in this process.
+    pub fn was_im(&self, uri: &str) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|st| st.im_gone.contains_key(uri))
     }
 
     /// Whether an IM agent holds a live connection under `uri`.

@@ -34,6 +34,12 @@ struct ConversationMap {
 }
 
 impl PeerTable {
+    /// Removes the peer for `uri` (an IM agent is connecting under that URI: its own session
+    /// takes the agent id over).
+    pub async fn take(&self, uri: &str) -> Option<Peer> {
+        self.table.lock().await.remove(uri)
+    }
+
     /// Our conversation id for the remote's `theirs`, if a message of ours started it.
     pub fn ours(&self, remote: &str, theirs: &str) -> Option<String> {
         let map = self.conversations.lock().ok()?;

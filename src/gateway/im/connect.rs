@@ -259,6 +259,11 @@ async fn register(im: &Arc<Im>, socket: &mut WebSocket) -> Option<Registered> {
             close(socket, CLOSE_NOT_REGISTERED, "agent_uri in use").await;
             return None;
         }
+        // A peer session may hold the URI (a message was sent as this agent while it was
+        // away): end it, so that the agent id is free for the connection's own session.
+        if let Some(peer) = im.ctx.peers.take(&uri).await {
+            let _ = peer.client.disconnect().await;
+        }
         let opened = async {
             let client = im
                 .ctx

@@ -71,6 +71,17 @@ impl Im {
         }
         .ok_or_else(|| unknown_agent(to))?;
         let live = self.sessions.lock().ok().and_then(|s| s.get(from).cloned());
+        if live.is_none() && service.directory.was_im(from) {
+            // Its MAP agent waits, orphaned, for the agent to connect again: a peer session
+            // must not take it over.
+            return Err(error_response(
+                StatusCode::CONFLICT,
+                "agent_offline",
+                &format!(
+                    "{from} is an IM agent that is not connected: it sends only while connected"
+                ),
+            ));
+        }
         let client = match live {
             Some(c) => c,
             None => {
