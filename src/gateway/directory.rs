@@ -188,6 +188,7 @@ impl Directory {
                     a.online = data.get("status").and_then(Value::as_str) == Some("online");
                     a.last_seen = data
                         .get("lastSeen")
+                        .or_else(|| data.get("since"))
                         .and_then(Value::as_u64)
                         .unwrap_or(ts)
                         .max(a.last_seen);
