@@ -158,21 +158,30 @@ impl GatewayContext {
     pub fn bearer_refusal(&self, headers: &HeaderMap) -> Option<Response> {
         let auth = self.auth.as_ref()?;
         let given = bearer(headers);
-        let Some(secret) = given.filter(|s| !s.is_empty()) else {
-            return Some(error_response(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "this router needs `Authorization: Bearer <API key or JWT>`",
-            ));
+        let why = match given.filter(|s| !s.is_empty()) {
+            None => "this router needs `Authorization: Bearer <API key or JWT>`".to_owned(),
+            Some(secret) => match auth.verify_bearer(secret) {
+                Ok(_) => return None,
+                Err(e) => format!("credential refused: {}", e.message),
+            },
         };
-        auth.verify_bearer(secret).err().map(|e| {
-            error_response(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                &format!("credential refused: {}", e.message),
-            )
-        })
+        Some(closing(error_response(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            &why,
+        )))
     }
+}
+
+/// `response` with `Connection: close`: for answers given before the request's body was read
+/// (401, 413), so that a keep-alive client does not send its next request on a connection
+/// whose unread body the server is about to drop with the connection.
+pub fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// A MAP agent by id, else by unique name (as `client`, which sees what it may see).

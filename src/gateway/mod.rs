@@ -1,5 +1,5 @@
 //! Gateways: translators between other agent protocols and MAP, on the router's own HTTP
-//! server (`/work/shared/spec/gateways.md`, `docs/gateways.md`).
+//! server (`docs/gateways.md`).
 //!
 //! A gateway owns no routing state. It opens in-process MAP sessions like any participant (one
 //! per outside agent it speaks for), calls the ordinary methods (`map/send` with `meta.mail`,

@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::client::ClientError;
-use crate::gateway::context::{resolve, GatewayContext};
+use crate::gateway::context::{closing, resolve, GatewayContext};
 use crate::gateway::peer_table::Peer;
 use crate::gateway::peers;
 use crate::gateway::wire::{error_response, gateway_error_response, AgentUri, GatewayError, Json};
@@ -161,11 +161,11 @@ async fn receive(
     }
     let max = ctx.settings.mamp.max_message_size;
     let too_large = || {
-        error_response(
+        closing(error_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             "message_too_large",
             &format!("messages are limited to {max} bytes (max_message_size)"),
-        )
+        ))
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
