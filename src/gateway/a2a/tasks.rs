@@ -37,12 +37,15 @@ use crate::transport::in_process::InProcessLinks;
 /// The id (and name) of the gateway's participant and agent.
 pub const GATEWAY_AGENT: &str = "a2a-gateway";
 
-/// `map/tasks/*` method names (the tasks extension, docs/a2a.md).
+/// The `map/tasks/*` methods (docs/tasks.md), called with JSON text so that the verbatim
+/// members of `meta.a2a` keep their bytes both ways.
 mod methods {
-    pub const CREATE: &str = "map/tasks/create";
-    pub const UPDATE: &str = "map/tasks/update";
-    pub const GET: &str = "map/tasks/get";
-    pub const LIST: &str = "map/tasks/list";
+    use crate::protocol::methods::tasks::{TasksCreate, TasksGet, TasksList, TasksUpdate};
+    use crate::protocol::methods::Method;
+    pub const CREATE: &str = TasksCreate::NAME;
+    pub const UPDATE: &str = TasksUpdate::NAME;
+    pub const GET: &str = TasksGet::NAME;
+    pub const LIST: &str = TasksList::NAME;
 }
 
 /// Longest a blocking `SendMessage` waits for the task to end or be interrupted; after that it
