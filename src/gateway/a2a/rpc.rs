@@ -381,7 +381,9 @@ pub const DEFAULT_PAGE: u32 = 50;
 async fn list(core: &Core, target: &Target, v: Version, raw: &RawValue) -> Result<Value, A2aError> {
     let p: ListParams = params(raw)?;
     let state = match p.status.as_deref() {
-        None | Some("") | Some("TASK_STATE_UNSPECIFIED") => None,
+        // NB: `@a2a-js/sdk` 1.3.0 sends `"UNRECOGNIZED"` for `listTasks({})` (its toJSON maps
+        // an absent status through its enum), so that means "any state" as well.
+        None | Some("") | Some("TASK_STATE_UNSPECIFIED") | Some("UNRECOGNIZED") => None,
         Some(s) => Some(
             TaskState::parse(s)
                 .ok_or_else(|| A2aError::invalid_params(format!("unknown task state {s:?}")))?,
