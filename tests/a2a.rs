@@ -268,6 +268,14 @@ async fn cards_describe_the_router_and_each_agent() {
     let card = get(addr, "/.well-known/agent.json").await.json();
     assert_eq!(card["skills"][0]["id"], id);
 
+    // Without the trailing slash, URL resolution drops the agent: a 404 that says so.
+    let r = get(addr, "/a2a/agents/.well-known/agent-card.json").await;
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("trailing slash"));
+
     // Unknown agents, and the gateway itself, have no card.
     for bad in ["nobody", "a2a-gateway", "%2e%2e"] {
         let r = get(

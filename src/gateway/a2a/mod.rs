@@ -170,6 +170,11 @@ pub fn routes(gateway: Arc<A2aGateway>) -> HttpRouter {
             "/a2a/agents/{agent}/.well-known/agent.json",
             get(agent_card_v03),
         )
+        .route(
+            "/a2a/agents/.well-known/agent-card.json",
+            get(missing_slash),
+        )
+        .route("/a2a/agents/.well-known/agent.json", get(missing_slash))
         .route("/a2a/agents/{agent}", post(rpc_agent))
         .route("/a2a/agents/{agent}/", post(rpc_agent))
         // NB: we read the body ourselves, with our limit, and answer 413 as JSON-RPC.
@@ -199,6 +204,17 @@ fn problem(e: &A2aError) -> Response {
             e.status
         },
         &serde_json::json!({"error": e.message, "code": e.code}),
+    )
+}
+
+/// Where `ClientFactory.createFromUrl("…/a2a/agents/<id>")` (no trailing slash) looks: URL
+/// resolution replaces the last segment, so the agent is lost. Say how to fix it.
+async fn missing_slash() -> Response {
+    json(
+        StatusCode::NOT_FOUND,
+        &serde_json::json!({
+            "error": "no agent named in the path: give the agent's base URL with a trailing slash, http://<host>/a2a/agents/<agentId>/ (the card path .well-known/agent-card.json is resolved against it)",
+        }),
     )
 }
 
