@@ -851,3 +851,149 @@ async fn hostile_input_gets_json_rpc_errors() {
     let r = get(addr, "/a2a/agents/echo/.well-known/agent-card.json").await;
     assert_eq!(r.status, 200);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Authentication
+
+const ALICE: &str = "ak-alice-0123456789abcdef";
+const BOB: &str = "ak-bob-0123456789abcdef";
+
+async fn post_as(addr: SocketAddr, path: &str, key: Option<&str>, body: &str) -> HttpResponse {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(a) = &auth {
+        headers.push(("Authorization", a.as_str()));
+    }
+    request(addr, "POST", path, &headers, body.as_bytes()).await
+}
+
+#[tokio::test]
+async fn with_auth_calls_need_a_credential_and_act_as_its_principal() {
+    let (_server, url) = start_server(|c| {
+        let mut t = map_router::server::Config::from_toml(
+            r#"
+[auth]
+trusted_transports = ["supervised", "in-process"]
+
+[permissions.principals."bob".observation]
+canQuery = false
+"#,
+        )
+        .expect("config");
+        t.listen = c.listen.clone();
+        t.auth.api_keys.inline = Some(map_router::auth::config::Secret(format!(
+            "{ALICE} alice,{BOB} bob"
+        )));
+        *c = t;
+    })
+    .await;
+    let addr: SocketAddr = url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    // The agent authenticates as alice.
+    let client = with_timeout(Client::connect_ws(
+        &url,
+        ClientOptions::agent().name("echo").api_key(ALICE),
+    ))
+    .await
+    .expect("agent connects");
+    let handle = with_timeout(client.register(RegisterParams {
+        name: Some("echo".into()),
+        ..RegisterParams::default()
+    }))
+    .await
+    .unwrap();
+    let mut inbox = handle.messages();
+    let c = client.clone();
+    tokio::spawn(async move {
+        while let Some(m) = inbox.next().await {
+            reply_raw(&c, &m, m.payload.clone().unwrap_or_default(), true).await;
+        }
+    });
+
+    // The router card says how to authenticate, and lists no agent to a caller without a
+    // credential; with one, the agents that principal may see.
+    let card = get(addr, "/.well-known/agent-card.json").await.json();
+    assert_eq!(
+        card["securitySchemes"]["apiKey"]["apiKeySecurityScheme"]["name"],
+        "X-API-Key"
+    );
+    assert_eq!(
+        card["securityRequirements"][0]["schemes"]["apiKey"],
+        json!({"list": []})
+    );
+    assert_eq!(card["skills"], json!([]));
+    let card = request(
+        addr,
+        "GET",
+        "/.well-known/agent-card.json",
+        &[("X-API-Key", ALICE)],
+        b"",
+    )
+    .await
+    .json();
+    assert_eq!(card["skills"][0]["id"], handle.id().to_string());
+    let r = get(addr, "/a2a/agents/echo/.well-known/agent-card.json").await;
+    assert_eq!(r.status, 401, "an agent's card needs a credential");
+
+    let send = rpc_body(json!(1), "SendMessage", json!({"message": v1_text("hi")}));
+    // No credential, a wrong one: 401.
+    let r = post_as(addr, "/a2a/agents/echo", None, &send).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["code"], -32600);
+    let r = post_as(
+        addr,
+        "/a2a/agents/echo",
+        Some("ak-nobody-000000000000"),
+        &send,
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    // alice: served.
+    let r = post_as(addr, "/a2a/agents/echo", Some(ALICE), &send).await;
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(
+        v["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{v}"
+    );
+    let id = v["result"]["task"]["id"].as_str().unwrap().to_owned();
+    // bob may not query agents (his principal's grant): refused as for any MAP participant.
+    let r = post_as(addr, "/a2a/agents/echo", Some(BOB), &send).await;
+    assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("observation.canQuery"));
+    let get_task = rpc_body(json!(2), "GetTask", json!({"id": id}));
+    let r = post_as(addr, "/a2a", Some(ALICE), &get_task).await;
+    assert_eq!(
+        r.json()["result"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    // The same credential reuses its MAP session: still served.
+    let r = post_as(addr, "/a2a", Some(ALICE), &get_task).await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn with_auth_and_in_process_untrusted_the_gateway_says_what_to_configure() {
+    let (_server, url) = start_server(|c| {
+        c.auth.api_keys.inline = Some(map_router::auth::config::Secret(format!("{ALICE} alice")));
+    })
+    .await;
+    let addr: SocketAddr = url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let send = rpc_body(json!(1), "GetTask", json!({"id": "x"}));
+    let r = post_as(addr, "/a2a", Some(ALICE), &send).await;
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("trusted_transports"));
+}

@@ -40,7 +40,8 @@ pub struct A2aError {
     pub message: String,
     /// The HTTP status of the answer (200 for errors of a well-formed call, as JSON-RPC over
     /// HTTP does; 404 for an unknown agent, 413 for an oversize body, 401 for a missing or
-    /// refused credential, 503 while the gateway's MAP session cannot be opened).
+    /// refused credential, 403 for a MAP permission the caller lacks, 503 while the gateway's
+    /// MAP session cannot be opened).
     pub status: StatusCode,
 }
 
@@ -139,6 +140,7 @@ impl A2aError {
             }
             (ClientError::Rpc { code, message, .. }, _) if code.0 == 1003 || code.0 == 14003 => {
                 Self::invalid_request(format!("permission denied: {message}"))
+                    .with_status(StatusCode::FORBIDDEN)
             }
             (ClientError::Auth(a), _) => {
                 Self::new(code::INVALID_REQUEST, format!("Authentication failed: {a}"))

@@ -31,6 +31,7 @@ pub mod sse;
 pub mod tasks;
 pub mod wire;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -42,6 +43,7 @@ use axum::Router as HttpRouter;
 use tokio::sync::{watch, OnceCell};
 
 use crate::auth::Authenticator;
+use crate::client::{Client, ClientOptions, ConnectionState};
 use crate::gateway::a2a::card::{CardContext, Security};
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::tasks::{Core, Target};
@@ -67,10 +69,17 @@ pub struct Settings {
     pub security: Security,
 }
 
+/// Callers' MAP sessions kept at most (authentication on). Past this, all are closed and the
+/// next requests open new ones: a bound on memory, not a cache policy worth tuning.
+pub const MAX_CALLER_SESSIONS: usize = 256;
+
 /// The gateway: its settings, and its MAP session once opened.
 pub struct A2aGateway {
     links: Arc<dyn InProcessLinks + Send + Sync>,
     core: OnceCell<Arc<Core>>,
+    /// Callers' MAP sessions by credential (authentication on). NB: a std mutex, never held
+    /// across an await.
+    callers: std::sync::Mutex<HashMap<String, Client>>,
     settings: Settings,
     shutdown: watch::Receiver<bool>,
 }
@@ -95,6 +104,7 @@ impl A2aGateway {
         Arc::new(Self {
             links,
             core: OnceCell::new(),
+            callers: std::sync::Mutex::new(HashMap::new()),
             settings,
             shutdown,
         })
@@ -126,10 +136,16 @@ impl A2aGateway {
         }
     }
 
-    /// Checks the caller's credential when authentication is on.
-    fn authenticate(&self, headers: &HeaderMap) -> Result<(), A2aError> {
+    /// Whose eyes a request reads through: the gateway's session when authentication is off;
+    /// else the caller's own MAP session, opened in-process with the caller's credential (so the
+    /// router applies that principal's permissions) and kept for the next request with the same
+    /// credential. `Ok(None)`: authentication is on and the request carries no credential.
+    ///
+    /// # Errors
+    /// 401 for a refused credential; the MAP session could not be opened.
+    async fn viewer(&self, core: &Core, headers: &HeaderMap) -> Result<Option<Client>, A2aError> {
         let Some(auth) = &self.settings.auth else {
-            return Ok(());
+            return Ok(Some(core.client().clone()));
         };
         let bearer = headers
             .get(header::AUTHORIZATION)
@@ -140,14 +156,44 @@ impl A2aGateway {
             });
         let key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
         let Some(secret) = bearer.or(key).map(str::trim).filter(|s| !s.is_empty()) else {
-            return Err(A2aError::invalid_request(
-                "authentication required: send Authorization: Bearer <JWT or API key> (see the agent card's securitySchemes)",
-            )
-            .with_status(StatusCode::UNAUTHORIZED));
+            return Ok(None);
         };
-        auth.verify_bearer(secret).map(drop).map_err(|e| {
+        // NB: checked here first, so a refused credential costs no MAP session.
+        auth.verify_bearer(secret).map_err(|e| {
             A2aError::invalid_request(format!("credential refused: {}", e.message))
                 .with_status(StatusCode::UNAUTHORIZED)
+        })?;
+        let cached = self
+            .callers
+            .lock()
+            .ok()
+            .and_then(|c| c.get(secret).cloned())
+            .filter(|c| c.state() == ConnectionState::Connected);
+        if let Some(client) = cached {
+            return Ok(Some(client));
+        }
+        let client = Client::in_process(
+            &*self.links,
+            ClientOptions::new().name("a2a-caller").bearer_token(secret),
+        )
+        .await
+        .map_err(|e| A2aError::from_map(&e, None))?;
+        if let Ok(mut c) = self.callers.lock() {
+            if c.len() >= MAX_CALLER_SESSIONS {
+                c.clear();
+            }
+            c.insert(secret.to_owned(), client.clone());
+        }
+        Ok(Some(client))
+    }
+
+    /// As [`A2aGateway::viewer`], but a missing credential is 401.
+    async fn caller(&self, core: &Core, headers: &HeaderMap) -> Result<Client, A2aError> {
+        self.viewer(core, headers).await?.ok_or_else(|| {
+            A2aError::invalid_request(
+                "authentication required: send Authorization: Bearer <JWT or API key>, or X-API-Key (see the router card's securitySchemes)",
+            )
+            .with_status(StatusCode::UNAUTHORIZED)
         })
     }
 }
@@ -223,7 +269,14 @@ async fn router_card(g: &A2aGateway, headers: &HeaderMap, legacy: bool) -> Respo
         Ok(c) => c,
         Err(e) => return problem(&e),
     };
-    match core.agents().await {
+    // With authentication on, the skills are the agents the caller may see: none for a caller
+    // without a credential (the card still says how to authenticate).
+    let agents = match g.viewer(core, headers).await {
+        Ok(Some(viewer)) => core.agents(&viewer).await,
+        Ok(None) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    };
+    match agents {
         Ok(agents) => json(
             StatusCode::OK,
             &card::router_card(&g.card_context(headers), &agents, legacy),
@@ -245,7 +298,11 @@ async fn agent_card(g: &A2aGateway, id: &str, headers: &HeaderMap, legacy: bool)
         Ok(c) => c,
         Err(e) => return problem(&e),
     };
-    match core.resolve(id).await {
+    let agent = match g.caller(core, headers).await {
+        Ok(viewer) => core.resolve(&viewer, id).await,
+        Err(e) => Err(e),
+    };
+    match agent {
         Ok(agent) => json(
             StatusCode::OK,
             &card::agent_card(&g.card_context(headers), &agent, legacy),
@@ -295,9 +352,6 @@ async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: B
             return rpc::error_response(None, &e);
         }
     };
-    if let Err(e) = g.authenticate(headers) {
-        return rpc::error_response(None, &e);
-    }
     let request = match rpc::read(&bytes) {
         Ok(r) => r,
         Err((id, e)) => return rpc::error_response(id.as_deref(), &e),
@@ -306,12 +360,16 @@ async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: B
         Ok(c) => c,
         Err(e) => return rpc::error_response(Some(&request.id), &e),
     };
+    let viewer = match g.caller(core, headers).await {
+        Ok(v) => v,
+        Err(e) => return rpc::error_response(Some(&request.id), &e),
+    };
     let target = match agent {
         None => Target::Router,
-        Some(id) => match core.resolve(&id).await {
+        Some(id) => match core.resolve(&viewer, &id).await {
             Ok(a) => Target::Agent(Box::new(a)),
             Err(e) => return rpc::error_response(Some(&request.id), &e),
         },
     };
-    rpc::handle(core, &target, request, g.shutdown.clone()).await
+    rpc::handle(core, &viewer, &target, request, g.shutdown.clone()).await
 }

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use crate::client::Client;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::frame::{error_frame, result_frame};
 use crate::gateway::a2a::sse;
@@ -222,6 +223,7 @@ fn params<T: DeserializeOwned>(raw: &RawValue) -> Result<T, A2aError> {
 /// Answers one request.
 pub async fn handle(
     core: &Core,
+    viewer: &Client,
     target: &Target,
     request: Request,
     shutdown: tokio::sync::watch::Receiver<bool>,
@@ -233,22 +235,23 @@ pub async fn handle(
         params: raw,
     } = request;
     let answer = match method {
-        Method::Send => send(core, target, version, &raw).await,
+        Method::Send => send(core, viewer, target, version, &raw).await,
         Method::Stream => {
-            return match stream(core, target, version, id.clone(), &raw, shutdown).await {
+            return match stream(core, viewer, target, version, id.clone(), &raw, shutdown).await {
                 Ok(r) => r,
                 Err(e) => error_response(Some(&id), &e),
             };
         }
         Method::Subscribe => {
-            return match subscribe(core, target, version, id.clone(), &raw, shutdown).await {
+            return match subscribe(core, viewer, target, version, id.clone(), &raw, shutdown).await
+            {
                 Ok(r) => r,
                 Err(e) => error_response(Some(&id), &e),
             };
         }
-        Method::Get => get(core, target, version, &raw).await,
-        Method::List => list(core, target, version, &raw).await,
-        Method::Cancel => cancel(core, target, version, &raw).await,
+        Method::Get => get(core, viewer, target, version, &raw).await,
+        Method::List => list(core, viewer, target, version, &raw).await,
+        Method::Cancel => cancel(core, viewer, target, version, &raw).await,
         Method::ExtendedCard => Err(A2aError::no_extended_card()),
         Method::PushConfig => Err(A2aError::push_not_supported()),
     };
@@ -268,13 +271,21 @@ fn check_no_push(p: &SendParams) -> Result<(), A2aError> {
     Ok(())
 }
 
-async fn send(core: &Core, target: &Target, v: Version, raw: &RawValue) -> Result<Value, A2aError> {
+async fn send(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
     let p: SendParams = params(raw)?;
     check_no_push(&p)?;
     let config = p.configuration.clone().unwrap_or_default();
     let message = p.message.into_message().map_err(A2aError::invalid_params)?;
     let blocking = config.blocking();
-    let (id, _first, watcher) = core.send(target, message, p.metadata, blocking).await?;
+    let (id, _first, watcher) = core
+        .send(viewer, target, message, p.metadata, blocking)
+        .await?;
     if let Some(mut watcher) = watcher {
         let waited = tokio::time::timeout(BLOCKING_WAIT, async {
             while let Some(s) = watcher.recv().await {
@@ -293,7 +304,7 @@ async fn send(core: &Core, target: &Target, v: Version, raw: &RawValue) -> Resul
             ));
         }
     }
-    let record = core.task(target, &id).await?;
+    let record = core.task(viewer, target, &id).await?;
     Ok(wire::task_result(
         v,
         &record.view(&id),
@@ -303,6 +314,7 @@ async fn send(core: &Core, target: &Target, v: Version, raw: &RawValue) -> Resul
 
 async fn stream(
     core: &Core,
+    viewer: &Client,
     target: &Target,
     v: Version,
     id: Box<RawValue>,
@@ -313,7 +325,7 @@ async fn stream(
     check_no_push(&p)?;
     let history_length = p.configuration.as_ref().and_then(|c| c.history_length);
     let message = p.message.into_message().map_err(A2aError::invalid_params)?;
-    let (task_id, first, watcher) = core.send(target, message, p.metadata, true).await?;
+    let (task_id, first, watcher) = core.send(viewer, target, message, p.metadata, true).await?;
     let watcher = watcher.ok_or_else(|| A2aError::internal("no watcher"))?;
     Ok(sse::respond(sse::Stream {
         id,
@@ -328,6 +340,7 @@ async fn stream(
 
 async fn subscribe(
     core: &Core,
+    viewer: &Client,
     target: &Target,
     v: Version,
     id: Box<RawValue>,
@@ -337,7 +350,7 @@ async fn subscribe(
     let p: TaskIdParams = params(raw)?;
     // NB: watch first, then read: every change after the read reaches the watcher.
     let watcher = core.feed.watch(&p.id);
-    let first = core.task(target, &p.id).await?;
+    let first = core.task(viewer, target, &p.id).await?;
     if first.state.is_terminal() {
         return Err(A2aError::unsupported(format!(
             "task {} is {}: there is nothing to subscribe to (use GetTask)",
@@ -356,20 +369,27 @@ async fn subscribe(
     }))
 }
 
-async fn get(core: &Core, target: &Target, v: Version, raw: &RawValue) -> Result<Value, A2aError> {
-    let p: TaskIdParams = params(raw)?;
-    let record = core.task(target, &p.id).await?;
-    Ok(wire::task_json(v, &record.view(&p.id), p.history_length))
-}
-
-async fn cancel(
+async fn get(
     core: &Core,
+    viewer: &Client,
     target: &Target,
     v: Version,
     raw: &RawValue,
 ) -> Result<Value, A2aError> {
     let p: TaskIdParams = params(raw)?;
-    let record = core.cancel(target, &p.id).await?;
+    let record = core.task(viewer, target, &p.id).await?;
+    Ok(wire::task_json(v, &record.view(&p.id), p.history_length))
+}
+
+async fn cancel(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
+    let p: TaskIdParams = params(raw)?;
+    let record = core.cancel(viewer, target, &p.id).await?;
     Ok(wire::task_json(v, &record.view(&p.id), p.history_length))
 }
 
@@ -378,7 +398,13 @@ pub const MAX_PAGE: u32 = 100;
 /// Tasks per page when the caller does not say.
 pub const DEFAULT_PAGE: u32 = 50;
 
-async fn list(core: &Core, target: &Target, v: Version, raw: &RawValue) -> Result<Value, A2aError> {
+async fn list(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
     let p: ListParams = params(raw)?;
     let state = match p.status.as_deref() {
         // NB: `@a2a-js/sdk` 1.3.0 sends `"UNRECOGNIZED"` for `listTasks({})` (its toJSON maps
@@ -392,6 +418,7 @@ async fn list(core: &Core, target: &Target, v: Version, raw: &RawValue) -> Resul
     let size = p.page_size.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
     let (tasks, next) = core
         .list(
+            viewer,
             target,
             p.context_id.as_deref().filter(|c| !c.is_empty()),
             state,

@@ -5,6 +5,11 @@
 //! `reply()` comes back here), the [`Feed`] of `task.*` events, and the loop that turns the
 //! agents' messages into task updates ([`Core::on_agent_message`]).
 //!
+//! Reads are made *as the caller* (`viewer`: the caller's own MAP session when authentication is
+//! on, else the gateway's), so MAP visibility decides which agents and tasks an A2A caller can
+//! reach; writes (create, update, send) are the gateway's, which created every A2A task and so
+//! may change it.
+//!
 //! Every A2A state change is one `map/tasks/update` (a durable `task.*` event that MAP
 //! subscribers see), made under [`Core::writing`] so that the read-modify-write of
 //! `meta.a2a` (MAP merges `meta` one key deep) never interleaves. The task itself is the
@@ -69,6 +74,19 @@ impl Target {
             Self::Router => true,
         }
     }
+}
+
+/// Calls `method` on `client` with JSON text both ways.
+async fn call(
+    client: &Client,
+    method: &str,
+    params: String,
+    task: Option<&str>,
+) -> Result<String, A2aError> {
+    client
+        .call_text(method, params)
+        .await
+        .map_err(|e| A2aError::from_map(&e, task))
 }
 
 /// The gateway's MAP session and the operations on it.
@@ -139,13 +157,17 @@ impl Core {
     // -----------------------------------------------------------------------------------------
     // Agents
 
-    /// The agents an A2A caller may address (every agent this session sees, but the gateway).
+    /// The gateway's own session: what an A2A caller sees through when authentication is off.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The agents an A2A caller may address: those `viewer` sees, but the gateway.
     ///
     /// # Errors
     /// The listing failed.
-    pub async fn agents(&self) -> Result<Vec<Agent>, A2aError> {
-        let agents = self
-            .client
+    pub async fn agents(&self, viewer: &Client) -> Result<Vec<Agent>, A2aError> {
+        let agents = viewer
             .list_agents(AgentFilter::default())
             .await
             .map_err(|e| A2aError::from_map(&e, None))?;
@@ -159,15 +181,15 @@ impl Core {
     ///
     /// # Errors
     /// [`A2aError::unknown_agent`] when none (or several, by name) match.
-    pub async fn resolve(&self, id_or_name: &str) -> Result<Agent, A2aError> {
+    pub async fn resolve(&self, viewer: &Client, id_or_name: &str) -> Result<Agent, A2aError> {
         if id_or_name == GATEWAY_AGENT {
             return Err(A2aError::unknown_agent(id_or_name));
         }
-        if let Ok(agent) = self.client.get_agent(id_or_name).await {
+        if let Ok(agent) = viewer.get_agent(id_or_name).await {
             return Ok(agent);
         }
         let named: Vec<Agent> = self
-            .agents()
+            .agents(viewer)
             .await?
             .into_iter()
             .filter(|a| a.name.as_deref() == Some(id_or_name))
@@ -187,20 +209,27 @@ impl Core {
         params: String,
         task: Option<&str>,
     ) -> Result<String, A2aError> {
-        self.client
-            .call_text(method, params)
-            .await
-            .map_err(|e| A2aError::from_map(&e, task))
+        call(&self.client, method, params, task).await
     }
 
-    /// The A2A task `id`, as `target` may see it.
+    /// The A2A task `id`, as `viewer` sees it at `target`.
     ///
     /// # Errors
-    /// -32001 when there is no such task, it is not an A2A task, or it belongs to another agent.
-    pub async fn task(&self, target: &Target, id: &str) -> Result<Record, A2aError> {
-        let text = self
-            .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
-            .await?;
+    /// -32001 when there is no such task, `viewer` may not see it, it is not an A2A task, or it
+    /// belongs to another agent than `target`.
+    pub async fn task(
+        &self,
+        viewer: &Client,
+        target: &Target,
+        id: &str,
+    ) -> Result<Record, A2aError> {
+        let text = call(
+            viewer,
+            methods::GET,
+            json!({ "taskId": id }).to_string(),
+            Some(id),
+        )
+        .await?;
         MapTask::from_wrapped(&text)
             .and_then(|t| t.record())
             .filter(|r| target.owns(r))
@@ -249,7 +278,7 @@ impl Core {
         change: impl FnOnce(&mut Record) -> Result<Option<RawJson>, A2aError>,
     ) -> Result<Record, A2aError> {
         let _guard = self.writing.lock().await;
-        let mut record = self.task(target, id).await?;
+        let mut record = self.task(&self.client, target, id).await?;
         let result = change(&mut record)?;
         self.write(id, &record, result.as_ref()).await?;
         Ok(record)
@@ -263,6 +292,7 @@ impl Core {
     /// -32001 / -32004 for a follow-up to a task that is unknown or over; MAP failures.
     pub async fn send(
         &self,
+        viewer: &Client,
         target: &Target,
         mut message: Message,
         metadata: Option<RawJson>,
@@ -271,6 +301,8 @@ impl Core {
         message.role = Role::User;
         let (id, first, watcher) = match message.task_id.clone() {
             Some(id) => {
+                // The caller must see the task; the gateway then changes it as its creator.
+                self.task(viewer, target, &id).await?;
                 let watcher = watch.then(|| self.feed.watch(&id));
                 let record = self
                     .modify(target, &id, |r| {
@@ -425,7 +457,13 @@ impl Core {
     ///
     /// # Errors
     /// -32001, or -32002 when the task has already ended.
-    pub async fn cancel(&self, target: &Target, id: &str) -> Result<Record, A2aError> {
+    pub async fn cancel(
+        &self,
+        viewer: &Client,
+        target: &Target,
+        id: &str,
+    ) -> Result<Record, A2aError> {
+        self.task(viewer, target, id).await?;
         let record = self
             .modify(target, id, |r| {
                 if r.state.is_terminal() {
@@ -456,6 +494,7 @@ impl Core {
     /// MAP failures; an unknown state name is -32602.
     pub async fn list(
         &self,
+        viewer: &Client,
         target: &Target,
         context_id: Option<&str>,
         state: Option<TaskState>,
@@ -473,7 +512,7 @@ impl Core {
         if let Some(c) = cursor {
             params["cursor"] = json!(c);
         }
-        let text = self.call(methods::LIST, params.to_string(), None).await?;
+        let text = call(viewer, methods::LIST, params.to_string(), None).await?;
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Page {
@@ -510,7 +549,7 @@ impl Core {
         let from = message.from.clone();
         let outcome = async {
             let _guard = self.writing.lock().await;
-            let mut record = self.task(&Target::Router, &id).await?;
+            let mut record = self.task(&self.client, &Target::Router, &id).await?;
             if record.agent != from {
                 return Err(A2aError::invalid_request(format!(
                     "{from} is not the agent of task {id}"
