@@ -997,3 +997,206 @@ async fn with_auth_and_in_process_untrusted_the_gateway_says_what_to_configure()
         .unwrap()
         .contains("trusted_transports"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Push notifications
+
+/// A webhook on 127.0.0.1:0: every request's head and body go to the channel; the first
+/// `fail_first` requests are answered 500, the others 200.
+async fn webhook(fail_first: usize) -> (String, mpsc::UnboundedReceiver<(String, String)>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((mut s, _)) = listener.accept().await {
+            n += 1;
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 4096];
+            let (head, body) = loop {
+                let k = s.read(&mut buf).await.unwrap_or(0);
+                if k == 0 {
+                    break (String::new(), String::new());
+                }
+                raw.extend_from_slice(&buf[..k]);
+                if let Some(i) = find(&raw, b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&raw[..i]).to_string();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    while raw.len() < i + 4 + len {
+                        let k = s.read(&mut buf).await.unwrap_or(0);
+                        if k == 0 {
+                            break;
+                        }
+                        raw.extend_from_slice(&buf[..k]);
+                    }
+                    break (head, String::from_utf8_lossy(&raw[i + 4..]).to_string());
+                }
+            };
+            let status = if n <= fail_first {
+                "500 Internal Server Error"
+            } else {
+                "200 OK"
+            };
+            let _ = s
+                .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                .await;
+            if n > fail_first {
+                let _ = tx.send((head, body));
+            }
+        }
+    });
+    (url, rx)
+}
+
+#[tokio::test]
+async fn push_notifications_post_every_change_to_allowed_webhooks() {
+    let (_server, url) =
+        start_server(|c| c.a2a.push_allow = vec!["http://127.0.0.1:".into()]).await;
+    let addr: SocketAddr = url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let (c, _h, mut inbox) = agent(&url, "worker").await;
+    let card = get(addr, "/a2a/agents/worker/.well-known/agent-card.json")
+        .await
+        .json();
+    assert_eq!(card["capabilities"]["pushNotifications"], true);
+    let path = "/a2a/agents/worker";
+    let (hook, mut hooked) = webhook(1).await;
+
+    // A webhook given with the message: every change of the task, in order (the first POST
+    // is refused once and retried).
+    let res = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": v1_text("go"), "configuration": {"returnImmediately": true,
+            "taskPushNotificationConfig": {"url": hook, "token": "tok-1"}}}),
+    )
+    .await;
+    let id = res["task"]["id"].as_str().unwrap().to_owned();
+    let m = with_timeout(inbox.recv()).await.unwrap();
+    reply_raw(&c, &m, RawJson::from(json!("ok")), true).await;
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let (head, body) = within(std::time::Duration::from_secs(10), hooked.recv())
+            .await
+            .unwrap();
+        assert!(head.starts_with("POST /hook HTTP/1.1"), "{head}");
+        assert!(head.contains("X-A2A-Notification-Token: tok-1"), "{head}");
+        assert!(
+            head.contains("Content-Type: application/a2a+json"),
+            "{head}"
+        );
+        got.push(serde_json::from_str::<Value>(&body).unwrap());
+    }
+    assert_eq!(got[0]["task"]["status"]["state"], "TASK_STATE_SUBMITTED");
+    assert_eq!(
+        got[1]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_WORKING"
+    );
+    assert_eq!(
+        got[2]["artifactUpdate"]["artifact"]["parts"],
+        json!([{"text": "ok"}])
+    );
+    assert_eq!(
+        got[3]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert_eq!(got[3]["statusUpdate"]["taskId"], id.as_str());
+
+    // The config methods, v1.0, on a running task.
+    let res = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": v1_text("again"), "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    let id = res["task"]["id"].as_str().unwrap().to_owned();
+    let m = with_timeout(inbox.recv()).await.unwrap();
+    let (hook2, mut hooked2) = webhook(0).await;
+    let made = result(
+        addr,
+        path,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "w2", "url": hook2,
+            "authentication": {"scheme": "Bearer", "credentials": "sekrit"}}),
+    )
+    .await;
+    assert_eq!(made["id"], "w2");
+    assert_eq!(made["taskId"], id.as_str());
+    let got = result(
+        addr,
+        path,
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "w2"}),
+    )
+    .await;
+    assert_eq!(got, made);
+    let list = result(
+        addr,
+        path,
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": id}),
+    )
+    .await;
+    assert_eq!(list["configs"], json!([made]));
+    // v0.3 names see the same config, in v0.3 shape.
+    let list = result(
+        addr,
+        path,
+        "tasks/pushNotificationConfig/list",
+        json!({"id": id}),
+    )
+    .await;
+    assert_eq!(list[0]["pushNotificationConfig"]["id"], "w2");
+    assert_eq!(
+        list[0]["pushNotificationConfig"]["authentication"]["schemes"],
+        json!(["Bearer"])
+    );
+    reply_raw(&c, &m, RawJson::from(json!("done")), true).await;
+    let (head, _body) = within(std::time::Duration::from_secs(10), hooked2.recv())
+        .await
+        .unwrap();
+    assert!(head.contains("Authorization: Bearer sekrit"), "{head}");
+    // A URL outside the allowlist, an unknown task, an unknown config.
+    assert_eq!(
+        error_code(
+            addr,
+            path,
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": id, "url": "http://10.1.2.3/x"})
+        )
+        .await,
+        -32602
+    );
+    assert_eq!(
+        error_code(
+            addr,
+            path,
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": "task-nope", "url": hook2})
+        )
+        .await,
+        -32001
+    );
+    assert_eq!(
+        error_code(
+            addr,
+            path,
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": id, "id": "nope"})
+        )
+        .await,
+        -32602
+    );
+}

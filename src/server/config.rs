@@ -99,6 +99,11 @@ pub struct A2aSettings {
     pub enabled: bool,
     /// Largest JSON-RPC request body, in bytes (default 4 MiB; larger is refused with 413).
     pub max_body_bytes: usize,
+    /// URL prefixes a push-notification webhook may start with, e.g.
+    /// `["https://hooks.example.com/"]` (default none: push notifications are off, and the
+    /// cards say `pushNotifications: false`). The router POSTs to these URLs on callers' behalf:
+    /// list only endpoints meant to receive them.
+    pub push_allow: Vec<String>,
 }
 
 impl Default for A2aSettings {
@@ -106,6 +111,7 @@ impl Default for A2aSettings {
         Self {
             enabled: true,
             max_body_bytes: crate::gateway::a2a::DEFAULT_MAX_BODY_BYTES,
+            push_allow: Vec::new(),
         }
     }
 }

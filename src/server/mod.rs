@@ -344,6 +344,7 @@ fn a2a_routes(
                 bearer_jwt: enabled.contains(&AuthMethodName::Jwt),
                 api_key: enabled.contains(&AuthMethodName::ApiKey),
             },
+            push_allow: config.a2a.push_allow.clone(),
         },
         shutdown.clone(),
     );

@@ -79,6 +79,8 @@ pub struct CardContext {
     pub router_name: String,
     /// Authentication.
     pub security: Security,
+    /// Whether push notifications are offered.
+    pub push: bool,
 }
 
 const MODES: [&str; 2] = ["text/plain", "application/json"];
@@ -112,7 +114,7 @@ fn v1_card(
         ],
         "provider": {"organization": ctx.router_name, "url": ctx.base},
         "version": env!("CARGO_PKG_VERSION"),
-        "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": false},
+        "capabilities": {"streaming": true, "pushNotifications": ctx.push, "extendedAgentCard": false},
         "defaultInputModes": MODES,
         "defaultOutputModes": MODES,
         "skills": skills,
@@ -140,7 +142,7 @@ fn v03_card(
         "preferredTransport": "JSONRPC",
         "provider": {"organization": ctx.router_name, "url": ctx.base},
         "version": env!("CARGO_PKG_VERSION"),
-        "capabilities": {"streaming": true, "pushNotifications": false, "stateTransitionHistory": false},
+        "capabilities": {"streaming": true, "pushNotifications": ctx.push, "stateTransitionHistory": false},
         "defaultInputModes": MODES,
         "defaultOutputModes": MODES,
         "skills": skills,

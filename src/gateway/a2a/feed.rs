@@ -11,34 +11,19 @@
 //! nothing.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::client::Subscription;
-use crate::gateway::a2a::record::{MapTask, Record};
+use crate::gateway::a2a::push::Push;
+use crate::gateway::a2a::record::{MapTask, Snapshot};
 
 /// Updates queued per watcher before it is dropped as too slow. A task has a handful of
 /// updates; an agent streaming many artifact chunks to a stalled reader ends that reader's
 /// stream rather than growing memory.
 pub const WATCHER_QUEUE: usize = 256;
-
-/// A task as one `task.*` event left it.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    /// The task id.
-    pub task_id: String,
-    /// Its A2A record after the change.
-    pub record: Record,
-}
-
-impl Snapshot {
-    /// The update's number (`meta.a2a.seq`).
-    pub fn seq(&self) -> u64 {
-        self.record.seq
-    }
-}
 
 /// The watcher table.
 #[derive(Debug, Default)]
@@ -72,8 +57,9 @@ impl Feed {
         }
     }
 
-    /// Reads the subscription until it ends, publishing every A2A task's change.
-    pub async fn run(&self, mut events: Subscription) {
+    /// Reads the subscription until it ends, publishing every A2A task's change (to the
+    /// watchers, and to `push` for the webhooks).
+    pub async fn run(&self, mut events: Subscription, push: Arc<Push>) {
         while let Some(envelope) = events.next().await {
             if !envelope.kind().starts_with("task.") {
                 continue;
@@ -85,10 +71,12 @@ impl Feed {
                 continue;
             };
             if let Some(record) = task.record() {
-                self.publish(Snapshot {
+                let snapshot = Snapshot {
                     task_id: task.id,
                     record,
-                });
+                };
+                push.notify(&snapshot);
+                self.publish(snapshot);
             }
         }
         tracing::debug!("a2a gateway: task feed ended");

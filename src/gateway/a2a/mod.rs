@@ -19,12 +19,13 @@
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
 //! handlers), `sse.rs` (streams), `tasks.rs` (the MAP session and the task translation),
 //! `record.rs` (what a MAP task keeps for A2A, the agent conventions), `feed.rs` (task events to
-//! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames).
+//! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames), `push.rs` (webhooks).
 
 pub mod card;
 pub mod error;
 pub mod feed;
 pub mod frame;
+pub mod push;
 pub mod record;
 pub mod rpc;
 pub mod sse;
@@ -67,6 +68,8 @@ pub struct Settings {
     pub auth: Option<Arc<Authenticator>>,
     /// What the cards announce.
     pub security: Security,
+    /// URL prefixes push-notification webhooks may have (empty: push notifications off).
+    pub push_allow: Vec<String>,
 }
 
 /// Callers' MAP sessions kept at most (authentication on). Past this, all are closed and the
@@ -112,7 +115,7 @@ impl A2aGateway {
 
     async fn core(&self) -> Result<&Arc<Core>, A2aError> {
         self.core
-            .get_or_try_init(|| Core::start(&*self.links))
+            .get_or_try_init(|| Core::start(&*self.links, self.settings.push_allow.clone()))
             .await
             .map_err(|e| {
                 A2aError::internal(format!(
@@ -133,6 +136,7 @@ impl A2aGateway {
             base: format!("{scheme}://{host}"),
             router_name: self.settings.router_name.clone(),
             security: self.settings.security,
+            push: !self.settings.push_allow.is_empty(),
         }
     }
 

@@ -110,6 +110,22 @@ impl Record {
     }
 }
 
+/// A task as one `task.*` event left it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The task id.
+    pub task_id: String,
+    /// Its A2A record after the change.
+    pub record: Record,
+}
+
+impl Snapshot {
+    /// The update's number (`meta.a2a.seq`).
+    pub fn seq(&self) -> u64 {
+        self.record.seq
+    }
+}
+
 /// The parts of a MAP task (`map/tasks/*` results, `task.*` event data) the gateway reads.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use crate::client::Client;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::frame::{error_frame, result_frame};
+use crate::gateway::a2a::push::{ConfigParams, PushConfig};
 use crate::gateway::a2a::sse;
 use crate::gateway::a2a::tasks::{Core, Target, BLOCKING_WAIT};
 use crate::gateway::a2a::wire::{self, ListParams, SendParams, TaskIdParams, TaskState, Version};
@@ -40,8 +41,14 @@ pub enum Method {
     Subscribe,
     /// `GetExtendedAgentCard`, `agent/getAuthenticatedExtendedCard`.
     ExtendedCard,
-    /// The push-notification config methods: not supported (-32003).
-    PushConfig,
+    /// `CreateTaskPushNotificationConfig`, `tasks/pushNotificationConfig/set`.
+    PushSet,
+    /// `GetTaskPushNotificationConfig`, `tasks/pushNotificationConfig/get`.
+    PushGet,
+    /// `ListTaskPushNotificationConfigs`, `tasks/pushNotificationConfig/list`.
+    PushList,
+    /// `DeleteTaskPushNotificationConfig`, `tasks/pushNotificationConfig/delete`.
+    PushDelete,
 }
 
 /// Every method name the endpoint knows.
@@ -55,22 +62,22 @@ pub const METHODS: &[(&str, Method, Version)] = &[
     ("GetExtendedAgentCard", Method::ExtendedCard, Version::V1),
     (
         "CreateTaskPushNotificationConfig",
-        Method::PushConfig,
+        Method::PushSet,
         Version::V1,
     ),
     (
         "GetTaskPushNotificationConfig",
-        Method::PushConfig,
+        Method::PushGet,
         Version::V1,
     ),
     (
         "ListTaskPushNotificationConfigs",
-        Method::PushConfig,
+        Method::PushList,
         Version::V1,
     ),
     (
         "DeleteTaskPushNotificationConfig",
-        Method::PushConfig,
+        Method::PushDelete,
         Version::V1,
     ),
     ("message/send", Method::Send, Version::V03),
@@ -80,22 +87,22 @@ pub const METHODS: &[(&str, Method, Version)] = &[
     ("tasks/resubscribe", Method::Subscribe, Version::V03),
     (
         "tasks/pushNotificationConfig/set",
-        Method::PushConfig,
+        Method::PushSet,
         Version::V03,
     ),
     (
         "tasks/pushNotificationConfig/get",
-        Method::PushConfig,
+        Method::PushGet,
         Version::V03,
     ),
     (
         "tasks/pushNotificationConfig/list",
-        Method::PushConfig,
+        Method::PushList,
         Version::V03,
     ),
     (
         "tasks/pushNotificationConfig/delete",
-        Method::PushConfig,
+        Method::PushDelete,
         Version::V03,
     ),
     (
@@ -253,7 +260,9 @@ pub async fn handle(
         Method::List => list(core, viewer, target, version, &raw).await,
         Method::Cancel => cancel(core, viewer, target, version, &raw).await,
         Method::ExtendedCard => Err(A2aError::no_extended_card()),
-        Method::PushConfig => Err(A2aError::push_not_supported()),
+        Method::PushSet | Method::PushGet | Method::PushList | Method::PushDelete => {
+            push(core, viewer, target, method, version, &raw).await
+        }
     };
     match answer {
         Ok(result) => json_response(StatusCode::OK, result_frame(&id, &result)),
@@ -261,14 +270,95 @@ pub async fn handle(
     }
 }
 
-fn check_no_push(p: &SendParams) -> Result<(), A2aError> {
-    let push = p.configuration.as_ref().is_some_and(|c| {
-        c.task_push_notification_config.is_some() || c.push_notification_config.is_some()
-    });
-    if push {
+/// The webhook a send's `configuration` registers, if any.
+fn push_of(p: &SendParams, v: Version) -> Result<Option<PushConfig>, A2aError> {
+    let Some(raw) = p.configuration.as_ref().and_then(|c| {
+        c.task_push_notification_config
+            .clone()
+            .or_else(|| c.push_notification_config.clone())
+    }) else {
+        return Ok(None);
+    };
+    let params: ConfigParams = serde_json::from_value(raw).map_err(A2aError::invalid_params)?;
+    params.into_config(v).map(Some)
+}
+
+/// The push-notification config methods.
+async fn push(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    method: Method,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
+    if !core.push.enabled() {
         return Err(A2aError::push_not_supported());
     }
-    Ok(())
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Ids {
+        #[serde(default)]
+        task_id: Option<String>,
+        #[serde(default)]
+        id: Option<String>,
+        #[serde(default)]
+        push_notification_config_id: Option<String>,
+    }
+    // v1.0: {taskId, id}; v0.3: {id: taskId, pushNotificationConfigId}.
+    let ids: Ids = params(raw)?;
+    let (task_id, config_id) = match (v, method) {
+        (Version::V1, _) | (Version::V03, Method::PushSet) => (ids.task_id, ids.id),
+        (Version::V03, _) => (ids.id, ids.push_notification_config_id),
+    };
+    let task_id = task_id.ok_or_else(|| A2aError::invalid_params("the task id is missing"))?;
+    // The caller must see the task.
+    core.task(viewer, target, &task_id).await?;
+    let missing = |id: &str| {
+        A2aError::invalid_params(format!(
+            "no push notification config {id:?} on task {task_id}"
+        ))
+    };
+    match method {
+        Method::PushSet => {
+            let config = params::<ConfigParams>(raw)?.into_config(v)?;
+            core.push.set(&task_id, config.clone())?;
+            Ok(config.to_json(v, &task_id))
+        }
+        Method::PushGet => {
+            let configs = core.push.list(&task_id);
+            let found = match &config_id {
+                Some(id) => configs.into_iter().find(|c| &c.id == id),
+                None => configs.into_iter().next(),
+            };
+            found
+                .map(|c| c.to_json(v, &task_id))
+                .ok_or_else(|| missing(config_id.as_deref().unwrap_or("")))
+        }
+        Method::PushList => {
+            let configs: Vec<Value> = core
+                .push
+                .list(&task_id)
+                .iter()
+                .map(|c| c.to_json(v, &task_id))
+                .collect();
+            Ok(match v {
+                Version::V1 => json!({ "configs": configs, "nextPageToken": "" }),
+                Version::V03 => Value::Array(configs),
+            })
+        }
+        _ => {
+            let id =
+                config_id.ok_or_else(|| A2aError::invalid_params("the config id is missing"))?;
+            if !core.push.delete(&task_id, &id) {
+                return Err(missing(&id));
+            }
+            Ok(match v {
+                Version::V1 => json!({}),
+                Version::V03 => Value::Null,
+            })
+        }
+    }
 }
 
 async fn send(
@@ -279,12 +369,12 @@ async fn send(
     raw: &RawValue,
 ) -> Result<Value, A2aError> {
     let p: SendParams = params(raw)?;
-    check_no_push(&p)?;
+    let push = push_of(&p, v)?;
     let config = p.configuration.clone().unwrap_or_default();
     let message = p.message.into_message().map_err(A2aError::invalid_params)?;
     let blocking = config.blocking();
     let (id, _first, watcher) = core
-        .send(viewer, target, message, p.metadata, blocking)
+        .send(viewer, target, message, p.metadata, push, blocking)
         .await?;
     if let Some(mut watcher) = watcher {
         let waited = tokio::time::timeout(BLOCKING_WAIT, async {
@@ -322,10 +412,12 @@ async fn stream(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Response, A2aError> {
     let p: SendParams = params(raw)?;
-    check_no_push(&p)?;
+    let push = push_of(&p, v)?;
     let history_length = p.configuration.as_ref().and_then(|c| c.history_length);
     let message = p.message.into_message().map_err(A2aError::invalid_params)?;
-    let (task_id, first, watcher) = core.send(viewer, target, message, p.metadata, true).await?;
+    let (task_id, first, watcher) = core
+        .send(viewer, target, message, p.metadata, push, true)
+        .await?;
     let watcher = watcher.ok_or_else(|| A2aError::internal("no watcher"))?;
     Ok(sse::respond(sse::Stream {
         id,

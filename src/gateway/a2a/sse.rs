@@ -20,9 +20,9 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, watch};
 
 use crate::gateway::a2a::error::A2aError;
-use crate::gateway::a2a::feed::Snapshot;
 use crate::gateway::a2a::frame::{error_frame, result_frame};
 use crate::gateway::a2a::record::Record;
+use crate::gateway::a2a::record::Snapshot;
 use crate::gateway::a2a::wire::{self, Update, Version};
 
 /// Interval of the keep-alive comment on a quiet stream.

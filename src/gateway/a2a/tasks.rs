@@ -26,9 +26,10 @@ use tokio::sync::mpsc;
 
 use crate::client::{AgentHandle, Client, ClientError, ClientOptions};
 use crate::gateway::a2a::error::A2aError;
-use crate::gateway::a2a::feed::{Feed, Snapshot};
+use crate::gateway::a2a::feed::Feed;
+use crate::gateway::a2a::push::{Push, PushConfig};
 use crate::gateway::a2a::record::{
-    agent_payload, final_artifact, rfc3339_now, AgentReport, MapTask, Record,
+    agent_payload, final_artifact, rfc3339_now, AgentReport, MapTask, Record, Snapshot,
 };
 use crate::gateway::a2a::wire::{Message, Role, TaskState, TaskView};
 use crate::protocol::agent::Agent;
@@ -96,6 +97,8 @@ pub struct Core {
     agent: AgentHandle,
     /// Watchers of tasks.
     pub feed: Arc<Feed>,
+    /// Webhooks of tasks.
+    pub push: Arc<Push>,
     /// Serializes the read-modify-write of `meta.a2a` (see the module docs).
     writing: tokio::sync::Mutex<()>,
 }
@@ -108,6 +111,7 @@ impl Core {
     /// The session or the registration was refused.
     pub async fn start(
         links: &(dyn InProcessLinks + Send + Sync),
+        push_allow: Vec<String>,
     ) -> Result<Arc<Self>, ClientError> {
         let client = Client::in_process(
             links,
@@ -136,13 +140,15 @@ impl Core {
             })
             .await?;
         let feed = Arc::new(Feed::default());
+        let push = Arc::new(Push::new(push_allow));
         let core = Arc::new(Self {
             client,
             agent,
             feed: Arc::clone(&feed),
+            push: Arc::clone(&push),
             writing: tokio::sync::Mutex::new(()),
         });
-        tokio::spawn(async move { feed.run(events).await });
+        tokio::spawn(async move { feed.run(events, push).await });
         let mut inbox = core.agent.messages();
         let weak = Arc::downgrade(&core);
         tokio::spawn(async move {
@@ -296,6 +302,7 @@ impl Core {
         target: &Target,
         mut message: Message,
         metadata: Option<RawJson>,
+        push: Option<PushConfig>,
         watch: bool,
     ) -> Result<(String, Record, Option<mpsc::Receiver<Snapshot>>), A2aError> {
         message.role = Role::User;
@@ -303,6 +310,9 @@ impl Core {
             Some(id) => {
                 // The caller must see the task; the gateway then changes it as its creator.
                 self.task(viewer, target, &id).await?;
+                if let Some(config) = push.clone() {
+                    self.push.set(&id, config)?;
+                }
                 let watcher = watch.then(|| self.feed.watch(&id));
                 let record = self
                     .modify(target, &id, |r| {
@@ -353,6 +363,9 @@ impl Core {
                     agent: agent.id.to_string(),
                     metadata,
                 };
+                if let Some(config) = push {
+                    self.push.set(&id, config)?;
+                }
                 let watcher = watch.then(|| self.feed.watch(&id));
                 self.create(&id, agent, &message, &record).await?;
                 let first = record.clone();
