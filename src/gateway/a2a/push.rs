@@ -4,7 +4,8 @@
 //! Owns: the configs (task id → webhooks, in memory: they do not survive a restart, since a
 //! MAP task's `meta` is visible to every observer of the task and a webhook's token must not be),
 //! the URL allowlist (`[a2a] push_allow`: URL prefixes; empty = push notifications off), and
-//! delivery: one POST per update and webhook, in update order per task, with
+//! delivery: one POST per update and webhook, in update order per task (one queue and worker
+//! per task with webhooks; a queue holds at most the task's updates), with
 //! [`ATTEMPTS`] tries and a doubling backoff, each bounded by [`TIMEOUT`].
 //!
 //! The body is what `@a2a-js/sdk`'s default sender POSTs: for a config made with a v1.0 method,
@@ -21,6 +22,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::record::Snapshot;
@@ -155,9 +157,8 @@ pub struct Push {
     allow: Vec<String>,
     // NB: std mutexes, never held across an await.
     configs: Mutex<HashMap<String, Vec<PushConfig>>>,
-    /// Per task: the last update number delivered, behind an async lock that keeps a task's
-    /// deliveries in order.
-    chains: Mutex<HashMap<String, Arc<tokio::sync::Mutex<u64>>>>,
+    /// Per task with webhooks: the queue of its changes, read by one worker.
+    queues: Mutex<HashMap<String, mpsc::UnboundedSender<Snapshot>>>,
 }
 
 impl Push {
@@ -252,37 +253,46 @@ impl Push {
 
     /// Called for every change of every task: POSTs it to the task's webhooks.
     pub fn notify(self: &Arc<Self>, snapshot: &Snapshot) {
-        let configs = self.list(&snapshot.task_id);
-        if configs.is_empty() {
+        if self.list(&snapshot.task_id).is_empty() {
             return;
         }
-        let chain = match self.chains.lock() {
-            Ok(mut c) => Arc::clone(c.entry(snapshot.task_id.clone()).or_default()),
-            Err(_) => return,
+        let Ok(mut queues) = self.queues.lock() else {
+            return;
         };
-        let snapshot = snapshot.clone();
-        let terminal = snapshot.record.state.is_terminal();
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            // NB: tokio's mutex is fair, so a task's notifications go out in update order.
-            let mut last = chain.lock().await;
-            if snapshot.seq() <= *last && *last > 0 {
-                return;
+        // NB: one queue and one worker per task, so its notifications go out in update order.
+        let queue = queues.entry(snapshot.task_id.clone()).or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(Arc::clone(self).worker(snapshot.task_id.clone(), rx));
+            tx
+        });
+        let _ = queue.send(snapshot.clone());
+    }
+
+    /// Delivers one task's notifications in order, each update once (MAP may emit two events
+    /// for one update), until the task ends.
+    async fn worker(self: Arc<Self>, task_id: String, mut rx: mpsc::UnboundedReceiver<Snapshot>) {
+        let mut last: Option<u64> = None;
+        while let Some(snapshot) = rx.recv().await {
+            if last.is_some_and(|l| snapshot.seq() <= l) {
+                continue;
             }
-            *last = snapshot.seq();
-            for config in configs {
+            last = Some(snapshot.seq());
+            // The configs as they are now (one deleted meanwhile gets nothing more).
+            for config in self.list(&task_id) {
                 let (body, content_type) = body(&config, &snapshot);
                 deliver(&config, &body, content_type).await;
             }
-            if terminal {
-                if let Ok(mut c) = me.chains.lock() {
-                    c.remove(&snapshot.task_id);
-                }
-                if let Ok(mut c) = me.configs.lock() {
-                    c.remove(&snapshot.task_id);
-                }
+            if snapshot.record.state.is_terminal() {
+                break;
             }
-        });
+        }
+        // NB: configs first, so a late event of this task finds none and starts no worker.
+        if let Ok(mut c) = self.configs.lock() {
+            c.remove(&task_id);
+        }
+        if let Ok(mut q) = self.queues.lock() {
+            q.remove(&task_id);
+        }
     }
 }
 
