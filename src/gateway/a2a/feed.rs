@@ -38,6 +38,12 @@ impl Feed {
     pub fn watch(&self, task_id: &str) -> mpsc::Receiver<Snapshot> {
         let (tx, rx) = mpsc::channel(WATCHER_QUEUE);
         if let Ok(mut w) = self.watchers.lock() {
+            // Watches that ended (a caller gone, a task never created) of tasks that have not
+            // changed since go here, so the table holds live watches only.
+            w.retain(|_, list| {
+                list.retain(|tx| !tx.is_closed());
+                !list.is_empty()
+            });
             w.entry(task_id.to_owned()).or_default().push(tx);
         }
         rx

@@ -251,6 +251,13 @@ impl Push {
         removed
     }
 
+    /// Drops every config of a task (one that was never created).
+    pub fn forget(&self, task_id: &str) {
+        if let Ok(mut c) = self.configs.lock() {
+            c.remove(task_id);
+        }
+    }
+
     /// Called for every change of every task: POSTs it to the task's webhooks.
     pub fn notify(self: &Arc<Self>, snapshot: &Snapshot) {
         if self.list(&snapshot.task_id).is_empty() {

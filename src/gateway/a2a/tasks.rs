@@ -310,9 +310,6 @@ impl Core {
             Some(id) => {
                 // The caller must see the task; the gateway then changes it as its creator.
                 self.task(viewer, target, &id).await?;
-                if let Some(config) = push.clone() {
-                    self.push.set(&id, config)?;
-                }
                 let watcher = watch.then(|| self.feed.watch(&id));
                 let record = self
                     .modify(target, &id, |r| {
@@ -336,6 +333,11 @@ impl Core {
                         Ok(None)
                     })
                     .await?;
+                if let Some(config) = push {
+                    // After the change (a refused follow-up registers nothing); the webhook gets the
+                    // changes from here on.
+                    self.push.set(&id, config)?;
+                }
                 (id, record, watcher)
             }
             None => {
@@ -367,7 +369,10 @@ impl Core {
                     self.push.set(&id, config)?;
                 }
                 let watcher = watch.then(|| self.feed.watch(&id));
-                self.create(&id, agent, &message, &record).await?;
+                if let Err(e) = self.create(&id, agent, &message, &record).await {
+                    self.push.forget(&id);
+                    return Err(e);
+                }
                 let first = record.clone();
                 let mut working = record;
                 working.set_state(TaskState::Working, None);
