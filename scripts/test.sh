@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of map-router: unit and integration tests (including the schema check and the
 # built binary), the benches in test mode, the interop suite in which the official
-# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets, and the web
+# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets (and the
+# official @a2a-js/sdk client drives its A2A gateway), and the web
 # dashboard in headless Chromium (tests/browser/).
 #
 # Needs: cargo, node (>= 20), npm, openssl (tests/tls_client.rs runs the recipe in
@@ -19,6 +20,8 @@ cargo build --locked --bin map-router
 (cd tests/interop && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
+echo "== A2A interop (@a2a-js/sdk clients against the A2A gateway of target/debug/map-router)"
+node tests/interop/a2a.mjs --bin target/debug/map-router
 
 echo "== browser tests (the /ui dashboard in headless Chromium against target/debug/map-router)"
 (cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)

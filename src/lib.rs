@@ -16,6 +16,8 @@
 //!   router, the store and the sessions report into it; the router's own state is read at
 //!   scrape time).
 //! - [`server`]: listeners, configuration and graceful shutdown.
+//! - [`gateway`]: other agent protocols (A2A) translated to MAP: each gateway is an ordinary
+//!   in-process MAP participant whose HTTP routes the server merges into its own.
 //! - [`client`]: a Rust MAP client (WebSocket, stdio child, in-process): typed calls,
 //!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
 //!   `map-router` user commands (`agent`, `watch`, `send`, ...) on it.
@@ -32,6 +34,7 @@ pub mod cli;
 pub mod client;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gateway;
 pub mod metrics;
 pub mod process;
 pub mod protocol;

@@ -29,6 +29,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("process", &["protocol", "router", "transport"]),
     ("client", &["protocol", "transport"]),
+    ("gateway", &["protocol", "auth", "client", "transport"]),
     (
         "server",
         &[
@@ -39,6 +40,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "transport",
             "process",
             "metrics",
+            "gateway",
         ],
     ),
     (
@@ -53,6 +55,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "client",
             "server",
             "metrics",
+            "gateway",
         ],
     ),
 ];

@@ -86,6 +86,34 @@ pub struct Config {
     pub auth: crate::auth::AuthSettings,
     /// Prometheus metrics at `GET /metrics` (`[metrics]`).
     pub metrics: MetricsSettings,
+    /// The A2A gateway (`[a2a]`, docs/a2a.md).
+    pub a2a: A2aSettings,
+}
+
+/// `[a2a]`: the A2A gateway (docs/a2a.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct A2aSettings {
+    /// Serve the A2A routes (default true). Off: `/.well-known/agent-card.json`, `/a2a/...` are
+    /// absent (404).
+    pub enabled: bool,
+    /// Largest JSON-RPC request body, in bytes (default 4 MiB; larger is refused with 413).
+    pub max_body_bytes: usize,
+    /// URL prefixes a push-notification webhook may start with, e.g.
+    /// `["https://hooks.example.com/"]` (default none: push notifications are off, and the
+    /// cards say `pushNotifications: false`). The router POSTs to these URLs on callers' behalf:
+    /// list only endpoints meant to receive them.
+    pub push_allow: Vec<String>,
+}
+
+impl Default for A2aSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_body_bytes: crate::gateway::a2a::DEFAULT_MAX_BODY_BYTES,
+            push_allow: Vec::new(),
+        }
+    }
 }
 
 /// `[metrics]`: Prometheus metrics at `GET /metrics` (docs/metrics.md).
@@ -381,6 +409,7 @@ impl Default for Config {
             agents: Vec::new(),
             auth: crate::auth::AuthSettings::default(),
             metrics: MetricsSettings::default(),
+            a2a: A2aSettings::default(),
         }
     }
 }
