@@ -22,6 +22,8 @@ node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
 echo "== A2A interop (@a2a-js/sdk clients against the A2A gateway of target/debug/map-router)"
 node tests/interop/a2a.mjs --bin target/debug/map-router
+echo "== A2A client side (the gateway calls remote agents served by @a2a-js/sdk's own server classes)"
+node tests/interop/a2a_remote.mjs --bin target/debug/map-router
 
 echo "== browser tests (the /ui dashboard in headless Chromium against target/debug/map-router)"
 (cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)

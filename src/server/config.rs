@@ -104,6 +104,9 @@ pub struct A2aSettings {
     /// cards say `pushNotifications: false`). The router POSTs to these URLs on callers' behalf:
     /// list only endpoints meant to receive them.
     pub push_allow: Vec<String>,
+    /// Remote A2A agents to register as MAP agents at start (`[[a2a.remote]]`: `card_url`,
+    /// `name?`, `token?`; docs/a2a.md).
+    pub remote: Vec<crate::gateway::a2a::remote::RemoteSpec>,
 }
 
 impl Default for A2aSettings {
@@ -112,6 +115,7 @@ impl Default for A2aSettings {
             enabled: true,
             max_body_bytes: crate::gateway::a2a::DEFAULT_MAX_BODY_BYTES,
             push_allow: Vec::new(),
+            remote: Vec::new(),
         }
     }
 }

@@ -345,6 +345,7 @@ fn a2a_routes(
                 api_key: enabled.contains(&AuthMethodName::ApiKey),
             },
             push_allow: config.a2a.push_allow.clone(),
+            remotes: config.a2a.remote.clone(),
         },
         shutdown.clone(),
     );

@@ -15,11 +15,14 @@
 //! | `GET /a2a/agents/{agentId}/.well-known/agent.json` | the same, v0.3 |
 //! | `POST /a2a/agents/{agentId}` | JSON-RPC, v1.0 and v0.3 method names |
 //! | `POST /a2a` | JSON-RPC for the tasks of every agent (follow-ups, get, list, cancel, subscribe) |
+//! | `POST /a2a/remote`, `GET /a2a/remote`, `DELETE /a2a/remote/{agentId}` | remote A2A agents as MAP agents (`remote/`) |
 //!
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
 //! handlers), `sse.rs` (streams), `tasks.rs` (the MAP session and the task translation),
 //! `record.rs` (what a MAP task keeps for A2A, the agent conventions), `feed.rs` (task events to
-//! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames), `push.rs` (webhooks).
+//! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames), `push.rs`
+//! (webhooks), `remote/` (the client side: remote A2A agents registered by card URL, called when
+//! MAP agents message them).
 
 pub mod card;
 pub mod error;
@@ -27,6 +30,7 @@ pub mod feed;
 pub mod frame;
 pub mod push;
 pub mod record;
+pub mod remote;
 pub mod rpc;
 pub mod sse;
 pub mod tasks;
@@ -39,7 +43,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router as HttpRouter;
 use tokio::sync::{watch, OnceCell};
 
@@ -47,6 +51,7 @@ use crate::auth::Authenticator;
 use crate::client::{Client, ClientOptions, ConnectionState};
 use crate::gateway::a2a::card::{CardContext, Security};
 use crate::gateway::a2a::error::A2aError;
+use crate::gateway::a2a::remote::{RegisterError, RemoteSpec, Remotes};
 use crate::gateway::a2a::tasks::{Core, Target};
 use crate::transport::in_process::InProcessLinks;
 
@@ -70,6 +75,8 @@ pub struct Settings {
     pub security: Security,
     /// URL prefixes push-notification webhooks may have (empty: push notifications off).
     pub push_allow: Vec<String>,
+    /// Remote A2A agents to register at start (`[[a2a.remote]]`).
+    pub remotes: Vec<RemoteSpec>,
 }
 
 /// Callers' MAP sessions kept at most (authentication on). Past this, all are closed and the
@@ -85,6 +92,8 @@ pub struct A2aGateway {
     callers: std::sync::Mutex<HashMap<String, Client>>,
     settings: Settings,
     shutdown: watch::Receiver<bool>,
+    /// Remote A2A agents (the client side).
+    remotes: Arc<Remotes>,
 }
 
 impl std::fmt::Debug for A2aGateway {
@@ -104,13 +113,21 @@ impl A2aGateway {
         settings: Settings,
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Self> {
+        let remotes = Remotes::new(Arc::clone(&links));
+        remotes.register_configured(settings.remotes.clone());
         Arc::new(Self {
             links,
             core: OnceCell::new(),
             callers: std::sync::Mutex::new(HashMap::new()),
             settings,
             shutdown,
+            remotes,
         })
+    }
+
+    /// The remote A2A agents.
+    pub fn remotes(&self) -> &Arc<Remotes> {
+        &self.remotes
     }
 
     async fn core(&self) -> Result<&Arc<Core>, A2aError> {
@@ -151,22 +168,11 @@ impl A2aGateway {
         let Some(auth) = &self.settings.auth else {
             return Ok(Some(core.client().clone()));
         };
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            });
-        let key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-        let Some(secret) = bearer.or(key).map(str::trim).filter(|s| !s.is_empty()) else {
+        let Some(secret) = credential(headers) else {
             return Ok(None);
         };
         // NB: checked here first, so a refused credential costs no MAP session.
-        auth.verify_bearer(secret).map_err(|e| {
-            A2aError::invalid_request(format!("credential refused: {}", e.message))
-                .with_status(StatusCode::UNAUTHORIZED)
-        })?;
+        verify(auth, secret)?;
         let cached = self
             .callers
             .lock()
@@ -191,6 +197,21 @@ impl A2aGateway {
         Ok(Some(client))
     }
 
+    /// With authentication on, the request's credential must be one the router accepts (401
+    /// otherwise); used by the routes that open no session of the caller's (`/a2a/remote`).
+    fn authenticate(&self, headers: &HeaderMap) -> Result<(), A2aError> {
+        let Some(auth) = &self.settings.auth else {
+            return Ok(());
+        };
+        let secret = credential(headers).ok_or_else(|| {
+            A2aError::invalid_request(
+                "authentication required: send Authorization: Bearer <JWT or API key> (see the agent card's securitySchemes)",
+            )
+            .with_status(StatusCode::UNAUTHORIZED)
+        })?;
+        verify(auth, secret)
+    }
+
     /// As [`A2aGateway::viewer`], but a missing credential is 401.
     async fn caller(&self, core: &Core, headers: &HeaderMap) -> Result<Client, A2aError> {
         self.viewer(core, headers).await?.ok_or_else(|| {
@@ -200,6 +221,27 @@ impl A2aGateway {
             .with_status(StatusCode::UNAUTHORIZED)
         })
     }
+}
+
+/// The credential a request carries: `Authorization: Bearer <token>` or `X-API-Key`.
+fn credential(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    let key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    bearer.or(key).map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// 401 for a credential the router refuses.
+fn verify(auth: &Authenticator, secret: &str) -> Result<(), A2aError> {
+    auth.verify_bearer(secret).map(drop).map_err(|e| {
+        A2aError::invalid_request(format!("credential refused: {}", e.message))
+            .with_status(StatusCode::UNAUTHORIZED)
+    })
 }
 
 /// The gateway's routes (merged into the server's).
@@ -225,6 +267,8 @@ pub fn routes(gateway: Arc<A2aGateway>) -> HttpRouter {
             get(missing_slash),
         )
         .route("/a2a/agents/.well-known/agent.json", get(missing_slash))
+        .route("/a2a/remote", post(remote_register).get(remote_list))
+        .route("/a2a/remote/{agent}", delete(remote_unregister))
         .route("/a2a/agents/{agent}", post(rpc_agent))
         .route("/a2a/agents/{agent}/", post(rpc_agent))
         // NB: we read the body ourselves, with our limit, and answer 413 as JSON-RPC.
@@ -376,4 +420,81 @@ async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: B
         },
     };
     rpc::handle(core, &viewer, &target, request, g.shutdown.clone()).await
+}
+
+/// `POST /a2a/remote {cardUrl, name?, token?}`: registers a remote A2A agent as a MAP agent.
+/// 201 `{agent, remote}`; 400 a bad body or URL; 409 a taken id; 502 an unusable card; 503 MAP
+/// refused.
+async fn remote_register(
+    State(g): State<Arc<A2aGateway>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(e) = g.authenticate(&headers) {
+        return problem(&e);
+    }
+    let bytes = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) => b,
+        Err(_) => {
+            return problem(
+                &A2aError::invalid_request("the body is too large")
+                    .with_status(StatusCode::PAYLOAD_TOO_LARGE),
+            )
+        }
+    };
+    let spec: RemoteSpec = match serde_json::from_slice(&bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            return problem(
+                &A2aError::invalid_params(format!("expected {{cardUrl, name?, token?}}: {e}"))
+                    .with_status(StatusCode::BAD_REQUEST),
+            )
+        }
+    };
+    match g.remotes.register(spec).await {
+        Ok((remote, agent)) => json(
+            StatusCode::CREATED,
+            &serde_json::json!({ "agent": agent, "remote": remote.describe() }),
+        ),
+        Err(e) => {
+            let status = match &e {
+                RegisterError::Invalid(_) => StatusCode::BAD_REQUEST,
+                RegisterError::Taken(_) => StatusCode::CONFLICT,
+                RegisterError::Card { .. } => StatusCode::BAD_GATEWAY,
+                RegisterError::Map(_) => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            json(
+                status,
+                &serde_json::json!({ "error": e.to_string(), "code": status.as_u16() }),
+            )
+        }
+    }
+}
+
+/// `GET /a2a/remote`: `{remotes: [{agentId, cardUrl, name, url, protocolVersion, streaming}]}`.
+async fn remote_list(State(g): State<Arc<A2aGateway>>, headers: HeaderMap) -> Response {
+    if let Err(e) = g.authenticate(&headers) {
+        return problem(&e);
+    }
+    let remotes: Vec<serde_json::Value> = g.remotes.list().iter().map(|r| r.describe()).collect();
+    json(StatusCode::OK, &serde_json::json!({ "remotes": remotes }))
+}
+
+/// `DELETE /a2a/remote/{agentId}`: unregisters it (its MAP session closes). 200, or 404.
+async fn remote_unregister(
+    State(g): State<Arc<A2aGateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = g.authenticate(&headers) {
+        return problem(&e);
+    }
+    if g.remotes.unregister(&id).await {
+        json(StatusCode::OK, &serde_json::json!({ "unregistered": id }))
+    } else {
+        json(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({ "error": format!("no remote agent {id}"), "code": 404 }),
+        )
+    }
 }

@@ -500,7 +500,7 @@ fn status_json(v: Version, t: &TaskView) -> Value {
 
 /// Renders JSON text as a [`Value`] for output. The raw members (`data`, `metadata`) of what is
 /// rendered go out through [`RawJson`] in the final serialization; see [`Rendered`].
-fn raw(r: &RawJson) -> Value {
+pub fn raw(r: &RawJson) -> Value {
     Value::String(Rendered::mark(r))
 }
 
