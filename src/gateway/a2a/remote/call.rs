@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::client::Client;
+use crate::gateway::a2a::remote::agent::Remote;
 use crate::gateway::a2a::remote::event::{self, Event};
 use crate::gateway::a2a::remote::http::{self, Answer};
-use crate::gateway::a2a::remote::Remote;
 use crate::gateway::a2a::wire::{
     self, Artifact, Message, Part, Rendered, Role, TaskState, Version,
 };

@@ -7,13 +7,14 @@
 //! when unregistered (its session closes). Each `map/send` to it becomes one A2A call
 //! (`call.rs`); calls run concurrently, at most [`MAX_CALLS`] per agent.
 //!
-//! Rooms: `http.rs` (the HTTP client), `card.rs` (reading a remote card), `event.rs` (reading
+//! Rooms: `agent.rs` (one remote agent), `http.rs` (the HTTP client), `card.rs` (reading a remote card), `event.rs` (reading
 //! remote answers in either version), `call.rs` (one call, both translations).
 //!
 //! The router core learns nothing here: registering is the gateway's own HTTP route with the
 //! gateway's authentication, and the MAP side uses the ordinary methods (`map/agents/register`,
 //! `map/send`, `map/tasks/create|update`).
 
+pub mod agent;
 pub mod call;
 pub mod card;
 pub mod event;
@@ -23,17 +24,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use serde::Deserialize;
 use serde_json::json;
 
-use crate::client::{AgentHandle, Client, ClientOptions};
-use crate::gateway::a2a::wire::Version;
+use crate::client::{Client, ClientOptions};
 use crate::protocol::agent::Agent;
 use crate::protocol::json::RawJson;
 use crate::protocol::methods::agents::RegisterParams;
 use crate::transport::in_process::InProcessLinks;
 
-use self::card::RemoteCard;
+use self::agent::version_name;
+pub use self::agent::{Remote, RemoteSpec};
 
 /// Most calls one remote agent serves at once; further messages wait in its MAP inbox (which is
 /// bounded, and reports drops).
@@ -41,23 +41,6 @@ pub const MAX_CALLS: usize = 16;
 
 /// The MAP role of a remote agent (its card has none).
 pub const ROLE: &str = "a2a-remote";
-
-/// A remote agent to register: `[[a2a.remote]]`, or the body of `POST /a2a/remote`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RemoteSpec {
-    /// The card's URL (`http://host:port/.well-known/agent-card.json`, or a v0.3
-    /// `.../agent.json`).
-    #[serde(alias = "cardUrl")]
-    pub card_url: String,
-    /// The MAP agent id (default: the card's name, lower-cased, with `-` for anything but
-    /// letters, digits, `-` and `_`).
-    #[serde(default)]
-    pub name: Option<String>,
-    /// A bearer token sent to the remote agent (`Authorization: Bearer <token>`).
-    #[serde(default)]
-    pub token: Option<String>,
-}
 
 /// Why a registration failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,42 +62,6 @@ pub enum RegisterError {
     /// MAP refused the session or the registration.
     #[error("MAP refused the agent: {0}")]
     Map(String),
-}
-
-/// One remote agent.
-#[derive(Debug)]
-pub struct Remote {
-    /// Its MAP agent id.
-    pub agent_id: String,
-    /// How it was registered.
-    pub spec: RemoteSpec,
-    /// What its card says.
-    pub card: RemoteCard,
-    /// Its JSON-RPC endpoint.
-    pub endpoint: http::Target,
-    client: Client,
-    agent: Mutex<Option<AgentHandle>>,
-}
-
-impl Remote {
-    /// What `GET /a2a/remote` shows of it.
-    pub fn describe(&self) -> serde_json::Value {
-        json!({
-            "agentId": self.agent_id,
-            "cardUrl": self.spec.card_url,
-            "name": self.card.name,
-            "url": self.endpoint.url(),
-            "protocolVersion": version_name(self.card.version),
-            "streaming": self.card.streaming,
-        })
-    }
-}
-
-fn version_name(v: Version) -> &'static str {
-    match v {
-        Version::V1 => "1.0",
-        Version::V03 => "0.3",
-    }
 }
 
 /// The remote agents.
