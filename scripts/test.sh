@@ -5,7 +5,7 @@
 # official @a2a-js/sdk client drives its A2A gateway), and the web
 # dashboard in headless Chromium (tests/browser/).
 #
-# Needs: cargo, node (>= 20), npm, openssl (tests/tls_client.rs runs the recipe in
+# Needs: cargo, node (>= 20), npm, python3 with venv (the Python A2A acceptance), openssl (tests/tls_client.rs runs the recipe in
 # docs/security.md) and chromium at /usr/bin/chromium (the dashboard's browser tests; .ci/run
 # installs it). Touches only loopback.
 set -euo pipefail
@@ -24,6 +24,8 @@ echo "== A2A interop (@a2a-js/sdk clients against the A2A gateway of target/debu
 node tests/interop/a2a.mjs --bin target/debug/map-router
 echo "== A2A client side (the gateway calls remote agents served by @a2a-js/sdk's own server classes)"
 node tests/interop/a2a_remote.mjs --bin target/debug/map-router
+echo "== A2A acceptance through the Python a2a-sdk 1.3.0 client (v1.0 and v0.3 mode; venv in tests/a2a_py/.venv)"
+scripts/a2a_py.sh target/debug/map-router
 
 echo "== browser tests (the /ui dashboard in headless Chromium against target/debug/map-router)"
 (cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
