@@ -14,6 +14,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import express from 'express';
 import { TaskState } from '@a2a-js/sdk';
+import { ClientFactory } from '@a2a-js/sdk/client';
 import { AgentEvent, DefaultRequestHandler, InMemoryTaskStore } from '@a2a-js/sdk/server';
 import { UserBuilder, agentCardHandler, jsonRpcHandler } from '@a2a-js/sdk/server/express';
 import { assert, Ctx, WAIT_MS, hostPort, killAllRouters, sleep, until, withTimeout } from './lib.mjs';
@@ -52,6 +53,8 @@ const status = (state, text) => ({
 class EchoExecutor {
   constructor() {
     this.seen = [];
+    this.waiting = new Map();
+    this.canceled = [];
   }
 
   async execute(rc, bus) {
@@ -63,6 +66,11 @@ class EchoExecutor {
     );
     bus.publish(AgentEvent.statusUpdate({ taskId, contextId, status: status(TaskState.TASK_STATE_WORKING, 'on it'), metadata: undefined }));
     await sleep(30);
+    if (content?.$case === 'text' && content.value === 'wait') {
+      // Works until canceled (cancelTask below ends it).
+      await new Promise((resolve) => this.waiting.set(taskId, resolve));
+      return;
+    }
     if (content?.$case === 'text' && content.value === 'fail') {
       bus.publish(AgentEvent.statusUpdate({ taskId, contextId, status: status(TaskState.TASK_STATE_FAILED, 'asked to fail'), metadata: undefined }));
       bus.finished();
@@ -84,7 +92,12 @@ class EchoExecutor {
     bus.finished();
   }
 
-  async cancelTask() {}
+  async cancelTask(taskId, bus) {
+    this.canceled.push(taskId);
+    bus.publish(AgentEvent.statusUpdate({ taskId, contextId: '', status: status(TaskState.TASK_STATE_CANCELED), metadata: undefined }));
+    bus.finished();
+    this.waiting.get(taskId)?.();
+  }
 }
 
 /**
@@ -148,6 +161,9 @@ async function startA2aAgent(ctx, { name = 'Echo Remote', streaming = true, lega
   );
   return { base, executor, requests, cardUrl: `${base}/.well-known/agent-card.json`, legacyCardUrl: `${base}/.well-known/agent.json` };
 }
+
+/** A user text message in the A2A SDK's v1.0 shape. */
+const a2aText = (text) => ({ messageId: `m-${Math.random().toString(36).slice(2)}`, role: 1, parts: [{ content: { $case: 'text', value: text } }] });
 
 const httpBase = (router) => `http://${hostPort(router)}`;
 
@@ -238,6 +254,32 @@ scenario('v1.0 streaming remote from [[a2a.remote]]: MAP send -> working, artifa
   assert.equal(completed.data.task.meta.a2aRemote.state, 'completed');
   assert.equal(completed.data.task.meta.a2aRemote.requestedBy, sender.id);
   assert.ok(mine.some((e) => e.type === 'task.status' && e.data.current === 'in_progress'), 'in_progress seen');
+});
+
+scenario('A2A -> MAP -> A2A: an @a2a-js/sdk client calls the remote agent through the gateway; its cancel reaches the remote task', async (ctx) => {
+  const remote = await startA2aAgent(ctx, { streaming: true });
+  const router = await ctx.startRouter();
+  ctx.url = router.url;
+  const base = httpBase(router);
+  const reg = await postJson(`${base}/a2a/remote`, { cardUrl: remote.cardUrl, name: 'echo-remote' });
+  assert.equal(reg.status, 201, JSON.stringify(reg.body));
+  // The remote agent is a MAP agent, so the server side serves it to A2A callers too.
+  const client = await withTimeout(new ClientFactory().createFromUrl(`${base}/a2a/agents/echo-remote/`), WAIT_MS, 'createFromUrl');
+  const task = await withTimeout(client.sendMessage({ message: a2aText('proxied') }), WAIT_MS * 2, 'sendMessage');
+  assert.equal(task.status.state, TaskState.TASK_STATE_COMPLETED, JSON.stringify(task.status));
+  assert.equal(task.artifacts.at(-1).parts[0].content.value, 'echo: proxied');
+  // A working task canceled by the A2A caller: the gateway's cancel notice becomes the remote
+  // agent's CancelTask.
+  const waiting = await withTimeout(
+    client.sendMessage({ message: a2aText('wait'), configuration: { returnImmediately: true, acceptedOutputModes: [] } }),
+    WAIT_MS,
+    'sendMessage (returnImmediately)',
+  );
+  await until(() => remote.executor.waiting.size > 0, 'the remote task is working');
+  const canceled = await withTimeout(client.cancelTask({ id: waiting.id }), WAIT_MS, 'cancelTask');
+  assert.equal(canceled.status.state, TaskState.TASK_STATE_CANCELED);
+  const [remoteTask] = remote.executor.waiting.keys();
+  await until(() => remote.executor.canceled.includes(remoteTask), 'the remote agent canceled its task');
 });
 
 scenario('POST /a2a/remote registers by card URL; data payloads pass verbatim; failed task; unreachable card', async (ctx) => {

@@ -1,6 +1,7 @@
 //! [`Remote`]: one remote A2A agent as the gateway knows it (how it was registered, its card,
 //! its endpoint, its MAP session and agent), and [`RemoteSpec`], how to register one.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use serde::Deserialize;
@@ -43,9 +44,32 @@ pub struct Remote {
     pub(super) client: Client,
     /// Its MAP agent, until unregistered.
     pub(super) agent: Mutex<Option<AgentHandle>>,
+    /// The remote task of each call in flight, by the request's correlation id: what a cancel
+    /// notice names (a std mutex, never held across an await).
+    pub(super) in_flight: Mutex<HashMap<String, String>>,
 }
 
 impl Remote {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        // Inserts and removes only: a panic cannot leave it inconsistent.
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that the call answering `correlation` works on remote task `task`.
+    pub fn track(&self, correlation: &str, task: &str) {
+        self.table().insert(correlation.to_owned(), task.to_owned());
+    }
+
+    /// The call answering `correlation` is over.
+    pub fn untrack(&self, correlation: &str) {
+        self.table().remove(correlation);
+    }
+
+    /// The remote task of the call answering `correlation`, if in flight.
+    pub fn tracked(&self, correlation: &str) -> Option<String> {
+        self.table().get(correlation).cloned()
+    }
+
     /// What `GET /a2a/remote` shows of it.
     pub fn describe(&self) -> serde_json::Value {
         json!({

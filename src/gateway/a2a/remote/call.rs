@@ -61,6 +61,15 @@ struct Call<'a> {
 
 /// Serves one MAP message to `remote`'s agent; ends when the sender has had its final reply.
 pub async fn serve(remote: &Remote, client: &Client, request: MapMessage) {
+    if request.is_result() {
+        // A reply is not a request: nothing to call (and no loop between two remote agents).
+        tracing::debug!(agent = %remote.agent_id, from = %request.from, "a2a remote: a reply ignored");
+        return;
+    }
+    if let Some(correlation) = cancel_notice(&request) {
+        cancel(remote, &correlation).await;
+        return;
+    }
     let message = match outgoing_message(&request) {
         Ok(m) => m,
         Err(why) => {
@@ -82,6 +91,47 @@ pub async fn serve(remote: &Remote, client: &Client, request: MapMessage) {
     call.context_id.clone_from(&message.context_id);
     if let Err(why) = call.run(message).await {
         call.fail(&why).await;
+    }
+    remote.untrack(&call.correlation);
+}
+
+/// The server side's cancel notice (`{"a2a": {"cancel": <task>}}` with `meta.a2a.control:
+/// "cancel"`, see `tasks.rs`): the correlation id of the call to cancel.
+fn cancel_notice(request: &MapMessage) -> Option<String> {
+    let payload = request.payload_value()?;
+    let asked = payload.as_object().is_some_and(|o| o.len() == 1)
+        && payload["a2a"].as_object().is_some_and(|o| o.len() == 1)
+        && !payload["a2a"]["cancel"].is_null();
+    asked.then(|| request.correlation_id()).flatten()
+}
+
+/// Cancels the remote task of the call answering `correlation` (`CancelTask` / `tasks/cancel`).
+/// The call itself ends when the remote agent reports the task canceled. A notice for no call
+/// in flight is dropped: the task is over already.
+async fn cancel(remote: &Remote, correlation: &str) {
+    let Some(task) = remote.tracked(correlation) else {
+        tracing::debug!(agent = %remote.agent_id, correlation, "a2a remote: cancel for no call in flight");
+        return;
+    };
+    let method = match remote.card.version {
+        Version::V1 => "CancelTask",
+        Version::V03 => "tasks/cancel",
+    };
+    let id = format!("map-{}", crate::protocol::ids::Ulid::random());
+    let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": { "id": task } })
+        .to_string();
+    let mut headers = Vec::new();
+    if remote.card.version == Version::V1 {
+        headers.push(("a2a-version", "1.0".to_owned()));
+    }
+    if let Some(t) = &remote.spec.token {
+        headers.push(("authorization", format!("Bearer {t}")));
+    }
+    match http::post(&remote.endpoint, &headers, body, false).await {
+        Ok(_) => tracing::debug!(agent = %remote.agent_id, task, "a2a remote: cancel sent"),
+        Err(e) => {
+            tracing::info!(agent = %remote.agent_id, task, error = %e, "a2a remote: cancel not sent")
+        }
     }
 }
 
@@ -121,11 +171,16 @@ fn outgoing_message(request: &MapMessage) -> Result<Message, String> {
     struct Meta {
         #[serde(default)]
         a2a: Option<Ids>,
+        #[serde(default)]
+        protocol: Option<String>,
     }
+    // NB: the server side's messages (`meta.protocol: "a2a"`) name *its* task and context in
+    // `meta.a2a`, not the remote agent's: those ids stay here.
     let ids = request
         .meta
         .as_ref()
         .and_then(|m| serde_json::from_str::<Meta>(m.get()).ok())
+        .filter(|m| m.protocol.is_none())
         .and_then(|m| m.a2a)
         .unwrap_or_default();
     Ok(Message {
@@ -300,6 +355,7 @@ impl<'a> Call<'a> {
             if self.task_id.as_deref() != Some(t) {
                 self.task_id = Some(t.to_owned());
                 self.map_task = false;
+                self.remote.track(&self.correlation, t);
             }
         }
         if let Some(c) = context_id.filter(|c| !c.is_empty()) {
@@ -387,7 +443,11 @@ impl<'a> Call<'a> {
             return Ok(true);
         }
         self.write_task(None).await;
-        self.tell(payload, "status", None).await;
+        // NB: only `working` is told: in the conventions the server side reads (record.rs),
+        // any other `status` would read as a final answer.
+        if state == TaskState::Working {
+            self.tell(payload, "status", None).await;
+        }
         Ok(false)
     }
 

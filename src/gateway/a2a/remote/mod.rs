@@ -198,6 +198,7 @@ impl Remotes {
             endpoint,
             client,
             agent: Mutex::new(Some(handle)),
+            in_flight: Mutex::new(HashMap::new()),
         });
         let inserted = {
             let mut table = self.lock();
