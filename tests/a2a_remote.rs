@@ -452,3 +452,45 @@ async fn a_stream_that_ends_early_fails_the_call_and_the_map_task() {
     assert!(with_timeout(c.get_agent("early")).await.is_err());
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn with_auth_on_registering_needs_a_credential() {
+    const KEY: &str = "ak-admin-0123456789abcdef";
+    let dir = TempDir::new("a2a-remote-auth");
+    let keys = dir.path.join("api-keys");
+    std::fs::write(&keys, format!("{KEY} admin\n")).unwrap();
+    let (server, _url) = start_server(|c| {
+        c.auth.api_keys.file = Some(keys);
+        // The remote agents' sessions are in-process, like the gateway's own.
+        c.auth.trusted_transports = vec![map_router::auth::config::TrustedTransport::InProcess];
+    })
+    .await;
+    let addr = server.local_addrs()[0];
+    let (f, _task) = fake(false, false).await;
+    let body = json!({"cardUrl": format!("{}/.well-known/agent-card.json", f.base)}).to_string();
+    let r = request(
+        addr,
+        "POST",
+        "/a2a/remote",
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", String::from_utf8_lossy(&r.body));
+    let r = request(addr, "GET", "/a2a/remote", &[], b"").await;
+    assert_eq!(r.status, 401);
+    let bearer = format!("Bearer {KEY}");
+    let r = request(
+        addr,
+        "POST",
+        "/a2a/remote",
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", &bearer),
+        ],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    server.shutdown().await;
+}

@@ -587,6 +587,10 @@ impl Config {
                 a.name.as_deref().or(a.id.as_deref()).unwrap_or("(unnamed)")
             )));
         }
+        for remote in &self.a2a.remote {
+            crate::gateway::a2a::remote::http::Target::parse(&remote.card_url)
+                .map_err(|e| ConfigError::Invalid(format!("a2a.remote: {e}")))?;
+        }
         if self.events.retention_events == 0 || self.events.retention_bytes < 4096 {
             return bad("events.retention_events must be at least 1 and events.retention_bytes at least 4096");
         }
@@ -733,6 +737,21 @@ mod tests {
         let c = Config::default();
         c.validate().unwrap();
         assert!(c.listen[0].ip().is_loopback());
+    }
+
+    #[test]
+    fn a2a_remote_agents() {
+        let c = Config::from_toml(
+            "[[a2a.remote]]\ncard_url = \"http://127.0.0.1:9/.well-known/agent-card.json\"\nname = \"x\"\ntoken = \"t\"\n[[a2a.remote]]\ncard_url = \"http://h/agent.json\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.a2a.remote.len(), 2);
+        assert_eq!(c.a2a.remote[0].name.as_deref(), Some("x"));
+        assert_eq!(c.a2a.remote[0].token.as_deref(), Some("t"));
+        c.validate().unwrap();
+        let err = Config::from_toml("[[a2a.remote]]\ncard_url = \"https://h/c\"\n").unwrap_err();
+        assert!(err.to_string().contains("a2a.remote"), "{err}");
+        assert!(Config::from_toml("[[a2a.remote]]\ncard = \"x\"\n").is_err());
     }
 
     #[test]
