@@ -37,7 +37,7 @@ from a2a.types import (
     SendMessageRequest,
     TaskState,
 )
-from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
+from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, TaskNotCancelableError, TaskNotFoundError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -135,8 +135,8 @@ async def expect_error(awaitable, error_type, code, what):
     try:
         result = await bounded(awaitable, what)
     except error_type as e:
-        # The SDK maps the JSON-RPC code to the type; say which code that was.
-        assert code in (-32001, -32002), code
+        # The SDK raises the type its JSON_RPC_ERROR_CODE_MAP gives the answer's code.
+        assert JSON_RPC_ERROR_CODE_MAP[error_type] == code, (error_type, code)
         return e
     raise AssertionError(f"{what}: expected {error_type.__name__} ({code}), got {result!r}")
 
