@@ -182,10 +182,11 @@ impl Remotes {
             Ok(h) => h,
             Err(e) => {
                 let _ = client.close().await;
-                return Err(if e.code().map(|c| c.0) == Some(3000) {
-                    RegisterError::Taken(agent_id)
-                } else {
-                    RegisterError::Map(e.to_string())
+                return Err(match e.code().map(|c| c.0) {
+                    Some(3000) => RegisterError::Taken(agent_id),
+                    // A name MAP does not take as an agent id.
+                    Some(-32602) => RegisterError::Invalid(format!("agent id {agent_id:?}: {e}")),
+                    _ => RegisterError::Map(e.to_string()),
                 });
             }
         };
