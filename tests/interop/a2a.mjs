@@ -273,6 +273,85 @@ scenario('a2a resubscribe after a router restart: the current task, then live up
   assert.equal(rest[1].payload.value.status.state, STATE.COMPLETED);
 });
 
+scenario('a2a stream killed mid-task by kill -9: resubscribeTask picks it up, every update exactly once', async (ctx) => {
+  const dataDir = ctx.tempDir();
+  let router = await ctx.startRouter({ dataDir });
+  ctx.url = router.url;
+  const base = httpBase(router);
+  let agent = await ctx.agent({ name: 'long' });
+  const inbox = [];
+  agent.conn.onMessage((m) => inbox.push(m));
+  const client = await withTimeout(new ClientFactory().createFromUrl(`${base}/a2a/agents/${agent.id}/`), WAIT_MS, 'createFromUrl');
+  // The stream: read frames as they come, remembering each update once seen.
+  const seen = [];
+  let streamedTask;
+  const label = (e) => {
+    const v = e.payload.value;
+    switch (e.payload.$case) {
+      case 'statusUpdate':
+        return `status:${v.status.state}:${partText(v.status.message?.parts?.[0]) ?? ''}`;
+      case 'artifactUpdate':
+        return `artifact:${v.artifact.artifactId}:${partText(v.artifact.parts[0])}`;
+      default:
+        return e.payload.$case;
+    }
+  };
+  const it = client.sendMessageStream({ message: textMessage('long job') })[Symbol.asyncIterator]();
+  const reading = (async () => {
+    try {
+      for (;;) {
+        const n = await it.next();
+        if (n.done) return;
+        if (n.value.payload.$case === 'task') streamedTask = n.value.payload.value.id;
+        seen.push(label(n.value));
+      }
+    } catch {
+      // The router died under the stream: what was seen is recorded.
+    }
+  })();
+  const request = await until(() => inbox[0], 'the agent gets the message');
+  const progress = (text) =>
+    withTimeout(agent.conn.send({ agent: request.from }, { a2a: { status: 'working', message: text } }, { correlationId: request.meta?.correlationId ?? request.id }), WAIT_MS, `progress ${text}`);
+  await progress('step 1');
+  await progress('step 2');
+  await until(() => seen.includes(`status:${STATE.WORKING}:step 2`), 'the stream shows step 2');
+
+  // kill -9 in the middle of the task; the stream dies with it.
+  await ctx.killRouter(router, 'SIGKILL');
+  await withTimeout(reading, WAIT_MS, 'the dead stream ends');
+  const before = [...seen];
+  router = await ctx.startRouter({ dataDir, listen: hostPort(router) });
+  ctx.url = router.url;
+  agent = await ctx.agent({ name: 'long', agentId: agent.id });
+  const taskId = streamedTask;
+  assert.ok(taskId, 'the stream named its task');
+  await eventually(async () => (await client.listTasks({})).tasks.some((t) => t.id === taskId), 'the task is back');
+
+  const again = client.resubscribeTask({ id: taskId })[Symbol.asyncIterator]();
+  const first = await withTimeout(again.next(), WAIT_MS, 'first frame after the restart');
+  assert.equal(first.value.payload.$case, 'task', 'the current task first');
+  const current = first.value.payload.value;
+  assert.equal(current.status.state, STATE.WORKING);
+  assert.equal(partText(current.status.message?.parts?.[0]), 'step 2', 'nothing answered before the kill was lost');
+  await progress('step 3');
+  await withTimeout(agent.conn.reply(request, 'done'), WAIT_MS, 'the reply');
+  const after = [];
+  for (;;) {
+    const n = await withTimeout(again.next(), WAIT_MS, 'next frame');
+    if (n.done) break;
+    after.push(label(n.value));
+  }
+  const updates = [...before, ...after].filter((l) => l !== 'task');
+  const once = new Set(updates);
+  assert.equal(once.size, updates.length, `an update came twice: ${updates.join(' | ')}`);
+  for (const want of [`status:${STATE.WORKING}:step 1`, `status:${STATE.WORKING}:step 2`, `status:${STATE.WORKING}:step 3`]) {
+    assert.ok(updates.includes(want), `${want} in ${updates.join(' | ')}`);
+  }
+  assert.ok(updates.some((l) => l.startsWith('artifact:') && l.endsWith(':done')), `the artifact in ${updates.join(' | ')}`);
+  assert.equal(updates.at(-1), `status:${STATE.COMPLETED}:`, 'the stream ends completed');
+  assert.ok(!after.includes(`status:${STATE.WORKING}:step 2`), 'no update from before the kill is sent again');
+});
+
 // ---------------------------------------------------------------------------------------------
 
 let currentCtx = null;
