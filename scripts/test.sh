@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of map-router: unit and integration tests (including the schema check and the
 # built binary), the benches in test mode, the interop suite in which the official
-# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets, the gateway
-# suite in which the seeds' Python clients (httpx, websockets) drive the MAMP and IM gateways
-# (tests/gateways/), and the web dashboard in headless Chromium (tests/browser/).
+# @multi-agent-protocol/sdk clients drive the built binary over real WebSockets (and the
+# official @a2a-js/sdk client drives its A2A gateway), the gateway suite in which the seeds'
+# Python clients (httpx, websockets) drive the MAMP and IM gateways (tests/gateways/), and the
+# web dashboard in headless Chromium (tests/browser/).
 #
-# Needs: cargo, node (>= 20), npm, python3 with venv (tests/gateways/setup.sh makes the venv,
-# from PyPI, unless it exists), openssl (tests/tls_client.rs runs the recipe in
+# Needs: cargo, node (>= 20), npm, python3 with venv (the Python A2A acceptance; the gateway
+# suite's venv, which tests/gateways/setup.sh makes from PyPI unless it exists), openssl (tests/tls_client.rs runs the recipe in
 # docs/security.md) and chromium at /usr/bin/chromium (the dashboard's browser tests; .ci/run
 # installs it). Touches only loopback.
 set -euo pipefail
@@ -21,6 +22,12 @@ cargo build --locked --bin map-router
 (cd tests/interop && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
+echo "== A2A interop (@a2a-js/sdk clients against the A2A gateway of target/debug/map-router)"
+node tests/interop/a2a.mjs --bin target/debug/map-router
+echo "== A2A client side (the gateway calls remote agents served by @a2a-js/sdk's own server classes)"
+node tests/interop/a2a_remote.mjs --bin target/debug/map-router
+echo "== A2A acceptance through the Python a2a-sdk 1.3.0 client (v1.0 and v0.3 mode; venv in tests/a2a_py/.venv)"
+scripts/a2a_py.sh target/debug/map-router
 
 echo "== gateway suite (the seeds' Python clients against target/debug/map-router)"
 gateways_python=$(tests/gateways/setup.sh)

@@ -18,6 +18,8 @@
 //! - [`gateway`]: translators from other agent protocols (MAMP 1.0, the agent IM gateway) to
 //!   MAP, on the same HTTP server; each opens in-process MAP sessions like any participant.
 //! - [`server`]: listeners, configuration and graceful shutdown.
+//! - [`gateway`]: other agent protocols (A2A) translated to MAP: each gateway is an ordinary
+//!   in-process MAP participant whose HTTP routes the server merges into its own.
 //! - [`client`]: a Rust MAP client (WebSocket, stdio child, in-process): typed calls,
 //!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
 //!   `map-router` user commands (`agent`, `watch`, `send`, ...) on it.

@@ -340,7 +340,13 @@ impl Client {
             .map_err(|_| ClientError::Closed)
     }
 
-    async fn call_text(&self, method: &str, params: String) -> Result<String, ClientError> {
+    /// Calls a method by name with params as JSON text, and returns the result as the JSON text
+    /// the router sent: nothing in between parses and re-serializes a participant's JSON, so
+    /// payloads and metadata inside keep their bytes (key order, number spelling).
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn call_text(&self, method: &str, params: String) -> Result<String, ClientError> {
         let (reply, rx) = oneshot::channel();
         let cmd = Command::Call {
             method: method.to_owned(),

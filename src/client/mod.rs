@@ -53,7 +53,7 @@ mod inbox;
 mod message;
 mod options;
 mod subscription;
-mod tls;
+pub(crate) mod tls;
 pub(crate) mod transport;
 
 pub use agent::AgentHandle;

@@ -1,23 +1,27 @@
-//! Gateways: translators between other agent protocols and MAP, on the router's own HTTP
-//! server (`docs/gateways.md`).
+//! Gateways: the other agent protocols of our design documents, reaching MAP agents through
+//! the router (`docs/spec`'s gateways page says where each lives on the server;
+//! `docs/gateways.md`, `docs/a2a.md`).
 //!
-//! A gateway owns no routing state. It opens in-process MAP sessions like any participant (one
-//! per outside agent it speaks for), calls the ordinary methods (`map/send` with `meta.mail`,
-//! `mail/create`, `map/agents/*`, `map/subscribe`), and folds the event log into the read
-//! models its protocol wants. So everything it does is in the event log, obeys permissions and
-//! is visible to every observer; the router core knows nothing about it.
+//! A gateway is a translator on the same HTTP server and nothing more: it opens MAP sessions
+//! in-process like any participant (`client::Client::in_process` over the
+//! `transport::in_process::InProcessLinks` the server gives it) and calls the ordinary MAP
+//! methods, so what it does is logged, permission-checked, replayable and visible to
+//! dashboards. It must not reach into the router: the router core learns nothing about the
+//! protocols here. `server` merges each gateway's axum routes into its own.
 //!
-//! - `mamp/`: MAMP 1.0 (seed 000): cards, `POST /mamp/v1/messages`, outbound POSTs to
-//!   configured remote MAMP agents.
-//! - `im/`: the agent IM gateway (seed 002): `WS /gateway/connect`, `/gateway/*`, contacts and
-//!   collaborators.
-//! - shared: `context.rs` (settings, the in-process links, the service session),
-//!   `directory.rs` (the read model folded from the event log), `peers.rs` and
-//!   `peer_table.rs` (the sessions that stand for outside agents), `wire.rs` (URIs, times,
-//!   error bodies), `config.rs` (`[gateways]`).
+//! - [`a2a`]: Agent2Agent (A2A) 1.0 and 0.3 over JSON-RPC + SSE (`docs/a2a.md`).
+//! - [`mamp`]: MAMP 1.0 (seed 000): cards, `POST /mamp/v1/messages`, outbound POSTs to
+//!   configured remote MAMP agents (`docs/gateways.md`).
+//! - [`im`]: the agent IM gateway (seed 002): `WS /gateway/connect`, `/gateway/*`, contacts
+//!   and collaborators (`docs/gateways.md`).
+//! - shared by MAMP and IM: `context.rs` (settings, the in-process links, the service
+//!   session), `directory.rs` (the read model folded from the event log), `peers.rs` and
+//!   `peer_table.rs` (the sessions that stand for outside agents), `outbound.rs` (MAMP POSTs),
+//!   `wire.rs` (URIs, times, error bodies), `config.rs` (`[gateways]`).
 //!
-//! This module only declares the gateways and merges their routes ([`routes`]).
+//! This module only declares the gateways and merges the MAMP and IM routes ([`routes`]).
 
+pub mod a2a;
 pub mod config;
 pub mod context;
 pub mod directory;
@@ -35,7 +39,8 @@ use axum::Router as HttpRouter;
 pub use config::GatewaySettings;
 pub use context::GatewayContext;
 
-/// The HTTP routes of every enabled gateway, to merge into the server's router.
+/// The HTTP routes of the MAMP and IM gateways (those enabled), to merge into the server's
+/// router.
 pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
     let mut app = HttpRouter::new();
     if ctx.settings.mamp.enabled {

@@ -86,8 +86,40 @@ pub struct Config {
     pub auth: crate::auth::AuthSettings,
     /// Prometheus metrics at `GET /metrics` (`[metrics]`).
     pub metrics: MetricsSettings,
+    /// The A2A gateway (`[a2a]`, docs/a2a.md).
+    pub a2a: A2aSettings,
     /// The MAMP and IM gateways (`[gateways]`, docs/gateways.md; on by default).
     pub gateways: crate::gateway::GatewaySettings,
+}
+
+/// `[a2a]`: the A2A gateway (docs/a2a.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct A2aSettings {
+    /// Serve the A2A routes (default true). Off: `/.well-known/agent-card.json`, `/a2a/...` are
+    /// absent (404).
+    pub enabled: bool,
+    /// Largest JSON-RPC request body, in bytes (default 4 MiB; larger is refused with 413).
+    pub max_body_bytes: usize,
+    /// URL prefixes a push-notification webhook may start with, e.g.
+    /// `["https://hooks.example.com/"]` (default none: push notifications are off, and the
+    /// cards say `pushNotifications: false`). The router POSTs to these URLs on callers' behalf:
+    /// list only endpoints meant to receive them.
+    pub push_allow: Vec<String>,
+    /// Remote A2A agents to register as MAP agents at start (`[[a2a.remote]]`: `card_url`,
+    /// `name?`, `token?`; docs/a2a.md).
+    pub remote: Vec<crate::gateway::a2a::remote::RemoteSpec>,
+}
+
+impl Default for A2aSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_body_bytes: crate::gateway::a2a::DEFAULT_MAX_BODY_BYTES,
+            push_allow: Vec::new(),
+            remote: Vec::new(),
+        }
+    }
 }
 
 /// `[metrics]`: Prometheus metrics at `GET /metrics` (docs/metrics.md).
@@ -384,6 +416,7 @@ impl Default for Config {
             auth: crate::auth::AuthSettings::default(),
             metrics: MetricsSettings::default(),
             gateways: crate::gateway::GatewaySettings::default(),
+            a2a: A2aSettings::default(),
         }
     }
 }
@@ -557,6 +590,10 @@ impl Config {
                 a.name.as_deref().or(a.id.as_deref()).unwrap_or("(unnamed)")
             )));
         }
+        for remote in &self.a2a.remote {
+            crate::gateway::a2a::remote::http::Target::parse(&remote.card_url)
+                .map_err(|e| ConfigError::Invalid(format!("a2a.remote: {e}")))?;
+        }
         if self.events.retention_events == 0 || self.events.retention_bytes < 4096 {
             return bad("events.retention_events must be at least 1 and events.retention_bytes at least 4096");
         }
@@ -704,6 +741,21 @@ mod tests {
         let c = Config::default();
         c.validate().unwrap();
         assert!(c.listen[0].ip().is_loopback());
+    }
+
+    #[test]
+    fn a2a_remote_agents() {
+        let c = Config::from_toml(
+            "[[a2a.remote]]\ncard_url = \"http://127.0.0.1:9/.well-known/agent-card.json\"\nname = \"x\"\ntoken = \"t\"\n[[a2a.remote]]\ncard_url = \"http://h/agent.json\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.a2a.remote.len(), 2);
+        assert_eq!(c.a2a.remote[0].name.as_deref(), Some("x"));
+        assert_eq!(c.a2a.remote[0].token.as_deref(), Some("t"));
+        c.validate().unwrap();
+        let err = Config::from_toml("[[a2a.remote]]\ncard_url = \"https://h/c\"\n").unwrap_err();
+        assert!(err.to_string().contains("a2a.remote"), "{err}");
+        assert!(Config::from_toml("[[a2a.remote]]\ncard = \"x\"\n").is_err());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! when the router is embedded or serves stdio only), and serves WebSocket upgrades at `/` and
 //! `/map`, `GET /health`, Prometheus metrics at `GET /metrics` (`metrics.rs`), the web
 //! dashboard's static files at `/ui` (`ui.rs`), and the gateways' routes (`crate::gateway`:
-//! `/mamp/v1/*`, `/gateway/*`, `/api/*`). The same server hands out in-process connections
+//! A2A at `/.well-known/agent-card.json` and `/a2a/...`; MAMP at `/mamp/v1/*`; the agent IM
+//! gateway at `/gateway/*` and `/api/*`). The same server hands out in-process connections
 //! ([`Server::connect_in_process`]) and serves byte-stream pairs ([`Server::serve_io`]), all on
 //! the one connection driver.
 //!
@@ -110,6 +111,7 @@ impl Server {
             Supervisor::start(config.supervisor_settings(), options.clone())?;
         let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
         let gateway_auth = auth.clone();
+        let a2a_auth = auth.clone();
         let (router, router_task) = Router::start(
             RouterConfig {
                 auth,
@@ -184,6 +186,11 @@ impl Server {
         }
         let app = if metrics.is_some() {
             app.merge(metrics::routes(ctx.router.clone(), metrics_auth))
+        } else {
+            app
+        };
+        let app = if config.a2a.enabled {
+            app.merge(a2a_routes(&config, &ctx, &options, a2a_auth, &shutdown_rx))
         } else {
             app
         };
@@ -310,8 +317,9 @@ impl Server {
         }
     }
 }
-/// How the gateways open their in-process sessions (the server's context and options, origin
-/// `InProcess`), without holding the server itself.
+/// How the gateways open their MAP sessions: in-process connections to this server's router
+/// (origin `InProcess`, as [`Server::connect_in_process`]). The gateways get this rather than
+/// the [`Server`], which does not exist yet while the routes are built.
 #[derive(Debug)]
 struct GatewayLinks {
     ctx: TransportContext,
@@ -322,6 +330,47 @@ impl in_process::InProcessLinks for GatewayLinks {
     fn connect_in_process(&self) -> InProcessLink {
         in_process::connect(&self.ctx, self.options.clone())
     }
+}
+
+/// The A2A gateway's routes (docs/a2a.md).
+fn a2a_routes(
+    config: &Config,
+    ctx: &TransportContext,
+    options: &ConnectionOptions,
+    auth: Option<Arc<crate::auth::Authenticator>>,
+    shutdown: &watch::Receiver<bool>,
+) -> HttpRouter {
+    use crate::auth::config::AuthMethodName;
+    use crate::gateway::a2a;
+    let enabled = if auth.is_some() {
+        config.auth.enabled()
+    } else {
+        Vec::new()
+    };
+    let links = GatewayLinks {
+        ctx: ctx.clone(),
+        options: ConnectionOptions {
+            origin: ConnOrigin::InProcess,
+            ..options.clone()
+        },
+    };
+    let gateway = a2a::A2aGateway::new(
+        Arc::new(links),
+        a2a::Settings {
+            router_name: config.router.name.clone(),
+            tls: config.tls.files().is_some(),
+            max_body_bytes: config.a2a.max_body_bytes,
+            auth,
+            security: a2a::card::Security {
+                bearer_jwt: enabled.contains(&AuthMethodName::Jwt),
+                api_key: enabled.contains(&AuthMethodName::ApiKey),
+            },
+            push_allow: config.a2a.push_allow.clone(),
+            remotes: config.a2a.remote.clone(),
+        },
+        shutdown.clone(),
+    );
+    a2a::routes(gateway)
 }
 
 impl in_process::InProcessLinks for Server {

@@ -1,0 +1,158 @@
+//! [`A2aError`]: every failure the gateway answers, with its JSON-RPC code (the A2A codes
+//! -32001 … -32009 as `@a2a-js/sdk` maps them to its error classes, and the JSON-RPC ones) and
+//! the HTTP status it goes out with. The one place MAP errors become A2A errors
+//! ([`A2aError::from_map`]).
+
+use axum::http::StatusCode;
+
+use crate::client::ClientError;
+
+/// A2A / JSON-RPC error codes.
+pub mod code {
+    /// Not JSON.
+    pub const PARSE_ERROR: i32 = -32700;
+    /// Not a JSON-RPC request.
+    pub const INVALID_REQUEST: i32 = -32600;
+    /// No such method.
+    pub const METHOD_NOT_FOUND: i32 = -32601;
+    /// Params of the wrong shape.
+    pub const INVALID_PARAMS: i32 = -32602;
+    /// Our failure.
+    pub const INTERNAL_ERROR: i32 = -32603;
+    /// No such task (or not one the caller may see on this endpoint).
+    pub const TASK_NOT_FOUND: i32 = -32001;
+    /// The task has already ended.
+    pub const TASK_NOT_CANCELABLE: i32 = -32002;
+    /// Push notifications are not offered.
+    pub const PUSH_NOTIFICATION_NOT_SUPPORTED: i32 = -32003;
+    /// Not supported here.
+    pub const UNSUPPORTED_OPERATION: i32 = -32004;
+    /// No extended card.
+    pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
+}
+
+/// A failure to answer as a JSON-RPC error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct A2aError {
+    /// The JSON-RPC `error.code`.
+    pub code: i32,
+    /// The JSON-RPC `error.message`.
+    pub message: String,
+    /// The HTTP status of the answer (200 for errors of a well-formed call, as JSON-RPC over
+    /// HTTP does; 404 for an unknown agent, 413 for an oversize body, 401 for a missing or
+    /// refused credential, 403 for a MAP permission the caller lacks, 503 while the gateway's
+    /// MAP session cannot be opened).
+    pub status: StatusCode,
+}
+
+impl A2aError {
+    fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            status: StatusCode::OK,
+        }
+    }
+
+    /// With another HTTP status.
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// -32700.
+    pub fn parse_error(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::PARSE_ERROR, format!("Parse error: {detail}"))
+    }
+
+    /// -32600.
+    pub fn invalid_request(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INVALID_REQUEST, format!("Invalid request: {detail}"))
+    }
+
+    /// -32601.
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(
+            code::METHOD_NOT_FOUND,
+            format!("Method not found: {method}"),
+        )
+    }
+
+    /// -32602.
+    pub fn invalid_params(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INVALID_PARAMS, format!("Invalid params: {detail}"))
+    }
+
+    /// -32603.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        Self::new(code::INTERNAL_ERROR, format!("Internal error: {detail}"))
+    }
+
+    /// -32001.
+    pub fn task_not_found(id: &str) -> Self {
+        Self::new(code::TASK_NOT_FOUND, format!("Task not found: {id}"))
+    }
+
+    /// -32002.
+    pub fn not_cancelable(id: &str, state: &str) -> Self {
+        Self::new(
+            code::TASK_NOT_CANCELABLE,
+            format!("Task cannot be canceled: {id} is {state}"),
+        )
+    }
+
+    /// -32003.
+    pub fn push_not_supported() -> Self {
+        Self::new(
+            code::PUSH_NOTIFICATION_NOT_SUPPORTED,
+            "Push Notification is not supported",
+        )
+    }
+
+    /// -32004.
+    pub fn unsupported(detail: impl std::fmt::Display) -> Self {
+        Self::new(
+            code::UNSUPPORTED_OPERATION,
+            format!("This operation is not supported: {detail}"),
+        )
+    }
+
+    /// -32007.
+    pub fn no_extended_card() -> Self {
+        Self::new(
+            code::EXTENDED_CARD_NOT_CONFIGURED,
+            "Extended Agent Card not configured",
+        )
+    }
+
+    /// An agent id or name that names no agent the caller may see: -32602 with HTTP 404.
+    pub fn unknown_agent(id: &str) -> Self {
+        Self::invalid_params(format!("no agent {id:?} on this router"))
+            .with_status(StatusCode::NOT_FOUND)
+    }
+
+    /// A MAP error from a call the gateway made for `task` (when it was about one).
+    pub fn from_map(e: &ClientError, task: Option<&str>) -> Self {
+        match (e, task) {
+            // 14001: task not found (or invisible).
+            (ClientError::Rpc { code, .. }, Some(id)) if code.0 == 14001 => {
+                Self::task_not_found(id)
+            }
+            (ClientError::Rpc { code, message, .. }, _) if code.0 == 1003 || code.0 == 14003 => {
+                Self::invalid_request(format!("permission denied: {message}"))
+                    .with_status(StatusCode::FORBIDDEN)
+            }
+            (ClientError::Auth(a), _) => {
+                Self::new(code::INVALID_REQUEST, format!("Authentication failed: {a}"))
+                    .with_status(StatusCode::UNAUTHORIZED)
+            }
+            (other, _) => Self::internal(other),
+        }
+    }
+}
+
+impl std::fmt::Display for A2aError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.code)
+    }
+}

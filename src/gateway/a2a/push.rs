@@ -1,0 +1,475 @@
+//! Push notifications: webhooks an A2A caller registers for a task, POSTed on every change of
+//! the task.
+//!
+//! Owns: the configs (task id → webhooks, in memory: they do not survive a restart, since a
+//! MAP task's `meta` is visible to every observer of the task and a webhook's token must not be),
+//! the URL allowlist (`[a2a] push_allow`: URL prefixes; empty = push notifications off), and
+//! delivery: one POST per update and webhook, in update order per task (one queue and worker
+//! per task with webhooks; a queue holds at most the task's updates), with
+//! [`ATTEMPTS`] tries and a doubling backoff, each bounded by [`TIMEOUT`].
+//!
+//! The body is what `@a2a-js/sdk`'s default sender POSTs: for a config made with a v1.0 method,
+//! the update as a v1.0 `StreamResponse` (`{statusUpdate}` / `{artifactUpdate}`,
+//! `Content-Type: application/a2a+json`); for a v0.3 one, the whole task (`kind: "task"`,
+//! `application/json`). Authentication: `Authorization: <scheme> <credentials>` when the config
+//! has `authentication`, else `X-A2A-Notification-Token: <token>` when it has a token.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::gateway::a2a::error::A2aError;
+use crate::gateway::a2a::record::Snapshot;
+use crate::gateway::a2a::wire::{self, Rendered, Update, Version};
+
+/// Tries per notification and webhook.
+pub const ATTEMPTS: u32 = 4;
+/// The wait before the second try; doubled before each next one.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// Connecting, sending and reading the status of one try.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+/// Webhooks per task.
+pub const MAX_CONFIGS_PER_TASK: usize = 16;
+
+/// One webhook of a task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushConfig {
+    /// Its id within the task.
+    pub id: String,
+    /// Where to POST.
+    pub url: String,
+    /// Sent as `X-A2A-Notification-Token`.
+    pub token: Option<String>,
+    /// `(scheme, credentials)`, sent as `Authorization`.
+    pub authentication: Option<(String, String)>,
+    /// The version of the method that made it (decides the body).
+    pub version: Version,
+}
+
+impl PushConfig {
+    /// In `v`'s shape: v1.0 `TaskPushNotificationConfig`, v0.3
+    /// `{taskId, pushNotificationConfig}`.
+    pub fn to_json(&self, v: Version, task_id: &str) -> Value {
+        match v {
+            Version::V1 => {
+                let mut o = json!({"taskId": task_id, "id": self.id, "url": self.url});
+                if let Some(t) = &self.token {
+                    o["token"] = json!(t);
+                }
+                if let Some((scheme, credentials)) = &self.authentication {
+                    o["authentication"] = json!({"scheme": scheme, "credentials": credentials});
+                }
+                o
+            }
+            Version::V03 => {
+                let mut c = json!({"id": self.id, "url": self.url});
+                if let Some(t) = &self.token {
+                    c["token"] = json!(t);
+                }
+                if let Some((scheme, credentials)) = &self.authentication {
+                    c["authentication"] = json!({"schemes": [scheme], "credentials": credentials});
+                }
+                json!({"taskId": task_id, "pushNotificationConfig": c})
+            }
+        }
+    }
+}
+
+/// A config as a caller sends it, in either version's shape.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigParams {
+    /// v1.0: the task. v0.3: also `taskId`.
+    #[serde(default)]
+    pub task_id: Option<String>,
+    /// v1.0: the config id.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// v1.0: the URL.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// v1.0: the token.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// v1.0 `{scheme, credentials}`, v0.3 `{schemes, credentials}`.
+    #[serde(default)]
+    pub authentication: Option<AuthParams>,
+    /// v0.3: the config itself.
+    #[serde(default)]
+    pub push_notification_config: Option<Box<ConfigParams>>,
+}
+
+/// `AuthenticationInfo` in either version's shape.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthParams {
+    /// v1.0.
+    #[serde(default)]
+    pub scheme: Option<String>,
+    /// v0.3 (the first one is used).
+    #[serde(default)]
+    pub schemes: Vec<String>,
+    /// The credentials.
+    #[serde(default)]
+    pub credentials: Option<String>,
+}
+
+impl ConfigParams {
+    /// The config to keep for `task_id`.
+    ///
+    /// # Errors
+    /// -32602 without a URL.
+    pub fn into_config(self, version: Version) -> Result<PushConfig, A2aError> {
+        let inner = match self.push_notification_config {
+            Some(c) => *c,
+            None => self,
+        };
+        let url = inner
+            .url
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| A2aError::invalid_params("a push notification config needs a url"))?;
+        let authentication = inner.authentication.and_then(|a| {
+            let scheme = a.scheme.or_else(|| a.schemes.into_iter().next())?;
+            Some((scheme, a.credentials?))
+        });
+        Ok(PushConfig {
+            id: inner
+                .id
+                .filter(|i| !i.is_empty())
+                .unwrap_or_else(|| crate::protocol::ids::Ulid::random().to_string()),
+            url,
+            token: inner.token.filter(|t| !t.is_empty()),
+            authentication,
+            version,
+        })
+    }
+}
+
+/// The webhooks of every task, and their delivery.
+#[derive(Debug, Default)]
+pub struct Push {
+    allow: Vec<String>,
+    // NB: std mutexes, never held across an await.
+    configs: Mutex<HashMap<String, Vec<PushConfig>>>,
+    /// Per task with webhooks: the queue of its changes, read by one worker.
+    queues: Mutex<HashMap<String, mpsc::UnboundedSender<Snapshot>>>,
+}
+
+impl Push {
+    /// Push notifications to URLs starting with one of `allow` (none: off).
+    pub fn new(allow: Vec<String>) -> Self {
+        Self {
+            allow,
+            ..Self::default()
+        }
+    }
+
+    /// Whether push notifications are offered at all.
+    pub fn enabled(&self) -> bool {
+        !self.allow.is_empty()
+    }
+
+    /// Keeps `config` for `task_id` (replacing one with the same id).
+    ///
+    /// # Errors
+    /// -32003 when push notifications are off; -32602 for a URL outside the allowlist, or too
+    /// many configs.
+    pub fn set(&self, task_id: &str, config: PushConfig) -> Result<(), A2aError> {
+        if !self.enabled() {
+            return Err(A2aError::push_not_supported());
+        }
+        // NB: these go into a request head: no control characters, no spaces in the URL.
+        let clean = |s: &str| !s.chars().any(char::is_control);
+        let headers_clean = clean(&config.url)
+            && !config.url.contains(' ')
+            && config.token.as_deref().is_none_or(clean)
+            && config
+                .authentication
+                .as_ref()
+                .is_none_or(|(a, b)| clean(a) && clean(b) && !a.contains(' '));
+        if !headers_clean {
+            return Err(A2aError::invalid_params(
+                "push notification url, token and authentication must not hold control characters",
+            ));
+        }
+        let scheme_ok = config.url.starts_with("http://") || config.url.starts_with("https://");
+        if !scheme_ok
+            || !self
+                .allow
+                .iter()
+                .any(|p| config.url.starts_with(p.as_str()))
+        {
+            return Err(A2aError::invalid_params(format!(
+                "push notification URL {} is not allowed on this router ([a2a] push_allow)",
+                config.url
+            )));
+        }
+        let mut all = self
+            .configs
+            .lock()
+            .map_err(|_| A2aError::internal("push table poisoned"))?;
+        let list = all.entry(task_id.to_owned()).or_default();
+        list.retain(|c| c.id != config.id);
+        if list.len() >= MAX_CONFIGS_PER_TASK {
+            return Err(A2aError::invalid_params(format!(
+                "at most {MAX_CONFIGS_PER_TASK} push notification configs per task"
+            )));
+        }
+        list.push(config);
+        Ok(())
+    }
+
+    /// The configs of a task.
+    pub fn list(&self, task_id: &str) -> Vec<PushConfig> {
+        self.configs
+            .lock()
+            .ok()
+            .and_then(|c| c.get(task_id).cloned())
+            .unwrap_or_default()
+    }
+
+    /// Removes a config; whether it was there.
+    pub fn delete(&self, task_id: &str, id: &str) -> bool {
+        let Ok(mut all) = self.configs.lock() else {
+            return false;
+        };
+        let Some(list) = all.get_mut(task_id) else {
+            return false;
+        };
+        let before = list.len();
+        list.retain(|c| c.id != id);
+        let removed = list.len() != before;
+        if list.is_empty() {
+            all.remove(task_id);
+        }
+        removed
+    }
+
+    /// Drops every config of a task (one that was never created).
+    pub fn forget(&self, task_id: &str) {
+        if let Ok(mut c) = self.configs.lock() {
+            c.remove(task_id);
+        }
+    }
+
+    /// Called for every change of every task: POSTs it to the task's webhooks.
+    pub fn notify(self: &Arc<Self>, snapshot: &Snapshot) {
+        if self.list(&snapshot.task_id).is_empty() {
+            return;
+        }
+        let Ok(mut queues) = self.queues.lock() else {
+            return;
+        };
+        // NB: one queue and one worker per task, so its notifications go out in update order.
+        let queue = queues.entry(snapshot.task_id.clone()).or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(Arc::clone(self).worker(snapshot.task_id.clone(), rx));
+            tx
+        });
+        let _ = queue.send(snapshot.clone());
+    }
+
+    /// Delivers one task's notifications in order, each update once (MAP may emit two events
+    /// for one update), until the task ends.
+    async fn worker(self: Arc<Self>, task_id: String, mut rx: mpsc::UnboundedReceiver<Snapshot>) {
+        let mut last: Option<u64> = None;
+        while let Some(snapshot) = rx.recv().await {
+            if last.is_some_and(|l| snapshot.seq() <= l) {
+                continue;
+            }
+            last = Some(snapshot.seq());
+            // The configs as they are now (one deleted meanwhile gets nothing more).
+            for config in self.list(&task_id) {
+                let (body, content_type) = body(&config, &snapshot);
+                deliver(&config, &body, content_type).await;
+            }
+            if snapshot.record.state.is_terminal() {
+                break;
+            }
+        }
+        // NB: configs first, so a late event of this task finds none and starts no worker.
+        if let Ok(mut c) = self.configs.lock() {
+            c.remove(&task_id);
+        }
+        if let Ok(mut q) = self.queues.lock() {
+            q.remove(&task_id);
+        }
+    }
+}
+
+fn body(config: &PushConfig, s: &Snapshot) -> (String, &'static str) {
+    let view = s.record.view(&s.task_id);
+    match config.version {
+        Version::V1 => {
+            let update = s.record.update.clone().unwrap_or_else(Update::status);
+            let value = if s.record.seq == 0 {
+                wire::task_result(Version::V1, &view, None)
+            } else {
+                wire::update_json(Version::V1, &view, &update)
+            };
+            (Rendered::finish(&value), "application/a2a+json")
+        }
+        Version::V03 => (
+            Rendered::finish(&wire::task_json(Version::V03, &view, None)),
+            "application/json",
+        ),
+    }
+}
+
+/// POSTs with retries; failures are logged, never raised (a webhook cannot fail a task).
+async fn deliver(config: &PushConfig, body: &str, content_type: &str) {
+    let mut backoff = FIRST_BACKOFF;
+    for attempt in 1..=ATTEMPTS {
+        match tokio::time::timeout(TIMEOUT, post(config, body, content_type)).await {
+            Ok(Ok(status)) if (200..300).contains(&status) => return,
+            Ok(Ok(status)) => {
+                tracing::debug!(url = %config.url, status, attempt, "a2a push: webhook refused")
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(url = %config.url, error = %e, attempt, "a2a push: failed")
+            }
+            Err(_) => tracing::debug!(url = %config.url, attempt, "a2a push: timed out"),
+        }
+        if attempt < ATTEMPTS {
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+    }
+    tracing::warn!(url = %config.url, "a2a push: notification dropped after {ATTEMPTS} attempts");
+}
+
+/// One HTTP/1.1 POST; the response's status code.
+async fn post(config: &PushConfig, body: &str, content_type: &str) -> Result<u16, String> {
+    let (tls, rest) = if let Some(r) = config.url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = config.url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err("not an http(s) URL".into());
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if authority.is_empty() || authority.contains('@') {
+        return Err("bad URL authority".into());
+    }
+    let default_port = if tls { 443 } else { 80 };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+            (h, p.parse::<u16>().map_err(|e| format!("bad port: {e}"))?)
+        }
+        _ => (authority, default_port),
+    };
+    let host_plain = host.trim_start_matches('[').trim_end_matches(']');
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\nUser-Agent: map-router-a2a\r\n",
+        body.len()
+    );
+    if let Some((scheme, credentials)) = &config.authentication {
+        head.push_str(&format!("Authorization: {scheme} {credentials}\r\n"));
+    } else if let Some(token) = &config.token {
+        head.push_str(&format!("X-A2A-Notification-Token: {token}\r\n"));
+    }
+    head.push_str("\r\n");
+    let tcp = TcpStream::connect((host_plain, port))
+        .await
+        .map_err(|e| e.to_string())?;
+    if tls {
+        let trust = crate::client::tls::trust(None).map_err(|e| e.to_string())?;
+        let name = rustls::pki_types::ServerName::try_from(host_plain.to_owned())
+            .map_err(|e| e.to_string())?;
+        let stream = tokio_rustls::TlsConnector::from(trust.config)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        exchange(stream, &head, body).await
+    } else {
+        exchange(tcp, &head, body).await
+    }
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    head: &str,
+    body: &str,
+) -> Result<u16, String> {
+    s.write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(body.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    s.flush().await.map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+        let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let line = String::from_utf8_lossy(&buf);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no HTTP status line: {:?}", line.lines().next()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_read_both_versions() {
+        let v1: ConfigParams = serde_json::from_str(
+            r#"{"taskId":"t","url":"http://x/h","token":"k","authentication":{"scheme":"Bearer","credentials":"c"}}"#,
+        )
+        .unwrap();
+        let c = v1.into_config(Version::V1).unwrap();
+        assert_eq!(c.url, "http://x/h");
+        assert_eq!(c.authentication, Some(("Bearer".into(), "c".into())));
+        let v03: ConfigParams = serde_json::from_str(
+            r#"{"taskId":"t","pushNotificationConfig":{"id":"p","url":"http://x/h","authentication":{"schemes":["Basic"],"credentials":"c"}}}"#,
+        )
+        .unwrap();
+        let c = v03.into_config(Version::V03).unwrap();
+        assert_eq!(c.id, "p");
+        assert_eq!(c.authentication, Some(("Basic".into(), "c".into())));
+        assert_eq!(
+            c.to_json(Version::V03, "t")["pushNotificationConfig"]["authentication"]["schemes"],
+            json!(["Basic"])
+        );
+    }
+
+    #[test]
+    fn only_allowed_urls() {
+        let p = Push::new(vec!["http://127.0.0.1:".into()]);
+        let c = |url: &str| PushConfig {
+            id: "a".into(),
+            url: url.into(),
+            token: None,
+            authentication: None,
+            version: Version::V1,
+        };
+        assert!(p.set("t", c("http://127.0.0.1:9/h")).is_ok());
+        assert!(p.set("t", c("http://10.0.0.1:9/h")).is_err());
+        assert!(p.set("t", c("ftp://127.0.0.1:9/h")).is_err());
+        assert_eq!(
+            Push::default()
+                .set("t", c("http://127.0.0.1:9/h"))
+                .unwrap_err()
+                .code,
+            -32003
+        );
+        assert!(p.delete("t", "a"));
+        assert!(!p.delete("t", "a"));
+    }
+}

@@ -1,0 +1,590 @@
+//! The A2A JSON-RPC endpoint: reading a request (hostile input included), the method table
+//! (v1.0 and v0.3 names, each answered in its own version's shapes), and the answers.
+//!
+//! Owns: [`Method`] (the table), envelope checks, and the handler of each method on top of
+//! [`Core`](super::tasks::Core). Streaming methods answer through `sse.rs`.
+//!
+//! Input rules: the body must be one JSON-RPC 2.0 request object (`jsonrpc: "2.0"`, a string
+//! or number `id`, a string `method`); a batch, a notification (no id) or anything else is
+//! -32600 with `id: null`; text that is not JSON is -32700. Oversize bodies never reach here
+//! (`mod.rs` answers 413). Errors of a well-formed call are HTTP 200 with a JSON-RPC error.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::client::Client;
+use crate::gateway::a2a::error::A2aError;
+use crate::gateway::a2a::frame::{error_frame, result_frame};
+use crate::gateway::a2a::push::{ConfigParams, PushConfig};
+use crate::gateway::a2a::sse;
+use crate::gateway::a2a::tasks::{Core, Target, BLOCKING_WAIT};
+use crate::gateway::a2a::wire::{self, ListParams, SendParams, TaskIdParams, TaskState, Version};
+
+/// What a method does (its version is known from its name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// `SendMessage`, `message/send`.
+    Send,
+    /// `SendStreamingMessage`, `message/stream`.
+    Stream,
+    /// `GetTask`, `tasks/get`.
+    Get,
+    /// `ListTasks` (v1.0 only).
+    List,
+    /// `CancelTask`, `tasks/cancel`.
+    Cancel,
+    /// `SubscribeToTask`, `tasks/resubscribe`.
+    Subscribe,
+    /// `GetExtendedAgentCard`, `agent/getAuthenticatedExtendedCard`.
+    ExtendedCard,
+    /// `CreateTaskPushNotificationConfig`, `tasks/pushNotificationConfig/set`.
+    PushSet,
+    /// `GetTaskPushNotificationConfig`, `tasks/pushNotificationConfig/get`.
+    PushGet,
+    /// `ListTaskPushNotificationConfigs`, `tasks/pushNotificationConfig/list`.
+    PushList,
+    /// `DeleteTaskPushNotificationConfig`, `tasks/pushNotificationConfig/delete`.
+    PushDelete,
+}
+
+/// Every method name the endpoint knows.
+pub const METHODS: &[(&str, Method, Version)] = &[
+    ("SendMessage", Method::Send, Version::V1),
+    ("SendStreamingMessage", Method::Stream, Version::V1),
+    ("GetTask", Method::Get, Version::V1),
+    ("ListTasks", Method::List, Version::V1),
+    ("CancelTask", Method::Cancel, Version::V1),
+    ("SubscribeToTask", Method::Subscribe, Version::V1),
+    ("GetExtendedAgentCard", Method::ExtendedCard, Version::V1),
+    (
+        "CreateTaskPushNotificationConfig",
+        Method::PushSet,
+        Version::V1,
+    ),
+    (
+        "GetTaskPushNotificationConfig",
+        Method::PushGet,
+        Version::V1,
+    ),
+    (
+        "ListTaskPushNotificationConfigs",
+        Method::PushList,
+        Version::V1,
+    ),
+    (
+        "DeleteTaskPushNotificationConfig",
+        Method::PushDelete,
+        Version::V1,
+    ),
+    ("message/send", Method::Send, Version::V03),
+    ("message/stream", Method::Stream, Version::V03),
+    ("tasks/get", Method::Get, Version::V03),
+    ("tasks/cancel", Method::Cancel, Version::V03),
+    ("tasks/resubscribe", Method::Subscribe, Version::V03),
+    (
+        "tasks/pushNotificationConfig/set",
+        Method::PushSet,
+        Version::V03,
+    ),
+    (
+        "tasks/pushNotificationConfig/get",
+        Method::PushGet,
+        Version::V03,
+    ),
+    (
+        "tasks/pushNotificationConfig/list",
+        Method::PushList,
+        Version::V03,
+    ),
+    (
+        "tasks/pushNotificationConfig/delete",
+        Method::PushDelete,
+        Version::V03,
+    ),
+    (
+        "agent/getAuthenticatedExtendedCard",
+        Method::ExtendedCard,
+        Version::V03,
+    ),
+];
+
+/// A request that passed the envelope checks.
+#[derive(Debug)]
+pub struct Request {
+    /// The id, as the caller wrote it.
+    pub id: Box<RawValue>,
+    /// What to do.
+    pub method: Method,
+    /// In which version.
+    pub version: Version,
+    /// The params, unread (`{}` when absent).
+    pub params: Box<RawValue>,
+}
+
+/// Checks the envelope of a body.
+///
+/// # Errors
+/// -32700 / -32600 / -32601, to be answered with `id` (null when it could not be read).
+pub fn read(body: &[u8]) -> Result<Request, (Option<Box<RawValue>>, A2aError)> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| (None, A2aError::parse_error(format!("not UTF-8: {e}"))))?;
+    let value: &RawValue =
+        serde_json::from_str(text).map_err(|e| (None, A2aError::parse_error(e)))?;
+    let t = value.get().trim_start();
+    if t.starts_with('[') {
+        return Err((None, A2aError::invalid_request("batches are not supported")));
+    }
+    if !t.starts_with('{') {
+        return Err((
+            None,
+            A2aError::invalid_request("not a JSON-RPC request object"),
+        ));
+    }
+    #[derive(Deserialize)]
+    struct Envelope {
+        #[serde(default)]
+        jsonrpc: Option<Box<RawValue>>,
+        #[serde(default)]
+        id: Option<Box<RawValue>>,
+        #[serde(default)]
+        method: Option<Box<RawValue>>,
+        #[serde(default)]
+        params: Option<Box<RawValue>>,
+    }
+    let env: Envelope =
+        serde_json::from_str(text).map_err(|e| (None, A2aError::invalid_request(e)))?;
+    let id = env.id.filter(|id| {
+        let s = id.get();
+        s.starts_with('"') || s.starts_with('-') || s.starts_with(|c: char| c.is_ascii_digit())
+    });
+    let Some(id) = id else {
+        return Err((
+            None,
+            A2aError::invalid_request(
+                "`id` must be a string or a number (notifications are not supported)",
+            ),
+        ));
+    };
+    if env.jsonrpc.as_deref().map(RawValue::get) != Some("\"2.0\"") {
+        return Err((
+            Some(id),
+            A2aError::invalid_request("`jsonrpc` must be \"2.0\""),
+        ));
+    }
+    let Some(name) = env
+        .method
+        .as_deref()
+        .and_then(|m| serde_json::from_str::<String>(m.get()).ok())
+    else {
+        return Err((
+            Some(id),
+            A2aError::invalid_request("`method` must be a string"),
+        ));
+    };
+    let Some(&(_, method, version)) = METHODS.iter().find(|(n, _, _)| *n == name) else {
+        return Err((Some(id), A2aError::method_not_found(&name)));
+    };
+    let params = match env.params {
+        Some(p) if p.get().trim_start().starts_with('{') => p,
+        None => RawValue::from_string("{}".into()).map_err(|e| (None, A2aError::internal(e)))?,
+        Some(_) => {
+            return Err((
+                Some(id),
+                A2aError::invalid_params("params must be an object"),
+            ));
+        }
+    };
+    Ok(Request {
+        id,
+        method,
+        version,
+        params,
+    })
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The error answer.
+pub fn error_response(id: Option<&RawValue>, e: &A2aError) -> Response {
+    json_response(e.status, error_frame(id, e))
+}
+
+fn params<T: DeserializeOwned>(raw: &RawValue) -> Result<T, A2aError> {
+    serde_json::from_str(raw.get()).map_err(A2aError::invalid_params)
+}
+
+/// Answers one request.
+pub async fn handle(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    request: Request,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Response {
+    let Request {
+        id,
+        method,
+        version,
+        params: raw,
+    } = request;
+    let answer = match method {
+        Method::Send => send(core, viewer, target, version, &raw).await,
+        Method::Stream => {
+            return match stream(core, viewer, target, version, id.clone(), &raw, shutdown).await {
+                Ok(r) => r,
+                Err(e) => error_response(Some(&id), &e),
+            };
+        }
+        Method::Subscribe => {
+            return match subscribe(core, viewer, target, version, id.clone(), &raw, shutdown).await
+            {
+                Ok(r) => r,
+                Err(e) => error_response(Some(&id), &e),
+            };
+        }
+        Method::Get => get(core, viewer, target, version, &raw).await,
+        Method::List => list(core, viewer, target, version, &raw).await,
+        Method::Cancel => cancel(core, viewer, target, version, &raw).await,
+        Method::ExtendedCard => Err(A2aError::no_extended_card()),
+        Method::PushSet | Method::PushGet | Method::PushList | Method::PushDelete => {
+            push(core, viewer, target, method, version, &raw).await
+        }
+    };
+    match answer {
+        Ok(result) => json_response(StatusCode::OK, result_frame(&id, &result)),
+        Err(e) => error_response(Some(&id), &e),
+    }
+}
+
+/// The webhook a send's `configuration` registers, if any.
+fn push_of(p: &SendParams, v: Version) -> Result<Option<PushConfig>, A2aError> {
+    let Some(raw) = p.configuration.as_ref().and_then(|c| {
+        c.task_push_notification_config
+            .clone()
+            .or_else(|| c.push_notification_config.clone())
+    }) else {
+        return Ok(None);
+    };
+    let params: ConfigParams = serde_json::from_value(raw).map_err(A2aError::invalid_params)?;
+    params.into_config(v).map(Some)
+}
+
+/// The push-notification config methods.
+async fn push(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    method: Method,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
+    if !core.push.enabled() {
+        return Err(A2aError::push_not_supported());
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Ids {
+        #[serde(default)]
+        task_id: Option<String>,
+        #[serde(default)]
+        id: Option<String>,
+        #[serde(default)]
+        push_notification_config_id: Option<String>,
+    }
+    // v1.0: {taskId, id}; v0.3: {id: taskId, pushNotificationConfigId}.
+    let ids: Ids = params(raw)?;
+    let (task_id, config_id) = match (v, method) {
+        (Version::V1, _) | (Version::V03, Method::PushSet) => (ids.task_id, ids.id),
+        (Version::V03, _) => (ids.id, ids.push_notification_config_id),
+    };
+    let task_id = task_id.ok_or_else(|| A2aError::invalid_params("the task id is missing"))?;
+    // The caller must see the task.
+    core.task(viewer, target, &task_id).await?;
+    let missing = |id: &str| {
+        A2aError::invalid_params(format!(
+            "no push notification config {id:?} on task {task_id}"
+        ))
+    };
+    match method {
+        Method::PushSet => {
+            let config = params::<ConfigParams>(raw)?.into_config(v)?;
+            core.push.set(&task_id, config.clone())?;
+            Ok(config.to_json(v, &task_id))
+        }
+        Method::PushGet => {
+            let configs = core.push.list(&task_id);
+            let found = match &config_id {
+                Some(id) => configs.into_iter().find(|c| &c.id == id),
+                None => configs.into_iter().next(),
+            };
+            found
+                .map(|c| c.to_json(v, &task_id))
+                .ok_or_else(|| missing(config_id.as_deref().unwrap_or("")))
+        }
+        Method::PushList => {
+            let configs: Vec<Value> = core
+                .push
+                .list(&task_id)
+                .iter()
+                .map(|c| c.to_json(v, &task_id))
+                .collect();
+            Ok(match v {
+                Version::V1 => json!({ "configs": configs, "nextPageToken": "" }),
+                Version::V03 => Value::Array(configs),
+            })
+        }
+        _ => {
+            let id =
+                config_id.ok_or_else(|| A2aError::invalid_params("the config id is missing"))?;
+            if !core.push.delete(&task_id, &id) {
+                return Err(missing(&id));
+            }
+            Ok(match v {
+                Version::V1 => json!({}),
+                Version::V03 => Value::Null,
+            })
+        }
+    }
+}
+
+async fn send(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
+    let p: SendParams = params(raw)?;
+    let push = push_of(&p, v)?;
+    let config = p.configuration.clone().unwrap_or_default();
+    let message = p.message.into_message().map_err(A2aError::invalid_params)?;
+    let blocking = config.blocking();
+    let (id, _first, watcher) = core
+        .send(viewer, target, message, p.metadata, push, blocking)
+        .await?;
+    if let Some(mut watcher) = watcher {
+        let waited = tokio::time::timeout(BLOCKING_WAIT, async {
+            while let Some(s) = watcher.recv().await {
+                if s.record.state.ends_stream() {
+                    return Some(s.record);
+                }
+            }
+            None
+        })
+        .await;
+        if let Ok(Some(record)) = waited {
+            return Ok(wire::task_result(
+                v,
+                &record.view(&id),
+                config.history_length,
+            ));
+        }
+    }
+    let record = core.task(viewer, target, &id).await?;
+    Ok(wire::task_result(
+        v,
+        &record.view(&id),
+        config.history_length,
+    ))
+}
+
+async fn stream(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    id: Box<RawValue>,
+    raw: &RawValue,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<Response, A2aError> {
+    let p: SendParams = params(raw)?;
+    let push = push_of(&p, v)?;
+    let history_length = p.configuration.as_ref().and_then(|c| c.history_length);
+    let message = p.message.into_message().map_err(A2aError::invalid_params)?;
+    let (task_id, first, watcher) = core
+        .send(viewer, target, message, p.metadata, push, true)
+        .await?;
+    let watcher = watcher.ok_or_else(|| A2aError::internal("no watcher"))?;
+    Ok(sse::respond(sse::Stream {
+        id,
+        version: v,
+        task_id,
+        first,
+        watcher,
+        history_length,
+        shutdown,
+    }))
+}
+
+async fn subscribe(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    id: Box<RawValue>,
+    raw: &RawValue,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<Response, A2aError> {
+    let p: TaskIdParams = params(raw)?;
+    // NB: watch first, then read: every change after the read reaches the watcher.
+    let watcher = core.feed.watch(&p.id);
+    let first = core.task(viewer, target, &p.id).await?;
+    if first.state.is_terminal() {
+        return Err(A2aError::unsupported(format!(
+            "task {} is {}: there is nothing to subscribe to (use GetTask)",
+            p.id,
+            first.state.v03_name()
+        )));
+    }
+    Ok(sse::respond(sse::Stream {
+        id,
+        version: v,
+        task_id: p.id,
+        first,
+        watcher,
+        history_length: p.history_length,
+        shutdown,
+    }))
+}
+
+async fn get(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
+    let p: TaskIdParams = params(raw)?;
+    let record = core.task(viewer, target, &p.id).await?;
+    Ok(wire::task_json(v, &record.view(&p.id), p.history_length))
+}
+
+async fn cancel(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
+    let p: TaskIdParams = params(raw)?;
+    let record = core.cancel(viewer, target, &p.id).await?;
+    Ok(wire::task_json(v, &record.view(&p.id), p.history_length))
+}
+
+/// Most tasks per `ListTasks` page.
+pub const MAX_PAGE: u32 = 100;
+/// Tasks per page when the caller does not say.
+pub const DEFAULT_PAGE: u32 = 50;
+
+async fn list(
+    core: &Core,
+    viewer: &Client,
+    target: &Target,
+    v: Version,
+    raw: &RawValue,
+) -> Result<Value, A2aError> {
+    let p: ListParams = params(raw)?;
+    let state = match p.status.as_deref() {
+        // NB: `@a2a-js/sdk` 1.3.0 sends `"UNRECOGNIZED"` for `listTasks({})` (its toJSON maps
+        // an absent status through its enum), so that means "any state" as well.
+        None | Some("") | Some("TASK_STATE_UNSPECIFIED") | Some("UNRECOGNIZED") => None,
+        Some(s) => Some(
+            TaskState::parse(s)
+                .ok_or_else(|| A2aError::invalid_params(format!("unknown task state {s:?}")))?,
+        ),
+    };
+    let size = p.page_size.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
+    let (tasks, next) = core
+        .list(
+            viewer,
+            target,
+            p.context_id.as_deref().filter(|c| !c.is_empty()),
+            state,
+            size,
+            p.page_token.as_deref().filter(|t| !t.is_empty()),
+        )
+        .await?;
+    let include_artifacts = p.include_artifacts.unwrap_or(true);
+    let rendered: Vec<Value> = tasks
+        .iter()
+        .map(|t| {
+            let mut j = wire::task_json(v, t, p.history_length);
+            if !include_artifacts {
+                j["artifacts"] = json!([]);
+            }
+            j
+        })
+        .collect();
+    Ok(json!({
+        "tasks": rendered,
+        "nextPageToken": next.unwrap_or_default(),
+        "pageSize": size,
+        "totalSize": tasks.len(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(body: &str) -> i32 {
+        read(body.as_bytes()).unwrap_err().1.code
+    }
+
+    #[test]
+    fn envelopes_are_checked() {
+        use crate::gateway::a2a::error::code::*;
+        assert_eq!(code("{"), PARSE_ERROR);
+        assert_eq!(code("[]"), INVALID_REQUEST);
+        assert_eq!(code("3"), INVALID_REQUEST);
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","method":"GetTask"}"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":{},"method":"GetTask"}"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"1.0","id":1,"method":"GetTask"}"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":7}"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"Nope"}"#),
+            METHOD_NOT_FOUND
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":[1]}"#),
+            INVALID_PARAMS
+        );
+        let ok = read(br#"{"jsonrpc":"2.0","id":"a","method":"tasks/get"}"#).unwrap();
+        assert_eq!((ok.method, ok.version), (Method::Get, Version::V03));
+        assert_eq!(ok.params.get(), "{}");
+    }
+
+    #[test]
+    fn the_two_method_sets_never_collide() {
+        let mut names: Vec<&str> = METHODS.iter().map(|(n, _, _)| *n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), METHODS.len());
+    }
+}

@@ -1,0 +1,619 @@
+//! [`Core`]: the gateway's MAP session, and every A2A operation as ordinary MAP calls.
+//!
+//! Owns: the gateway's in-process MAP connection (participant `a2a-gateway`, type `agent`) with
+//! its one agent (`a2a-gateway`, the `from` of every message the gateway sends, so an agent's
+//! `reply()` comes back here), the [`Feed`] of `task.*` events, and the loop that turns the
+//! agents' messages into task updates ([`Core::on_agent_message`]).
+//!
+//! Reads are made *as the caller* (`viewer`: the caller's own MAP session when authentication is
+//! on, else the gateway's), so MAP visibility decides which agents and tasks an A2A caller can
+//! reach; writes (create, update, send) are the gateway's, which created every A2A task and so
+//! may change it.
+//!
+//! Every A2A state change is one `map/tasks/update` (a durable `task.*` event that MAP
+//! subscribers see), made under [`Core::writing`] so that the read-modify-write of
+//! `meta.a2a` (MAP merges `meta` one key deep) never interleaves. The task itself is the
+//! source of truth: nothing about a task is kept in memory, so a restarted router serves the
+//! tasks of the previous run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::client::{AgentHandle, Client, ClientError, ClientOptions};
+use crate::gateway::a2a::error::A2aError;
+use crate::gateway::a2a::feed::Feed;
+use crate::gateway::a2a::push::{Push, PushConfig};
+use crate::gateway::a2a::record::{
+    agent_payload, final_artifact, rfc3339_now, AgentReport, MapTask, Record, Snapshot,
+};
+use crate::gateway::a2a::wire::{Message, Role, TaskState, TaskView};
+use crate::protocol::agent::Agent;
+use crate::protocol::event::SubscriptionFilter;
+use crate::protocol::json::RawJson;
+use crate::protocol::message::Message as MapMessage;
+use crate::protocol::methods::agents::{AgentFilter, RegisterParams};
+use crate::protocol::methods::messaging::SendParams as MapSendParams;
+use crate::transport::in_process::InProcessLinks;
+
+/// The id (and name) of the gateway's participant and agent.
+pub const GATEWAY_AGENT: &str = "a2a-gateway";
+
+/// The `map/tasks/*` methods (docs/tasks.md), called with JSON text so that the verbatim
+/// members of `meta.a2a` keep their bytes both ways.
+mod methods {
+    use crate::protocol::methods::tasks::{TasksCreate, TasksGet, TasksList, TasksUpdate};
+    use crate::protocol::methods::Method;
+    pub const CREATE: &str = TasksCreate::NAME;
+    pub const UPDATE: &str = TasksUpdate::NAME;
+    pub const GET: &str = TasksGet::NAME;
+    pub const LIST: &str = TasksList::NAME;
+}
+
+/// Longest a blocking `SendMessage` waits for the task to end or be interrupted; after that it
+/// answers with the task as it is (still working), which the caller can poll or resubscribe to.
+pub const BLOCKING_WAIT: Duration = Duration::from_secs(60);
+
+/// Where an A2A call is addressed: one MAP agent (`/a2a/agents/{id}`), or the router's own
+/// endpoint (`/a2a`), which serves the tasks of every agent.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// One agent.
+    Agent(Box<Agent>),
+    /// The router endpoint.
+    Router,
+}
+
+impl Target {
+    fn owns(&self, record: &Record) -> bool {
+        match self {
+            Self::Agent(a) => a.id.as_str() == record.agent,
+            Self::Router => true,
+        }
+    }
+}
+
+/// Calls `method` on `client` with JSON text both ways.
+async fn call(
+    client: &Client,
+    method: &str,
+    params: String,
+    task: Option<&str>,
+) -> Result<String, A2aError> {
+    client
+        .call_text(method, params)
+        .await
+        .map_err(|e| A2aError::from_map(&e, task))
+}
+
+/// The gateway's MAP session and the operations on it.
+#[derive(Debug)]
+pub struct Core {
+    client: Client,
+    agent: AgentHandle,
+    /// Watchers of tasks.
+    pub feed: Arc<Feed>,
+    /// Webhooks of tasks.
+    pub push: Arc<Push>,
+    /// Serializes the read-modify-write of `meta.a2a` (see the module docs).
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl Core {
+    /// Opens the session, registers the gateway agent, subscribes to `task.*` and starts the
+    /// loops (they end when the session does).
+    ///
+    /// # Errors
+    /// The session or the registration was refused.
+    pub async fn start(
+        links: &(dyn InProcessLinks + Send + Sync),
+        push_allow: Vec<String>,
+    ) -> Result<Arc<Self>, ClientError> {
+        let client = Client::in_process(
+            links,
+            ClientOptions::agent()
+                .name(GATEWAY_AGENT)
+                .participant_id(GATEWAY_AGENT)
+                .request_timeout(Duration::from_secs(30)),
+        )
+        .await?;
+        let agent = client
+            .register(RegisterParams {
+                agent_id: Some(GATEWAY_AGENT.into()),
+                name: Some(GATEWAY_AGENT.into()),
+                description: Some(
+                    "The A2A gateway: sends A2A callers' messages to MAP agents and takes their replies"
+                        .into(),
+                ),
+                role: Some("gateway".into()),
+                ..RegisterParams::default()
+            })
+            .await?;
+        let events = client
+            .subscribe(SubscriptionFilter {
+                event_types: Some(vec!["task.*".into()]),
+                ..SubscriptionFilter::default()
+            })
+            .await?;
+        let feed = Arc::new(Feed::default());
+        let push = Arc::new(Push::new(push_allow));
+        let core = Arc::new(Self {
+            client,
+            agent,
+            feed: Arc::clone(&feed),
+            push: Arc::clone(&push),
+            writing: tokio::sync::Mutex::new(()),
+        });
+        tokio::spawn(async move { feed.run(events, push).await });
+        let mut inbox = core.agent.messages();
+        let weak = Arc::downgrade(&core);
+        tokio::spawn(async move {
+            while let Some(message) = inbox.next().await {
+                let Some(core) = weak.upgrade() else { break };
+                core.on_agent_message(message).await;
+            }
+        });
+        Ok(core)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Agents
+
+    /// The gateway's own session: what an A2A caller sees through when authentication is off.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The agents an A2A caller may address: those `viewer` sees, but the gateway.
+    ///
+    /// # Errors
+    /// The listing failed.
+    pub async fn agents(&self, viewer: &Client) -> Result<Vec<Agent>, A2aError> {
+        let agents = viewer
+            .list_agents(AgentFilter::default())
+            .await
+            .map_err(|e| A2aError::from_map(&e, None))?;
+        Ok(agents
+            .into_iter()
+            .filter(|a| a.id.as_str() != GATEWAY_AGENT)
+            .collect())
+    }
+
+    /// The agent an A2A path names: by id, else by a unique name.
+    ///
+    /// # Errors
+    /// [`A2aError::unknown_agent`] when none (or several, by name) match.
+    pub async fn resolve(&self, viewer: &Client, id_or_name: &str) -> Result<Agent, A2aError> {
+        if id_or_name == GATEWAY_AGENT {
+            return Err(A2aError::unknown_agent(id_or_name));
+        }
+        if let Ok(agent) = viewer.get_agent(id_or_name).await {
+            return Ok(agent);
+        }
+        let named: Vec<Agent> = self
+            .agents(viewer)
+            .await?
+            .into_iter()
+            .filter(|a| a.name.as_deref() == Some(id_or_name))
+            .collect();
+        match <[Agent; 1]>::try_from(named) {
+            Ok([agent]) => Ok(agent),
+            Err(_) => Err(A2aError::unknown_agent(id_or_name)),
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Tasks
+
+    async fn call(
+        &self,
+        method: &str,
+        params: String,
+        task: Option<&str>,
+    ) -> Result<String, A2aError> {
+        call(&self.client, method, params, task).await
+    }
+
+    /// The A2A task `id`, as `viewer` sees it at `target`.
+    ///
+    /// # Errors
+    /// -32001 when there is no such task, `viewer` may not see it, it is not an A2A task, or it
+    /// belongs to another agent than `target`.
+    pub async fn task(
+        &self,
+        viewer: &Client,
+        target: &Target,
+        id: &str,
+    ) -> Result<Record, A2aError> {
+        let text = call(
+            viewer,
+            methods::GET,
+            json!({ "taskId": id }).to_string(),
+            Some(id),
+        )
+        .await?;
+        MapTask::from_wrapped(&text)
+            .and_then(|t| t.record())
+            .filter(|r| target.owns(r))
+            .ok_or_else(|| A2aError::task_not_found(id))
+    }
+
+    /// Writes `record` as the task's new state: `status` follows the A2A state; `result`, when
+    /// given, becomes `meta.result` (what `task.completed` reports).
+    async fn write(
+        &self,
+        id: &str,
+        record: &Record,
+        result: Option<&RawJson>,
+    ) -> Result<(), A2aError> {
+        #[derive(Serialize)]
+        struct Meta<'a> {
+            a2a: &'a Record,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            result: Option<&'a RawJson>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Update<'a> {
+            task_id: &'a str,
+            status: &'a str,
+            meta: Meta<'a>,
+        }
+        let params = serde_json::to_string(&Update {
+            task_id: id,
+            status: record.state.map_status(),
+            meta: Meta {
+                a2a: record,
+                result,
+            },
+        })
+        .map_err(A2aError::internal)?;
+        self.call(methods::UPDATE, params, Some(id)).await.map(drop)
+    }
+
+    /// Reads the task, applies `change`, writes it back, all under the write lock. `change`
+    /// returns `false` to leave the task as it was.
+    async fn modify(
+        &self,
+        target: &Target,
+        id: &str,
+        change: impl FnOnce(&mut Record) -> Result<Option<RawJson>, A2aError>,
+    ) -> Result<Record, A2aError> {
+        let _guard = self.writing.lock().await;
+        let mut record = self.task(&self.client, target, id).await?;
+        let result = change(&mut record)?;
+        self.write(id, &record, result.as_ref()).await?;
+        Ok(record)
+    }
+
+    /// A new message from an A2A caller: a new task (or the next turn of the task it names)
+    /// and a `map/send` to the agent. Returns the task's id, its record as created (seq 0,
+    /// `submitted`) and, when `watch`, a watcher registered before the task existed.
+    ///
+    /// # Errors
+    /// -32001 / -32004 for a follow-up to a task that is unknown or over; MAP failures.
+    pub async fn send(
+        &self,
+        viewer: &Client,
+        target: &Target,
+        mut message: Message,
+        metadata: Option<RawJson>,
+        push: Option<PushConfig>,
+        watch: bool,
+    ) -> Result<(String, Record, Option<mpsc::Receiver<Snapshot>>), A2aError> {
+        message.role = Role::User;
+        let (id, first, watcher) = match message.task_id.clone() {
+            Some(id) => {
+                // The caller must see the task; the gateway then changes it as its creator.
+                self.task(viewer, target, &id).await?;
+                let watcher = watch.then(|| self.feed.watch(&id));
+                let record = self
+                    .modify(target, &id, |r| {
+                        if r.state.is_terminal() {
+                            return Err(A2aError::unsupported(format!(
+                                "task {id} is {}; send a message without taskId to start a new task",
+                                r.state.v03_name()
+                            )));
+                        }
+                        if let Some(c) = &message.context_id {
+                            if c != &r.context_id {
+                                return Err(A2aError::invalid_params(format!(
+                                    "task {id} belongs to context {}",
+                                    r.context_id
+                                )));
+                            }
+                        }
+                        message.context_id = Some(r.context_id.clone());
+                        r.history.push(message.clone());
+                        r.set_state(TaskState::Working, None);
+                        Ok(None)
+                    })
+                    .await?;
+                if let Some(config) = push {
+                    // After the change (a refused follow-up registers nothing); the webhook gets the
+                    // changes from here on.
+                    self.push.set(&id, config)?;
+                }
+                (id, record, watcher)
+            }
+            None => {
+                let Target::Agent(agent) = target else {
+                    return Err(A2aError::invalid_params(
+                        "the router endpoint takes follow-ups only (message.taskId); send new tasks to /a2a/agents/{agentId}",
+                    ));
+                };
+                let id = format!("task-{}", crate::protocol::ids::Ulid::random());
+                let context_id = message
+                    .context_id
+                    .clone()
+                    .unwrap_or_else(|| format!("ctx-{}", crate::protocol::ids::Ulid::random()));
+                message.task_id = Some(id.clone());
+                message.context_id = Some(context_id.clone());
+                let record = Record {
+                    context_id,
+                    state: TaskState::Submitted,
+                    status_message: None,
+                    timestamp: Some(rfc3339_now()),
+                    artifacts: Vec::new(),
+                    history: vec![message.clone()],
+                    seq: 0,
+                    update: None,
+                    agent: agent.id.to_string(),
+                    metadata,
+                };
+                if let Some(config) = push {
+                    self.push.set(&id, config)?;
+                }
+                let watcher = watch.then(|| self.feed.watch(&id));
+                if let Err(e) = self.create(&id, agent, &message, &record).await {
+                    self.push.forget(&id);
+                    return Err(e);
+                }
+                let first = record.clone();
+                let mut working = record;
+                working.set_state(TaskState::Working, None);
+                {
+                    let _guard = self.writing.lock().await;
+                    self.write(&id, &working, None).await?;
+                }
+                (id, first, watcher)
+            }
+        };
+        let to = RawJson::from_value(&json!({ "agent": first.agent }));
+        let meta = RawJson::from_value(&json!({
+            "protocol": "a2a",
+            "correlationId": id,
+            "expectsResponse": true,
+            "a2a": {
+                "taskId": id,
+                "contextId": first.context_id,
+                "messageId": message.message_id,
+            }
+        }));
+        let sent = self
+            .client
+            .send_with(MapSendParams {
+                to,
+                payload: Some(agent_payload(&message)),
+                meta: Some(meta),
+            })
+            .await;
+        let undelivered = match sent {
+            Ok(r) if r.delivered.is_empty() && r.queued.is_empty() => {
+                Some("the agent is not connected".to_owned())
+            }
+            Ok(_) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = undelivered {
+            let context = first.context_id.clone();
+            self.modify(&Target::Router, &id, |r| {
+                r.set_state(
+                    TaskState::Failed,
+                    Some(Message::agent_text(
+                        format!("could not deliver the message to agent {}: {why}", r.agent),
+                        &id,
+                        &context,
+                    )),
+                );
+                Ok(None)
+            })
+            .await?;
+        }
+        Ok((id, first, watcher))
+    }
+
+    async fn create(
+        &self,
+        id: &str,
+        agent: &Agent,
+        message: &Message,
+        record: &Record,
+    ) -> Result<(), A2aError> {
+        #[derive(Serialize)]
+        struct Meta<'a> {
+            a2a: &'a Record,
+        }
+        #[derive(Serialize)]
+        struct Task<'a> {
+            id: &'a str,
+            assignee: &'a str,
+            title: String,
+            status: &'a str,
+            meta: Meta<'a>,
+        }
+        #[derive(Serialize)]
+        struct Create<'a> {
+            task: Task<'a>,
+        }
+        let title: String = message
+            .parts
+            .iter()
+            .find_map(|p| p.text.as_deref())
+            .unwrap_or("A2A task")
+            .chars()
+            .take(80)
+            .collect();
+        let params = serde_json::to_string(&Create {
+            task: Task {
+                id,
+                assignee: agent.id.as_str(),
+                title,
+                status: record.state.map_status(),
+                meta: Meta { a2a: record },
+            },
+        })
+        .map_err(A2aError::internal)?;
+        self.call(methods::CREATE, params, None).await.map(drop)
+    }
+
+    /// `CancelTask`: tells the agent (`{"a2a": {"cancel": id}}`) and ends the task `canceled`.
+    ///
+    /// # Errors
+    /// -32001, or -32002 when the task has already ended.
+    pub async fn cancel(
+        &self,
+        viewer: &Client,
+        target: &Target,
+        id: &str,
+    ) -> Result<Record, A2aError> {
+        self.task(viewer, target, id).await?;
+        let record = self
+            .modify(target, id, |r| {
+                if r.state.is_terminal() {
+                    return Err(A2aError::not_cancelable(id, r.state.v03_name()));
+                }
+                r.set_state(TaskState::Canceled, None);
+                Ok(None)
+            })
+            .await?;
+        let control = MapSendParams {
+            to: RawJson::from_value(&json!({ "agent": record.agent })),
+            payload: Some(RawJson::from_value(&json!({ "a2a": { "cancel": id } }))),
+            meta: Some(RawJson::from_value(&json!({
+                "protocol": "a2a",
+                "correlationId": id,
+                "a2a": { "taskId": id, "contextId": record.context_id, "control": "cancel" }
+            }))),
+        };
+        if let Err(e) = self.client.send_with(control).await {
+            tracing::debug!(task = id, error = %e, "a2a gateway: cancel notice not delivered");
+        }
+        Ok(record)
+    }
+
+    /// `ListTasks`: the A2A tasks of `target`, newest MAP page first as MAP lists them.
+    ///
+    /// # Errors
+    /// MAP failures; an unknown state name is -32602.
+    pub async fn list(
+        &self,
+        viewer: &Client,
+        target: &Target,
+        context_id: Option<&str>,
+        state: Option<TaskState>,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<(Vec<TaskView>, Option<String>), A2aError> {
+        let mut filter = serde_json::Map::new();
+        if let Target::Agent(a) = target {
+            filter.insert("assignee".into(), json!(a.id));
+        }
+        if let Some(s) = state {
+            filter.insert("status".into(), json!(s.map_status()));
+        }
+        let mut params = json!({ "filter": filter, "limit": limit });
+        if let Some(c) = cursor {
+            params["cursor"] = json!(c);
+        }
+        let text = call(viewer, methods::LIST, params.to_string(), None).await?;
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Page {
+            tasks: Vec<MapTask>,
+            #[serde(default)]
+            next_cursor: Option<String>,
+        }
+        let page: Page = serde_json::from_str(&text).map_err(A2aError::internal)?;
+        let tasks = page
+            .tasks
+            .iter()
+            .filter_map(|t| t.record().map(|r| r.view(&t.id)))
+            .filter(|v| context_id.is_none_or(|c| v.context_id == c))
+            .filter(|v| state.is_none_or(|s| v.state == s))
+            .collect();
+        Ok((tasks, page.next_cursor))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The agents' side
+
+    /// One message to the gateway agent: progress, an artifact, a state, or the final reply of
+    /// the task its `correlationId` names. Messages about unknown, foreign or finished tasks are
+    /// dropped (logged).
+    async fn on_agent_message(&self, message: MapMessage) {
+        let Some(id) = message.correlation_id() else {
+            tracing::debug!(from = %message.from, "a2a gateway: message without correlationId ignored");
+            return;
+        };
+        let report = AgentReport::of(message.payload.as_ref());
+        if report == AgentReport::Ignored {
+            return;
+        }
+        let from = message.from.clone();
+        let outcome = async {
+            let _guard = self.writing.lock().await;
+            let mut record = self.task(&self.client, &Target::Router, &id).await?;
+            if record.agent != from {
+                return Err(A2aError::invalid_request(format!(
+                    "{from} is not the agent of task {id}"
+                )));
+            }
+            if record.state.is_terminal() {
+                return Err(A2aError::unsupported(format!(
+                    "task {id} is already {}",
+                    record.state.v03_name()
+                )));
+            }
+            let text = |t: String| Message::agent_text(t, &id, &record.context_id);
+            match report {
+                AgentReport::Working(m) => {
+                    let m = m.map(text);
+                    record.set_state(TaskState::Working, m);
+                    self.write(&id, &record, None).await
+                }
+                AgentReport::Artifact {
+                    artifact,
+                    append,
+                    last_chunk,
+                } => {
+                    record.add_artifact(artifact, append, last_chunk);
+                    self.write(&id, &record, None).await
+                }
+                AgentReport::State(state, m) => {
+                    let m = m.map(text);
+                    record.set_state(state, m);
+                    self.write(&id, &record, None).await
+                }
+                AgentReport::Final(payload) => {
+                    let artifact = final_artifact(payload.as_ref());
+                    if !artifact.parts.is_empty() {
+                        record.add_artifact(artifact, false, true);
+                        self.write(&id, &record, payload.as_ref()).await?;
+                    }
+                    record.set_state(TaskState::Completed, None);
+                    self.write(&id, &record, None).await
+                }
+                AgentReport::Ignored => Ok(()),
+            }
+        }
+        .await;
+        if let Err(e) = outcome {
+            tracing::debug!(task = %id, from = %from, error = %e, "a2a gateway: agent message not applied");
+        }
+    }
+}
