@@ -8,7 +8,6 @@
 //
 // Prints `ok - name` / `FAIL - name: reason` per scenario, then `N passed, M failed`; exits 0
 // only when nothing failed. Every await is bounded (withTimeout / until).
-import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
@@ -17,7 +16,7 @@ import {
   DefaultAgentCardResolver,
   JsonRpcTransportFactory,
 } from '@a2a-js/sdk/client';
-import { assert, Ctx, WAIT_MS, hostPort, killAllRouters, until, withTimeout } from './lib.mjs';
+import { assert, WAIT_MS, hostPort, until, withTimeout, runScenarios } from './lib.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const argv = process.argv.slice(2);
@@ -354,55 +353,4 @@ scenario('a2a stream killed mid-task by kill -9: resubscribeTask picks it up, ev
 
 // ---------------------------------------------------------------------------------------------
 
-let currentCtx = null;
-for (const level of ['warn', 'error']) {
-  const original = console[level].bind(console);
-  console[level] = (...args) => {
-    const line = args.map((a) => (a instanceof Error ? a.message : typeof a === 'string' ? a : JSON.stringify(a))).join(' ');
-    currentCtx?.sdkLogs.push(line);
-    if (VERBOSE) original(`[sdk] ${line}`);
-  };
-}
-process.on('exit', killAllRouters);
-for (const sig of ['SIGINT', 'SIGTERM']) {
-  process.on(sig, () => {
-    killAllRouters();
-    process.exit(130);
-  });
-}
-
-async function main() {
-  if (!existsSync(BIN)) {
-    process.stdout.write(`FAIL - setup: router binary not found at ${BIN} (cargo build --bin map-router)\n`);
-    process.stdout.write('0 passed, 1 failed\n');
-    process.exit(1);
-  }
-  let passed = 0;
-  let failed = 0;
-  for (const s of scenarios.filter((s) => !FILTER || s.name.includes(FILTER))) {
-    const ctx = new Ctx({ bin: BIN, verbose: VERBOSE });
-    currentCtx = ctx;
-    let err = null;
-    try {
-      await withTimeout(s.fn(ctx), SCENARIO_TIMEOUT_MS, `scenario ${s.name}`);
-      ctx.checkInvariants();
-    } catch (e) {
-      err = e;
-    }
-    await withTimeout(ctx.cleanup(), 5000, 'cleanup').catch(() => {});
-    currentCtx = null;
-    if (err) {
-      failed++;
-      process.stdout.write(`FAIL - ${s.name}: ${String(err?.message ?? err).replace(/\s+/g, ' ').trim()}\n`);
-      if (VERBOSE && err?.stack) process.stderr.write(`${err.stack}\n`);
-    } else {
-      passed++;
-      process.stdout.write(`ok - ${s.name}\n`);
-    }
-  }
-  process.stdout.write(`${passed} passed, ${failed} failed\n`);
-  killAllRouters();
-  process.exit(failed === 0 ? 0 : 1);
-}
-
-await main();
+await runScenarios(scenarios, { bin: BIN, filter: FILTER, verbose: VERBOSE, timeoutMs: SCENARIO_TIMEOUT_MS });

@@ -2,7 +2,7 @@
 // sockets, bounded waits and assertions. The scenarios live in run.mjs.
 import WebSocket from 'ws';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import assert from 'node:assert/strict';
@@ -557,3 +557,62 @@ export class ResumingDashboard {
     }
   }
 }
+
+/**
+ * Runs `scenarios` ({name, fn(ctx)}) one after the other, each with a fresh `Ctx` and its own
+ * time limit, and prints `ok - name` / `FAIL - name: reason` lines and a `N passed, M failed`
+ * summary; exits 0 only when nothing failed. The SDKs' console warnings go to the scenario's
+ * `sdkLogs` (and to stderr with `verbose`); routers are killed on exit and on Ctrl-C. Used by
+ * the A2A suites (a2a.mjs, a2a_remote.mjs).
+ */
+export async function runScenarios(scenarios, { bin, filter, verbose, timeoutMs }) {
+  let currentCtx = null;
+  for (const level of ['warn', 'error']) {
+    const original = console[level].bind(console);
+    console[level] = (...args) => {
+      const line = args.map((a) => (a instanceof Error ? a.message : typeof a === 'string' ? a : JSON.stringify(a))).join(' ');
+      currentCtx?.sdkLogs.push(line);
+      if (verbose) original(`[sdk] ${line}`);
+    };
+  }
+  process.on('exit', killAllRouters);
+  for (const sig of ['SIGINT', 'SIGTERM']) {
+    process.on(sig, () => {
+      killAllRouters();
+      process.exit(130);
+    });
+  }
+
+  if (!existsSync(bin)) {
+    process.stdout.write(`FAIL - setup: router binary not found at ${bin} (cargo build --bin map-router)\n`);
+    process.stdout.write('0 passed, 1 failed\n');
+    process.exit(1);
+  }
+  let passed = 0;
+  let failed = 0;
+  for (const s of scenarios.filter((s) => !filter || s.name.includes(filter))) {
+    const ctx = new Ctx({ bin, verbose });
+    currentCtx = ctx;
+    let err = null;
+    try {
+      await withTimeout(s.fn(ctx), timeoutMs, `scenario ${s.name}`);
+      ctx.checkInvariants();
+    } catch (e) {
+      err = e;
+    }
+    await withTimeout(ctx.cleanup(), 5000, 'cleanup').catch(() => {});
+    currentCtx = null;
+    if (err) {
+      failed++;
+      process.stdout.write(`FAIL - ${s.name}: ${String(err?.message ?? err).replace(/\s+/g, ' ').trim()}\n`);
+      if (verbose && err?.stack) process.stderr.write(`${err.stack}\n`);
+    } else {
+      passed++;
+      process.stdout.write(`ok - ${s.name}\n`);
+    }
+  }
+  process.stdout.write(`${passed} passed, ${failed} failed\n`);
+  killAllRouters();
+  process.exit(failed === 0 ? 0 : 1);
+}
+
