@@ -225,15 +225,14 @@ impl A2aGateway {
 
 /// The credential a request carries: `Authorization: Bearer <token>` or `X-API-Key`.
 fn credential(headers: &HeaderMap) -> Option<&str> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        });
-    let key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-    bearer.or(key).map(str::trim).filter(|s| !s.is_empty())
+    crate::gateway::wire::bearer(headers)
+        .or_else(|| {
+            headers
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        })
+        .filter(|s| !s.is_empty())
 }
 
 /// 401 for a credential the router refuses.
