@@ -6,12 +6,14 @@
 # Python clients (httpx, websockets) drive the MAMP and IM gateways (tests/gateways/), and the
 # web dashboard in headless Chromium (tests/browser/).
 #
-# Needs: cargo, node (>= 20), npm, python3 with venv (the Python A2A acceptance; the gateway
-# suite's venv, which tests/gateways/setup.sh makes from PyPI unless it exists), openssl (tests/tls_client.rs runs the recipe in
-# docs/security.md) and chromium at /usr/bin/chromium (the dashboard's browser tests; .ci/run
-# installs it). Touches only loopback.
+# Needs what scripts/test-deps.txt lists; scripts/setup.sh installs or checks it all first (as root
+# it installs missing Debian packages; otherwise it prints the one `sudo apt-get install` line and
+# stops before any test runs). Touches only loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== setup (scripts/setup.sh: system packages, npm packages, Python virtual environments)"
+scripts/setup.sh
 
 echo "== cargo test (unit, integration, benches in test mode)"
 cargo test --locked --all-targets
@@ -19,7 +21,6 @@ cargo test --locked --doc
 
 echo "== interop suite (official SDK clients against target/debug/map-router)"
 cargo build --locked --bin map-router
-(cd tests/interop && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
 echo "== A2A interop (@a2a-js/sdk clients against the A2A gateway of target/debug/map-router)"
@@ -34,7 +35,6 @@ gateways_python=$(tests/gateways/setup.sh)
 "$gateways_python" tests/gateways/run.py --bin target/debug/map-router
 
 echo "== browser tests (the /ui dashboard in headless Chromium against target/debug/map-router)"
-(cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 node tests/browser/run.mjs --bin target/debug/map-router
 
 echo "== Rust client examples against target/debug/map-router"

@@ -326,7 +326,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Debian's Prometheus (`.ci/run` installs it) scrapes a router with auth on, using the bearer
+/// Debian's Prometheus (`scripts/setup.sh` installs it) scrapes a router with auth on, using the bearer
 /// credential in its own scrape config; its query API then returns our samples and `up == 1`.
 #[tokio::test]
 async fn a_real_prometheus_scrapes_the_router_with_a_bearer_credential() {
@@ -358,7 +358,7 @@ async fn a_real_prometheus_scrapes_the_router_with_a_bearer_credential() {
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("prometheus is installed (.ci/run installs Debian's package)");
+        .expect("prometheus is installed (scripts/setup.sh installs Debian's package)");
     let api: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let _agent = WsClient::connect(&url).await;
     // Until Prometheus has scraped us (bounded: 60 tries, about 30 s).

@@ -520,7 +520,7 @@ async fn the_documented_openssl_recipe_makes_a_certificate_the_cli_trusts() {
     assert!(
         has_openssl,
         "this test runs the openssl commands of docs/security.md and needs `openssl` on PATH \
-         (Debian: apt-get install openssl; .ci/run installs it)"
+         (Debian: apt-get install openssl; scripts/setup.sh installs it)"
     );
     let dir = TempDir::new("tls-recipe");
     let ran = within(

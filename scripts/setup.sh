@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Sets up what the tests need, before any of them runs (scripts/test.sh calls it first):
+#
+# 1. the system programs listed in scripts/test-deps.txt: those missing are installed with
+#    apt-get when this runs as root; otherwise it prints the one `sudo apt-get install ...` line
+#    that installs them and exits 1;
+# 2. Node.js >= 20 (Debian's own nodejs may be older: then it says so and exits 1);
+# 3. the npm packages of tests/interop and tests/browser (npm ci, pinned by their lock files);
+# 4. the Python virtual environments (tests/gateways/setup.sh, tests/a2a_py/.venv), pinned.
+#
+#   scripts/setup.sh [--check]    --check: report what is missing, install nothing
+#
+# Idempotent: a second run changes nothing and takes a second or two.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+check_only=false
+[ "${1:-}" = "--check" ] && check_only=true
+
+say() { echo "setup: $*" >&2; }
+
+# 1. System programs.
+missing_packages=()
+missing_names=()
+while read -r kind name package _; do
+  case "$kind" in ''|'#'*) continue ;; esac
+  present=true
+  case "$kind" in
+    program) command -v "$name" >/dev/null 2>&1 || present=false ;;
+    essential)
+      for one in ${name//,/ }; do
+        command -v "$one" >/dev/null 2>&1 || { say "$one is missing (a Debian essential program)"; exit 1; }
+      done ;;
+    python) command -v python3 >/dev/null 2>&1 && python3 -c "import ensurepip, $name" 2>/dev/null || present=false ;;
+    *) say "scripts/test-deps.txt: unknown kind '$kind'"; exit 2 ;;
+  esac
+  if ! $present; then
+    missing_names+=("$name")
+    [ "$package" != "-" ] && missing_packages+=("$package")
+  fi
+done < scripts/test-deps.txt
+
+for name in "${missing_names[@]}"; do
+  if [ "$name" = cargo ]; then
+    say "cargo is missing: install Rust with rustup (https://rustup.rs), then run this again"
+    exit 1
+  fi
+done
+
+if [ ${#missing_packages[@]} -gt 0 ]; then
+  if $check_only; then
+    say "missing: ${missing_names[*]} (sudo apt-get install -y ${missing_packages[*]})"
+    exit 1
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    say "missing: ${missing_names[*]}; install them with:"
+    echo "sudo apt-get install -y ${missing_packages[*]}"
+    exit 1
+  fi
+  say "installing ${missing_packages[*]} (for ${missing_names[*]})"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing_packages[@]}" >&2
+fi
+
+# 2. Node.js >= 20 (the SDKs' WebSocket and fetch; Debian 12's own nodejs is 18).
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$node_major" -lt 20 ]; then
+  say "Node.js $(node --version) is too old: the tests need Node.js >= 20 (https://nodejs.org)"
+  exit 1
+fi
+
+$check_only && exit 0
+
+# 3. npm packages, pinned by the lock files (no install scripts run).
+for dir in tests/interop tests/browser; do
+  if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    say "npm ci in $dir"
+    (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) >&2
+  fi
+done
+
+# 4. Python virtual environments, pinned by their requirements files.
+tests/gateways/setup.sh >/dev/null
+venv=tests/a2a_py/.venv
+if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/a2a_py/requirements.txt "$venv/.requirements"; then
+  say "making $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" >&2
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/a2a_py/requirements.txt >&2
+  cp tests/a2a_py/requirements.txt "$venv/.requirements"
+fi
+say "ready"
