@@ -229,7 +229,7 @@ fn first_program(segment: &str) -> Option<String> {
     if PREFIXES.contains(&word) {
         let prefix = word;
         word = words.find(|w| {
-            !w.starts_with('-') && !(prefix == "timeout" && w.chars().all(|c| c.is_ascii_digit()))
+            !(w.starts_with('-') || prefix == "timeout" && w.chars().all(|c| c.is_ascii_digit()))
         })?;
     }
     if word == "python3" && segment.contains("-m venv") {
