@@ -221,6 +221,26 @@ impl Authenticator {
     }
 }
 
+/// The id of [`service_principal`].
+pub const SERVICE_PRINCIPAL: &str = "map-router:service";
+
+/// The principal of the router's own services (the gateways' bookkeeping sessions): admitted
+/// only over the in-process links the server opens for them
+/// (`InProcessLinks::connect_as`), never by a credential (no API key or JWT yields issuer
+/// [`LOCAL_ISSUER`]), and allowed to be `system` whatever `auth.system_principals` says.
+pub fn service_principal() -> Principal {
+    Principal {
+        id: SERVICE_PRINCIPAL.to_owned(),
+        issuer: Some(LOCAL_ISSUER.to_owned()),
+        expires_at: None,
+    }
+}
+
+/// Whether `p` is [`service_principal`].
+pub fn is_service(p: &Principal) -> bool {
+    p.id == SERVICE_PRINCIPAL && p.issuer.as_deref() == Some(LOCAL_ISSUER)
+}
+
 /// The principal of a connection admitted without credentials over a trusted transport.
 pub fn trusted_principal(transport: TrustedTransport, agent: Option<&str>) -> Principal {
     let id = match (transport, agent) {

@@ -17,6 +17,7 @@ pub mod config;
 pub mod jwt;
 
 pub use authenticator::{
-    trusted_principal, Authenticator, TrustedTransport, LOCAL_ISSUER, METHOD_API_KEY, METHOD_BEARER,
+    is_service, service_principal, trusted_principal, Authenticator, TrustedTransport,
+    LOCAL_ISSUER, METHOD_API_KEY, METHOD_BEARER, SERVICE_PRINCIPAL,
 };
 pub use config::AuthSettings;

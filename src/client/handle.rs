@@ -131,7 +131,26 @@ impl Client {
         server: &S,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        Self::start(transport::in_process(server), None, options).await
+        Self::start(transport::in_process(server, None), None, options).await
+    }
+
+    /// As [`Client::in_process`], over a link admitted as `principal`
+    /// ([`InProcessLinks::connect_as`]: a principal the caller has verified, or the router's
+    /// own service principal). The session has that principal's grants, quotas and visibility.
+    ///
+    /// # Errors
+    /// As [`Client::connect_ws`].
+    pub async fn in_process_as<S: InProcessLinks + ?Sized>(
+        server: &S,
+        principal: crate::protocol::methods::session::Principal,
+        options: ClientOptions,
+    ) -> Result<Self, ClientError> {
+        Self::start(
+            transport::in_process(server, Some(principal)),
+            None,
+            options,
+        )
+        .await
     }
 
     /// Runs the client over any transport that carries one JSON-RPC message per item: a stream

@@ -261,9 +261,16 @@ pub(crate) fn spawn_stdio(mut command: Command) -> Result<Link, ClientError> {
     })
 }
 
-/// An in-process link to `server` (no socket).
-pub(crate) fn in_process<S: InProcessLinks + ?Sized>(server: &S) -> Link {
-    let link = server.connect_in_process();
+/// An in-process link to `server` (no socket), admitted as `principal` when one is given
+/// ([`InProcessLinks::connect_as`]).
+pub(crate) fn in_process<S: InProcessLinks + ?Sized>(
+    server: &S,
+    principal: Option<crate::protocol::methods::session::Principal>,
+) -> Link {
+    let link = match principal {
+        Some(p) => server.connect_as(p),
+        None => server.connect_in_process(),
+    };
     custom(
         link.rx,
         link.tx

@@ -95,20 +95,27 @@ impl GatewayContext {
             })
     }
 
-    /// The service session, opened (and its read model started) on first use.
+    /// The service session, opened (and its read model started) on first use. It runs as the
+    /// router's service principal (`auth::service_principal`), with or without `[auth]`.
     ///
     /// # Errors
     /// As [`GatewayContext::open_session`].
     pub async fn service(&self) -> Result<&Service, GatewayError> {
         self.service
             .get_or_try_init(|| async {
-                let client = self
-                    .open_session(
-                        ClientOptions::new()
-                            .participant_type(ParticipantType::System)
-                            .name("gateway"),
-                    )
-                    .await?;
+                let client = Client::in_process_as(
+                    &*self.links,
+                    crate::auth::service_principal(),
+                    ClientOptions::new()
+                        .participant_type(ParticipantType::System)
+                        .name("gateway"),
+                )
+                .await
+                .map_err(|e| {
+                    GatewayError::Unavailable(format!(
+                        "the router refused the gateways' service session ({e})"
+                    ))
+                })?;
                 let directory = Directory::start(client.clone()).await?;
                 Ok(Service { client, directory })
             })

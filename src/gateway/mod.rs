@@ -22,6 +22,7 @@
 //! This module only declares the gateways and merges the MAMP and IM routes ([`routes`]).
 
 pub mod a2a;
+pub mod callers;
 pub mod config;
 pub mod context;
 pub mod directory;
@@ -38,6 +39,11 @@ use axum::Router as HttpRouter;
 
 pub use config::GatewaySettings;
 pub use context::GatewayContext;
+
+/// The participant ids and agent ids of the gateways' own sessions and agents: the router lets
+/// only its service principal (`auth::service_principal`, which the gateways' bookkeeping
+/// sessions connect as) take them, so nobody can squat one before a gateway's first use.
+pub const RESERVED_IDS: &[&str] = &[a2a::tasks::GATEWAY_AGENT];
 
 /// The HTTP routes of the MAMP and IM gateways (those enabled), to merge into the server's
 /// router.

@@ -59,6 +59,12 @@ pub struct RouterConfig {
     pub quotas: quotas::Quotas,
     /// Who may see and do what (`[permissions]`).
     pub permissions: permissions::SharedPolicy,
+    /// Participant ids and agent ids that only the router's own service principal
+    /// (`auth::service_principal`) may take: the ids of the gateways' own sessions and agents.
+    /// Anyone else asking for one gets a fresh participant id, or 1003 for an agent id.
+    pub reserved_ids: Vec<String>,
+    /// Most participant and agent ids one principal owns (`router::identities`).
+    pub ids_per_principal: usize,
 }
 
 impl Default for RouterConfig {
@@ -81,6 +87,8 @@ impl Default for RouterConfig {
             auth: None,
             quotas: quotas::Quotas::default(),
             permissions: Arc::default(),
+            reserved_ids: Vec::new(),
+            ids_per_principal: crate::router::identities::table::DEFAULT_IDS_PER_PRINCIPAL,
         }
     }
 }

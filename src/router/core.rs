@@ -131,6 +131,8 @@ pub struct Router {
     pub(super) call_causes: Vec<EventId>,
     /// Running counts for the metrics (read at scrape time).
     pub(super) counters: crate::router::metrics::counters::Counters,
+    /// Who owns which participant id and agent id.
+    pub(super) identities: crate::router::identities::table::Identities,
 }
 
 /// The router's collaborators.
@@ -165,6 +167,7 @@ pub struct RouterStats {
 impl Router {
     pub(crate) fn new(config: Arc<RouterConfig>) -> Self {
         Self {
+            identities: crate::router::identities::table::Identities::new(config.ids_per_principal),
             bus: EventBus::new(EventLog::new(config.retention)),
             config,
             conns: Conns::default(),

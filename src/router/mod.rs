@@ -35,6 +35,7 @@ pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod handle;
+pub mod identities;
 pub mod ids;
 pub mod mail;
 pub mod messaging;

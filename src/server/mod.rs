@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::process::Supervisor;
+use crate::protocol::methods::session::Principal;
 use crate::router::dispatch::Dispatcher;
 use crate::router::sessions::table::ConnOrigin;
 use crate::router::Command;
@@ -330,6 +331,26 @@ impl in_process::InProcessLinks for GatewayLinks {
     fn connect_in_process(&self) -> InProcessLink {
         in_process::connect(&self.ctx, self.options.clone())
     }
+
+    fn connect_as(&self, principal: Principal) -> InProcessLink {
+        connect_as(&self.ctx, &self.options, principal)
+    }
+}
+
+/// An in-process link admitted as `principal` (origin `Delegated`), without its expiry.
+fn connect_as(
+    ctx: &TransportContext,
+    options: &ConnectionOptions,
+    principal: Principal,
+) -> InProcessLink {
+    let options = ConnectionOptions {
+        origin: ConnOrigin::Delegated(Principal {
+            expires_at: None,
+            ..principal
+        }),
+        ..options.clone()
+    };
+    in_process::connect(ctx, options)
 }
 
 /// The A2A gateway's routes (docs/a2a.md).
@@ -376,5 +397,9 @@ fn a2a_routes(
 impl in_process::InProcessLinks for Server {
     fn connect_in_process(&self) -> InProcessLink {
         Server::connect_in_process(self)
+    }
+
+    fn connect_as(&self, principal: Principal) -> InProcessLink {
+        connect_as(&self.ctx, &self.options, principal)
     }
 }

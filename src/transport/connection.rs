@@ -199,6 +199,7 @@ pub async fn serve_connection<St, Si>(
     // A supervised child's handshake is the supervisor's business (its own timeout).
     let handshake = match opts.origin {
         ConnOrigin::Remote | ConnOrigin::InProcess | ConnOrigin::Stdio => opts.handshake_timeout,
+        ConnOrigin::Delegated(_) => None,
         ConnOrigin::Supervised { .. } => None,
     };
     let mut handshake_deadline = handshake.map(|d| Instant::now() + d);

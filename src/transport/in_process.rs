@@ -8,6 +8,7 @@
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 
+use crate::protocol::methods::session::Principal;
 use crate::router::sessions::table::Transport;
 use crate::transport::connection::ConnectionOptions;
 use crate::transport::connection::InFrame;
@@ -33,6 +34,13 @@ pub struct InProcessLink {
 pub trait InProcessLinks {
     /// Opens one in-process connection.
     fn connect_in_process(&self) -> InProcessLink;
+
+    /// Opens one in-process connection admitted as `principal`, which the caller has verified
+    /// (a gateway acting for its HTTP caller), or the router's own service principal
+    /// (`auth::service_principal`): origin `Delegated`. Its `map/connect` needs no credential,
+    /// and the session gets exactly that principal's grants, quotas and visibility. The
+    /// principal's expiry is dropped: the opener checks each request's credential itself.
+    fn connect_as(&self, principal: Principal) -> InProcessLink;
 }
 
 /// Opens an in-process connection served by a task spawned on the current runtime.

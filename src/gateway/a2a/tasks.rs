@@ -113,8 +113,9 @@ impl Core {
         links: &(dyn InProcessLinks + Send + Sync),
         push_allow: Vec<String>,
     ) -> Result<Arc<Self>, ClientError> {
-        let client = Client::in_process(
+        let client = Client::in_process_as(
             links,
+            crate::auth::service_principal(),
             ClientOptions::agent()
                 .name(GATEWAY_AGENT)
                 .participant_id(GATEWAY_AGENT)

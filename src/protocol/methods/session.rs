@@ -126,7 +126,7 @@ pub struct SystemInfo {
 /// The authenticated identity behind a session (see docs/security.md): the JWT `sub` and `iss`,
 /// the principal an API key maps to, or the documented identity of a trusted transport
 /// (`issuer: "map-router"`). Two principals are the same subject when `id` and `issuer` match.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Principal {
     /// Subject.

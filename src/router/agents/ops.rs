@@ -28,6 +28,7 @@ use crate::router::caller::Caller;
 use crate::router::caller::Ctx;
 use crate::router::core::Router;
 use crate::router::error::RouterError;
+use crate::router::identities::table::IdKind;
 use crate::router::permissions::can_control_agent;
 use crate::router::permissions::can_manage_lifecycle;
 use crate::router::permissions::can_see_agent;
@@ -117,7 +118,15 @@ impl Router {
             ));
         }
         check_object("metadata", p.metadata.as_ref())?;
+        let principal = self.principal_of(&caller.participant).cloned();
         if let Some(id) = &p.agent_id {
+            self.may_take(
+                IdKind::Agent,
+                id.as_str(),
+                principal.as_ref(),
+                caller.kind == ParticipantType::System,
+            )
+            .map_err(|r| r.agent_error(id.as_str()))?;
             if let Some(existing) = self.registry.get(id) {
                 if existing.agent.owner_id.is_none() && existing.agent.state == AgentState::ORPHANED
                 {
@@ -139,7 +148,11 @@ impl Router {
             Some(id) => id,
             None => {
                 let own = AgentId::new(caller.participant.as_arc().clone());
-                if caller.kind == ParticipantType::Agent && !self.registry.contains(&own) {
+                let free = !self.registry.contains(&own)
+                    && self
+                        .may_take(IdKind::Agent, own.as_str(), principal.as_ref(), false)
+                        .is_ok();
+                if caller.kind == ParticipantType::Agent && free {
                     own
                 } else {
                     AgentId::generate()
@@ -156,6 +169,7 @@ impl Router {
             parse_overrides(overrides).map_err(RouterError::InvalidParams)?;
         }
         let agent = self.create_agent(caller, id, p, caused_by);
+        self.claim(IdKind::Agent, agent.id.as_str(), principal.as_ref());
         Ok((agent, false))
     }
 

@@ -87,7 +87,7 @@ pub(crate) fn same_principal(session: Option<&Principal>, caller: Option<&Princi
 
 fn trusted_transport(origin: &ConnOrigin) -> Option<(TrustedTransport, Option<&str>)> {
     match origin {
-        ConnOrigin::Remote => None,
+        ConnOrigin::Remote | ConnOrigin::Delegated(_) => None,
         ConnOrigin::InProcess => Some((TrustedTransport::InProcess, None)),
         ConnOrigin::Stdio => Some((TrustedTransport::Stdio, None)),
         ConnOrigin::Supervised { agent, .. } => {
@@ -111,6 +111,15 @@ impl Router {
 
     /// Decides whether a connect on `conn` may open a session, and as whom.
     pub(crate) fn admit(&self, conn: ConnId, verdict: Verdict) -> Admission {
+        if let Some(ConnOrigin::Delegated(principal)) = self.conns.get(&conn).map(|c| &c.origin) {
+            // Verified by whoever opened the link (a gateway, for its caller), or the router's
+            // own service. With authentication off only the service keeps its principal: the
+            // others act as every participant does then, without one.
+            if self.authenticator().is_some() || crate::auth::is_service(principal) {
+                return Admission::Admitted(Some(principal.clone()));
+            }
+            return Admission::Admitted(None);
+        }
         let Some(auth) = self.authenticator() else {
             return Admission::Admitted(None);
         };
@@ -157,7 +166,9 @@ impl Router {
             .get(&conn)
             .and_then(|c| trusted_transport(&c.origin))
             .is_some_and(|(t, _)| auth.trusts(t));
-        if trusted || principal.is_some_and(|p| auth.may_be_system(&p.id)) {
+        if trusted
+            || principal.is_some_and(|p| crate::auth::is_service(p) || auth.may_be_system(&p.id))
+        {
             return Ok(());
         }
         Err(RouterError::PermissionDenied(format!(

@@ -42,6 +42,7 @@ use crate::router::error::RouterError;
 use crate::router::events::log::Audience;
 use crate::router::events::log::EventDraft;
 use crate::router::events::log::FilterKeys;
+use crate::router::identities::table::IdKind;
 use crate::router::ids::ConnId;
 use crate::router::outbox::Outbound;
 use crate::router::sessions::auth::same_principal;
@@ -161,7 +162,12 @@ impl Router {
                     .and_then(|id| self.sessions.get(id))
                     .filter(|s| s.conn.is_none())
             })
-            .filter(|s| same_principal(s.principal.as_ref(), principal.as_ref()))
+            .filter(|s| {
+                same_principal(s.principal.as_ref(), principal.as_ref())
+                    || (kind == ParticipantType::System
+                        && s.principal.is_some()
+                        && principal.is_some())
+            })
             .map(|s| (s.id.clone(), s.kind));
         if let Some((session_id, session_kind)) = resumable {
             if p.participant_type.is_some_and(|k| k != session_kind) {
@@ -181,14 +187,27 @@ impl Router {
             return Ok(self.resume_session(ctx.conn, &session_id, p.reclaim_agents.as_deref()));
         }
 
-        // A new session.
+        // A new session. An id another principal owns (or a reserved one) is not taken: the
+        // newcomer gets a fresh one (router::identities).
+        let system = kind == ParticipantType::System;
         let participant = match &p.participant_id {
-            Some(id) if !id.as_str().is_empty() => {
+            Some(id)
+                if !id.as_str().is_empty()
+                    && self
+                        .may_take(IdKind::Participant, id.as_str(), principal.as_ref(), system)
+                        .is_ok() =>
+            {
                 match self.sessions.by_participant(id) {
                     Some(s) if s.conn.is_some() => ParticipantId::generate(),
+                    Some(s)
+                        if !system && !same_principal(s.principal.as_ref(), principal.as_ref()) =>
+                    {
+                        ParticipantId::generate()
+                    }
                     Some(detached) => {
-                        // The detached session loses its id to the newcomer; its orphaned
-                        // agents stay orphaned until reclaimed or their grace period ends.
+                        // The detached session loses its id to the newcomer of the same
+                        // principal; its orphaned agents stay orphaned until reclaimed or their
+                        // grace period ends.
                         let old = detached.id.clone();
                         self.sessions.remove(&old);
                         id.clone()
@@ -228,7 +247,9 @@ impl Router {
             self.check_principal_quota(&principal.id)?;
         }
         let session_id = session.id.clone();
+        let owner = session.principal.clone();
         self.sessions.insert(session);
+        self.claim(IdKind::Participant, participant.as_str(), owner.as_ref());
         self.arm_credential(&session_id);
         if let Some(c) = self.conns.get_mut(&ctx.conn) {
             c.session = Some(session_id.clone());

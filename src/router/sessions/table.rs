@@ -33,6 +33,11 @@ pub enum ConnOrigin {
     InProcess,
     /// The router's own stdin/stdout (`map-router stdio`, `Server::serve_io`).
     Stdio,
+    /// An in-process link opened for a principal that the opener already verified: a gateway
+    /// acting for its HTTP caller, or the router's own service principal
+    /// (`InProcessLinks::connect_as`). Admitted as that principal, without credentials and
+    /// whatever `auth.trusted_transports` says.
+    Delegated(Principal),
     /// The pipes of a process the router launched for this agent (`map/agents/spawn` with a
     /// `command`). Its first registration is that agent, whatever id it asks for.
     Supervised {

