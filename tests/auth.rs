@@ -1115,3 +1115,29 @@ async fn only_listed_principals_and_trusted_transports_may_be_system() {
     let r = local.ok("map/connect", system_connect(Value::Null)).await;
     assert_eq!(r["participantType"], json!("system"), "{r}");
 }
+
+/// No token can be the router's own principals (issuer `map-router`: trusted transports and the
+/// gateways' service principal), even where an operator lists that issuer.
+#[tokio::test]
+async fn a_token_may_not_claim_the_routers_own_issuer() {
+    let (_server, url, _dir) = auth_server(|c| {
+        c.auth.jwt.issuer = OneOrMany::Many(vec![ISS.into(), "map-router".into()]);
+        c.auth.system_principals = vec!["map-router:service".into()];
+    })
+    .await;
+    let token = sign(
+        Signer::Hs256,
+        None,
+        &claims("map-router:service", 600, json!({"iss": "map-router"})),
+    );
+    let (_c, r) = connect_with(&url, "system", bearer(&token)).await;
+    assert!(r.get("sessionId").is_none(), "{r}");
+    assert_eq!(r["error"]["code"], json!("invalid_credentials"), "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("reserved"),
+        "{r}"
+    );
+    // The same subject from the configured issuer is an ordinary principal.
+    let (_c, r) = connect_with(&url, "client", bearer(&hs256("map-router:service", 600))).await;
+    assert_eq!(r["principal"]["issuer"], json!(ISS), "{r}");
+}

@@ -191,10 +191,22 @@ impl Authenticator {
         } else {
             METHOD_API_KEY
         });
+        let jwt = |jwt: &jwt::JwtVerifier| {
+            let p = jwt.verify(secret)?;
+            if p.issuer.as_deref() == Some(LOCAL_ISSUER) {
+                // The router's own principals (trusted transports, its service) have this
+                // issuer; no token may claim to be one of them.
+                return Err(AuthError::new(
+                    AuthErrorCode::InvalidCredentials,
+                    format!("the token's issuer (iss) `{LOCAL_ISSUER}` is reserved for the router's own principals"),
+                ));
+            }
+            Ok(p)
+        };
         match method {
             METHOD_BEARER => match (&self.jwt, &self.api_keys) {
-                (Some(jwt), Some(_)) if looks_like_jwt(secret) => jwt.verify(secret),
-                (Some(jwt), None) => jwt.verify(secret),
+                (Some(j), Some(_)) if looks_like_jwt(secret) => jwt(j),
+                (Some(j), None) => jwt(j),
                 (_, Some(keys)) => self.api_key(keys, secret),
                 (None, None) => Err(not_enabled(method)),
             },

@@ -182,14 +182,6 @@ impl JwtVerifier {
         if claims.sub.trim().is_empty() {
             return Err(invalid("the token's subject (sub) is empty"));
         }
-        if claims.iss.as_deref() == Some(crate::auth::LOCAL_ISSUER) {
-            // The router's own principals (trusted transports, its services) have this issuer;
-            // no token may claim to be one of them.
-            return Err(invalid(format!(
-                "the token's issuer (iss) `{}` is reserved for the router's own principals",
-                crate::auth::LOCAL_ISSUER
-            )));
-        }
         Ok(Principal {
             id: claims.sub,
             issuer: claims.iss,

@@ -15,13 +15,14 @@
 //! as `map-router: <what>: <error>` with exit code 1.
 //!
 //! Where things are: agent names → ids in `resolve`, each command family in its own module
-//! (`watch`, `send`, `control`, `spawn`, `list`), output formats in `format`.
+//! (`watch`, `send`, `control`, `spawn`, `list`, `release`), output formats in `format`.
 
 mod bridge;
 mod common;
 mod control;
 mod format;
 mod list;
+mod release;
 mod resolve;
 mod send;
 mod spawn;
@@ -70,6 +71,10 @@ pub enum Command {
     /// Put content in front of a running agent (`map/inject`, see docs/steering.md). Prints
     /// the result.
     Inject(InjectArgs),
+    /// Free a participant id or an agent id (system principals only), so that a principal
+    /// other than the one that owns it may take it (docs/security.md, "Identity"). Prints the
+    /// owner it had.
+    ReleaseId(release::ReleaseArgs),
 }
 
 /// The multi-threaded runtime every command runs on; prints why when it cannot start.
@@ -105,6 +110,7 @@ pub fn run(command: Command) -> ExitCode {
             Command::Suspend(args) => control::suspend(args).await,
             Command::Resume(args) => control::resume(args).await,
             Command::Inject(args) => control::inject(args).await,
+            Command::ReleaseId(args) => release::run(args).await,
         }
     });
     // Nothing may linger on a blocking thread (a stdin read) and delay the exit.

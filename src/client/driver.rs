@@ -1066,6 +1066,16 @@ impl Driver {
         match result {
             Ok(r) => {
                 let inbox = Inbox::new(self.client_options.message_buffer, r.agent.id.as_str());
+                // What the router kept for a reclaimed agent arrives before the register answer
+                // (it is flushed while the call is handled), when the driver does not know the
+                // agent yet: it went to the connection's inbox. It is the agent's: move it, in
+                // order, so that nothing queued for it is lost to the reclaim.
+                let id = r.agent.id.as_str();
+                for m in self.shared.unclaimed.take_matching(|m| {
+                    explicit_agents(&m.to.to_value()).is_some_and(|ids| ids.contains(&id))
+                }) {
+                    inbox.push(m);
+                }
                 let mut params = params.map(|p| *p).unwrap_or_default();
                 params.agent_id = Some(r.agent.id.clone());
                 self.agents.push(AgentEntry {

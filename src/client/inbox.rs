@@ -76,6 +76,16 @@ impl Inbox {
         }
     }
 
+    /// Removes and returns the queued messages `pred` selects, in order (the others stay).
+    pub fn take_matching(&self, pred: impl Fn(&Message) -> bool) -> Vec<Message> {
+        let mut q = self.lock();
+        let (taken, kept): (VecDeque<Message>, VecDeque<Message>) = std::mem::take(&mut q.buf)
+            .into_iter()
+            .partition(|m| pred(m));
+        q.buf = kept;
+        taken.into()
+    }
+
     /// Ends the stream after the queued messages.
     pub fn end(&self) {
         let mut q = self.lock();

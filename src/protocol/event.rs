@@ -98,11 +98,17 @@ pub enum EventType {
     MailTurnAdded,
     #[serde(rename = "mail.thread.created")]
     MailThreadCreated,
+    /// Internal (never delivered): a principal took an id (`router::identities`).
+    #[serde(rename = "identity.claimed")]
+    IdentityClaimed,
+    /// Internal (never delivered): an id was freed.
+    #[serde(rename = "identity.released")]
+    IdentityReleased,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 37] = [
+    pub const ALL: [EventType; 39] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -140,6 +146,8 @@ impl EventType {
         Self::MailParticipantLeft,
         Self::MailTurnAdded,
         Self::MailThreadCreated,
+        Self::IdentityClaimed,
+        Self::IdentityReleased,
     ];
 
     /// The wire string.
@@ -182,6 +190,8 @@ impl EventType {
             Self::MailParticipantLeft => "mail.participant.left",
             Self::MailTurnAdded => "mail.turn.added",
             Self::MailThreadCreated => "mail.thread.created",
+            Self::IdentityClaimed => "identity.claimed",
+            Self::IdentityReleased => "identity.released",
         }
     }
 
@@ -225,7 +235,15 @@ impl EventType {
             Self::MailParticipantLeft => "mail.participant.left",
             Self::MailTurnAdded => "mail.turn.added",
             Self::MailThreadCreated => "mail.thread.created",
+            Self::IdentityClaimed => "identity.claimed",
+            Self::IdentityReleased => "identity.released",
         }
+    }
+
+    /// Whether this is one of the router's internal records, which are logged (and kept) but
+    /// never delivered to any subscriber, replayed, or matched by a filter.
+    pub fn is_internal(self) -> bool {
+        matches!(self, Self::IdentityClaimed | Self::IdentityReleased)
     }
 
     /// Whether this is a task event (the only kind a `tasks` filter can match).

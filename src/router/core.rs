@@ -312,6 +312,7 @@ impl Router {
                 match d {
                     Deadline::SessionExpiry(s) => self.expire_session(&s),
                     Deadline::OrphanExpiry(a) => self.expire_orphan(&a),
+                    Deadline::QueueExpiry(a) => self.expire_recovered_queue(&a),
                     Deadline::CredentialExpiring(s, epoch) => self.credential_expiring(&s, epoch),
                     Deadline::CredentialExpired(s, epoch) => self.credential_expired(&s, epoch),
                 }

@@ -265,6 +265,11 @@ impl Dispatcher {
             Router::handle_permissions_update,
             nothing,
         );
+        d.add::<methods::identities::IdentityRelease>(
+            AfterCommit,
+            Router::handle_identity_release,
+            nothing,
+        );
         d
     }
 

@@ -263,6 +263,10 @@ impl Router {
             router.bus.log = EventLog::recover(config.retention, &recovered);
             router.trajectories = Trajectories::recover(&recovered.checkpoints);
             router.tasks = crate::router::tasks::table::Tasks::recover(&recovered.tasks);
+            router.identities = crate::router::identities::table::Identities::recover(
+                &recovered.claims,
+                config.ids_per_principal,
+            );
             router.mailboxes = crate::router::mail::table::Mailboxes::recover(
                 &recovered.conversations,
                 &recovered.turns,

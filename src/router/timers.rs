@@ -13,6 +13,8 @@ pub(crate) enum Deadline {
     SessionExpiry(SessionId),
     /// An orphaned agent was not reclaimed in time.
     OrphanExpiry(AgentId),
+    /// Messages the previous run left queued for an agent were not taken in time.
+    QueueExpiry(AgentId),
     /// Time to send `map/auth/expiring` (for the session's credential of this epoch).
     CredentialExpiring(SessionId, u64),
     /// The session's credential (of this epoch) has expired.

@@ -84,6 +84,9 @@ pub struct Recovered {
     pub turns: Vec<StoredRow>,
     /// The row of every `mail.thread.created` event, which retention does not trim.
     pub threads: Vec<StoredRow>,
+    /// The row of the newest `identity.claimed` event of every id still owned (a release
+    /// deletes its id's row), which retention does not trim.
+    pub claims: Vec<StoredRow>,
 }
 
 /// Where the event log is kept durably.
@@ -123,6 +126,10 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         from: u64,
         limit: usize,
     ) -> StoreFuture<Vec<StoredRow>>;
+
+    /// The retained rows with these event ids, in sequence order (recovery finds the message of
+    /// each message still queued with it).
+    fn read_ids(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>>;
 
     /// Commits what is queued, then stops the store's threads.
     fn close(&self) -> StoreFuture<()>;

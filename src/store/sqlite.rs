@@ -171,8 +171,17 @@ struct Kept {
     member: &'static str,
     /// The upsert.
     sql: &'static str,
+    /// Kinds whose row removes the key's row instead (a release), and the delete.
+    removes: Option<Removes>,
     /// Where recovery puts the rows.
     slot: fn(&mut Recovered) -> &mut Vec<StoredRow>,
+}
+
+/// Which kinds delete their key's row from a kept table, and the delete.
+#[derive(Debug, Clone, Copy)]
+struct Removes {
+    kinds: fn(&str) -> bool,
+    sql: &'static str,
 }
 
 /// The upsert into a kept table whose key column is `key`.
@@ -197,6 +206,7 @@ const KEPT_CHECKPOINTS: Kept = Kept {
     table: "checkpoints",
     kinds: |k| k == "trajectory.checkpoint",
     member: "checkpoint",
+    removes: None,
     sql: kept_upsert!("checkpoints", "checkpoint"),
     slot: |r| &mut r.checkpoints,
 };
@@ -205,6 +215,7 @@ const KEPT_TASKS: Kept = Kept {
     table: "tasks",
     kinds: |k| k.starts_with("task."),
     member: "task",
+    removes: None,
     sql: kept_upsert!("tasks", "task"),
     slot: |r| &mut r.tasks,
 };
@@ -218,6 +229,7 @@ const KEPT_CONVERSATIONS: Kept = Kept {
         )
     },
     member: "conversation",
+    removes: None,
     sql: kept_upsert!("conversations", "conversation"),
     slot: |r| &mut r.conversations,
 };
@@ -226,6 +238,7 @@ const KEPT_TURNS: Kept = Kept {
     table: "turns",
     kinds: |k| k == "mail.turn.added",
     member: "turn",
+    removes: None,
     sql: kept_upsert!("turns", "turn"),
     slot: |r| &mut r.turns,
 };
@@ -234,16 +247,32 @@ const KEPT_THREADS: Kept = Kept {
     table: "threads",
     kinds: |k| k == "mail.thread.created",
     member: "thread",
+    removes: None,
     sql: kept_upsert!("threads", "thread"),
     slot: |r| &mut r.threads,
 };
 
-const KEPT: [Kept; 5] = [
+/// Who owns which id (`router::identities`): the newest claim per id; a release deletes it, so
+/// the table holds exactly the ids owned now.
+const KEPT_CLAIMS: Kept = Kept {
+    table: "claims",
+    kinds: |k| k == "identity.claimed" || k == "identity.released",
+    member: "claim",
+    removes: Some(Removes {
+        kinds: |k| k == "identity.released",
+        sql: "DELETE FROM claims WHERE claim = ?1",
+    }),
+    sql: kept_upsert!("claims", "claim"),
+    slot: |r| &mut r.claims,
+};
+
+const KEPT: [Kept; 6] = [
     KEPT_CHECKPOINTS,
     KEPT_TASKS,
     KEPT_CONVERSATIONS,
     KEPT_TURNS,
     KEPT_THREADS,
+    KEPT_CLAIMS,
 ];
 
 /// `data.<member>.id` of an event's JSON.
@@ -363,6 +392,10 @@ enum ReadRequest {
         kinds: Vec<String>,
         from: u64,
         limit: usize,
+        reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
+    },
+    Ids {
+        ids: Vec<String>,
         reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
     },
 }
@@ -635,6 +668,11 @@ impl EventStore for SqliteStore {
             limit,
             reply,
         })
+    }
+
+    fn read_ids(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>> {
+        let ids = ids.iter().map(ToString::to_string).collect();
+        self.ask(|reply| ReadRequest::Ids { ids, reply })
     }
 
     fn close(&self) -> StoreFuture<()> {
@@ -940,6 +978,9 @@ fn reader_loop(
             } => {
                 let _ = reply.send(select_kinds(&conn, &kinds, from, limit));
             }
+            ReadRequest::Ids { ids, reply } => {
+                let _ = reply.send(select_ids(&conn, &ids));
+            }
         }
     }
     drop(conn);
@@ -976,6 +1017,22 @@ fn select_kinds(
     params.push(&from);
     params.push(&limit_sql);
     query_rows(conn, &sql, &params, limit)
+}
+
+/// The retained rows with these event ids, in sequence order (ids no longer stored are left
+/// out). Asked in chunks, so that a long list stays under SQLite's parameter limit.
+fn select_ids(conn: &Connection, ids: &[String]) -> Result<Vec<StoredRow>, StoreError> {
+    const CHUNK: usize = 500;
+    let mut out = Vec::new();
+    for chunk in ids.chunks(CHUNK) {
+        let marks = vec!["?"; chunk.len()].join(", ");
+        let sql = format!("SELECT seq, id, ts, kind, meta, json FROM events WHERE id IN ({marks})");
+        let params: Vec<&dyn rusqlite::ToSql> =
+            chunk.iter().map(|k| k as &dyn rusqlite::ToSql).collect();
+        out.extend(query_rows(conn, &sql, &params, chunk.len())?);
+    }
+    out.sort_by_key(|r| r.seq);
+    Ok(out)
 }
 
 /// Runs a query selecting `seq, id, ts, kind, meta, json`.
@@ -1279,6 +1336,10 @@ impl Writer {
                     tracing::warn!(event = %row.id, kind = %row.kind, "an event without the id it is kept by");
                     continue;
                 };
+                if let Some(r) = kept.removes.filter(|r| (r.kinds)(&row.kind)) {
+                    tx.prepare_cached(r.sql)?.execute(params![key])?;
+                    continue;
+                }
                 tx.prepare_cached(kept.sql)?.execute(params![
                     key,
                     sql_int(row.seq),

@@ -1780,6 +1780,47 @@ async function keyedAgent(ctx, name) {
 }
 
 scenario(
+  'identity: an AgentConnection reconnecting with its old agent id reclaims its own orphan with what was queued; another principal gets 1003',
+  async (ctx) => {
+    const open = async () => {
+      const ws = new WebSocket(ctx.url);
+      await withTimeout(new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject)), WAIT_MS, 'ws open');
+      ctx.defer(() => ws.terminate());
+      return ws;
+    };
+    const obs = await ctx.client({ name: 'observer', connectOptions: { auth: { method: 'api-key', credential: ALICE_KEY } } });
+    const w = await obs.watch({ eventTypes: ['agent_orphaned', 'agent_state_changed'] });
+    const first = await open();
+    const before = new AgentConnection(websocketStream(first), { name: 'phoenix' });
+    await withTimeout(before.connect({ auth: { method: 'api-key', token: ALICE_KEY } }), WAIT_MS, 'alice connect');
+    const id = before.agentId;
+    first.terminate();
+    await w.waitFor('agent_orphaned', (e) => e.data?.agentId === id);
+    const sent = await obs.conn.send({ agent: id }, { while: 'away' }, { delivery: 'guaranteed' });
+    assert.deepEqual(sent.queued, [id], 'queued for the orphan');
+    // bob's AgentConnection asks for alice's agent id: refused, and it gets nothing.
+    const bob = new AgentConnection(websocketStream(await open()), { name: 'thief' });
+    const bobGot = [];
+    bob.onMessage((m) => bobGot.push(m.payload));
+    const e = await expectCode(bob.connect({ agentId: id, auth: { method: 'api-key', token: BOB_KEY } }), 1003, 'bob takes the id');
+    assert.match(e.message, /another principal/);
+    // alice comes back as the SDK's reconnect does (AgentConnection#attemptReconnect: a new
+    // session, then connect({agentId, auth}) with the old agent id): the orphan is hers again.
+    const after = new AgentConnection(websocketStream(await open()), { name: 'phoenix' });
+    const received = [];
+    after.onMessage((m) => received.push(m.payload));
+    await withTimeout(after.connect({ agentId: id, auth: { method: 'api-key', token: ALICE_KEY } }), WAIT_MS, 'alice reconnects');
+    assert.equal(after.agentId, id, 'same agent');
+    await w.waitFor('agent_state_changed', (ev) => ev.data?.agentId === id && ev.data?.previousState === 'orphaned');
+    await withTimeout((async () => { while (received.length < 1) await sleep(20); })(), WAIT_MS, 'the queued message');
+    await sleep(200);
+    assert.deepEqual(received, [{ while: 'away' }], 'delivered once');
+    assert.deepEqual(bobGot, [], 'nothing reached bob');
+  },
+  { config: AUTH_CONFIG },
+);
+
+scenario(
   'sessions: listSessions shows a principal its own sessions only',
   async (ctx) => {
     const a1 = await ctx.client({ name: 'a1', connectOptions: { auth: { method: 'api-key', credential: ALICE_KEY } } });

@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod auth;
 pub mod events;
+pub mod identities;
 pub mod mail;
 pub mod messaging;
 pub mod method;
@@ -70,6 +71,7 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<ScopesMembers>();
     visit.visit::<steering::Inject>();
     visit.visit::<permissions::PermissionsUpdate>();
+    visit.visit::<identities::IdentityRelease>();
     visit.visit::<trajectory::TrajectoryCheckpoint>();
     visit.visit::<trajectory::TrajectoryList>();
     visit.visit::<trajectory::TrajectoryGet>();

@@ -231,6 +231,9 @@ impl Router {
         for scope in p.scopes.into_iter().flatten() {
             self.add_member(&scope, &id, vec![registered]);
         }
+        // Messages the previous run left queued for this id (messaging::recovery): only its
+        // owner principal can have registered it again.
+        self.flush_offline(&id, Some(registered));
         self.registry
             .get(&id)
             .map(|r| r.agent.clone())

@@ -23,6 +23,7 @@
 use crate::router::agents::supervised::{
     spawn_failure_cause, ExitInfo, ProcessControl, SpawnWaiter, Supervised,
 };
+use crate::router::identities::table::IdKind;
 use std::time::Instant;
 
 use tokio::sync::oneshot;
@@ -75,6 +76,17 @@ impl Router {
         if self.registry.contains(&id) || self.supervised.contains(&id) {
             return Err(RouterError::AgentExists(id.to_string()));
         }
+        // The id is the spawner's principal's (router::identities); the process that runs it
+        // registers it through its reservation.
+        let principal = caller
+            .as_ref()
+            .and_then(|c| self.principal_of(&c.participant))
+            .cloned();
+        if let Some(caller) = &caller {
+            let system = caller.kind == crate::protocol::capabilities::ParticipantType::System;
+            self.may_take(IdKind::Agent, id.as_str(), principal.as_ref(), system)
+                .map_err(|r| r.agent_error(id.as_str()))?;
+        }
         let scopes = p.register.scopes.as_deref().unwrap_or_default();
         match &caller {
             Some(caller) => {
@@ -106,6 +118,7 @@ impl Router {
                 spawning: None,
             },
         );
+        self.claim(IdKind::Agent, id.as_str(), principal.as_ref());
         Ok((id, parent, rx))
     }
 

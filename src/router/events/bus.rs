@@ -533,6 +533,9 @@ impl EventBus {
 }
 
 fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
+    if rec.kind.is_internal() {
+        return false;
+    }
     let viewer = Viewer {
         participant: &sub.participant,
         kind: sub.participant_type,

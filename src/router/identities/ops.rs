@@ -14,9 +14,16 @@
 use crate::auth::is_service;
 use crate::protocol::methods::session::Principal;
 
+use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::event::EventType;
+use crate::protocol::methods::identities::{
+    IdentityOwner, IdentityReleaseParams, IdentityReleaseResult,
+};
+use crate::router::caller::Ctx;
 use crate::router::core::Router;
 use crate::router::error::RouterError;
-use crate::router::identities::table::{IdKind, Owner};
+use crate::router::events::log::{Audience, EventDraft, FilterKeys};
+use crate::router::identities::table::{key_of, IdKind, Owner};
 
 /// Why an id may not be taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +48,44 @@ impl Refusal {
 }
 
 impl Router {
+    /// `map/identities/release`: a system participant frees an id (an operator's decision, for
+    /// example to hand a departed user's agent id to someone else).
+    ///
+    /// # Errors
+    /// 1003 for anyone but a system participant; -32602 unless exactly one id is given.
+    pub fn handle_identity_release(
+        &mut self,
+        ctx: &Ctx,
+        p: IdentityReleaseParams,
+    ) -> Result<IdentityReleaseResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        if caller.kind != ParticipantType::System {
+            return Err(RouterError::PermissionDenied(
+                "map/identities/release is for system participants".into(),
+            ));
+        }
+        let (kind, id) = match (p.participant_id, p.agent_id) {
+            (Some(id), None) => (IdKind::Participant, id),
+            (None, Some(id)) => (IdKind::Agent, id),
+            _ => {
+                return Err(RouterError::InvalidParams(
+                    "give exactly one of participantId and agentId".into(),
+                ))
+            }
+        };
+        let previous = self.identities.release(kind, &id);
+        if previous.is_some() {
+            self.record_claim(kind, &id, None);
+        }
+        Ok(IdentityReleaseResult {
+            released: previous.is_some(),
+            previous_owner: previous.map(|o| IdentityOwner {
+                id: o.id,
+                issuer: o.issuer,
+            }),
+        })
+    }
+
     /// Whether `id` is reserved for the service principal.
     pub(crate) fn is_reserved(&self, id: &str) -> bool {
         self.config.reserved_ids.iter().any(|r| r == id)
@@ -114,6 +159,33 @@ impl Router {
     /// `identity.released` event, which the store keeps (table `claims`) and no subscriber is
     /// ever shown.
     fn record_claim(&mut self, kind: IdKind, id: &str, owner: Option<&Owner>) {
-        let _ = (kind, id, owner);
+        #[derive(serde::Serialize)]
+        struct Claim<'a> {
+            id: String,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            owner: Option<&'a Owner>,
+        }
+        #[derive(serde::Serialize)]
+        struct Data<'a> {
+            claim: Claim<'a>,
+        }
+        let data = crate::router::core::to_json(&Data {
+            claim: Claim {
+                id: key_of(kind, id),
+                owner,
+            },
+        });
+        self.emit(EventDraft {
+            kind: if owner.is_some() {
+                EventType::IdentityClaimed
+            } else {
+                EventType::IdentityReleased
+            },
+            source: None,
+            data,
+            caused_by: Vec::new(),
+            keys: FilterKeys::default(),
+            audience: Audience::System,
+        });
     }
 }

@@ -41,6 +41,11 @@ impl IdKind {
     }
 }
 
+/// The key of a durable claim: `participant:<id>` or `agent:<id>`.
+pub fn key_of(kind: IdKind, id: &str) -> String {
+    format!("{}:{id}", kind.prefix())
+}
+
 /// The subject of a principal: who owns an id.
 #[derive(
     Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
@@ -104,6 +109,42 @@ impl Identities {
             tick: 0,
             cap: cap.max(1),
         }
+    }
+
+    /// The table of what the store kept: the newest claim of each id still owned (oldest
+    /// first, so recency is kept). A row that cannot be read is skipped with a warning.
+    pub fn recover(rows: &[crate::store::record::StoredRow], cap: usize) -> Self {
+        #[derive(serde::Deserialize)]
+        struct Claim {
+            id: String,
+            owner: Option<Owner>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Data {
+            claim: Claim,
+        }
+        #[derive(serde::Deserialize)]
+        struct Event {
+            data: Data,
+        }
+        let mut t = Self::new(cap);
+        for row in rows {
+            let parsed = serde_json::from_str::<Event>(&row.json).ok().and_then(|e| {
+                let (kind, id) = e.data.claim.id.split_once(':')?;
+                Some((
+                    IdKind::from_prefix(kind)?,
+                    id.to_owned(),
+                    e.data.claim.owner?,
+                ))
+            });
+            match parsed {
+                Some((kind, id, owner)) => {
+                    t.claim(kind, &id, &owner, |_, _| true);
+                }
+                None => tracing::warn!(event = %row.id, "skipping an unreadable stored claim"),
+            }
+        }
+        t
     }
 
     /// Number of owned ids.

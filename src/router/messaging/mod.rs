@@ -3,5 +3,6 @@
 //! [`steering`]).
 
 pub mod ops;
+pub mod recovery;
 pub mod state;
 pub mod steering;

@@ -86,7 +86,7 @@ pub fn message_frame(message: &Message) -> Arc<str> {
 }
 
 /// The `map/message` frame around a message's JSON.
-fn message_frame_of(message_json: &str) -> Arc<str> {
+pub(crate) fn message_frame_of(message_json: &str) -> Arc<str> {
     let mut params = String::with_capacity(message_json.len() + 12);
     params.push_str("{\"message\":");
     params.push_str(message_json);
@@ -518,6 +518,11 @@ impl Router {
 
     fn remember_delivery(&mut self, out: &Outgoing, recipient: &str, delivered: EventId) {
         self.messaging.record_delivery(out, recipient, delivered);
+    }
+
+    /// Emits `message_failed` for one recipient.
+    pub(crate) fn report_failed(&mut self, out: &Outgoing, recipient: &str, reason: &str) {
+        self.emit_failed(out, recipient, reason);
     }
 
     /// Emits `message_failed` for one recipient.

@@ -180,6 +180,7 @@ impl Router {
                 tracing::error!(error = %e, "could not read the previous run's lifecycle events")
             }
         }
+        self.recover_queues().await;
         self.flush_store();
     }
 
