@@ -182,14 +182,8 @@ impl JwtVerifier {
         if claims.sub.trim().is_empty() {
             return Err(invalid("the token's subject (sub) is empty"));
         }
-        if claims.iss.as_deref() == Some(crate::auth::LOCAL_ISSUER) {
-            // The router's own principals (trusted transports, its services) have this issuer;
-            // no token may claim to be one of them.
-            return Err(invalid(format!(
-                "the token's issuer (iss) `{}` is reserved for the router's own principals",
-                crate::auth::LOCAL_ISSUER
-            )));
-        }
+        // NB: a token whose issuer is the router's own (`LOCAL_ISSUER`) is refused by the
+        // authenticator, which owns that name (authenticator.rs, `not_local`).
         Ok(Principal {
             id: claims.sub,
             issuer: claims.iss,
