@@ -762,3 +762,55 @@ async fn map_quotas_and_rate_limits_answer_429_with_the_routers_words() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn list_tasks_pages_through_the_callers_own_tasks_only() {
+    let (_server, addr, url) = server("").await;
+    let (_dev, _worker, _inbox) = agent(&url, DEV, "worker").await;
+    let at = "/a2a/agents/worker";
+    // Interleaved: alice, bob, alice, bob, alice.
+    let mut made = Vec::new();
+    for (i, key) in [ALICE, BOB, ALICE, BOB, ALICE].into_iter().enumerate() {
+        let res = ok(
+            addr,
+            at,
+            key,
+            "SendMessage",
+            json!({"message": {"messageId": format!("m-{i}"), "role": "ROLE_USER", "parts": [{"text": "t"}]},
+                "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+        made.push((key, res["task"]["id"].as_str().unwrap().to_owned()));
+    }
+    for (key, size) in [(ALICE, 1), (BOB, 1), (ALICE, 2), (BOB, 50)] {
+        let want: Vec<String> = made
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, id)| id.clone())
+            .collect();
+        let mut got: Vec<String> = Vec::new();
+        let mut token = String::new();
+        for _ in 0..10 {
+            let page = ok(
+                addr,
+                "/a2a",
+                key,
+                "ListTasks",
+                json!({"pageSize": size, "pageToken": token}),
+            )
+            .await;
+            let tasks = page["tasks"].as_array().unwrap();
+            assert!(tasks.len() <= size, "{page}");
+            got.extend(tasks.iter().map(|t| t["id"].as_str().unwrap().to_owned()));
+            token = page["nextPageToken"].as_str().unwrap().to_owned();
+            if token.is_empty() {
+                break;
+            }
+        }
+        assert!(token.is_empty(), "the pages end");
+        assert_eq!(
+            got, want,
+            "pageSize {size}: each of its own tasks once, in order, no other"
+        );
+    }
+}

@@ -72,7 +72,9 @@ mod methods {
 /// answers with the task as it is (still working), which the caller can poll or resubscribe to.
 pub const BLOCKING_WAIT: Duration = Duration::from_secs(60);
 
-/// MAP tasks read per `map/tasks/list` page while `ListTasks` looks for the caller's tasks.
+/// MAP tasks read per `map/tasks/list` page while `ListTasks` looks for the caller's tasks,
+/// after the first page (which is the size the caller asked for: a caller whose tasks are most
+/// of the board reads no more than it gets).
 pub const LIST_SCAN_PAGE: u32 = 250;
 
 /// MAP pages one `ListTasks` reads at most. A caller whose tasks are rare among many gets a
@@ -530,8 +532,8 @@ impl Core {
     /// most `limit`; and the token of the next page, if there may be one (the id of the last
     /// task looked at, a MAP cursor).
     ///
-    /// The books list every task; the caller's are picked out page by page
-    /// ([`LIST_SCAN_PAGE`] tasks a page, at most [`LIST_SCAN_PAGES`] pages a call).
+    /// The books list every task; the caller's are picked out page by page (`limit` tasks,
+    /// then [`LIST_SCAN_PAGE`] tasks a page, at most [`LIST_SCAN_PAGES`] pages a call).
     ///
     /// # Errors
     /// MAP failures (an unknown page token is -32602).
@@ -558,11 +560,11 @@ impl Core {
         if let Some(s) = state {
             filter.insert("status".into(), json!(s.map_status()));
         }
-        let limit = limit as usize;
         let mut out = Vec::new();
         let mut cursor = cursor.map(str::to_owned);
-        for _ in 0..LIST_SCAN_PAGES {
-            let mut params = json!({ "filter": filter, "limit": LIST_SCAN_PAGE });
+        for page in 0..LIST_SCAN_PAGES {
+            let size = if page == 0 { limit } else { LIST_SCAN_PAGE };
+            let mut params = json!({ "filter": filter, "limit": size });
             if let Some(c) = &cursor {
                 params["cursor"] = json!(c);
             }
@@ -579,7 +581,7 @@ impl Core {
                     continue;
                 }
                 out.push(view);
-                if out.len() == limit {
+                if out.len() == limit as usize {
                     let more = i + 1 < last || page.next_cursor.is_some();
                     return Ok((out, more.then(|| t.id.clone())));
                 }
