@@ -89,7 +89,7 @@ pub struct Settings {
     pub remotes: Vec<RemoteSpec>,
 }
 
-/// The gateway: its settings, and its MAP session once opened.
+/// The gateway: its settings, its MAP sessions once opened, and its callers' sessions.
 pub struct A2aGateway {
     links: Arc<dyn InProcessLinks + Send + Sync>,
     core: OnceCell<Arc<Core>>,
