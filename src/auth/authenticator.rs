@@ -191,22 +191,10 @@ impl Authenticator {
         } else {
             METHOD_API_KEY
         });
-        let jwt = |jwt: &jwt::JwtVerifier| {
-            let p = jwt.verify(secret)?;
-            if p.issuer.as_deref() == Some(LOCAL_ISSUER) {
-                // The router's own principals (trusted transports, its service) have this
-                // issuer; no token may claim to be one of them.
-                return Err(AuthError::new(
-                    AuthErrorCode::InvalidCredentials,
-                    format!("the token's issuer (iss) `{LOCAL_ISSUER}` is reserved for the router's own principals"),
-                ));
-            }
-            Ok(p)
-        };
         match method {
             METHOD_BEARER => match (&self.jwt, &self.api_keys) {
-                (Some(j), Some(_)) if looks_like_jwt(secret) => jwt(j),
-                (Some(j), None) => jwt(j),
+                (Some(jwt), Some(_)) if looks_like_jwt(secret) => not_local(jwt.verify(secret)),
+                (Some(jwt), None) => not_local(jwt.verify(secret)),
                 (_, Some(keys)) => self.api_key(keys, secret),
                 (None, None) => Err(not_enabled(method)),
             },
@@ -231,6 +219,20 @@ impl Authenticator {
             )),
         }
     }
+}
+
+/// A token's principal, unless its issuer is [`LOCAL_ISSUER`]: the router's own principals
+/// (trusted transports, its services) have that issuer, and no token may claim to be one of
+/// them.
+fn not_local(verified: Result<Principal, AuthError>) -> Result<Principal, AuthError> {
+    let principal = verified?;
+    if principal.issuer.as_deref() == Some(LOCAL_ISSUER) {
+        return Err(AuthError::new(
+            AuthErrorCode::InvalidCredentials,
+            format!("the token's issuer (iss) `{LOCAL_ISSUER}` is reserved for the router's own principals"),
+        ));
+    }
+    Ok(principal)
 }
 
 /// The id of [`service_principal`].

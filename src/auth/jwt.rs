@@ -182,6 +182,8 @@ impl JwtVerifier {
         if claims.sub.trim().is_empty() {
             return Err(invalid("the token's subject (sub) is empty"));
         }
+        // NB: a token whose issuer is the router's own (`LOCAL_ISSUER`) is refused by the
+        // authenticator, which owns that name (authenticator.rs, `not_local`).
         Ok(Principal {
             id: claims.sub,
             issuer: claims.iss,

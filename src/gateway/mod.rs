@@ -43,7 +43,7 @@ pub use context::GatewayContext;
 /// The participant ids and agent ids of the gateways' own sessions and agents: the router lets
 /// only its service principal (`auth::service_principal`, which the gateways' bookkeeping
 /// sessions connect as) take them, so nobody can squat one before a gateway's first use.
-pub const RESERVED_IDS: &[&str] = &[a2a::tasks::GATEWAY_AGENT];
+pub const RESERVED_IDS: &[&str] = &[a2a::tasks::GATEWAY_AGENT, a2a::tasks::GATEWAY_BOOKS];
 
 /// The HTTP routes of the MAMP and IM gateways (those enabled), to merge into the server's
 /// router.

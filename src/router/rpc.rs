@@ -315,8 +315,14 @@ impl RpcSession {
                             AfterReply::Connected => {
                                 self.connected = true;
                                 self.awaiting_auth = false;
-                                if let Some(principal) = principal_of(&reply.result) {
-                                    self.set_principal(&principal);
+                                // NB: the router's service principal (the gateways' own
+                                // sessions, doing work their callers ask for) shares no
+                                // principal bucket: callers' traffic would empty it for
+                                // everyone. Its connections keep their own buckets.
+                                if let Some(principal) = principal_of(&reply.result)
+                                    .filter(|p| !crate::auth::is_service(p))
+                                {
+                                    self.set_principal(&principal.id);
                                 }
                             }
                             AfterReply::AuthRequired => {
@@ -473,16 +479,12 @@ impl RpcSession {
     }
 }
 
-/// The principal id in a `map/connect` result, if any.
-fn principal_of(result: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Principal {
-        id: String,
-    }
+/// The principal in a `map/connect` result, if any.
+fn principal_of(result: &str) -> Option<crate::protocol::methods::session::Principal> {
     #[derive(serde::Deserialize)]
     struct WithPrincipal {
         #[serde(default)]
-        principal: Option<Principal>,
+        principal: Option<crate::protocol::methods::session::Principal>,
     }
     if !result.contains("\"principal\"") {
         return None;
@@ -490,5 +492,4 @@ fn principal_of(result: &str) -> Option<String> {
     serde_json::from_str::<WithPrincipal>(result)
         .ok()?
         .principal
-        .map(|p| p.id)
 }

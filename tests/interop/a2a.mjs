@@ -6,8 +6,12 @@
 //
 //   node tests/interop/a2a.mjs [--bin <path-to-map-router>] [--filter <substring>] [--verbose]
 //
+// One scenario runs with [auth] on (API keys, no trusted transports): two principals' SDK
+// clients each see and act on their own tasks only.
+//
 // Prints `ok - name` / `FAIL - name: reason` per scenario, then `N passed, M failed`; exits 0
 // only when nothing failed. Every await is bounded (withTimeout / until).
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
@@ -15,7 +19,10 @@ import {
   ClientFactoryOptions,
   DefaultAgentCardResolver,
   JsonRpcTransportFactory,
+  createAuthenticatingFetchWithRetry,
 } from '@a2a-js/sdk/client';
+import { AgentConnection, websocketStream } from '@multi-agent-protocol/sdk';
+import WebSocket from 'ws';
 import { assert, WAIT_MS, hostPort, until, withTimeout, runScenarios } from './lib.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -349,6 +356,69 @@ scenario('a2a stream killed mid-task by kill -9: resubscribeTask picks it up, ev
   assert.ok(updates.some((l) => l.startsWith('artifact:') && l.endsWith(':done')), `the artifact in ${updates.join(' | ')}`);
   assert.equal(updates.at(-1), `status:${STATE.COMPLETED}:`, 'the stream ends completed');
   assert.ok(!after.includes(`status:${STATE.WORKING}:step 2`), 'no update from before the kill is sent again');
+});
+
+// ---------------------------------------------------------------------------------------------
+// With [auth] on: each principal's tasks are its own.
+
+/** A factory whose every request (card and JSON-RPC) carries `Authorization: Bearer <key>`. */
+function keyedFactory(key) {
+  const fetchImpl = createAuthenticatingFetchWithRetry(fetch, {
+    headers: async () => ({ Authorization: `Bearer ${key}` }),
+    shouldRetryWithHeaders: async () => undefined,
+  });
+  return new ClientFactory(
+    ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+      transports: [new JsonRpcTransportFactory({ fetchImpl })],
+      cardResolver: new DefaultAgentCardResolver({ fetchImpl }),
+    }),
+  );
+}
+
+scenario('a2a with [auth] on: two principals each see and act on their own tasks only', async (ctx) => {
+  const keys = { alice: 'ak-a2a-alice-0123456789', bob: 'ak-a2a-bob-0123456789', dev: 'ak-a2a-dev-0123456789' };
+  const dir = ctx.tempDir();
+  const keyFile = path.join(dir, 'api-keys.txt');
+  writeFileSync(keyFile, Object.entries(keys).map(([who, k]) => `${k} ${who}`).join('\n') + '\n');
+  // No trusted_transports: the gateway's own sessions need none.
+  const router = await ctx.startRouter({ config: `[auth.api_keys]\nfile = ${JSON.stringify(keyFile)}\n` });
+  ctx.url = router.url;
+  const base = httpBase(router);
+
+  // dev runs the echo agent (an SDK AgentConnection that authenticates with its API key).
+  const ws = new WebSocket(router.url);
+  await withTimeout(new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject)), WAIT_MS, 'ws open');
+  ctx.defer(() => ws.terminate());
+  const agent = new AgentConnection(websocketStream(ws), { name: 'echo' });
+  await withTimeout(agent.connect({ auth: { method: 'api-key', token: keys.dev } }), WAIT_MS, 'agent connect');
+  agent.onMessage((m) => {
+    if (m.payload && typeof m.payload === 'object' && m.payload.a2a?.cancel) return;
+    agent.reply(m, m.payload).catch((e) => ctx.sdkLogs.push(`echo reply failed: ${e.message}`));
+  });
+
+  // Without a credential, no card (and so no client).
+  await assert.rejects(
+    withTimeout(new ClientFactory().createFromUrl(`${base}/a2a/agents/echo/`), WAIT_MS, 'createFromUrl without a key'),
+    /401/,
+  );
+  const alice = await withTimeout(keyedFactory(keys.alice).createFromUrl(`${base}/a2a/agents/echo/`), WAIT_MS, 'alice createFromUrl');
+  const bob = await withTimeout(keyedFactory(keys.bob).createFromUrl(`${base}/a2a/agents/echo/`), WAIT_MS, 'bob createFromUrl');
+  const mine = await withTimeout(alice.sendMessage({ message: textMessage("alice's") }), WAIT_MS, 'alice sendMessage');
+  const theirs = await withTimeout(bob.sendMessage({ message: textMessage("bob's") }), WAIT_MS, 'bob sendMessage');
+  assert.equal(mine.status.state, STATE.COMPLETED);
+  assert.equal(theirs.status.state, STATE.COMPLETED);
+
+  // Each lists only its own.
+  assert.deepEqual((await withTimeout(alice.listTasks({}), WAIT_MS, 'alice listTasks')).tasks.map((t) => t.id), [mine.id]);
+  assert.deepEqual((await withTimeout(bob.listTasks({}), WAIT_MS, 'bob listTasks')).tasks.map((t) => t.id), [theirs.id]);
+  // The other's task does not exist for it: not found, even to cancel (not "not cancelable",
+  // which would say it exists).
+  await expectA2aCode(bob.getTask({ id: mine.id }), -32001, "bob's getTask of alice's task");
+  await expectA2aCode(bob.cancelTask({ id: mine.id }), -32001, "bob's cancelTask of alice's task");
+  await expectA2aCode(alice.getTask({ id: theirs.id }), -32001, "alice's getTask of bob's task");
+  // Their own: found (a finished task is not cancelable).
+  assert.equal(partText((await withTimeout(alice.getTask({ id: mine.id }), WAIT_MS, 'alice getTask')).history[0].parts[0]), "alice's");
+  await expectA2aCode(alice.cancelTask({ id: mine.id }), -32002, "alice's cancelTask of her finished task");
 });
 
 // ---------------------------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 //! -32001 … -32009 as `@a2a-js/sdk` maps them to its error classes, and the JSON-RPC ones) and
 //! the HTTP status it goes out with. The one place MAP errors become A2A errors
 //! ([`A2aError::from_map`]).
+//!
+//! MAP's limits keep the router's words: a rate limit (4001) and a quota (4002) answer HTTP 429
+//! with the MAP code as the JSON-RPC code and the router's message (which says which quota, or
+//! when to retry), never a 404 or 503 that would send the caller looking elsewhere.
 
 use axum::http::StatusCode;
 
@@ -29,6 +33,10 @@ pub mod code {
     pub const UNSUPPORTED_OPERATION: i32 = -32004;
     /// No extended card.
     pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
+    /// MAP's `4001 Rate limited`, passed through (HTTP 429, `Retry-After`).
+    pub const RATE_LIMITED: i32 = 4001;
+    /// MAP's `4002 Quota exceeded`, passed through (HTTP 429).
+    pub const QUOTA_EXCEEDED: i32 = 4002;
 }
 
 /// A failure to answer as a JSON-RPC error.
@@ -40,9 +48,11 @@ pub struct A2aError {
     pub message: String,
     /// The HTTP status of the answer (200 for errors of a well-formed call, as JSON-RPC over
     /// HTTP does; 404 for an unknown agent, 413 for an oversize body, 401 for a missing or
-    /// refused credential, 403 for a MAP permission the caller lacks, 503 while the gateway's
-    /// MAP session cannot be opened).
+    /// refused credential, 403 for a MAP permission the caller lacks, 429 for a MAP rate limit
+    /// or quota, 503 while the gateway's MAP session cannot be opened).
     pub status: StatusCode,
+    /// When to try again (a rate limit): sent as `Retry-After` (whole seconds, rounded up).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl A2aError {
@@ -51,6 +61,7 @@ impl A2aError {
             code,
             message: message.into(),
             status: StatusCode::OK,
+            retry_after: None,
         }
     }
 
@@ -125,6 +136,12 @@ impl A2aError {
         )
     }
 
+    /// A permission the caller lacks (a MAP grant of its principal): -32600 with HTTP 403.
+    pub fn forbidden(detail: impl std::fmt::Display) -> Self {
+        Self::invalid_request(format!("permission denied: {detail}"))
+            .with_status(StatusCode::FORBIDDEN)
+    }
+
     /// An agent id or name that names no agent the caller may see: -32602 with HTTP 404.
     pub fn unknown_agent(id: &str) -> Self {
         Self::invalid_params(format!("no agent {id:?} on this router"))
@@ -139,8 +156,31 @@ impl A2aError {
                 Self::task_not_found(id)
             }
             (ClientError::Rpc { code, message, .. }, _) if code.0 == 1003 || code.0 == 14003 => {
-                Self::invalid_request(format!("permission denied: {message}"))
-                    .with_status(StatusCode::FORBIDDEN)
+                Self::forbidden(message)
+            }
+            (ClientError::Rpc { code, data, .. }, _) if code.0 == code::RATE_LIMITED => {
+                let wait = data
+                    .as_ref()
+                    .and_then(|d| d.get("retryAfterMs"))
+                    .and_then(serde_json::Value::as_u64)
+                    .map(std::time::Duration::from_millis);
+                let mut e = Self::new(
+                    code::RATE_LIMITED,
+                    match wait {
+                        Some(w) => format!(
+                            "Rate limited: MAP's request rate limit was reached; retry after {} ms",
+                            w.as_millis()
+                        ),
+                        None => "Rate limited: MAP's request rate limit was reached".into(),
+                    },
+                )
+                .with_status(StatusCode::TOO_MANY_REQUESTS);
+                e.retry_after = wait;
+                e
+            }
+            (ClientError::Rpc { code, message, .. }, _) if code.0 == code::QUOTA_EXCEEDED => {
+                Self::new(code::QUOTA_EXCEEDED, message.clone())
+                    .with_status(StatusCode::TOO_MANY_REQUESTS)
             }
             (ClientError::Auth(a), _) => {
                 Self::new(code::INVALID_REQUEST, format!("Authentication failed: {a}"))

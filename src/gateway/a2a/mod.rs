@@ -17,13 +17,20 @@
 //! | `POST /a2a` | JSON-RPC for the tasks of every agent (follow-ups, get, list, cancel, subscribe) |
 //! | `POST /a2a/remote`, `GET /a2a/remote`, `DELETE /a2a/remote/{agentId}` | remote A2A agents as MAP agents (`remote/`) |
 //!
+//! Callers act as themselves: each request's credential is verified first (401 before the body
+//! is read), and the gateway acts for the caller through that principal's own MAP session
+//! (`gateway::callers::CallerSessions`: one per principal, closed when idle), so its grants,
+//! visibility, quotas and rate apply; `access.rs` says who may act on which task.
+//!
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
-//! handlers), `sse.rs` (streams), `tasks.rs` (the MAP session and the task translation),
+//! handlers), `sse.rs` (streams), `tasks.rs` (the gateway's MAP sessions and the task
+//! translation), `access.rs` (the caller, and who may act on a task),
 //! `record.rs` (what a MAP task keeps for A2A, the agent conventions), `feed.rs` (task events to
 //! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames), `push.rs`
 //! (webhooks), `remote/` (the client side: remote A2A agents registered by card URL, called when
 //! MAP agents message them).
 
+pub mod access;
 pub mod card;
 pub mod error;
 pub mod feed;
@@ -36,7 +43,6 @@ pub mod sse;
 pub mod tasks;
 pub mod wire;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -48,11 +54,15 @@ use axum::Router as HttpRouter;
 use tokio::sync::{watch, OnceCell};
 
 use crate::auth::Authenticator;
-use crate::client::{Client, ClientOptions, ConnectionState};
+use crate::client::{ClientError, ClientOptions};
+use crate::gateway::a2a::access::Caller;
 use crate::gateway::a2a::card::{CardContext, Security};
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::remote::{RegisterError, RemoteSpec, Remotes};
 use crate::gateway::a2a::tasks::{Core, Target};
+use crate::gateway::callers::CallerSessions;
+use crate::gateway::context::closing;
+use crate::protocol::methods::session::Principal;
 use crate::transport::in_process::InProcessLinks;
 
 /// Largest JSON-RPC body accepted (larger: HTTP 413 with a -32600 error). A2A messages carry
@@ -79,17 +89,13 @@ pub struct Settings {
     pub remotes: Vec<RemoteSpec>,
 }
 
-/// Callers' MAP sessions kept at most (authentication on). Past this, all are closed and the
-/// next requests open new ones: a bound on memory, not a cache policy worth tuning.
-pub const MAX_CALLER_SESSIONS: usize = 256;
-
-/// The gateway: its settings, and its MAP session once opened.
+/// The gateway: its settings, its MAP sessions once opened, and its callers' sessions.
 pub struct A2aGateway {
     links: Arc<dyn InProcessLinks + Send + Sync>,
     core: OnceCell<Arc<Core>>,
-    /// Callers' MAP sessions by credential (authentication on). NB: a std mutex, never held
-    /// across an await.
-    callers: std::sync::Mutex<HashMap<String, Client>>,
+    /// Callers' MAP sessions: one per principal (the anonymous one with authentication off),
+    /// closed after [`crate::gateway::callers::DEFAULT_IDLE`] unused.
+    callers: Arc<CallerSessions>,
     settings: Settings,
     shutdown: watch::Receiver<bool>,
     /// Remote A2A agents (the client side).
@@ -115,10 +121,12 @@ impl A2aGateway {
     ) -> Arc<Self> {
         let remotes = Remotes::new(Arc::clone(&links));
         remotes.register_configured(settings.remotes.clone());
+        let callers =
+            CallerSessions::new(Arc::clone(&links), crate::gateway::callers::DEFAULT_IDLE);
         Arc::new(Self {
             links,
             core: OnceCell::new(),
-            callers: std::sync::Mutex::new(HashMap::new()),
+            callers,
             settings,
             shutdown,
             remotes,
@@ -136,7 +144,7 @@ impl A2aGateway {
             .await
             .map_err(|e| {
                 A2aError::internal(format!(
-                    "the A2A gateway could not open its MAP session: {e} (with [auth] on, the gateway connects in-process: add \"in-process\" to auth.trusted_transports)"
+                    "the A2A gateway could not open its MAP sessions: {e}"
                 ))
                 .with_status(StatusCode::SERVICE_UNAVAILABLE)
             })
@@ -157,69 +165,69 @@ impl A2aGateway {
         }
     }
 
-    /// Whose eyes a request reads through: the gateway's session when authentication is off;
-    /// else the caller's own MAP session, opened in-process with the caller's credential (so the
-    /// router applies that principal's permissions) and kept for the next request with the same
-    /// credential. `Ok(None)`: authentication is on and the request carries no credential.
+    /// Who calls: `Ok(None)` with authentication off (every caller is anonymous, as every MAP
+    /// participant is then); else the principal of the request's credential. Reads headers
+    /// only, so it answers before the body is read.
     ///
     /// # Errors
-    /// 401 for a refused credential; the MAP session could not be opened.
-    async fn viewer(&self, core: &Core, headers: &HeaderMap) -> Result<Option<Client>, A2aError> {
+    /// 401 for a missing or refused credential (authentication on).
+    fn principal(&self, headers: &HeaderMap) -> Result<Option<Principal>, A2aError> {
         let Some(auth) = &self.settings.auth else {
-            return Ok(Some(core.client().clone()));
-        };
-        let Some(secret) = credential(headers) else {
             return Ok(None);
         };
-        // NB: checked here first, so a refused credential costs no MAP session.
-        verify(auth, secret)?;
-        let cached = self
-            .callers
-            .lock()
-            .ok()
-            .and_then(|c| c.get(secret).cloned())
-            .filter(|c| c.state() == ConnectionState::Connected);
-        if let Some(client) = cached {
-            return Ok(Some(client));
-        }
-        let client = Client::in_process(
-            &*self.links,
-            ClientOptions::new().name("a2a-caller").bearer_token(secret),
-        )
-        .await
-        .map_err(|e| A2aError::from_map(&e, None))?;
-        if let Ok(mut c) = self.callers.lock() {
-            if c.len() >= MAX_CALLER_SESSIONS {
-                c.clear();
-            }
-            c.insert(secret.to_owned(), client.clone());
-        }
-        Ok(Some(client))
+        let secret = credential(headers).ok_or_else(|| {
+            A2aError::invalid_request(
+                "authentication required: send Authorization: Bearer <JWT or API key>, or X-API-Key (see the agent card's securitySchemes)",
+            )
+            .with_status(StatusCode::UNAUTHORIZED)
+        })?;
+        verify(auth, secret).map(Some)
     }
 
     /// With authentication on, the request's credential must be one the router accepts (401
     /// otherwise); used by the routes that open no session of the caller's (`/a2a/remote`).
     fn authenticate(&self, headers: &HeaderMap) -> Result<(), A2aError> {
-        let Some(auth) = &self.settings.auth else {
-            return Ok(());
-        };
-        let secret = credential(headers).ok_or_else(|| {
-            A2aError::invalid_request(
-                "authentication required: send Authorization: Bearer <JWT or API key> (see the agent card's securitySchemes)",
-            )
-            .with_status(StatusCode::UNAUTHORIZED)
-        })?;
-        verify(auth, secret)
+        self.principal(headers).map(drop)
     }
 
-    /// As [`A2aGateway::viewer`], but a missing credential is 401.
-    async fn caller(&self, core: &Core, headers: &HeaderMap) -> Result<Client, A2aError> {
-        self.viewer(core, headers).await?.ok_or_else(|| {
-            A2aError::invalid_request(
-                "authentication required: send Authorization: Bearer <JWT or API key>, or X-API-Key (see the router card's securitySchemes)",
-            )
-            .with_status(StatusCode::UNAUTHORIZED)
-        })
+    /// The caller with `principal`, over its principal's MAP session (opened when it has none;
+    /// `None`: authentication off, the shared anonymous session).
+    ///
+    /// # Errors
+    /// MAP refused the session: a quota (`max_sessions_per_principal`) is 429 with the router's
+    /// message; anything else 503.
+    async fn caller(&self, principal: Option<Principal>) -> Result<Caller, A2aError> {
+        let session = self
+            .callers
+            .get(principal.as_ref(), || {
+                ClientOptions::new()
+                    .name("a2a-caller")
+                    .request_timeout(std::time::Duration::from_secs(30))
+            })
+            .await
+            .map_err(|e| match e {
+                ClientError::Rpc { .. } if e.code().is_some_and(|c| c.0 == 4001 || c.0 == 4002) => {
+                    A2aError::from_map(&e, None)
+                }
+                e => {
+                    A2aError::internal(format!("the router refused the caller's MAP session: {e}"))
+                        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+                }
+            })?;
+        let system = match (&self.settings.auth, &principal) {
+            (Some(auth), Some(p)) => crate::auth::is_service(p) || auth.may_be_system(&p.id),
+            _ => false,
+        };
+        Ok(Caller::new(session, principal, system))
+    }
+
+    /// The caller of a request: [`A2aGateway::principal`], then [`A2aGateway::caller`].
+    ///
+    /// # Errors
+    /// As those.
+    async fn caller_of(&self, headers: &HeaderMap) -> Result<Caller, A2aError> {
+        let principal = self.principal(headers)?;
+        self.caller(principal).await
     }
 }
 
@@ -235,9 +243,9 @@ fn credential(headers: &HeaderMap) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
-/// 401 for a credential the router refuses.
-fn verify(auth: &Authenticator, secret: &str) -> Result<(), A2aError> {
-    auth.verify_bearer(secret).map(drop).map_err(|e| {
+/// The principal of a credential; 401 for one the router refuses.
+fn verify(auth: &Authenticator, secret: &str) -> Result<Principal, A2aError> {
+    auth.verify_bearer(secret).map_err(|e| {
         A2aError::invalid_request(format!("credential refused: {}", e.message))
             .with_status(StatusCode::UNAUTHORIZED)
     })
@@ -318,10 +326,13 @@ async fn router_card(g: &A2aGateway, headers: &HeaderMap, legacy: bool) -> Respo
     };
     // With authentication on, the skills are the agents the caller may see: none for a caller
     // without a credential (the card still says how to authenticate).
-    let agents = match g.viewer(core, headers).await {
-        Ok(Some(viewer)) => core.agents(&viewer).await,
-        Ok(None) => Ok(Vec::new()),
-        Err(e) => Err(e),
+    let agents = if g.settings.auth.is_some() && credential(headers).is_none() {
+        Ok(Vec::new())
+    } else {
+        match g.caller_of(headers).await {
+            Ok(caller) => core.agents(caller.session()).await,
+            Err(e) => Err(e),
+        }
     };
     match agents {
         Ok(agents) => json(
@@ -345,8 +356,8 @@ async fn agent_card(g: &A2aGateway, id: &str, headers: &HeaderMap, legacy: bool)
         Ok(c) => c,
         Err(e) => return problem(&e),
     };
-    let agent = match g.caller(core, headers).await {
-        Ok(viewer) => core.resolve(&viewer, id).await,
+    let agent = match g.caller_of(headers).await {
+        Ok(caller) => core.resolve(caller.session(), id).await,
         Err(e) => Err(e),
     };
     match agent {
@@ -388,6 +399,13 @@ async fn rpc_agent(
 }
 
 async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: Body) -> Response {
+    // NB: the credential first, from the headers alone: an unauthenticated caller costs no body
+    // read and no MAP session. The connection closes after such an early answer, since its
+    // body was not read.
+    let principal = match g.principal(headers) {
+        Ok(p) => p,
+        Err(e) => return closing(rpc::error_response(None, &e)),
+    };
     let bytes = match axum::body::to_bytes(body, g.settings.max_body_bytes).await {
         Ok(b) => b,
         Err(_) => {
@@ -396,7 +414,7 @@ async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: B
                 g.settings.max_body_bytes
             ))
             .with_status(StatusCode::PAYLOAD_TOO_LARGE);
-            return rpc::error_response(None, &e);
+            return closing(rpc::error_response(None, &e));
         }
     };
     let request = match rpc::read(&bytes) {
@@ -407,18 +425,18 @@ async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: B
         Ok(c) => c,
         Err(e) => return rpc::error_response(Some(&request.id), &e),
     };
-    let viewer = match g.caller(core, headers).await {
-        Ok(v) => v,
+    let caller = match g.caller(principal).await {
+        Ok(c) => c,
         Err(e) => return rpc::error_response(Some(&request.id), &e),
     };
     let target = match agent {
         None => Target::Router,
-        Some(id) => match core.resolve(&viewer, &id).await {
+        Some(id) => match core.resolve(caller.session(), &id).await {
             Ok(a) => Target::Agent(Box::new(a)),
             Err(e) => return rpc::error_response(Some(&request.id), &e),
         },
     };
-    rpc::handle(core, &viewer, &target, request, g.shutdown.clone()).await
+    rpc::handle(core, &caller, &target, request, g.shutdown.clone()).await
 }
 
 /// `POST /a2a/remote {cardUrl, name?, token?}`: registers a remote A2A agent as a MAP agent.

@@ -2,7 +2,8 @@
 //! the task.
 //!
 //! Owns: the configs (task id → webhooks, in memory: they do not survive a restart, since a
-//! MAP task's `meta` is visible to every observer of the task and a webhook's token must not be),
+//! MAP task's `meta` is visible to every observer of the task and a webhook's token must not be;
+//! each config remembers the principal that set it, whose secrets they are),
 //! the URL allowlist (`[a2a] push_allow`: URL prefixes; empty = push notifications off), and
 //! delivery: one POST per update and webhook, in update order per task (one queue and worker
 //! per task with webhooks; a queue holds at most the task's updates), with
@@ -13,6 +14,11 @@
 //! `Content-Type: application/a2a+json`); for a v0.3 one, the whole task (`kind: "task"`,
 //! `application/json`). Authentication: `Authorization: <scheme> <credentials>` when the config
 //! has `authentication`, else `X-A2A-Notification-Token: <token>` when it has a token.
+//!
+//! Secrets: a config's `token` and `authentication.credentials` are shown only to the principal
+//! that set it ([`PushConfig::to_json`] with `secrets: false` leaves them out); only that
+//! principal, or a system principal, replaces or deletes it. Who may reach a task's configs at
+//! all is `access.rs`'s rule (the principals that control the task).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,7 +31,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::gateway::a2a::error::A2aError;
-use crate::gateway::a2a::record::Snapshot;
+use crate::gateway::a2a::record::{Owner, Snapshot};
 use crate::gateway::a2a::wire::{self, Rendered, Update, Version};
 
 /// Tries per notification and webhook.
@@ -50,34 +56,53 @@ pub struct PushConfig {
     pub authentication: Option<(String, String)>,
     /// The version of the method that made it (decides the body).
     pub version: Version,
+    /// The principal that set it (`None` with authentication off): its secrets are shown to
+    /// that principal only.
+    pub owner: Option<Owner>,
 }
 
 impl PushConfig {
     /// In `v`'s shape: v1.0 `TaskPushNotificationConfig`, v0.3
-    /// `{taskId, pushNotificationConfig}`.
-    pub fn to_json(&self, v: Version, task_id: &str) -> Value {
+    /// `{taskId, pushNotificationConfig}`. Without `secrets`, the token and the credentials
+    /// are left out (the scheme stays): what another principal than its setter is shown.
+    pub fn to_json(&self, v: Version, task_id: &str, secrets: bool) -> Value {
+        let token = self.token.as_ref().filter(|_| secrets);
         match v {
             Version::V1 => {
                 let mut o = json!({"taskId": task_id, "id": self.id, "url": self.url});
-                if let Some(t) = &self.token {
+                if let Some(t) = token {
                     o["token"] = json!(t);
                 }
                 if let Some((scheme, credentials)) = &self.authentication {
-                    o["authentication"] = json!({"scheme": scheme, "credentials": credentials});
+                    o["authentication"] = if secrets {
+                        json!({"scheme": scheme, "credentials": credentials})
+                    } else {
+                        json!({"scheme": scheme})
+                    };
                 }
                 o
             }
             Version::V03 => {
                 let mut c = json!({"id": self.id, "url": self.url});
-                if let Some(t) = &self.token {
+                if let Some(t) = token {
                     c["token"] = json!(t);
                 }
                 if let Some((scheme, credentials)) = &self.authentication {
-                    c["authentication"] = json!({"schemes": [scheme], "credentials": credentials});
+                    c["authentication"] = if secrets {
+                        json!({"schemes": [scheme], "credentials": credentials})
+                    } else {
+                        json!({"schemes": [scheme]})
+                    };
                 }
                 json!({"taskId": task_id, "pushNotificationConfig": c})
             }
         }
+    }
+
+    /// Whether `owner` (a caller's principal; `None` with authentication off) set this config,
+    /// and so may see its secrets.
+    pub fn is_of(&self, owner: Option<&Owner>) -> bool {
+        self.owner.as_ref() == owner
     }
 }
 
@@ -121,11 +146,15 @@ pub struct AuthParams {
 }
 
 impl ConfigParams {
-    /// The config to keep for `task_id`.
+    /// The config to keep for `task_id`, set by `owner`.
     ///
     /// # Errors
     /// -32602 without a URL.
-    pub fn into_config(self, version: Version) -> Result<PushConfig, A2aError> {
+    pub fn into_config(
+        self,
+        version: Version,
+        owner: Option<Owner>,
+    ) -> Result<PushConfig, A2aError> {
         let inner = match self.push_notification_config {
             Some(c) => *c,
             None => self,
@@ -147,6 +176,7 @@ impl ConfigParams {
             token: inner.token.filter(|t| !t.is_empty()),
             authentication,
             version,
+            owner,
         })
     }
 }
@@ -175,11 +205,11 @@ impl Push {
         !self.allow.is_empty()
     }
 
-    /// Keeps `config` for `task_id` (replacing one with the same id).
+    /// Keeps `config` for `task_id` (replacing one with the same id that its principal set).
     ///
     /// # Errors
-    /// -32003 when push notifications are off; -32602 for a URL outside the allowlist, or too
-    /// many configs.
+    /// -32003 when push notifications are off; -32602 for a URL outside the allowlist, too
+    /// many configs, or an id taken by a config of another principal's.
     pub fn set(&self, task_id: &str, config: PushConfig) -> Result<(), A2aError> {
         if !self.enabled() {
             return Err(A2aError::push_not_supported());
@@ -215,6 +245,15 @@ impl Push {
             .lock()
             .map_err(|_| A2aError::internal("push table poisoned"))?;
         let list = all.entry(task_id.to_owned()).or_default();
+        if list
+            .iter()
+            .any(|c| c.id == config.id && c.owner != config.owner)
+        {
+            return Err(A2aError::invalid_params(format!(
+                "push notification config {:?} of task {task_id} was set by another principal: choose another id",
+                config.id
+            )));
+        }
         list.retain(|c| c.id != config.id);
         if list.len() >= MAX_CONFIGS_PER_TASK {
             return Err(A2aError::invalid_params(format!(
@@ -433,20 +472,54 @@ mod tests {
             r#"{"taskId":"t","url":"http://x/h","token":"k","authentication":{"scheme":"Bearer","credentials":"c"}}"#,
         )
         .unwrap();
-        let c = v1.into_config(Version::V1).unwrap();
+        let c = v1.into_config(Version::V1, None).unwrap();
         assert_eq!(c.url, "http://x/h");
         assert_eq!(c.authentication, Some(("Bearer".into(), "c".into())));
         let v03: ConfigParams = serde_json::from_str(
             r#"{"taskId":"t","pushNotificationConfig":{"id":"p","url":"http://x/h","authentication":{"schemes":["Basic"],"credentials":"c"}}}"#,
         )
         .unwrap();
-        let c = v03.into_config(Version::V03).unwrap();
+        let c = v03.into_config(Version::V03, None).unwrap();
         assert_eq!(c.id, "p");
         assert_eq!(c.authentication, Some(("Basic".into(), "c".into())));
         assert_eq!(
-            c.to_json(Version::V03, "t")["pushNotificationConfig"]["authentication"]["schemes"],
+            c.to_json(Version::V03, "t", true)["pushNotificationConfig"]["authentication"]
+                ["schemes"],
             json!(["Basic"])
         );
+        // Without the secrets: the scheme, not the credentials or the token.
+        let shown = c.to_json(Version::V03, "t", false);
+        assert_eq!(
+            shown["pushNotificationConfig"]["authentication"],
+            json!({"schemes": ["Basic"]})
+        );
+        let v1 = PushConfig {
+            token: Some("tok".into()),
+            ..c
+        }
+        .to_json(Version::V1, "t", false);
+        assert!(v1.get("token").is_none(), "{v1}");
+        assert!(!v1.to_string().contains("tok") && !v1.to_string().contains("\"c\""));
+    }
+
+    #[test]
+    fn a_config_id_is_its_setters() {
+        let p = Push::new(vec!["http://127.0.0.1:".into()]);
+        let of = |who: &str| PushConfig {
+            id: "a".into(),
+            url: "http://127.0.0.1:9/h".into(),
+            token: Some(format!("tok-{who}")),
+            authentication: None,
+            version: Version::V1,
+            owner: Some(Owner {
+                id: who.into(),
+                issuer: None,
+            }),
+        };
+        assert!(p.set("t", of("alice")).is_ok());
+        assert_eq!(p.set("t", of("bob")).unwrap_err().code, -32602);
+        assert_eq!(p.list("t")[0].token.as_deref(), Some("tok-alice"));
+        assert!(p.set("t", of("alice")).is_ok(), "its setter replaces it");
     }
 
     #[test]
@@ -458,6 +531,7 @@ mod tests {
             token: None,
             authentication: None,
             version: Version::V1,
+            owner: None,
         };
         assert!(p.set("t", c("http://127.0.0.1:9/h")).is_ok());
         assert!(p.set("t", c("http://10.0.0.1:9/h")).is_err());

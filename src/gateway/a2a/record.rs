@@ -1,9 +1,10 @@
 //! How an A2A task is kept as a MAP task, and how an agent's MAP messages become A2A changes.
 //!
-//! Owns: [`Record`] (what `task.meta.a2a` holds), [`MapTask`] (the parts of a MAP task the
-//! gateway reads), the agent conventions ([`AgentReport`], read from a reply's payload), and
-//! the payload an agent receives for an A2A message ([`agent_payload`]). Pure functions: the
-//! calls to the router are in `gateway.rs`.
+//! Owns: [`Record`] (what `task.meta.a2a` holds, including the [`Owner`] of the task),
+//! [`MapTask`] (the parts of a MAP task the gateway reads), the agent conventions
+//! ([`AgentReport`], read from a reply's payload), and the payload an agent receives for an A2A
+//! message ([`agent_payload`]). Pure functions: the calls to the router are in `tasks.rs`, the
+//! rule of who may act on a task in `access.rs`.
 //!
 //! ## The agent conventions (docs/a2a.md has the full table)
 //!
@@ -23,6 +24,34 @@ use serde_json::value::RawValue;
 
 use crate::gateway::a2a::wire::{Artifact, Message, Part, TaskState, TaskView, Update};
 use crate::protocol::json::RawJson;
+use crate::protocol::methods::session::Principal;
+
+/// The principal an A2A task belongs to: the subject (`id`, `issuer`) of the caller whose
+/// `SendMessage` created it. Never a credential: the id and issuer are what the router shows
+/// as a session's `principal` too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    /// The principal's id (an API key's principal, a JWT's `sub`).
+    pub id: String,
+    /// Its issuer (a JWT's `iss`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+}
+
+impl Owner {
+    /// The owner `p` stands for.
+    pub fn of(p: &Principal) -> Self {
+        Self {
+            id: p.id.clone(),
+            issuer: p.issuer.clone(),
+        }
+    }
+
+    /// Whether `p` is this owner (same id and issuer).
+    pub fn is(&self, p: &Principal) -> bool {
+        self.id == p.id && self.issuer == p.issuer
+    }
+}
 
 /// What `task.meta.a2a` holds: everything A2A knows about a task that MAP does not.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +86,10 @@ pub struct Record {
     /// The request metadata of the message that created it, verbatim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<RawJson>,
+    /// Whose task it is (authentication on; `None` when it was off, or for a task made before
+    /// owners were recorded). Not part of the A2A view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
 }
 
 impl Record {

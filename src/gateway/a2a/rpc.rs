@@ -2,7 +2,11 @@
 //! (v1.0 and v0.3 names, each answered in its own version's shapes), and the answers.
 //!
 //! Owns: [`Method`] (the table), envelope checks, and the handler of each method on top of
-//! [`Core`](super::tasks::Core). Streaming methods answer through `sse.rs`.
+//! [`Core`](super::tasks::Core). Streaming methods answer through `sse.rs`. Each handler acts
+//! for an [`access::Caller`](super::access::Caller): reads (`GetTask`, `ListTasks`,
+//! `SubscribeToTask`) need the caller's `tasks.canList`, `CancelTask` its `tasks.canUpdate`, a
+//! send its `messaging.canSend` (and MAP's `tasks.canCreate` for a new task); and every task
+//! operation is limited to the tasks the caller controls (`access.rs`).
 //!
 //! Input rules: the body must be one JSON-RPC 2.0 request object (`jsonrpc: "2.0"`, a string
 //! or number `id`, a string `method`); a batch, a notification (no id) or anything else is
@@ -16,13 +20,14 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::client::Client;
+use crate::gateway::a2a::access::Caller;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::frame::{error_frame, result_frame};
 use crate::gateway::a2a::push::{ConfigParams, PushConfig};
 use crate::gateway::a2a::sse;
 use crate::gateway::a2a::tasks::{Core, Target, BLOCKING_WAIT};
 use crate::gateway::a2a::wire::{self, ListParams, SendParams, TaskIdParams, TaskState, Version};
+use crate::protocol::capabilities::Capability;
 
 /// What a method does (its version is known from its name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,9 +223,16 @@ fn json_response(status: StatusCode, body: String) -> Response {
         .into_response()
 }
 
-/// The error answer.
+/// The error answer (with `Retry-After` when the error says when to retry).
 pub fn error_response(id: Option<&RawValue>, e: &A2aError) -> Response {
-    json_response(e.status, error_frame(id, e))
+    let mut response = json_response(e.status, error_frame(id, e));
+    if let Some(wait) = e.retry_after {
+        let secs = wait.as_millis().div_ceil(1000).max(1);
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    response
 }
 
 fn params<T: DeserializeOwned>(raw: &RawValue) -> Result<T, A2aError> {
@@ -230,7 +242,7 @@ fn params<T: DeserializeOwned>(raw: &RawValue) -> Result<T, A2aError> {
 /// Answers one request.
 pub async fn handle(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     request: Request,
     shutdown: tokio::sync::watch::Receiver<bool>,
@@ -242,26 +254,26 @@ pub async fn handle(
         params: raw,
     } = request;
     let answer = match method {
-        Method::Send => send(core, viewer, target, version, &raw).await,
+        Method::Send => send(core, caller, target, version, &raw).await,
         Method::Stream => {
-            return match stream(core, viewer, target, version, id.clone(), &raw, shutdown).await {
+            return match stream(core, caller, target, version, id.clone(), &raw, shutdown).await {
                 Ok(r) => r,
                 Err(e) => error_response(Some(&id), &e),
             };
         }
         Method::Subscribe => {
-            return match subscribe(core, viewer, target, version, id.clone(), &raw, shutdown).await
+            return match subscribe(core, caller, target, version, id.clone(), &raw, shutdown).await
             {
                 Ok(r) => r,
                 Err(e) => error_response(Some(&id), &e),
             };
         }
-        Method::Get => get(core, viewer, target, version, &raw).await,
-        Method::List => list(core, viewer, target, version, &raw).await,
-        Method::Cancel => cancel(core, viewer, target, version, &raw).await,
+        Method::Get => get(core, caller, target, version, &raw).await,
+        Method::List => list(core, caller, target, version, &raw).await,
+        Method::Cancel => cancel(core, caller, target, version, &raw).await,
         Method::ExtendedCard => Err(A2aError::no_extended_card()),
         Method::PushSet | Method::PushGet | Method::PushList | Method::PushDelete => {
-            push(core, viewer, target, method, version, &raw).await
+            push(core, caller, target, method, version, &raw).await
         }
     };
     match answer {
@@ -270,8 +282,8 @@ pub async fn handle(
     }
 }
 
-/// The webhook a send's `configuration` registers, if any.
-fn push_of(p: &SendParams, v: Version) -> Result<Option<PushConfig>, A2aError> {
+/// The webhook a send's `configuration` registers, if any (the caller's).
+fn push_of(p: &SendParams, v: Version, caller: &Caller) -> Result<Option<PushConfig>, A2aError> {
     let Some(raw) = p.configuration.as_ref().and_then(|c| {
         c.task_push_notification_config
             .clone()
@@ -280,13 +292,13 @@ fn push_of(p: &SendParams, v: Version) -> Result<Option<PushConfig>, A2aError> {
         return Ok(None);
     };
     let params: ConfigParams = serde_json::from_value(raw).map_err(A2aError::invalid_params)?;
-    params.into_config(v).map(Some)
+    params.into_config(v, caller.owner()).map(Some)
 }
 
 /// The push-notification config methods.
 async fn push(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     method: Method,
     v: Version,
@@ -312,18 +324,21 @@ async fn push(
         (Version::V03, _) => (ids.id, ids.push_notification_config_id),
     };
     let task_id = task_id.ok_or_else(|| A2aError::invalid_params("the task id is missing"))?;
-    // The caller must see the task.
-    core.task(viewer, target, &task_id).await?;
+    // Only a principal that controls the task reaches its configs at all (else: no such task).
+    core.task(caller, target, &task_id).await?;
+    let me = caller.owner();
     let missing = |id: &str| {
         A2aError::invalid_params(format!(
             "no push notification config {id:?} on task {task_id}"
         ))
     };
+    // A config's secrets are its setter's.
+    let render = |c: &PushConfig| c.to_json(v, &task_id, c.is_of(me.as_ref()));
     match method {
         Method::PushSet => {
-            let config = params::<ConfigParams>(raw)?.into_config(v)?;
+            let config = params::<ConfigParams>(raw)?.into_config(v, me.clone())?;
             core.push.set(&task_id, config.clone())?;
-            Ok(config.to_json(v, &task_id))
+            Ok(render(&config))
         }
         Method::PushGet => {
             let configs = core.push.list(&task_id);
@@ -332,16 +347,11 @@ async fn push(
                 None => configs.into_iter().next(),
             };
             found
-                .map(|c| c.to_json(v, &task_id))
+                .map(|c| render(&c))
                 .ok_or_else(|| missing(config_id.as_deref().unwrap_or("")))
         }
         Method::PushList => {
-            let configs: Vec<Value> = core
-                .push
-                .list(&task_id)
-                .iter()
-                .map(|c| c.to_json(v, &task_id))
-                .collect();
+            let configs: Vec<Value> = core.push.list(&task_id).iter().map(render).collect();
             Ok(match v {
                 Version::V1 => json!({ "configs": configs, "nextPageToken": "" }),
                 Version::V03 => Value::Array(configs),
@@ -350,6 +360,19 @@ async fn push(
         _ => {
             let id =
                 config_id.ok_or_else(|| A2aError::invalid_params("the config id is missing"))?;
+            let config = core
+                .push
+                .list(&task_id)
+                .into_iter()
+                .find(|c| c.id == id)
+                .ok_or_else(|| missing(&id))?;
+            // Its setter, or a system principal, deletes it; the task's other controllers see
+            // it (without its secrets) but leave it.
+            if !config.is_of(me.as_ref()) && !caller.is_system() {
+                return Err(A2aError::forbidden(format!(
+                    "push notification config {id:?} of task {task_id} was set by another principal"
+                )));
+            }
             if !core.push.delete(&task_id, &id) {
                 return Err(missing(&id));
             }
@@ -363,18 +386,18 @@ async fn push(
 
 async fn send(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     v: Version,
     raw: &RawValue,
 ) -> Result<Value, A2aError> {
     let p: SendParams = params(raw)?;
-    let push = push_of(&p, v)?;
+    let push = push_of(&p, v, caller)?;
     let config = p.configuration.clone().unwrap_or_default();
     let message = p.message.into_message().map_err(A2aError::invalid_params)?;
     let blocking = config.blocking();
     let (id, _first, watcher) = core
-        .send(viewer, target, message, p.metadata, push, blocking)
+        .send(caller, target, message, p.metadata, push, blocking)
         .await?;
     if let Some(mut watcher) = watcher {
         let waited = tokio::time::timeout(BLOCKING_WAIT, async {
@@ -394,7 +417,7 @@ async fn send(
             ));
         }
     }
-    let record = core.task(viewer, target, &id).await?;
+    let record = core.task(caller, target, &id).await?;
     Ok(wire::task_result(
         v,
         &record.view(&id),
@@ -404,7 +427,7 @@ async fn send(
 
 async fn stream(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     v: Version,
     id: Box<RawValue>,
@@ -412,11 +435,11 @@ async fn stream(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Response, A2aError> {
     let p: SendParams = params(raw)?;
-    let push = push_of(&p, v)?;
+    let push = push_of(&p, v, caller)?;
     let history_length = p.configuration.as_ref().and_then(|c| c.history_length);
     let message = p.message.into_message().map_err(A2aError::invalid_params)?;
     let (task_id, first, watcher) = core
-        .send(viewer, target, message, p.metadata, push, true)
+        .send(caller, target, message, p.metadata, push, true)
         .await?;
     let watcher = watcher.ok_or_else(|| A2aError::internal("no watcher"))?;
     Ok(sse::respond(sse::Stream {
@@ -432,7 +455,7 @@ async fn stream(
 
 async fn subscribe(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     v: Version,
     id: Box<RawValue>,
@@ -440,9 +463,10 @@ async fn subscribe(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Response, A2aError> {
     let p: TaskIdParams = params(raw)?;
+    caller.require(Capability::CanListTasks)?;
     // NB: watch first, then read: every change after the read reaches the watcher.
     let watcher = core.feed.watch(&p.id);
-    let first = core.task(viewer, target, &p.id).await?;
+    let first = core.task(caller, target, &p.id).await?;
     if first.state.is_terminal() {
         return Err(A2aError::unsupported(format!(
             "task {} is {}: there is nothing to subscribe to (use GetTask)",
@@ -463,25 +487,25 @@ async fn subscribe(
 
 async fn get(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     v: Version,
     raw: &RawValue,
 ) -> Result<Value, A2aError> {
     let p: TaskIdParams = params(raw)?;
-    let record = core.task(viewer, target, &p.id).await?;
+    let record = core.task(caller, target, &p.id).await?;
     Ok(wire::task_json(v, &record.view(&p.id), p.history_length))
 }
 
 async fn cancel(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     v: Version,
     raw: &RawValue,
 ) -> Result<Value, A2aError> {
     let p: TaskIdParams = params(raw)?;
-    let record = core.cancel(viewer, target, &p.id).await?;
+    let record = core.cancel(caller, target, &p.id).await?;
     Ok(wire::task_json(v, &record.view(&p.id), p.history_length))
 }
 
@@ -492,12 +516,13 @@ pub const DEFAULT_PAGE: u32 = 50;
 
 async fn list(
     core: &Core,
-    viewer: &Client,
+    caller: &Caller,
     target: &Target,
     v: Version,
     raw: &RawValue,
 ) -> Result<Value, A2aError> {
     let p: ListParams = params(raw)?;
+    caller.require(Capability::CanListTasks)?;
     let state = match p.status.as_deref() {
         // NB: `@a2a-js/sdk` 1.3.0 sends `"UNRECOGNIZED"` for `listTasks({})` (its toJSON maps
         // an absent status through its enum), so that means "any state" as well.
@@ -510,7 +535,7 @@ async fn list(
     let size = p.page_size.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
     let (tasks, next) = core
         .list(
-            viewer,
+            caller,
             target,
             p.context_id.as_deref().filter(|c| !c.is_empty()),
             state,

@@ -1,14 +1,23 @@
-//! [`Core`]: the gateway's MAP session, and every A2A operation as ordinary MAP calls.
+//! [`Core`]: the gateway's own MAP sessions, and every A2A operation as ordinary MAP calls.
 //!
-//! Owns: the gateway's in-process MAP connection (participant `a2a-gateway`, type `agent`) with
-//! its one agent (`a2a-gateway`, the `from` of every message the gateway sends, so an agent's
-//! `reply()` comes back here), the [`Feed`] of `task.*` events, and the loop that turns the
-//! agents' messages into task updates ([`Core::on_agent_message`]).
+//! Owns: the gateway's two in-process MAP sessions, both of the router's service principal
+//! (`auth::service_principal`, with or without `[auth]`; their ids are in
+//! `gateway::RESERVED_IDS`, so nobody can squat them):
+//! - the **agent** session (participant and agent `a2a-gateway`, type `agent`): the `from` of
+//!   every message the gateway sends to an agent, so an agent's `reply()` comes back here and
+//!   becomes the task's update ([`Core::on_agent_message`]) even when the caller has gone;
+//! - the **books** session (participant `a2a-gateway-tasks`, type `system`): the gateway's
+//!   bookkeeping, which must reach every A2A task whoever created it: each task's state
+//!   changes (`map/tasks/update`), reading tasks for the rule in `access.rs`, and the [`Feed`]
+//!   of `task.*` events.
 //!
-//! Reads are made *as the caller* (`viewer`: the caller's own MAP session when authentication is
-//! on, else the gateway's), so MAP visibility decides which agents and tasks an A2A caller can
-//! reach; writes (create, update, send) are the gateway's, which created every A2A task and so
-//! may change it.
+//! What is done *as the caller* (its own MAP session, `access::Caller`): resolving the agent a
+//! path names (its visibility), and creating the task (`map/tasks/create`, so its
+//! `tasks.canCreate` applies and the task records the caller's session as `createdBy` and its
+//! principal as `meta.a2a.owner`). Before a message goes to an agent, the caller's
+//! `messaging.canSend` is checked. Reads and changes of an existing task first pass
+//! [`Caller::controls`](crate::gateway::a2a::access::Caller::controls): anyone else gets
+//! -32001, as for an unknown task.
 //!
 //! Every A2A state change is one `map/tasks/update` (a durable `task.*` event that MAP
 //! subscribers see), made under [`Core::writing`] so that the read-modify-write of
@@ -25,6 +34,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::client::{AgentHandle, Client, ClientError, ClientOptions};
+use crate::gateway::a2a::access::Caller;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::feed::Feed;
 use crate::gateway::a2a::push::{Push, PushConfig};
@@ -33,6 +43,7 @@ use crate::gateway::a2a::record::{
 };
 use crate::gateway::a2a::wire::{Message, Role, TaskState, TaskView};
 use crate::protocol::agent::Agent;
+use crate::protocol::capabilities::{Capability, ParticipantType};
 use crate::protocol::event::SubscriptionFilter;
 use crate::protocol::json::RawJson;
 use crate::protocol::message::Message as MapMessage;
@@ -40,8 +51,11 @@ use crate::protocol::methods::agents::{AgentFilter, RegisterParams};
 use crate::protocol::methods::messaging::SendParams as MapSendParams;
 use crate::transport::in_process::InProcessLinks;
 
-/// The id (and name) of the gateway's participant and agent.
+/// The id (and name) of the gateway's agent participant and of its agent.
 pub const GATEWAY_AGENT: &str = "a2a-gateway";
+
+/// The id of the gateway's bookkeeping participant (a `system` session with no agent).
+pub const GATEWAY_BOOKS: &str = "a2a-gateway-tasks";
 
 /// The `map/tasks/*` methods (docs/tasks.md), called with JSON text so that the verbatim
 /// members of `meta.a2a` keep their bytes both ways.
@@ -57,6 +71,16 @@ mod methods {
 /// Longest a blocking `SendMessage` waits for the task to end or be interrupted; after that it
 /// answers with the task as it is (still working), which the caller can poll or resubscribe to.
 pub const BLOCKING_WAIT: Duration = Duration::from_secs(60);
+
+/// MAP tasks read per `map/tasks/list` page while `ListTasks` looks for the caller's tasks,
+/// after the first page (which is the size the caller asked for: a caller whose tasks are most
+/// of the board reads no more than it gets).
+pub const LIST_SCAN_PAGE: u32 = 250;
+
+/// MAP pages one `ListTasks` reads at most. A caller whose tasks are rare among many gets a
+/// short (or empty) page with a `nextPageToken` rather than one request that reads the whole
+/// board.
+pub const LIST_SCAN_PAGES: usize = 8;
 
 /// Where an A2A call is addressed: one MAP agent (`/a2a/agents/{id}`), or the router's own
 /// endpoint (`/a2a`), which serves the tasks of every agent.
@@ -90,11 +114,14 @@ async fn call(
         .map_err(|e| A2aError::from_map(&e, task))
 }
 
-/// The gateway's MAP session and the operations on it.
+/// The gateway's MAP sessions and the operations on them.
 #[derive(Debug)]
 pub struct Core {
+    /// The agent session: sends to agents as `a2a-gateway`, receives their replies.
     client: Client,
     agent: AgentHandle,
+    /// The books session (`system`): task updates, reads, the feed.
+    books: Client,
     /// Watchers of tasks.
     pub feed: Arc<Feed>,
     /// Webhooks of tasks.
@@ -104,11 +131,11 @@ pub struct Core {
 }
 
 impl Core {
-    /// Opens the session, registers the gateway agent, subscribes to `task.*` and starts the
-    /// loops (they end when the session does).
+    /// Opens the two sessions, registers the gateway agent, subscribes to `task.*` and starts
+    /// the loops (they end when the sessions do).
     ///
     /// # Errors
-    /// The session or the registration was refused.
+    /// A session or the registration was refused.
     pub async fn start(
         links: &(dyn InProcessLinks + Send + Sync),
         push_allow: Vec<String>,
@@ -134,7 +161,17 @@ impl Core {
                 ..RegisterParams::default()
             })
             .await?;
-        let events = client
+        let books = Client::in_process_as(
+            links,
+            crate::auth::service_principal(),
+            ClientOptions::new()
+                .participant_type(ParticipantType::System)
+                .name(GATEWAY_BOOKS)
+                .participant_id(GATEWAY_BOOKS)
+                .request_timeout(Duration::from_secs(30)),
+        )
+        .await?;
+        let events = books
             .subscribe(SubscriptionFilter {
                 event_types: Some(vec!["task.*".into()]),
                 ..SubscriptionFilter::default()
@@ -145,6 +182,7 @@ impl Core {
         let core = Arc::new(Self {
             client,
             agent,
+            books,
             feed: Arc::clone(&feed),
             push: Arc::clone(&push),
             writing: tokio::sync::Mutex::new(()),
@@ -164,11 +202,6 @@ impl Core {
     // -----------------------------------------------------------------------------------------
     // Agents
 
-    /// The gateway's own session: what an A2A caller sees through when authentication is off.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     /// The agents an A2A caller may address: those `viewer` sees, but the gateway.
     ///
     /// # Errors
@@ -187,13 +220,16 @@ impl Core {
     /// The agent an A2A path names: by id, else by a unique name.
     ///
     /// # Errors
-    /// [`A2aError::unknown_agent`] when none (or several, by name) match.
+    /// [`A2aError::unknown_agent`] when none (or several, by name) match; MAP's refusals (a
+    /// missing `observation.canQuery` is 403, a rate limit 429).
     pub async fn resolve(&self, viewer: &Client, id_or_name: &str) -> Result<Agent, A2aError> {
         if id_or_name == GATEWAY_AGENT {
             return Err(A2aError::unknown_agent(id_or_name));
         }
-        if let Ok(agent) = viewer.get_agent(id_or_name).await {
-            return Ok(agent);
+        match viewer.get_agent(id_or_name).await {
+            Ok(agent) => return Ok(agent),
+            Err(e) if refusal(&e) => return Err(A2aError::from_map(&e, None)),
+            Err(_) => {}
         }
         let named: Vec<Agent> = self
             .agents(viewer)
@@ -216,31 +252,41 @@ impl Core {
         params: String,
         task: Option<&str>,
     ) -> Result<String, A2aError> {
-        call(&self.client, method, params, task).await
+        call(&self.books, method, params, task).await
     }
 
-    /// The A2A task `id`, as `viewer` sees it at `target`.
+    /// The A2A task `id` at `target`, as the books have it (no rule applied).
     ///
     /// # Errors
-    /// -32001 when there is no such task, `viewer` may not see it, it is not an A2A task, or it
-    /// belongs to another agent than `target`.
-    pub async fn task(
-        &self,
-        viewer: &Client,
-        target: &Target,
-        id: &str,
-    ) -> Result<Record, A2aError> {
-        let text = call(
-            viewer,
-            methods::GET,
-            json!({ "taskId": id }).to_string(),
-            Some(id),
-        )
-        .await?;
+    /// -32001 when there is no such task, it is not an A2A task, or it belongs to another agent
+    /// than `target`.
+    async fn load(&self, target: &Target, id: &str) -> Result<Record, A2aError> {
+        let text = self
+            .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
+            .await?;
         MapTask::from_wrapped(&text)
             .and_then(|t| t.record())
             .filter(|r| target.owns(r))
             .ok_or_else(|| A2aError::task_not_found(id))
+    }
+
+    /// The A2A task `id` at `target`, when `caller` controls it (`access.rs`).
+    ///
+    /// # Errors
+    /// -32001 when there is no such task, it is not an A2A task, it belongs to another agent
+    /// than `target`, or `caller` does not control it: the same answer, so that existence
+    /// does not leak.
+    pub async fn task(
+        &self,
+        caller: &Caller,
+        target: &Target,
+        id: &str,
+    ) -> Result<Record, A2aError> {
+        let record = self.load(target, id).await?;
+        if !caller.controls(&record).await {
+            return Err(A2aError::task_not_found(id));
+        }
+        Ok(record)
     }
 
     /// Writes `record` as the task's new state: `status` follows the A2A state; `result`, when
@@ -277,7 +323,7 @@ impl Core {
     }
 
     /// Reads the task, applies `change`, writes it back, all under the write lock. `change`
-    /// returns `false` to leave the task as it was.
+    /// returns an error to leave the task as it was.
     async fn modify(
         &self,
         target: &Target,
@@ -285,7 +331,7 @@ impl Core {
         change: impl FnOnce(&mut Record) -> Result<Option<RawJson>, A2aError>,
     ) -> Result<Record, A2aError> {
         let _guard = self.writing.lock().await;
-        let mut record = self.task(&self.client, target, id).await?;
+        let mut record = self.load(target, id).await?;
         let result = change(&mut record)?;
         self.write(id, &record, result.as_ref()).await?;
         Ok(record)
@@ -296,10 +342,12 @@ impl Core {
     /// `submitted`) and, when `watch`, a watcher registered before the task existed.
     ///
     /// # Errors
-    /// -32001 / -32004 for a follow-up to a task that is unknown or over; MAP failures.
+    /// 403 when the caller may not send (`messaging.canSend`) or create tasks
+    /// (`tasks.canCreate`); -32001 / -32004 for a follow-up to a task that is unknown, not the
+    /// caller's to control, or over; MAP failures.
     pub async fn send(
         &self,
-        viewer: &Client,
+        caller: &Caller,
         target: &Target,
         mut message: Message,
         metadata: Option<RawJson>,
@@ -309,8 +357,21 @@ impl Core {
         message.role = Role::User;
         let (id, first, watcher) = match message.task_id.clone() {
             Some(id) => {
-                // The caller must see the task; the gateway then changes it as its creator.
-                self.task(viewer, target, &id).await?;
+                // The caller must control the task, and may still send to its agent.
+                let current = self.task(caller, target, &id).await?;
+                caller.require(Capability::CanSend)?;
+                self.resolve(caller.session(), &current.agent)
+                    .await
+                    .map_err(|e| {
+                        if e.status == axum::http::StatusCode::NOT_FOUND {
+                            A2aError::forbidden(format!(
+                                "agent {} of task {id} is not one this caller may see",
+                                current.agent
+                            ))
+                        } else {
+                            e
+                        }
+                    })?;
                 let watcher = watch.then(|| self.feed.watch(&id));
                 let record = self
                     .modify(target, &id, |r| {
@@ -347,6 +408,8 @@ impl Core {
                         "the router endpoint takes follow-ups only (message.taskId); send new tasks to /a2a/agents/{agentId}",
                     ));
                 };
+                // NB: checked before anything is made: a caller who may not send creates no task.
+                caller.require(Capability::CanSend)?;
                 let id = format!("task-{}", crate::protocol::ids::Ulid::random());
                 let context_id = message
                     .context_id
@@ -365,12 +428,13 @@ impl Core {
                     update: None,
                     agent: agent.id.to_string(),
                     metadata,
+                    owner: caller.owner(),
                 };
                 if let Some(config) = push {
                     self.push.set(&id, config)?;
                 }
                 let watcher = watch.then(|| self.feed.watch(&id));
-                if let Err(e) = self.create(&id, agent, &message, &record).await {
+                if let Err(e) = create(caller.session(), &id, agent, &message, &record).await {
                     self.push.forget(&id);
                     return Err(e);
                 }
@@ -428,61 +492,18 @@ impl Core {
         Ok((id, first, watcher))
     }
 
-    async fn create(
-        &self,
-        id: &str,
-        agent: &Agent,
-        message: &Message,
-        record: &Record,
-    ) -> Result<(), A2aError> {
-        #[derive(Serialize)]
-        struct Meta<'a> {
-            a2a: &'a Record,
-        }
-        #[derive(Serialize)]
-        struct Task<'a> {
-            id: &'a str,
-            assignee: &'a str,
-            title: String,
-            status: &'a str,
-            meta: Meta<'a>,
-        }
-        #[derive(Serialize)]
-        struct Create<'a> {
-            task: Task<'a>,
-        }
-        let title: String = message
-            .parts
-            .iter()
-            .find_map(|p| p.text.as_deref())
-            .unwrap_or("A2A task")
-            .chars()
-            .take(80)
-            .collect();
-        let params = serde_json::to_string(&Create {
-            task: Task {
-                id,
-                assignee: agent.id.as_str(),
-                title,
-                status: record.state.map_status(),
-                meta: Meta { a2a: record },
-            },
-        })
-        .map_err(A2aError::internal)?;
-        self.call(methods::CREATE, params, None).await.map(drop)
-    }
-
     /// `CancelTask`: tells the agent (`{"a2a": {"cancel": id}}`) and ends the task `canceled`.
     ///
     /// # Errors
-    /// -32001, or -32002 when the task has already ended.
+    /// -32001 (also a task the caller does not control), or -32002 when the task has already
+    /// ended.
     pub async fn cancel(
         &self,
-        viewer: &Client,
+        caller: &Caller,
         target: &Target,
         id: &str,
     ) -> Result<Record, A2aError> {
-        self.task(viewer, target, id).await?;
+        self.task(caller, target, id).await?;
         let record = self
             .modify(target, id, |r| {
                 if r.state.is_terminal() {
@@ -507,31 +528,24 @@ impl Core {
         Ok(record)
     }
 
-    /// `ListTasks`: the A2A tasks of `target`, newest MAP page first as MAP lists them.
+    /// `ListTasks`: the A2A tasks of `target` that `caller` controls, in creation order, at
+    /// most `limit`; and the token of the next page, if there may be one (the id of the last
+    /// task looked at, a MAP cursor).
+    ///
+    /// The books list every task; the caller's are picked out page by page (`limit` tasks,
+    /// then [`LIST_SCAN_PAGE`] tasks a page, at most [`LIST_SCAN_PAGES`] pages a call).
     ///
     /// # Errors
-    /// MAP failures; an unknown state name is -32602.
+    /// MAP failures (an unknown page token is -32602).
     pub async fn list(
         &self,
-        viewer: &Client,
+        caller: &Caller,
         target: &Target,
         context_id: Option<&str>,
         state: Option<TaskState>,
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<(Vec<TaskView>, Option<String>), A2aError> {
-        let mut filter = serde_json::Map::new();
-        if let Target::Agent(a) = target {
-            filter.insert("assignee".into(), json!(a.id));
-        }
-        if let Some(s) = state {
-            filter.insert("status".into(), json!(s.map_status()));
-        }
-        let mut params = json!({ "filter": filter, "limit": limit });
-        if let Some(c) = cursor {
-            params["cursor"] = json!(c);
-        }
-        let text = call(viewer, methods::LIST, params.to_string(), None).await?;
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Page {
@@ -539,15 +553,45 @@ impl Core {
             #[serde(default)]
             next_cursor: Option<String>,
         }
-        let page: Page = serde_json::from_str(&text).map_err(A2aError::internal)?;
-        let tasks = page
-            .tasks
-            .iter()
-            .filter_map(|t| t.record().map(|r| r.view(&t.id)))
-            .filter(|v| context_id.is_none_or(|c| v.context_id == c))
-            .filter(|v| state.is_none_or(|s| v.state == s))
-            .collect();
-        Ok((tasks, page.next_cursor))
+        let mut filter = serde_json::Map::new();
+        if let Target::Agent(a) = target {
+            filter.insert("assignee".into(), json!(a.id));
+        }
+        if let Some(s) = state {
+            filter.insert("status".into(), json!(s.map_status()));
+        }
+        let mut out = Vec::new();
+        let mut cursor = cursor.map(str::to_owned);
+        for page in 0..LIST_SCAN_PAGES {
+            let size = if page == 0 { limit } else { LIST_SCAN_PAGE };
+            let mut params = json!({ "filter": filter, "limit": size });
+            if let Some(c) = &cursor {
+                params["cursor"] = json!(c);
+            }
+            let text = self.call(methods::LIST, params.to_string(), None).await?;
+            let page: Page = serde_json::from_str(&text).map_err(A2aError::internal)?;
+            let last = page.tasks.len();
+            for (i, t) in page.tasks.iter().enumerate() {
+                let Some(record) = t.record() else { continue };
+                let view = record.view(&t.id);
+                if context_id.is_some_and(|c| view.context_id != c)
+                    || state.is_some_and(|s| view.state != s)
+                    || !caller.controls(&record).await
+                {
+                    continue;
+                }
+                out.push(view);
+                if out.len() == limit as usize {
+                    let more = i + 1 < last || page.next_cursor.is_some();
+                    return Ok((out, more.then(|| t.id.clone())));
+                }
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok((out, None)),
+            }
+        }
+        Ok((out, cursor))
     }
 
     // -----------------------------------------------------------------------------------------
@@ -568,7 +612,7 @@ impl Core {
         let from = message.from.clone();
         let outcome = async {
             let _guard = self.writing.lock().await;
-            let mut record = self.task(&self.client, &Target::Router, &id).await?;
+            let mut record = self.load(&Target::Router, &id).await?;
             if record.agent != from {
                 return Err(A2aError::invalid_request(format!(
                     "{from} is not the agent of task {id}"
@@ -617,4 +661,56 @@ impl Core {
             tracing::debug!(task = %id, from = %from, error = %e, "a2a gateway: agent message not applied");
         }
     }
+}
+
+/// Whether a MAP error is a refusal to pass on (a grant, a rate limit, a quota), rather than
+/// "no such agent".
+fn refusal(e: &ClientError) -> bool {
+    matches!(e, ClientError::Rpc { code, .. } if [1003, 4001, 4002].contains(&code.0))
+}
+
+/// `map/tasks/create` of the A2A task `id`, made by `session` (the caller's): MAP applies the
+/// caller's `tasks.canCreate` and the assignee's visibility to the caller.
+async fn create(
+    session: &Client,
+    id: &str,
+    agent: &Agent,
+    message: &Message,
+    record: &Record,
+) -> Result<(), A2aError> {
+    #[derive(Serialize)]
+    struct Meta<'a> {
+        a2a: &'a Record,
+    }
+    #[derive(Serialize)]
+    struct Task<'a> {
+        id: &'a str,
+        assignee: &'a str,
+        title: String,
+        status: &'a str,
+        meta: Meta<'a>,
+    }
+    #[derive(Serialize)]
+    struct Create<'a> {
+        task: Task<'a>,
+    }
+    let title: String = message
+        .parts
+        .iter()
+        .find_map(|p| p.text.as_deref())
+        .unwrap_or("A2A task")
+        .chars()
+        .take(80)
+        .collect();
+    let params = serde_json::to_string(&Create {
+        task: Task {
+            id,
+            assignee: agent.id.as_str(),
+            title,
+            status: record.state.map_status(),
+            meta: Meta { a2a: record },
+        },
+    })
+    .map_err(A2aError::internal)?;
+    call(session, methods::CREATE, params, None).await.map(drop)
 }

@@ -179,7 +179,9 @@ impl Router {
                 .sessions
                 .get(&session_id)
                 .filter(|s| s.conn.is_none())
-                .and_then(|s| s.principal.as_ref().map(|p| p.id.clone()));
+                .and_then(|s| s.principal.as_ref())
+                .filter(|p| !crate::auth::is_service(p))
+                .map(|p| p.id.clone());
             if let Some(principal) = detached_principal {
                 self.check_principal_quota(&principal)?;
             }
@@ -243,7 +245,13 @@ impl Router {
             principal,
             auth_epoch: 0,
         };
-        if let Some(principal) = &session.principal {
+        // NB: the router's service principal (the gateways' own sessions) is not an identity
+        // to bound: its sessions are the router's, a fixed few.
+        if let Some(principal) = session
+            .principal
+            .as_ref()
+            .filter(|p| !crate::auth::is_service(p))
+        {
             self.check_principal_quota(&principal.id)?;
         }
         let session_id = session.id.clone();
