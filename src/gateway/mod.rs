@@ -23,6 +23,7 @@
 
 pub mod a2a;
 pub mod callers;
+pub mod guard;
 pub mod config;
 pub mod context;
 pub mod directory;
