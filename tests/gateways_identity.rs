@@ -971,3 +971,61 @@ async fn outside_senders_sessions_close_when_idle() {
     assert_eq!(r.status, 200, "{}", text(&r));
     assert_eq!(inbox_next(&mut inbox).await.from, from);
 }
+
+#[tokio::test]
+async fn an_im_connection_ends_when_its_credential_expires() {
+    const SECRET: &str = "a-shared-hs256-secret-of-32-bytes-or-more";
+    let (_server, addr, _url) = identity_server(|c| {
+        c.auth.jwt.secret = Some(Secret(SECRET.into()));
+        c.auth.jwt.issuer = map_router::auth::config::OneOrMany::One("https://issuer.test".into());
+        c.auth.jwt.audience = map_router::auth::config::OneOrMany::One("map-router-test".into());
+        c.auth.jwt.leeway_secs = 0;
+        c.gateways.im.heartbeat_timeout_ms = 60_000;
+    })
+    .await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &json!({"sub": "alice", "iss": "https://issuer.test", "aud": "map-router-test",
+                "iat": now, "exp": now + 2}),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap();
+    let uri = "agent://alice.example/jwt";
+    let mut s = registered(addr, &token, uri).await;
+    // Still served before the expiry...
+    send_frame(&mut s, json!({"type": "heartbeat"})).await;
+    assert_eq!(
+        within(Duration::from_secs(2), async {
+            loop {
+                if let Some(Ok(Ws::Text(t))) = s.next().await {
+                    return serde_json::from_str::<Value>(t.as_str()).unwrap();
+                }
+            }
+        })
+        .await["type"],
+        "heartbeat_ack"
+    );
+    // ...then closed with the router's own code, and the agent is offline.
+    let code = within(Duration::from_secs(6), async {
+        loop {
+            match s.next().await {
+                Some(Ok(Ws::Close(c))) => return c.map(|c| u16::from(c.code)),
+                Some(Ok(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+    .await;
+    assert_eq!(code, Some(4001));
+    poll_as(
+        addr,
+        &format!("/gateway/status/{}", encoded(uri)),
+        ALICE,
+        |r| r.status == 200 && r.json()["status"] == "offline",
+    )
+    .await;
+}

@@ -222,3 +222,56 @@ impl GatewaySettings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<GatewaySettings, String> {
+        let s: GatewaySettings = toml::from_str(text).map_err(|e| e.to_string())?;
+        s.validate().map(|()| s)
+    }
+
+    #[test]
+    fn namespaces_and_remote_principals() {
+        let s = parse(
+            r#"
+session_idle_ms = 500
+[mamp]
+namespaces = { alice = "agent://alice.example/", bob = ["agent://bob.example/", "agent://bob.dev/x/"] }
+[[mamp.remote]]
+uri = "agent://other.example/a"
+endpoint = "http://127.0.0.1:9"
+principal = "partner"
+"#,
+        )
+        .unwrap();
+        assert_eq!(s.session_idle(), Duration::from_millis(500));
+        assert_eq!(
+            s.mamp.namespaces["bob"].iter().collect::<Vec<_>>(),
+            ["agent://bob.example/", "agent://bob.dev/x/"]
+        );
+        assert_eq!(s.mamp.remote[0].principal.as_deref(), Some("partner"));
+        assert_eq!(
+            GatewaySettings::default().session_idle_ms,
+            DEFAULT_SESSION_IDLE_MS
+        );
+        for bad in [
+            "agent://alice.example",
+            "agent:///x/",
+            "http://alice.example/",
+            "agent://alice.example/bots",
+        ] {
+            let e = parse(&format!("[mamp]\nnamespaces = {{ alice = \"{bad}\" }}")).unwrap_err();
+            assert!(e.contains("gateways.mamp.namespaces.alice"), "{bad}: {e}");
+        }
+        let many: String = (0..=MAX_MAMP_REMOTES)
+            .map(|i| {
+                format!(
+                    "[[mamp.remote]]\nuri = \"agent://r.example/{i}\"\nendpoint = \"http://127.0.0.1:9\"\n"
+                )
+            })
+            .collect();
+        assert!(parse(&many).unwrap_err().contains("at most"));
+    }
+}

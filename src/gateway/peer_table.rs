@@ -9,9 +9,9 @@
 //!   configuration (`config::MAX_MAMP_REMOTES`);
 //! - an outside sender's peer belongs to the caller that posted as it (a [`Subject`]): a
 //!   session of the caller's own principal, so it uses that principal's session quota and
-//!   nobody else's. At most [`MAX_PEERS_PER_OWNER`] per owner and [`MAX_PEERS`] in all: past
-//!   either, the least recently used one (of that owner, then of anybody) is closed to make
-//!   room, which costs nothing but a new session on its next message (nobody outside can
+//!   nobody else's. At most [`MAX_PEERS_PER_OWNER`] per principal and [`MAX_PEERS`] in all
+//!   (with authentication off, the one anonymous caller has only the latter): past either,
+//!   the least recently used one (of that owner, then of anybody) is closed to make room, which costs nothing but a new session on its next message (nobody outside can
 //!   receive what is sent to it). The sweeper (`peers.rs`) closes those unused for
 //!   `[gateways] session_idle_ms`.
 //!

@@ -12,12 +12,15 @@
 //! (id = `agent_uri`), so its grants (`lifecycle.canRegister`, `messaging.canSend`), quotas and
 //! ids apply as over MAP. A URI that is not the caller's to take is refused with an error frame
 //! `forbidden` and close 4003 (docs/gateways.md, "Who may register which URI"); a quota with
-//! `quota_exceeded` and close 4029. Any frame counts as a sign of life; after
+//! `quota_exceeded` and close 4029. A credential that expires (a JWT's `exp`, plus the
+//! configured leeway) ends the connection as it ends a MAP session: close 4001 "credential
+//! expired". Any frame counts as a sign of life; after
 //! `heartbeat_timeout_ms` without one the connection is closed (4008 "heartbeat timeout") and
 //! so is the MAP session, so the router reports the agent offline. Owns nothing beyond the
 //! connection's lifetime.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
@@ -49,6 +52,8 @@ const CLOSE_NOT_REGISTERED: u16 = 4001;
 const CLOSE_FORBIDDEN: u16 = 4003;
 /// Close code of a registration refused by a quota (HTTP's 429).
 const CLOSE_QUOTA: u16 = 4029;
+/// Close code of a connection whose credential expired (the router's own, for MAP sessions).
+const CLOSE_CREDENTIAL_EXPIRED: u16 = 4001;
 
 /// The upgrade; the caller was authenticated before it (`caller.rs`), so a connection without
 /// a valid credential never opens.
@@ -142,6 +147,14 @@ async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, mut socket: WebS
         Err(_) => return,
     };
     let mut deadline = Instant::now() + timeout;
+    let expiry = expiry_of(&im.ctx, &caller);
+    let expired = async move {
+        match expiry {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
     loop {
         tokio::select! {
             frame = socket.recv() => {
@@ -178,6 +191,10 @@ async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, mut socket: WebS
                 close(&mut socket, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout").await;
                 break;
             }
+            () = &mut expired => {
+                close(&mut socket, CLOSE_CREDENTIAL_EXPIRED, "credential expired").await;
+                break;
+            }
         }
     }
     im.table.disconnected(&uri, conn);
@@ -185,6 +202,15 @@ async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, mut socket: WebS
     // A lost transport for the router: the agent goes offline (orphaned, reclaimable by the
     // next registration of the same principal under the same URI).
     let _ = client.close().await;
+}
+
+/// When the caller's credential stops being accepted: its expiry plus the authenticator's
+/// leeway, as the router reckons a MAP session's (`None`: it does not expire).
+fn expiry_of(ctx: &GatewayContext, caller: &Caller) -> Option<Instant> {
+    let at = caller.principal.as_ref()?.expires_at?;
+    let leeway = ctx.auth.as_ref().map_or(Duration::ZERO, |a| a.leeway());
+    let left = Duration::from_millis(at.saturating_sub(crate::gateway::wire::now_ms()));
+    Some(Instant::now() + left + leeway)
 }
 
 /// Sends `failure` as an error frame, then closes with `code`.
