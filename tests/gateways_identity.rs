@@ -815,8 +815,8 @@ async fn h6_a_hundred_outside_senders_disable_nothing_for_anyone_else() {
 
 #[tokio::test]
 async fn quota_refusals_name_the_quota_and_stay_with_their_principal() {
-    // Three: the service principal holds as many (the read model, the public view, the
-    // configured remote agent).
+    // Three, so that the service principal's own sessions (the read model, the public view,
+    // the configured remote agent) fit under it too, where they are counted.
     let (_server, addr, _url) = identity_server(|c| c.limits.max_sessions_per_principal = 3).await;
     let _one = registered(addr, ALICE, "agent://alice.example/one").await;
     let mut two = registered(addr, ALICE, "agent://alice.example/two").await;

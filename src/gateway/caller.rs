@@ -20,8 +20,8 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::gateway::context::{closing, GatewayContext};
-use crate::gateway::wire::{bearer, error_response};
+use crate::auth::Authenticator;
+use crate::gateway::wire::{bearer, closing, error_response};
 use crate::protocol::methods::session::Principal;
 
 /// Who owns something a gateway opened for a caller (an IM agent's URI, an outside sender's
@@ -95,13 +95,14 @@ fn credential(request: &Request) -> Option<String> {
     query.get("token").cloned()
 }
 
-/// The middleware: a [`Caller`] in the request's extensions, or a 401.
+/// The middleware, over the router's authenticator (`None`: authentication is off): a
+/// [`Caller`] in the request's extensions, or a 401.
 pub async fn authenticate(
-    State(ctx): State<Arc<GatewayContext>>,
+    State(auth): State<Option<Arc<Authenticator>>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(auth) = ctx.auth.as_ref() else {
+    let Some(auth) = auth.as_ref() else {
         request.extensions_mut().insert(Caller {
             principal: None,
             sees_all: true,

@@ -25,10 +25,10 @@ pub const DEFAULT_IM_MAX_FRAME_BYTES: usize = 1 << 20;
 /// after its last use: long enough for a conversation's back and forth, short enough that a
 /// caller who went away does not hold one of its principal's sessions for long.
 pub const DEFAULT_SESSION_IDLE_MS: u64 = 60_000;
-/// Most `[[gateways.mamp.remote]]` entries. Each is a MAP session of the router's service
-/// principal for as long as the router runs, and the service's sessions (these, the gateways'
-/// read models, the A2A gateway's) count against `[limits] max_sessions_per_principal` (64 by
-/// default) like anybody's.
+/// Most `[[gateways.mamp.remote]]` entries. Each is a MAP session and agent of the router's
+/// service principal for as long as the router runs: the configuration alone decides how many
+/// sessions the service holds for them, and this keeps that number small (well within
+/// `[limits] max_sessions_per_principal`, where the service's sessions are counted).
 pub const MAX_MAMP_REMOTES: usize = 32;
 
 /// `[gateways]`.

@@ -15,7 +15,6 @@
 use std::sync::{Arc, OnceLock};
 
 use axum::http::{header, HeaderMap};
-use axum::response::Response;
 use tokio::sync::OnceCell;
 
 use crate::auth::Authenticator;
@@ -248,17 +247,6 @@ impl GatewayContext {
             format!("{}{}/{agent_id}", AgentUri::SCHEME, self.host())
         }
     }
-}
-
-/// `response` with `Connection: close`: for answers given before the request's body was read
-/// (401, 413), so that a keep-alive client does not send its next request on a connection
-/// whose unread body the server is about to drop with the connection.
-pub fn closing(mut response: Response) -> Response {
-    response.headers_mut().insert(
-        header::CONNECTION,
-        axum::http::HeaderValue::from_static("close"),
-    );
-    response
 }
 
 /// A MAP agent by id, else by unique name (as `client`, which sees what it may see).

@@ -1,5 +1,6 @@
 //! The small shared pieces of both gateways, with no state: `agent://` URIs, times in the
-//! seeds' format, the seeds' error body, JSON answers, the bearer header, [`GatewayError`] and
+//! seeds' format, the seeds' error body, JSON answers, the bearer header, early answers that
+//! close the connection ([`closing`]), [`GatewayError`] and
 //! [`Failure`] (what a request failed with, before each edge renders it: an HTTP answer, or an
 //! IM error frame).
 
@@ -145,6 +146,17 @@ impl<T: serde::Serialize> IntoResponse for Json<T> {
             Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         }
     }
+}
+
+/// `response` with `Connection: close`: for answers given before the request's body was read
+/// (401, 413), so that a keep-alive client does not send its next request on a connection
+/// whose unread body the server is about to drop with the connection.
+pub fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// The token of an `Authorization: Bearer` header.

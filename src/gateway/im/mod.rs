@@ -27,11 +27,13 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::gateway::caller::{authenticate, Caller};
-use crate::gateway::context::{closing, granted, GatewayContext};
+use crate::gateway::context::{granted, GatewayContext};
 use crate::gateway::directory::View;
 use crate::gateway::im::sender::{unknown_agent, Im};
 use crate::gateway::senders::in_namespace;
-use crate::gateway::wire::{error_response, iso8601, AgentUri, Failure, GatewayError, Json};
+use crate::gateway::wire::{
+    closing, error_response, iso8601, AgentUri, Failure, GatewayError, Json,
+};
 use crate::protocol::capabilities::Capability;
 use crate::protocol::methods::session::SessionList;
 
@@ -46,7 +48,10 @@ pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
         .route("/api/contacts", get(contacts))
         .route("/api/contacts/{*rest}", get(contact))
         .route("/api/traces/{id}/collaborators", get(collaborators))
-        .route_layer(axum::middleware::from_fn_with_state(ctx, authenticate))
+        .route_layer(axum::middleware::from_fn_with_state(
+            ctx.auth.clone(),
+            authenticate,
+        ))
         .with_state(im)
 }
 

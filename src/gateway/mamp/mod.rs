@@ -30,11 +30,11 @@ use serde_json::{json, Value};
 
 use crate::client::Client;
 use crate::gateway::caller::{authenticate, Caller};
-use crate::gateway::context::{closing, granted, resolve, resolve_target, GatewayContext};
+use crate::gateway::context::{granted, resolve, resolve_target, GatewayContext};
 use crate::gateway::peers::{self, PeerFor};
 use crate::gateway::senders::{mamp_sender, MampSender};
 use crate::gateway::wire::{
-    error_response, gateway_error_response, AgentUri, Failure, GatewayError, Json,
+    closing, error_response, gateway_error_response, AgentUri, Failure, GatewayError, Json,
 };
 use crate::protocol::capabilities::Capability;
 use crate::protocol::json::RawJson;
@@ -48,7 +48,7 @@ pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
         .route("/mamp/v1/agents/{agent_id}/card", get(agent_card))
         .route("/mamp/v1/messages", post(receive))
         .route_layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&ctx),
+            ctx.auth.clone(),
             authenticate,
         ))
         .route("/mamp/v1/card", get(router_card))
