@@ -537,7 +537,12 @@ async fn h1_senders_are_proven_not_claimed() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", text(&r));
-    assert_eq!(inbox_next(&mut echo_inbox).await.from, "im:bob");
+    // From bob's own session: not alice's agent, nor any name bob could have claimed.
+    let from_bob = inbox_next(&mut echo_inbox).await.from;
+    assert!(
+        ![alice_pc_uri, "alice-echo", PARTNER].contains(&from_bob.as_str()),
+        "{from_bob}"
+    );
     let r = post_as(
         addr,
         "/gateway/send",

@@ -158,8 +158,9 @@ impl GatewayContext {
 
     /// The caller's own MAP session, shared by its requests while it keeps calling (one per
     /// principal): a `system` participant when it may see everything, else a `client`, with
-    /// its principal's grants, quotas and visibility. Participant id `im:<principal id>`
-    /// (when free), so what it sends comes from one recognisable sender.
+    /// its principal's grants, quotas and visibility. Its participant id is the router's to
+    /// choose: a fixed one (`im:<principal>`) could be taken first over MAP by somebody else,
+    /// who would then send under what looks like the caller's name.
     ///
     /// # Errors
     /// As [`GatewayContext::open_as`].
@@ -174,7 +175,6 @@ impl GatewayContext {
             .get(caller.principal.as_ref(), || {
                 ClientOptions::new()
                     .participant_type(kind)
-                    .participant_id(format!("im:{name}"))
                     .name(format!("MAMP/IM caller {name}"))
             })
             .await
