@@ -279,12 +279,10 @@ async fn mamp_refuses_hostile_input() {
 
 #[tokio::test]
 async fn mamp_checks_the_bearer_with_the_routers_auth() {
-    std::env::set_var("GW_TEST_KEYS", "secret-key-0123456789");
+    // Authentication on, and nothing else configured: no trusted transport is needed.
+    std::env::set_var("GW_TEST_KEYS", "secret-key-0123456789 tester");
     let (_server, addr, _url) = server(|c| {
-        c.auth = toml::from_str(
-            "trusted_transports = [\"supervised\", \"in-process\"]\n[api_keys]\nkeys_env = \"GW_TEST_KEYS\"\n",
-        )
-        .unwrap();
+        c.auth = toml::from_str("[api_keys]\nkeys_env = \"GW_TEST_KEYS\"\n").unwrap();
     })
     .await;
     let card = get(addr, "/mamp/v1/card").await.json();
@@ -300,12 +298,26 @@ async fn mamp_checks_the_bearer_with_the_routers_auth() {
         401,
         "unauthorized",
     );
-    // A good key gets past authentication (and finds no such agent).
+    // A good key gets past authentication; its `from` must then be its own...
     assert_error(
         &post(
             addr,
             "/mamp/v1/messages",
             &body,
+            Some("secret-key-0123456789"),
+        )
+        .await,
+        403,
+        "forbidden",
+    );
+    // ...as one in its default namespace is (and there is no such agent).
+    let mut own: Value = serde_json::from_slice(&body).unwrap();
+    own["from"] = "agent://tester@remote.example/caller".into();
+    assert_error(
+        &post(
+            addr,
+            "/mamp/v1/messages",
+            own.to_string().as_bytes(),
             Some("secret-key-0123456789"),
         )
         .await,
@@ -701,6 +713,7 @@ async fn mamp_remote_agents_are_map_agents_and_a_dead_endpoint_breaks_nothing() 
             endpoint: "http://127.0.0.1:9".into(),
             token: None,
             name: Some("Code Analyst".into()),
+            principal: None,
         }];
     })
     .await;

@@ -1,9 +1,12 @@
 //! `[gateways]`: the settings of the MAMP and IM gateways (docs/gateways.md), with the reason
 //! for each default. Parsed by `server::config` as part of the config file.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::gateway::wire::AgentUri;
 
 /// Default largest MAMP message: the seed's own card advertises 10 MiB (`max_message_size`).
 pub const DEFAULT_MAMP_MAX_MESSAGE_SIZE: usize = 10 * 1024 * 1024;
@@ -18,9 +21,18 @@ pub const DEFAULT_IM_HEARTBEAT_TIMEOUT_MS: u64 = 90_000;
 pub const DEFAULT_IM_REGISTER_TIMEOUT_MS: u64 = 10_000;
 /// Default largest IM frame (the router's default MAP frame limit).
 pub const DEFAULT_IM_MAX_FRAME_BYTES: usize = 1 << 20;
+/// Default time a caller's MAP session, or the session of an outside MAMP sender, stays open
+/// after its last use: long enough for a conversation's back and forth, short enough that a
+/// caller who went away does not hold one of its principal's sessions for long.
+pub const DEFAULT_SESSION_IDLE_MS: u64 = 60_000;
+/// Most `[[gateways.mamp.remote]]` entries. Each is a MAP session and agent of the router's
+/// service principal for as long as the router runs: the configuration alone decides how many
+/// sessions the service holds for them, and this keeps that number small (well within
+/// `[limits] max_sessions_per_principal`, where the service's sessions are counted).
+pub const MAX_MAMP_REMOTES: usize = 32;
 
 /// `[gateways]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewaySettings {
     /// The host of this router's `agent://HOST/ID` URIs. Unset: the host a request was
@@ -31,6 +43,9 @@ pub struct GatewaySettings {
     pub mamp: MampSettings,
     /// `[gateways.im]`.
     pub im: ImSettings,
+    /// A caller's MAP session (and an outside MAMP sender's) is closed after this long unused,
+    /// in ms (docs/gateways.md, "Identity").
+    pub session_idle_ms: u64,
 }
 
 /// `[gateways.mamp]`.
@@ -45,6 +60,31 @@ pub struct MampSettings {
     pub request_timeout_ms: u64,
     /// `[[gateways.mamp.remote]]`: remote MAMP agents MAP agents may message.
     pub remote: Vec<RemoteMamp>,
+    /// `namespaces = { "<principal id>" = "agent://alice.example/" }` (or a list of prefixes):
+    /// the `from` URIs a principal may post as, besides its default namespace
+    /// `agent://<principal id>@HOST/...` (docs/gateways.md, "Who may send as whom").
+    pub namespaces: BTreeMap<String, Prefixes>,
+}
+
+/// One URI prefix or several.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prefixes {
+    /// `"agent://alice.example/"`.
+    One(String),
+    /// `["agent://alice.example/", "agent://alice.dev/"]`.
+    Many(Vec<String>),
+}
+
+impl Prefixes {
+    /// The prefixes.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        let list: &[String] = match self {
+            Prefixes::One(p) => std::slice::from_ref(p),
+            Prefixes::Many(v) => v,
+        };
+        list.iter().map(String::as_str)
+    }
 }
 
 impl Default for MampSettings {
@@ -54,6 +94,7 @@ impl Default for MampSettings {
             max_message_size: DEFAULT_MAMP_MAX_MESSAGE_SIZE,
             request_timeout_ms: DEFAULT_MAMP_REQUEST_TIMEOUT_MS,
             remote: Vec::new(),
+            namespaces: BTreeMap::new(),
         }
     }
 }
@@ -79,6 +120,9 @@ pub struct RemoteMamp {
     pub token: Option<String>,
     /// The MAP agent's name (default: the URI).
     pub name: Option<String>,
+    /// The principal (its id: an API key's principal or a JWT's `sub`) whose credential may
+    /// post to `/mamp/v1/messages` as this agent. Unset: nobody may (with `[auth]` on).
+    pub principal: Option<String>,
 }
 
 /// `[gateways.im]`.
@@ -119,14 +163,50 @@ impl ImSettings {
     }
 }
 
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            domain: None,
+            mamp: MampSettings::default(),
+            im: ImSettings::default(),
+            session_idle_ms: DEFAULT_SESSION_IDLE_MS,
+        }
+    }
+}
+
 impl GatewaySettings {
-    /// Checks what serde cannot: remote URIs and endpoints.
+    /// [`GatewaySettings::session_idle_ms`] as a duration.
+    pub fn session_idle(&self) -> Duration {
+        Duration::from_millis(self.session_idle_ms.max(1))
+    }
+
+    /// Checks what serde cannot: remote URIs and endpoints, namespace prefixes.
     ///
     /// # Errors
     /// What is wrong, naming the setting.
     pub fn validate(&self) -> Result<(), String> {
+        if self.mamp.remote.len() > MAX_MAMP_REMOTES {
+            return Err(format!(
+                "gateways.mamp.remote: at most {MAX_MAMP_REMOTES} remote agents (each is a \
+                 session of the router's service principal)"
+            ));
+        }
+        for (principal, prefixes) in &self.mamp.namespaces {
+            for prefix in prefixes.iter() {
+                let host_ok = prefix
+                    .strip_prefix(AgentUri::SCHEME)
+                    .and_then(|rest| rest.split_once('/'))
+                    .is_some_and(|(host, _)| !host.is_empty());
+                if !host_ok || !prefix.ends_with('/') {
+                    return Err(format!(
+                        "gateways.mamp.namespaces.{principal}: `{prefix}` must be \
+                         agent://HOST/ with an optional path, ending in /"
+                    ));
+                }
+            }
+        }
         for r in &self.mamp.remote {
-            if crate::gateway::wire::AgentUri::parse(&r.uri).is_none() {
+            if AgentUri::parse(&r.uri).is_none() {
                 return Err(format!(
                     "gateways.mamp.remote: uri `{}` is not agent://HOST/ID",
                     r.uri
@@ -140,5 +220,58 @@ impl GatewaySettings {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<GatewaySettings, String> {
+        let s: GatewaySettings = toml::from_str(text).map_err(|e| e.to_string())?;
+        s.validate().map(|()| s)
+    }
+
+    #[test]
+    fn namespaces_and_remote_principals() {
+        let s = parse(
+            r#"
+session_idle_ms = 500
+[mamp]
+namespaces = { alice = "agent://alice.example/", bob = ["agent://bob.example/", "agent://bob.dev/x/"] }
+[[mamp.remote]]
+uri = "agent://other.example/a"
+endpoint = "http://127.0.0.1:9"
+principal = "partner"
+"#,
+        )
+        .unwrap();
+        assert_eq!(s.session_idle(), Duration::from_millis(500));
+        assert_eq!(
+            s.mamp.namespaces["bob"].iter().collect::<Vec<_>>(),
+            ["agent://bob.example/", "agent://bob.dev/x/"]
+        );
+        assert_eq!(s.mamp.remote[0].principal.as_deref(), Some("partner"));
+        assert_eq!(
+            GatewaySettings::default().session_idle_ms,
+            DEFAULT_SESSION_IDLE_MS
+        );
+        for bad in [
+            "agent://alice.example",
+            "agent:///x/",
+            "http://alice.example/",
+            "agent://alice.example/bots",
+        ] {
+            let e = parse(&format!("[mamp]\nnamespaces = {{ alice = \"{bad}\" }}")).unwrap_err();
+            assert!(e.contains("gateways.mamp.namespaces.alice"), "{bad}: {e}");
+        }
+        let many: String = (0..=MAX_MAMP_REMOTES)
+            .map(|i| {
+                format!(
+                    "[[mamp.remote]]\nuri = \"agent://r.example/{i}\"\nendpoint = \"http://127.0.0.1:9\"\n"
+                )
+            })
+            .collect();
+        assert!(parse(&many).unwrap_err().contains("at most"));
     }
 }

@@ -1,23 +1,34 @@
 //! [`GatewayContext`]: what both gateways share at run time: settings, authentication, the
-//! in-process links, the peer table, and the service session with its read model.
+//! in-process links, the callers' sessions, the peer table, and the service sessions with
+//! their read model.
+//!
+//! Every MAP session the MAMP and IM gateways open is somebody's (docs/gateways.md,
+//! "Identity"): a caller's ([`GatewayContext::caller_session`], one per principal, or one
+//! opened as its principal for an IM connection or an outside sender), or the router's
+//! service principal's for the gateways' own bookkeeping (the read model, the public view,
+//! configured remote agents), which no participant can connect as, register under or exhaust.
+//! Never the `in-process` transport's shared principal.
 //!
 //! Must not hold routing state: who is registered, online or in which conversation is the
 //! router's (read through MAP calls and the event log, `directory.rs`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::{header, HeaderMap};
 use tokio::sync::OnceCell;
 
 use crate::auth::Authenticator;
-use crate::client::{Client, ClientOptions};
+use crate::client::{Client, ClientError, ClientOptions};
+use crate::gateway::caller::Caller;
+use crate::gateway::callers::CallerSessions;
 use crate::gateway::config::GatewaySettings;
 use crate::gateway::directory::Directory;
 use crate::gateway::peer_table::PeerTable;
-use crate::gateway::wire::{bearer, error_response, AgentUri, GatewayError};
+use crate::gateway::wire::{AgentUri, GatewayError};
 use crate::protocol::agent::Agent;
-use crate::protocol::capabilities::ParticipantType;
+use crate::protocol::capabilities::{Capability, ParticipantType};
+use crate::protocol::jsonrpc::ErrorCode;
+use crate::protocol::methods::session::Principal;
 use crate::transport::in_process::InProcessLinks;
 
 /// Everything a gateway needs, shared by its routes and tasks.
@@ -25,7 +36,7 @@ pub struct GatewayContext {
     /// `[gateways]`.
     pub settings: GatewaySettings,
     /// The router's authenticator (`None`: authentication off). Bearer tokens of MAMP and IM
-    /// requests are checked against it, as `GET /metrics` does.
+    /// requests are checked against it (`caller.rs`), as `GET /metrics` does.
     pub auth: Option<Arc<Authenticator>>,
     /// The router's name (the router card's `name`).
     pub router_name: String,
@@ -34,11 +45,14 @@ pub struct GatewayContext {
     pub default_host: String,
     /// Opens in-process MAP connections (the server).
     links: Arc<dyn InProcessLinks + Send + Sync>,
-    /// The gateway's own session (a `system` participant) and its read model, opened on
-    /// first use so that a router whose gateways nobody uses has no extra session.
+    /// The service sessions and the read model, opened on first use so that a router whose
+    /// gateways nobody uses has no extra session.
     service: OnceCell<Service>,
+    /// The callers' own sessions, one per principal (made on first use: its sweeper needs the
+    /// runtime).
+    callers: OnceLock<Arc<CallerSessions>>,
     /// The sessions standing for outside agents.
-    pub peers: PeerTable,
+    pub peers: Arc<PeerTable>,
 }
 
 impl std::fmt::Debug for GatewayContext {
@@ -50,13 +64,33 @@ impl std::fmt::Debug for GatewayContext {
     }
 }
 
-/// The gateway's service session and the read model it feeds.
+/// The gateways' service session and the read model it feeds.
 #[derive(Debug, Clone)]
 pub struct Service {
-    /// A `system` participant: sees every agent and event, owns no agent.
+    /// A `system` participant of the service principal: sees every agent and event, owns no
+    /// agent.
     pub client: Client,
     /// Contacts, presence and conversations folded from the event log.
     pub directory: Arc<Directory>,
+}
+
+/// Whether `client`'s session was granted `cap` (its principal's grant, fixed when it opened).
+pub fn granted(client: &Client, cap: Capability) -> bool {
+    client.session().is_some_and(|s| s.capabilities.has(cap))
+}
+
+/// The error for a session the router would not open: a quota (4002, whose message names it),
+/// a refusal (1003), else the router being unavailable.
+fn refused_session(whose: &str, e: ClientError) -> GatewayError {
+    match &e {
+        ClientError::Rpc { code, message, .. } if *code == ErrorCode::QUOTA_EXCEEDED => {
+            GatewayError::Quota(format!("{whose}: {message}"))
+        }
+        ClientError::Rpc { code, message, .. } if *code == ErrorCode::PERMISSION_DENIED => {
+            GatewayError::Forbidden(format!("{whose}: {message}"))
+        }
+        _ => GatewayError::Unavailable(format!("the router refused {whose} ({e})")),
+    }
 }
 
 impl GatewayContext {
@@ -75,48 +109,102 @@ impl GatewayContext {
             default_host,
             links,
             service: OnceCell::new(),
-            peers: PeerTable::default(),
+            callers: OnceLock::new(),
+            peers: Arc::new(PeerTable::default()),
         }
     }
 
-    /// Opens an in-process MAP session.
+    /// Opens an in-process MAP session as `principal` (`None`: authentication is off, and
+    /// the session is anonymous like every MAP participant's).
     ///
     /// # Errors
-    /// [`GatewayError::Unavailable`] when the router refuses it (with `[auth]` on, the
-    /// `in-process` transport must be trusted: docs/gateways.md).
-    pub async fn open_session(&self, options: ClientOptions) -> Result<Client, GatewayError> {
-        Client::in_process(&*self.links, options)
-            .await
-            .map_err(|e| {
-                GatewayError::Unavailable(format!(
-                    "the router refused the gateway's in-process session ({e}); with [auth] on, \
-                     add \"in-process\" to auth.trusted_transports"
-                ))
-            })
+    /// [`GatewayError::Quota`] naming the quota the router applied (4002),
+    /// [`GatewayError::Forbidden`] for a refusal (1003), else [`GatewayError::Unavailable`].
+    pub async fn open_as(
+        &self,
+        principal: Option<&Principal>,
+        options: ClientOptions,
+    ) -> Result<Client, GatewayError> {
+        let opened = match principal {
+            Some(p) => Client::in_process_as(&*self.links, p.clone(), options).await,
+            None => Client::in_process(&*self.links, options).await,
+        };
+        opened.map_err(|e| {
+            let whose = principal.map_or_else(
+                || "a session for the caller".to_owned(),
+                |p| format!("a session for principal {}", p.id),
+            );
+            refused_session(&whose, e)
+        })
     }
 
-    /// The service session, opened (and its read model started) on first use. It runs as the
-    /// router's service principal (`auth::service_principal`), with or without `[auth]`.
+    /// Opens a session of the router's service principal (`auth::service_principal`), with
+    /// or without `[auth]`.
     ///
     /// # Errors
-    /// As [`GatewayContext::open_session`].
+    /// As [`GatewayContext::open_as`].
+    pub async fn open_service(&self, options: ClientOptions) -> Result<Client, GatewayError> {
+        Client::in_process_as(&*self.links, crate::auth::service_principal(), options)
+            .await
+            .map_err(|e| refused_session("the gateways' service session", e))
+    }
+
+    /// The callers' sessions.
+    fn callers(&self) -> &Arc<CallerSessions> {
+        self.callers.get_or_init(|| {
+            CallerSessions::new(Arc::clone(&self.links), self.settings.session_idle())
+        })
+    }
+
+    /// The caller's own MAP session, shared by its requests while it keeps calling (one per
+    /// principal): a `system` participant when it may see everything, else a `client`, with
+    /// its principal's grants, quotas and visibility. Its participant id is the router's to
+    /// choose: a fixed one (`im:<principal>`) could be taken first over MAP by somebody else,
+    /// who would then send under what looks like the caller's name.
+    ///
+    /// # Errors
+    /// As [`GatewayContext::open_as`].
+    pub async fn caller_session(&self, caller: &Caller) -> Result<Client, GatewayError> {
+        let kind = if caller.sees_all {
+            ParticipantType::System
+        } else {
+            ParticipantType::Client
+        };
+        let name = caller.name().to_owned();
+        self.callers()
+            .get(caller.principal.as_ref(), || {
+                ClientOptions::new()
+                    .participant_type(kind)
+                    .name(format!("MAMP/IM caller {name}"))
+            })
+            .await
+            .map_err(|e| refused_session(&format!("a session for principal {name}"), e))
+    }
+
+    /// The service session, opened (and its read model started) on first use. With `[auth]`
+    /// on, a second service session, an ordinary `client`, follows which agents an ordinary
+    /// participant may see (`Directory`'s public view).
+    ///
+    /// # Errors
+    /// As [`GatewayContext::open_as`].
     pub async fn service(&self) -> Result<&Service, GatewayError> {
         self.service
             .get_or_try_init(|| async {
-                let client = Client::in_process_as(
-                    &*self.links,
-                    crate::auth::service_principal(),
-                    ClientOptions::new()
-                        .participant_type(ParticipantType::System)
-                        .name("gateway"),
-                )
-                .await
-                .map_err(|e| {
-                    GatewayError::Unavailable(format!(
-                        "the router refused the gateways' service session ({e})"
-                    ))
-                })?;
-                let directory = Directory::start(client.clone()).await?;
+                let client = self
+                    .open_service(
+                        ClientOptions::new()
+                            .participant_type(ParticipantType::System)
+                            .name("gateway"),
+                    )
+                    .await?;
+                let public = match self.auth {
+                    Some(_) => Some(
+                        self.open_service(ClientOptions::new().name("gateway public view"))
+                            .await?,
+                    ),
+                    None => None,
+                };
+                let directory = Directory::start(client.clone(), public).await?;
                 Ok(Service { client, directory })
             })
             .await
@@ -159,36 +247,6 @@ impl GatewayContext {
             format!("{}{}/{agent_id}", AgentUri::SCHEME, self.host())
         }
     }
-
-    /// Checks `Authorization: Bearer <token>` when authentication is on: `None` when the
-    /// request may go on, else the 401 to answer (in the seeds' error shape).
-    pub fn bearer_refusal(&self, headers: &HeaderMap) -> Option<Response> {
-        let auth = self.auth.as_ref()?;
-        let given = bearer(headers);
-        let why = match given.filter(|s| !s.is_empty()) {
-            None => "this router needs `Authorization: Bearer <API key or JWT>`".to_owned(),
-            Some(secret) => match auth.verify_bearer(secret) {
-                Ok(_) => return None,
-                Err(e) => format!("credential refused: {}", e.message),
-            },
-        };
-        Some(closing(error_response(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            &why,
-        )))
-    }
-}
-
-/// `response` with `Connection: close`: for answers given before the request's body was read
-/// (401, 413), so that a keep-alive client does not send its next request on a connection
-/// whose unread body the server is about to drop with the connection.
-pub fn closing(mut response: Response) -> Response {
-    response.headers_mut().insert(
-        header::CONNECTION,
-        axum::http::HeaderValue::from_static("close"),
-    );
-    response
 }
 
 /// A MAP agent by id, else by unique name (as `client`, which sees what it may see).
@@ -203,5 +261,31 @@ pub async fn resolve(client: &Client, id_or_name: &str) -> Option<Agent> {
     match (named.next(), named.next()) {
         (Some(a), None) => Some(a),
         _ => None,
+    }
+}
+
+/// The agent a message `to` names, as `client` sees it (so a caller reaches only what it may
+/// see): for `agent://HOST/ID` with HOST ours, our agent whose id or unique name is ID, else an
+/// agent registered under the whole URI (an IM agent, a remote MAMP agent); for another host,
+/// only the latter. A bare id or name (the IM gateway's `to`) is resolved as such.
+///
+/// Our own agents come first, so that nobody holding the URI `agent://<our host>/<id>` can
+/// catch what is sent to our agent `<id>` (an IM registration of such a URI is refused too).
+pub async fn resolve_target(
+    ctx: &GatewayContext,
+    client: &Client,
+    to: &str,
+    headers: &HeaderMap,
+) -> Option<Agent> {
+    match AgentUri::parse(to) {
+        Some(uri) if ctx.is_local_host(&uri.host, headers) => {
+            match resolve(client, &uri.id).await {
+                Some(a) => Some(a),
+                None => client.get_agent(to).await.ok(),
+            }
+        }
+        Some(_) => client.get_agent(to).await.ok(),
+        None if !to.is_empty() => resolve(client, to).await,
+        None => None,
     }
 }

@@ -8,10 +8,20 @@
 //! router answers with what happened before the restart), then follows a subscription from
 //! the last event it read. It is a reader only: it never writes to the router.
 //!
+//! Answers are per reader ([`View`]): a caller that may see everything (authentication off, or
+//! a system principal) gets the whole model; any other sees
+//! - an agent only when it is its own (the caller's closure says which ids are), or an
+//!   ordinary participant was shown its registration: the **public view**, a second service
+//!   session that is an ordinary `client` (owning nothing, in no scope) and follows
+//!   `agent_registered`, so the router's own visibility rules (exposure, `visibility`) decide
+//!   it. An agent hidden from MAP clients is never listed, counted as a peer or given a status;
+//! - a conversation (its subject, last message, participants, collaborators) only when one of
+//!   its participants is its own: mail conversations are their participants' business.
+//!
 //! Counting: a message counts once for its sender (`message_sent`) and once for each
 //! recipient it reached (`message_delivered`); its conversation is `meta.mail.conversationId`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -51,6 +61,27 @@ const PREVIEW_CHARS: usize = 200;
 pub struct Directory {
     state: Mutex<State>,
     live: Mutex<HashMap<String, Live>>,
+    /// Agent ids whose registration the public view was shown.
+    public: Mutex<HashSet<String>>,
+}
+
+/// Who reads, and so what an answer may show (module doc).
+#[derive(Clone, Copy)]
+pub enum View<'a> {
+    /// Everything.
+    All,
+    /// What an ordinary participant may see, plus what the closure says is the reader's own
+    /// (an agent id, a participant id, an IM or outside sender's URI).
+    Limited(&'a dyn Fn(&str) -> bool),
+}
+
+impl std::fmt::Debug for View<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            View::All => "View::All",
+            View::Limited(_) => "View::Limited",
+        })
+    }
 }
 
 /// A live IM connection (what `GET /gateway/agents` lists).
@@ -109,51 +140,47 @@ struct PartRec {
 }
 
 impl Directory {
-    /// Folds the retained log, then follows it live.
+    /// Folds the retained log with `client` (a system participant), then follows it live;
+    /// `public` (an ordinary participant's session, with authentication on) feeds the public
+    /// view the same way.
     ///
     /// # Errors
-    /// [`GatewayError::Map`] when the replay or the subscription fails.
-    pub async fn start(client: Client) -> Result<Arc<Self>, GatewayError> {
+    /// [`GatewayError::Map`] when a replay or a subscription fails.
+    pub async fn start(client: Client, public: Option<Client>) -> Result<Arc<Self>, GatewayError> {
         let dir = Arc::new(Self {
             state: Mutex::new(State::default()),
             live: Mutex::new(HashMap::new()),
+            public: Mutex::new(HashSet::new()),
         });
-        let filter = SubscriptionFilter {
-            event_types: Some(FOLDED.iter().map(|s| (*s).to_owned()).collect()),
-            ..SubscriptionFilter::default()
-        };
-        let mut after: Option<String> = None;
-        loop {
-            let page = client
-                .replay(ReplayParams {
-                    after_event_id: after.clone(),
-                    filter: Some(filter.clone()),
-                    limit: Some(REPLAY_PAGE),
-                    ..ReplayParams::default()
-                })
-                .await?;
-            for e in &page.events {
-                dir.fold(&e.event);
-                after = Some(e.event_id.to_string());
-            }
-            if !page.has_more || page.events.is_empty() {
-                break;
-            }
-        }
-        let mut events = client
-            .subscribe_with(SubscribeParams {
-                filter: Some(filter),
-                replay_from: Some(after.map_or(json!(0), Value::String)),
-                ..SubscribeParams::default()
-            })
+        follow(&client, FOLDED, Arc::clone(&dir), Self::fold).await?;
+        if let Some(public) = public {
+            follow(
+                &public,
+                &["agent_registered"],
+                Arc::clone(&dir),
+                Self::fold_public,
+            )
             .await?;
-        let me = Arc::clone(&dir);
-        tokio::spawn(async move {
-            while let Some(e) = events.next().await {
-                me.fold(&e.event);
-            }
-        });
+        }
         Ok(dir)
+    }
+
+    fn fold_public(&self, e: &Event) {
+        let id = e
+            .data
+            .as_ref()
+            .and_then(|d| d.to_value().get("agentId")?.as_str().map(str::to_owned));
+        if let (Some(id), Ok(mut public)) = (id, self.public.lock()) {
+            public.insert(id);
+        }
+    }
+
+    /// Whether `view` may see agent (or participant) `id`.
+    fn sees(&self, view: View<'_>, id: &str) -> bool {
+        match view {
+            View::All => true,
+            View::Limited(own) => own(id) || self.public.lock().is_ok_and(|p| p.contains(id)),
+        }
     }
 
     fn fold(&self, e: &Event) {
@@ -347,8 +374,11 @@ impl Directory {
     // -----------------------------------------------------------------------------------------
 
     /// `{agent_uri, status, last_seen}` of the agent with MAP id `id` shown as `uri`; `None`
-    /// when the directory never heard of it.
-    pub fn status(&self, id: &str, uri: &str) -> Option<Value> {
+    /// when the directory never heard of it, or `view` may not see it.
+    pub fn status(&self, id: &str, uri: &str, view: View<'_>) -> Option<Value> {
+        if !self.sees(view, id) {
+            return None;
+        }
         let live = self.live.lock().ok()?.get(id).cloned();
         let st = self.state.lock().ok()?;
         let rec = st.agents.get(id);
@@ -378,20 +408,21 @@ impl Directory {
         }))
     }
 
-    /// The live IM connections: `(uri, Live)`, sorted by URI.
-    pub fn online(&self) -> Vec<(String, Live)> {
+    /// The live IM connections `view` may see: `(uri, Live)`, sorted by URI.
+    pub fn online(&self, view: View<'_>) -> Vec<(String, Live)> {
         let mut out: Vec<_> = self
             .live
             .lock()
             .map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default();
+        out.retain(|(uri, _)| self.sees(view, uri));
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
 
-    /// Every agent that sent or received a message, or connected over IM, as contacts;
-    /// `uri_of` turns a MAP agent id into its URI.
-    pub fn contacts(&self, uri_of: &dyn Fn(&str) -> String) -> Vec<Value> {
+    /// Every agent `view` may see that sent or received a message, or connected over IM, as
+    /// contacts; `uri_of` turns a MAP agent id into its URI.
+    pub fn contacts(&self, view: View<'_>, uri_of: &dyn Fn(&str) -> String) -> Vec<Value> {
         let ids: Vec<String> = {
             let Ok(st) = self.state.lock() else {
                 return Vec::new();
@@ -402,20 +433,35 @@ impl Directory {
                 .filter(|(id, a)| a.total_messages > 0 || id.starts_with("agent://"))
                 .map(|(id, _)| id.clone())
                 .collect();
-            ids.extend(self.online().into_iter().map(|(uri, _)| uri));
+            ids.extend(self.online(view).into_iter().map(|(uri, _)| uri));
             ids.sort();
             ids.dedup();
             ids
         };
         ids.iter()
-            .filter_map(|id| self.contact(id, uri_of))
+            .filter_map(|id| self.contact(id, view, uri_of))
             .collect()
     }
 
-    /// One contact in the seed's shape, plus `status`/`last_seen`; `None` if unknown.
-    pub fn contact(&self, id: &str, uri_of: &dyn Fn(&str) -> String) -> Option<Value> {
+    /// Whether `view` takes part in conversation `c` (one of its participants is the
+    /// reader's).
+    fn takes_part(view: View<'_>, c: &ConvRec) -> bool {
+        match view {
+            View::All => true,
+            View::Limited(own) => c.participants.keys().any(|p| own(p)),
+        }
+    }
+
+    /// One contact in the seed's shape, plus `status`/`last_seen`; `None` if unknown (or not
+    /// for `view`). Its conversations and peers are those `view` may see.
+    pub fn contact(
+        &self,
+        id: &str,
+        view: View<'_>,
+        uri_of: &dyn Fn(&str) -> String,
+    ) -> Option<Value> {
         let uri = uri_of(id);
-        let status = self.status(id, &uri)?;
+        let status = self.status(id, &uri, view)?;
         let capabilities = self
             .live
             .lock()
@@ -428,6 +474,7 @@ impl Directory {
             .conversations
             .iter()
             .filter_map(|c| st.conversations.get(c).map(|r| (c, r)))
+            .filter(|(_, r)| Self::takes_part(view, r))
             .collect();
         recent.sort_by_key(|x| std::cmp::Reverse(x.1.last_message_at));
         let recent: Vec<Value> = recent
@@ -448,7 +495,12 @@ impl Directory {
                 "total_messages": a.total_messages,
             },
             "recent_conversations": recent,
-            "peers": a.peers.iter().map(|p| uri_of(p)).collect::<Vec<_>>(),
+            "peers": a
+                .peers
+                .iter()
+                .filter(|p| self.sees(view, p))
+                .map(|p| uri_of(p))
+                .collect::<Vec<_>>(),
             "tags": [],
             "pinned": false,
             "status": status["status"],
@@ -456,14 +508,24 @@ impl Directory {
         }))
     }
 
-    /// The conversations agent `id` took part in, newest first; `None` if unknown.
-    pub fn conversations_of(&self, id: &str, uri_of: &dyn Fn(&str) -> String) -> Option<Value> {
+    /// The conversations agent `id` took part in that `view` takes part in too, newest first;
+    /// `None` if the agent is unknown (or not for `view`).
+    pub fn conversations_of(
+        &self,
+        id: &str,
+        view: View<'_>,
+        uri_of: &dyn Fn(&str) -> String,
+    ) -> Option<Value> {
+        if !self.sees(view, id) {
+            return None;
+        }
         let st = self.state.lock().ok()?;
         let a = st.agents.get(id)?;
         let mut list: Vec<(&String, &ConvRec)> = a
             .conversations
             .iter()
             .filter_map(|c| st.conversations.get(c).map(|r| (c, r)))
+            .filter(|(_, r)| Self::takes_part(view, r))
             .collect();
         list.sort_by_key(|x| std::cmp::Reverse(x.1.last_message_at));
         Some(Value::Array(
@@ -483,10 +545,19 @@ impl Directory {
     }
 
     /// The collaborators of a conversation (seed 002's "active collaborators" of a trace: our
-    /// trace is the conversation); `None` if the conversation is unknown.
-    pub fn collaborators(&self, conv: &str, uri_of: &dyn Fn(&str) -> String) -> Option<Value> {
+    /// trace is the conversation); `None` if the conversation is unknown, or `view` does not
+    /// take part in it (existence does not leak).
+    pub fn collaborators(
+        &self,
+        conv: &str,
+        view: View<'_>,
+        uri_of: &dyn Fn(&str) -> String,
+    ) -> Option<Value> {
         let st = self.state.lock().ok()?;
         let c = st.conversations.get(conv)?;
+        if !Self::takes_part(view, c) {
+            return None;
+        }
         Some(Value::Array(
             c.participants
                 .iter()
@@ -513,6 +584,51 @@ impl Directory {
                 .collect(),
         ))
     }
+}
+
+/// Folds what `client` may read of the events `kinds` with `fold`: the retained log page by
+/// page, then a live subscription from the last event read.
+async fn follow(
+    client: &Client,
+    kinds: &[&str],
+    dir: Arc<Directory>,
+    fold: fn(&Directory, &Event),
+) -> Result<(), GatewayError> {
+    let filter = SubscriptionFilter {
+        event_types: Some(kinds.iter().map(|s| (*s).to_owned()).collect()),
+        ..SubscriptionFilter::default()
+    };
+    let mut after: Option<String> = None;
+    loop {
+        let page = client
+            .replay(ReplayParams {
+                after_event_id: after.clone(),
+                filter: Some(filter.clone()),
+                limit: Some(REPLAY_PAGE),
+                ..ReplayParams::default()
+            })
+            .await?;
+        for e in &page.events {
+            fold(&dir, &e.event);
+            after = Some(e.event_id.to_string());
+        }
+        if !page.has_more || page.events.is_empty() {
+            break;
+        }
+    }
+    let mut events = client
+        .subscribe_with(SubscribeParams {
+            filter: Some(filter),
+            replay_from: Some(after.map_or(json!(0), Value::String)),
+            ..SubscribeParams::default()
+        })
+        .await?;
+    tokio::spawn(async move {
+        while let Some(e) = events.next().await {
+            fold(&dir, &e.event);
+        }
+    });
+    Ok(())
 }
 
 fn conversation_summary(id: &str, c: &ConvRec) -> Value {

@@ -263,8 +263,15 @@ mod tests {
             "content-type",
             "application/a2a+json"
         )])));
-        for other in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"] {
-            assert!(!json_content_type(&headers(&[("content-type", other)])), "{other}");
+        for other in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ] {
+            assert!(
+                !json_content_type(&headers(&[("content-type", other)])),
+                "{other}"
+            );
         }
         assert!(!json_content_type(&HeaderMap::new()));
     }
@@ -280,7 +287,10 @@ mod tests {
         assert!(g.rate(&bob).is_ok());
         assert!(g.rate(&bob).is_ok());
         let wait = g.rate(&bob).expect_err("bob's burst is spent");
-        assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1), "{wait:?}");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_secs(1),
+            "{wait:?}"
+        );
         assert!(g.rate(&alice).is_ok(), "alice keeps her own budget");
     }
 
@@ -289,7 +299,13 @@ mod tests {
         let h = headers(&[("content-length", "100")]);
         let err = read_body(&h, Body::from("x"), 10, Duration::from_secs(1)).await;
         assert_eq!(err, Err(BodyError::TooLarge(Some(100))));
-        let ok = read_body(&HeaderMap::new(), Body::from("{}"), 10, Duration::from_secs(1)).await;
+        let ok = read_body(
+            &HeaderMap::new(),
+            Body::from("{}"),
+            10,
+            Duration::from_secs(1),
+        )
+        .await;
         assert_eq!(ok.unwrap(), Bytes::from_static(b"{}"));
         let endless = futures::stream::pending::<Result<Bytes, std::io::Error>>();
         let err = read_body(

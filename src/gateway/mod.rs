@@ -14,24 +14,29 @@
 //!   configured remote MAMP agents (`docs/gateways.md`).
 //! - [`im`]: the agent IM gateway (seed 002): `WS /gateway/connect`, `/gateway/*`, contacts
 //!   and collaborators (`docs/gateways.md`).
-//! - shared by MAMP and IM: `context.rs` (settings, the in-process links, the service
-//!   session), `directory.rs` (the read model folded from the event log), `peers.rs` and
-//!   `peer_table.rs` (the sessions that stand for outside agents), `outbound.rs` (MAMP POSTs),
-//!   `wire.rs` (URIs, times, error bodies), `config.rs` (`[gateways]`).
+//! - shared by MAMP and IM: `caller.rs` (who calls: the credential middleware),
+//!   `context.rs` (settings, the in-process links, the callers' and the service's sessions),
+//!   `senders.rs` (who may post as which MAMP `from`), `directory.rs` (the read model folded
+//!   from the event log, answered per caller), `peers.rs` and `peer_table.rs` (the sessions
+//!   that stand for outside agents), `outbound.rs` (MAMP POSTs), `wire.rs` (URIs, times, error
+//!   bodies, [`wire::Failure`]), `config.rs` (`[gateways]`).
+//! - `callers.rs`: one MAP session per caller principal, for every gateway.
 //!
 //! This module only declares the gateways and merges the MAMP and IM routes ([`routes`]).
 
 pub mod a2a;
+pub mod caller;
 pub mod callers;
-pub mod guard;
 pub mod config;
 pub mod context;
 pub mod directory;
+pub mod guard;
 pub mod im;
 pub mod mamp;
 pub mod outbound;
 pub mod peer_table;
 pub mod peers;
+pub mod senders;
 pub mod wire;
 
 use std::sync::Arc;
@@ -45,6 +50,17 @@ pub use context::GatewayContext;
 /// only its service principal (`auth::service_principal`, which the gateways' bookkeeping
 /// sessions connect as) take them, so nobody can squat one before a gateway's first use.
 pub const RESERVED_IDS: &[&str] = &[a2a::tasks::GATEWAY_AGENT, a2a::tasks::GATEWAY_BOOKS];
+
+/// The ids only the service principal may take: [`RESERVED_IDS`] and, so that nobody takes a
+/// configured remote MAMP agent's URI before (or instead of) the gateway's own session, every
+/// `[[gateways.mamp.remote]]` URI.
+pub fn reserved_ids(settings: &GatewaySettings) -> Vec<String> {
+    RESERVED_IDS
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(settings.mamp.remote.iter().map(|r| r.uri.clone()))
+        .collect()
+}
 
 /// The HTTP routes of the MAMP and IM gateways (those enabled), to merge into the server's
 /// router.

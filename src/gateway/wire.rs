@@ -1,19 +1,26 @@
 //! The small shared pieces of both gateways, with no state: `agent://` URIs, times in the
-//! seeds' format, the seeds' error body, JSON answers, the bearer header, and
-//! [`GatewayError`].
+//! seeds' format, the seeds' error body, JSON answers, the bearer header, early answers that
+//! close the connection ([`closing`]), [`GatewayError`] and
+//! [`Failure`] (what a request failed with, before each edge renders it: an HTTP answer, or an
+//! IM error frame).
 
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::client::ClientError;
+use crate::protocol::jsonrpc::ErrorCode;
 
 /// Why a gateway could not do what was asked, before its protocol's own error mapping.
 #[derive(Debug)]
 pub enum GatewayError {
     /// The gateway's MAP session could not be opened or a call failed for reasons of the
-    /// router (it is shutting down, refuses in-process sessions, ...).
+    /// router (it is shutting down, ...).
     Unavailable(String),
+    /// The caller may not do this (403): the message says what is missing.
+    Forbidden(String),
+    /// A limit of the caller's was reached (429): the message names it.
+    Quota(String),
     /// A MAP call answered with an error.
     Map(ClientError),
 }
@@ -28,8 +35,102 @@ impl std::fmt::Display for GatewayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             GatewayError::Unavailable(why) => write!(f, "gateway unavailable: {why}"),
+            GatewayError::Forbidden(why) | GatewayError::Quota(why) => write!(f, "{why}"),
             GatewayError::Map(e) => write!(f, "{e}"),
         }
+    }
+}
+
+impl GatewayError {
+    /// The MAP error code of a refused MAP call.
+    pub fn rpc_code(&self) -> Option<i32> {
+        match self {
+            GatewayError::Map(ClientError::Rpc { code, .. }) => Some(code.0),
+            _ => None,
+        }
+    }
+}
+
+/// What a request failed with, in the seeds' terms (`{"error", "message", "status_code"}`):
+/// rendered as an HTTP answer ([`Failure::response`]) or an IM error frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The seeds' `error` code (`agent_not_found`, `forbidden`, ...).
+    pub error: &'static str,
+    /// What happened, for a person.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure.
+    pub fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            error,
+            message: message.into(),
+        }
+    }
+
+    /// 403 `forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    /// The HTTP answer.
+    pub fn response(&self) -> Response {
+        error_response(self.status, self.error, &self.message)
+    }
+}
+
+impl From<&GatewayError> for Failure {
+    /// A 403 for what the caller may not do (a refusal of ours, or the router's 1003 and the
+    /// mail extension's 10003), a 429 for a quota (ours, or the router's 4002, whose message
+    /// names it), a 409 for an agent id in use (3000), a 503 when the router cannot serve, a
+    /// 502 for any other MAP error.
+    fn from(e: &GatewayError) -> Self {
+        match e {
+            GatewayError::Unavailable(why) => Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_unavailable",
+                why.clone(),
+            ),
+            GatewayError::Forbidden(why) => Failure::forbidden(why.clone()),
+            GatewayError::Quota(why) => {
+                Failure::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", why.clone())
+            }
+            GatewayError::Map(ClientError::Rpc { code, message, .. }) => match *code {
+                ErrorCode::PERMISSION_DENIED | ErrorCode::MAIL_PERMISSION_DENIED => {
+                    Failure::forbidden(message.clone())
+                }
+                ErrorCode::QUOTA_EXCEEDED => Failure::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "quota_exceeded",
+                    message.clone(),
+                ),
+                ErrorCode::AGENT_EXISTS => {
+                    Failure::new(StatusCode::CONFLICT, "agent_uri_in_use", message.clone())
+                }
+                _ => Failure::new(StatusCode::BAD_GATEWAY, "map_error", message.clone()),
+            },
+            GatewayError::Map(e @ (ClientError::Closed | ClientError::Transport(_))) => {
+                Failure::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "gateway_unavailable",
+                    format!("the gateway's MAP session ended: {e}; try again"),
+                )
+            }
+            GatewayError::Map(e) => {
+                Failure::new(StatusCode::BAD_GATEWAY, "map_error", e.to_string())
+            }
+        }
+    }
+}
+
+impl From<GatewayError> for Failure {
+    fn from(e: GatewayError) -> Self {
+        Failure::from(&e)
     }
 }
 
@@ -45,6 +146,17 @@ impl<T: serde::Serialize> IntoResponse for Json<T> {
             Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         }
     }
+}
+
+/// `response` with `Connection: close`: for answers given before the request's body was read
+/// (401, 413), so that a keep-alive client does not send its next request on a connection
+/// whose unread body the server is about to drop with the connection.
+pub fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// The token of an `Authorization: Bearer` header.
@@ -72,17 +184,9 @@ pub fn error_response(status: StatusCode, error: &str, message: &str) -> Respons
         .into_response()
 }
 
-/// A 503 for a gateway whose MAP session is unavailable, or a 502 for a MAP error nobody
-/// mapped.
+/// The HTTP answer for `e` ([`Failure`]'s mapping).
 pub fn gateway_error_response(e: &GatewayError) -> Response {
-    match e {
-        GatewayError::Unavailable(why) => {
-            error_response(StatusCode::SERVICE_UNAVAILABLE, "gateway_unavailable", why)
-        }
-        GatewayError::Map(e) => {
-            error_response(StatusCode::BAD_GATEWAY, "map_error", &e.to_string())
-        }
-    }
+    Failure::from(e).response()
 }
 
 /// An `agent://HOST/ID` URI (seed 000, "Agent URI"). The id is everything after the first

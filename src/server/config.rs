@@ -640,10 +640,7 @@ impl Config {
                 max_sessions_per_principal: self.limits.max_sessions_per_principal,
             },
             permissions: std::sync::Arc::new(self.permissions.clone()),
-            reserved_ids: crate::gateway::RESERVED_IDS
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect(),
+            reserved_ids: crate::gateway::reserved_ids(&self.gateways),
             ..RouterConfig::default()
         }
     }

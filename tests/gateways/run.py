@@ -32,6 +32,7 @@ import websockets
 
 STEP = 10.0  # seconds: the bound on every single wait
 API_KEY = "gw-python-key-0123456789"
+OTHER_KEY = "gw-python-other-0123456789"
 REMOTE_TOKEN = "remote-token-0123456789"
 
 
@@ -211,11 +212,13 @@ async def mamp_scenarios(binary, work):
     receiver = await MampReceiver().start()
     config = os.path.join(work, "mamp.toml")
     with open(config, "w") as f:
-        f.write('[auth]\ntrusted_transports = ["supervised", "in-process"]\n'
+        # Authentication on (API keys from the environment) and nothing else: the gateways
+        # need no trusted transport. The seed's sender URI is in the tester's namespace.
+        f.write('[gateways.mamp]\nnamespaces = { "mamp-tester" = "agent://your-domain.com/" }\n'
                 '[[gateways.mamp.remote]]\nuri = "agent://other.example/code-analyst"\n'
                 f'endpoint = "http://127.0.0.1:{receiver.port}"\ntoken = "{REMOTE_TOKEN}"\n')
     router = Router(binary, config, os.path.join(work, "mamp-data"),
-                    env={"MAP_ROUTER_API_KEYS": f"{API_KEY} mamp-tester"}).start()
+                    env={"MAP_ROUTER_API_KEYS": f"{API_KEY} mamp-tester,{OTHER_KEY} other"}).start()
     try:
         agent = await MapAgent.connect(router.ws, "code-analyst-local", api_key=API_KEY)
         reg = await agent.call("map/agents/register", {"name": "code-analyst-local"})
@@ -247,6 +250,15 @@ async def mamp_scenarios(binary, work):
                                 headers={"Authorization": "Bearer wrong-key-0123456789"})
             check(r.status_code == 401, f"bad bearer: {r.status_code}")
             print("ok mamp without a (valid) bearer is 401 when auth is on")
+
+            # Another principal may not post as the tester's agent (nor as anyone outside its
+            # own namespace): 403, and nothing reaches the MAP agent (checked below: exactly
+            # the tester's three messages arrive).
+            r = await http.post("/mamp/v1/messages", json=mamp_msg("spoof"),
+                                headers={"Authorization": f"Bearer {OTHER_KEY}"})
+            check(r.status_code == 403 and r.json()["error"] == "forbidden",
+                  f"spoofed sender: {r.status_code} {r.text}")
+            print("ok mamp a sender outside the caller's namespace is 403")
 
             first = mamp_msg("帮我分析这段代码的性能")
             r = await http.post("/mamp/v1/messages", json=first, headers=auth)
@@ -282,6 +294,8 @@ async def mamp_scenarios(binary, work):
             print("ok mamp unknown conversation_id is 404 in the seed's shape")
 
             got = [await agent.message() for _ in range(3)]
+            check(all(m["from"] == "agent://your-domain.com/agent-123" for m in got),
+                  f"senders: {[m['from'] for m in got]}")
             convs = {m["meta"]["mail"]["conversationId"] for m in got}
             check(convs == {conv}, f"one conversation: {convs} vs {conv}")
             check(all(m["meta"]["protocol"] == "mamp" for m in got), "meta.protocol")
@@ -318,19 +332,36 @@ async def mamp_scenarios(binary, work):
         receiver.stop()
 
 
-async def im_scenarios(binary, work):
-    config = os.path.join(work, "im.toml")
+async def im_scenarios(binary, work, auth):
+    """The seed's IM flows; with `auth`, the same flows with API keys (and no trusted
+    transport): every call carries the tester's credential, the IM WebSocket as `?token=`."""
+    name = "im-auth" if auth else "im"
+    tag = "im+auth" if auth else "im"
+    config = os.path.join(work, f"{name}.toml")
     with open(config, "w") as f:
         f.write("[gateways.im]\nheartbeat_timeout_ms = 1500\n")
-    data = os.path.join(work, "im-data")
-    router = Router(binary, config, data).start()
+    data = os.path.join(work, f"{name}-data")
+    env = {"MAP_ROUTER_API_KEYS": f"{API_KEY} im-tester,{OTHER_KEY} other"} if auth else {}
+    headers = {"Authorization": f"Bearer {API_KEY}"} if auth else {}
+    token = f"?token={API_KEY}" if auth else ""
+    key = API_KEY if auth else None
+    router = Router(binary, config, data, env).start()
     uri = "agent://internal/my-agent"
     quoted = urllib.parse.quote(uri, safe="")
     try:
-        analyst = await MapAgent.connect(router.ws, "analyst")
+        analyst = await MapAgent.connect(router.ws, "analyst", api_key=key)
         analyst_id = (await analyst.call("map/agents/register", {"name": "analyst"}))["agent"]["id"]
         # The seed's PC agent: connect, register, heartbeat (faster than 30 s for the test).
-        ws = await bounded(websockets.connect(f"{router.ws}/gateway/connect"), "IM connect")
+        if auth:
+            # Without a credential the upgrade is refused (401) before any frame.
+            try:
+                await bounded(websockets.connect(f"{router.ws}/gateway/connect"), "IM connect")
+                check(False, "an IM connection without a credential was accepted")
+            except websockets.InvalidStatus as e:
+                check(e.response.status_code == 401, f"upgrade without credential: {e}")
+            print(f"ok {tag} an IM connection without a credential is refused with 401")
+        ws = await bounded(websockets.connect(f"{router.ws}/gateway/connect{token}"),
+                           "IM connect")
         await ws.send(json.dumps({"type": "register", "agent_uri": uri,
                                   "capabilities": ["file_read", "bash"]}))
         registered = json.loads(await bounded(ws.recv(), "registered"))
@@ -354,13 +385,13 @@ async def im_scenarios(binary, work):
 
         hb = asyncio.create_task(heartbeat_loop())
         rd = asyncio.create_task(read_loop())
-        async with httpx.AsyncClient(base_url=router.http, timeout=STEP) as http:
+        async with httpx.AsyncClient(base_url=router.http, timeout=STEP, headers=headers) as http:
             for path in [f"/gateway/status/{quoted}", f"/gateway/status/{uri}"]:
                 st = (await http.get(path)).json()
                 check(st["agent_uri"] == uri and st["status"] == "online", f"{path}: {st}")
             online = (await http.get("/gateway/agents")).json()
             check([a["agent_uri"] for a in online["agents"]] == [uri], f"online: {online}")
-            print("ok im register loop makes /gateway/status online (encoded and catch-all)")
+            print(f"ok {tag} register loop makes /gateway/status online (encoded and catch-all)")
 
             r = await http.post("/gateway/send", json={"to": uri, "content": "帮我分析代码"})
             check(r.status_code == 200, f"send: {r.status_code} {r.text}")
@@ -368,7 +399,15 @@ async def im_scenarios(binary, work):
             pushed = await bounded(frames.get(), "pushed message")
             check(pushed["type"] == "message" and pushed["content"] == "帮我分析代码" and
                   pushed["conversation_id"] == conv and pushed["from"], f"pushed: {pushed}")
-            print("ok im POST /gateway/send arrives on the socket as a message frame")
+            print(f"ok {tag} POST /gateway/send arrives on the socket as a message frame")
+            if auth:
+                # Another principal cannot send as the tester's IM agent.
+                r = await http.post("/gateway/send",
+                                    json={"to": analyst_id, "content": "spoof", "from": uri},
+                                    headers={"Authorization": f"Bearer {OTHER_KEY}"})
+                check(r.status_code == 403 and r.json()["error"] == "forbidden",
+                      f"spoofed IM sender: {r.status_code} {r.text}")
+                print(f"ok {tag} another principal sending as the IM agent is 403")
 
             # The IM agent asks the MAP agent (seed: POST /gateway/send, here naming the
             # sender), and the MAP agent's reply in that conversation reaches the socket.
@@ -385,7 +424,8 @@ async def im_scenarios(binary, work):
             reply = await bounded(frames.get(), "MAP reply")
             check(reply["type"] == "message" and reply["content"] == "分析完成" and
                   reply["conversation_id"] == ask_conv, f"reply: {reply}")
-            print("ok im an IM agent's message reaches a MAP agent, whose reply arrives as a frame")
+            check(ask["payload"] != "spoof", "the spoofed message arrived")
+            print(f"ok {tag} an IM agent's message reaches a MAP agent, whose reply arrives as a frame")
 
             beating = False
             await bounded(hb, "heartbeat loop ends")
@@ -398,7 +438,7 @@ async def im_scenarios(binary, work):
                 await asyncio.sleep(0.1)
             check(st["last_seen"], f"last_seen: {st}")
             check((await http.get("/gateway/agents")).json()["agents"] == [], "none online")
-            print("ok im after heartbeats stop the status is offline with last_seen")
+            print(f"ok {tag} after heartbeats stop the status is offline with last_seen")
 
             async def total():
                 c = await http.get(f"/api/contacts/{quoted}")
@@ -411,19 +451,28 @@ async def im_scenarios(binary, work):
             collab = (await http.get(f"/api/traces/{ask_conv}/collaborators")).json()
             uris = [c["agent_uri"] for c in collab["collaborators"]]
             check(uri in uris and len(uris) == 2, f"collaborators: {collab}")
-            print("ok im the contact counts its three messages; the conversation lists collaborators")
+            print(f"ok {tag} the contact counts its three messages; the conversation lists collaborators")
+            if auth:
+                # Another principal takes no part in the conversation: it is not shown.
+                other = {"Authorization": f"Bearer {OTHER_KEY}"}
+                r = await http.get(f"/api/traces/{ask_conv}/collaborators", headers=other)
+                check(r.status_code == 404, f"collaborators to another principal: {r.status_code}")
+                r = await http.get(f"/api/contacts/{quoted}/conversations", headers=other)
+                check(r.status_code == 200 and r.json()["conversations"] == [],
+                      f"conversations to another principal: {r.text}")
+                print(f"ok {tag} another principal reads none of the tester's conversations")
         rd.cancel()
         await analyst.close()
         router.stop()
 
-        router = Router(binary, config, data).start()
-        async with httpx.AsyncClient(base_url=router.http, timeout=STEP) as http:
+        router = Router(binary, config, data, env).start()
+        async with httpx.AsyncClient(base_url=router.http, timeout=STEP, headers=headers) as http:
             c = await http.get(f"/api/contacts/{quoted}")
             check(c.status_code == 200 and c.json()["stats"]["total_messages"] == 3,
                   f"after restart: {c.status_code} {c.text}")
             st = (await http.get(f"/gateway/status/{quoted}")).json()
             check(st["status"] == "offline" and st["last_seen"], f"status after restart: {st}")
-            print("ok im contacts and last_seen survive a router restart")
+            print(f"ok {tag} contacts and last_seen survive a router restart")
     finally:
         router.stop()
 
@@ -436,7 +485,8 @@ async def main():
     work = tempfile.mkdtemp(prefix="gateways-")
     try:
         await mamp_scenarios(binary, work)
-        await im_scenarios(binary, work)
+        await im_scenarios(binary, work, auth=False)
+        await im_scenarios(binary, work, auth=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("gateways: all scenarios passed")

@@ -61,7 +61,7 @@ use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::remote::{RegisterError, RemoteSpec, Remotes};
 use crate::gateway::a2a::tasks::{Core, Target};
 use crate::gateway::callers::CallerSessions;
-use crate::gateway::context::closing;
+use crate::gateway::wire::closing;
 use crate::protocol::methods::session::Principal;
 use crate::transport::in_process::InProcessLinks;
 

@@ -7,18 +7,26 @@
 //! every MAP message to the agent, `{"type":"sent",...}` and `{"type":"error","error","message"}`.
 //! A wrong frame gets an error frame and the connection stays open.
 //!
-//! The connection is one in-process MAP session owning one MAP agent (id = `agent_uri`). Any
-//! frame counts as a sign of life; after `heartbeat_timeout_ms` without one the connection is
-//! closed (4008 "heartbeat timeout") and so is the MAP session, so the router reports the agent
-//! offline. Owns nothing beyond the connection's lifetime.
+//! The connection is one in-process MAP session of the caller's principal (its credential came
+//! with the upgrade: `Authorization: Bearer` or `?token=`, `caller.rs`) owning one MAP agent
+//! (id = `agent_uri`), so its grants (`lifecycle.canRegister`, `messaging.canSend`), quotas and
+//! ids apply as over MAP. A URI that is not the caller's to take is refused with an error frame
+//! `forbidden` and close 4003 (docs/gateways.md, "Who may register which URI"); a quota with
+//! `quota_exceeded` and close 4029. A credential that expires (a JWT's `exp`, plus the
+//! configured leeway) ends the connection as it ends a MAP session: close 4001 "credential
+//! expired". Any frame counts as a sign of life; after
+//! `heartbeat_timeout_ms` without one the connection is closed (4008 "heartbeat timeout") and
+//! so is the MAP session, so the router reports the agent offline. Owns nothing beyond the
+//! connection's lifetime.
 
-use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -26,42 +34,39 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::client::{Client, ClientOptions, Messages};
-use crate::gateway::context::GatewayContext;
+use crate::gateway::caller::Caller;
+use crate::gateway::context::{resolve, GatewayContext};
 use crate::gateway::im::sender::Im;
-use crate::gateway::wire::{iso8601, AgentUri};
+use crate::gateway::wire::{iso8601, AgentUri, Failure, GatewayError};
 use crate::protocol::ids::AgentId;
 use crate::protocol::json::RawJson;
+use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::Message;
 use crate::protocol::methods::agents::RegisterParams;
 
 /// Close code of a connection whose heartbeats stopped.
 const CLOSE_HEARTBEAT_TIMEOUT: u16 = 4008;
-/// Close code of a connection that never registered, or whose agent URI is taken.
+/// Close code of a connection that never registered, or whose agent URI is in use.
 const CLOSE_NOT_REGISTERED: u16 = 4001;
+/// Close code of a registration the caller may not make (HTTP's 403).
+const CLOSE_FORBIDDEN: u16 = 4003;
+/// Close code of a registration refused by a quota (HTTP's 429).
+const CLOSE_QUOTA: u16 = 4029;
+/// Close code of a connection whose credential expired (the router's own, for MAP sessions).
+const CLOSE_CREDENTIAL_EXPIRED: u16 = 4001;
 
-/// The upgrade. With `[auth]` on, the credential comes as `Authorization: Bearer` or
-/// `?token=` (browsers cannot set headers on a WebSocket).
+/// The upgrade; the caller was authenticated before it (`caller.rs`), so a connection without
+/// a valid credential never opens.
 pub async fn upgrade(
     State(im): State<Arc<Im>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if im.ctx.auth.is_some() {
-        let mut headers = headers.clone();
-        if let Some(token) = query.get("token") {
-            if let Ok(v) = format!("Bearer {token}").parse() {
-                headers.insert(axum::http::header::AUTHORIZATION, v);
-            }
-        }
-        if let Some(r) = im.ctx.bearer_refusal(&headers) {
-            return r;
-        }
-    }
     let max = im.ctx.settings.im.max_frame_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| serve(im, socket))
+        .on_upgrade(move |socket| serve(im, caller, headers, socket))
         .into_response()
 }
 
@@ -119,18 +124,21 @@ struct Registered {
     uri: String,
     client: Client,
     messages: Messages,
+    /// Its number in the IM table.
+    conn: u64,
     /// Kept so that the agent's messages keep reaching `messages`.
     _agent: crate::client::AgentHandle,
 }
 
-async fn serve(im: Arc<Im>, mut socket: WebSocket) {
-    let Some(reg) = register(&im, &mut socket).await else {
+async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, mut socket: WebSocket) {
+    let Some(reg) = register(&im, &caller, &headers, &mut socket).await else {
         return;
     };
     let Registered {
         uri,
         client,
         mut messages,
+        conn,
         _agent,
     } = reg;
     let timeout = im.ctx.settings.im.heartbeat_timeout();
@@ -139,6 +147,14 @@ async fn serve(im: Arc<Im>, mut socket: WebSocket) {
         Err(_) => return,
     };
     let mut deadline = Instant::now() + timeout;
+    let expiry = expiry_of(&im.ctx, &caller);
+    let expired = async move {
+        match expiry {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
     loop {
         tokio::select! {
             frame = socket.recv() => {
@@ -155,7 +171,7 @@ async fn serve(im: Arc<Im>, mut socket: WebSocket) {
                 };
                 deadline = Instant::now() + timeout;
                 directory.heard(&uri);
-                let reply = handle_frame(&im, &uri, text.as_str()).await;
+                let reply = handle_frame(&im, &client, &headers, &uri, text.as_str()).await;
                 if let Some(reply) = reply {
                     if socket.send(reply).await.is_err() {
                         break;
@@ -175,19 +191,85 @@ async fn serve(im: Arc<Im>, mut socket: WebSocket) {
                 close(&mut socket, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout").await;
                 break;
             }
+            () = &mut expired => {
+                close(&mut socket, CLOSE_CREDENTIAL_EXPIRED, "credential expired").await;
+                break;
+            }
         }
     }
-    if let Ok(mut s) = im.sessions.lock() {
-        s.remove(&uri);
-    }
+    im.table.disconnected(&uri, conn);
     directory.disconnected(&uri);
     // A lost transport for the router: the agent goes offline (orphaned, reclaimable by the
-    // next registration under the same URI).
+    // next registration of the same principal under the same URI).
     let _ = client.close().await;
 }
 
+/// When the caller's credential stops being accepted: its expiry plus the authenticator's
+/// leeway, as the router reckons a MAP session's (`None`: it does not expire).
+fn expiry_of(ctx: &GatewayContext, caller: &Caller) -> Option<Instant> {
+    let at = caller.principal.as_ref()?.expires_at?;
+    let leeway = ctx.auth.as_ref().map_or(Duration::ZERO, |a| a.leeway());
+    let left = Duration::from_millis(at.saturating_sub(crate::gateway::wire::now_ms()));
+    Some(Instant::now() + left + leeway)
+}
+
+/// Sends `failure` as an error frame, then closes with `code`.
+async fn refuse(socket: &mut WebSocket, failure: &Failure, code: u16) {
+    let _ = socket
+        .send(error_frame(failure.error, &failure.message))
+        .await;
+    close(socket, code, failure.error).await;
+}
+
+/// The close code for a failed registration.
+fn close_code(failure: &Failure) -> u16 {
+    match failure.error {
+        "forbidden" => CLOSE_FORBIDDEN,
+        "quota_exceeded" => CLOSE_QUOTA,
+        "gateway_unavailable" => 1011,
+        _ => CLOSE_NOT_REGISTERED,
+    }
+}
+
+/// Whether `uri` may be registered by `caller` before anything is opened: not a configured
+/// remote agent's, not one of our agents' (`agent://<our host>/<an agent's id or name>`), not
+/// another caller's IM URI or outside sender. The router checks the rest (the grant, its own
+/// record of who owns the agent id).
+async fn may_register(
+    im: &Im,
+    caller: &Caller,
+    headers: &HeaderMap,
+    service: &Client,
+    uri: &str,
+) -> Result<(), Failure> {
+    let not_free = || {
+        Failure::forbidden(format!(
+            "{uri} is not yours to register: an agent of this router, a configured remote \
+             agent or another principal holds it; register a URI of your own"
+        ))
+    };
+    let ctx = &im.ctx;
+    if ctx.settings.mamp.remote.iter().any(|r| r.uri == uri) {
+        return Err(not_free());
+    }
+    if let Some(u) = AgentUri::parse(uri) {
+        if ctx.is_local_host(&u.host, headers) && resolve(service, &u.id).await.is_some() {
+            return Err(not_free());
+        }
+    }
+    if im.table.owner(uri).is_some_and(|o| o != caller.subject()) {
+        return Err(not_free());
+    }
+    Ok(())
+}
+
 /// Waits (bounded) for a valid `register` frame and opens the agent's MAP session.
-async fn register(im: &Arc<Im>, socket: &mut WebSocket) -> Option<Registered> {
+async fn register(
+    im: &Arc<Im>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    socket: &mut WebSocket,
+) -> Option<Registered> {
     let deadline = Instant::now() + im.ctx.settings.im.register_timeout();
     loop {
         let frame = match tokio::time::timeout_at(deadline, socket.recv()).await {
@@ -242,13 +324,14 @@ async fn register(im: &Arc<Im>, socket: &mut WebSocket) -> Option<Registered> {
         let service = match im.ctx.service().await {
             Ok(s) => s.clone(),
             Err(e) => {
-                let _ = socket
-                    .send(error_frame("gateway_unavailable", &e.to_string()))
-                    .await;
-                close(socket, 1011, "gateway unavailable").await;
+                refuse(socket, &Failure::from(e), 1011).await;
                 return None;
             }
         };
+        if let Err(f) = may_register(im, caller, headers, &service.client, &uri).await {
+            refuse(socket, &f, CLOSE_FORBIDDEN).await;
+            return None;
+        }
         if service.directory.is_live(&uri) {
             let _ = socket
                 .send(error_frame(
@@ -259,17 +342,27 @@ async fn register(im: &Arc<Im>, socket: &mut WebSocket) -> Option<Registered> {
             close(socket, CLOSE_NOT_REGISTERED, "agent_uri in use").await;
             return None;
         }
-        // A peer session may hold the URI (a message was sent as this agent while it was
-        // away): end it, so that the agent id is free for the connection's own session.
-        if let Some(peer) = im.ctx.peers.take(&uri).await {
-            let _ = peer.client.disconnect().await;
+        // A session of the caller's may hold the URI as an outside sender: end it, so that
+        // the agent id is free for the connection's own session. Anybody else's is refused.
+        match im.ctx.peers.take(&uri, &caller.subject()) {
+            Ok(Some(peer)) => {
+                let _ = peer.client.disconnect().await;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                refuse(socket, &Failure::from(e), CLOSE_FORBIDDEN).await;
+                return None;
+            }
         }
         let opened = async {
             let client = im
                 .ctx
-                .open_session(ClientOptions::agent().name(uri.clone()))
+                .open_as(
+                    caller.principal.as_ref(),
+                    ClientOptions::agent().name(uri.clone()),
+                )
                 .await?;
-            let agent = client
+            let registered = client
                 .register(RegisterParams {
                     agent_id: Some(AgentId::from(uri.as_str())),
                     name: Some(uri.clone()),
@@ -281,31 +374,42 @@ async fn register(im: &Arc<Im>, socket: &mut WebSocket) -> Option<Registered> {
                     }))),
                     ..RegisterParams::default()
                 })
-                .await?;
-            Ok::<_, crate::gateway::wire::GatewayError>((client, agent))
+                .await;
+            match registered {
+                Ok(agent) => Ok((client, agent)),
+                Err(e) => {
+                    let _ = client.disconnect().await;
+                    Err(GatewayError::Map(e))
+                }
+            }
         }
         .await;
         let (client, agent) = match opened {
             Ok(x) => x,
             Err(e) => {
-                let _ = socket
-                    .send(error_frame("register_failed", &e.to_string()))
-                    .await;
-                close(socket, CLOSE_NOT_REGISTERED, "register failed").await;
+                let failure = match e.rpc_code().map(ErrorCode) {
+                    Some(ErrorCode::AGENT_EXISTS) => Failure::new(
+                        axum::http::StatusCode::CONFLICT,
+                        "agent_uri_in_use",
+                        format!("{uri} is registered by another session"),
+                    ),
+                    _ => Failure::from(&e),
+                };
+                let code = close_code(&failure);
+                refuse(socket, &failure, code).await;
                 return None;
             }
         };
         let messages = agent.messages();
         service.directory.connected(&uri, capabilities);
-        if let Ok(mut s) = im.sessions.lock() {
-            s.insert(uri.clone(), client.clone());
-        }
+        let conn = im.table.connected(&uri, client.clone(), caller.subject());
         let ok = json!({"type": "registered", "agent_uri": uri, "agent_id": agent.id()});
         if socket
             .send(WsMessage::Text(ok.to_string().into()))
             .await
             .is_err()
         {
+            im.table.disconnected(&uri, conn);
             service.directory.disconnected(&uri);
             let _ = client.close().await;
             return None;
@@ -314,13 +418,20 @@ async fn register(im: &Arc<Im>, socket: &mut WebSocket) -> Option<Registered> {
             uri,
             client,
             messages,
+            conn,
             _agent: agent,
         });
     }
 }
 
 /// The answer to one frame after registration, if any.
-async fn handle_frame(im: &Arc<Im>, uri: &str, text: &str) -> Option<WsMessage> {
+async fn handle_frame(
+    im: &Arc<Im>,
+    client: &Client,
+    headers: &HeaderMap,
+    uri: &str,
+    text: &str,
+) -> Option<WsMessage> {
     let frame: Frame = match serde_json::from_str(text) {
         Ok(f) => f,
         Err(e) => {
@@ -347,9 +458,8 @@ async fn handle_frame(im: &Arc<Im>, uri: &str, text: &str) -> Option<WsMessage> 
                     "send needs `to` and `content`",
                 ));
             };
-            let headers = HeaderMap::new();
             match im
-                .deliver(&headers, uri, &to, &content, frame.conversation_id.as_deref())
+                .deliver(client, uri, headers, &to, &content, frame.conversation_id.as_deref())
                 .await
             {
                 Ok((conversation_id, message_id)) => Some(WsMessage::Text(
@@ -357,16 +467,7 @@ async fn handle_frame(im: &Arc<Im>, uri: &str, text: &str) -> Option<WsMessage> 
                         .to_string()
                         .into(),
                 )),
-                Err(r) => {
-                    let body = axum::body::to_bytes(r.into_body(), 64 * 1024)
-                        .await
-                        .unwrap_or_default();
-                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    Some(error_frame(
-                        v["error"].as_str().unwrap_or("send_failed"),
-                        v["message"].as_str().unwrap_or("send failed"),
-                    ))
-                }
+                Err(f) => Some(error_frame(f.error, &f.message)),
             }
         }
         other => Some(error_frame(

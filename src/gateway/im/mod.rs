@@ -3,32 +3,43 @@
 //! `/gateway/agents`), and the contacts and collaborators read models (`/api/*`), answered from
 //! the [`Directory`](crate::gateway::directory::Directory).
 //!
-//! Each IM connection is one in-process MAP session owning one MAP agent whose id is the IM
-//! agent's `agent://` URI, so MAP agents message it with `{agent: "<uri>"}` and the router
-//! reports its presence. Owns the table of live IM sessions (to send as them); nothing else.
+//! Each IM connection is one in-process MAP session of the caller's principal owning one MAP
+//! agent whose id is the IM agent's `agent://` URI, so MAP agents message it with
+//! `{agent: "<uri>"}` and the router reports its presence. Every route acts as its caller
+//! (`caller.rs`): sends come from the caller's own sessions, and reads answer with what the
+//! caller may see (`directory::View`). Owns the table of IM URIs (`table.rs`); nothing else.
 
 pub mod connect;
 pub mod sender;
+pub mod table;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router as HttpRouter;
+use axum::{Extension, Router as HttpRouter};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::gateway::context::GatewayContext;
+use crate::gateway::caller::{authenticate, Caller};
+use crate::gateway::context::{granted, GatewayContext};
+use crate::gateway::directory::View;
 use crate::gateway::im::sender::{unknown_agent, Im};
-use crate::gateway::wire::{error_response, gateway_error_response, iso8601, AgentUri, Json};
+use crate::gateway::senders::in_namespace;
+use crate::gateway::wire::{
+    closing, error_response, iso8601, AgentUri, Failure, GatewayError, Json,
+};
+use crate::protocol::capabilities::Capability;
+use crate::protocol::methods::session::SessionList;
 
-/// `/gateway/*` and `/api/*`.
+/// `/gateway/*` and `/api/*`, every one behind the caller's credential (`caller.rs`).
 pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
-    let im = Arc::new(Im::new(ctx));
+    let im = Arc::new(Im::new(Arc::clone(&ctx)));
     HttpRouter::new()
         .route("/gateway/connect", get(connect::upgrade))
         .route("/gateway/send", post(send))
@@ -37,6 +48,10 @@ pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
         .route("/api/contacts", get(contacts))
         .route("/api/contacts/{*rest}", get(contact))
         .route("/api/traces/{id}/collaborators", get(collaborators))
+        .route_layer(axum::middleware::from_fn_with_state(
+            ctx.auth.clone(),
+            authenticate,
+        ))
         .with_state(im)
 }
 
@@ -59,14 +74,61 @@ fn id_of(ctx: &GatewayContext, uri: &str) -> String {
     }
 }
 
+/// What a caller reads with: the whole model, or (`Some`) the ids that are its own: its
+/// principal's sessions' participant ids and agents (`map/session/list` through its own
+/// session), the IM URIs it registered, the outside senders' URIs of its namespace.
+struct Reader {
+    own: Option<HashSet<String>>,
+}
+
+impl Im {
+    /// The caller's [`Reader`]: reading needs `observation.canQuery`, as over MAP.
+    async fn reader(&self, caller: &Caller) -> Result<Reader, Failure> {
+        if caller.sees_all {
+            return Ok(Reader { own: None });
+        }
+        let session = self.ctx.caller_session(caller).await?;
+        if !granted(&session, Capability::CanQuery) {
+            return Err(Failure::forbidden(format!(
+                "Permission denied: principal {} lacks {}",
+                caller.name(),
+                Capability::CanQuery.path()
+            )));
+        }
+        let mine = session
+            .call::<SessionList>(Default::default())
+            .await
+            .map_err(|e| Failure::from(GatewayError::Map(e)))?;
+        let mut own = HashSet::new();
+        for s in mine.sessions {
+            own.insert(s.participant_id.to_string());
+            own.extend(s.agents.into_iter().map(|a| a.to_string()));
+        }
+        Ok(Reader { own: Some(own) })
+    }
+
+    /// Answers with `f` given the caller's [`View`].
+    fn with_view<T>(&self, caller: &Caller, reader: &Reader, f: impl FnOnce(View<'_>) -> T) -> T {
+        let Some(own) = &reader.own else {
+            return f(View::All);
+        };
+        let subject = caller.subject();
+        let principal = caller.name();
+        let mine = |id: &str| {
+            own.contains(id)
+                || self.table.is_owned_by(id, &subject)
+                || AgentUri::parse(id)
+                    .is_some_and(|u| in_namespace(&self.ctx.settings.mamp, principal, &u, id))
+        };
+        f(View::Limited(&mine))
+    }
+}
+
 async fn status(
     State(im): State<Arc<Im>>,
+    Extension(caller): Extension<Caller>,
     Path(raw): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = im.ctx.bearer_refusal(&headers) {
-        return r;
-    }
     let uri = path_uri(&raw);
     if AgentUri::parse(&uri).is_none() {
         return error_response(
@@ -75,31 +137,38 @@ async fn status(
             &format!("`{uri}` is not an agent://HOST/ID URI"),
         );
     }
-    let service = match im.ctx.service().await {
-        Ok(s) => s,
-        Err(e) => return gateway_error_response(&e),
+    let (service, reader) = match ready(&im, &caller).await {
+        Ok(x) => x,
+        Err(f) => return f.response(),
     };
     let dir = &service.directory;
-    let found = dir
-        .status(&uri, &uri)
-        .or_else(|| dir.status(&id_of(&im.ctx, &uri), &uri));
+    let found = im.with_view(&caller, &reader, |view| {
+        dir.status(&uri, &uri, view)
+            .or_else(|| dir.status(&id_of(&im.ctx, &uri), &uri, view))
+    });
     match found {
         Some(v) => Json(v).into_response(),
-        None => unknown_agent(&uri),
+        None => unknown_agent(&uri).response(),
     }
 }
 
-async fn agents(State(im): State<Arc<Im>>, headers: HeaderMap) -> Response {
-    if let Some(r) = im.ctx.bearer_refusal(&headers) {
-        return r;
-    }
-    let service = match im.ctx.service().await {
-        Ok(s) => s,
-        Err(e) => return gateway_error_response(&e),
+/// The service (its read model) and the caller's reader.
+async fn ready(
+    im: &Im,
+    caller: &Caller,
+) -> Result<(crate::gateway::context::Service, Reader), Failure> {
+    let service = im.ctx.service().await?.clone();
+    let reader = im.reader(caller).await?;
+    Ok((service, reader))
+}
+
+async fn agents(State(im): State<Arc<Im>>, Extension(caller): Extension<Caller>) -> Response {
+    let (service, reader) = match ready(&im, &caller).await {
+        Ok(x) => x,
+        Err(f) => return f.response(),
     };
-    let list: Vec<Value> = service
-        .directory
-        .online()
+    let online = im.with_view(&caller, &reader, |view| service.directory.online(view));
+    let list: Vec<Value> = online
         .into_iter()
         .map(|(uri, live)| {
             json!({
@@ -115,70 +184,66 @@ async fn agents(State(im): State<Arc<Im>>, headers: HeaderMap) -> Response {
     Json(json!({ "agents": list })).into_response()
 }
 
-async fn contacts(State(im): State<Arc<Im>>, headers: HeaderMap) -> Response {
-    if let Some(r) = im.ctx.bearer_refusal(&headers) {
-        return r;
-    }
-    let service = match im.ctx.service().await {
-        Ok(s) => s,
-        Err(e) => return gateway_error_response(&e),
+async fn contacts(State(im): State<Arc<Im>>, Extension(caller): Extension<Caller>) -> Response {
+    let (service, reader) = match ready(&im, &caller).await {
+        Ok(x) => x,
+        Err(f) => return f.response(),
     };
-    let ctx = Arc::clone(&im.ctx);
-    let uri_of = move |id: &str| ctx.uri_of(id);
-    Json(json!({ "contacts": service.directory.contacts(&uri_of) })).into_response()
+    let uri_of = |id: &str| im.ctx.uri_of(id);
+    let list = im.with_view(&caller, &reader, |view| {
+        service.directory.contacts(view, &uri_of)
+    });
+    Json(json!({ "contacts": list })).into_response()
 }
 
 /// `/api/contacts/{agent_uri}` and `/api/contacts/{agent_uri}/conversations`.
 async fn contact(
     State(im): State<Arc<Im>>,
+    Extension(caller): Extension<Caller>,
     Path(raw): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = im.ctx.bearer_refusal(&headers) {
-        return r;
-    }
     let (raw, conversations) = match raw.strip_suffix("/conversations") {
         Some(r) => (r, true),
         None => (raw.as_str(), false),
     };
     let uri = path_uri(raw);
-    let service = match im.ctx.service().await {
-        Ok(s) => s,
-        Err(e) => return gateway_error_response(&e),
+    let (service, reader) = match ready(&im, &caller).await {
+        Ok(x) => x,
+        Err(f) => return f.response(),
     };
-    let ctx = Arc::clone(&im.ctx);
-    let uri_of = move |id: &str| ctx.uri_of(id);
+    let uri_of = |id: &str| im.ctx.uri_of(id);
     let dir = &service.directory;
     let ids = [uri.clone(), id_of(&im.ctx, &uri)];
-    let found = ids.iter().find_map(|id| {
-        if conversations {
-            dir.conversations_of(id, &uri_of)
-                .map(|c| json!({ "agent_uri": uri, "conversations": c }))
-        } else {
-            dir.contact(id, &uri_of)
-        }
+    let found = im.with_view(&caller, &reader, |view| {
+        ids.iter().find_map(|id| {
+            if conversations {
+                dir.conversations_of(id, view, &uri_of)
+                    .map(|c| json!({ "agent_uri": uri, "conversations": c }))
+            } else {
+                dir.contact(id, view, &uri_of)
+            }
+        })
     });
     match found {
         Some(v) => Json(v).into_response(),
-        None => unknown_agent(&uri),
+        None => unknown_agent(&uri).response(),
     }
 }
 
 async fn collaborators(
     State(im): State<Arc<Im>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = im.ctx.bearer_refusal(&headers) {
-        return r;
-    }
-    let service = match im.ctx.service().await {
-        Ok(s) => s,
-        Err(e) => return gateway_error_response(&e),
+    let (service, reader) = match ready(&im, &caller).await {
+        Ok(x) => x,
+        Err(f) => return f.response(),
     };
-    let ctx = Arc::clone(&im.ctx);
-    let uri_of = move |id: &str| ctx.uri_of(id);
-    match service.directory.collaborators(&id, &uri_of) {
+    let uri_of = |id: &str| im.ctx.uri_of(id);
+    let found = im.with_view(&caller, &reader, |view| {
+        service.directory.collaborators(&id, view, &uri_of)
+    });
+    match found {
         Some(c) => Json(json!({ "trace_id": id, "collaborators": c })).into_response(),
         None => error_response(
             StatusCode::NOT_FOUND,
@@ -195,43 +260,68 @@ struct SendBody {
     content: Box<RawValue>,
     #[serde(default)]
     conversation_id: Option<String>,
-    /// Who sends (an extension of the seed, whose sender is implicit): a live IM agent sends
-    /// through its own session, any other URI through a peer session; absent: the gateway.
+    /// Who sends (an extension of the seed, whose sender is implicit): an IM agent the
+    /// caller registered and that is connected; absent: the caller itself, through its own
+    /// session.
     #[serde(default)]
     from: Option<String>,
 }
 
-async fn send(State(im): State<Arc<Im>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Some(r) = im.ctx.bearer_refusal(&headers) {
-        return r;
-    }
+async fn send(
+    State(im): State<Arc<Im>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let max = im.ctx.settings.im.max_frame_bytes;
+    let Ok(body) = axum::body::to_bytes(body, max).await else {
+        return closing(error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "message_too_large",
+            &format!("a send is limited to {max} bytes (gateways.im.max_frame_bytes)"),
+        ));
+    };
     let body: SendBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
             return error_response(
                 StatusCode::BAD_REQUEST,
                 "invalid_message",
-                &format!("expected {{to, content, conversation_id?}}: {e}"),
+                &format!("expected {{to, content, conversation_id?, from?}}: {e}"),
             )
         }
     };
-    if let Some(from) = &body.from {
-        if AgentUri::parse(from).is_none() {
+    let sending = match &body.from {
+        Some(from) if AgentUri::parse(from).is_none() => {
             return error_response(
                 StatusCode::BAD_REQUEST,
                 "invalid_agent_uri",
                 &format!("from `{from}` is not an agent://HOST/ID URI"),
             );
         }
-    }
-    let from = body
-        .from
-        .clone()
-        .unwrap_or_else(|| format!("{}{}/gateway", AgentUri::SCHEME, im.ctx.host()));
+        Some(from) => im
+            .table
+            .sender(from, &caller.subject())
+            .map(|client| (client, from.clone())),
+        None => match im.ctx.caller_session(&caller).await {
+            Ok(client) => {
+                let me = client
+                    .participant_id()
+                    .map_or_else(|| caller.name().to_owned(), |p| p.to_string());
+                Ok((client, im.ctx.uri_of(&me)))
+            }
+            Err(e) => Err(Failure::from(e)),
+        },
+    };
+    let (client, from) = match sending {
+        Ok(x) => x,
+        Err(f) => return f.response(),
+    };
     match im
         .deliver(
-            &headers,
+            &client,
             &from,
+            &headers,
             &body.to,
             &body.content,
             body.conversation_id.as_deref(),
@@ -244,6 +334,6 @@ async fn send(State(im): State<Arc<Im>>, headers: HeaderMap, body: Bytes) -> Res
             "status": "sent",
         }))
         .into_response(),
-        Err(r) => r,
+        Err(f) => f.response(),
     }
 }

@@ -1,37 +1,47 @@
-//! [`Im`]: the IM gateway's state (the live IM sessions by URI, to send as them) and its one
-//! operation, [`Im::deliver`]: a message from an IM agent (or any URI) to an agent, as a
+//! [`Im`]: the IM gateway's state (its [`ImTable`]) and its one operation, [`Im::deliver`]: a
+//! message from a session of the caller's (its live IM agent's, or its own) to an agent, as a
 //! `map/send` with `meta.mail` in a new or given conversation. Used by `POST /gateway/send`
-//! and by the `send` frame of `connect.rs`.
+//! and by the `send` frame of `connect.rs`; failures are [`Failure`]s, which each edge renders
+//! (an HTTP answer, an error frame).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::client::{Client, ClientError};
-use crate::gateway::context::{resolve, GatewayContext};
-use crate::gateway::peers;
-use crate::gateway::wire::{error_response, gateway_error_response, AgentUri, GatewayError};
+use crate::gateway::context::{granted, resolve_target, GatewayContext};
+use crate::gateway::im::table::ImTable;
+use crate::gateway::wire::{Failure, GatewayError};
+use crate::protocol::capabilities::Capability;
 use crate::protocol::json::RawJson;
+use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::methods::messaging::SendParams;
 
-/// The IM gateway's state: the context and the live IM sessions by URI.
+/// The IM gateway's state: the context and the table of IM URIs.
 #[derive(Debug)]
 pub struct Im {
     pub(crate) ctx: Arc<GatewayContext>,
-    pub(crate) sessions: Mutex<HashMap<String, Client>>,
+    pub(crate) table: ImTable,
 }
 
-/// 404 for an agent URI nobody knows.
-pub(crate) fn unknown_agent(uri: &str) -> Response {
-    error_response(
+/// 404 for an agent URI nobody (that the caller may see) knows.
+pub(crate) fn unknown_agent(uri: &str) -> Failure {
+    Failure::new(
         StatusCode::NOT_FOUND,
         "agent_not_found",
-        &format!("Agent {uri} not found"),
+        format!("Agent {uri} not found"),
     )
+}
+
+/// 403 for a grant the sending session lacks.
+fn lacks(client: &Client, cap: Capability) -> Failure {
+    let who = client.session().and_then(|s| s.principal).map_or_else(
+        || "this caller".to_owned(),
+        |p| format!("principal {}", p.id),
+    );
+    Failure::forbidden(format!("Permission denied: {who} lacks {}", cap.path()))
 }
 
 impl Im {
@@ -39,61 +49,40 @@ impl Im {
     pub fn new(ctx: Arc<GatewayContext>) -> Self {
         Self {
             ctx,
-            sessions: Mutex::new(HashMap::new()),
+            table: ImTable::default(),
         }
     }
 
-    /// Sends `content` from `from` to `to` in `conversation` (a new one when `None`):
-    /// `(conversation id, MAP message id)`.
+    /// Sends `content` through `client` (a session of the caller's: its IM agent's, or its
+    /// own), shown as `from`, to `to` (as `client` may see it) in `conversation` (a new one
+    /// when `None`): `(conversation id, MAP message id)`. Nothing is created unless the
+    /// session may send (`messaging.canSend`) and, for a new conversation, create one
+    /// (`mail.canCreate`).
+    ///
+    /// # Errors
+    /// 404 for an unknown or invisible target or conversation; 403 for a missing grant; the
+    /// router's other refusals mapped by [`Failure`].
     pub(crate) async fn deliver(
         &self,
-        headers: &HeaderMap,
+        client: &Client,
         from: &str,
+        headers: &HeaderMap,
         to: &str,
         content: &RawValue,
         conversation: Option<&str>,
-    ) -> Result<(String, String), Response> {
-        let ctx = &self.ctx;
-        let service = ctx
-            .service()
+    ) -> Result<(String, String), Failure> {
+        let target = resolve_target(&self.ctx, client, to, headers)
             .await
-            .map_err(|e| gateway_error_response(&e))?;
-        let target = match AgentUri::parse(to) {
-            Some(uri) => match service.client.get_agent(to).await {
-                Ok(a) => Some(a),
-                Err(_) if ctx.is_local_host(&uri.host, headers) => {
-                    resolve(&service.client, &uri.id).await
-                }
-                _ => None,
-            },
-            None if !to.is_empty() => resolve(&service.client, to).await,
-            None => None,
+            .ok_or_else(|| unknown_agent(to))?;
+        if !granted(client, Capability::CanSend) {
+            return Err(lacks(client, Capability::CanSend));
         }
-        .ok_or_else(|| unknown_agent(to))?;
-        let live = self.sessions.lock().ok().and_then(|s| s.get(from).cloned());
-        if live.is_none() && service.directory.was_im(from) {
-            // Its MAP agent waits, orphaned, for the agent to connect again: a peer session
-            // must not take it over.
-            return Err(error_response(
-                StatusCode::CONFLICT,
-                "agent_offline",
-                &format!(
-                    "{from} is an IM agent that is not connected: it sends only while connected"
-                ),
-            ));
-        }
-        let client = match live {
-            Some(c) => c,
-            None => {
-                peers::get_or_open(ctx, from, "im")
-                    .await
-                    .map_err(|e| gateway_error_response(&e))?
-                    .client
-            }
-        };
         let conversation = match conversation {
             Some(c) => c.to_owned(),
             None => {
+                if !granted(client, Capability::CanCreateConversations) {
+                    return Err(lacks(client, Capability::CanCreateConversations));
+                }
                 let created = client
                     .call_raw(
                         "mail/create",
@@ -103,13 +92,13 @@ impl Im {
                         }),
                     )
                     .await
-                    .map_err(|e| gateway_error_response(&GatewayError::Map(e)))?;
+                    .map_err(|e| Failure::from(GatewayError::Map(e)))?;
                 created
                     .pointer("/conversation/id")
                     .and_then(Value::as_str)
                     .map(str::to_owned)
                     .ok_or_else(|| {
-                        error_response(
+                        Failure::new(
                             StatusCode::BAD_GATEWAY,
                             "map_error",
                             "mail/create answered without an id",
@@ -127,7 +116,7 @@ impl Im {
             }))),
         };
         let mut sent = client.send_with(params.clone()).await;
-        if matches!(&sent, Err(ClientError::Rpc { code, .. }) if code.0 == 10002) {
+        if matches!(&sent, Err(e) if e.code() == Some(ErrorCode::MAIL_NOT_A_PARTICIPANT)) {
             let joined = client
                 .call_raw("mail/join", json!({ "conversationId": conversation }))
                 .await;
@@ -137,15 +126,27 @@ impl Im {
         }
         match sent {
             Ok(r) => Ok((conversation, r.message_id.to_string())),
-            Err(ClientError::Rpc { code, .. }) if code.0 == 10000 || code.0 == 10002 => {
-                Err(error_response(
-                    StatusCode::NOT_FOUND,
-                    "conversation_not_found",
-                    &format!("Conversation {conversation} not found"),
-                ))
-            }
-            Err(ClientError::Rpc { code, .. }) if code.0 == 2001 => Err(unknown_agent(to)),
-            Err(e) => Err(gateway_error_response(&GatewayError::Map(e))),
+            Err(e) => Err(send_failure(e, &conversation, to)),
         }
+    }
+}
+
+/// A refused `map/send` in the seeds' terms.
+fn send_failure(e: ClientError, conversation: &str, to: &str) -> Failure {
+    match e.code() {
+        Some(ErrorCode::MAIL_CONVERSATION_NOT_FOUND | ErrorCode::MAIL_NOT_A_PARTICIPANT) => {
+            Failure::new(
+                StatusCode::NOT_FOUND,
+                "conversation_not_found",
+                format!("Conversation {conversation} not found"),
+            )
+        }
+        Some(ErrorCode::MAIL_CONVERSATION_CLOSED) => Failure::new(
+            StatusCode::CONFLICT,
+            "conversation_closed",
+            format!("Conversation {conversation} is closed"),
+        ),
+        Some(ErrorCode::AGENT_NOT_FOUND) => unknown_agent(to),
+        _ => Failure::from(GatewayError::Map(e)),
     }
 }

@@ -4,6 +4,12 @@
 //! for the sender (`peers.rs`). Outbound messages to configured remote MAMP agents are in
 //! `outbound.rs`.
 //!
+//! Every route but the router's card acts as its caller (`caller.rs`): cards and targets are
+//! looked up through the caller's own MAP session (what it may not see is not found), and a
+//! message is sent from the session its `from` proves to be the caller's (`senders.rs`: a
+//! configured remote agent bound to the caller's principal, or an outside sender in the
+//! caller's namespace, whose session is of the caller's principal).
+//!
 //! Owns only the translation. Conversations are the mail extension's: a MAMP
 //! `conversation_id` is our mail conversation id (or, for a conversation our side started at a
 //! remote agent, the remote's id, mapped by `PeerTable`).
@@ -17,34 +23,35 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router as HttpRouter;
+use axum::{Extension, Router as HttpRouter};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::client::ClientError;
-use crate::gateway::context::{closing, resolve, GatewayContext};
-use crate::gateway::peer_table::Peer;
-use crate::gateway::peers;
-use crate::gateway::wire::{error_response, gateway_error_response, AgentUri, GatewayError, Json};
+use crate::client::Client;
+use crate::gateway::caller::{authenticate, Caller};
+use crate::gateway::context::{granted, resolve, resolve_target, GatewayContext};
+use crate::gateway::peers::{self, PeerFor};
+use crate::gateway::senders::{mamp_sender, MampSender};
+use crate::gateway::wire::{
+    closing, error_response, gateway_error_response, AgentUri, Failure, GatewayError, Json,
+};
+use crate::protocol::capabilities::Capability;
 use crate::protocol::json::RawJson;
+use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::methods::messaging::SendParams;
 
-/// Mail error codes the gateway maps (the mail extension's, SDK `MAIL_ERROR_CODES`).
-mod mail_codes {
-    pub const NOT_FOUND: i32 = 10000;
-    pub const CLOSED: i32 = 10001;
-    pub const NOT_A_PARTICIPANT: i32 = 10002;
-}
-/// MAP's "agent not found".
-const AGENT_NOT_FOUND: i32 = 2001;
-
-/// `/mamp/v1/*`.
+/// `/mamp/v1/*`: the router's card is public (it says how to authenticate); everything else is
+/// behind the caller's credential.
 pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
     HttpRouter::new()
-        .route("/mamp/v1/card", get(router_card))
         .route("/mamp/v1/agents/{agent_id}/card", get(agent_card))
         .route("/mamp/v1/messages", post(receive))
+        .route_layer(axum::middleware::from_fn_with_state(
+            ctx.auth.clone(),
+            authenticate,
+        ))
+        .route("/mamp/v1/card", get(router_card))
         .with_state(ctx)
 }
 
@@ -73,18 +80,16 @@ async fn router_card(State(ctx): State<Arc<GatewayContext>>, headers: HeaderMap)
 
 async fn agent_card(
     State(ctx): State<Arc<GatewayContext>>,
+    Extension(caller): Extension<Caller>,
     Path(agent_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = ctx.bearer_refusal(&headers) {
-        return r;
-    }
-    let service = match ctx.service().await {
+    let session = match ctx.caller_session(&caller).await {
         Ok(s) => s,
         Err(e) => return gateway_error_response(&e),
     };
-    let Some(agent) = resolve(&service.client, &agent_id).await else {
-        return agent_not_found(&agent_id);
+    let Some(agent) = resolve(&session, &agent_id).await else {
+        return agent_not_found(&agent_id).response();
     };
     let host = card_host(&ctx, &headers);
     let uri = if agent.id.as_str().starts_with(AgentUri::SCHEME) {
@@ -103,19 +108,19 @@ async fn agent_card(
     .into_response()
 }
 
-fn agent_not_found(what: &str) -> Response {
-    error_response(
+fn agent_not_found(what: &str) -> Failure {
+    Failure::new(
         StatusCode::NOT_FOUND,
         "agent_not_found",
-        &format!("Agent {what} not found"),
+        format!("Agent {what} not found"),
     )
 }
 
-fn conversation_not_found(id: &str) -> Response {
-    error_response(
+fn conversation_not_found(id: &str) -> Failure {
+    Failure::new(
         StatusCode::NOT_FOUND,
         "conversation_not_found",
-        &format!("Conversation {id} not found"),
+        format!("Conversation {id} not found"),
     )
 }
 
@@ -144,21 +149,12 @@ struct MampMeta<'a> {
     metadata: &'a RawValue,
 }
 
-fn rpc_code(e: &GatewayError) -> Option<i32> {
-    match e {
-        GatewayError::Map(ClientError::Rpc { code, .. }) => Some(code.0),
-        _ => None,
-    }
-}
-
 async fn receive(
     State(ctx): State<Arc<GatewayContext>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Some(r) = ctx.bearer_refusal(&headers) {
-        return r;
-    }
     let max = ctx.settings.mamp.max_message_size;
     let too_large = || {
         closing(error_response(
@@ -182,26 +178,48 @@ async fn receive(
         Ok(c) => c,
         Err((error, message)) => return error_response(StatusCode::BAD_REQUEST, error, &message),
     };
-    let service = match ctx.service().await {
-        Ok(s) => s.clone(),
-        Err(e) => return gateway_error_response(&e),
-    };
+    match deliver(&ctx, &caller, &headers, &checked).await {
+        Ok(answer_id) => Json(json!({
+            "conversation_id": answer_id,
+            "message_id": checked.envelope.message_id,
+            "status": "received",
+        }))
+        .into_response(),
+        Err(f) => f.response(),
+    }
+}
+
+/// The message of `checked` to its target, from the session its `from` proves to be the
+/// caller's: the conversation id to answer with.
+async fn deliver(
+    ctx: &Arc<GatewayContext>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    checked: &envelope::Checked,
+) -> Result<String, Failure> {
     let env = &checked.envelope;
-    // An agent registered under the whole URI (an IM agent, a remote MAMP agent) is reached
-    // whatever the host; otherwise the host must be ours and the id an agent id or name.
-    let target = match service.client.get_agent(env.to.as_str()).await {
-        Ok(a) => Some(a),
-        Err(_) if ctx.is_local_host(&checked.to.host, &headers) => {
-            resolve(&service.client, &checked.to.id).await
+    // Who sends, first: a sender that is not the caller's learns nothing about targets.
+    let local = ctx.is_local_host(&checked.from.host, headers);
+    let sender = mamp_sender(&ctx.settings.mamp, caller, &checked.from, &env.from, local)
+        .map_err(Failure::forbidden)?;
+    let session = ctx.caller_session(caller).await?;
+    let target = resolve_target(ctx, &session, &env.to, headers)
+        .await
+        .ok_or_else(|| agent_not_found(&env.to))?;
+    // The caller's grant decides before anything is opened or created (its session and the
+    // sender's are of the same principal; the remote agent's is the service's).
+    let creates = env.conversation_id.is_none();
+    if !granted(&session, Capability::CanSend) {
+        return Err(lacks(caller, Capability::CanSend));
+    }
+    if creates && !granted(&session, Capability::CanCreateConversations) {
+        return Err(lacks(caller, Capability::CanCreateConversations));
+    }
+    let peer = match sender {
+        MampSender::Remote(remote) => {
+            peers::get_or_open(ctx, &env.from, PeerFor::Remote(remote)).await?
         }
-        _ => None,
-    };
-    let Some(target) = target else {
-        return agent_not_found(&env.to);
-    };
-    let peer = match peers::get_or_open(&ctx, &env.from, "mamp").await {
-        Ok(p) => p,
-        Err(e) => return gateway_error_response(&e),
+        MampSender::Own => peers::get_or_open(ctx, &env.from, PeerFor::Caller(caller)).await?,
     };
     let (ours, answer_id) = match &env.conversation_id {
         Some(given) => (
@@ -210,10 +228,10 @@ async fn receive(
                 .unwrap_or_else(|| given.clone()),
             given.clone(),
         ),
-        None => match create_conversation(&peer, target.id.as_str(), env).await {
-            Ok(id) => (id.clone(), id),
-            Err(e) => return gateway_error_response(&e),
-        },
+        None => {
+            let id = create_conversation(&peer.client, target.id.as_str(), env).await?;
+            (id.clone(), id)
+        }
     };
     let meta = Meta {
         mail: MailMeta {
@@ -233,57 +251,50 @@ async fn receive(
         payload: Some(RawJson::from_text(env.content.get()).unwrap_or_else(|_| RawJson::null())),
         meta: Some(RawJson::serialize_from(&meta)),
     };
-    let mut sent = peer
-        .client
-        .send_with(params.clone())
-        .await
-        .map_err(GatewayError::from);
-    if let Err(e) = &sent {
-        if rpc_code(e) == Some(mail_codes::NOT_A_PARTICIPANT) {
-            // A sender that knows the id may take part: join, then send again.
-            let joined = peer
-                .client
-                .call_raw("mail/join", json!({ "conversationId": ours }))
-                .await;
-            if joined.is_ok() {
-                sent = peer
-                    .client
-                    .send_with(params)
-                    .await
-                    .map_err(GatewayError::from);
-            }
+    let mut sent = peer.client.send_with(params.clone()).await;
+    if matches!(&sent, Err(e) if e.code() == Some(ErrorCode::MAIL_NOT_A_PARTICIPANT)) {
+        // A sender that knows the id may take part again: join, then send again.
+        let joined = peer
+            .client
+            .call_raw("mail/join", json!({ "conversationId": ours }))
+            .await;
+        if joined.is_ok() {
+            sent = peer.client.send_with(params).await;
         }
     }
     match sent {
-        Ok(_) => Json(json!({
-            "conversation_id": answer_id,
-            "message_id": env.message_id,
-            "status": "received",
-        }))
-        .into_response(),
-        Err(e) => match rpc_code(&e) {
-            Some(mail_codes::NOT_FOUND | mail_codes::NOT_A_PARTICIPANT) => {
+        Ok(_) => Ok(answer_id),
+        Err(e) => Err(match e.code() {
+            Some(ErrorCode::MAIL_CONVERSATION_NOT_FOUND | ErrorCode::MAIL_NOT_A_PARTICIPANT) => {
                 conversation_not_found(&answer_id)
             }
-            Some(mail_codes::CLOSED) => error_response(
+            Some(ErrorCode::MAIL_CONVERSATION_CLOSED) => Failure::new(
                 StatusCode::CONFLICT,
                 "conversation_closed",
-                &format!("Conversation {answer_id} is closed"),
+                format!("Conversation {answer_id} is closed"),
             ),
-            Some(AGENT_NOT_FOUND) => agent_not_found(&env.to),
-            _ => gateway_error_response(&e),
-        },
+            Some(ErrorCode::AGENT_NOT_FOUND) => agent_not_found(&env.to),
+            _ => Failure::from(GatewayError::Map(e)),
+        }),
     }
 }
 
-/// A new mail conversation between the sender's peer agent and `target`.
+/// 403 for a grant the caller's principal lacks.
+fn lacks(caller: &Caller, cap: Capability) -> Failure {
+    Failure::forbidden(format!(
+        "Permission denied: principal {} lacks {}",
+        caller.name(),
+        cap.path()
+    ))
+}
+
+/// A new mail conversation between the sender's agent and `target`.
 async fn create_conversation(
-    peer: &Peer,
+    client: &Client,
     target: &str,
     env: &envelope::Envelope,
-) -> Result<String, GatewayError> {
-    let created = peer
-        .client
+) -> Result<String, Failure> {
+    let created = client
         .call_raw(
             "mail/create",
             json!({
@@ -291,10 +302,17 @@ async fn create_conversation(
                 "metadata": { "protocol": "mamp", "mamp": { "from": env.from, "to": env.to } },
             }),
         )
-        .await?;
+        .await
+        .map_err(|e| Failure::from(GatewayError::Map(e)))?;
     created
         .pointer("/conversation/id")
         .and_then(Value::as_str)
         .map(str::to_owned)
-        .ok_or_else(|| GatewayError::Unavailable("mail/create answered without an id".into()))
+        .ok_or_else(|| {
+            Failure::new(
+                StatusCode::BAD_GATEWAY,
+                "map_error",
+                "mail/create answered without an id",
+            )
+        })
 }
