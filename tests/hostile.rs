@@ -435,7 +435,14 @@ async fn invalid_utf8_in_websocket_text_frames_and_ndjson_lines() {
 
     // HTTP: a body that is not UTF-8 is a 400 with -32700.
     let addr = server.local_addrs()[0];
-    let resp = http::request(addr, "POST", "/map/rpc", &[], b"{\"a\":\"\xff\"}").await;
+    let resp = http::request(
+        addr,
+        "POST",
+        "/map/rpc",
+        &[("Content-Type", "application/json")],
+        b"{\"a\":\"\xff\"}",
+    )
+    .await;
     assert_eq!(resp.status, 400);
     assert_protocol_error(&error_of(&resp.json(), &Value::Null), -32700, "Parse error");
     healthy.check().await;
@@ -971,4 +978,79 @@ async fn the_total_connection_limit_answers_503() {
         }
         other => panic!("expected 503, got {:?}", other.map(|_| ())),
     }
+}
+
+/// Issue 23, M5: a page on another site reaches nothing through its visitors' browsers: its
+/// WebSocket upgrade and its POSTs are refused (403) on every route, and `/map/rpc` takes only
+/// JSON bodies (what a form or a `no-cors` fetch cannot send). Same-origin and listed origins,
+/// and clients that send no `Origin` at all, are served.
+#[tokio::test]
+async fn cross_site_pages_are_refused_on_every_route() {
+    let (server, url) = start_server(|c| {
+        c.limits.allowed_origins = vec!["https://dash.example".into()];
+    })
+    .await;
+    let addr = server.local_addrs()[0];
+    let mut healthy = WsClient::client(&url).await;
+    let upgrade = |origin: &'static str, path: &'static str| {
+        let headers = vec![
+            ("Origin", origin),
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Version", "13"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ];
+        async move { http::request(addr, "GET", path, &headers, b"").await }
+    };
+    for path in ["/", "/map", "/gateway/connect"] {
+        let r = upgrade("http://evil.example", path).await;
+        assert_eq!(
+            r.status,
+            403,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(String::from_utf8_lossy(&r.body).contains("allowed_origins"));
+    }
+    // The router's own origin and a listed one get their upgrade.
+    for origin in [format!("http://{addr}"), "https://dash.example".to_owned()] {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut req = url.as_str().into_client_request().unwrap();
+        req.headers_mut().insert("Origin", origin.parse().unwrap());
+        let (ws, resp) = with_timeout(tokio_tungstenite::connect_async(req))
+            .await
+            .unwrap_or_else(|e| panic!("{origin}: {e}"));
+        assert_eq!(resp.status(), 101);
+        drop(ws);
+    }
+    // POSTs from another site: refused before the body is looked at.
+    let connect = br#"{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{}}"#;
+    for path in ["/map/rpc", "/a2a", "/mamp/v1/messages", "/a2a/remote"] {
+        let r = http::request(
+            addr,
+            "POST",
+            path,
+            &[
+                ("Origin", "http://evil.example"),
+                ("Content-Type", "text/plain"),
+            ],
+            connect,
+        )
+        .await;
+        assert_eq!(r.status, 403, "{path}");
+    }
+    // /map/rpc: text/plain (a form's type) and no type at all are 415; JSON is served.
+    for ct in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let headers: Vec<(&str, &str)> = ct.map(|c| ("Content-Type", c)).into_iter().collect();
+        let r = http::request(addr, "POST", "/map/rpc", &headers, connect).await;
+        assert_eq!(r.status, 415, "{ct:?}");
+        assert!(r.header("map-session").is_none(), "no session was opened");
+    }
+    let r = http::post(addr, None, std::str::from_utf8(connect).unwrap()).await;
+    assert_eq!(r.status, 200);
+    healthy.ok("map/agents/list", json!({})).await;
 }

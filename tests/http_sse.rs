@@ -154,7 +154,10 @@ async fn connect_over_post_issues_a_token_accepted_in_header_and_cookie() {
         addr,
         "POST",
         "/map/rpc",
-        &[("Cookie", cookie.as_str())],
+        &[
+            ("Cookie", cookie.as_str()),
+            ("Content-Type", "application/json"),
+        ],
         list.as_bytes(),
     )
     .await;
@@ -169,6 +172,7 @@ async fn connect_over_post_issues_a_token_accepted_in_header_and_cookie() {
         &[
             ("Cookie", "map_session=stale"),
             ("MAP-Session", token.as_str()),
+            ("Content-Type", "application/json"),
         ],
         list.as_bytes(),
     )
@@ -189,7 +193,10 @@ async fn unknown_tokens_get_404_with_a_json_rpc_error() {
         addr,
         "POST",
         "/map/rpc",
-        &[("Cookie", "map_session=x")],
+        &[
+            ("Cookie", "map_session=x"),
+            ("Content-Type", "application/json"),
+        ],
         list.as_bytes(),
     )
     .await;
@@ -239,7 +246,10 @@ async fn oversize_bodies_get_413_and_bad_utf8_400() {
         addr,
         "POST",
         "/map/rpc",
-        &[("MAP-Session", c.token.as_str())],
+        &[
+            ("MAP-Session", c.token.as_str()),
+            ("Content-Type", "application/json"),
+        ],
         &[0xff, 0xfe, b'{'],
     )
     .await;

@@ -24,6 +24,8 @@ use governor::clock::{Clock, DefaultClock};
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
+pub use crate::transport::http::json_content_type;
+
 /// Default time a request body may take to arrive (as `/map/rpc`'s, below the 15 s a stalled
 /// connection may be held).
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -161,25 +163,6 @@ impl Guard {
                 .max(Duration::from_millis(1))
         })
     }
-}
-
-/// Whether `headers` declare a JSON body (`application/json`, or `application/<x>+json`, with
-/// any parameters).
-pub fn json_content_type(headers: &HeaderMap) -> bool {
-    let Some(value) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// Reads `body` whole, refusing more than `max` bytes (at once when `Content-Length` says so)

@@ -272,6 +272,12 @@ pub struct Limits {
     /// per-connection rate; every peer on one host shares 127.0.0.1, so those limits cannot
     /// tell them apart. `max_connections`, quotas and per-principal rates still apply.
     pub exempt_loopback: bool,
+    /// Browser origins (`scheme://host[:port]`) allowed to open WebSockets and send requests
+    /// besides the router's own (the `Host` a request was sent to); `"*"` allows every origin.
+    /// A request with any other `Origin` header is refused with 403 before anything else, so a
+    /// page on another site cannot reach the router through its visitors' browsers. Requests
+    /// without `Origin` (every non-browser client) are not affected.
+    pub allowed_origins: Vec<String>,
 }
 
 /// `[tls]`: both or neither.
@@ -440,6 +446,7 @@ impl Default for Limits {
             handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
             header_timeout_ms: DEFAULT_HEADER_TIMEOUT_MS,
             exempt_loopback: true,
+            allowed_origins: Vec::new(),
         }
     }
 }

@@ -195,6 +195,32 @@ impl Server {
         } else {
             app
         };
+        // Every route, first: a browser page from a site not allowed reaches nothing (issue 23,
+        // M5: the WebSocket upgrades, /map/rpc and the gateways' POSTs).
+        let origins = Arc::new(crate::gateway::guard::Guard::new(
+            crate::gateway::guard::GuardSettings {
+                allowed_origins: config
+                    .limits
+                    .allowed_origins
+                    .iter()
+                    .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                    .collect(),
+                rate: None,
+                ..Default::default()
+            },
+        ));
+        let app = app.layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let origins = Arc::clone(&origins);
+                async move {
+                    if origins.origin_allowed(request.headers()) {
+                        next.run(request).await
+                    } else {
+                        forbidden_origin(request.headers())
+                    }
+                }
+            },
+        ));
         let listener_settings = listener::ListenerSettings {
             admission,
             tls,
@@ -318,6 +344,28 @@ impl Server {
         }
     }
 }
+/// 403 for a request whose `Origin` is neither the router's own nor allowed.
+fn forbidden_origin(headers: &axum::http::HeaderMap) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let origin = headers
+        .get(axum::http::header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("?");
+    let origin: String = origin.chars().take(200).collect();
+    (
+        axum::http::StatusCode::FORBIDDEN,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        format!(
+            "origin {origin} is not allowed: add it to [limits] allowed_origins to let pages \
+             from it use this router\n"
+        ),
+    )
+        .into_response()
+}
+
 /// How the gateways open their MAP sessions: in-process connections to this server's router
 /// (origin `InProcess`, as [`Server::connect_in_process`]). The gateways get this rather than
 /// the [`Server`], which does not exist yet while the routes are built.

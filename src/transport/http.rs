@@ -535,12 +535,37 @@ async fn read_body(headers: &HeaderMap, body: Body, hard: usize) -> Result<Vec<u
     Ok(out)
 }
 
+/// Whether `headers` declare a JSON body (`application/json`, or `application/<x>+json`, with
+/// any parameters). An HTML form or a `no-cors` fetch can only send other types (or none)
+/// without a CORS preflight, so requiring this keeps other sites' pages out (issue 23, M5).
+pub fn json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
 async fn post_rpc(
     State(shared): State<Arc<Shared>>,
     peer: Option<Extension<PeerInfo>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if !json_content_type(&headers) {
+        return error_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &ErrorObject::invalid_request(
+                "the request body must be sent with Content-Type: application/json",
+            ),
+        );
+    }
     let peer = peer.map(|Extension(p)| p.addr);
     let limit = shared.options.max_frame_bytes;
     let read = read_body(&headers, body, crate::transport::ws::hard_limit(limit));
