@@ -78,8 +78,14 @@ async fn get_metrics(addr: SocketAddr, headers: &[(&str, &str)]) -> HttpResponse
     request(addr, "GET", "/metrics", headers, b"").await
 }
 
+/// A scrape as Prometheus makes it (asking for OpenMetrics), parsed.
 async fn scrape(addr: SocketAddr, headers: &[(&str, &str)]) -> Scrape {
-    let r = get_metrics(addr, headers).await;
+    let mut headers = headers.to_vec();
+    headers.push((
+        "Accept",
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    ));
+    let r = get_metrics(addr, &headers).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert!(
         r.header("content-type")
@@ -392,4 +398,58 @@ async fn a_real_prometheus_scrapes_the_router_with_a_bearer_credential() {
     }
     let _ = prometheus.start_kill();
     panic!("Prometheus never scraped the router: {last}");
+}
+
+/// Issue 23: `promtool check metrics` (Prometheus's own linter) passes on what a client that
+/// does not ask for OpenMetrics gets (the classic text format, 0.0.4), after a known load.
+#[tokio::test]
+async fn the_classic_text_format_passes_promtool() {
+    use tokio::io::AsyncWriteExt;
+    let (_server, url) = start_server(|_| {}).await;
+    let addr = addr_of(&url);
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
+    bob.next_message().await;
+    let r = get_metrics(addr, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let text = String::from_utf8(r.body).unwrap();
+    assert!(!text.contains("# EOF"), "{text}");
+    assert!(
+        text.contains("# TYPE map_events_appended_total counter"),
+        "{text}"
+    );
+    let mut promtool = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("promtool is installed (scripts/setup.sh installs Debian's prometheus)");
+    let mut stdin = promtool.stdin.take().unwrap();
+    with_timeout(stdin.write_all(text.as_bytes()))
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = with_timeout(promtool.wait_with_output()).await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Prometheus asks for OpenMetrics and gets it.
+    let r = get_metrics(
+        addr,
+        &[("Accept", "application/openmetrics-text; version=1.0.0")],
+    )
+    .await;
+    assert!(r
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("application/openmetrics-text")));
 }

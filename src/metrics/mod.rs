@@ -30,6 +30,61 @@ use prometheus_client::registry::{Registry, Unit};
 /// scrapes natively).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The content type of [`classic_text`]'s output (Prometheus's text format 0.0.4).
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a scrape's `Accept` header asks for OpenMetrics (Prometheus itself lists it first);
+/// anything else (`curl`, `promtool`, older scrapers, no header) gets the classic text format.
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| {
+        a.split(',').any(|part| {
+            let media = part.split(';').next().unwrap_or_default().trim();
+            media.eq_ignore_ascii_case("application/openmetrics-text")
+        })
+    })
+}
+
+/// The same metrics in Prometheus's classic text format (0.0.4), from [`Metrics::render`]'s
+/// OpenMetrics text: a counter family's `HELP` and `TYPE` name its `_total` samples (what
+/// `promtool check metrics` and classic parsers read), and the OpenMetrics-only lines (`UNIT`,
+/// `EOF`) are left out.
+pub fn classic_text(openmetrics: &str) -> String {
+    let mut counters: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.strip_suffix(" counter") {
+                counters.insert(name);
+            }
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len() + counters.len() * 16);
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let header = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match header {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                if !tail.is_empty() {
+                    out.push(' ');
+                    out.push_str(tail);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// The method label of requests whose method is not in the method table (its name is the
 /// peer's input and is never used as a label).
 pub const UNKNOWN_METHOD: &str = "unknown";

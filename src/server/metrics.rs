@@ -6,6 +6,9 @@
 //! default), a scrape must carry `Authorization: Bearer <credential>`, checked by the same
 //! [`Authenticator`] that admits MAP sessions (an API key or a JWT); otherwise it is `401` with
 //! a `WWW-Authenticate` header.
+//!
+//! The format follows `Accept`: OpenMetrics for scrapers that ask for it (Prometheus does),
+//! Prometheus's classic text format (0.0.4) for everything else (`curl`, `promtool`).
 
 use std::sync::Arc;
 
@@ -64,13 +67,23 @@ async fn scrape(State(state): State<MetricsState>, headers: HeaderMap) -> Respon
             return unauthorized(&format!("credential refused: {}", e.message));
         }
     }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let openmetrics = crate::metrics::wants_openmetrics(accept);
     match state.router.render_metrics().await {
-        Ok(text) => (
+        Ok(text) if openmetrics => (
             [(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
             )],
             text,
+        )
+            .into_response(),
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(crate::metrics::CLASSIC_CONTENT_TYPE),
+            )],
+            crate::metrics::classic_text(&text),
         )
             .into_response(),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "router unavailable\n").into_response(),
