@@ -621,7 +621,14 @@ pub fn check_filter(bytes: &[u8]) -> Result<(), String> {
         Err(code) => return Err(format!("the filter was refused with {code}")),
     };
     let compiled = CompiledFilter::compile(Some(&filter)).map_err(|e| e.message)?;
-    if compiled.is_match_all() && base.iter().any(|m| !m) {
+    // A filter that constrains nothing admits every event of a standard type, and no vendor
+    // type (those must be named).
+    if compiled.is_match_all()
+        && base
+            .iter()
+            .zip(EventType::ALL)
+            .any(|(m, kind)| *m == kind.is_vendor())
+    {
         return Err(format!("a match-all filter missed an event: {filter:?}"));
     }
     if let Some(types) = &filter.event_types {

@@ -506,7 +506,12 @@ async fn agents_report_progress_artifact_chunks_and_input_required() {
         .await
         .unwrap();
     let mut events = with_timeout(observer.subscribe(SubscriptionFilter {
-        event_types: Some(vec!["task.*".into(), "message_*".into()]),
+        // task.updated is one of our vendor types: named, or a subscriber never gets it.
+        event_types: Some(vec![
+            "task.*".into(),
+            "task.updated".into(),
+            "message_*".into(),
+        ]),
         ..SubscriptionFilter::default()
     }))
     .await

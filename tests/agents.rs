@@ -1131,9 +1131,23 @@ async fn presence_follows_the_connection_not_the_registration() {
     let before = map_router::protocol::ids::now_ms();
     let a = WsClient::agent(&url, "p1", json!({})).await;
     let got = watcher.ok("map/agents/get", json!({"agentId": "p1"})).await;
-    assert_eq!(got["agent"]["presence"]["status"], json!("online"), "{got}");
-    assert!(got["agent"]["presence"]["since"].as_u64().unwrap() >= before);
-    assert!(got["agent"]["presence"].get("lastSeen").is_none(), "{got}");
+    assert_eq!(
+        got["agent"]["_meta"]["mapRouter"]["presence"]["status"],
+        json!("online"),
+        "{got}"
+    );
+    assert!(
+        got["agent"]["_meta"]["mapRouter"]["presence"]["since"]
+            .as_u64()
+            .unwrap()
+            >= before
+    );
+    assert!(
+        got["agent"]["_meta"]["mapRouter"]["presence"]
+            .get("lastSeen")
+            .is_none(),
+        "{got}"
+    );
     // Registration is its own event: no presence event for it.
     watcher.assert_no_event(&sub).await;
 
@@ -1146,13 +1160,22 @@ async fn presence_follows_the_connection_not_the_registration() {
     // Still registered, and offline.
     let got = watcher.ok("map/agents/get", json!({"agentId": "p1"})).await;
     assert_eq!(got["agent"]["state"], json!("orphaned"));
-    assert_eq!(got["agent"]["presence"]["status"], json!("offline"));
-    assert_eq!(got["agent"]["presence"]["lastSeen"], json!(last_seen));
+    assert_eq!(
+        got["agent"]["_meta"]["mapRouter"]["presence"]["status"],
+        json!("offline")
+    );
+    assert_eq!(
+        got["agent"]["_meta"]["mapRouter"]["presence"]["lastSeen"],
+        json!(last_seen)
+    );
 
     // Re-registering the id (what the SDK's reconnect does) brings it back online.
     let _a = WsClient::agent(&url, "p1", json!({})).await;
     let ev = watcher.next_event(&sub).await;
     assert_eq!(ev["event"]["data"]["status"], json!("online"));
     let got = watcher.ok("map/agents/get", json!({"agentId": "p1"})).await;
-    assert_eq!(got["agent"]["presence"]["status"], json!("online"));
+    assert_eq!(
+        got["agent"]["_meta"]["mapRouter"]["presence"]["status"],
+        json!("online")
+    );
 }

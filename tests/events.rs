@@ -180,6 +180,15 @@ async fn the_subscribe_response_precedes_live_events_under_load() {
     with_timeout(flood).await.expect("flood task");
 }
 
+/// Our vendor event types, which only a filter naming them gets (docs/compatibility.md §7).
+fn is_vendor(t: &str) -> bool {
+    map_router::protocol::event::EventType::vendor().any(|v| v.as_str() == t)
+}
+
+fn standard(all: &[&'static str]) -> Vec<&'static str> {
+    all.iter().copied().filter(|t| !is_vendor(t)).collect()
+}
+
 #[tokio::test]
 async fn no_filter_means_every_event() {
     let (_server, url) = default_server().await;
@@ -187,7 +196,18 @@ async fn no_filter_means_every_event() {
     let empty = obs.subscribe_with(json!({})).await;
     let empty_filter = obs.subscribe(json!({})).await;
     let absent = obs.subscribe_with(Value::Null).await;
-    let expected = act(&url).await;
+    let everything = obs
+        .subscribe(json!({"eventTypes": map_router::protocol::event::EventType::every_type()}))
+        .await;
+    let all = act(&url).await;
+    // Every standard type; a vendor type only where it is named.
+    let expected = standard(&all);
+    assert!(
+        expected.len() < all.len(),
+        "the act emits vendor events too"
+    );
+    let got = take(&mut obs, &everything, all.len()).await;
+    assert_eq!(types(&got), all);
     for sub in [&empty, &empty_filter, &absent] {
         let got = take(&mut obs, sub, expected.len()).await;
         assert_eq!(types(&got), expected, "subscription {sub}");
@@ -221,8 +241,11 @@ async fn event_type_filters_accept_both_spellings_and_wildcards() {
                 "agent_registered",
                 "agent_unregistered",
                 "agent_orphaned",
-                "agent.presence.changed",
             ],
+        ),
+        (
+            json!(["agent.presence.changed"]),
+            vec!["agent.presence.changed"],
         ),
         (
             json!(["scope.*"]),
@@ -253,7 +276,7 @@ async fn event_type_filters_accept_both_spellings_and_wildcards() {
         subs.push(obs.subscribe(json!({"eventTypes": types_filter})).await);
     }
     let star = obs.subscribe(json!({"eventTypes": ["*"]})).await;
-    let all = act(&url).await;
+    let all = standard(&act(&url).await);
     for ((filter, expected), sub) in cases.iter().zip(&subs) {
         let expected: Vec<&str> = if expected.is_empty() {
             all.clone()
@@ -848,7 +871,10 @@ async fn a_transport_loss_orphans_agents_and_reregistering_reclaims_them() {
     )
     .await;
     let pid = a.pid();
-    let sub = obs.subscribe(Value::Null).await;
+    // Every type, the vendor presence events included (they must be named).
+    let sub = obs
+        .subscribe(json!({"eventTypes": map_router::protocol::event::EventType::every_type()}))
+        .await;
     a.drop_abruptly();
 
     let disc = obs.next_event(&sub).await;

@@ -95,7 +95,7 @@ async fn server_with(tweak: impl FnOnce(&mut Config)) -> (Server, SocketAddr, St
 }
 
 fn unknown_session_body() -> Value {
-    json!({"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request","data":{"category":"protocol","details":"unknown or expired HTTP session; call map/connect without MAP-Session"}}})
+    json!({"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request","data":{"category":"protocol","details":{"reason":"unknown or expired HTTP session; call map/connect without MAP-Session"}}}})
 }
 
 /// Asserts a `map/event` SSE frame numbered `id` for `sub` of type `kind`; returns its params.

@@ -339,7 +339,7 @@ async fn resume_takes_the_sessions_type_and_refuses_another() {
         .await;
     assert_eq!(e["code"], json!(-32602), "{e}");
     assert!(
-        e["data"]["details"]
+        e["data"]["details"]["reason"]
             .as_str()
             .unwrap()
             .contains("system session"),

@@ -95,7 +95,7 @@ async fn bad_lines_are_answered_and_the_session_continues() {
     let err = r.line().await;
     assert_eq!(error_code(&err), -32600);
     assert!(
-        err["error"]["data"]["details"]
+        err["error"]["data"]["details"]["reason"]
             .as_str()
             .unwrap()
             .contains("exceeds the limit of 4096"),

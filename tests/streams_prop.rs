@@ -56,6 +56,11 @@ impl FilterKind {
 
     fn admits(self, event: &Value) -> bool {
         let kind = event["type"].as_str().unwrap_or_default();
+        // No filter names our vendor types: none of them gets one.
+        let vendor = map_router::protocol::event::EventType::vendor().any(|v| v.as_str() == kind);
+        if vendor {
+            return false;
+        }
         match self {
             Self::All => true,
             Self::Messages => {
@@ -245,7 +250,13 @@ impl World {
             WsClient::open_as(Transport::InProcess, &server, "system", json!({})).await;
         observer.register_agent(json!({"agentId": "marker"})).await;
         // From the start of the log, so that it holds everything `map/replay` returns.
-        let observer_sub = observer.subscribe_with(json!({"replayFrom": 0})).await;
+        // Every type, our vendor ones included (they must be named).
+        let observer_sub = observer
+            .subscribe_with(json!({
+                "replayFrom": 0,
+                "filter": {"eventTypes": map_router::protocol::event::EventType::every_type()}
+            }))
+            .await;
         let mut world = Self {
             server,
             observer,
@@ -803,7 +814,11 @@ fn types(events: &[Value]) -> Vec<&str> {
 async fn replay_all(c: &mut WsClient) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for _ in 0..1000 {
-        let mut params = json!({"limit": 1000});
+        // Every type, our vendor ones included (they must be named).
+        let mut params = json!({
+            "limit": 1000,
+            "filter": {"eventTypes": map_router::protocol::event::EventType::every_type()}
+        });
         if let Some(last) = out.last() {
             params["afterEventId"] = json!(last);
         }

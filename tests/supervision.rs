@@ -541,7 +541,9 @@ async fn a_hidden_supervised_agent_is_hidden_from_its_first_event() {
     })
     .await;
     let mut watcher = WsClient::client(&url).await;
-    let sub = watcher.subscribe(json!({"eventTypes": ["agent.*"]})).await;
+    let sub = watcher
+        .subscribe(json!({"eventTypes": ["agent.*", "agent.spawning"]}))
+        .await;
     let mut sys = WsClient::system(&url).await;
     for id in ["secret-kid", "public-kid"] {
         sys.ok(
@@ -562,9 +564,11 @@ async fn a_hidden_supervised_agent_is_hidden_from_its_first_event() {
             .map(|e| e["event"]["type"].as_str().unwrap().to_owned())
             .collect()
     };
-    let seen = watcher.ok("map/replay", json!({"limit": 1000})).await;
+    // agent.spawning is one of our vendor types: replayed when named.
+    let every = json!({"limit": 1000, "filter": {"eventTypes": ["*", "agent.spawning"]}});
+    let seen = watcher.ok("map/replay", every.clone()).await;
     assert_eq!(about(&seen, "secret-kid"), Vec::<String>::new());
     assert!(about(&seen, "public-kid").contains(&"agent.spawning".to_owned()));
-    let all = sys.ok("map/replay", json!({"limit": 1000})).await;
+    let all = sys.ok("map/replay", every).await;
     assert!(about(&all, "secret-kid").contains(&"agent.spawning".to_owned()));
 }

@@ -36,7 +36,10 @@ async fn durable(dir: &TempDir) -> (Server, String) {
 async fn a_task_goes_from_created_to_completed_and_every_step_is_an_event() {
     let (_server, url) = default_server().await;
     let mut watcher = WsClient::system(&url).await;
-    let all = watcher.subscribe(json!({"eventTypes": ["task.*"]})).await;
+    // task.updated is one of our vendor types: named.
+    let all = watcher
+        .subscribe(json!({"eventTypes": ["task.*", "task.updated"]}))
+        .await;
     let mut worker = WsClient::agent(&url, "worker", json!({})).await;
     let mut boss = WsClient::client(&url).await;
 

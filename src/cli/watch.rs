@@ -102,6 +102,11 @@ fn watch_filter(args: &WatchArgs, agents: &[String]) -> Result<SubscriptionFilte
         }
     };
     add(&mut filter.event_types, &args.types);
+    // No type asked for: every type, our vendor types (stderr lines, spawns, presence)
+    // included, which a filter must name.
+    if filter.event_types.as_ref().is_none_or(Vec::is_empty) {
+        filter.event_types = Some(crate::protocol::event::EventType::every_type());
+    }
     add(&mut filter.from_agents, agents);
     add(&mut filter.scopes, &args.scopes);
     Ok(filter)

@@ -139,7 +139,10 @@ impl fmt::Display for ClientError {
                 write!(f, "MAP error {}: {message}", code.0)?;
                 match data.as_ref().and_then(|d| d.get("details")) {
                     Some(serde_json::Value::String(s)) => write!(f, " ({s})"),
-                    Some(other) => write!(f, " ({other})"),
+                    Some(d) => match d.get("reason").and_then(|r| r.as_str()) {
+                        Some(reason) => write!(f, " ({reason})"),
+                        None => write!(f, " ({d})"),
+                    },
                     None => Ok(()),
                 }
             }

@@ -213,9 +213,53 @@ pub struct Agent {
     /// Free-form metadata, exactly as the agent (or its updates) wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<RawJson>,
-    /// Whether the agent is connected now, and since when (ours; `docs/compatibility.md`).
+    /// Whether the agent is connected now, and since when (ours; `docs/compatibility.md`). On
+    /// the wire it is vendor data, where the schema allows it: `_meta.mapRouter.presence` (the
+    /// schema's `Agent` has `additionalProperties: false`, and the SDK's `Agent` has no such
+    /// field).
+    #[serde(
+        default,
+        rename = "_meta",
+        skip_serializing_if = "Option::is_none",
+        with = "presence_meta"
+    )]
+    #[schemars(rename = "_meta", with = "Option<PresenceMeta>")]
+    pub presence: Option<Presence>,
+}
+
+/// `Agent._meta` as the router writes it: `{"mapRouter": {"presence": ...}}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct PresenceMeta {
+    /// Our vendor data.
+    #[serde(rename = "mapRouter", default, skip_serializing_if = "Option::is_none")]
+    pub map_router: Option<RouterAgentMeta>,
+}
+
+/// `Agent._meta.mapRouter`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct RouterAgentMeta {
+    /// The agent's presence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presence: Option<Presence>,
+}
+
+/// Serializes [`Agent::presence`] as `_meta.mapRouter.presence` (and reads it back; any other
+/// `_meta` content is ignored).
+mod presence_meta {
+    use super::{Presence, PresenceMeta, RouterAgentMeta};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &Option<Presence>, s: S) -> Result<S::Ok, S::Error> {
+        PresenceMeta {
+            map_router: Some(RouterAgentMeta { presence: *p }),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Presence>, D::Error> {
+        let meta = Option::<PresenceMeta>::deserialize(d)?;
+        Ok(meta.and_then(|m| m.map_router).and_then(|r| r.presence))
+    }
 }
 
 /// `online` or `offline`.

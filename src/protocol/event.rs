@@ -240,6 +240,36 @@ impl EventType {
         }
     }
 
+    /// Whether this is one of our own (vendor) event types: in neither the MAP schema's
+    /// `EventType` enum, nor the SDK's `EVENT_TYPES`, nor the spec's descriptions. A strict
+    /// client would refuse them, so they reach only subscriptions that name them exactly in
+    /// `eventTypes` (never `*`, `agent.*` or an absent filter; docs/compatibility.md §7).
+    pub fn is_vendor(self) -> bool {
+        matches!(
+            self,
+            Self::AgentPresenceChanged
+                | Self::AgentInjected
+                | Self::AgentStderr
+                | Self::AgentDiagnostic
+                | Self::AgentSpawning
+                | Self::AgentSpawnFailed
+                | Self::TaskUpdated
+        )
+    }
+
+    /// The vendor types ([`EventType::is_vendor`]), for clients of ours that want them.
+    pub fn vendor() -> impl Iterator<Item = EventType> {
+        Self::ALL.into_iter().filter(|t| t.is_vendor())
+    }
+
+    /// An `eventTypes` list that matches every type, ours included: `*` and each vendor type
+    /// by name.
+    pub fn every_type() -> Vec<String> {
+        std::iter::once("*".to_owned())
+            .chain(Self::vendor().map(|t| t.as_str().to_owned()))
+            .collect()
+    }
+
     /// Whether this is one of the router's internal records, which are logged (and kept) but
     /// never delivered to any subscriber, replayed, or matched by a filter.
     pub fn is_internal(self) -> bool {

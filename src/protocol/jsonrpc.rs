@@ -243,6 +243,13 @@ impl ErrorObject {
         }
     }
 
+    /// Adds `data.details: {"reason": detail}`: the schema's `MAPErrorData.details` and the
+    /// SDK's type are objects, so the reason a request was refused goes in one member.
+    pub fn with_reason(self, detail: impl Into<String>) -> Self {
+        let reason: String = detail.into();
+        self.with_details(serde_json::json!({ "reason": reason }))
+    }
+
     /// Adds `data.details`.
     pub fn with_details(mut self, details: serde_json::Value) -> Self {
         if let Some(d) = self.data.as_mut() {
@@ -261,14 +268,12 @@ impl ErrorObject {
 
     /// `-32700 Parse error`.
     pub fn parse_error(detail: impl Into<String>) -> Self {
-        Self::new(ErrorCode::PARSE_ERROR, "Parse error")
-            .with_details(serde_json::Value::String(detail.into()))
+        Self::new(ErrorCode::PARSE_ERROR, "Parse error").with_reason(detail)
     }
 
     /// `-32600 Invalid request`.
     pub fn invalid_request(detail: impl Into<String>) -> Self {
-        Self::new(ErrorCode::INVALID_REQUEST, "Invalid request")
-            .with_details(serde_json::Value::String(detail.into()))
+        Self::new(ErrorCode::INVALID_REQUEST, "Invalid request").with_reason(detail)
     }
 
     /// `-32601 Method not found: <m>` (the SDK's exact message). A method name longer than
@@ -292,8 +297,7 @@ impl ErrorObject {
 
     /// `-32602 Invalid params` with the reason in `data.details`.
     pub fn invalid_params(detail: impl Into<String>) -> Self {
-        Self::new(ErrorCode::INVALID_PARAMS, "Invalid params")
-            .with_details(serde_json::Value::String(detail.into()))
+        Self::new(ErrorCode::INVALID_PARAMS, "Invalid params").with_reason(detail)
     }
 
     /// `-32603 Internal error`.

@@ -173,7 +173,8 @@ impl Core {
         .await?;
         let events = books
             .subscribe(SubscriptionFilter {
-                event_types: Some(vec!["task.*".into()]),
+                // task.updated is a vendor type: named (docs/compatibility.md §7).
+                event_types: Some(vec!["task.*".into(), "task.updated".into()]),
                 ..SubscriptionFilter::default()
             })
             .await?;

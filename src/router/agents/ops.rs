@@ -619,6 +619,28 @@ impl Router {
                 agent,
             });
         }
+        // A graceful stop needs someone to finish it: a supervised process, or the live
+        // connection of an owner other than the caller. With nobody left (the caller stops its
+        // own agent, or the owner is away), the agent is `stopped` at once, still registered,
+        // as its own `done()` would leave it (upstream's core conformance pack expects this;
+        // docs/compatibility.md §4).
+        let finisher = self.supervised.contains(&agent.id)
+            || agent.owner_id.as_ref().is_some_and(|owner| {
+                *owner != caller.participant
+                    && self
+                        .sessions
+                        .by_participant(owner)
+                        .is_some_and(|s| s.conn.is_some())
+            });
+        if !finisher {
+            let (agent, _) = self
+                .transition(&agent.id, AgentState::STOPPED, p.reason.clone())
+                .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
+            return Ok(StopResult {
+                stopping: false,
+                agent,
+            });
+        }
         let (agent, _) = self
             .transition(&agent.id, AgentState::STOPPING, p.reason.clone())
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;

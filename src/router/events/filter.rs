@@ -2,7 +2,8 @@
 //!
 //! Semantics (events.md §4): AND across fields, OR within a list, an absent or empty list is no
 //! constraint. Event types match in either spelling (`agent_registered` / `agent.registered`),
-//! with `prefix.*` and `*` wildcards; they compile to a bit mask over the types we emit.
+//! with `prefix.*` and `*` wildcards; they compile to a bit mask over the types we emit. Our
+//! vendor types (`EventType::is_vendor`) pass only a filter that names them exactly.
 
 use std::collections::HashSet;
 
@@ -64,7 +65,13 @@ impl CompiledFilter {
                     }
                     let p = normalize_type(pattern);
                     for (i, t) in EventType::ALL.iter().enumerate() {
-                        if type_matches(&p, t.normalized()) {
+                        // A vendor type only by its exact name (EventType::is_vendor).
+                        let matched = if t.is_vendor() {
+                            p == t.normalized()
+                        } else {
+                            type_matches(&p, t.normalized())
+                        };
+                        if matched {
                             mask |= 1u64 << i;
                         }
                     }
@@ -157,14 +164,19 @@ impl CompiledFilter {
                 return false;
             }
         }
-        if let Some(mask) = self.types {
-            let idx = EventType::ALL
-                .iter()
-                .position(|t| *t == rec.kind)
-                .unwrap_or(63);
-            if mask & (1u64 << idx) == 0 {
-                return false;
+        match self.types {
+            Some(mask) => {
+                let idx = EventType::ALL
+                    .iter()
+                    .position(|t| *t == rec.kind)
+                    .unwrap_or(63);
+                if mask & (1u64 << idx) == 0 {
+                    return false;
+                }
             }
+            // No `eventTypes`: every standard type, no vendor one.
+            None if rec.kind.is_vendor() => return false,
+            None => {}
         }
         if let Some(agents) = &self.from_agents {
             match &rec.source {
@@ -228,7 +240,8 @@ impl CompiledFilter {
         true
     }
 
-    /// Whether this filter admits every event (used by tests and fast paths).
+    /// Whether this filter admits every event of a standard type (vendor types need naming;
+    /// used by tests and fast paths).
     pub fn is_match_all(&self) -> bool {
         self.types.is_none()
             && self.from_agents.is_none()

@@ -16,6 +16,10 @@ import { Model } from './model.js';
 import { collectMessages, fillSelect, nameOf, renderAgentDetail, renderEvents, renderFlow, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
 import { clock, compareIds, el } from './util.js';
 
+// Every event type: `*` (the standard ones) and our vendor types, which the router sends only
+// to subscriptions that name them (docs/compatibility.md §7).
+const EVERY_TYPE = ['*', 'agent.presence.changed', 'agent.injected', 'agent.stderr', 'agent.diagnostic', 'agent.spawning', 'agent.spawn.failed', 'task.updated'];
+
 const params = new URLSearchParams(location.search);
 /** Events a paused stream keeps before it forgets them and reads them again on resume. */
 const BUFFER_CAP = positive(params.get('buffer'), 2000);
@@ -139,7 +143,7 @@ async function replayRange(afterId, untilId, onEvent, isCancelled = () => false)
   let gap = false;
   for (let page = 0; page < MAX_PAGES; page++) {
     if (client !== S.client || isCancelled()) return { gap, complete: false };
-    const req = { limit: PAGE };
+    const req = { limit: PAGE, filter: { eventTypes: EVERY_TYPE } };
     if (after) req.afterEventId = after;
     const r = await client.request('map/replay', req);
     if (r.gap) gap = true;
@@ -289,7 +293,7 @@ async function attach() {
   fold.interrupt('attach');
   list.interrupt('attach');
   // An empty log has no asOf: start at time 0, which is everything logged after the snapshot.
-  const sub = await client.request('map/subscribe', { replayFrom: S.asOf ?? 0 });
+  const sub = await client.request('map/subscribe', { replayFrom: S.asOf ?? 0, filter: { eventTypes: EVERY_TYPE } });
   S.subId = sub.subscriptionId;
   setStatus('live');
   scheduleRender();
