@@ -178,3 +178,22 @@ async fn serve_prints_the_dashboard_url_which_serves_the_page() {
     assert!(String::from_utf8_lossy(&r.body).contains("<title>map-router dashboard</title>"));
     child.kill().await.expect("kill");
 }
+
+/// The dashboard names every vendor event type in its subscription and replay filter (the
+/// router sends those only to filters that name them): a vendor type added to the router but not
+/// to the dashboard would silently vanish from it.
+#[test]
+fn the_dashboard_asks_for_every_vendor_event_type() {
+    let app = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/server/ui/app.js"))
+        .expect("app.js");
+    let line = app
+        .lines()
+        .find(|l| l.starts_with("const EVERY_TYPE = "))
+        .expect("the EVERY_TYPE list in app.js");
+    for t in map_router::protocol::event::EventType::every_type() {
+        assert!(
+            line.contains(&format!("'{t}'")),
+            "app.js does not ask for {t}: {line}"
+        );
+    }
+}
