@@ -117,7 +117,8 @@ scenario('a2a v1.0 client: card, sendMessage, stream, getTask, errors, MAP obser
   ctx.url = router.url;
   const base = httpBase(router);
   const observer = await ctx.client({ name: 'observer' });
-  const watch = await observer.watch({ eventTypes: ['task.*', 'message_*'] });
+  // task.updated is one of our vendor types: named (docs/compatibility.md §7).
+  const watch = await observer.watch({ eventTypes: ['task.*', 'task.updated', 'message_*'] });
   const agent = await echoAgent(ctx);
 
   // Discovery: the agent's base URL (with the trailing slash URL resolution needs; see
