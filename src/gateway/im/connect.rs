@@ -283,11 +283,16 @@ async fn live(
                 }
             }
             frame = stream.next() => {
-                unanswered = None;
                 let text = match frame {
                     Some(Ok(WsMessage::Text(t))) => Some(t),
                     Some(Ok(WsMessage::Binary(_))) => None,
-                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
+                    // Only a pong proves the peer reads: one that sends but never reads still
+                    // sends frames.
+                    Some(Ok(WsMessage::Pong(_))) => {
+                        unanswered = None;
+                        continue;
+                    }
+                    Some(Ok(WsMessage::Ping(_))) => continue,
                     Some(Ok(WsMessage::Close(_))) | None => return End::silent(),
                     Some(Err(e)) => {
                         return match close_for(&e, max) {

@@ -377,14 +377,16 @@ async fn fetch(
     let local = ctx.is_local_host(&parsed.host, &headers);
     match mamp_sender(&ctx.settings.mamp, &caller, &parsed, uri, local) {
         Err(why) => return Failure::forbidden(why).response(),
-        Ok(MampSender::Remote(_)) => return Failure::new(
-            StatusCode::CONFLICT,
-            "has_endpoint",
-            format!(
+        Ok(MampSender::Remote(_)) => {
+            return Failure::new(
+                StatusCode::CONFLICT,
+                "has_endpoint",
+                format!(
                 "{uri} is a configured remote agent: what is sent to it is POSTed to its endpoint"
             ),
-        )
-        .response(),
+            )
+            .response()
+        }
         Ok(MampSender::Own) => {}
     }
     let peer = match peers::get_or_open(&ctx, uri, PeerFor::Caller(&caller)).await {
