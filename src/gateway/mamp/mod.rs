@@ -402,15 +402,24 @@ async fn fetch(
             .settle(Duration::from_millis(50), Duration::from_millis(500))
             .await;
     }
-    let messages: Vec<Value> = mailbox
-        .take()
-        .iter()
-        .filter_map(|m| {
-            let ours = ctx.threads.conversation_of(m);
-            let body =
-                crate::gateway::outbound::envelope(&ctx, uri, m, ours.as_deref(), ours.as_deref());
-            body.ok().and_then(|b| serde_json::from_slice(&b).ok())
-        })
-        .collect();
-    Json(json!({ "messages": messages })).into_response()
+    // Spliced as written: each envelope's `content` is the MAP payload byte for byte.
+    let mut body = b"{\"messages\":[".to_vec();
+    let mut first = true;
+    for m in mailbox.take().iter() {
+        let ours = ctx.threads.conversation_of(m);
+        match crate::gateway::outbound::envelope(&ctx, uri, m, ours.as_deref(), ours.as_deref()) {
+            Ok(envelope) => {
+                if !first {
+                    body.push(b',');
+                }
+                first = false;
+                body.extend_from_slice(&envelope);
+            }
+            Err(e) => {
+                tracing::warn!(sender = %uri, error = %e, "a kept message could not be encoded")
+            }
+        }
+    }
+    body.extend_from_slice(b"]}");
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
