@@ -180,3 +180,90 @@ async fn the_readme_config_file_runs_as_copied() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The binary on `PATH`, the router's addresses in the walkthroughs' variables, the
+/// repository as the working directory: as a reader runs docs/gateways.md's sessions.
+async fn gateway_walkthrough(script: String) -> String {
+    let (_router, url) = start_binary(["serve", "--listen", "127.0.0.1:0", "--ephemeral"]).await;
+    let host = url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .to_owned();
+    let http = format!("http://{host}");
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_map-router"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    run_script(
+        &script,
+        &common::docs::root(),
+        &[
+            ("PATH", &path),
+            ("MAP_ROUTER_URL", &url),
+            ("MAP_HTTP", &http),
+            ("MAP_HOST", &host),
+        ],
+        Duration::from_secs(60),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_mamp_walkthrough_with_curl() {
+    let out = gateway_walkthrough(doc_script("docs/gateways.md", "mamp-walkthrough")).await;
+    assert!(out.contains(r#""protocol":"mamp/1.0""#), "{out}");
+    assert!(out.contains(r#""max_message_size":262144"#), "{out}");
+    let first = out
+        .lines()
+        .find_map(|l| l.strip_prefix("first: "))
+        .expect("the first answer");
+    let first: serde_json::Value = serde_json::from_str(first).unwrap();
+    assert_eq!(first["status"], "received", "{out}");
+    let conv = first["conversation_id"].as_str().unwrap();
+    assert!(
+        out.contains(&format!(
+            r#"{{"conversation_id":"{conv}","message_id":"msg-2","status":"received"}}"#
+        )),
+        "{out}"
+    );
+    // Both replies, fetched once each, in the sender's conversation, content byte for byte.
+    let replies = out
+        .lines()
+        .find_map(|l| l.strip_prefix("replies: "))
+        .expect("the replies");
+    assert_eq!(replies.matches(r#""by": "echo""#).count(), 2, "{out}");
+    assert_eq!(
+        replies
+            .matches(&format!(r#""conversation_id":"{conv}""#))
+            .count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        replies.contains(r#""to":"agent://your-domain.com/agent-123""#),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn the_im_walkthrough_with_curl_and_python() {
+    let out = gateway_walkthrough(doc_script("docs/gateways.md", "im-walkthrough")).await;
+    let status = out
+        .lines()
+        .find(|l| l.contains(r#""agent_uri":"agent://internal/my-agent""#))
+        .expect("the status line");
+    assert!(status.contains(r#""status":"online""#), "{out}");
+    assert!(out.contains(r#""status":"sent""#), "{out}");
+    assert!(out.contains(r#""type": "registered""#), "{out}");
+    assert!(out.contains(r#""type": "message""#), "{out}");
+    assert!(out.contains(r#""content": "帮我分析代码""#), "{out}");
+    assert!(
+        out.contains(r#""capabilities":["file_read","bash"]"#),
+        "{out}"
+    );
+}

@@ -174,15 +174,14 @@ async fn mamp_card_has_the_seeds_shape() {
     assert_eq!(r.status, 200);
     let card = r.json();
     assert_eq!(card["protocol"], "mamp/1.0");
-    assert_eq!(
-        card["agent_id"],
-        format!("agent://{}/map-router", addr.ip())
-    );
+    // One URI per agent: the card names the router's canonical host (its listen address).
+    assert_eq!(card["agent_id"], format!("agent://{addr}/map-router"));
     assert_eq!(
         card["capabilities"]["content_types"],
         json!(["text", "image", "code", "file"])
     );
-    assert_eq!(card["capabilities"]["max_message_size"], 10 * 1024 * 1024);
+    // What the router delivers (limits.max_payload_bytes), not the seed's 10 MiB.
+    assert_eq!(card["capabilities"]["max_message_size"], 256 * 1024);
     assert_eq!(card["access"]["require_auth"], false);
 
     let (_c, agent) = map_agent(&url, "analyst").await;
@@ -190,10 +189,7 @@ async fn mamp_card_has_the_seeds_shape() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let card = r.json();
     assert_eq!(card["protocol"], "mamp/1.0");
-    assert_eq!(
-        card["agent_id"],
-        format!("agent://{}/{}", addr.ip(), agent.id())
-    );
+    assert_eq!(card["agent_id"], format!("agent://{addr}/{}", agent.id()));
     assert_eq!(card["name"], "analyst");
     assert_error(
         &get(addr, "/mamp/v1/agents/nobody/card").await,

@@ -23,6 +23,7 @@ use axum::response::Response;
 use crate::auth::Authenticator;
 use crate::gateway::wire::{bearer, closing, error_response};
 use crate::protocol::methods::session::Principal;
+use crate::transport::admission::PeerInfo;
 
 /// Who owns something a gateway opened for a caller (an IM agent's URI, an outside sender's
 /// session): a principal's subject, or the one anonymous caller there is with authentication
@@ -58,6 +59,9 @@ impl Subject {
 pub struct Caller {
     /// Its principal; `None` when authentication is off.
     pub principal: Option<Principal>,
+    /// The address it called from (the listener's `PeerInfo`): without a principal, its rate
+    /// budget and connection caps are this address's.
+    pub ip: Option<std::net::IpAddr>,
     /// Whether it sees everything: authentication is off (anybody may then connect to MAP as a
     /// `system` participant), or its principal is one of `auth.system_principals`. Its MAP
     /// session is then a `system` participant's; otherwise a `client`'s.
@@ -102,9 +106,11 @@ pub async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
+    let ip = request.extensions().get::<PeerInfo>().map(|p| p.addr.ip());
     let Some(auth) = auth.as_ref() else {
         request.extensions_mut().insert(Caller {
             principal: None,
+            ip,
             sees_all: true,
         });
         return next.run(request).await;
@@ -117,6 +123,7 @@ pub async fn authenticate(
                 let sees_all = auth.may_be_system(&principal.id);
                 request.extensions_mut().insert(Caller {
                     principal: Some(principal),
+                    ip,
                     sees_all,
                 });
                 return next.run(request).await;

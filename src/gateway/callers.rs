@@ -2,15 +2,18 @@
 //! principal (never one per credential string: a principal rotating its JWTs keeps one session),
 //! reused while in use and closed once idle.
 //!
-//! Owns the table `principal subject → session`. Each session is opened over
+//! Owns the table `caller key → session`. Each session is opened over
 //! `InProcessLinks::connect_as` with the caller's verified principal, so the router applies that
 //! principal's grants, quotas and visibility exactly as over MAP. With authentication off there
-//! are no principals: every caller shares one anonymous session (as every MAP participant is
-//! anybody then).
+//! are no principals: callers are told apart by address ([`CallerSessions::get_for`]), so one
+//! address's flood spends its own session's rate budget, not everybody's; callers with no
+//! address (or on an exempt loopback address) share one anonymous session (every MAP
+//! participant is anybody then).
 //!
-//! Bounds: one session per principal that called within `idle`; a sweeper closes the others.
-//! The router's per-principal session quota applies to these sessions as to any other, and they
-//! use one slot of it each.
+//! Bounds: one session per principal (or address) that called within `idle`; a sweeper closes
+//! the others. At most [`MAX_ADDRESS_SESSIONS`] address sessions: past that the least recently
+//! used one is closed. The router's per-principal session quota applies to these sessions as
+//! to any other, and they use one slot of it each.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -25,8 +28,19 @@ use crate::transport::in_process::InProcessLinks;
 /// Default time a caller's session stays open after its last use.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(60);
 
-/// Who a session is for: a principal's subject (`id`, `issuer`), or nobody (authentication off).
-type Key = Option<(String, Option<String>)>;
+/// Most sessions of anonymous callers told apart by address (authentication off).
+pub const MAX_ADDRESS_SESSIONS: usize = 256;
+
+/// Who a session is for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    /// A principal's subject (`id`, `issuer`).
+    Principal(String, Option<String>),
+    /// An anonymous caller's address (authentication off).
+    Address(std::net::IpAddr),
+    /// Every other anonymous caller.
+    Anonymous,
+}
 
 #[derive(Debug)]
 struct Slot {
@@ -78,9 +92,42 @@ impl CallerSessions {
         principal: Option<&Principal>,
         options: impl FnOnce() -> ClientOptions,
     ) -> Result<Client, ClientError> {
-        let key: Key = principal.map(|p| (p.id.clone(), p.issuer.clone()));
+        self.get_for(principal, None, options).await
+    }
+
+    /// As [`CallerSessions::get`], for a caller that may have an address: without a principal,
+    /// `address` (when given) keys a session of its own.
+    ///
+    /// # Errors
+    /// As [`CallerSessions::get`].
+    pub async fn get_for(
+        &self,
+        principal: Option<&Principal>,
+        address: Option<std::net::IpAddr>,
+        options: impl FnOnce() -> ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let key = match (principal, address) {
+            (Some(p), _) => Key::Principal(p.id.clone(), p.issuer.clone()),
+            (None, Some(ip)) => Key::Address(ip),
+            (None, None) => Key::Anonymous,
+        };
+        let mut recycled = None;
         let cell = {
             let mut slots = lock(&self.slots);
+            if matches!(key, Key::Address(_)) && !slots.contains_key(&key) {
+                let addresses = slots
+                    .keys()
+                    .filter(|k| matches!(k, Key::Address(_)))
+                    .count();
+                if addresses >= MAX_ADDRESS_SESSIONS {
+                    let oldest = slots
+                        .iter()
+                        .filter(|(k, _)| matches!(k, Key::Address(_)))
+                        .min_by_key(|(_, s)| s.last_used)
+                        .map(|(k, _)| k.clone());
+                    recycled = oldest.and_then(|k| slots.remove(&k)).map(|s| s.cell);
+                }
+            }
             let fresh = || Slot {
                 cell: Arc::new(OnceCell::new()),
                 last_used: Instant::now(),
@@ -96,6 +143,13 @@ impl CallerSessions {
             slot.last_used = Instant::now();
             Arc::clone(&slot.cell)
         };
+        if let Some(old) = recycled.and_then(|c| c.get().cloned()) {
+            tokio::spawn(async move {
+                if old.disconnect().await.is_err() {
+                    let _ = old.close().await;
+                }
+            });
+        }
         let opened = cell
             .get_or_try_init(|| async {
                 match principal {

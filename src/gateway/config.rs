@@ -8,8 +8,11 @@ use serde::Deserialize;
 
 use crate::gateway::wire::AgentUri;
 
-/// Default largest MAMP message: the seed's own card advertises 10 MiB (`max_message_size`).
-pub const DEFAULT_MAMP_MAX_MESSAGE_SIZE: usize = 10 * 1024 * 1024;
+/// Default largest MAMP message: 256 KiB, what the router delivers (`[limits]
+/// max_payload_bytes`). The seed's own card advertises 10 MiB, but a message the router cannot
+/// carry would be accepted and never delivered; the card advertises the true limit, and a
+/// larger setting is lowered to what the router delivers (docs/gateways.md, "Limits").
+pub const DEFAULT_MAMP_MAX_MESSAGE_SIZE: usize = 256 * 1024;
 /// Default time an outbound MAMP POST may take (connect, send, answer): long enough for a
 /// remote agent that does some work before answering, short enough that a dead endpoint does
 /// not hold a message for long.
@@ -25,6 +28,68 @@ pub const DEFAULT_IM_MAX_FRAME_BYTES: usize = 1 << 20;
 /// after its last use: long enough for a conversation's back and forth, short enough that a
 /// caller who went away does not hold one of its principal's sessions for long.
 pub const DEFAULT_SESSION_IDLE_MS: u64 = 60_000;
+/// Default time a request body may take to arrive (as `/map/rpc`'s; a stalled connection is
+/// answered 408 and closed within it, well inside 15 s).
+pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 10_000;
+/// Default request budget of one caller (a principal, or an address without authentication),
+/// shared by its HTTP requests and its IM frames: 200 per second, bursts of 400. Far above what
+/// an agent chatting sends; a flooder spends its own budget and nobody else's.
+pub const DEFAULT_RATE_PER_CALLER: u32 = 200;
+/// Default burst of [`DEFAULT_RATE_PER_CALLER`].
+pub const DEFAULT_BURST_PER_CALLER: u32 = 400;
+/// Default most contacts the read model keeps of agents that are not online (the least
+/// recently active forgotten first). An online agent is always kept.
+pub const DEFAULT_MAX_CONTACTS: usize = 10_000;
+/// Default most conversations the read model keeps (the least recently active forgotten
+/// first).
+pub const DEFAULT_MAX_CONVERSATIONS: usize = 10_000;
+/// Default most live IM WebSockets in all (each is a MAP session and about 60 KB).
+pub const DEFAULT_IM_MAX_CONNECTIONS: usize = 4096;
+/// Default most live IM WebSockets of one caller (a principal, or an address without
+/// authentication): the router's default `max_sessions_per_principal`.
+pub const DEFAULT_IM_MAX_CONNECTIONS_PER_CALLER: usize = 64;
+/// Default longest one write to an IM WebSocket (or a wait for room in its outbound queue)
+/// may take before the peer is taken for one that stopped reading and dropped.
+pub const DEFAULT_IM_WRITE_TIMEOUT_MS: u64 = 10_000;
+/// Default WebSocket ping period of an IM connection; a pong (or any frame) must come back
+/// within `write_timeout_ms` of a ping, else the peer is dropped as deaf.
+pub const DEFAULT_IM_PING_INTERVAL_MS: u64 = 20_000;
+/// Default frames queued for one IM WebSocket's writer.
+pub const DEFAULT_IM_SEND_QUEUE: usize = 64;
+/// Room left in a MAP frame for the envelope around a gateway message's content (the JSON-RPC
+/// envelope, `meta`, the ids): the largest body a gateway accepts is the router's frame limit
+/// less this.
+pub const ENVELOPE_ROOM: usize = 16 * 1024;
+
+/// What the server tells the gateways about the router they translate for: the limits a
+/// message must fit to be deliverable at all, whether loopback callers are exempt from
+/// per-address limits, and the ports it listens on (an `agent://HOST:PORT/...` URI is ours
+/// only with one of them).
+#[derive(Debug, Clone)]
+pub struct RouterFacts {
+    /// `[limits] max_payload_bytes`: the largest message payload the router takes.
+    pub max_payload_bytes: usize,
+    /// `[limits] max_frame_bytes`: the largest frame a connection (the gateways' in-process
+    /// ones too) may send.
+    pub max_frame_bytes: usize,
+    /// `[limits] exempt_loopback`: loopback callers without a principal skip the per-address
+    /// rate bucket and connection cap (the global ones still apply).
+    pub exempt_loopback: bool,
+    /// The ports the server listens on.
+    pub listen_ports: Vec<u16>,
+}
+
+impl Default for RouterFacts {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 256 * 1024,
+            max_frame_bytes: 1 << 20,
+            exempt_loopback: true,
+            listen_ports: Vec::new(),
+        }
+    }
+}
+
 /// Most `[[gateways.mamp.remote]]` entries. Each is a MAP session and agent of the router's
 /// service principal for as long as the router runs: the configuration alone decides how many
 /// sessions the service holds for them, and this keeps that number small (well within
@@ -46,6 +111,17 @@ pub struct GatewaySettings {
     /// A caller's MAP session (and an outside MAMP sender's) is closed after this long unused,
     /// in ms (docs/gateways.md, "Identity").
     pub session_idle_ms: u64,
+    /// Longest a request body may take to arrive, in ms (408 and the connection closed after).
+    pub body_timeout_ms: u64,
+    /// Requests per second of one caller (principal, or address without authentication), its
+    /// HTTP requests and IM frames together; 0: unlimited.
+    pub rate_per_caller: u32,
+    /// Burst of `rate_per_caller`.
+    pub burst_per_caller: u32,
+    /// Most contacts kept of agents not online (read model; least recently active forgotten).
+    pub max_contacts: usize,
+    /// Most conversations kept (read model; least recently active forgotten).
+    pub max_conversations: usize,
 }
 
 /// `[gateways.mamp]`.
@@ -55,6 +131,8 @@ pub struct MampSettings {
     /// Serve `/mamp/v1/*` (default true).
     pub enabled: bool,
     /// Largest `POST /mamp/v1/messages` body in bytes (413 above it; advertised in the card).
+    /// Lowered to what the router can deliver when larger (`[limits] max_payload_bytes`, and
+    /// `max_frame_bytes` less [`ENVELOPE_ROOM`]).
     pub max_message_size: usize,
     /// Time limit of one outbound POST, in ms.
     pub request_timeout_ms: u64,
@@ -136,8 +214,19 @@ pub struct ImSettings {
     pub heartbeat_timeout_ms: u64,
     /// Time (ms) a new connection has to send its `register` frame.
     pub register_timeout_ms: u64,
-    /// Largest text frame an IM client may send, in bytes.
+    /// Largest text frame an IM client may send, in bytes (close 1009 above it).
     pub max_frame_bytes: usize,
+    /// Most live IM WebSockets in all (503 to the upgrade above it).
+    pub max_connections: usize,
+    /// Most live IM WebSockets of one caller (429 to the upgrade above it).
+    pub max_connections_per_caller: usize,
+    /// Longest one write to an IM WebSocket may take, in ms, before the peer is dropped as one
+    /// that stopped reading; also how long a ping may go unanswered.
+    pub write_timeout_ms: u64,
+    /// How often the gateway pings an IM WebSocket, in ms (0: never).
+    pub ping_interval_ms: u64,
+    /// Frames queued for one IM WebSocket's writer.
+    pub send_queue: usize,
 }
 
 impl Default for ImSettings {
@@ -147,6 +236,11 @@ impl Default for ImSettings {
             heartbeat_timeout_ms: DEFAULT_IM_HEARTBEAT_TIMEOUT_MS,
             register_timeout_ms: DEFAULT_IM_REGISTER_TIMEOUT_MS,
             max_frame_bytes: DEFAULT_IM_MAX_FRAME_BYTES,
+            max_connections: DEFAULT_IM_MAX_CONNECTIONS,
+            max_connections_per_caller: DEFAULT_IM_MAX_CONNECTIONS_PER_CALLER,
+            write_timeout_ms: DEFAULT_IM_WRITE_TIMEOUT_MS,
+            ping_interval_ms: DEFAULT_IM_PING_INTERVAL_MS,
+            send_queue: DEFAULT_IM_SEND_QUEUE,
         }
     }
 }
@@ -161,6 +255,16 @@ impl ImSettings {
     pub fn register_timeout(&self) -> Duration {
         Duration::from_millis(self.register_timeout_ms.max(1))
     }
+
+    /// [`ImSettings::write_timeout_ms`] as a duration.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms.max(1))
+    }
+
+    /// [`ImSettings::ping_interval_ms`] as a duration (`None`: no pings).
+    pub fn ping_interval(&self) -> Option<Duration> {
+        (self.ping_interval_ms > 0).then(|| Duration::from_millis(self.ping_interval_ms))
+    }
 }
 
 impl Default for GatewaySettings {
@@ -170,6 +274,11 @@ impl Default for GatewaySettings {
             mamp: MampSettings::default(),
             im: ImSettings::default(),
             session_idle_ms: DEFAULT_SESSION_IDLE_MS,
+            body_timeout_ms: DEFAULT_BODY_TIMEOUT_MS,
+            rate_per_caller: DEFAULT_RATE_PER_CALLER,
+            burst_per_caller: DEFAULT_BURST_PER_CALLER,
+            max_contacts: DEFAULT_MAX_CONTACTS,
+            max_conversations: DEFAULT_MAX_CONVERSATIONS,
         }
     }
 }
@@ -178,6 +287,11 @@ impl GatewaySettings {
     /// [`GatewaySettings::session_idle_ms`] as a duration.
     pub fn session_idle(&self) -> Duration {
         Duration::from_millis(self.session_idle_ms.max(1))
+    }
+
+    /// [`GatewaySettings::body_timeout_ms`] as a duration.
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_timeout_ms.max(1))
     }
 
     /// Checks what serde cannot: remote URIs and endpoints, namespace prefixes.

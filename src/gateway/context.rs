@@ -9,22 +9,39 @@
 //! configured remote agents), which no participant can connect as, register under or exhaust.
 //! Never the `in-process` transport's shared principal.
 //!
+//! Every request is checked first by the [`Guard`] (`guard.rs`): its caller's rate budget
+//! ([`GatewayContext::check_rate`], one bucket per principal, or per address without
+//! authentication), before any MAP call; and the limits a message must fit to be deliverable
+//! at all are the router's own ([`RouterFacts`]): what the gateways accept they can deliver.
+//!
+//! **One URI per agent.** Our agents' canonical URI is `agent://<host>/<id>` with
+//! [`GatewayContext::host`]; [`GatewayContext::local_id`] is the one rule of which URIs name
+//! our agents (the domain, the default host or the request's `Host`, each with or without one
+//! of our listening ports), used by every route and frame.
+//!
 //! Must not hold routing state: who is registered, online or in which conversation is the
 //! router's (read through MAP calls and the event log, `directory.rs`).
 
 use std::sync::{Arc, OnceLock};
 
-use axum::http::{header, HeaderMap};
+use axum::body::Body;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
 use tokio::sync::OnceCell;
 
 use crate::auth::Authenticator;
 use crate::client::{Client, ClientError, ClientOptions};
 use crate::gateway::caller::Caller;
 use crate::gateway::callers::CallerSessions;
-use crate::gateway::config::GatewaySettings;
+use crate::gateway::config::{GatewaySettings, RouterFacts, ENVELOPE_ROOM};
 use crate::gateway::directory::Directory;
+use crate::gateway::guard::{
+    json_content_type, read_body, BodyError, CallerKey, Guard, GuardSettings,
+};
+use crate::gateway::im::table::ImTable;
 use crate::gateway::peer_table::PeerTable;
-use crate::gateway::wire::{AgentUri, GatewayError};
+use crate::gateway::threads::Threads;
+use crate::gateway::wire::{closing, AgentUri, Failure, GatewayError};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{Capability, ParticipantType};
 use crate::protocol::jsonrpc::ErrorCode;
@@ -53,6 +70,43 @@ pub struct GatewayContext {
     callers: OnceLock<Arc<CallerSessions>>,
     /// The sessions standing for outside agents.
     pub peers: Arc<PeerTable>,
+    /// The IM gateway's table (live connections, who registered which URI); kept here so
+    /// that its size can be read beside the others ([`GatewayContext::sizes`]).
+    pub im_table: Arc<ImTable>,
+    /// The conversation of each message the gateways sent for an outside caller (replies).
+    pub threads: Threads,
+    /// The checks every route makes first: rate per caller, body reads with a deadline.
+    pub guard: Guard,
+    /// What the router delivers (its payload and frame limits), and where it listens.
+    pub facts: RouterFacts,
+}
+
+/// How big the gateways' tables are (for tests and operators): each is bounded
+/// (docs/gateways.md, "Limits").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sizes {
+    /// Contacts of the read model (online and not).
+    pub contacts: usize,
+    /// Conversations of the read model.
+    pub conversations: usize,
+    /// Messages the read model remembers (to thread deliveries).
+    pub remembered_messages: usize,
+    /// Live IM connections the read model lists.
+    pub live: usize,
+    /// Outside senders' (and remote agents') sessions held.
+    pub peers: usize,
+    /// Mailboxes of outside senders held.
+    pub mailboxes: usize,
+    /// MAMP conversation-id mappings.
+    pub conversation_map: usize,
+    /// Reply threads remembered.
+    pub threads: usize,
+    /// Live IM connections (upgraded sockets, registered or not).
+    pub im_connections: usize,
+    /// Owners of IM URIs remembered.
+    pub im_owners: usize,
+    /// Callers' own sessions.
+    pub caller_sessions: usize,
 }
 
 impl std::fmt::Debug for GatewayContext {
@@ -94,15 +148,24 @@ fn refused_session(whose: &str, e: ClientError) -> GatewayError {
 }
 
 impl GatewayContext {
-    /// A context over `links`.
+    /// A context over `links`, for a router with `facts`.
     pub fn new(
         settings: GatewaySettings,
         auth: Option<Arc<Authenticator>>,
         router_name: String,
         default_host: String,
         links: Arc<dyn InProcessLinks + Send + Sync>,
+        facts: RouterFacts,
     ) -> Self {
-        Self {
+        let rate = (settings.rate_per_caller > 0)
+            .then_some((settings.rate_per_caller, settings.burst_per_caller));
+        let guard = Guard::new(GuardSettings {
+            body_timeout: settings.body_timeout(),
+            rate,
+            ..GuardSettings::default()
+        });
+        let configured = settings.mamp.max_message_size;
+        let ctx = Self {
             settings,
             auth,
             router_name,
@@ -111,7 +174,165 @@ impl GatewayContext {
             service: OnceCell::new(),
             callers: OnceLock::new(),
             peers: Arc::new(PeerTable::default()),
+            im_table: Arc::new(ImTable::default()),
+            threads: Threads::default(),
+            guard,
+            facts,
+        };
+        let deliverable = ctx.mamp_max_message_size();
+        if configured > deliverable {
+            tracing::warn!(
+                configured,
+                deliverable,
+                "gateways.mamp.max_message_size is above what the router delivers \
+                 (limits.max_payload_bytes, limits.max_frame_bytes): lowered, and the card says so"
+            );
         }
+        ctx
+    }
+
+    /// The largest MAMP message accepted (and advertised): `max_message_size`, lowered to what
+    /// the router delivers: a payload of at most `max_payload_bytes` in a frame of at most
+    /// `max_frame_bytes` (less room for the envelope).
+    pub fn mamp_max_message_size(&self) -> usize {
+        self.settings
+            .mamp
+            .max_message_size
+            .min(self.facts.max_payload_bytes)
+            .min(self.deliverable_frame())
+    }
+
+    /// The largest `POST /gateway/send` body accepted: `gateways.im.max_frame_bytes`, lowered
+    /// to what fits a MAP frame. Its `content` must also fit `max_payload_bytes`.
+    pub fn im_max_body(&self) -> usize {
+        self.settings
+            .im
+            .max_frame_bytes
+            .min(self.deliverable_frame())
+    }
+
+    fn deliverable_frame(&self) -> usize {
+        self.facts
+            .max_frame_bytes
+            .saturating_sub(ENVELOPE_ROOM)
+            .max(1024)
+    }
+
+    /// 413 unless `content` (a message's payload as sent) fits the router's payload limit.
+    ///
+    /// # Errors
+    /// 413 `message_too_large`.
+    pub fn check_payload(&self, content: &str) -> Result<(), Failure> {
+        let max = self.facts.max_payload_bytes;
+        if content.len() > max {
+            return Err(Failure::too_large(format!(
+                "content of {} bytes is above the {max} bytes a MAP message may carry \
+                 (limits.max_payload_bytes)",
+                content.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whose rate bucket `caller` spends: its principal's, else its address's (`None`: a
+    /// loopback caller without a principal, exempt as over MAP when `limits.exempt_loopback`).
+    pub fn caller_key(&self, caller: &Caller) -> Option<CallerKey> {
+        if let Some(p) = &caller.principal {
+            return Some(CallerKey::Principal(p.id.clone(), p.issuer.clone()));
+        }
+        match caller.ip {
+            Some(ip) if self.facts.exempt_loopback && ip.is_loopback() => None,
+            Some(ip) => Some(CallerKey::Ip(ip)),
+            None => Some(CallerKey::Unknown),
+        }
+    }
+
+    /// Takes one request from `caller`'s budget, before any work is done for it.
+    ///
+    /// # Errors
+    /// 429 `rate_limited` with when to try again.
+    pub fn check_rate(&self, caller: &Caller) -> Result<(), Failure> {
+        match self.caller_key(caller) {
+            Some(key) => self.guard.rate(&key).map_err(Failure::rate_limited),
+            None => Ok(()),
+        }
+    }
+
+    /// The checks of a POST before its body is read, then the body: the caller's rate (429),
+    /// `application/json` (415), the size (413, from `Content-Length` at once, else while
+    /// reading), the body deadline (408). Answers given before the body was read close the
+    /// connection. `setting` names the limit in the 413's message.
+    ///
+    /// # Errors
+    /// The answer to send instead.
+    pub async fn guarded_body(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        body: Body,
+        max: usize,
+        setting: &str,
+    ) -> Result<axum::body::Bytes, Response> {
+        self.check_rate(caller).map_err(|f| closing(f.response()))?;
+        if !json_content_type(headers) {
+            return Err(closing(
+                Failure::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    "send the body as Content-Type: application/json",
+                )
+                .response(),
+            ));
+        }
+        let deadline = self.guard.settings().body_timeout;
+        read_body(headers, body, max, deadline)
+            .await
+            .map_err(|e| match e {
+                BodyError::TooLarge(_) => closing(
+                    Failure::too_large(format!(
+                        "the body is limited to {max} bytes ({setting}: what the router delivers)"
+                    ))
+                    .response(),
+                ),
+                BodyError::Timeout => closing(
+                    Failure::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request_timeout",
+                        format!("the body did not arrive within {} ms", deadline.as_millis()),
+                    )
+                    .response(),
+                ),
+                BodyError::Broken => closing(
+                    Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_message",
+                        "the body ended before it was complete",
+                    )
+                    .response(),
+                ),
+            })
+    }
+
+    /// The sizes of the gateways' tables.
+    pub fn sizes(&self) -> Sizes {
+        let mut s = Sizes {
+            peers: self.peers.len(),
+            mailboxes: self.peers.mailboxes(),
+            conversation_map: self.peers.conversation_mappings(),
+            threads: self.threads.len(),
+            im_connections: self.im_table.connections(),
+            im_owners: self.im_table.owners(),
+            caller_sessions: self.callers.get().map_or(0, |c| c.len()),
+            ..Sizes::default()
+        };
+        if let Some(service) = self.service.get() {
+            let d = service.directory.sizes();
+            s.contacts = d.contacts;
+            s.conversations = d.conversations;
+            s.remembered_messages = d.remembered_messages;
+            s.live = d.live;
+        }
+        s
     }
 
     /// Opens an in-process MAP session as `principal` (`None`: authentication is off, and
@@ -171,8 +392,14 @@ impl GatewayContext {
             ParticipantType::Client
         };
         let name = caller.name().to_owned();
+        // Without a principal, a caller's address keys its own session (so one address's
+        // flood spends that session's rate budget), unless it is an exempt loopback address.
+        let address = self.caller_key(caller).and_then(|k| match k {
+            CallerKey::Ip(ip) => Some(ip),
+            _ => None,
+        });
         self.callers()
-            .get(caller.principal.as_ref(), || {
+            .get_for(caller.principal.as_ref(), address, || {
                 ClientOptions::new()
                     .participant_type(kind)
                     .name(format!("MAMP/IM caller {name}"))
@@ -204,13 +431,20 @@ impl GatewayContext {
                     ),
                     None => None,
                 };
-                let directory = Directory::start(client.clone(), public).await?;
+                let directory = Directory::start(
+                    client.clone(),
+                    public,
+                    self.settings.max_contacts,
+                    self.settings.max_conversations,
+                )
+                .await?;
                 Ok(Service { client, directory })
             })
             .await
     }
 
-    /// The host of our `agent://` URIs: `[gateways] domain`, else the default host.
+    /// The host of our canonical `agent://` URIs: `[gateways] domain`, else the default host
+    /// (the first listen address, with its port).
     pub fn host(&self) -> &str {
         self.settings
             .domain
@@ -219,27 +453,50 @@ impl GatewayContext {
     }
 
     /// Whether `host` (of an `agent://HOST/ID`) names this router: the configured domain, the
-    /// default host, or the host the request was addressed to (`Host` header, with or without
-    /// its port).
+    /// default host, or the host the request was addressed to (`Host` header), each with or
+    /// without a port; a port given must be one we listen on (or the request's own).
     pub fn is_local_host(&self, host: &str, headers: &HeaderMap) -> bool {
-        if host.eq_ignore_ascii_case(self.host()) || host.eq_ignore_ascii_case(&self.default_host) {
-            return true;
-        }
-        let Some(given) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        let (name, port) = split_port(host);
+        let given = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        let ours: Vec<(&str, Option<u16>)> = [
+            self.settings.domain.as_deref(),
+            Some(self.default_host.as_str()),
+            given,
+        ]
+        .into_iter()
+        .flatten()
+        .map(split_port)
+        .collect();
+        if name.is_empty() || !ours.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
             return false;
-        };
-        let bare = given.rsplit_once(':').map_or(given, |(h, port)| {
-            if port.chars().all(|c| c.is_ascii_digit()) {
-                h
-            } else {
-                given
+        }
+        match port {
+            None => true,
+            Some(p) => {
+                self.facts.listen_ports.contains(&p) || ours.iter().any(|(_, q)| *q == Some(p))
             }
-        });
-        host.eq_ignore_ascii_case(given) || host.eq_ignore_ascii_case(bare)
+        }
+    }
+
+    /// The id part of `uri` when it names one of our agents (`agent://<one of our hosts>/<id>`,
+    /// [`GatewayContext::is_local_host`]).
+    pub fn local_id(&self, uri: &str, headers: &HeaderMap) -> Option<String> {
+        let u = AgentUri::parse(uri)?;
+        self.is_local_host(&u.host, headers).then_some(u.id)
+    }
+
+    /// `uri` in its one form: a URI of our host (any of its spellings) as
+    /// `agent://<host>/<id>`, any other as given.
+    pub fn canonical(&self, uri: &str, headers: &HeaderMap) -> String {
+        match self.local_id(uri, headers) {
+            Some(id) => format!("{}{}/{id}", AgentUri::SCHEME, self.host()),
+            None => uri.to_owned(),
+        }
     }
 
     /// The `agent://` URI of a MAP agent id: the id itself when it already is one (IM agents
-    /// and remote MAMP agents are registered under their URI), else `agent://<host>/<id>`.
+    /// and remote MAMP agents are registered under their URI), else the canonical
+    /// `agent://<host>/<id>`.
     pub fn uri_of(&self, agent_id: &str) -> String {
         if agent_id.starts_with(AgentUri::SCHEME) {
             agent_id.to_owned()
@@ -249,18 +506,72 @@ impl GatewayContext {
     }
 }
 
-/// A MAP agent by id, else by unique name (as `client`, which sees what it may see).
-pub async fn resolve(client: &Client, id_or_name: &str) -> Option<Agent> {
-    if let Ok(agent) = client.get_agent(id_or_name).await {
-        return Some(agent);
+/// `host[:port]` (or `[v6]:port`) split; a suffix that is not a port stays in the name.
+pub fn split_port(host: &str) -> (&str, Option<u16>) {
+    if let Some(rest) = host.strip_prefix('[') {
+        if let Some((v6, tail)) = rest.split_once(']') {
+            let port = tail.strip_prefix(':').and_then(|p| p.parse().ok());
+            return (v6, port);
+        }
     }
-    let agents = client.list_agents(Default::default()).await.ok()?;
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') => match port.parse() {
+            Ok(p) => (name, Some(p)),
+            Err(_) => (host, None),
+        },
+        _ => (host, None),
+    }
+}
+
+/// Whether a refused lookup means "no such agent (that you may see)".
+fn not_found(e: &ClientError) -> bool {
+    matches!(e, ClientError::Rpc { code, .. }
+        if *code == ErrorCode::AGENT_NOT_FOUND
+            || *code == ErrorCode::ADDRESS_NOT_FOUND
+            || *code == ErrorCode::PERMISSION_DENIED
+            || *code == ErrorCode::INVALID_PARAMS)
+}
+
+/// A lookup's error that is not "not found": a rate limit (429), the session gone (503), ...
+fn lookup_error(e: ClientError) -> GatewayError {
+    match &e {
+        ClientError::Rpc { code, data, .. } if *code == ErrorCode::RATE_LIMITED => {
+            GatewayError::RateLimited(crate::gateway::wire::retry_after_of(data.as_ref()))
+        }
+        _ => GatewayError::Map(e),
+    }
+}
+
+/// A MAP agent by id, else by unique name (as `client`, which sees what it may see).
+///
+/// # Errors
+/// A lookup the router refused for another reason than "not found" (a rate limit, the session
+/// gone): never reported as not found.
+pub async fn resolve(client: &Client, id_or_name: &str) -> Result<Option<Agent>, GatewayError> {
+    match client.get_agent(id_or_name).await {
+        Ok(agent) => return Ok(Some(agent)),
+        Err(e) if not_found(&e) => {}
+        Err(e) => return Err(lookup_error(e)),
+    }
+    let agents = client
+        .list_agents(Default::default())
+        .await
+        .map_err(lookup_error)?;
     let mut named = agents
         .into_iter()
         .filter(|a| a.name.as_deref() == Some(id_or_name));
-    match (named.next(), named.next()) {
+    Ok(match (named.next(), named.next()) {
         (Some(a), None) => Some(a),
         _ => None,
+    })
+}
+
+/// An agent by its exact id, as `client` sees it.
+async fn by_id(client: &Client, id: &str) -> Result<Option<Agent>, GatewayError> {
+    match client.get_agent(id).await {
+        Ok(a) => Ok(Some(a)),
+        Err(e) if not_found(&e) => Ok(None),
+        Err(e) => Err(lookup_error(e)),
     }
 }
 
@@ -271,21 +582,24 @@ pub async fn resolve(client: &Client, id_or_name: &str) -> Option<Agent> {
 ///
 /// Our own agents come first, so that nobody holding the URI `agent://<our host>/<id>` can
 /// catch what is sent to our agent `<id>` (an IM registration of such a URI is refused too).
+///
+/// # Errors
+/// As [`resolve`]: a refusal that is not "not found" (429 for a rate limit, ...).
 pub async fn resolve_target(
     ctx: &GatewayContext,
     client: &Client,
     to: &str,
     headers: &HeaderMap,
-) -> Option<Agent> {
+) -> Result<Option<Agent>, GatewayError> {
     match AgentUri::parse(to) {
         Some(uri) if ctx.is_local_host(&uri.host, headers) => {
-            match resolve(client, &uri.id).await {
-                Some(a) => Some(a),
-                None => client.get_agent(to).await.ok(),
+            match resolve(client, &uri.id).await? {
+                Some(a) => Ok(Some(a)),
+                None => by_id(client, &ctx.canonical(to, headers)).await,
             }
         }
-        Some(_) => client.get_agent(to).await.ok(),
+        Some(_) => by_id(client, to).await,
         None if !to.is_empty() => resolve(client, to).await,
-        None => None,
+        None => Ok(None),
     }
 }

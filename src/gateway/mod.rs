@@ -20,7 +20,10 @@
 //!   from the event log, answered per caller), `peers.rs` and `peer_table.rs` (the sessions
 //!   that stand for outside agents), `outbound.rs` (MAMP POSTs), `wire.rs` (URIs, times, error
 //!   bodies, [`wire::Failure`]), `config.rs` (`[gateways]`).
-//! - `callers.rs`: one MAP session per caller principal, for every gateway.
+//! - `callers.rs`: one MAP session per caller principal, for every gateway; `guard.rs`: the
+//!   checks every gateway route makes first (rate per caller, body reads with a deadline).
+//! - `threads.rs`: the conversation of each message sent for an outside caller (replies);
+//!   `recency.rs`: least-recently-used order for the bounded tables.
 //!
 //! This module only declares the gateways and merges the MAMP and IM routes ([`routes`]).
 
@@ -36,7 +39,9 @@ pub mod mamp;
 pub mod outbound;
 pub mod peer_table;
 pub mod peers;
+pub mod recency;
 pub mod senders;
+pub mod threads;
 pub mod wire;
 
 use std::sync::Arc;

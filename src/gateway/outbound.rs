@@ -4,8 +4,10 @@
 //! The conversation id is kept as the seed's `send_to_agent` keeps it: the first message of
 //! one of our conversations goes without `conversation_id`, the remote answers with its own,
 //! and later messages of the same conversation carry that one (`PeerTable::map_conversation`).
-//! Our conversation is the message's `meta.mail.conversationId`; a message without one belongs
-//! to the sender's direct conversation with the remote.
+//! Our conversation is the message's `meta.mail.conversationId`, else that of the message it
+//! answers (`threads.rs`: a reply is threaded into the conversation it answers); a message
+//! with neither belongs to the sender's direct conversation with the remote. A conversation
+//! the remote started here is known to it by our id, which `mamp/mod.rs` records as "theirs".
 //!
 //! HTTP: hyper's own HTTP/1 client connection (`hyper::client::conn::http1`) over a tokio
 //! `TcpStream`, one connection per message: hyper is already built for the server, so this
@@ -19,7 +21,7 @@ use tokio::net::TcpStream;
 
 use crate::gateway::config::RemoteMamp;
 use crate::gateway::context::GatewayContext;
-use crate::gateway::wire::{iso8601, now_ms};
+use crate::gateway::wire::iso8601;
 use crate::protocol::message::Message;
 
 /// Largest answer read from a remote MAMP server.
@@ -52,31 +54,47 @@ pub async fn deliver(ctx: &GatewayContext, remote: &RemoteMamp, message: &Messag
     }
 }
 
-async fn post(ctx: &GatewayContext, remote: &RemoteMamp, message: &Message) -> Result<(), String> {
-    let meta = message.meta.as_ref().map(|m| m.to_value());
-    let local_conv = meta
-        .as_ref()
-        .and_then(|m| m.pointer("/mail/conversationId"))
-        .and_then(|v| v.as_str())
-        .map_or_else(|| format!("direct:{}", message.from), str::to_owned);
-    let theirs = ctx.peers.theirs(&remote.uri, &local_conv);
+/// The seed's envelope of `message` to `to`, in `conversation_id` (what the recipient calls
+/// the conversation); `ours`: our conversation id, shown as `metadata.map_conversation_id`.
+pub fn envelope(
+    ctx: &GatewayContext,
+    to: &str,
+    message: &Message,
+    conversation_id: Option<&str>,
+    ours: Option<&str>,
+) -> Result<Vec<u8>, String> {
     let empty = RawValue::from_string("\"\"".into()).map_err(|e| e.to_string())?;
     let content = message.payload.as_ref().map_or(&*empty, |p| p.as_raw());
     let from = ctx.uri_of(&message.from);
-    let mut metadata = serde_json::json!({ "timestamp": iso8601(now_ms()) });
-    if !local_conv.starts_with("direct:") {
-        metadata["map_conversation_id"] = local_conv.clone().into();
+    let mut metadata = serde_json::json!({ "timestamp": iso8601(message.timestamp) });
+    if let Some(ours) = ours {
+        metadata["map_conversation_id"] = ours.into();
     }
     let envelope = Envelope {
         protocol: "mamp/1.0",
         message_id: message.id.as_str(),
-        conversation_id: theirs.as_deref(),
+        conversation_id,
         from: &from,
-        to: &remote.uri,
+        to,
         content,
         metadata,
     };
-    let body = serde_json::to_vec(&envelope).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&envelope).map_err(|e| e.to_string())
+}
+
+async fn post(ctx: &GatewayContext, remote: &RemoteMamp, message: &Message) -> Result<(), String> {
+    let threaded = ctx.threads.conversation_of(message);
+    let local_conv = threaded
+        .clone()
+        .unwrap_or_else(|| format!("direct:{}", message.from));
+    let theirs = ctx.peers.theirs(&remote.uri, &local_conv);
+    let body = envelope(
+        ctx,
+        &remote.uri,
+        message,
+        theirs.as_deref(),
+        threaded.as_deref(),
+    )?;
     let limit = ctx.settings.mamp.request_timeout();
     let answer = tokio::time::timeout(
         limit,

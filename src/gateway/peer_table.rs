@@ -1,7 +1,8 @@
 //! [`PeerTable`]: the sessions that stand for outside agents (`peers.rs` opens them), each
-//! with its owner, and the MAMP conversation-id mapping (ours ↔ a remote agent's), all in
-//! memory: a restart opens the sessions again on first use, and a remote conversation started
-//! before it is a new one after.
+//! with its owner; the mailboxes of outside senders that have no endpoint (what MAP agents
+//! sent them, until they fetch it); and the MAMP conversation-id mapping (ours ↔ what a remote
+//! agent calls it), all in memory: a restart opens the sessions again on first use, and a
+//! remote conversation started before it is a new one after.
 //!
 //! Owners and bounds (docs/gateways.md, "Identity"):
 //! - a configured remote agent's peer belongs to the router's service (`owner: None`): opened
@@ -15,18 +16,33 @@
 //!   receive what is sent to it). The sweeper (`peers.rs`) closes those unused for
 //!   `[gateways] session_idle_ms`.
 //!
+//! - a mailbox holds at most [`MAILBOX_MESSAGES`] messages (its peer's session is closed when
+//!   it is full, so the router queues or fails what follows instead of delivering it), and is
+//!   kept [`MAILBOX_TTL`] after its last message; at most [`MAX_PEERS`] mailboxes in all;
+//! - the conversation mapping keeps at most [`MAX_CONVERSATION_MAPPINGS`] pairs, the least
+//!   recently used forgotten first.
+//!
 //! NB. A std mutex, never held across an await: a peer is opened outside it, once, through
 //! the slot's `OnceCell` (two first messages from one sender open one session).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::OnceCell;
+use tokio::sync::{Notify, OnceCell};
 
 use crate::client::{AgentHandle, Client, ConnectionState};
 use crate::gateway::caller::Subject;
+use crate::gateway::recency::BoundedMap;
 use crate::gateway::wire::GatewayError;
+use crate::protocol::message::Message;
+
+/// Most messages kept for one outside sender until it fetches them.
+pub const MAILBOX_MESSAGES: usize = 64;
+/// How long an unfetched mailbox is kept after its last message.
+pub const MAILBOX_TTL: Duration = Duration::from_secs(600);
+/// Most MAMP conversation-id pairs remembered.
+pub const MAX_CONVERSATION_MAPPINGS: usize = 65_536;
 
 /// Most outside senders' sessions one caller holds at once. Below the router's default
 /// `max_sessions_per_principal` (64), so that a principal's outside senders leave room for
@@ -45,6 +61,62 @@ pub struct Peer {
     pub client: Client,
     /// Its MAP agent (kept so that the agent's messages reach the pump).
     pub agent: AgentHandle,
+    /// When its session was opened (a fetch right after waits for what the router delivers
+    /// on reclaiming the agent).
+    pub opened_at: Instant,
+}
+
+/// What MAP agents sent an outside sender that has no endpoint, until it fetches it
+/// (`GET /mamp/v1/messages?agent=<uri>`).
+#[derive(Debug, Default)]
+pub struct Mailbox {
+    queue: Mutex<VecDeque<Message>>,
+    arrived: Notify,
+}
+
+impl Mailbox {
+    /// Keeps `message`; whether the mailbox is now full.
+    pub fn push(&self, message: Message) -> bool {
+        let mut q = lock(&self.queue);
+        q.push_back(message);
+        let full = q.len() >= MAILBOX_MESSAGES;
+        drop(q);
+        self.arrived.notify_waiters();
+        full
+    }
+
+    /// Everything kept, oldest first.
+    pub fn take(&self) -> Vec<Message> {
+        lock(&self.queue).drain(..).collect()
+    }
+
+    /// Messages kept.
+    pub fn len(&self) -> usize {
+        lock(&self.queue).len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until nothing new arrived for `quiet` (at most `limit` in all).
+    pub async fn settle(&self, quiet: Duration, limit: Duration) {
+        let _ = tokio::time::timeout(limit, async {
+            while tokio::time::timeout(quiet, self.arrived.notified())
+                .await
+                .is_ok()
+            {}
+        })
+        .await;
+    }
+}
+
+#[derive(Debug)]
+struct MailboxSlot {
+    owner: Option<Subject>,
+    mailbox: Arc<Mailbox>,
+    last: Instant,
 }
 
 #[derive(Debug)]
@@ -85,16 +157,27 @@ pub struct Claimed {
 #[derive(Debug, Default)]
 pub struct PeerTable {
     slots: Mutex<HashMap<String, Slot>>,
+    /// Outside senders' mailboxes, by URI.
+    mailboxes: Mutex<HashMap<String, MailboxSlot>>,
     /// MAMP conversation ids: (remote URI, our conversation) ↔ (remote URI, theirs).
     conversations: Mutex<ConversationMap>,
     /// Whether the idle sweeper runs (started with the first peer).
     pub(crate) sweeping: std::sync::atomic::AtomicBool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ConversationMap {
-    ours_to_theirs: HashMap<(String, String), String>,
-    theirs_to_ours: HashMap<(String, String), String>,
+    ours_to_theirs: BoundedMap<(String, String), String>,
+    theirs_to_ours: BoundedMap<(String, String), String>,
+}
+
+impl Default for ConversationMap {
+    fn default() -> Self {
+        Self {
+            ours_to_theirs: BoundedMap::new(MAX_CONVERSATION_MAPPINGS),
+            theirs_to_ours: BoundedMap::new(MAX_CONVERSATION_MAPPINGS),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -224,7 +307,8 @@ impl PeerTable {
             .cloned()
     }
 
-    /// The remote's conversation id for `ours`.
+    /// What the remote calls our conversation `ours`: its own id (a conversation our side
+    /// started there), or ours (one it started here).
     pub fn theirs(&self, remote: &str, ours: &str) -> Option<String> {
         lock(&self.conversations)
             .ours_to_theirs
@@ -239,6 +323,92 @@ impl PeerTable {
             .insert((remote.to_owned(), ours.to_owned()), theirs.to_owned());
         map.theirs_to_ours
             .insert((remote.to_owned(), theirs.to_owned()), ours.to_owned());
+    }
+
+    /// Conversation-id pairs remembered.
+    pub fn conversation_mappings(&self) -> usize {
+        lock(&self.conversations).ours_to_theirs.len()
+    }
+
+    /// The mailbox of outside sender `uri` (of `owner`), made when there is none; `None` when
+    /// another owner holds it.
+    pub fn mailbox(&self, uri: &str, owner: Option<&Subject>) -> Option<Arc<Mailbox>> {
+        let mut boxes = lock(&self.mailboxes);
+        if let Some(slot) = boxes.get_mut(uri) {
+            if slot.owner.as_ref() != owner {
+                return None;
+            }
+            slot.last = Instant::now();
+            return Some(Arc::clone(&slot.mailbox));
+        }
+        if boxes.len() >= MAX_PEERS {
+            // Room: the mailbox unused for longest (its messages are dropped, and logged).
+            let oldest = boxes
+                .iter()
+                .min_by_key(|(_, s)| s.last)
+                .map(|(k, _)| k.clone());
+            if let Some(old) = oldest.and_then(|k| boxes.remove(&k).map(|s| (k, s))) {
+                dropped(&old.0, &old.1, "the mailboxes' cap");
+            }
+        }
+        let mailbox = Arc::new(Mailbox::default());
+        boxes.insert(
+            uri.to_owned(),
+            MailboxSlot {
+                owner: owner.cloned(),
+                mailbox: Arc::clone(&mailbox),
+                last: Instant::now(),
+            },
+        );
+        Some(mailbox)
+    }
+
+    /// The mailbox of `uri` if `owner` holds one.
+    pub fn mailbox_of(&self, uri: &str, owner: Option<&Subject>) -> Option<Arc<Mailbox>> {
+        lock(&self.mailboxes)
+            .get(uri)
+            .filter(|s| s.owner.as_ref() == owner)
+            .map(|s| Arc::clone(&s.mailbox))
+    }
+
+    /// Forgets mailboxes that are empty and unused for `idle`, or unfetched for
+    /// [`MAILBOX_TTL`] (their messages are dropped, and logged), except those whose peer is
+    /// still open.
+    pub fn sweep_mailboxes(&self, idle: Duration) {
+        let now = Instant::now();
+        let open: std::collections::HashSet<String> = lock(&self.slots).keys().cloned().collect();
+        let mut boxes = lock(&self.mailboxes);
+        let stale: Vec<String> = boxes
+            .iter()
+            .filter(|(uri, s)| {
+                let age = now.duration_since(s.last);
+                !open.contains(uri.as_str())
+                    && ((s.mailbox.is_empty() && age >= idle) || age >= MAILBOX_TTL)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for uri in stale {
+            if let Some(slot) = boxes.remove(&uri) {
+                dropped(&uri, &slot, "its time to live");
+            }
+        }
+    }
+
+    /// Mailboxes held.
+    pub fn mailboxes(&self) -> usize {
+        lock(&self.mailboxes).len()
+    }
+}
+
+/// Logs the messages of a mailbox forgotten before they were fetched.
+fn dropped(uri: &str, slot: &MailboxSlot, why: &str) {
+    let n = slot.mailbox.len();
+    if n > 0 {
+        tracing::warn!(
+            sender = %uri,
+            messages = n,
+            "an outside sender's unfetched messages were dropped ({why})"
+        );
     }
 }
 

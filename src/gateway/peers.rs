@@ -10,12 +10,22 @@
 //! as over MAP, and nobody else's.
 //!
 //! Messages MAP agents send to a peer's agent arrive on its session; for a configured remote
-//! MAMP agent they are POSTed to its endpoint (`outbound.rs`), for others they are logged and
-//! dropped (nobody outside can receive them).
+//! MAMP agent they are POSTed to its endpoint (`outbound.rs`); for any other outside sender
+//! they are kept in its mailbox (`peer_table.rs`), which it fetches with
+//! `GET /mamp/v1/messages?agent=<its URI>` (docs/gateways.md, "Replies"). A full mailbox closes
+//! the peer's session, so nothing more is delivered where nobody would receive it.
+//!
+//! An outside sender's session closed for idleness ends with `map/disconnect` and the
+//! `grace-period` policy: its MAP agent is offline (orphaned) for `session_idle_ms`, so a
+//! `guaranteed` message to it waits in the router's queue and is delivered into its mailbox
+//! when its next request reopens the session (reclaiming the agent), and anything else fails
+//! (`message_failed`) instead of being reported delivered; then the agent is unregistered. One
+//! recycled to make room for its owner's newer senders is unregistered at once (its owner
+//! chose to post as more senders than it may hold): what is sent to it then fails.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
@@ -25,7 +35,7 @@ use crate::gateway::caller::{Caller, Subject};
 use crate::gateway::config::RemoteMamp;
 use crate::gateway::context::GatewayContext;
 use crate::gateway::outbound;
-use crate::gateway::peer_table::{Peer, PeerTable};
+use crate::gateway::peer_table::{Mailbox, Peer, PeerTable};
 use crate::gateway::wire::GatewayError;
 use crate::protocol::ids::AgentId;
 use crate::protocol::json::RawJson;
@@ -128,8 +138,21 @@ async fn open(
         uri: uri.to_owned(),
         client: session,
         agent,
+        opened_at: Instant::now(),
     };
-    spawn_pump(Arc::clone(ctx), peer.clone(), remote.cloned());
+    let sink = match remote {
+        Some(r) => Sink::Remote(r.clone()),
+        None => match ctx.peers.mailbox(uri, owner) {
+            Some(mailbox) => Sink::Mailbox(mailbox),
+            None => {
+                end(&peer.client).await;
+                return Err(GatewayError::Forbidden(format!(
+                    "{uri} is held by another sender's session"
+                )));
+            }
+        },
+    };
+    spawn_pump(Arc::clone(ctx), peer.clone(), sink);
     Ok(peer)
 }
 
@@ -147,18 +170,43 @@ async fn end(client: &Client) {
     }
 }
 
+/// Ends an outside sender's session, leaving its agent offline (orphaned) for `grace`: what is
+/// sent to it meanwhile is queued (`guaranteed`) or fails, and its next request reclaims it.
+async fn detach(client: &Client, grace: Duration) {
+    let policy = json!({"policy": {
+        "agentBehavior": "grace-period",
+        "gracePeriodMs": grace.as_millis() as u64,
+    }, "reason": "idle"});
+    let _ = client.call_raw("map/disconnect", policy).await;
+    let _ = client.close().await;
+}
+
+/// Where a peer's messages go.
+enum Sink {
+    /// POSTed to a configured remote agent.
+    Remote(RemoteMamp),
+    /// Kept for an outside sender to fetch.
+    Mailbox(Arc<Mailbox>),
+}
+
 /// Reads the peer agent's messages until its session ends.
-fn spawn_pump(ctx: Arc<GatewayContext>, peer: Peer, remote: Option<RemoteMamp>) {
+fn spawn_pump(ctx: Arc<GatewayContext>, peer: Peer, sink: Sink) {
     let mut messages = peer.agent.messages();
     tokio::spawn(async move {
         while let Some(message) = messages.next().await {
-            match &remote {
-                Some(remote) => outbound::deliver(&ctx, remote, &message).await,
-                None => tracing::debug!(
-                    peer = %peer.uri,
-                    from = %message.from,
-                    "message to an outside agent with no endpoint: dropped"
-                ),
+            match &sink {
+                Sink::Remote(remote) => outbound::deliver(&ctx, remote, &message).await,
+                Sink::Mailbox(mailbox) => {
+                    if mailbox.push(message) {
+                        tracing::info!(
+                            peer = %peer.uri,
+                            "an outside sender's mailbox is full: its session is closed until \
+                             it fetches"
+                        );
+                        detach(&peer.client, ctx.settings.session_idle()).await;
+                        break;
+                    }
+                }
             }
         }
     });
@@ -180,8 +228,9 @@ async fn sweep_loop(table: Weak<PeerTable>, idle: Duration) {
         tokio::time::sleep(period).await;
         let Some(table) = table.upgrade() else { break };
         for peer in table.idle(idle) {
-            end(&peer.client).await;
+            detach(&peer.client, idle).await;
         }
+        table.sweep_mailboxes(idle);
     }
 }
 

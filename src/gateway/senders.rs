@@ -102,6 +102,7 @@ mod tests {
                 issuer: None,
                 expires_at: None,
             }),
+            ip: None,
             sees_all: id.is_none(),
         }
     }

@@ -21,6 +21,10 @@ pub enum GatewayError {
     Forbidden(String),
     /// A limit of the caller's was reached (429): the message names it.
     Quota(String),
+    /// The caller's request rate is over its budget (429 with `Retry-After`): try again after
+    /// this long. Never reported as anything else (a lookup refused for its rate is not "not
+    /// found").
+    RateLimited(std::time::Duration),
     /// A MAP call answered with an error.
     Map(ClientError),
 }
@@ -36,6 +40,9 @@ impl std::fmt::Display for GatewayError {
         match self {
             GatewayError::Unavailable(why) => write!(f, "gateway unavailable: {why}"),
             GatewayError::Forbidden(why) | GatewayError::Quota(why) => write!(f, "{why}"),
+            GatewayError::RateLimited(after) => {
+                write!(f, "rate limited: try again in {} ms", after.as_millis())
+            }
             GatewayError::Map(e) => write!(f, "{e}"),
         }
     }
@@ -61,6 +68,9 @@ pub struct Failure {
     pub error: &'static str,
     /// What happened, for a person.
     pub message: String,
+    /// When to try again (a rate limit): `Retry-After` over HTTP, `retry_after_ms` in an IM
+    /// error frame.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl Failure {
@@ -70,7 +80,29 @@ impl Failure {
             status,
             error,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// 429 `rate_limited`: the caller's own budget is spent for `after`.
+    pub fn rate_limited(after: std::time::Duration) -> Self {
+        let after = after.max(std::time::Duration::from_millis(1));
+        Self {
+            retry_after: Some(after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "too many requests from this caller: try again in {} ms",
+                    after.as_millis()
+                ),
+            )
+        }
+    }
+
+    /// 413 `message_too_large`.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "message_too_large", message)
     }
 
     /// 403 `forbidden`.
@@ -78,9 +110,26 @@ impl Failure {
         Self::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
 
-    /// The HTTP answer.
+    /// The HTTP answer (with `Retry-After`, in whole seconds rounded up, for a rate limit).
     pub fn response(&self) -> Response {
-        error_response(self.status, self.error, &self.message)
+        let mut response = error_response(self.status, self.error, &self.message);
+        if let Some(after) = self.retry_after {
+            let secs = after.as_millis().div_ceil(1000).max(1);
+            if let Ok(v) = axum::http::HeaderValue::from_str(&secs.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        response
+    }
+
+    /// The IM error frame's JSON: `{"type": "error", "error", "message"}`, plus
+    /// `retry_after_ms` for a rate limit.
+    pub fn frame(&self) -> serde_json::Value {
+        let mut v = json!({"type": "error", "error": self.error, "message": self.message});
+        if let Some(after) = self.retry_after {
+            v["retry_after_ms"] = json!(after.as_millis().max(1) as u64);
+        }
+        v
     }
 }
 
@@ -99,6 +148,12 @@ impl From<&GatewayError> for Failure {
             GatewayError::Forbidden(why) => Failure::forbidden(why.clone()),
             GatewayError::Quota(why) => {
                 Failure::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", why.clone())
+            }
+            GatewayError::RateLimited(after) => Failure::rate_limited(*after),
+            GatewayError::Map(ClientError::Rpc { code, data, .. })
+                if *code == ErrorCode::RATE_LIMITED =>
+            {
+                Failure::rate_limited(retry_after_of(data.as_ref()))
             }
             GatewayError::Map(ClientError::Rpc { code, message, .. }) => match *code {
                 ErrorCode::PERMISSION_DENIED | ErrorCode::MAIL_PERMISSION_DENIED => {
@@ -126,6 +181,15 @@ impl From<&GatewayError> for Failure {
             }
         }
     }
+}
+
+/// `data.retryAfterMs` of the router's 4001 (one second when it is missing).
+pub fn retry_after_of(data: Option<&serde_json::Value>) -> std::time::Duration {
+    let ms = data
+        .and_then(|d| d.get("retryAfterMs"))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(1000);
+    std::time::Duration::from_millis(ms.max(1))
 }
 
 impl From<GatewayError> for Failure {

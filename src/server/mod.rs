@@ -65,6 +65,8 @@ pub struct Server {
     drained: mpsc::Receiver<()>,
     drain_timeout: Duration,
     store: Option<Arc<dyn EventStore>>,
+    /// The MAMP and IM gateways' shared state (their tables' sizes are read from it).
+    gateways: Arc<crate::gateway::GatewayContext>,
 }
 
 /// How long shutdown waits for the store to commit what is queued (its own limit for a failing
@@ -180,7 +182,14 @@ impl Server {
                     ..options.clone()
                 },
             }),
+            crate::gateway::config::RouterFacts {
+                max_payload_bytes: config.limits.max_payload_bytes,
+                max_frame_bytes: options.max_frame_bytes,
+                exempt_loopback: config.limits.exempt_loopback,
+                listen_ports: addrs.iter().map(|a| a.port()).collect(),
+            },
         ));
+        let gateway_context = Arc::clone(&gateways);
         let app = app.merge(crate::gateway::routes(Arc::clone(&gateways)));
         if !config.gateways.mamp.remote.is_empty() && config.gateways.mamp.enabled {
             tokio::spawn(crate::gateway::peers::open_configured(gateways));
@@ -247,7 +256,13 @@ impl Server {
             shutdown,
             drained,
             store: store_handle,
+            gateways: gateway_context,
         })
+    }
+
+    /// The MAMP and IM gateways' shared state: settings, tables (`sizes()`), sessions.
+    pub fn gateways(&self) -> &Arc<crate::gateway::GatewayContext> {
+        &self.gateways
     }
 
     /// The bound addresses (useful with port 0).

@@ -16,17 +16,29 @@
 //! configured leeway) ends the connection as it ends a MAP session: close 4001 "credential
 //! expired". Any frame counts as a sign of life; after
 //! `heartbeat_timeout_ms` without one the connection is closed (4008 "heartbeat timeout") and
-//! so is the MAP session, so the router reports the agent offline. Owns nothing beyond the
-//! connection's lifetime.
+//! so is the MAP session, so the router reports the agent offline.
+//!
+//! Hostile peers (docs/security.md, "Hostile input"): the upgrade takes one request from the
+//! caller's rate budget and a slot of `gateways.im.max_connections` (and of the caller's own
+//! `max_connections_per_caller`), refused before upgrading (503 / 429); each frame takes one
+//! request from the same budget (over it: an error frame `rate_limited` with
+//! `retry_after_ms`, and the socket is not read until then); a frame above `max_frame_bytes`
+//! closes with 1009, text that is not UTF-8 with 1007; a peer that stops reading (a write, or
+//! room in its bounded queue, not coming within `write_timeout_ms`, or a ping unanswered that
+//! long) is dropped with 1008 (`socket.rs`). Every end of the connection is the same: the IM
+//! agent goes offline (orphaned, reclaimable by its principal's next `register`).
+//!
+//! Owns nothing beyond the connection's lifetime.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use futures::stream::SplitStream;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -37,12 +49,14 @@ use crate::client::{Client, ClientOptions, Messages};
 use crate::gateway::caller::Caller;
 use crate::gateway::context::{resolve, GatewayContext};
 use crate::gateway::im::sender::Im;
+use crate::gateway::im::socket::{close_for, Outbound, CLOSE_INTERNAL, CLOSE_POLICY};
 use crate::gateway::wire::{iso8601, AgentUri, Failure, GatewayError};
 use crate::protocol::ids::AgentId;
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::Message;
 use crate::protocol::methods::agents::RegisterParams;
+use crate::transport::admission::PeerInfo;
 
 /// Close code of a connection whose heartbeats stopped.
 const CLOSE_HEARTBEAT_TIMEOUT: u16 = 4008;
@@ -57,18 +71,44 @@ const CLOSE_CREDENTIAL_EXPIRED: u16 = 4001;
 
 /// The upgrade; the caller was authenticated before it (`caller.rs`), so a connection without
 /// a valid credential never opens.
+///
+/// Before upgrading: one request from the caller's rate budget, and a slot among the live IM
+/// connections (all, and the caller's own). The listener's `PeerInfo` (its admission slot) is
+/// kept for the socket's life, as MAP's WebSocket keeps it.
 pub async fn upgrade(
     State(im): State<Arc<Im>>,
     Extension(caller): Extension<Caller>,
+    peer: Option<Extension<PeerInfo>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let max = im.ctx.settings.im.max_frame_bytes;
+    if let Err(f) = im.ctx.check_rate(&caller) {
+        return f.response();
+    }
+    let settings = &im.ctx.settings.im;
+    let admitted = match im.table.admit(
+        im.ctx.caller_key(&caller),
+        settings.max_connections,
+        settings.max_connections_per_caller,
+    ) {
+        Ok(a) => a,
+        Err(f) => return f.response(),
+    };
+    let max = settings.max_frame_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| serve(im, caller, headers, socket))
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .on_upgrade(move |socket| async move {
+            serve(im, caller, headers, socket).await;
+            drop(admitted);
+            drop(peer);
+        })
         .into_response()
 }
+
+/// Initial read buffer of an IM WebSocket (the library's default, 128 KiB allocated up front,
+/// was most of an idle connection's memory; it still grows for a larger frame).
+const READ_BUFFER_BYTES: usize = 4 * 1024;
 
 #[derive(Deserialize)]
 struct Frame {
@@ -102,22 +142,24 @@ struct Pushed<'a> {
     protocol: Option<&'a str>,
 }
 
-fn error_frame(error: &str, message: &str) -> WsMessage {
-    WsMessage::Text(
-        json!({"type": "error", "error": error, "message": message})
-            .to_string()
-            .into(),
-    )
+fn error_frame(error: &str, message: &str) -> Value {
+    json!({"type": "error", "error": error, "message": message})
 }
 
-async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
-    let _ = socket
-        .send(WsMessage::Close(Some(CloseFrame {
-            code,
-            reason: reason.to_owned().into(),
-        })))
-        .await;
+/// How a connection ended: the close code and reason to send, if any.
+struct End(Option<u16>, String);
+
+impl End {
+    fn with(code: u16, reason: impl Into<String>) -> Self {
+        Self(Some(code), reason.into())
+    }
+
+    fn silent() -> Self {
+        Self(None, String::new())
+    }
 }
+
+type Incoming = SplitStream<WebSocket>;
 
 /// A registered IM agent's session.
 struct Registered {
@@ -130,9 +172,16 @@ struct Registered {
     _agent: crate::client::AgentHandle,
 }
 
-async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, mut socket: WebSocket) {
-    let Some(reg) = register(&im, &caller, &headers, &mut socket).await else {
-        return;
+async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, socket: WebSocket) {
+    let settings = im.ctx.settings.im.clone();
+    let (sink, mut stream) = socket.split();
+    let out = Outbound::start(sink, settings.send_queue, settings.write_timeout());
+    let reg = match register(&im, &caller, &headers, &mut stream, &out).await {
+        Ok(reg) => reg,
+        Err(end) => {
+            out.close(end.0, &end.1).await;
+            return;
+        }
     };
     let Registered {
         uri,
@@ -141,13 +190,52 @@ async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, mut socket: WebS
         conn,
         _agent,
     } = reg;
-    let timeout = im.ctx.settings.im.heartbeat_timeout();
-    let directory = match im.ctx.service().await {
-        Ok(s) => Arc::clone(&s.directory),
-        Err(_) => return,
+    let end = match im.ctx.service().await {
+        Ok(s) => {
+            let directory = Arc::clone(&s.directory);
+            let end = live(
+                &im,
+                &caller,
+                &headers,
+                &mut stream,
+                &out,
+                &uri,
+                &client,
+                &mut messages,
+                &directory,
+            )
+            .await;
+            directory.disconnected(&uri);
+            end
+        }
+        Err(_) => End::with(CLOSE_INTERNAL, "gateway unavailable"),
     };
+    im.table.disconnected(&uri, conn);
+    // A lost transport for the router: the agent goes offline (orphaned, reclaimable by the
+    // next registration of the same principal under the same URI).
+    let _ = client.close().await;
+    out.close(end.0, &end.1).await;
+}
+
+/// Serves a registered connection until it ends; how it ended.
+#[allow(clippy::too_many_arguments)]
+async fn live(
+    im: &Arc<Im>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    stream: &mut Incoming,
+    out: &Outbound,
+    uri: &str,
+    client: &Client,
+    messages: &mut Messages,
+    directory: &crate::gateway::directory::Directory,
+) -> End {
+    let settings = &im.ctx.settings.im;
+    let timeout = settings.heartbeat_timeout();
+    let write_timeout = settings.write_timeout();
+    let max = settings.max_frame_bytes;
     let mut deadline = Instant::now() + timeout;
-    let expiry = expiry_of(&im.ctx, &caller);
+    let expiry = expiry_of(&im.ctx, caller);
     let expired = async move {
         match expiry {
             Some(at) => tokio::time::sleep_until(at).await,
@@ -155,53 +243,115 @@ async fn serve(im: Arc<Im>, caller: Caller, headers: HeaderMap, mut socket: WebS
         }
     };
     tokio::pin!(expired);
+    let mut ping = settings.ping_interval().map(|p| {
+        let mut i = tokio::time::interval_at(Instant::now() + p, p);
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
+    // When a ping went out that nothing has answered yet.
+    let mut unanswered: Option<Instant> = None;
+    let not_reading = || {
+        End::with(
+            CLOSE_POLICY,
+            format!(
+                "not reading: nothing written could be delivered within {} ms",
+                write_timeout.as_millis()
+            ),
+        )
+    };
     loop {
+        let pong_deadline = unanswered.map(|at| at + write_timeout);
         tokio::select! {
-            frame = socket.recv() => {
+            biased;
+            () = out.dead() => return not_reading(),
+            () = &mut expired => return End::with(CLOSE_CREDENTIAL_EXPIRED, "credential expired"),
+            () = sleep_until_opt(pong_deadline) => {
+                return End::with(
+                    CLOSE_POLICY,
+                    format!("not reading: no pong within {} ms of a ping", write_timeout.as_millis()),
+                );
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                return End::with(CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout");
+            }
+            () = tick(&mut ping) => {
+                if unanswered.is_none() {
+                    if out.send(WsMessage::Ping(Default::default())).await.is_err() {
+                        return not_reading();
+                    }
+                    unanswered = Some(Instant::now());
+                }
+            }
+            frame = stream.next() => {
                 let text = match frame {
-                    Some(Ok(WsMessage::Text(t))) => t,
-                    Some(Ok(WsMessage::Binary(_))) => {
-                        deadline = Instant::now() + timeout;
-                        directory.heard(&uri);
-                        let _ = socket.send(error_frame("unsupported_frame", "binary frames are not supported: send JSON text")).await;
+                    Some(Ok(WsMessage::Text(t))) => Some(t),
+                    Some(Ok(WsMessage::Binary(_))) => None,
+                    // Only a pong proves the peer reads: one that sends but never reads still
+                    // sends frames.
+                    Some(Ok(WsMessage::Pong(_))) => {
+                        unanswered = None;
                         continue;
                     }
-                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
-                    Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
+                    Some(Ok(WsMessage::Ping(_))) => continue,
+                    Some(Ok(WsMessage::Close(_))) | None => return End::silent(),
+                    Some(Err(e)) => {
+                        return match close_for(&e, max) {
+                            Some((code, reason)) => End::with(code, reason),
+                            None => End::silent(),
+                        };
+                    }
                 };
                 deadline = Instant::now() + timeout;
-                directory.heard(&uri);
-                let reply = handle_frame(&im, &client, &headers, &uri, text.as_str()).await;
+                directory.heard(uri);
+                if let Err(f) = im.ctx.check_rate(caller) {
+                    if out.json(&f.frame()).await.is_err() {
+                        return not_reading();
+                    }
+                    // Not read again until the budget has room: a flood slows itself down.
+                    if let Some(after) = f.retry_after {
+                        tokio::time::sleep(after.min(Duration::from_secs(1))).await;
+                    }
+                    continue;
+                }
+                let reply = match text {
+                    Some(t) => handle_frame(im, client, headers, uri, t.as_str()).await,
+                    None => Some(error_frame(
+                        "unsupported_frame",
+                        "binary frames are not supported: send JSON text",
+                    )),
+                };
                 if let Some(reply) = reply {
-                    if socket.send(reply).await.is_err() {
-                        break;
+                    if out.json(&reply).await.is_err() {
+                        return not_reading();
                     }
                 }
             }
             message = messages.next() => {
                 let Some(message) = message else {
-                    close(&mut socket, 1011, "MAP session ended").await;
-                    break;
+                    return End::with(CLOSE_INTERNAL, "MAP session ended");
                 };
-                if socket.send(push_frame(&im.ctx, &uri, &message)).await.is_err() {
-                    break;
+                if out.send(push_frame(&im.ctx, uri, &message)).await.is_err() {
+                    return not_reading();
                 }
-            }
-            () = tokio::time::sleep_until(deadline) => {
-                close(&mut socket, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout").await;
-                break;
-            }
-            () = &mut expired => {
-                close(&mut socket, CLOSE_CREDENTIAL_EXPIRED, "credential expired").await;
-                break;
             }
         }
     }
-    im.table.disconnected(&uri, conn);
-    directory.disconnected(&uri);
-    // A lost transport for the router: the agent goes offline (orphaned, reclaimable by the
-    // next registration of the same principal under the same URI).
-    let _ = client.close().await;
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn tick(ping: &mut Option<tokio::time::Interval>) {
+    match ping {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// When the caller's credential stops being accepted: its expiry plus the authenticator's
@@ -213,33 +363,33 @@ fn expiry_of(ctx: &GatewayContext, caller: &Caller) -> Option<Instant> {
     Some(Instant::now() + left + leeway)
 }
 
-/// Sends `failure` as an error frame, then closes with `code`.
-async fn refuse(socket: &mut WebSocket, failure: &Failure, code: u16) {
-    let _ = socket
-        .send(error_frame(failure.error, &failure.message))
-        .await;
-    close(socket, code, failure.error).await;
+/// Sends `failure` as an error frame; the connection is then closed with `code`.
+async fn refuse(out: &Outbound, failure: &Failure, code: u16) -> End {
+    let _ = out.json(&failure.frame()).await;
+    End::with(code, failure.error)
 }
 
 /// The close code for a failed registration.
 fn close_code(failure: &Failure) -> u16 {
     match failure.error {
         "forbidden" => CLOSE_FORBIDDEN,
-        "quota_exceeded" => CLOSE_QUOTA,
-        "gateway_unavailable" => 1011,
+        "quota_exceeded" | "rate_limited" => CLOSE_QUOTA,
+        "gateway_unavailable" => CLOSE_INTERNAL,
         _ => CLOSE_NOT_REGISTERED,
     }
 }
 
-/// Whether `uri` may be registered by `caller` before anything is opened: not a configured
-/// remote agent's, not one of our agents' (`agent://<our host>/<an agent's id or name>`), not
-/// another caller's IM URI or outside sender. The router checks the rest (the grant, its own
-/// record of who owns the agent id).
+/// Whether `uri` (canonical) may be registered by `caller` before anything is opened: not a
+/// configured remote agent's, not one of our agents' (`agent://<our host>/<an agent's id or
+/// name>`: known to the read model, or visible to the caller), not another caller's IM URI or
+/// outside sender. The router checks the rest (the grant, its own record of who owns the agent
+/// id). No lookup goes through a session shared with other callers: the read model, then the
+/// caller's own session.
 async fn may_register(
     im: &Im,
     caller: &Caller,
     headers: &HeaderMap,
-    service: &Client,
+    directory: &crate::gateway::directory::Directory,
     uri: &str,
 ) -> Result<(), Failure> {
     let not_free = || {
@@ -252,8 +402,12 @@ async fn may_register(
     if ctx.settings.mamp.remote.iter().any(|r| r.uri == uri) {
         return Err(not_free());
     }
-    if let Some(u) = AgentUri::parse(uri) {
-        if ctx.is_local_host(&u.host, headers) && resolve(service, &u.id).await.is_some() {
+    if let Some(id) = ctx.local_id(uri, headers) {
+        if directory.knows_agent(&id) {
+            return Err(not_free());
+        }
+        let session = ctx.caller_session(caller).await?;
+        if resolve(&session, &id).await?.is_some() {
             return Err(not_free());
         }
     }
@@ -263,84 +417,98 @@ async fn may_register(
     Ok(())
 }
 
+/// The next frame before registration (bounded by `deadline`): `Ok(Some(text))`, `Ok(None)`
+/// for a frame answered here (binary, ping), `Err` when the connection ends.
+async fn next_text(
+    stream: &mut Incoming,
+    out: &Outbound,
+    deadline: Instant,
+    max: usize,
+) -> Result<Option<String>, End> {
+    match tokio::time::timeout_at(deadline, stream.next()).await {
+        Err(_) => Err(End::with(CLOSE_NOT_REGISTERED, "no register frame")),
+        Ok(Some(Ok(WsMessage::Text(t)))) => Ok(Some(t.as_str().to_owned())),
+        Ok(Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_)))) => Ok(None),
+        Ok(Some(Ok(WsMessage::Binary(_)))) => {
+            let e = error_frame("unsupported_frame", "binary frames are not supported");
+            out.json(&e).await.map_err(|_| End::silent())?;
+            Ok(None)
+        }
+        Ok(Some(Err(e))) => Err(match close_for(&e, max) {
+            Some((code, reason)) => End::with(code, reason),
+            None => End::silent(),
+        }),
+        Ok(Some(Ok(WsMessage::Close(_))) | None) => Err(End::silent()),
+    }
+}
+
 /// Waits (bounded) for a valid `register` frame and opens the agent's MAP session.
 async fn register(
     im: &Arc<Im>,
     caller: &Caller,
     headers: &HeaderMap,
-    socket: &mut WebSocket,
-) -> Option<Registered> {
+    stream: &mut Incoming,
+    out: &Outbound,
+) -> Result<Registered, End> {
     let deadline = Instant::now() + im.ctx.settings.im.register_timeout();
+    let max = im.ctx.settings.im.max_frame_bytes;
+    let say = |v: Value| async move { out.json(&v).await.map_err(|_| End::silent()) };
     loop {
-        let frame = match tokio::time::timeout_at(deadline, socket.recv()).await {
-            Err(_) => {
-                close(socket, CLOSE_NOT_REGISTERED, "no register frame").await;
-                return None;
-            }
-            Ok(Some(Ok(WsMessage::Text(t)))) => t,
-            Ok(Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_)))) => continue,
-            Ok(Some(Ok(WsMessage::Binary(_)))) => {
-                let _ = socket
-                    .send(error_frame(
-                        "unsupported_frame",
-                        "binary frames are not supported",
-                    ))
-                    .await;
-                continue;
-            }
-            Ok(_) => return None,
+        let Some(text) = next_text(stream, out, deadline, max).await? else {
+            continue;
         };
-        let frame: Frame = match serde_json::from_str(frame.as_str()) {
+        if let Err(f) = im.ctx.check_rate(caller) {
+            say(f.frame()).await?;
+            if let Some(after) = f.retry_after {
+                tokio::time::sleep(after.min(Duration::from_secs(1))).await;
+            }
+            continue;
+        }
+        let frame: Frame = match serde_json::from_str(&text) {
             Ok(f) => f,
             Err(e) => {
-                let _ = socket
-                    .send(error_frame(
-                        "invalid_frame",
-                        &format!("not a gateway frame: {e}"),
-                    ))
-                    .await;
+                say(error_frame(
+                    "invalid_frame",
+                    &format!("not a gateway frame: {e}"),
+                ))
+                .await?;
                 continue;
             }
         };
         if frame.kind != "register" {
-            let _ = socket
-                .send(error_frame(
-                    "not_registered",
-                    "send {\"type\":\"register\",\"agent_uri\",\"capabilities\"} first",
-                ))
-                .await;
+            say(error_frame(
+                "not_registered",
+                "send {\"type\":\"register\",\"agent_uri\",\"capabilities\"} first",
+            ))
+            .await?;
             continue;
         }
-        let Some(uri) = frame.agent_uri.filter(|u| AgentUri::parse(u).is_some()) else {
-            let _ = socket
-                .send(error_frame(
-                    "invalid_agent_uri",
-                    "agent_uri must be agent://HOST/ID",
-                ))
-                .await;
+        let Some(given) = frame.agent_uri.filter(|u| AgentUri::parse(u).is_some()) else {
+            say(error_frame(
+                "invalid_agent_uri",
+                "agent_uri must be agent://HOST/ID",
+            ))
+            .await?;
             continue;
         };
+        // One URI per agent: a URI of our host in any of its forms is registered canonical.
+        let uri = im.ctx.canonical(&given, headers);
         let capabilities = frame.capabilities.unwrap_or(Value::Array(Vec::new()));
         let service = match im.ctx.service().await {
             Ok(s) => s.clone(),
-            Err(e) => {
-                refuse(socket, &Failure::from(e), 1011).await;
-                return None;
-            }
+            Err(e) => return Err(refuse(out, &Failure::from(e), CLOSE_INTERNAL).await),
         };
-        if let Err(f) = may_register(im, caller, headers, &service.client, &uri).await {
-            refuse(socket, &f, CLOSE_FORBIDDEN).await;
-            return None;
+        if let Err(f) = may_register(im, caller, headers, &service.directory, &uri).await {
+            let code = close_code(&f);
+            return Err(refuse(out, &f, code).await);
         }
         if service.directory.is_live(&uri) {
-            let _ = socket
-                .send(error_frame(
-                    "agent_uri_in_use",
-                    &format!("{uri} is connected on another socket"),
-                ))
-                .await;
-            close(socket, CLOSE_NOT_REGISTERED, "agent_uri in use").await;
-            return None;
+            let f = Failure::new(
+                axum::http::StatusCode::CONFLICT,
+                "agent_uri_in_use",
+                format!("{uri} is connected on another socket"),
+            );
+            return Err(refuse(out, &f, CLOSE_NOT_REGISTERED).await);
         }
         // A session of the caller's may hold the URI as an outside sender: end it, so that
         // the agent id is free for the connection's own session. Anybody else's is refused.
@@ -349,11 +517,11 @@ async fn register(
                 let _ = peer.client.disconnect().await;
             }
             Ok(None) => {}
-            Err(e) => {
-                refuse(socket, &Failure::from(e), CLOSE_FORBIDDEN).await;
-                return None;
-            }
+            Err(e) => return Err(refuse(out, &Failure::from(e), CLOSE_FORBIDDEN).await),
         }
+        // Registering the URI again reclaims its MAP agent when it waits orphaned for this
+        // principal (its queued messages come with it, before the answer), never unregister
+        // + register: nothing queued for it is lost.
         let opened = async {
             let client = im
                 .ctx
@@ -396,25 +564,20 @@ async fn register(
                     _ => Failure::from(&e),
                 };
                 let code = close_code(&failure);
-                refuse(socket, &failure, code).await;
-                return None;
+                return Err(refuse(out, &failure, code).await);
             }
         };
         let messages = agent.messages();
         service.directory.connected(&uri, capabilities);
         let conn = im.table.connected(&uri, client.clone(), caller.subject());
         let ok = json!({"type": "registered", "agent_uri": uri, "agent_id": agent.id()});
-        if socket
-            .send(WsMessage::Text(ok.to_string().into()))
-            .await
-            .is_err()
-        {
+        if out.json(&ok).await.is_err() {
             im.table.disconnected(&uri, conn);
             service.directory.disconnected(&uri);
             let _ = client.close().await;
-            return None;
+            return Err(End::silent());
         }
-        return Some(Registered {
+        return Ok(Registered {
             uri,
             client,
             messages,
@@ -431,7 +594,7 @@ async fn handle_frame(
     headers: &HeaderMap,
     uri: &str,
     text: &str,
-) -> Option<WsMessage> {
+) -> Option<Value> {
     let frame: Frame = match serde_json::from_str(text) {
         Ok(f) => f,
         Err(e) => {
@@ -442,11 +605,9 @@ async fn handle_frame(
         }
     };
     match frame.kind.as_str() {
-        "heartbeat" => Some(WsMessage::Text(
-            json!({"type": "heartbeat_ack", "timestamp": iso8601(crate::gateway::wire::now_ms())})
-                .to_string()
-                .into(),
-        )),
+        "heartbeat" => Some(
+            json!({"type": "heartbeat_ack", "timestamp": iso8601(crate::gateway::wire::now_ms())}),
+        ),
         "register" => Some(error_frame(
             "already_registered",
             &format!("this connection is {uri}"),
@@ -459,15 +620,20 @@ async fn handle_frame(
                 ));
             };
             match im
-                .deliver(client, uri, headers, &to, &content, frame.conversation_id.as_deref())
+                .deliver(
+                    client,
+                    uri,
+                    headers,
+                    &to,
+                    &content,
+                    frame.conversation_id.as_deref(),
+                )
                 .await
             {
-                Ok((conversation_id, message_id)) => Some(WsMessage::Text(
-                    json!({"type": "sent", "conversation_id": conversation_id, "message_id": message_id})
-                        .to_string()
-                        .into(),
-                )),
-                Err(f) => Some(error_frame(f.error, &f.message)),
+                Ok((conversation_id, message_id)) => Some(
+                    json!({"type": "sent", "conversation_id": conversation_id, "message_id": message_id}),
+                ),
+                Err(f) => Some(f.frame()),
             }
         }
         other => Some(error_frame(
@@ -480,10 +646,9 @@ async fn handle_frame(
 /// A MAP message as a pushed `message` frame.
 fn push_frame(ctx: &GatewayContext, uri: &str, message: &Message) -> WsMessage {
     let meta = message.meta.as_ref().map(RawJson::to_value);
-    let conversation = meta
-        .as_ref()
-        .and_then(|m| m.pointer("/mail/conversationId"))
-        .and_then(Value::as_str);
+    // Its conversation: its own `meta.mail`, else that of the message it answers.
+    let conversation = ctx.threads.conversation_of(message);
+    let conversation = conversation.as_deref();
     let protocol = meta
         .as_ref()
         .and_then(|m| m.get("protocol"))

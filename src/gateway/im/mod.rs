@@ -7,10 +7,14 @@
 //! agent whose id is the IM agent's `agent://` URI, so MAP agents message it with
 //! `{agent: "<uri>"}` and the router reports its presence. Every route acts as its caller
 //! (`caller.rs`): sends come from the caller's own sessions, and reads answer with what the
-//! caller may see (`directory::View`). Owns the table of IM URIs (`table.rs`); nothing else.
+//! caller may see (`directory::View`). Every route takes one request from the caller's rate
+//! budget first (429 with `Retry-After`); `POST /gateway/send` must be `application/json`
+//! (415), fit what the router delivers (413 at once) and arrive within the body deadline (408).
+//! Owns the table of IM URIs (`table.rs`, held by the context); nothing else.
 
 pub mod connect;
 pub mod sender;
+pub mod socket;
 pub mod table;
 
 use std::collections::HashSet;
@@ -31,9 +35,7 @@ use crate::gateway::context::{granted, GatewayContext};
 use crate::gateway::directory::View;
 use crate::gateway::im::sender::{unknown_agent, Im};
 use crate::gateway::senders::in_namespace;
-use crate::gateway::wire::{
-    closing, error_response, iso8601, AgentUri, Failure, GatewayError, Json,
-};
+use crate::gateway::wire::{error_response, iso8601, AgentUri, Failure, GatewayError, Json};
 use crate::protocol::capabilities::Capability;
 use crate::protocol::methods::session::SessionList;
 
@@ -65,13 +67,10 @@ fn path_uri(raw: &str) -> String {
     }
 }
 
-/// The MAP agent id an IM agent URI stands for: the URI itself when an agent is registered
-/// under it (IM agents, remote MAMP agents), else the id part of one of ours.
-fn id_of(ctx: &GatewayContext, uri: &str) -> String {
-    match AgentUri::parse(uri) {
-        Some(u) if u.host.eq_ignore_ascii_case(ctx.host()) => u.id,
-        _ => uri.to_owned(),
-    }
+/// The MAP agent id an agent URI stands for: the id part of one of ours (any of our URI
+/// forms), else the URI itself (IM agents and remote MAMP agents are registered under it).
+fn id_of(ctx: &GatewayContext, uri: &str, headers: &HeaderMap) -> String {
+    ctx.local_id(uri, headers).unwrap_or_else(|| uri.to_owned())
 }
 
 /// What a caller reads with: the whole model, or (`Some`) the ids that are its own: its
@@ -128,6 +127,7 @@ async fn status(
     State(im): State<Arc<Im>>,
     Extension(caller): Extension<Caller>,
     Path(raw): Path<String>,
+    headers: HeaderMap,
 ) -> Response {
     let uri = path_uri(&raw);
     if AgentUri::parse(&uri).is_none() {
@@ -142,9 +142,13 @@ async fn status(
         Err(f) => return f.response(),
     };
     let dir = &service.directory;
+    let ids = [
+        uri.clone(),
+        id_of(&im.ctx, &uri, &headers),
+        im.ctx.canonical(&uri, &headers),
+    ];
     let found = im.with_view(&caller, &reader, |view| {
-        dir.status(&uri, &uri, view)
-            .or_else(|| dir.status(&id_of(&im.ctx, &uri), &uri, view))
+        ids.iter().find_map(|id| dir.status(id, &uri, view))
     });
     match found {
         Some(v) => Json(v).into_response(),
@@ -157,6 +161,7 @@ async fn ready(
     im: &Im,
     caller: &Caller,
 ) -> Result<(crate::gateway::context::Service, Reader), Failure> {
+    im.ctx.check_rate(caller)?;
     let service = im.ctx.service().await?.clone();
     let reader = im.reader(caller).await?;
     Ok((service, reader))
@@ -201,6 +206,7 @@ async fn contact(
     State(im): State<Arc<Im>>,
     Extension(caller): Extension<Caller>,
     Path(raw): Path<String>,
+    headers: HeaderMap,
 ) -> Response {
     let (raw, conversations) = match raw.strip_suffix("/conversations") {
         Some(r) => (r, true),
@@ -213,7 +219,11 @@ async fn contact(
     };
     let uri_of = |id: &str| im.ctx.uri_of(id);
     let dir = &service.directory;
-    let ids = [uri.clone(), id_of(&im.ctx, &uri)];
+    let ids = [
+        uri.clone(),
+        id_of(&im.ctx, &uri, &headers),
+        im.ctx.canonical(&uri, &headers),
+    ];
     let found = im.with_view(&caller, &reader, |view| {
         ids.iter().find_map(|id| {
             if conversations {
@@ -273,13 +283,14 @@ async fn send(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let max = im.ctx.settings.im.max_frame_bytes;
-    let Ok(body) = axum::body::to_bytes(body, max).await else {
-        return closing(error_response(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "message_too_large",
-            &format!("a send is limited to {max} bytes (gateways.im.max_frame_bytes)"),
-        ));
+    let max = im.ctx.im_max_body();
+    let body = match im
+        .ctx
+        .guarded_body(&caller, &headers, body, max, "gateways.im.max_frame_bytes")
+        .await
+    {
+        Ok(b) => b,
+        Err(response) => return response,
     };
     let body: SendBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
@@ -299,10 +310,12 @@ async fn send(
                 &format!("from `{from}` is not an agent://HOST/ID URI"),
             );
         }
-        Some(from) => im
-            .table
-            .sender(from, &caller.subject())
-            .map(|client| (client, from.clone())),
+        Some(from) => {
+            let from = im.ctx.canonical(from, &headers);
+            im.table
+                .sender(&from, &caller.subject())
+                .map(|client| (client, from))
+        }
         None => match im.ctx.caller_session(&caller).await {
             Ok(client) => {
                 let me = client

@@ -23,7 +23,7 @@ use crate::protocol::methods::messaging::SendParams;
 #[derive(Debug)]
 pub struct Im {
     pub(crate) ctx: Arc<GatewayContext>,
-    pub(crate) table: ImTable,
+    pub(crate) table: Arc<ImTable>,
 }
 
 /// 404 for an agent URI nobody (that the caller may see) knows.
@@ -48,8 +48,8 @@ impl Im {
     /// The state of a new IM gateway.
     pub fn new(ctx: Arc<GatewayContext>) -> Self {
         Self {
+            table: Arc::clone(&ctx.im_table),
             ctx,
-            table: ImTable::default(),
         }
     }
 
@@ -72,8 +72,9 @@ impl Im {
         conversation: Option<&str>,
     ) -> Result<(String, String), Failure> {
         let target = resolve_target(&self.ctx, client, to, headers)
-            .await
+            .await?
             .ok_or_else(|| unknown_agent(to))?;
+        self.ctx.check_payload(content.get())?;
         if !granted(client, Capability::CanSend) {
             return Err(lacks(client, Capability::CanSend));
         }
@@ -125,7 +126,13 @@ impl Im {
             }
         }
         match sent {
-            Ok(r) => Ok((conversation, r.message_id.to_string())),
+            Ok(r) => {
+                // A reply to it reaches `from` in this conversation (threads.rs).
+                self.ctx
+                    .threads
+                    .record(r.message_id.as_str(), &conversation);
+                Ok((conversation, r.message_id.to_string()))
+            }
             Err(e) => Err(send_failure(e, &conversation, to)),
         }
     }

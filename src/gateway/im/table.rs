@@ -9,19 +9,23 @@
 //! - a URI another subject registered is not registered again by anybody else (the router's
 //!   ownership of agent ids says the same, durably; this refuses it before a session is opened).
 //!
-//! Bounds: one live entry per IM connection (each is a MAP session of its principal, bounded by
-//! that principal's session quota), and at most [`MAX_REMEMBERED_OWNERS`] owners of URIs no
-//! longer connected, the oldest forgotten first (in memory: a restart forgets them, and the
-//! router's own ownership of the agent ids still applies). NB. A std mutex, never held across
-//! an await.
+//! Bounds: the live WebSockets themselves, counted from the upgrade on ([`ImTable::admit`]):
+//! at most `gateways.im.max_connections` in all and `max_connections_per_caller` per caller
+//! (principal, or address without authentication; an exempt loopback address has only the
+//! total), refused before the upgrade; one live entry per registered connection (each is a MAP
+//! session of its principal, also bounded by that principal's session quota); and at most
+//! [`MAX_REMEMBERED_OWNERS`] owners of URIs no longer connected, the oldest forgotten first (in
+//! memory: a restart forgets them, and the router's own ownership of the agent ids still
+//! applies). NB. A std mutex, never held across an await.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::http::StatusCode;
 
 use crate::client::Client;
 use crate::gateway::caller::Subject;
+use crate::gateway::guard::CallerKey;
 use crate::gateway::wire::Failure;
 
 /// Owners of IM URIs not connected any more that are remembered (to refuse them to others and
@@ -43,6 +47,31 @@ struct Inner {
     /// URIs in `owners` in the order they were last registered.
     order: VecDeque<String>,
     next_conn: u64,
+    /// Live WebSockets in all, and per caller key.
+    sockets: usize,
+    sockets_of: HashMap<CallerKey, usize>,
+}
+
+/// One admitted IM WebSocket: counted until dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    table: Arc<ImTable>,
+    key: Option<CallerKey>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut t = lock(&self.table.inner);
+        t.sockets = t.sockets.saturating_sub(1);
+        if let Some(key) = &self.key {
+            if let Some(n) = t.sockets_of.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    t.sockets_of.remove(key);
+                }
+            }
+        }
+    }
 }
 
 /// The IM gateway's table.
@@ -56,6 +85,56 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 }
 
 impl ImTable {
+    /// Counts a new WebSocket of the caller `key` (`None`: one with no per-caller cap), within
+    /// `total` in all and `per_caller` per key.
+    ///
+    /// # Errors
+    /// 503 over the total, 429 `quota_exceeded` over the caller's own cap.
+    pub fn admit(
+        self: &Arc<Self>,
+        key: Option<CallerKey>,
+        total: usize,
+        per_caller: usize,
+    ) -> Result<Admitted, Failure> {
+        let mut t = lock(&self.inner);
+        if t.sockets >= total {
+            return Err(Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_connections",
+                format!("the IM gateway holds its most connections ({total}); try again later"),
+            ));
+        }
+        if let Some(k) = &key {
+            let mine = t.sockets_of.get(k).copied().unwrap_or(0);
+            if mine >= per_caller {
+                return Err(Failure::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "quota_exceeded",
+                    format!(
+                        "Quota exceeded: IM connections per caller (limit {per_caller}, \
+                         gateways.im.max_connections_per_caller)"
+                    ),
+                ));
+            }
+            *t.sockets_of.entry(k.clone()).or_insert(0) += 1;
+        }
+        t.sockets += 1;
+        Ok(Admitted {
+            table: Arc::clone(self),
+            key,
+        })
+    }
+
+    /// Live WebSockets (registered or not).
+    pub fn connections(&self) -> usize {
+        lock(&self.inner).sockets
+    }
+
+    /// Owners of IM URIs remembered.
+    pub fn owners(&self) -> usize {
+        lock(&self.inner).owners.len()
+    }
+
     /// Who registered `uri` over IM (in this process), if anybody.
     pub fn owner(&self, uri: &str) -> Option<Subject> {
         lock(&self.inner).owners.get(uri).cloned()

@@ -10,6 +10,14 @@
 //! configured remote agent bound to the caller's principal, or an outside sender in the
 //! caller's namespace, whose session is of the caller's principal).
 //!
+//! Every route but the router's card takes one request from the caller's rate budget first
+//! (429 with `Retry-After`); a POST must be `application/json` (415), within the size the
+//! router delivers (413, from `Content-Length` before reading), and arrive within the body
+//! deadline (408), all before any MAP call.
+//!
+//! Replies: what MAP agents send an outside sender without an endpoint is kept for it, and
+//! `GET /mamp/v1/messages?agent=<its URI>` fetches it (docs/gateways.md, "Replies").
+//!
 //! Owns only the translation. Conversations are the mail extension's: a MAMP
 //! `conversation_id` is our mail conversation id (or, for a conversation our side started at a
 //! remote agent, the remote's id, mapped by `PeerTable`).
@@ -18,8 +26,11 @@ pub mod envelope;
 
 use std::sync::Arc;
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,12 +41,10 @@ use serde_json::{json, Value};
 
 use crate::client::Client;
 use crate::gateway::caller::{authenticate, Caller};
-use crate::gateway::context::{granted, resolve, resolve_target, GatewayContext};
+use crate::gateway::context::{granted, resolve, resolve_target, split_port, GatewayContext};
 use crate::gateway::peers::{self, PeerFor};
 use crate::gateway::senders::{mamp_sender, MampSender};
-use crate::gateway::wire::{
-    closing, error_response, gateway_error_response, AgentUri, Failure, GatewayError, Json,
-};
+use crate::gateway::wire::{gateway_error_response, AgentUri, Failure, GatewayError, Json};
 use crate::protocol::capabilities::Capability;
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
@@ -46,7 +55,7 @@ use crate::protocol::methods::messaging::SendParams;
 pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
     HttpRouter::new()
         .route("/mamp/v1/agents/{agent_id}/card", get(agent_card))
-        .route("/mamp/v1/messages", post(receive))
+        .route("/mamp/v1/messages", post(receive).get(fetch))
         .route_layer(axum::middleware::from_fn_with_state(
             ctx.auth.clone(),
             authenticate,
@@ -55,16 +64,24 @@ pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
         .with_state(ctx)
 }
 
-/// The host our cards name: the configured domain, else the request's `Host` (without port).
+/// The host our cards name: the canonical one ([`GatewayContext::host`]: the configured
+/// domain, else the first listen address with its port), so that a card's URI is the one
+/// every other route and frame uses for the agent. Only when the router listens on an
+/// unspecified address (`0.0.0.0`, `::`) and has no domain, the request's `Host` stands in.
 fn card_host(ctx: &GatewayContext, headers: &HeaderMap) -> String {
-    if let Some(d) = &ctx.settings.domain {
-        return d.clone();
+    let host = ctx.host();
+    let unspecified = ctx.settings.domain.is_none()
+        && split_port(host)
+            .0
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_unspecified());
+    if !unspecified {
+        return host.to_owned();
     }
     headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
-        .map(|h| h.rsplit_once(':').map_or(h, |(host, _)| host).to_owned())
-        .unwrap_or_else(|| ctx.default_host.clone())
+        .map_or_else(|| host.to_owned(), str::to_owned)
 }
 
 async fn router_card(State(ctx): State<Arc<GatewayContext>>, headers: HeaderMap) -> Response {
@@ -72,7 +89,7 @@ async fn router_card(State(ctx): State<Arc<GatewayContext>>, headers: HeaderMap)
     Json(envelope::router_card(
         &format!("{}{host}/{}", AgentUri::SCHEME, ctx.router_name),
         &ctx.router_name,
-        ctx.settings.mamp.max_message_size,
+        ctx.mamp_max_message_size(),
         ctx.auth.is_some(),
     ))
     .into_response()
@@ -84,12 +101,21 @@ async fn agent_card(
     Path(agent_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
+    if let Err(f) = ctx.check_rate(&caller) {
+        return f.response();
+    }
     let session = match ctx.caller_session(&caller).await {
         Ok(s) => s,
         Err(e) => return gateway_error_response(&e),
     };
-    let Some(agent) = resolve(&session, &agent_id).await else {
-        return agent_not_found(&agent_id).response();
+    // An agent's id or name, or its URI (in any of our forms).
+    let wanted = ctx
+        .local_id(&agent_id, &headers)
+        .unwrap_or_else(|| agent_id.clone());
+    let agent = match resolve(&session, &wanted).await {
+        Ok(Some(a)) => a,
+        Ok(None) => return agent_not_found(&agent_id).response(),
+        Err(e) => return gateway_error_response(&e),
     };
     let host = card_host(&ctx, &headers);
     let uri = if agent.id.as_str().starts_with(AgentUri::SCHEME) {
@@ -102,7 +128,7 @@ async fn agent_card(
         agent.name.as_deref().unwrap_or(agent.id.as_str()),
         agent.description.as_deref(),
         agent.role.as_deref(),
-        ctx.settings.mamp.max_message_size,
+        ctx.mamp_max_message_size(),
         ctx.auth.is_some(),
     ))
     .into_response()
@@ -155,28 +181,19 @@ async fn receive(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let max = ctx.settings.mamp.max_message_size;
-    let too_large = || {
-        closing(error_response(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "message_too_large",
-            &format!("messages are limited to {max} bytes (max_message_size)"),
-        ))
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return too_large();
-    }
-    let bytes = match axum::body::to_bytes(body, max).await {
+    let max = ctx.mamp_max_message_size();
+    let bytes = match ctx
+        .guarded_body(&caller, &headers, body, max, "max_message_size")
+        .await
+    {
         Ok(b) => b,
-        Err(_) => return too_large(),
+        Err(response) => return response,
     };
     let checked = match envelope::check(&bytes) {
         Ok(c) => c,
-        Err((error, message)) => return error_response(StatusCode::BAD_REQUEST, error, &message),
+        Err((error, message)) => {
+            return Failure::new(StatusCode::BAD_REQUEST, error, message).response()
+        }
     };
     match deliver(&ctx, &caller, &headers, &checked).await {
         Ok(answer_id) => Json(json!({
@@ -204,7 +221,7 @@ async fn deliver(
         .map_err(Failure::forbidden)?;
     let session = ctx.caller_session(caller).await?;
     let target = resolve_target(ctx, &session, &env.to, headers)
-        .await
+        .await?
         .ok_or_else(|| agent_not_found(&env.to))?;
     // The caller's grant decides before anything is opened or created (its session and the
     // sender's are of the same principal; the remote agent's is the service's).
@@ -246,6 +263,7 @@ async fn deliver(
             metadata: &env.metadata,
         },
     };
+    ctx.check_payload(env.content.get())?;
     let params = SendParams {
         to: RawJson::from(json!({ "agent": target.id })),
         payload: Some(RawJson::from_text(env.content.get()).unwrap_or_else(|_| RawJson::null())),
@@ -263,7 +281,17 @@ async fn deliver(
         }
     }
     match sent {
-        Ok(_) => Ok(answer_id),
+        Ok(r) => {
+            // A reply to this message goes to the sender in this conversation, under the id it
+            // knows it by (threads.rs; outbound.rs for a configured remote).
+            ctx.threads.record(r.message_id.as_str(), &ours);
+            if matches!(sender, MampSender::Remote(_))
+                && ctx.peers.theirs(&env.from, &ours).is_none()
+            {
+                ctx.peers.map_conversation(&env.from, &ours, &answer_id);
+            }
+            Ok(answer_id)
+        }
         Err(e) => Err(match e.code() {
             Some(ErrorCode::MAIL_CONVERSATION_NOT_FOUND | ErrorCode::MAIL_NOT_A_PARTICIPANT) => {
                 conversation_not_found(&answer_id)
@@ -315,4 +343,83 @@ async fn create_conversation(
                 "mail/create answered without an id",
             )
         })
+}
+
+/// `GET /mamp/v1/messages?agent=<URI>`: what MAP agents sent outside sender `agent` (a URI
+/// the caller may post as, with no endpoint of its own) since its last fetch, oldest first,
+/// as MAMP envelopes: `{"messages": [...]}`. Opening its session again (when it was closed for
+/// idleness) reclaims its agent, and with it what the router queued meanwhile.
+async fn fetch(
+    State(ctx): State<Arc<GatewayContext>>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(f) = ctx.check_rate(&caller) {
+        return f.response();
+    }
+    let Some(uri) = query.get("agent") else {
+        return Failure::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_message",
+            "name the sender: GET /mamp/v1/messages?agent=<its agent:// URI>",
+        )
+        .response();
+    };
+    let Some(parsed) = AgentUri::parse(uri) else {
+        return Failure::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_agent_uri",
+            format!("`{uri}` is not an agent://HOST/ID URI"),
+        )
+        .response();
+    };
+    let local = ctx.is_local_host(&parsed.host, &headers);
+    match mamp_sender(&ctx.settings.mamp, &caller, &parsed, uri, local) {
+        Err(why) => return Failure::forbidden(why).response(),
+        Ok(MampSender::Remote(_)) => {
+            return Failure::new(
+                StatusCode::CONFLICT,
+                "has_endpoint",
+                format!(
+                "{uri} is a configured remote agent: what is sent to it is POSTed to its endpoint"
+            ),
+            )
+            .response()
+        }
+        Ok(MampSender::Own) => {}
+    }
+    let peer = match peers::get_or_open(&ctx, uri, PeerFor::Caller(&caller)).await {
+        Ok(p) => p,
+        Err(e) => return gateway_error_response(&e),
+    };
+    let Some(mailbox) = ctx.peers.mailbox_of(uri, Some(&caller.subject())) else {
+        return Json(json!({ "messages": [] })).into_response();
+    };
+    if peer.opened_at.elapsed() < Duration::from_secs(1) {
+        // Just reopened: the router hands the agent what it queued on reclaiming it.
+        mailbox
+            .settle(Duration::from_millis(50), Duration::from_millis(500))
+            .await;
+    }
+    // Spliced as written: each envelope's `content` is the MAP payload byte for byte.
+    let mut body = b"{\"messages\":[".to_vec();
+    let mut first = true;
+    for m in mailbox.take().iter() {
+        let ours = ctx.threads.conversation_of(m);
+        match crate::gateway::outbound::envelope(&ctx, uri, m, ours.as_deref(), ours.as_deref()) {
+            Ok(envelope) => {
+                if !first {
+                    body.push(b',');
+                }
+                first = false;
+                body.extend_from_slice(&envelope);
+            }
+            Err(e) => {
+                tracing::warn!(sender = %uri, error = %e, "a kept message could not be encoded")
+            }
+        }
+    }
+    body.extend_from_slice(b"]}");
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
