@@ -32,6 +32,7 @@
 
 pub mod access;
 pub mod card;
+pub mod egress;
 pub mod error;
 pub mod feed;
 pub mod frame;
