@@ -339,41 +339,50 @@ impl Allowed {
     }
 }
 
-/// Resolves `target`'s host once, keeps the addresses it may reach (all of them when its entry
-/// named the host, else the public ones), and connects to the first that answers, all within
-/// `timeout`.
+/// The addresses of `target`'s host it may reach: all of them when its entry named the host,
+/// else the public ones. One lookup.
+///
+/// # Errors
+/// [`EgressError::Forbidden`] when the host has addresses but none may be reached;
+/// [`EgressError::Unreachable`] when the lookup fails.
+pub async fn resolve(target: &Allowed) -> Result<Vec<SocketAddr>, EgressError> {
+    let addrs: Vec<SocketAddr> = match &target.host {
+        Host::Ipv4(a) => vec![SocketAddr::new(IpAddr::V4(*a), target.port)],
+        Host::Ipv6(a) => vec![SocketAddr::new(IpAddr::V6(*a), target.port)],
+        Host::Domain(d) => tokio::net::lookup_host((d.as_str(), target.port))
+            .await
+            .map_err(|e| {
+                tracing::debug!(host = %d, error = %e, "a2a egress: lookup failed");
+                EgressError::Unreachable
+            })?
+            .collect(),
+    };
+    let allowed: Vec<SocketAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|a| target.named || is_public(a.ip()))
+        .collect();
+    if allowed.is_empty() {
+        tracing::info!(url = %target.as_str(), addresses = ?addrs, "a2a egress: refused, no address the router calls");
+        return Err(if addrs.is_empty() {
+            EgressError::Unreachable
+        } else {
+            EgressError::Forbidden
+        });
+    }
+    Ok(allowed)
+}
+
+/// Resolves `target`'s host once ([`resolve`]) and connects to the first of its reachable
+/// addresses that answers, all within `timeout`: never to a name resolved again.
 ///
 /// # Errors
 /// [`EgressError::Forbidden`] when no address may be reached; [`EgressError::Unreachable`]
 /// for everything else (logged with the cause).
 pub async fn connect(target: &Allowed, timeout: Duration) -> Result<TcpStream, EgressError> {
     let attempt = async {
-        let addrs: Vec<SocketAddr> = match &target.host {
-            Host::Ipv4(a) => vec![SocketAddr::new(IpAddr::V4(*a), target.port)],
-            Host::Ipv6(a) => vec![SocketAddr::new(IpAddr::V6(*a), target.port)],
-            Host::Domain(d) => tokio::net::lookup_host((d.as_str(), target.port))
-                .await
-                .map_err(|e| {
-                    tracing::debug!(host = %d, error = %e, "a2a egress: lookup failed");
-                    EgressError::Unreachable
-                })?
-                .collect(),
-        };
-        let allowed: Vec<SocketAddr> = addrs
-            .iter()
-            .copied()
-            .filter(|a| target.named || is_public(a.ip()))
-            .collect();
-        if allowed.is_empty() {
-            tracing::info!(url = %target.as_str(), addresses = ?addrs, "a2a egress: refused, no address the router calls");
-            return Err(if addrs.is_empty() {
-                EgressError::Unreachable
-            } else {
-                EgressError::Forbidden
-            });
-        }
         let mut last = None;
-        for addr in allowed {
+        for addr in resolve(target).await? {
             match TcpStream::connect(addr).await {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);

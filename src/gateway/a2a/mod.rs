@@ -602,7 +602,10 @@ async fn rpc(
     };
     let target = match agent {
         None => Target::Router,
-        Some(id) => match core.target(caller.session(), &id, request.method).await {
+        Some(id) => match core
+            .target(caller.session(), &id, request.method.is_about_one_task())
+            .await
+        {
             Ok(t) => t,
             Err(e) => return rpc::error_response(Some(&request.id), &e),
         },

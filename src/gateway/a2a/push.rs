@@ -214,14 +214,14 @@ impl Push {
     }
 
     /// Keeps `config` for `task_id` (replacing one with the same id that its principal set),
-    /// its URL normalised.
+    /// its URL normalised; returns it as kept.
     ///
     /// # Errors
     /// -32003 when push notifications are off; -32602 for a URL outside the allow-list (or with
     /// userinfo, a fragment, control characters), a token or credentials over
     /// [`MAX_PUSH_SECRET_BYTES`], too many configs (of the task, or of the principal), or an id
     /// taken by a config of another principal's.
-    pub fn set(&self, task_id: &str, mut config: PushConfig) -> Result<(), A2aError> {
+    pub fn set(&self, task_id: &str, mut config: PushConfig) -> Result<PushConfig, A2aError> {
         if !self.enabled() {
             return Err(A2aError::push_not_supported());
         }
@@ -291,8 +291,8 @@ impl Push {
         }
         let list = all.entry(task_id.to_owned()).or_default();
         list.retain(|c| !replaces(c));
-        list.push(config);
-        Ok(())
+        list.push(config.clone());
+        Ok(config)
     }
 
     /// The configs of a task.

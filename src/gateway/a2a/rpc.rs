@@ -60,6 +60,15 @@ pub enum Method {
     PushDelete,
 }
 
+impl Method {
+    /// Whether it may be about one existing task (a follow-up send included), so that the URL
+    /// of an agent gone since may still serve it (`tasks.rs`, `Target::Former`). Listings and
+    /// the card are not.
+    pub fn is_about_one_task(self) -> bool {
+        !matches!(self, Self::List | Self::ExtendedCard)
+    }
+}
+
 /// Every method name the endpoint knows.
 pub const METHODS: &[(&str, Method, Version)] = &[
     ("SendMessage", Method::Send, Version::V1),
@@ -355,8 +364,8 @@ async fn push(
     match method {
         Method::PushSet => {
             let config = params::<ConfigParams>(raw)?.into_config(v, me.clone())?;
-            core.push.set(&task_id, config.clone())?;
-            Ok(render(&config))
+            let kept = core.push.set(&task_id, config)?;
+            Ok(render(&kept))
         }
         Method::PushGet => {
             let configs = core.push.list(&task_id);

@@ -59,7 +59,6 @@ use crate::gateway::a2a::push::{Push, PushConfig};
 use crate::gateway::a2a::record::{
     agent_payload, final_artifact, rfc3339_now, AgentReport, MapTask, Record, Snapshot,
 };
-use crate::gateway::a2a::rpc::Method;
 use crate::gateway::a2a::wire::{Message, Role, TaskState, TaskView};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{Capability, ParticipantType};
@@ -420,24 +419,25 @@ impl Core {
         }
     }
 
-    /// The target a path's `agentId` names: a live agent `viewer` sees, else (for anything but
-    /// a new task, which needs a live agent) the agent that had that id or name before.
+    /// The target a path's `agentId` names: a live agent `viewer` sees, else, when `former`
+    /// (a request about one task: new tasks and listings need a live agent), the agent that had
+    /// that id or name before.
     ///
     /// # Errors
-    /// MAP's refusals (403, 429); [`A2aError::unknown_agent`] for a new task or a listing at a
-    /// path that names no live agent.
+    /// MAP's refusals (403, 429); [`A2aError::unknown_agent`] for a path that names no live
+    /// agent when not `former`.
     pub async fn target(
         &self,
         viewer: &Client,
         id_or_name: &str,
-        method: Method,
+        former: bool,
     ) -> Result<Target, A2aError> {
         match self.resolve(viewer, id_or_name).await {
             Ok(agent) => Ok(Target::Agent(Box::new(agent))),
             Err(e)
                 if e.status == axum::http::StatusCode::NOT_FOUND
                     && id_or_name != GATEWAY_AGENT
-                    && !matches!(method, Method::List | Method::ExtendedCard) =>
+                    && former =>
             {
                 Ok(Target::Former(id_or_name.to_owned()))
             }

@@ -147,6 +147,21 @@ impl Target {
         Ok(Self { allowed })
     }
 
+    /// Whether its host has an address the router may call (one lookup; the call itself looks
+    /// again and connects to what it judged).
+    ///
+    /// # Errors
+    /// [`HttpError::NotAllowed`] when every address is one the router does not call.
+    pub async fn check_addresses(&self) -> Result<(), HttpError> {
+        match tokio::time::timeout(CONNECT_TIMEOUT, egress::resolve(&self.allowed)).await {
+            Ok(Err(e @ EgressError::Forbidden)) => {
+                Err(HttpError::NotAllowed(format!("{}: {e}", self.url())))
+            }
+            // Unresolvable now is not a reason to refuse: the call will say unreachable.
+            _ => Ok(()),
+        }
+    }
+
     /// The URL, normalised.
     pub fn url(&self) -> String {
         self.allowed.as_str().to_owned()

@@ -280,12 +280,16 @@ impl Remotes {
         let endpoint_url = card_target
             .join(&card.endpoint)
             .map_err(|e| card_err(format!("its endpoint: {e}")))?;
-        let endpoint = check(endpoint_url).map_err(|e| match e {
+        let endpoint_refused = |e: http::HttpError| match e {
             http::HttpError::NotAllowed(why) => {
                 RegisterError::NotAllowed(format!("the endpoint the card names, {why}"))
             }
             e => card_err(format!("its endpoint: {e}")),
-        })?;
+        };
+        let endpoint = check(endpoint_url).map_err(endpoint_refused)?;
+        // NB: its addresses now, so that a card naming an internal endpoint is refused at
+        // once; every call judges them again as it connects.
+        endpoint.check_addresses().await.map_err(endpoint_refused)?;
         let agent_id = spec
             .name
             .clone()
