@@ -1237,9 +1237,9 @@ async fn after_a_restart_tasks_are_found_by_their_agents_name_and_none_is_left_w
     let (_asker, asker_agent) = echo(&url, "asker").await;
     let new_id = asker_agent.agent().id.to_string();
     assert_ne!(new_id, old_id);
-    // The task waiting for its agent's answer cannot get it: failed, saying why.
-    let v = call(addr, "/a2a", None, "GetTask", json!({"id": working})).await;
-    assert_eq!(v["result"]["status"]["state"], "TASK_STATE_FAILED", "{v}");
+    // The task waiting for its agent's answer cannot get it (its agent is not back): failed,
+    // saying why, once the agents' grace to reconnect is over.
+    let v = failed_in_time(addr, &working).await;
     assert!(
         v.to_string()
             .contains("the router restarted while the task was in flight"),
@@ -1294,6 +1294,40 @@ async fn after_a_restart_tasks_are_found_by_their_agents_name_and_none_is_left_w
     server.shutdown().await;
 }
 
+/// `GetTask` of `id` until it has failed: within the agents' grace to reconnect (10 s from the
+/// router's start) and a margin.
+async fn failed_in_time(addr: SocketAddr, id: &str) -> Value {
+    within(Duration::from_secs(15), async {
+        loop {
+            let v = call(addr, "/a2a", None, "GetTask", json!({"id": id})).await;
+            if v["result"]["status"]["state"] == "TASK_STATE_FAILED" {
+                return v["result"].clone();
+            }
+            assert_eq!(v["result"]["status"]["state"], "TASK_STATE_WORKING", "{v}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await
+}
+
+/// An agent `keeper` registered under that id (as the SDKs' reconnect does), and its inbox.
+async fn keeper(url: &str) -> (Client, AgentHandle) {
+    let client = with_timeout(Client::connect_ws(
+        url,
+        ClientOptions::agent().name("keeper"),
+    ))
+    .await
+    .expect("the keeper connects");
+    let handle = with_timeout(client.register(RegisterParams {
+        agent_id: Some("keeper".into()),
+        name: Some("keeper".into()),
+        ..RegisterParams::default()
+    }))
+    .await
+    .expect("the keeper registers");
+    (client, handle)
+}
+
 #[tokio::test]
 async fn kill_9_with_streams_in_flight_leaves_no_task_working() {
     let data = TempDir::new("a2a-kill9");
@@ -1306,6 +1340,21 @@ async fn kill_9_with_streams_in_flight_leaves_no_task_working() {
         .parse()
         .unwrap();
     let (_sink, _h) = agent_answering(&url, "sink", |_| None).await;
+    // An agent with an id of its own, which comes back after the restart: its task resumes.
+    let (kept_client, kept) = keeper(&url).await;
+    let mut kept_inbox = kept.messages();
+    let v = call(
+        addr,
+        "/a2a/agents/keeper",
+        None,
+        "SendMessage",
+        json!({"message": v1_text("keep"), "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    let resumed = v["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let request = with_timeout(kept_inbox.next())
+        .await
+        .expect("the keeper gets the message");
     // Three streams in flight (each read to its `working` update), two tasks sent without
     // waiting.
     let mut streams = Vec::new();
@@ -1324,12 +1373,7 @@ async fn kill_9_with_streams_in_flight_leaves_no_task_working() {
         let mut raw = Vec::new();
         with_timeout(async {
             let mut buf = [0u8; 4096];
-            while raw
-                .windows(18)
-                .filter(|w| w == b"TASK_STATE_WORKING")
-                .count()
-                == 0
-            {
+            while find(&raw, b"TASK_STATE_WORKING").is_none() {
                 let k = s.read(&mut buf).await.unwrap();
                 assert!(k > 0, "the stream ended early");
                 raw.extend_from_slice(&buf[..k]);
@@ -1354,7 +1398,7 @@ async fn kill_9_with_streams_in_flight_leaves_no_task_working() {
     }
     router.start_kill().expect("SIGKILL");
     with_timeout(router.wait()).await.expect("the router ended");
-    drop(streams);
+    drop((streams, kept_inbox, kept, kept_client));
 
     let (_router, url) = start_binary(args).await;
     let addr: SocketAddr = url
@@ -1362,18 +1406,49 @@ async fn kill_9_with_streams_in_flight_leaves_no_task_working() {
         .trim_end_matches('/')
         .parse()
         .unwrap();
+    // The keeper comes back under its id; the sink does not.
+    let (kept_client, _kept) = keeper(&url).await;
     let v = call(addr, "/a2a", None, "ListTasks", json!({"pageSize": 100})).await;
     let tasks = v["result"]["tasks"].as_array().expect("tasks").clone();
-    assert_eq!(tasks.len(), 5, "{v}");
+    assert_eq!(tasks.len(), 6, "{v}");
+    let mut ended = 0;
     for t in &tasks {
-        assert_eq!(t["status"]["state"], "TASK_STATE_FAILED", "{t}");
+        let id = t["id"].as_str().unwrap();
+        if id == resumed {
+            continue;
+        }
+        let t = failed_in_time(addr, id).await;
         assert!(
             t.to_string()
                 .contains("the router restarted while the task was in flight"),
             "{t}"
         );
+        ended += 1;
     }
-    // Over MAP too: no task is left open or in progress.
+    assert_eq!(ended, 5);
+    // The keeper's task is still working after the grace, and its reply completes it.
+    let v = call(addr, "/a2a", None, "GetTask", json!({"id": resumed})).await;
+    assert_eq!(v["result"]["status"]["state"], "TASK_STATE_WORKING", "{v}");
+    with_timeout(kept_client.send_with(SendParams {
+        to: RawJson::from(json!({"agent": request.from})),
+        payload: Some(RawJson::from(json!("kept"))),
+        meta: Some(RawJson::from(
+            json!({"correlationId": resumed, "isResult": true}),
+        )),
+    }))
+    .await
+    .unwrap();
+    within(Duration::from_secs(5), async {
+        loop {
+            let v = call(addr, "/a2a", None, "GetTask", json!({"id": resumed})).await;
+            if v["result"]["status"]["state"] == "TASK_STATE_COMPLETED" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // Over MAP too: nothing is left open or in progress.
     let mut ws = WsClient::client(&url).await;
     let listed = ws
         .ok(

@@ -1,36 +1,47 @@
-//! Tasks a restart interrupted: on the gateway's first use after a start (before it serves
-//! anyone), every A2A task the previous run left in flight is ended.
+//! Tasks a restart interrupted: from the gateway's first use after a start, every A2A task the
+//! previous run left in flight is resumed when its agent is back, and ended when it is not.
 //!
 //! Owns the rule (docs/a2a.md, "After a restart"):
 //!
-//! - a server-side task (`meta.a2a`) in `submitted` or `working` was waiting for an agent's
-//!   answer to a message the previous run sent. That call cannot continue: the gateway's agent
-//!   session that would have taken the reply is gone, and whether the agent still works on it
-//!   cannot be known. It ends `failed`, with the status message "the router restarted while the
-//!   task was in flight". (Resuming instead would mean sending the message again, which an
-//!   agent that did act on it would do twice.) `input-required` and `auth-required` tasks wait
-//!   for their caller, not for a call: they are left as they are, and a follow-up continues
-//!   them.
+//! - a server-side task (`meta.a2a`) in `submitted` or `working` waits for an answer to a
+//!   message the previous run sent its agent. An agent that reconnects under its id (what the
+//!   SDKs' `AgentConnection` does) still holds the request, and its replies reach the gateway
+//!   agent, whose id does not change: the task is **resumed** as it is, and streams can
+//!   resubscribe to it. An agent that is not back within [`RECONNECT_GRACE`] of the router's
+//!   start (or, past that, at the gateway's first use) cannot answer: the task ends `failed`,
+//!   with the status message [`REASON`]. (Sending the message again instead would make an agent
+//!   that did act on it act twice.) An agent of the same name under a new id is a new process
+//!   that never got the request: it does not resume the task.
+//! - `input-required` and `auth-required` tasks wait for their caller, not for a call: they are
+//!   left as they are; a follow-up continues them.
 //! - a remote call's mirror task (`meta.a2aRemote`) that is `open` or `in_progress` stood for
-//!   an HTTP call of the previous run, which died with it: it ends `failed` the same way.
+//!   an HTTP call of the previous run, which died with it: it ends `failed` at once, the same
+//!   way (`state: failed`, `error` = [`REASON`]).
 //!
-//! Only tasks last changed before this process started are touched, so nothing of this run is
-//! ended. The books session reads and updates them (a `system` session sees every task).
-//! Failures are logged; the sweep is bounded ([`MAX_PAGES`] pages of [`PAGE`]).
+//! Only tasks last changed before the gateway was made are touched, and each is read again
+//! under its lock before it is ended, so nothing this run did (a follow-up, a cancel, the
+//! agent's reply) is overwritten. Failures are logged; the sweep is bounded ([`MAX_PAGES`]
+//! pages of [`PAGE`]).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Weak;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
 use crate::client::Client;
-use crate::gateway::a2a::record::{MapTask, Record};
-use crate::gateway::a2a::wire::{Message, TaskState};
+use crate::gateway::a2a::record::MapTask;
+use crate::gateway::a2a::tasks::Core;
+use crate::gateway::a2a::wire::TaskState;
 use crate::protocol::json::RawJson;
 use crate::protocol::methods::tasks::{TasksList, TasksUpdate};
 use crate::protocol::methods::Method;
 
-/// The status message of a task this sweep ended.
+/// The status message of a task ended because the restart interrupted it.
 pub const REASON: &str = "the router restarted while the task was in flight";
+
+/// How long after the router's start an agent may take to reconnect and so resume its tasks
+/// (the SDKs reconnect within a few seconds).
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(10);
 
 /// Tasks read per page.
 pub const PAGE: u32 = 100;
@@ -38,78 +49,67 @@ pub const PAGE: u32 = 100;
 /// Pages read at most (100 000 tasks in flight).
 pub const MAX_PAGES: usize = 1000;
 
-/// Now, in Unix ms (what the gateway notes when it is made: its process's run began then).
+/// Now, in Unix ms (what the gateway notes when it is made: its run began then).
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// A task as a `map/tasks/list` page has it: its id and when it last changed.
+/// When a task last changed, as `map/tasks/*` has it.
 #[derive(Debug, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Times {
-    id: String,
+pub(super) struct Times {
+    pub(super) id: String,
     #[serde(default)]
-    updated_at: u64,
+    pub(super) updated_at: u64,
 }
 
-/// Ends what the previous run left in flight (module docs): tasks last changed before
-/// `started` (Unix ms). Returns how many tasks it ended.
-pub async fn end_interrupted(books: &Client, started: u64) -> usize {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Page {
-        tasks: Vec<Box<serde_json::value::RawValue>>,
-        #[serde(default)]
-        next_cursor: Option<String>,
-    }
-    let mut cursor: Option<String> = None;
+/// Ends or resumes what the previous run left in flight (module docs), the previous run being
+/// everything last changed before `started` (Unix ms). Runs beside the gateway (spawned by
+/// `Core::start`); returns how many tasks it ended.
+pub(super) async fn run(core: Weak<Core>, books: Client, started: u64) -> usize {
+    let mut waiting = Vec::new();
     let mut ended = 0;
+    let mut cursor: Option<String> = None;
     for _ in 0..MAX_PAGES {
-        let mut params = json!({
-            "filter": { "status": ["open", "in_progress"] },
-            "limit": PAGE,
-        });
-        if let Some(c) = &cursor {
-            params["cursor"] = json!(c);
-        }
-        let text = match books.call_text(TasksList::NAME, params.to_string()).await {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(error = %e, "a2a gateway: tasks in flight before the restart could not be listed");
-                return ended;
-            }
+        let (tasks, next) = match page(&books, cursor.as_deref()).await {
+            Some(p) => p,
+            None => break,
         };
-        let Ok(page) = serde_json::from_str::<Page>(&text) else {
-            return ended;
-        };
-        for raw in &page.tasks {
-            let (Ok(times), Some(task)) = (
-                serde_json::from_str::<Times>(raw.get()),
-                MapTask::from_wrapped(&format!(r#"{{"task":{}}}"#, raw.get())),
-            ) else {
-                continue;
-            };
+        for (times, task) in tasks {
             if times.updated_at >= started {
                 continue;
             }
-            let update = if let Some(record) = task.record() {
-                a2a_update(&times.id, record)
-            } else {
-                remote_update(&task)
-            };
-            let Some(params) = update else { continue };
-            match books.call_text(TasksUpdate::NAME, params).await {
-                Ok(_) => ended += 1,
-                Err(e) => {
-                    tracing::warn!(task = %times.id, error = %e, "a2a gateway: an interrupted task could not be ended");
+            if let Some(record) = task.record() {
+                if matches!(record.state, TaskState::Submitted | TaskState::Working) {
+                    waiting.push(times.id);
+                }
+            } else if let Some(params) = remote_update(&task) {
+                match books.call_text(TasksUpdate::NAME, params).await {
+                    Ok(_) => ended += 1,
+                    Err(e) => {
+                        tracing::warn!(task = %times.id, error = %e, "a2a gateway: an interrupted remote call's task could not be ended");
+                    }
                 }
             }
         }
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
+        match next {
+            Some(n) => cursor = Some(n),
             None => break,
+        }
+    }
+    if !waiting.is_empty() {
+        // Give the agents the grace to come back, counted from the router's start.
+        let grace_ends =
+            started.saturating_add(u64::try_from(RECONNECT_GRACE.as_millis()).unwrap_or(0));
+        let left = grace_ends.saturating_sub(now_ms());
+        tokio::time::sleep(Duration::from_millis(left)).await;
+        for id in waiting {
+            let Some(core) = core.upgrade() else { break };
+            if core.end_if_interrupted(&id, started, REASON).await {
+                ended += 1;
+            }
         }
     }
     if ended > 0 {
@@ -121,30 +121,44 @@ pub async fn end_interrupted(books: &Client, started: u64) -> usize {
     ended
 }
 
-/// The update that fails a server-side task waiting for its agent, if it is one.
-fn a2a_update(id: &str, mut record: Record) -> Option<String> {
-    if !matches!(record.state, TaskState::Submitted | TaskState::Working) {
-        return None;
-    }
-    let message = Message::agent_text(REASON, id, &record.context_id);
-    record.set_state(TaskState::Failed, Some(message));
-    #[derive(serde::Serialize)]
-    struct Meta<'a> {
-        a2a: &'a Record,
-    }
-    #[derive(serde::Serialize)]
+/// One page of the tasks in flight (`open`, `in_progress`): each with its times, and the next
+/// cursor. `None` when the listing failed (logged).
+async fn page(
+    books: &Client,
+    cursor: Option<&str>,
+) -> Option<(Vec<(Times, MapTask)>, Option<String>)> {
+    #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
-    struct Update<'a> {
-        task_id: &'a str,
-        status: &'a str,
-        meta: Meta<'a>,
+    struct Page {
+        tasks: Vec<Box<serde_json::value::RawValue>>,
+        #[serde(default)]
+        next_cursor: Option<String>,
     }
-    serde_json::to_string(&Update {
-        task_id: id,
-        status: record.state.map_status(),
-        meta: Meta { a2a: &record },
-    })
-    .ok()
+    let mut params = json!({
+        "filter": { "status": ["open", "in_progress"] },
+        "limit": PAGE,
+    });
+    if let Some(c) = cursor {
+        params["cursor"] = json!(c);
+    }
+    let text = match books.call_text(TasksList::NAME, params.to_string()).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "a2a gateway: the tasks in flight before the restart could not be listed");
+            return None;
+        }
+    };
+    let page: Page = serde_json::from_str(&text).ok()?;
+    let tasks = page
+        .tasks
+        .iter()
+        .filter_map(|raw| {
+            let times = serde_json::from_str::<Times>(raw.get()).ok()?;
+            let task = MapTask::from_wrapped(&format!(r#"{{"task":{}}}"#, raw.get()))?;
+            Some((times, task))
+        })
+        .collect();
+    Some((tasks, page.next_cursor))
 }
 
 /// The update that fails a remote call's mirror task, if it is one (its `meta.a2aRemote` keeps
@@ -157,10 +171,9 @@ fn remote_update(task: &MapTask) -> Option<String> {
         "state": TaskState::Failed.v03_name(),
         "error": REASON,
     })))?;
-    let params = format!(
+    Some(format!(
         r#"{{"taskId":{},"status":"failed","meta":{{"a2aRemote":{}}}}}"#,
         serde_json::to_string(&task.id).ok()?,
         changed.get()
-    );
-    Some(params)
+    ))
 }

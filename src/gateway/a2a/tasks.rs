@@ -180,9 +180,9 @@ fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Core {
-    /// Opens the sessions, registers the gateway agent, ends the tasks a restart interrupted
-    /// (`recovery.rs`), subscribes to `task.*` and starts the loops (they end when the
-    /// sessions do).
+    /// Opens the sessions, registers the gateway agent, subscribes to `task.*` and starts the
+    /// loops (they end when the sessions do), and the sweep of the tasks a restart interrupted
+    /// (`recovery.rs`; `started`: when the gateway was made, Unix ms).
     ///
     /// # Errors
     /// A session or the registration was refused.
@@ -228,9 +228,6 @@ impl Core {
                 .await?,
             );
         }
-        // NB: before the feed and before any caller is served: what is failed here is the
-        // previous run's, and nobody watches it yet.
-        crate::gateway::a2a::recovery::end_interrupted(&books[0], started).await;
         let events = books[0]
             .subscribe(SubscriptionFilter {
                 event_types: Some(vec!["task.*".into()]),
@@ -249,6 +246,12 @@ impl Core {
             limits,
         });
         tokio::spawn(async move { feed.run(events, push).await });
+        // NB: after the feed, so that a stream resubscribed to an interrupted task sees it end.
+        tokio::spawn(crate::gateway::a2a::recovery::run(
+            Arc::downgrade(&core),
+            core.books[0].clone(),
+            started,
+        ));
         let mut inbox = core.agent.messages();
         let weak = Arc::downgrade(&core);
         tokio::spawn(async move {
@@ -393,6 +396,43 @@ impl Core {
     ) -> Result<String, A2aError> {
         let books = task.map_or(&self.books[0], |t| self.books_for(t));
         call(books, method, params, task).await
+    }
+
+    /// Ends task `id` with the status message `reason` if it is still as the previous run left
+    /// it (last changed before `started`, `submitted` or `working`) and its agent is not back;
+    /// read and written under its lock (`recovery.rs`). Whether it ended it.
+    pub(super) async fn end_if_interrupted(&self, id: &str, started: u64, reason: &str) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Wrapped {
+            task: crate::gateway::a2a::recovery::Times,
+        }
+        let _guard = self.lock_task(id).await;
+        let Ok(text) = self
+            .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
+            .await
+        else {
+            return false;
+        };
+        let unchanged =
+            serde_json::from_str::<Wrapped>(&text).is_ok_and(|w| w.task.updated_at < started);
+        let Some(mut record) = MapTask::from_wrapped(&text).and_then(|t| t.record()) else {
+            return false;
+        };
+        if !unchanged
+            || !matches!(record.state, TaskState::Submitted | TaskState::Working)
+            || self.agent_live(&record.agent).await
+        {
+            return false;
+        }
+        let message = Message::agent_text(reason, id, &record.context_id);
+        record.set_state(TaskState::Failed, Some(message));
+        match self.write(id, &record, None).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "a2a gateway: an interrupted task could not be ended");
+                false
+            }
+        }
     }
 
     /// Whether the agent `id` is registered now.
