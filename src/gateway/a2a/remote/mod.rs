@@ -5,7 +5,19 @@
 //! an ordinary MAP agent, registered by an in-process session of its own (participant
 //! `a2a-remote-<agentId>`), so that what it sends comes `from` its agent id and it leaves MAP
 //! when unregistered (its session closes). Each `map/send` to it becomes one A2A call
-//! (`call.rs`); calls run concurrently, at most [`MAX_CALLS`] per agent.
+//! (`call.rs`); calls run concurrently, at most [`MAX_CALLS`] per agent, and all end when it
+//! is unregistered.
+//!
+//! Who may do what ([`Asker`]): a remote registered by request belongs to the principal that
+//! registered it (its MAP session is opened as that principal); only it or a system principal
+//! lists and unregisters it (to anyone else it does not exist: 404), a principal holds at most
+//! `[a2a] max_remotes_per_principal`, and the router [`MAX_REMOTES`] by request. With
+//! authentication off everyone is anyone, as over MAP. A configured remote is the operator's
+//! (the service principal's session; only a system principal unregisters it).
+//!
+//! Where a remote may be (`egress.rs`): registering by request needs `[a2a] remote_allow`, which
+//! the card URL and the endpoint the card names must both pass, and the endpoint's addresses are
+//! judged at once; a configured remote's own card origin is allowed.
 //!
 //! Rooms: `agent.rs` (one remote agent), `http.rs` (the HTTP client), `card.rs` (reading a remote card), `event.rs` (reading
 //! remote answers in either version), `call.rs` (one call, both translations).
