@@ -620,6 +620,7 @@ async fn remotes_are_their_registrants_and_their_polls_are_bounded_and_stop_on_d
     let sends = stuck.requests.load(Ordering::SeqCst) - polls;
     assert_eq!(sends, 16, "each message is one call");
     // One poll per 500 ms per remote, whatever the number of calls (before: 16 every 500 ms).
+    eprintln!("stuck remote: 16 calls, {polls} polls in 3 s");
     assert!(polls <= 8, "{polls} polls in 3 s");
     // Unregistered: no call of it polls again.
     assert_eq!(delete(ALICE, "stuck").await, 200);
@@ -814,6 +815,7 @@ async fn what_map_would_refuse_is_refused_at_once_and_stalls_nobody() {
     let t = Instant::now();
     let r = post(addr, "/a2a", None, &deep).await;
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    eprintln!("deep follow-up (100 levels): refused in {:?}", t.elapsed());
     assert_eq!(r.json()["error"]["code"], -32600, "{}", text(&r));
     assert_eq!(r.json()["id"], Value::Null);
     // Within the body's limit, but deeper than MAP once it is a task: 413 naming the limit.
@@ -827,6 +829,7 @@ async fn what_map_would_refuse_is_refused_at_once_and_stalls_nobody() {
     )
     .await;
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    eprintln!("data too deep inside a task: refused in {:?}", t.elapsed());
     assert_eq!(v["error"]["code"], -32600, "{v}");
     assert!(
         v["error"]["message"]
@@ -844,6 +847,7 @@ async fn what_map_would_refuse_is_refused_at_once_and_stalls_nobody() {
     );
     let r = post(addr, "/a2a/agents/echo", None, &big).await;
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    eprintln!("1.1 MB message: refused in {:?}", t.elapsed());
     assert_eq!(r.status, 413, "{}", text(&r));
     assert_eq!(r.json()["error"]["code"], -32600);
     assert!(text(&r).contains("max_payload_bytes"), "{}", text(&r));
@@ -858,6 +862,7 @@ async fn what_map_would_refuse_is_refused_at_once_and_stalls_nobody() {
         let v = call(addr, "/a2a", None, "SendMessage", json!({"message": m})).await;
         if let Some(e) = v.get("error") {
             assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+            eprintln!("history past the frame: refused in {:?}", t.elapsed());
             assert_eq!(e["code"], -32600, "{v}");
             assert!(
                 e["message"].as_str().unwrap().contains("max_frame_bytes"),
@@ -1182,6 +1187,7 @@ async fn bodies_are_cut_typed_and_never_echoed_whole() {
     assert!(r.body.len() < 512, "{} bytes echoed", r.body.len());
     unrelated(addr, None).await;
     let (took, answer) = within(Duration::from_secs(16), stalled).await.unwrap();
+    eprintln!("stalled body: cut after {took:?}");
     assert!(took < Duration::from_secs(15), "{took:?}");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     map.finish("bodies").await;

@@ -23,14 +23,13 @@
 //! agent's reply) is overwritten. Failures are logged; the sweep is bounded ([`MAX_PAGES`]
 //! pages of [`PAGE`]).
 
-use std::sync::Weak;
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
 use crate::client::Client;
 use crate::gateway::a2a::record::MapTask;
-use crate::gateway::a2a::tasks::Core;
 use crate::gateway::a2a::wire::TaskState;
 use crate::protocol::json::RawJson;
 use crate::protocol::methods::tasks::{TasksList, TasksUpdate};
@@ -67,8 +66,13 @@ pub(super) struct Times {
 
 /// Ends or resumes what the previous run left in flight (module docs), the previous run being
 /// everything last changed before `started` (Unix ms). Runs beside the gateway (spawned by
-/// `Core::start`); returns how many tasks it ended.
-pub(super) async fn run(core: Weak<Core>, books: Client, started: u64) -> usize {
+/// `Core::start`, which gives it `end`: ends one server-side task if it is still interrupted
+/// and its agent not back, under the task's lock); returns how many tasks it ended.
+pub(super) async fn run<F, Fut>(books: Client, started: u64, end: F) -> usize
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = bool>,
+{
     let mut waiting = Vec::new();
     let mut ended = 0;
     let mut cursor: Option<String> = None;
@@ -106,8 +110,7 @@ pub(super) async fn run(core: Weak<Core>, books: Client, started: u64) -> usize 
         let left = grace_ends.saturating_sub(now_ms());
         tokio::time::sleep(Duration::from_millis(left)).await;
         for id in waiting {
-            let Some(core) = core.upgrade() else { break };
-            if core.end_if_interrupted(&id, started, REASON).await {
+            if end(id).await {
                 ended += 1;
             }
         }
@@ -176,4 +179,25 @@ fn remote_update(task: &MapTask) -> Option<String> {
         serde_json::to_string(&task.id).ok()?,
         changed.get()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remote_calls_task_keeps_its_bytes_and_fails() {
+        let task = MapTask::from_wrapped(
+            r#"{"task":{"id":"a2a-remote:x:t","status":"in_progress","meta":{"a2aRemote":{"state":"working","artifacts":[{"parts":[{"data":{"z":1.50,"a":[]}}]}],"agent":"x"}}}}"#,
+        )
+        .unwrap();
+        let params = remote_update(&task).unwrap();
+        assert_eq!(
+            params,
+            r#"{"taskId":"a2a-remote:x:t","status":"failed","meta":{"a2aRemote":{"state":"failed","artifacts":[{"parts":[{"data":{"z":1.50,"a":[]}}]}],"agent":"x","error":"the router restarted while the task was in flight"}}}"#
+        );
+        // A task that is no remote call's is left alone.
+        let other = MapTask::from_wrapped(r#"{"task":{"id":"t","meta":{"x":1}}}"#).unwrap();
+        assert!(remote_update(&other).is_none());
+    }
 }

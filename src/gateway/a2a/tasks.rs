@@ -247,10 +247,22 @@ impl Core {
         });
         tokio::spawn(async move { feed.run(events, push).await });
         // NB: after the feed, so that a stream resubscribed to an interrupted task sees it end.
+        let weak = Arc::downgrade(&core);
         tokio::spawn(crate::gateway::a2a::recovery::run(
-            Arc::downgrade(&core),
             core.books[0].clone(),
             started,
+            move |id| {
+                let core = weak.upgrade();
+                async move {
+                    match core {
+                        Some(core) => {
+                            let reason = crate::gateway::a2a::recovery::REASON;
+                            core.end_if_interrupted(&id, started, reason).await
+                        }
+                        None => false,
+                    }
+                }
+            },
         ));
         let mut inbox = core.agent.messages();
         let weak = Arc::downgrade(&core);
