@@ -845,14 +845,21 @@ async fn hostile_input_gets_json_rpc_errors() {
     assert_eq!(code(&r), -32602);
     assert_eq!(r.json()["id"], 1);
 
-    // A huge body: 413, and the server is fine afterwards.
-    let huge = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{{"message":{{"messageId":"m","role":"ROLE_USER","parts":[{{"text":"{}"}}]}}}}}}"#,
-        "x".repeat(5 * 1024 * 1024)
+    // A huge body: 413 from its Content-Length, before it is sent (so the answer does not wait
+    // for it), and the server is fine afterwards.
+    let mut s = with_timeout(TcpStream::connect(addr)).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        5 * 1024 * 1024
     );
-    let r = post(addr, path, &huge).await;
-    assert_eq!(r.status, 413);
-    assert_eq!(code(&r), -32600);
+    with_timeout(s.write_all(head.as_bytes())).await.unwrap();
+    let mut raw = Vec::new();
+    with_timeout(s.read_to_end(&mut raw)).await.unwrap();
+    let split = find(&raw, b"\r\n\r\n").expect("an answer");
+    let (status, _) = parse_head(&raw[..split]);
+    assert_eq!(status, 413);
+    let body: Value = serde_json::from_slice(&raw[split + 4..]).unwrap();
+    assert_eq!(body["error"]["code"], -32600);
     let r = get(addr, "/a2a/agents/echo/.well-known/agent-card.json").await;
     assert_eq!(r.status, 200);
 }
@@ -1066,8 +1073,11 @@ async fn webhook(fail_first: usize) -> (String, mpsc::UnboundedReceiver<(String,
 
 #[tokio::test]
 async fn push_notifications_post_every_change_to_allowed_webhooks() {
-    let (_server, url) =
-        start_server(|c| c.a2a.push_allow = vec!["http://127.0.0.1:".into()]).await;
+    let (hook, mut hooked) = webhook(1).await;
+    let (hook2, mut hooked2) = webhook(0).await;
+    // Each webhook by its own URL: the allow-list matches scheme, host, port and path.
+    let allowed = vec![hook.clone(), hook2.clone()];
+    let (_server, url) = start_server(|c| c.a2a.push_allow = allowed).await;
     let addr: SocketAddr = url
         .trim_start_matches("ws://")
         .trim_end_matches('/')
@@ -1079,7 +1089,6 @@ async fn push_notifications_post_every_change_to_allowed_webhooks() {
         .json();
     assert_eq!(card["capabilities"]["pushNotifications"], true);
     let path = "/a2a/agents/worker";
-    let (hook, mut hooked) = webhook(1).await;
 
     // A webhook given with the message: every change of the task, in order (the first POST
     // is refused once and retried).
@@ -1132,7 +1141,6 @@ async fn push_notifications_post_every_change_to_allowed_webhooks() {
     .await;
     let id = res["task"]["id"].as_str().unwrap().to_owned();
     let m = with_timeout(inbox.recv()).await.unwrap();
-    let (hook2, mut hooked2) = webhook(0).await;
     let made = result(
         addr,
         path,

@@ -45,7 +45,7 @@ const SECRET: &str = "a-shared-hs256-secret-of-32-bytes-or-more";
 
 /// A server with `[auth]` on (API keys of the six principals, HS256 JWTs), no trusted
 /// transports for in-process links (the default), `ops` a system principal, the `viewer` and
-/// `carol` grants narrowed, push notifications to loopback; `extra` TOML is appended.
+/// `carol` grants narrowed; `extra` TOML is appended in `[a2a]` (e.g. `push_allow`).
 async fn server(extra: &str) -> (map_router::server::Server, SocketAddr, String) {
     let (server, url) = start_server(|c| {
         let mut t = map_router::server::Config::from_toml(&format!(
@@ -66,7 +66,6 @@ canCreate = false
 canCreate = false
 
 [a2a]
-push_allow = ["http://127.0.0.1:"]
 {extra}
 "#
         ))
@@ -236,7 +235,8 @@ const SECRET_TEXT: &str = "alice's secret plan";
 
 #[tokio::test]
 async fn an_a2a_task_is_its_callers_and_no_other_principal_reaches_it() {
-    let (_server, addr, url) = server("").await;
+    let (hook, mut hooked) = webhook().await;
+    let (_server, addr, url) = server(&format!("push_allow = [\"{hook}\"]\n")).await;
     let (dev, _worker, mut inbox) = agent(&url, DEV, "worker").await;
     let ops = with_timeout(Client::connect_ws(
         &url,
@@ -247,7 +247,6 @@ async fn an_a2a_task_is_its_callers_and_no_other_principal_reaches_it() {
     .await
     .expect("ops connects as system");
     let at = "/a2a/agents/worker";
-    let (hook, mut hooked) = webhook().await;
 
     // alice: a task (left working), with a webhook that carries her secrets.
     let res = ok(

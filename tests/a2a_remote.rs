@@ -203,6 +203,12 @@ async fn fake(streaming: bool, v03: bool) -> (Fake, tokio::task::JoinHandle<()>)
     (f, task)
 }
 
+/// Allows registering the scripted agents `fakes` by request (their card and endpoint are on
+/// loopback, which only an entry naming the host and port allows).
+fn allow(c: &mut map_router::server::Config, fakes: &[&Fake]) {
+    c.a2a.remote_allow = fakes.iter().map(|f| format!("{}/", f.base)).collect();
+}
+
 async fn register(addr: SocketAddr, body: Value) -> (u16, Value) {
     let r = request(
         addr,
@@ -268,9 +274,9 @@ fn meta(m: &MapMessage) -> Value {
 
 #[tokio::test]
 async fn every_kind_of_answer_comes_back_as_one_result() {
-    let (server, url) = start_server(|_| {}).await;
-    let addr = server.local_addrs()[0];
     let (f, _task) = fake(false, false).await;
+    let (server, url) = start_server(|c| allow(c, &[&f])).await;
+    let addr = server.local_addrs()[0];
     let (status, body) = register(
         addr,
         json!({"cardUrl": format!("{}/.well-known/agent-card.json", f.base)}),
@@ -368,23 +374,36 @@ async fn every_kind_of_answer_comes_back_as_one_result() {
 
 #[tokio::test]
 async fn failures_are_reported_not_lost() {
-    let (server, url) = start_server(|_| {}).await;
+    let (f, task) = fake(true, true).await;
+    let (server, url) = start_server(|c| {
+        allow(c, &[&f]);
+        c.a2a.remote_allow.push("http://127.0.0.1:9/".into());
+    })
+    .await;
     let addr = server.local_addrs()[0];
-    // Registration errors: bad URL, unreachable card, taken id.
+    // Registration errors: bad URL, outside the allow-list, unreachable card, taken id.
     let (status, body) = register(addr, json!({"cardUrl": "https://x.example/c"})).await;
     assert_eq!(status, 400, "{body}");
     assert!(body["error"].as_str().unwrap().contains("https"), "{body}");
+    let (status, body) = register(addr, json!({"cardUrl": "http://127.0.0.1:10/c"})).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("remote_allow"),
+        "{body}"
+    );
     let (status, body) = register(addr, json!({"cardUrl": "http://127.0.0.1:9/c"})).await;
     assert_eq!(status, 502, "{body}");
     assert!(
-        body["error"].as_str().unwrap().contains("cannot connect"),
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("remote unreachable"),
         "{body}"
     );
     let (status, _) = register(addr, json!({"url": "x"})).await;
     assert_eq!(status, 400);
 
     // A streaming v0.3 agent whose stream ends early, then goes away.
-    let (f, task) = fake(true, true).await;
     let card_url = format!("{}/.well-known/agent.json", f.base);
     let (status, body) = register(addr, json!({"cardUrl": card_url, "name": "old"})).await;
     assert_eq!(status, 201, "{body}");
@@ -412,7 +431,7 @@ async fn failures_are_reported_not_lost() {
         .unwrap()
         .to_owned();
     assert!(
-        why.contains("cannot connect") || why.contains("broke"),
+        why.contains("remote unreachable") || why.contains("broke"),
         "{why}"
     );
     server.shutdown().await;
@@ -420,9 +439,9 @@ async fn failures_are_reported_not_lost() {
 
 #[tokio::test]
 async fn a_stream_that_ends_early_fails_the_call_and_the_map_task() {
-    let (server, url) = start_server(|_| {}).await;
-    let addr = server.local_addrs()[0];
     let (f, _task) = fake(true, false).await;
+    let (server, url) = start_server(|c| allow(c, &[&f])).await;
+    let addr = server.local_addrs()[0];
     let (status, body) = register(
         addr,
         json!({"cardUrl": format!("{}/.well-known/agent-card.json", f.base), "name": "early"}),
@@ -459,14 +478,15 @@ async fn with_auth_on_registering_needs_a_credential() {
     let dir = TempDir::new("a2a-remote-auth");
     let keys = dir.path.join("api-keys");
     std::fs::write(&keys, format!("{KEY} admin\n")).unwrap();
+    let (f, _task) = fake(false, false).await;
+    // No trusted transport: the remote agent's MAP session is opened as the registering
+    // principal.
     let (server, _url) = start_server(|c| {
         c.auth.api_keys.file = Some(keys);
-        // The remote agents' sessions are in-process, like the gateway's own.
-        c.auth.trusted_transports = vec![map_router::auth::config::TrustedTransport::InProcess];
+        allow(c, &[&f]);
     })
     .await;
     let addr = server.local_addrs()[0];
-    let (f, _task) = fake(false, false).await;
     let body = json!({"cardUrl": format!("{}/.well-known/agent-card.json", f.base)}).to_string();
     let r = request(
         addr,

@@ -54,7 +54,13 @@ pub use context::GatewayContext;
 /// The participant ids and agent ids of the gateways' own sessions and agents: the router lets
 /// only its service principal (`auth::service_principal`, which the gateways' bookkeeping
 /// sessions connect as) take them, so nobody can squat one before a gateway's first use.
-pub const RESERVED_IDS: &[&str] = &[a2a::tasks::GATEWAY_AGENT, a2a::tasks::GATEWAY_BOOKS];
+pub const RESERVED_IDS: &[&str] = &[
+    a2a::tasks::GATEWAY_AGENT,
+    a2a::tasks::BOOKS[0],
+    a2a::tasks::BOOKS[1],
+    a2a::tasks::BOOKS[2],
+    a2a::tasks::BOOKS[3],
+];
 
 /// The ids only the service principal may take: [`RESERVED_IDS`] and, so that nobody takes a
 /// configured remote MAMP agent's URI before (or instead of) the gateway's own session, every

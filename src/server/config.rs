@@ -101,14 +101,28 @@ pub struct A2aSettings {
     pub enabled: bool,
     /// Largest JSON-RPC request body, in bytes (default 4 MiB; larger is refused with 413).
     pub max_body_bytes: usize,
-    /// URL prefixes a push-notification webhook may start with, e.g.
-    /// `["https://hooks.example.com/"]` (default none: push notifications are off, and the
+    /// Where push-notification webhooks may be, as `scheme://host[:port][/path]` entries
+    /// matched on parsed, normalised URLs (`gateway::a2a::egress`), e.g.
+    /// `["https://hooks.example.com/a2a/"]` (default none: push notifications are off, and the
     /// cards say `pushNotifications: false`). The router POSTs to these URLs on callers' behalf:
     /// list only endpoints meant to receive them.
     pub push_allow: Vec<String>,
+    /// Where remote A2A agents registered by request (`POST /a2a/remote`) may be: their card
+    /// URLs and the endpoints their cards name, in the form of `push_allow` (default none:
+    /// registering by request is off).
+    pub remote_allow: Vec<String>,
     /// Remote A2A agents to register as MAP agents at start (`[[a2a.remote]]`: `card_url`,
-    /// `name?`, `token?`; docs/a2a.md).
+    /// `name?`, `token?`; docs/a2a.md). Their card URL's origin is allowed for them.
     pub remote: Vec<crate::gateway::a2a::remote::RemoteSpec>,
+    /// A2A requests per second per caller (principal, or IP without authentication); 0:
+    /// unlimited.
+    pub rate_per_caller: u32,
+    /// A2A requests a caller may send at once.
+    pub burst_per_caller: u32,
+    /// Remote agents one principal may register by request.
+    pub max_remotes_per_principal: usize,
+    /// Push-notification configs one principal may hold (over all its tasks).
+    pub max_push_configs_per_principal: usize,
 }
 
 impl Default for A2aSettings {
@@ -117,7 +131,35 @@ impl Default for A2aSettings {
             enabled: true,
             max_body_bytes: crate::gateway::a2a::DEFAULT_MAX_BODY_BYTES,
             push_allow: Vec::new(),
+            remote_allow: Vec::new(),
             remote: Vec::new(),
+            rate_per_caller: crate::gateway::a2a::limits::DEFAULT_RATE_PER_CALLER,
+            burst_per_caller: crate::gateway::a2a::limits::DEFAULT_BURST_PER_CALLER,
+            max_remotes_per_principal:
+                crate::gateway::a2a::limits::DEFAULT_MAX_REMOTES_PER_PRINCIPAL,
+            max_push_configs_per_principal:
+                crate::gateway::a2a::limits::DEFAULT_MAX_PUSH_CONFIGS_PER_PRINCIPAL,
+        }
+    }
+}
+
+impl A2aSettings {
+    /// The gateway's limits, with MAP's own from `limits` (what the router refuses) and the
+    /// body deadline of `/map/rpc`.
+    pub fn limits(&self, limits: &Limits) -> crate::gateway::a2a::limits::Limits {
+        crate::gateway::a2a::limits::Limits {
+            rate: (self.rate_per_caller > 0)
+                .then_some((self.rate_per_caller, self.burst_per_caller)),
+            exempt_loopback: limits.exempt_loopback,
+            body_timeout: match limits.header_timeout_ms {
+                0 => crate::gateway::guard::DEFAULT_BODY_TIMEOUT,
+                ms => Duration::from_millis(ms),
+            },
+            max_frame_bytes: limits.max_frame_bytes,
+            max_depth: limits.max_depth,
+            max_payload_bytes: limits.max_payload_bytes,
+            max_remotes_per_principal: self.max_remotes_per_principal,
+            max_push_configs_per_principal: self.max_push_configs_per_principal,
         }
     }
 }
@@ -598,9 +640,13 @@ impl Config {
             )));
         }
         for remote in &self.a2a.remote {
-            crate::gateway::a2a::remote::http::Target::parse(&remote.card_url)
+            crate::gateway::a2a::remote::http::check_configured(&remote.card_url)
                 .map_err(|e| ConfigError::Invalid(format!("a2a.remote: {e}")))?;
         }
+        crate::gateway::a2a::egress::AllowList::parse(&self.a2a.push_allow)
+            .map_err(|e| ConfigError::Invalid(format!("a2a.push_allow: {e}")))?;
+        crate::gateway::a2a::egress::AllowList::parse(&self.a2a.remote_allow)
+            .map_err(|e| ConfigError::Invalid(format!("a2a.remote_allow: {e}")))?;
         if self.events.retention_events == 0 || self.events.retention_bytes < 4096 {
             return bad("events.retention_events must be at least 1 and events.retention_bytes at least 4096");
         }

@@ -86,6 +86,7 @@ impl Server {
             .build(&config.router.name)
             .map_err(|e| std::io::Error::other(format!("auth: {e}")))?;
         let tls = config.tls.files().map(|f| tls::acceptor(&f)).transpose()?;
+        let a2a_allow = A2aAllow::of(&config)?;
         let mut listeners = Vec::new();
         for addr in &config.listen {
             listeners.push(TcpListener::bind(addr).await?);
@@ -200,7 +201,14 @@ impl Server {
             app
         };
         let app = if config.a2a.enabled {
-            app.merge(a2a_routes(&config, &ctx, &options, a2a_auth, &shutdown_rx))
+            app.merge(a2a_routes(
+                &config,
+                &ctx,
+                &options,
+                a2a_auth,
+                a2a_allow,
+                &shutdown_rx,
+            ))
         } else {
             app
         };
@@ -416,12 +424,34 @@ fn connect_as(
     in_process::connect(ctx, options)
 }
 
+/// The A2A gateway's outbound allow-lists, read before anything starts (a bad entry stops the
+/// start, as a bad config file does).
+#[derive(Debug)]
+struct A2aAllow {
+    push: crate::gateway::a2a::egress::AllowList,
+    remote: crate::gateway::a2a::egress::AllowList,
+}
+
+impl A2aAllow {
+    fn of(config: &Config) -> std::io::Result<Self> {
+        use crate::gateway::a2a::egress::AllowList;
+        let read = |key: &str, entries: &[String]| {
+            AllowList::parse(entries).map_err(|e| std::io::Error::other(format!("a2a.{key}: {e}")))
+        };
+        Ok(Self {
+            push: read("push_allow", &config.a2a.push_allow)?,
+            remote: read("remote_allow", &config.a2a.remote_allow)?,
+        })
+    }
+}
+
 /// The A2A gateway's routes (docs/a2a.md).
 fn a2a_routes(
     config: &Config,
     ctx: &TransportContext,
     options: &ConnectionOptions,
     auth: Option<Arc<crate::auth::Authenticator>>,
+    allow: A2aAllow,
     shutdown: &watch::Receiver<bool>,
 ) -> HttpRouter {
     use crate::auth::config::AuthMethodName;
@@ -449,8 +479,10 @@ fn a2a_routes(
                 bearer_jwt: enabled.contains(&AuthMethodName::Jwt),
                 api_key: enabled.contains(&AuthMethodName::ApiKey),
             },
-            push_allow: config.a2a.push_allow.clone(),
+            push_allow: allow.push,
+            remote_allow: allow.remote,
             remotes: config.a2a.remote.clone(),
+            limits: config.a2a.limits(&config.limits),
         },
         shutdown.clone(),
     );

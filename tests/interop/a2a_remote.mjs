@@ -166,6 +166,13 @@ const a2aText = (text) => ({ messageId: `m-${Math.random().toString(36).slice(2)
 
 const httpBase = (router) => `http://${hostPort(router)}`;
 
+/**
+ * The router config that lets `POST /a2a/remote` register agents at these base URLs: the
+ * agents run on loopback, which only an `[a2a] remote_allow` entry naming the host and port
+ * allows (registering by request is off without one).
+ */
+const allowRemotes = (...bases) => `[a2a]\nremote_allow = [${bases.map((b) => JSON.stringify(`${b}/`)).join(', ')}]\n`;
+
 async function postJson(url, body) {
   const res = await withTimeout(
     fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }),
@@ -257,7 +264,7 @@ scenario('v1.0 streaming remote from [[a2a.remote]]: MAP send -> working, artifa
 
 scenario('A2A -> MAP -> A2A: an @a2a-js/sdk client calls the remote agent through the gateway; its cancel reaches the remote task', async (ctx) => {
   const remote = await startA2aAgent(ctx, { streaming: true });
-  const router = await ctx.startRouter();
+  const router = await ctx.startRouter({ config: allowRemotes(remote.base) });
   ctx.url = router.url;
   const base = httpBase(router);
   const reg = await postJson(`${base}/a2a/remote`, { cardUrl: remote.cardUrl, name: 'echo-remote' });
@@ -283,7 +290,7 @@ scenario('A2A -> MAP -> A2A: an @a2a-js/sdk client calls the remote agent throug
 
 scenario('POST /a2a/remote registers by card URL; data payloads pass verbatim; failed task; unreachable card', async (ctx) => {
   const remote = await startA2aAgent(ctx, { name: 'Data Echo', streaming: true });
-  const router = await ctx.startRouter();
+  const router = await ctx.startRouter({ config: allowRemotes(remote.base, 'http://127.0.0.1:9') });
   ctx.url = router.url;
   const base = httpBase(router);
   const reg = await postJson(`${base}/a2a/remote`, { cardUrl: remote.cardUrl });
@@ -293,10 +300,14 @@ scenario('POST /a2a/remote registers by card URL; data payloads pass verbatim; f
   // The same id again: 409.
   const again = await postJson(`${base}/a2a/remote`, { cardUrl: remote.cardUrl });
   assert.equal(again.status, 409);
-  // Nobody listens there: a clear 502, fast.
+  // Nobody listens there: a clear 502, fast, that says no more than "unreachable".
   const dead = await postJson(`${base}/a2a/remote`, { cardUrl: 'http://127.0.0.1:9/.well-known/agent-card.json', name: 'dead' });
   assert.equal(dead.status, 502);
-  assert.match(dead.body.error, /cannot connect|refused/i);
+  assert.match(dead.body.error, /remote unreachable/i);
+  // Anywhere the allow-list does not name (here: the router's own metrics) is refused unfetched.
+  const internal = await postJson(`${base}/a2a/remote`, { cardUrl: `${base}/metrics`, name: 'internal' });
+  assert.equal(internal.status, 403);
+  assert.match(internal.body.error, /remote_allow/);
   const bad = await postJson(`${base}/a2a/remote`, { cardUrl: 'ftp://x' });
   assert.equal(bad.status, 400);
 
@@ -338,7 +349,7 @@ scenario('POST /a2a/remote registers by card URL; data payloads pass verbatim; f
 
 scenario('v0.3 remote (card at /.well-known/agent.json, no streaming): message/send, the answer, the MAP task', async (ctx) => {
   const remote = await startA2aAgent(ctx, { name: 'Old Echo', streaming: false, legacy: true });
-  const router = await ctx.startRouter();
+  const router = await ctx.startRouter({ config: allowRemotes(remote.base) });
   ctx.url = router.url;
   const observer = await ctx.client({ name: 'observer' });
   const tasks = await observer.watch({ eventTypes: ['task.*'] });

@@ -31,6 +31,8 @@ pub mod code {
     pub const PUSH_NOTIFICATION_NOT_SUPPORTED: i32 = -32003;
     /// Not supported here.
     pub const UNSUPPORTED_OPERATION: i32 = -32004;
+    /// The request's `Content-Type` is not JSON.
+    pub const CONTENT_TYPE_NOT_SUPPORTED: i32 = -32005;
     /// No extended card.
     pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
     /// MAP's `4001 Rate limited`, passed through (HTTP 429, `Retry-After`).
@@ -81,12 +83,20 @@ impl A2aError {
         Self::new(code::INVALID_REQUEST, format!("Invalid request: {detail}"))
     }
 
-    /// -32601.
+    /// -32601. A name longer than MAP's `MAX_ECHOED_METHOD` bytes is cut there (with `…`), as
+    /// MAP does: a hostile name is not reflected back whole.
     pub fn method_not_found(method: &str) -> Self {
-        Self::new(
-            code::METHOD_NOT_FOUND,
-            format!("Method not found: {method}"),
-        )
+        let max = crate::protocol::jsonrpc::MAX_ECHOED_METHOD;
+        let shown = if method.len() > max {
+            let mut cut = max;
+            while !method.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            format!("{}…", &method[..cut])
+        } else {
+            method.to_owned()
+        };
+        Self::new(code::METHOD_NOT_FOUND, format!("Method not found: {shown}"))
     }
 
     /// -32602.
@@ -134,6 +144,42 @@ impl A2aError {
             code::EXTENDED_CARD_NOT_CONFIGURED,
             "Extended Agent Card not configured",
         )
+    }
+
+    /// -32005: the body is not declared JSON (`application/json`, `application/a2a+json`).
+    pub fn content_type_not_supported(found: Option<&str>) -> Self {
+        let found = found.map_or_else(
+            || "none".to_owned(),
+            |f| format!("{:?}", f.chars().take(64).collect::<String>()),
+        );
+        Self::new(
+            code::CONTENT_TYPE_NOT_SUPPORTED,
+            format!(
+                "Incompatible content types: Content-Type {found}; expected application/json or application/a2a+json"
+            ),
+        )
+    }
+
+    /// The caller's own request rate was reached (the gateway's bucket for its principal, or
+    /// its address): 4001 with HTTP 429 and `Retry-After`.
+    pub fn caller_rate_limited(wait: std::time::Duration, rate: (u32, u32)) -> Self {
+        let mut e = Self::new(
+            code::RATE_LIMITED,
+            format!(
+                "Rate limited: this caller's A2A request rate ({}/s, bursts of {}) was reached; retry after {} ms",
+                rate.0,
+                rate.1,
+                wait.as_millis().max(1)
+            ),
+        )
+        .with_status(StatusCode::TOO_MANY_REQUESTS);
+        e.retry_after = Some(wait);
+        e
+    }
+
+    /// A request larger than a limit (the body, or what MAP would carry): -32600 with HTTP 413.
+    pub fn too_large(detail: impl std::fmt::Display) -> Self {
+        Self::invalid_request(detail).with_status(StatusCode::PAYLOAD_TOO_LARGE)
     }
 
     /// A permission the caller lacks (a MAP grant of its principal): -32600 with HTTP 403.

@@ -22,9 +22,19 @@
 //! (`gateway::callers::CallerSessions`: one per principal, closed when idle), so its grants,
 //! visibility, quotas and rate apply; `access.rs` says who may act on which task.
 //!
+//! Before any work, in this order, from the headers alone (each answered at once, the
+//! connection closed since the body was not read): the credential (401), the caller's own
+//! request rate (`gateway::guard`: a token bucket per principal, or per IP without
+//! authentication; 429 with `Retry-After`), a JSON `Content-Type` (-32005). Then the body is
+//! read with a size cap and a deadline (413, 408), its nesting checked before it is parsed
+//! (-32600), and its envelope (`rpc.rs`). What MAP would refuse is refused before it is sent
+//! (`tasks.rs`, `limits.rs`).
+//!
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
 //! handlers), `sse.rs` (streams), `tasks.rs` (the gateway's MAP sessions and the task
-//! translation), `access.rs` (the caller, and who may act on a task),
+//! translation), `access.rs` (the caller, and who may act on a task), `limits.rs` (every bound
+//! the gateway keeps), `egress.rs` (where the gateway may send requests: allow-lists on
+//! normalised URLs, checked addresses), `recovery.rs` (tasks a restart interrupted),
 //! `record.rs` (what a MAP task keeps for A2A, the agent conventions), `feed.rs` (task events to
 //! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames), `push.rs`
 //! (webhooks), `remote/` (the client side: remote A2A agents registered by card URL, called when
@@ -32,21 +42,25 @@
 
 pub mod access;
 pub mod card;
+pub mod egress;
 pub mod error;
 pub mod feed;
 pub mod frame;
+pub mod limits;
 pub mod push;
 pub mod record;
+pub mod recovery;
 pub mod remote;
 pub mod rpc;
 pub mod sse;
 pub mod tasks;
 pub mod wire;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -57,17 +71,25 @@ use crate::auth::Authenticator;
 use crate::client::{ClientError, ClientOptions};
 use crate::gateway::a2a::access::Caller;
 use crate::gateway::a2a::card::{CardContext, Security};
+use crate::gateway::a2a::egress::AllowList;
 use crate::gateway::a2a::error::A2aError;
-use crate::gateway::a2a::remote::{RegisterError, RemoteSpec, Remotes};
+use crate::gateway::a2a::limits::Limits;
+use crate::gateway::a2a::remote::{Asker, RegisterError, RemoteSpec, Remotes};
 use crate::gateway::a2a::tasks::{Core, Target};
 use crate::gateway::callers::CallerSessions;
+use crate::gateway::guard::{self, BodyError, CallerKey, Guard, GuardSettings};
 use crate::gateway::wire::closing;
 use crate::protocol::methods::session::Principal;
+use crate::transport::admission::PeerInfo;
 use crate::transport::in_process::InProcessLinks;
 
 /// Largest JSON-RPC body accepted (larger: HTTP 413 with a -32600 error). A2A messages carry
-/// files inline as base64, so this is generous; MAP frames are capped separately.
+/// files inline as base64, so this is generous; what MAP takes is checked separately
+/// (`limits.rs`), also at once.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Largest `POST /a2a/remote` body (`{cardUrl, name?, token?}`).
+pub const MAX_REMOTE_BODY_BYTES: usize = 16 * 1024;
 
 /// What the gateway needs to know about the server it runs in.
 #[derive(Debug, Clone)]
@@ -83,10 +105,14 @@ pub struct Settings {
     pub auth: Option<Arc<Authenticator>>,
     /// What the cards announce.
     pub security: Security,
-    /// URL prefixes push-notification webhooks may have (empty: push notifications off).
-    pub push_allow: Vec<String>,
+    /// Where push-notification webhooks may be (empty: push notifications off).
+    pub push_allow: AllowList,
+    /// Where remote agents registered by request may be (empty: registering by request off).
+    pub remote_allow: AllowList,
     /// Remote A2A agents to register at start (`[[a2a.remote]]`).
     pub remotes: Vec<RemoteSpec>,
+    /// The gateway's bounds (`limits.rs`).
+    pub limits: Limits,
 }
 
 /// The gateway: its settings, its MAP sessions once opened, and its callers' sessions.
@@ -100,6 +126,11 @@ pub struct A2aGateway {
     shutdown: watch::Receiver<bool>,
     /// Remote A2A agents (the client side).
     remotes: Arc<Remotes>,
+    /// The callers' request rates (per principal, or IP).
+    guard: Guard,
+    /// When the gateway was made (Unix ms): tasks last changed before are the previous run's
+    /// (`recovery.rs`).
+    started: u64,
 }
 
 impl std::fmt::Debug for A2aGateway {
@@ -119,10 +150,19 @@ impl A2aGateway {
         settings: Settings,
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Self> {
-        let remotes = Remotes::new(Arc::clone(&links));
+        let remotes = Remotes::new(
+            Arc::clone(&links),
+            settings.remote_allow.clone(),
+            settings.limits.max_remotes_per_principal,
+        );
         remotes.register_configured(settings.remotes.clone());
         let callers =
             CallerSessions::new(Arc::clone(&links), crate::gateway::callers::DEFAULT_IDLE);
+        let guard = Guard::new(GuardSettings {
+            body_timeout: settings.limits.body_timeout,
+            rate: settings.limits.rate,
+            ..GuardSettings::default()
+        });
         Arc::new(Self {
             links,
             core: OnceCell::new(),
@@ -130,6 +170,8 @@ impl A2aGateway {
             settings,
             shutdown,
             remotes,
+            guard,
+            started: recovery::now_ms(),
         })
     }
 
@@ -140,7 +182,14 @@ impl A2aGateway {
 
     async fn core(&self) -> Result<&Arc<Core>, A2aError> {
         self.core
-            .get_or_try_init(|| Core::start(&*self.links, self.settings.push_allow.clone()))
+            .get_or_try_init(|| {
+                Core::start(
+                    &*self.links,
+                    self.settings.push_allow.clone(),
+                    self.settings.limits.clone(),
+                    self.started,
+                )
+            })
             .await
             .map_err(|e| {
                 A2aError::internal(format!(
@@ -184,10 +233,60 @@ impl A2aGateway {
         verify(auth, secret).map(Some)
     }
 
-    /// With authentication on, the request's credential must be one the router accepts (401
-    /// otherwise); used by the routes that open no session of the caller's (`/a2a/remote`).
-    fn authenticate(&self, headers: &HeaderMap) -> Result<(), A2aError> {
-        self.principal(headers).map(drop)
+    /// Takes one request from the caller's bucket: its principal's, else its address's
+    /// (anonymous loopback callers are exempt when `exempt_loopback` is on, as over MAP).
+    ///
+    /// # Errors
+    /// 429 (4001) with `Retry-After`.
+    fn rate(&self, principal: Option<&Principal>, peer: Option<IpAddr>) -> Result<(), A2aError> {
+        let Some(rate) = self.settings.limits.rate else {
+            return Ok(());
+        };
+        let key = match (principal, peer) {
+            (Some(p), _) => CallerKey::Principal(p.id.clone(), p.issuer.clone()),
+            (None, Some(ip)) if self.settings.limits.exempt_loopback && ip.is_loopback() => {
+                return Ok(())
+            }
+            (None, Some(ip)) => CallerKey::Ip(ip),
+            (None, None) => CallerKey::Unknown,
+        };
+        self.guard
+            .rate(&key)
+            .map_err(|wait| A2aError::caller_rate_limited(wait, rate))
+    }
+
+    /// The checks every route makes first, from the headers: the credential (401), then the
+    /// caller's rate (429). Returns the principal (`None` with authentication off).
+    ///
+    /// # Errors
+    /// As [`A2aGateway::principal`] and [`A2aGateway::rate`].
+    fn admit(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Result<Option<Principal>, A2aError> {
+        let principal = self.principal(headers)?;
+        self.rate(principal.as_ref(), peer)?;
+        Ok(principal)
+    }
+
+    /// Whether `principal` passes every rule (a system principal, or the service's).
+    fn is_system(&self, principal: Option<&Principal>) -> bool {
+        match (&self.settings.auth, principal) {
+            (Some(auth), Some(p)) => crate::auth::is_service(p) || auth.may_be_system(&p.id),
+            _ => false,
+        }
+    }
+
+    /// Who asks, for the `/a2a/remote` routes.
+    fn asker(&self, principal: Option<Principal>) -> Asker {
+        match principal {
+            None => Asker::Anyone,
+            Some(principal) => Asker::Principal {
+                system: self.is_system(Some(&principal)),
+                principal,
+            },
+        }
     }
 
     /// The caller with `principal`, over its principal's MAP session (opened when it has none;
@@ -214,21 +313,68 @@ impl A2aGateway {
                         .with_status(StatusCode::SERVICE_UNAVAILABLE)
                 }
             })?;
-        let system = match (&self.settings.auth, &principal) {
-            (Some(auth), Some(p)) => crate::auth::is_service(p) || auth.may_be_system(&p.id),
-            _ => false,
-        };
+        let system = self.is_system(principal.as_ref());
         Ok(Caller::new(session, principal, system))
     }
 
-    /// The caller of a request: [`A2aGateway::principal`], then [`A2aGateway::caller`].
+    /// The caller of a request: [`A2aGateway::admit`], then [`A2aGateway::caller`].
     ///
     /// # Errors
     /// As those.
-    async fn caller_of(&self, headers: &HeaderMap) -> Result<Caller, A2aError> {
-        let principal = self.principal(headers)?;
+    async fn caller_of(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Result<Caller, A2aError> {
+        let principal = self.admit(headers, peer)?;
         self.caller(principal).await
     }
+}
+
+/// The remote address of a request (the listener's `PeerInfo`), when there is one.
+fn peer_ip(peer: Option<&Extension<PeerInfo>>) -> Option<IpAddr> {
+    peer.map(|p| p.addr.ip())
+}
+
+/// An early answer (from the headers, the body unread): the connection closes after it.
+fn early(e: &A2aError) -> Response {
+    closing(rpc::error_response(None, e))
+}
+
+/// Reads a JSON body after the header checks: a JSON `Content-Type` (-32005), at most `max`
+/// bytes (413), within the body deadline (408). After a refusal the connection must close
+/// (the body was not read, or not all of it).
+///
+/// # Errors
+/// What to answer.
+async fn json_body(
+    g: &A2aGateway,
+    headers: &HeaderMap,
+    body: Body,
+    max: usize,
+) -> Result<axum::body::Bytes, A2aError> {
+    if !guard::json_content_type(headers) {
+        let found = headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        return Err(A2aError::content_type_not_supported(found.as_deref()));
+    }
+    let deadline = g.settings.limits.body_timeout;
+    guard::read_body(headers, body, max, deadline)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge(_) => {
+                A2aError::too_large(format!("the body is larger than {max} bytes"))
+            }
+            BodyError::Timeout => A2aError::invalid_request(format!(
+                "the body did not arrive within {} ms",
+                deadline.as_millis()
+            ))
+            .with_status(StatusCode::REQUEST_TIMEOUT),
+            BodyError::Broken => {
+                A2aError::invalid_request("the body broke off").with_status(StatusCode::BAD_REQUEST)
+            }
+        })
 }
 
 /// The credential a request carries: `Authorization: Bearer <token>` or `X-API-Key`.
@@ -298,14 +444,18 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response {
 }
 
 fn problem(e: &A2aError) -> Response {
-    json(
+    let mut response = json(
         if e.status == StatusCode::OK {
             StatusCode::INTERNAL_SERVER_ERROR
         } else {
             e.status
         },
         &serde_json::json!({"error": e.message, "code": e.code}),
-    )
+    );
+    if let Some(v) = e.retry_after.and_then(rpc::retry_after_header) {
+        response.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    response
 }
 
 /// Where `ClientFactory.createFromUrl("…/a2a/agents/<id>")` (no trailing slash) looks: URL
@@ -319,18 +469,20 @@ async fn missing_slash() -> Response {
     )
 }
 
-async fn router_card(g: &A2aGateway, headers: &HeaderMap, legacy: bool) -> Response {
-    let core = match g.core().await {
-        Ok(c) => c,
-        Err(e) => return problem(&e),
-    };
+type Peer = Option<Extension<PeerInfo>>;
+
+async fn router_card(g: &A2aGateway, headers: &HeaderMap, peer: Peer, legacy: bool) -> Response {
+    let peer = peer_ip(peer.as_ref());
     // With authentication on, the skills are the agents the caller may see: none for a caller
     // without a credential (the card still says how to authenticate).
     let agents = if g.settings.auth.is_some() && credential(headers).is_none() {
-        Ok(Vec::new())
+        g.rate(None, peer).map(|()| Vec::new())
     } else {
-        match g.caller_of(headers).await {
-            Ok(caller) => core.agents(caller.session()).await,
+        match g.caller_of(headers, peer).await {
+            Ok(caller) => match g.core().await {
+                Ok(core) => core.agents(caller.session()).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         }
     };
@@ -343,21 +495,34 @@ async fn router_card(g: &A2aGateway, headers: &HeaderMap, legacy: bool) -> Respo
     }
 }
 
-async fn router_card_v1(State(g): State<Arc<A2aGateway>>, headers: HeaderMap) -> Response {
-    router_card(&g, &headers, false).await
+async fn router_card_v1(
+    State(g): State<Arc<A2aGateway>>,
+    peer: Peer,
+    headers: HeaderMap,
+) -> Response {
+    router_card(&g, &headers, peer, false).await
 }
 
-async fn router_card_v03(State(g): State<Arc<A2aGateway>>, headers: HeaderMap) -> Response {
-    router_card(&g, &headers, true).await
+async fn router_card_v03(
+    State(g): State<Arc<A2aGateway>>,
+    peer: Peer,
+    headers: HeaderMap,
+) -> Response {
+    router_card(&g, &headers, peer, true).await
 }
 
-async fn agent_card(g: &A2aGateway, id: &str, headers: &HeaderMap, legacy: bool) -> Response {
-    let core = match g.core().await {
-        Ok(c) => c,
-        Err(e) => return problem(&e),
-    };
-    let agent = match g.caller_of(headers).await {
-        Ok(caller) => core.resolve(caller.session(), id).await,
+async fn agent_card(
+    g: &A2aGateway,
+    id: &str,
+    headers: &HeaderMap,
+    peer: Peer,
+    legacy: bool,
+) -> Response {
+    let agent = match g.caller_of(headers, peer_ip(peer.as_ref())).await {
+        Ok(caller) => match g.core().await {
+            Ok(core) => core.resolve(caller.session(), id).await,
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     match agent {
@@ -372,52 +537,58 @@ async fn agent_card(g: &A2aGateway, id: &str, headers: &HeaderMap, legacy: bool)
 async fn agent_card_v1(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> Response {
-    agent_card(&g, &id, &headers, false).await
+    agent_card(&g, &id, &headers, peer, false).await
 }
 
 async fn agent_card_v03(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> Response {
-    agent_card(&g, &id, &headers, true).await
+    agent_card(&g, &id, &headers, peer, true).await
 }
 
-async fn rpc_router(State(g): State<Arc<A2aGateway>>, headers: HeaderMap, body: Body) -> Response {
-    rpc(&g, None, &headers, body).await
+async fn rpc_router(
+    State(g): State<Arc<A2aGateway>>,
+    peer: Peer,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    rpc(&g, None, peer, &headers, body).await
 }
 
 async fn rpc_agent(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
+    peer: Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    rpc(&g, Some(id), &headers, body).await
+    rpc(&g, Some(id), peer, &headers, body).await
 }
 
-async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: Body) -> Response {
-    // NB: the credential first, from the headers alone: an unauthenticated caller costs no body
-    // read and no MAP session. The connection closes after such an early answer, since its
-    // body was not read.
-    let principal = match g.principal(headers) {
+async fn rpc(
+    g: &A2aGateway,
+    agent: Option<String>,
+    peer: Peer,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    // NB: from the headers alone first (module docs): an unauthenticated, flooding or non-JSON
+    // caller costs no body read and no MAP session.
+    let principal = match g.admit(headers, peer_ip(peer.as_ref())) {
         Ok(p) => p,
-        Err(e) => return closing(rpc::error_response(None, &e)),
+        Err(e) => return early(&e),
     };
-    let bytes = match axum::body::to_bytes(body, g.settings.max_body_bytes).await {
+    let bytes = match json_body(g, headers, body, g.settings.max_body_bytes).await {
         Ok(b) => b,
-        Err(_) => {
-            let e = A2aError::invalid_request(format!(
-                "the body is larger than {} bytes",
-                g.settings.max_body_bytes
-            ))
-            .with_status(StatusCode::PAYLOAD_TOO_LARGE);
-            return closing(rpc::error_response(None, &e));
-        }
+        Err(e) => return early(&e),
     };
-    let request = match rpc::read(&bytes) {
+    let request = match rpc::read(&bytes, g.settings.limits.max_depth) {
         Ok(r) => r,
         Err((id, e)) => return rpc::error_response(id.as_deref(), &e),
     };
@@ -431,33 +602,37 @@ async fn rpc(g: &A2aGateway, agent: Option<String>, headers: &HeaderMap, body: B
     };
     let target = match agent {
         None => Target::Router,
-        Some(id) => match core.resolve(caller.session(), &id).await {
-            Ok(a) => Target::Agent(Box::new(a)),
+        Some(id) => match core
+            .target(caller.session(), &id, request.method.is_about_one_task())
+            .await
+        {
+            Ok(t) => t,
             Err(e) => return rpc::error_response(Some(&request.id), &e),
         },
     };
     rpc::handle(core, &caller, &target, request, g.shutdown.clone()).await
 }
 
-/// `POST /a2a/remote {cardUrl, name?, token?}`: registers a remote A2A agent as a MAP agent.
-/// 201 `{agent, remote}`; 400 a bad body or URL; 409 a taken id; 502 an unusable card; 503 MAP
-/// refused.
+/// `POST /a2a/remote {cardUrl, name?, token?}`: registers a remote A2A agent as a MAP agent,
+/// owned by the caller's principal. 201 `{agent, remote}`; 400 a bad body or URL; 403 a URL
+/// outside `[a2a] remote_allow` (or registering by request off); 409 a taken id; 429 a cap;
+/// 502 an unreachable or unusable card; 503 MAP refused.
 async fn remote_register(
     State(g): State<Arc<A2aGateway>>,
+    peer: Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(e) = g.authenticate(&headers) {
-        return problem(&e);
-    }
-    let bytes = match axum::body::to_bytes(body, 64 * 1024).await {
+    let principal = match g.admit(&headers, peer_ip(peer.as_ref())) {
+        Ok(p) => p,
+        Err(e) => return closing(problem(&e)),
+    };
+    let bytes = match json_body(&g, &headers, body, MAX_REMOTE_BODY_BYTES).await {
         Ok(b) => b,
-        Err(_) => {
-            return problem(
-                &A2aError::invalid_request("the body is too large")
-                    .with_status(StatusCode::PAYLOAD_TOO_LARGE),
-            )
+        Err(e) if e.status == StatusCode::OK => {
+            return closing(problem(&e.with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)))
         }
+        Err(e) => return closing(problem(&e)),
     };
     let spec: RemoteSpec = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
@@ -468,7 +643,7 @@ async fn remote_register(
             )
         }
     };
-    match g.remotes.register(spec).await {
+    match g.remotes.register(spec, g.asker(principal)).await {
         Ok((remote, agent)) => json(
             StatusCode::CREATED,
             &serde_json::json!({ "agent": agent, "remote": remote.describe() }),
@@ -476,8 +651,12 @@ async fn remote_register(
         Err(e) => {
             let status = match &e {
                 RegisterError::Invalid(_) => StatusCode::BAD_REQUEST,
+                RegisterError::NotAllowed(_) => StatusCode::FORBIDDEN,
                 RegisterError::Taken(_) => StatusCode::CONFLICT,
-                RegisterError::Card { .. } => StatusCode::BAD_GATEWAY,
+                RegisterError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
+                RegisterError::Unreachable(_) | RegisterError::Card { .. } => {
+                    StatusCode::BAD_GATEWAY
+                }
                 RegisterError::Map(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
             json(
@@ -488,25 +667,36 @@ async fn remote_register(
     }
 }
 
-/// `GET /a2a/remote`: `{remotes: [{agentId, cardUrl, name, url, protocolVersion, streaming}]}`.
-async fn remote_list(State(g): State<Arc<A2aGateway>>, headers: HeaderMap) -> Response {
-    if let Err(e) = g.authenticate(&headers) {
-        return problem(&e);
-    }
-    let remotes: Vec<serde_json::Value> = g.remotes.list().iter().map(|r| r.describe()).collect();
+/// `GET /a2a/remote`: `{remotes: [{agentId, cardUrl, name, url, protocolVersion, streaming,
+/// owner?}]}`, the caller's own (every one for a system principal, or with authentication
+/// off).
+async fn remote_list(State(g): State<Arc<A2aGateway>>, peer: Peer, headers: HeaderMap) -> Response {
+    let principal = match g.admit(&headers, peer_ip(peer.as_ref())) {
+        Ok(p) => p,
+        Err(e) => return problem(&e),
+    };
+    let remotes: Vec<serde_json::Value> = g
+        .remotes
+        .list(&g.asker(principal))
+        .iter()
+        .map(|r| r.describe())
+        .collect();
     json(StatusCode::OK, &serde_json::json!({ "remotes": remotes }))
 }
 
-/// `DELETE /a2a/remote/{agentId}`: unregisters it (its MAP session closes). 200, or 404.
+/// `DELETE /a2a/remote/{agentId}`: unregisters it (its calls stop, its MAP session closes). 200,
+/// or 404 (also for another principal's remote, unless the caller is a system principal).
 async fn remote_unregister(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(e) = g.authenticate(&headers) {
-        return problem(&e);
-    }
-    if g.remotes.unregister(&id).await {
+    let principal = match g.admit(&headers, peer_ip(peer.as_ref())) {
+        Ok(p) => p,
+        Err(e) => return problem(&e),
+    };
+    if g.remotes.unregister(&id, &g.asker(principal)).await {
         json(StatusCode::OK, &serde_json::json!({ "unregistered": id }))
     } else {
         json(

@@ -3,11 +3,14 @@
 //!
 //! Owns: the configs (task id → webhooks, in memory: they do not survive a restart, since a
 //! MAP task's `meta` is visible to every observer of the task and a webhook's token must not be;
-//! each config remembers the principal that set it, whose secrets they are),
-//! the URL allowlist (`[a2a] push_allow`: URL prefixes; empty = push notifications off), and
-//! delivery: one POST per update and webhook, in update order per task (one queue and worker
-//! per task with webhooks; a queue holds at most the task's updates), with
-//! [`ATTEMPTS`] tries and a doubling backoff, each bounded by [`TIMEOUT`].
+//! each config remembers the principal that set it, whose secrets they are; at most
+//! [`MAX_CONFIGS_PER_TASK`] per task and `[a2a] max_push_configs_per_principal` per principal),
+//! the URL allow-list (`[a2a] push_allow`, matched on normalised URLs by `egress.rs`; empty =
+//! push notifications off), and delivery: one POST per update and webhook, in update order per
+//! task (one queue and worker per task with webhooks; a queue holds at most the task's
+//! updates), with [`ATTEMPTS`] tries and a doubling backoff, each bounded by [`TIMEOUT`]. A
+//! POST goes to the URL as normalised (what was checked is what is sent), over a connection
+//! made by `egress::connect` (the host's addresses judged, a judged one connected to).
 //!
 //! The body is what `@a2a-js/sdk`'s default sender POSTs: for a config made with a v1.0 method,
 //! the update as a v1.0 `StreamResponse` (`{statusUpdate}` / `{artifactUpdate}`,
@@ -27,10 +30,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use crate::gateway::a2a::egress::{self, AllowList, Allowed};
 use crate::gateway::a2a::error::A2aError;
+use crate::gateway::a2a::limits::MAX_PUSH_SECRET_BYTES;
 use crate::gateway::a2a::record::{Owner, Snapshot};
 use crate::gateway::a2a::wire::{self, Rendered, Update, Version};
 
@@ -184,7 +188,9 @@ impl ConfigParams {
 /// The webhooks of every task, and their delivery.
 #[derive(Debug, Default)]
 pub struct Push {
-    allow: Vec<String>,
+    allow: AllowList,
+    /// Configs one principal may hold (over all tasks; the anonymous caller is one).
+    per_principal: usize,
     // NB: std mutexes, never held across an await.
     configs: Mutex<HashMap<String, Vec<PushConfig>>>,
     /// Per task with webhooks: the queue of its changes, read by one worker.
@@ -192,10 +198,12 @@ pub struct Push {
 }
 
 impl Push {
-    /// Push notifications to URLs starting with one of `allow` (none: off).
-    pub fn new(allow: Vec<String>) -> Self {
+    /// Push notifications to URLs `allow` allows (none: off), at most `per_principal` configs
+    /// per principal.
+    pub fn new(allow: AllowList, per_principal: usize) -> Self {
         Self {
             allow,
+            per_principal,
             ..Self::default()
         }
     }
@@ -205,63 +213,86 @@ impl Push {
         !self.allow.is_empty()
     }
 
-    /// Keeps `config` for `task_id` (replacing one with the same id that its principal set).
+    /// Keeps `config` for `task_id` (replacing one with the same id that its principal set),
+    /// its URL normalised; returns it as kept.
     ///
     /// # Errors
-    /// -32003 when push notifications are off; -32602 for a URL outside the allowlist, too
-    /// many configs, or an id taken by a config of another principal's.
-    pub fn set(&self, task_id: &str, config: PushConfig) -> Result<(), A2aError> {
+    /// -32003 when push notifications are off; -32602 for a URL outside the allow-list (or with
+    /// userinfo, a fragment, control characters), a token or credentials over
+    /// [`MAX_PUSH_SECRET_BYTES`], too many configs (of the task, or of the principal), or an id
+    /// taken by a config of another principal's.
+    pub fn set(&self, task_id: &str, mut config: PushConfig) -> Result<PushConfig, A2aError> {
         if !self.enabled() {
             return Err(A2aError::push_not_supported());
         }
-        // NB: these go into a request head: no control characters, no spaces in the URL.
+        // NB: these go into a request head: no control characters.
         let clean = |s: &str| !s.chars().any(char::is_control);
-        let headers_clean = clean(&config.url)
-            && !config.url.contains(' ')
-            && config.token.as_deref().is_none_or(clean)
+        let headers_clean = config.token.as_deref().is_none_or(clean)
             && config
                 .authentication
                 .as_ref()
                 .is_none_or(|(a, b)| clean(a) && clean(b) && !a.contains(' '));
         if !headers_clean {
             return Err(A2aError::invalid_params(
-                "push notification url, token and authentication must not hold control characters",
+                "push notification token and authentication must not hold control characters",
             ));
         }
-        let scheme_ok = config.url.starts_with("http://") || config.url.starts_with("https://");
-        if !scheme_ok
-            || !self
-                .allow
-                .iter()
-                .any(|p| config.url.starts_with(p.as_str()))
-        {
+        let secrets = config.token.as_ref().map_or(0, String::len)
+            + config
+                .authentication
+                .as_ref()
+                .map_or(0, |(a, b)| a.len() + b.len());
+        if secrets > MAX_PUSH_SECRET_BYTES {
             return Err(A2aError::invalid_params(format!(
-                "push notification URL {} is not allowed on this router ([a2a] push_allow)",
-                config.url
+                "push notification token and authentication are at most {MAX_PUSH_SECRET_BYTES} bytes"
             )));
         }
+        let allowed =
+            self.allow.check(&config.url).map_err(|e| {
+                A2aError::invalid_params(format!(
+                "push notification URL {:?} is not allowed on this router ([a2a] push_allow): {e}",
+                config.url.chars().take(egress::MAX_URL_BYTES).collect::<String>()
+            ))
+            })?;
+        config.url = allowed.as_str().to_owned();
         let mut all = self
             .configs
             .lock()
             .map_err(|_| A2aError::internal("push table poisoned"))?;
-        let list = all.entry(task_id.to_owned()).or_default();
-        if list
-            .iter()
-            .any(|c| c.id == config.id && c.owner != config.owner)
-        {
+        let replaces = |c: &PushConfig| c.id == config.id && c.owner == config.owner;
+        let list = all.get(task_id);
+        if list.is_some_and(|l| {
+            l.iter()
+                .any(|c| c.id == config.id && c.owner != config.owner)
+        }) {
             return Err(A2aError::invalid_params(format!(
                 "push notification config {:?} of task {task_id} was set by another principal: choose another id",
                 config.id
             )));
         }
-        list.retain(|c| c.id != config.id);
-        if list.len() >= MAX_CONFIGS_PER_TASK {
-            return Err(A2aError::invalid_params(format!(
-                "at most {MAX_CONFIGS_PER_TASK} push notification configs per task"
-            )));
+        let replacing = list.is_some_and(|l| l.iter().any(replaces));
+        if !replacing {
+            if list.is_some_and(|l| l.len() >= MAX_CONFIGS_PER_TASK) {
+                return Err(A2aError::invalid_params(format!(
+                    "at most {MAX_CONFIGS_PER_TASK} push notification configs per task"
+                )));
+            }
+            let held = all
+                .values()
+                .flatten()
+                .filter(|c| c.owner == config.owner)
+                .count();
+            if held >= self.per_principal {
+                return Err(A2aError::invalid_params(format!(
+                    "Quota exceeded: push notification configs per principal (limit {}); delete one first",
+                    self.per_principal
+                )));
+            }
         }
-        list.push(config);
-        Ok(())
+        let list = all.entry(task_id.to_owned()).or_default();
+        list.retain(|c| !replaces(c));
+        list.push(config.clone());
+        Ok(config)
     }
 
     /// The configs of a task.
@@ -325,8 +356,13 @@ impl Push {
             last = Some(snapshot.seq());
             // The configs as they are now (one deleted meanwhile gets nothing more).
             for config in self.list(&task_id) {
+                // Checked again as it goes out: what is sent is what passed.
+                let Ok(target) = self.allow.check(&config.url) else {
+                    tracing::warn!(url = %config.url, "a2a push: webhook no longer allowed");
+                    continue;
+                };
                 let (body, content_type) = body(&config, &snapshot);
-                deliver(&config, &body, content_type).await;
+                deliver(&config, &target, &body, content_type).await;
             }
             if snapshot.record.state.is_terminal() {
                 break;
@@ -362,10 +398,10 @@ fn body(config: &PushConfig, s: &Snapshot) -> (String, &'static str) {
 }
 
 /// POSTs with retries; failures are logged, never raised (a webhook cannot fail a task).
-async fn deliver(config: &PushConfig, body: &str, content_type: &str) {
+async fn deliver(config: &PushConfig, target: &Allowed, body: &str, content_type: &str) {
     let mut backoff = FIRST_BACKOFF;
     for attempt in 1..=ATTEMPTS {
-        match tokio::time::timeout(TIMEOUT, post(config, body, content_type)).await {
+        match tokio::time::timeout(TIMEOUT, post(config, target, body, content_type)).await {
             Ok(Ok(status)) if (200..300).contains(&status) => return,
             Ok(Ok(status)) => {
                 tracing::debug!(url = %config.url, status, attempt, "a2a push: webhook refused")
@@ -383,32 +419,18 @@ async fn deliver(config: &PushConfig, body: &str, content_type: &str) {
     tracing::warn!(url = %config.url, "a2a push: notification dropped after {ATTEMPTS} attempts");
 }
 
-/// One HTTP/1.1 POST; the response's status code.
-async fn post(config: &PushConfig, body: &str, content_type: &str) -> Result<u16, String> {
-    let (tls, rest) = if let Some(r) = config.url.strip_prefix("https://") {
-        (true, r)
-    } else if let Some(r) = config.url.strip_prefix("http://") {
-        (false, r)
-    } else {
-        return Err("not an http(s) URL".into());
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    if authority.is_empty() || authority.contains('@') {
-        return Err("bad URL authority".into());
-    }
-    let default_port = if tls { 443 } else { 80 };
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
-            (h, p.parse::<u16>().map_err(|e| format!("bad port: {e}"))?)
-        }
-        _ => (authority, default_port),
-    };
-    let host_plain = host.trim_start_matches('[').trim_end_matches(']');
+/// One HTTP/1.1 POST to `target` (the config's URL as the allow-list normalised it); the
+/// response's status code.
+async fn post(
+    config: &PushConfig,
+    target: &Allowed,
+    body: &str,
+    content_type: &str,
+) -> Result<u16, String> {
     let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\nUser-Agent: map-router-a2a\r\n",
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\nUser-Agent: map-router-a2a\r\n",
+        target.request_target(),
+        target.authority(),
         body.len()
     );
     if let Some((scheme, credentials)) = &config.authentication {
@@ -417,12 +439,12 @@ async fn post(config: &PushConfig, body: &str, content_type: &str) -> Result<u16
         head.push_str(&format!("X-A2A-Notification-Token: {token}\r\n"));
     }
     head.push_str("\r\n");
-    let tcp = TcpStream::connect((host_plain, port))
+    let tcp = egress::connect(target, TIMEOUT)
         .await
         .map_err(|e| e.to_string())?;
-    if tls {
+    if target.is_tls() {
         let trust = crate::client::tls::trust(None).map_err(|e| e.to_string())?;
-        let name = rustls::pki_types::ServerName::try_from(host_plain.to_owned())
+        let name = rustls::pki_types::ServerName::try_from(target.host_name())
             .map_err(|e| e.to_string())?;
         let stream = tokio_rustls::TlsConnector::from(trust.config)
             .connect(name, tcp)
@@ -502,9 +524,13 @@ mod tests {
         assert!(!v1.to_string().contains("tok") && !v1.to_string().contains("\"c\""));
     }
 
+    fn allow(entries: &[&str]) -> AllowList {
+        AllowList::parse(&entries.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).unwrap()
+    }
+
     #[test]
     fn a_config_id_is_its_setters() {
-        let p = Push::new(vec!["http://127.0.0.1:".into()]);
+        let p = Push::new(allow(&["http://127.0.0.1:9/"]), 64);
         let of = |who: &str| PushConfig {
             id: "a".into(),
             url: "http://127.0.0.1:9/h".into(),
@@ -524,25 +550,49 @@ mod tests {
 
     #[test]
     fn only_allowed_urls() {
-        let p = Push::new(vec!["http://127.0.0.1:".into()]);
-        let c = |url: &str| PushConfig {
-            id: "a".into(),
+        let p = Push::new(allow(&["http://127.0.0.1:9/hook/"]), 3);
+        let c = |id: &str, url: &str| PushConfig {
+            id: id.into(),
             url: url.into(),
             token: None,
             authentication: None,
             version: Version::V1,
             owner: None,
         };
-        assert!(p.set("t", c("http://127.0.0.1:9/h")).is_ok());
-        assert!(p.set("t", c("http://10.0.0.1:9/h")).is_err());
-        assert!(p.set("t", c("ftp://127.0.0.1:9/h")).is_err());
+        assert!(p.set("t", c("a", "http://127.0.0.1:9/hook/a")).is_ok());
+        for bad in [
+            "http://10.0.0.1:9/hook/",
+            "ftp://127.0.0.1:9/hook/",
+            "http://127.0.0.1:9/hook/../admin",
+            "http://127.0.0.1:9/hook/%2e%2e/admin",
+            "http://127.0.0.1:9/hook/#frag",
+            "http://u:p@127.0.0.1:9/hook/",
+            "http://127.0.0.1:10/hook/",
+        ] {
+            assert_eq!(p.set("t", c("b", bad)).unwrap_err().code, -32602, "{bad}");
+        }
+        // Kept normalised: what is sent is what was checked.
+        assert!(p
+            .set("t", c("b", "http://0x7f000001:9/hook/x/../y"))
+            .is_ok());
+        assert_eq!(p.list("t")[1].url, "http://127.0.0.1:9/hook/y");
         assert_eq!(
             Push::default()
-                .set("t", c("http://127.0.0.1:9/h"))
+                .set("t", c("a", "http://127.0.0.1:9/hook/"))
                 .unwrap_err()
                 .code,
             -32003
         );
+        // A principal's configs are capped over its tasks; replacing one is not a new one.
+        assert!(p.set("u", c("a", "http://127.0.0.1:9/hook/")).is_ok());
+        let e = p.set("v", c("a", "http://127.0.0.1:9/hook/")).unwrap_err();
+        assert!(e.message.contains("per principal (limit 3)"), "{e}");
+        assert!(p.set("u", c("a", "http://127.0.0.1:9/hook/z")).is_ok());
+        let long = PushConfig {
+            token: Some("k".repeat(MAX_PUSH_SECRET_BYTES + 1)),
+            ..c("a", "http://127.0.0.1:9/hook/")
+        };
+        assert_eq!(p.set("t", long).unwrap_err().code, -32602);
         assert!(p.delete("t", "a"));
         assert!(!p.delete("t", "a"));
     }

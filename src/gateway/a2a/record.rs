@@ -83,6 +83,11 @@ pub struct Record {
     pub update: Option<Update>,
     /// The MAP agent that serves the task.
     pub agent: String,
+    /// That agent's name when the task was made (or last followed up): after a restart, an
+    /// agent that registers without a fixed id comes back under a new one, and its tasks are
+    /// found by this name (docs/a2a.md, "After a restart").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
     /// The request metadata of the message that created it, verbatim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<RawJson>,

@@ -10,8 +10,12 @@
 //!
 //! Input rules: the body must be one JSON-RPC 2.0 request object (`jsonrpc: "2.0"`, a string
 //! or number `id`, a string `method`); a batch, a notification (no id) or anything else is
-//! -32600 with `id: null`; text that is not JSON is -32700. Oversize bodies never reach here
-//! (`mod.rs` answers 413). Errors of a well-formed call are HTTP 200 with a JSON-RPC error.
+//! -32600 with `id: null`; text that is not JSON is -32700. As MAP's own envelope rules
+//! (docs/compatibility.md §1): nesting deeper than MAP's `max_depth` is -32600 with `id: null`
+//! before anything is parsed; a numeric id beyond a double's range (`1e400`), which a strict
+//! parser could not read back, is -32600 with `id: null`; an unknown method's name is echoed
+//! at most its first 128 bytes. Oversize bodies never reach here (`mod.rs` answers 413).
+//! Errors of a well-formed call are HTTP 200 with a JSON-RPC error.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -54,6 +58,15 @@ pub enum Method {
     PushList,
     /// `DeleteTaskPushNotificationConfig`, `tasks/pushNotificationConfig/delete`.
     PushDelete,
+}
+
+impl Method {
+    /// Whether it may be about one existing task (a follow-up send included), so that the URL
+    /// of an agent gone since may still serve it (`tasks.rs`, `Target::Former`). Listings and
+    /// the card are not.
+    pub fn is_about_one_task(self) -> bool {
+        !matches!(self, Self::List | Self::ExtendedCard)
+    }
 }
 
 /// Every method name the endpoint knows.
@@ -134,9 +147,19 @@ pub struct Request {
 ///
 /// # Errors
 /// -32700 / -32600 / -32601, to be answered with `id` (null when it could not be read).
-pub fn read(body: &[u8]) -> Result<Request, (Option<Box<RawValue>>, A2aError)> {
+pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawValue>>, A2aError)> {
     let text = std::str::from_utf8(body)
         .map_err(|e| (None, A2aError::parse_error(format!("not UTF-8: {e}"))))?;
+    // NB: before parsing, as MAP does: a deep body costs one linear scan, and it could never
+    // reach the agent (MAP refuses the frame it would become).
+    crate::protocol::jsonrpc::check_depth(text, max_depth).map_err(|_| {
+        (
+            None,
+            A2aError::invalid_request(format!(
+                "JSON nesting exceeds MAP's limit of {max_depth} levels ([limits] max_depth)"
+            )),
+        )
+    })?;
     let value: &RawValue =
         serde_json::from_str(text).map_err(|e| (None, A2aError::parse_error(e)))?;
     let t = value.get().trim_start();
@@ -162,15 +185,16 @@ pub fn read(body: &[u8]) -> Result<Request, (Option<Box<RawValue>>, A2aError)> {
     }
     let env: Envelope =
         serde_json::from_str(text).map_err(|e| (None, A2aError::invalid_request(e)))?;
+    // A string or a number that fits a double (MAP's `Id::from_raw`); `null` is refused too
+    // (a notification in all but name).
     let id = env.id.filter(|id| {
-        let s = id.get();
-        s.starts_with('"') || s.starts_with('-') || s.starts_with(|c: char| c.is_ascii_digit())
+        crate::protocol::jsonrpc::Id::from_raw(id).is_some() && id.get().trim() != "null"
     });
     let Some(id) = id else {
         return Err((
             None,
             A2aError::invalid_request(
-                "`id` must be a string or a number (notifications are not supported)",
+                "`id` must be a string or a number within a double's range (notifications are not supported)",
             ),
         ));
     };
@@ -226,13 +250,16 @@ fn json_response(status: StatusCode, body: String) -> Response {
 /// The error answer (with `Retry-After` when the error says when to retry).
 pub fn error_response(id: Option<&RawValue>, e: &A2aError) -> Response {
     let mut response = json_response(e.status, error_frame(id, e));
-    if let Some(wait) = e.retry_after {
-        let secs = wait.as_millis().div_ceil(1000).max(1);
-        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-            response.headers_mut().insert(header::RETRY_AFTER, v);
-        }
+    if let Some(v) = e.retry_after.and_then(retry_after_header) {
+        response.headers_mut().insert(header::RETRY_AFTER, v);
     }
     response
+}
+
+/// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
+pub fn retry_after_header(wait: std::time::Duration) -> Option<HeaderValue> {
+    let secs = wait.as_millis().div_ceil(1000).max(1);
+    HeaderValue::from_str(&secs.to_string()).ok()
 }
 
 fn params<T: DeserializeOwned>(raw: &RawValue) -> Result<T, A2aError> {
@@ -337,8 +364,8 @@ async fn push(
     match method {
         Method::PushSet => {
             let config = params::<ConfigParams>(raw)?.into_config(v, me.clone())?;
-            core.push.set(&task_id, config.clone())?;
-            Ok(render(&config))
+            let kept = core.push.set(&task_id, config)?;
+            Ok(render(&kept))
         }
         Method::PushGet => {
             let configs = core.push.list(&task_id);
@@ -567,7 +594,7 @@ mod tests {
     use super::*;
 
     fn code(body: &str) -> i32 {
-        read(body.as_bytes()).unwrap_err().1.code
+        read(body.as_bytes(), 64).unwrap_err().1.code
     }
 
     #[test]
@@ -600,7 +627,30 @@ mod tests {
             code(r#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":[1]}"#),
             INVALID_PARAMS
         );
-        let ok = read(br#"{"jsonrpc":"2.0","id":"a","method":"tasks/get"}"#).unwrap();
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1e400,"method":"GetTask"}"#),
+            INVALID_REQUEST
+        );
+        assert!(
+            read(br#"{"jsonrpc":"2.0","id":1e400,"method":"GetTask"}"#, 64)
+                .unwrap_err()
+                .0
+                .is_none()
+        );
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{{"x":{deep}}}}}"#);
+        let (id, e) = read(body.as_bytes(), 64).unwrap_err();
+        assert!(id.is_none() && e.code == INVALID_REQUEST && e.message.contains("64"));
+        let long = "m".repeat(1 << 20);
+        let (_, e) = read(
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{long}"}}"#).as_bytes(),
+            64,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, METHOD_NOT_FOUND);
+        assert!(e.message.len() < 200, "{} bytes", e.message.len());
+        let ok = read(br#"{"jsonrpc":"2.0","id":"a","method":"tasks/get"}"#, 64).unwrap();
         assert_eq!((ok.method, ok.version), (Method::Get, Version::V03));
         assert_eq!(ok.params.get(), "{}");
     }

@@ -20,23 +20,41 @@
 //! -32001, as for an unknown task.
 //!
 //! Every A2A state change is one `map/tasks/update` (a durable `task.*` event that MAP
-//! subscribers see), made under [`Core::writing`] so that the read-modify-write of
-//! `meta.a2a` (MAP merges `meta` one key deep) never interleaves. The task itself is the
-//! source of truth: nothing about a task is kept in memory, so a restarted router serves the
-//! tasks of the previous run.
+//! subscribers see), made under that task's own lock ([`Core::lock_task`]) so that the
+//! read-modify-write of `meta.a2a` (MAP merges `meta` one key deep) never interleaves. No lock
+//! is held across a MAP round trip for more than one task: a slow or refused update of one
+//! task never waits for another's. The task itself is the source of truth: nothing about a
+//! task is kept in memory, so a restarted router serves the tasks of the previous run
+//! (`recovery.rs` ends those a restart interrupted, on the gateway's first use).
+//!
+//! The books are a small pool of `system` sessions ([`BOOKS`]: `a2a-gateway-tasks`, which also
+//! holds the feed, and `a2a-gateway-tasks-1` …), each task's calls always on the same one (by
+//! its id), so the router's per-connection rate is not one budget for every caller's tasks.
+//!
+//! What MAP would refuse is refused before it is sent ([`Core::fits`]): a frame larger than
+//! `[limits] max_frame_bytes`, nested deeper than `max_depth`, or a message payload over
+//! `max_payload_bytes` is an error naming the limit (413) in milliseconds, rather than a MAP
+//! round trip the router answers with `id: null` (which the client would wait out).
+//!
+//! After a restart, a task is also found through the URL of the agent that now has its
+//! agent's name ([`Target`]): agents that register without a fixed id come back under a new
+//! one.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::client::{AgentHandle, Client, ClientError, ClientOptions};
 use crate::gateway::a2a::access::Caller;
+use crate::gateway::a2a::egress::AllowList;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::feed::Feed;
+use crate::gateway::a2a::limits::{Limits, MAP_ENVELOPE_BYTES};
 use crate::gateway::a2a::push::{Push, PushConfig};
 use crate::gateway::a2a::record::{
     agent_payload, final_artifact, rfc3339_now, AgentReport, MapTask, Record, Snapshot,
@@ -56,6 +74,16 @@ pub const GATEWAY_AGENT: &str = "a2a-gateway";
 
 /// The id of the gateway's bookkeeping participant (a `system` session with no agent).
 pub const GATEWAY_BOOKS: &str = "a2a-gateway-tasks";
+
+/// The participant ids of the books pool: [`GATEWAY_BOOKS`] (which also holds the feed) and
+/// three more. Each carries the calls of a quarter of the tasks, so the gateway's bookkeeping
+/// has four times a connection's request rate (`[limits] rate_per_connection`).
+pub const BOOKS: [&str; 4] = [
+    GATEWAY_BOOKS,
+    "a2a-gateway-tasks-1",
+    "a2a-gateway-tasks-2",
+    "a2a-gateway-tasks-3",
+];
 
 /// The `map/tasks/*` methods (docs/tasks.md), called with JSON text so that the verbatim
 /// members of `meta.a2a` keep their bytes both ways.
@@ -82,21 +110,27 @@ pub const LIST_SCAN_PAGE: u32 = 250;
 /// board.
 pub const LIST_SCAN_PAGES: usize = 8;
 
-/// Where an A2A call is addressed: one MAP agent (`/a2a/agents/{id}`), or the router's own
-/// endpoint (`/a2a`), which serves the tasks of every agent.
+/// Where an A2A call is addressed: one MAP agent (`/a2a/agents/{id}`), the agent a path named
+/// in a previous run, or the router's own endpoint (`/a2a`), which serves the tasks of every
+/// agent.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// One agent.
+    /// One live agent: its tasks, and (after a restart) those of a gone agent of its name.
     Agent(Box<Agent>),
+    /// A path naming no live agent (`/a2a/agents/<old id>`): the tasks of the agent that had
+    /// this id or name. New tasks need a live agent.
+    Former(String),
     /// The router endpoint.
     Router,
 }
 
 impl Target {
-    fn owns(&self, record: &Record) -> bool {
+    /// The answer for a task not found at this target: at a former agent's URL the path itself
+    /// names nothing (404, as before the rule), elsewhere -32001.
+    fn not_found(&self, id: &str) -> A2aError {
         match self {
-            Self::Agent(a) => a.id.as_str() == record.agent,
-            Self::Router => true,
+            Self::Former(agent) => A2aError::unknown_agent(agent),
+            _ => A2aError::task_not_found(id),
         }
     }
 }
@@ -120,25 +154,43 @@ pub struct Core {
     /// The agent session: sends to agents as `a2a-gateway`, receives their replies.
     client: Client,
     agent: AgentHandle,
-    /// The books session (`system`): task updates, reads, the feed.
-    books: Client,
+    /// The books sessions (`system`): task updates and reads; the first also the feed.
+    books: Vec<Client>,
     /// Watchers of tasks.
     pub feed: Arc<Feed>,
     /// Webhooks of tasks.
     pub push: Arc<Push>,
-    /// Serializes the read-modify-write of `meta.a2a` (see the module docs).
-    writing: tokio::sync::Mutex<()>,
+    /// One lock per task being changed (see the module docs); entries of tasks no longer
+    /// locked are dropped as the table grows.
+    locks: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    /// What MAP takes.
+    limits: Limits,
+}
+
+/// Per task with agent messages being applied: the newest one's number and the signal that
+/// it is done (the next one about the task waits for it).
+type Chains = HashMap<String, (u64, oneshot::Receiver<()>)>;
+
+/// Locks held past this many entries are swept of the dead ones.
+const LOCKS_SWEEP: usize = 1024;
+
+fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Inserts and removes only: a panic cannot leave the map inconsistent.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Core {
-    /// Opens the two sessions, registers the gateway agent, subscribes to `task.*` and starts
-    /// the loops (they end when the sessions do).
+    /// Opens the sessions, registers the gateway agent, subscribes to `task.*` and starts the
+    /// loops (they end when the sessions do), and the sweep of the tasks a restart interrupted
+    /// (`recovery.rs`; `started`: when the gateway was made, Unix ms).
     ///
     /// # Errors
     /// A session or the registration was refused.
     pub async fn start(
         links: &(dyn InProcessLinks + Send + Sync),
-        push_allow: Vec<String>,
+        push_allow: AllowList,
+        limits: Limits,
+        started: u64,
     ) -> Result<Arc<Self>, ClientError> {
         let client = Client::in_process_as(
             links,
@@ -161,17 +213,22 @@ impl Core {
                 ..RegisterParams::default()
             })
             .await?;
-        let books = Client::in_process_as(
-            links,
-            crate::auth::service_principal(),
-            ClientOptions::new()
-                .participant_type(ParticipantType::System)
-                .name(GATEWAY_BOOKS)
-                .participant_id(GATEWAY_BOOKS)
-                .request_timeout(Duration::from_secs(30)),
-        )
-        .await?;
-        let events = books
+        let mut books = Vec::with_capacity(BOOKS.len());
+        for id in BOOKS {
+            books.push(
+                Client::in_process_as(
+                    links,
+                    crate::auth::service_principal(),
+                    ClientOptions::new()
+                        .participant_type(ParticipantType::System)
+                        .name(id)
+                        .participant_id(id)
+                        .request_timeout(Duration::from_secs(30)),
+                )
+                .await?,
+            );
+        }
+        let events = books[0]
             .subscribe(SubscriptionFilter {
                 // task.updated is a vendor type: named (docs/compatibility.md §7).
                 event_types: Some(vec!["task.*".into(), "task.updated".into()]),
@@ -179,25 +236,121 @@ impl Core {
             })
             .await?;
         let feed = Arc::new(Feed::default());
-        let push = Arc::new(Push::new(push_allow));
+        let push = Arc::new(Push::new(push_allow, limits.max_push_configs_per_principal));
         let core = Arc::new(Self {
             client,
             agent,
             books,
             feed: Arc::clone(&feed),
             push: Arc::clone(&push),
-            writing: tokio::sync::Mutex::new(()),
+            locks: Mutex::new(HashMap::new()),
+            limits,
         });
         tokio::spawn(async move { feed.run(events, push).await });
+        // NB: after the feed, so that a stream resubscribed to an interrupted task sees it end.
+        let weak = Arc::downgrade(&core);
+        tokio::spawn(crate::gateway::a2a::recovery::run(
+            core.books[0].clone(),
+            started,
+            move |id| {
+                let core = weak.upgrade();
+                async move {
+                    match core {
+                        Some(core) => {
+                            let reason = crate::gateway::a2a::recovery::REASON;
+                            core.end_if_interrupted(&id, started, reason).await
+                        }
+                        None => false,
+                    }
+                }
+            },
+        ));
         let mut inbox = core.agent.messages();
         let weak = Arc::downgrade(&core);
         tokio::spawn(async move {
+            // NB: each reply in a task of its own, so that a slow update of one task never
+            // holds up the replies about the others; the replies about one task still apply
+            // in arrival order: each waits for the one before it (`chains`).
+            let chains: Arc<Mutex<Chains>> = Arc::default();
+            let mut generation = 0u64;
             while let Some(message) = inbox.next().await {
                 let Some(core) = weak.upgrade() else { break };
-                core.on_agent_message(message).await;
+                let Some(id) = message.correlation_id() else {
+                    tracing::debug!(from = %message.from, "a2a gateway: message without correlationId ignored");
+                    continue;
+                };
+                generation += 1;
+                let (done, next) = oneshot::channel::<()>();
+                let before = lock_map(&chains)
+                    .insert(id.clone(), (generation, next))
+                    .map(|(_, rx)| rx);
+                let chains = Arc::clone(&chains);
+                let mine = generation;
+                tokio::spawn(async move {
+                    if let Some(before) = before {
+                        let _ = before.await;
+                    }
+                    core.on_agent_message(&id, message).await;
+                    drop(done);
+                    let mut chains = lock_map(&chains);
+                    if chains.get(&id).is_some_and(|(g, _)| *g == mine) {
+                        chains.remove(&id);
+                    }
+                });
             }
         });
         Ok(core)
+    }
+
+    /// The books session of task `id` (always the same one for a task).
+    fn books_for(&self, id: &str) -> &Client {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        id.hash(&mut h);
+        let n = usize::try_from(h.finish() % self.books.len() as u64).unwrap_or(0);
+        &self.books[n]
+    }
+
+    /// The lock of task `id` (made when nobody holds it).
+    fn task_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = lock_map(&self.locks);
+        if let Some(l) = locks.get(id).and_then(Weak::upgrade) {
+            return l;
+        }
+        if locks.len() >= LOCKS_SWEEP {
+            locks.retain(|_, w| w.strong_count() > 0);
+        }
+        let l = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(id.to_owned(), Arc::downgrade(&l));
+        l
+    }
+
+    /// Serialises the changes of task `id` (and of no other).
+    async fn lock_task(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        self.task_lock(id).lock_owned().await
+    }
+
+    /// Whether MAP would take a request with these `params` (JSON text): the frame within
+    /// `max_frame_bytes`, nested at most `max_depth` deep.
+    ///
+    /// # Errors
+    /// 413 (-32600) naming the limit and `what` would have broken it.
+    fn fits(&self, params: &str, what: &str) -> Result<(), A2aError> {
+        let bytes = params.len() + MAP_ENVELOPE_BYTES;
+        if bytes > self.limits.max_frame_bytes {
+            return Err(A2aError::too_large(format!(
+                "{what} would be a MAP request of {bytes} bytes, over the router's limit of {} ([limits] max_frame_bytes)",
+                self.limits.max_frame_bytes
+            )));
+        }
+        // The envelope adds one level.
+        let depth = self.limits.max_depth.saturating_sub(1);
+        crate::protocol::jsonrpc::check_depth(params, depth).map_err(|_| {
+            A2aError::too_large(format!(
+                "{what} would nest deeper than the router's limit of {} levels ([limits] max_depth)",
+                self.limits.max_depth
+            ))
+        })
     }
 
     // -----------------------------------------------------------------------------------------
@@ -247,28 +400,127 @@ impl Core {
     // -----------------------------------------------------------------------------------------
     // Tasks
 
+    /// Calls `method` about task `task` (or none: the first books session) on the books.
     async fn call(
         &self,
         method: &str,
         params: String,
         task: Option<&str>,
     ) -> Result<String, A2aError> {
-        call(&self.books, method, params, task).await
+        let books = task.map_or(&self.books[0], |t| self.books_for(t));
+        call(books, method, params, task).await
     }
 
-    /// The A2A task `id` at `target`, as the books have it (no rule applied).
+    /// Ends task `id` with the status message `reason` if it is still as the previous run left
+    /// it (last changed before `started`, `submitted` or `working`) and its agent is not back;
+    /// read and written under its lock (`recovery.rs`). Whether it ended it.
+    pub(super) async fn end_if_interrupted(&self, id: &str, started: u64, reason: &str) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Wrapped {
+            task: crate::gateway::a2a::recovery::Times,
+        }
+        let _guard = self.lock_task(id).await;
+        let Ok(text) = self
+            .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
+            .await
+        else {
+            return false;
+        };
+        let unchanged =
+            serde_json::from_str::<Wrapped>(&text).is_ok_and(|w| w.task.updated_at < started);
+        let Some(mut record) = MapTask::from_wrapped(&text).and_then(|t| t.record()) else {
+            return false;
+        };
+        if !unchanged
+            || !matches!(record.state, TaskState::Submitted | TaskState::Working)
+            || self.agent_live(&record.agent).await
+        {
+            return false;
+        }
+        let message = Message::agent_text(reason, id, &record.context_id);
+        record.set_state(TaskState::Failed, Some(message));
+        match self.write(id, &record, None).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "a2a gateway: an interrupted task could not be ended");
+                false
+            }
+        }
+    }
+
+    /// Whether the agent `id` is registered now.
+    async fn agent_live(&self, id: &str) -> bool {
+        self.books[0].get_agent(id).await.is_ok()
+    }
+
+    /// Whether `target` serves `record`: the router endpoint serves every task; an agent's URL
+    /// the tasks of that agent and, when their agent is gone, those of an agent of the same
+    /// name (a restart gave it a new id); a former agent's URL the tasks of the agent that had
+    /// that id or name.
+    async fn owns(&self, target: &Target, record: &Record) -> bool {
+        match target {
+            Target::Router => true,
+            Target::Agent(a) if a.id.as_str() == record.agent => true,
+            Target::Agent(a) => {
+                a.name.is_some()
+                    && a.name == record.agent_name
+                    && !self.agent_live(&record.agent).await
+            }
+            Target::Former(s) => {
+                &record.agent == s || record.agent_name.as_deref() == Some(s.as_str())
+            }
+        }
+    }
+
+    /// The target a path's `agentId` names: a live agent `viewer` sees, else, when `former`
+    /// (a request about one task: new tasks and listings need a live agent), the agent that had
+    /// that id or name before.
     ///
     /// # Errors
-    /// -32001 when there is no such task, it is not an A2A task, or it belongs to another agent
-    /// than `target`.
+    /// MAP's refusals (403, 429); [`A2aError::unknown_agent`] for a path that names no live
+    /// agent when not `former`.
+    pub async fn target(
+        &self,
+        viewer: &Client,
+        id_or_name: &str,
+        former: bool,
+    ) -> Result<Target, A2aError> {
+        match self.resolve(viewer, id_or_name).await {
+            Ok(agent) => Ok(Target::Agent(Box::new(agent))),
+            Err(e)
+                if e.status == axum::http::StatusCode::NOT_FOUND
+                    && id_or_name != GATEWAY_AGENT
+                    && former =>
+            {
+                Ok(Target::Former(id_or_name.to_owned()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The A2A task `id`, as the books have it, when `target` serves it (no caller rule).
+    ///
+    /// # Errors
+    /// -32001 (404 at a former agent's URL) when there is no such task, it is not an A2A
+    /// task, or `target` does not serve it.
     async fn load(&self, target: &Target, id: &str) -> Result<Record, A2aError> {
         let text = self
             .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
-            .await?;
-        MapTask::from_wrapped(&text)
+            .await
+            .map_err(|e| {
+                if e.code == crate::gateway::a2a::error::code::TASK_NOT_FOUND {
+                    target.not_found(id)
+                } else {
+                    e
+                }
+            })?;
+        let record = MapTask::from_wrapped(&text)
             .and_then(|t| t.record())
-            .filter(|r| target.owns(r))
-            .ok_or_else(|| A2aError::task_not_found(id))
+            .ok_or_else(|| target.not_found(id))?;
+        if !self.owns(target, &record).await {
+            return Err(target.not_found(id));
+        }
+        Ok(record)
     }
 
     /// The A2A task `id` at `target`, when `caller` controls it (`access.rs`).
@@ -276,7 +528,7 @@ impl Core {
     /// # Errors
     /// -32001 when there is no such task, it is not an A2A task, it belongs to another agent
     /// than `target`, or `caller` does not control it: the same answer, so that existence
-    /// does not leak.
+    /// does not leak (404 at a former agent's URL, also the same for all).
     pub async fn task(
         &self,
         caller: &Caller,
@@ -285,7 +537,7 @@ impl Core {
     ) -> Result<Record, A2aError> {
         let record = self.load(target, id).await?;
         if !caller.controls(&record).await {
-            return Err(A2aError::task_not_found(id));
+            return Err(target.not_found(id));
         }
         Ok(record)
     }
@@ -320,10 +572,11 @@ impl Core {
             },
         })
         .map_err(A2aError::internal)?;
+        self.fits(&params, &format!("task {id}"))?;
         self.call(methods::UPDATE, params, Some(id)).await.map(drop)
     }
 
-    /// Reads the task, applies `change`, writes it back, all under the write lock. `change`
+    /// Reads the task, applies `change`, writes it back, all under the task's lock. `change`
     /// returns an error to leave the task as it was.
     async fn modify(
         &self,
@@ -331,7 +584,7 @@ impl Core {
         id: &str,
         change: impl FnOnce(&mut Record) -> Result<Option<RawJson>, A2aError>,
     ) -> Result<Record, A2aError> {
-        let _guard = self.writing.lock().await;
+        let _guard = self.lock_task(id).await;
         let mut record = self.load(target, id).await?;
         let result = change(&mut record)?;
         self.write(id, &record, result.as_ref()).await?;
@@ -356,23 +609,23 @@ impl Core {
         watch: bool,
     ) -> Result<(String, Record, Option<mpsc::Receiver<Snapshot>>), A2aError> {
         message.role = Role::User;
+        // NB: what MAP would refuse is refused here, before anything is made or changed.
+        let payload = agent_payload(&message);
+        if payload.len() > self.limits.max_payload_bytes {
+            return Err(A2aError::too_large(format!(
+                "the message's content is {} bytes as a MAP message, over the router's limit of {} ([limits] max_payload_bytes)",
+                payload.len(),
+                self.limits.max_payload_bytes
+            )));
+        }
+        self.fits(payload.get(), "the message to the agent")?;
         let (id, first, watcher) = match message.task_id.clone() {
             Some(id) => {
-                // The caller must control the task, and may still send to its agent.
+                // The caller must control the task, and may still send to its agent: the
+                // task's, or after a restart the one that has its agent's name now.
                 let current = self.task(caller, target, &id).await?;
                 caller.require(Capability::CanSend)?;
-                self.resolve(caller.session(), &current.agent)
-                    .await
-                    .map_err(|e| {
-                        if e.status == axum::http::StatusCode::NOT_FOUND {
-                            A2aError::forbidden(format!(
-                                "agent {} of task {id} is not one this caller may see",
-                                current.agent
-                            ))
-                        } else {
-                            e
-                        }
-                    })?;
+                let agent = self.agent_of(caller, &current, &id).await?;
                 let watcher = watch.then(|| self.feed.watch(&id));
                 let record = self
                     .modify(target, &id, |r| {
@@ -392,6 +645,8 @@ impl Core {
                         }
                         message.context_id = Some(r.context_id.clone());
                         r.history.push(message.clone());
+                        r.agent = agent.id.to_string();
+                        r.agent_name.clone_from(&agent.name);
                         r.set_state(TaskState::Working, None);
                         Ok(None)
                     })
@@ -404,10 +659,14 @@ impl Core {
                 (id, record, watcher)
             }
             None => {
-                let Target::Agent(agent) = target else {
-                    return Err(A2aError::invalid_params(
-                        "the router endpoint takes follow-ups only (message.taskId); send new tasks to /a2a/agents/{agentId}",
-                    ));
+                let agent = match target {
+                    Target::Agent(agent) => agent,
+                    Target::Former(name) => return Err(A2aError::unknown_agent(name)),
+                    Target::Router => {
+                        return Err(A2aError::invalid_params(
+                            "the router endpoint takes follow-ups only (message.taskId); send new tasks to /a2a/agents/{agentId}",
+                        ))
+                    }
                 };
                 // NB: checked before anything is made: a caller who may not send creates no task.
                 caller.require(Capability::CanSend)?;
@@ -428,14 +687,17 @@ impl Core {
                     seq: 0,
                     update: None,
                     agent: agent.id.to_string(),
+                    agent_name: agent.name.clone(),
                     metadata,
                     owner: caller.owner(),
                 };
+                let created = create_params(&id, agent, &message, &record)?;
+                self.fits(&created, "the new task")?;
                 if let Some(config) = push {
                     self.push.set(&id, config)?;
                 }
                 let watcher = watch.then(|| self.feed.watch(&id));
-                if let Err(e) = create(caller.session(), &id, agent, &message, &record).await {
+                if let Err(e) = call(caller.session(), methods::CREATE, created, None).await {
                     self.push.forget(&id);
                     return Err(e);
                 }
@@ -443,7 +705,7 @@ impl Core {
                 let mut working = record;
                 working.set_state(TaskState::Working, None);
                 {
-                    let _guard = self.writing.lock().await;
+                    let _guard = self.lock_task(&id).await;
                     self.write(&id, &working, None).await?;
                 }
                 (id, first, watcher)
@@ -464,7 +726,7 @@ impl Core {
             .client
             .send_with(MapSendParams {
                 to,
-                payload: Some(agent_payload(&message)),
+                payload: Some(payload),
                 meta: Some(meta),
             })
             .await;
@@ -491,6 +753,41 @@ impl Core {
             .await?;
         }
         Ok((id, first, watcher))
+    }
+
+    /// The agent a follow-up to `record` goes to, as `caller` sees it: the task's agent, or,
+    /// when that one is gone (a restart gave the agent a new id), the one agent that has its
+    /// name now.
+    ///
+    /// # Errors
+    /// 403 when the caller sees no such agent; MAP's refusals.
+    async fn agent_of(
+        &self,
+        caller: &Caller,
+        record: &Record,
+        id: &str,
+    ) -> Result<Agent, A2aError> {
+        let hidden = || {
+            A2aError::forbidden(format!(
+                "agent {} of task {id} is not one this caller may see",
+                record.agent
+            ))
+        };
+        match self.resolve(caller.session(), &record.agent).await {
+            Ok(a) => Ok(a),
+            Err(e) if e.status == axum::http::StatusCode::NOT_FOUND => {
+                let Some(name) = &record.agent_name else {
+                    return Err(hidden());
+                };
+                match self.resolve(caller.session(), name).await {
+                    Ok(a) if a.name.as_deref() == Some(name) => Ok(a),
+                    Ok(_) => Err(hidden()),
+                    Err(e) if e.status == axum::http::StatusCode::NOT_FOUND => Err(hidden()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// `CancelTask`: tells the agent (`{"a2a": {"cancel": id}}`) and ends the task `canceled`.
@@ -598,22 +895,37 @@ impl Core {
     // -----------------------------------------------------------------------------------------
     // The agents' side
 
+    /// Fails task `id` (its stored state, which the refused change never reached) with a status
+    /// message saying why the agent's update could not be kept.
+    async fn fail_too_large(&self, id: &str, why: &A2aError) {
+        let failed = async {
+            let mut record = self.load(&Target::Router, id).await?;
+            let text = format!(
+                "the agent's update could not be recorded: {}",
+                why.message.trim_start_matches("Invalid request: ")
+            );
+            let message = Message::agent_text(text, id, &record.context_id);
+            record.set_state(TaskState::Failed, Some(message));
+            self.write(id, &record, None).await
+        }
+        .await;
+        if let Err(e) = failed {
+            tracing::warn!(task = %id, error = %e, "a2a gateway: a task whose update was too large could not be failed");
+        }
+    }
+
     /// One message to the gateway agent: progress, an artifact, a state, or the final reply of
     /// the task its `correlationId` names. Messages about unknown, foreign or finished tasks are
     /// dropped (logged).
-    async fn on_agent_message(&self, message: MapMessage) {
-        let Some(id) = message.correlation_id() else {
-            tracing::debug!(from = %message.from, "a2a gateway: message without correlationId ignored");
-            return;
-        };
+    async fn on_agent_message(&self, id: &str, message: MapMessage) {
         let report = AgentReport::of(message.payload.as_ref());
         if report == AgentReport::Ignored {
             return;
         }
         let from = message.from.clone();
+        let _guard = self.lock_task(id).await;
         let outcome = async {
-            let _guard = self.writing.lock().await;
-            let mut record = self.load(&Target::Router, &id).await?;
+            let mut record = self.load(&Target::Router, id).await?;
             if record.agent != from {
                 return Err(A2aError::invalid_request(format!(
                     "{from} is not the agent of task {id}"
@@ -625,12 +937,12 @@ impl Core {
                     record.state.v03_name()
                 )));
             }
-            let text = |t: String| Message::agent_text(t, &id, &record.context_id);
-            match report {
+            let text = |t: String| Message::agent_text(t, id, &record.context_id);
+            let written = match report {
                 AgentReport::Working(m) => {
                     let m = m.map(text);
                     record.set_state(TaskState::Working, m);
-                    self.write(&id, &record, None).await
+                    self.write(id, &record, None).await
                 }
                 AgentReport::Artifact {
                     artifact,
@@ -638,24 +950,36 @@ impl Core {
                     last_chunk,
                 } => {
                     record.add_artifact(artifact, append, last_chunk);
-                    self.write(&id, &record, None).await
+                    self.write(id, &record, None).await
                 }
                 AgentReport::State(state, m) => {
                     let m = m.map(text);
                     record.set_state(state, m);
-                    self.write(&id, &record, None).await
+                    self.write(id, &record, None).await
                 }
                 AgentReport::Final(payload) => {
                     let artifact = final_artifact(payload.as_ref());
+                    let mut done = Ok(());
                     if !artifact.parts.is_empty() {
                         record.add_artifact(artifact, false, true);
-                        self.write(&id, &record, payload.as_ref()).await?;
+                        done = self.write(id, &record, payload.as_ref()).await;
                     }
-                    record.set_state(TaskState::Completed, None);
-                    self.write(&id, &record, None).await
+                    if done.is_ok() {
+                        record.set_state(TaskState::Completed, None);
+                        done = self.write(id, &record, None).await;
+                    }
+                    done
                 }
                 AgentReport::Ignored => Ok(()),
+            };
+            if let Err(e) = &written {
+                if e.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    // What the agent sent cannot be kept in the task: the task fails saying
+                    // so, rather than staying `working` with the answer lost.
+                    self.fail_too_large(id, e).await;
+                }
             }
+            written
         }
         .await;
         if let Err(e) = outcome {
@@ -670,15 +994,14 @@ fn refusal(e: &ClientError) -> bool {
     matches!(e, ClientError::Rpc { code, .. } if [1003, 4001, 4002].contains(&code.0))
 }
 
-/// `map/tasks/create` of the A2A task `id`, made by `session` (the caller's): MAP applies the
-/// caller's `tasks.canCreate` and the assignee's visibility to the caller.
-async fn create(
-    session: &Client,
+/// The params of `map/tasks/create` for the A2A task `id` (made by the caller's session: MAP
+/// applies the caller's `tasks.canCreate` and the assignee's visibility to the caller).
+fn create_params(
     id: &str,
     agent: &Agent,
     message: &Message,
     record: &Record,
-) -> Result<(), A2aError> {
+) -> Result<String, A2aError> {
     #[derive(Serialize)]
     struct Meta<'a> {
         a2a: &'a Record,
@@ -703,7 +1026,7 @@ async fn create(
         .chars()
         .take(80)
         .collect();
-    let params = serde_json::to_string(&Create {
+    serde_json::to_string(&Create {
         task: Task {
             id,
             assignee: agent.id.as_str(),
@@ -712,6 +1035,5 @@ async fn create(
             meta: Meta { a2a: record },
         },
     })
-    .map_err(A2aError::internal)?;
-    call(session, methods::CREATE, params, None).await.map(drop)
+    .map_err(A2aError::internal)
 }

@@ -37,11 +37,17 @@ use crate::protocol::methods::messaging::SendParams as MapSendParams;
 use crate::protocol::methods::tasks::{TasksCreate, TasksUpdate};
 use crate::protocol::methods::Method;
 
-/// How often a task that a blocking `SendMessage` left unfinished is polled with `GetTask`.
+/// The first wait before a task that a blocking `SendMessage` left unfinished is polled with
+/// `GetTask`; each next wait is twice the last, up to [`POLL_MAX_INTERVAL`]. Polls of all the
+/// remote's calls also share one budget (`agent::POLL_SPACING`).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The longest wait between two polls of one task.
+pub const POLL_MAX_INTERVAL: Duration = Duration::from_secs(8);
 /// How long such a task is polled before the call is given up (the MAP task stays as it was
-/// last seen; the sender gets a `failed` reply saying so).
+/// last seen; the sender gets a `failed` reply saying so). At most about 40 polls a call.
 pub const POLL_LIMIT: Duration = Duration::from_secs(300);
+/// Longest JSON-RPC error message of a remote passed on to the MAP sender.
+pub const MAX_ERROR_TEXT: usize = 256;
 
 /// The state of one call.
 struct Call<'a> {
@@ -311,10 +317,15 @@ impl<'a> Call<'a> {
         }
     }
 
-    /// `GetTask` until the task ends or [`POLL_LIMIT`] passes.
+    /// `GetTask` until the task ends or [`POLL_LIMIT`] passes, waiting longer each time
+    /// (from [`POLL_INTERVAL`] to [`POLL_MAX_INTERVAL`]) and for the remote's poll budget.
     async fn poll(&mut self) -> Result<(), String> {
         let start = Instant::now();
+        let mut wait = POLL_INTERVAL;
         loop {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(POLL_MAX_INTERVAL);
+            self.remote.poll_slot().await;
             if self.poll_once().await? {
                 return Ok(());
             }
@@ -324,7 +335,6 @@ impl<'a> Call<'a> {
                     self.state.map_or("unknown", TaskState::v03_name)
                 ));
             }
-            tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
 
@@ -572,14 +582,28 @@ impl<'a> Call<'a> {
     }
 }
 
+/// One answer of the remote agent. What goes back to the MAP sender is in our words: a
+/// JSON-RPC error's code and (at most [`MAX_ERROR_TEXT`] bytes of) its message, which is the
+/// A2A protocol's own answer, else only that the answer could not be read (why: logged).
 fn read(text: &str) -> Result<Event, String> {
     match event::read_response(text) {
         Ok(Ok(ev)) => Ok(ev),
-        Ok(Err(f)) => Err(format!(
-            "the agent answered error {}: {}",
-            f.code, f.message
-        )),
-        Err(why) => Err(format!("unreadable answer: {why}")),
+        Ok(Err(f)) => {
+            let mut message = f.message;
+            if message.len() > MAX_ERROR_TEXT {
+                let mut cut = MAX_ERROR_TEXT;
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                message.truncate(cut);
+                message.push('…');
+            }
+            Err(format!("the agent answered error {}: {message}", f.code))
+        }
+        Err(why) => {
+            tracing::debug!(error = %why, "a2a remote: unreadable answer");
+            Err("the agent's answer is not an A2A JSON-RPC response".into())
+        }
     }
 }
 

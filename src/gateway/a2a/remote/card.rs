@@ -79,8 +79,10 @@ pub fn parse(text: &[u8]) -> Result<RemoteCard, String> {
         skills: Option<Box<RawValue>>,
     }
     let text = std::str::from_utf8(text).map_err(|_| "the card is not UTF-8".to_owned())?;
-    let card: Card =
-        serde_json::from_str(text).map_err(|e| format!("the card is not an agent card: {e}"))?;
+    // NB: serde's message may quote what it read: the answer is not echoed (module docs of
+    // `http.rs`), only that it is not a card.
+    let card: Card = serde_json::from_str(text)
+        .map_err(|_| "the answer is not an A2A agent card (a JSON object)".to_owned())?;
     let name = card
         .name
         .filter(|n| !n.trim().is_empty())

@@ -6,17 +6,28 @@
 //! stream holds its connection for its whole life, so a pool would buy little; hyper is already
 //! the server's HTTP stack, so no second one is built.
 //!
+//! Where it may connect is not its decision: a [`Target`] is made only from a URL that passed
+//! an allow-list (`egress.rs`), and the connection goes through [`egress::connect`] (the host
+//! resolved once, its addresses judged, a judged address connected to).
+//!
 //! Every wait is bounded: connecting ([`CONNECT_TIMEOUT`]), the response head
 //! ([`RESPONSE_TIMEOUT`]), a whole JSON body ([`RESPONSE_TIMEOUT`]), and the silence between two
-//! stream frames ([`STREAM_IDLE_TIMEOUT`]).
+//! stream frames ([`STREAM_IDLE_TIMEOUT`]); a card, all of it, within [`CARD_TIMEOUT`].
+//!
+//! What a failure says: nothing the remote sent back but its status code. A refused
+//! connection, a connect timeout and an answer that never began are one
+//! [`HttpError::Unreachable`] ("remote unreachable"), so an answer cannot be used to tell an
+//! open port from a closed one; an error body is never echoed (the details are logged).
 
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, Method, Request, Response, Uri};
+use axum::http::{header, HeaderValue, Method, Request, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+
+use crate::gateway::a2a::egress::{self, AllowList, Allowed, EgressError};
 
 /// Longest wait for the TCP connection: a loopback or LAN agent answers in milliseconds; a
 /// card URL that nobody serves should fail fast and clearly.
@@ -24,12 +35,18 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait for a response head and a whole JSON body. A blocking `SendMessage` waits for
 /// the remote task to finish, so this is generous.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest a card fetch may take in all (the registering caller waits for it).
+pub const CARD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest silence between two frames of an SSE stream before the call is given up.
 pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Largest JSON body (card or JSON-RPC answer) and largest single SSE event read.
+/// Largest JSON body (a JSON-RPC answer) and largest single SSE event read.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Largest card: a card is a name, a few interfaces and skills; what it holds is kept in memory
+/// and in the MAP agent's metadata for as long as the remote is registered.
+pub const MAX_CARD_BYTES: usize = 256 * 1024;
 
-/// Why an HTTP exchange with a remote agent failed (the text is what the MAP sender reads).
+/// Why an HTTP exchange with a remote agent failed (the text is what the MAP sender, or the
+/// registering caller, reads: our words, never the remote's body).
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     /// The URL is not one we can call.
@@ -40,15 +57,17 @@ pub enum HttpError {
         /// What is wrong.
         why: String,
     },
-    /// No connection.
-    #[error("cannot connect to {url}: {why}")]
-    Connect {
+    /// The URL, or the address its host has, is not one this router calls.
+    #[error("{0}")]
+    NotAllowed(String),
+    /// No connection, or no answer began: one text for a refused connection, a timeout and an
+    /// unknown host.
+    #[error("{url}: remote unreachable")]
+    Unreachable {
         /// The URL.
         url: String,
-        /// The cause.
-        why: String,
     },
-    /// A wait ran out.
+    /// A wait ran out after the answer began.
     #[error("{what} from {url} took longer than {after:?}")]
     Timeout {
         /// The URL.
@@ -68,61 +87,95 @@ pub enum HttpError {
     },
 }
 
-/// A parsed `http://` URL.
+/// An `http://` URL that passed an allow-list (normalised).
 #[derive(Debug, Clone)]
 pub struct Target {
-    uri: Uri,
-    host: String,
-    port: u16,
+    allowed: Allowed,
+}
+
+/// Checks a configured `[[a2a.remote]]` card URL: `http://` with a host.
+///
+/// # Errors
+/// Why it is not one.
+pub fn check_configured(url: &str) -> Result<(), HttpError> {
+    let list = AllowList::origin_of(url).map_err(|why| HttpError::Url {
+        url: url.to_owned(),
+        why,
+    })?;
+    Target::check(&list, url).map(drop)
 }
 
 impl Target {
-    /// Parses `url`; only `http://host[:port]/path` is accepted.
+    /// `url` when `list` allows it and it is `http://`.
     ///
     /// # Errors
-    /// [`HttpError::Url`].
-    pub fn parse(url: &str) -> Result<Self, HttpError> {
-        let bad = |why: &str| HttpError::Url {
+    /// [`HttpError::Url`] for a malformed or `https://` URL, [`HttpError::NotAllowed`] for one
+    /// outside `list`.
+    pub fn check(list: &AllowList, url: &str) -> Result<Self, HttpError> {
+        let parsed = url::Url::parse(url).map_err(|e| HttpError::Url {
             url: url.to_owned(),
+            why: e.to_string(),
+        })?;
+        Self::check_url(list, parsed)
+    }
+
+    /// [`Target::check`] of a parsed URL.
+    ///
+    /// # Errors
+    /// As [`Target::check`].
+    pub fn check_url(list: &AllowList, url: url::Url) -> Result<Self, HttpError> {
+        let text = url.as_str().to_owned();
+        let bad = |why: &str| HttpError::Url {
+            url: text.clone(),
             why: why.to_owned(),
         };
-        let uri: Uri = url.parse().map_err(|e| bad(&format!("{e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
+        match url.scheme() {
+            "http" => {}
+            "https" => {
                 return Err(bad(
                     "https:// remote agents are not supported yet (plain http only)",
                 ))
             }
             _ => return Err(bad("not an absolute http:// URL")),
         }
-        let host = uri
-            .host()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| bad("no host"))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let port = uri.port_u16().unwrap_or(80);
-        Ok(Self { uri, host, port })
+        let allowed = list.check_parsed(url).map_err(|e| match e {
+            egress::Refusal::Malformed(why) => bad(&why),
+            e @ egress::Refusal::NotAllowed(_) => {
+                HttpError::NotAllowed(format!("{text}: {e} ([a2a] remote_allow)"))
+            }
+        })?;
+        Ok(Self { allowed })
     }
 
-    /// The URL as given.
+    /// Whether its host has an address the router may call (one lookup; the call itself looks
+    /// again and connects to what it judged).
+    ///
+    /// # Errors
+    /// [`HttpError::NotAllowed`] when every address is one the router does not call.
+    pub async fn check_addresses(&self) -> Result<(), HttpError> {
+        match tokio::time::timeout(CONNECT_TIMEOUT, egress::resolve(&self.allowed)).await {
+            Ok(Err(e @ EgressError::Forbidden)) => {
+                Err(HttpError::NotAllowed(format!("{}: {e}", self.url())))
+            }
+            // Unresolvable now is not a reason to refuse: the call will say unreachable.
+            _ => Ok(()),
+        }
+    }
+
+    /// The URL, normalised.
     pub fn url(&self) -> String {
-        self.uri.to_string()
+        self.allowed.as_str().to_owned()
     }
 
-    /// Resolves `other` (absolute, or a path) against this URL.
+    /// Resolves `other` (absolute, or relative to this URL), unchecked.
     ///
     /// # Errors
     /// [`HttpError::Url`].
-    pub fn join(&self, other: &str) -> Result<Self, HttpError> {
-        if other.starts_with('/') {
-            let authority = self.uri.authority().map(|a| a.as_str()).unwrap_or_default();
-            Self::parse(&format!("http://{authority}{other}"))
-        } else {
-            Self::parse(other)
-        }
+    pub fn join(&self, other: &str) -> Result<url::Url, HttpError> {
+        self.allowed.url().join(other).map_err(|e| HttpError::Url {
+            url: other.to_owned(),
+            why: e.to_string(),
+        })
     }
 
     fn err(&self, why: impl std::fmt::Display) -> HttpError {
@@ -130,6 +183,10 @@ impl Target {
             url: self.url(),
             why: why.to_string(),
         }
+    }
+
+    fn unreachable(&self) -> HttpError {
+        HttpError::Unreachable { url: self.url() }
     }
 
     fn timeout(&self, what: &'static str, after: Duration) -> HttpError {
@@ -149,39 +206,30 @@ async fn exchange(
     method: Method,
     headers: Headers<'_>,
     body: Option<String>,
+    head_timeout: Duration,
 ) -> Result<Response<Incoming>, HttpError> {
-    let connect = tokio::net::TcpStream::connect((target.host.as_str(), target.port));
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+    let stream = egress::connect(&target.allowed, CONNECT_TIMEOUT)
         .await
-        .map_err(|_| target.timeout("connecting", CONNECT_TIMEOUT))?
-        .map_err(|e| HttpError::Connect {
-            url: target.url(),
-            why: e.to_string(),
+        .map_err(|e| match e {
+            EgressError::Forbidden => HttpError::NotAllowed(format!("{}: {e}", target.url())),
+            EgressError::Unreachable => target.unreachable(),
         })?;
-    let _ = stream.set_nodelay(true);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| target.err(e))?;
+        .map_err(|e| {
+            tracing::debug!(url = %target.url(), error = %e, "a2a remote: handshake");
+            target.unreachable()
+        })?;
     // The connection task ends when the response body is read or dropped and `sender` is gone.
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "a2a remote: connection ended");
         }
     });
-    let path = target
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let authority = target
-        .uri
-        .authority()
-        .map(|a| a.as_str().to_owned())
-        .unwrap_or_default();
     let mut request = Request::builder()
         .method(method)
-        .uri(path)
-        .header(header::HOST, authority)
+        .uri(target.allowed.request_target())
+        .header(header::HOST, target.allowed.authority())
         .header(
             header::USER_AGENT,
             concat!("map-router/", env!("CARGO_PKG_VERSION")),
@@ -190,43 +238,63 @@ async fn exchange(
         let value = HeaderValue::from_str(value).map_err(|e| target.err(e))?;
         request = request.header(*name, value);
     }
-    let has_body = body.is_some();
-    if has_body {
+    if body.is_some() {
         request = request.header(header::CONTENT_TYPE, "application/json");
     }
     let request = request
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| target.err(e))?;
-    tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(request))
-        .await
-        .map_err(|_| target.timeout("the response", RESPONSE_TIMEOUT))?
-        .map_err(|e| target.err(e))
+    // NB: no answer at all reads as unreachable, whatever the reason (module docs).
+    match tokio::time::timeout(head_timeout, sender.send_request(request)).await {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(e)) => {
+            tracing::debug!(url = %target.url(), error = %e, "a2a remote: no answer");
+            Err(target.unreachable())
+        }
+        Err(_) => {
+            tracing::debug!(url = %target.url(), ?head_timeout, "a2a remote: no answer in time");
+            Err(target.unreachable())
+        }
+    }
 }
 
-async fn read_body(target: &Target, response: Response<Incoming>) -> Result<Bytes, HttpError> {
-    let body = Limited::new(response.into_body(), MAX_BODY_BYTES);
-    let collected = tokio::time::timeout(RESPONSE_TIMEOUT, body.collect())
+async fn read_body(
+    target: &Target,
+    response: Response<Incoming>,
+    max: usize,
+    deadline: Duration,
+) -> Result<Bytes, HttpError> {
+    let body = Limited::new(response.into_body(), max);
+    let collected = tokio::time::timeout(deadline, body.collect())
         .await
-        .map_err(|_| target.timeout("the body", RESPONSE_TIMEOUT))?
-        .map_err(|e| target.err(format!("reading the body: {e}")))?;
+        .map_err(|_| target.timeout("the body", deadline))?
+        .map_err(|e| {
+            tracing::debug!(url = %target.url(), error = %e, "a2a remote: reading the body");
+            target.err(format!(
+                "the answer broke off or was larger than {max} bytes"
+            ))
+        })?;
     Ok(collected.to_bytes())
 }
 
-/// `GET url`, expecting a JSON body with status 200.
+/// `GET url` of a card, expecting a JSON body with a 2xx status, all within [`CARD_TIMEOUT`]
+/// and at most [`MAX_CARD_BYTES`].
 ///
 /// # Errors
-/// Connection, timeout, a status other than 200, a body that is too large.
-pub async fn get_json(target: &Target, headers: Headers<'_>) -> Result<Bytes, HttpError> {
-    let response = exchange(target, Method::GET, headers, None).await?;
-    let status = response.status();
-    let body = read_body(target, response).await?;
-    if !status.is_success() {
-        return Err(target.err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(200)])
-        )));
-    }
-    Ok(body)
+/// Unreachable, a status other than 2xx (its body is not read), a body that is too large or
+/// too slow.
+pub async fn get_card(target: &Target, headers: Headers<'_>) -> Result<Bytes, HttpError> {
+    let fetch = async {
+        let response = exchange(target, Method::GET, headers, None, CARD_TIMEOUT).await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(target.err(format!("answered HTTP {}", status.as_u16())));
+        }
+        read_body(target, response, MAX_CARD_BYTES, CARD_TIMEOUT).await
+    };
+    tokio::time::timeout(CARD_TIMEOUT, fetch)
+        .await
+        .unwrap_or_else(|_| Err(target.timeout("the card", CARD_TIMEOUT)))
 }
 
 /// What a JSON-RPC `POST` answered: one JSON body, or a stream of SSE `data` payloads.
@@ -258,7 +326,7 @@ pub async fn post(
             "application/json".into()
         },
     ));
-    let response = exchange(target, Method::POST, &all, Some(body)).await?;
+    let response = exchange(target, Method::POST, &all, Some(body), RESPONSE_TIMEOUT).await?;
     let status = response.status();
     let is_sse = response
         .headers()
@@ -272,13 +340,11 @@ pub async fn post(
             buffer: Vec::new(),
         }));
     }
-    let bytes = read_body(target, response).await?;
-    // JSON-RPC errors may come with an HTTP error status: keep the body when it is JSON.
+    let bytes = read_body(target, response, MAX_BODY_BYTES, RESPONSE_TIMEOUT).await?;
+    // JSON-RPC errors may come with an HTTP error status: keep the body when it is JSON; else
+    // say the status, never the body.
     if !status.is_success() && serde_json::from_slice::<serde_json::Value>(&bytes).is_err() {
-        return Err(target.err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
-        )));
+        return Err(target.err(format!("answered HTTP {}", status.as_u16())));
     }
     Ok(Answer::Json(bytes))
 }
@@ -362,15 +428,26 @@ mod tests {
 
     #[test]
     fn urls() {
-        assert!(Target::parse("http://127.0.0.1:9/x").is_ok());
-        assert!(Target::parse("https://a.example/x")
+        let list = AllowList::parse(&["http://127.0.0.1:9/".into()]).unwrap();
+        assert!(Target::check(&list, "http://127.0.0.1:9/x").is_ok());
+        assert!(Target::check(&list, "https://a.example/x")
             .unwrap_err()
             .to_string()
             .contains("not supported"));
-        assert!(Target::parse("ftp://a/x").is_err());
-        assert!(Target::parse("/relative").is_err());
-        let t = Target::parse("http://127.0.0.1:9/.well-known/agent-card.json").unwrap();
-        assert_eq!(t.join("/a2a").unwrap().url(), "http://127.0.0.1:9/a2a");
+        assert!(Target::check(&list, "ftp://a/x").is_err());
+        assert!(Target::check(&list, "/relative").is_err());
+        assert!(matches!(
+            Target::check(&list, "http://127.0.0.1:10/x"),
+            Err(HttpError::NotAllowed(_))
+        ));
+        let t = Target::check(&list, "http://127.0.0.1:9/.well-known/agent-card.json").unwrap();
+        assert_eq!(t.join("/a2a").unwrap().as_str(), "http://127.0.0.1:9/a2a");
+        assert_eq!(
+            t.join("rpc").unwrap().as_str(),
+            "http://127.0.0.1:9/.well-known/rpc"
+        );
+        assert!(check_configured("http://h:1/c").is_ok());
+        assert!(check_configured("https://h/c").is_err());
     }
 
     #[test]
