@@ -112,6 +112,22 @@ async fn messages(c: &mut WsClient, n: usize) -> Vec<Value> {
     out
 }
 
+/// Waits (bounded) until `agent` is orphaned, as `observer` sees it.
+async fn wait_orphaned(observer: &mut WsClient, agent: &str) {
+    within(Duration::from_secs(5), async {
+        loop {
+            let a = observer
+                .ok("map/agents/get", json!({"agentId": agent}))
+                .await;
+            if a["agent"]["state"] == "orphaned" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 async fn guaranteed(sender: &mut WsClient, to: &str, n: u64) -> Value {
     sender
         .ok(
@@ -135,18 +151,7 @@ async fn an_orphaned_agent_is_reclaimed_by_its_own_principal_only_with_its_queue
         .register_agent(json!({"agentId": "ops-sender"}))
         .await;
     // Wait for the orphan, then queue two messages for it.
-    within(Duration::from_secs(5), async {
-        loop {
-            let a = sender
-                .ok("map/agents/get", json!({"agentId": "alice-echo"}))
-                .await;
-            if a["agent"]["state"] == "orphaned" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_orphaned(&mut sender, "alice-echo").await;
     for n in [1, 2] {
         let r = guaranteed(&mut sender, "alice-echo", n).await;
         assert_eq!(r["queued"], json!(["alice-echo"]), "{r}");
@@ -302,18 +307,7 @@ async fn ids_keep_their_owner_across_a_restart(kill: bool, delay_ms: u64) {
     sender
         .register_agent(json!({"agentId": "ops-sender"}))
         .await;
-    within(Duration::from_secs(5), async {
-        loop {
-            let a = sender
-                .ok("map/agents/get", json!({"agentId": "alice-agent"}))
-                .await;
-            if a["agent"]["state"] == "orphaned" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_orphaned(&mut sender, "alice-agent").await;
     for n in [1, 2] {
         let r = guaranteed(&mut sender, "alice-agent", n).await;
         assert_eq!(r["queued"], json!(["alice-agent"]), "{r}");
@@ -454,18 +448,7 @@ async fn a_system_principal_may_take_any_id_and_the_owner_keeps_it() {
     alice.register_agent(json!({"agentId": "alice-bot"})).await;
     alice.drop_abruptly();
     let (mut ops, _) = connect(&url, OPS, "system", json!({})).await;
-    within(Duration::from_secs(5), async {
-        loop {
-            let a = ops
-                .ok("map/agents/get", json!({"agentId": "alice-bot"}))
-                .await;
-            if a["agent"]["state"] == "orphaned" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_orphaned(&mut ops, "alice-bot").await;
     let r = ops
         .ok("map/agents/register", json!({"agentId": "alice-bot"}))
         .await;
@@ -501,18 +484,7 @@ async fn the_rust_client_hands_a_reclaimed_agent_what_was_queued_for_it() {
     with_timeout(first.register(agent.clone())).await.unwrap();
     with_timeout(first.close()).await.unwrap();
     let mut sender = WsClient::agent(&url, "sender", json!({})).await;
-    within(Duration::from_secs(5), async {
-        loop {
-            let a = sender
-                .ok("map/agents/get", json!({"agentId": "im-peer"}))
-                .await;
-            if a["agent"]["state"] == "orphaned" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_orphaned(&mut sender, "im-peer").await;
     for n in [1, 2] {
         let r = guaranteed(&mut sender, "im-peer", n).await;
         assert_eq!(r["queued"], json!(["im-peer"]), "{r}");
