@@ -282,6 +282,7 @@ impl Router {
             work_session: None,
             task_id: None,
             mail: None,
+            owner: None,
         };
         // Seen only by those who may see the sender's agent (and, for `message_sent`, every
         // agent the address names).
