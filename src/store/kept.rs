@@ -2,7 +2,7 @@
 //! retention never trims (tasks, checkpoints, conversations with their members, turns,
 //! threads), the columns they are indexed by, and the queries the router pages them with.
 //!
-//! Owns the *meaning* of the kept rows, shared by the SQLite store (`sqlite.rs`, which writes
+//! Owns the *meaning* of the kept rows, shared by the SQLite store (`sqlite/kept.rs`, which writes
 //! them on its writer thread and answers [`KeptQuery`]s on its reader threads) and the
 //! in-memory tables of a router without a store (`memory.rs`): which event types are kept
 //! where, under which key, with which columns ([`kept_of`]), and what each query returns, in
