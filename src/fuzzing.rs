@@ -598,6 +598,7 @@ fn sample_events() -> Vec<EventRecord> {
                         content_type: (i % 2 == 0).then(|| "text".into()),
                     })
                 }),
+                owner: None,
             };
             rec
         })

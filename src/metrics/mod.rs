@@ -261,6 +261,9 @@ pub struct RouterGauges {
     pub conversations: u64,
     /// The sequence number the next event gets.
     pub log_next_seq: u64,
+    /// Entries of the router's other tables and indexes, by table (timers, indexes, queues,
+    /// caches): what must shrink back once sessions and agents are gone.
+    pub tables: Vec<(&'static str, u64)>,
 }
 
 /// Writes the router's snapshot during an encode.
@@ -434,6 +437,16 @@ impl Collector for RouterCollector {
             "conversations",
             "Conversations held (the mail extension)",
             g.conversations,
+        )?;
+        family(
+            e,
+            MetricType::Gauge,
+            (
+                "router_table_entries",
+                "Entries of the router's tables and indexes (timers, indexes, queues, caches)",
+                "table",
+            ),
+            &g.tables,
         )?;
         Ok(())
     }

@@ -661,9 +661,14 @@ pub struct MessageFailedData {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipient: Option<String>,
     /// The recipients not reached, for one reason (a multicast: one event per reason and
-    /// audience).
+    /// audience): at most the first 32 of them, a sample (docs/streams.md says how the log
+    /// gives the whole set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipients: Option<Vec<String>>,
+    /// How many recipients of a multicast this event is about, when `recipients` lists only
+    /// the first 32 of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient_count: Option<u64>,
     /// `recipient_offline`, `recipient_backlogged` or `recipient_gone`.
     pub reason: String,
     pub code: i32,
@@ -805,7 +810,9 @@ pub struct MessageQueuedData {
     /// The recipient that is away (a send to one agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipient: Option<AgentId>,
-    /// The recipients that are away (a multicast: one event per audience).
+    /// The recipients that are away (a multicast: one event per audience). Every one of them
+    /// (not a sample, unlike `message_failed`): each is owed a later outcome of its own, and
+    /// a restart rebuilds their queues from this list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipients: Option<Vec<AgentId>>,
     pub reason: String,

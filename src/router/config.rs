@@ -65,6 +65,9 @@ pub struct RouterConfig {
     pub reserved_ids: Vec<String>,
     /// Most participant and agent ids one principal owns (`router::identities`).
     pub ids_per_principal: usize,
+    /// Kept items of each kind (tasks, checkpoints, conversations, quota counts) the router
+    /// caches in memory; the rest stay in the store until used (`router::kept`).
+    pub cache_items: usize,
 }
 
 impl Default for RouterConfig {
@@ -89,6 +92,7 @@ impl Default for RouterConfig {
             permissions: Arc::default(),
             reserved_ids: Vec::new(),
             ids_per_principal: crate::router::identities::table::DEFAULT_IDS_PER_PRINCIPAL,
+            cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,
         }
     }
 }

@@ -133,6 +133,12 @@ pub struct Router {
     pub(super) counters: crate::router::metrics::counters::Counters,
     /// Who owns which participant id and agent id.
     pub(super) identities: crate::router::identities::table::Identities,
+    /// How the kept items (tasks, checkpoints, conversations, turns) are read: the store, or
+    /// in-memory tables; the loads in flight.
+    pub(super) kept: crate::router::kept::Kept,
+    /// What each quota owner has created (tasks, conversations, checkpoints): a bounded cache
+    /// of the store's counts.
+    pub(super) created: crate::router::kept::cache::Cache<crate::store::kept::OwnerCounts>,
 }
 
 /// The router's collaborators.
@@ -162,10 +168,75 @@ pub struct RouterStats {
     pub log_events: usize,
     /// The sequence number the next event gets.
     pub next_seq: u64,
+    /// Entries of the router's other tables and indexes: what must shrink back once sessions,
+    /// orphans and loads are gone (`scripts/soak-memory.sh` compares them).
+    pub tables: TableSizes,
+}
+
+/// Entries of the router's tables and indexes, beyond the counts of [`RouterStats`]. Each is
+/// either bounded by a constant or follows the live sessions and agents.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TableSizes {
+    /// Deadlines waiting (session expiries, orphan grace periods, credential expiries).
+    pub timers: usize,
+    /// Entries of the sessions' participant and resume-token indexes.
+    pub session_index: usize,
+    /// Entries of the agents' order and owner indexes.
+    pub agent_index: usize,
+    /// Scope memberships.
+    pub scope_members: usize,
+    /// Agents with messages kept while they are away.
+    pub offline_agents: usize,
+    /// Messages kept for agents that are away.
+    pub offline_messages: usize,
+    /// Deliveries remembered for reply correlation (at most 16 384).
+    pub reply_index: usize,
+    /// Owned participant and agent ids (`router::identities`).
+    pub identities: usize,
+    /// Content requests waiting on agents.
+    pub content_requests: usize,
+    /// Tasks cached.
+    pub cached_tasks: usize,
+    /// Checkpoints cached.
+    pub cached_checkpoints: usize,
+    /// Conversation records cached.
+    pub cached_conversations: usize,
+    /// Turn places cached.
+    pub cached_turns: usize,
+    /// Quota owners' counts cached.
+    pub cached_quota_counts: usize,
+    /// Loads of kept items in flight.
+    pub loads: usize,
+}
+
+impl Router {
+    /// The sizes of [`TableSizes`], now.
+    pub(crate) fn table_sizes(&self) -> TableSizes {
+        let (offline_agents, offline_messages) = self.messaging.offline_len();
+        TableSizes {
+            timers: self.timers.len(),
+            session_index: self.sessions.index_len(),
+            agent_index: self.registry.index_len(),
+            scope_members: self.scopes.memberships(),
+            offline_agents,
+            offline_messages,
+            reply_index: self.messaging.deliveries_len(),
+            identities: self.identities.len(),
+            content_requests: self.trajectories.pending_len(),
+            cached_tasks: self.tasks.cache.len(),
+            cached_checkpoints: self.trajectories.cache.len(),
+            cached_conversations: self.mailboxes.convs.len(),
+            cached_turns: self.mailboxes.turns.len(),
+            cached_quota_counts: self.created.len(),
+            loads: self.kept.loads_in_flight(),
+        }
+    }
 }
 
 impl Router {
     pub(crate) fn new(config: Arc<RouterConfig>) -> Self {
+        let cache_items = config.cache_items;
         Self {
             identities: crate::router::identities::table::Identities::new(config.ids_per_principal),
             bus: EventBus::new(EventLog::new(config.retention)),
@@ -180,9 +251,11 @@ impl Router {
             store: None,
             unflushed: Vec::new(),
             messaging: Messaging::default(),
-            trajectories: Default::default(),
-            tasks: Default::default(),
-            mailboxes: Default::default(),
+            trajectories: crate::router::trajectory::table::Trajectories::new(cache_items, 0),
+            tasks: crate::router::tasks::table::Tasks::new(cache_items, 0),
+            mailboxes: crate::router::mail::table::Mailboxes::new(cache_items, 0),
+            kept: crate::router::kept::Kept::new(None),
+            created: crate::router::kept::cache::Cache::new(cache_items),
             call_causes: Vec::new(),
             call_trace: None,
             counters: Default::default(),
@@ -278,7 +351,11 @@ impl Router {
             }) => self
                 .bus
                 .deliver_disk(&subscription, from, rows, &self.registry),
-            Command::Committed(upto) => self.bus.committed(upto, &self.registry),
+            Command::Committed(upto) => {
+                self.bus.committed(upto, &self.registry);
+                // Writes the caches held until their commit may go now.
+                self.trim_kept();
+            }
             Command::Shutdown => {
                 self.handle_shutdown();
                 return true;
@@ -398,6 +475,14 @@ impl Router {
         }
         let rec = self.bus.log.append(draft, trace);
         self.counters.event_appended();
+        if let Some(memory) = &mut self.kept.memory {
+            // No store: the kept tables are these, written as their events are logged.
+            if crate::store::kept::KeptTable::of_kind(rec.kind.as_str()).is_some() {
+                if let Some(row) = rec.to_row() {
+                    memory.ingest(row);
+                }
+            }
+        }
         if self.store.is_some() {
             // The store builds the row on its own thread.
             self.unflushed.push(rec.clone());

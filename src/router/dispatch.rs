@@ -184,8 +184,27 @@ impl Dispatcher {
                 AfterReply::Nothing
             }
         });
-        // Messages: the hot path, pipelined.
-        d.add::<Send>(Pipelined, Router::handle_send, nothing);
+        // Messages: the hot path, pipelined. A send with `meta.mail` may need its conversation
+        // loaded first (`router::kept`); the others never do and take the plain path.
+        {
+            let plain = typed_handler::<Send>(Router::handle_send, nothing, true);
+            let mail = paged_handler::<Send>(Router::handle_send, nothing);
+            let handler: Handler = Box::new(move |router, conn, params| {
+                if params.is_some_and(|p| p.get().contains("\"mail\"")) {
+                    mail(router, conn, params)
+                } else {
+                    plain(router, conn, params)
+                }
+            });
+            d.insert(
+                Send::NAME,
+                Entry {
+                    handler,
+                    needs_session: true,
+                    answer: Pipelined,
+                },
+            );
+        }
         d.add::<methods::steering::Inject>(AfterCommit, Router::handle_inject, nothing);
         // Events.
         d.add_async::<Subscribe>(
@@ -219,13 +238,16 @@ impl Dispatcher {
         // Trajectory extension.
         {
             use methods::trajectory::*;
-            d.add::<TrajectoryCheckpoint>(
+            d.add_paged::<TrajectoryCheckpoint>(
                 AfterCommit,
                 Router::handle_trajectory_checkpoint,
                 nothing,
             );
-            d.add::<TrajectoryList>(AfterCommit, Router::handle_trajectory_list, nothing);
-            d.add::<TrajectoryGet>(AfterCommit, Router::handle_trajectory_get, nothing);
+            d.add_async::<TrajectoryList>(
+                |router, conn, p| Box::pin(crate::router::trajectory::ops::list(router, conn, p)),
+                nothing,
+            );
+            d.add_paged::<TrajectoryGet>(AfterCommit, Router::handle_trajectory_get, nothing);
             d.add_async::<TrajectoryContent>(
                 |router, conn, p| {
                     Box::pin(crate::router::trajectory::ops::content(router, conn, p))
@@ -236,28 +258,54 @@ impl Dispatcher {
         // Tasks extension.
         {
             use methods::tasks::*;
-            d.add::<TasksCreate>(AfterCommit, Router::handle_tasks_create, nothing);
-            d.add::<TasksAssign>(AfterCommit, Router::handle_tasks_assign, nothing);
-            d.add::<TasksUpdate>(AfterCommit, Router::handle_tasks_update, nothing);
-            d.add::<TasksGet>(AfterCommit, Router::handle_tasks_get, nothing);
-            d.add::<TasksList>(AfterCommit, Router::handle_tasks_list, nothing);
+            d.add_paged::<TasksCreate>(AfterCommit, Router::handle_tasks_create, nothing);
+            d.add_paged::<TasksAssign>(AfterCommit, Router::handle_tasks_assign, nothing);
+            d.add_paged::<TasksUpdate>(AfterCommit, Router::handle_tasks_update, nothing);
+            d.add_paged::<TasksGet>(AfterCommit, Router::handle_tasks_get, nothing);
+            d.add_async::<TasksList>(
+                |router, conn, p| Box::pin(crate::router::tasks::ops::list(router, conn, p)),
+                nothing,
+            );
         }
         // Mail extension.
         {
+            use crate::router::mail::reads;
             use methods::mail::*;
-            d.add::<MailCreate>(AfterCommit, Router::handle_mail_create, nothing);
-            d.add::<MailGet>(AfterCommit, Router::handle_mail_get, nothing);
-            d.add::<MailList>(AfterCommit, Router::handle_mail_list, nothing);
-            d.add::<MailClose>(AfterCommit, Router::handle_mail_close, nothing);
-            d.add::<MailJoin>(AfterCommit, Router::handle_mail_join, nothing);
-            d.add::<MailLeave>(AfterCommit, Router::handle_mail_leave, nothing);
-            d.add::<MailInvite>(AfterCommit, Router::handle_mail_invite, nothing);
-            d.add::<MailTurn>(AfterCommit, Router::handle_mail_turn, nothing);
-            d.add::<MailTurnsList>(AfterCommit, Router::handle_mail_turns_list, nothing);
-            d.add::<MailThreadCreate>(AfterCommit, Router::handle_mail_thread_create, nothing);
-            d.add::<MailThreadList>(AfterCommit, Router::handle_mail_thread_list, nothing);
-            d.add::<MailSummary>(AfterCommit, Router::handle_mail_summary, nothing);
-            d.add::<MailReplay>(AfterCommit, Router::handle_mail_replay, nothing);
+            d.add_paged::<MailCreate>(AfterCommit, Router::handle_mail_create, nothing);
+            d.add_async::<MailGet>(
+                |router, conn, p| Box::pin(reads::get(router, conn, p)),
+                nothing,
+            );
+            d.add_async::<MailList>(
+                |router, conn, p| Box::pin(reads::list(router, conn, p)),
+                nothing,
+            );
+            d.add_paged::<MailClose>(AfterCommit, Router::handle_mail_close, nothing);
+            d.add_async::<MailJoin>(
+                |router, conn, p| Box::pin(reads::join(router, conn, p)),
+                nothing,
+            );
+            d.add_paged::<MailLeave>(AfterCommit, Router::handle_mail_leave, nothing);
+            d.add_paged::<MailInvite>(AfterCommit, Router::handle_mail_invite, nothing);
+            d.add_paged::<MailTurn>(AfterCommit, Router::handle_mail_turn, nothing);
+            d.add_async::<MailTurnsList>(
+                |router, conn, p| Box::pin(reads::turns_list(router, conn, p)),
+                nothing,
+            );
+            d.add_paged::<MailThreadCreate>(
+                AfterCommit,
+                Router::handle_mail_thread_create,
+                nothing,
+            );
+            d.add_paged::<MailThreadList>(AfterCommit, Router::handle_mail_thread_list, nothing);
+            d.add_async::<MailSummary>(
+                |router, conn, p| Box::pin(reads::summary(router, conn, p)),
+                nothing,
+            );
+            d.add_async::<MailReplay>(
+                |router, conn, p| Box::pin(reads::replay(router, conn, p)),
+                nothing,
+            );
         }
         // Permissions.
         d.add::<methods::permissions::PermissionsUpdate>(
@@ -294,6 +342,30 @@ impl Dispatcher {
             Entry {
                 handler: typed_handler::<M>(f, after, needs_session),
                 needs_session,
+                answer,
+            },
+        );
+    }
+
+    /// Registers `M` with a handler that may need kept items loaded first
+    /// (`RouterError::NeedsLoad`): it runs again, with its params, once they are
+    /// (`kept::ops::paged`), and its answer follows `answer` like any other.
+    ///
+    /// # Panics
+    /// If `M::NAME` is already registered.
+    pub fn add_paged<M: Method>(
+        &mut self,
+        answer: Answer,
+        f: HandlerFn<M>,
+        after: fn(&M::Result) -> AfterReply,
+    ) where
+        M::Params: Clone + std::marker::Send + Sync + 'static,
+    {
+        self.insert(
+            M::NAME,
+            Entry {
+                handler: paged_handler::<M>(f, after),
+                needs_session: true,
                 answer,
             },
         );
@@ -479,6 +551,30 @@ fn typed_handler<M: Method>(
                 )
                 .await
                 .map_err(ErrorObject::from)?;
+            reply(&result, after, commit)
+        }))
+    })
+}
+
+/// Wraps a router handler that may need kept items loaded (see [`Dispatcher::add_paged`]).
+fn paged_handler<M: Method>(f: HandlerFn<M>, after: fn(&M::Result) -> AfterReply) -> Handler
+where
+    M::Params: Clone + std::marker::Send + Sync + 'static,
+{
+    Box::new(move |router, conn, params| {
+        let declared = declared(params);
+        let params: M::Params = decode_params(params)?;
+        let router = router.clone();
+        Ok(Box::pin(async move {
+            let (result, commit) = crate::router::kept::ops::paged(
+                &router,
+                conn,
+                M::CAPABILITY,
+                declared,
+                move |r, ctx| f(r, ctx, params.clone()),
+            )
+            .await
+            .map_err(ErrorObject::from)?;
             reply(&result, after, commit)
         }))
     })

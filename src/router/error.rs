@@ -102,6 +102,11 @@ pub enum RouterError {
     /// The router is shutting down or gone.
     #[error("Router unavailable")]
     Unavailable,
+    /// Not an answer: the operation needs kept items the router does not hold in memory. It
+    /// changed nothing; `kept::ops::paged` loads them (on the store's threads) and runs it
+    /// again. Never sent to a peer.
+    #[error("Internal error: kept items not loaded")]
+    NeedsLoad(Vec<crate::router::kept::need::Need>),
 }
 
 impl RouterError {
@@ -159,6 +164,7 @@ impl RouterError {
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),
+            Self::NeedsLoad(_) => ErrorObject::internal(msg),
         }
     }
 }

@@ -118,6 +118,7 @@ impl RouterHandle {
             subscriptions: r.bus.len(),
             log_events: r.bus.log.len(),
             next_seq: r.bus.log.next_seq(),
+            tables: r.table_sizes(),
         })
         .await
     }
@@ -206,6 +207,27 @@ impl RouterHandle {
             .map(|c| (c, self.config.commit_timeout))
     }
 
+    /// Waits (bounded by the commit timeout) until the store holds every event below `until`,
+    /// whatever the durability setting, so that a read paging through the store sees them;
+    /// at once without a store. Past the timeout it returns anyway (the read then shows what
+    /// the store has), with a warning.
+    pub async fn store_settled(&self, until: u64) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let mut committed = store.committed();
+        let limit = self.config.commit_timeout;
+        if tokio::time::timeout(limit, committed.wait_for(|c| *c >= until))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                until,
+                "a read did not wait for the store's commit: it took longer than the commit timeout"
+            );
+        }
+    }
+
     /// Waits (bounded by the commit timeout) until every event below `until` is committed;
     /// at once when calls do not wait for commits.
     ///
@@ -261,16 +283,19 @@ impl Router {
         let handle_store = parts.store.as_ref().map(|(s, _)| s.clone());
         if let Some((store, recovered)) = parts.store {
             router.bus.log = EventLog::recover(config.retention, &recovered);
-            router.trajectories = Trajectories::recover(&recovered.checkpoints);
-            router.tasks = crate::router::tasks::table::Tasks::recover(&recovered.tasks);
+            // The kept items stay in the store; the router pages them (`router::kept`).
+            let counts = recovered.kept_counts;
+            router.kept = crate::router::kept::Kept::new(Some(store.committed()));
+            router.trajectories = Trajectories::new(config.cache_items, counts.checkpoints);
+            router.tasks =
+                crate::router::tasks::table::Tasks::new(config.cache_items, counts.tasks);
+            router.mailboxes = crate::router::mail::table::Mailboxes::new(
+                config.cache_items,
+                counts.conversations,
+            );
             router.identities = crate::router::identities::table::Identities::recover(
                 &recovered.claims,
                 config.ids_per_principal,
-            );
-            router.mailboxes = crate::router::mail::table::Mailboxes::recover(
-                &recovered.conversations,
-                &recovered.turns,
-                &recovered.threads,
             );
             if config.durability == Durability::Durable {
                 committed = Some(store.committed());

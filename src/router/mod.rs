@@ -16,6 +16,8 @@
 //! - [`trajectory`]: the trajectory extension's checkpoints and content requests;
 //! - [`tasks`]: the tasks extension's task board;
 //! - [`mail`]: the mail extension's conversations, turns and threads;
+//! - [`kept`]: how the tasks, checkpoints, conversations and turns (kept by the store for good)
+//!   are paged into bounded caches, and the loads in flight;
 //! - [`permissions`]: every permission decision, as pure functions.
 //!
 //! A new extension (tasks, mail, trajectory) is one more such part: a folder with its state and
@@ -37,6 +39,7 @@ pub mod events;
 pub mod handle;
 pub mod identities;
 pub mod ids;
+pub mod kept;
 pub mod mail;
 pub mod messaging;
 pub mod metrics;
@@ -60,7 +63,7 @@ pub use self::config::{
     Durability, RouterConfig, DEFAULT_COMMAND_QUEUE, DEFAULT_COMMIT_TIMEOUT, DEFAULT_LOG_BYTES,
     DEFAULT_LOG_EVENTS, DEFAULT_OUTBOX_FRAMES, DEFAULT_PENDING_MESSAGES, DEFAULT_RESUME_WINDOW,
 };
-pub use self::core::{Command, Op, Router, RouterParts, RouterStats};
+pub use self::core::{Command, Op, Router, RouterParts, RouterStats, TableSizes};
 pub use self::error::RouterError;
 pub use self::handle::RouterHandle;
 pub use self::ids::ConnId;

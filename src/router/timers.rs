@@ -33,6 +33,11 @@ impl Timers {
         self.at.entry(at).or_default().push(d);
     }
 
+    /// Deadlines waiting (for stats).
+    pub(crate) fn len(&self) -> usize {
+        self.at.values().map(Vec::len).sum()
+    }
+
     /// The earliest deadline, if any.
     pub(crate) fn next(&self) -> Option<Instant> {
         self.at.keys().next().copied()

@@ -293,6 +293,14 @@ pub struct Limits {
     pub max_agents_per_session: usize,
     /// Sessions attached at once per authenticated principal.
     pub max_sessions_per_principal: usize,
+    /// Tasks one principal (else participant) creates.
+    pub max_tasks_per_principal: usize,
+    /// Conversations one principal (else participant) creates.
+    pub max_conversations_per_principal: usize,
+    /// Turns in one conversation.
+    pub max_turns_per_conversation: usize,
+    /// Checkpoints one principal (else participant) reports (distinct ids).
+    pub max_checkpoints_per_principal: usize,
     /// Network connections at once (TCP connections and HTTP sessions).
     pub max_connections: usize,
     /// Network connections at once from one IP address.
@@ -411,6 +419,9 @@ pub struct StorageSettings {
     /// `committed` (default): subscribers are shown events once committed (read-committed).
     /// `live`: shown at once; a crash can erase events a subscriber saw.
     pub delivery: Delivery,
+    /// Tasks, checkpoints and conversations (each) the router caches in memory; the store
+    /// keeps them all and the router pages in what is used (at least 1).
+    pub cache_items: usize,
 }
 
 impl Default for StorageSettings {
@@ -426,6 +437,7 @@ impl Default for StorageSettings {
             group_commit_delay_ms: sqlite::DEFAULT_GROUP_COMMIT_DELAY.as_millis() as u64,
             commit_timeout_ms: DEFAULT_COMMIT_TIMEOUT.as_millis() as u64,
             delivery: Delivery::Committed,
+            cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,
         }
     }
 }
@@ -479,6 +491,10 @@ impl Default for Limits {
             max_subscriptions_per_session: quotas::DEFAULT_MAX_SUBSCRIPTIONS_PER_SESSION,
             max_agents_per_session: quotas::DEFAULT_MAX_AGENTS_PER_SESSION,
             max_sessions_per_principal: quotas::DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+            max_tasks_per_principal: quotas::DEFAULT_MAX_TASKS_PER_PRINCIPAL,
+            max_conversations_per_principal: quotas::DEFAULT_MAX_CONVERSATIONS_PER_PRINCIPAL,
+            max_turns_per_conversation: quotas::DEFAULT_MAX_TURNS_PER_CONVERSATION,
+            max_checkpoints_per_principal: quotas::DEFAULT_MAX_CHECKPOINTS_PER_PRINCIPAL,
             max_connections: admission::DEFAULT_MAX_CONNECTIONS,
             max_connections_per_ip: admission::DEFAULT_MAX_CONNECTIONS_PER_IP,
             rate_per_connection: rate::DEFAULT_CONNECTION_RATE.per_second,
@@ -658,6 +674,9 @@ impl Config {
         if self.storage.commit_timeout_ms == 0 {
             return bad("storage.commit_timeout_ms must be at least 1");
         }
+        if self.storage.cache_items == 0 {
+            return bad("storage.cache_items must be at least 1");
+        }
         if self
             .storage
             .data_dir
@@ -691,7 +710,12 @@ impl Config {
                 max_agents_per_session: self.limits.max_agents_per_session,
                 max_payload_bytes: self.limits.max_payload_bytes,
                 max_sessions_per_principal: self.limits.max_sessions_per_principal,
+                max_tasks_per_principal: self.limits.max_tasks_per_principal,
+                max_conversations_per_principal: self.limits.max_conversations_per_principal,
+                max_turns_per_conversation: self.limits.max_turns_per_conversation,
+                max_checkpoints_per_principal: self.limits.max_checkpoints_per_principal,
             },
+            cache_items: self.storage.cache_items,
             permissions: std::sync::Arc::new(self.permissions.clone()),
             reserved_ids: crate::gateway::reserved_ids(&self.gateways),
             ..RouterConfig::default()

@@ -18,7 +18,14 @@
 //! - Reads (`read`, positions) run on the store's own threads and never block the router.
 //! - Retention may delete the oldest rows at any time; `first_seq` says where the log now
 //!   starts, and a read from before it returns what is left (the caller detects the gap).
+//! - The kept tables ([`kept`]: tasks, checkpoints, conversations, turns, threads, claims) hold
+//!   the newest row per key of some event types, and retention never trims them. They are
+//!   written in the same transaction as their events, so a kept row is committed exactly when
+//!   its event is; [`EventStore::kept`] reads them (committed rows only) on the reader threads.
+//!   Only the claims come back whole at open: the router pages the others on demand.
 
+pub mod kept;
+pub mod memory;
 pub mod record;
 pub mod sqlite;
 
@@ -72,18 +79,9 @@ pub struct Recovered {
     pub last_timestamp: u64,
     /// The newest rows, oldest first, to warm the in-memory window.
     pub recent: Vec<StoredRow>,
-    /// The row of every stored `trajectory.checkpoint` event (the newest per checkpoint id),
-    /// which retention does not trim.
-    pub checkpoints: Vec<StoredRow>,
-    /// The row of every task's newest `task.*` event, which retention does not trim.
-    pub tasks: Vec<StoredRow>,
-    /// The row of every conversation's newest conversation event (`mail.created`,
-    /// `mail.closed`, `mail.participant.*`), which retention does not trim.
-    pub conversations: Vec<StoredRow>,
-    /// The row of every `mail.turn.added` event, which retention does not trim.
-    pub turns: Vec<StoredRow>,
-    /// The row of every `mail.thread.created` event, which retention does not trim.
-    pub threads: Vec<StoredRow>,
+    /// How many tasks, conversations and checkpoints the kept tables hold (the rows
+    /// themselves stay in the store: the router pages them, `EventStore::kept`).
+    pub kept_counts: kept::KeptCounts,
     /// The row of the newest `identity.claimed` event of every id still owned (a release
     /// deletes its id's row), which retention does not trim.
     pub claims: Vec<StoredRow>,
@@ -130,6 +128,9 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// The retained rows with these event ids, in sequence order (recovery finds the message of
     /// each message still queued with it).
     fn read_ids(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>>;
+
+    /// Reads the kept tables ([`kept::KeptQuery`]): committed rows only.
+    fn kept(&self, query: kept::KeptQuery) -> StoreFuture<kept::KeptAnswer>;
 
     /// Commits what is queued, then stops the store's threads.
     fn close(&self) -> StoreFuture<()>;

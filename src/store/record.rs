@@ -89,6 +89,11 @@ pub struct FilterKeys {
     /// What `mail` filters match on (`mail.*` events).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mail: Option<Arc<MailKeys>>,
+    /// Not matched by any filter: who the task, conversation or checkpoint an event creates
+    /// counts against (its creator's quota owner, `router::quotas`). The store records it with
+    /// the kept row the first time the row's key is written (`store::kept`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Arc<str>>,
 }
 
 /// The keys of a `mail.*` event.

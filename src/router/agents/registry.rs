@@ -71,6 +71,12 @@ impl Registry {
         self.agents.contains_key(id)
     }
 
+    /// Entries of the order and owner indexes (for stats: the order index holds one per
+    /// agent, the owner index one per owned agent).
+    pub fn index_len(&self) -> usize {
+        self.order.len() + self.by_owner.values().map(BTreeSet::len).sum::<usize>()
+    }
+
     /// Number of agents.
     pub fn len(&self) -> usize {
         self.agents.len()

@@ -1,6 +1,8 @@
 //! The mail extension (`mail/*`, and `meta.mail` on `map/send`): conversations that outlive a
-//! connection. It owns the conversations, their participants, turns and threads
-//! ([`table::Mailboxes`]); its handlers are in [`ops`].
+//! connection. It owns what the router holds of them ([`table::Mailboxes`]: a bounded cache of
+//! conversation records and of where turns are); the store keeps every conversation, turn and
+//! thread. Its handlers are in [`ops`] (changes and checks, one router step each) and
+//! [`reads`] (reads of many rows, paged from the store); [`access`] holds what both share.
 //!
 //! - A mail participant id is an agent id (a session speaking as an agent) or a MAP participant
 //!   id (a session without one). A session takes part in a conversation through its agent, its
@@ -12,7 +14,10 @@
 //!   (`source: intercepted`); agents it reached that were not in the conversation join it.
 //! - Durable with the log: the store keeps the newest event of each conversation (which
 //!   carries the conversation and all its participants), every turn and every thread in tables
-//!   retention never trims, and they are rebuilt from those at start.
+//!   retention never trims; the router loads a conversation's record from them when it needs
+//!   it, and reads turns from them a page at a time.
 
+pub mod access;
 pub mod ops;
+pub mod reads;
 pub mod table;

@@ -1,6 +1,9 @@
-//! Handlers of the mail extension, and the turn a `map/send` with `meta.mail` records.
+//! Handlers of the mail extension that change or check a conversation's record, and the turn
+//! a `map/send` with `meta.mail` records. Each runs in one router step on the cached record
+//! (participants, threads, turn count), loaded first when it is not in memory
+//! (`router::kept`); the turns themselves are written to the log and read back only by
+//! [`super::reads`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::protocol::capabilities::ParticipantType;
@@ -13,84 +16,19 @@ use crate::router::caller::{Caller, Ctx};
 use crate::router::core::{to_json, Router};
 use crate::router::error::RouterError;
 use crate::router::events::log::{EventDraft, FilterKeys};
-use crate::router::mail::table::Conv;
+use crate::router::kept::need::Need;
+use crate::router::mail::access::{
+    check_content, check_metadata, check_text, mail_err, not_found, thread_not_found,
+    turn_not_found, Identities, DEFAULT_PAGE, MAX_PAGE, MAX_TEXT,
+};
+use crate::router::mail::table::{conversation_of_row, Conv, TurnPlace};
 use crate::router::page::take_page;
+use crate::router::quota_checks::Created;
+use crate::store::kept::KeptRow;
 use crate::store::record::{Audience, MailKeys};
 
-/// Longest subject, reason, content type and participant id accepted (bytes).
-pub const MAX_TEXT: usize = 1024;
-/// Default page of `mail/list`, `mail/turns/list`, `mail/thread/list` and `mail/join` history.
-pub const DEFAULT_PAGE: u32 = 50;
-/// Default page of `mail/replay`.
-pub const DEFAULT_REPLAY: u32 = 100;
-/// Largest page.
-pub const MAX_PAGE: u32 = 1000;
-
-fn mail_err(code: ErrorCode, msg: impl Into<String>) -> RouterError {
-    RouterError::Mail(code, msg.into())
-}
-
-fn not_found(id: &str) -> RouterError {
-    mail_err(
-        ErrorCode::MAIL_CONVERSATION_NOT_FOUND,
-        format!("Conversation not found: {id}"),
-    )
-}
-
-fn check_text(what: &str, v: Option<&str>) -> Result<(), RouterError> {
-    match v {
-        Some(t) if t.len() > MAX_TEXT => Err(RouterError::InvalidParams(format!(
-            "{what} must be at most {MAX_TEXT} bytes"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-fn check_metadata(v: Option<&RawJson>) -> Result<(), RouterError> {
-    match v {
-        Some(m) if !m.is_object() => Err(RouterError::InvalidParams(
-            "metadata must be an object".into(),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// `contentType` must be well known (`text`, `data`, `event`, `reference`) or `x-*`, and a
-/// `text` turn's content a string.
-fn check_content(content_type: &str, content: &RawJson) -> Result<(), RouterError> {
-    let known = matches!(content_type, "text" | "data" | "event" | "reference")
-        || (content_type.len() > 2 && content_type.starts_with("x-"));
-    if !known || content_type.len() > MAX_TEXT {
-        return Err(mail_err(
-            ErrorCode::MAIL_INVALID_TURN_CONTENT,
-            format!("unknown contentType {content_type:?}: text, data, event, reference or x-*"),
-        ));
-    }
-    if content_type == "text" && !content.get().starts_with('"') {
-        return Err(mail_err(
-            ErrorCode::MAIL_INVALID_TURN_CONTENT,
-            "a text turn's content must be a string",
-        ));
-    }
-    Ok(())
-}
-
-/// The ids through which a session takes part in conversations: its address (agent id, else
-/// participant id), its participant id, and every agent it owns.
-struct Identities {
-    address: String,
-    all: Vec<String>,
-    system: bool,
-}
-
-impl Identities {
-    fn has(&self, id: &str) -> bool {
-        self.all.iter().any(|i| i == id)
-    }
-}
-
 impl Router {
-    fn identities(&self, caller: &Caller) -> Identities {
+    pub(super) fn identities(&self, caller: &Caller) -> Identities {
         let address = caller.address().to_string();
         let mut all = vec![address.clone()];
         let pid = caller.participant.as_str().to_owned();
@@ -109,12 +47,85 @@ impl Router {
         }
     }
 
+    /// Loads, in one go, the conversation and the turns an operation names that are not in
+    /// memory.
+    ///
+    /// # Errors
+    /// `NeedsLoad` when some are missing.
+    pub(super) fn need_mail(
+        &mut self,
+        conv: Option<&str>,
+        turns: &[&str],
+    ) -> Result<(), RouterError> {
+        let mut needs = Vec::new();
+        if let Some(c) = conv {
+            if self.mailboxes.convs.get(c).is_none() {
+                needs.push(Need::Conversation(c.to_owned()));
+            }
+        }
+        for t in turns {
+            if self.mailboxes.turns.get(t).is_none() {
+                needs.push(Need::Turn((*t).to_owned()));
+            }
+        }
+        if needs.is_empty() {
+            Ok(())
+        } else {
+            Err(RouterError::NeedsLoad(needs))
+        }
+    }
+
     /// The conversation, if the caller may see it (takes part, took part, or is system).
-    fn visible_conv(&self, who: &Identities, id: &str) -> Result<&Conv, RouterError> {
-        self.mailboxes
-            .get(id)
-            .filter(|c| who.system || c.participants.iter().any(|p| who.has(&p.id)))
+    ///
+    /// # Errors
+    /// `10000`; `NeedsLoad` when it is not in memory.
+    pub(super) fn visible_conv(
+        &mut self,
+        who: &Identities,
+        id: &str,
+    ) -> Result<Arc<Conv>, RouterError> {
+        let conv = match self.mailboxes.convs.get(id) {
+            None => {
+                return Err(RouterError::NeedsLoad(vec![Need::Conversation(
+                    id.to_owned(),
+                )]))
+            }
+            Some(c) => c.cloned(),
+        };
+        conv.filter(|c| who.sees(&c.participants))
             .ok_or_else(|| not_found(id))
+    }
+
+    /// Where a turn of `conv` is (`None`: no such turn in that conversation).
+    ///
+    /// # Errors
+    /// `NeedsLoad` when it is not in memory.
+    pub(super) fn turn_place(
+        &mut self,
+        conv: &str,
+        turn: &str,
+    ) -> Result<Option<Arc<TurnPlace>>, RouterError> {
+        match self.mailboxes.turns.get(turn) {
+            None => Err(RouterError::NeedsLoad(vec![Need::Turn(turn.to_owned())])),
+            Some(t) => Ok(t.filter(|t| t.conversation_id == conv).cloned()),
+        }
+    }
+
+    /// The position of a turn of `conv`.
+    ///
+    /// # Errors
+    /// `10004` when it has no such turn; `NeedsLoad`.
+    pub(super) fn turn_seq(&mut self, conv: &str, turn: &str) -> Result<u64, RouterError> {
+        self.turn_place(conv, turn)?
+            .map(|t| t.seq)
+            .ok_or_else(|| turn_not_found(turn))
+    }
+
+    /// Marks a conversation changed by the event just emitted.
+    fn conv_written(&mut self, id: &str) {
+        let seq = self.last_seq();
+        self.mailboxes.convs.written(id, seq);
+        self.trim_kept();
     }
 
     /// The caller's active participant in `conv` (its address first, then its other ids).
@@ -199,29 +210,6 @@ impl Router {
         }
     }
 
-    /// Whether the caller may read `turn`: system; its author; else by the turn's visibility
-    /// and the caller's history access.
-    fn sees_turn(&self, conv: &Conv, who: &Identities, turn: &Turn) -> bool {
-        if who.system || who.has(&turn.participant) {
-            return true;
-        }
-        let Some(me) = who.all.iter().find_map(|id| conv.participant(id)) else {
-            return false;
-        };
-        let visible = match &turn.visibility {
-            None | Some(TurnVisibility::All) => true,
-            Some(TurnVisibility::Participants { ids }) => ids.iter().any(|i| who.has(i)),
-            Some(TurnVisibility::Role { roles }) => roles.contains(&me.role),
-            Some(TurnVisibility::Private) => false,
-        };
-        visible
-            && match me.permissions.history_access {
-                HistoryAccess::Full => true,
-                HistoryAccess::FromJoin => turn.timestamp >= me.joined_at,
-                HistoryAccess::None => false,
-            }
-    }
-
     fn emit_mail(
         &mut self,
         caller: &Caller,
@@ -229,6 +217,7 @@ impl Router {
         data: String,
         keys: MailKeys,
         audience: Audience,
+        owner: Option<&str>,
     ) {
         self.emit(EventDraft {
             kind,
@@ -237,6 +226,7 @@ impl Router {
             caused_by: Vec::new(),
             keys: FilterKeys {
                 mail: Some(Arc::new(keys)),
+                owner: owner.map(Arc::from),
                 ..FilterKeys::default()
             },
             audience,
@@ -244,7 +234,9 @@ impl Router {
     }
 
     /// Emits a conversation-level event whose data is the SDK's `fields` followed by the
-    /// conversation and all its participants (what the store keeps the conversation by).
+    /// conversation and all its participants (what the store keeps the conversation by), and
+    /// marks the cached conversation written by it.
+    #[allow(clippy::too_many_arguments)]
     fn emit_conv_event(
         &mut self,
         caller: &Caller,
@@ -253,17 +245,18 @@ impl Router {
         fields: serde_json::Map<String, serde_json::Value>,
         participant: Option<&str>,
         audience: Option<Audience>,
+        owner: Option<&str>,
     ) {
-        let Some(conv) = self.mailboxes.get(conv_id) else {
+        let Some(Some(conv)) = self.mailboxes.convs.peek(conv_id).map(|c| c.cloned()) else {
             return;
         };
         let state = ConversationState {
             conversation: conv.conversation.clone(),
             participants: conv.participants.clone(),
         };
-        let audience = audience.unwrap_or_else(|| self.conv_audience(conv, None));
+        let audience = audience.unwrap_or_else(|| self.conv_audience(&conv, None));
         let mut data = fields;
-        if let (Ok(serde_json::Value::Object(rest)), true) = (serde_json::to_value(&state), true) {
+        if let Ok(serde_json::Value::Object(rest)) = serde_json::to_value(&state) {
             data.extend(rest);
         }
         let keys = MailKeys {
@@ -271,10 +264,12 @@ impl Router {
             participant_id: participant.map(str::to_owned),
             ..MailKeys::default()
         };
-        self.emit_mail(caller, kind, to_json(&data), keys, audience);
+        self.emit_mail(caller, kind, to_json(&data), keys, audience, owner);
+        self.conv_written(conv_id);
     }
 
-    /// Adds (or re-adds) a participant and emits `mail.participant.joined`.
+    /// Adds (or re-adds) a participant to a cached conversation and emits
+    /// `mail.participant.joined`.
     fn join(&mut self, caller: &Caller, conv_id: &str, p: Participant) -> Participant {
         let pid = p.id.clone();
         if let Some(c) = self.mailboxes.get_mut(conv_id) {
@@ -294,16 +289,24 @@ impl Router {
             fields,
             Some(&pid),
             None,
+            None,
         );
         p
     }
 
-    /// Records a turn and emits `mail.turn.added`.
+    /// Records a turn of a cached conversation and emits `mail.turn.added`.
     fn record_turn(&mut self, caller: &Caller, turn: Turn) -> Turn {
-        let Some(conv) = self.mailboxes.get(&turn.conversation_id) else {
+        let Some(Some(conv)) = self
+            .mailboxes
+            .convs
+            .peek(&turn.conversation_id)
+            .map(|c| c.cloned())
+        else {
             return turn;
         };
-        let audience = self.turn_audience(conv, &turn);
+        let audience = self.turn_audience(&conv, &turn);
+        // NB: no other handle on the record while it changes below (it would be copied).
+        drop(conv);
         let keys = MailKeys {
             conversation_id: turn.conversation_id.clone(),
             thread_id: turn.thread_id.clone(),
@@ -320,24 +323,29 @@ impl Router {
             conversation_id: &turn.conversation_id,
             turn: &turn,
         });
-        self.emit_mail(caller, EventType::MailTurnAdded, data, keys, audience);
+        self.emit_mail(caller, EventType::MailTurnAdded, data, keys, audience, None);
+        let seq = self.last_seq();
         if let Some(c) = self.mailboxes.get_mut(&turn.conversation_id) {
-            c.push_turn(turn.clone());
+            c.count_turn(&turn);
         }
+        self.mailboxes.convs.written(&turn.conversation_id, seq);
+        self.mailboxes.put_turn(&turn, seq);
+        self.trim_kept();
         turn
     }
 
     /// Checks a new turn's place: the author takes part and may send, the conversation is
-    /// open, its thread and the turn it answers exist.
+    /// open and has room, its thread and the turn it answers exist.
     fn check_turn_place(
-        &self,
+        &mut self,
         who: &Identities,
         conv_id: &str,
         thread: Option<&str>,
         in_reply_to: Option<&str>,
     ) -> Result<String, RouterError> {
+        self.need_mail(Some(conv_id), in_reply_to.as_slice())?;
         let conv = self.visible_conv(who, conv_id)?;
-        let me = self.member(conv, who).ok_or_else(|| {
+        let me = self.member(&conv, who).ok_or_else(|| {
             mail_err(
                 ErrorCode::MAIL_NOT_A_PARTICIPANT,
                 format!("not a participant of conversation {conv_id}"),
@@ -357,20 +365,15 @@ impl Router {
         }
         if let Some(t) = thread {
             if conv.thread(t).is_none() {
-                return Err(mail_err(
-                    ErrorCode::MAIL_THREAD_NOT_FOUND,
-                    format!("Thread not found: {t}"),
-                ));
+                return Err(thread_not_found(t));
             }
         }
         if let Some(t) = in_reply_to {
-            if conv.turn(t).is_none() {
-                return Err(mail_err(
-                    ErrorCode::MAIL_TURN_NOT_FOUND,
-                    format!("Turn not found: {t}"),
-                ));
+            if self.turn_place(conv_id, t)?.is_none() {
+                return Err(turn_not_found(t));
             }
         }
+        self.check_turn_quota(conv.turns)?;
         Ok(me.id.clone())
     }
 
@@ -379,7 +382,7 @@ impl Router {
     /// # Errors
     /// `InvalidParams` for oversized text or metadata that is not an object; `10010` for an
     /// unknown (or invisible) parent; `10004` for a parent turn it does not have; `10006` for
-    /// a malformed initial turn.
+    /// a malformed initial turn; `4002` past the caller's conversations quota.
     pub fn handle_mail_create(
         &mut self,
         ctx: &Ctx,
@@ -387,21 +390,30 @@ impl Router {
     ) -> Result<CreateResult, RouterError> {
         let caller = self.caller(ctx)?;
         let who = self.identities(&caller);
+        let owner = self.quota_owner(ctx)?;
         check_text("subject", p.subject.as_deref())?;
         check_metadata(p.metadata.as_ref())?;
+        let mut needs = self.created_needs(owner.as_deref(), Created::Conversations);
         if let Some(parent) = &p.parent_conversation_id {
-            let conv = self.visible_conv(&who, parent).map_err(|_| {
+            if let Err(RouterError::NeedsLoad(n)) =
+                self.need_mail(Some(parent), p.parent_turn_id.as_deref().as_slice())
+            {
+                needs.extend(n);
+            }
+        }
+        if !needs.is_empty() {
+            return Err(RouterError::NeedsLoad(needs));
+        }
+        if let Some(parent) = &p.parent_conversation_id {
+            self.visible_conv(&who, parent).map_err(|_| {
                 mail_err(
                     ErrorCode::MAIL_PARENT_CONVERSATION_NOT_FOUND,
                     format!("Parent conversation not found: {parent}"),
                 )
             })?;
             if let Some(t) = &p.parent_turn_id {
-                if conv.turn(t).is_none() {
-                    return Err(mail_err(
-                        ErrorCode::MAIL_TURN_NOT_FOUND,
-                        format!("Turn not found: {t}"),
-                    ));
+                if self.turn_place(parent, t)?.is_none() {
+                    return Err(turn_not_found(t));
                 }
             }
         }
@@ -416,6 +428,7 @@ impl Router {
                 )));
             }
         }
+        self.check_created(owner.as_deref(), Created::Conversations)?;
         let now = now_ms();
         let id = format!("conv-{}", Ulid::random());
         let creator = self.new_participant(&who.address, Role::Initiator, None, who.system);
@@ -445,15 +458,18 @@ impl Router {
                 false,
             ));
         }
-        self.mailboxes.insert(Conv::new(conversation, participants));
+        let conv = Conv::new(conversation, participants);
+        let (kind, subject) = (conv.conversation.kind, conv.conversation.subject.clone());
+        // Held until its `mail.created` (the next event) is committed.
+        let next = self.bus.log.next_seq();
+        self.mailboxes.convs.put(&id, Arc::new(conv), next);
         let mut fields = serde_json::Map::new();
         fields.insert("conversationId".into(), id.clone().into());
-        let conv = self.mailboxes.get(&id).map(|c| &c.conversation);
         fields.insert(
             "type".into(),
-            serde_json::to_value(conv.map(|c| c.kind)).unwrap_or_default(),
+            serde_json::to_value(kind).unwrap_or_default(),
         );
-        if let Some(s) = conv.and_then(|c| c.subject.clone()) {
+        if let Some(s) = subject {
             fields.insert("subject".into(), s.into());
         }
         fields.insert("createdBy".into(), who.address.clone().into());
@@ -464,7 +480,10 @@ impl Router {
             fields,
             Some(&who.address),
             None,
+            owner.as_deref(),
         );
+        self.mailboxes.total += 1;
+        self.count_created(owner.as_deref(), Created::Conversations);
         let initial_turn = p.initial_turn.map(|t| {
             self.record_turn(
                 &caller,
@@ -488,106 +507,15 @@ impl Router {
         });
         let conversation = self
             .mailboxes
-            .get(&id)
+            .convs
+            .peek(&id)
+            .flatten()
             .map(|c| c.conversation.clone())
             .ok_or_else(|| not_found(&id))?;
         Ok(CreateResult {
             conversation,
             participant: creator,
             initial_turn,
-        })
-    }
-
-    /// `mail/get`.
-    ///
-    /// # Errors
-    /// `10000` for an unknown conversation or one the caller does not take part in.
-    pub fn handle_mail_get(&mut self, ctx: &Ctx, p: GetParams) -> Result<GetResult, RouterError> {
-        let caller = self.caller(ctx)?;
-        let who = self.identities(&caller);
-        let conv = self.visible_conv(&who, &p.conversation_id)?;
-        let include = p.include.unwrap_or_default();
-        let visible: Vec<&Arc<Turn>> = conv
-            .turns
-            .iter()
-            .filter(|t| self.sees_turn(conv, &who, t))
-            .collect();
-        let recent_turns = include.recent_turns.map(|n| {
-            let n = (n.min(MAX_PAGE)) as usize;
-            visible[visible.len().saturating_sub(n)..]
-                .iter()
-                .map(|t| (***t).clone())
-                .collect()
-        });
-        let stats = include.stats.then(|| {
-            let mut by_type = BTreeMap::new();
-            for t in &visible {
-                *by_type.entry(t.content_type.clone()).or_insert(0u64) += 1;
-            }
-            Stats {
-                total_turns: visible.len() as u64,
-                turns_by_content_type: by_type,
-                active_participants: conv.conversation.participant_count,
-                thread_count: conv.threads.len() as u32,
-            }
-        });
-        Ok(GetResult {
-            conversation: conv.conversation.clone(),
-            participants: include.participants.then(|| conv.participants.clone()),
-            threads: include.threads.then(|| conv.threads.clone()),
-            recent_turns,
-            stats,
-        })
-    }
-
-    /// `mail/list`: the conversations the caller takes part in (all, for system), in creation
-    /// order.
-    ///
-    /// # Errors
-    /// `InvalidParams` for a cursor that names no conversation the caller may see.
-    pub fn handle_mail_list(
-        &mut self,
-        ctx: &Ctx,
-        p: ListParams,
-    ) -> Result<ListResult, RouterError> {
-        let caller = self.caller(ctx)?;
-        let who = self.identities(&caller);
-        let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
-        let f = p.filter.unwrap_or_default();
-        let after = match &p.cursor {
-            Some(c) => {
-                let conv = self
-                    .visible_conv(&who, c)
-                    .map_err(|_| RouterError::InvalidParams(format!("unknown cursor {c:?}")))?;
-                Some((conv.conversation.created_at, conv.conversation.id.clone()))
-            }
-            None => None,
-        };
-        let matching = self.mailboxes.in_order(after.as_ref()).filter(|conv| {
-            let c = &conv.conversation;
-            (who.system || conv.participants.iter().any(|p| who.has(&p.id)))
-                && f.kind
-                    .as_ref()
-                    .is_none_or(|k| k.is_empty() || k.contains(&c.kind))
-                && f.status
-                    .as_ref()
-                    .is_none_or(|s| s.is_empty() || s.contains(&c.status))
-                && f.participant_id
-                    .as_ref()
-                    .is_none_or(|id| conv.participant(id).is_some())
-                && f.created_after.is_none_or(|t| c.created_at > t)
-                && f.created_before.is_none_or(|t| c.created_at < t)
-                && f.parent_conversation_id
-                    .as_ref()
-                    .is_none_or(|id| c.parent_conversation_id.as_ref() == Some(id))
-        });
-        let page = take_page(matching.map(|c| c.conversation.clone()), limit, |c| {
-            c.id.clone()
-        });
-        Ok(ListResult {
-            conversations: page.items,
-            has_more: page.has_more,
-            next_cursor: page.next_cursor,
         })
     }
 
@@ -610,7 +538,7 @@ impl Router {
                 format!("conversation {} is already closed", p.conversation_id),
             ));
         }
-        let me = self.member(conv, &who);
+        let me = self.member(&conv, &who);
         let may = who.system
             || who.has(&conv.conversation.created_by)
             || me.is_some_and(|m| matches!(m.role, Role::Initiator | Role::Moderator));
@@ -621,6 +549,7 @@ impl Router {
             ));
         }
         let closed_by = me.map_or_else(|| who.address.clone(), |m| m.id.clone());
+        drop(conv);
         let now = now_ms();
         if let Some(c) = self.mailboxes.get_mut(&p.conversation_id) {
             c.conversation.status = ConversationStatus::Completed;
@@ -640,6 +569,7 @@ impl Router {
             fields,
             Some(&closed_by),
             None,
+            None,
         );
         let conversation = self
             .visible_conv(&who, &p.conversation_id)?
@@ -648,18 +578,15 @@ impl Router {
         Ok(ConversationResult { conversation })
     }
 
-    /// `mail/join`: (re)joins a conversation the caller took part in (system participants:
-    /// any), optionally with the history since a point.
-    ///
-    /// # Errors
-    /// `10000`; `10001` when closed; `10007` when already in it.
-    pub fn handle_mail_join(
-        &mut self,
-        ctx: &Ctx,
-        p: JoinParams,
-    ) -> Result<JoinResult, RouterError> {
+    /// The write of `mail/join`: (re)joins, and says where its catch-up starts.
+    pub(super) fn join_step(&mut self, ctx: &Ctx, p: &JoinParams) -> Result<Joined, RouterError> {
         let caller = self.caller(ctx)?;
         let who = self.identities(&caller);
+        let from_turn = p
+            .catch_up
+            .as_ref()
+            .and_then(|cu| cu.from.as_str().map(str::to_owned));
+        self.need_mail(Some(&p.conversation_id), from_turn.as_deref().as_slice())?;
         let conv = self.visible_conv(&who, &p.conversation_id)?;
         if conv.conversation.closed_at.is_some() {
             return Err(mail_err(
@@ -667,12 +594,20 @@ impl Router {
                 format!("conversation {} is closed", p.conversation_id),
             ));
         }
-        if let Some(m) = self.member(conv, &who) {
+        if let Some(m) = self.member(&conv, &who) {
             return Err(mail_err(
                 ErrorCode::MAIL_PARTICIPANT_ALREADY_JOINED,
                 format!("{} is already in conversation {}", m.id, p.conversation_id),
             ));
         }
+        let from = match &from_turn {
+            // An unknown turn starts from the beginning.
+            Some(t) => CatchUpFrom::After(self.turn_place(&p.conversation_id, t)?.map(|t| t.seq)),
+            None => match p.catch_up.as_ref().map(|cu| &cu.from) {
+                Some(serde_json::Value::Number(n)) => CatchUpFrom::Time(n.as_u64().unwrap_or(0)),
+                _ => CatchUpFrom::After(None),
+            },
+        };
         // Rejoin as the id that took part before (else as the caller's address).
         let previous = who.all.iter().find_map(|id| conv.participant(id)).cloned();
         let participant = match previous {
@@ -690,33 +625,11 @@ impl Router {
         };
         let participant = self.join(&caller, &p.conversation_id, participant);
         let conv = self.visible_conv(&who, &p.conversation_id)?;
-        let (history, history_cursor, summary) = match &p.catch_up {
-            None => (None, None, None),
-            Some(cu) => {
-                let limit = cu.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
-                let start = match &cu.from {
-                    serde_json::Value::String(turn) => conv.turn(turn).map_or(0, |(i, _)| i + 1),
-                    serde_json::Value::Number(n) => {
-                        let ts = n.as_u64().unwrap_or(0);
-                        conv.turns.partition_point(|t| t.timestamp < ts)
-                    }
-                    _ => 0,
-                };
-                let visible = conv.turns[start.min(conv.turns.len())..]
-                    .iter()
-                    .filter(|t| self.sees_turn(conv, &who, t));
-                let page = take_page(visible.map(|t| (**t).clone()), limit, |t| t.id.clone());
-                let (turns, cursor) = (page.items, page.next_cursor);
-                let summary = cu.include_summary.then(|| summarize(conv, &turns));
-                (Some(turns), cursor, summary)
-            }
-        };
-        Ok(JoinResult {
-            conversation: conv.conversation.clone(),
+        Ok(Joined {
+            conv,
+            who,
             participant,
-            history,
-            history_cursor,
-            summary,
+            from,
         })
     }
 
@@ -733,14 +646,15 @@ impl Router {
         let who = self.identities(&caller);
         check_text("reason", p.reason.as_deref())?;
         let conv = self.visible_conv(&who, &p.conversation_id)?;
-        let mut me = self.member(conv, &who).cloned().ok_or_else(|| {
+        let mut me = self.member(&conv, &who).cloned().ok_or_else(|| {
             mail_err(
                 ErrorCode::MAIL_NOT_A_PARTICIPANT,
                 format!("not a participant of conversation {}", p.conversation_id),
             )
         })?;
         // Its audience before it leaves: the one leaving sees its own departure.
-        let audience = self.conv_audience(conv, None);
+        let audience = self.conv_audience(&conv, None);
+        drop(conv);
         let now = now_ms();
         me.left_at = Some(now);
         let left = me.id.clone();
@@ -761,6 +675,7 @@ impl Router {
             fields,
             Some(&left),
             Some(audience),
+            None,
         );
         Ok(LeaveResult {
             success: true,
@@ -794,7 +709,7 @@ impl Router {
             ));
         }
         if !who.system {
-            let me = self.member(conv, &who).ok_or_else(|| {
+            let me = self.member(&conv, &who).ok_or_else(|| {
                 mail_err(
                     ErrorCode::MAIL_NOT_A_PARTICIPANT,
                     format!("not a participant of conversation {}", p.conversation_id),
@@ -837,7 +752,7 @@ impl Router {
     ///
     /// # Errors
     /// `10000`, `10001`, `10002`, `10003` (no `canSend`), `10004` (`inReplyTo`), `10005`
-    /// (`threadId`), `10006` (content type or content).
+    /// (`threadId`), `10006` (content type or content), `4002` (turns per conversation).
     pub fn handle_mail_turn(
         &mut self,
         ctx: &Ctx,
@@ -873,79 +788,6 @@ impl Router {
             },
         );
         Ok(TurnResult { turn })
-    }
-
-    /// `mail/turns/list`: the turns the caller may read, oldest first (or newest first).
-    ///
-    /// # Errors
-    /// `10000`; `10004` for an unknown `afterTurnId`, `beforeTurnId` or cursor.
-    pub fn handle_mail_turns_list(
-        &mut self,
-        ctx: &Ctx,
-        p: TurnsListParams,
-    ) -> Result<TurnsPage, RouterError> {
-        let caller = self.caller(ctx)?;
-        let who = self.identities(&caller);
-        let conv = self.visible_conv(&who, &p.conversation_id)?;
-        let f = p.filter.unwrap_or_default();
-        let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
-        let index_of = |id: &str| {
-            conv.turn(id).map(|(i, _)| i).ok_or_else(|| {
-                mail_err(
-                    ErrorCode::MAIL_TURN_NOT_FOUND,
-                    format!("Turn not found: {id}"),
-                )
-            })
-        };
-        let mut lo = 0usize;
-        let mut hi = conv.turns.len();
-        if let Some(a) = &f.after_turn_id {
-            lo = lo.max(index_of(a)? + 1);
-        }
-        if let Some(b) = &f.before_turn_id {
-            hi = hi.min(index_of(b)?);
-        }
-        let desc = p.order == Some(Order::Desc);
-        if let Some(c) = &p.cursor {
-            let i = index_of(c)?;
-            if desc {
-                hi = hi.min(i);
-            } else {
-                lo = lo.max(i + 1);
-            }
-        }
-        let window = if lo < hi {
-            &conv.turns[lo..hi]
-        } else {
-            &[][..]
-        };
-        let matches = |t: &&Arc<Turn>| {
-            f.thread_id
-                .as_ref()
-                .is_none_or(|th| t.thread_id.as_ref() == Some(th))
-                && f.content_types
-                    .as_ref()
-                    .is_none_or(|c| c.is_empty() || c.contains(&t.content_type))
-                && f.participant_id
-                    .as_ref()
-                    .is_none_or(|pid| t.participant == *pid)
-                && f.after_timestamp.is_none_or(|ts| t.timestamp > ts)
-                && f.before_timestamp.is_none_or(|ts| t.timestamp < ts)
-                && self.sees_turn(conv, &who, t)
-        };
-        let iter: Box<dyn Iterator<Item = &Arc<Turn>>> = if desc {
-            Box::new(window.iter().rev())
-        } else {
-            Box::new(window.iter())
-        };
-        let page = take_page(iter.filter(matches).map(|t| (**t).clone()), limit, |t| {
-            t.id.clone()
-        });
-        Ok(TurnsPage {
-            turns: page.items,
-            has_more: page.has_more,
-            next_cursor: page.next_cursor,
-        })
     }
 
     /// `mail/thread/create`.
@@ -990,7 +832,7 @@ impl Router {
             updated_at: now,
             created_by: author.clone(),
         };
-        let audience = self.conv_audience(conv, None);
+        let audience = self.conv_audience(&conv, None);
         #[derive(serde::Serialize)]
         #[serde(rename_all = "camelCase")]
         struct Data<'a> {
@@ -1007,15 +849,24 @@ impl Router {
             participant_id: Some(author),
             content_type: None,
         };
-        self.emit_mail(&caller, EventType::MailThreadCreated, data, keys, audience);
+        self.emit_mail(
+            &caller,
+            EventType::MailThreadCreated,
+            data,
+            keys,
+            audience,
+            None,
+        );
         if let Some(c) = self.mailboxes.get_mut(&p.conversation_id) {
             c.push_thread(thread.clone());
         }
+        self.conv_written(&p.conversation_id);
         let thread = self
             .mailboxes
-            .get(&p.conversation_id)
-            .and_then(|c| c.thread(&thread.id))
-            .cloned()
+            .convs
+            .peek(&p.conversation_id)
+            .flatten()
+            .and_then(|c| c.thread(&thread.id).cloned())
             .unwrap_or(thread);
         Ok(ThreadResult { thread })
     }
@@ -1032,23 +883,19 @@ impl Router {
         let caller = self.caller(ctx)?;
         let who = self.identities(&caller);
         let conv = self.visible_conv(&who, &p.conversation_id)?;
+        let threads = conv.threads();
         let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
         let start = match &p.cursor {
             Some(c) => {
-                conv.threads
+                threads
                     .iter()
                     .position(|t| t.id == *c)
-                    .ok_or_else(|| {
-                        mail_err(
-                            ErrorCode::MAIL_THREAD_NOT_FOUND,
-                            format!("Thread not found: {c}"),
-                        )
-                    })?
+                    .ok_or_else(|| thread_not_found(c))?
                     + 1
             }
             None => 0,
         };
-        let matching = conv.threads[start..].iter().filter(|t| {
+        let matching = threads[start..].iter().filter(|t| {
             p.parent_thread_id
                 .as_ref()
                 .is_none_or(|pt| t.parent_thread_id.as_ref() == Some(pt))
@@ -1061,121 +908,13 @@ impl Router {
         })
     }
 
-    /// `mail/summary`: an extractive summary (no language model): subject, counts, who spoke,
-    /// and the last text turns.
-    ///
-    /// # Errors
-    /// `10000`; `10004` / `10005` for an unknown turn or thread in `scope`.
-    pub fn handle_mail_summary(
-        &mut self,
-        ctx: &Ctx,
-        p: SummaryParams,
-    ) -> Result<SummaryResult, RouterError> {
-        let caller = self.caller(ctx)?;
-        let who = self.identities(&caller);
-        let conv = self.visible_conv(&who, &p.conversation_id)?;
-        let scope = p.scope.unwrap_or_default();
-        let find = |id: &str| {
-            conv.turn(id).map(|(i, _)| i).ok_or_else(|| {
-                mail_err(
-                    ErrorCode::MAIL_TURN_NOT_FOUND,
-                    format!("Turn not found: {id}"),
-                )
-            })
-        };
-        let lo = match &scope.from_turn_id {
-            Some(t) => find(t)?,
-            None => 0,
-        };
-        let hi = match &scope.to_turn_id {
-            Some(t) => find(t)? + 1,
-            None => conv.turns.len(),
-        };
-        if let Some(th) = &scope.thread_id {
-            if conv.thread(th).is_none() {
-                return Err(mail_err(
-                    ErrorCode::MAIL_THREAD_NOT_FOUND,
-                    format!("Thread not found: {th}"),
-                ));
-            }
-        }
-        let turns: Vec<Turn> = conv.turns[lo.min(hi)..hi]
-            .iter()
-            .filter(|t| {
-                scope
-                    .thread_id
-                    .as_ref()
-                    .is_none_or(|th| t.thread_id.as_ref() == Some(th))
-                    && self.sees_turn(conv, &who, t)
-            })
-            .map(|t| (**t).clone())
-            .collect();
-        Ok(SummaryResult {
-            summary: summarize(conv, &turns),
-            generated: true,
-        })
-    }
-
-    /// `mail/replay`: the turns from a point (after `fromTurnId`, or from `fromTimestamp`),
-    /// with how many there are in all.
-    ///
-    /// # Errors
-    /// `10000`; `10004` for an unknown `fromTurnId`.
-    pub fn handle_mail_replay(
-        &mut self,
-        ctx: &Ctx,
-        p: ReplayParams,
-    ) -> Result<ReplayResult, RouterError> {
-        let caller = self.caller(ctx)?;
-        let who = self.identities(&caller);
-        let conv = self.visible_conv(&who, &p.conversation_id)?;
-        let limit = p.limit.unwrap_or(DEFAULT_REPLAY).clamp(1, MAX_PAGE) as usize;
-        let start = match (&p.from_turn_id, p.from_timestamp) {
-            (Some(t), _) => conv.turn(t).map(|(i, _)| i + 1).ok_or_else(|| {
-                mail_err(
-                    ErrorCode::MAIL_TURN_NOT_FOUND,
-                    format!("Turn not found: {t}"),
-                )
-            })?,
-            (None, Some(ts)) => conv.turns.partition_point(|t| t.timestamp < ts),
-            (None, None) => 0,
-        };
-        let matching: Vec<&Arc<Turn>> = conv.turns[start..]
-            .iter()
-            .filter(|t| {
-                p.thread_id
-                    .as_ref()
-                    .is_none_or(|th| t.thread_id.as_ref() == Some(th))
-                    && p.content_types
-                        .as_ref()
-                        .is_none_or(|c| c.is_empty() || c.contains(&t.content_type))
-                    && self.sees_turn(conv, &who, t)
-            })
-            .collect();
-        let has_more = matching.len() > limit;
-        let turns: Vec<Turn> = matching
-            .iter()
-            .take(limit)
-            .map(|t| (***t).clone())
-            .collect();
-        Ok(ReplayResult {
-            next_cursor: if has_more {
-                turns.last().map(|t| t.id.clone())
-            } else {
-                None
-            },
-            has_more,
-            missed_count: matching.len() as u64,
-            turns,
-        })
-    }
-
     /// Checks a `map/send`'s `meta.mail` before the message is routed; returns the author id.
     ///
     /// # Errors
-    /// As `mail/turn`.
+    /// As `mail/turn`; `NeedsLoad` when the conversation (or the turn it answers) is not in
+    /// memory.
     pub(crate) fn check_mail_send(
-        &self,
+        &mut self,
         caller: &Caller,
         m: &MailMeta,
     ) -> Result<String, RouterError> {
@@ -1188,8 +927,8 @@ impl Router {
         )
     }
 
-    /// Records the turn of a routed `map/send` with `meta.mail`, and has the agents it reached
-    /// join the conversation.
+    /// Records the turn of a routed `map/send` with `meta.mail` (its conversation was checked,
+    /// so it is in memory), and has the agents it reached join the conversation.
     pub(crate) fn record_mail_send(
         &mut self,
         caller: &Caller,
@@ -1208,7 +947,9 @@ impl Router {
         for id in reached {
             let joined = self
                 .mailboxes
-                .get(&m.conversation_id)
+                .convs
+                .peek(&m.conversation_id)
+                .flatten()
                 .is_some_and(|c| c.active(id).is_some());
             if !joined && self.registry.get(&AgentId::from(id.as_str())).is_some() {
                 let p = self.new_participant(id, Role::Assistant, None, false);
@@ -1233,49 +974,66 @@ impl Router {
             },
         );
     }
+
+    /// The conversations of a chunk of stored rows that the caller may see and that pass `f`,
+    /// as the router has them now, and the position of the chunk's last row.
+    pub(super) fn pick_conversations(
+        &self,
+        who: &Identities,
+        rows: Vec<KeptRow>,
+        f: &ListFilter,
+    ) -> (Vec<Conversation>, Option<(u64, String)>) {
+        let mut last = None;
+        let mut picked = Vec::new();
+        for row in rows {
+            let stored = match conversation_of_row(&row) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping a stored conversation this version cannot read");
+                    continue;
+                }
+            };
+            let id = stored.conversation.id.clone();
+            last = Some((stored.conversation.created_at, id.clone()));
+            let (c, participants) = match self.mailboxes.convs.peek(&id).flatten() {
+                Some(cached) => (cached.conversation.clone(), cached.participants.clone()),
+                None => (stored.conversation, stored.participants),
+            };
+            let admitted = who.sees(&participants)
+                && f.kind
+                    .as_ref()
+                    .is_none_or(|k| k.is_empty() || k.contains(&c.kind))
+                && f.status
+                    .as_ref()
+                    .is_none_or(|s| s.is_empty() || s.contains(&c.status))
+                && f.participant_id
+                    .as_ref()
+                    .is_none_or(|id| participants.iter().any(|p| p.id == *id))
+                && f.created_after.is_none_or(|t| c.created_at > t)
+                && f.created_before.is_none_or(|t| c.created_at < t)
+                && f.parent_conversation_id
+                    .as_ref()
+                    .is_none_or(|id| c.parent_conversation_id.as_ref() == Some(id));
+            if admitted {
+                picked.push(c);
+            }
+        }
+        (picked, last)
+    }
 }
 
-/// An extractive summary of `turns`.
-fn summarize(conv: &Conv, turns: &[Turn]) -> String {
-    use std::fmt::Write as _;
-    let c = &conv.conversation;
-    let mut s = String::new();
-    if let Some(subject) = &c.subject {
-        let _ = write!(s, "{subject}. ");
-    }
-    let mut authors: Vec<&str> = Vec::new();
-    for t in turns {
-        if !authors.contains(&t.participant.as_str()) {
-            authors.push(&t.participant);
-        }
-    }
-    let _ = write!(
-        s,
-        "{} turn{} by {} participant{}",
-        turns.len(),
-        if turns.len() == 1 { "" } else { "s" },
-        authors.len(),
-        if authors.len() == 1 { "" } else { "s" }
-    );
-    if !authors.is_empty() {
-        let _ = write!(s, " ({})", authors.join(", "));
-    }
-    s.push('.');
-    let texts: Vec<(&str, String)> = turns
-        .iter()
-        .rev()
-        .filter(|t| t.content_type == "text")
-        .filter_map(|t| {
-            serde_json::from_str::<String>(t.content.get())
-                .ok()
-                .map(|text| (t.participant.as_str(), text))
-        })
-        .take(3)
-        .collect();
-    for (who, text) in texts.into_iter().rev() {
-        let short: String = text.chars().take(200).collect();
-        let more = if short.len() < text.len() { "…" } else { "" };
-        let _ = write!(s, " {who}: {short}{more}");
-    }
-    s
+/// What the write of `mail/join` leaves for its catch-up.
+pub(super) struct Joined {
+    pub(super) conv: Arc<Conv>,
+    pub(super) who: Identities,
+    pub(super) participant: Participant,
+    pub(super) from: CatchUpFrom,
+}
+
+/// Where a catch-up or replay starts.
+pub(super) enum CatchUpFrom {
+    /// After this turn's position (`None`: from the first turn).
+    After(Option<u64>),
+    /// At the first turn at or after this time (Unix ms).
+    Time(u64),
 }

@@ -139,6 +139,13 @@ struct MulticastDeliveredData<'a> {
     correlation_id: Option<&'a str>,
 }
 
+/// How many of a multicast's recipients one `message_failed` lists by name; past that it also
+/// counts them all (`recipientCount`). Under connection churn a scope can hold thousands of orphaned
+/// members, and listing each one in every send's record made that record grow with the
+/// scope (about 29 bytes per member); 32 names are enough to show who, and the log tells the
+/// rest (docs/streams.md, "Message events").
+pub const FAILED_RECIPIENTS_SAMPLE: usize = 32;
+
 /// What became of one recipient of a multicast.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -275,6 +282,7 @@ impl Router {
             work_session: None,
             task_id: None,
             mail: None,
+            owner: None,
         };
         // Seen only by those who may see the sender's agent (and, for `message_sent`, every
         // agent the address names).
@@ -502,7 +510,17 @@ impl Router {
                     from: out.from.to_string(),
                     to: out.to.clone(),
                     recipient: None,
-                    recipients: Some(recipients.clone()),
+                    // NB: a sample, so that a send to a group with thousands of silent
+                    // members stays a small record (docs/streams.md, "Message events").
+                    recipients: Some(
+                        recipients
+                            .iter()
+                            .take(FAILED_RECIPIENTS_SAMPLE)
+                            .cloned()
+                            .collect(),
+                    ),
+                    recipient_count: (recipients.len() > FAILED_RECIPIENTS_SAMPLE)
+                        .then_some(recipients.len() as u64),
                     reason: reason.into(),
                     code: ErrorCode::DELIVERY_FAILED.0,
                 }),
@@ -533,6 +551,7 @@ impl Router {
             to: out.to.clone(),
             recipient: Some(recipient.to_owned()),
             recipients: None,
+            recipient_count: None,
             reason: reason.into(),
             code: ErrorCode::DELIVERY_FAILED.0,
         });

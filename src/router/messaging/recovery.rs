@@ -249,6 +249,7 @@ impl crate::router::core::Router {
             to: RawJson::from(serde_json::json!({ "agent": q.agent })),
             recipient: Some(q.agent.to_string()),
             recipients: None,
+            recipient_count: None,
             reason: "recipient_queue_lost".into(),
             code: ErrorCode::DELIVERY_FAILED.0,
         });

@@ -151,4 +151,17 @@ impl Messaging {
     pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
         self.deliveries.request_delivery(correlation, replier)
     }
+
+    /// Agents with kept messages, and messages kept in all (for stats).
+    pub(crate) fn offline_len(&self) -> (usize, usize) {
+        (
+            self.offline.len(),
+            self.offline.values().map(VecDeque::len).sum(),
+        )
+    }
+
+    /// Deliveries remembered for reply correlation (for stats; bounded).
+    pub(crate) fn deliveries_len(&self) -> usize {
+        self.deliveries.deliveries
+    }
 }

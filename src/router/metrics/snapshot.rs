@@ -82,6 +82,29 @@ impl Router {
             tasks: self.tasks.len() as u64,
             conversations: self.mailboxes.len() as u64,
             log_next_seq: self.bus.log.next_seq(),
+            tables: {
+                let t = self.table_sizes();
+                [
+                    ("timers", t.timers),
+                    ("session_index", t.session_index),
+                    ("agent_index", t.agent_index),
+                    ("scope_members", t.scope_members),
+                    ("offline_agents", t.offline_agents),
+                    ("offline_messages", t.offline_messages),
+                    ("reply_index", t.reply_index),
+                    ("identities", t.identities),
+                    ("content_requests", t.content_requests),
+                    ("cached_tasks", t.cached_tasks),
+                    ("cached_checkpoints", t.cached_checkpoints),
+                    ("cached_conversations", t.cached_conversations),
+                    ("cached_turns", t.cached_turns),
+                    ("cached_quota_counts", t.cached_quota_counts),
+                    ("kept_loads", t.loads),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k, v as u64))
+                .collect()
+            },
         }
     }
 }

@@ -50,6 +50,11 @@ impl Scopes {
         self.scopes.contains_key(id)
     }
 
+    /// Memberships, over every scope (for stats).
+    pub fn memberships(&self) -> usize {
+        self.scopes.values().map(|s| s.members.len()).sum()
+    }
+
     /// Inserts a scope whose id is free and whose parent, if any, exists.
     pub fn insert(&mut self, scope: Scope, creator: Option<ParticipantId>) {
         let order = self.next_order;

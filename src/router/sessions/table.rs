@@ -273,6 +273,12 @@ impl Sessions {
         self.by_id.values()
     }
 
+    /// Entries of the participant and resume-token indexes (for stats: each equals the
+    /// number of sessions unless an index leaks).
+    pub fn index_len(&self) -> usize {
+        self.by_participant.len() + self.by_token.len()
+    }
+
     /// Number of sessions (attached or detached).
     pub fn len(&self) -> usize {
         self.by_id.len()

@@ -1,22 +1,32 @@
-//! Handlers of the tasks extension: create, assign, update, get, list.
+//! Handlers of the tasks extension: create, assign, update, get (each one router step on the
+//! cached task, loaded first when it is not in memory: `router::kept`), and list (an
+//! asynchronous method that pages through the store's `tasks` table, filtering each chunk on
+//! the router task).
 
 use std::sync::Arc;
 
+use crate::protocol::capabilities::Capability;
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::EventType;
 use crate::protocol::ids::{now_ms, AgentId, EventId};
 use crate::protocol::json::RawJson;
 use crate::protocol::methods::tasks::{
-    AssignParams, AssignedData, CompletedData, CreateParams, CreatedData, GetParams, ListParams,
-    ListResult, StatusData, Task, TaskResult, TaskStatus, UpdateParams, UpdatedData,
+    AssignParams, AssignedData, CompletedData, CreateParams, CreatedData, GetParams, ListFilter,
+    ListParams, ListResult, StatusData, StatusFilter, Task, TaskResult, TaskStatus, UpdateParams,
+    UpdatedData,
 };
 use crate::router::caller::{Caller, Ctx};
 use crate::router::core::{to_json, Router};
 use crate::router::error::RouterError;
 use crate::router::events::log::{EventDraft, FilterKeys};
-use crate::router::page::take_page;
+use crate::router::handle::RouterHandle;
+use crate::router::ids::ConnId;
+use crate::router::kept::need::Need;
+use crate::router::kept::ops::{paged_read, read_one, rows, settle};
 use crate::router::permissions;
-use crate::router::tasks::table::Entry;
+use crate::router::quota_checks::Created;
+use crate::router::tasks::table::{entry_of_row, Entry, OrderKey};
+use crate::store::kept::{KeptQuery, PageQuery};
 use crate::store::record::Audience;
 
 /// Longest task id accepted.
@@ -25,6 +35,8 @@ pub const MAX_ID_LEN: usize = 256;
 pub const DEFAULT_PAGE: u32 = 100;
 /// Largest `map/tasks/list` page.
 pub const MAX_PAGE: u32 = 1000;
+/// Most stored rows read per step of a listing.
+pub const SCAN_CHUNK: usize = 1024;
 
 impl Router {
     /// Whether `caller` may see a task: system participants, its creator, and whoever its
@@ -41,12 +53,15 @@ impl Router {
             )
     }
 
-    /// A task the caller may see, else "not found" (existence does not leak).
-    fn visible_task(&self, caller: &Caller, id: &str) -> Result<Arc<Entry>, RouterError> {
-        self.tasks
-            .get(id)
+    /// A task the caller may see, else "not found" (existence does not leak); `NeedsLoad`
+    /// when it is not in memory.
+    fn visible_task(&mut self, caller: &Caller, id: &str) -> Result<Arc<Entry>, RouterError> {
+        let entry = match self.tasks.cache.get(id) {
+            None => return Err(RouterError::NeedsLoad(vec![Need::Task(id.to_owned())])),
+            Some(e) => e.cloned(),
+        };
+        entry
             .filter(|e| self.sees_task(caller, e))
-            .cloned()
             .ok_or_else(|| RouterError::TaskNotFound(id.to_owned()))
     }
 
@@ -86,7 +101,9 @@ impl Router {
         }
     }
 
-    /// Emits one `task.*` event about `task`, caused by `caller`, and returns its id.
+    /// Emits one `task.*` event about `task`, caused by `caller`, and returns its id. `owner`:
+    /// the quota owner the store records with a new task.
+    #[allow(clippy::too_many_arguments)]
     fn emit_task_event(
         &mut self,
         caller: &Caller,
@@ -95,6 +112,7 @@ impl Router {
         task: &Task,
         audience: Audience,
         caused_by: Vec<EventId>,
+        owner: Option<&str>,
     ) -> EventId {
         let role: Option<Arc<str>> = task
             .assignee
@@ -111,18 +129,24 @@ impl Router {
                 agent_id: task.assignee.clone(),
                 subject_role: role,
                 task_id: Some(Arc::from(task.id.as_str())),
+                owner: owner.map(Arc::from),
                 ..FilterKeys::default()
             },
             audience,
         })
     }
 
-    /// Stores `task` with its audience.
+    /// Stores `task` with its audience (its newest event was just emitted).
     fn keep_task(&mut self, task: &Task, audience: Audience) {
-        self.tasks.put(Entry {
-            task: task.clone(),
-            audience,
-        });
+        let written = self.last_seq();
+        self.tasks.put(
+            Entry {
+                task: task.clone(),
+                audience,
+            },
+            written,
+        );
+        self.trim_kept();
     }
 
     /// `map/tasks/create`: stores the task and emits `task.created`.
@@ -136,15 +160,28 @@ impl Router {
         p: CreateParams,
     ) -> Result<TaskResult, RouterError> {
         let caller = self.caller(ctx)?;
+        let owner = self.quota_owner(ctx)?;
         let input = p.task;
+        if let Some(id) = &input.id {
+            if id.is_empty() || id.len() > MAX_ID_LEN {
+                return Err(RouterError::InvalidParams(format!(
+                    "task.id must be 1 to {MAX_ID_LEN} bytes"
+                )));
+            }
+        }
+        // Everything this needs from the store, in one load.
+        let mut needs = self.created_needs(owner.as_deref(), Created::Tasks);
+        if let Some(id) = &input.id {
+            if self.tasks.cache.get(id).is_none() {
+                needs.push(Need::Task(id.clone()));
+            }
+        }
+        if !needs.is_empty() {
+            return Err(RouterError::NeedsLoad(needs));
+        }
         let id = match input.id {
             Some(id) => {
-                if id.is_empty() || id.len() > MAX_ID_LEN {
-                    return Err(RouterError::InvalidParams(format!(
-                        "task.id must be 1 to {MAX_ID_LEN} bytes"
-                    )));
-                }
-                if self.tasks.get(&id).is_some() {
+                if matches!(self.tasks.cache.peek(&id), Some(Some(_))) {
                     return Err(RouterError::InvalidParams(format!(
                         "task id {id} is already taken"
                     )));
@@ -157,6 +194,7 @@ impl Router {
         if let Some(a) = &input.assignee {
             self.assignable(&caller, a)?;
         }
+        self.check_created(owner.as_deref(), Created::Tasks)?;
         let now = now_ms();
         let task = Task {
             id,
@@ -178,8 +216,11 @@ impl Router {
             &task,
             audience.clone(),
             Vec::new(),
+            owner.as_deref(),
         );
         self.keep_task(&task, audience);
+        self.tasks.total += 1;
+        self.count_created(owner.as_deref(), Created::Tasks);
         Ok(TaskResult { task })
     }
 
@@ -227,6 +268,7 @@ impl Router {
             &task,
             audience.clone(),
             Vec::new(),
+            None,
         );
         self.keep_task(&task, audience);
         Ok(TaskResult { task })
@@ -296,6 +338,7 @@ impl Router {
                 &task,
                 audience.clone(),
                 Vec::new(),
+                None,
             );
             if task.status == TaskStatus::Completed {
                 let result = task
@@ -316,6 +359,7 @@ impl Router {
                     &task,
                     audience.clone(),
                     vec![status_event],
+                    None,
                 );
             }
         } else {
@@ -330,6 +374,7 @@ impl Router {
                 &task,
                 audience.clone(),
                 Vec::new(),
+                None,
             );
         }
         self.keep_task(&task, audience);
@@ -348,42 +393,123 @@ impl Router {
         })
     }
 
-    /// `map/tasks/list`: creation order, only what the caller may see.
-    ///
-    /// # Errors
-    /// `InvalidParams` for a cursor that names no task the caller may see.
-    pub fn handle_tasks_list(
-        &mut self,
+    /// The tasks of a chunk of stored rows that pass `filter` and that the caller may see,
+    /// each as the router has it now (the cached version when there is one), and the position
+    /// of the chunk's last row.
+    fn pick_tasks(
+        &self,
         ctx: &Ctx,
-        p: ListParams,
-    ) -> Result<ListResult, RouterError> {
+        rows: Vec<crate::store::kept::KeptRow>,
+        filter: &ListFilter,
+    ) -> Result<(Vec<Task>, Option<OrderKey>), RouterError> {
         let caller = self.caller(ctx)?;
-        let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
-        let filter = p.filter.unwrap_or_default();
-        let after = match &p.cursor {
-            Some(c) => Some(
-                self.visible_task(&caller, c)
-                    .map_err(|_| RouterError::InvalidParams(format!("unknown cursor {c:?}")))?
-                    .key(),
-            ),
-            None => None,
-        };
-        let matching = self.tasks.in_order(after.as_ref()).filter(|e| {
+        let mut last = None;
+        let mut picked = Vec::new();
+        for row in rows {
+            let stored = match entry_of_row(row.row) {
+                Ok(e) => Arc::new(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping a stored task this version cannot read");
+                    continue;
+                }
+            };
+            last = Some(stored.key());
+            let e = match self.tasks.cache.peek(&stored.task.id) {
+                Some(Some(cached)) => cached.clone(),
+                _ => stored,
+            };
             let t = &e.task;
-            filter
+            let admitted = filter
                 .assignee
                 .as_ref()
                 .is_none_or(|a| t.assignee.as_ref() == Some(a))
                 && filter.status.as_ref().is_none_or(|s| s.admits(t.status))
-                && self.sees_task(&caller, e)
-        });
-        let page = take_page(matching.map(|e| e.task.clone()), limit, |t| t.id.clone());
-        Ok(ListResult {
-            tasks: page.items,
-            has_more: page.has_more,
-            next_cursor: page.next_cursor,
-        })
+                && self.sees_task(&caller, &e);
+            if admitted {
+                picked.push(e.task.clone());
+            }
+        }
+        Ok((picked, last))
     }
+}
+
+/// `map/tasks/list`: creation order, only what the caller may see. Pages through the store's
+/// `tasks` table (after the changes answered before it are committed), a chunk at a time, each
+/// chunk filtered on the router task.
+///
+/// # Errors
+/// `InvalidParams` for a cursor that names no task the caller may see; a storage error.
+pub async fn list(
+    router: RouterHandle,
+    conn: ConnId,
+    p: ListParams,
+) -> Result<ListResult, RouterError> {
+    const CAP: Option<Capability> = Some(Capability::CanListTasks);
+    let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
+    let filter = p.filter.unwrap_or_default();
+    let mut after = match p.cursor {
+        Some(c) => Some(
+            paged_read(&router, conn, CAP, move |r, ctx| {
+                let caller = r.caller(ctx)?;
+                match r.visible_task(&caller, &c) {
+                    Ok(e) => Ok(e.key()),
+                    Err(RouterError::NeedsLoad(n)) => Err(RouterError::NeedsLoad(n)),
+                    Err(_) => Err(RouterError::InvalidParams(format!("unknown cursor {c:?}"))),
+                }
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    settle(&router, conn, CAP).await?;
+    let statuses: Vec<String> = match &filter.status {
+        None => Vec::new(),
+        Some(StatusFilter::One(s)) => vec![s.as_str().to_owned()],
+        Some(StatusFilter::Any(any)) => any.iter().map(|s| s.as_str().to_owned()).collect(),
+    };
+    let chunk = (limit + 1).clamp(64, SCAN_CHUNK);
+    let mut tasks = Vec::new();
+    let mut has_more = false;
+    loop {
+        let rows = rows(
+            read_one(
+                &router,
+                KeptQuery::Page(PageQuery::Tasks {
+                    after: after.clone(),
+                    assignee: filter.assignee.as_ref().map(|a| a.to_string()),
+                    statuses: statuses.clone(),
+                    limit: chunk,
+                }),
+            )
+            .await?,
+        );
+        let end = rows.len() < chunk;
+        let f = filter.clone();
+        let (picked, last) = router
+            .call(conn, CAP, true, move |r, ctx| r.pick_tasks(ctx, rows, &f))
+            .await?;
+        for t in picked {
+            if tasks.len() == limit {
+                has_more = true;
+                break;
+            }
+            tasks.push(t);
+        }
+        if has_more || end || last.is_none() {
+            break;
+        }
+        after = last;
+    }
+    let next_cursor = if has_more {
+        tasks.last().map(|t: &Task| t.id.clone())
+    } else {
+        None
+    };
+    Ok(ListResult {
+        tasks,
+        has_more,
+        next_cursor,
+    })
 }
 
 /// A task's `meta` must be an object.

@@ -1,9 +1,11 @@
-//! [`Tasks`]: every task the router knows, by id and in creation order.
+//! [`Tasks`]: the tasks the router holds in memory, a bounded cache of the store's `tasks`
+//! table (which has every task: the router pages the rest from it, `router::kept`), and how
+//! many tasks there are.
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::protocol::methods::tasks::{AnyTaskData, Task};
+use crate::router::kept::cache::Cache;
 use crate::store::record::{Audience, EventRecord, StoredRow};
 
 /// Where a task sits in creation order: creation time, then id.
@@ -25,64 +27,38 @@ impl Entry {
     }
 }
 
-/// The task table.
-#[derive(Debug, Default)]
+/// The task table's part in memory.
+#[derive(Debug)]
 pub struct Tasks {
-    by_id: HashMap<String, Arc<Entry>>,
-    order: BTreeSet<OrderKey>,
+    /// Tasks by id: those in use, at most about its capacity, plus writes not yet committed.
+    pub cache: Cache<Entry>,
+    /// How many tasks exist (the gauge `map_tasks`).
+    pub total: u64,
 }
 
 impl Tasks {
-    /// The table of what the store kept: the newest `task.*` event of each task. A row that
-    /// cannot be read is skipped with a warning (it stays in the database).
-    pub fn recover(rows: &[StoredRow]) -> Self {
-        let mut t = Self::default();
-        for row in rows {
-            match EventRecord::from_row(row.clone()).and_then(|rec| entry_of(&rec)) {
-                Ok(entry) => t.put(entry),
-                Err(e) => tracing::warn!(event = %row.id, error = %e, "skipping a stored task"),
-            }
+    /// A cache of `capacity` tasks, over `total` stored ones.
+    pub fn new(capacity: usize, total: u64) -> Self {
+        Self {
+            cache: Cache::new(capacity),
+            total,
         }
-        t
     }
 
     /// Number of tasks.
     pub fn len(&self) -> usize {
-        self.by_id.len()
+        self.total as usize
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
+        self.total == 0
     }
 
-    /// A task by id.
-    pub fn get(&self, id: &str) -> Option<&Arc<Entry>> {
-        self.by_id.get(id)
-    }
-
-    /// Adds a task, or replaces the one with the same id (its creation time does not change).
-    pub fn put(&mut self, entry: Entry) {
-        if let Some(old) = self.by_id.remove(&entry.task.id) {
-            self.order.remove(&old.key());
-        }
-        self.order.insert(entry.key());
-        self.by_id.insert(entry.task.id.clone(), Arc::new(entry));
-    }
-
-    /// Tasks in creation order, strictly after `after` when given.
-    pub fn in_order<'a>(
-        &'a self,
-        after: Option<&OrderKey>,
-    ) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + 'a> {
-        let keys: Box<dyn Iterator<Item = &OrderKey>> = match after {
-            Some(a) => Box::new(self.order.range((
-                std::ops::Bound::Excluded(a.clone()),
-                std::ops::Bound::Unbounded,
-            ))),
-            None => Box::new(self.order.iter()),
-        };
-        Box::new(keys.filter_map(|k| self.by_id.get(&k.1)))
+    /// Stores the router's write of a task (its newest event at `written`).
+    pub fn put(&mut self, entry: Entry, written: u64) {
+        let id = entry.task.id.clone();
+        self.cache.put(&id, Arc::new(entry), written);
     }
 }
 
@@ -101,4 +77,12 @@ pub fn entry_of(rec: &EventRecord) -> Result<Entry, String> {
         task: ev.data.task,
         audience: rec.audience.clone(),
     })
+}
+
+/// The entry of a stored task row.
+///
+/// # Errors
+/// A row this version cannot read.
+pub fn entry_of_row(row: StoredRow) -> Result<Entry, String> {
+    entry_of(&EventRecord::from_row(row)?)
 }

@@ -1,4 +1,7 @@
-//! Handlers of the trajectory extension: report, list, get, and content (asked of the agent).
+//! Handlers of the trajectory extension: report and get (one router step on the cached
+//! checkpoint, loaded first when it is not in memory: `router::kept`), list (an asynchronous
+//! method that pages through the store's `checkpoints` table, filtering each chunk on the
+//! router task), and content (asked of the agent).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,9 +26,12 @@ use crate::router::error::RouterError;
 use crate::router::events::log::{EventDraft, FilterKeys};
 use crate::router::handle::RouterHandle;
 use crate::router::ids::ConnId;
-use crate::router::page::take_page;
+use crate::router::kept::need::Need;
+use crate::router::kept::ops::{paged_read, read_one, rows, settle};
 use crate::router::permissions;
-use crate::router::trajectory::table::{ContentAnswer, Entry};
+use crate::router::quota_checks::Created;
+use crate::router::trajectory::table::{entry_of_row, ContentAnswer, Entry, OrderKey};
+use crate::store::kept::{KeptQuery, KeptRow, PageQuery};
 
 /// Longest checkpoint id accepted.
 pub const MAX_ID_LEN: usize = 256;
@@ -33,6 +39,8 @@ pub const MAX_ID_LEN: usize = 256;
 pub const DEFAULT_PAGE: u32 = 50;
 /// Largest `trajectory/list` page.
 pub const MAX_PAGE: u32 = 1000;
+/// Most stored rows read per step of a listing.
+pub const SCAN_CHUNK: usize = 1024;
 /// How long `trajectory/content` waits for the agent's answer.
 pub const CONTENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Artifacts whose JSON text adds up to more than this are not all inlined: the largest one is
@@ -54,12 +62,19 @@ impl Router {
         )
     }
 
-    /// A checkpoint the caller may see, else "not found" (existence does not leak).
-    fn visible_checkpoint(&self, caller: &Caller, id: &str) -> Result<Arc<Entry>, RouterError> {
-        self.trajectories
-            .get(id)
+    /// A checkpoint the caller may see, else "not found" (existence does not leak);
+    /// `NeedsLoad` when it is not in memory.
+    fn visible_checkpoint(&mut self, caller: &Caller, id: &str) -> Result<Arc<Entry>, RouterError> {
+        let entry = match self.trajectories.cache.get(id) {
+            None => {
+                return Err(RouterError::NeedsLoad(vec![Need::Checkpoint(
+                    id.to_owned(),
+                )]))
+            }
+            Some(e) => e.cloned(),
+        };
+        entry
             .filter(|e| self.sees_checkpoint(caller, e))
-            .cloned()
             .ok_or_else(|| RouterError::CheckpointNotFound(id.to_owned()))
     }
 
@@ -99,13 +114,31 @@ impl Router {
                 "agent {agent_id} is not this session's: only its owner reports its checkpoints"
             )));
         }
-        if let Some(existing) = self.trajectories.get(&input.id) {
+        let owner = self.quota_owner(ctx)?;
+        // Everything this needs from the store, in one load: the checkpoint it may replace,
+        // and the owner's counts.
+        let mut needs = self.created_needs(owner.as_deref(), Created::Checkpoints);
+        let existing = match self.trajectories.cache.get(&input.id) {
+            None => {
+                needs.push(Need::Checkpoint(input.id.clone()));
+                None
+            }
+            Some(e) => e.cloned(),
+        };
+        if !needs.is_empty() {
+            return Err(RouterError::NeedsLoad(needs));
+        }
+        if let Some(existing) = &existing {
             if existing.checkpoint.agent_id != agent_id {
                 return Err(RouterError::TrajectoryDenied(format!(
                     "checkpoint id {} belongs to another agent's checkpoint",
                     input.id
                 )));
             }
+        }
+        let new = existing.is_none();
+        if new {
+            self.check_created(owner.as_deref(), Created::Checkpoints)?;
         }
         let checkpoint = Checkpoint {
             id: input.id,
@@ -137,66 +170,65 @@ impl Router {
                     .and_then(|m| m.parse().ok())
                     .map(Arc::new),
                 work_session: result.checkpoint.session_id.as_deref().map(Arc::from),
+                owner: owner.as_deref().filter(|_| new).map(Arc::from),
                 ..FilterKeys::default()
             },
             audience: audience.clone(),
         });
         let c = &result.checkpoint;
-        self.trajectories.insert(Entry {
-            key: (c.timestamp, seq, c.id.clone()),
-            checkpoint: c.clone(),
-            audience,
-        });
+        self.trajectories.put(
+            Entry {
+                key: (c.timestamp, seq, c.id.clone()),
+                checkpoint: c.clone(),
+                audience,
+            },
+            seq,
+        );
+        if new {
+            self.trajectories.total += 1;
+            self.count_created(owner.as_deref(), Created::Checkpoints);
+        }
+        self.trim_kept();
         Ok(result)
     }
 
-    /// `trajectory/list`: newest first, only what the caller may see.
-    ///
-    /// # Errors
-    /// `InvalidParams` for a cursor that names no checkpoint the caller may see.
-    pub fn handle_trajectory_list(
-        &mut self,
+    /// The checkpoints of a chunk of stored rows that pass `filter` and that the caller may
+    /// see, as the router has them now (a checkpoint replaced meanwhile is left for its new
+    /// place in the order), and the position of the chunk's last row.
+    fn pick_checkpoints(
+        &self,
         ctx: &Ctx,
-        p: ListParams,
-    ) -> Result<ListResult, RouterError> {
+        rows: Vec<KeptRow>,
+        filter: &crate::protocol::methods::trajectory::ListFilter,
+    ) -> Result<(Vec<Checkpoint>, Option<OrderKey>), RouterError> {
         let caller = self.caller(ctx)?;
-        let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
-        let filter = p.filter.unwrap_or_default();
-        let before = match &p.cursor {
-            Some(c) => Some(
-                self.visible_checkpoint(&caller, c)
-                    .map_err(|_| RouterError::InvalidParams(format!("unknown cursor {c:?}")))?
-                    .key
-                    .clone(),
-            ),
-            None => None,
-        };
-        let matching = self
-            .trajectories
-            .newest_first(filter.agent_id.as_ref(), before.as_ref())
-            // Newest first: once one is too old, all that follow are older still.
-            .take_while(|e| {
-                filter
-                    .after_timestamp
-                    .is_none_or(|t| e.checkpoint.timestamp > t)
-            })
-            .filter(|e| {
-                let c = &e.checkpoint;
-                filter.before_timestamp.is_none_or(|t| c.timestamp < t)
-                    && filter
-                        .session_id
-                        .as_ref()
-                        .is_none_or(|s| c.session_id.as_ref() == Some(s))
-                    && self.sees_checkpoint(&caller, e)
-            });
-        let page = take_page(matching.map(|e| e.checkpoint.clone()), limit, |c| {
-            c.id.clone()
-        });
-        Ok(ListResult {
-            checkpoints: page.items,
-            has_more: page.has_more,
-            next_cursor: page.next_cursor,
-        })
+        let mut last = None;
+        let mut picked = Vec::new();
+        for row in rows {
+            let stored = match entry_of_row(row.row) {
+                Ok(e) => Arc::new(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping a stored checkpoint this version cannot read");
+                    continue;
+                }
+            };
+            last = Some(stored.key.clone());
+            let e = match self.trajectories.cache.peek(&stored.checkpoint.id) {
+                Some(Some(cached)) if cached.key != stored.key => continue,
+                Some(Some(cached)) => cached.clone(),
+                _ => stored,
+            };
+            let c = &e.checkpoint;
+            let admitted = filter
+                .session_id
+                .as_ref()
+                .is_none_or(|s| c.session_id.as_ref() == Some(s))
+                && self.sees_checkpoint(&caller, &e);
+            if admitted {
+                picked.push(c.clone());
+            }
+        }
+        Ok((picked, last))
     }
 
     /// `trajectory/get`.
@@ -215,12 +247,13 @@ impl Router {
         })
     }
 
-    /// Sends `trajectory/content.request` to the checkpoint's agent; its answer goes to `reply`.
+    /// Sends `trajectory/content.request` to the checkpoint's agent; its answer goes to the
+    /// sender taken from `reply` (left there when the checkpoint must be loaded first).
     fn request_content(
         &mut self,
         ctx: &Ctx,
         p: &ContentParams,
-        reply: oneshot::Sender<ContentAnswer>,
+        reply: &std::sync::Mutex<Option<oneshot::Sender<ContentAnswer>>>,
     ) -> Result<String, RouterError> {
         let caller = self.caller(ctx)?;
         let e = self.visible_checkpoint(&caller, &p.checkpoint_id)?;
@@ -235,6 +268,11 @@ impl Router {
         let conn = self
             .agent_conn(agent)
             .ok_or_else(|| unavailable(&format!("agent {agent} is not connected")))?;
+        let reply = reply
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .ok_or(RouterError::Unavailable)?;
         let request_id = self.trajectories.await_content(conn, reply);
         let request = ContentRequest {
             request_id: request_id.clone(),
@@ -277,14 +315,14 @@ pub async fn content(
 ) -> Result<ContentResult, RouterError> {
     let (tx, rx) = oneshot::channel();
     let asked = p.clone();
-    let request = router
-        .call(
-            conn,
-            Some(Capability::CanRequestTrajectoryContent),
-            true,
-            move |r, ctx| r.request_content(ctx, &asked, tx),
-        )
-        .await?;
+    let tx = std::sync::Mutex::new(Some(tx));
+    let request = paged_read(
+        &router,
+        conn,
+        Some(Capability::CanRequestTrajectoryContent),
+        move |r, ctx| r.request_content(ctx, &asked, &tx),
+    )
+    .await?;
     let answer = match tokio::time::timeout(CONTENT_TIMEOUT, rx).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(_)) => Err("the router stopped waiting".into()),
@@ -307,6 +345,83 @@ pub async fn content(
         artifacts.retain(|k, _| include.iter().any(|i| i == k));
     }
     Ok(shape(p.checkpoint_id, artifacts))
+}
+
+/// `trajectory/list`: newest first, only what the caller may see. Pages through the store's
+/// `checkpoints` table (after the reports answered before it are committed), a chunk at a
+/// time, each chunk filtered on the router task.
+///
+/// # Errors
+/// `InvalidParams` for a cursor that names no checkpoint the caller may see; a storage error.
+pub async fn list(
+    router: RouterHandle,
+    conn: ConnId,
+    p: ListParams,
+) -> Result<ListResult, RouterError> {
+    const CAP: Option<Capability> = Some(Capability::CanQueryTrajectory);
+    let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
+    let filter = p.filter.unwrap_or_default();
+    let mut before = match p.cursor {
+        Some(c) => Some(
+            paged_read(&router, conn, CAP, move |r, ctx| {
+                let caller = r.caller(ctx)?;
+                match r.visible_checkpoint(&caller, &c) {
+                    Ok(e) => Ok(e.key.clone()),
+                    Err(RouterError::NeedsLoad(n)) => Err(RouterError::NeedsLoad(n)),
+                    Err(_) => Err(RouterError::InvalidParams(format!("unknown cursor {c:?}"))),
+                }
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    settle(&router, conn, CAP).await?;
+    let chunk = (limit + 1).clamp(64, SCAN_CHUNK);
+    let mut checkpoints = Vec::new();
+    let mut has_more = false;
+    loop {
+        let rows = rows(
+            read_one(
+                &router,
+                KeptQuery::Page(PageQuery::Checkpoints {
+                    before: before.clone(),
+                    agent: filter.agent_id.as_ref().map(|a| a.to_string()),
+                    after_ts: filter.after_timestamp,
+                    before_ts: filter.before_timestamp,
+                    limit: chunk,
+                }),
+            )
+            .await?,
+        );
+        let end = rows.len() < chunk;
+        let f = filter.clone();
+        let (picked, last) = router
+            .call(conn, CAP, true, move |r, ctx| {
+                r.pick_checkpoints(ctx, rows, &f)
+            })
+            .await?;
+        for c in picked {
+            if checkpoints.len() == limit {
+                has_more = true;
+                break;
+            }
+            checkpoints.push(c);
+        }
+        if has_more || end || last.is_none() {
+            break;
+        }
+        before = last;
+    }
+    let next_cursor = if has_more {
+        checkpoints.last().map(|c: &Checkpoint| c.id.clone())
+    } else {
+        None
+    };
+    Ok(ListResult {
+        checkpoints,
+        has_more,
+        next_cursor,
+    })
 }
 
 /// Inline when small; otherwise the largest artifact goes as chunks (after the answer).

@@ -1,15 +1,16 @@
-//! [`Trajectories`]: every checkpoint the router knows, by id, in time order and by agent, and
-//! the content requests waiting for an agent's answer.
+//! [`Trajectories`]: the checkpoints the router holds in memory, a bounded cache of the store's
+//! `checkpoints` table (which has every checkpoint: the router pages the rest from it,
+//! `router::kept`), how many there are, and the content requests waiting for an agent's answer.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::protocol::ids::AgentId;
 use crate::protocol::json::RawJson;
 use crate::protocol::methods::trajectory::{Checkpoint, CheckpointResult};
 use crate::router::ids::ConnId;
+use crate::router::kept::cache::Cache;
 use crate::store::record::{Audience, EventRecord, StoredRow};
 
 /// Where a checkpoint sits in time order: timestamp, then log position, then id.
@@ -38,86 +39,50 @@ pub struct PendingContent {
     pub reply: oneshot::Sender<ContentAnswer>,
 }
 
-/// The checkpoint index.
-#[derive(Debug, Default)]
+/// The checkpoints' part in memory.
+#[derive(Debug)]
 pub struct Trajectories {
-    by_id: HashMap<String, Arc<Entry>>,
-    order: BTreeSet<OrderKey>,
-    by_agent: HashMap<AgentId, BTreeSet<OrderKey>>,
+    /// Checkpoints by id: those in use, at most about its capacity, plus writes not yet
+    /// committed.
+    pub cache: Cache<Entry>,
+    /// How many checkpoints exist (the gauge `map_checkpoints`).
+    pub total: u64,
+    /// Content requests waiting on agents (each ends with an answer, its connection closing,
+    /// or its caller's timeout).
     pending: HashMap<String, PendingContent>,
     next_request: u64,
 }
 
 impl Trajectories {
-    /// The index of what the store kept: rows of `trajectory.checkpoint` events. A row that
-    /// cannot be read is skipped with a warning (it stays in the database).
-    pub fn recover(rows: &[StoredRow]) -> Self {
-        let mut t = Self::default();
-        for row in rows {
-            match EventRecord::from_row(row.clone()).and_then(|rec| entry_of(&rec)) {
-                Ok(entry) => t.insert(entry),
-                Err(e) => {
-                    tracing::warn!(event = %row.id, error = %e, "skipping a stored checkpoint")
-                }
-            }
+    /// A cache of `capacity` checkpoints, over `total` stored ones.
+    pub fn new(capacity: usize, total: u64) -> Self {
+        Self {
+            cache: Cache::new(capacity),
+            total,
+            pending: HashMap::new(),
+            next_request: 0,
         }
-        t
     }
 
     /// Number of checkpoints.
     pub fn len(&self) -> usize {
-        self.by_id.len()
+        self.total as usize
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
+        self.total == 0
     }
 
-    /// A checkpoint by id.
-    pub fn get(&self, id: &str) -> Option<&Arc<Entry>> {
-        self.by_id.get(id)
+    /// Content requests waiting (for stats).
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
     }
 
-    /// Adds a checkpoint, replacing one with the same id.
-    pub fn insert(&mut self, entry: Entry) {
-        if let Some(old) = self.by_id.remove(&entry.checkpoint.id) {
-            self.order.remove(&old.key);
-            if let Some(set) = self.by_agent.get_mut(&old.checkpoint.agent_id) {
-                set.remove(&old.key);
-                if set.is_empty() {
-                    self.by_agent.remove(&old.checkpoint.agent_id);
-                }
-            }
-        }
-        self.order.insert(entry.key.clone());
-        self.by_agent
-            .entry(entry.checkpoint.agent_id.clone())
-            .or_default()
-            .insert(entry.key.clone());
-        self.by_id
-            .insert(entry.checkpoint.id.clone(), Arc::new(entry));
-    }
-
-    /// Checkpoints newest first, strictly older than `before` when given, of `agent` only when
-    /// given.
-    pub fn newest_first<'a>(
-        &'a self,
-        agent: Option<&AgentId>,
-        before: Option<&OrderKey>,
-    ) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + 'a> {
-        let set = match agent {
-            Some(a) => match self.by_agent.get(a) {
-                Some(s) => s,
-                None => return Box::new(std::iter::empty()),
-            },
-            None => &self.order,
-        };
-        let keys: Box<dyn Iterator<Item = &OrderKey>> = match before {
-            Some(b) => Box::new(set.range(..b.clone()).rev()),
-            None => Box::new(set.iter().rev()),
-        };
-        Box::new(keys.filter_map(|k| self.by_id.get(&k.2)))
+    /// Stores the router's write of a checkpoint (its event at `written`).
+    pub fn put(&mut self, entry: Entry, written: u64) {
+        let id = entry.checkpoint.id.clone();
+        self.cache.put(&id, Arc::new(entry), written);
     }
 
     /// Registers a content request for the agent on `conn`; returns its id.
@@ -164,7 +129,7 @@ impl Trajectories {
     }
 }
 
-/// The index entry of a `trajectory.checkpoint` event.
+/// The entry of a `trajectory.checkpoint` event.
 ///
 /// # Errors
 /// When the event's data is not a checkpoint.
@@ -181,4 +146,12 @@ pub fn entry_of(rec: &EventRecord) -> Result<Entry, String> {
         checkpoint,
         audience: rec.audience.clone(),
     })
+}
+
+/// The entry of a stored checkpoint row.
+///
+/// # Errors
+/// A row this version cannot read.
+pub fn entry_of_row(row: StoredRow) -> Result<Entry, String> {
+    entry_of(&EventRecord::from_row(row)?)
 }

@@ -50,9 +50,21 @@
 //! sqlite3 -readonly <dir>/events.sqlite3 "SELECT * FROM meta"
 //! ```
 //!
-//! Schema: `events(seq INTEGER PRIMARY KEY, id TEXT UNIQUE, ts INTEGER, kind TEXT, meta TEXT,
-//! json TEXT)` with an index on `ts`, and `meta(key, value)` holding `schema_version`. A file
-//! written by a newer schema version is refused rather than misread.
+//! Schema (`schema.rs`, which also migrates older files): `events(seq INTEGER PRIMARY KEY, id
+//! TEXT UNIQUE, ts INTEGER, kind TEXT, meta TEXT, json TEXT)` with indexes on `ts` and
+//! `(kind, seq)`, `meta(key, value)` holding `schema_version`, and the kept tables (`kept.rs`:
+//! the newest row per key of tasks, checkpoints, conversations, turns and threads, with the
+//! columns the router pages them by, written in the same transaction as their events;
+//! `claims`). A file written by a newer schema version is refused rather than misread.
+//!
+//! Files: `mod.rs` (opening, the writer, the readers), `schema.rs`, `kept.rs`, `sql.rs` (the
+//! helpers they share).
+
+mod kept;
+mod schema;
+mod sql;
+
+pub use schema::SCHEMA_VERSION;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -69,6 +81,10 @@ use tokio::sync::{oneshot, watch};
 use crate::protocol::ids::{now_ms, EventId};
 use crate::store::record::EventRecord;
 use crate::store::record::StoredRow;
+use crate::store::sqlite::sql::{
+    from_sql_int, parse_id, query_rows, read_meta, sql_err, sql_int, write_meta, META_LAST_ID,
+    META_LAST_TS, META_NEXT_SEQ,
+};
 use crate::store::EventStore;
 use crate::store::Recovered;
 use crate::store::StoreError;
@@ -85,10 +101,6 @@ pub const LOCK_FILE_NAME: &str = "LOCK";
 /// closed or dropped a moment ago in this process to finish its threads, short enough that a
 /// second router fails fast.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
-
-/// The schema this version writes and reads. Bump it with a migration when the tables change;
-/// a file with a higher version is refused at open.
-pub const SCHEMA_VERSION: u32 = 1;
 
 /// How long the writer waits for more rows after the first one before committing. Zero by
 /// default: the writer already batches everything that queued during the previous commit, so a
@@ -152,143 +164,31 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// large file behind.
 const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
-/// The `meta` keys.
-const META_SCHEMA_VERSION: &str = "schema_version";
-const META_NEXT_SEQ: &str = "next_seq";
-const META_LAST_ID: &str = "last_id";
-const META_LAST_TS: &str = "last_ts";
+/// The claims table (`router::identities`): the newest claim per id; a release deletes it, so
+/// the table holds exactly the ids owned now. (The other kept tables are `kept.rs`'s.)
+const CLAIMS_UPSERT: &str = "INSERT INTO claims (claim, seq, id, ts, kind, meta, json) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (claim) DO UPDATE SET seq = excluded.seq, \
+     id = excluded.id, ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, \
+     json = excluded.json";
+const CLAIMS_DELETE: &str = "DELETE FROM claims WHERE claim = ?1";
 
-/// Rows also kept, the newest per key, in a table of their own that retention never trims:
-/// the trajectory extension's checkpoints and the tasks extension's tasks. Recovery reads the
-/// table back (`Recovered::checkpoints`, `Recovered::tasks`).
-#[derive(Debug, Clone, Copy)]
-struct Kept {
-    /// The table (its key column is named after `member`).
-    table: &'static str,
-    /// Whether an event type's rows are kept here.
-    kinds: fn(&str) -> bool,
-    /// The member of `data` whose `id` is the key.
-    member: &'static str,
-    /// The upsert.
-    sql: &'static str,
-    /// Kinds whose row removes the key's row instead (a release), and the delete.
-    removes: Option<Removes>,
-    /// Where recovery puts the rows.
-    slot: fn(&mut Recovered) -> &mut Vec<StoredRow>,
-}
-
-/// Which kinds delete their key's row from a kept table, and the delete.
-#[derive(Debug, Clone, Copy)]
-struct Removes {
-    kinds: fn(&str) -> bool,
-    sql: &'static str,
-}
-
-/// The upsert into a kept table whose key column is `key`.
-macro_rules! kept_upsert {
-    ($table:literal, $key:literal) => {
-        concat!(
-            "INSERT INTO ",
-            $table,
-            " (",
-            $key,
-            ", seq, id, ts, kind, meta, json) ",
-            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ",
-            "ON CONFLICT (",
-            $key,
-            ") DO UPDATE SET seq = excluded.seq, id = excluded.id, ",
-            "ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, json = excluded.json"
-        )
-    };
-}
-
-const KEPT_CHECKPOINTS: Kept = Kept {
-    table: "checkpoints",
-    kinds: |k| k == "trajectory.checkpoint",
-    member: "checkpoint",
-    removes: None,
-    sql: kept_upsert!("checkpoints", "checkpoint"),
-    slot: |r| &mut r.checkpoints,
-};
-
-const KEPT_TASKS: Kept = Kept {
-    table: "tasks",
-    kinds: |k| k.starts_with("task."),
-    member: "task",
-    removes: None,
-    sql: kept_upsert!("tasks", "task"),
-    slot: |r| &mut r.tasks,
-};
-
-const KEPT_CONVERSATIONS: Kept = Kept {
-    table: "conversations",
-    kinds: |k| {
-        matches!(
-            k,
-            "mail.created" | "mail.closed" | "mail.participant.joined" | "mail.participant.left"
-        )
-    },
-    member: "conversation",
-    removes: None,
-    sql: kept_upsert!("conversations", "conversation"),
-    slot: |r| &mut r.conversations,
-};
-
-const KEPT_TURNS: Kept = Kept {
-    table: "turns",
-    kinds: |k| k == "mail.turn.added",
-    member: "turn",
-    removes: None,
-    sql: kept_upsert!("turns", "turn"),
-    slot: |r| &mut r.turns,
-};
-
-const KEPT_THREADS: Kept = Kept {
-    table: "threads",
-    kinds: |k| k == "mail.thread.created",
-    member: "thread",
-    removes: None,
-    sql: kept_upsert!("threads", "thread"),
-    slot: |r| &mut r.threads,
-};
-
-/// Who owns which id (`router::identities`): the newest claim per id; a release deletes it, so
-/// the table holds exactly the ids owned now.
-const KEPT_CLAIMS: Kept = Kept {
-    table: "claims",
-    kinds: |k| k == "identity.claimed" || k == "identity.released",
-    member: "claim",
-    removes: Some(Removes {
-        kinds: |k| k == "identity.released",
-        sql: "DELETE FROM claims WHERE claim = ?1",
-    }),
-    sql: kept_upsert!("claims", "claim"),
-    slot: |r| &mut r.claims,
-};
-
-const KEPT: [Kept; 6] = [
-    KEPT_CHECKPOINTS,
-    KEPT_TASKS,
-    KEPT_CONVERSATIONS,
-    KEPT_TURNS,
-    KEPT_THREADS,
-    KEPT_CLAIMS,
-];
-
-/// `data.<member>.id` of an event's JSON.
-fn kept_key(event_json: &str, member: &str) -> Option<String> {
+/// `data.claim.id` of an event's JSON.
+fn claim_key(event_json: &str) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Id {
         id: String,
     }
     #[derive(serde::Deserialize)]
-    struct Event<'a> {
-        #[serde(borrow)]
-        data: std::collections::HashMap<std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue>,
+    struct Data {
+        claim: Id,
     }
-    let event: Event<'_> = serde_json::from_str(event_json).ok()?;
-    let raw = event.data.get(member)?;
-    serde_json::from_str::<Id>(raw.get()).ok().map(|i| i.id)
+    #[derive(serde::Deserialize)]
+    struct Event {
+        data: Data,
+    }
+    serde_json::from_str::<Event>(event_json)
+        .ok()
+        .map(|e| e.data.claim.id)
 }
 
 const INSERT_SQL: &str =
@@ -398,6 +298,10 @@ enum ReadRequest {
         ids: Vec<String>,
         reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
     },
+    Kept {
+        query: crate::store::kept::KeptQuery,
+        reply: oneshot::Sender<Result<crate::store::kept::KeptAnswer, StoreError>>,
+    },
 }
 
 /// What `close` waits for.
@@ -452,7 +356,7 @@ impl SqliteStore {
 
         let mut conn = Connection::open(&path).map_err(|e| sql_err(&context("opening"), e))?;
         configure_writer(&conn, options.synchronous, &path)?;
-        init_schema(&mut conn, &path)?;
+        schema::init_schema(&mut conn, &path)?;
         let state = recover(&conn, options.recent_rows)?;
         tracing::info!(
             path = %path.display(),
@@ -675,6 +579,13 @@ impl EventStore for SqliteStore {
         self.ask(|reply| ReadRequest::Ids { ids, reply })
     }
 
+    fn kept(
+        &self,
+        query: crate::store::kept::KeptQuery,
+    ) -> StoreFuture<crate::store::kept::KeptAnswer> {
+        self.ask(|reply| ReadRequest::Kept { query, reply })
+    }
+
     fn close(&self) -> StoreFuture<()> {
         // Dropping the senders is the stop signal: each thread first drains what was queued
         // before it (the writer commits it all), then ends.
@@ -780,92 +691,6 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// Creates the tables on a new file; checks the schema version of an existing one.
-fn init_schema(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let context = format!("initializing {}", path.display());
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| sql_err(&context, e))?;
-    tx.execute_batch(
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
-    )
-    .map_err(|e| sql_err(&context, e))?;
-    match read_meta(&tx, META_SCHEMA_VERSION).map_err(|e| sql_err(&context, e))? {
-        None => {
-            tx.execute_batch(
-                "CREATE TABLE IF NOT EXISTS events (
-                     seq  INTEGER PRIMARY KEY,
-                     id   TEXT NOT NULL UNIQUE,
-                     ts   INTEGER NOT NULL,
-                     kind TEXT NOT NULL,
-                     meta TEXT NOT NULL,
-                     json TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);",
-            )
-            .map_err(|e| sql_err(&context, e))?;
-            write_meta(&tx, META_SCHEMA_VERSION, &SCHEMA_VERSION.to_string())
-                .map_err(|e| sql_err(&context, e))?;
-        }
-        Some(found) => check_schema_version(&found, path)?,
-    }
-    // Lets recovery read the lifecycle events of a long log without scanning it (and is built
-    // once for a file that predates it).
-    tx.execute_batch("CREATE INDEX IF NOT EXISTS events_kind ON events (kind, seq);")
-        .map_err(|e| sql_err(&context, e))?;
-    // The trajectory extension's checkpoints: the row of each checkpoint's newest event, kept
-    // apart from `events` so that retention never trims them (a file that predates it gets it
-    // empty).
-    // The same for the tasks extension's tasks (`KEPT`).
-    for kept in KEPT {
-        let key = kept.member;
-        tx.execute_batch(&format!(
-            "CREATE TABLE IF NOT EXISTS {table} (
-                 {key} TEXT PRIMARY KEY,
-                 seq  INTEGER NOT NULL,
-                 id   TEXT NOT NULL,
-                 ts   INTEGER NOT NULL,
-                 kind TEXT NOT NULL,
-                 meta TEXT NOT NULL,
-                 json TEXT NOT NULL
-             );",
-            table = kept.table
-        ))
-        .map_err(|e| sql_err(&context, e))?;
-    }
-    tx.commit().map_err(|e| sql_err(&context, e))
-}
-
-/// Accepts exactly [`SCHEMA_VERSION`].
-fn check_schema_version(found: &str, path: &Path) -> Result<(), StoreError> {
-    match found.trim().parse::<u32>() {
-        Ok(v) if v == SCHEMA_VERSION => Ok(()),
-        Ok(v) if v > SCHEMA_VERSION => Err(StoreError::Io(format!(
-            "{} has event store schema version {v}, newer than this map-router supports \
-             ({SCHEMA_VERSION}); upgrade map-router or use another data directory",
-            path.display()
-        ))),
-        _ => Err(StoreError::Corrupt(format!(
-            "{} has unknown event store schema version {found:?}",
-            path.display()
-        ))),
-    }
-}
-
-fn read_meta(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
-    conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-        .optional()
-}
-
-fn write_meta(conn: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES (?1, ?2)
-         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        [key, value],
-    )
-    .map(drop)
-}
-
 fn recover(conn: &Connection, recent_rows: usize) -> Result<OpenState, StoreError> {
     let context = "recovering the event store";
     let err = |e| sql_err(context, e);
@@ -928,18 +753,13 @@ fn recover(conn: &Connection, recent_rows: usize) -> Result<OpenState, StoreErro
     if recent_rows > 0 && recent_from < recovered.next_seq {
         recovered.recent = select_rows(conn, recent_from, recent_rows)?;
     }
-    for kept in KEPT {
-        let rows = query_rows(
-            conn,
-            &format!(
-                "SELECT seq, id, ts, kind, meta, json FROM {} ORDER BY seq",
-                kept.table
-            ),
-            &[],
-            1024,
-        )?;
-        *(kept.slot)(&mut recovered) = rows;
-    }
+    recovered.claims = query_rows(
+        conn,
+        "SELECT seq, id, ts, kind, meta, json FROM claims ORDER BY seq",
+        &[],
+        1024,
+    )?;
+    recovered.kept_counts = kept::counts(conn).map_err(err)?;
     Ok(OpenState {
         recovered,
         bytes: from_sql_int(bytes, "byte total")?,
@@ -980,6 +800,9 @@ fn reader_loop(
             }
             ReadRequest::Ids { ids, reply } => {
                 let _ = reply.send(select_ids(&conn, &ids));
+            }
+            ReadRequest::Kept { query, reply } => {
+                let _ = reply.send(kept::answer(&conn, &query));
             }
         }
     }
@@ -1033,42 +856,6 @@ fn select_ids(conn: &Connection, ids: &[String]) -> Result<Vec<StoredRow>, Store
     }
     out.sort_by_key(|r| r.seq);
     Ok(out)
-}
-
-/// Runs a query selecting `seq, id, ts, kind, meta, json`.
-fn query_rows(
-    conn: &Connection,
-    sql: &str,
-    params: &[&dyn rusqlite::ToSql],
-    limit: usize,
-) -> Result<Vec<StoredRow>, StoreError> {
-    let context = "reading events";
-    let mut stmt = conn.prepare_cached(sql).map_err(|e| sql_err(context, e))?;
-    let raw = stmt
-        .query_map(params, |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, String>(5)?,
-            ))
-        })
-        .map_err(|e| sql_err(context, e))?;
-    let mut rows = Vec::with_capacity(limit.min(1024));
-    for item in raw {
-        let (seq, id, ts, kind, meta, json) = item.map_err(|e| sql_err(context, e))?;
-        rows.push(StoredRow {
-            seq: from_sql_int(seq, "seq")?,
-            id,
-            timestamp: from_sql_int(ts, "ts")?,
-            kind,
-            meta,
-            json,
-        });
-    }
-    Ok(rows)
 }
 
 /// The first seq matched by `sql` (one parameter), else the end of the log.
@@ -1330,26 +1117,28 @@ impl Writer {
                 ])?;
             }
         }
-        for kept in KEPT {
-            for row in self.batch.iter().filter(|r| (kept.kinds)(&r.kind)) {
-                let Some(key) = kept_key(&row.json, kept.member) else {
-                    tracing::warn!(event = %row.id, kind = %row.kind, "an event without the id it is kept by");
-                    continue;
-                };
-                if let Some(r) = kept.removes.filter(|r| (r.kinds)(&row.kind)) {
-                    tx.prepare_cached(r.sql)?.execute(params![key])?;
-                    continue;
-                }
-                tx.prepare_cached(kept.sql)?.execute(params![
-                    key,
-                    sql_int(row.seq),
-                    row.id,
-                    sql_int(row.timestamp),
-                    row.kind,
-                    row.meta,
-                    row.json
-                ])?;
+        for row in &self.batch {
+            kept::write(&tx, row)?;
+            if row.kind != "identity.claimed" && row.kind != "identity.released" {
+                continue;
             }
+            let Some(key) = claim_key(&row.json) else {
+                tracing::warn!(event = %row.id, kind = %row.kind, "a claim without its id");
+                continue;
+            };
+            if row.kind == "identity.released" {
+                tx.prepare_cached(CLAIMS_DELETE)?.execute(params![key])?;
+                continue;
+            }
+            tx.prepare_cached(CLAIMS_UPSERT)?.execute(params![
+                key,
+                sql_int(row.seq),
+                row.id,
+                sql_int(row.timestamp),
+                row.kind,
+                row.meta,
+                row.json
+            ])?;
         }
         // On error the dropped transaction rolls back: nothing of the batch is in the file.
         tx.commit()
@@ -1539,32 +1328,6 @@ fn next_backoff(current: Duration) -> Duration {
     (current * 2).min(RETRY_BACKOFF_MAX)
 }
 
-/// A u64 as an SQLite integer, saturating (seqs and timestamps never get near 2^63).
-fn sql_int(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// An SQLite integer that must be a u64.
-fn from_sql_int(v: i64, what: &str) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative {what} {v}")))
-}
-
-fn parse_id(id: &str) -> Result<EventId, StoreError> {
-    EventId::parse(id).ok_or_else(|| StoreError::Corrupt(format!("bad event id {id:?}")))
-}
-
-/// Maps an SQLite error: a value of the wrong type is a corrupt record, the rest is I/O.
-fn sql_err(context: &str, e: rusqlite::Error) -> StoreError {
-    match e {
-        rusqlite::Error::InvalidColumnType(..)
-        | rusqlite::Error::FromSqlConversionFailure(..)
-        | rusqlite::Error::IntegralValueOutOfRange(..) => {
-            StoreError::Corrupt(format!("{context}: {e}"))
-        }
-        _ => StoreError::Io(format!("{context}: {e}")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1601,33 +1364,6 @@ mod tests {
         assert_eq!(seen[1], RETRY_BACKOFF_START * 2);
         assert!(seen.windows(2).all(|w| w[1] >= w[0]));
         assert_eq!(*seen.last().unwrap(), RETRY_BACKOFF_MAX);
-    }
-
-    #[test]
-    fn integers_convert_safely() {
-        assert_eq!(sql_int(5), 5);
-        assert_eq!(sql_int(u64::MAX), i64::MAX);
-        assert_eq!(from_sql_int(7, "seq").unwrap(), 7);
-        assert!(matches!(
-            from_sql_int(-1, "seq"),
-            Err(StoreError::Corrupt(_))
-        ));
-    }
-
-    #[test]
-    fn schema_versions() {
-        let path = Path::new("/x/events.sqlite3");
-        assert!(check_schema_version("1", path).is_ok());
-        let newer = check_schema_version("2", path).unwrap_err().to_string();
-        assert!(newer.contains("newer"), "{newer}");
-        assert!(matches!(
-            check_schema_version("0", path),
-            Err(StoreError::Corrupt(_))
-        ));
-        assert!(matches!(
-            check_schema_version("x", path),
-            Err(StoreError::Corrupt(_))
-        ));
     }
 
     #[test]

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The memory soaks (issue 23, item 5), each on a fresh release server with a durable store in a
+# temporary directory and a 4 MiB in-memory event window, the server pinned to core 0 and the
+# soak to core 1 (when taskset exists). Prints one JSON line per soak (benches/soak.rs says
+# what each reports); docs/performance.md, "Memory soaks", has the figures and the commands.
+#
+#   scripts/soak-memory.sh [items|churn|all]          # about 3 minutes for both
+#
+# BIN=path      soak another build of map-router (an older one gives the "before" figures)
+# SOAK=path     the soak binary (default: built by `cargo bench --bench soak --no-run`)
+# ITEMS_ARGS, CHURN_ARGS  extra arguments for the soak (e.g. ITEMS_ARGS="--tasks 10000")
+#
+# Loopback only; every wait is bounded. Not part of the test run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+which=${1:-all}
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --bin map-router >&2
+  BIN=target/release/map-router
+fi
+if [ -z "${SOAK:-}" ]; then
+  cargo bench --bench soak --no-run >&2
+  SOAK=$(find target/release/deps -maxdepth 1 -type f -executable -name 'soak-*' -printf '%T@ %p\n' \
+    | sort -n | tail -n1 | cut -d' ' -f2)
+fi
+pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+
+soak() {  # soak NAME ARGS...
+  local name=$1; shift
+  local dir; dir=$(mktemp -d)
+  printf '[events]\nretention_bytes = 4194304\n' > "$dir/config.toml"
+  : > "$dir/log"
+  pin 0 "$BIN" serve --listen 127.0.0.1:0 --data-dir "$dir/data" --config "$dir/config.toml" \
+    2> "$dir/log" &
+  local pid=$! url=""
+  for _ in $(seq 100); do
+    url=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$dir/log" | head -n1)
+    [ -n "$url" ] && break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; kill "$pid"; exit 1; }
+  pin 1 timeout 900 "$SOAK" --bench --url "$url" --server-pid "$pid" --test "$name" \
+    --data-dir "$dir/data" "$@" || echo "{\"test\":\"$name\",\"failed\":true}"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  rm -rf "$dir"
+}
+
+# shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
+case $which in
+  items) soak items ${ITEMS_ARGS:-} ;;
+  churn) soak churn ${CHURN_ARGS:-} ;;
+  all) soak items ${ITEMS_ARGS:-}; soak churn ${CHURN_ARGS:-} ;;
+  *) echo "usage: $0 [items|churn|all]" >&2; exit 2 ;;
+esac
