@@ -487,12 +487,11 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
         },
     );
     let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
-    let (drain_guard, mut drained) = tokio::sync::mpsc::channel::<()>(1);
     let ctx = TransportContext {
         router,
         dispatcher: Arc::new(Dispatcher::new()),
         shutdown,
-        drain_guard,
+        connections: tokio_util::task::TaskTracker::new(),
     };
     let opts = ConnectionOptions {
         max_frame_bytes: FUZZ_MAX_FRAME,
@@ -527,9 +526,10 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
         }
     }
     conn.await.expect("the connection task does not panic");
+    ctx.connections.close();
+    ctx.connections.wait().await;
     drop(ctx);
     drop(shutdown_tx);
-    let _ = drained.recv().await;
     router_task.await.expect("the router task does not panic");
     transcript
 }

@@ -31,7 +31,7 @@ use axum::routing::get;
 use axum::Router as HttpRouter;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::process::Supervisor;
@@ -62,7 +62,6 @@ pub struct Server {
     http_tasks: Vec<JoinHandle<()>>,
     supervisor: Supervisor,
     shutdown: watch::Sender<bool>,
-    drained: mpsc::Receiver<()>,
     drain_timeout: Duration,
     store: Option<Arc<dyn EventStore>>,
     /// The MAMP and IM gateways' shared state (their tables' sizes are read from it).
@@ -128,12 +127,11 @@ impl Server {
             },
         );
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let (drain_guard, drained) = mpsc::channel(1);
         let ctx = TransportContext {
             router,
             dispatcher: Arc::new(Dispatcher::with_spawner(Arc::new(supervisor.downgrade()))),
             shutdown: shutdown_rx.clone(),
-            drain_guard,
+            connections: tokio_util::task::TaskTracker::new(),
         };
         supervisor.bind(ctx.clone());
         for agent in &config.agents {
@@ -262,7 +260,6 @@ impl Server {
             http_tasks,
             supervisor,
             shutdown,
-            drained,
             store: store_handle,
             gateways: gateway_context,
         })
@@ -326,7 +323,6 @@ impl Server {
             http_tasks,
             supervisor,
             shutdown,
-            mut drained,
             drain_timeout,
             store,
             ..
@@ -342,12 +338,12 @@ impl Server {
         }
         let TransportContext {
             router,
-            drain_guard,
+            connections,
             ..
         } = ctx;
-        // Every connection task holds a guard clone; `recv` returns None once all are gone.
-        drop(drain_guard);
-        if tokio::time::timeout(drain_timeout + Duration::from_secs(1), drained.recv())
+        // Every connection task is tracked; the gateways' clones of the context are not.
+        connections.close();
+        if tokio::time::timeout(drain_timeout + Duration::from_secs(1), connections.wait())
             .await
             .is_err()
         {

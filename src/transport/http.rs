@@ -67,8 +67,9 @@ use axum::routing::{delete, get, post};
 use axum::Router as HttpRouter;
 use bytes::BytesMut;
 use futures::StreamExt;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::protocol::ids::random_token;
 use crate::protocol::jsonrpc::ErrorObject;
@@ -169,7 +170,7 @@ pub fn routes_with(
 /// State shared by the routes.
 #[derive(Debug)]
 struct Shared {
-    /// Router, method table, shutdown signal; its drain guard is cloned into each live
+    /// Router, method table, shutdown signal; a tracker token is held by each live
     /// connection, stream and POST.
     ctx: TransportContext,
     options: ConnectionOptions,
@@ -203,7 +204,7 @@ struct HttpConn {
     /// Flips to true when the connection is closed (detached).
     closed: watch::Sender<bool>,
     /// Keeps `Server::shutdown` waiting while the connection lives; dropped on close.
-    drain_guard: Mutex<Option<mpsc::Sender<()>>>,
+    drain_guard: Mutex<Option<TaskTrackerToken>>,
     /// Its place among the server's network connections, released with the connection.
     _slot: Option<Slot>,
 }
@@ -260,7 +261,7 @@ impl Shared {
         Some(InUse {
             conn,
             kind,
-            _drain_guard: self.ctx.drain_guard.clone(),
+            _drain_guard: self.ctx.connections.token(),
         })
     }
 
@@ -387,7 +388,7 @@ enum Use {
 struct InUse {
     conn: Arc<HttpConn>,
     kind: Use,
-    _drain_guard: mpsc::Sender<()>,
+    _drain_guard: TaskTrackerToken,
 }
 
 impl Drop for InUse {
@@ -676,7 +677,7 @@ async fn post_new(
     text: String,
     peer: Option<std::net::SocketAddr>,
 ) -> Response {
-    let _drain_guard = shared.ctx.drain_guard.clone();
+    let _drain_guard = shared.ctx.connections.token();
     let slot = match &shared.settings.admission {
         Some(admission) => match admission.admit(peer.map(|p| p.ip())) {
             Ok(slot) => Some(slot),
@@ -732,7 +733,7 @@ async fn post_new(
         }),
         generation: watch::Sender::new(0),
         closed: watch::Sender::new(false),
-        drain_guard: Mutex::new(Some(shared.ctx.drain_guard.clone())),
+        drain_guard: Mutex::new(Some(shared.ctx.connections.token())),
         _slot: slot,
     });
     if !shared.insert(http.clone()) {

@@ -90,12 +90,11 @@ mod tests {
             },
         );
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
-        let (drain_guard, _drained) = tokio::sync::mpsc::channel::<()>(1);
         let ctx = TransportContext {
             router,
             dispatcher: Arc::new(Dispatcher::new()),
             shutdown,
-            drain_guard,
+            connections: tokio_util::task::TaskTracker::new(),
         };
         let (_tx, rx) = mpsc::channel::<String>(1);
         let (tx, _rx) = mpsc::channel::<String>(1);

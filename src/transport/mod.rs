@@ -19,13 +19,13 @@ pub mod ws;
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::router::dispatch::Dispatcher;
 use crate::router::RouterHandle;
 
 /// What every transport needs to serve a connection: the router, the method table, the
-/// shutdown signal, and a drain guard (the server waits for every guard to drop on shutdown).
+/// shutdown signal, and a connection tracker (the server waits for every tracked connection on shutdown; a clone of the context, as the gateways keep, is not waited for).
 #[derive(Debug, Clone)]
 pub struct TransportContext {
     /// The router.
@@ -34,13 +34,14 @@ pub struct TransportContext {
     pub dispatcher: Arc<Dispatcher>,
     /// Flips to true on shutdown.
     pub shutdown: watch::Receiver<bool>,
-    /// Held by every connection task while it runs.
-    pub drain_guard: mpsc::Sender<()>,
+    /// Tracks every connection task while it runs (`Server::shutdown` waits for them). A
+    /// clone of the context is not a connection: gateways keep one for as long as they live.
+    pub connections: tokio_util::task::TaskTracker,
 }
 
 impl TransportContext {
     /// Serves one connection over a frame stream and sink with this context (see
-    /// [`connection::serve_connection`]), holding a drain guard while it runs.
+    /// [`connection::serve_connection`]), tracked while it runs.
     ///
     /// Not an `async fn`: the returned future owns what it needs (it does not borrow `self`),
     /// so a transport can build it in a plain function and spawn only the session loop.
@@ -57,7 +58,6 @@ impl TransportContext {
         Si: futures::Sink<connection::OutFrame> + Unpin + Send + 'static,
         Si::Error: std::fmt::Display,
     {
-        let guard = self.drain_guard.clone();
         let serve = connection::serve_connection(
             self.router.clone(),
             self.dispatcher.clone(),
@@ -66,8 +66,8 @@ impl TransportContext {
             opts,
             self.shutdown.clone(),
         );
-        // NB: a combinator, not `async move { serve.await }`: an async block would hold the
+        // NB: a wrapper, not `async move { serve.await }`: an async block would hold the
         // session loop's future twice (once as a local, once as the awaited value).
-        futures::FutureExt::map(serve, move |()| drop(guard))
+        self.connections.track_future(serve)
     }
 }

@@ -26,7 +26,7 @@ use crate::transport::TransportContext;
 /// What the WebSocket route needs.
 #[derive(Debug, Clone)]
 pub struct WsState {
-    /// Router, method table, shutdown signal, drain guard.
+    /// Router, method table, shutdown signal, connection tracker.
     pub ctx: TransportContext,
     /// Per-connection settings.
     pub options: ConnectionOptions,
