@@ -236,7 +236,6 @@ async fn event_type_filters_accept_both_spellings_and_wildcards() {
             vec![
                 "agent_registered",
                 "agent_state_changed",
-                "agent.metadata.changed",
                 "agent_environment_changed",
                 "agent_registered",
                 "agent_unregistered",
@@ -396,7 +395,10 @@ async fn role_priority_correlation_and_metadata_filters() {
         .subscribe(json!({"priorities": ["normal"], "eventTypes": ["message_sent"]}))
         .await;
     let meta = obs
-        .subscribe(json!({"metadataMatch": {"team": "red", "level": {"n": 1}}}))
+        .subscribe(json!({
+            "metadataMatch": {"team": "red", "level": {"n": 1}},
+            "eventTypes": ["*", "agent.metadata.changed"]
+        }))
         .await;
     w.ok(
         "map/send",

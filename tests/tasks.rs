@@ -140,7 +140,7 @@ async fn a_task_goes_from_created_to_completed_and_every_step_is_an_event() {
     assert_eq!(got["task"], done["task"]);
     let missing = boss.err("map/tasks/get", json!({"taskId": "nope"})).await;
     assert_eq!(missing["code"], json!(14001), "{missing}");
-    assert_eq!(missing["data"]["category"], json!("task"), "{missing}");
+    assert_eq!(missing["data"]["category"], json!("resource"), "{missing}");
     let missing = boss
         .err(
             "map/tasks/update",

@@ -248,6 +248,8 @@ impl EventType {
         matches!(
             self,
             Self::AgentPresenceChanged
+                | Self::AgentMetadataChanged
+                | Self::MessageQueued
                 | Self::AgentInjected
                 | Self::AgentStderr
                 | Self::AgentDiagnostic

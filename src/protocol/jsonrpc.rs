@@ -174,8 +174,9 @@ impl ErrorCode {
             5000..=5999 => ErrorCategory::Federation,
             10000..=10999 => ErrorCategory::Mail,
             13000..=13999 => ErrorCategory::Trajectory,
-            14000..=14999 => ErrorCategory::Task,
-            16000..=16999 => ErrorCategory::Session,
+            // Tasks and sessions are resources: `task` and `session` are in neither the
+            // schema's closed `ErrorCategory` nor the SDK's (docs/compatibility.md §2).
+            14000..=14999 | 16000..=16999 => ErrorCategory::Resource,
             _ => ErrorCategory::Internal,
         }
     }
@@ -192,10 +193,8 @@ pub enum ErrorCategory {
     Agent,
     Resource,
     Federation,
-    Session,
     Mail,
     Trajectory,
-    Task,
     Internal,
 }
 

@@ -18,7 +18,7 @@ import { clock, compareIds, el } from './util.js';
 
 // Every event type: `*` (the standard ones) and our vendor types, which the router sends only
 // to subscriptions that name them (docs/compatibility.md §7).
-const EVERY_TYPE = ['*', 'agent.presence.changed', 'agent.injected', 'agent.stderr', 'agent.diagnostic', 'agent.spawning', 'agent.spawn.failed', 'task.updated'];
+const EVERY_TYPE = ['*', 'agent.presence.changed', 'agent.metadata.changed', 'message.queued', 'agent.injected', 'agent.stderr', 'agent.diagnostic', 'agent.spawning', 'agent.spawn.failed', 'task.updated'];
 
 const params = new URLSearchParams(location.search);
 /** Events a paused stream keeps before it forgets them and reads them again on resume. */
