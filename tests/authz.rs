@@ -436,9 +436,13 @@ agents = "hierarchy"
     })
     .await;
     let mut sys = WsClient::system(&url).await;
-    let sys_sub = sys.subscribe(Value::Null).await;
+    let sys_sub = sys
+        .subscribe(json!({"eventTypes": ["*", "agent.metadata.changed"]}))
+        .await;
     let mut client = WsClient::client(&url).await;
-    let client_sub = client.subscribe(Value::Null).await;
+    let client_sub = client
+        .subscribe(json!({"eventTypes": ["*", "agent.metadata.changed"]}))
+        .await;
     assert_eq!(
         client.session["capabilities"]["messaging"]["canBroadcast"],
         json!(true),

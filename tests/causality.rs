@@ -197,7 +197,7 @@ async fn guaranteed_messages_wait_for_an_agent_that_is_away() {
     let (_server, url) = start_server(|c| c.router.resume_window_ms = 2_000).await;
     let mut obs = WsClient::system(&url).await;
     let sub = obs
-        .subscribe(json!({"eventTypes": ["message.*", "agent_state_changed"]}))
+        .subscribe(json!({"eventTypes": ["message.*", "message.queued", "agent_state_changed"]}))
         .await;
     let mut sender = WsClient::agent(&url, "g-sender", json!({})).await;
     let away = WsClient::agent(&url, "g-away", json!({})).await;

@@ -155,7 +155,7 @@ async fn the_subscribe_response_precedes_live_events_under_load() {
     for round in 0..10 {
         let id = format!("s{round}");
         obs.send_raw(&format!(
-            r#"{{"jsonrpc":"2.0","id":"{id}","method":"map/subscribe","params":{{}}}}"#
+            r#"{{"jsonrpc":"2.0","id":"{id}","method":"map/subscribe","params":{{"filter":{{"eventTypes":["agent.metadata.changed"]}}}}}}"#
         ))
         .await;
         let mut before = Vec::new();
@@ -639,6 +639,16 @@ async fn unsubscribe_stops_events_and_is_idempotent() {
 }
 
 /// Emits `n` metadata events from agent `rp-1`; returns their replay records.
+/// `map/replay` params that match our vendor types too, unless they give a filter: these
+/// tests make their events with metadata updates, and `agent.metadata.changed` is a vendor type.
+fn every(mut params: Value) -> Value {
+    if params.get("filter").is_none() {
+        params["filter"] =
+            json!({"eventTypes": map_router::protocol::event::EventType::every_type()});
+    }
+    params
+}
+
 async fn metadata_events(url: &str, n: usize) -> (WsClient, Vec<Value>) {
     let mut a = WsClient::agent(url, "rp-1", json!({})).await;
     for i in 1..=n {
@@ -724,7 +734,7 @@ async fn replay_from_a_timestamp_is_inclusive() {
 async fn map_replay_pages_counts_and_filters() {
     let (_server, url) = default_server().await;
     let (mut a, history) = metadata_events(&url, 5).await;
-    let all = a.ok("map/replay", json!({})).await;
+    let all = a.ok("map/replay", every(json!({}))).await;
     let all_events = all["events"].as_array().unwrap().clone();
     let total = all_events.len();
     // participant_connected, agent_registered, 5 metadata events
@@ -745,7 +755,7 @@ async fn map_replay_pages_counts_and_filters() {
         if let Some(id) = &after {
             p["afterEventId"] = id.clone();
         }
-        let page = a.ok("map/replay", p).await;
+        let page = a.ok("map/replay", every(p)).await;
         let events = page["events"].as_array().unwrap().clone();
         assert!(events.len() <= 3);
         seen.extend(events.iter().map(|e| e["eventId"].clone()));
@@ -757,13 +767,13 @@ async fn map_replay_pages_counts_and_filters() {
     let all_ids: Vec<Value> = all_events.iter().map(|e| e["eventId"].clone()).collect();
     assert_eq!(seen, all_ids);
 
-    let first = a.ok("map/replay", json!({"limit": 2})).await;
+    let first = a.ok("map/replay", every(json!({"limit": 2}))).await;
     assert_eq!(first["hasMore"], json!(true));
     assert_eq!(first["totalCount"], json!(7));
     let after = a
         .ok(
             "map/replay",
-            json!({"afterEventId": history[2]["eventId"], "limit": 1}),
+            every(json!({"afterEventId": history[2]["eventId"], "limit": 1})),
         )
         .await;
     assert_eq!(after["events"][0]["eventId"], history[3]["eventId"]);
@@ -777,7 +787,7 @@ async fn map_replay_pages_counts_and_filters() {
     let filtered = a
         .ok(
             "map/replay",
-            json!({"filter": {"eventTypes": ["agent_registered"]}}),
+            every(json!({"filter": {"eventTypes": ["agent_registered"]}})),
         )
         .await;
     assert_eq!(filtered["totalCount"], json!(1));
@@ -789,21 +799,21 @@ async fn map_replay_pages_counts_and_filters() {
     let from_zero = a
         .ok(
             "map/replay",
-            json!({"afterEventId": "00000000000000000000000000"}),
+            every(json!({"afterEventId": "00000000000000000000000000"})),
         )
         .await;
     assert_eq!(from_zero["totalCount"], json!(7));
     let from_end = a
         .ok(
             "map/replay",
-            json!({"afterEventId": "7ZZZZZZZZZZZZZZZZZZZZZZZZZ"}),
+            every(json!({"afterEventId": "7ZZZZZZZZZZZZZZZZZZZZZZZZZ"})),
         )
         .await;
     assert_eq!(from_end["events"], json!([]));
     assert_eq!(from_end["hasMore"], json!(false));
     // Timestamps.
     let ts = history[4]["timestamp"].as_u64().unwrap();
-    let to = a.ok("map/replay", json!({"toTimestamp": ts})).await;
+    let to = a.ok("map/replay", every(json!({"toTimestamp": ts}))).await;
     assert!(to["events"]
         .as_array()
         .unwrap()
@@ -814,7 +824,9 @@ async fn map_replay_pages_counts_and_filters() {
         .unwrap()
         .iter()
         .any(|e| e["eventId"] == history[4]["eventId"]));
-    let from = a.ok("map/replay", json!({"fromTimestamp": ts})).await;
+    let from = a
+        .ok("map/replay", every(json!({"fromTimestamp": ts})))
+        .await;
     assert!(from["events"]
         .as_array()
         .unwrap()
@@ -850,7 +862,7 @@ async fn replay_applies_visibility() {
     let r = c
         .ok(
             "map/replay",
-            json!({"filter": {"eventTypes": ["agent_registered"]}}),
+            every(json!({"filter": {"eventTypes": ["agent_registered"]}})),
         )
         .await;
     assert_eq!(r["totalCount"], json!(1));
@@ -1054,11 +1066,11 @@ async fn replay_pages_are_capped_at_1000() {
     let batch: Vec<Value> = (1000..1005).map(entry).collect();
     a.request_raw(&Value::Array(batch).to_string()).await;
     let total = 2 + 1005;
-    let page = a.ok("map/replay", json!({"limit": 5000})).await;
+    let page = a.ok("map/replay", every(json!({"limit": 5000}))).await;
     assert_eq!(page["events"].as_array().map(Vec::len), Some(1000));
     assert_eq!(page["hasMore"], json!(true));
     assert_eq!(page["totalCount"], json!(total));
-    let default = a.ok("map/replay", json!({})).await;
+    let default = a.ok("map/replay", every(json!({}))).await;
     assert_eq!(default["events"].as_array().map(Vec::len), Some(100));
     assert_eq!(default["hasMore"], json!(true));
 }
@@ -1067,7 +1079,7 @@ async fn replay_pages_are_capped_at_1000() {
 async fn replay_reports_a_gap_when_the_position_was_evicted() {
     let (_server, url) = start_server(|c| c.events.retention_events = 10).await;
     let mut a = WsClient::agent(&url, "gap-1", json!({})).await;
-    let first = a.ok("map/replay", json!({})).await["events"][0]["eventId"].clone();
+    let first = a.ok("map/replay", every(json!({}))).await["events"][0]["eventId"].clone();
     for i in 0..20 {
         a.ok(
             "map/agents/update",
@@ -1075,13 +1087,17 @@ async fn replay_reports_a_gap_when_the_position_was_evicted() {
         )
         .await;
     }
-    let r = a.ok("map/replay", json!({"afterEventId": first})).await;
+    let r = a
+        .ok("map/replay", every(json!({"afterEventId": first})))
+        .await;
     assert_eq!(r["gap"], json!(true), "{}", r["totalCount"]);
     assert_eq!(r["totalCount"], json!(10), "only retained events");
     assert_eq!(r["events"][9]["event"]["data"]["changes"], json!({"i": 19}));
     // From a retained position there is no gap.
     let mid = r["events"][4]["eventId"].clone();
-    let r = a.ok("map/replay", json!({"afterEventId": mid})).await;
+    let r = a
+        .ok("map/replay", every(json!({"afterEventId": mid})))
+        .await;
     assert!(r.get("gap").is_none(), "{r}");
     assert_eq!(r["totalCount"], json!(5));
 }

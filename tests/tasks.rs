@@ -61,7 +61,10 @@ async fn a_task_goes_from_created_to_completed_and_every_step_is_an_event() {
     assert_eq!(ev["event"]["source"], json!(boss.pid()), "{ev}");
 
     // Another subscription narrowed to this task.
-    let this = watcher.subscribe(json!({"tasks": {"taskIds": [id]}})).await;
+    // task.updated is a vendor type: named (docs/compatibility.md §7).
+    let this = watcher
+        .subscribe(json!({"tasks": {"taskIds": [id]}, "eventTypes": ["*", "task.updated"]}))
+        .await;
     let other = watcher
         .subscribe(json!({"tasks": {"taskIds": ["someone-elses"]}}))
         .await;
