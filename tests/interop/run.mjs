@@ -550,6 +550,36 @@ scenario('structure/graph: nodes and parent-child edges, rootAgentId and depth',
   assert.deepEqual(ids(shallow.nodes), ids([A, B, C]), 'depth 1 from A');
 });
 
+// Upstream's core conformance pack (ts-sdk/src/conformance/core.ts in the MAP repository, run by
+// any server implementation) asks for a connected client and an agent registered on the same
+// server; it checks that the graph shows the agent and that suspend, resume and stop round-trip,
+// calling them through `callExtension`. Here the pair is an SDK agent and its own connection, and
+// the pack passes step by step. Two documented differences (docs/compatibility.md, Agents:
+// "Stop", "Suspend / resume") are asserted after it: stopping a live agent that another
+// connection owns is graceful (`stopping` until the agent finishes), and resume restores the state
+// before suspension (`registered` for an agent that never reported one; the pack expects `idle`).
+scenario('conformance: upstream core pack (graph, suspend, resume, stop)', async (ctx) => {
+  const agent = await ctx.agent({ name: 'pack-agent' });
+  await agent.conn.idle();
+  const client = agent.conn;
+  const graph = await client.callExtension('map/structure/graph', {});
+  assert.ok(graph.nodes.map((n) => n.id).includes(agent.id), 'structure/graph exposes the agent');
+  const suspended = await client.callExtension('map/agents/suspend', { agentId: agent.id });
+  assert.equal(suspended.agent.state, 'suspended');
+  const resumed = await client.callExtension('map/agents/resume', { agentId: agent.id });
+  assert.equal(resumed.agent.state, 'idle');
+  const stopped = await client.callExtension('map/agents/stop', { agentId: agent.id });
+  assert.equal(stopped.agent.state, 'stopped', 'nobody else to finish: stopped at once');
+
+  const live = await ctx.agent({ name: 'pack-live' });
+  const operator = (await ctx.client({ name: 'pack-operator' })).conn;
+  await operator.callExtension('map/agents/suspend', { agentId: live.id });
+  const back = await operator.callExtension('map/agents/resume', { agentId: live.id });
+  assert.equal(back.agent.state, 'registered', 'the state before suspension');
+  const graceful = await operator.callExtension('map/agents/stop', { agentId: live.id });
+  assert.equal(graceful.agent.state, 'stopping', 'a live agent finishes its own stop');
+});
+
 scenario('visibility: a parent-only agent is hidden from unrelated participants', async (ctx) => {
   const A = await ctx.agent({ name: 'boss' });
   const secret = await ctx.agent({ name: 'secret', parent: A.id, visibility: 'parent-only' });
