@@ -372,7 +372,10 @@ async fn update_state_metadata_and_environment_emit_their_events() {
         json!({"metadata": {"a": 1}, "environment": {"os": "linux"}}),
     )
     .await;
-    let sub = obs.subscribe(Value::Null).await;
+    // agent.metadata.changed is a vendor type: named (docs/compatibility.md §7).
+    let sub = obs
+        .subscribe(json!({"eventTypes": ["*", "agent.metadata.changed"]}))
+        .await;
 
     let r = a
         .ok(

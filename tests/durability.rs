@@ -188,7 +188,9 @@ async fn reaching_past_retention_is_an_explicit_gap() {
     for i in 0..80 {
         a.ok(
             "map/agents/update",
-            json!({"agentId": "g-a", "metadata": {"i": i}}),
+            // A standard event each time (agent.metadata.changed is a vendor type, left out of
+            // an unfiltered replay).
+            json!({"agentId": "g-a", "state": if i % 2 == 0 { "busy" } else { "idle" }}),
         )
         .await;
     }
@@ -259,7 +261,9 @@ async fn burst(a: &mut WsClient, n: usize) {
     for i in 0..n {
         a.ok(
             "map/agents/update",
-            json!({"agentId": "u-a", "metadata": {"i": i}}),
+            // A standard event each time (agent.metadata.changed is a vendor type, left out of
+            // an unfiltered replay).
+            json!({"agentId": "u-a", "state": if i % 2 == 0 { "busy" } else { "idle" }}),
         )
         .await;
     }
