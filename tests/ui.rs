@@ -184,16 +184,23 @@ async fn serve_prints_the_dashboard_url_which_serves_the_page() {
 /// to the dashboard would silently vanish from it.
 #[test]
 fn the_dashboard_asks_for_every_vendor_event_type() {
-    let app = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/server/ui/app.js"))
-        .expect("app.js");
-    let line = app
-        .lines()
-        .find(|l| l.starts_with("const EVERY_TYPE = "))
-        .expect("the EVERY_TYPE list in app.js");
-    for t in map_router::protocol::event::EventType::every_type() {
-        assert!(
-            line.contains(&format!("'{t}'")),
-            "app.js does not ask for {t}: {line}"
-        );
+    // The dashboard, and the browser suite's peer that compares the dashboard with the log.
+    for (file, start) in [
+        ("/src/server/ui/app.js", "const EVERY_TYPE = "),
+        ("/tests/browser/run.mjs", "const filter = { eventTypes: ["),
+    ] {
+        let path = format!("{}{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).expect("the file");
+        let line = text
+            .lines()
+            .map(str::trim_start)
+            .find(|l| l.starts_with(start))
+            .expect("the list of every type");
+        for t in map_router::protocol::event::EventType::every_type() {
+            assert!(
+                line.contains(&format!("'{t}'")),
+                "{file} does not ask for {t}: {line}"
+            );
+        }
     }
 }

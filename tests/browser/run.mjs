@@ -167,8 +167,9 @@ class Peer {
     const out = [];
     let after;
     for (let page = 0; page < 100; page++) {
-      // Every type, as the dashboard reads the log: `*` and our vendor types, named.
-      const filter = { eventTypes: ['*', 'agent.presence.changed', 'agent.injected', 'agent.stderr', 'agent.diagnostic', 'agent.spawning', 'agent.spawn.failed', 'task.updated'] };
+      // Every type, as the dashboard reads the log: `*` and our vendor types, named (the
+      // dashboard's EVERY_TYPE, src/server/ui/app.js, which tests/ui.rs keeps equal to the router's).
+      const filter = { eventTypes: ['*', 'agent.presence.changed', 'agent.metadata.changed', 'message.queued', 'agent.injected', 'agent.stderr', 'agent.diagnostic', 'agent.spawning', 'agent.spawn.failed', 'task.updated'] };
       const r = await this.call('map/replay', after ? { afterEventId: after, limit: 1000, filter } : { limit: 1000, filter });
       for (const e of r.events) out.push(e.event);
       if (!r.hasMore || r.events.length === 0) return out;
