@@ -1549,3 +1549,76 @@ async fn a_subscription_to_an_interrupted_task_lasts_until_it_ends() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_agent_may_answer_with_a_message_instead_of_a_task() {
+    let (_server, addr, url) = start().await;
+    let (c, _h, mut inbox) = agent(&url, "talker").await;
+    tokio::spawn(async move {
+        while let Some(m) = inbox.recv().await {
+            let text = m.payload.as_ref().map(|p| p.to_value()).unwrap_or_default();
+            let reply = if text == json!("data") {
+                json!({"a2a": {"reply": {"parts": [{"data": {"n": 1.50}}], "metadata": {"k": 1}}}})
+            } else {
+                json!({"a2a": {"reply": format!("you said {}", text.as_str().unwrap_or(""))}})
+            };
+            reply_raw(&c, &m, RawJson::from(reply), true).await;
+        }
+    });
+    let path = "/a2a/agents/talker";
+    // v1.0: `{message}`, the agent's, in the caller's context, tied to no task.
+    let res = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": {"messageId": "m-1", "role": "ROLE_USER", "contextId": "ctx-1",
+            "parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    assert!(res.get("task").is_none(), "{res}");
+    let m = &res["message"];
+    assert_eq!(m["role"], "ROLE_AGENT");
+    assert_eq!(m["parts"], json!([{"text": "you said hi"}]));
+    assert_eq!(m["contextId"], "ctx-1");
+    assert!(m.get("taskId").is_none(), "{m}");
+    // Parts and metadata as the agent gave them.
+    let res = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": v1_text("data")}),
+    )
+    .await;
+    assert_eq!(res["message"]["parts"], json!([{"data": {"n": 1.5}}]));
+    assert_eq!(res["message"]["metadata"], json!({"k": 1}));
+    // v0.3: a `kind: "message"` result.
+    let res = result(
+        addr,
+        path,
+        "message/send",
+        json!({"message": {"kind": "message", "messageId": "m-3", "role": "user",
+            "parts": [{"kind": "text", "text": "yo"}]}}),
+    )
+    .await;
+    assert_eq!(res["kind"], "message");
+    assert_eq!(res["role"], "agent");
+    assert_eq!(
+        res["parts"],
+        json!([{"kind": "text", "text": "you said yo"}])
+    );
+    // A stream: the task as it starts, then the message as the last event.
+    let body = rpc_body(
+        json!(4),
+        "SendStreamingMessage",
+        json!({"message": v1_text("streamed")}),
+    );
+    let mut sse = post_stream(addr, path, &body).await;
+    let got = frames(&mut sse, &json!(4)).await;
+    assert_eq!(got[0]["task"]["status"]["state"], "TASK_STATE_SUBMITTED");
+    let last = got.last().unwrap();
+    assert_eq!(
+        last["message"]["parts"],
+        json!([{"text": "you said streamed"}]),
+        "{got:?}"
+    );
+}

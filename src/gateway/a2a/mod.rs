@@ -517,7 +517,7 @@ fn card_response(g: &A2aGateway, headers: &HeaderMap, card: &serde_json::Value) 
             map.clear();
         }
         *map.entry(etag.clone())
-            .or_insert_with(|| crate::protocol::ids::now_ms())
+            .or_insert_with(crate::protocol::ids::now_ms)
     };
     let cache = if g.settings.auth.is_some() {
         format!("private, max-age={CARD_MAX_AGE}")

@@ -473,19 +473,15 @@ async fn send(
         })
         .await;
         if let Ok(Some(record)) = waited {
-            return Ok(wire::task_result(
-                v,
-                &record.view(&id),
-                config.history_length,
-            ));
+            let view = record.view(&id);
+            return Ok(wire::direct_answer(v, &view, record.message_only)
+                .unwrap_or_else(|| wire::task_result(v, &view, config.history_length)));
         }
     }
     let record = core.task(caller, target, &id).await?;
-    Ok(wire::task_result(
-        v,
-        &record.view(&id),
-        config.history_length,
-    ))
+    let view = record.view(&id);
+    Ok(wire::direct_answer(v, &view, record.message_only)
+        .unwrap_or_else(|| wire::task_result(v, &view, config.history_length)))
 }
 
 async fn stream(

@@ -134,7 +134,11 @@ async fn pump(s: Stream, tx: mpsc::Sender<Bytes>) {
                 let record = snapshot.record;
                 let update = record.update.clone().unwrap_or_else(Update::status);
                 let view = record.view(&task_id);
-                let frame = result_frame(&id, &wire::update_json(version, &view, &update));
+                // An agent that answered with a message: that message is the last event.
+                let result = wire::direct_answer(version, &view, record.message_only)
+                    .filter(|_| update.artifact.is_none())
+                    .unwrap_or_else(|| wire::update_json(version, &view, &update));
+                let frame = result_frame(&id, &result);
                 if tx.send(data(&frame)).await.is_err() {
                     return;
                 }

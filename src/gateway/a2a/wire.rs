@@ -814,6 +814,26 @@ pub fn task_result(v: Version, t: &TaskView, history_length: Option<u32>) -> Val
     }
 }
 
+/// The `result` of a send answered with a message (v1.0 `{message}`, v0.3 a `kind: "message"`
+/// object): the agent's answer, which belongs to no task the caller knows (no `taskId`).
+pub fn message_result(v: Version, m: &Message) -> Value {
+    let mut m = m.clone();
+    m.task_id = None;
+    match v {
+        Version::V1 => json!({ "message": message_json(v, &m) }),
+        Version::V03 => message_json(v, &m),
+    }
+}
+
+/// The `result` of a send or a stream frame for `t` as it now is: the agent's message when it
+/// answered with one (`message_only`, completed), else `None`.
+pub fn direct_answer(v: Version, t: &TaskView, message_only: bool) -> Option<Value> {
+    if !message_only || t.state != TaskState::Completed {
+        return None;
+    }
+    t.status_message.as_ref().map(|m| message_result(v, m))
+}
+
 /// Reads a part in either version's shape (v0.3 when it has `kind`).
 pub fn parse_part(raw_part: &serde_json::value::RawValue) -> Result<Part, String> {
     #[derive(Deserialize)]
