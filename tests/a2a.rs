@@ -1319,6 +1319,21 @@ async fn v1_errors_carry_an_error_info_and_v03_errors_do_not() {
     .await;
     assert_eq!(v["error"]["code"], -32001);
     assert!(v["error"].get("data").is_none(), "{v}");
+    // A body that is not declared JSON (verified: -32005 since issue 23), with its reason.
+    let r = request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "text/plain"), ("A2A-Version", "1.0")],
+        rpc_body(json!(1), "GetTask", json!({"id": "x"})).as_bytes(),
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(v["error"]["code"], -32005, "{v}");
+    assert_eq!(
+        v["error"]["data"][0]["reason"],
+        "CONTENT_TYPE_NOT_SUPPORTED"
+    );
     // JSON-RPC's own errors have no A2A reason: no data.
     let v = post_versioned(
         addr,
