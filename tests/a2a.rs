@@ -1369,6 +1369,15 @@ async fn a_request_without_id_gets_its_real_error_with_id_null() {
             -32601,
         ),
         (json!({"jsonrpc": "1.0", "method": "GetTask"}), -32600),
+        // Params the method cannot read (the v0.3 kit's case).
+        (
+            json!({"jsonrpc": "2.0", "method": "message/send", "params": {"": "not_a_dict"}}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "method": "GetTask", "params": {"id": 5}}),
+            -32602,
+        ),
         // Nothing wrong but the missing id: notifications are not taken.
         (
             json!({"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}}),

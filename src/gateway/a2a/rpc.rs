@@ -9,8 +9,10 @@
 //! operation is limited to the tasks the caller controls (`access.rs`).
 //!
 //! Input rules: the body must be one JSON-RPC 2.0 request object (`jsonrpc: "2.0"`, a string
-//! or number `id`, a string `method`); a batch, a notification (no id) or anything else is
-//! -32600 with `id: null`; text that is not JSON is -32700. As MAP's own envelope rules
+//! or number `id`, a string `method`); a batch or anything else is -32600 with `id: null`;
+//! text that is not JSON is -32700. A request without an id (a notification) is checked as
+//! any other, method and params included, and gets its real error with `id: null`; only one
+//! with nothing else wrong gets the -32600 that says notifications are not taken. As MAP's own envelope rules
 //! (docs/compatibility.md §1): nesting deeper than MAP's `max_depth` is -32600 with `id: null`
 //! before anything is parsed; a numeric id beyond a double's range (`1e400`), which a strict
 //! parser could not read back, is -32600 with `id: null`; an unknown method's name is echoed
@@ -223,6 +225,9 @@ pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawVal
         }
     };
     let Some(id) = id else {
+        // The params are read as the method would read them (nothing is done), so that bad
+        // ones get -32602 rather than the notification's -32600.
+        check_params(method, &params).map_err(|e| (None, e))?;
         return Err((
             None,
             A2aError::invalid_request(
@@ -236,6 +241,29 @@ pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawVal
         version,
         params,
     })
+}
+
+/// Reads `raw` as `method`'s params, as its handler will (without acting on them).
+///
+/// # Errors
+/// -32602 for params the handler would refuse as such.
+fn check_params(method: Method, raw: &RawValue) -> Result<(), A2aError> {
+    match method {
+        Method::Send | Method::Stream => {
+            let p: SendParams = params(raw)?;
+            p.message
+                .into_message()
+                .map(drop)
+                .map_err(A2aError::invalid_params)
+        }
+        Method::Get | Method::Cancel | Method::Subscribe => params::<TaskIdParams>(raw).map(drop),
+        Method::List => params::<ListParams>(raw).map(drop),
+        Method::ExtendedCard
+        | Method::PushSet
+        | Method::PushGet
+        | Method::PushList
+        | Method::PushDelete => Ok(()),
+    }
 }
 
 fn json_response(status: StatusCode, body: String) -> Response {
