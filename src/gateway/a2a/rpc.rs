@@ -665,8 +665,13 @@ mod tests {
         assert_eq!(code("{"), PARSE_ERROR);
         assert_eq!(code("[]"), INVALID_REQUEST);
         assert_eq!(code("3"), INVALID_REQUEST);
+        // No id: the real error (GetTask without its task id: bad params), else -32600.
         assert_eq!(
             code(r#"{"jsonrpc":"2.0","method":"GetTask"}"#),
+            INVALID_PARAMS
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","method":"GetTask","params":{"id":"t"}}"#),
             INVALID_REQUEST
         );
         assert_eq!(
