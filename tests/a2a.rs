@@ -139,7 +139,7 @@ async fn error_code(addr: SocketAddr, path: &str, method: &str, params: Value) -
 }
 
 async fn get(addr: SocketAddr, path: &str) -> HttpResponse {
-    request(addr, "GET", path, &[], b"").await
+    request(addr, "GET", path, &[("A2A-Version", "1.0")], b"").await
 }
 
 fn v1_text(text: &str) -> Value {
@@ -1180,6 +1180,30 @@ async fn push_notifications_post_every_change_to_allowed_webhooks() {
         list[0]["pushNotificationConfig"]["authentication"]["schemes"],
         json!(["Bearer"])
     );
+    // The proto field names work as well (`task_id`), as protobuf JSON parsers take them.
+    let snake = result(
+        addr,
+        path,
+        "CreateTaskPushNotificationConfig",
+        json!({"task_id": id, "id": "w3", "url": hook2}),
+    )
+    .await;
+    assert_eq!(snake["taskId"], id.as_str());
+    let got = result(
+        addr,
+        path,
+        "GetTaskPushNotificationConfig",
+        json!({"task_id": id, "id": "w3"}),
+    )
+    .await;
+    assert_eq!(got["id"], "w3");
+    result(
+        addr,
+        path,
+        "DeleteTaskPushNotificationConfig",
+        json!({"task_id": id, "id": "w3"}),
+    )
+    .await;
     reply_raw(&c, &m, RawJson::from(json!("done")), true).await;
     let (head, _body) = within(std::time::Duration::from_secs(10), hooked2.recv())
         .await
@@ -1215,5 +1239,410 @@ async fn push_notifications_post_every_change_to_allowed_webhooks() {
         )
         .await,
         -32602
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the A2A conformance kit (a2aproject/a2a-tck) found (issue 31)
+
+/// POSTs `body` with `A2A-Version: version` (none when `None`); the answer as JSON.
+async fn post_versioned(addr: SocketAddr, path: &str, version: Option<&str>, body: &str) -> Value {
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(v) = version {
+        headers.push(("A2A-Version", v));
+    }
+    let r = request(addr, "POST", path, &headers, body.as_bytes()).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+#[tokio::test]
+async fn the_a2a_version_header_is_checked() {
+    let (_server, addr, url) = start().await;
+    let (_c, _h, mut inbox) = agent(&url, "quiet").await;
+    let path = "/a2a/agents/quiet";
+    // A version the gateway does not speak: -32009 with its ErrorInfo, and nothing is sent.
+    let body = rpc_body(json!(7), "SendMessage", json!({"message": v1_text("hi")}));
+    let v = post_versioned(addr, path, Some("99.0"), &body).await;
+    assert_eq!(v["id"], 7);
+    assert_eq!(v["error"]["code"], -32009, "{v}");
+    let info = &v["error"]["data"][0];
+    assert_eq!(info["@type"], "type.googleapis.com/google.rpc.ErrorInfo");
+    assert_eq!(info["reason"], "VERSION_NOT_SUPPORTED");
+    assert_eq!(info["domain"], "a2a-protocol.org");
+    assert_eq!(info["metadata"]["requestedVersion"], "99.0");
+    assert!(
+        tokio::time::timeout(QUIET, inbox.recv()).await.is_err(),
+        "nothing reaches the agent"
+    );
+    // 1.0, 0.3 (with or without a patch) and no header at all are served (absent means 0.3,
+    // but the method's name says which shapes: every client keeps working).
+    for version in [
+        Some("1.0"),
+        Some("1.0.0"),
+        Some("0.3"),
+        Some("0.3.0"),
+        None,
+        Some(""),
+    ] {
+        let body = rpc_body(json!(1), "GetTask", json!({"id": "nope"}));
+        let v = post_versioned(addr, path, version, &body).await;
+        assert_eq!(v["error"]["code"], -32001, "{version:?}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn v1_errors_carry_an_error_info_and_v03_errors_do_not() {
+    let (_server, addr, url) = start().await;
+    let (_c, _h) = echo(&url, "echo").await;
+    let path = "/a2a/agents/echo";
+    let v = post_versioned(
+        addr,
+        path,
+        Some("1.0"),
+        &rpc_body(json!(1), "GetTask", json!({"id": "nope"})),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], -32001);
+    assert_eq!(
+        v["error"]["data"],
+        json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "TASK_NOT_FOUND",
+            "domain": "a2a-protocol.org", "metadata": {"taskId": "nope"}}])
+    );
+    // v0.3 (the SDK's v0.3 layer writes no data either).
+    let v = post_versioned(
+        addr,
+        path,
+        Some("0.3"),
+        &rpc_body(json!(1), "tasks/get", json!({"id": "nope"})),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], -32001);
+    assert!(v["error"].get("data").is_none(), "{v}");
+    // A body that is not declared JSON (verified: -32005 since issue 23), with its reason.
+    let r = request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "text/plain"), ("A2A-Version", "1.0")],
+        rpc_body(json!(1), "GetTask", json!({"id": "x"})).as_bytes(),
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(v["error"]["code"], -32005, "{v}");
+    assert_eq!(
+        v["error"]["data"][0]["reason"],
+        "CONTENT_TYPE_NOT_SUPPORTED"
+    );
+    // JSON-RPC's own errors have no A2A reason: no data.
+    let v = post_versioned(
+        addr,
+        path,
+        Some("1.0"),
+        &rpc_body(json!(1), "Nope", json!({})),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], -32601);
+    assert!(v["error"].get("data").is_none(), "{v}");
+    // A finished task cannot be canceled: -32002, TASK_NOT_CANCELABLE.
+    let done = result(addr, path, "SendMessage", json!({"message": v1_text("x")})).await;
+    assert_eq!(done["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    let id = done["task"]["id"].as_str().unwrap();
+    let v = call(addr, path, "CancelTask", json!({"id": id})).await;
+    assert_eq!(v["error"]["code"], -32002);
+    assert_eq!(v["error"]["data"][0]["reason"], "TASK_NOT_CANCELABLE");
+    assert_eq!(v["error"]["data"][0]["metadata"]["taskId"], id);
+}
+
+#[tokio::test]
+async fn a_request_without_id_gets_its_real_error_with_id_null() {
+    let (_server, addr, _url) = start().await;
+    let path = "/a2a";
+    for (body, code) in [
+        (json!({"jsonrpc": "2.0", "method": "Nope"}), -32601),
+        (
+            json!({"jsonrpc": "2.0", "method": "GetTask", "params": [1]}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": null, "method": "Nope"}),
+            -32601,
+        ),
+        (json!({"jsonrpc": "1.0", "method": "GetTask"}), -32600),
+        // Params the method cannot read (the v0.3 kit's case).
+        (
+            json!({"jsonrpc": "2.0", "method": "message/send", "params": {"": "not_a_dict"}}),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "method": "GetTask", "params": {"id": 5}}),
+            -32602,
+        ),
+        // Nothing wrong but the missing id: notifications are not taken.
+        (
+            json!({"jsonrpc": "2.0", "method": "GetTask", "params": {"id": "x"}}),
+            -32600,
+        ),
+    ] {
+        let v = post_versioned(addr, path, Some("1.0"), &body.to_string()).await;
+        assert_eq!(v["error"]["code"], code, "{body}: {v}");
+        assert!(v["id"].is_null(), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn params_are_read_in_either_spelling() {
+    let (_server, addr, url) = start().await;
+    let (_c, _h) = echo(&url, "echo").await;
+    let path = "/a2a/agents/echo";
+    // snake_case names, as protobuf JSON parsers take them.
+    let done = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": {"message_id": "m-snake", "role": "ROLE_USER",
+            "parts": [{"text": "hi"}]}, "configuration": {"history_length": 0}}),
+    )
+    .await;
+    assert_eq!(done["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(done["task"]["history"], json!([]));
+    let id = done["task"]["id"].as_str().unwrap().to_owned();
+    let all = result(addr, path, "GetTask", json!({"id": id})).await;
+    assert_eq!(all["history"][0]["messageId"], "m-snake");
+    let none = result(
+        addr,
+        path,
+        "GetTask",
+        json!({"id": id, "history_length": 0}),
+    )
+    .await;
+    assert_eq!(none["history"], json!([]));
+    let listed = result(
+        addr,
+        path,
+        "ListTasks",
+        json!({"page_size": 1, "include_artifacts": false, "history_length": 0}),
+    )
+    .await;
+    assert_eq!(listed["pageSize"], 1);
+    assert_eq!(listed["tasks"][0]["artifacts"], json!([]));
+    assert_eq!(listed["tasks"][0]["history"], json!([]));
+}
+
+#[tokio::test]
+async fn cards_can_be_cached_and_come_in_the_version_asked_for() {
+    let (_server, addr, url) = start().await;
+    let (_c, _h) = echo(&url, "echo").await;
+    for path in [
+        "/.well-known/agent-card.json",
+        "/a2a/agents/echo/.well-known/agent-card.json",
+    ] {
+        let r = request(addr, "GET", path, &[("A2A-Version", "1.0")], b"").await;
+        assert_eq!(r.status, 200);
+        let etag = r.header("etag").expect("ETag").to_owned();
+        assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
+        assert!(r.header("cache-control").unwrap().contains("max-age="));
+        assert!(r.header("last-modified").unwrap().ends_with(" GMT"));
+        assert!(r.header("vary").unwrap().contains("A2A-Version"));
+        let v1 = r.json();
+        assert!(v1["supportedInterfaces"].is_array() && v1.get("protocolVersion").is_none());
+        // The same card again: 304, no body, the same ETag.
+        let again = request(
+            addr,
+            "GET",
+            path,
+            &[("A2A-Version", "1.0"), ("If-None-Match", &etag)],
+            b"",
+        )
+        .await;
+        assert_eq!(again.status, 304);
+        assert!(again.body.is_empty());
+        assert_eq!(again.header("etag"), Some(etag.as_str()));
+        let other = request(
+            addr,
+            "GET",
+            path,
+            &[("A2A-Version", "1.0"), ("If-None-Match", "\"x\"")],
+            b"",
+        )
+        .await;
+        assert_eq!(other.status, 200);
+        // v0.3 asked for: the v0.3 card (another ETag).
+        let r = request(addr, "GET", path, &[("A2A-Version", "0.3")], b"").await;
+        let v03 = r.json();
+        assert_eq!(v03["protocolVersion"], "0.3.0");
+        assert!(v03.get("supportedInterfaces").is_none());
+        assert_ne!(r.header("etag"), Some(etag.as_str()));
+        // Nothing asked for (a v0.3 client, by A2A 1.0 §3.6.2): a card both versions read.
+        let both = request(addr, "GET", path, &[], b"").await.json();
+        assert_eq!(both["protocolVersion"], "0.3.0");
+        assert_eq!(both["url"], v03["url"]);
+        assert_eq!(both["supportedInterfaces"], v1["supportedInterfaces"]);
+    }
+    // `agent.json` is v0.3 whatever the header says.
+    let r = get(addr, "/.well-known/agent.json").await;
+    assert_eq!(r.json()["protocolVersion"], "0.3.0");
+    assert!(r.header("etag").is_some());
+}
+
+/// POSTs a streaming request whose answer may be an error as one SSE event (v0.3).
+async fn stream_error(addr: SocketAddr, path: &str, method: &str, params: Value) -> Value {
+    let body = rpc_body(json!(5), method, params);
+    let mut sse = post_stream(addr, path, &body).await;
+    let events = with_timeout(sse.until_end()).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let v = events[0].json();
+    assert_eq!(v["id"], 5);
+    v
+}
+
+#[tokio::test]
+async fn v03_stream_errors_come_as_an_event_stream_and_v1_ones_as_json() {
+    let (_server, addr, url) = start().await;
+    let (_c, _h) = echo(&url, "echo").await;
+    let path = "/a2a/agents/echo";
+    let v = stream_error(addr, path, "tasks/resubscribe", json!({"id": "nope"})).await;
+    assert_eq!(v["error"]["code"], -32001, "{v}");
+    assert!(v["error"].get("data").is_none());
+    let v = stream_error(
+        addr,
+        path,
+        "message/stream",
+        json!({"message": {"parts": []}}),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    // v1.0: a JSON answer, as the SDK's v1.0 server gives before the first event.
+    let v = call(addr, path, "SubscribeToTask", json!({"id": "nope"})).await;
+    assert_eq!(v["error"]["code"], -32001);
+    assert_eq!(v["error"]["data"][0]["reason"], "TASK_NOT_FOUND");
+}
+
+#[tokio::test]
+async fn a_subscription_to_an_interrupted_task_lasts_until_it_ends() {
+    let (_server, addr, url) = start().await;
+    let (c, _h, mut inbox) = agent(&url, "asker").await;
+    let path = "/a2a/agents/asker";
+    let res = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": v1_text("book"), "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    let id = res["task"]["id"].as_str().unwrap().to_owned();
+    let m = with_timeout(inbox.recv()).await.unwrap();
+    report(
+        &c,
+        &m,
+        json!({"a2a": {"state": "input-required", "message": "when?"}}),
+    )
+    .await;
+    with_timeout(async {
+        loop {
+            let t = result(addr, path, "GetTask", json!({"id": id})).await;
+            if t["status"]["state"] == "TASK_STATE_INPUT_REQUIRED" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for (method, state) in [
+        ("SubscribeToTask", "TASK_STATE_INPUT_REQUIRED"),
+        ("tasks/resubscribe", "input-required"),
+    ] {
+        let body = rpc_body(json!(3), method, json!({"id": id}));
+        let mut sse = post_stream(addr, path, &body).await;
+        let first = with_timeout(sse.next()).await.json();
+        let task = first["result"].get("task").unwrap_or(&first["result"]);
+        assert_eq!(task["status"]["state"], state, "{first}");
+        // Still open: the task is waiting, not over.
+        sse.assert_quiet().await;
+        if method == "tasks/resubscribe" {
+            // The caller answers; the agent finishes; the stream ends with the task.
+            let follow = json!({"message": {"messageId": "m-2", "role": "ROLE_USER",
+                "taskId": id, "parts": [{"text": "monday"}]},
+                "configuration": {"returnImmediately": true}});
+            result(addr, path, "SendMessage", follow).await;
+            let m2 = with_timeout(inbox.recv()).await.unwrap();
+            reply_raw(&c, &m2, RawJson::from(json!("booked")), true).await;
+            let rest = frames(&mut sse, &json!(3)).await;
+            let last = rest.last().expect("updates");
+            assert_eq!(last["status"]["state"], "completed", "{rest:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_agent_may_answer_with_a_message_instead_of_a_task() {
+    let (_server, addr, url) = start().await;
+    let (c, _h, mut inbox) = agent(&url, "talker").await;
+    tokio::spawn(async move {
+        while let Some(m) = inbox.recv().await {
+            let text = m.payload.as_ref().map(|p| p.to_value()).unwrap_or_default();
+            let reply = if text == json!("data") {
+                json!({"a2a": {"reply": {"parts": [{"data": {"n": 1.50}}], "metadata": {"k": 1}}}})
+            } else {
+                json!({"a2a": {"reply": format!("you said {}", text.as_str().unwrap_or(""))}})
+            };
+            reply_raw(&c, &m, RawJson::from(reply), true).await;
+        }
+    });
+    let path = "/a2a/agents/talker";
+    // v1.0: `{message}`, the agent's, in the caller's context, tied to no task.
+    let res = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": {"messageId": "m-1", "role": "ROLE_USER", "contextId": "ctx-1",
+            "parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    assert!(res.get("task").is_none(), "{res}");
+    let m = &res["message"];
+    assert_eq!(m["role"], "ROLE_AGENT");
+    assert_eq!(m["parts"], json!([{"text": "you said hi"}]));
+    assert_eq!(m["contextId"], "ctx-1");
+    assert!(m.get("taskId").is_none(), "{m}");
+    // Parts and metadata as the agent gave them.
+    let res = result(
+        addr,
+        path,
+        "SendMessage",
+        json!({"message": v1_text("data")}),
+    )
+    .await;
+    assert_eq!(res["message"]["parts"], json!([{"data": {"n": 1.5}}]));
+    assert_eq!(res["message"]["metadata"], json!({"k": 1}));
+    // v0.3: a `kind: "message"` result.
+    let res = result(
+        addr,
+        path,
+        "message/send",
+        json!({"message": {"kind": "message", "messageId": "m-3", "role": "user",
+            "parts": [{"kind": "text", "text": "yo"}]}}),
+    )
+    .await;
+    assert_eq!(res["kind"], "message");
+    assert_eq!(res["role"], "agent");
+    assert_eq!(
+        res["parts"],
+        json!([{"kind": "text", "text": "you said yo"}])
+    );
+    // A stream: the task as it starts, then the message as the last event.
+    let body = rpc_body(
+        json!(4),
+        "SendStreamingMessage",
+        json!({"message": v1_text("streamed")}),
+    );
+    let mut sse = post_stream(addr, path, &body).await;
+    let got = frames(&mut sse, &json!(4)).await;
+    assert_eq!(got[0]["task"]["status"]["state"], "TASK_STATE_SUBMITTED");
+    let last = got.last().unwrap();
+    assert_eq!(
+        last["message"]["parts"],
+        json!([{"text": "you said streamed"}]),
+        "{got:?}"
     );
 }

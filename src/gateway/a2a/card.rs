@@ -2,7 +2,9 @@
 //! caller may see) and one per MAP agent (`/a2a/agents/{id}/.well-known/agent-card.json`), in
 //! v1.0 shape, and the same in v0.3 shape at `…/.well-known/agent.json`.
 //!
-//! Owns: the card JSON and what it says about authentication ([`Security`]). Pure functions.
+//! Owns: the card JSON and what it says about authentication ([`Security`]), and which card a
+//! request gets ([`Shape`]: `…/agent-card.json` serves the version its `A2A-Version` header
+//! asks for). Pure functions.
 //!
 //! A v1.0 card lists two interfaces at the same URL, `JSONRPC` 1.0 and `JSONRPC` 0.3, because
 //! the endpoint answers both method sets; `ClientFactory` picks 1.0. The security schemes are
@@ -156,13 +158,52 @@ fn v03_card(
     card
 }
 
+/// Which card a request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// The v1.0 card (`A2A-Version: 1.0`, or a version the gateway does not speak, as
+    /// `@a2a-js/sdk`'s card handler does).
+    V1,
+    /// The v0.3 card (`…/agent.json`, or `A2A-Version: 0.3`).
+    V03,
+    /// `…/agent-card.json` without `A2A-Version`, which A2A 1.0 §3.6.2 reads as a v0.3
+    /// caller: the v0.3 card (its security schemes in v0.3 form) with the v1.0 card's members
+    /// it lacks (`supportedInterfaces`, `securityRequirements`, the v1.0 capabilities), so that
+    /// a v0.3 client and a v1.0 client that sends no header can both use it.
+    Unasked,
+}
+
+/// Merges the v1.0 card `v1` into the v0.3 card `v03` ([`Shape::Unasked`]).
+fn merged(v1: Value, mut v03: Value) -> Value {
+    let (Value::Object(v1), Some(out)) = (v1, v03.as_object_mut()) else {
+        return v03;
+    };
+    for (k, val) in v1 {
+        match (k.as_str(), val) {
+            ("capabilities", Value::Object(caps)) => {
+                if let Some(Value::Object(mine)) = out.get_mut("capabilities") {
+                    for (ck, cv) in caps {
+                        mine.entry(ck).or_insert(cv);
+                    }
+                }
+            }
+            // The two versions write schemes differently: the v0.3 form is kept.
+            ("securitySchemes", _) => {}
+            (_, val) => {
+                out.entry(k).or_insert(val);
+            }
+        }
+    }
+    v03
+}
+
 /// The endpoint of one agent.
 pub fn agent_url(ctx: &CardContext, agent: &Agent) -> String {
     format!("{}/a2a/agents/{}", ctx.base, agent.id)
 }
 
-/// The card of one MAP agent, v1.0 (`legacy` false) or v0.3.
-pub fn agent_card(ctx: &CardContext, agent: &Agent, legacy: bool) -> Value {
+/// The card of one MAP agent in `shape`.
+pub fn agent_card(ctx: &CardContext, agent: &Agent, shape: Shape) -> Value {
     let name = agent.name.clone().unwrap_or_else(|| agent.id.to_string());
     let description = agent.description.clone().unwrap_or_else(|| {
         format!(
@@ -172,16 +213,30 @@ pub fn agent_card(ctx: &CardContext, agent: &Agent, legacy: bool) -> Value {
     });
     let url = agent_url(ctx, agent);
     let skills = vec![skill(agent)];
-    if legacy {
-        v03_card(ctx, name, description, &url, skills)
-    } else {
-        v1_card(ctx, name, description, &url, skills)
+    shaped(ctx, shape, name, description, &url, skills)
+}
+
+fn shaped(
+    ctx: &CardContext,
+    shape: Shape,
+    name: String,
+    description: String,
+    url: &str,
+    skills: Vec<Value>,
+) -> Value {
+    match shape {
+        Shape::V1 => v1_card(ctx, name, description, url, skills),
+        Shape::V03 => v03_card(ctx, name, description, url, skills),
+        Shape::Unasked => merged(
+            v1_card(ctx, name.clone(), description.clone(), url, skills.clone()),
+            v03_card(ctx, name, description, url, skills),
+        ),
     }
 }
 
 /// The router's card: one skill per agent; its endpoint (`/a2a`) serves every agent's tasks and
 /// takes follow-ups. New tasks go to `/a2a/agents/{skill id}`.
-pub fn router_card(ctx: &CardContext, agents: &[Agent], legacy: bool) -> Value {
+pub fn router_card(ctx: &CardContext, agents: &[Agent], shape: Shape) -> Value {
     let name = ctx.router_name.clone();
     let description = format!(
         "MAP router {}: each skill is a MAP agent, reachable over A2A at {}/a2a/agents/{{skill id}}",
@@ -189,9 +244,59 @@ pub fn router_card(ctx: &CardContext, agents: &[Agent], legacy: bool) -> Value {
     );
     let url = format!("{}/a2a", ctx.base);
     let skills = agents.iter().map(skill).collect();
-    if legacy {
-        v03_card(ctx, name, description, &url, skills)
-    } else {
-        v1_card(ctx, name, description, &url, skills)
+    shaped(ctx, shape, name, description, &url, skills)
+}
+
+/// `ms` (Unix milliseconds) as an HTTP date (`Thu, 01 Jan 1970 00:00:00 GMT`, RFC 9110 §5.6.7).
+pub fn http_date(ms: u64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    // `2026-11-25T11:30:00.123Z`
+    let t = crate::gateway::a2a::record::rfc3339(ms);
+    let month: usize = t[5..7].parse().unwrap_or(1);
+    let weekday = DAYS[usize::try_from((ms / 86_400_000) % 7).unwrap_or(0)];
+    format!(
+        "{weekday}, {} {} {} {} GMT",
+        &t[8..10],
+        MONTHS[month.clamp(1, 12) - 1],
+        &t[0..4],
+        &t[11..19]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(
+            http_date(1_764_070_200_123),
+            "Tue, 25 Nov 2025 11:30:00 GMT"
+        );
+    }
+
+    #[test]
+    fn the_unasked_card_serves_both_versions() {
+        let ctx = CardContext {
+            base: "http://h".into(),
+            router_name: "r".into(),
+            security: Security {
+                bearer_jwt: true,
+                api_key: false,
+            },
+            push: false,
+        };
+        let card = router_card(&ctx, &[], Shape::Unasked);
+        assert_eq!(card["protocolVersion"], "0.3.0");
+        assert_eq!(card["url"], "http://h/a2a");
+        assert_eq!(card["supportedInterfaces"][0]["protocolVersion"], "1.0");
+        assert_eq!(card["capabilities"]["extendedAgentCard"], false);
+        assert_eq!(card["capabilities"]["stateTransitionHistory"], false);
+        assert_eq!(card["securitySchemes"]["bearer"]["type"], "http");
+        assert!(card["securityRequirements"].is_array() && card["security"].is_array());
     }
 }

@@ -11,6 +11,9 @@ use axum::http::StatusCode;
 
 use crate::client::ClientError;
 
+/// The `A2A-Version`s the endpoint speaks (major.minor; a patch, `1.0.0`, is accepted too).
+pub const SUPPORTED_VERSIONS: [&str; 2] = ["1.0", "0.3"];
+
 /// A2A / JSON-RPC error codes.
 pub mod code {
     /// Not JSON.
@@ -35,6 +38,8 @@ pub mod code {
     pub const CONTENT_TYPE_NOT_SUPPORTED: i32 = -32005;
     /// No extended card.
     pub const EXTENDED_CARD_NOT_CONFIGURED: i32 = -32007;
+    /// The `A2A-Version` the caller asked for is not one the gateway speaks (1.0, 0.3).
+    pub const VERSION_NOT_SUPPORTED: i32 = -32009;
     /// MAP's `4001 Rate limited`, passed through (HTTP 429, `Retry-After`).
     pub const RATE_LIMITED: i32 = 4001;
     /// MAP's `4002 Quota exceeded`, passed through (HTTP 429).
@@ -55,6 +60,9 @@ pub struct A2aError {
     pub status: StatusCode,
     /// When to try again (a rate limit): sent as `Retry-After` (whole seconds, rounded up).
     pub retry_after: Option<std::time::Duration>,
+    /// `google.rpc.ErrorInfo.metadata` of an A2A error (v1.0 answers carry it, see
+    /// [`A2aError::error_info`]): e.g. `taskId`.
+    pub metadata: Vec<(&'static str, String)>,
 }
 
 impl A2aError {
@@ -64,7 +72,53 @@ impl A2aError {
             message: message.into(),
             status: StatusCode::OK,
             retry_after: None,
+            metadata: Vec::new(),
         }
+    }
+
+    /// With one more `ErrorInfo.metadata` entry.
+    pub fn with_metadata(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.metadata.push((key, value.into()));
+        self
+    }
+
+    /// The `ErrorInfo.reason` of an A2A-specific error (-32001 … -32009, A2A 1.0 §5.4), `None`
+    /// for the JSON-RPC ones and MAP's limits.
+    pub fn reason(&self) -> Option<&'static str> {
+        Some(match self.code {
+            code::TASK_NOT_FOUND => "TASK_NOT_FOUND",
+            code::TASK_NOT_CANCELABLE => "TASK_NOT_CANCELABLE",
+            code::PUSH_NOTIFICATION_NOT_SUPPORTED => "PUSH_NOTIFICATION_NOT_SUPPORTED",
+            code::UNSUPPORTED_OPERATION => "UNSUPPORTED_OPERATION",
+            code::CONTENT_TYPE_NOT_SUPPORTED => "CONTENT_TYPE_NOT_SUPPORTED",
+            -32006 => "INVALID_AGENT_RESPONSE",
+            code::EXTENDED_CARD_NOT_CONFIGURED => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+            -32008 => "EXTENSION_SUPPORT_REQUIRED",
+            code::VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
+            _ => return None,
+        })
+    }
+
+    /// The `error.data` of a v1.0 answer (A2A 1.0 §9.5, as `@a2a-js/sdk`'s `toJsonRpcError`
+    /// writes it): `[{"@type": "type.googleapis.com/google.rpc.ErrorInfo", reason, domain:
+    /// "a2a-protocol.org", metadata?}]` for an A2A-specific error; `None` for the others. v0.3
+    /// answers carry no `data` (the SDK's v0.3 layer writes none either).
+    pub fn error_info(&self) -> Option<serde_json::Value> {
+        let reason = self.reason()?;
+        let mut info = serde_json::json!({
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": reason,
+            "domain": "a2a-protocol.org",
+        });
+        if !self.metadata.is_empty() {
+            let m: serde_json::Map<String, serde_json::Value> = self
+                .metadata
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String(v.clone())))
+                .collect();
+            info["metadata"] = serde_json::Value::Object(m);
+        }
+        Some(serde_json::Value::Array(vec![info]))
     }
 
     /// With another HTTP status.
@@ -111,7 +165,7 @@ impl A2aError {
 
     /// -32001.
     pub fn task_not_found(id: &str) -> Self {
-        Self::new(code::TASK_NOT_FOUND, format!("Task not found: {id}"))
+        Self::new(code::TASK_NOT_FOUND, format!("Task not found: {id}")).with_metadata("taskId", id)
     }
 
     /// -32002.
@@ -120,6 +174,8 @@ impl A2aError {
             code::TASK_NOT_CANCELABLE,
             format!("Task cannot be canceled: {id} is {state}"),
         )
+        .with_metadata("taskId", id)
+        .with_metadata("state", state)
     }
 
     /// -32003.
@@ -144,6 +200,20 @@ impl A2aError {
             code::EXTENDED_CARD_NOT_CONFIGURED,
             "Extended Agent Card not configured",
         )
+    }
+
+    /// -32009: an `A2A-Version` the gateway does not speak.
+    pub fn version_not_supported(requested: &str) -> Self {
+        let shown: String = requested.chars().take(32).collect();
+        Self::new(
+            code::VERSION_NOT_SUPPORTED,
+            format!(
+                "Version not supported: A2A-Version {shown:?}; this endpoint speaks {}",
+                SUPPORTED_VERSIONS.join(", ")
+            ),
+        )
+        .with_metadata("requestedVersion", shown)
+        .with_metadata("supportedVersions", SUPPORTED_VERSIONS.join(","))
     }
 
     /// -32005: the body is not declared JSON (`application/json`, `application/a2a+json`).

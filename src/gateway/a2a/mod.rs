@@ -9,9 +9,9 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /.well-known/agent-card.json`, `GET /a2a/.well-known/agent-card.json` | the router's card (v1.0), skills = MAP agents |
+//! | `GET /.well-known/agent-card.json`, `GET /a2a/.well-known/agent-card.json` | the router's card in the version `A2A-Version` asks for (`card::Shape`), skills = MAP agents; `ETag`, `Last-Modified`, `Cache-Control`, 304 |
 //! | `GET /.well-known/agent.json`, `GET /a2a/.well-known/agent.json` | the same, v0.3 |
-//! | `GET /a2a/agents/{agentId}/.well-known/agent-card.json` | one agent's card (v1.0); `agentId` may be a unique name |
+//! | `GET /a2a/agents/{agentId}/.well-known/agent-card.json` | one agent's card (likewise); `agentId` may be a unique name |
 //! | `GET /a2a/agents/{agentId}/.well-known/agent.json` | the same, v0.3 |
 //! | `POST /a2a/agents/{agentId}` | JSON-RPC, v1.0 and v0.3 method names |
 //! | `POST /a2a` | JSON-RPC for the tasks of every agent (follow-ups, get, list, cancel, subscribe) |
@@ -70,12 +70,13 @@ use tokio::sync::{watch, OnceCell};
 use crate::auth::Authenticator;
 use crate::client::{ClientError, ClientOptions};
 use crate::gateway::a2a::access::Caller;
-use crate::gateway::a2a::card::{CardContext, Security};
+use crate::gateway::a2a::card::{CardContext, Security, Shape};
 use crate::gateway::a2a::egress::AllowList;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::limits::Limits;
 use crate::gateway::a2a::remote::{Asker, RegisterError, RemoteSpec, Remotes};
 use crate::gateway::a2a::tasks::{Core, Target};
+use crate::gateway::a2a::wire::Version;
 use crate::gateway::callers::CallerSessions;
 use crate::gateway::guard::{self, BodyError, CallerKey, Guard, GuardSettings};
 use crate::gateway::wire::closing;
@@ -336,9 +337,10 @@ fn peer_ip(peer: Option<&Extension<PeerInfo>>) -> Option<IpAddr> {
     peer.map(|p| p.addr.ip())
 }
 
-/// An early answer (from the headers, the body unread): the connection closes after it.
-fn early(e: &A2aError) -> Response {
-    closing(rpc::error_response(None, e))
+/// An early answer (from the headers, the body unread) in `v`'s shape: the connection closes
+/// after it.
+fn early(e: &A2aError, v: Version) -> Response {
+    closing(rpc::error_response(None, e, v))
 }
 
 /// Reads a JSON body after the header checks: a JSON `Content-Type` (-32005), at most `max`
@@ -432,13 +434,17 @@ pub fn routes(gateway: Arc<A2aGateway>) -> HttpRouter {
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response {
+    json_text(status, value.to_string())
+}
+
+fn json_text(status: StatusCode, body: String) -> Response {
     (
         status,
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        value.to_string(),
+        body,
     )
         .into_response()
 }
@@ -471,7 +477,83 @@ async fn missing_slash() -> Response {
 
 type Peer = Option<Extension<PeerInfo>>;
 
-async fn router_card(g: &A2aGateway, headers: &HeaderMap, peer: Peer, legacy: bool) -> Response {
+/// The card a request to `…/agent-card.json` gets: the version its `A2A-Version` header names;
+/// without one, [`Shape::Unasked`].
+fn asked_shape(headers: &HeaderMap) -> Shape {
+    match rpc::asked_version(headers) {
+        Ok(Some(Version::V03)) => Shape::V03,
+        Ok(None) => Shape::Unasked,
+        Ok(Some(Version::V1)) | Err(_) => Shape::V1,
+    }
+}
+
+/// How long a card may be cached (`Cache-Control: max-age`, seconds): short, since its skills
+/// follow the agents that come and go.
+pub const CARD_MAX_AGE: u32 = 60;
+
+/// When each card text (by its ETag) was first served: its `Last-Modified`. Bounded: cleared
+/// when it holds [`CARD_DATES`] entries.
+static CARD_SEEN: std::sync::Mutex<Option<std::collections::HashMap<String, u64>>> =
+    std::sync::Mutex::new(None);
+
+/// Most card texts whose first-served time is kept.
+const CARD_DATES: usize = 1024;
+
+/// A card answer: `ETag` (a hash of its bytes), `Last-Modified` (when this text was first
+/// served), `Cache-Control` (`private` when the card depends on the caller's credential),
+/// `Vary`; and `304 Not Modified` when `If-None-Match` names its ETag.
+fn card_response(g: &A2aGateway, headers: &HeaderMap, card: &serde_json::Value) -> Response {
+    use sha2::Digest;
+    let body = card.to_string();
+    let digest = sha2::Sha256::digest(body.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let etag = format!("\"{hex}\"");
+    let first_seen = {
+        let mut seen = CARD_SEEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = seen.get_or_insert_with(std::collections::HashMap::new);
+        if map.len() >= CARD_DATES && !map.contains_key(&etag) {
+            map.clear();
+        }
+        *map.entry(etag.clone())
+            .or_insert_with(crate::protocol::ids::now_ms)
+    };
+    let cache = if g.settings.auth.is_some() {
+        format!("private, max-age={CARD_MAX_AGE}")
+    } else {
+        format!("public, max-age={CARD_MAX_AGE}")
+    };
+    let matches = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag);
+    let mut response = if matches {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        json_text(StatusCode::OK, body)
+    };
+    let h = response.headers_mut();
+    for (name, value) in [
+        (header::ETAG, etag),
+        (header::CACHE_CONTROL, cache),
+        (header::LAST_MODIFIED, card::http_date(first_seen)),
+        (
+            header::VARY,
+            "A2A-Version, Authorization, X-API-Key".to_owned(),
+        ),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    }
+    response
+}
+
+async fn router_card(g: &A2aGateway, headers: &HeaderMap, peer: Peer, shape: Shape) -> Response {
     let peer = peer_ip(peer.as_ref());
     // With authentication on, the skills are the agents the caller may see: none for a caller
     // without a credential (the card still says how to authenticate).
@@ -487,9 +569,10 @@ async fn router_card(g: &A2aGateway, headers: &HeaderMap, peer: Peer, legacy: bo
         }
     };
     match agents {
-        Ok(agents) => json(
-            StatusCode::OK,
-            &card::router_card(&g.card_context(headers), &agents, legacy),
+        Ok(agents) => card_response(
+            g,
+            headers,
+            &card::router_card(&g.card_context(headers), &agents, shape),
         ),
         Err(e) => problem(&e),
     }
@@ -500,7 +583,7 @@ async fn router_card_v1(
     peer: Peer,
     headers: HeaderMap,
 ) -> Response {
-    router_card(&g, &headers, peer, false).await
+    router_card(&g, &headers, peer, asked_shape(&headers)).await
 }
 
 async fn router_card_v03(
@@ -508,7 +591,7 @@ async fn router_card_v03(
     peer: Peer,
     headers: HeaderMap,
 ) -> Response {
-    router_card(&g, &headers, peer, true).await
+    router_card(&g, &headers, peer, Shape::V03).await
 }
 
 async fn agent_card(
@@ -516,7 +599,7 @@ async fn agent_card(
     id: &str,
     headers: &HeaderMap,
     peer: Peer,
-    legacy: bool,
+    shape: Shape,
 ) -> Response {
     let agent = match g.caller_of(headers, peer_ip(peer.as_ref())).await {
         Ok(caller) => match g.core().await {
@@ -526,9 +609,10 @@ async fn agent_card(
         Err(e) => Err(e),
     };
     match agent {
-        Ok(agent) => json(
-            StatusCode::OK,
-            &card::agent_card(&g.card_context(headers), &agent, legacy),
+        Ok(agent) => card_response(
+            g,
+            headers,
+            &card::agent_card(&g.card_context(headers), &agent, shape),
         ),
         Err(e) => problem(&e),
     }
@@ -540,7 +624,7 @@ async fn agent_card_v1(
     peer: Peer,
     headers: HeaderMap,
 ) -> Response {
-    agent_card(&g, &id, &headers, peer, false).await
+    agent_card(&g, &id, &headers, peer, asked_shape(&headers)).await
 }
 
 async fn agent_card_v03(
@@ -549,7 +633,7 @@ async fn agent_card_v03(
     peer: Peer,
     headers: HeaderMap,
 ) -> Response {
-    agent_card(&g, &id, &headers, peer, true).await
+    agent_card(&g, &id, &headers, peer, Shape::V03).await
 }
 
 async fn rpc_router(
@@ -578,27 +662,39 @@ async fn rpc(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
+    // The shape of the errors before the method is known: the header's version (none: 0.3).
+    let asked = rpc::asked_version(headers);
+    let shape = asked
+        .as_ref()
+        .ok()
+        .copied()
+        .flatten()
+        .unwrap_or(Version::V03);
     // NB: from the headers alone first (module docs): an unauthenticated, flooding or non-JSON
     // caller costs no body read and no MAP session.
     let principal = match g.admit(headers, peer_ip(peer.as_ref())) {
         Ok(p) => p,
-        Err(e) => return early(&e),
+        Err(e) => return early(&e, shape),
     };
     let bytes = match json_body(g, headers, body, g.settings.max_body_bytes).await {
         Ok(b) => b,
-        Err(e) => return early(&e),
+        Err(e) => return early(&e, shape),
     };
     let request = match rpc::read(&bytes, g.settings.limits.max_depth) {
         Ok(r) => r,
-        Err((id, e)) => return rpc::error_response(id.as_deref(), &e),
+        Err((id, e)) => return rpc::error_response(id.as_deref(), &e, shape),
     };
+    let v = request.version;
+    if let Err(e) = asked {
+        return rpc::error_response(Some(&request.id), &e, v);
+    }
     let core = match g.core().await {
         Ok(c) => c,
-        Err(e) => return rpc::error_response(Some(&request.id), &e),
+        Err(e) => return rpc::error_response(Some(&request.id), &e, v),
     };
     let caller = match g.caller(principal).await {
         Ok(c) => c,
-        Err(e) => return rpc::error_response(Some(&request.id), &e),
+        Err(e) => return rpc::error_response(Some(&request.id), &e, v),
     };
     let target = match agent {
         None => Target::Router,
@@ -607,7 +703,7 @@ async fn rpc(
             .await
         {
             Ok(t) => t,
-            Err(e) => return rpc::error_response(Some(&request.id), &e),
+            Err(e) => return rpc::error_response(Some(&request.id), &e, v),
         },
     };
     rpc::handle(core, &caller, &target, request, g.shutdown.clone()).await

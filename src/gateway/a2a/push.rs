@@ -115,7 +115,7 @@ impl PushConfig {
 #[serde(rename_all = "camelCase")]
 pub struct ConfigParams {
     /// v1.0: the task. v0.3: also `taskId`.
-    #[serde(default)]
+    #[serde(default, alias = "task_id")]
     pub task_id: Option<String>,
     /// v1.0: the config id.
     #[serde(default)]
@@ -130,7 +130,7 @@ pub struct ConfigParams {
     #[serde(default)]
     pub authentication: Option<AuthParams>,
     /// v0.3: the config itself.
-    #[serde(default)]
+    #[serde(default, alias = "push_notification_config")]
     pub push_notification_config: Option<Box<ConfigParams>>,
 }
 

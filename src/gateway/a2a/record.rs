@@ -18,6 +18,8 @@
 //! - `{"a2a": {"artifact": {parts, artifactId?, name?, ...}, "append"?, "lastChunk"?}}`.
 //! - `{"a2a": {"state": "input-required" | "auth-required" | "completed" | "failed" |
 //!   "rejected", "message"?: "...", "error"?: "..."}}`.
+//! - `{"a2a": {"reply": "text" | {parts, metadata?} | other JSON}}`: the final answer as a
+//!   message (A2A's direct `Message` result when it answers the exchange's first message).
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -95,6 +97,15 @@ pub struct Record {
     /// owners were recorded). Not part of the A2A view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Owner>,
+    /// The agent answered the first message with a message (`{"a2a": {"reply": ...}}`): the
+    /// caller's send gets that message (its status message) rather than the task.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub message_only: bool,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Record {
@@ -217,6 +228,13 @@ pub enum AgentReport {
     },
     /// `{"a2a": {"state": ..., "message"?, "error"?}}`.
     State(TaskState, Option<String>),
+    /// `{"a2a": {"reply": ...}}`: the final answer, as an agent message.
+    Reply {
+        /// Its parts.
+        parts: Vec<Part>,
+        /// Its metadata, verbatim.
+        metadata: Option<RawJson>,
+    },
     /// `{"a2a": {"cancel": ...}}` seen coming back (an agent echoing its control message):
     /// ignored.
     Ignored,
@@ -256,6 +274,8 @@ impl AgentReport {
             last_chunk: bool,
             #[serde(default)]
             cancel: Option<serde::de::IgnoredAny>,
+            #[serde(default)]
+            reply: Option<Box<RawValue>>,
         }
         let Ok(c) = serde_json::from_str::<Convention>(&a2a) else {
             return Self::Final(Some(p.clone()));
@@ -266,6 +286,28 @@ impl AgentReport {
                     artifact,
                     append: c.append,
                     last_chunk: c.last_chunk,
+                };
+            }
+            return Self::Final(Some(p.clone()));
+        }
+        if let Some(raw) = c.reply {
+            let text = raw.get().trim_start();
+            if text.starts_with('"') {
+                if let Ok(t) = serde_json::from_str::<String>(text) {
+                    return Self::Reply {
+                        parts: vec![Part::text(t)],
+                        metadata: None,
+                    };
+                }
+            } else if let Some(a) = text.starts_with('{').then(|| read_artifact(&raw)).flatten() {
+                return Self::Reply {
+                    parts: a.parts,
+                    metadata: a.metadata,
+                };
+            } else if let Ok(data) = RawJson::from_text(raw.get().to_owned()) {
+                return Self::Reply {
+                    parts: vec![Part::data(data)],
+                    metadata: None,
                 };
             }
             return Self::Final(Some(p.clone()));

@@ -9,8 +9,10 @@
 //! operation is limited to the tasks the caller controls (`access.rs`).
 //!
 //! Input rules: the body must be one JSON-RPC 2.0 request object (`jsonrpc: "2.0"`, a string
-//! or number `id`, a string `method`); a batch, a notification (no id) or anything else is
-//! -32600 with `id: null`; text that is not JSON is -32700. As MAP's own envelope rules
+//! or number `id`, a string `method`); a batch or anything else is -32600 with `id: null`;
+//! text that is not JSON is -32700. A request without an id (a notification) is checked as
+//! any other, method and params included, and gets its real error with `id: null`; only one
+//! with nothing else wrong gets the -32600 that says notifications are not taken. As MAP's own envelope rules
 //! (docs/compatibility.md §1): nesting deeper than MAP's `max_depth` is -32600 with `id: null`
 //! before anything is parsed; a numeric id beyond a double's range (`1e400`), which a strict
 //! parser could not read back, is -32600 with `id: null`; an unknown method's name is echoed
@@ -185,12 +187,47 @@ pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawVal
     }
     let env: Envelope =
         serde_json::from_str(text).map_err(|e| (None, A2aError::invalid_request(e)))?;
-    // A string or a number that fits a double (MAP's `Id::from_raw`); `null` is refused too
-    // (a notification in all but name).
-    let id = env.id.filter(|id| {
-        crate::protocol::jsonrpc::Id::from_raw(id).is_some() && id.get().trim() != "null"
-    });
+    // A string or a number that fits a double (MAP's `Id::from_raw`). An absent or `null` id
+    // is a notification, which the endpoint does not take; but the request is still checked
+    // first, so that a wrong method or params gets its own error (with `id: null`), and only
+    // an otherwise valid notification the -32600 that says so.
+    let id = match env.id {
+        None => None,
+        Some(id) if id.get().trim() == "null" => None,
+        Some(id) if crate::protocol::jsonrpc::Id::from_raw(&id).is_some() => Some(id),
+        Some(_) => {
+            return Err((
+                None,
+                A2aError::invalid_request(
+                    "`id` must be a string or a number within a double's range",
+                ),
+            ));
+        }
+    };
+    if env.jsonrpc.as_deref().map(RawValue::get) != Some("\"2.0\"") {
+        return Err((id, A2aError::invalid_request("`jsonrpc` must be \"2.0\"")));
+    }
+    let Some(name) = env
+        .method
+        .as_deref()
+        .and_then(|m| serde_json::from_str::<String>(m.get()).ok())
+    else {
+        return Err((id, A2aError::invalid_request("`method` must be a string")));
+    };
+    let Some(&(_, method, version)) = METHODS.iter().find(|(n, _, _)| *n == name) else {
+        return Err((id, A2aError::method_not_found(&name)));
+    };
+    let params = match env.params {
+        Some(p) if p.get().trim_start().starts_with('{') => p,
+        None => RawValue::from_string("{}".into()).map_err(|e| (None, A2aError::internal(e)))?,
+        Some(_) => {
+            return Err((id, A2aError::invalid_params("params must be an object")));
+        }
+    };
     let Some(id) = id else {
+        // The params are read as the method would read them (nothing is done), so that bad
+        // ones get -32602 rather than the notification's -32600.
+        check_params(method, &params).map_err(|e| (None, e))?;
         return Err((
             None,
             A2aError::invalid_request(
@@ -198,41 +235,35 @@ pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawVal
             ),
         ));
     };
-    if env.jsonrpc.as_deref().map(RawValue::get) != Some("\"2.0\"") {
-        return Err((
-            Some(id),
-            A2aError::invalid_request("`jsonrpc` must be \"2.0\""),
-        ));
-    }
-    let Some(name) = env
-        .method
-        .as_deref()
-        .and_then(|m| serde_json::from_str::<String>(m.get()).ok())
-    else {
-        return Err((
-            Some(id),
-            A2aError::invalid_request("`method` must be a string"),
-        ));
-    };
-    let Some(&(_, method, version)) = METHODS.iter().find(|(n, _, _)| *n == name) else {
-        return Err((Some(id), A2aError::method_not_found(&name)));
-    };
-    let params = match env.params {
-        Some(p) if p.get().trim_start().starts_with('{') => p,
-        None => RawValue::from_string("{}".into()).map_err(|e| (None, A2aError::internal(e)))?,
-        Some(_) => {
-            return Err((
-                Some(id),
-                A2aError::invalid_params("params must be an object"),
-            ));
-        }
-    };
     Ok(Request {
         id,
         method,
         version,
         params,
     })
+}
+
+/// Reads `raw` as `method`'s params, as its handler will (without acting on them).
+///
+/// # Errors
+/// -32602 for params the handler would refuse as such.
+fn check_params(method: Method, raw: &RawValue) -> Result<(), A2aError> {
+    match method {
+        Method::Send | Method::Stream => {
+            let p: SendParams = params(raw)?;
+            p.message
+                .into_message()
+                .map(drop)
+                .map_err(A2aError::invalid_params)
+        }
+        Method::Get | Method::Cancel | Method::Subscribe => params::<TaskIdParams>(raw).map(drop),
+        Method::List => params::<ListParams>(raw).map(drop),
+        Method::ExtendedCard
+        | Method::PushSet
+        | Method::PushGet
+        | Method::PushList
+        | Method::PushDelete => Ok(()),
+    }
 }
 
 fn json_response(status: StatusCode, body: String) -> Response {
@@ -247,13 +278,46 @@ fn json_response(status: StatusCode, body: String) -> Response {
         .into_response()
 }
 
-/// The error answer (with `Retry-After` when the error says when to retry).
-pub fn error_response(id: Option<&RawValue>, e: &A2aError) -> Response {
-    let mut response = json_response(e.status, error_frame(id, e));
+/// The error answer in `v`'s shape (with `Retry-After` when the error says when to retry).
+pub fn error_response(id: Option<&RawValue>, e: &A2aError, v: Version) -> Response {
+    let mut response = json_response(e.status, error_frame(id, e, v));
     if let Some(v) = e.retry_after.and_then(retry_after_header) {
         response.headers_mut().insert(header::RETRY_AFTER, v);
     }
     response
+}
+
+/// What the request's `A2A-Version` header asks for: `Ok(None)` without one (or an empty one),
+/// which A2A 1.0 §3.6.2 reads as 0.3; the version for `1.0` or `0.3` (a patch, `1.0.0`, too).
+/// Which method set a request uses is still read from its method's name, whatever the header
+/// says (as `@a2a-js/sdk`'s server does), so that every client of either version keeps working.
+///
+/// # Errors
+/// -32009 (`VersionNotSupported`) for any other value.
+pub fn asked_version(headers: &axum::http::HeaderMap) -> Result<Option<Version>, A2aError> {
+    let Some(value) = headers.get("a2a-version") else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(value.as_bytes());
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    Version::from_header(&text)
+        .map(Some)
+        .ok_or_else(|| A2aError::version_not_supported(text.trim()))
+}
+
+/// The error answer of a streaming method (`SendStreamingMessage`, `SubscribeToTask` and their
+/// v0.3 names): a v0.3 caller gets it as one SSE event (`text/event-stream`, which v0.3 clients
+/// require, as `@a2a-js/sdk`'s v0.3 server sends it), a v1.0 caller as JSON (as its v1.0 server
+/// does for an error before the first event). Errors with an HTTP status of their own (401,
+/// 403, 404, 429 ...) stay JSON in both.
+pub fn stream_error_response(id: &RawValue, e: &A2aError, v: Version) -> Response {
+    if v == Version::V03 && e.status == StatusCode::OK {
+        sse::error_response(id, e, v)
+    } else {
+        error_response(Some(id), e, v)
+    }
 }
 
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
@@ -285,14 +349,14 @@ pub async fn handle(
         Method::Stream => {
             return match stream(core, caller, target, version, id.clone(), &raw, shutdown).await {
                 Ok(r) => r,
-                Err(e) => error_response(Some(&id), &e),
+                Err(e) => stream_error_response(&id, &e, version),
             };
         }
         Method::Subscribe => {
             return match subscribe(core, caller, target, version, id.clone(), &raw, shutdown).await
             {
                 Ok(r) => r,
-                Err(e) => error_response(Some(&id), &e),
+                Err(e) => stream_error_response(&id, &e, version),
             };
         }
         Method::Get => get(core, caller, target, version, &raw).await,
@@ -305,7 +369,7 @@ pub async fn handle(
     };
     match answer {
         Ok(result) => json_response(StatusCode::OK, result_frame(&id, &result)),
-        Err(e) => error_response(Some(&id), &e),
+        Err(e) => error_response(Some(&id), &e, version),
     }
 }
 
@@ -337,11 +401,11 @@ async fn push(
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Ids {
-        #[serde(default)]
+        #[serde(default, alias = "task_id")]
         task_id: Option<String>,
         #[serde(default)]
         id: Option<String>,
-        #[serde(default)]
+        #[serde(default, alias = "push_notification_config_id")]
         push_notification_config_id: Option<String>,
     }
     // v1.0: {taskId, id}; v0.3: {id: taskId, pushNotificationConfigId}.
@@ -437,19 +501,15 @@ async fn send(
         })
         .await;
         if let Ok(Some(record)) = waited {
-            return Ok(wire::task_result(
-                v,
-                &record.view(&id),
-                config.history_length,
-            ));
+            let view = record.view(&id);
+            return Ok(wire::direct_answer(v, &view, record.message_only)
+                .unwrap_or_else(|| wire::task_result(v, &view, config.history_length)));
         }
     }
     let record = core.task(caller, target, &id).await?;
-    Ok(wire::task_result(
-        v,
-        &record.view(&id),
-        config.history_length,
-    ))
+    let view = record.view(&id);
+    Ok(wire::direct_answer(v, &view, record.message_only)
+        .unwrap_or_else(|| wire::task_result(v, &view, config.history_length)))
 }
 
 async fn stream(
@@ -477,6 +537,7 @@ async fn stream(
         watcher,
         history_length,
         shutdown,
+        until_terminal: false,
     }))
 }
 
@@ -509,6 +570,7 @@ async fn subscribe(
         watcher,
         history_length: p.history_length,
         shutdown,
+        until_terminal: true,
     }))
 }
 
@@ -603,8 +665,13 @@ mod tests {
         assert_eq!(code("{"), PARSE_ERROR);
         assert_eq!(code("[]"), INVALID_REQUEST);
         assert_eq!(code("3"), INVALID_REQUEST);
+        // No id: the real error (GetTask without its task id: bad params), else -32600.
         assert_eq!(
             code(r#"{"jsonrpc":"2.0","method":"GetTask"}"#),
+            INVALID_PARAMS
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","method":"GetTask","params":{"id":"t"}}"#),
             INVALID_REQUEST
         );
         assert_eq!(

@@ -6,8 +6,9 @@
 //! Owns: the per-stream pump task. It sends the task as the gateway read it, then each update
 //! from the [`Feed`](super::feed::Feed) watcher whose `meta.a2a.seq` is newer (so none is sent
 //! twice, although MAP may emit two events for one update), and ends after the update that
-//! leaves the task terminal or interrupted (input-required, auth-required), at shutdown, or
-//! when the caller goes away. A comment line every [`KEEP_ALIVE`] keeps proxies from closing an
+//! leaves the task terminal or interrupted (input-required, auth-required; a `SubscribeToTask`
+//! stream only at a terminal state), at shutdown, or when the caller goes away. An error of a
+//! streaming method goes to a v0.3 caller as a one-event stream ([`error_response`]). A comment line every [`KEEP_ALIVE`] keeps proxies from closing an
 //! idle stream.
 
 use std::convert::Infallible;
@@ -49,10 +50,34 @@ pub struct Stream {
     pub history_length: Option<u32>,
     /// The server's shutdown signal.
     pub shutdown: watch::Receiver<bool>,
+    /// Whether the stream ends only at a terminal state (`SubscribeToTask`: a subscriber to an
+    /// interrupted task waits for what comes next), rather than also at an interrupted one
+    /// (`SendStreamingMessage`, whose caller must answer).
+    pub until_terminal: bool,
 }
 
 fn data(frame: &str) -> Bytes {
     Bytes::from(format!("data: {frame}\n\n"))
+}
+
+fn sse_headers() -> [(header::HeaderName, HeaderValue); 2] {
+    [
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        ),
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+    ]
+}
+
+/// A stream that carries only the error `e` (one `data:` event, then the end).
+pub fn error_response(id: &RawValue, e: &A2aError, v: Version) -> Response {
+    // As a stream (chunked, then the end), as every other event stream here.
+    let event = data(&error_frame(Some(id), e, v));
+    let body = Body::from_stream(futures::stream::once(
+        async move { Ok::<_, Infallible>(event) },
+    ));
+    (e.status, sse_headers(), body).into_response()
 }
 
 /// Starts the pump and answers with its output.
@@ -62,18 +87,7 @@ pub fn respond(stream: Stream) -> Response {
     let body = Body::from_stream(futures::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|b| b.map(Ok::<_, Infallible>))
     }));
-    (
-        StatusCode::OK,
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-        ],
-        body,
-    )
-        .into_response()
+    (StatusCode::OK, sse_headers(), body).into_response()
 }
 
 async fn pump(s: Stream, tx: mpsc::Sender<Bytes>) {
@@ -85,12 +99,20 @@ async fn pump(s: Stream, tx: mpsc::Sender<Bytes>) {
         mut watcher,
         history_length,
         mut shutdown,
+        until_terminal,
     } = s;
+    let ends = |state: wire::TaskState| {
+        if until_terminal {
+            state.is_terminal()
+        } else {
+            state.ends_stream()
+        }
+    };
     let frame = result_frame(
         &id,
         &wire::task_result(version, &first.view(&task_id), history_length),
     );
-    if tx.send(data(&frame)).await.is_err() || first.state.ends_stream() {
+    if tx.send(data(&frame)).await.is_err() || ends(first.state) {
         return;
     }
     let mut seen = first.seq;
@@ -102,7 +124,7 @@ async fn pump(s: Stream, tx: mpsc::Sender<Bytes>) {
                 let Some(snapshot) = next else {
                     // The watcher was dropped as too slow, or the feed ended: say so, and end.
                     let e = A2aError::internal("the task's update stream ended; resubscribe (SubscribeToTask) to continue");
-                    let _ = tx.send(data(&error_frame(Some(&id), &e))).await;
+                    let _ = tx.send(data(&error_frame(Some(&id), &e, version))).await;
                     return;
                 };
                 if snapshot.seq() <= seen {
@@ -112,11 +134,15 @@ async fn pump(s: Stream, tx: mpsc::Sender<Bytes>) {
                 let record = snapshot.record;
                 let update = record.update.clone().unwrap_or_else(Update::status);
                 let view = record.view(&task_id);
-                let frame = result_frame(&id, &wire::update_json(version, &view, &update));
+                // An agent that answered with a message: that message is the last event.
+                let result = wire::direct_answer(version, &view, record.message_only)
+                    .filter(|_| update.artifact.is_none())
+                    .unwrap_or_else(|| wire::update_json(version, &view, &update));
+                let frame = result_frame(&id, &result);
                 if tx.send(data(&frame)).await.is_err() {
                     return;
                 }
-                if update.artifact.is_none() && record.state.ends_stream() {
+                if update.artifact.is_none() && ends(record.state) {
                     return;
                 }
             }

@@ -690,6 +690,7 @@ impl Core {
                     agent_name: agent.name.clone(),
                     metadata,
                     owner: caller.owner(),
+                    message_only: false,
                 };
                 let created = create_params(&id, agent, &message, &record)?;
                 self.fits(&created, "the new task")?;
@@ -969,6 +970,21 @@ impl Core {
                         done = self.write(id, &record, None).await;
                     }
                     done
+                }
+                AgentReport::Reply { parts, metadata } => {
+                    let mut m = text(String::new());
+                    m.parts = parts;
+                    m.metadata = metadata;
+                    // A direct answer only to the exchange's first message: after a turn
+                    // (input-required ...) the caller holds the task, which completes.
+                    record.message_only = record
+                        .history
+                        .iter()
+                        .filter(|m| m.role == Role::User)
+                        .count()
+                        == 1;
+                    record.set_state(TaskState::Completed, Some(m));
+                    self.write(id, &record, None).await
                 }
                 AgentReport::Ignored => Ok(()),
             };

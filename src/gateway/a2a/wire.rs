@@ -31,6 +31,28 @@ pub enum Version {
     V03,
 }
 
+impl Version {
+    /// The version an `A2A-Version` header value names: `1.0` or `0.3` (a patch, `1.0.0`,
+    /// `0.3.0`, names the same); `None` for any other.
+    pub fn from_header(value: &str) -> Option<Self> {
+        let v = value.trim();
+        let is = |base: &str| {
+            v == base
+                || v.strip_prefix(base).is_some_and(|rest| {
+                    rest.strip_prefix('.')
+                        .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                })
+        };
+        if is("1.0") {
+            Some(Self::V1)
+        } else if is("0.3") {
+            Some(Self::V03)
+        } else {
+            None
+        }
+    }
+}
+
 /// The state of an A2A task. Stored in `task.meta.a2a.state` by its v0.3 (kebab-case) name,
 /// which is also the A2A spec's prose name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,7 +295,9 @@ pub struct Artifact {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Request params (v1.0 and v0.3 share these field names; unknown fields are ignored).
+// Request params (v1.0 and v0.3 share these field names; unknown fields are ignored). Each
+// multi-word field also takes its proto field name (`task_id`, `history_length`), as protobuf
+// JSON parsers do (`serde(alias)`).
 
 /// `SendMessage` / `SendStreamingMessage` / `message/send` / `message/stream`.
 #[derive(Debug, Clone, Deserialize)]
@@ -295,12 +319,15 @@ pub struct SendParams {
 pub struct IncomingMessage {
     /// Set by the sender (the gateway makes one up when it is missing).
     #[serde(default)]
+    #[serde(alias = "message_id")]
     pub message_id: String,
     /// The conversation.
     #[serde(default)]
+    #[serde(alias = "context_id")]
     pub context_id: Option<String>,
     /// The task it continues.
     #[serde(default)]
+    #[serde(alias = "task_id")]
     pub task_id: Option<String>,
     /// Who wrote it (callers write as the user).
     #[serde(default)]
@@ -316,6 +343,7 @@ pub struct IncomingMessage {
     pub extensions: Vec<String>,
     /// Other tasks it refers to.
     #[serde(default)]
+    #[serde(alias = "reference_task_ids")]
     pub reference_task_ids: Vec<String>,
 }
 
@@ -356,18 +384,22 @@ impl IncomingMessage {
 pub struct SendConfiguration {
     /// v1.0: answer as soon as the task exists.
     #[serde(default)]
+    #[serde(alias = "return_immediately")]
     pub return_immediately: Option<bool>,
     /// v0.3: `false` = answer as soon as the task exists.
     #[serde(default)]
     pub blocking: Option<bool>,
     /// How many history messages to return (all when absent).
     #[serde(default)]
+    #[serde(alias = "history_length")]
     pub history_length: Option<u32>,
     /// A push-notification config: not supported (refused with -32003).
     #[serde(default)]
+    #[serde(alias = "task_push_notification_config")]
     pub task_push_notification_config: Option<Value>,
     /// v0.3 spelling of the same.
     #[serde(default)]
+    #[serde(alias = "push_notification_config")]
     pub push_notification_config: Option<Value>,
 }
 
@@ -390,6 +422,7 @@ pub struct TaskIdParams {
     pub id: String,
     /// How many history messages to return (all when absent).
     #[serde(default)]
+    #[serde(alias = "history_length")]
     pub history_length: Option<u32>,
 }
 
@@ -399,21 +432,26 @@ pub struct TaskIdParams {
 pub struct ListParams {
     /// Only tasks of this context.
     #[serde(default)]
+    #[serde(alias = "context_id")]
     pub context_id: Option<String>,
     /// Only tasks in this state (either version's name).
     #[serde(default)]
     pub status: Option<String>,
     /// Page size (default 50, at most 100).
     #[serde(default)]
+    #[serde(alias = "page_size")]
     pub page_size: Option<u32>,
     /// Where the previous page ended (a MAP cursor).
     #[serde(default)]
+    #[serde(alias = "page_token")]
     pub page_token: Option<String>,
     /// How many history messages per task.
     #[serde(default)]
+    #[serde(alias = "history_length")]
     pub history_length: Option<u32>,
     /// Whether artifacts are included (default true).
     #[serde(default)]
+    #[serde(alias = "include_artifacts")]
     pub include_artifacts: Option<bool>,
 }
 
@@ -776,6 +814,26 @@ pub fn task_result(v: Version, t: &TaskView, history_length: Option<u32>) -> Val
     }
 }
 
+/// The `result` of a send answered with a message (v1.0 `{message}`, v0.3 a `kind: "message"`
+/// object): the agent's answer, which belongs to no task the caller knows (no `taskId`).
+pub fn message_result(v: Version, m: &Message) -> Value {
+    let mut m = m.clone();
+    m.task_id = None;
+    match v {
+        Version::V1 => json!({ "message": message_json(v, &m) }),
+        Version::V03 => message_json(v, &m),
+    }
+}
+
+/// The `result` of a send or a stream frame for `t` as it now is: the agent's message when it
+/// answered with one (`message_only`, completed), else `None`.
+pub fn direct_answer(v: Version, t: &TaskView, message_only: bool) -> Option<Value> {
+    if !message_only || t.state != TaskState::Completed {
+        return None;
+    }
+    t.status_message.as_ref().map(|m| message_result(v, m))
+}
+
 /// Reads a part in either version's shape (v0.3 when it has `kind`).
 pub fn parse_part(raw_part: &serde_json::value::RawValue) -> Result<Part, String> {
     #[derive(Deserialize)]
@@ -785,7 +843,7 @@ pub fn parse_part(raw_part: &serde_json::value::RawValue) -> Result<Part, String
         bytes: Option<String>,
         #[serde(default)]
         uri: Option<String>,
-        #[serde(default)]
+        #[serde(default, alias = "mime_type")]
         mime_type: Option<String>,
         #[serde(default)]
         name: Option<String>,
@@ -810,7 +868,7 @@ pub fn parse_part(raw_part: &serde_json::value::RawValue) -> Result<Part, String
         metadata: Option<RawJson>,
         #[serde(default)]
         filename: Option<String>,
-        #[serde(default)]
+        #[serde(default, alias = "media_type")]
         media_type: Option<String>,
     }
     let any: Any = serde_json::from_str(raw_part.get()).map_err(|e| e.to_string())?;

@@ -273,7 +273,9 @@ impl Remotes {
             url: card_target.url(),
             why,
         };
-        let mut headers = Vec::new();
+        // The version the gateway prefers (a server that reads a header-less request as v0.3,
+        // A2A 1.0 §3.6.2, would otherwise serve its v0.3 card).
+        let mut headers = vec![("a2a-version", "1.0".to_owned())];
         if let Some(t) = &spec.token {
             headers.push(("authorization", format!("Bearer {t}")));
         }
