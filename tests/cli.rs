@@ -280,15 +280,19 @@ printf '%s\n' '{"jsonrpc":"2.0","id":2,"method":"map/agents/register","params":{
 read -r registered
 echo "registered: $registered" >&2
 printf '%s\n' 'this is not json'
-read -r complaint
-echo "router said: $complaint" >&2
+# The answer to the garbage and the ping may come in either order (the ping is sent as soon as
+# the agent is registered): wait for both, then answer the ping and exit.
+complained=; pinged=
 while read -r line; do
   case "$line" in
-    *'"map/message"'*)
-      printf '%s\n' '{"jsonrpc":"2.0","id":3,"method":"map/send","params":{"to":"observer","payload":"pong"}}'
-      read -r sent
-      exit 5;;
+    *'"map/message"'*) pinged=1;;
+    *'-32700'*) echo "router said: $line" >&2; complained=1;;
   esac
+  if [ -n "$complained" ] && [ -n "$pinged" ]; then
+    printf '%s\n' '{"jsonrpc":"2.0","id":3,"method":"map/send","params":{"to":"observer","payload":"pong"}}'
+    read -r sent
+    exit 5
+  fi
 done
 "#;
 
