@@ -290,6 +290,52 @@ async fn cards_describe_the_router_and_each_agent() {
 // ---------------------------------------------------------------------------------------------
 // SendMessage, GetTask, CancelTask (v1.0)
 
+/// `[a2a] default_agent`: the host's card is that agent's card, whose interface is the agent's
+/// endpoint, so a client that knows only the host (the A2A conformance kit) starts tasks there.
+/// The card is the agent's as the caller may see it: no agent by that name, no card (404), and
+/// the router's card is not served in its place.
+#[tokio::test]
+async fn a_default_agent_answers_for_the_host() {
+    let (server, url) = start_server(|c| c.a2a.default_agent = Some("echo".to_owned())).await;
+    let addr = server.local_addrs()[0];
+    // Not registered yet: no card, not the router's.
+    let r = get(addr, "/.well-known/agent-card.json").await;
+    assert_eq!(r.status, 404, "{}", String::from_utf8_lossy(&r.body));
+    let (_c, echo_agent) = echo(&url, "echo").await;
+    let id = echo_agent.id().to_string();
+    for path in [
+        "/.well-known/agent-card.json",
+        "/.well-known/agent.json",
+        "/a2a/.well-known/agent-card.json",
+    ] {
+        let r = get(addr, path).await;
+        assert_eq!(r.status, 200, "{path}");
+        let card = r.json();
+        assert_eq!(card["name"], "echo", "{path}: {card}");
+        assert_eq!(
+            card["description"], "test agent echo",
+            "the agent's card, not the router's"
+        );
+        let endpoint = card["url"]
+            .as_str()
+            .or(card["supportedInterfaces"][0]["url"].as_str())
+            .expect("an endpoint");
+        assert_eq!(endpoint, format!("http://{addr}/a2a/agents/{id}"), "{path}");
+    }
+    // A new task at the endpoint the host's card names.
+    let res = result(
+        addr,
+        &format!("/a2a/agents/{id}"),
+        "SendMessage",
+        json!({"message": v1_text("via the host card")}),
+    )
+    .await;
+    assert_eq!(
+        res["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{res}"
+    );
+}
+
 #[tokio::test]
 async fn send_message_completes_with_the_agents_reply() {
     let (_server, addr, url) = start().await;

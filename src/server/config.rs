@@ -123,6 +123,11 @@ pub struct A2aSettings {
     pub max_remotes_per_principal: usize,
     /// Push-notification configs one principal may hold (over all its tasks).
     pub max_push_configs_per_principal: usize,
+    /// The agent (id, or unique name) whose card the router serves at
+    /// `/.well-known/agent-card.json` (default none: the router's own card, whose skills are
+    /// the agents). For clients that know only a host, such as the A2A conformance kit:
+    /// the card's interface is that agent's endpoint, where new tasks start.
+    pub default_agent: Option<String>,
 }
 
 impl Default for A2aSettings {
@@ -137,6 +142,7 @@ impl Default for A2aSettings {
             burst_per_caller: crate::gateway::a2a::limits::DEFAULT_BURST_PER_CALLER,
             max_remotes_per_principal:
                 crate::gateway::a2a::limits::DEFAULT_MAX_REMOTES_PER_PRINCIPAL,
+            default_agent: None,
             max_push_configs_per_principal:
                 crate::gateway::a2a::limits::DEFAULT_MAX_PUSH_CONFIGS_PER_PRINCIPAL,
         }

@@ -479,6 +479,7 @@ fn a2a_routes(
             remote_allow: allow.remote,
             remotes: config.a2a.remote.clone(),
             limits: config.a2a.limits(&config.limits),
+            default_agent: config.a2a.default_agent.clone(),
         },
         shutdown.clone(),
     );

@@ -4,15 +4,20 @@
 // scenarios/core_operations.feature and streaming.feature), through the A2A gateway's agent
 // conventions (docs/a2a.md, "For agents: the conventions"): the behaviour is picked by the
 // prefix of the A2A messageId (`meta.a2a.messageId`). Anything else is echoed, as
-// echo_agent.mjs does. docs/compatibility.md ("A2A conformance kit") says how to run the kit
-// with it; it prints `ready <agentId>` once registered and exits when stdin closes.
+// echo_agent.mjs does; with `--v03`, it is worked on as the v0.3 kit's own reference agent
+// (python-sut/tck_core_agent at 0.3.0.beta4) does: `working`, about 1.2 s of work, a text
+// artifact, `completed` (a cancel meanwhile ends the task at the gateway, which then ignores
+// the rest). docs/compatibility.md ("A2A conformance kit") says how to run the kit with it; it
+// prints `ready <agentId>` once registered and exits when stdin closes.
 //
-//   node tests/interop/tck_agent.mjs <ws://router-url> [name]
+//   node tests/interop/tck_agent.mjs <ws://router-url> [name] [--v03]
 import WebSocket from 'ws';
 import { AgentConnection, websocketStream } from '@multi-agent-protocol/sdk';
 
 globalThis.WebSocket = WebSocket;
-const [url, name = 'tck'] = process.argv.slice(2);
+const args = process.argv.slice(2);
+const v03 = args.includes('--v03');
+const [url, name = 'tck'] = args.filter((a) => a !== '--v03');
 const ws = new WebSocket(url);
 await new Promise((resolve, reject) => {
   ws.once('open', resolve);
@@ -53,15 +58,19 @@ agent.onMessage((m) => {
   if (m.payload && typeof m.payload === 'object' && m.payload.a2a?.cancel) return;
   const messageId = m.meta?.a2a?.messageId ?? '';
   const found = SCENARIOS.find(([prefix]) => messageId.startsWith(prefix));
-  if (!found) {
+  if (!found && !v03) {
     agent.reply(m, m.payload).catch((e) => console.error(`reply failed: ${e.message}`));
     return;
   }
   const to = { agent: m.from };
   const meta = { correlationId: m.meta.correlationId };
   // Not awaited: the SDK runs message handlers one at a time.
+  const said = typeof m.payload === 'string' ? m.payload : JSON.stringify(m.payload);
+  const steps = found
+    ? found[1]
+    : [{ status: 'working' }, { wait: 1200 }, { artifact: { parts: [{ text: `Hello World! You said: '${said}'. Thanks for your message!` }] } }, { state: 'completed' }];
   (async () => {
-    for (const step of found[1]) {
+    for (const step of steps) {
       if (step.wait) await sleep(step.wait);
       else await agent.send(to, { a2a: step }, meta);
     }

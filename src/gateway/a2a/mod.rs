@@ -114,6 +114,8 @@ pub struct Settings {
     pub remotes: Vec<RemoteSpec>,
     /// The gateway's bounds (`limits.rs`).
     pub limits: Limits,
+    /// The agent whose card is served at the router's card paths (`[a2a] default_agent`).
+    pub default_agent: Option<String>,
 }
 
 /// The gateway: its settings, its MAP sessions once opened, and its callers' sessions.
@@ -554,6 +556,11 @@ fn card_response(g: &A2aGateway, headers: &HeaderMap, card: &serde_json::Value) 
 }
 
 async fn router_card(g: &A2aGateway, headers: &HeaderMap, peer: Peer, shape: Shape) -> Response {
+    // Single-agent mode: the host's card is that agent's (as the caller may see it: an agent
+    // the caller may not see is 404, as at its own card path).
+    if let Some(id) = &g.settings.default_agent {
+        return agent_card(g, id, headers, peer, shape).await;
+    }
     let peer = peer_ip(peer.as_ref());
     // With authentication on, the skills are the agents the caller may see: none for a caller
     // without a credential (the card still says how to authenticate).
