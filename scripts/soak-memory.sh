@@ -23,14 +23,17 @@ if [ -z "${SOAK:-}" ]; then
   SOAK=$(find target/release/deps -maxdepth 1 -type f -executable -name 'soak-*' -printf '%T@ %p\n' \
     | sort -n | tail -n1 | cut -d' ' -f2)
 fi
-pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+# taskset execs the program, so `$!` of a backgrounded `$PIN0 "$BIN" ... &` is the server's own
+# pid (a shell function there would put a subshell between them: its pid, RSS and kill).
+if command -v taskset >/dev/null; then PIN0="taskset -c 0"; PIN1="taskset -c 1"; else PIN0=""; PIN1=""; fi
 
 soak() {  # soak NAME ARGS...
   local name=$1; shift
   local dir; dir=$(mktemp -d)
   printf '[events]\nretention_bytes = 4194304\n' > "$dir/config.toml"
   : > "$dir/log"
-  pin 0 "$BIN" serve --listen 127.0.0.1:0 --data-dir "$dir/data" --config "$dir/config.toml" \
+  # shellcheck disable=SC2086 # PIN0 is a command prefix, split on purpose
+  $PIN0 "$BIN" serve --listen 127.0.0.1:0 --data-dir "$dir/data" --config "$dir/config.toml" \
     2> "$dir/log" &
   local pid=$! url=""
   for _ in $(seq 100); do
@@ -39,7 +42,8 @@ soak() {  # soak NAME ARGS...
     sleep 0.1
   done
   [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; kill "$pid"; exit 1; }
-  pin 1 timeout 900 "$SOAK" --bench --url "$url" --server-pid "$pid" --test "$name" \
+  # shellcheck disable=SC2086
+  $PIN1 timeout 900 "$SOAK" --bench --url "$url" --server-pid "$pid" --test "$name" \
     --data-dir "$dir/data" "$@" || echo "{\"test\":\"$name\",\"failed\":true}"
   kill "$pid"; wait "$pid" 2>/dev/null || true
   rm -rf "$dir"
