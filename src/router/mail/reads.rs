@@ -20,7 +20,7 @@ use crate::router::mail::access::{
 };
 use crate::router::mail::ops::{CatchUpFrom, Joined};
 use crate::router::mail::table::{turn_of_row, Conv};
-use crate::router::page::take_page;
+use crate::router::page::{scan_page, take_page};
 use crate::store::kept::{KeptAnswer, KeptQuery, PageQuery};
 
 /// The capability of the methods that read a conversation's history.
@@ -231,7 +231,7 @@ pub async fn list(
     let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
     let f = p.filter.unwrap_or_default();
     let cursor = p.cursor;
-    let (who, mut after) = paged_read(&router, conn, HISTORY, move |r, ctx| {
+    let (who, after) = paged_read(&router, conn, HISTORY, move |r, ctx| {
         let caller = r.caller(ctx)?;
         let who = r.identities(&caller);
         let after = match &cursor {
@@ -248,48 +248,34 @@ pub async fn list(
     settle(&router, conn, HISTORY).await?;
     let chunk = (limit + 1).clamp(64, SCAN_CHUNK);
     let members = (!who.system).then(|| who.all.clone());
-    let mut conversations = Vec::new();
-    let mut has_more = false;
-    loop {
-        let rows = rows(
-            read_one(
-                &router,
-                KeptQuery::Page(PageQuery::Conversations {
-                    after: after.clone(),
-                    members: members.clone(),
-                    limit: chunk,
-                }),
-            )
-            .await?,
-        );
-        let end = rows.len() < chunk;
-        let (w, filter) = (who.clone(), f.clone());
-        let (picked, last) = router
-            .call(conn, HISTORY, true, move |r, _| {
-                Ok(r.pick_conversations(&w, rows, &filter))
-            })
-            .await?;
-        for c in picked {
-            if conversations.len() == limit {
-                has_more = true;
-                break;
+    let page = scan_page(
+        after,
+        limit,
+        |after| {
+            let (router, w, filter) = (&router, who.clone(), f.clone());
+            let query = KeptQuery::Page(PageQuery::Conversations {
+                after,
+                members: members.clone(),
+                limit: chunk,
+            });
+            async move {
+                let rows = rows(read_one(router, query).await?);
+                let end = rows.len() < chunk;
+                let (picked, last) = router
+                    .call(conn, HISTORY, true, move |r, _| {
+                        Ok(r.pick_conversations(&w, rows, &filter))
+                    })
+                    .await?;
+                Ok((picked, last, end))
             }
-            conversations.push(c);
-        }
-        if has_more || end || last.is_none() {
-            break;
-        }
-        after = last;
-    }
-    let next_cursor = if has_more {
-        conversations.last().map(|c: &Conversation| c.id.clone())
-    } else {
-        None
-    };
+        },
+        |c: &Conversation| c.id.clone(),
+    )
+    .await?;
     Ok(ListResult {
-        conversations,
-        has_more,
-        next_cursor,
+        conversations: page.items,
+        has_more: page.has_more,
+        next_cursor: page.next_cursor,
     })
 }
 

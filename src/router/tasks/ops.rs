@@ -23,6 +23,7 @@ use crate::router::handle::RouterHandle;
 use crate::router::ids::ConnId;
 use crate::router::kept::need::Need;
 use crate::router::kept::ops::{paged_read, read_one, rows, settle};
+use crate::router::page::scan_page;
 use crate::router::permissions;
 use crate::router::quota_checks::Created;
 use crate::router::tasks::table::{entry_of_row, Entry, OrderKey};
@@ -447,7 +448,7 @@ pub async fn list(
     const CAP: Option<Capability> = Some(Capability::CanListTasks);
     let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
     let filter = p.filter.unwrap_or_default();
-    let mut after = match p.cursor {
+    let after = match p.cursor {
         Some(c) => Some(
             paged_read(&router, conn, CAP, move |r, ctx| {
                 let caller = r.caller(ctx)?;
@@ -468,47 +469,36 @@ pub async fn list(
         Some(StatusFilter::Any(any)) => any.iter().map(|s| s.as_str().to_owned()).collect(),
     };
     let chunk = (limit + 1).clamp(64, SCAN_CHUNK);
-    let mut tasks = Vec::new();
-    let mut has_more = false;
-    loop {
-        let rows = rows(
-            read_one(
-                &router,
-                KeptQuery::Page(PageQuery::Tasks {
-                    after: after.clone(),
-                    assignee: filter.assignee.as_ref().map(|a| a.to_string()),
-                    statuses: statuses.clone(),
-                    limit: chunk,
-                }),
-            )
-            .await?,
-        );
-        let end = rows.len() < chunk;
-        let f = filter.clone();
-        let (picked, last) = router
-            .call(conn, CAP, true, move |r, ctx| r.pick_tasks(ctx, rows, &f))
-            .await?;
-        for t in picked {
-            if tasks.len() == limit {
-                has_more = true;
-                break;
+    let assignee = filter.assignee.as_ref().map(|a| a.to_string());
+    let page = scan_page(
+        after,
+        limit,
+        |after| {
+            let (router, filter) = (&router, filter.clone());
+            let query = KeptQuery::Page(PageQuery::Tasks {
+                after,
+                assignee: assignee.clone(),
+                statuses: statuses.clone(),
+                limit: chunk,
+            });
+            async move {
+                let rows = rows(read_one(router, query).await?);
+                let end = rows.len() < chunk;
+                let (picked, last) = router
+                    .call(conn, CAP, true, move |r, ctx| {
+                        r.pick_tasks(ctx, rows, &filter)
+                    })
+                    .await?;
+                Ok((picked, last, end))
             }
-            tasks.push(t);
-        }
-        if has_more || end || last.is_none() {
-            break;
-        }
-        after = last;
-    }
-    let next_cursor = if has_more {
-        tasks.last().map(|t: &Task| t.id.clone())
-    } else {
-        None
-    };
+        },
+        |t: &Task| t.id.clone(),
+    )
+    .await?;
     Ok(ListResult {
-        tasks,
-        has_more,
-        next_cursor,
+        tasks: page.items,
+        has_more: page.has_more,
+        next_cursor: page.next_cursor,
     })
 }
 

@@ -28,6 +28,7 @@ use crate::router::handle::RouterHandle;
 use crate::router::ids::ConnId;
 use crate::router::kept::need::Need;
 use crate::router::kept::ops::{paged_read, read_one, rows, settle};
+use crate::router::page::scan_page;
 use crate::router::permissions;
 use crate::router::quota_checks::Created;
 use crate::router::trajectory::table::{entry_of_row, ContentAnswer, Entry, OrderKey};
@@ -361,7 +362,7 @@ pub async fn list(
     const CAP: Option<Capability> = Some(Capability::CanQueryTrajectory);
     let limit = p.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize;
     let filter = p.filter.unwrap_or_default();
-    let mut before = match p.cursor {
+    let before = match p.cursor {
         Some(c) => Some(
             paged_read(&router, conn, CAP, move |r, ctx| {
                 let caller = r.caller(ctx)?;
@@ -377,50 +378,38 @@ pub async fn list(
     };
     settle(&router, conn, CAP).await?;
     let chunk = (limit + 1).clamp(64, SCAN_CHUNK);
-    let mut checkpoints = Vec::new();
-    let mut has_more = false;
-    loop {
-        let rows = rows(
-            read_one(
-                &router,
-                KeptQuery::Page(PageQuery::Checkpoints {
-                    before: before.clone(),
-                    agent: filter.agent_id.as_ref().map(|a| a.to_string()),
-                    after_ts: filter.after_timestamp,
-                    before_ts: filter.before_timestamp,
-                    limit: chunk,
-                }),
-            )
-            .await?,
-        );
-        let end = rows.len() < chunk;
-        let f = filter.clone();
-        let (picked, last) = router
-            .call(conn, CAP, true, move |r, ctx| {
-                r.pick_checkpoints(ctx, rows, &f)
-            })
-            .await?;
-        for c in picked {
-            if checkpoints.len() == limit {
-                has_more = true;
-                break;
+    let agent = filter.agent_id.as_ref().map(|a| a.to_string());
+    // Newest first: each chunk continues before the last key read.
+    let page = scan_page(
+        before,
+        limit,
+        |before| {
+            let (router, filter) = (&router, filter.clone());
+            let query = KeptQuery::Page(PageQuery::Checkpoints {
+                before,
+                agent: agent.clone(),
+                after_ts: filter.after_timestamp,
+                before_ts: filter.before_timestamp,
+                limit: chunk,
+            });
+            async move {
+                let rows = rows(read_one(router, query).await?);
+                let end = rows.len() < chunk;
+                let (picked, last) = router
+                    .call(conn, CAP, true, move |r, ctx| {
+                        r.pick_checkpoints(ctx, rows, &filter)
+                    })
+                    .await?;
+                Ok((picked, last, end))
             }
-            checkpoints.push(c);
-        }
-        if has_more || end || last.is_none() {
-            break;
-        }
-        before = last;
-    }
-    let next_cursor = if has_more {
-        checkpoints.last().map(|c: &Checkpoint| c.id.clone())
-    } else {
-        None
-    };
+        },
+        |c: &Checkpoint| c.id.clone(),
+    )
+    .await?;
     Ok(ListResult {
-        checkpoints,
-        has_more,
-        next_cursor,
+        checkpoints: page.items,
+        has_more: page.has_more,
+        next_cursor: page.next_cursor,
     })
 }
 
