@@ -830,6 +830,27 @@ async fn hostile_input_gets_json_rpc_errors() {
         error_code(addr, path, "SendMessage", json!({})).await,
         -32602
     );
+    // messageId is required (A2A 0.3 and 1.0; the SDK's server refuses it too), in both
+    // versions' methods; nothing is started for such a message.
+    for (method, message) in [
+        (
+            "SendMessage",
+            json!({"role": "ROLE_USER", "parts": [{"text": "hi"}]}),
+        ),
+        (
+            "message/send",
+            json!({"role": "user", "parts": [{"kind": "text", "text": "hi"}]}),
+        ),
+        (
+            "message/send",
+            json!({"messageId": "", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}),
+        ),
+    ] {
+        let r = call(addr, path, method, json!({ "message": message })).await;
+        assert_eq!(r["error"]["code"], -32602, "{method} {message}: {r}");
+        let text = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(text.contains("messageId"), "{r}");
+    }
     assert_eq!(
         error_code(
             addr,

@@ -82,8 +82,18 @@ pub enum Command {
 /// # Errors
 /// The exit code to return when the runtime cannot be built.
 pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    runtime_with_idle_hook(|| {})
+}
+
+/// [`runtime`], with `on_idle` run by each worker thread whenever it runs out of work (tokio's
+/// `on_thread_park`): the binary gives its allocator's freed pages back there.
+///
+/// # Errors
+/// The exit code to leave with (the message is printed) when the runtime cannot start.
+pub fn runtime_with_idle_hook(on_idle: fn()) -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_park(on_idle)
         .build()
         .map_err(|e| {
             eprintln!("map-router: cannot start the async runtime: {e}");

@@ -230,7 +230,8 @@ impl Part {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Message {
-    /// Set by the sender (the gateway makes one up when it is missing).
+    /// Set by the sender; required (A2A 0.3 and 1.0 both; `@a2a-js/sdk`'s server and the
+    /// conformance kit answer -32602 without it).
     #[serde(default)]
     pub message_id: String,
     /// The conversation.
@@ -317,7 +318,8 @@ pub struct SendParams {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IncomingMessage {
-    /// Set by the sender (the gateway makes one up when it is missing).
+    /// Set by the sender; required (A2A 0.3 and 1.0 both; `@a2a-js/sdk`'s server and the
+    /// conformance kit answer -32602 without it).
     #[serde(default)]
     #[serde(alias = "message_id")]
     pub message_id: String,
@@ -353,6 +355,9 @@ impl IncomingMessage {
     /// # Errors
     /// What is wrong with the parts.
     pub fn into_message(self) -> Result<Message, String> {
+        if self.message_id.is_empty() {
+            return Err("message.messageId is required".into());
+        }
         if self.parts.is_empty() {
             return Err("message.parts must not be empty".into());
         }
@@ -362,11 +367,7 @@ impl IncomingMessage {
             .map(|p| parse_part(p))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Message {
-            message_id: if self.message_id.is_empty() {
-                crate::protocol::ids::Ulid::random().to_string()
-            } else {
-                self.message_id
-            },
+            message_id: self.message_id,
             context_id: self.context_id.filter(|c| !c.is_empty()),
             task_id: self.task_id.filter(|t| !t.is_empty()),
             role: self.role,

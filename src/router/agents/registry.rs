@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::router::ids::IdMap;
+use crate::router::ids::{IdMap, Shrink};
 
 use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::ids::{AgentId, ParticipantId};
@@ -132,6 +132,7 @@ impl Registry {
         if let Some(owner) = &rec.agent.owner_id {
             self.unindex_owner(owner, id);
         }
+        self.agents.shrink_if_sparse();
         Some(rec)
     }
 
@@ -140,6 +141,7 @@ impl Registry {
             set.remove(id);
             if set.is_empty() {
                 self.by_owner.remove(owner);
+                self.by_owner.shrink_if_sparse();
             }
         }
     }

@@ -37,7 +37,7 @@ use crate::router::events::log::EventLog;
 use crate::router::events::log::EventRecord;
 use crate::router::events::log::Lookup;
 use crate::router::events::log::StoredRow;
-use crate::router::ids::{ConnId, IdMap};
+use crate::router::ids::{ConnId, IdMap, Shrink};
 use crate::router::outbox::CausedBy;
 use crate::router::outbox::Delivery;
 use crate::router::outbox::Outbound;
@@ -203,6 +203,7 @@ fn retire(
     id: &SubscriptionId,
 ) -> Option<Subscription> {
     let sub = subs.remove(id)?;
+    subs.shrink_if_sparse();
     retired.deliveries += sub.sequence;
     retired.overflows += sub.overflows;
     Some(sub)

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use crate::protocol::ids::{AgentId, EventId, MessageId};
 use crate::protocol::json::RawJson;
 use crate::router::events::log::{Audience, FilterKeys};
-use crate::router::ids::IdMap;
+use crate::router::ids::{IdMap, Shrink};
 
 /// Most messages kept for one agent while it is away.
 pub const MAX_OFFLINE_MESSAGES: usize = 1000;
@@ -138,7 +138,9 @@ impl Messaging {
 
     /// Takes what was kept for `agent`, oldest first.
     pub(crate) fn take_kept(&mut self, agent: &AgentId) -> Option<VecDeque<Arc<Outgoing>>> {
-        self.offline.remove(agent)
+        let kept = self.offline.remove(agent);
+        self.offline.shrink_if_sparse();
+        kept
     }
 
     /// Remembers that `out` was delivered to `recipient` by event `delivered`.

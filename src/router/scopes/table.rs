@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::router::ids::IdMap;
+use crate::router::ids::{IdMap, Shrink};
 
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
 use crate::protocol::scope::Scope;
@@ -87,6 +87,7 @@ impl Scopes {
         {
             parent.children.remove(id);
         }
+        self.scopes.shrink_if_sparse();
         Some(rec)
     }
 

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use crate::router::ids::IdMap;
+use crate::router::ids::{IdMap, Shrink};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -141,7 +141,9 @@ impl Conns {
 
     /// Removes a connection.
     pub fn remove(&mut self, id: &ConnId) -> Option<Conn> {
-        self.by_id.remove(id)
+        let conn = self.by_id.remove(id);
+        self.by_id.shrink_if_sparse();
+        conn
     }
 
     /// Every connection.
@@ -249,6 +251,9 @@ impl Sessions {
             self.by_participant.remove(&s.participant);
         }
         self.by_token.remove(&s.resume_token);
+        self.by_id.shrink_if_sparse();
+        self.by_participant.shrink_if_sparse();
+        self.by_token.shrink_if_sparse();
         Some(s)
     }
 
