@@ -830,8 +830,8 @@ async fn hostile_input_gets_json_rpc_errors() {
         error_code(addr, path, "SendMessage", json!({})).await,
         -32602
     );
-    // messageId is required (A2A 0.3 and 1.0; the SDK's server refuses it too), in both
-    // versions' methods; nothing is started for such a message.
+    // messageId and role are required (A2A 0.3 and 1.0; the SDK's server refuses a missing
+    // messageId too), in both versions' methods.
     for (method, message) in [
         (
             "SendMessage",
@@ -845,11 +845,15 @@ async fn hostile_input_gets_json_rpc_errors() {
             "message/send",
             json!({"messageId": "", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}),
         ),
+        (
+            "SendMessage",
+            json!({"messageId": "m", "parts": [{"text": "hi"}]}),
+        ),
     ] {
         let r = call(addr, path, method, json!({ "message": message })).await;
         assert_eq!(r["error"]["code"], -32602, "{method} {message}: {r}");
         let text = r["error"]["message"].as_str().unwrap_or_default();
-        assert!(text.contains("messageId"), "{r}");
+        assert!(text.contains("messageId") || text.contains("role"), "{r}");
     }
     assert_eq!(
         error_code(

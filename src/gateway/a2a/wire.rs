@@ -331,9 +331,9 @@ pub struct IncomingMessage {
     #[serde(default)]
     #[serde(alias = "task_id")]
     pub task_id: Option<String>,
-    /// Who wrote it (callers write as the user).
+    /// Who wrote it (callers write as the user); required, as `messageId` is.
     #[serde(default)]
-    pub role: Role,
+    pub role: Option<Role>,
     /// Its content, unread.
     #[serde(default)]
     pub parts: Vec<Box<serde_json::value::RawValue>>,
@@ -358,6 +358,9 @@ impl IncomingMessage {
         if self.message_id.is_empty() {
             return Err("message.messageId is required".into());
         }
+        let Some(role) = self.role else {
+            return Err("message.role is required".into());
+        };
         if self.parts.is_empty() {
             return Err("message.parts must not be empty".into());
         }
@@ -370,7 +373,7 @@ impl IncomingMessage {
             message_id: self.message_id,
             context_id: self.context_id.filter(|c| !c.is_empty()),
             task_id: self.task_id.filter(|t| !t.is_empty()),
-            role: self.role,
+            role,
             parts,
             metadata: self.metadata,
             extensions: self.extensions,
