@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::http::{dechunk, find, parse_head, HttpResponse};
+use common::http::{connect_from, find, read_response, request_from, HttpResponse};
 use common::{start_binary, start_server, with_timeout, within, TempDir, WsClient, QUIET};
 use futures::{SinkExt, StreamExt};
 use map_router::auth::config::Secret;
@@ -26,7 +26,7 @@ use map_router::protocol::methods::messaging::SendParams;
 use map_router::server::{Config, Server};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message as Ws;
 
 type Socket =
@@ -53,69 +53,7 @@ fn with_auth(c: &mut Config) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// HTTP, from a chosen loopback address
-
-/// One request from `from` (a loopback address; `None`: the default), read to the end.
-async fn request_from(
-    from: Option<IpAddr>,
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> HttpResponse {
-    with_timeout(async {
-        let mut s = connect_from(from, addr, None).await;
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        req.push_str("\r\n");
-        s.write_all(req.as_bytes()).await.expect("write head");
-        s.write_all(body).await.expect("write body");
-        read_response(&mut s).await
-    })
-    .await
-}
-
-async fn connect_from(from: Option<IpAddr>, addr: SocketAddr, rcvbuf: Option<u32>) -> TcpStream {
-    let socket = TcpSocket::new_v4().expect("socket");
-    if let Some(size) = rcvbuf {
-        socket.set_recv_buffer_size(size).expect("SO_RCVBUF");
-    }
-    if let Some(ip) = from {
-        socket
-            .bind(SocketAddr::new(ip, 0))
-            .expect("bind a loopback address");
-    }
-    socket.connect(addr).await.expect("connect")
-}
-
-async fn read_response(s: &mut TcpStream) -> HttpResponse {
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw).await;
-    let split = find(&raw, b"\r\n\r\n").expect("a complete response head");
-    let (status, headers) = parse_head(&raw[..split]);
-    let mut rest = raw[split + 4..].to_vec();
-    let chunked = headers.iter().any(|(k, v)| {
-        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
-    });
-    let body = if chunked {
-        let mut out = Vec::new();
-        dechunk(&mut rest, &mut out);
-        out
-    } else {
-        rest
-    };
-    HttpResponse {
-        status,
-        headers,
-        body,
-    }
-}
+// HTTP as a principal (requests from a chosen loopback address: common::http::request_from)
 
 fn bearer(key: Option<&str>) -> Option<String> {
     key.map(|k| format!("Bearer {k}"))

@@ -4,11 +4,11 @@
 
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use super::*;
 
@@ -105,8 +105,21 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> HttpResponse {
+    request_from(None, addr, method, path, headers, body).await
+}
+
+/// [`request`] from a chosen local address (another loopback address is another client IP to
+/// the server's per-IP limits).
+pub async fn request_from(
+    from: Option<IpAddr>,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
     with_timeout(async {
-        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut s = connect_from(from, addr, None).await;
         let mut req = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
             body.len()
@@ -117,28 +130,53 @@ pub async fn request(
         req.push_str("\r\n");
         s.write_all(req.as_bytes()).await.expect("write head");
         s.write_all(body).await.expect("write body");
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.expect("read response");
-        let split = find(&raw, b"\r\n\r\n").expect("complete head");
-        let (status, headers) = parse_head(&raw[..split]);
-        let mut rest = raw[split + 4..].to_vec();
-        let chunked = headers.iter().any(|(k, v)| {
-            k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
-        });
-        let body = if chunked {
-            let mut out = Vec::new();
-            assert!(dechunk(&mut rest, &mut out), "complete chunked body");
-            out
-        } else {
-            rest
-        };
-        HttpResponse {
-            status,
-            headers,
-            body,
-        }
+        read_response(&mut s).await
     })
     .await
+}
+
+/// A TCP connection to `addr`, from `from` if given, with a receive buffer of `rcvbuf` bytes if
+/// given (a small one makes a slow reader).
+pub async fn connect_from(
+    from: Option<IpAddr>,
+    addr: SocketAddr,
+    rcvbuf: Option<u32>,
+) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("socket");
+    if let Some(size) = rcvbuf {
+        socket.set_recv_buffer_size(size).expect("SO_RCVBUF");
+    }
+    if let Some(ip) = from {
+        socket
+            .bind(SocketAddr::new(ip, 0))
+            .expect("bind a loopback address");
+    }
+    socket.connect(addr).await.expect("connect")
+}
+
+/// Reads one response to the end of the connection (`Connection: close`), its body de-chunked.
+/// A connection the server resets after answering still yields what arrived.
+pub async fn read_response(s: &mut TcpStream) -> HttpResponse {
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw).await;
+    let split = find(&raw, b"\r\n\r\n").expect("a complete response head");
+    let (status, headers) = parse_head(&raw[..split]);
+    let mut rest = raw[split + 4..].to_vec();
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let body = if chunked {
+        let mut out = Vec::new();
+        assert!(dechunk(&mut rest, &mut out), "complete chunked body");
+        out
+    } else {
+        rest
+    };
+    HttpResponse {
+        status,
+        headers,
+        body,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
