@@ -90,6 +90,8 @@ pub struct Config {
     pub a2a: A2aSettings,
     /// The MAMP and IM gateways (`[gateways]`, docs/gateways.md; on by default).
     pub gateways: crate::gateway::GatewaySettings,
+    /// The AIP gateway over gRPC (`[aip]`, docs/aip.md; off unless `listen` is set).
+    pub aip: crate::gateway::aip::AipSettings,
 }
 
 /// `[a2a]`: the A2A gateway (docs/a2a.md).
@@ -483,6 +485,7 @@ impl Default for Config {
             metrics: MetricsSettings::default(),
             gateways: crate::gateway::GatewaySettings::default(),
             a2a: A2aSettings::default(),
+            aip: crate::gateway::aip::AipSettings::default(),
         }
     }
 }
@@ -693,6 +696,7 @@ impl Config {
         }
         self.auth.validate().map_err(ConfigError::Invalid)?;
         self.gateways.validate().map_err(ConfigError::Invalid)?;
+        self.aip.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 
