@@ -198,6 +198,17 @@ pub fn message_of(aip: &Value, payload: Option<&Value>) -> AgentMessage {
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// Ends a session with `status` once its first message was read: the status goes out as the
+/// stream's end while what the caller is still writing is read and dropped (for 2 s at most),
+/// so that its client sees the status and not a reset of a stream it is still writing.
+fn refuse(mut inbound: Streaming<AgentMessage>, status: Status) -> Response<Stream_<AgentMessage>> {
+    tokio::spawn(async move {
+        let drain = async { while let Ok(Some(_)) = inbound.message().await {} };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    });
+    Response::new(Box::pin(futures::stream::once(async move { Err(status) })))
+}
+
 impl Service {
     /// The service over `gw`.
     pub fn new(gw: Arc<AipGateway>) -> Self {
@@ -540,22 +551,35 @@ impl GatewayService for Service {
             Ok(Ok(None)) => return Err(gw.refused(Status::aborted("Empty request stream"))),
             Ok(Ok(Some(m))) => m,
         };
-        if first.session_status != SessionStatus::StartQuest as i32 {
-            return Err(gw.refused(Status::invalid_argument(
-                "First message must be START_QUEST",
-            )));
-        }
-        if first.session_id.is_empty() {
-            return Err(gw.refused(Status::invalid_argument(
-                "Missing session_id in START_QUEST",
-            )));
-        }
-        let sender = self.own_node(&caller, &first.sender_id)?;
-        gw.touch(&sender.id).await;
+        let checked = async {
+            if first.session_status != SessionStatus::StartQuest as i32 {
+                return Err(Status::invalid_argument(
+                    "First message must be START_QUEST",
+                ));
+            }
+            if first.session_id.is_empty() {
+                return Err(Status::invalid_argument(
+                    "Missing session_id in START_QUEST",
+                ));
+            }
+            let sender = self.own_node(&caller, &first.sender_id)?;
+            gw.touch(&sender.id).await;
+            if first.receiver_id.is_empty()
+                || sender
+                    .client
+                    .get_agent(first.receiver_id.as_str())
+                    .await
+                    .is_err()
+            {
+                return Err(Status::not_found("Receiver not found"));
+            }
+            Ok(sender)
+        };
+        let sender = match checked.await {
+            Ok(s) => s,
+            Err(status) => return Ok(refuse(inbound, gw.refused(status))),
+        };
         let receiver = first.receiver_id.clone();
-        if receiver.is_empty() || sender.client.get_agent(receiver.as_str()).await.is_err() {
-            return Err(gw.refused(Status::not_found("Receiver not found")));
-        }
         let session = first.session_id.clone();
         let (tx, rx) = mpsc::channel(256);
         if !gw.open_outgoing(&sender.id, &session, tx.clone(), permit) {
@@ -625,7 +649,13 @@ impl GatewayService for Service {
         self.rate(&caller)?;
         let trace = trace_meta(request.metadata());
         let limit = AipSettings::ms(gw.settings.tool_timeout_ms);
-        let timeout = grpc_timeout(request.metadata()).map_or(limit, |t| t.min(limit));
+        // Shorter than the caller's own deadline, so that the answer is ours
+        // (DEADLINE_EXCEEDED), not tonic's timeout (CANCELLED).
+        let timeout = grpc_timeout(request.metadata()).map_or(limit, |t| {
+            t.saturating_sub(Duration::from_millis(100))
+                .max(Duration::from_millis(1))
+                .min(limit)
+        });
         let req = request.into_inner();
         let arguments = super::proto::arguments(&req.arguments)
             .map_err(|e| gw.refused(Status::invalid_argument(e)))?;
