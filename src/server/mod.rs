@@ -215,7 +215,11 @@ impl Server {
             tokio::spawn(crate::gateway::peers::open_configured(gateways));
         }
         let app = if metrics.is_some() {
-            app.merge(metrics::routes(ctx.router.clone(), metrics_auth))
+            let extra = aip.as_ref().map(|(gateway, ..)| {
+                let gateway = Arc::clone(gateway);
+                Arc::new(move || gateway.render_metrics()) as metrics::Extra
+            });
+            app.merge(metrics::routes_with(ctx.router.clone(), metrics_auth, extra))
         } else {
             app
         };

@@ -549,6 +549,16 @@ async def scenarios(results):
             assert [c.text for c in r.content] == ["4"]
         await run(results, "hostile input gets gRPC status codes; the router keeps serving", hostile)
 
+        async def metrics():
+            with urllib.request.urlopen(router.http() + "/metrics", timeout=WAIT_S) as r:
+                text = r.read().decode()
+            values = dict(re.findall(r"^(map_aip_\w+) (\d+)$", text, re.M))
+            assert int(values["map_aip_nodes"]) >= 3, values
+            assert int(values["map_aip_tool_calls_total"]) >= 5, values
+            assert int(values["map_aip_sessions_total"]) >= 3, values
+            assert int(values["map_aip_refused_total"]) >= 5, values
+        await run(results, "/metrics counts AIP nodes, sessions, tool calls and refusals", metrics)
+
         async def deregister():
             r = await other.stub.DeregisterNode(pb.DeregisterNodeRequest(node_id=other.id), timeout=WAIT_S)
             assert r.success
