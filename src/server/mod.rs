@@ -219,7 +219,11 @@ impl Server {
                 let gateway = Arc::clone(gateway);
                 Arc::new(move || gateway.render_metrics()) as metrics::Extra
             });
-            app.merge(metrics::routes_with(ctx.router.clone(), metrics_auth, extra))
+            app.merge(metrics::routes_with(
+                ctx.router.clone(),
+                metrics_auth,
+                extra,
+            ))
         } else {
             app
         };

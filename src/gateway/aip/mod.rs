@@ -224,23 +224,61 @@ impl AipGateway {
         let c = &self.counters;
         let mut out = String::new();
         let gauges = [
-            ("map_aip_nodes", "AIP nodes registered now.", self.node_count()),
-            ("map_aip_sessions_open", "AIP agent sessions open now (started by AIP nodes).", self.session_count()),
+            (
+                "map_aip_nodes",
+                "AIP nodes registered now.",
+                self.node_count(),
+            ),
+            (
+                "map_aip_sessions_open",
+                "AIP agent sessions open now (started by AIP nodes).",
+                self.session_count(),
+            ),
         ];
         for (name, help, v) in gauges {
-            let _ = write!(out, "# TYPE {name} gauge\n# HELP {name} {help}\n{name} {v}\n");
+            let _ = write!(
+                out,
+                "# TYPE {name} gauge\n# HELP {name} {help}\n{name} {v}\n"
+            );
         }
         let counters = [
-            ("map_aip_registrations", "AIP registrations accepted.", &c.registrations),
-            ("map_aip_removals", "AIP nodes removed (deregistered or evicted).", &c.removals),
-            ("map_aip_silent", "AIP nodes found silent past the heartbeat timeout.", &c.silent),
-            ("map_aip_sessions", "AIP agent sessions opened.", &c.sessions),
-            ("map_aip_tool_calls", "Calls made to AIP tools.", &c.tool_calls),
-            ("map_aip_refused", "AIP calls refused with an error status.", &c.refused),
+            (
+                "map_aip_registrations",
+                "AIP registrations accepted.",
+                &c.registrations,
+            ),
+            (
+                "map_aip_removals",
+                "AIP nodes removed (deregistered or evicted).",
+                &c.removals,
+            ),
+            (
+                "map_aip_silent",
+                "AIP nodes found silent past the heartbeat timeout.",
+                &c.silent,
+            ),
+            (
+                "map_aip_sessions",
+                "AIP agent sessions opened.",
+                &c.sessions,
+            ),
+            (
+                "map_aip_tool_calls",
+                "Calls made to AIP tools.",
+                &c.tool_calls,
+            ),
+            (
+                "map_aip_refused",
+                "AIP calls refused with an error status.",
+                &c.refused,
+            ),
         ];
         for (name, help, v) in counters {
             let v = v.load(Ordering::Relaxed);
-            let _ = write!(out, "# TYPE {name} counter\n# HELP {name} {help}\n{name}_total {v}\n");
+            let _ = write!(
+                out,
+                "# TYPE {name} counter\n# HELP {name} {help}\n{name}_total {v}\n"
+            );
         }
         out
     }
