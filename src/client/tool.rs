@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::client::{Client, ClientError};
+use crate::client::error::ClientError;
+use crate::client::handle::Client;
 use crate::protocol::message::Message;
 
 /// What a tool answered.

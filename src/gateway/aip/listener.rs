@@ -23,7 +23,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::proto::gateway_service_server::GatewayServiceServer;
 use super::service::Service;
-use super::AipGateway;
+use super::state::AipGateway;
 
 /// Longest TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -19,7 +19,7 @@
 //! `agent_state_changed`) and a `NodeUpdate` to subscribers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD;
@@ -30,14 +30,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-use super::proto::node_update::UpdateType;
 use super::proto::peer::InfoType;
-use super::proto::{agent_info, AgentInfo, AgentMessage, Mode, NodeUpdate, Peer, ToolInfo};
-use super::{lock, AipGateway, AipSettings, Silence};
+use super::proto::{agent_info, AgentInfo, AgentMessage, Mode, Peer, ToolInfo};
 use crate::client::{AgentHandle, Client};
 use crate::gateway::caller::Subject;
-use crate::protocol::agent::{Agent, AgentState};
-use crate::protocol::methods::agents::UpdateParams;
+use crate::protocol::agent::Agent;
 
 /// An AIP agent or tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +70,10 @@ pub struct Node {
     /// Sessions other agents hold with this (AIP agent) node: `(MAP sender, session id)` → the
     /// request side of its `CallAgent` stream.
     pub inbound: Mutex<std::collections::HashMap<(String, String), mpsc::Sender<AgentMessage>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Drop for Node {
@@ -244,9 +245,9 @@ pub fn peer_id(peer: &Peer) -> &str {
 }
 
 impl Node {
-    /// A node over its opened session and registered agent; its pump starts.
-    pub fn start(
-        gw: &Arc<AipGateway>,
+    /// A node over its opened session and registered agent (its pump is started by the
+    /// registration, [`Node::set_pump`]).
+    pub fn new(
         kind: Kind,
         peer: Peer,
         owner: Subject,
@@ -259,8 +260,7 @@ impl Node {
             Some(InfoType::ToolInfo(t)) => (t.tool_id.clone(), t.address.clone()),
             None => (String::new(), String::new()),
         };
-        let messages = agent.messages();
-        let node = Arc::new(Self {
+        Arc::new(Self {
             id,
             kind,
             address,
@@ -273,14 +273,30 @@ impl Node {
             online: AtomicBool::new(true),
             pump: Mutex::new(None),
             inbound: Mutex::new(std::collections::HashMap::new()),
-        });
-        let pump = tokio::spawn(super::pump::run(
-            Arc::downgrade(gw),
-            Arc::downgrade(&node),
-            messages,
-        ));
-        *lock(&node.pump) = Some(pump);
-        node
+        })
+    }
+
+    /// The task that delivers its MAP inbox (`pump.rs`); aborted when the node goes.
+    pub fn set_pump(&self, pump: JoinHandle<()>) {
+        *lock(&self.pump) = Some(pump);
+    }
+
+    /// Stops its pump.
+    pub fn abort_pump(&self) {
+        if let Some(pump) = lock(&self.pump).take() {
+            pump.abort();
+        }
+    }
+
+    /// A sign of life now; whether it was offline before.
+    pub fn refresh(&self) -> bool {
+        *lock(&self.last_seen) = Instant::now();
+        !self.online.swap(true, Ordering::Relaxed)
+    }
+
+    /// Marks it offline.
+    pub fn set_offline(&self) {
+        self.online.store(false, Ordering::Relaxed);
     }
 
     /// The info as `Peer`.
@@ -293,111 +309,8 @@ impl Node {
         self.online.load(Ordering::Relaxed)
     }
 
-    fn silent_for(&self) -> Duration {
+    /// How long since its last sign of life.
+    pub fn silent_for(&self) -> Duration {
         lock(&self.last_seen).elapsed()
-    }
-}
-
-impl AipGateway {
-    /// A sign of life from node `id` (if it is one): refreshed, and back online if it was not.
-    pub async fn touch(&self, id: &str) {
-        let Some(node) = self.node(id) else { return };
-        *lock(&node.last_seen) = Instant::now();
-        if !node.online.swap(true, Ordering::Relaxed) {
-            self.set_state(&node, AgentState::ACTIVE).await;
-            self.publish(NodeUpdate {
-                update_type: UpdateType::Updated as i32,
-                node_id: node.id.clone(),
-                peer: Some(node.peer()),
-            });
-            tracing::info!(node = %node.id, "AIP node back online");
-        }
-    }
-
-    async fn set_state(&self, node: &Node, state: AgentState) {
-        let r = node
-            .client
-            .update_agent(UpdateParams {
-                agent_id: node.id.as_str().into(),
-                state: Some(state),
-                environment: None,
-                metadata: None,
-                permission_overrides: None,
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!(node = %node.id, error = %e, "AIP node state not changed");
-        }
-    }
-
-    /// Removes node `id`: its MAP agent is unregistered and its session closed. False when
-    /// there was none.
-    pub async fn remove(&self, id: &str) -> bool {
-        let Some(node) = lock(&self.nodes).remove(id) else {
-            return false;
-        };
-        self.counters.removals.fetch_add(1, Ordering::Relaxed);
-        if let Some(pump) = lock(&node.pump).take() {
-            pump.abort();
-        }
-        lock(&node.inbound).clear();
-        let _ = node.client.unregister(node.id.as_str()).await;
-        if node.client.disconnect().await.is_err() {
-            let _ = node.client.close().await;
-        }
-        self.publish(NodeUpdate {
-            update_type: UpdateType::Removed as i32,
-            node_id: node.id.clone(),
-            peer: Some(node.peer()),
-        });
-        tracing::info!(node = %id, "AIP node removed");
-        true
-    }
-
-    async fn sweep_nodes(&self) {
-        let timeout = AipSettings::ms(self.settings.heartbeat_timeout_ms);
-        let silent: Vec<Arc<Node>> = lock(&self.nodes)
-            .values()
-            .filter(|n| n.is_online() && n.silent_for() > timeout)
-            .cloned()
-            .collect();
-        for node in silent {
-            self.counters.silent.fetch_add(1, Ordering::Relaxed);
-            match self.settings.on_silence {
-                Silence::Evict => {
-                    tracing::info!(node = %node.id, "AIP node silent past the heartbeat timeout: evicted");
-                    self.remove(&node.id).await;
-                }
-                Silence::Offline => {
-                    tracing::info!(node = %node.id, "AIP node silent past the heartbeat timeout: offline");
-                    node.online.store(false, Ordering::Relaxed);
-                    self.set_state(
-                        &node,
-                        AgentState::parse("x-offline").unwrap_or(AgentState::IDLE),
-                    )
-                    .await;
-                    self.publish(NodeUpdate {
-                        update_type: UpdateType::Updated as i32,
-                        node_id: node.id.clone(),
-                        peer: Some(node.peer()),
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// Checks liveness and idle sessions until the gateway is gone.
-pub async fn sweep_loop(gw: Weak<AipGateway>) {
-    let period = match gw.upgrade() {
-        Some(gw) => AipSettings::ms(gw.settings.heartbeat_timeout_ms / 3)
-            .clamp(Duration::from_millis(100), Duration::from_secs(10)),
-        None => return,
-    };
-    loop {
-        tokio::time::sleep(period).await;
-        let Some(gw) = gw.upgrade() else { break };
-        gw.sweep_nodes().await;
-        gw.sweep_sessions();
     }
 }

@@ -30,13 +30,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Status};
 
 use super::content;
+use super::messages::{message_meta, message_of};
 use super::nodes::{Kind, Node};
 use super::proto::agent_message::SessionStatus;
 use super::proto::agent_service_client::AgentServiceClient;
 use super::proto::tool_service_client::ToolServiceClient;
 use super::proto::{AgentMessage, ToolRequest};
-use super::service::{message_meta, message_of};
-use super::{lock, AipGateway, AipSettings};
+use super::settings::AipSettings;
+use super::state::{lock, AipGateway};
 use crate::client::Messages;
 use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;

@@ -25,6 +25,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::content;
+use super::messages::message_meta;
 use super::nodes::{self, Kind, Node};
 use super::proto::agent_message::SessionStatus;
 use super::proto::gateway_service_server::GatewayService;
@@ -32,7 +33,9 @@ use super::proto::node_update::UpdateType;
 use super::proto::peer::InfoType;
 use super::proto::task_info::TaskStatus as AipTaskStatus;
 use super::proto::*;
-use super::{lock, AipGateway, AipSettings};
+use super::pump;
+use super::settings::AipSettings;
+use super::state::{lock, AipGateway};
 use crate::client::{Client, ClientError, ClientOptions};
 use crate::gateway::caller::{Caller, Subject};
 use crate::gateway::wire::GatewayError;
@@ -130,69 +133,6 @@ fn task_status(s: i32) -> &'static str {
         AipTaskStatus::Waiting => "blocked",
         AipTaskStatus::Break => "failed",
         AipTaskStatus::Finish => "completed",
-    }
-}
-
-/// `meta.aip` of an agent message.
-pub fn message_meta(m: &AgentMessage) -> Value {
-    let status = SessionStatus::try_from(m.session_status).unwrap_or(SessionStatus::StartQuest);
-    let mut aip = json!({
-        "sessionId": m.session_id,
-        "sessionStatus": status.as_str_name(),
-        "messageId": m.message_id,
-        "replyToMessageId": m.reply_to_message_id,
-        "senderId": m.sender_id,
-        "receiverId": m.receiver_id,
-    });
-    if let Some(t) = &m.task_info {
-        aip["taskInfo"] = json!({
-            "taskId": t.task_id,
-            "parentTaskIds": t.parent_task_ids,
-            "taskStatus": AipTaskStatus::try_from(t.task_status).unwrap_or(AipTaskStatus::Create).as_str_name(),
-        });
-    }
-    aip
-}
-
-/// The agent message `meta.aip` describes (content from `payload`).
-pub fn message_of(aip: &Value, payload: Option<&Value>) -> AgentMessage {
-    let s = |k: &str| aip.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-    let status = aip
-        .get("sessionStatus")
-        .and_then(Value::as_str)
-        .and_then(SessionStatus::from_str_name)
-        .unwrap_or(SessionStatus::StartQuest);
-    let task_info = aip.get("taskInfo").map(|t| TaskInfo {
-        task_id: t
-            .get("taskId")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
-        parent_task_ids: t
-            .get("parentTaskIds")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default(),
-        task_status: t
-            .get("taskStatus")
-            .and_then(Value::as_str)
-            .and_then(AipTaskStatus::from_str_name)
-            .unwrap_or(AipTaskStatus::Create) as i32,
-    });
-    AgentMessage {
-        sender_id: s("senderId"),
-        receiver_id: s("receiverId"),
-        session_id: s("sessionId"),
-        session_status: status as i32,
-        task_info,
-        message_id: s("messageId"),
-        reply_to_message_id: s("replyToMessageId"),
-        content: content::items(payload),
     }
 }
 
@@ -385,8 +325,8 @@ impl Service {
                 return Err(gw.refused(s));
             }
         };
-        let node = Node::start(
-            gw,
+        let messages = agent.messages();
+        let node = Node::new(
             kind,
             peer.clone(),
             caller.subject(),
@@ -394,6 +334,11 @@ impl Service {
             agent,
             channel,
         );
+        node.set_pump(tokio::spawn(pump::run(
+            Arc::downgrade(gw),
+            Arc::downgrade(&node),
+            messages,
+        )));
         let raced = {
             let mut nodes = lock(&gw.nodes);
             if nodes.contains_key(&id) || nodes.values().any(|n| n.address == address) {
