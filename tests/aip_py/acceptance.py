@@ -76,7 +76,7 @@ class Router:
                 line = self.proc.stderr.readline()
                 if not line:
                     raise RuntimeError("the router exited before listening")
-                m = re.match(r"map-router listening on (ws://\S+)/", line)
+                m = re.match(r"map-router listening on (wss?://\S+)/", line)
                 if m:
                     self.url = m.group(1)
                 m = re.match(r"map-router AIP gateway listening on (\S+)", line)
@@ -88,7 +88,7 @@ class Router:
         return self
 
     def http(self):
-        return "http://" + self.url[len("ws://"):]
+        return self.url.replace("ws", "http", 1)
 
     def rpc(self, method, params, session=None, key=None, participant="system"):
         """One MAP call over POST /map/rpc (a fresh session unless given): (result, session)."""
@@ -167,6 +167,7 @@ class AgentServicer(pbg.AgentServiceServicer):
         self.seen = []
 
     async def CallAgent(self, request_iterator, context):
+        self.metadata = dict(context.invocation_metadata())
         first = True
         async for req in request_iterator:
             self.seen.append(req)
@@ -260,7 +261,7 @@ class Node:
             pb.ToolRequest(sender_id=self.id, receiver_id=tool_id, session_id=f"tool_session_{uuid.uuid4()}",
                            tool_name=name, arguments=arguments), timeout=timeout, metadata=self.metadata)
 
-    async def session(self, receiver, items_list, timeout=WAIT_S):
+    async def session(self, receiver, items_list, timeout=WAIT_S, metadata=None):
         """upstream's README flow: every quest (START, HOLD..., STOP) written before any answer
         is read; the answers until STOP_RESPONSE and the end of the stream."""
         sid = f"agent_session_{uuid.uuid4()}"
@@ -275,7 +276,7 @@ class Node:
         async def requests():
             for m in msgs:
                 yield m
-        call = self.stub.RouteAgentCalling(requests(), timeout=timeout, metadata=self.metadata)
+        call = self.stub.RouteAgentCalling(requests(), timeout=timeout, metadata=metadata or self.metadata)
         answers = [a async for a in call]
         return sid, answers
 
@@ -379,14 +380,17 @@ async def scenarios(results):
         async def session_with_map_agent():
             got = await agent.stub.GetNodes(pb.GetNodesRequest(agent_id=agent.id, domain="lab"), timeout=WAIT_S)
             assert mapagent.id in peer_ids(got.peers), "the MAP agent advertises itself in aip:lab"
+            tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
             sid, answers = await agent.session(mapagent.id, [[pb.ContentItem(text="hello")], [pb.ContentItem(text="more")],
-                                                             [pb.ContentItem(text="bye")]])
+                                                             [pb.ContentItem(text="bye")]],
+                                               metadata=(("traceparent", tp),))
             statuses = [a.session_status for a in answers]
             assert statuses == [AM.HOLD_RESPONSE, AM.HOLD_RESPONSE, AM.STOP_RESPONSE], statuses
             assert [texts(a.content) for a in answers] == ["map agent heard: hello", "map agent heard: more",
                                                            "map agent heard: bye"], answers
             assert all(a.session_id == sid and a.sender_id == mapagent.id for a in answers), answers
-            assert (await mapagent.line("got ")).startswith("START_QUEST hello")
+            got = await mapagent.line("got ")
+            assert got.startswith("START_QUEST hello") and got.endswith(f"trace={tp}"), got  # trace context carried
             # One session = one mail conversation; task_info = MAP tasks, parents = dependencies.
             ans, _ = router.rpc("mail/list", {})
             convs = [c for c in ans["result"]["conversations"]
@@ -413,7 +417,10 @@ async def scenarios(results):
             blob = bytes(range(256))
             items = [pb.ContentItem(text="pic"), pb.ContentItem(image=blob), pb.ContentItem(audio=blob[::-1]),
                      pb.ContentItem(embedded=b"\x00\xff")]
-            _, answers = await agent.session(other.id, [items, [pb.ContentItem(text="end")]])
+            tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            _, answers = await agent.session(other.id, [items, [pb.ContentItem(text="end")]],
+                                             metadata=(("traceparent", tp),))
+            assert other.servicer.metadata.get("traceparent") == tp, other.servicer.metadata  # carried through MAP
             assert [a.session_status for a in answers] == [AM.HOLD_RESPONSE, AM.STOP_RESPONSE]
             got = list(answers[0].content)[1:]
             assert got == items[1:], got  # byte-exact both ways through MAP
@@ -687,6 +694,70 @@ async def identity(results):
         shutil.rmtree(router.dir, ignore_errors=True)
 
 
+def make_certificates(d):
+    """A CA and a certificate for 127.0.0.1 signed by it (docs/security.md's recipe)."""
+    def ssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=30)
+    with open(os.path.join(d, "ca.ext"), "w") as f:
+        f.write("basicConstraints = critical, CA:TRUE\nkeyUsage = critical, keyCertSign, cRLSign\n"
+                "subjectKeyIdentifier = hash\n")
+    with open(os.path.join(d, "server.ext"), "w") as f:
+        f.write("basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
+                "extendedKeyUsage = serverAuth\nsubjectAltName = DNS:localhost, IP:127.0.0.1\n"
+                "authorityKeyIdentifier = keyid\n")
+    ssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca-key.pem")
+    ssl("req", "-new", "-key", "ca-key.pem", "-subj", "/CN=aip test CA", "-out", "ca.csr")
+    ssl("x509", "-req", "-in", "ca.csr", "-signkey", "ca-key.pem", "-sha256", "-days", "2", "-extfile", "ca.ext",
+        "-out", "ca.pem")
+    ssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "server-key.pem")
+    ssl("req", "-new", "-key", "server-key.pem", "-subj", "/CN=localhost", "-out", "server.csr")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial", "-sha256",
+        "-days", "2", "-extfile", "server.ext", "-out", "server.pem")
+    return os.path.join(d, "ca.pem"), os.path.join(d, "server.pem"), os.path.join(d, "server-key.pem")
+
+
+async def tls_and_eviction(results):
+    """TLS on the AIP listener from the router's certificate; upstream's eviction rule."""
+    certs = tempfile.mkdtemp(prefix="map-router-aip-certs-")
+    ca, cert, key = make_certificates(certs)
+    router = await Router("[aip]\nheartbeat_timeout_ms = 1000\n", extra=("--tls-cert", cert, "--tls-key", key)).started()
+    node = None
+    try:
+        async def over_tls():
+            assert router.url.startswith("wss://"), router.url
+            with open(ca, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            channel = grpc.aio.secure_channel(router.aip, creds)
+            stub = pbg.GatewayServiceStub(channel)
+            nonlocal node
+            node = await Node(router.aip, "agent").start()
+            node.stub = stub
+            assert (await node.register()).success
+            got = await stub.GetNodes(pb.GetNodesRequest(domain="lab"), timeout=WAIT_S)
+            assert peer_ids(got.peers) == [node.id]
+            # Plain text to the TLS listener gets nowhere.
+            plain = pbg.GatewayServiceStub(grpc.aio.insecure_channel(router.aip))
+            await expect_code(plain.GetNodes(pb.GetNodesRequest(domain="lab"), timeout=3), grpc.StatusCode.UNAVAILABLE,
+                              "plain text to the TLS listener")
+        await run(results, "TLS on the AIP listener from the router's [tls] certificate", over_tls)
+
+        async def eviction():
+            # No heartbeats: upstream's rule removes the node (its MAP agent unregistered).
+            await asyncio.sleep(2.5)
+            got = await node.stub.GetNodes(pb.GetNodesRequest(domain="lab"), timeout=WAIT_S)
+            assert list(got.peers) == [], got
+            r = await node.heartbeat()
+            assert not r.success and r.message == f"Node {node.id} not registered", r
+            assert (await node.register()).success  # and it may register again
+        await run(results, "heartbeat loss under the default rule: evicted, then registered again", eviction)
+    finally:
+        if node:
+            await node.stop()
+        router.stop()
+        shutil.rmtree(router.dir, ignore_errors=True)
+        shutil.rmtree(certs, ignore_errors=True)
+
+
 async def run(results, name, fn):
     try:
         await asyncio.wait_for(fn(), 60)
@@ -702,6 +773,7 @@ async def main():
     results = []
     await scenarios(results)
     await identity(results)
+    await tls_and_eviction(results)
     passed = sum(results)
     failed = len(results) - passed
     print(f"{passed} passed, {failed} failed")

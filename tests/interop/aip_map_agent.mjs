@@ -4,7 +4,7 @@
 // acceptance.py starts it, for both directions of issue 25's agent sessions:
 // - what it receives from an AIP agent (a message with meta.aip) it answers with reply():
 //   `{"parts": [{"kind": "text", "text": "map agent heard: <texts>"}]}`, and prints
-//   `got <sessionStatus> <texts>`;
+//   `got <sessionStatus> <texts> trace=<meta.traceparent>`;
 // - a line `send <agentId> <json payload>` on stdin makes it send that payload to that agent
 //   (correlationId `rev-<n>`, expectsResponse); the reply is printed as `answer <json>`.
 // It prints `ready <agentId>` once registered and exits when stdin closes.
@@ -30,7 +30,7 @@ agent.onMessage((m) => {
     return;
   }
   if (m.meta?.aip) {
-    process.stdout.write(`got ${m.meta.aip.sessionStatus} ${texts(m.payload)}\n`);
+    process.stdout.write(`got ${m.meta.aip.sessionStatus} ${texts(m.payload)} trace=${m.meta.traceparent ?? ''}\n`);
     agent
       .reply(m, { parts: [{ kind: 'text', text: `map agent heard: ${texts(m.payload)}` }] })
       .catch((e) => console.error(`reply failed: ${e.message}`));

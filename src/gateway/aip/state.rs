@@ -383,6 +383,22 @@ impl AipGateway {
         self.counters.removals.fetch_add(1, Ordering::Relaxed);
         node.abort_pump();
         lock(&node.inbound).clear();
+        // The sessions it started end with it.
+        let started: Vec<String> = lock(&self.outgoing)
+            .keys()
+            .filter(|(n, _)| *n == node.id)
+            .map(|(_, s)| s.clone())
+            .collect();
+        for session in started {
+            self.deliver_answer(
+                &node.id,
+                &session,
+                Err(Status::unavailable(format!(
+                    "node {} is no longer registered",
+                    node.id
+                ))),
+            );
+        }
         let _ = node.client.unregister(node.id.as_str()).await;
         if node.client.disconnect().await.is_err() {
             let _ = node.client.close().await;
