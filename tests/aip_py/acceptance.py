@@ -502,6 +502,9 @@ async def scenarios(results):
             nodes.append(stranger)
             await expect_code(stranger.session(agent.id, [[], []]), grpc.StatusCode.FAILED_PRECONDITION,
                               "a session from an unregistered sender")
+            # (A tool call from an unregistered sender is allowed, as upstream: it is the caller's.)
+            r = await stranger.call_tool(tool.id, "add", {"a": "1", "b": "1"})
+            assert [c.text for c in r.content] == ["2"], r
 
             async def silent():
                 q = asyncio.Queue()

@@ -36,7 +36,10 @@ fn main() {
         .compile_fds_with_config(fds, config)
         .expect("code generated");
     let code = std::fs::read_to_string(out.join("grpc_service.rs")).expect("generated file");
-    assert!(code.contains(GENERATED_FIELD), "ToolRequest.arguments is not where it was");
+    assert!(
+        code.contains(GENERATED_FIELD),
+        "ToolRequest.arguments is not where it was"
+    );
     let code = code.replace(GENERATED_FIELD, EDITED_FIELD);
     std::fs::write(dir.join("grpc_service.rs"), code).expect("written");
     let _ = std::fs::remove_dir_all(&out);

@@ -73,3 +73,35 @@ pub fn message_of(aip: &Value, payload: Option<&Value>) -> AgentMessage {
         content: content::items(payload),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::aip::proto::content_item::Data;
+    use crate::gateway::aip::proto::ContentItem;
+
+    #[test]
+    fn agent_messages_round_trip_through_meta_and_payload() {
+        let m = AgentMessage {
+            sender_id: "a".into(),
+            receiver_id: "b".into(),
+            session_id: "s".into(),
+            session_status: SessionStatus::HoldQuest as i32,
+            task_info: Some(TaskInfo {
+                task_id: "t2".into(),
+                parent_task_ids: vec!["t1".into()],
+                task_status: AipTaskStatus::Waiting as i32,
+            }),
+            message_id: "m".into(),
+            reply_to_message_id: "r".into(),
+            content: vec![ContentItem {
+                data: Some(Data::Image(vec![0, 255])),
+            }],
+        };
+        let meta = message_meta(&m);
+        assert_eq!(meta["sessionStatus"], "HOLD_QUEST");
+        assert_eq!(meta["taskInfo"]["parentTaskIds"], json!(["t1"]));
+        let back = message_of(&meta, Some(&content::payload(&m.content)));
+        assert_eq!(back, m);
+    }
+}

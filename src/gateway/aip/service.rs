@@ -956,3 +956,32 @@ impl GatewayService for Service {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts() {
+        let mut m = MetadataMap::new();
+        assert_eq!(grpc_timeout(&m), None);
+        for (v, d) in [
+            ("2S", Duration::from_secs(2)),
+            ("150m", Duration::from_millis(150)),
+            ("1M", Duration::from_secs(60)),
+            ("7u", Duration::from_micros(7)),
+        ] {
+            m.insert("grpc-timeout", v.parse().unwrap());
+            assert_eq!(grpc_timeout(&m), Some(d), "{v}");
+        }
+        m.insert("grpc-timeout", "x".parse().unwrap());
+        assert_eq!(grpc_timeout(&m), None);
+    }
+
+    #[test]
+    fn task_statuses() {
+        assert_eq!(task_status(AipTaskStatus::Create as i32), "open");
+        assert_eq!(task_status(AipTaskStatus::Finish as i32), "completed");
+        assert_eq!(task_status(99), "open");
+    }
+}
