@@ -141,10 +141,16 @@ class MapAgent:
         self.id = await self.line("ready ")
         return self
 
-    async def send(self, to, payload):
-        self.proc.stdin.write(f"send {to} {json.dumps(payload)}\n")
+    def post(self, to, payload, kept=False):
+        self.proc.stdin.write(f"{'send-kept' if kept else 'send'} {to} {json.dumps(payload)}\n")
         self.proc.stdin.flush()
+
+    async def answer(self):
         return json.loads(await self.line("answer "))
+
+    async def send(self, to, payload):
+        self.post(to, payload)
+        return await self.answer()
 
     def stop(self):
         self.proc.kill()
@@ -252,6 +258,17 @@ class Node:
             return await self.stub.RegisterAgent(self.info(address), timeout=WAIT_S, metadata=self.metadata)
         return await self.stub.RegisterTool(self.info(address), timeout=WAIT_S, metadata=self.metadata)
 
+    def keep_alive(self, interval):
+        """upstream's heartbeat task (every 10 s there; `interval` here, for a short timeout)."""
+        async def beat():
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.heartbeat()
+                except grpc.aio.AioRpcError:
+                    pass  # logged and ignored upstream
+        self.beats = asyncio.create_task(beat())
+
     async def heartbeat(self):
         return await self.stub.Heartbeat(pb.HeartbeatRequest(sender_id=self.id), timeout=WAIT_S,
                                          metadata=self.metadata)
@@ -281,6 +298,8 @@ class Node:
         return sid, answers
 
     async def stop(self):
+        if getattr(self, "beats", None):
+            self.beats.cancel()
         await self.channel.close()
         await self.server.stop(0)
 
@@ -339,6 +358,8 @@ async def scenarios(results):
             assert r.success and agent.id in peer_ids(r.peers), peer_ids(r.peers)
             assert (await tool.register()).success
             assert (await other.register()).success
+            for n in (agent, tool, other):
+                n.keep_alive(0.3)
             got = await agent.stub.GetNodes(pb.GetNodesRequest(agent_id=agent.id, domain="lab"), timeout=WAIT_S)
             assert peer_ids(got.peers) == sorted([agent.id, other.id, tool.id]), peer_ids(got.peers)
             mine = [p.agent_info for p in got.peers if p.agent_info.agent_id == agent.id][0]
@@ -447,6 +468,11 @@ async def scenarios(results):
             call.cancel()
         await run(results, "UpdateNodeInfo, SubscribeToUpdates, Unsubscribe", subscribe_and_update)
 
+        def presence(agent_id):
+            ans, _ = router.rpc("map/agents/get", {"agentId": agent_id})
+            a = ans["result"]["agent"]
+            return a["state"], a.get("_meta", {}).get("mapRouter", {}).get("presence", {}).get("status")
+
         async def heartbeat_loss():
             quiet = await Node(gw, "agent").start()
             nodes.append(quiet)
@@ -454,23 +480,37 @@ async def scenarios(results):
             call = agent.stub.SubscribeToUpdates(pb.UpdateSubscriptionRequest(subscriber_id="watcher", node_ids=[quiet.id]),
                                                  timeout=15)
             assert (await asyncio.wait_for(call.read(), WAIT_S)).update_type == pb.NodeUpdate.ADDED
-            for n in (agent, other, tool):
-                await n.heartbeat()
+            state, online = presence(quiet.id)
+            assert online == "online", (state, online)
             upd = await asyncio.wait_for(call.read(), 6)  # 1.5 s timeout, checked every 0.5 s
             assert upd.update_type == pb.NodeUpdate.UPDATED, upd
-            ans, _ = router.rpc("map/agents/get", {"agentId": quiet.id})
-            assert ans["result"]["agent"]["state"] == "x-offline", ans
+            # Offline is MAP presence: the agent is orphaned (agent.presence.changed), still listed.
+            assert presence(quiet.id) == ("orphaned", "offline"), presence(quiet.id)
+            got = await agent.stub.GetNodes(pb.GetNodesRequest(domain="lab"), timeout=WAIT_S)
+            assert quiet.id in peer_ids(got.peers)
+            ans, _ = router.rpc("map/replay", {"filter": {"eventTypes": ["agent.presence.changed"]}, "limit": 100})
+            offline = [e for e in ans["result"]["events"]
+                       if e["event"]["data"].get("agentId") == quiet.id and e["event"]["data"].get("status") == "offline"]
+            assert offline, ans
+            # A plain message to it meanwhile fails (recipient_offline); one sent with
+            # `delivery: "guaranteed"` is kept, and delivered when it is back.
+            mapagent.post(quiet.id, {"parts": [{"kind": "text", "text": "lost"}]})
+            mapagent.post(quiet.id, {"parts": [{"kind": "text", "text": "while you were out"}]}, kept=True)
+            await asyncio.sleep(0.5)
+            assert not any(m.session_status == AM.START_QUEST for m in quiet.servicer.seen)
+            ans, _ = router.rpc("map/replay", {"filter": {"eventTypes": ["message_failed"]}, "limit": 100})
+            failed = [e["event"]["data"] for e in ans["result"]["events"]
+                      if e["event"]["data"].get("recipient") == quiet.id]
+            assert [f["reason"] for f in failed] == ["recipient_offline"], ans
             r = await quiet.heartbeat()
             assert r.success, r
             upd = await asyncio.wait_for(call.read(), WAIT_S)
             assert upd.update_type == pb.NodeUpdate.UPDATED
-            ans, _ = router.rpc("map/agents/get", {"agentId": quiet.id})
-            assert ans["result"]["agent"]["state"] == "active", ans
+            assert presence(quiet.id) == (state, "online"), presence(quiet.id)  # as before
+            a = await mapagent.answer()
+            assert a["from"] == quiet.id and a["payload"]["parts"][0]["text"] == f"{quiet.id} heard: while you were out", a
             call.cancel()
-        await run(results, "heartbeat loss: offline (events), then a heartbeat: online", heartbeat_loss)
-
-        for n in (agent, other, tool):
-            await n.heartbeat()
+        await run(results, "heartbeat loss: offline (MAP presence, events, kept messages), then a heartbeat: online", heartbeat_loss)
 
         async def hostile():
             # Over max_message_bytes: tonic's codec answers OUT_OF_RANGE ("decoded message

@@ -6,7 +6,8 @@
 //   `{"parts": [{"kind": "text", "text": "map agent heard: <texts>"}]}`, and prints
 //   `got <sessionStatus> <texts> trace=<meta.traceparent>`;
 // - a line `send <agentId> <json payload>` on stdin makes it send that payload to that agent
-//   (correlationId `rev-<n>`, expectsResponse); the reply is printed as `answer <json>`.
+//   (correlationId `rev-<n>`, expectsResponse); `send-kept` adds `delivery: "guaranteed"` (kept
+//   for a recipient that is away); the reply is printed as `answer <json>`.
 // It prints `ready <agentId>` once registered and exits when stdin closes.
 //
 //   node tests/interop/aip_map_agent.mjs <ws://router-url> <name> <domain>
@@ -48,11 +49,13 @@ process.stdout.write(`ready ${agent.agentId}\n`);
 let n = 0;
 const lines = readline.createInterface({ input: process.stdin });
 lines.on('line', (line) => {
-  const m = line.match(/^send (\S+) (.*)$/);
+  const m = line.match(/^(send|send-kept) (\S+) (.*)$/);
   if (!m) return;
   n += 1;
+  const meta = { correlationId: `rev-${n}`, expectsResponse: true };
+  if (m[1] === 'send-kept') meta.delivery = 'guaranteed';
   agent
-    .send({ agent: m[1] }, JSON.parse(m[2]), { correlationId: `rev-${n}`, expectsResponse: true })
+    .send({ agent: m[2] }, JSON.parse(m[3]), meta)
     .catch((e) => process.stdout.write(`answer ${JSON.stringify({ error: e.message })}\n`));
 });
 lines.on('close', () => process.exit(0));

@@ -14,9 +14,11 @@
 //!
 //! Liveness: a heartbeat, a registration, or the first message of a call refreshes a node.
 //! The sweeper checks every third of `heartbeat_timeout_ms`; a node silent past it is
-//! evicted (upstream's rule) or marked `x-offline` (`on_silence = "offline"`), and comes back
-//! `active` with its next sign of life. Each change is a MAP event (`agent_unregistered`,
-//! `agent_state_changed`) and a `NodeUpdate` to subscribers.
+//! evicted (upstream's rule) or goes offline (`on_silence = "offline"`: its session closes, so its
+//! agent is orphaned, MAP's presence offline; `state.rs`), and comes back with its next sign of
+//! life (`service::touch` reclaims it). Each change is a MAP event (`agent_unregistered`;
+//! `agent_orphaned` and `agent.presence.changed`; `agent_state_changed`) and a `NodeUpdate` to
+//! subscribers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +37,8 @@ use super::proto::{agent_info, AgentInfo, AgentMessage, Mode, Peer, ToolInfo};
 use crate::client::{AgentHandle, Client};
 use crate::gateway::caller::Subject;
 use crate::protocol::agent::Agent;
+use crate::protocol::methods::agents::RegisterParams;
+use crate::protocol::methods::session::Principal;
 
 /// An AIP agent or tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,10 +62,13 @@ pub struct Node {
     pub owner: Subject,
     /// Its info as registered (or last updated).
     pub peer: Mutex<Peer>,
-    /// Its MAP session.
-    pub client: Client,
-    /// Its MAP agent.
-    pub agent: AgentHandle,
+    /// The principal that registered it (`None`: authentication is off): its sessions are
+    /// this principal's.
+    pub principal: Option<Principal>,
+    /// How its agent was registered (re-sent to reclaim it after it was offline).
+    pub registration: RegisterParams,
+    /// Its MAP session and agent (replaced when it comes back from offline).
+    session: Mutex<(Client, AgentHandle)>,
     /// The dial-back channel.
     pub channel: Channel,
     last_seen: Mutex<Instant>,
@@ -247,10 +254,13 @@ pub fn peer_id(peer: &Peer) -> &str {
 impl Node {
     /// A node over its opened session and registered agent (its pump is started by the
     /// registration, [`Node::set_pump`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: Kind,
         peer: Peer,
         owner: Subject,
+        principal: Option<Principal>,
+        registration: RegisterParams,
         client: Client,
         agent: AgentHandle,
         channel: Channel,
@@ -266,14 +276,25 @@ impl Node {
             address,
             owner,
             peer: Mutex::new(peer),
-            client,
-            agent,
+            principal,
+            registration,
+            session: Mutex::new((client, agent)),
             channel,
             last_seen: Mutex::new(Instant::now()),
             online: AtomicBool::new(true),
             pump: Mutex::new(None),
             inbound: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// Its MAP session now.
+    pub fn client(&self) -> Client {
+        lock(&self.session).0.clone()
+    }
+
+    /// A new session and agent (the old agent reclaimed by it).
+    pub fn replace_session(&self, client: Client, agent: AgentHandle) {
+        *lock(&self.session) = (client, agent);
     }
 
     /// The task that delivers its MAP inbox (`pump.rs`); aborted when the node goes.

@@ -43,8 +43,12 @@ use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;
 use crate::protocol::methods::messaging::SendParams;
 
-/// Runs until the node or the gateway is gone, or the agent's inbox ends.
-pub async fn run(gw: Weak<AipGateway>, node: Weak<Node>, mut messages: Messages) {
+/// Runs until the node or the gateway is gone, or the inboxes end. `messages` is the agent's
+/// inbox; `unclaimed` the session's (what the router delivered before the agent's handle
+/// existed, such as what was kept for it while it was offline, flushed as it is reclaimed):
+/// the session has no other agent, so both are the node's.
+pub async fn run(gw: Weak<AipGateway>, node: Weak<Node>, messages: Messages, unclaimed: Messages) {
+    let mut messages = futures::stream::select(messages, unclaimed);
     while let Some(message) = messages.next().await {
         let (Some(gw), Some(node)) = (gw.upgrade(), node.upgrade()) else {
             break;
@@ -170,7 +174,7 @@ async fn send_back(
         meta.insert("mail".into(), json!({ "conversationId": c }));
     }
     let sent = node
-        .client
+        .client()
         .send_with(SendParams {
             to: RawJson::from(json!({ "agent": to })),
             payload: Some(RawJson::from(payload)),
@@ -405,7 +409,7 @@ async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta:
                 "the tool did not answer within {timeout:?}"
             ))),
         };
-    if let Err(e) = node.client.reply(&message, answer).await {
+    if let Err(e) = node.client().reply(&message, answer).await {
         tracing::warn!(node = %node.id, error = %e, "a tool answer could not be sent");
     }
 }
@@ -413,7 +417,7 @@ async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta:
 async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: Value) {
     let Ok(_permit) = Arc::clone(&gw.permits).try_acquire_owned() else {
         let _ = node
-            .client
+            .client()
             .reply(
                 &message,
                 error_payload(&Status::resource_exhausted("too many sessions are open")),
@@ -477,7 +481,7 @@ async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: 
             "no answer within {idle:?}"
         ))),
     };
-    if let Err(e) = node.client.reply(&message, answer).await {
+    if let Err(e) = node.client().reply(&message, answer).await {
         tracing::warn!(node = %node.id, error = %e, "an AIP agent's answer could not be sent");
     }
 }

@@ -34,7 +34,7 @@ use super::proto::peer::InfoType;
 use super::proto::task_info::TaskStatus as AipTaskStatus;
 use super::proto::*;
 use super::pump;
-use super::settings::AipSettings;
+use super::settings::{AipSettings, Silence};
 use super::state::{lock, AipGateway};
 use crate::client::{Client, ClientError, ClientOptions};
 use crate::gateway::caller::{Caller, Subject};
@@ -43,6 +43,7 @@ use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::methods::agents::RegisterParams;
 use crate::protocol::methods::messaging::SendParams;
+use crate::protocol::methods::session::{AgentBehavior, DisconnectPolicy};
 
 /// The service tonic serves.
 #[derive(Debug, Clone)]
@@ -138,15 +139,100 @@ fn task_status(s: i32) -> &'static str {
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// Ends a session with `status` once its first message was read: the status goes out as the
-/// stream's end while what the caller is still writing is read and dropped (for 2 s at most),
-/// so that its client sees the status and not a reset of a stream it is still writing.
+/// The options of a node's MAP session: under `on_silence = "offline"` its agent is orphaned,
+/// not unregistered, when the session goes away.
+fn node_options(gw: &AipGateway, id: &str) -> ClientOptions {
+    let options = ClientOptions::agent().name(format!("AIP {id}"));
+    match gw.settings.on_silence {
+        Silence::Evict => options,
+        Silence::Offline => options.disconnect_policy(DisconnectPolicy {
+            agent_behavior: AgentBehavior::Orphan,
+            grace_period_ms: None,
+            notify_subscribers: None,
+        }),
+    }
+}
+
+/// A sign of life from node `id` (if it is one): refreshed; a node that was offline is back,
+/// its agent reclaimed by a new session of its principal (what was kept for it is delivered
+/// then), or removed if that fails.
+async fn touch(gw: &Arc<AipGateway>, id: &str) {
+    let Some(node) = gw.node(id) else { return };
+    if !node.refresh() {
+        return;
+    }
+    let reopened = async {
+        let client = gw
+            .ctx
+            .open_as(node.principal.as_ref(), node_options(gw, id))
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let mut params = node.registration.clone();
+        params.metadata = Some(RawJson::from(nodes::metadata(&node.peer())));
+        match client.register(params).await {
+            Ok(agent) => Ok((client, agent)),
+            Err(e) => {
+                let _ = client.close().await;
+                Err(e.to_string())
+            }
+        }
+    };
+    match reopened.await {
+        Ok((client, agent)) => {
+            let messages = agent.messages();
+            let unclaimed = client.messages();
+            node.replace_session(client, agent);
+            node.set_pump(tokio::spawn(pump::run(
+                Arc::downgrade(gw),
+                Arc::downgrade(&node),
+                messages,
+                unclaimed,
+            )));
+            gw.publish(NodeUpdate {
+                update_type: UpdateType::Updated as i32,
+                node_id: node.id.clone(),
+                peer: Some(node.peer()),
+            });
+            tracing::info!(node = %id, "AIP node back online");
+        }
+        Err(e) => {
+            tracing::warn!(node = %id, error = %e, "AIP node could not come back: removed");
+            gw.remove(id).await;
+        }
+    }
+}
+
+/// Ends a session with `status` once its first message was read. What the caller is still
+/// writing is read and dropped first (until it half-closes, or nothing came for 100 ms; 2 s at
+/// most in all), then the status goes out as the stream's end, so that its client sees the
+/// status and not a reset of a stream it is still writing.
 fn refuse(mut inbound: Streaming<AgentMessage>, status: Status) -> Response<Stream_<AgentMessage>> {
+    let (settled, settle) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        let drain = async { while let Ok(Some(_)) = inbound.message().await {} };
+        let mut settled = Some(settled);
+        let drain = async {
+            loop {
+                // What is already on its way is read before the status goes out.
+                match tokio::time::timeout(Duration::from_millis(100), inbound.message()).await {
+                    Ok(Ok(Some(_))) => {}
+                    Ok(_) => break,
+                    Err(_) => {
+                        if let Some(s) = settled.take() {
+                            let _ = s.send(());
+                        }
+                    }
+                }
+            }
+        };
         let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+        if let Some(s) = settled.take() {
+            let _ = s.send(());
+        }
     });
-    Response::new(Box::pin(futures::stream::once(async move { Err(status) })))
+    Response::new(Box::pin(futures::stream::once(async move {
+        let _ = settle.await;
+        Err(status)
+    })))
 }
 
 impl Service {
@@ -292,26 +378,22 @@ impl Service {
             .map_err(|e| gw.refused(Status::unavailable(e)))?;
         let client = gw
             .ctx
-            .open_as(
-                caller.principal.as_ref(),
-                ClientOptions::agent().name(format!("AIP {id}")),
-            )
+            .open_as(caller.principal.as_ref(), node_options(gw, &id))
             .await
             .map_err(|e| gw.refused(status_of_gateway(&e)))?;
         let scope = format!("aip:{domain}");
         gw.ensure_scope(&scope).await?;
         let role = if kind == Kind::Agent { "agent" } else { "tool" };
-        let registered = client
-            .register(RegisterParams {
-                agent_id: Some(id.as_str().into()),
-                name: Some(if name.is_empty() { id.clone() } else { name }),
-                description: Some(description).filter(|d| !d.is_empty()),
-                role: Some(role.to_owned()),
-                scopes: Some(vec![scope.as_str().into()]),
-                metadata: Some(RawJson::from(nodes::metadata(&peer))),
-                ..Default::default()
-            })
-            .await;
+        let registration = RegisterParams {
+            agent_id: Some(id.as_str().into()),
+            name: Some(if name.is_empty() { id.clone() } else { name }),
+            description: Some(description).filter(|d| !d.is_empty()),
+            role: Some(role.to_owned()),
+            scopes: Some(vec![scope.as_str().into()]),
+            metadata: Some(RawJson::from(nodes::metadata(&peer))),
+            ..Default::default()
+        };
+        let registered = client.register(registration.clone()).await;
         let agent = match registered {
             Ok(a) => a,
             Err(e) => {
@@ -326,10 +408,13 @@ impl Service {
             }
         };
         let messages = agent.messages();
+        let unclaimed = client.messages();
         let node = Node::new(
             kind,
             peer.clone(),
             caller.subject(),
+            caller.principal.clone(),
+            registration,
             client.clone(),
             agent,
             channel,
@@ -338,6 +423,7 @@ impl Service {
             Arc::downgrade(gw),
             Arc::downgrade(&node),
             messages,
+            unclaimed,
         )));
         let raced = {
             let mut nodes = lock(&gw.nodes);
@@ -446,7 +532,7 @@ async fn forward(
         ));
     }
     if let Some(task) = &m.task_info {
-        record_task(&sender.client, receiver, &m.session_id, task).await;
+        record_task(&sender.client(), receiver, &m.session_id, task).await;
     }
     let correlation = format!("aip-{}", uuid::Uuid::new_v4().simple());
     let mut meta = trace.clone();
@@ -459,7 +545,7 @@ async fn forward(
     }
     gw.note_correlation(&sender.id, &m.session_id, &correlation, status);
     sender
-        .client
+        .client()
         .send_with(SendParams {
             to: RawJson::from(json!({ "agent": receiver })),
             payload: Some(RawJson::from(content::payload(&m.content))),
@@ -508,10 +594,10 @@ impl GatewayService for Service {
                 ));
             }
             let sender = self.own_node(&caller, &first.sender_id)?;
-            gw.touch(&sender.id).await;
+            touch(&gw, &sender.id).await;
             if first.receiver_id.is_empty()
                 || sender
-                    .client
+                    .client()
                     .get_agent(first.receiver_id.as_str())
                     .await
                     .is_err()
@@ -534,7 +620,7 @@ impl GatewayService for Service {
         }
         gw.counters.sessions.fetch_add(1, Ordering::Relaxed);
         let conversation = sender
-            .client
+            .client()
             .call_raw(
                 "mail/create",
                 json!({
@@ -606,8 +692,8 @@ impl GatewayService for Service {
             .map_err(|e| gw.refused(Status::invalid_argument(e)))?;
         let client = if gw.node(&req.sender_id).is_some() {
             let node = self.own_node(&caller, &req.sender_id)?;
-            gw.touch(&node.id).await;
-            node.client.clone()
+            touch(gw, &node.id).await;
+            node.client()
         } else {
             self.caller_session(&caller).await?
         };
@@ -735,7 +821,7 @@ impl GatewayService for Service {
             .node(&req.agent_id)
             .is_some_and(|n| n.owner == caller.subject())
         {
-            self.gw.touch(&req.agent_id).await;
+            touch(&self.gw, &req.agent_id).await;
         }
         let domain = if req.domain.is_empty() {
             "default"
@@ -760,7 +846,7 @@ impl GatewayService for Service {
             }));
         }
         let node = self.own_node(&caller, &id)?;
-        self.gw.touch(&node.id).await;
+        touch(&self.gw, &node.id).await;
         Ok(Response::new(HeartbeatResponse {
             success: true,
             message: "Heartbeat received".into(),
@@ -799,7 +885,7 @@ impl GatewayService for Service {
                 "domain and address cannot change: deregister and register again",
             )));
         }
-        node.client
+        node.client()
             .update_agent(crate::protocol::methods::agents::UpdateParams {
                 agent_id: node.id.as_str().into(),
                 state: None,
@@ -810,7 +896,7 @@ impl GatewayService for Service {
             .await
             .map_err(|e| self.gw.refused(status_of(&e)))?;
         *lock(&node.peer) = peer.clone();
-        self.gw.touch(&node.id).await;
+        touch(&self.gw, &node.id).await;
         self.gw.publish(NodeUpdate {
             update_type: UpdateType::Updated as i32,
             node_id: node.id.clone(),

@@ -18,8 +18,8 @@ pub enum Silence {
     /// register again.
     #[default]
     Evict,
-    /// The node stays, its MAP agent's state `x-offline`; its next heartbeat (or message)
-    /// makes it `active` again.
+    /// The node stays; its session closes, so its MAP agent is orphaned (presence offline);
+    /// its next heartbeat (or call) reclaims it with a new session.
     Offline,
 }
 

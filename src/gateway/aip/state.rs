@@ -22,8 +22,6 @@ use super::proto::{AgentMessage, NodeUpdate};
 use super::settings::{AipSettings, Silence};
 use crate::client::Client;
 use crate::gateway::GatewayContext;
-use crate::protocol::agent::AgentState;
-use crate::protocol::methods::agents::UpdateParams;
 
 /// Counters of the gateway's traffic (`/metrics`: `map_aip_*`, `server/metrics.rs`).
 #[derive(Debug, Default)]
@@ -344,36 +342,6 @@ impl AipGateway {
 }
 
 impl AipGateway {
-    /// A sign of life from node `id` (if it is one): refreshed, and back online if it was not.
-    pub async fn touch(&self, id: &str) {
-        let Some(node) = self.node(id) else { return };
-        if node.refresh() {
-            self.set_state(&node, AgentState::ACTIVE).await;
-            self.publish(NodeUpdate {
-                update_type: UpdateType::Updated as i32,
-                node_id: node.id.clone(),
-                peer: Some(node.peer()),
-            });
-            tracing::info!(node = %node.id, "AIP node back online");
-        }
-    }
-
-    pub(crate) async fn set_state(&self, node: &Node, state: AgentState) {
-        let r = node
-            .client
-            .update_agent(UpdateParams {
-                agent_id: node.id.as_str().into(),
-                state: Some(state),
-                environment: None,
-                metadata: None,
-                permission_overrides: None,
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!(node = %node.id, error = %e, "AIP node state not changed");
-        }
-    }
-
     /// Removes node `id`: its MAP agent is unregistered and its session closed. False when
     /// there was none.
     pub async fn remove(&self, id: &str) -> bool {
@@ -399,9 +367,15 @@ impl AipGateway {
                 ))),
             );
         }
-        let _ = node.client.unregister(node.id.as_str()).await;
-        if node.client.disconnect().await.is_err() {
-            let _ = node.client.close().await;
+        let client = node.client();
+        if client.unregister(node.id.as_str()).await.is_err() {
+            // Offline (its session closed, the agent orphaned): the service session may.
+            if let Ok(service) = self.service().await {
+                let _ = service.unregister(node.id.as_str()).await;
+            }
+        }
+        if client.disconnect().await.is_err() {
+            let _ = client.close().await;
         }
         self.publish(NodeUpdate {
             update_type: UpdateType::Removed as i32,
@@ -428,12 +402,12 @@ impl AipGateway {
                 }
                 Silence::Offline => {
                     tracing::info!(node = %node.id, "AIP node silent past the heartbeat timeout: offline");
+                    // Its session goes away without `map/disconnect`: the router orphans the
+                    // agent (presence offline, `agent.presence.changed`) and keeps what is
+                    // sent to it until the node is back (`service::touch` reclaims it).
                     node.set_offline();
-                    self.set_state(
-                        &node,
-                        AgentState::parse("x-offline").unwrap_or(AgentState::IDLE),
-                    )
-                    .await;
+                    node.abort_pump();
+                    let _ = node.client().close().await;
                     self.publish(NodeUpdate {
                         update_type: UpdateType::Updated as i32,
                         node_id: node.id.clone(),
