@@ -832,6 +832,20 @@ mod tests {
     }
 
     #[test]
+    fn aip_section() {
+        let c = Config::from_toml(
+            "[aip]\nlisten = \"127.0.0.1:50050\"\ndial_allow = [\"10.0.0.0/8\", \"h:1\"]\non_silence = \"offline\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.aip.listen, Some("127.0.0.1:50050".parse().unwrap()));
+        assert_eq!(c.aip.on_silence, crate::gateway::aip::Silence::Offline);
+        assert!(Config::default().aip.listen.is_none(), "off by default");
+        let err = Config::from_toml("[aip]\ndial_allow = [\"a b\"]\n").unwrap_err();
+        assert!(err.to_string().contains("aip.dial_allow"), "{err}");
+        assert!(Config::from_toml("[aip]\nnope = 1\n").is_err());
+    }
+
+    #[test]
     fn a2a_remote_agents() {
         let c = Config::from_toml(
             "[[a2a.remote]]\ncard_url = \"http://127.0.0.1:9/.well-known/agent-card.json\"\nname = \"x\"\ntoken = \"t\"\n[[a2a.remote]]\ncard_url = \"http://h/agent.json\"\n",

@@ -41,7 +41,8 @@ pub struct AipSettings {
     pub max_streams_per_connection: u32,
     /// Agent sessions and update subscriptions open at once, over all callers (default 256).
     pub max_sessions: usize,
-    /// Nodes one principal may have registered (default 64).
+    /// Nodes one principal may have registered (default 256). With authentication off every
+    /// caller is the one anonymous principal, so this caps all nodes.
     pub max_nodes_per_principal: usize,
     /// How long a `RouteAgentCalling` stream may wait before its first message (default 10 000).
     pub first_message_timeout_ms: u64,
@@ -63,7 +64,7 @@ impl Default for AipSettings {
             max_message_bytes: 4 << 20,
             max_streams_per_connection: 64,
             max_sessions: 256,
-            max_nodes_per_principal: 64,
+            max_nodes_per_principal: 256,
             first_message_timeout_ms: 10_000,
             session_idle_timeout_ms: 300_000,
             tool_timeout_ms: 60_000,
