@@ -272,3 +272,64 @@ async fn dial_back_outside_the_allow_list_and_unknown_receivers_are_refused() {
     assert_eq!(e.message(), "Receiver not found");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn bytes_that_are_not_http2_close_only_their_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, url) = start_server(|c| {
+        c.aip.listen = Some("127.0.0.1:0".parse().unwrap());
+        c.aip.max_connections = 4;
+    })
+    .await;
+    let aip = server.aip_addr().unwrap();
+    let connect = || async {
+        with_timeout(tokio::net::TcpStream::connect(aip))
+            .await
+            .unwrap()
+    };
+    for junk in [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        vec![0xff; 4096],
+    ] {
+        let mut tcp = connect().await;
+        let _ = tcp.write_all(&junk).await;
+        let mut sink = Vec::new();
+        // Not an HTTP/2 preface: the server closes, the read ends.
+        let _ = with_timeout(tcp.read_to_end(&mut sink)).await;
+    }
+    // A preface and half a frame, left hanging (HTTP/2 keep-alive pings end such a connection
+    // later), on every slot of `max_connections`: one more is closed as it is accepted.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut tcp = connect().await;
+        let _ = tcp
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x04\xff")
+            .await;
+        held.push(tcp);
+    }
+    let mut over = connect().await;
+    let mut sink = Vec::new();
+    let _ = with_timeout(over.read_to_end(&mut sink)).await;
+    drop(held);
+    // The gateway (its slots free again once it has seen those connections close) and MAP
+    // still serve.
+    let served = with_timeout(async {
+        loop {
+            if let Ok(mut gateway) = GatewayServiceClient::connect(format!("http://{aip}")).await {
+                if let Ok(nodes) = gateway.get_nodes(GetNodesRequest::default()).await {
+                    break nodes.into_inner();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(served.peers.is_empty());
+    let client = with_timeout(Client::connect_ws(&url, ClientOptions::new()))
+        .await
+        .unwrap();
+    assert!(with_timeout(client.list_agents(Default::default()))
+        .await
+        .is_ok());
+    server.shutdown().await;
+}

@@ -1,6 +1,6 @@
 //! The AIP listener: tonic's HTTP/2 server over the gateway's own TCP listener, with TLS from
-//! the router's `[tls]` certificate when set (ALPN `h2`), and the limits of `[aip]`: message
-//! size both ways (`RESOURCE_EXHAUSTED` past it, as gRPC does), concurrent streams per
+//! the router's `[tls]` certificate when set (ALPN `h2`), and the limits of `[aip]`: connections
+//! at once (one more is closed as it is accepted), message size both ways (`RESOURCE_EXHAUSTED` past it, as gRPC does), concurrent streams per
 //! connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`: the peer may not open more), TLS
 //! handshakes with a deadline. Stops accepting when the server's shutdown signal fires.
 //!
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
@@ -28,26 +28,33 @@ use super::state::AipGateway;
 /// Longest TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One accepted connection, plain or TLS.
+/// One accepted connection, plain or TLS, holding its slot of `max_connections`.
 #[derive(Debug)]
-pub enum Io {
+pub struct Io {
+    stream: Stream,
+    remote: SocketAddr,
+    _slot: OwnedSemaphorePermit,
+}
+
+#[derive(Debug)]
+enum Stream {
     /// Plain TCP (h2c, what upstream's insecure channels speak).
-    Plain(TcpStream, SocketAddr),
+    Plain(TcpStream),
     /// TLS.
-    Tls(Box<TlsStream<TcpStream>>, SocketAddr),
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
 impl Connected for Io {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        let (local, remote) = match self {
-            Io::Plain(s, r) => (s.local_addr().ok(), *r),
-            Io::Tls(s, r) => (s.get_ref().0.local_addr().ok(), *r),
+        let local = match &self.stream {
+            Stream::Plain(s) => s.local_addr().ok(),
+            Stream::Tls(s) => s.get_ref().0.local_addr().ok(),
         };
         TcpConnectInfo {
             local_addr: local,
-            remote_addr: Some(remote),
+            remote_addr: Some(self.remote),
         }
     }
 }
@@ -58,9 +65,9 @@ impl AsyncRead for Io {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -71,23 +78,23 @@ impl AsyncWrite for Io {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Io::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(s, _) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -101,6 +108,7 @@ pub async fn serve(
 ) {
     let (tx, rx) = mpsc::channel::<io::Result<Io>>(64);
     let mut stop = shutdown.clone();
+    let slots = Arc::new(Semaphore::new(gw.settings().max_connections.max(1)));
     let accept = tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -115,10 +123,20 @@ pub async fn serve(
                     continue;
                 }
             };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                tracing::debug!(%remote, "AIP listener: max_connections reached; connection closed");
+                drop(tcp);
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             match &tls {
                 None => {
-                    if tx.send(Ok(Io::Plain(tcp, remote))).await.is_err() {
+                    let io = Io {
+                        stream: Stream::Plain(tcp),
+                        remote,
+                        _slot: slot,
+                    };
+                    if tx.send(Ok(io)).await.is_err() {
                         break;
                     }
                 }
@@ -127,7 +145,12 @@ pub async fn serve(
                     tokio::spawn(async move {
                         match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                             Ok(Ok(s)) => {
-                                let _ = tx.send(Ok(Io::Tls(Box::new(s), remote))).await;
+                                let io = Io {
+                                    stream: Stream::Tls(Box::new(s)),
+                                    remote,
+                                    _slot: slot,
+                                };
+                                let _ = tx.send(Ok(io)).await;
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(%remote, error = %e, "AIP TLS handshake failed")

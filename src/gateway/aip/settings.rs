@@ -37,6 +37,8 @@ pub struct AipSettings {
     pub on_silence: Silence,
     /// Largest gRPC message received or sent, in bytes (default 4 MiB, gRPC's own).
     pub max_message_bytes: usize,
+    /// Connections to the AIP listener at once (default 1024); one more is closed at once.
+    pub max_connections: usize,
     /// Concurrent gRPC streams on one connection (default 64).
     pub max_streams_per_connection: u32,
     /// Agent sessions and update subscriptions open at once, over all callers (default 256).
@@ -62,6 +64,7 @@ impl Default for AipSettings {
             heartbeat_timeout_ms: 30_000,
             on_silence: Silence::Evict,
             max_message_bytes: 4 << 20,
+            max_connections: 1024,
             max_streams_per_connection: 64,
             max_sessions: 256,
             max_nodes_per_principal: 256,
