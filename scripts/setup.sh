@@ -6,7 +6,8 @@
 #    that installs them and exits 1;
 # 2. Node.js >= 20 (Debian's own nodejs may be older: then it says so and exits 1);
 # 3. the npm packages of tests/interop and tests/browser (npm ci, pinned by their lock files);
-# 4. the Python virtual environments (tests/gateways/setup.sh, tests/a2a_py/.venv), pinned.
+# 4. the Python virtual environments (tests/gateways/setup.sh, tests/a2a_py/.venv,
+#    tests/aip_py/.venv), pinned.
 #
 #   scripts/setup.sh [--check]    --check: report what is missing, install nothing
 #
@@ -87,5 +88,13 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/a2a_py/requirements.txt "$venv/
   python3 -m venv "$venv" >&2
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/a2a_py/requirements.txt >&2
   cp tests/a2a_py/requirements.txt "$venv/.requirements"
+fi
+venv=tests/aip_py/.venv
+if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/aip_py/requirements.txt "$venv/.requirements"; then
+  say "making $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" >&2
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/aip_py/requirements.txt >&2
+  cp tests/aip_py/requirements.txt "$venv/.requirements"
 fi
 say "ready"

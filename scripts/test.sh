@@ -3,7 +3,8 @@
 # built binary), the benches in test mode, the interop suite in which the official
 # @multi-agent-protocol/sdk clients drive the built binary over real WebSockets (and the
 # official @a2a-js/sdk client drives its A2A gateway), the gateway suite in which the seeds'
-# Python clients (httpx, websockets) drive the MAMP and IM gateways (tests/gateways/), and the
+# Python clients (httpx, websockets) drive the MAMP and IM gateways (tests/gateways/), Python
+# gRPC drives the AIP gateway (tests/aip_py/), and the
 # web dashboard in headless Chromium (tests/browser/).
 #
 # Needs what scripts/test-deps.txt lists; scripts/setup.sh installs or checks it all first (as root
@@ -29,6 +30,8 @@ echo "== A2A client side (the gateway calls remote agents served by @a2a-js/sdk'
 node tests/interop/a2a_remote.mjs --bin target/debug/map-router
 echo "== A2A acceptance through the Python a2a-sdk 1.3.0 client (v1.0 and v0.3 mode; venv in tests/a2a_py/.venv)"
 scripts/a2a_py.sh target/debug/map-router
+echo "== AIP acceptance through Python gRPC (grpcio 1.73.1, stubs by grpcio-tools; venv in tests/aip_py/.venv)"
+scripts/aip_py.sh target/debug/map-router
 
 echo "== gateway suite (the seeds' Python clients against target/debug/map-router)"
 gateways_python=$(tests/gateways/setup.sh)

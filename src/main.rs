@@ -58,6 +58,9 @@ struct ServeArgs {
     /// Address to listen on (repeatable). Overrides the config file. Default 127.0.0.1:4500.
     #[arg(long, env = "MAP_ROUTER_LISTEN", value_delimiter = ',')]
     listen: Vec<SocketAddr>,
+    /// Serve the AIP gateway (gRPC, docs/aip.md) on this address. Overrides `[aip] listen`.
+    #[arg(long, env = "MAP_ROUTER_AIP_LISTEN")]
+    aip_listen: Option<SocketAddr>,
     /// TOML configuration file.
     #[arg(long, env = "MAP_ROUTER_CONFIG")]
     config: Option<PathBuf>,
@@ -221,6 +224,9 @@ fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
         Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
         None => Config::default(),
     };
+    if args.aip_listen.is_some() {
+        config.aip.listen = args.aip_listen;
+    }
     if !args.listen.is_empty() {
         config.listen = args.listen.clone();
     } else if mode == Mode::Stdio && args.config.is_none() {
@@ -308,6 +314,11 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
                 "map-router dashboard on {}",
                 map_router::server::ui::url(*addr, scheme == "wss")
             );
+        }
+        if let Some(addr) = server.aip_addr() {
+            // Stable, parseable line, as above.
+            let tls = if scheme == "wss" { " (TLS)" } else { "" };
+            eprintln!("map-router AIP gateway listening on {addr}{tls}");
         }
         match mode {
             Mode::Listen => signals.wait().await,

@@ -8,7 +8,8 @@
 //!   `"--", "X"`, and a `("name", "X", "examples/...")` row of the stdio-children table;
 //! - JavaScript (`tests/**/*.mjs`): `spawn('X'`, a TOML `program = "X"`, a `/usr/bin/X` path;
 //! - Python (`tests/**/*.py`): `Popen(["X"`;
-//! - shell (`scripts/test.sh`, `scripts/setup.sh`, `scripts/a2a_py.sh`, `tests/**/*.sh`, and the
+//! - shell (`scripts/test.sh`, `scripts/setup.sh`, `scripts/a2a_py.sh`, `scripts/aip_py.sh`,
+//!   `tests/**/*.sh`, and the
 //!   README's and docs' blocks that tests run, `doc: test` and `doc: ci`): the first word of every
 //!   simple command, builtins and keywords aside.
 
@@ -301,6 +302,7 @@ fn started() -> Found {
         root.join("scripts/test.sh"),
         root.join("scripts/setup.sh"),
         root.join("scripts/a2a_py.sh"),
+        root.join("scripts/aip_py.sh"),
     ];
     files(&root.join("tests"), ".sh", &mut sh);
     for file in sh {

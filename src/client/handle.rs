@@ -478,8 +478,23 @@ impl Client {
         payload: Value,
         timeout: Duration,
     ) -> Result<Message, ClientError> {
+        self.request_with(to, payload, serde_json::Map::new(), timeout)
+            .await
+    }
+
+    /// As [`Client::request`], with more members in `meta` (`protocol`, an extension's own
+    /// key, ...); `expectsResponse` and `correlationId` are set over them.
+    ///
+    /// # Errors
+    /// As [`Client::request`].
+    pub async fn request_with(
+        &self,
+        to: impl Into<Value>,
+        payload: Value,
+        mut meta: serde_json::Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<Message, ClientError> {
         let correlation_id = format!("req-{}", uuid::Uuid::new_v4().simple());
-        let mut meta = serde_json::Map::new();
         meta.insert("expectsResponse".into(), Value::Bool(true));
         meta.insert(
             "correlationId".into(),

@@ -54,6 +54,7 @@ mod message;
 mod options;
 mod subscription;
 pub(crate) mod tls;
+mod tool;
 pub(crate) mod transport;
 
 pub use agent::AgentHandle;
@@ -67,4 +68,5 @@ pub use options::{
     DEFAULT_MESSAGE_BUFFER, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SUBSCRIPTION_BUFFER,
 };
 pub use subscription::Subscription;
+pub use tool::ToolResult;
 pub use transport::{CHILD_EXIT_GRACE, MAX_INBOUND_FRAME};

@@ -10,6 +10,7 @@
 //! protocols here. `server` merges each gateway's axum routes into its own.
 //!
 //! - [`a2a`]: Agent2Agent (A2A) 1.0 and 0.3 over JSON-RPC + SSE (`docs/a2a.md`).
+//! - [`aip`]: AIP (seed 003) over gRPC, on a listener of its own (`docs/aip.md`).
 //! - [`mamp`]: MAMP 1.0 (seed 000): cards, `POST /mamp/v1/messages`, outbound POSTs to
 //!   configured remote MAMP agents (`docs/gateways.md`).
 //! - [`im`]: the agent IM gateway (seed 002): `WS /gateway/connect`, `/gateway/*`, contacts
@@ -28,6 +29,7 @@
 //! This module only declares the gateways and merges the MAMP and IM routes ([`routes`]).
 
 pub mod a2a;
+pub mod aip;
 pub mod caller;
 pub mod callers;
 pub mod config;

@@ -90,6 +90,8 @@ pub struct Config {
     pub a2a: A2aSettings,
     /// The MAMP and IM gateways (`[gateways]`, docs/gateways.md; on by default).
     pub gateways: crate::gateway::GatewaySettings,
+    /// The AIP gateway over gRPC (`[aip]`, docs/aip.md; off unless `listen` is set).
+    pub aip: crate::gateway::aip::AipSettings,
 }
 
 /// `[a2a]`: the A2A gateway (docs/a2a.md).
@@ -483,6 +485,7 @@ impl Default for Config {
             metrics: MetricsSettings::default(),
             gateways: crate::gateway::GatewaySettings::default(),
             a2a: A2aSettings::default(),
+            aip: crate::gateway::aip::AipSettings::default(),
         }
     }
 }
@@ -693,6 +696,7 @@ impl Config {
         }
         self.auth.validate().map_err(ConfigError::Invalid)?;
         self.gateways.validate().map_err(ConfigError::Invalid)?;
+        self.aip.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 
@@ -825,6 +829,20 @@ mod tests {
         let c = Config::default();
         c.validate().unwrap();
         assert!(c.listen[0].ip().is_loopback());
+    }
+
+    #[test]
+    fn aip_section() {
+        let c = Config::from_toml(
+            "[aip]\nlisten = \"127.0.0.1:50050\"\ndial_allow = [\"10.0.0.0/8\", \"h:1\"]\non_silence = \"offline\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.aip.listen, Some("127.0.0.1:50050".parse().unwrap()));
+        assert_eq!(c.aip.on_silence, crate::gateway::aip::Silence::Offline);
+        assert!(Config::default().aip.listen.is_none(), "off by default");
+        let err = Config::from_toml("[aip]\ndial_allow = [\"a b\"]\n").unwrap_err();
+        assert!(err.to_string().contains("aip.dial_allow"), "{err}");
+        assert!(Config::from_toml("[aip]\nnope = 1\n").is_err());
     }
 
     #[test]

@@ -21,19 +21,47 @@ use axum::Router as HttpRouter;
 use crate::auth::Authenticator;
 use crate::router::RouterHandle;
 
+/// More metric families for each scrape, in OpenMetrics text without `# EOF` (the AIP
+/// gateway's, `gateway::aip::AipGateway::render_metrics`).
+pub type Extra = Arc<dyn Fn() -> String + Send + Sync>;
+
 #[derive(Clone)]
 struct MetricsState {
     router: RouterHandle,
     /// `Some` when scrapes must authenticate.
     auth: Option<Arc<Authenticator>>,
+    extra: Option<Extra>,
 }
 
 /// The `/metrics` route. `auth`: the authenticator scrapes must pass, or `None` when the
 /// endpoint is public (no `[auth]`, or `[metrics] public = true`).
 pub fn routes(router: RouterHandle, auth: Option<Arc<Authenticator>>) -> HttpRouter {
+    routes_with(router, auth, None)
+}
+
+/// As [`routes`], with `extra` families appended to each scrape.
+pub fn routes_with(
+    router: RouterHandle,
+    auth: Option<Arc<Authenticator>>,
+    extra: Option<Extra>,
+) -> HttpRouter {
     HttpRouter::new()
         .route("/metrics", get(scrape))
-        .with_state(MetricsState { router, auth })
+        .with_state(MetricsState {
+            router,
+            auth,
+            extra,
+        })
+}
+
+/// `text` with `extra`'s families before its `# EOF`.
+fn splice(text: String, extra: Option<&Extra>) -> String {
+    let Some(extra) = extra else { return text };
+    let more = extra();
+    match text.rfind("# EOF") {
+        Some(at) => format!("{}{more}{}", &text[..at], &text[at..]),
+        None => text + &more,
+    }
 }
 
 fn unauthorized(why: &str) -> Response {
@@ -69,7 +97,9 @@ async fn scrape(State(state): State<MetricsState>, headers: HeaderMap) -> Respon
     }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let openmetrics = crate::metrics::wants_openmetrics(accept);
-    match state.router.render_metrics().await {
+    let rendered = state.router.render_metrics().await;
+    let rendered = rendered.map(|t| splice(t, state.extra.as_ref()));
+    match rendered {
         Ok(text) if openmetrics => (
             [(
                 header::CONTENT_TYPE,

@@ -66,6 +66,8 @@ pub struct Server {
     store: Option<Arc<dyn EventStore>>,
     /// The MAMP and IM gateways' shared state (their tables' sizes are read from it).
     gateways: Arc<crate::gateway::GatewayContext>,
+    /// The AIP gateway and its bound address, when `[aip] listen` is set.
+    aip: Option<(Arc<crate::gateway::aip::AipGateway>, SocketAddr)>,
 }
 
 /// How long shutdown waits for the store to commit what is queued (its own limit for a failing
@@ -86,6 +88,10 @@ impl Server {
             .map_err(|e| std::io::Error::other(format!("auth: {e}")))?;
         let tls = config.tls.files().map(|f| tls::acceptor(&f)).transpose()?;
         let a2a_allow = A2aAllow::of(&config)?;
+        let aip_listener = match config.aip.listen {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
         let mut listeners = Vec::new();
         for addr in &config.listen {
             listeners.push(TcpListener::bind(addr).await?);
@@ -189,12 +195,35 @@ impl Server {
             },
         ));
         let gateway_context = Arc::clone(&gateways);
+        let aip = match aip_listener {
+            Some(tcp) => {
+                let addr = tcp.local_addr()?;
+                let gateway =
+                    crate::gateway::aip::AipGateway::new(Arc::clone(&gateways), config.aip.clone())
+                        .map_err(|e| std::io::Error::other(format!("aip: {e}")))?;
+                let tls = config
+                    .tls
+                    .files()
+                    .map(|f| tls::acceptor_alpn(&f, vec![b"h2".to_vec()]))
+                    .transpose()?;
+                Some((gateway, addr, tcp, tls))
+            }
+            None => None,
+        };
         let app = app.merge(crate::gateway::routes(Arc::clone(&gateways)));
         if !config.gateways.mamp.remote.is_empty() && config.gateways.mamp.enabled {
             tokio::spawn(crate::gateway::peers::open_configured(gateways));
         }
         let app = if metrics.is_some() {
-            app.merge(metrics::routes(ctx.router.clone(), metrics_auth))
+            let extra = aip.as_ref().map(|(gateway, ..)| {
+                let gateway = Arc::clone(gateway);
+                Arc::new(move || gateway.render_metrics()) as metrics::Extra
+            });
+            app.merge(metrics::routes_with(
+                ctx.router.clone(),
+                metrics_auth,
+                extra,
+            ))
         } else {
             app
         };
@@ -243,6 +272,15 @@ impl Server {
             drain_timeout: options.drain_timeout,
         };
         let mut http_tasks = Vec::new();
+        let aip = aip.map(|(gateway, addr, tcp, tls)| {
+            http_tasks.push(tokio::spawn(crate::gateway::aip::listener::serve(
+                Arc::clone(&gateway),
+                tcp,
+                tls,
+                shutdown_rx.clone(),
+            )));
+            (gateway, addr)
+        });
         for tcp in listeners {
             http_tasks.push(tokio::spawn(listener::serve(
                 tcp,
@@ -262,7 +300,18 @@ impl Server {
             shutdown,
             store: store_handle,
             gateways: gateway_context,
+            aip,
         })
+    }
+
+    /// The AIP gateway's bound address, when it is on (`[aip] listen`, `--aip-listen`).
+    pub fn aip_addr(&self) -> Option<SocketAddr> {
+        self.aip.as_ref().map(|(_, a)| *a)
+    }
+
+    /// The AIP gateway, when it is on.
+    pub fn aip(&self) -> Option<&Arc<crate::gateway::aip::AipGateway>> {
+        self.aip.as_ref().map(|(g, _)| g)
     }
 
     /// The MAMP and IM gateways' shared state: settings, tables (`sizes()`), sessions.

@@ -25,6 +25,18 @@ pub struct TlsFiles {
 /// # Errors
 /// A file is unreadable, holds no certificate or key, or the key does not match.
 pub fn acceptor(files: &TlsFiles) -> std::io::Result<tokio_rustls::TlsAcceptor> {
+    acceptor_alpn(files, vec![b"http/1.1".to_vec()])
+}
+
+/// As [`acceptor`], offering the ALPN protocols `alpn` (the AIP gateway's gRPC listener:
+/// `h2`, which gRPC clients require).
+///
+/// # Errors
+/// As [`acceptor`].
+pub fn acceptor_alpn(
+    files: &TlsFiles,
+    alpn: Vec<Vec<u8>>,
+) -> std::io::Result<tokio_rustls::TlsAcceptor> {
     let certs = load_certs(&files.cert)?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|e| invalid(&files.key, &format!("no usable private key: {e}")))?;
@@ -35,7 +47,7 @@ pub fn acceptor(files: &TlsFiles) -> std::io::Result<tokio_rustls::TlsAcceptor> 
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| invalid(&files.cert, &format!("certificate and key do not fit: {e}")))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 

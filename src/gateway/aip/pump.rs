@@ -1,0 +1,487 @@
+//! A node's MAP inbox, delivered to the node's own gRPC server (dial-back), one task per node.
+//!
+//! What reaches an AIP node's MAP agent is, in this order:
+//! 1. an answer in a session the node started (`meta.aip.sessionStatus` `HOLD_RESPONSE` or
+//!    `STOP_RESPONSE`, or `meta.aip.error`; or a MAP reply whose `correlationId` is one of the
+//!    session's messages, its status then derived from the request's: `STOP_QUEST` →
+//!    `STOP_RESPONSE`, else `HOLD_RESPONSE`): handed to that session's `RouteAgentCalling`
+//!    stream;
+//! 2. for a tool: a call (`{"tool", "arguments"}`; a string payload is `{"input": <it>}`),
+//!    made with `ToolService.CallTool` and answered with a MAP reply `{"isError",
+//!    "errorMessage", "parts", ...}`, or `{"error": {code, message, data: {grpcCode}}}`;
+//! 3. for an agent: a session message (`meta.aip.sessionStatus` a quest), forwarded in order on
+//!    the `AgentService.CallAgent` stream of its (sender, session id), opened by its
+//!    `START_QUEST`; each answer goes back to the sender as a MAP message with `meta.aip`;
+//! 4. for an agent: any other message, a one-message session: `START_QUEST` with its content
+//!    and `STOP_QUEST`, and one MAP reply with every answer's parts.
+//!
+//! The sender the node sees (`sender_id`) is always the MAP sender the router vouches for
+//! (`from`), never what `meta` claims. Control messages from the router are not forwarded.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Status};
+
+use super::content;
+use super::messages::{message_meta, message_of};
+use super::nodes::{Kind, Node};
+use super::proto::agent_message::SessionStatus;
+use super::proto::agent_service_client::AgentServiceClient;
+use super::proto::tool_service_client::ToolServiceClient;
+use super::proto::{AgentMessage, ToolRequest};
+use super::settings::AipSettings;
+use super::state::{lock, AipGateway};
+use crate::client::Messages;
+use crate::protocol::json::RawJson;
+use crate::protocol::message::Message;
+use crate::protocol::methods::messaging::SendParams;
+
+/// Runs until the node or the gateway is gone, or the inboxes end. `messages` is the agent's
+/// inbox; `unclaimed` the session's (what the router delivered before the agent's handle
+/// existed, such as what was kept for it while it was offline, flushed as it is reclaimed):
+/// the session has no other agent, so both are the node's.
+pub async fn run(gw: Weak<AipGateway>, node: Weak<Node>, messages: Messages, unclaimed: Messages) {
+    let mut messages = futures::stream::select(messages, unclaimed);
+    while let Some(message) = messages.next().await {
+        let (Some(gw), Some(node)) = (gw.upgrade(), node.upgrade()) else {
+            break;
+        };
+        handle(&gw, &node, message).await;
+    }
+}
+
+fn meta_of(message: &Message) -> Value {
+    message.meta.as_ref().map_or(Value::Null, RawJson::to_value)
+}
+
+fn status_name(aip: Option<&Value>) -> Option<SessionStatus> {
+    aip?.get("sessionStatus")?
+        .as_str()
+        .and_then(SessionStatus::from_str_name)
+}
+
+/// The trace context of `meta` as gRPC metadata on `request`.
+fn carry_trace<T>(meta: &Value, request: &mut Request<T>) {
+    for key in ["traceparent", "tracestate"] {
+        if let Some(v) = meta
+            .get(key)
+            .and_then(Value::as_str)
+            .and_then(|v| v.parse().ok())
+        {
+            request.metadata_mut().insert(key, v);
+        }
+    }
+}
+
+async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
+    if message.from == "system" {
+        return;
+    }
+    let meta = meta_of(&message);
+    let aip = meta.get("aip");
+    let status = status_name(aip);
+    let payload = message.payload_value();
+    // 1. Answers in a session this node started.
+    if let Some(aip) = aip {
+        let session = aip.get("sessionId").and_then(Value::as_str).unwrap_or("");
+        if let Some(error) = aip.get("error") {
+            let code = error.get("code").and_then(Value::as_i64).unwrap_or(2);
+            let text = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("session failed");
+            let code = Code::from_i32(i32::try_from(code).unwrap_or(2));
+            gw.deliver_answer(&node.id, session, Err(Status::new(code, text.to_owned())));
+            return;
+        }
+        if matches!(
+            status,
+            Some(SessionStatus::HoldResponse | SessionStatus::StopResponse)
+        ) {
+            let mut answer = message_of(aip, payload.as_ref());
+            answer.sender_id = message.from.clone();
+            answer.receiver_id = node.id.clone();
+            gw.deliver_answer(&node.id, session, Ok(answer));
+            return;
+        }
+    }
+    if message.is_result() {
+        let found = message.correlation_id().and_then(|c| gw.correlation(&c));
+        if let Some((owner, session, asked)) = found.filter(|(owner, ..)| *owner == node.id) {
+            let status = if asked == SessionStatus::StopQuest {
+                SessionStatus::StopResponse
+            } else {
+                SessionStatus::HoldResponse
+            };
+            let answer = AgentMessage {
+                sender_id: message.from.clone(),
+                receiver_id: owner.clone(),
+                session_id: session.clone(),
+                session_status: status as i32,
+                task_info: None,
+                message_id: message.id.to_string(),
+                reply_to_message_id: String::new(),
+                content: content::items(payload.as_ref()),
+            };
+            gw.deliver_answer(&owner, &session, Ok(answer));
+        }
+        return;
+    }
+    match node.kind {
+        Kind::Tool => {
+            tokio::spawn(tool_call(Arc::clone(gw), Arc::clone(node), message, meta));
+        }
+        Kind::Agent => match (aip, status) {
+            (
+                Some(aip),
+                Some(
+                    s @ (SessionStatus::StartQuest
+                    | SessionStatus::HoldQuest
+                    | SessionStatus::StopQuest),
+                ),
+            ) => inbound(gw, node, &message, aip, s, payload.as_ref(), &meta).await,
+            _ => {
+                tokio::spawn(one_shot(Arc::clone(gw), Arc::clone(node), message, meta));
+            }
+        },
+    }
+}
+
+/// Answer `payload` with `meta.aip` to `to`, from `node`.
+async fn send_back(
+    node: &Node,
+    to: &str,
+    payload: Value,
+    aip: Value,
+    correlation: Option<&str>,
+    conversation: Option<&str>,
+) {
+    let mut meta = Map::new();
+    meta.insert("protocol".into(), json!("aip"));
+    meta.insert("aip".into(), aip);
+    meta.insert("isResult".into(), json!(true));
+    if let Some(c) = correlation {
+        meta.insert("correlationId".into(), json!(c));
+    }
+    if let Some(c) = conversation {
+        meta.insert("mail".into(), json!({ "conversationId": c }));
+    }
+    let sent = node
+        .client()
+        .send_with(SendParams {
+            to: RawJson::from(json!({ "agent": to })),
+            payload: Some(RawJson::from(payload)),
+            meta: Some(RawJson::from(Value::Object(meta))),
+        })
+        .await;
+    if let Err(e) = sent {
+        tracing::warn!(node = %node.id, to, error = %e, "an AIP answer could not be sent");
+    }
+}
+
+fn error_aip(session: &str, status: &Status) -> Value {
+    json!({ "sessionId": session, "error": { "code": status.code() as i32, "message": status.message() } })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn inbound(
+    gw: &Arc<AipGateway>,
+    node: &Arc<Node>,
+    message: &Message,
+    aip: &Value,
+    status: SessionStatus,
+    payload: Option<&Value>,
+    meta: &Value,
+) {
+    let mut m = message_of(aip, payload);
+    m.sender_id = message.from.clone();
+    m.receiver_id = node.id.clone();
+    let session = m.session_id.clone();
+    let key = (message.from.clone(), session.clone());
+    let correlation = message.correlation_id();
+    let conversation = meta
+        .pointer("/mail/conversationId")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let existing = lock(&node.inbound).get(&key).cloned();
+    if let Some(tx) = existing {
+        if tx.try_send(m).is_err() {
+            let s = Status::resource_exhausted("the receiver does not keep up with this session");
+            send_back(
+                node,
+                &message.from,
+                Value::Null,
+                error_aip(&session, &s),
+                correlation.as_deref(),
+                None,
+            )
+            .await;
+        }
+        return;
+    }
+    if status != SessionStatus::StartQuest || session.is_empty() {
+        let s = Status::invalid_argument("First message must be START_QUEST");
+        send_back(
+            node,
+            &message.from,
+            Value::Null,
+            error_aip(&session, &s),
+            correlation.as_deref(),
+            None,
+        )
+        .await;
+        return;
+    }
+    let (tx, rx) = mpsc::channel(64);
+    let _ = tx.try_send(m);
+    lock(&node.inbound).insert(key.clone(), tx);
+    gw.counters.sessions.fetch_add(1, Ordering::Relaxed);
+    let (gw, node, meta) = (Arc::clone(gw), Arc::clone(node), meta.clone());
+    tokio::spawn(async move {
+        let max = gw.settings.max_message_bytes;
+        let idle = AipSettings::ms(gw.settings.session_idle_timeout_ms);
+        let mut client = AgentServiceClient::new(node.channel.clone())
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let mut request = Request::new(ReceiverStream::new(rx));
+        carry_trace(&meta, &mut request);
+        let (from, _) = &key;
+        match tokio::time::timeout(idle, client.call_agent(request)).await {
+            Err(_) => {
+                let s = Status::deadline_exceeded("the receiver did not answer");
+                send_back(
+                    &node,
+                    from,
+                    Value::Null,
+                    error_aip(&session, &s),
+                    correlation.as_deref(),
+                    None,
+                )
+                .await;
+            }
+            Ok(Err(s)) => {
+                send_back(
+                    &node,
+                    from,
+                    Value::Null,
+                    error_aip(&session, &s),
+                    correlation.as_deref(),
+                    None,
+                )
+                .await;
+            }
+            Ok(Ok(response)) => {
+                let mut answers = response.into_inner();
+                loop {
+                    match tokio::time::timeout(idle, answers.message()).await {
+                        Ok(Ok(Some(mut a))) => {
+                            a.session_id.clone_from(&session);
+                            let stop = a.session_status == SessionStatus::StopResponse as i32;
+                            send_back(
+                                &node,
+                                from,
+                                content::payload(&a.content),
+                                message_meta(&a),
+                                correlation.as_deref(),
+                                conversation.as_deref(),
+                            )
+                            .await;
+                            if stop {
+                                break;
+                            }
+                        }
+                        Ok(Ok(None)) => break,
+                        Ok(Err(s)) => {
+                            send_back(
+                                &node,
+                                from,
+                                Value::Null,
+                                error_aip(&session, &s),
+                                correlation.as_deref(),
+                                None,
+                            )
+                            .await;
+                            break;
+                        }
+                        Err(_) => {
+                            let s = Status::deadline_exceeded(format!("no answer within {idle:?}"));
+                            send_back(
+                                &node,
+                                from,
+                                Value::Null,
+                                error_aip(&session, &s),
+                                correlation.as_deref(),
+                                None,
+                            )
+                            .await;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        lock(&node.inbound).remove(&key);
+    });
+}
+
+fn error_payload(status: &Status) -> Value {
+    let message = if status.message().is_empty() {
+        format!("{:?}", status.code())
+    } else {
+        status.message().to_owned()
+    };
+    json!({ "error": { "code": 2003, "message": message, "data": { "grpcCode": status.code() as i32 } } })
+}
+
+async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: Value) {
+    let payload = message.payload_value().unwrap_or(Value::Null);
+    let aip = meta.get("aip");
+    let tool_name = payload
+        .get("tool")
+        .and_then(Value::as_str)
+        .or_else(|| aip.and_then(|a| a.get("toolName")).and_then(Value::as_str))
+        .unwrap_or("unknown")
+        .to_owned();
+    let arguments: BTreeMap<String, String> = match &payload {
+        Value::String(s) => [("input".to_owned(), s.clone())].into(),
+        v => v
+            .get("arguments")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    let session_id = payload
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map_or_else(
+            || format!("tool_session_{}", uuid::Uuid::new_v4().simple()),
+            str::to_owned,
+        );
+    let max = gw.settings.max_message_bytes;
+    let mut client = ToolServiceClient::new(node.channel.clone())
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let mut request = Request::new(ToolRequest {
+        sender_id: message.from.clone(),
+        receiver_id: node.id.clone(),
+        session_id,
+        tool_name,
+        arguments: super::proto::encode_arguments(&arguments),
+    });
+    let timeout = AipSettings::ms(gw.settings.tool_timeout_ms);
+    request.set_timeout(timeout);
+    carry_trace(&meta, &mut request);
+    gw.counters.tool_calls.fetch_add(1, Ordering::Relaxed);
+    let answer =
+        match tokio::time::timeout(timeout + Duration::from_secs(1), client.call_tool(request))
+            .await
+        {
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                json!({
+                    "isError": r.is_error,
+                    "errorMessage": r.error_message,
+                    "senderId": r.sender_id,
+                    "receiverId": r.receiver_id,
+                    "sessionId": r.session_id,
+                    "parts": content::parts(&r.content),
+                })
+            }
+            Ok(Err(status)) => error_payload(&status),
+            Err(_) => error_payload(&Status::deadline_exceeded(format!(
+                "the tool did not answer within {timeout:?}"
+            ))),
+        };
+    if let Err(e) = node.client().reply(&message, answer).await {
+        tracing::warn!(node = %node.id, error = %e, "a tool answer could not be sent");
+    }
+}
+
+async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: Value) {
+    let Ok(_permit) = Arc::clone(&gw.permits).try_acquire_owned() else {
+        let _ = node
+            .client()
+            .reply(
+                &message,
+                error_payload(&Status::resource_exhausted("too many sessions are open")),
+            )
+            .await;
+        return;
+    };
+    gw.counters.sessions.fetch_add(1, Ordering::Relaxed);
+    let session = format!("map_session_{}", uuid::Uuid::new_v4().simple());
+    let quest = |status: SessionStatus, id: String, items| AgentMessage {
+        sender_id: message.from.clone(),
+        receiver_id: node.id.clone(),
+        session_id: session.clone(),
+        session_status: status as i32,
+        task_info: None,
+        message_id: id,
+        reply_to_message_id: String::new(),
+        content: items,
+    };
+    let (tx, rx) = mpsc::channel(2);
+    let _ = tx.try_send(quest(
+        SessionStatus::StartQuest,
+        message.id.to_string(),
+        content::items(message.payload_value().as_ref()),
+    ));
+    let _ = tx.try_send(quest(
+        SessionStatus::StopQuest,
+        format!("{}-stop", message.id),
+        Vec::new(),
+    ));
+    drop(tx);
+    let max = gw.settings.max_message_bytes;
+    let idle = AipSettings::ms(gw.settings.session_idle_timeout_ms);
+    let mut client = AgentServiceClient::new(node.channel.clone())
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let mut request = Request::new(ReceiverStream::new(rx));
+    carry_trace(&meta, &mut request);
+    let collected = tokio::time::timeout(idle, async {
+        let mut answers = client.call_agent(request).await?.into_inner();
+        let mut parts = Vec::new();
+        let mut statuses = Vec::new();
+        while let Some(a) = answers.message().await? {
+            parts.extend(content::parts(&a.content));
+            let s =
+                SessionStatus::try_from(a.session_status).unwrap_or(SessionStatus::HoldResponse);
+            statuses.push(s.as_str_name());
+            if s == SessionStatus::StopResponse {
+                break;
+            }
+        }
+        Ok::<_, Status>(
+            json!({ "parts": parts, "aip": { "sessionId": session, "statuses": statuses } }),
+        )
+    })
+    .await;
+    let answer = match collected {
+        Ok(Ok(v)) => v,
+        Ok(Err(s)) => error_payload(&s),
+        Err(_) => error_payload(&Status::deadline_exceeded(format!(
+            "no answer within {idle:?}"
+        ))),
+    };
+    if let Err(e) = node.client().reply(&message, answer).await {
+        tracing::warn!(node = %node.id, error = %e, "an AIP agent's answer could not be sent");
+    }
+}
