@@ -236,7 +236,58 @@ async fn a_map_agent_calls_aip_tools_and_agents() {
         }
         other => panic!("{other:?}"),
     }
+
+    // The AIP families pass Prometheus's own linter with the rest of /metrics (they are spliced
+    // into the router's text; promtool reads the classic format), and end up inside the
+    // OpenMetrics text, before its `# EOF`.
+    let addr = server.local_addrs()[0];
+    let r = common::http::request(addr, "GET", "/metrics", &[], b"").await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body).unwrap();
+    assert!(
+        text.contains("# TYPE map_aip_tool_calls_total counter"),
+        "{text}"
+    );
+    promtool_check(&text).await;
+    let r = common::http::request(
+        addr,
+        "GET",
+        "/metrics",
+        &[("Accept", "application/openmetrics-text; version=1.0.0")],
+        b"",
+    )
+    .await;
+    let text = String::from_utf8(r.body).unwrap();
+    let aip = text.find("map_aip_").expect("AIP families in OpenMetrics");
+    assert!(
+        text.trim_end().ends_with("# EOF") && aip < text.len() - 6,
+        "{text}"
+    );
     server.shutdown().await;
+}
+
+async fn promtool_check(text: &str) {
+    use tokio::io::AsyncWriteExt;
+    let mut promtool = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("promtool is installed (scripts/setup.sh installs Debian's prometheus)");
+    let mut stdin = promtool.stdin.take().unwrap();
+    with_timeout(stdin.write_all(text.as_bytes()))
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = with_timeout(promtool.wait_with_output()).await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
