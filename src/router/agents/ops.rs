@@ -381,6 +381,9 @@ impl Router {
         // Messages kept for it fail now that it will not come back.
         self.drop_offline(id);
         self.registry.remove(id);
+        let registry = &self.registry;
+        self.messaging
+            .agent_removed(|r| registry.get_by_text(r).is_none());
     }
 
     /// `map/agents/update`.

@@ -92,6 +92,23 @@ impl DeliveryIndex {
         self.deliveries += 1;
     }
 
+    /// Forgets every delivery to a recipient `gone` says has left: it can never reply, so its
+    /// entries only hold memory (after a churn, thousands of them, until newer deliveries push
+    /// them out). Gives the tables' room back.
+    fn forget(&mut self, gone: impl Fn(&str) -> bool) {
+        self.by_message.retain(|_, list| {
+            list.retain(|(r, _)| !gone(r));
+            !list.is_empty()
+        });
+        self.deliveries = self.by_message.values().map(Vec::len).sum();
+        let kept = &self.by_message;
+        self.order.retain(|(m, _)| kept.contains_key(m));
+        self.by_correlation.retain(|_, m| kept.contains_key(m));
+        self.by_message.shrink_if_sparse();
+        self.by_correlation.shrink_if_sparse();
+        self.order.shrink_if_sparse();
+    }
+
     /// The delivery to `replier` of the request that `correlation` names (a correlation id,
     /// or the request's message id, as the SDK's `reply()` uses when there was none).
     pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
@@ -116,6 +133,8 @@ pub(crate) struct Messaging {
     offline: IdMap<AgentId, VecDeque<Arc<Outgoing>>>,
     /// Recent deliveries, for linking a reply to the request it answers.
     deliveries: DeliveryIndex,
+    /// Agents removed since the delivery index last forgot the departed.
+    removed_since_forget: usize,
 }
 
 impl Messaging {
@@ -149,6 +168,19 @@ impl Messaging {
             .record(&out.id, recipient, out.correlation.as_deref(), delivered);
     }
 
+    /// An agent has left for good: once enough have (an eighth of the remembered deliveries,
+    /// at least 64, so the sweep costs O(1) amortized per removal), the delivery index forgets
+    /// every delivery to an agent `gone` says has left.
+    pub(crate) fn agent_removed(&mut self, gone: impl Fn(&str) -> bool) {
+        self.removed_since_forget += 1;
+        if self.deliveries.deliveries > 0
+            && self.removed_since_forget >= (self.deliveries.deliveries / 8).max(64)
+        {
+            self.removed_since_forget = 0;
+            self.deliveries.forget(gone);
+        }
+    }
+
     /// The delivery to `replier` of the request that `correlation` names.
     pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
         self.deliveries.request_delivery(correlation, replier)
@@ -165,5 +197,49 @@ impl Messaging {
     /// Deliveries remembered for reply correlation (for stats; bounded).
     pub(crate) fn deliveries_len(&self) -> usize {
         self.deliveries.deliveries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ids::Ulid;
+
+    #[test]
+    fn departed_recipients_are_forgotten_and_the_living_kept() {
+        let mut m = Messaging::default();
+        let ev = |n: u128| EventId(Ulid(n));
+        for i in 0..100u128 {
+            let msg = MessageId::from(format!("m{i}").as_str());
+            let corr = format!("c{i}");
+            m.deliveries.record(&msg, "stays", Some(&corr), ev(2 * i));
+            m.deliveries
+                .record(&msg, &format!("gone{i}"), Some(&corr), ev(2 * i + 1));
+        }
+        assert_eq!(m.deliveries_len(), 200);
+        let gone = |r: &str| r.starts_with("gone");
+        // Fewer removals than the threshold (64): nothing is swept yet.
+        for _ in 0..63 {
+            m.agent_removed(gone);
+        }
+        assert_eq!(m.deliveries_len(), 200);
+        assert_eq!(m.request_delivery("c7", "gone7"), Some(ev(15)));
+        m.agent_removed(gone);
+        assert_eq!(
+            m.deliveries_len(),
+            100,
+            "every delivery to a departed agent forgotten"
+        );
+        assert_eq!(m.request_delivery("c7", "gone7"), None);
+        assert_eq!(m.request_delivery("c7", "stays"), Some(ev(14)));
+        assert_eq!(m.deliveries.order.len(), 100);
+        // Everyone gone: the index is empty, correlations included.
+        for _ in 0..64 {
+            m.agent_removed(|_| true);
+        }
+        assert_eq!(m.deliveries_len(), 0);
+        assert!(m.deliveries.by_correlation.is_empty());
+        assert!(m.deliveries.order.is_empty());
+        assert_eq!(m.request_delivery("c7", "stays"), None);
     }
 }
