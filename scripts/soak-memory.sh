@@ -9,6 +9,9 @@
 # BIN=path      soak another build of map-router (an older one gives the "before" figures)
 # SOAK=path     the soak binary (default: built by `cargo bench --bench soak --no-run`)
 # ITEMS_ARGS, CHURN_ARGS  extra arguments for the soak (e.g. ITEMS_ARGS="--tasks 10000")
+# REPEAT=N      run each soak N times against the same server (default 1): the second run's
+#               "before" is the first's "after", so what one soak leaves behind for good shows as
+#               growth from run to run
 #
 # Loopback only; every wait is bounded. Not part of the test run.
 set -euo pipefail
@@ -42,9 +45,11 @@ soak() {  # soak NAME ARGS...
     sleep 0.1
   done
   [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; kill "$pid"; exit 1; }
-  # shellcheck disable=SC2086
-  $PIN1 timeout 900 "$SOAK" --bench --url "$url" --server-pid "$pid" --test "$name" \
-    --data-dir "$dir/data" "$@" || echo "{\"test\":\"$name\",\"failed\":true}"
+  for _ in $(seq "${REPEAT:-1}"); do
+    # shellcheck disable=SC2086
+    $PIN1 timeout 900 "$SOAK" --bench --url "$url" --server-pid "$pid" --test "$name" \
+      --data-dir "$dir/data" "$@" || echo "{\"test\":\"$name\",\"failed\":true}"
+  done
   kill "$pid"; wait "$pid" 2>/dev/null || true
   rm -rf "$dir"
 }

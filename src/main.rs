@@ -371,9 +371,11 @@ fn give_back_memory() {
 #[cfg(not(feature = "system-alloc"))]
 #[allow(unsafe_code)]
 fn collect_freed() {
-    // SAFETY: `mi_collect` takes no pointer and may be called from any thread at any time; with
-    // `force = false` it only does what mimalloc would do on its own at its next allocation.
-    unsafe { libmimalloc_sys::mi_collect(false) }
+    // SAFETY: `mi_collect` takes no pointer and may be called from any thread at any time.
+    // `force = true` also frees this thread's delayed frees and purges freed pages now rather
+    // than after the purge delay: it walks this thread's pages, which at most once a second on
+    // a worker with nothing else to do is cheap (docs/performance.md, "Memory soaks").
+    unsafe { libmimalloc_sys::mi_collect(true) }
 }
 
 #[cfg(feature = "system-alloc")]

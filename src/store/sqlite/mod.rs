@@ -136,11 +136,11 @@ pub const READER_THREADS: usize = 2;
 /// The writer's page cache, KiB (SQLite's default is 2 MiB). Appends touch the right edges of
 /// the tables and indexes and retention their left edges: a few dozen pages. The cache stays
 /// resident for the router's life, so it is part of the memory a soak leaves behind.
-const WRITER_CACHE_KIB: i64 = 1024;
+const WRITER_CACHE_KIB: i64 = 512;
 
 /// Each reader's page cache, KiB. A reader's cache is dropped whenever the writer has committed
 /// since its last read, which under load is every read: a large one only holds memory.
-const READER_CACHE_KIB: i64 = 256;
+const READER_CACHE_KIB: i64 = 128;
 
 /// The first wait after a failed commit; doubled at each further failure.
 const RETRY_BACKOFF_START: Duration = Duration::from_millis(10);
