@@ -24,6 +24,8 @@
 //!   its event is; [`EventStore::kept`] reads them (committed rows only) on the reader threads.
 //!   Only the claims come back whole at open: the router pages the others on demand.
 
+#[cfg(feature = "cluster")]
+pub mod jetstream;
 pub mod kept;
 pub mod memory;
 pub mod record;

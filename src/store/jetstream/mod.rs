@@ -1,0 +1,553 @@
+//! The NATS JetStream event store (feature `cluster`): the event log as one JetStream stream,
+//! shared by every router node that points at it. The first building block of cluster mode
+//! (issue 24); `docs/cluster-notes.md` says what exists, why, and what is still missing.
+//!
+//! Owns one NATS connection, the writer task that publishes rows, and a small task that keeps
+//! [`EventStore::first_seq`] fresh. The stream itself belongs to the NATS deployment: the store
+//! creates it when missing (with the limits of [`JetStreamOptions`]) and otherwise uses it as it
+//! is. The store never interprets a row's `meta` or `json`.
+//!
+//! # Mapping
+//! - **Position.** The stream sequence *is* the MAP sequence number: row `seq` is published with
+//!   `Nats-Expected-Last-Sequence: seq - 1`, so it lands at stream sequence `seq` or not at all
+//!   (no silent renumbering when another writer got there first). JetStream numbers from 1, so a
+//!   fresh stream recovers `next_seq = 1`.
+//! - **Id.** The event id is the `Nats-Msg-Id`: a retried publish (lost ack, reconnect) is a
+//!   duplicate the server answers with the original sequence, within the stream's
+//!   `duplicate_window`.
+//! - **Commit.** The publish acknowledgement is the commit. Acks may resolve in any order; the
+//!   `committed` watch moves only over a contiguous prefix of acknowledged rows.
+//! - **Subject** `<prefix>.<kind>`, so [`EventStore::read_kinds`] is a per-subject walk.
+//! - **Row encoding** (`codec.rs`): headers `Nats-Msg-Id`, `Map-Ts`, `Map-Kind`, `Map-Meta-Len`;
+//!   the payload is `meta` followed by `json`, byte for byte (no escaping, no re-encoding).
+//! - **Lookups by id and time** are binary searches over the stream with direct gets (ids and
+//!   timestamps never decrease along the log). No second index to keep in step with the log:
+//!   see `docs/cluster-notes.md` for why not a KV bucket or a subject per id.
+//! - **Retention** is the stream's own limits (`max_msgs`, `max_bytes`, `max_age`, discard old).
+//!
+//! # Failures
+//! Reads are bounded by [`JetStreamOptions::request_timeout`] and fail with
+//! [`StoreError::Io`] naming NATS when it is unreachable. Appends never fail at the call: the
+//! writer keeps unacknowledged rows and republishes them with backoff until they are
+//! acknowledged (de-duplication makes that safe), so `committed` simply stops while NATS is down
+//! and resumes after the client reconnects by itself. The queue of unacknowledged rows is not
+//! bounded here (as with SQLite's writer queue); the router's own bounds apply upstream. If the
+//! stream holds a *different* event at a row's position (another writer), the store reports
+//! [`JetStreamStore::diverged`], logs an error and stops publishing: `committed` never claims a
+//! row that is not in the log.
+//!
+//! The kept tables (tasks, conversations, ...) are not implemented: [`EventStore::kept`] answers
+//! a clear error, and [`Recovered`] carries no kept counts or claims.
+
+mod codec;
+mod writer;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::stream::{self, DirectGetErrorKind, Stream};
+use futures::StreamExt as _;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::protocol::ids::EventId;
+use crate::store::kept::{KeptAnswer, KeptQuery};
+use crate::store::record::{EventRecord, StoredRow};
+use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
+
+pub use codec::{decode, encode};
+
+/// The default stream name.
+pub const DEFAULT_STREAM: &str = "MAP_EVENTS";
+/// The default subject prefix (rows go to `<prefix>.<kind>`).
+pub const DEFAULT_SUBJECT_PREFIX: &str = "map.ev";
+/// Direct gets issued at once by a range read.
+const READ_CONCURRENCY: usize = 64;
+/// How often `first_seq` is refreshed from the stream's state.
+const FIRST_SEQ_REFRESH: Duration = Duration::from_secs(1);
+
+/// How to open a [`JetStreamStore`].
+#[derive(Debug, Clone)]
+pub struct JetStreamOptions {
+    /// The NATS server, `nats://host:port`.
+    pub url: String,
+    /// The stream holding the log ([`DEFAULT_STREAM`]).
+    pub stream: String,
+    /// Subject prefix ([`DEFAULT_SUBJECT_PREFIX`]); the stream takes `<prefix>.>`.
+    pub subject_prefix: String,
+    /// Replicas when the store creates the stream (1 on a single server).
+    pub replicas: usize,
+    /// Retention by count (stream `max_msgs`); `None`: unlimited.
+    pub max_events: Option<i64>,
+    /// Retention by bytes (stream `max_bytes`); `None`: unlimited.
+    pub max_bytes: Option<i64>,
+    /// Retention by age (stream `max_age`); `None`: unlimited.
+    pub max_age: Option<Duration>,
+    /// How long the server remembers a message id for de-duplication (2 minutes).
+    pub duplicate_window: Duration,
+    /// The bound on every request to NATS: a publish ack, a read, an info (2 s).
+    pub request_timeout: Duration,
+    /// The bound on connecting at open (5 s).
+    pub connect_timeout: Duration,
+    /// Publishes awaiting their ack at once (256).
+    pub max_in_flight: usize,
+    /// How long `close` keeps trying to commit what is queued (10 s).
+    pub close_timeout: Duration,
+    /// Newest rows returned in [`Recovered::recent`] (1024).
+    pub recent_rows: usize,
+}
+
+impl JetStreamOptions {
+    /// The defaults, for the server at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            stream: DEFAULT_STREAM.into(),
+            subject_prefix: DEFAULT_SUBJECT_PREFIX.into(),
+            replicas: 1,
+            max_events: None,
+            max_bytes: None,
+            max_age: None,
+            duplicate_window: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            max_in_flight: 256,
+            close_timeout: Duration::from_secs(10),
+            recent_rows: 1024,
+        }
+    }
+}
+
+/// State shared by the handle, the writer and the refresher.
+#[derive(Debug, Default)]
+struct Shared {
+    first_seq: AtomicU64,
+    diverged: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What the writer task receives.
+enum Incoming {
+    Rows(Vec<StoredRow>),
+    Records(Vec<Arc<EventRecord>>),
+}
+
+/// The JetStream event store. Open it inside a tokio runtime (its tasks run there).
+#[derive(Debug)]
+pub struct JetStreamStore {
+    client: async_nats::Client,
+    reader: Reader,
+    writer: Mutex<Option<mpsc::UnboundedSender<Incoming>>>,
+    writer_exit: Mutex<Option<oneshot::Receiver<Result<(), StoreError>>>>,
+    committed: watch::Receiver<u64>,
+    shared: Arc<Shared>,
+    refresher: tokio::task::JoinHandle<()>,
+    close_timeout: Duration,
+}
+
+/// What reads need: cheap to clone into each read's future.
+#[derive(Debug, Clone)]
+struct Reader {
+    stream: Stream,
+    prefix: Arc<str>,
+    timeout: Duration,
+    shared: Arc<Shared>,
+}
+
+fn nats_err(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(format!("NATS JetStream: {what}: {e}"))
+}
+
+impl JetStreamStore {
+    /// Connects, creates the stream when missing, recovers the position and starts the writer.
+    ///
+    /// # Errors
+    /// NATS is unreachable within `connect_timeout`, JetStream is not enabled, the stream cannot
+    /// be created or read, or its newest row cannot be decoded.
+    pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
+        let connect = async_nats::ConnectOptions::new()
+            .name("map-router")
+            .connection_timeout(options.connect_timeout)
+            .request_timeout(Some(options.request_timeout))
+            // Reconnect forever, quickly: the log is unavailable until then.
+            .max_reconnects(None)
+            .reconnect_delay_callback(|attempt| {
+                Duration::from_millis(50 * 2u64.pow(attempt.min(5) as u32))
+                    .min(Duration::from_secs(1))
+            })
+            .connect(options.url.as_str());
+        let client = tokio::time::timeout(options.connect_timeout, connect)
+            .await
+            .map_err(|_| {
+                nats_err(
+                    &format!("connecting to {}", options.url),
+                    format!("timed out after {:?}", options.connect_timeout),
+                )
+            })?
+            .map_err(|e| nats_err(&format!("connecting to {}", options.url), e))?;
+        let mut js = async_nats::jetstream::new(client.clone());
+        js.set_timeout(options.request_timeout);
+
+        let stream = bounded(
+            options.request_timeout * 2,
+            "opening the stream",
+            js.get_or_create_stream(stream_config(&options)),
+        )
+        .await?;
+        let shared = Arc::new(Shared::default());
+        let reader = Reader {
+            stream,
+            prefix: options.subject_prefix.as_str().into(),
+            timeout: options.request_timeout,
+            shared: Arc::clone(&shared),
+        };
+        let recovered = reader.recover(options.recent_rows).await?;
+        tracing::info!(
+            url = %options.url,
+            stream = %options.stream,
+            next_seq = recovered.next_seq,
+            first_seq = recovered.first_seq,
+            "event store opened (JetStream)"
+        );
+
+        let (committed_tx, committed_rx) = watch::channel(recovered.next_seq);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (exit_tx, exit_rx) = oneshot::channel();
+        let writer = writer::Writer::new(writer::WriterConfig {
+            js: js.clone(),
+            prefix: options.subject_prefix.clone(),
+            max_in_flight: options.max_in_flight.max(1),
+            close_timeout: options.close_timeout,
+            next_seq: recovered.next_seq,
+            committed: committed_tx,
+            shared: Arc::clone(&shared),
+            reader: reader.clone(),
+        });
+        tokio::spawn(async move {
+            let result = writer.run(rx).await;
+            let _ = exit_tx.send(result);
+        });
+        let refresher = tokio::spawn(refresh_first_seq(reader.clone()));
+
+        let store = Arc::new(Self {
+            client,
+            reader,
+            writer: Mutex::new(Some(tx)),
+            writer_exit: Mutex::new(Some(exit_rx)),
+            committed: committed_rx,
+            shared,
+            refresher,
+            close_timeout: options.close_timeout,
+        });
+        Ok((store, recovered))
+    }
+
+    /// Why the store stopped publishing, when the stream holds another event at one of its
+    /// positions (another writer appended there). `None` while it is in step with the stream.
+    pub fn diverged(&self) -> Option<String> {
+        lock(&self.shared.diverged).clone()
+    }
+
+    /// Whether the NATS connection is up now.
+    pub fn connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
+    }
+
+    fn send(&self, incoming: Incoming) {
+        let guard = lock(&self.writer);
+        let Some(tx) = guard.as_ref() else {
+            tracing::error!("event store (JetStream): append after close; rows not stored");
+            return;
+        };
+        if tx.send(incoming).is_err() {
+            tracing::error!("event store (JetStream): the writer has stopped; rows not stored");
+        }
+    }
+}
+
+impl Drop for JetStreamStore {
+    fn drop(&mut self) {
+        self.refresher.abort();
+    }
+}
+
+fn stream_config(o: &JetStreamOptions) -> stream::Config {
+    stream::Config {
+        name: o.stream.clone(),
+        subjects: vec![format!("{}.>", o.subject_prefix)],
+        storage: stream::StorageType::File,
+        num_replicas: o.replicas.max(1),
+        max_messages: o.max_events.unwrap_or(-1),
+        max_bytes: o.max_bytes.unwrap_or(-1),
+        max_age: o.max_age.unwrap_or(Duration::ZERO),
+        discard: stream::DiscardPolicy::Old,
+        duplicate_window: o.duplicate_window,
+        allow_direct: true,
+        ..Default::default()
+    }
+}
+
+/// Runs `fut` within `limit`, mapping both failures to [`StoreError::Io`].
+async fn bounded<T, E: std::fmt::Display>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(|e| nats_err(what, e)),
+        Err(_) => Err(nats_err(what, format!("no answer within {limit:?}"))),
+    }
+}
+
+async fn refresh_first_seq(reader: Reader) {
+    loop {
+        tokio::time::sleep(FIRST_SEQ_REFRESH).await;
+        let _ = reader.bounds().await;
+    }
+}
+
+impl Reader {
+    /// The stream's `(first, next)`: the oldest retained seq and the one after the newest.
+    /// Also refreshes `first_seq`.
+    async fn bounds(&self) -> Result<(u64, u64), StoreError> {
+        let info = bounded(
+            self.timeout,
+            "reading the stream state",
+            self.stream.get_info(),
+        )
+        .await?;
+        let next = info.state.last_sequence + 1;
+        let first = if info.state.messages == 0 {
+            next
+        } else {
+            info.state.first_sequence
+        };
+        self.shared.first_seq.fetch_max(first, Ordering::AcqRel);
+        Ok((first, next))
+    }
+
+    /// The row at `seq`, `None` when there is none (not yet written, or deleted).
+    async fn get(&self, seq: u64) -> Result<Option<StoredRow>, StoreError> {
+        match tokio::time::timeout(self.timeout, self.stream.direct_get(seq)).await {
+            Err(_) => Err(nats_err(
+                &format!("reading seq {seq}"),
+                format!("no answer within {:?}", self.timeout),
+            )),
+            Ok(Ok(msg)) => decode(&msg).map(Some),
+            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Ok(Err(e)) => Err(nats_err(&format!("reading seq {seq}"), e)),
+        }
+    }
+
+    async fn recover(&self, recent_rows: usize) -> Result<Recovered, StoreError> {
+        let (first, next) = self.bounds().await?;
+        self.shared.first_seq.store(first, Ordering::Release);
+        let mut recovered = Recovered {
+            next_seq: next,
+            first_seq: first,
+            ..Recovered::default()
+        };
+        if first < next {
+            let last = self.get(next - 1).await?.ok_or_else(|| {
+                StoreError::Corrupt(format!("the newest row (seq {}) is missing", next - 1))
+            })?;
+            recovered.last_id = Some(EventId::parse(&last.id).ok_or_else(|| {
+                StoreError::Corrupt(format!("bad event id {} at seq {}", last.id, last.seq))
+            })?);
+            recovered.last_timestamp = last.timestamp;
+            let from = next.saturating_sub(recent_rows as u64).max(first);
+            recovered.recent = self.read(from, recent_rows).await?;
+        }
+        Ok(recovered)
+    }
+
+    async fn read(&self, from: u64, limit: usize) -> Result<Vec<StoredRow>, StoreError> {
+        let (first, next) = self.bounds().await?;
+        let from = from.max(first);
+        let to = next.min(from.saturating_add(limit as u64));
+        let rows: Vec<Result<Option<StoredRow>, StoreError>> = futures::stream::iter(from..to)
+            .map(|seq| self.get(seq))
+            .buffered(READ_CONCURRENCY)
+            .collect()
+            .await;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            // A hole is a row retention deleted while we read: skip it.
+            if let Some(row) = row? {
+                out.push(row);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first seq in `[first, next)` whose row satisfies `pred` (false, then true, along
+    /// the log), else `next`. Rows deleted meanwhile count as false (they were older).
+    async fn lower_bound(&self, pred: impl Fn(&StoredRow) -> bool) -> Result<u64, StoreError> {
+        let (mut lo, mut hi) = self.bounds().await?;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.get(mid).await? {
+                Some(row) if pred(&row) => hi = mid,
+                _ => lo = mid + 1,
+            }
+        }
+        Ok(lo)
+    }
+
+    async fn read_kinds(
+        &self,
+        kinds: Vec<String>,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let (first, next) = self.bounds().await?;
+        let from = from.max(first);
+        let mut out = Vec::new();
+        let mut kinds = kinds;
+        kinds.sort();
+        kinds.dedup();
+        for kind in kinds {
+            let subject = codec::subject(&self.prefix, &kind);
+            let mut seq = from;
+            let mut taken = 0;
+            while taken < limit && seq < next {
+                let got = tokio::time::timeout(
+                    self.timeout,
+                    self.stream
+                        .direct_get_next_for_subject(subject.clone(), Some(seq)),
+                )
+                .await;
+                let msg = match got {
+                    Err(_) => {
+                        return Err(nats_err(
+                            "reading by kind",
+                            format!("no answer within {:?}", self.timeout),
+                        ))
+                    }
+                    Ok(Ok(msg)) => msg,
+                    Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => break,
+                    Ok(Err(e)) => return Err(nats_err("reading by kind", e)),
+                };
+                if msg.sequence >= next {
+                    break;
+                }
+                seq = msg.sequence + 1;
+                let row = decode(&msg)?;
+                if row.kind == kind {
+                    out.push(row);
+                    taken += 1;
+                }
+            }
+        }
+        out.sort_by_key(|r| r.seq);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    async fn read_ids(&self, ids: Vec<EventId>) -> Result<Vec<StoredRow>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let id = id.to_string();
+            let seq = self.lower_bound(|r| r.id.as_str() >= id.as_str()).await?;
+            if let Some(row) = self.get(seq).await? {
+                if row.id == id {
+                    out.push(row);
+                }
+            }
+        }
+        out.sort_by_key(|r| r.seq);
+        out.dedup_by_key(|r| r.seq);
+        Ok(out)
+    }
+}
+
+impl EventStore for JetStreamStore {
+    fn append(&self, rows: Vec<StoredRow>) {
+        if !rows.is_empty() {
+            self.send(Incoming::Rows(rows));
+        }
+    }
+
+    fn append_records(&self, records: Vec<Arc<EventRecord>>) {
+        if !records.is_empty() {
+            self.send(Incoming::Records(records));
+        }
+    }
+
+    fn committed(&self) -> watch::Receiver<u64> {
+        self.committed.clone()
+    }
+
+    fn first_seq(&self) -> u64 {
+        self.shared.first_seq.load(Ordering::Acquire)
+    }
+
+    fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read(from, limit).await })
+    }
+
+    fn seq_after(&self, id: EventId) -> StoreFuture<u64> {
+        let r = self.reader.clone();
+        let id = id.to_string();
+        Box::pin(async move { r.lower_bound(|row| row.id.as_str() > id.as_str()).await })
+    }
+
+    fn seq_at_or_after_time(&self, ts: u64) -> StoreFuture<u64> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.lower_bound(|row| row.timestamp >= ts).await })
+    }
+
+    fn read_kinds(
+        &self,
+        kinds: Vec<String>,
+        from: u64,
+        limit: usize,
+    ) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read_kinds(kinds, from, limit).await })
+    }
+
+    fn read_ids(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read_ids(ids).await })
+    }
+
+    fn kept(&self, _query: KeptQuery) -> StoreFuture<KeptAnswer> {
+        Box::pin(async {
+            Err(StoreError::Io(
+                "the kept tables (tasks, conversations, checkpoints, turns, threads) are not \
+                 supported by the JetStream store yet (cluster mode)"
+                    .into(),
+            ))
+        })
+    }
+
+    fn close(&self) -> StoreFuture<()> {
+        drop(lock(&self.writer).take());
+        let exit = lock(&self.writer_exit).take();
+        self.refresher.abort();
+        let client = self.client.clone();
+        // The writer gives up after `close_timeout` itself; this bound is a second fence.
+        let limit = self.close_timeout + Duration::from_secs(5);
+        Box::pin(async move {
+            let Some(exit) = exit else {
+                return Ok(());
+            };
+            let result = match tokio::time::timeout(limit, exit).await {
+                Ok(r) => r.unwrap_or(Err(StoreError::Closed)),
+                Err(_) => Err(StoreError::Io(format!(
+                    "NATS JetStream: closing: the writer did not stop within {limit:?}"
+                ))),
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.drain()).await;
+            result
+        })
+    }
+}
