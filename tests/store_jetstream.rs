@@ -1,0 +1,620 @@
+//! The JetStream event store (feature `cluster`) against a real `nats-server` on loopback:
+//! append and commit, reads and positions as the SQLite store answers them, a second store
+//! instance (a second node) on the same stream, de-duplication, conflicting writers, retention,
+//! and the server killed with SIGKILL and restarted on the same store directory.
+//!
+//! Each test starts its own `nats-server -js` on 127.0.0.1 with a free port and a temporary
+//! store directory. The server is required: when `nats-server` is not installed the tests
+//! fail (never skip), saying how to install it. Every await is bounded by a timeout.
+//!
+//! Run: `cargo test --test store_jetstream --features cluster`. The latency measurement is
+//! ignored by default: `cargo test --release --test store_jetstream --features cluster --
+//! --ignored --nocapture measure`.
+#![cfg(feature = "cluster")]
+
+use std::future::Future;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use map_router::protocol::ids::{EventId, Ulid};
+use map_router::store::jetstream::{JetStreamOptions, JetStreamStore};
+use map_router::store::kept::{KeptQuery, KeptTable};
+use map_router::store::record::StoredRow;
+use map_router::store::{EventStore, StoreError};
+
+/// The bound on every single await.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A fixed base timestamp (Unix ms), so rows can be rebuilt exactly from their seq.
+const BASE_TS: u64 = 1_700_000_000_000;
+
+async fn within<F: Future>(fut: F) -> F::Output {
+    match tokio::time::timeout(TIMEOUT, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {TIMEOUT:?}"),
+    }
+}
+
+/// A unique directory under the temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("map-router-js-{}-{name}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create the temp dir");
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `nats-server -js` on 127.0.0.1, killed on drop.
+struct Nats {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+}
+
+impl Nats {
+    fn start(name: &str) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut nats = Self {
+            child: None,
+            port,
+            dir: TempDir::new(name),
+        };
+        nats.spawn();
+        nats
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.0.join("server.log"))
+            .expect("open the server log");
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(self.dir.0.join("store"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start nats-server ({e}): the cluster tests need it on PATH \
+                     (Debian: apt-get install nats-server)"
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("nats-server exited at start ({status}): {}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen within 10 s: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL nats-server");
+            child.wait().expect("reap nats-server");
+        }
+    }
+
+    /// Starts again on the same port and store directory.
+    fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The id of the row at `seq` with timestamp `ts`: increasing with seq while ts does not
+/// decrease.
+fn id_for(seq: u64, ts: u64) -> EventId {
+    EventId(Ulid::from_parts(ts, u128::from(seq)))
+}
+
+fn ts_of(seq: u64) -> u64 {
+    BASE_TS + seq * 10
+}
+
+const KINDS: [&str; 3] = ["agent_registered", "message.sent", "task_created"];
+
+fn row(seq: u64) -> StoredRow {
+    StoredRow {
+        seq,
+        id: id_for(seq, ts_of(seq)).to_string(),
+        timestamp: ts_of(seq),
+        kind: KINDS[(seq % 3) as usize].into(),
+        meta: r#"{"keys":{},"audience":{"kind":"everyone"}}"#.into(),
+        json: format!(r#"{{"n":{seq},"text":"é ✓ \"quoted\"\n"}}"#),
+    }
+}
+
+fn rows(range: std::ops::Range<u64>) -> Vec<StoredRow> {
+    range.map(row).collect()
+}
+
+fn options(nats: &Nats) -> JetStreamOptions {
+    let mut o = JetStreamOptions::new(nats.url());
+    o.request_timeout = Duration::from_millis(1500);
+    o.close_timeout = Duration::from_secs(3);
+    o
+}
+
+async fn open(o: JetStreamOptions) -> (Arc<JetStreamStore>, map_router::store::Recovered) {
+    within(JetStreamStore::open(o))
+        .await
+        .expect("open the store")
+}
+
+async fn wait_committed(store: &JetStreamStore, n: u64) {
+    let mut committed = store.committed();
+    within(committed.wait_for(|&c| c >= n))
+        .await
+        .expect("the writer is running");
+}
+
+async fn read_all(store: &JetStreamStore, from: u64) -> Vec<StoredRow> {
+    within(store.read(from, usize::MAX)).await.expect("read")
+}
+
+#[tokio::test]
+async fn append_commits_in_order_and_reads_ranges() {
+    let nats = Nats::start("append");
+    let (store, recovered) = open(options(&nats)).await;
+    assert_eq!(recovered.next_seq, 1, "a fresh stream numbers from 1");
+    assert_eq!(recovered.first_seq, 1);
+    assert!(recovered.last_id.is_none() && recovered.recent.is_empty());
+    assert_eq!(*store.committed().borrow(), 1);
+
+    store.append(rows(1..11));
+    store.append(rows(11..21));
+    wait_committed(&store, 21).await;
+    assert_eq!(read_all(&store, 1).await, rows(1..21));
+    assert_eq!(
+        read_all(&store, 0).await,
+        rows(1..21),
+        "from before the start"
+    );
+    assert_eq!(within(store.read(5, 3)).await.unwrap(), rows(5..8));
+    assert!(within(store.read(21, 10)).await.unwrap().is_empty());
+    assert!(within(store.read(500, 10)).await.unwrap().is_empty());
+    assert_eq!(store.first_seq(), 1);
+
+    // A reused or skipped sequence number is refused without wedging the writer.
+    let mut dup = row(5);
+    dup.json = "{\"dup\":true}".into();
+    store.append(vec![dup, row(40)]);
+    store.append(rows(21..31));
+    wait_committed(&store, 31).await;
+    assert_eq!(read_all(&store, 1).await, rows(1..31));
+    assert!(store.diverged().is_none());
+    within(store.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn positions_by_id_and_time() {
+    let nats = Nats::start("positions");
+    let (store, _) = open(options(&nats)).await;
+    // Empty: every position is the next seq.
+    assert_eq!(
+        within(store.seq_after(id_for(1, ts_of(1)))).await.unwrap(),
+        1
+    );
+    assert_eq!(within(store.seq_at_or_after_time(0)).await.unwrap(), 1);
+
+    store.append(rows(1..51));
+    wait_committed(&store, 51).await;
+    for seq in [1, 2, 17, 49, 50] {
+        assert_eq!(
+            within(store.seq_after(id_for(seq, ts_of(seq))))
+                .await
+                .unwrap(),
+            seq + 1,
+            "after the id of {seq}"
+        );
+        assert_eq!(
+            within(store.seq_at_or_after_time(ts_of(seq)))
+                .await
+                .unwrap(),
+            seq
+        );
+        assert_eq!(
+            within(store.seq_at_or_after_time(ts_of(seq) - 1))
+                .await
+                .unwrap(),
+            seq
+        );
+    }
+    // Ids never stored are positions too.
+    let between = EventId(Ulid::from_parts(ts_of(17), 1_000_000));
+    assert_eq!(within(store.seq_after(between)).await.unwrap(), 18);
+    let before = EventId(Ulid::from_parts(BASE_TS - 1, 0));
+    assert_eq!(within(store.seq_after(before)).await.unwrap(), 1);
+    let after = EventId(Ulid::from_parts(ts_of(1000), 0));
+    assert_eq!(within(store.seq_after(after)).await.unwrap(), 51);
+    assert_eq!(
+        within(store.seq_at_or_after_time(ts_of(1000)))
+            .await
+            .unwrap(),
+        51
+    );
+    assert_eq!(within(store.seq_at_or_after_time(0)).await.unwrap(), 1);
+    within(store.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn reads_by_kind_and_by_id() {
+    let nats = Nats::start("kinds");
+    let (store, _) = open(options(&nats)).await;
+    store.append(rows(1..61));
+    wait_committed(&store, 61).await;
+
+    let kinds = |ks: &[&str]| ks.iter().map(|k| (*k).to_owned()).collect::<Vec<_>>();
+    let expect = |ks: &[&str], from: u64, limit: usize| -> Vec<StoredRow> {
+        rows(from.max(1)..61)
+            .into_iter()
+            .filter(|r| ks.contains(&r.kind.as_str()))
+            .take(limit)
+            .collect()
+    };
+    for (ks, from, limit) in [
+        (&["message.sent"][..], 1, usize::MAX),
+        (&["agent_registered", "task_created"][..], 7, 9),
+        (
+            &["task_created", "message.sent", "message.sent"][..],
+            0,
+            1000,
+        ),
+        (&["task_created"][..], 58, 10),
+        (&["no_such_kind"][..], 1, 10),
+        (&["message"][..], 1, 10),
+    ] {
+        assert_eq!(
+            within(store.read_kinds(kinds(ks), from, limit))
+                .await
+                .unwrap(),
+            expect(ks, from, limit),
+            "{ks:?} from {from} limit {limit}"
+        );
+    }
+
+    let missing = EventId(Ulid::from_parts(ts_of(30), 999_999));
+    let ids = vec![
+        id_for(45, ts_of(45)),
+        missing,
+        id_for(3, ts_of(3)),
+        id_for(60, ts_of(60)),
+        id_for(1, ts_of(1)),
+    ];
+    let got = within(store.read_ids(ids)).await.unwrap();
+    assert_eq!(got, vec![row(1), row(3), row(45), row(60)]);
+    within(store.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_second_node_on_the_same_stream_sees_the_same_log() {
+    let nats = Nats::start("two-nodes");
+    let mut o = options(&nats);
+    o.stream = "MAP_TEST_SHARED".into();
+    o.subject_prefix = "maptest.ev".into();
+    let (a, _) = open(o.clone()).await;
+    a.append(rows(1..11));
+    wait_committed(&a, 11).await;
+
+    let (b, recovered) = open(o.clone()).await;
+    assert_eq!(recovered.next_seq, 11);
+    assert_eq!(recovered.first_seq, 1);
+    assert_eq!(recovered.last_id, Some(id_for(10, ts_of(10))));
+    assert_eq!(recovered.last_timestamp, ts_of(10));
+    assert_eq!(recovered.recent, rows(1..11));
+    assert_eq!(read_all(&b, 1).await, rows(1..11));
+
+    // B continues the log; A reads B's rows at the same positions, with the same ids.
+    b.append(rows(11..16));
+    wait_committed(&b, 16).await;
+    assert_eq!(read_all(&a, 1).await, rows(1..16));
+    assert_eq!(
+        within(a.seq_after(id_for(13, ts_of(13)))).await.unwrap(),
+        14
+    );
+    within(a.close()).await.unwrap();
+    within(b.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn conflicting_writers_never_renumber_and_the_loser_says_so() {
+    let nats = Nats::start("conflict");
+    let (a, _) = open(options(&nats)).await;
+    let (b, _) = open(options(&nats)).await;
+    a.append(rows(1..4));
+    wait_committed(&a, 4).await;
+
+    // B believes the log is empty and writes its own event at seq 1.
+    let mut theirs = row(1);
+    theirs.id = EventId(Ulid::from_parts(ts_of(1), 424_242)).to_string();
+    b.append(vec![theirs]);
+    within(async {
+        while b.diverged().is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let why = b.diverged().unwrap();
+    assert!(why.contains("another writer"), "{why}");
+    assert_eq!(*b.committed().borrow(), 1, "the loser commits nothing");
+    assert_eq!(
+        read_all(&a, 1).await,
+        rows(1..4),
+        "the log holds A's rows only"
+    );
+    let closed = within(b.close()).await;
+    assert!(
+        matches!(closed, Err(StoreError::Io(ref e)) if e.contains("diverged")),
+        "{closed:?}"
+    );
+    within(a.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_republished_event_id_is_a_duplicate() {
+    let nats = Nats::start("dedup");
+    let (a, _) = open(options(&nats)).await;
+    a.append(rows(1..6));
+    wait_committed(&a, 6).await;
+
+    // The server itself: the same Nats-Msg-Id again is acknowledged as a duplicate, same seq.
+    let client = within(async_nats::connect(nats.url())).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let (headers, payload) = map_router::store::jetstream::encode(&row(3)).unwrap();
+    let ack = within(async {
+        js.publish_with_headers("map.ev.agent_registered", headers, payload)
+            .await
+            .unwrap()
+            .await
+    })
+    .await
+    .unwrap();
+    assert!(ack.duplicate);
+    assert_eq!(ack.sequence, 3);
+
+    // Through a second node: an event id already in the log is not stored twice.
+    let (b, recovered) = open(options(&nats)).await;
+    assert_eq!(recovered.next_seq, 6);
+    let mut again = row(2);
+    again.seq = 6;
+    b.append(vec![again]);
+    within(async {
+        while b.diverged().is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let why = b.diverged().unwrap();
+    assert!(why.contains("already in the stream at seq 2"), "{why}");
+    assert_eq!(read_all(&a, 1).await, rows(1..6));
+    let _ = within(b.close()).await;
+    within(a.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn retention_is_the_stream_limits() {
+    let nats = Nats::start("retention");
+    let mut o = options(&nats);
+    o.max_events = Some(10);
+    let (store, _) = open(o.clone()).await;
+    store.append(rows(1..31));
+    wait_committed(&store, 31).await;
+    assert_eq!(read_all(&store, 1).await, rows(21..31));
+    within(async {
+        while store.first_seq() < 21 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(within(store.seq_at_or_after_time(0)).await.unwrap(), 21);
+    within(store.close()).await.unwrap();
+    let (_again, recovered) = open(o).await;
+    assert_eq!((recovered.first_seq, recovered.next_seq), (21, 31));
+}
+
+#[tokio::test]
+async fn kept_queries_are_refused_clearly() {
+    let nats = Nats::start("kept");
+    let (store, _) = open(options(&nats)).await;
+    let err = within(store.kept(KeptQuery::Get {
+        table: KeptTable::Tasks,
+        keys: vec!["t1".into()],
+    }))
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("not supported"), "{err}");
+    within(store.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn opening_without_a_server_fails_within_the_bound() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut o = JetStreamOptions::new(format!("nats://127.0.0.1:{port}"));
+    o.connect_timeout = Duration::from_secs(1);
+    let started = Instant::now();
+    let err = within(JetStreamStore::open(o)).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(err.to_string().contains("NATS"), "{err}");
+}
+
+#[tokio::test]
+async fn sigkill_and_restart_lose_nothing_acknowledged() {
+    let mut nats = Nats::start("kill");
+    let (store, _) = open(options(&nats)).await;
+    store.append(rows(1..101));
+    wait_committed(&store, 101).await;
+
+    // NATS down: reads fail with a clear error within the bound; appends wait.
+    nats.kill();
+    let started = Instant::now();
+    let err = within(store.read(1, 10)).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(err.to_string().contains("NATS"), "{err}");
+    assert!(within(store.seq_after(id_for(5, ts_of(5)))).await.is_err());
+    store.append(rows(101..111));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        *store.committed().borrow(),
+        101,
+        "nothing commits while down"
+    );
+    assert!(!store.connected());
+
+    // Back on the same store directory: the store reconnects by itself and commits the rest.
+    nats.restart();
+    wait_committed(&store, 111).await;
+    assert_eq!(read_all(&store, 1).await, rows(1..111));
+
+    // Killed with publishes in flight: everything acknowledged is there, and the retries
+    // (de-duplicated) leave no duplicate and no hole.
+    store.append(rows(111..3111));
+    within(store.committed().wait_for(|&c| c > 300))
+        .await
+        .unwrap();
+    nats.kill();
+    let acknowledged = *store.committed().borrow();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nats.restart();
+    let (fresh, recovered) = open(options(&nats)).await;
+    assert!(
+        recovered.next_seq >= acknowledged,
+        "acknowledged up to {acknowledged}, recovered {}",
+        recovered.next_seq
+    );
+    assert_eq!(read_all(&fresh, 1).await, rows(1..recovered.next_seq));
+    wait_committed(&store, 3111).await;
+    assert_eq!(read_all(&fresh, 1).await, rows(1..3111));
+    assert!(store.diverged().is_none());
+    within(store.close()).await.unwrap();
+    within(fresh.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn close_commits_what_is_queued_and_is_bounded_when_nats_is_down() {
+    let mut nats = Nats::start("close");
+    let (store, _) = open(options(&nats)).await;
+    store.append(rows(1..501));
+    within(store.close()).await.unwrap();
+    let (again, recovered) = open(options(&nats)).await;
+    assert_eq!(recovered.next_seq, 501);
+
+    nats.kill();
+    again.append(rows(501..511));
+    let started = Instant::now();
+    let closed = within(again.close()).await;
+    assert!(
+        matches!(closed, Err(StoreError::Io(ref e)) if e.contains("not acknowledged")),
+        "{closed:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// Append + ack latency, one row at a time, and a batch's throughput. Prints; asserts nothing
+/// beyond completion. `cargo test --release --test store_jetstream --features cluster --
+/// --ignored --nocapture measure`
+#[tokio::test]
+#[ignore = "a measurement: run by hand"]
+async fn measure_append_latency() {
+    let nats = Nats::start("measure");
+    let (store, _) = open(options(&nats)).await;
+    let mut lat = Vec::new();
+    for seq in 1..2001 {
+        let t = Instant::now();
+        store.append(vec![row(seq)]);
+        wait_committed(&store, seq + 1).await;
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    println!(
+        "one row at a time (2000): p50 {:?} p90 {:?} p99 {:?} max {:?}",
+        p(0.5),
+        p(0.9),
+        p(0.99),
+        lat[lat.len() - 1]
+    );
+    let n = 20_000;
+    let t = Instant::now();
+    store.append(rows(2001..2001 + n));
+    wait_committed(&store, 2001 + n).await;
+    let took = t.elapsed();
+    println!(
+        "batch of {n}: {:?}, {:.0} rows/s",
+        took,
+        n as f64 / took.as_secs_f64()
+    );
+    let t = Instant::now();
+    let got = within(store.read(1, 10_000)).await.unwrap();
+    println!("read 10000 rows: {:?}", t.elapsed());
+    assert_eq!(got.len(), 10_000);
+    let t = Instant::now();
+    for seq in (1..2001).step_by(100) {
+        within(store.seq_after(id_for(seq, ts_of(seq))))
+            .await
+            .unwrap();
+    }
+    println!("seq_after over 22000 rows: {:?} each", t.elapsed() / 20);
+    within(store.close()).await.unwrap();
+}
