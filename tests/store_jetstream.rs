@@ -535,6 +535,7 @@ async fn sigkill_and_restart_lose_nothing_acknowledged() {
         .unwrap();
     nats.kill();
     let acknowledged = *store.committed().borrow();
+    eprintln!("killed with {} of 3110 rows acknowledged", acknowledged - 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
     nats.restart();
     let (fresh, recovered) = open(options(&nats)).await;
@@ -543,6 +544,7 @@ async fn sigkill_and_restart_lose_nothing_acknowledged() {
         "acknowledged up to {acknowledged}, recovered {}",
         recovered.next_seq
     );
+    eprintln!("the restarted server holds {}", recovered.next_seq - 1);
     assert_eq!(read_all(&fresh, 1).await, rows(1..recovered.next_seq));
     wait_committed(&store, 3111).await;
     assert_eq!(read_all(&fresh, 1).await, rows(1..3111));
