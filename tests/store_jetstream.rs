@@ -573,6 +573,74 @@ async fn close_commits_what_is_queued_and_is_bounded_when_nats_is_down() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+#[tokio::test]
+async fn dropping_the_store_still_commits() {
+    let nats = Nats::start("drop");
+    let (store, _) = open(options(&nats)).await;
+    store.append(rows(1..201));
+    drop(store);
+    let (again, recovered) = open(options(&nats)).await;
+    let mut next = recovered.next_seq;
+    within(async {
+        while next < 201 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            next = again
+                .read(1, usize::MAX)
+                .await
+                .map_or(0, |r| r.len() as u64 + 1);
+        }
+    })
+    .await;
+    assert_eq!(read_all(&again, 1).await, rows(1..201));
+    within(again.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn every_read_fails_clearly_while_nats_is_down() {
+    let mut nats = Nats::start("down");
+    let (store, _) = open(options(&nats)).await;
+    store.append(rows(1..11));
+    wait_committed(&store, 11).await;
+    nats.kill();
+    let started = Instant::now();
+    let errors = [
+        within(store.read(1, 10)).await.map(|_| ()).unwrap_err(),
+        within(store.read_kinds(vec!["message.sent".into()], 1, 10))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        within(store.read_ids(vec![id_for(3, ts_of(3))]))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        within(store.seq_at_or_after_time(0))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+    ];
+    for e in &errors {
+        assert!(
+            matches!(e, StoreError::Io(m) if m.contains("NATS JetStream")),
+            "{e}"
+        );
+    }
+    // Four failed reads, each bounded by the request timeout (1.5 s here).
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    nats.restart();
+    within(async {
+        while store.read(1, 10).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(read_all(&store, 1).await, rows(1..11));
+    within(store.close()).await.unwrap();
+}
+
 /// Append + ack latency, one row at a time, and a batch's throughput. Prints; asserts nothing
 /// beyond completion. `cargo test --release --test store_jetstream --features cluster --
 /// --ignored --nocapture measure`
