@@ -40,15 +40,18 @@
 //! a clear error, and [`Recovered`] carries no kept counts or claims.
 
 mod codec;
+mod reader;
 mod writer;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::stream::{self, DirectGetErrorKind, Stream};
-use futures::StreamExt as _;
+use async_nats::jetstream::stream;
 use tokio::sync::{mpsc, oneshot, watch};
+
+use reader::{bounded, lock, nats_err, refresh_first_seq, Reader, Shared};
+use writer::Incoming;
 
 use crate::protocol::ids::EventId;
 use crate::store::kept::{KeptAnswer, KeptQuery};
@@ -61,10 +64,6 @@ pub use codec::{decode, encode};
 pub const DEFAULT_STREAM: &str = "MAP_EVENTS";
 /// The default subject prefix (rows go to `<prefix>.<kind>`).
 pub const DEFAULT_SUBJECT_PREFIX: &str = "map.ev";
-/// Direct gets issued at once by a range read.
-const READ_CONCURRENCY: usize = 64;
-/// How often `first_seq` is refreshed from the stream's state.
-const FIRST_SEQ_REFRESH: Duration = Duration::from_secs(1);
 
 /// How to open a [`JetStreamStore`].
 #[derive(Debug, Clone)]
@@ -118,23 +117,6 @@ impl JetStreamOptions {
     }
 }
 
-/// State shared by the handle, the writer and the refresher.
-#[derive(Debug, Default)]
-struct Shared {
-    first_seq: AtomicU64,
-    diverged: Mutex<Option<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// What the writer task receives.
-enum Incoming {
-    Rows(Vec<StoredRow>),
-    Records(Vec<Arc<EventRecord>>),
-}
-
 /// The JetStream event store. Open it inside a tokio runtime (its tasks run there).
 #[derive(Debug)]
 pub struct JetStreamStore {
@@ -146,19 +128,6 @@ pub struct JetStreamStore {
     shared: Arc<Shared>,
     refresher: tokio::task::JoinHandle<()>,
     close_timeout: Duration,
-}
-
-/// What reads need: cheap to clone into each read's future.
-#[derive(Debug, Clone)]
-struct Reader {
-    stream: Stream,
-    prefix: Arc<str>,
-    timeout: Duration,
-    shared: Arc<Shared>,
-}
-
-fn nats_err(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io(format!("NATS JetStream: {what}: {e}"))
 }
 
 impl JetStreamStore {
@@ -290,180 +259,6 @@ fn stream_config(o: &JetStreamOptions) -> stream::Config {
         duplicate_window: o.duplicate_window,
         allow_direct: true,
         ..Default::default()
-    }
-}
-
-/// Runs `fut` within `limit`, mapping both failures to [`StoreError::Io`].
-async fn bounded<T, E: std::fmt::Display>(
-    limit: Duration,
-    what: &str,
-    fut: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r.map_err(|e| nats_err(what, e)),
-        Err(_) => Err(nats_err(what, format!("no answer within {limit:?}"))),
-    }
-}
-
-async fn refresh_first_seq(reader: Reader) {
-    loop {
-        tokio::time::sleep(FIRST_SEQ_REFRESH).await;
-        let _ = reader.bounds().await;
-    }
-}
-
-impl Reader {
-    /// The stream's `(first, next)`: the oldest retained seq and the one after the newest.
-    /// Also refreshes `first_seq`.
-    async fn bounds(&self) -> Result<(u64, u64), StoreError> {
-        let info = bounded(
-            self.timeout,
-            "reading the stream state",
-            self.stream.get_info(),
-        )
-        .await?;
-        let next = info.state.last_sequence + 1;
-        let first = if info.state.messages == 0 {
-            next
-        } else {
-            info.state.first_sequence
-        };
-        self.shared.first_seq.fetch_max(first, Ordering::AcqRel);
-        Ok((first, next))
-    }
-
-    /// The row at `seq`, `None` when there is none (not yet written, or deleted).
-    async fn get(&self, seq: u64) -> Result<Option<StoredRow>, StoreError> {
-        match tokio::time::timeout(self.timeout, self.stream.direct_get(seq)).await {
-            Err(_) => Err(nats_err(
-                &format!("reading seq {seq}"),
-                format!("no answer within {:?}", self.timeout),
-            )),
-            Ok(Ok(msg)) => decode(&msg).map(Some),
-            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Ok(Err(e)) => Err(nats_err(&format!("reading seq {seq}"), e)),
-        }
-    }
-
-    async fn recover(&self, recent_rows: usize) -> Result<Recovered, StoreError> {
-        let (first, next) = self.bounds().await?;
-        self.shared.first_seq.store(first, Ordering::Release);
-        let mut recovered = Recovered {
-            next_seq: next,
-            first_seq: first,
-            ..Recovered::default()
-        };
-        if first < next {
-            let last = self.get(next - 1).await?.ok_or_else(|| {
-                StoreError::Corrupt(format!("the newest row (seq {}) is missing", next - 1))
-            })?;
-            recovered.last_id = Some(EventId::parse(&last.id).ok_or_else(|| {
-                StoreError::Corrupt(format!("bad event id {} at seq {}", last.id, last.seq))
-            })?);
-            recovered.last_timestamp = last.timestamp;
-            let from = next.saturating_sub(recent_rows as u64).max(first);
-            recovered.recent = self.read(from, recent_rows).await?;
-        }
-        Ok(recovered)
-    }
-
-    async fn read(&self, from: u64, limit: usize) -> Result<Vec<StoredRow>, StoreError> {
-        let (first, next) = self.bounds().await?;
-        let from = from.max(first);
-        let to = next.min(from.saturating_add(limit as u64));
-        let rows: Vec<Result<Option<StoredRow>, StoreError>> = futures::stream::iter(from..to)
-            .map(|seq| self.get(seq))
-            .buffered(READ_CONCURRENCY)
-            .collect()
-            .await;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            // A hole is a row retention deleted while we read: skip it.
-            if let Some(row) = row? {
-                out.push(row);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The first seq in `[first, next)` whose row satisfies `pred` (false, then true, along
-    /// the log), else `next`. Rows deleted meanwhile count as false (they were older).
-    async fn lower_bound(&self, pred: impl Fn(&StoredRow) -> bool) -> Result<u64, StoreError> {
-        let (mut lo, mut hi) = self.bounds().await?;
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            match self.get(mid).await? {
-                Some(row) if pred(&row) => hi = mid,
-                _ => lo = mid + 1,
-            }
-        }
-        Ok(lo)
-    }
-
-    async fn read_kinds(
-        &self,
-        kinds: Vec<String>,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<StoredRow>, StoreError> {
-        let (first, next) = self.bounds().await?;
-        let from = from.max(first);
-        let mut out = Vec::new();
-        let mut kinds = kinds;
-        kinds.sort();
-        kinds.dedup();
-        for kind in kinds {
-            let subject = codec::subject(&self.prefix, &kind);
-            let mut seq = from;
-            let mut taken = 0;
-            while taken < limit && seq < next {
-                let got = tokio::time::timeout(
-                    self.timeout,
-                    self.stream
-                        .direct_get_next_for_subject(subject.clone(), Some(seq)),
-                )
-                .await;
-                let msg = match got {
-                    Err(_) => {
-                        return Err(nats_err(
-                            "reading by kind",
-                            format!("no answer within {:?}", self.timeout),
-                        ))
-                    }
-                    Ok(Ok(msg)) => msg,
-                    Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => break,
-                    Ok(Err(e)) => return Err(nats_err("reading by kind", e)),
-                };
-                if msg.sequence >= next {
-                    break;
-                }
-                seq = msg.sequence + 1;
-                let row = decode(&msg)?;
-                if row.kind == kind {
-                    out.push(row);
-                    taken += 1;
-                }
-            }
-        }
-        out.sort_by_key(|r| r.seq);
-        out.truncate(limit);
-        Ok(out)
-    }
-
-    async fn read_ids(&self, ids: Vec<EventId>) -> Result<Vec<StoredRow>, StoreError> {
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let id = id.to_string();
-            let seq = self.lower_bound(|r| r.id.as_str() >= id.as_str()).await?;
-            if let Some(row) = self.get(seq).await? {
-                if row.id == id {
-                    out.push(row);
-                }
-            }
-        }
-        out.sort_by_key(|r| r.seq);
-        out.dedup_by_key(|r| r.seq);
-        Ok(out)
     }
 }
 

@@ -19,12 +19,19 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt as _;
 use tokio::sync::{mpsc, watch};
 
-use super::{codec, lock, Incoming, Reader, Shared};
-use crate::store::record::StoredRow;
+use super::codec;
+use super::reader::{lock, Reader, Shared};
+use crate::store::record::{EventRecord, StoredRow};
 use crate::store::StoreError;
 
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What the writer task receives.
+pub(super) enum Incoming {
+    Rows(Vec<StoredRow>),
+    Records(Vec<Arc<EventRecord>>),
+}
 
 /// What the writer is built from.
 pub(super) struct WriterConfig {
