@@ -468,6 +468,17 @@ async fn retention_is_the_stream_limits() {
 }
 
 #[tokio::test]
+async fn an_existing_stream_with_other_subjects_is_refused() {
+    let nats = Nats::start("subjects");
+    let (store, _) = open(options(&nats)).await;
+    let mut other = options(&nats);
+    other.subject_prefix = "elsewhere.ev".into();
+    let err = within(JetStreamStore::open(other)).await.unwrap_err();
+    assert!(err.to_string().contains("exists with subjects"), "{err}");
+    within(store.close()).await.unwrap();
+}
+
+#[tokio::test]
 async fn kept_queries_are_refused_clearly() {
     let nats = Nats::start("kept");
     let (store, _) = open(options(&nats)).await;

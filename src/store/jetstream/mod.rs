@@ -166,6 +166,17 @@ impl JetStreamStore {
             js.get_or_create_stream(stream_config(&options)),
         )
         .await?;
+        // An existing stream is used as it is: it must take our subjects, or every publish
+        // would wait for a stream that never answers.
+        let wanted = format!("{}.>", options.subject_prefix);
+        let subjects = &stream.cached_info().config.subjects;
+        if !subjects.iter().any(|s| *s == wanted || s == ">") {
+            return Err(StoreError::Io(format!(
+                "NATS JetStream: stream {} exists with subjects {subjects:?}, not {wanted:?} \
+                 (another prefix, or another stream of the same name)",
+                options.stream
+            )));
+        }
         let shared = Arc::new(Shared::default());
         let reader = Reader {
             stream,
