@@ -248,7 +248,7 @@ async fn a_map_agent_calls_aip_tools_and_agents() {
         text.contains("# TYPE map_aip_tool_calls_total counter"),
         "{text}"
     );
-    promtool_check(&text).await;
+    common::promtool_check(&text).await;
     let r = common::http::request(
         addr,
         "GET",
@@ -264,30 +264,6 @@ async fn a_map_agent_calls_aip_tools_and_agents() {
         "{text}"
     );
     server.shutdown().await;
-}
-
-async fn promtool_check(text: &str) {
-    use tokio::io::AsyncWriteExt;
-    let mut promtool = tokio::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("promtool is installed (scripts/setup.sh installs Debian's prometheus)");
-    let mut stdin = promtool.stdin.take().unwrap();
-    with_timeout(stdin.write_all(text.as_bytes()))
-        .await
-        .unwrap();
-    drop(stdin);
-    let out = with_timeout(promtool.wait_with_output()).await.unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test]

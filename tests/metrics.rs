@@ -404,7 +404,6 @@ async fn a_real_prometheus_scrapes_the_router_with_a_bearer_credential() {
 /// does not ask for OpenMetrics gets (the classic text format, 0.0.4), after a known load.
 #[tokio::test]
 async fn the_classic_text_format_passes_promtool() {
-    use tokio::io::AsyncWriteExt;
     let (_server, url) = start_server(|_| {}).await;
     let addr = addr_of(&url);
     let mut bob = WsClient::agent(&url, "bob", json!({})).await;
@@ -423,26 +422,7 @@ async fn the_classic_text_format_passes_promtool() {
         text.contains("# TYPE map_events_appended_total counter"),
         "{text}"
     );
-    let mut promtool = tokio::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("promtool is installed (scripts/setup.sh installs Debian's prometheus)");
-    let mut stdin = promtool.stdin.take().unwrap();
-    with_timeout(stdin.write_all(text.as_bytes()))
-        .await
-        .unwrap();
-    drop(stdin);
-    let out = with_timeout(promtool.wait_with_output()).await.unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::promtool_check(&text).await;
     // Prometheus asks for OpenMetrics and gets it.
     let r = get_metrics(
         addr,

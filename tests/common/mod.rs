@@ -799,3 +799,29 @@ pub fn without_as_of(result: &Value) -> Value {
     }
     r
 }
+
+/// Runs `promtool check metrics` (Prometheus's own linter) on `text` (the classic text format) and
+/// fails the test with promtool's complaint and the text if it does not pass.
+pub async fn promtool_check(text: &str) {
+    use tokio::io::AsyncWriteExt;
+    let mut promtool = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("promtool is installed (scripts/setup.sh installs Debian's prometheus)");
+    let mut stdin = promtool.stdin.take().unwrap();
+    with_timeout(stdin.write_all(text.as_bytes()))
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = with_timeout(promtool.wait_with_output()).await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -186,8 +186,16 @@ async fn send_back(
     }
 }
 
-fn error_aip(session: &str, status: &Status) -> Value {
-    json!({ "sessionId": session, "error": { "code": status.code() as i32, "message": status.message() } })
+/// Answer `status` as the error of AIP session `session` to `to`, from `node`.
+async fn send_error(
+    node: &Node,
+    to: &str,
+    session: &str,
+    status: &Status,
+    correlation: Option<&str>,
+) {
+    let aip = json!({ "sessionId": session, "error": { "code": status.code() as i32, "message": status.message() } });
+    send_back(node, to, Value::Null, aip, correlation, None).await;
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -214,29 +222,13 @@ async fn inbound(
     if let Some(tx) = existing {
         if tx.try_send(m).is_err() {
             let s = Status::resource_exhausted("the receiver does not keep up with this session");
-            send_back(
-                node,
-                &message.from,
-                Value::Null,
-                error_aip(&session, &s),
-                correlation.as_deref(),
-                None,
-            )
-            .await;
+            send_error(node, &message.from, &session, &s, correlation.as_deref()).await;
         }
         return;
     }
     if status != SessionStatus::StartQuest || session.is_empty() {
         let s = Status::invalid_argument("First message must be START_QUEST");
-        send_back(
-            node,
-            &message.from,
-            Value::Null,
-            error_aip(&session, &s),
-            correlation.as_deref(),
-            None,
-        )
-        .await;
+        send_error(node, &message.from, &session, &s, correlation.as_deref()).await;
         return;
     }
     let (tx, rx) = mpsc::channel(64);
@@ -256,26 +248,10 @@ async fn inbound(
         match tokio::time::timeout(idle, client.call_agent(request)).await {
             Err(_) => {
                 let s = Status::deadline_exceeded("the receiver did not answer");
-                send_back(
-                    &node,
-                    from,
-                    Value::Null,
-                    error_aip(&session, &s),
-                    correlation.as_deref(),
-                    None,
-                )
-                .await;
+                send_error(&node, from, &session, &s, correlation.as_deref()).await;
             }
             Ok(Err(s)) => {
-                send_back(
-                    &node,
-                    from,
-                    Value::Null,
-                    error_aip(&session, &s),
-                    correlation.as_deref(),
-                    None,
-                )
-                .await;
+                send_error(&node, from, &session, &s, correlation.as_deref()).await;
             }
             Ok(Ok(response)) => {
                 let mut answers = response.into_inner();
@@ -299,28 +275,12 @@ async fn inbound(
                         }
                         Ok(Ok(None)) => break,
                         Ok(Err(s)) => {
-                            send_back(
-                                &node,
-                                from,
-                                Value::Null,
-                                error_aip(&session, &s),
-                                correlation.as_deref(),
-                                None,
-                            )
-                            .await;
+                            send_error(&node, from, &session, &s, correlation.as_deref()).await;
                             break;
                         }
                         Err(_) => {
                             let s = Status::deadline_exceeded(format!("no answer within {idle:?}"));
-                            send_back(
-                                &node,
-                                from,
-                                Value::Null,
-                                error_aip(&session, &s),
-                                correlation.as_deref(),
-                                None,
-                            )
-                            .await;
+                            send_error(&node, from, &session, &s, correlation.as_deref()).await;
                             break;
                         }
                     }
