@@ -7,8 +7,8 @@
 //! store directory. The server is required: when `nats-server` is not installed the tests
 //! fail (never skip), saying how to install it. Every await is bounded by a timeout.
 //!
-//! Run: `cargo test --test store_jetstream --features cluster`. The latency measurement is
-//! ignored by default: `cargo test --release --test store_jetstream --features cluster --
+//! Run: `cargo test --test store_jetstream`. The latency measurement is
+//! ignored by default: `cargo test --release --test store_jetstream --
 //! --ignored --nocapture measure`.
 #![cfg(feature = "cluster")]
 
@@ -653,7 +653,7 @@ async fn every_read_fails_clearly_while_nats_is_down() {
 }
 
 /// Append + ack latency, one row at a time, and a batch's throughput. Prints; asserts nothing
-/// beyond completion. `cargo test --release --test store_jetstream --features cluster --
+/// beyond completion. `cargo test --release --test store_jetstream --
 /// --ignored --nocapture measure`
 #[tokio::test]
 #[ignore = "a measurement: run by hand"]
