@@ -63,11 +63,20 @@ pub fn encode(row: &StoredRow) -> Result<(HeaderMap, Bytes), String> {
 /// [`StoreError::Corrupt`] when a header is missing or malformed, or the payload is not the
 /// UTF-8 `meta` + `json` its header says.
 pub fn decode(msg: &StreamMessage) -> Result<StoredRow, StoreError> {
-    let seq = msg.sequence;
+    decode_parts(msg.sequence, Some(&msg.headers), &msg.payload)
+}
+
+/// The row of a message at stream sequence `seq` with these headers and payload (a consumer's
+/// message rather than a direct get's), with the errors of [`decode`].
+pub(crate) fn decode_parts(
+    seq: u64,
+    headers: Option<&HeaderMap>,
+    payload: &[u8],
+) -> Result<StoredRow, StoreError> {
     let bad = |what: &str| StoreError::Corrupt(format!("stream message {seq}: {what}"));
     let header = |name: &str| {
-        msg.headers
-            .get(name)
+        headers
+            .and_then(|h| h.get(name))
             .map(|v| v.as_str().to_owned())
             .ok_or_else(|| bad(&format!("no {name} header")))
     };
@@ -77,7 +86,6 @@ pub fn decode(msg: &StreamMessage) -> Result<StoredRow, StoreError> {
     let meta_len: usize = header(META_LEN)?
         .parse()
         .map_err(|_| bad("bad Map-Meta-Len"))?;
-    let payload = &msg.payload[..];
     if meta_len > payload.len() {
         return Err(bad("Map-Meta-Len beyond the payload"));
     }

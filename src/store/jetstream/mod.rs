@@ -36,10 +36,13 @@
 //! [`JetStreamStore::diverged`], logs an error and stops publishing: `committed` never claims a
 //! row that is not in the log.
 //!
-//! The kept tables (tasks, conversations, ...) are not implemented: [`EventStore::kept`] answers
-//! a clear error, and [`Recovered`] carries no kept counts or claims.
+//! # Kept tables
+//! Tasks, checkpoints, conversations, turns, threads and claims are a fold of the committed log
+//! into memory (`fold.rs`): read at open, then fed by the writer with each acknowledged row.
+//! Every kept item is in memory, and the stream's retention trims what a reopened store folds.
 
 mod codec;
+mod fold;
 mod reader;
 mod writer;
 
@@ -184,7 +187,11 @@ impl JetStreamStore {
             timeout: options.request_timeout,
             shared: Arc::clone(&shared),
         };
-        let recovered = reader.recover(options.recent_rows).await?;
+        let mut recovered = reader.recover(options.recent_rows).await?;
+        let loaded = fold::load(&reader, recovered.first_seq, recovered.next_seq).await?;
+        recovered.kept_counts = loaded.kept.counts();
+        recovered.claims = loaded.claims;
+        *lock(&shared.kept) = loaded.kept;
         tracing::info!(
             url = %options.url,
             stream = %options.stream,
@@ -325,14 +332,10 @@ impl EventStore for JetStreamStore {
         Box::pin(async move { r.read_ids(ids).await })
     }
 
-    fn kept(&self, _query: KeptQuery) -> StoreFuture<KeptAnswer> {
-        Box::pin(async {
-            Err(StoreError::Io(
-                "the kept tables (tasks, conversations, checkpoints, turns, threads) are not \
-                 supported by the JetStream store yet (cluster mode)"
-                    .into(),
-            ))
-        })
+    fn kept(&self, query: KeptQuery) -> StoreFuture<KeptAnswer> {
+        // Answered from memory at once: the fold holds committed rows only.
+        let answer = lock(&self.shared.kept).query(&query);
+        Box::pin(async move { Ok(answer) })
     }
 
     fn close(&self) -> StoreFuture<()> {

@@ -13,6 +13,7 @@ use futures::StreamExt as _;
 
 use super::codec::{self, decode};
 use crate::protocol::ids::EventId;
+use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
 use crate::store::{Recovered, StoreError};
 
@@ -26,6 +27,8 @@ const FIRST_SEQ_REFRESH: Duration = Duration::from_secs(1);
 pub(super) struct Shared {
     pub(super) first_seq: AtomicU64,
     pub(super) diverged: Mutex<Option<String>>,
+    /// The kept tables, folded from the committed log (`fold.rs`).
+    pub(super) kept: Mutex<MemoryKept>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

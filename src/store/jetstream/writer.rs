@@ -238,13 +238,20 @@ impl Writer {
         }
     }
 
-    /// Moves `committed` over the acknowledged prefix of the queue.
+    /// Moves `committed` over the acknowledged prefix of the queue, feeding each of its rows to
+    /// the kept tables first.
     fn advance(&mut self, acked: &mut BTreeSet<u64>) {
         let before = self.committed_next;
+        let mut kept = None;
         while acked.remove(&self.committed_next) {
-            self.queue.pop_front();
+            if let Some(row) = self.queue.pop_front() {
+                // Into the kept tables before `committed` says the row is there.
+                kept.get_or_insert_with(|| lock(&self.c.shared.kept))
+                    .ingest(row);
+            }
             self.committed_next += 1;
         }
+        drop(kept);
         if self.committed_next != before {
             let next = self.committed_next;
             self.c.committed.send_modify(|c| *c = next);
