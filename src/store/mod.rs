@@ -108,6 +108,12 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// The oldest retained sequence number (moves forward as retention deletes rows).
     fn first_seq(&self) -> u64;
 
+    /// The sequence number of the first event a fresh store holds (SQLite's 0; JetStream
+    /// numbers from 1). A `first_seq` at or below it means retention never deleted anything.
+    fn origin(&self) -> u64 {
+        0
+    }
+
     /// Up to `limit` rows with `seq >= from`, in sequence order.
     fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>>;
 

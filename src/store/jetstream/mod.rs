@@ -97,6 +97,18 @@ pub struct JetStreamOptions {
     pub close_timeout: Duration,
     /// Newest rows returned in [`Recovered::recent`] (1024).
     pub recent_rows: usize,
+    /// This node's name: in the NATS connection name and in the answer to other writers.
+    pub node: String,
+    /// Refuse to open when another live store with `exclusive` writes to the stream, and
+    /// answer the same check for others while open (see [`writer_subject`]). Off by default
+    /// (tests open several handles on one stream); the server turns it on.
+    pub exclusive: bool,
+}
+
+/// The core NATS subject on which the live writer of `stream` answers who it is (outside the
+/// stream's subjects, so nothing is stored).
+pub fn writer_subject(stream: &str) -> String {
+    format!("_MAP.writer.{stream}")
 }
 
 impl JetStreamOptions {
@@ -116,6 +128,8 @@ impl JetStreamOptions {
             max_in_flight: 256,
             close_timeout: Duration::from_secs(10),
             recent_rows: 1024,
+            node: "map-router".into(),
+            exclusive: false,
         }
     }
 }
@@ -130,6 +144,8 @@ pub struct JetStreamStore {
     committed: watch::Receiver<u64>,
     shared: Arc<Shared>,
     refresher: tokio::task::JoinHandle<()>,
+    /// Answers [`writer_subject`] while open (with `exclusive`).
+    responder: Option<tokio::task::JoinHandle<()>>,
     close_timeout: Duration,
 }
 
@@ -141,7 +157,7 @@ impl JetStreamStore {
     /// be created or read, or its newest row cannot be decoded.
     pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
         let connect = async_nats::ConnectOptions::new()
-            .name("map-router")
+            .name(format!("map-router/{}", options.node))
             .connection_timeout(options.connect_timeout)
             .request_timeout(Some(options.request_timeout))
             // Reconnect forever, quickly: the log is unavailable until then.
@@ -180,6 +196,11 @@ impl JetStreamStore {
                 options.stream
             )));
         }
+        let responder = if options.exclusive {
+            Some(claim_writer(&client, &options).await?)
+        } else {
+            None
+        };
         let shared = Arc::new(Shared::default());
         let reader = Reader {
             stream,
@@ -227,6 +248,7 @@ impl JetStreamStore {
             committed: committed_rx,
             shared,
             refresher,
+            responder,
             close_timeout: options.close_timeout,
         });
         Ok((store, recovered))
@@ -261,7 +283,53 @@ impl JetStreamStore {
 impl Drop for JetStreamStore {
     fn drop(&mut self) {
         self.refresher.abort();
+        if let Some(r) = &self.responder {
+            r.abort();
+        }
     }
+}
+
+/// One writer per stream: asks [`writer_subject`] whether a live node writes to the stream
+/// (refusing to open if one answers), then answers that question for others until closed.
+/// Two nodes starting in the same instant can both pass; the second to publish then diverges
+/// (the expected-sequence check), so the log is never corrupted either way.
+async fn claim_writer(
+    client: &async_nats::Client,
+    options: &JetStreamOptions,
+) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+    let subject = writer_subject(&options.stream);
+    let ask = client.request(subject.clone(), options.node.clone().into());
+    match tokio::time::timeout(options.request_timeout, ask).await {
+        Ok(Ok(reply)) => {
+            return Err(StoreError::Locked(format!(
+                "NATS JetStream: stream {} is being written by live node {:?}; one node per                  stream (cluster mode does not share a stream between live nodes yet)",
+                options.stream,
+                String::from_utf8_lossy(&reply.payload)
+            )))
+        }
+        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {}
+        Ok(Err(e)) => return Err(nats_err("asking for the stream's writer", e)),
+        Err(_) => {
+            return Err(nats_err(
+                "asking for the stream's writer",
+                format!("no answer within {:?}", options.request_timeout),
+            ))
+        }
+    }
+    let mut sub = client
+        .subscribe(subject)
+        .await
+        .map_err(|e| nats_err("answering for the stream's writer", e))?;
+    let client = client.clone();
+    let node = options.node.clone();
+    Ok(tokio::spawn(async move {
+        use futures::StreamExt as _;
+        while let Some(msg) = sub.next().await {
+            if let Some(reply) = msg.reply {
+                let _ = client.publish(reply, node.clone().into()).await;
+            }
+        }
+    }))
 }
 
 fn stream_config(o: &JetStreamOptions) -> stream::Config {
@@ -299,6 +367,10 @@ impl EventStore for JetStreamStore {
 
     fn first_seq(&self) -> u64 {
         self.shared.first_seq.load(Ordering::Acquire)
+    }
+
+    fn origin(&self) -> u64 {
+        1
     }
 
     fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>> {
@@ -342,6 +414,9 @@ impl EventStore for JetStreamStore {
         drop(lock(&self.writer).take());
         let exit = lock(&self.writer_exit).take();
         self.refresher.abort();
+        if let Some(r) = &self.responder {
+            r.abort();
+        }
         let client = self.client.clone();
         // The writer gives up after `close_timeout` itself; this bound is a second fence.
         let limit = self.close_timeout + Duration::from_secs(5);
