@@ -6,7 +6,8 @@
 //!   the same order, still has the task, and continues the stream's sequence without a gap.
 //! - One writer per stream: a second router pointed at a stream a live router writes to
 //!   refuses to start, saying so.
-//! - NATS stopped: `/health` says so (503) and a call that must commit fails within the commit
+//! - NATS stopped: `/health` says so (503), as does `map_cluster_nats_connected` in `/metrics`
+//!   (promtool-valid), and a call that must commit fails within the commit
 //!   timeout instead of hanging; after nats-server restarts on the same store directory, the
 //!   router reconnects by itself and commits again.
 //!
@@ -53,6 +54,12 @@ fn addr_of(url: &str) -> SocketAddr {
         .trim_end_matches('/')
         .parse()
         .unwrap()
+}
+
+async fn metrics(url: &str) -> String {
+    let r = with_timeout(http::request(addr_of(url), "GET", "/metrics", &[], b"")).await;
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body).unwrap()
 }
 
 async fn health(url: &str) -> (u16, String) {
@@ -270,9 +277,16 @@ async fn nats_down_is_a_clear_error_and_the_router_reconnects() {
     alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
     bob.next_message().await;
 
+    let text = metrics(&url).await;
+    assert!(text.contains("\nmap_cluster_nats_connected 1\n"), "{text}");
+    assert!(text.contains("\nmap_cluster_diverged 0\n"), "{text}");
+    promtool_check(&text).await;
+
     nats.kill();
     let body = health_until(&url, "NATS down", |s, _| s == 503).await;
     assert!(body.contains("nats: disconnected"), "{body}");
+    let text = metrics(&url).await;
+    assert!(text.contains("\nmap_cluster_nats_connected 0\n"), "{text}");
 
     // A send must commit: it fails within the commit timeout (1.5 s), clearly.
     let started = Instant::now();
