@@ -3,7 +3,7 @@
 //! instance (a second node) on the same stream, de-duplication, conflicting writers, retention,
 //! and the server killed with SIGKILL and restarted on the same store directory.
 //!
-//! Each test starts its own `nats-server -js` on 127.0.0.1 with a free port and a temporary
+//! Each test starts its own `nats-server -js` (`common::nats`) on 127.0.0.1 with a free port and a temporary
 //! store directory. The server is required: when `nats-server` is not installed the tests
 //! fail (never skip), saying how to install it. Every await is bounded by a timeout.
 //!
@@ -12,14 +12,15 @@
 //! --ignored --nocapture measure`.
 #![cfg(feature = "cluster")]
 
+mod common;
+
 use std::future::Future;
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::nats::Nats;
+use common::TempDir;
 use map_router::protocol::ids::{EventId, Ulid};
 use map_router::store::jetstream::{JetStreamOptions, JetStreamStore};
 use map_router::store::kept::{KeptAnswer, KeptQuery, KeptTable};
@@ -38,123 +39,6 @@ async fn within<F: Future>(fut: F) -> F::Output {
     match tokio::time::timeout(TIMEOUT, fut).await {
         Ok(v) => v,
         Err(_) => panic!("timed out after {TIMEOUT:?}"),
-    }
-}
-
-/// A unique directory under the temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("map-router-js-{}-{name}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create the temp dir");
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A `nats-server -js` on 127.0.0.1, killed on drop.
-struct Nats {
-    child: Option<Child>,
-    port: u16,
-    dir: TempDir,
-}
-
-impl Nats {
-    fn start(name: &str) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let mut nats = Self {
-            child: None,
-            port,
-            dir: TempDir::new(name),
-        };
-        nats.spawn();
-        nats
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.0.join("server.log"))
-            .expect("open the server log");
-        let child = Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(self.dir.0.join("store"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start nats-server ({e}): the cluster tests need it on PATH \
-                     (Debian: apt-get install nats-server)"
-                )
-            });
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!("nats-server exited at start ({status}): {}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not listen within 10 s: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default()
-    }
-
-    /// SIGKILL, and wait for the process to be gone.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL nats-server");
-            child.wait().expect("reap nats-server");
-        }
-    }
-
-    /// Starts again on the same port and store directory.
-    fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -659,7 +543,7 @@ async fn kept_tables_answer_as_sqlite_and_memory_do_and_survive_reopening() {
     let expected: Vec<KeptAnswer> = kept_queries().iter().map(|q| memory.query(q)).collect();
     let dir = TempDir::new("kept-sqlite");
     let (sqlite, sqlite_recovered) =
-        SqliteStore::open(SqliteOptions::new(&dir.0)).expect("open SQLite");
+        SqliteStore::open(SqliteOptions::new(&dir.path)).expect("open SQLite");
     // SQLite numbers from 0; its kept answers do not depend on where the log starts, but the
     // rows carry their seq, so it gets the same seqs by an unkept first row at 0.
     assert_eq!(sqlite_recovered.next_seq, 0);
@@ -677,7 +561,7 @@ async fn kept_tables_answer_as_sqlite_and_memory_do_and_survive_reopening() {
     );
     let sqlite_claims: Vec<String> = {
         within(sqlite.close()).await.expect("close SQLite");
-        let (sqlite, r) = SqliteStore::open(SqliteOptions::new(&dir.0)).expect("reopen SQLite");
+        let (sqlite, r) = SqliteStore::open(SqliteOptions::new(&dir.path)).expect("reopen SQLite");
         within(sqlite.close()).await.expect("close SQLite");
         r.claims.iter().map(|r| r.id.clone()).collect()
     };
