@@ -819,3 +819,46 @@ async fn measure_append_latency() {
     println!("seq_after over 22000 rows: {:?} each", t.elapsed() / 20);
     within(store.close()).await.unwrap();
 }
+
+#[tokio::test]
+#[ignore = "a measurement: run by hand"]
+async fn measure_kept_fold_at_open() {
+    let nats = Nats::start("measure-fold");
+    let (store, _) = open(options(&nats)).await;
+    // 10,000 tasks, each created then updated, with an unkept row after every kept one.
+    let n = 10_000u64;
+    let mut log = Vec::new();
+    let mut seq = 1;
+    for i in 0..n {
+        for status in ["open", "done"] {
+            let data = serde_json::json!({"task": {"id": format!("t{i}"), "createdAt": i, "status": status}});
+            log.push(kept_row(seq, "task.updated", data, Some("owner")));
+            log.push(kept_row(
+                seq + 1,
+                "message.sent",
+                serde_json::json!({"i": i}),
+                None,
+            ));
+            seq += 2;
+        }
+    }
+    store.append(log);
+    wait_committed(&store, seq).await;
+    within(store.close()).await.unwrap();
+    let t = Instant::now();
+    let (store, recovered) = open(options(&nats)).await;
+    let took = t.elapsed();
+    assert_eq!(recovered.kept_counts.tasks, n);
+    println!(
+        "open with {} rows ({} kept, {n} tasks): {took:?}",
+        seq - 1,
+        2 * n
+    );
+    let t = Instant::now();
+    within(store.read(seq - 1024, 1024)).await.unwrap();
+    println!(
+        "of which reading the 1024 recent rows: about {:?}",
+        t.elapsed()
+    );
+    within(store.close()).await.unwrap();
+}
