@@ -11,6 +11,10 @@
 //!   timeout instead of hanging; after nats-server restarts on the same store directory, the
 //!   router reconnects by itself and commits again.
 //!
+//! - Another writer takes this node's next position in the stream: the node stops publishing
+//!   (diverged), says so in `/health` and `/metrics`, fails its calls clearly, and the stream
+//!   keeps the other writer's row, never this node's at a wrong position.
+//!
 //! Every await is bounded. Needs `nats-server` on PATH (the tests fail, never skip, without it).
 #![cfg(feature = "cluster")]
 
@@ -22,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use common::nats::Nats;
 use common::*;
+use map_router::protocol::ids::{EventId, Ulid};
 use map_router::store::jetstream::{JetStreamOptions, JetStreamStore};
+use map_router::store::record::StoredRow;
 use map_router::store::EventStore;
 use serde_json::json;
 
@@ -337,4 +343,59 @@ async fn nats_down_is_a_clear_error_and_the_router_reconnects() {
     let mut ids: Vec<&String> = stream.iter().map(|(_, id)| id).collect();
     ids.dedup();
     assert_eq!(ids.len(), stream.len());
+}
+
+#[tokio::test]
+async fn another_writer_at_our_position_stops_the_node_visibly() {
+    let nats = Nats::start("diverge");
+    let dir = TempDir::new("cluster-diverge");
+    let (_node, url) = start_node(&nats, &dir.path.join("a")).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let _bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
+
+    // Another writer (a plain store handle, which skips the one-writer check) appends at the
+    // node's next position.
+    let (other, recovered) = with_timeout(JetStreamStore::open(JetStreamOptions::new(nats.url())))
+        .await
+        .expect("open a second handle");
+    let ts = recovered.last_timestamp + 1;
+    let foreign = StoredRow {
+        seq: recovered.next_seq,
+        id: EventId(Ulid::from_parts(ts, 7)).to_string(),
+        timestamp: ts,
+        kind: "test.foreign".into(),
+        meta: r#"{"keys":{},"audience":{"kind":"everyone"}}"#.into(),
+        json: format!(r#"{{"type":"test.foreign","timestamp":{ts},"data":{{}}}}"#),
+    };
+    other.append(vec![foreign.clone()]);
+    let mut committed = other.committed();
+    with_timeout(committed.wait_for(|&c| c > foreign.seq))
+        .await
+        .expect("the other writer commits");
+    with_timeout(other.close()).await.expect("close");
+
+    // The node's next event lands nowhere: its call fails, and it says why.
+    let err = alice
+        .err(
+            "map/send",
+            json!({"to": {"agent": "bob"}, "payload": {"n": 2}}),
+        )
+        .await;
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("did not commit") || m.contains("stopped")),
+        "{err}"
+    );
+    let body = health_until(&url, "diverged", |s, b| s == 503 && b.contains("diverged")).await;
+    assert!(body.contains("another writer"), "{body}");
+    let text = metrics(&url).await;
+    assert!(text.contains("\nmap_cluster_diverged 1\n"), "{text}");
+
+    // The stream: everything the node committed, then the other writer's row, nothing else.
+    let stream = stream_rows(&nats).await;
+    let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (1..=foreign.seq).collect::<Vec<_>>());
+    assert_eq!(stream.last().unwrap().1, foreign.id);
 }

@@ -265,10 +265,17 @@ async fn conflicting_writers_never_renumber_and_the_loser_says_so() {
     a.append(rows(1..4));
     wait_committed(&a, 4).await;
 
-    // B believes the log is empty and writes its own event at seq 1.
-    let mut theirs = row(1);
-    theirs.id = EventId(Ulid::from_parts(ts_of(1), 424_242)).to_string();
-    b.append(vec![theirs]);
+    // B believes the log is empty and writes its own events at seqs 1..=5, in one window: its
+    // row 4 expects last sequence 3, which A's row 3 satisfies, so only the expected last
+    // message id (B's row 3) keeps it from landing after A's rows.
+    let theirs: Vec<StoredRow> = (1..6)
+        .map(|seq| {
+            let mut r = row(seq);
+            r.id = EventId(Ulid::from_parts(ts_of(seq), 424_242 + u128::from(seq))).to_string();
+            r
+        })
+        .collect();
+    b.append(theirs);
     within(async {
         while b.diverged().is_none() {
             tokio::time::sleep(Duration::from_millis(10)).await;

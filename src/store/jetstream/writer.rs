@@ -6,7 +6,9 @@
 //! `Nats-Expected-Last-Sequence: seq - 1`, then collects their acks in whatever order they
 //! resolve and moves `committed` over the contiguous acknowledged prefix only. Anything after
 //! the first unacknowledged row is republished next round; the event id as `Nats-Msg-Id` makes
-//! a republished row a duplicate the server acknowledges with its original sequence.
+//! a republished row a duplicate the server acknowledges with its original sequence. Every row
+//! behind the front also carries `Nats-Expected-Last-Msg-Id` (its predecessor's id), so a row
+//! never lands after another writer's row that took the front's position.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -162,12 +164,22 @@ impl Writer {
         let window = self.queue.len().min(self.c.max_in_flight);
         let mut acks = FuturesUnordered::new();
         let mut send_error = None;
+        let mut previous: Option<&str> = None;
         for row in self.queue.iter().take(window) {
             let (headers, payload) = codec::encode(row).map_err(Stall::Diverged)?;
-            let publish = PublishMessage::build()
+            let mut publish = PublishMessage::build()
                 .headers(headers)
                 .payload(payload)
                 .expected_last_sequence(row.seq.saturating_sub(1));
+            // Behind the window's front, the sequence check is not enough: if another writer
+            // took the front's position, the next row would land right after *its* row. So
+            // each later row also names its predecessor's id. (The front's predecessor is
+            // committed, so it needs no such check, which also covers a server that does not
+            // remember its last message id across a restart.)
+            if let Some(id) = previous {
+                publish = publish.expected_last_message_id(id);
+            }
+            previous = Some(row.id.as_str());
             let subject = codec::subject(&self.c.prefix, &row.kind);
             match self.c.js.send_publish(subject, publish).await {
                 Ok(ack) => {
