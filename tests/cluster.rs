@@ -15,6 +15,9 @@
 //!   (diverged), says so in `/health` and `/metrics`, fails its calls clearly, and the stream
 //!   keeps the other writer's row, never this node's at a wrong position.
 //!
+//! - TLS to NATS: with `[cluster] tls_ca` a node talks to a nats-server that requires TLS;
+//!   without it, it refuses to start, within the connect timeout.
+//!
 //! Every await is bounded. Needs `nats-server` on PATH (the tests fail, never skip, without it).
 #![cfg(feature = "cluster")]
 
@@ -35,24 +38,30 @@ use serde_json::json;
 /// Starts the binary in cluster mode on `nats`, with `data` as its (unused) data directory and
 /// short NATS and commit timeouts.
 async fn start_node(nats: &Nats, data: &Path) -> (tokio::process::Child, String) {
+    start_binary(node_args(nats, data, "")).await
+}
+
+/// The arguments of a cluster node (see [`start_node`]), with `cluster` added to `[cluster]`.
+fn node_args(nats: &Nats, data: &Path, cluster: &str) -> Vec<std::ffi::OsString> {
     let config = data.with_extension("toml");
     std::fs::write(
         &config,
-        "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n\
-         [storage]\ncommit_timeout_ms = 1500\n",
+        format!(
+            "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n{cluster}\n\
+             [storage]\ncommit_timeout_ms = 1500\n"
+        ),
     )
     .unwrap();
-    start_binary([
-        "--listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--cluster".as_ref(),
-        nats.url().as_ref(),
-        "--data-dir".as_ref(),
-        data.as_os_str(),
-        "--config".as_ref(),
-        config.as_os_str(),
-    ])
-    .await
+    vec![
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--cluster".into(),
+        nats.url().into(),
+        "--data-dir".into(),
+        data.into(),
+        "--config".into(),
+        config.into(),
+    ]
 }
 
 fn addr_of(url: &str) -> SocketAddr {
@@ -398,4 +407,45 @@ async fn another_writer_at_our_position_stops_the_node_visibly() {
     let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
     assert_eq!(seqs, (1..=foreign.seq).collect::<Vec<_>>());
     assert_eq!(stream.last().unwrap().1, foreign.id);
+}
+
+#[tokio::test]
+async fn tls_to_nats_with_tls_ca_and_a_clear_failure_without() {
+    let dir = TempDir::new("cluster-tls");
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("generate a certificate");
+    let (cert, key) = (dir.path.join("cert.pem"), dir.path.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let nats = Nats::start_tls("tls", &cert, &key);
+
+    // Without trusting the server's certificate: no start, a clear error, in bounded time.
+    let started = Instant::now();
+    let out = within(
+        Duration::from_secs(20),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
+            .args(node_args(&nats, &dir.path.join("untrusted"), ""))
+            .env_remove("MAP_ROUTER_CONFIG")
+            .env_remove("MAP_ROUTER_LISTEN")
+            .env_remove("MAP_ROUTER_DATA_DIR")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run the router");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("connecting to nats://"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+
+    let ca = format!("tls_ca = {:?}", cert.display().to_string());
+    let (_node, url) = start_binary(node_args(&nats, &dir.path.join("a"), &ca)).await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice
+        .send(json!({"agent": "bob"}), json!({"over": "tls"}))
+        .await;
+    bob.next_message().await;
 }

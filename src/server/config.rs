@@ -462,6 +462,12 @@ pub struct ClusterSettings {
     pub request_timeout_ms: u64,
     /// The bound on connecting at startup, in ms.
     pub connect_timeout_ms: u64,
+    /// TLS to NATS: a PEM file of the root certificates to trust; set, TLS is required.
+    pub tls_ca: Option<PathBuf>,
+    /// TLS client certificate (PEM), for a NATS server that verifies clients (with `tls_key`).
+    pub tls_cert: Option<PathBuf>,
+    /// The key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ClusterSettings {
@@ -477,6 +483,9 @@ impl Default for ClusterSettings {
             max_age_secs: 0,
             request_timeout_ms: 2_000,
             connect_timeout_ms: 5_000,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -501,6 +510,8 @@ impl ClusterSettings {
         o.request_timeout = Duration::from_millis(self.request_timeout_ms.max(1));
         o.connect_timeout = Duration::from_millis(self.connect_timeout_ms.max(1));
         o.exclusive = true;
+        o.tls_ca = self.tls_ca.clone();
+        o.tls_client = self.tls_cert.clone().zip(self.tls_key.clone());
         Some(o)
     }
 }
@@ -728,6 +739,9 @@ impl Config {
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("tls needs both cert and key (or neither)");
+        }
+        if self.cluster.tls_cert.is_some() != self.cluster.tls_key.is_some() {
+            return bad("cluster needs both tls_cert and tls_key (or neither)");
         }
         if self.cluster.url.is_some() && !cfg!(feature = "cluster") {
             return bad("[cluster] needs a binary built with the `cluster` feature");

@@ -11,6 +11,8 @@ use super::TempDir;
 /// A `nats-server -js`, killed on drop.
 pub struct Nats {
     child: Option<Child>,
+    /// More arguments for nats-server (TLS).
+    extra: Vec<std::ffi::OsString>,
     pub port: u16,
     dir: TempDir,
 }
@@ -18,12 +20,32 @@ pub struct Nats {
 impl Nats {
     /// Starts one and waits until it listens.
     pub fn start(name: &str) -> Self {
+        Self::start_with(name, Vec::new())
+    }
+
+    /// Starts one requiring TLS with this certificate and key (PEM files).
+    pub fn start_tls(name: &str, cert: &std::path::Path, key: &std::path::Path) -> Self {
+        Self::start_with(
+            name,
+            vec![
+                "--tls".into(),
+                "--tlscert".into(),
+                cert.into(),
+                "--tlskey".into(),
+                key.into(),
+            ],
+        )
+    }
+
+    /// Starts one with more arguments and waits until it listens.
+    pub fn start_with(name: &str, extra: Vec<std::ffi::OsString>) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let mut nats = Self {
             child: None,
+            extra,
             port,
             dir: TempDir::new(&format!("nats-{name}")),
         };
@@ -52,6 +74,7 @@ impl Nats {
                 "-sd",
             ])
             .arg(self.dir.path.join("store"))
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

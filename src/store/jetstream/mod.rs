@@ -103,6 +103,11 @@ pub struct JetStreamOptions {
     /// answer the same check for others while open (see [`writer_subject`]). Off by default
     /// (tests open several handles on one stream); the server turns it on.
     pub exclusive: bool,
+    /// TLS to NATS: trust these root certificates (PEM) and require TLS. `None`: plain text
+    /// unless the server asks for TLS (then the system's roots are not loaded: give this).
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// TLS client certificate and key (PEM), for a server that verifies clients.
+    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// The core NATS subject on which the live writer of `stream` answers who it is (outside the
@@ -130,6 +135,8 @@ impl JetStreamOptions {
             recent_rows: 1024,
             node: "map-router".into(),
             exclusive: false,
+            tls_ca: None,
+            tls_client: None,
         }
     }
 }
@@ -156,7 +163,14 @@ impl JetStreamStore {
     /// NATS is unreachable within `connect_timeout`, JetStream is not enabled, the stream cannot
     /// be created or read, or its newest row cannot be decoded.
     pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
-        let connect = async_nats::ConnectOptions::new()
+        let mut connect = async_nats::ConnectOptions::new();
+        if let Some(ca) = &options.tls_ca {
+            connect = connect.require_tls(true).add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &options.tls_client {
+            connect = connect.add_client_certificate(cert.clone(), key.clone());
+        }
+        let connect = connect
             .name(format!("map-router/{}", options.node))
             .connection_timeout(options.connect_timeout)
             .request_timeout(Some(options.request_timeout))
