@@ -74,6 +74,10 @@ struct ServeArgs {
     /// Keep events in memory only: nothing is written to disk and nothing survives a restart.
     #[arg(long)]
     ephemeral: bool,
+    /// Cluster mode: keep the event log in NATS JetStream at this URL (`nats://HOST:PORT`)
+    /// instead of SQLite. Overrides `[cluster] url`; docs/cluster-notes.md.
+    #[arg(long, env = "MAP_ROUTER_CLUSTER", conflicts_with = "ephemeral")]
+    cluster: Option<String>,
     /// PEM certificate chain: serve wss:// and https:// (needs --tls-key).
     #[arg(long, env = "MAP_ROUTER_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -265,6 +269,9 @@ fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
         config.storage.ephemeral = false;
     } else if mode == Mode::Listen && config.storage.data_dir.is_none() {
         config.storage.data_dir = Some(DEFAULT_DATA_DIR.into());
+    }
+    if let Some(url) = &args.cluster {
+        config.cluster.url = Some(url.clone());
     }
     args.auth.apply(&mut config.auth)?;
     config.validate().map_err(|e| e.to_string())?;

@@ -76,6 +76,8 @@ pub struct Config {
     pub events: EventSettings,
     /// Durable storage of the event log.
     pub storage: StorageSettings,
+    /// Cluster mode: the event log in a NATS JetStream stream (`[cluster]`, feature `cluster`).
+    pub cluster: ClusterSettings,
     /// Who may see and do what (exposure, capability overrides, agent rules).
     pub permissions: Policy,
     /// Timeouts for supervised processes.
@@ -432,6 +434,88 @@ pub struct StorageSettings {
     pub cache_items: usize,
 }
 
+/// `[cluster]`: keep the event log in a NATS JetStream stream instead of SQLite
+/// (docs/cluster-notes.md). Off unless `url` is set (or `serve --cluster URL`). Needs a binary
+/// built with the `cluster` feature (the default). In this version one live node writes to a
+/// stream; a second one pointed at it refuses to start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// The NATS server, `nats://HOST:PORT`. `None`: not in cluster mode.
+    pub url: Option<String>,
+    /// The JetStream stream holding the log (created when missing).
+    pub stream: String,
+    /// Subject prefix of the log's messages (`<prefix>.<kind>`).
+    pub subject_prefix: String,
+    /// Replicas when the stream is created (3 on a three-server NATS cluster).
+    pub replicas: usize,
+    /// This node's name (default: the router's name).
+    pub node: Option<String>,
+    /// Stream retention when it is created: events (0: unlimited, the default, because the
+    /// kept tables (tasks, mail, checkpoints) are folded from the retained stream).
+    pub max_events: u64,
+    /// Stream retention: bytes (0: unlimited).
+    pub max_bytes: u64,
+    /// Stream retention: age in seconds (0: unlimited).
+    pub max_age_secs: u64,
+    /// The bound on every NATS request (publish ack, read), in ms.
+    pub request_timeout_ms: u64,
+    /// The bound on connecting at startup, in ms.
+    pub connect_timeout_ms: u64,
+    /// TLS to NATS: a PEM file of the root certificates to trust; set, TLS is required.
+    pub tls_ca: Option<PathBuf>,
+    /// TLS client certificate (PEM), for a NATS server that verifies clients (with `tls_key`).
+    pub tls_cert: Option<PathBuf>,
+    /// The key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            stream: "MAP_EVENTS".into(),
+            subject_prefix: "map.ev".into(),
+            replicas: 1,
+            node: None,
+            max_events: 0,
+            max_bytes: 0,
+            max_age_secs: 0,
+            request_timeout_ms: 2_000,
+            connect_timeout_ms: 5_000,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl ClusterSettings {
+    /// The JetStream store to open, in cluster mode; `router_name` is the default node name.
+    pub fn jetstream_options(
+        &self,
+        router_name: &str,
+    ) -> Option<crate::store::jetstream::JetStreamOptions> {
+        let url = self.url.as_ref()?;
+        let limit = |n: u64| (n > 0).then(|| i64::try_from(n).unwrap_or(i64::MAX));
+        let mut o = crate::store::jetstream::JetStreamOptions::new(url.clone());
+        o.stream = self.stream.clone();
+        o.subject_prefix = self.subject_prefix.clone();
+        o.replicas = self.replicas.max(1);
+        o.node = self.node.clone().unwrap_or_else(|| router_name.to_owned());
+        o.max_events = limit(self.max_events);
+        o.max_bytes = limit(self.max_bytes);
+        o.max_age = (self.max_age_secs > 0).then(|| Duration::from_secs(self.max_age_secs));
+        o.request_timeout = Duration::from_millis(self.request_timeout_ms.max(1));
+        o.connect_timeout = Duration::from_millis(self.connect_timeout_ms.max(1));
+        o.exclusive = true;
+        o.tls_ca = self.tls_ca.clone();
+        o.tls_client = self.tls_cert.clone().zip(self.tls_key.clone());
+        Some(o)
+    }
+}
+
 impl Default for StorageSettings {
     fn default() -> Self {
         Self {
@@ -478,6 +562,7 @@ impl Default for Config {
             router: RouterSettings::default(),
             events: EventSettings::default(),
             storage: StorageSettings::default(),
+            cluster: ClusterSettings::default(),
             permissions: Policy::default(),
             supervisor: SupervisorConfig::default(),
             agents: Vec::new(),
@@ -654,6 +739,12 @@ impl Config {
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("tls needs both cert and key (or neither)");
+        }
+        if self.cluster.tls_cert.is_some() != self.cluster.tls_key.is_some() {
+            return bad("cluster needs both tls_cert and tls_key (or neither)");
+        }
+        if self.cluster.url.is_some() && !cfg!(feature = "cluster") {
+            return bad("[cluster] needs a binary built with the `cluster` feature");
         }
         if self.router.outbox_frames < 2 {
             return bad("router.outbox_frames must be at least 2");

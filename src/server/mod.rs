@@ -10,13 +10,15 @@
 //! the one connection driver.
 //!
 //! With `[storage] data_dir` set, [`Server::start`] first opens the SQLite event store there
-//! (recovering the log's position and its newest events) and hands it to the router.
+//! (recovering the log's position and its newest events) and hands it to the router; with
+//! `[cluster] url` set, the JetStream store instead (`cluster.rs`).
 //!
 //! [`Server::shutdown`] drains: stop accepting, tell every connection to finish (each queues a
 //! close behind its pending output), wait for the connection tasks up to the drain timeout,
 //! then stop the router, then close the store (which commits everything queued). This is mini-redis's shape: a broadcast shutdown signal and a guard
 //! channel whose last sender dropping means "everyone is done".
 
+pub mod cluster;
 pub mod config;
 pub mod listener;
 pub mod metrics;
@@ -43,7 +45,6 @@ use crate::router::Router;
 use crate::router::RouterConfig;
 use crate::router::RouterHandle;
 use crate::router::RouterParts;
-use crate::store::sqlite::SqliteStore;
 use crate::store::EventStore;
 use crate::transport::connection::ConnectionOptions;
 use crate::transport::in_process::{self, InProcessLink};
@@ -101,18 +102,7 @@ impl Server {
             .map(TcpListener::local_addr)
             .collect::<std::io::Result<Vec<_>>>()?;
         let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
-        let store = match config.storage.sqlite_options() {
-            Some(mut options) => {
-                options.metrics = metrics.as_ref().map(|m| m.store());
-                let opened = tokio::task::spawn_blocking(move || SqliteStore::open(options))
-                    .await
-                    .map_err(std::io::Error::other)?
-                    .map_err(std::io::Error::other)?;
-                let (store, recovered) = opened;
-                Some((store as Arc<dyn EventStore>, recovered))
-            }
-            None => None,
-        };
+        let (store, probe) = cluster::open_store(&config, metrics.as_deref()).await?;
         let store_handle = store.as_ref().map(|(s, _)| Arc::clone(s));
         let options = config.connection_options();
         let admission = config.admission();
@@ -158,7 +148,13 @@ impl Server {
         let app = HttpRouter::new()
             .route("/", get(upgrade))
             .route("/map", get(upgrade))
-            .route("/health", get(|| async { "ok\n" }))
+            .route(
+                "/health",
+                get({
+                    let probe = probe.clone();
+                    move || async move { cluster::health(probe.as_ref()) }
+                }),
+            )
             .with_state(WsState {
                 ctx: ctx.clone(),
                 options: options.clone(),
@@ -215,9 +211,19 @@ impl Server {
             tokio::spawn(crate::gateway::peers::open_configured(gateways));
         }
         let app = if metrics.is_some() {
-            let extra = aip.as_ref().map(|(gateway, ..)| {
-                let gateway = Arc::clone(gateway);
-                Arc::new(move || gateway.render_metrics()) as metrics::Extra
+            let aip_gateway = aip.as_ref().map(|(gateway, ..)| Arc::clone(gateway));
+            let extra = (aip_gateway.is_some() || probe.is_some()).then(|| {
+                let probe = probe.clone();
+                Arc::new(move || {
+                    let mut out = aip_gateway
+                        .as_ref()
+                        .map(|g| g.render_metrics())
+                        .unwrap_or_default();
+                    if let Some(p) = &probe {
+                        out.push_str(&cluster::render_metrics(p));
+                    }
+                    out
+                }) as metrics::Extra
             });
             app.merge(metrics::routes_with(
                 ctx.router.clone(),

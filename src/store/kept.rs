@@ -280,6 +280,26 @@ fn read_write(table: KeptTable, json: &str, meta: &str) -> Result<KeptWrite, Str
     })
 }
 
+/// `data.claim.id` of an `identity.claimed` / `identity.released` event's JSON: the id the
+/// claims table (`router::identities`) is keyed by.
+pub fn claim_key(event_json: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Id {
+        id: String,
+    }
+    #[derive(Deserialize)]
+    struct Data {
+        claim: Id,
+    }
+    #[derive(Deserialize)]
+    struct Event {
+        data: Data,
+    }
+    serde_json::from_str::<Event>(event_json)
+        .ok()
+        .map(|e| e.data.claim.id)
+}
+
 /// The quota owner a row's `meta` names (`keys.owner`), if any.
 pub fn owner_of(meta: &str) -> Option<String> {
     #[derive(Deserialize)]

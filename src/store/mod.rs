@@ -24,6 +24,8 @@
 //!   its event is; [`EventStore::kept`] reads them (committed rows only) on the reader threads.
 //!   Only the claims come back whole at open: the router pages the others on demand.
 
+#[cfg(feature = "cluster")]
+pub mod jetstream;
 pub mod kept;
 pub mod memory;
 pub mod record;
@@ -105,6 +107,12 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 
     /// The oldest retained sequence number (moves forward as retention deletes rows).
     fn first_seq(&self) -> u64;
+
+    /// The sequence number of the first event a fresh store holds (SQLite's 0; JetStream
+    /// numbers from 1). A `first_seq` at or below it means retention never deleted anything.
+    fn origin(&self) -> u64 {
+        0
+    }
 
     /// Up to `limit` rows with `seq >= from`, in sequence order.
     fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>>;

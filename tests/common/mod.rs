@@ -9,6 +9,8 @@
 
 pub mod docs;
 pub mod http;
+#[cfg(feature = "cluster")]
+pub mod nats;
 
 /// A fresh directory under the system temp dir, removed on drop.
 pub struct TempDir {

@@ -134,7 +134,9 @@ async fn lost_from(
             ))
         })
         .await?;
-    if oldest == 0 || cursor > oldest {
+    // Nothing was ever deleted when the log still starts where a fresh store starts.
+    let origin = router.store().map_or(0, |s| s.origin());
+    if oldest <= origin || cursor > oldest {
         return Ok(false);
     }
     let first_retained = match router.store() {

@@ -181,25 +181,6 @@ const CLAIMS_UPSERT: &str = "INSERT INTO claims (claim, seq, id, ts, kind, meta,
      json = excluded.json";
 const CLAIMS_DELETE: &str = "DELETE FROM claims WHERE claim = ?1";
 
-/// `data.claim.id` of an event's JSON.
-fn claim_key(event_json: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Id {
-        id: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Data {
-        claim: Id,
-    }
-    #[derive(serde::Deserialize)]
-    struct Event {
-        data: Data,
-    }
-    serde_json::from_str::<Event>(event_json)
-        .ok()
-        .map(|e| e.data.claim.id)
-}
-
 const INSERT_SQL: &str =
     "INSERT INTO events (seq, id, ts, kind, meta, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 const SELECT_ROWS_SQL: &str =
@@ -1134,7 +1115,7 @@ impl Writer {
             if row.kind != "identity.claimed" && row.kind != "identity.released" {
                 continue;
             }
-            let Some(key) = claim_key(&row.json) else {
+            let Some(key) = crate::store::kept::claim_key(&row.json) else {
                 tracing::warn!(event = %row.id, kind = %row.kind, "a claim without its id");
                 continue;
             };

@@ -1,0 +1,451 @@
+//! The NATS JetStream event store (feature `cluster`): the event log as one JetStream stream,
+//! shared by every router node that points at it. The first building block of cluster mode
+//! (issue 24); `docs/cluster-notes.md` says what exists, why, and what is still missing.
+//!
+//! Owns one NATS connection, the writer task that publishes rows, and a small task that keeps
+//! [`EventStore::first_seq`] fresh. The stream itself belongs to the NATS deployment: the store
+//! creates it when missing (with the limits of [`JetStreamOptions`]) and otherwise uses it as it
+//! is. The store never interprets a row's `meta` or `json`.
+//!
+//! # Mapping
+//! - **Position.** The stream sequence *is* the MAP sequence number: row `seq` is published with
+//!   `Nats-Expected-Last-Sequence: seq - 1`, so it lands at stream sequence `seq` or not at all
+//!   (no silent renumbering when another writer got there first). JetStream numbers from 1, so a
+//!   fresh stream recovers `next_seq = 1`.
+//! - **Id.** The event id is the `Nats-Msg-Id`: a retried publish (lost ack, reconnect) is a
+//!   duplicate the server answers with the original sequence, within the stream's
+//!   `duplicate_window`.
+//! - **Commit.** The publish acknowledgement is the commit. Acks may resolve in any order; the
+//!   `committed` watch moves only over a contiguous prefix of acknowledged rows.
+//! - **Subject** `<prefix>.<kind>`, so [`EventStore::read_kinds`] is a per-subject walk.
+//! - **Row encoding** (`codec.rs`): headers `Nats-Msg-Id`, `Map-Ts`, `Map-Kind`, `Map-Meta-Len`;
+//!   the payload is `meta` followed by `json`, byte for byte (no escaping, no re-encoding).
+//! - **Lookups by id and time** are binary searches over the stream with direct gets (ids and
+//!   timestamps never decrease along the log). No second index to keep in step with the log:
+//!   see `docs/cluster-notes.md` for why not a KV bucket or a subject per id.
+//! - **Retention** is the stream's own limits (`max_msgs`, `max_bytes`, `max_age`, discard old).
+//!
+//! # Failures
+//! Reads are bounded by [`JetStreamOptions::request_timeout`] and fail with
+//! [`StoreError::Io`] naming NATS when it is unreachable. Appends never fail at the call: the
+//! writer keeps unacknowledged rows and republishes them with backoff until they are
+//! acknowledged (de-duplication makes that safe), so `committed` simply stops while NATS is down
+//! and resumes after the client reconnects by itself. The queue of unacknowledged rows is not
+//! bounded here (as with SQLite's writer queue); the router's own bounds apply upstream. If the
+//! stream holds a *different* event at a row's position (another writer), the store reports
+//! [`JetStreamStore::diverged`], logs an error and stops publishing: `committed` never claims a
+//! row that is not in the log.
+//!
+//! # Kept tables
+//! Tasks, checkpoints, conversations, turns, threads and claims are a fold of the committed log
+//! into memory (`fold.rs`): read at open, then fed by the writer with each acknowledged row.
+//! Every kept item is in memory, and the stream's retention trims what a reopened store folds.
+
+mod codec;
+mod fold;
+mod reader;
+mod writer;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::stream;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use reader::{bounded, lock, nats_err, refresh_first_seq, Reader, Shared};
+use writer::Incoming;
+
+use crate::protocol::ids::EventId;
+use crate::store::kept::{KeptAnswer, KeptQuery};
+use crate::store::record::{EventRecord, StoredRow};
+use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
+
+pub use codec::{decode, encode};
+
+/// The default stream name.
+pub const DEFAULT_STREAM: &str = "MAP_EVENTS";
+/// The default subject prefix (rows go to `<prefix>.<kind>`).
+pub const DEFAULT_SUBJECT_PREFIX: &str = "map.ev";
+
+/// How to open a [`JetStreamStore`].
+#[derive(Debug, Clone)]
+pub struct JetStreamOptions {
+    /// The NATS server, `nats://host:port`.
+    pub url: String,
+    /// The stream holding the log ([`DEFAULT_STREAM`]).
+    pub stream: String,
+    /// Subject prefix ([`DEFAULT_SUBJECT_PREFIX`]); the stream takes `<prefix>.>`.
+    pub subject_prefix: String,
+    /// Replicas when the store creates the stream (1 on a single server).
+    pub replicas: usize,
+    /// Retention by count (stream `max_msgs`); `None`: unlimited.
+    pub max_events: Option<i64>,
+    /// Retention by bytes (stream `max_bytes`); `None`: unlimited.
+    pub max_bytes: Option<i64>,
+    /// Retention by age (stream `max_age`); `None`: unlimited.
+    pub max_age: Option<Duration>,
+    /// How long the server remembers a message id for de-duplication (2 minutes).
+    pub duplicate_window: Duration,
+    /// The bound on every request to NATS: a publish ack, a read, an info (2 s).
+    pub request_timeout: Duration,
+    /// The bound on connecting at open (5 s).
+    pub connect_timeout: Duration,
+    /// Publishes awaiting their ack at once (256).
+    pub max_in_flight: usize,
+    /// How long `close` keeps trying to commit what is queued (10 s).
+    pub close_timeout: Duration,
+    /// Newest rows returned in [`Recovered::recent`] (1024).
+    pub recent_rows: usize,
+    /// This node's name: in the NATS connection name and in the answer to other writers.
+    pub node: String,
+    /// Refuse to open when another live store with `exclusive` writes to the stream, and
+    /// answer the same check for others while open (see [`writer_subject`]). Off by default
+    /// (tests open several handles on one stream); the server turns it on.
+    pub exclusive: bool,
+    /// TLS to NATS: trust these root certificates (PEM) and require TLS. `None`: plain text
+    /// unless the server asks for TLS (then the system's roots are not loaded: give this).
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// TLS client certificate and key (PEM), for a server that verifies clients.
+    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+/// The core NATS subject on which the live writer of `stream` answers who it is (outside the
+/// stream's subjects, so nothing is stored).
+pub fn writer_subject(stream: &str) -> String {
+    format!("_MAP.writer.{stream}")
+}
+
+impl JetStreamOptions {
+    /// The defaults, for the server at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            stream: DEFAULT_STREAM.into(),
+            subject_prefix: DEFAULT_SUBJECT_PREFIX.into(),
+            replicas: 1,
+            max_events: None,
+            max_bytes: None,
+            max_age: None,
+            duplicate_window: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            max_in_flight: 256,
+            close_timeout: Duration::from_secs(10),
+            recent_rows: 1024,
+            node: "map-router".into(),
+            exclusive: false,
+            tls_ca: None,
+            tls_client: None,
+        }
+    }
+}
+
+/// The JetStream event store. Open it inside a tokio runtime (its tasks run there).
+#[derive(Debug)]
+pub struct JetStreamStore {
+    client: async_nats::Client,
+    reader: Reader,
+    writer: Mutex<Option<mpsc::UnboundedSender<Incoming>>>,
+    writer_exit: Mutex<Option<oneshot::Receiver<Result<(), StoreError>>>>,
+    committed: watch::Receiver<u64>,
+    shared: Arc<Shared>,
+    refresher: tokio::task::JoinHandle<()>,
+    /// Answers [`writer_subject`] while open (with `exclusive`).
+    responder: Option<tokio::task::JoinHandle<()>>,
+    close_timeout: Duration,
+}
+
+impl JetStreamStore {
+    /// Connects, creates the stream when missing, recovers the position and starts the writer.
+    ///
+    /// # Errors
+    /// NATS is unreachable within `connect_timeout`, JetStream is not enabled, the stream cannot
+    /// be created or read, or its newest row cannot be decoded.
+    pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
+        let mut connect = async_nats::ConnectOptions::new();
+        if let Some(ca) = &options.tls_ca {
+            connect = connect.require_tls(true).add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &options.tls_client {
+            connect = connect.add_client_certificate(cert.clone(), key.clone());
+        }
+        let connect = connect
+            .name(format!("map-router/{}", options.node))
+            .connection_timeout(options.connect_timeout)
+            .request_timeout(Some(options.request_timeout))
+            // Reconnect forever, quickly: the log is unavailable until then.
+            .max_reconnects(None)
+            .reconnect_delay_callback(|attempt| {
+                Duration::from_millis(50 * 2u64.pow(attempt.min(5) as u32))
+                    .min(Duration::from_secs(1))
+            })
+            .connect(options.url.as_str());
+        let client = tokio::time::timeout(options.connect_timeout, connect)
+            .await
+            .map_err(|_| {
+                nats_err(
+                    &format!("connecting to {}", options.url),
+                    format!("timed out after {:?}", options.connect_timeout),
+                )
+            })?
+            .map_err(|e| nats_err(&format!("connecting to {}", options.url), e))?;
+        let mut js = async_nats::jetstream::new(client.clone());
+        js.set_timeout(options.request_timeout);
+
+        let stream = bounded(
+            options.request_timeout * 2,
+            "opening the stream",
+            js.get_or_create_stream(stream_config(&options)),
+        )
+        .await?;
+        // An existing stream is used as it is: it must take our subjects, or every publish
+        // would wait for a stream that never answers.
+        let wanted = format!("{}.>", options.subject_prefix);
+        let subjects = &stream.cached_info().config.subjects;
+        if !subjects.iter().any(|s| *s == wanted || s == ">") {
+            return Err(StoreError::Io(format!(
+                "NATS JetStream: stream {} exists with subjects {subjects:?}, not {wanted:?} \
+                 (another prefix, or another stream of the same name)",
+                options.stream
+            )));
+        }
+        let responder = if options.exclusive {
+            Some(claim_writer(&client, &options).await?)
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared::default());
+        let reader = Reader {
+            stream,
+            prefix: options.subject_prefix.as_str().into(),
+            timeout: options.request_timeout,
+            shared: Arc::clone(&shared),
+        };
+        let mut recovered = reader.recover(options.recent_rows).await?;
+        let loaded = fold::load(&reader, recovered.first_seq, recovered.next_seq).await?;
+        recovered.kept_counts = loaded.kept.counts();
+        recovered.claims = loaded.claims;
+        *lock(&shared.kept) = loaded.kept;
+        tracing::info!(
+            url = %options.url,
+            stream = %options.stream,
+            next_seq = recovered.next_seq,
+            first_seq = recovered.first_seq,
+            "event store opened (JetStream)"
+        );
+
+        let (committed_tx, committed_rx) = watch::channel(recovered.next_seq);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (exit_tx, exit_rx) = oneshot::channel();
+        let writer = writer::Writer::new(writer::WriterConfig {
+            js: js.clone(),
+            prefix: options.subject_prefix.clone(),
+            max_in_flight: options.max_in_flight.max(1),
+            close_timeout: options.close_timeout,
+            next_seq: recovered.next_seq,
+            committed: committed_tx,
+            shared: Arc::clone(&shared),
+            reader: reader.clone(),
+        });
+        tokio::spawn(async move {
+            let result = writer.run(rx).await;
+            let _ = exit_tx.send(result);
+        });
+        let refresher = tokio::spawn(refresh_first_seq(reader.clone()));
+
+        let store = Arc::new(Self {
+            client,
+            reader,
+            writer: Mutex::new(Some(tx)),
+            writer_exit: Mutex::new(Some(exit_rx)),
+            committed: committed_rx,
+            shared,
+            refresher,
+            responder,
+            close_timeout: options.close_timeout,
+        });
+        Ok((store, recovered))
+    }
+
+    /// Why the store stopped publishing, when the stream holds another event at one of its
+    /// positions (another writer appended there). `None` while it is in step with the stream.
+    pub fn diverged(&self) -> Option<String> {
+        lock(&self.shared.diverged).clone()
+    }
+
+    /// Whether the NATS connection is up now.
+    pub fn connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
+    }
+
+    fn send(&self, incoming: Incoming) {
+        let guard = lock(&self.writer);
+        let Some(tx) = guard.as_ref() else {
+            tracing::error!("event store (JetStream): append after close; rows not stored");
+            return;
+        };
+        if tx.send(incoming).is_err() {
+            tracing::error!("event store (JetStream): the writer has stopped; rows not stored");
+        }
+    }
+}
+
+impl Drop for JetStreamStore {
+    fn drop(&mut self) {
+        self.refresher.abort();
+        if let Some(r) = &self.responder {
+            r.abort();
+        }
+    }
+}
+
+/// One writer per stream: asks [`writer_subject`] whether a live node writes to the stream
+/// (refusing to open if one answers), then answers that question for others until closed.
+/// Two nodes starting in the same instant can both pass; the second to publish then diverges
+/// (the expected-sequence check), so the log is never corrupted either way.
+async fn claim_writer(
+    client: &async_nats::Client,
+    options: &JetStreamOptions,
+) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+    let subject = writer_subject(&options.stream);
+    let ask = client.request(subject.clone(), options.node.clone().into());
+    match tokio::time::timeout(options.request_timeout, ask).await {
+        Ok(Ok(reply)) => {
+            return Err(StoreError::Locked(format!(
+                "NATS JetStream: stream {} is being written by live node {:?}; one node per                  stream (cluster mode does not share a stream between live nodes yet)",
+                options.stream,
+                String::from_utf8_lossy(&reply.payload)
+            )))
+        }
+        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {}
+        Ok(Err(e)) => return Err(nats_err("asking for the stream's writer", e)),
+        Err(_) => {
+            return Err(nats_err(
+                "asking for the stream's writer",
+                format!("no answer within {:?}", options.request_timeout),
+            ))
+        }
+    }
+    let mut sub = client
+        .subscribe(subject)
+        .await
+        .map_err(|e| nats_err("answering for the stream's writer", e))?;
+    let client = client.clone();
+    let node = options.node.clone();
+    Ok(tokio::spawn(async move {
+        use futures::StreamExt as _;
+        while let Some(msg) = sub.next().await {
+            if let Some(reply) = msg.reply {
+                let _ = client.publish(reply, node.clone().into()).await;
+            }
+        }
+    }))
+}
+
+fn stream_config(o: &JetStreamOptions) -> stream::Config {
+    stream::Config {
+        name: o.stream.clone(),
+        subjects: vec![format!("{}.>", o.subject_prefix)],
+        storage: stream::StorageType::File,
+        num_replicas: o.replicas.max(1),
+        max_messages: o.max_events.unwrap_or(-1),
+        max_bytes: o.max_bytes.unwrap_or(-1),
+        max_age: o.max_age.unwrap_or(Duration::ZERO),
+        discard: stream::DiscardPolicy::Old,
+        duplicate_window: o.duplicate_window,
+        allow_direct: true,
+        ..Default::default()
+    }
+}
+
+impl EventStore for JetStreamStore {
+    fn append(&self, rows: Vec<StoredRow>) {
+        if !rows.is_empty() {
+            self.send(Incoming::Rows(rows));
+        }
+    }
+
+    fn append_records(&self, records: Vec<Arc<EventRecord>>) {
+        if !records.is_empty() {
+            self.send(Incoming::Records(records));
+        }
+    }
+
+    fn committed(&self) -> watch::Receiver<u64> {
+        self.committed.clone()
+    }
+
+    fn first_seq(&self) -> u64 {
+        self.shared.first_seq.load(Ordering::Acquire)
+    }
+
+    fn origin(&self) -> u64 {
+        1
+    }
+
+    fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read(from, limit).await })
+    }
+
+    fn seq_after(&self, id: EventId) -> StoreFuture<u64> {
+        let r = self.reader.clone();
+        let id = id.to_string();
+        Box::pin(async move { r.lower_bound(|row| row.id.as_str() > id.as_str()).await })
+    }
+
+    fn seq_at_or_after_time(&self, ts: u64) -> StoreFuture<u64> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.lower_bound(|row| row.timestamp >= ts).await })
+    }
+
+    fn read_kinds(
+        &self,
+        kinds: Vec<String>,
+        from: u64,
+        limit: usize,
+    ) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read_kinds(kinds, from, limit).await })
+    }
+
+    fn read_ids(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read_ids(ids).await })
+    }
+
+    fn kept(&self, query: KeptQuery) -> StoreFuture<KeptAnswer> {
+        // Answered from memory at once: the fold holds committed rows only.
+        let answer = lock(&self.shared.kept).query(&query);
+        Box::pin(async move { Ok(answer) })
+    }
+
+    fn close(&self) -> StoreFuture<()> {
+        drop(lock(&self.writer).take());
+        let exit = lock(&self.writer_exit).take();
+        self.refresher.abort();
+        if let Some(r) = &self.responder {
+            r.abort();
+        }
+        let client = self.client.clone();
+        // The writer gives up after `close_timeout` itself; this bound is a second fence.
+        let limit = self.close_timeout + Duration::from_secs(5);
+        Box::pin(async move {
+            let Some(exit) = exit else {
+                return Ok(());
+            };
+            let result = match tokio::time::timeout(limit, exit).await {
+                Ok(r) => r.unwrap_or(Err(StoreError::Closed)),
+                Err(_) => Err(StoreError::Io(format!(
+                    "NATS JetStream: closing: the writer did not stop within {limit:?}"
+                ))),
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.drain()).await;
+            result
+        })
+    }
+}

@@ -1,0 +1,226 @@
+//! The read side of the JetStream store: the stream's bounds, direct gets, range reads, the
+//! binary searches by id and time, reads by kind; and the state the handle and the writer share.
+//!
+//! Owns nothing but a stream handle (cheap to clone into each read's future). Every request is
+//! bounded by the store's request timeout and fails as [`StoreError::Io`] naming NATS.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use futures::StreamExt as _;
+
+use super::codec::{self, decode};
+use crate::protocol::ids::EventId;
+use crate::store::memory::MemoryKept;
+use crate::store::record::StoredRow;
+use crate::store::{Recovered, StoreError};
+
+/// Direct gets issued at once by a range read.
+const READ_CONCURRENCY: usize = 64;
+/// How often `first_seq` is refreshed from the stream's state.
+const FIRST_SEQ_REFRESH: Duration = Duration::from_secs(1);
+
+/// State shared by the handle, the writer and the refresher.
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    pub(super) first_seq: AtomicU64,
+    pub(super) diverged: Mutex<Option<String>>,
+    /// The kept tables, folded from the committed log (`fold.rs`).
+    pub(super) kept: Mutex<MemoryKept>,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What reads need: cheap to clone into each read's future.
+#[derive(Debug, Clone)]
+pub(super) struct Reader {
+    pub(super) stream: Stream,
+    pub(super) prefix: Arc<str>,
+    pub(super) timeout: Duration,
+    pub(super) shared: Arc<Shared>,
+}
+
+pub(super) fn nats_err(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(format!("NATS JetStream: {what}: {e}"))
+}
+
+/// Runs `fut` within `limit`, mapping both failures to [`StoreError::Io`].
+pub(super) async fn bounded<T, E: std::fmt::Display>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(|e| nats_err(what, e)),
+        Err(_) => Err(nats_err(what, format!("no answer within {limit:?}"))),
+    }
+}
+
+pub(super) async fn refresh_first_seq(reader: Reader) {
+    loop {
+        tokio::time::sleep(FIRST_SEQ_REFRESH).await;
+        let _ = reader.bounds().await;
+    }
+}
+
+impl Reader {
+    /// The stream's `(first, next)`: the oldest retained seq and the one after the newest.
+    /// Also refreshes `first_seq`.
+    pub(super) async fn bounds(&self) -> Result<(u64, u64), StoreError> {
+        let info = bounded(
+            self.timeout,
+            "reading the stream state",
+            self.stream.get_info(),
+        )
+        .await?;
+        let next = info.state.last_sequence + 1;
+        let first = if info.state.messages == 0 {
+            next
+        } else {
+            info.state.first_sequence
+        };
+        self.shared.first_seq.fetch_max(first, Ordering::AcqRel);
+        Ok((first, next))
+    }
+
+    /// The row at `seq`, `None` when there is none (not yet written, or deleted).
+    pub(super) async fn get(&self, seq: u64) -> Result<Option<StoredRow>, StoreError> {
+        match tokio::time::timeout(self.timeout, self.stream.direct_get(seq)).await {
+            Err(_) => Err(nats_err(
+                &format!("reading seq {seq}"),
+                format!("no answer within {:?}", self.timeout),
+            )),
+            Ok(Ok(msg)) => decode(&msg).map(Some),
+            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Ok(Err(e)) => Err(nats_err(&format!("reading seq {seq}"), e)),
+        }
+    }
+
+    pub(super) async fn recover(&self, recent_rows: usize) -> Result<Recovered, StoreError> {
+        let (first, next) = self.bounds().await?;
+        self.shared.first_seq.store(first, Ordering::Release);
+        let mut recovered = Recovered {
+            next_seq: next,
+            first_seq: first,
+            ..Recovered::default()
+        };
+        if first < next {
+            let last = self.get(next - 1).await?.ok_or_else(|| {
+                StoreError::Corrupt(format!("the newest row (seq {}) is missing", next - 1))
+            })?;
+            recovered.last_id = Some(EventId::parse(&last.id).ok_or_else(|| {
+                StoreError::Corrupt(format!("bad event id {} at seq {}", last.id, last.seq))
+            })?);
+            recovered.last_timestamp = last.timestamp;
+            let from = next.saturating_sub(recent_rows as u64).max(first);
+            recovered.recent = self.read(from, recent_rows).await?;
+        }
+        Ok(recovered)
+    }
+
+    pub(super) async fn read(&self, from: u64, limit: usize) -> Result<Vec<StoredRow>, StoreError> {
+        let (first, next) = self.bounds().await?;
+        let from = from.max(first);
+        let to = next.min(from.saturating_add(limit as u64));
+        let rows: Vec<Result<Option<StoredRow>, StoreError>> = futures::stream::iter(from..to)
+            .map(|seq| self.get(seq))
+            .buffered(READ_CONCURRENCY)
+            .collect()
+            .await;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            // A hole is a row retention deleted while we read: skip it.
+            if let Some(row) = row? {
+                out.push(row);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first seq in `[first, next)` whose row satisfies `pred` (false, then true, along
+    /// the log), else `next`. Rows deleted meanwhile count as false (they were older).
+    pub(super) async fn lower_bound(
+        &self,
+        pred: impl Fn(&StoredRow) -> bool,
+    ) -> Result<u64, StoreError> {
+        let (mut lo, mut hi) = self.bounds().await?;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.get(mid).await? {
+                Some(row) if pred(&row) => hi = mid,
+                _ => lo = mid + 1,
+            }
+        }
+        Ok(lo)
+    }
+
+    pub(super) async fn read_kinds(
+        &self,
+        kinds: Vec<String>,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let (first, next) = self.bounds().await?;
+        let from = from.max(first);
+        let mut out = Vec::new();
+        let mut kinds = kinds;
+        kinds.sort();
+        kinds.dedup();
+        for kind in kinds {
+            let subject = codec::subject(&self.prefix, &kind);
+            let mut seq = from;
+            let mut taken = 0;
+            while taken < limit && seq < next {
+                let got = tokio::time::timeout(
+                    self.timeout,
+                    self.stream
+                        .direct_get_next_for_subject(subject.clone(), Some(seq)),
+                )
+                .await;
+                let msg = match got {
+                    Err(_) => {
+                        return Err(nats_err(
+                            "reading by kind",
+                            format!("no answer within {:?}", self.timeout),
+                        ))
+                    }
+                    Ok(Ok(msg)) => msg,
+                    Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => break,
+                    Ok(Err(e)) => return Err(nats_err("reading by kind", e)),
+                };
+                if msg.sequence >= next {
+                    break;
+                }
+                seq = msg.sequence + 1;
+                let row = decode(&msg)?;
+                if row.kind == kind {
+                    out.push(row);
+                    taken += 1;
+                }
+            }
+        }
+        out.sort_by_key(|r| r.seq);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    pub(super) async fn read_ids(&self, ids: Vec<EventId>) -> Result<Vec<StoredRow>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let id = id.to_string();
+            let seq = self.lower_bound(|r| r.id.as_str() >= id.as_str()).await?;
+            if let Some(row) = self.get(seq).await? {
+                if row.id == id {
+                    out.push(row);
+                }
+            }
+        }
+        out.sort_by_key(|r| r.seq);
+        out.dedup_by_key(|r| r.seq);
+        Ok(out)
+    }
+}

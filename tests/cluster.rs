@@ -1,0 +1,451 @@
+//! Cluster mode end to end (feature `cluster`): the real `map-router` binary with
+//! `serve --cluster nats://...` against a real `nats-server -js` on loopback.
+//!
+//! - The log lives in the stream: a router killed with SIGKILL is replaced by a new process
+//!   with another, empty data directory on the same stream, which replays the same events in
+//!   the same order, still has the task, and continues the stream's sequence without a gap.
+//! - One writer per stream: a second router pointed at a stream a live router writes to
+//!   refuses to start, saying so.
+//! - NATS stopped: `/health` says so (503), as does `map_cluster_nats_connected` in `/metrics`
+//!   (promtool-valid), and a call that must commit fails within the commit
+//!   timeout instead of hanging; after nats-server restarts on the same store directory, the
+//!   router reconnects by itself and commits again.
+//!
+//! - Another writer takes this node's next position in the stream: the node stops publishing
+//!   (diverged), says so in `/health` and `/metrics`, fails its calls clearly, and the stream
+//!   keeps the other writer's row, never this node's at a wrong position.
+//!
+//! - TLS to NATS: with `[cluster] tls_ca` a node talks to a nats-server that requires TLS;
+//!   without it, it refuses to start, within the connect timeout.
+//!
+//! Every await is bounded. Needs `nats-server` on PATH (the tests fail, never skip, without it).
+#![cfg(feature = "cluster")]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::nats::Nats;
+use common::*;
+use map_router::protocol::ids::{EventId, Ulid};
+use map_router::store::jetstream::{JetStreamOptions, JetStreamStore};
+use map_router::store::record::StoredRow;
+use map_router::store::EventStore;
+use serde_json::json;
+
+/// Starts the binary in cluster mode on `nats`, with `data` as its (unused) data directory and
+/// short NATS and commit timeouts.
+async fn start_node(nats: &Nats, data: &Path) -> (tokio::process::Child, String) {
+    start_binary(node_args(nats, data, "")).await
+}
+
+/// The arguments of a cluster node (see [`start_node`]), with `cluster` added to `[cluster]`.
+fn node_args(nats: &Nats, data: &Path, cluster: &str) -> Vec<std::ffi::OsString> {
+    let config = data.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n{cluster}\n\
+             [storage]\ncommit_timeout_ms = 1500\n"
+        ),
+    )
+    .unwrap();
+    vec![
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--cluster".into(),
+        nats.url().into(),
+        "--data-dir".into(),
+        data.into(),
+        "--config".into(),
+        config.into(),
+    ]
+}
+
+fn addr_of(url: &str) -> SocketAddr {
+    url.trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
+
+async fn metrics(url: &str) -> String {
+    let r = with_timeout(http::request(addr_of(url), "GET", "/metrics", &[], b"")).await;
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body).unwrap()
+}
+
+async fn health(url: &str) -> (u16, String) {
+    let r = with_timeout(http::request(addr_of(url), "GET", "/health", &[], b"")).await;
+    (r.status, String::from_utf8_lossy(&r.body).into_owned())
+}
+
+/// Polls `/health` until `pred` holds (within 20 s).
+async fn health_until(url: &str, what: &str, pred: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = health(url).await;
+        if pred(status, &body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/health never showed {what}: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every event id of the log, in order (`map/replay`, paged).
+async fn replay_ids(c: &mut WsClient) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for _ in 0..1000 {
+        let mut params = json!({"limit": 100});
+        if let Some(id) = out.last() {
+            params["afterEventId"] = json!(id);
+        }
+        let r = c.ok("map/replay", params).await;
+        out.extend(
+            r["events"]
+                .as_array()
+                .expect("events")
+                .iter()
+                .map(|e| e["eventId"].as_str().unwrap().to_owned()),
+        );
+        if r["hasMore"] != json!(true) {
+            return out;
+        }
+    }
+    panic!("replay did not end");
+}
+
+/// The first `n` events of a subscription replaying from the start: (sequenceNumber, eventId).
+async fn replayed(c: &mut WsClient, n: usize) -> (String, Vec<(u64, String)>) {
+    let sub = c.subscribe_with(json!({"replayFrom": 0})).await;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let p = c.next_event(&sub).await;
+        out.push((
+            p["sequenceNumber"].as_u64().expect("sequenceNumber"),
+            p["eventId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{p}"))
+                .to_owned(),
+        ));
+    }
+    (sub, out)
+}
+
+/// The stream itself, read by a second (non-exclusive) store handle: (seq, id) of every row.
+async fn stream_rows(nats: &Nats) -> Vec<(u64, String)> {
+    let (store, _) = with_timeout(JetStreamStore::open(JetStreamOptions::new(nats.url())))
+        .await
+        .expect("open the stream for reading");
+    let rows = with_timeout(store.read(0, usize::MAX)).await.expect("read");
+    with_timeout(store.close()).await.expect("close");
+    rows.into_iter().map(|r| (r.seq, r.id)).collect()
+}
+
+async fn sigkill(child: &mut tokio::process::Child) {
+    child.start_kill().expect("SIGKILL");
+    let status = with_timeout(child.wait()).await.unwrap();
+    assert!(!status.success(), "killed: {status:?}");
+}
+
+#[tokio::test]
+async fn a_new_router_on_the_same_stream_continues_the_log_after_sigkill() {
+    let nats = Nats::start("e2e");
+    let dir = TempDir::new("cluster-e2e");
+    let (mut node_a, url) = start_node(&nats, &dir.path.join("a")).await;
+    let body = health_until(&url, "ok", |s, _| s == 200).await;
+    assert_eq!(body, "ok\nnats: connected\n");
+
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    for i in 0..5 {
+        alice.send(json!({"agent": "bob"}), json!({"i": i})).await;
+        bob.next_message().await;
+    }
+    let mut boss = WsClient::client(&url).await;
+    let task = boss
+        .ok(
+            "map/tasks/create",
+            json!({"task": {"title": "survive the node", "assignee": "bob"}}),
+        )
+        .await["task"]
+        .clone();
+    let task_id = task["id"].as_str().unwrap().to_owned();
+
+    // A second router on the same stream, while this one is alive, refuses to start.
+    let second = dir.path.join("second");
+    let config = second.with_extension("toml");
+    std::fs::write(&config, "").unwrap();
+    let out = with_timeout(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
+            .args(["--listen", "127.0.0.1:0", "--cluster", &nats.url()])
+            .arg("--data-dir")
+            .arg(&second)
+            .arg("--config")
+            .arg(&config)
+            .env_remove("MAP_ROUTER_CONFIG")
+            .env_remove("MAP_ROUTER_LISTEN")
+            .env_remove("MAP_ROUTER_DATA_DIR")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run a second router");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second router must not start");
+    assert!(
+        stderr.contains("being written by live node"),
+        "a clear reason: {stderr}"
+    );
+
+    let mut dash = WsClient::system(&url).await;
+    let before = replay_ids(&mut dash).await;
+    assert!(
+        before.len() >= 12,
+        "registrations, sends, the task: {before:?}"
+    );
+    let (_, before_numbered) = replayed(&mut dash, before.len()).await;
+    assert_eq!(
+        before_numbered
+            .iter()
+            .map(|(_, id)| id.clone())
+            .collect::<Vec<_>>(),
+        before
+    );
+    let stream = stream_rows(&nats).await;
+    assert_eq!(
+        stream.iter().map(|(_, id)| id.clone()).collect::<Vec<_>>(),
+        before,
+        "the stream is the log"
+    );
+
+    sigkill(&mut node_a).await;
+    drop((alice, bob, boss, dash));
+
+    // A new process with an empty data directory on the same stream.
+    let (_node_b, url) = start_node(&nats, &dir.path.join("b")).await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+    let mut c = WsClient::system(&url).await;
+    let after = replay_ids(&mut c).await;
+    assert!(
+        after.starts_with(&before),
+        "the same events in the same order:\n{before:?}\n{after:?}"
+    );
+    let (sub, after_numbered) = replayed(&mut c, before.len()).await;
+    assert_eq!(after_numbered, before_numbered, "same ids, same numbers");
+
+    let got = c.ok("map/tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(got["task"]["title"], json!("survive the node"), "{got}");
+    assert_eq!(got["task"]["assignee"], json!("bob"));
+    let list = c.ok("map/tasks/list", json!({})).await;
+    let listed: Vec<&str> = list["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [task_id.as_str()]);
+
+    // New events continue the log: the subscription's numbers and the stream's sequence.
+    let mut carol = WsClient::agent(&url, "carol", json!({})).await;
+    let _dave = WsClient::agent(&url, "dave", json!({})).await;
+    carol
+        .send(json!({"agent": "dave"}), json!({"after": true}))
+        .await;
+    let now = replay_ids(&mut c).await;
+    assert!(now.len() > after.len() && now.starts_with(&after));
+    let mut next = before_numbered.last().unwrap().0;
+    for id in &now[before.len()..] {
+        let p = c.next_event(&sub).await;
+        next += 1;
+        assert_eq!(p["sequenceNumber"], json!(next), "no gap: {p}");
+        assert_eq!(p["eventId"].as_str(), Some(id.as_str()));
+    }
+    let stream = stream_rows(&nats).await;
+    let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        seqs,
+        (1..=now.len() as u64).collect::<Vec<_>>(),
+        "dense stream sequence"
+    );
+    assert_eq!(
+        stream.into_iter().map(|(_, id)| id).collect::<Vec<_>>(),
+        now,
+        "every event of both processes, once, in order"
+    );
+}
+
+#[tokio::test]
+async fn nats_down_is_a_clear_error_and_the_router_reconnects() {
+    let mut nats = Nats::start("down");
+    let dir = TempDir::new("cluster-down");
+    let (_node, url) = start_node(&nats, &dir.path.join("a")).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
+    bob.next_message().await;
+
+    let text = metrics(&url).await;
+    assert!(text.contains("\nmap_cluster_nats_connected 1\n"), "{text}");
+    assert!(text.contains("\nmap_cluster_diverged 0\n"), "{text}");
+    promtool_check(&text).await;
+
+    nats.kill();
+    let body = health_until(&url, "NATS down", |s, _| s == 503).await;
+    assert!(body.contains("nats: disconnected"), "{body}");
+    let text = metrics(&url).await;
+    assert!(text.contains("\nmap_cluster_nats_connected 0\n"), "{text}");
+
+    // A send must commit: it fails within the commit timeout (1.5 s), clearly.
+    let started = Instant::now();
+    let err = alice
+        .err(
+            "map/send",
+            json!({"to": {"agent": "bob"}, "payload": {"n": 2}}),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "bounded: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("did not commit within 1500 ms")),
+        "{err}"
+    );
+
+    nats.restart();
+    health_until(&url, "reconnected", |s, b| {
+        s == 200 && b.contains("connected")
+    })
+    .await;
+    // Writes are accepted again (the first may still wait for JetStream to be ready).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match alice
+            .call(
+                "map/send",
+                json!({"to": {"agent": "bob"}, "payload": {"n": 3}}),
+            )
+            .await
+        {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "never accepted again: {e}"),
+        }
+    }
+    let stream = stream_rows(&nats).await;
+    let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "no hole, nothing twice, after the outage"
+    );
+    let mut ids: Vec<&String> = stream.iter().map(|(_, id)| id).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), stream.len());
+}
+
+#[tokio::test]
+async fn another_writer_at_our_position_stops_the_node_visibly() {
+    let nats = Nats::start("diverge");
+    let dir = TempDir::new("cluster-diverge");
+    let (_node, url) = start_node(&nats, &dir.path.join("a")).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let _bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
+
+    // Another writer (a plain store handle, which skips the one-writer check) appends at the
+    // node's next position.
+    let (other, recovered) = with_timeout(JetStreamStore::open(JetStreamOptions::new(nats.url())))
+        .await
+        .expect("open a second handle");
+    let ts = recovered.last_timestamp + 1;
+    let foreign = StoredRow {
+        seq: recovered.next_seq,
+        id: EventId(Ulid::from_parts(ts, 7)).to_string(),
+        timestamp: ts,
+        kind: "test.foreign".into(),
+        meta: r#"{"keys":{},"audience":{"kind":"everyone"}}"#.into(),
+        json: format!(r#"{{"type":"test.foreign","timestamp":{ts},"data":{{}}}}"#),
+    };
+    other.append(vec![foreign.clone()]);
+    let mut committed = other.committed();
+    with_timeout(committed.wait_for(|&c| c > foreign.seq))
+        .await
+        .expect("the other writer commits");
+    with_timeout(other.close()).await.expect("close");
+
+    // The node's next event lands nowhere: its call fails, and it says why.
+    let err = alice
+        .err(
+            "map/send",
+            json!({"to": {"agent": "bob"}, "payload": {"n": 2}}),
+        )
+        .await;
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("did not commit") || m.contains("stopped")),
+        "{err}"
+    );
+    let body = health_until(&url, "diverged", |s, b| s == 503 && b.contains("diverged")).await;
+    assert!(body.contains("another writer"), "{body}");
+    let text = metrics(&url).await;
+    assert!(text.contains("\nmap_cluster_diverged 1\n"), "{text}");
+
+    // The stream: everything the node committed, then the other writer's row, nothing else.
+    let stream = stream_rows(&nats).await;
+    let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (1..=foreign.seq).collect::<Vec<_>>());
+    assert_eq!(stream.last().unwrap().1, foreign.id);
+}
+
+#[tokio::test]
+async fn tls_to_nats_with_tls_ca_and_a_clear_failure_without() {
+    let dir = TempDir::new("cluster-tls");
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("generate a certificate");
+    let (cert, key) = (dir.path.join("cert.pem"), dir.path.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let nats = Nats::start_tls("tls", &cert, &key);
+
+    // Without trusting the server's certificate: no start, a clear error, in bounded time.
+    let started = Instant::now();
+    let out = within(
+        Duration::from_secs(20),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
+            .args(node_args(&nats, &dir.path.join("untrusted"), ""))
+            .env_remove("MAP_ROUTER_CONFIG")
+            .env_remove("MAP_ROUTER_LISTEN")
+            .env_remove("MAP_ROUTER_DATA_DIR")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run the router");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("connecting to nats://"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+
+    let ca = format!("tls_ca = {:?}", cert.display().to_string());
+    let (_node, url) = start_binary(node_args(&nats, &dir.path.join("a"), &ca)).await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice
+        .send(json!({"agent": "bob"}), json!({"over": "tls"}))
+        .await;
+    bob.next_message().await;
+}
