@@ -183,17 +183,11 @@ async fn a_new_router_on_the_same_stream_continues_the_log_after_sigkill() {
     let config = second.with_extension("toml");
     std::fs::write(&config, "").unwrap();
     let out = with_timeout(
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
-            .args(["--listen", "127.0.0.1:0", "--cluster", &nats.url()])
+        binary_command(["--listen", "127.0.0.1:0", "--cluster", &nats.url()])
             .arg("--data-dir")
             .arg(&second)
             .arg("--config")
             .arg(&config)
-            .env_remove("MAP_ROUTER_CONFIG")
-            .env_remove("MAP_ROUTER_LISTEN")
-            .env_remove("MAP_ROUTER_DATA_DIR")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
             .output(),
     )
     .await
@@ -423,14 +417,7 @@ async fn tls_to_nats_with_tls_ca_and_a_clear_failure_without() {
     let started = Instant::now();
     let out = within(
         Duration::from_secs(20),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
-            .args(node_args(&nats, &dir.path.join("untrusted"), ""))
-            .env_remove("MAP_ROUTER_CONFIG")
-            .env_remove("MAP_ROUTER_LISTEN")
-            .env_remove("MAP_ROUTER_DATA_DIR")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output(),
+        binary_command(node_args(&nats, &dir.path.join("untrusted"), "")).output(),
     )
     .await
     .expect("run the router");

@@ -100,6 +100,23 @@ where
     start_binary_with_env(args, std::iter::empty::<(&str, &str)>()).await
 }
 
+/// The built binary with `args`, none of the router's environment variables, no stdin, killed
+/// on drop: how every test runs it ([`start_binary`], or `.output()` for a run expected to end).
+pub fn binary_command<I, S>(args: I) -> tokio::process::Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"));
+    cmd.args(args)
+        .env_remove("MAP_ROUTER_CONFIG")
+        .env_remove("MAP_ROUTER_LISTEN")
+        .env_remove("MAP_ROUTER_DATA_DIR")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
 /// As [`start_binary`], with these environment variables set for the binary.
 pub async fn start_binary_with_env<I, S, E, K, V>(
     args: I,
@@ -113,16 +130,10 @@ where
     V: AsRef<std::ffi::OsStr>,
 {
     use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_map-router"))
-        .args(args)
-        .env_remove("MAP_ROUTER_CONFIG")
-        .env_remove("MAP_ROUTER_LISTEN")
-        .env_remove("MAP_ROUTER_DATA_DIR")
+    let mut child = binary_command(args)
         .envs(env)
-        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("start the binary");
     let stderr = child.stderr.take().expect("piped stderr");
