@@ -117,6 +117,19 @@ fn modes_of(v: Option<&Value>) -> Vec<i32> {
     }
 }
 
+/// A JSON object as AIP's `map<string, string>` (tool arguments): strings as they are, other
+/// values as their JSON text; empty when `v` is not an object.
+pub fn string_map<C: FromIterator<(String, String)>>(v: Option<&Value>) -> C {
+    v.and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            (k.clone(), text)
+        })
+        .collect()
+}
+
 /// `metadata.aip` of a node's MAP agent.
 pub fn metadata(peer: &Peer) -> Value {
     match &peer.info_type {
@@ -179,20 +192,7 @@ pub fn peer_of(agent: &Agent, domain: &str) -> Peer {
     let input_mode = modes_of(aip.and_then(|a| a.get("inputModes")));
     let output_mode = modes_of(aip.and_then(|a| a.get("outputModes")));
     if agent.role.as_deref() == Some("tool") {
-        let arguments = aip
-            .and_then(|a| a.get("arguments"))
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| {
-                        (
-                            k.clone(),
-                            v.as_str().map_or_else(|| v.to_string(), str::to_owned),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let arguments = string_map(aip.and_then(|a| a.get("arguments")));
         return Peer {
             info_type: Some(InfoType::ToolInfo(ToolInfo {
                 tool_id: agent.id.to_string(),

@@ -31,7 +31,7 @@ use tonic::{Code, Request, Status};
 
 use super::content;
 use super::messages::{message_meta, message_of};
-use super::nodes::{Kind, Node};
+use super::nodes::{string_map, Kind, Node};
 use super::proto::agent_message::SessionStatus;
 use super::proto::agent_service_client::AgentServiceClient;
 use super::proto::tool_service_client::ToolServiceClient;
@@ -239,9 +239,7 @@ async fn inbound(
     tokio::spawn(async move {
         let max = gw.settings.max_message_bytes;
         let idle = AipSettings::ms(gw.settings.session_idle_timeout_ms);
-        let mut client = AgentServiceClient::new(node.channel.clone())
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max);
+        let mut client = agent_client(&node, max);
         let mut request = Request::new(ReceiverStream::new(rx));
         carry_trace(&meta, &mut request);
         let (from, _) = &key;
@@ -311,20 +309,7 @@ async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta:
         .to_owned();
     let arguments: BTreeMap<String, String> = match &payload {
         Value::String(s) => [("input".to_owned(), s.clone())].into(),
-        v => v
-            .get("arguments")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| {
-                        (
-                            k.clone(),
-                            v.as_str().map_or_else(|| v.to_string(), str::to_owned),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
+        v => string_map(v.get("arguments")),
     };
     let session_id = payload
         .get("sessionId")
@@ -411,9 +396,7 @@ async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: 
     drop(tx);
     let max = gw.settings.max_message_bytes;
     let idle = AipSettings::ms(gw.settings.session_idle_timeout_ms);
-    let mut client = AgentServiceClient::new(node.channel.clone())
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
+    let mut client = agent_client(&node, max);
     let mut request = Request::new(ReceiverStream::new(rx));
     carry_trace(&meta, &mut request);
     let collected = tokio::time::timeout(idle, async {
@@ -444,4 +427,11 @@ async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: 
     if let Err(e) = node.client().reply(&message, answer).await {
         tracing::warn!(node = %node.id, error = %e, "an AIP agent's answer could not be sent");
     }
+}
+
+/// The AIP agent client of `node`, with messages up to `max` bytes both ways.
+fn agent_client(node: &Node, max: usize) -> AgentServiceClient<tonic::transport::Channel> {
+    AgentServiceClient::new(node.channel.clone())
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max)
 }
