@@ -347,6 +347,19 @@ scenario('dashboard', async (t, browser) => {
     await shot(page, '02-steering');
   });
 
+  await t.step('a click is not lost when the tree is redrawn between mousedown and mouseup', async () => {
+    const box = await page.locator(`${tid('agent-node')}[data-agent-id="lead"]`).boundingBox();
+    await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+    await page.mouse.down();
+    // Another agent's state changes while the button is pressed: the tree is redrawn.
+    await peer.call('map/agents/suspend', { agentId: 'worker-1', reason: 'mid-click' });
+    await page.locator(`${tid('agent-node')}[data-agent-id="worker-1"][data-state="suspended"]`).waitFor({ timeout: WAIT_MS });
+    await page.mouse.up();
+    await page.locator(`${tid('agent-detail')}[data-agent-id="lead"]`).waitFor({ timeout: WAIT_MS });
+    await peer.call('map/agents/resume', { agentId: 'worker-1' });
+    await page.locator(`${tid('agent-node')}[data-agent-id="worker-1"][data-state="busy"]`).waitFor({ timeout: WAIT_MS });
+  });
+
   await t.step('a paused stream holds new events and shows each once, in order, on resume', async () => {
     await page.click(tid('pause'));
     for (const seq of range(5)) await peer.send({ agent: 'worker-1' }, { tag: 'paused', seq });

@@ -36,18 +36,68 @@ export function renderTree(root, model, { selectedId, mode }, actions) {
   const key = JSON.stringify([
     mode,
     selectedId,
-    [...model.agents.values()].map((a) => [a.id, a.name, a.role, a.state, a.parent, a.scopes, model.procs.get(a.id) ?? null]),
+    // Of a process, only what a node shows (its stderr lines would redraw the tree at each one).
+    [...model.agents.values()].map((a) => {
+      const p = model.procs.get(a.id);
+      return [a.id, a.name, a.role, a.state, a.parent, a.scopes, p ? [p.pid, p.restarts, p.exitCode, p.signal] : null];
+    }),
     [...model.scopes.values()].map((s) => [s.id, s.name]),
   ]);
   once(root, key, () => drawTree(root, model, selectedId, actions));
 }
 
+/**
+ * Each tree's last drawing: its shape (which agent at which place) and its agent buttons by
+ * id. While the shape stays the same, a redraw updates the buttons in place instead of
+ * replacing them: a click is a mousedown and a mouseup on the same element, and the browser
+ * drops the click when that element leaves the document in between (an event arriving
+ * mid-click would otherwise lose it). The buttons' parts take no pointer events (style.css),
+ * so the element pressed is the button itself.
+ */
+const treeDrawings = new WeakMap();
+
+/** Walks the forest in drawing order: `visit(agent, level, children)` once per agent. */
+function walkTree(model, agents, level, visit, seen = new Set()) {
+  for (const a of agents) {
+    if (seen.has(a.id)) continue;
+    seen.add(a.id);
+    const kids = model.children(a.id);
+    visit(a, level, kids);
+    walkTree(model, kids, level + 1, visit, seen);
+  }
+}
+
+/** Makes `kept` look exactly like `fresh` (attributes and content), keeping the element. */
+function morph(kept, fresh) {
+  for (const { name } of [...kept.attributes]) if (!fresh.hasAttribute(name)) kept.removeAttribute(name);
+  for (const { name, value } of [...fresh.attributes]) if (kept.getAttribute(name) !== value) kept.setAttribute(name, value);
+  if (kept.innerHTML !== fresh.innerHTML) kept.replaceChildren(...fresh.childNodes);
+}
+
 function drawTree(root, model, selectedId, actions) {
   const roots = model.roots();
   if (roots.length === 0) {
+    treeDrawings.delete(root);
     replaceChildren(root, el('p', { class: 'empty', 'data-testid': 'tree-empty' }, 'No agents.'));
     return;
   }
+  const shape = [];
+  walkTree(model, roots, 1, (a, level, kids) => shape.push([a.id, level, kids.length > 0]));
+  const shapeKey = JSON.stringify(shape);
+  const last = treeDrawings.get(root);
+  if (last?.shapeKey === shapeKey) {
+    walkTree(model, roots, 1, (a) => {
+      const button = last.buttons.get(a.id);
+      morph(button, agentNode(model, a, a.id === selectedId, actions));
+      button.parentElement.setAttribute('aria-selected', a.id === selectedId ? 'true' : 'false');
+    });
+    return;
+  }
+  const buttons = new Map();
+  const keep = (button) => {
+    buttons.set(button.dataset.agentId, button);
+    return button;
+  };
   const seen = new Set();
   const branch = (agents, level) =>
     el(
@@ -60,12 +110,13 @@ function drawTree(root, model, selectedId, actions) {
         return el(
           'li',
           { role: 'treeitem', 'aria-level': level, 'aria-selected': a.id === selectedId ? 'true' : 'false', 'aria-expanded': kids.length ? 'true' : null },
-          agentNode(model, a, a.id === selectedId, actions),
+          keep(agentNode(model, a, a.id === selectedId, actions)),
           kids.length ? branch(kids, level + 1) : null,
         );
       }),
     );
   replaceChildren(root, branch(roots, 1));
+  treeDrawings.set(root, { shapeKey, buttons });
 }
 
 function agentNode(model, a, selected, actions) {
