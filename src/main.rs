@@ -78,6 +78,10 @@ struct ServeArgs {
     /// instead of SQLite. Overrides `[cluster] url`; docs/cluster-notes.md.
     #[arg(long, env = "MAP_ROUTER_CLUSTER", conflicts_with = "ephemeral")]
     cluster: Option<String>,
+    /// Cluster mode: when another live node writes the stream, wait as its standby (answering
+    /// 503 "standby") and take over when it stops, instead of refusing to start.
+    #[arg(long, env = "MAP_ROUTER_STANDBY")]
+    standby: bool,
     /// PEM certificate chain: serve wss:// and https:// (needs --tls-key).
     #[arg(long, env = "MAP_ROUTER_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -272,6 +276,10 @@ fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
     }
     if let Some(url) = &args.cluster {
         config.cluster.url = Some(url.clone());
+    }
+    config.cluster.standby |= args.standby;
+    if config.cluster.standby && config.cluster.url.is_none() {
+        return Err("--standby is for cluster mode: it needs --cluster (or [cluster] url)".into());
     }
     args.auth.apply(&mut config.auth)?;
     config.validate().map_err(|e| e.to_string())?;

@@ -436,3 +436,285 @@ async fn tls_to_nats_with_tls_ca_and_a_clear_failure_without() {
         .await;
     bob.next_message().await;
 }
+
+/// A node started with `standby = true`: it waits while another node writes the stream and
+/// prints "listening on" only once it took over.
+struct StandbyNode {
+    name: String,
+    child: tokio::process::Child,
+    url: String,
+    took_over: tokio::sync::oneshot::Receiver<()>,
+}
+
+async fn start_standby(nats: &Nats, data: &Path, name: &str) -> StandbyNode {
+    use tokio::io::AsyncBufReadExt;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut args = node_args(
+        nats,
+        data,
+        &format!("node = \"{name}\"\nstandby = true\ntakeover_poll_ms = 100"),
+    );
+    args[1] = format!("127.0.0.1:{port}").into();
+    let mut child = binary_command(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a standby");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, took_over) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut tx = Some(tx);
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.starts_with("map-router listening on ") {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    });
+    let url = format!("ws://127.0.0.1:{port}/");
+    // The process binds its port first thing; until then the connection is refused.
+    within(Duration::from_secs(20), async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let body = health_until(&url, "standby", |s, b| s == 503 && b.starts_with("standby")).await;
+    assert!(body.contains("nats: connected"), "{body}");
+    StandbyNode {
+        name: name.to_owned(),
+        child,
+        url,
+        took_over,
+    }
+}
+
+/// Every event after `after` (all when `None`), paged.
+async fn replay_events(c: &mut WsClient, after: Option<&str>) -> Vec<serde_json::Value> {
+    let mut out: Vec<serde_json::Value> = Vec::new();
+    let mut cursor = after.map(str::to_owned);
+    for _ in 0..10_000 {
+        let mut params = json!({"limit": 1000});
+        if let Some(id) = &cursor {
+            params["afterEventId"] = json!(id);
+        }
+        let r = c.ok("map/replay", params).await;
+        let events = r["events"].as_array().expect("events");
+        out.extend(events.iter().cloned());
+        if let Some(last) = events.last() {
+            cursor = Some(last["eventId"].as_str().unwrap().to_owned());
+        }
+        if r["hasMore"] != json!(true) {
+            return out;
+        }
+    }
+    panic!("replay did not end");
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_there() {
+    use common::load::{env_number, env_seed, sender, Rng};
+    use std::sync::{Arc, Mutex};
+    let rounds = env_number("MAP_FAILOVER_ROUNDS").map_or(3, |n| n.clamp(1, 200));
+    let seed = env_seed("MAP_FAILOVER_SEED");
+    eprintln!("failover seed: {seed}, {rounds} rounds");
+    let mut rng = Rng(seed);
+    let nats = Nats::start("failover");
+    let dir = TempDir::new("cluster-failover");
+    let (mut writer, mut url) =
+        start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
+    let mut writer_name = "n0".to_owned();
+    let mut standbys = vec![
+        start_standby(&nats, &dir.path.join("n1"), "n1").await,
+        start_standby(&nats, &dir.path.join("n2"), "n2").await,
+    ];
+    for s in &standbys {
+        health_until(&s.url, "the writer's name", |st, b| {
+            st == 503 && b.contains("writer: n0")
+        })
+        .await;
+        // A standby serves nothing else: a MAP client is told to go elsewhere.
+        let r = with_timeout(http::request(addr_of(&s.url), "GET", "/map", &[], b"")).await;
+        assert_eq!(r.status, 503);
+        assert!(String::from_utf8_lossy(&r.body).contains("takes over when it stops"));
+    }
+    let mut mark: Option<String> = None;
+    let mut failovers = Vec::new();
+    for round in 0..rounds {
+        // Load on the writer: a dashboard that records what it is shown, a sink, two senders.
+        let mut dash = WsClient::system(&url).await;
+        let sub = dash
+            .subscribe_with(json!({"replayFrom": mark.clone().map_or(json!(0), |m| json!(m))}))
+            .await;
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let dash_task = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                loop {
+                    match dash.read_frame().await {
+                        Frame::Json(v) if v["params"]["subscriptionId"] == json!(sub) => {
+                            let id = v["params"]["eventId"].as_str().unwrap().to_owned();
+                            seen.lock().unwrap().push(id);
+                        }
+                        Frame::Json(_) => {}
+                        Frame::Closed(_) => return,
+                    }
+                }
+            })
+        };
+        let sink = format!("sink-{round}");
+        let mut sink_client = WsClient::agent(&url, &sink, json!({})).await;
+        let sink_task =
+            tokio::spawn(
+                async move { while let Frame::Json(_) = sink_client.read_frame().await {} },
+            );
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let senders: Vec<_> = (0..2)
+            .map(|i| {
+                tokio::spawn(sender(
+                    url.clone(),
+                    format!("s{round}-{i}"),
+                    sink.clone(),
+                    acked.clone(),
+                    20_000,
+                ))
+            })
+            .collect();
+        let kill_after = 30 + rng.below(400) as usize;
+        within(Duration::from_secs(60), async {
+            while acked.lock().unwrap().len() < kill_after {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+
+        // SIGKILL the writer: exactly one standby takes over.
+        let killed_at = Instant::now();
+        sigkill(&mut writer).await;
+        let (_, winner, _) = within(Duration::from_secs(20), async {
+            futures::future::select_all(standbys.iter_mut().map(|s| Box::pin(&mut s.took_over)))
+                .await
+        })
+        .await;
+        let won = standbys.remove(winner);
+        let new_url = won.url.clone();
+        health_until(&new_url, "ok after the takeover", |s, _| s == 200).await;
+        failovers.push(killed_at.elapsed());
+        for s in senders {
+            with_timeout(s).await.unwrap();
+        }
+        let _ = with_timeout(dash_task).await;
+        let _ = with_timeout(sink_task).await;
+        let acked = acked.lock().unwrap().clone();
+        let seen = seen.lock().unwrap().clone();
+        // The other standbys stay standbys, now naming the new writer.
+        for s in &standbys {
+            let body = health_until(&s.url, "the new writer", |st, b| {
+                st == 503 && b.contains(&format!("writer: {}", won.name))
+            })
+            .await;
+            assert!(body.starts_with("standby"), "{body}");
+        }
+
+        let mut c = WsClient::system(&new_url).await;
+        let events = replay_events(&mut c, mark.as_deref()).await;
+        let ids: Vec<String> = events
+            .iter()
+            .map(|e| e["eventId"].as_str().unwrap().to_owned())
+            .collect();
+        let restart =
+            |e: &&serde_json::Value| e["event"]["data"]["reason"] == json!("router_restarted");
+        let first_new = events
+            .iter()
+            .position(|e| restart(&e))
+            .expect("the new writer closes what the killed one left open");
+        // Every answered send is in the log.
+        let sent: std::collections::HashSet<&str> = events
+            .iter()
+            .filter(|e| e["event"]["type"] == json!("message_sent"))
+            .map(|e| e["event"]["data"]["messageId"].as_str().unwrap())
+            .collect();
+        let lost: Vec<_> = acked
+            .iter()
+            .filter(|m| !sent.contains(m.as_str()))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "round {round} (seed {seed}): {} of {} answered sends lost",
+            lost.len(),
+            acked.len()
+        );
+        // What the dashboard was shown on the killed node is a prefix of the log.
+        assert!(
+            seen.len() <= first_new,
+            "round {round}: shown {} > kept {first_new}",
+            seen.len()
+        );
+        assert_eq!(seen[..], ids[..seen.len()], "round {round} (seed {seed})");
+        // The killed node's participants and agents are closed once, by the one new writer.
+        let closed: Vec<&serde_json::Value> = events.iter().filter(restart).collect();
+        let mut agents: Vec<&str> = closed
+            .iter()
+            .filter(|e| e["event"]["type"] == json!("agent_unregistered"))
+            .map(|e| e["event"]["data"]["agentId"].as_str().unwrap())
+            .collect();
+        agents.sort_unstable();
+        let mut expected = vec![format!("s{round}-0"), format!("s{round}-1"), sink.clone()];
+        expected.sort_unstable();
+        assert_eq!(agents, expected, "round {round}: each agent once");
+        let mut gone: Vec<&str> = closed
+            .iter()
+            .filter(|e| e["event"]["type"] == json!("participant_disconnected"))
+            .map(|e| e["event"]["data"]["participantId"].as_str().unwrap())
+            .collect();
+        let total = gone.len();
+        gone.sort_unstable();
+        gone.dedup();
+        assert_eq!(gone.len(), total, "round {round}: each participant once");
+        assert!(
+            total >= 4,
+            "round {round}: the dashboard, the sink, two senders: {total}"
+        );
+
+        // A dashboard resumes on the new writer from its last seen event: no hole, no duplicate.
+        let last = seen.last().cloned().or_else(|| mark.clone());
+        let mut resumed = WsClient::system(&new_url).await;
+        let sub = resumed
+            .subscribe_with(json!({"replayFrom": last.clone().map_or(json!(0), |m| json!(m))}))
+            .await;
+        let expected = replay_events(&mut c, last.as_deref()).await;
+        for e in &expected {
+            let p = resumed.next_event(&sub).await;
+            assert_eq!(p["eventId"], e["eventId"], "round {round} (seed {seed})");
+        }
+        mark = ids.last().cloned();
+        drop((c, resumed));
+
+        // The next round kills the new writer; a fresh standby keeps two of them waiting.
+        writer = won.child;
+        url = new_url;
+        writer_name = won.name;
+        let name = format!("n{}", round + 3);
+        standbys.push(start_standby(&nats, &dir.path.join(&name), &name).await);
+    }
+    assert!(!writer_name.is_empty());
+    // The stream is one log: dense, every id once.
+    let stream = stream_rows(&nats).await;
+    let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (1..=stream.len() as u64).collect::<Vec<_>>(), "dense");
+    let unique: std::collections::HashSet<&String> = stream.iter().map(|(_, id)| id).collect();
+    assert_eq!(unique.len(), stream.len(), "every id once");
+    let mut sorted = failovers.clone();
+    sorted.sort();
+    eprintln!(
+        "failover (SIGKILL to /health 200 on the new writer): {failovers:?}, median {:?}",
+        sorted[sorted.len() / 2]
+    );
+}

@@ -12,11 +12,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::load::{env_number, env_seed, sender, Rng};
 use common::*;
-use futures::{SinkExt, StreamExt};
 use map_router::server::{Config, Server};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
 
 /// A server on loopback keeping its log in `dir`, with a tiny memory window so that replay and
 /// catch-up read the store.
@@ -351,48 +350,6 @@ async fn start_router(data: &Path) -> (tokio::process::Child, String) {
     .await
 }
 
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// One call on a raw socket; `None` once the connection is gone (or the call failed).
-async fn rpc(ws: &mut Ws, n: u64, method: &str, params: Value) -> Option<Value> {
-    let req = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params});
-    ws.send(Message::text(req.to_string())).await.ok()?;
-    loop {
-        let Message::Text(t) = ws.next().await?.ok()? else {
-            continue;
-        };
-        let v: Value = serde_json::from_str(t.as_str()).ok()?;
-        if v["id"] == json!(n) {
-            return v.get("result").cloned();
-        }
-    }
-}
-
-/// An agent that sends to `to` as fast as answers come back, recording the id of every
-/// answered send, until its connection breaks or `max` sends are answered.
-async fn sender(url: String, id: String, to: String, acked: Arc<Mutex<Vec<String>>>, max: u64) {
-    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
-        return;
-    };
-    let connect = json!({"protocolVersion": 1, "participantType": "agent"});
-    if rpc(&mut ws, 1, "map/connect", connect).await.is_none()
-        || rpc(&mut ws, 2, "map/agents/register", json!({"agentId": id}))
-            .await
-            .is_none()
-    {
-        return;
-    }
-    for n in 3..3 + max {
-        let params = json!({"to": {"agent": to}, "payload": {"n": n}});
-        let Some(result) = rpc(&mut ws, n, "map/send", params).await else {
-            return;
-        };
-        let message_id = result["messageId"].as_str().unwrap().to_owned();
-        acked.lock().unwrap().push(message_id);
-    }
-}
-
 #[tokio::test]
 async fn kill_9_under_load_loses_nothing_answered_and_resume_has_no_gap() {
     let dir = TempDir::new("kill9");
@@ -698,17 +655,6 @@ async fn a_waiting_answer_does_not_hold_up_the_next_requests() {
 
 /// A small xorshift generator: random kill points that a failure can reproduce (the seed is
 /// printed).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// Every event `map/replay` returns after `after` (all when `None`), paging.
 async fn replay_all(c: &mut WsClient, after: Option<&str>) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
@@ -739,19 +685,8 @@ async fn replay_all(c: &mut WsClient, after: Option<&str>) -> Vec<Value> {
 /// `MAP_KILL9_SEED` repeats the kill points of a printed seed.
 #[tokio::test]
 async fn kill_9_at_random_points_never_erases_what_a_subscriber_saw() {
-    let env_number = |name: &str| {
-        std::env::var(name).ok().map(|v| {
-            v.parse::<u64>()
-                .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
-        })
-    };
     let rounds = env_number("MAP_KILL9_ROUNDS").map_or(20, |n| n.clamp(1, 2_000) as usize);
-    let seed = env_number("MAP_KILL9_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    }) | 1;
+    let seed = env_seed("MAP_KILL9_SEED");
     eprintln!("kill points seed: {seed}, {rounds} rounds");
     let mut rng = Rng(seed);
     let dir = TempDir::new("kill9-rounds");

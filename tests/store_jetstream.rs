@@ -869,3 +869,47 @@ async fn measure_kept_fold_at_open() {
     );
     within(store.close()).await.unwrap();
 }
+
+/// Claims at the same moment leave one writer: eight stores open with `exclusive` at once,
+/// ten times over; each time exactly one opens and the others are refused, naming it. The
+/// winner closes (its answer on `_MAP.writer.<stream>` goes with it), and the next round's
+/// claims are from the lock's next sequence.
+#[tokio::test]
+async fn simultaneous_claims_leave_exactly_one_writer() {
+    let nats = Nats::start("claims");
+    for round in 0..10 {
+        let claims = (0..8).map(|i| {
+            let mut o = options(&nats);
+            o.exclusive = true;
+            o.node = format!("r{round}-n{i}");
+            tokio::spawn(JetStreamStore::open(o))
+        });
+        let results = within(futures::future::join_all(claims)).await;
+        let mut winners = Vec::new();
+        let mut refusals = Vec::new();
+        for r in results {
+            match r.expect("join") {
+                Ok((store, _)) => winners.push(store),
+                Err(StoreError::Locked(why)) => refusals.push(why),
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {refusals:?}");
+        assert_eq!(refusals.len(), 7, "round {round}");
+        for why in &refusals {
+            assert!(why.contains("being written by live node"), "{why}");
+        }
+        // A late opener hears the winner.
+        let mut late = options(&nats);
+        late.exclusive = true;
+        late.node = format!("r{round}-late");
+        match within(JetStreamStore::open(late)).await {
+            Err(StoreError::Locked(why)) => {
+                assert!(why.contains(&format!("\"r{round}-n")), "{why}")
+            }
+            Ok(_) => panic!("round {round}: a second writer opened"),
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        within(winners[0].close()).await.expect("close");
+    }
+}

@@ -1,14 +1,19 @@
-//! Which event store the server opens (SQLite, JetStream in cluster mode, or none), and the
-//! NATS connection's state for `GET /health` and `/metrics` in cluster mode.
+//! Which event store the server opens (SQLite, JetStream in cluster mode, or none), the
+//! standby's wait for the stream in cluster mode, and the NATS connection's state for
+//! `GET /health` and `/metrics`.
 //!
-//! Owns only the choice and a probe of the open JetStream store
+//! Owns only the choice, the standby page (served on the listeners while another node writes
+//! the stream, `[cluster] standby`), and a probe of the open JetStream store
 //! (`store::jetstream::JetStreamStore::connected` / `diverged`); the store itself belongs to
-//! the router. docs/cluster-notes.md says what cluster mode does and does not do yet.
+//! the router. docs/cluster.md says how to run it; docs/cluster-notes.md what is missing.
 
 use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use tokio::net::TcpListener;
+
+use crate::server::listener::ListenerSettings;
 
 use crate::server::config::Config;
 use crate::store::sqlite::SqliteStore;
@@ -21,25 +26,39 @@ pub type Probe = Arc<dyn Fn() -> (bool, Option<String>) + Send + Sync>;
 /// An opened store with what it recovered.
 pub type Opened = (Arc<dyn EventStore>, Recovered);
 
+/// The server's bound sockets, which a standby answers on until it takes over.
+#[derive(Debug)]
+pub struct Listeners<'a> {
+    /// The sockets (the server serves them afterwards).
+    pub sockets: &'a [Arc<TcpListener>],
+    /// Admission, TLS and timeouts, as for the server.
+    pub settings: &'a ListenerSettings,
+}
+
 /// Opens the event store `config` names: JetStream with `[cluster] url`, else SQLite with a
 /// data directory, else none. Returns the probe of a JetStream store.
 ///
+/// In cluster mode with `[cluster] standby`, while another live node writes the stream, this
+/// waits: the listeners answer 503 "standby" (naming the writer) and the store is opened when
+/// the writer is gone (docs/cluster.md, "Standby and failover").
+///
 /// # Errors
 /// The store could not be opened (for JetStream: NATS unreachable within the connect timeout,
-/// the stream unusable, or another live node writing to it).
+/// the stream unusable, or another live node writing to it and no standby).
 pub async fn open_store(
     config: &Config,
     metrics: Option<&crate::metrics::Metrics>,
+    listeners: &Listeners<'_>,
 ) -> std::io::Result<(Option<Opened>, Option<Probe>)> {
     #[cfg(feature = "cluster")]
     if let Some(options) = config.cluster.jetstream_options(&config.router.name) {
-        let (store, recovered) = crate::store::jetstream::JetStreamStore::open(options)
-            .await
-            .map_err(|e| std::io::Error::other(format!("cluster: {e}")))?;
+        let (store, recovered) = open_jetstream(config, options, listeners).await?;
         let probe_store = Arc::clone(&store);
         let probe: Probe = Arc::new(move || (probe_store.connected(), probe_store.diverged()));
         return Ok((Some((store as Arc<dyn EventStore>, recovered)), Some(probe)));
     }
+    #[cfg(not(feature = "cluster"))]
+    let _ = listeners;
     #[cfg(not(feature = "cluster"))]
     if config.cluster.url.is_some() {
         return Err(std::io::Error::other(
@@ -55,6 +74,141 @@ pub async fn open_store(
         .map_err(std::io::Error::other)?
         .map_err(std::io::Error::other)?;
     Ok((Some((store as Arc<dyn EventStore>, recovered)), None))
+}
+
+/// Opens the JetStream store, as a standby first when `[cluster] standby` says so and another
+/// node writes.
+#[cfg(feature = "cluster")]
+async fn open_jetstream(
+    config: &Config,
+    options: crate::store::jetstream::JetStreamOptions,
+    listeners: &Listeners<'_>,
+) -> std::io::Result<(Arc<crate::store::jetstream::JetStreamStore>, Recovered)> {
+    use crate::store::jetstream::{wait_for_takeover, JetStreamStore};
+    use crate::store::StoreError;
+    let failed = |e: StoreError| std::io::Error::other(format!("cluster: {e}"));
+    let poll = std::time::Duration::from_millis(config.cluster.takeover_poll_ms.max(1));
+    let mut standby: Option<Standby> = None;
+    loop {
+        match JetStreamStore::open(options.clone()).await {
+            Ok(opened) => {
+                if let Some(page) = standby.take() {
+                    page.stop().await;
+                    tracing::info!(node = %options.node, stream = %options.stream, "standby: took over the stream");
+                }
+                return Ok(opened);
+            }
+            Err(StoreError::Locked(why)) if config.cluster.standby => {
+                if standby.is_none() {
+                    tracing::info!(node = %options.node, "standby: {why}");
+                }
+                let page =
+                    standby.get_or_insert_with(|| Standby::serve(listeners, &options.stream));
+                let writer = Arc::clone(&page.writer);
+                wait_for_takeover(&options, poll, move |node| {
+                    tracing::info!(writer = ?node, "standby: the stream's writer");
+                    *writer
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Some(node.map(str::to_owned));
+                })
+                .await
+                .map_err(failed)?;
+            }
+            // Once waiting, a failed takeover (NATS restarting, a request timing out) is
+            // tried again; at start, it is an answer for the operator.
+            Err(e) if standby.is_some() => {
+                tracing::warn!(error = %e, "standby: the takeover failed; trying again");
+                tokio::time::sleep(poll).await;
+            }
+            Err(e) => return Err(failed(e)),
+        }
+    }
+}
+
+/// What a standby answers on the listeners: `GET /health` and everything else get 503, naming
+/// the node that writes the stream.
+#[cfg(feature = "cluster")]
+struct Standby {
+    /// Who writes the stream: not asked yet, nobody answers, or a node's name.
+    writer: Arc<std::sync::Mutex<Option<Option<String>>>>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+#[cfg(feature = "cluster")]
+impl Standby {
+    fn serve(listeners: &Listeners<'_>, stream: &str) -> Self {
+        let writer: Arc<std::sync::Mutex<Option<Option<String>>>> = Arc::default();
+        let answer = {
+            let writer = Arc::clone(&writer);
+            let stream = stream.to_owned();
+            move |health: bool| {
+                let node = writer
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                let who = match node {
+                    None => "writer: (asking NATS)".to_owned(),
+                    Some(None) => "no live writer answers (taking over)".to_owned(),
+                    Some(Some(n)) => format!("writer: {n}"),
+                };
+                let body = if health {
+                    format!("standby\nnats: connected\n{who}\n")
+                } else {
+                    format!(
+                        "standby: another node writes the event log (stream {stream}; {who}); \
+                         this node takes over when it stops\n"
+                    )
+                };
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(axum::http::header::RETRY_AFTER, "1")],
+                    body,
+                )
+                    .into_response()
+            }
+        };
+        let health = answer.clone();
+        let app = axum::Router::new()
+            .route(
+                "/health",
+                axum::routing::get(move || {
+                    let health = health.clone();
+                    async move { health(true) }
+                }),
+            )
+            .fallback(move || {
+                let answer = answer.clone();
+                async move { answer(false) }
+            });
+        let (shutdown, stop) = tokio::sync::watch::channel(false);
+        let tasks = listeners
+            .sockets
+            .iter()
+            .map(|socket| {
+                tokio::spawn(crate::server::listener::serve(
+                    Arc::clone(socket),
+                    app.clone(),
+                    listeners.settings.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        Self {
+            writer,
+            shutdown,
+            tasks,
+        }
+    }
+
+    /// Stops answering (the accept loops end; their connections get the drain timeout).
+    async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
 }
 
 /// `GET /health`: `ok` (200), or in cluster mode with NATS down or the log diverged,

@@ -468,6 +468,11 @@ pub struct ClusterSettings {
     pub tls_cert: Option<PathBuf>,
     /// The key of `tls_cert` (PEM).
     pub tls_key: Option<PathBuf>,
+    /// When another live node writes the stream: wait, answering 503 "standby", and take over
+    /// when it stops (`true`), or refuse to start (`false`, the default).
+    pub standby: bool,
+    /// How often a standby asks whether the writer is still alive, in ms.
+    pub takeover_poll_ms: u64,
 }
 
 impl Default for ClusterSettings {
@@ -486,6 +491,8 @@ impl Default for ClusterSettings {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            standby: false,
+            takeover_poll_ms: 250,
         }
     }
 }

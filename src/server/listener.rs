@@ -68,7 +68,7 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 
 /// Accepts connections on `listener` and serves `app` on them until `shutdown` flips.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     app: HttpRouter,
     settings: ListenerSettings,
     mut shutdown: watch::Receiver<bool>,

@@ -95,17 +95,31 @@ impl Server {
         };
         let mut listeners = Vec::new();
         for addr in &config.listen {
-            listeners.push(TcpListener::bind(addr).await?);
+            listeners.push(Arc::new(TcpListener::bind(addr).await?));
         }
         let addrs = listeners
             .iter()
-            .map(TcpListener::local_addr)
+            .map(|l| l.local_addr())
             .collect::<std::io::Result<Vec<_>>>()?;
-        let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
-        let (store, probe) = cluster::open_store(&config, metrics.as_deref()).await?;
-        let store_handle = store.as_ref().map(|(s, _)| Arc::clone(s));
         let options = config.connection_options();
         let admission = config.admission();
+        let listener_settings = listener::ListenerSettings {
+            admission: admission.clone(),
+            tls,
+            header_timeout: config.header_timeout(),
+            drain_timeout: options.drain_timeout,
+        };
+        let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
+        let (store, probe) = cluster::open_store(
+            &config,
+            metrics.as_deref(),
+            &cluster::Listeners {
+                sockets: &listeners,
+                settings: &listener_settings,
+            },
+        )
+        .await?;
+        let store_handle = store.as_ref().map(|(s, _)| Arc::clone(s));
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
         let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
@@ -271,12 +285,6 @@ impl Server {
                 }
             },
         ));
-        let listener_settings = listener::ListenerSettings {
-            admission,
-            tls,
-            header_timeout: config.header_timeout(),
-            drain_timeout: options.drain_timeout,
-        };
         let mut http_tasks = Vec::new();
         let aip = aip.map(|(gateway, addr, tcp, tls)| {
             http_tasks.push(tokio::spawn(crate::gateway::aip::listener::serve(

@@ -9,6 +9,7 @@
 
 pub mod docs;
 pub mod http;
+pub mod load;
 #[cfg(feature = "cluster")]
 pub mod nats;
 

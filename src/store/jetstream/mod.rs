@@ -50,6 +50,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -163,33 +164,7 @@ impl JetStreamStore {
     /// NATS is unreachable within `connect_timeout`, JetStream is not enabled, the stream cannot
     /// be created or read, or its newest row cannot be decoded.
     pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
-        let mut connect = async_nats::ConnectOptions::new();
-        if let Some(ca) = &options.tls_ca {
-            connect = connect.require_tls(true).add_root_certificates(ca.clone());
-        }
-        if let Some((cert, key)) = &options.tls_client {
-            connect = connect.add_client_certificate(cert.clone(), key.clone());
-        }
-        let connect = connect
-            .name(format!("map-router/{}", options.node))
-            .connection_timeout(options.connect_timeout)
-            .request_timeout(Some(options.request_timeout))
-            // Reconnect forever, quickly: the log is unavailable until then.
-            .max_reconnects(None)
-            .reconnect_delay_callback(|attempt| {
-                Duration::from_millis(50 * 2u64.pow(attempt.min(5) as u32))
-                    .min(Duration::from_secs(1))
-            })
-            .connect(options.url.as_str());
-        let client = tokio::time::timeout(options.connect_timeout, connect)
-            .await
-            .map_err(|_| {
-                nats_err(
-                    &format!("connecting to {}", options.url),
-                    format!("timed out after {:?}", options.connect_timeout),
-                )
-            })?
-            .map_err(|e| nats_err(&format!("connecting to {}", options.url), e))?;
+        let client = connect(&options).await?;
         let mut js = async_nats::jetstream::new(client.clone());
         js.set_timeout(options.request_timeout);
 
@@ -211,7 +186,7 @@ impl JetStreamStore {
             )));
         }
         let responder = if options.exclusive {
-            Some(claim_writer(&client, &options).await?)
+            Some(claim_writer(&client, &js, &options).await?)
         } else {
             None
         };
@@ -303,47 +278,252 @@ impl Drop for JetStreamStore {
     }
 }
 
-/// One writer per stream: asks [`writer_subject`] whether a live node writes to the stream
-/// (refusing to open if one answers), then answers that question for others until closed.
-/// Two nodes starting in the same instant can both pass; the second to publish then diverges
-/// (the expected-sequence check), so the log is never corrupted either way.
+/// Connects to NATS as `options` say (TLS, timeouts, reconnecting forever).
+async fn connect(options: &JetStreamOptions) -> Result<async_nats::Client, StoreError> {
+    let mut connect = async_nats::ConnectOptions::new();
+    if let Some(ca) = &options.tls_ca {
+        connect = connect.require_tls(true).add_root_certificates(ca.clone());
+    }
+    if let Some((cert, key)) = &options.tls_client {
+        connect = connect.add_client_certificate(cert.clone(), key.clone());
+    }
+    let connect = connect
+        .name(format!("map-router/{}", options.node))
+        .connection_timeout(options.connect_timeout)
+        .request_timeout(Some(options.request_timeout))
+        // Reconnect forever, quickly: the log is unavailable until then.
+        .max_reconnects(None)
+        .reconnect_delay_callback(|attempt| {
+            Duration::from_millis(50 * 2u64.pow(attempt.min(5) as u32)).min(Duration::from_secs(1))
+        })
+        .connect(options.url.as_str());
+    tokio::time::timeout(options.connect_timeout, connect)
+        .await
+        .map_err(|_| {
+            nats_err(
+                &format!("connecting to {}", options.url),
+                format!("timed out after {:?}", options.connect_timeout),
+            )
+        })?
+        .map_err(|e| nats_err(&format!("connecting to {}", options.url), e))
+}
+
+/// How long the stream's last sequence must stay still before a standby takes over.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// A standby's wait: returns once no live node writes to the stream of `options` and the
+/// stream has stopped growing, so that [`JetStreamStore::open`] can claim it. Asks every
+/// `poll`; `writer` is told who writes (or `None` while NATS does not answer), each time that
+/// changes. A writer that crashed may still have publishes in flight when its connection is
+/// gone: the stream's last sequence must stay the same for [`SETTLE`] (else the new writer's
+/// first row would find one of them at its position, and stop).
+///
+/// # Errors
+/// NATS is unreachable at the start (within `connect_timeout`). Later outages are waited out.
+pub async fn wait_for_takeover(
+    options: &JetStreamOptions,
+    poll: Duration,
+    writer: impl Fn(Option<&str>),
+) -> Result<(), StoreError> {
+    let client = connect(options).await?;
+    let mut js = async_nats::jetstream::new(client.clone());
+    js.set_timeout(options.request_timeout);
+    let mut last: Option<Option<String>> = None;
+    loop {
+        let now = live_writer(&client, &options.stream, options.request_timeout).await;
+        let named = match &now {
+            Ok(Some(node)) => Some(node.clone()),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "standby: cannot ask for the stream's writer");
+                None
+            }
+        };
+        if last.as_ref() != Some(&named) {
+            writer(named.as_deref());
+            last = Some(named);
+        }
+        if matches!(now, Ok(None)) && settled(&js, &options.stream, options.request_timeout).await {
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.drain()).await;
+            return Ok(());
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+fn stream_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    matches!(
+        e.kind(),
+        async_nats::jetstream::context::GetStreamErrorKind::JetStream(j)
+            if j.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
+/// Whether the stream's last sequence stays the same over [`SETTLE`] (a missing stream is
+/// settled: the new writer creates it).
+async fn settled(js: &async_nats::jetstream::Context, stream: &str, limit: Duration) -> bool {
+    let last = || async {
+        match tokio::time::timeout(limit, js.get_stream(stream)).await {
+            Ok(Ok(mut s)) => match tokio::time::timeout(limit, s.info()).await {
+                Ok(Ok(info)) => Some(info.state.last_sequence),
+                _ => None,
+            },
+            Ok(Err(e)) if stream_not_found(&e) => Some(0),
+            _ => None,
+        }
+    };
+    let Some(before) = last().await else {
+        return false;
+    };
+    tokio::time::sleep(SETTLE).await;
+    last().await == Some(before)
+}
+
+/// The subject of the writer lock of `stream` (in its own stream, [`lock_stream`]).
+fn lock_subject(stream: &str) -> String {
+    format!("_MAP.lock.{stream}")
+}
+
+/// The stream that holds the writer lock of `stream`: one message per claim, the newest is
+/// the holder (a few are kept, as a history of who wrote when).
+fn lock_stream(stream: &str) -> String {
+    format!("{stream}_WRITER")
+}
+
+/// Who answers on [`writer_subject`] now: `Ok(Some(node))`, or `Ok(None)` when nobody
+/// listens there (no responders: no live writer).
+async fn live_writer(
+    client: &async_nats::Client,
+    stream: &str,
+    limit: Duration,
+) -> Result<Option<String>, StoreError> {
+    let ask = client.request(writer_subject(stream), bytes::Bytes::new());
+    match tokio::time::timeout(limit, ask).await {
+        Ok(Ok(reply)) => Ok(Some(String::from_utf8_lossy(&reply.payload).into_owned())),
+        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => Ok(None),
+        Ok(Err(e)) => Err(nats_err("asking for the stream's writer", e)),
+        Err(_) => Err(nats_err(
+            "asking for the stream's writer",
+            format!("no answer within {limit:?}"),
+        )),
+    }
+}
+
+/// One live writer per stream: liveness by core NATS, uniqueness by a compare-and-set in
+/// JetStream (no lock of our own, no lease to expire).
+///
+/// 1. Read the newest claim in [`lock_stream`] (its subject sequence `L`; 0 when none).
+/// 2. Ask [`writer_subject`]: a live writer answers, and the store refuses to open
+///    ([`StoreError::Locked`], naming it). Its connection gone (crash, SIGKILL, NATS lost), the
+///    server has no responder left at once.
+/// 3. Subscribe to [`writer_subject`] (answering with the node's name) and flush, *then*
+/// 4. publish a claim with `Nats-Expected-Last-Subject-Sequence: L`. Of two nodes that read the
+///    same `L`, the server lands one claim; the other gets "wrong last sequence" and refuses.
+///    A node that read `L + 1` did so after the winner's claim landed, so after the winner
+///    subscribed: its question in step 2 was answered.
+///
+/// The answering task runs until the store closes.
 async fn claim_writer(
     client: &async_nats::Client,
+    js: &async_nats::jetstream::Context,
     options: &JetStreamOptions,
 ) -> Result<tokio::task::JoinHandle<()>, StoreError> {
-    let subject = writer_subject(&options.stream);
-    let ask = client.request(subject.clone(), options.node.clone().into());
-    match tokio::time::timeout(options.request_timeout, ask).await {
-        Ok(Ok(reply)) => {
-            return Err(StoreError::Locked(format!(
-                "NATS JetStream: stream {} is being written by live node {:?}; one node per                  stream (cluster mode does not share a stream between live nodes yet)",
-                options.stream,
-                String::from_utf8_lossy(&reply.payload)
-            )))
+    use futures::StreamExt as _;
+    let limit = options.request_timeout;
+    let lock = bounded(
+        limit * 2,
+        "opening the writer lock",
+        js.get_or_create_stream(stream::Config {
+            name: lock_stream(&options.stream),
+            subjects: vec![lock_subject(&options.stream)],
+            storage: stream::StorageType::File,
+            num_replicas: options.replicas.max(1),
+            max_messages_per_subject: 16,
+            discard: stream::DiscardPolicy::Old,
+            ..Default::default()
+        }),
+    )
+    .await?;
+    let held = match tokio::time::timeout(
+        limit,
+        lock.get_last_raw_message_by_subject(&lock_subject(&options.stream)),
+    )
+    .await
+    {
+        Ok(Ok(msg)) => msg.sequence,
+        Ok(Err(e))
+            if e.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
+            0
         }
-        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {}
-        Ok(Err(e)) => return Err(nats_err("asking for the stream's writer", e)),
+        Ok(Err(e)) => return Err(nats_err("reading the writer lock", e)),
         Err(_) => {
             return Err(nats_err(
-                "asking for the stream's writer",
-                format!("no answer within {:?}", options.request_timeout),
+                "reading the writer lock",
+                format!("no answer within {limit:?}"),
             ))
         }
+    };
+    if let Some(node) = live_writer(client, &options.stream, limit).await? {
+        return Err(locked(&options.stream, &node));
     }
     let mut sub = client
-        .subscribe(subject)
+        .subscribe(writer_subject(&options.stream))
         .await
         .map_err(|e| nats_err("answering for the stream's writer", e))?;
-    let client = client.clone();
-    let node = options.node.clone();
-    Ok(tokio::spawn(async move {
-        use futures::StreamExt as _;
-        while let Some(msg) = sub.next().await {
-            if let Some(reply) = msg.reply {
-                let _ = client.publish(reply, node.clone().into()).await;
+    // Answering starts at once: a node asking while this claim is in flight is told to wait
+    // (it asks again later), never left to time out.
+    let responder = {
+        let client = client.clone();
+        let node = options.node.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                if let Some(reply) = msg.reply {
+                    let _ = client.publish(reply, node.clone().into()).await;
+                }
             }
+        })
+    };
+    let claim = async {
+        bounded(limit, "subscribing as the stream's writer", client.flush()).await?;
+        let claim = PublishMessage::build()
+            .payload(options.node.clone().into())
+            .expected_last_subject_sequence(held);
+        let claimed = async {
+            js.send_publish(lock_subject(&options.stream), claim)
+                .await
+                .map_err(|e| e.to_string())?
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(limit, claimed).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if e.contains("wrong last sequence") => {
+                Err(locked(&options.stream, "(another node claimed it first)"))
+            }
+            Ok(Err(e)) => Err(nats_err("claiming the writer lock", e)),
+            Err(_) => Err(nats_err(
+                "claiming the writer lock",
+                format!("no answer within {limit:?}"),
+            )),
         }
-    }))
+    };
+    match claim.await {
+        Ok(()) => Ok(responder),
+        Err(e) => {
+            responder.abort();
+            Err(e)
+        }
+    }
+}
+
+fn locked(stream: &str, node: &str) -> StoreError {
+    StoreError::Locked(format!(
+        "NATS JetStream: stream {stream} is being written by live node {node:?}; one live node \
+         per stream (with `[cluster] standby = true` a node waits and takes over when the \
+         writer stops)"
+    ))
 }
 
 fn stream_config(o: &JetStreamOptions) -> stream::Config {

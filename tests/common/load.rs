@@ -1,0 +1,81 @@
+//! Raw load for the crash tests: agents that send as fast as answers come back over a bare
+//! WebSocket, recording every answered send, until their connection breaks (the router was
+//! killed) or they reach their count.
+
+use std::sync::{Arc, Mutex};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+pub type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// One call on a raw socket; `None` once the connection is gone (or the call failed).
+pub async fn rpc(ws: &mut Ws, n: u64, method: &str, params: Value) -> Option<Value> {
+    let req = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params});
+    ws.send(Message::text(req.to_string())).await.ok()?;
+    loop {
+        let Message::Text(t) = ws.next().await?.ok()? else {
+            continue;
+        };
+        let v: Value = serde_json::from_str(t.as_str()).ok()?;
+        if v["id"] == json!(n) {
+            return v.get("result").cloned();
+        }
+    }
+}
+
+/// An agent that sends to `to` as fast as answers come back, recording the id of every
+/// answered send, until its connection breaks or `max` sends are answered.
+pub async fn sender(url: String, id: String, to: String, acked: Arc<Mutex<Vec<String>>>, max: u64) {
+    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+        return;
+    };
+    let connect = json!({"protocolVersion": 1, "participantType": "agent"});
+    if rpc(&mut ws, 1, "map/connect", connect).await.is_none()
+        || rpc(&mut ws, 2, "map/agents/register", json!({"agentId": id}))
+            .await
+            .is_none()
+    {
+        return;
+    }
+    for n in 3..3 + max {
+        let params = json!({"to": {"agent": to}, "payload": {"n": n}});
+        let Some(result) = rpc(&mut ws, n, "map/send", params).await else {
+            return;
+        };
+        let message_id = result["messageId"].as_str().unwrap().to_owned();
+        acked.lock().unwrap().push(message_id);
+    }
+}
+
+/// A xorshift generator for random kill points (seeded, so a failing run can be repeated).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The number in the environment variable `name`, if set (a panic if it is not a number).
+pub fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse::<u64>()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+    })
+}
+
+/// A seed for [`Rng`]: `name` from the environment (to repeat a run), else the clock.
+pub fn env_seed(name: &str) -> u64 {
+    env_number(name).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    }) | 1
+}
