@@ -718,3 +718,143 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         sorted[sorted.len() / 2]
     );
 }
+
+/// Waits until `acked` holds at least `n` sends (within `limit`), saying what it waited for.
+async fn acked_at_least(
+    acked: &std::sync::Mutex<Vec<String>>,
+    n: usize,
+    limit: Duration,
+    what: &str,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let have = acked.lock().unwrap().len();
+        if have >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {have} of {n} sends answered within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn on_a_three_server_nats_nothing_acknowledged_is_lost_when_a_server_dies_or_all_restart() {
+    use common::load::persistent_sender;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let mut servers = Nats::cluster("r3");
+    // The stream, with three replicas, once the servers have elected their metadata leader.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut o = JetStreamOptions::new(servers[0].url());
+        o.replicas = 3;
+        o.request_timeout = Duration::from_millis(1500);
+        match JetStreamStore::open(o).await {
+            Ok((store, _)) => {
+                with_timeout(store.close()).await.expect("close");
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no R3 stream within 30 s: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let dir = TempDir::new("cluster-r3");
+    let (_node, url) = start_binary(node_args(
+        &servers[0],
+        &dir.path.join("a"),
+        "replicas = 3\nnode = \"r3-node\"",
+    ))
+    .await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+    let mut sink = WsClient::agent(&url, "r3-sink", json!({})).await;
+    let sink_task =
+        tokio::spawn(async move { while let Frame::Json(_) = sink.read_frame().await {} });
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders: Vec<_> = (0..2)
+        .map(|i| {
+            tokio::spawn(persistent_sender(
+                url.clone(),
+                format!("r3-s{i}"),
+                "r3-sink".into(),
+                acked.clone(),
+                failed.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    acked_at_least(&acked, 200, Duration::from_secs(30), "before the kill").await;
+
+    // The server the node is connected to dies: the node moves to another, and sends are
+    // answered again (the stream keeps its two other replicas, a quorum).
+    servers[0].kill();
+    let at_kill = acked.lock().unwrap().len();
+    acked_at_least(
+        &acked,
+        at_kill + 200,
+        Duration::from_secs(30),
+        "after one server died",
+    )
+    .await;
+    servers[0].restart();
+
+    // The whole NATS restarts: the node reconnects by itself.
+    for s in &mut servers {
+        s.kill();
+    }
+    health_until(&url, "NATS gone", |s, _| s == 503).await;
+    for s in &mut servers {
+        s.restart();
+    }
+    health_until(&url, "NATS back", |s, _| s == 200).await;
+    let at_restart = acked.lock().unwrap().len();
+    acked_at_least(
+        &acked,
+        at_restart + 200,
+        Duration::from_secs(60),
+        "after the whole NATS restarted",
+    )
+    .await;
+    stop.store(true, Ordering::Release);
+    for s in senders {
+        with_timeout(s).await.unwrap();
+    }
+    sink_task.abort();
+
+    // Every answered send is in the log, once; the stream is dense.
+    let acked = acked.lock().unwrap().clone();
+    let mut c = WsClient::system(&url).await;
+    let events = replay_events(&mut c, None).await;
+    let sent: Vec<&str> = events
+        .iter()
+        .filter(|e| e["event"]["type"] == json!("message_sent"))
+        .map(|e| e["event"]["data"]["messageId"].as_str().unwrap())
+        .collect();
+    let unique: std::collections::HashSet<&str> = sent.iter().copied().collect();
+    assert_eq!(unique.len(), sent.len(), "no send logged twice");
+    let lost: Vec<&String> = acked
+        .iter()
+        .filter(|m| !unique.contains(m.as_str()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} answered sends lost",
+        lost.len(),
+        acked.len()
+    );
+    let stream = stream_rows(&servers[1]).await;
+    let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (1..=stream.len() as u64).collect::<Vec<_>>(), "dense");
+    eprintln!(
+        "R3: {} sends answered, {} failed while NATS was away, {} events",
+        acked.len(),
+        failed.load(Ordering::Relaxed),
+        stream.len()
+    );
+}

@@ -11,8 +11,9 @@ use tokio_tungstenite::tungstenite::Message;
 pub type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// One call on a raw socket; `None` once the connection is gone (or the call failed).
-pub async fn rpc(ws: &mut Ws, n: u64, method: &str, params: Value) -> Option<Value> {
+/// One call on a raw socket: its whole answer (result or error); `None` once the connection
+/// is gone.
+pub async fn call(ws: &mut Ws, n: u64, method: &str, params: Value) -> Option<Value> {
     let req = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params});
     ws.send(Message::text(req.to_string())).await.ok()?;
     loop {
@@ -21,9 +22,14 @@ pub async fn rpc(ws: &mut Ws, n: u64, method: &str, params: Value) -> Option<Val
         };
         let v: Value = serde_json::from_str(t.as_str()).ok()?;
         if v["id"] == json!(n) {
-            return v.get("result").cloned();
+            return Some(v);
         }
     }
+}
+
+/// One call on a raw socket; `None` once the connection is gone (or the call failed).
+pub async fn rpc(ws: &mut Ws, n: u64, method: &str, params: Value) -> Option<Value> {
+    call(ws, n, method, params).await?.get("result").cloned()
 }
 
 /// An agent that sends to `to` as fast as answers come back, recording the id of every
@@ -78,4 +84,44 @@ pub fn env_seed(name: &str) -> u64 {
             .unwrap()
             .as_nanos() as u64
     }) | 1
+}
+
+/// As [`sender`], through failures: a send answered with an error (the log could not commit
+/// it in time, NATS being away) is not recorded, and the next one follows 20 ms later;
+/// `failed` counts them. Ends when `stop` is set or the connection breaks.
+pub async fn persistent_sender(
+    url: String,
+    id: String,
+    to: String,
+    acked: Arc<Mutex<Vec<String>>>,
+    failed: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering;
+    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+        return;
+    };
+    let connect = json!({"protocolVersion": 1, "participantType": "agent"});
+    if rpc(&mut ws, 1, "map/connect", connect).await.is_none()
+        || rpc(&mut ws, 2, "map/agents/register", json!({"agentId": id}))
+            .await
+            .is_none()
+    {
+        return;
+    }
+    let mut n = 3;
+    while !stop.load(Ordering::Acquire) {
+        let params = json!({"to": {"agent": to}, "payload": {"n": n}});
+        let Some(answer) = call(&mut ws, n, "map/send", params).await else {
+            return;
+        };
+        n += 1;
+        match answer["result"]["messageId"].as_str() {
+            Some(id) => acked.lock().unwrap().push(id.to_owned()),
+            None => {
+                failed.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
 }

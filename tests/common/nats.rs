@@ -53,6 +53,41 @@ impl Nats {
         nats
     }
 
+    /// Three servers in one NATS cluster (routes between them, JetStream clustered), each with
+    /// its own port and store directory, on 127.0.0.1; waits until each one listens (a
+    /// stream with replicas 3 can be created once their metadata leader is elected).
+    pub fn cluster(name: &str) -> Vec<Self> {
+        let free = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let routes: Vec<u16> = (0..3).map(|_| free()).collect();
+        let all = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| {
+                let extra = vec![
+                    "-n".into(),
+                    format!("{name}-{i}").into(),
+                    "--cluster_name".into(),
+                    name.into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{route}").into(),
+                    "--routes".into(),
+                    all.clone().into(),
+                ];
+                Self::start_with(&format!("{name}-{i}"), extra)
+            })
+            .collect()
+    }
+
     /// `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
