@@ -43,12 +43,22 @@ async fn start_node(nats: &Nats, data: &Path) -> (tokio::process::Child, String)
 
 /// The arguments of a cluster node (see [`start_node`]), with `cluster` added to `[cluster]`.
 fn node_args(nats: &Nats, data: &Path, cluster: &str) -> Vec<std::ffi::OsString> {
+    node_args_with(nats, data, cluster, "commit_timeout_ms = 1500")
+}
+
+/// As [`node_args`], with `storage` as the `[storage]` section.
+fn node_args_with(
+    nats: &Nats,
+    data: &Path,
+    cluster: &str,
+    storage: &str,
+) -> Vec<std::ffi::OsString> {
     let config = data.with_extension("toml");
     std::fs::write(
         &config,
         format!(
             "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n{cluster}\n\
-             [storage]\ncommit_timeout_ms = 1500\n"
+             [storage]\n{storage}\n"
         ),
     )
     .unwrap();
@@ -857,4 +867,111 @@ async fn on_a_three_server_nats_nothing_acknowledged_is_lost_when_a_server_dies_
         failed.load(Ordering::Relaxed),
         stream.len()
     );
+}
+
+#[tokio::test]
+async fn while_nats_is_away_calls_are_refused_past_the_backlog_bound_and_nothing_queued_is_lost() {
+    let mut nats = Nats::start("behind");
+    let dir = TempDir::new("cluster-behind");
+    let (_node, url) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("a"),
+        "",
+        "commit_timeout_ms = 200\nmax_uncommitted_events = 30",
+    ))
+    .await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 0})).await;
+    bob.next_message().await;
+
+    nats.kill();
+    health_until(&url, "NATS down", |s, _| s == 503).await;
+    // Sends fail on the commit timeout while their events queue; past 30 waiting events they
+    // are refused at once, and change nothing.
+    let (mut timed_out, mut refused) = (Vec::new(), Vec::new());
+    for n in 1..200 {
+        let started = Instant::now();
+        let err = alice
+            .err(
+                "map/send",
+                json!({"to": {"agent": "bob"}, "payload": {"n": n}}),
+            )
+            .await;
+        let message = err["message"].as_str().unwrap_or_default().to_owned();
+        if message.contains("the event store is behind") {
+            assert!(
+                started.elapsed() < Duration::from_millis(150),
+                "refused at once: {:?}",
+                started.elapsed()
+            );
+            assert_eq!(err["code"], json!(4000), "{err}");
+            refused.push(n);
+            if refused.len() == 5 {
+                break;
+            }
+        } else {
+            assert!(message.contains("did not commit within 200 ms"), "{err}");
+            assert!(
+                refused.is_empty(),
+                "no timeout after the first refusal: {err}"
+            );
+            timed_out.push(n);
+        }
+    }
+    assert_eq!(
+        refused.len(),
+        5,
+        "refusals came: {} timed out",
+        timed_out.len()
+    );
+    assert!(
+        (5..=30).contains(&timed_out.len()),
+        "the bound stops the queue: {} sends queued",
+        timed_out.len()
+    );
+    // Reads of the registry are refused too while the log is that far behind.
+    let listed = alice.err("map/agents/list", json!({})).await;
+    assert!(
+        listed["message"].as_str().unwrap().contains("behind"),
+        "{listed}"
+    );
+
+    nats.restart();
+    health_until(&url, "reconnected", |s, _| s == 200).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match alice
+            .call(
+                "map/send",
+                json!({"to": {"agent": "bob"}, "payload": {"n": "after"}}),
+            )
+            .await
+        {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "never accepted again: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What timed out was queued and is committed now; what was refused never happened.
+    let mut c = WsClient::system(&url).await;
+    let logged: Vec<serde_json::Value> = replay_events(&mut c, None)
+        .await
+        .into_iter()
+        .filter(|e| e["event"]["type"] == json!("message_sent"))
+        .map(|e| e["event"]["data"]["payload"]["n"].clone())
+        .collect();
+    for n in &timed_out {
+        assert!(
+            logged.contains(&json!(n)),
+            "queued send {n} lost: {logged:?}"
+        );
+    }
+    for n in &refused {
+        assert!(
+            !logged.contains(&json!(n)),
+            "refused send {n} was logged: {logged:?}"
+        );
+    }
+    assert!(logged.contains(&json!("after")));
 }

@@ -26,6 +26,9 @@ pub const DEFAULT_COMMAND_QUEUE: usize = 8192;
 /// under load, short enough that a failing disk surfaces as errors rather than hung calls.
 pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Events that may wait for their commit before calls are refused (`max_uncommitted`).
+pub const DEFAULT_MAX_UNCOMMITTED: u64 = 50_000;
+
 /// Router settings.
 #[derive(Debug, Clone)]
 pub struct RouterConfig {
@@ -51,6 +54,10 @@ pub struct RouterConfig {
     pub durability: Durability,
     /// How long a call waits for its events to be committed before it fails.
     pub commit_timeout: Duration,
+    /// With a store: while more events than this wait for their commit (the store is slow or
+    /// away, e.g. NATS down in cluster mode), calls are refused at once instead of adding
+    /// to the wait (0: no bound).
+    pub max_uncommitted: u64,
     /// When subscribers are shown an event, relative to its commit (with a store).
     pub delivery: Delivery,
     /// Authentication, when some method is enabled (`None`: everyone is admitted, anonymous).
@@ -86,6 +93,7 @@ impl Default for RouterConfig {
             strict_recipients: true,
             durability: Durability::Durable,
             commit_timeout: DEFAULT_COMMIT_TIMEOUT,
+            max_uncommitted: DEFAULT_MAX_UNCOMMITTED,
             delivery: Delivery::Committed,
             auth: None,
             quotas: quotas::Quotas::default(),

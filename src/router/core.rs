@@ -113,6 +113,8 @@ pub struct Router {
     pub(super) supervised: Supervision,
     /// The durable event store, when the log is durable.
     pub(super) store: Option<Arc<dyn crate::store::EventStore>>,
+    /// The store's commit progress (with a store), for [`Router::check_backlog`].
+    pub(super) store_progress: Option<tokio::sync::watch::Receiver<u64>>,
     /// Events appended since the last flush to the store.
     pub(super) unflushed: Vec<Arc<crate::router::events::log::EventRecord>>,
     /// Messages kept for agents that are away, and recent deliveries (reply correlation).
@@ -249,6 +251,7 @@ impl Router {
             shutting_down: false,
             supervised: Supervision::default(),
             store: None,
+            store_progress: None,
             unflushed: Vec::new(),
             messaging: Messaging::default(),
             trajectories: crate::router::trajectory::table::Trajectories::new(cache_items, 0),
@@ -402,6 +405,20 @@ impl Router {
     }
 
     /// Checks that the connection may make this call.
+    /// Refuses a call while more events than `max_uncommitted` wait for the store's commit
+    /// (the store is slow or away): queueing more would only grow memory, and the call
+    /// would fail on its commit timeout anyway.
+    pub(super) fn check_backlog(&self) -> Result<(), RouterError> {
+        let (Some(progress), limit) = (&self.store_progress, self.config.max_uncommitted) else {
+            return Ok(());
+        };
+        let waiting = self.bus.log.next_seq().saturating_sub(*progress.borrow());
+        if limit > 0 && waiting > limit {
+            return Err(RouterError::store_behind(waiting, limit));
+        }
+        Ok(())
+    }
+
     pub(super) fn check_call(
         &self,
         ctx: &Ctx,

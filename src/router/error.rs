@@ -123,6 +123,15 @@ impl RouterError {
         })
     }
 
+    /// A call refused because `waiting` events already wait for their commit (over `limit`):
+    /// the store is slow or away. Nothing was done.
+    pub fn store_behind(waiting: u64, limit: u64) -> Self {
+        Self::NotDurable(format!(
+            "the event store is behind: {waiting} events wait for their commit (limit {limit}); \
+             nothing was done, try again later"
+        ))
+    }
+
     /// The wire error.
     pub fn to_error_object(&self) -> ErrorObject {
         let msg = self.to_string();

@@ -183,7 +183,8 @@ impl RouterHandle {
                 .filter(|c| newest.is_some_and(|n| *c <= n))
                 .collect();
             let result = router
-                .check_call(&ctx, capability, needs_session)
+                .check_backlog()
+                .and_then(|()| router.check_call(&ctx, capability, needs_session))
                 .and_then(|()| {
                     router.touch_session(&ctx);
                     f(router, &ctx)
@@ -301,6 +302,7 @@ impl Router {
                 committed = Some(store.committed());
             }
             router.store = Some(store.clone());
+            router.store_progress = Some(store.committed());
             let commands = tx.downgrade();
             let rows_back: RowsBack = Arc::new(move |rows: DiskRows| {
                 let commands = commands.clone();

@@ -61,7 +61,8 @@ pub mod trajectory;
 pub use self::caller::{Caller, Ctx};
 pub use self::config::{
     Durability, RouterConfig, DEFAULT_COMMAND_QUEUE, DEFAULT_COMMIT_TIMEOUT, DEFAULT_LOG_BYTES,
-    DEFAULT_LOG_EVENTS, DEFAULT_OUTBOX_FRAMES, DEFAULT_PENDING_MESSAGES, DEFAULT_RESUME_WINDOW,
+    DEFAULT_LOG_EVENTS, DEFAULT_MAX_UNCOMMITTED, DEFAULT_OUTBOX_FRAMES, DEFAULT_PENDING_MESSAGES,
+    DEFAULT_RESUME_WINDOW,
 };
 pub use self::core::{Command, Op, Router, RouterParts, RouterStats, TableSizes};
 pub use self::error::RouterError;

@@ -426,6 +426,10 @@ pub struct StorageSettings {
     pub group_commit_delay_ms: u64,
     /// How long a durable call waits for its commit before it fails with 4000, in ms.
     pub commit_timeout_ms: u64,
+    /// While more events than this wait for their commit (a stalled disk, NATS away in
+    /// cluster mode), calls are refused at once with 4000 instead of queueing more (0: no
+    /// bound). What is queued stays queued and is committed when the store is back.
+    pub max_uncommitted_events: u64,
     /// `committed` (default): subscribers are shown events once committed (read-committed).
     /// `live`: shown at once; a crash can erase events a subscriber saw.
     pub delivery: Delivery,
@@ -535,6 +539,7 @@ impl Default for StorageSettings {
             max_age_secs: 0,
             group_commit_delay_ms: sqlite::DEFAULT_GROUP_COMMIT_DELAY.as_millis() as u64,
             commit_timeout_ms: DEFAULT_COMMIT_TIMEOUT.as_millis() as u64,
+            max_uncommitted_events: crate::router::DEFAULT_MAX_UNCOMMITTED,
             delivery: Delivery::Committed,
             cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,
         }
@@ -813,6 +818,7 @@ impl Config {
             durability: self.storage.durability,
             delivery: self.storage.delivery,
             commit_timeout: Duration::from_millis(self.storage.commit_timeout_ms),
+            max_uncommitted: self.storage.max_uncommitted_events,
             quotas: Quotas {
                 max_subscriptions_per_session: self.limits.max_subscriptions_per_session,
                 max_agents_per_session: self.limits.max_agents_per_session,
