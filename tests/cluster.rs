@@ -975,3 +975,83 @@ async fn while_nats_is_away_calls_are_refused_past_the_backlog_bound_and_nothing
     }
     assert!(logged.contains(&json!("after")));
 }
+
+#[tokio::test]
+async fn nats_users_and_tokens_come_from_files_and_are_never_shown() {
+    let dir = TempDir::new("cluster-creds");
+    let secret = "pass-9f8e7d6c5b4a";
+    let wrong = "wrong-1a2b3c4d5e6f";
+    std::fs::write(dir.path.join("password"), format!("{secret}\n")).unwrap();
+    std::fs::write(dir.path.join("wrong"), format!("{wrong}\n")).unwrap();
+    let nats = Nats::start_with(
+        "creds",
+        vec![
+            "--user".into(),
+            "map".into(),
+            "--pass".into(),
+            secret.into(),
+        ],
+    );
+    // No credentials, or the wrong password: refused at start, clearly, showing no secret.
+    for (label, cluster) in [
+        ("none", String::new()),
+        (
+            "wrong",
+            format!(
+                "user = \"map\"\npassword_file = {:?}",
+                dir.path.join("wrong")
+            ),
+        ),
+    ] {
+        let out = with_timeout(
+            binary_command(node_args(&nats, &dir.path.join(label), &cluster)).output(),
+        )
+        .await
+        .expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{label}: must not start");
+        assert!(
+            stderr.contains("connecting to nats://"),
+            "{label}: {stderr}"
+        );
+        assert!(
+            !stderr.contains(secret) && !stderr.contains(wrong),
+            "{label}: a secret in the output: {stderr}"
+        );
+    }
+    // A user without its password file is a configuration error.
+    let out = with_timeout(
+        binary_command(node_args(&nats, &dir.path.join("half"), "user = \"map\"")).output(),
+    )
+    .await
+    .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("user with password_file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The right password: the node serves and commits.
+    let cluster = format!(
+        "user = \"map\"\npassword_file = {:?}",
+        dir.path.join("password")
+    );
+    let (_node, url) = start_binary(node_args(&nats, &dir.path.join("right"), &cluster)).await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let _bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
+
+    // A token, from its file.
+    let token = "tok-0a1b2c3d4e5f";
+    std::fs::write(dir.path.join("token"), token).unwrap();
+    let by_token = Nats::start_with("token", vec!["--auth".into(), token.into()]);
+    let out =
+        with_timeout(binary_command(node_args(&by_token, &dir.path.join("no-token"), "")).output())
+            .await
+            .expect("run");
+    assert!(!out.status.success(), "no token: must not start");
+    let cluster = format!("token_file = {:?}", dir.path.join("token"));
+    let (_node, url) = start_binary(node_args(&by_token, &dir.path.join("tok"), &cluster)).await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+}

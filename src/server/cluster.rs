@@ -52,6 +52,7 @@ pub async fn open_store(
 ) -> std::io::Result<(Option<Opened>, Option<Probe>)> {
     #[cfg(feature = "cluster")]
     if let Some(options) = config.cluster.jetstream_options(&config.router.name) {
+        let options = options.map_err(|e| std::io::Error::other(format!("cluster: {e}")))?;
         let (store, recovered) = open_jetstream(config, options, listeners).await?;
         let probe_store = Arc::clone(&store);
         let probe: Probe = Arc::new(move || (probe_store.connected(), probe_store.diverged()));

@@ -472,6 +472,12 @@ pub struct ClusterSettings {
     pub tls_cert: Option<PathBuf>,
     /// The key of `tls_cert` (PEM).
     pub tls_key: Option<PathBuf>,
+    /// The NATS user (with `password_file`).
+    pub user: Option<String>,
+    /// A file holding the NATS user's password (its first line).
+    pub password_file: Option<PathBuf>,
+    /// A file holding a NATS token (its first line); not with `user`.
+    pub token_file: Option<PathBuf>,
     /// When another live node writes the stream: wait, answering 503 "standby", and take over
     /// when it stops (`true`), or refuse to start (`false`, the default).
     pub standby: bool,
@@ -495,6 +501,9 @@ impl Default for ClusterSettings {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            user: None,
+            password_file: None,
+            token_file: None,
             standby: false,
             takeover_poll_ms: 250,
         }
@@ -504,13 +513,62 @@ impl Default for ClusterSettings {
 #[cfg(feature = "cluster")]
 impl ClusterSettings {
     /// The JetStream store to open, in cluster mode; `router_name` is the default node name.
+    /// Reads the password or token file.
+    ///
+    /// # Errors
+    /// A credentials file cannot be read or is empty, or both a user and a token are set.
     pub fn jetstream_options(
         &self,
         router_name: &str,
-    ) -> Option<crate::store::jetstream::JetStreamOptions> {
+    ) -> Option<std::io::Result<crate::store::jetstream::JetStreamOptions>> {
         let url = self.url.as_ref()?;
+        Some(self.credentials().map(|credentials| {
+            let mut o = self.options_without_credentials(url, router_name);
+            o.credentials = credentials;
+            o
+        }))
+    }
+
+    /// The NATS credentials `user` + `password_file` or `token_file` name (secrets read from
+    /// their files, first line, never from the configuration itself).
+    fn credentials(&self) -> std::io::Result<crate::store::jetstream::NatsCredentials> {
+        use crate::store::jetstream::NatsCredentials;
+        let secret = |path: &Path, what: &str| -> std::io::Result<String> {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("[cluster] {what} {}: {e}", path.display()),
+                )
+            })?;
+            let line = text.lines().next().unwrap_or_default().trim().to_owned();
+            if line.is_empty() {
+                return Err(std::io::Error::other(format!(
+                    "[cluster] {what} {} is empty",
+                    path.display()
+                )));
+            }
+            Ok(line)
+        };
+        match (&self.user, &self.password_file, &self.token_file) {
+            (None, None, None) => Ok(NatsCredentials::None),
+            (None, None, Some(token)) => Ok(NatsCredentials::Token(secret(token, "token_file")?)),
+            (Some(user), Some(password), None) => Ok(NatsCredentials::UserPassword(
+                user.clone(),
+                secret(password, "password_file")?,
+            )),
+            _ => Err(std::io::Error::other(
+                "[cluster] takes user with password_file, or token_file, or neither",
+            )),
+        }
+    }
+
+    fn options_without_credentials(
+        &self,
+        url: &str,
+        router_name: &str,
+    ) -> crate::store::jetstream::JetStreamOptions {
         let limit = |n: u64| (n > 0).then(|| i64::try_from(n).unwrap_or(i64::MAX));
-        let mut o = crate::store::jetstream::JetStreamOptions::new(url.clone());
+        let mut o = crate::store::jetstream::JetStreamOptions::new(url);
         o.stream = self.stream.clone();
         o.subject_prefix = self.subject_prefix.clone();
         o.replicas = self.replicas.max(1);
@@ -523,7 +581,7 @@ impl ClusterSettings {
         o.exclusive = true;
         o.tls_ca = self.tls_ca.clone();
         o.tls_client = self.tls_cert.clone().zip(self.tls_key.clone());
-        Some(o)
+        o
     }
 }
 
@@ -711,6 +769,11 @@ impl Config {
         rebase(&mut self.auth.api_keys.file);
         rebase(&mut self.auth.jwt.secret_file);
         rebase(&mut self.auth.jwt.jwks_file);
+        rebase(&mut self.cluster.tls_ca);
+        rebase(&mut self.cluster.tls_cert);
+        rebase(&mut self.cluster.tls_key);
+        rebase(&mut self.cluster.password_file);
+        rebase(&mut self.cluster.token_file);
         for agent in &mut self.agents {
             if let Some(cwd) = agent.cwd.as_mut().filter(|c| Path::new(c).is_relative()) {
                 *cwd = dir.join(&*cwd).to_string_lossy().into_owned();

@@ -109,6 +109,30 @@ pub struct JetStreamOptions {
     pub tls_ca: Option<std::path::PathBuf>,
     /// TLS client certificate and key (PEM), for a server that verifies clients.
     pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// How the node proves itself to NATS (besides a TLS client certificate).
+    pub credentials: NatsCredentials,
+}
+
+/// A NATS user's secret. `Debug` never shows it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum NatsCredentials {
+    /// None (or only a TLS client certificate).
+    #[default]
+    None,
+    /// A token (`nats-server --auth`, `authorization { token }`).
+    Token(String),
+    /// A user and its password.
+    UserPassword(String, String),
+}
+
+impl std::fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("None"),
+            Self::Token(_) => f.write_str("Token(<redacted>)"),
+            Self::UserPassword(user, _) => write!(f, "UserPassword({user:?}, <redacted>)"),
+        }
+    }
 }
 
 /// The core NATS subject on which the live writer of `stream` answers who it is (outside the
@@ -138,6 +162,7 @@ impl JetStreamOptions {
             exclusive: false,
             tls_ca: None,
             tls_client: None,
+            credentials: NatsCredentials::None,
         }
     }
 }
@@ -286,6 +311,13 @@ async fn connect(options: &JetStreamOptions) -> Result<async_nats::Client, Store
     }
     if let Some((cert, key)) = &options.tls_client {
         connect = connect.add_client_certificate(cert.clone(), key.clone());
+    }
+    match &options.credentials {
+        NatsCredentials::None => {}
+        NatsCredentials::Token(token) => connect = connect.token(token.clone()),
+        NatsCredentials::UserPassword(user, password) => {
+            connect = connect.user_and_password(user.clone(), password.clone());
+        }
     }
     let connect = connect
         .name(format!("map-router/{}", options.node))
