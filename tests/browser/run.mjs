@@ -9,6 +9,7 @@
 // `N passed, M failed`; exits 0 only when nothing failed. Screenshots go to
 // target/browser-artifacts/. Every wait is bounded; the whole run is bounded by RUN_LIMIT_MS.
 import { spawn } from 'node:child_process';
+import { createServer, connect as tcpConnect } from 'node:net';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -112,6 +113,51 @@ function startRouter(config, files = {}) {
     WAIT_MS,
     'router start',
   );
+}
+
+/** A free TCP port on 127.0.0.1. */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * A real `nats-server -js` on 127.0.0.1 (cluster mode's event log), with a temporary store:
+ * `kill()` (SIGKILL) and `start()` again on the same port and store.
+ */
+async function startNats() {
+  const dir = mkdtempSync(path.join(tmpdir(), 'map-router-browser-nats-'));
+  const port = await freePort();
+  const nats = {
+    url: `nats://127.0.0.1:${port}`,
+    proc: null,
+    async start() {
+      this.proc = spawn('nats-server', ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', path.join(dir, 'store')], { stdio: 'ignore' });
+      const failed = new Promise((_, reject) => this.proc.once('error', (e) => reject(new Error(`cannot start nats-server (apt-get install nats-server): ${e.message}`))));
+      await Promise.race([failed, until(() => new Promise((resolve) => {
+        const sock = tcpConnect(port, '127.0.0.1', () => { sock.destroy(); resolve(true); });
+        sock.once('error', () => resolve(false));
+      }), 'nats-server to listen')]);
+    },
+    async kill() {
+      if (!this.proc || this.proc.exitCode !== null || this.proc.signalCode !== null) return;
+      const exited = new Promise((r) => this.proc.once('exit', r));
+      this.proc.kill('SIGKILL');
+      await withTimeout(exited, WAIT_MS, 'nats-server exit');
+    },
+    async stop() {
+      await this.kill();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+  await nats.start();
+  return nats;
 }
 
 async function stopRouter(router) {
@@ -329,6 +375,8 @@ scenario('dashboard', async (t, browser) => {
     assert.equal(cps.status, 'loaded');
     assert.deepEqual(cps.ids, ['lead-cp-1', 'lead-cp-2']);
     await page.locator(tid('flow-message')).first().waitFor({ timeout: WAIT_MS });
+    // Not in cluster mode: no NATS badge (the page asked /health at load, seconds ago).
+    assert.ok(await page.locator(tid('nats-status')).isHidden());
     await shot(page, 'dashboard');
   });
 
@@ -533,6 +581,31 @@ args = ["${AGENT}", "active", "30", "5", "0.003"]
   });
 });
 
+scenario('cluster', async (t, browser) => {
+  const nats = await startNats();
+  t.cleanup(() => nats.stop());
+  const router = await t.router(`[cluster]\nurl = "${nats.url}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n`);
+  const context = await t.context(browser);
+  const page = await context.newPage();
+  await page.goto(router.uiUrl);
+  const badge = (state) => page.locator(`${tid('nats-status')}[data-status="${state}"]`);
+
+  await t.step("the header shows the event log's NATS connection", async () => {
+    await page.locator(`${tid('connection-status')}[data-status="live"]`).waitFor({ timeout: WAIT_MS });
+    await badge('connected').waitFor({ timeout: WAIT_MS });
+    assert.equal(await page.textContent(tid('nats-status')), 'nats: connected');
+  });
+
+  await t.step('NATS killed: the header says disconnected; NATS back: connected again', async () => {
+    await nats.kill();
+    await badge('disconnected').waitFor({ timeout: WAIT_MS });
+    assert.match(await page.textContent(tid('nats-status')), /^nats: disconnected/);
+    await shot(page, '07-nats-disconnected');
+    await nats.start();
+    await badge('connected').waitFor({ timeout: WAIT_MS });
+  });
+});
+
 // ---------------------------------------------------------------------------------------------
 // Runner
 
@@ -548,6 +621,9 @@ async function runScenario(s, browser) {
       cleanups.push(() => stopRouter(r));
       t.routerLog = r.log;
       return r;
+    },
+    cleanup(fn) {
+      cleanups.push(fn);
     },
     async peer(url, params) {
       const p = await Peer.connect(url, params);

@@ -241,6 +241,37 @@ function saveCredential(c) {
 let retryDelay = 500;
 let retryTimer = null;
 
+/** How often the NATS state is read from `GET /health` (cluster mode only). */
+const HEALTH_MS = 2000;
+
+/**
+ * Cluster mode: the event log's NATS connection, as `GET /health`'s `nats:` line says, in the
+ * header. A router that is not in cluster mode has no such line: the badge stays hidden and
+ * the page stops asking.
+ */
+async function watchNats() {
+  const badge = $('nats-status');
+  let state;
+  try {
+    const res = await fetch('/health', { cache: 'no-store', signal: AbortSignal.timeout(HEALTH_MS) });
+    const line = (await res.text()).split('\n').find((l) => l.startsWith('nats: '));
+    if (!line) {
+      badge.hidden = true;
+      return;
+    }
+    const detail = line.slice('nats: '.length);
+    state = detail.split(/[ :]/)[0];
+    badge.textContent = `nats: ${detail}`;
+  } catch {
+    // The router itself does not answer: the connection status says so; keep asking.
+    state = 'unreachable';
+    badge.textContent = 'nats: unknown (the router does not answer)';
+  }
+  badge.dataset.status = state;
+  badge.hidden = false;
+  setTimeout(() => void watchNats(), HEALTH_MS);
+}
+
 async function connect() {
   clearTimeout(retryTimer);
   setStatus('connecting');
@@ -686,3 +717,4 @@ function withProcs(live, folded) {
 }
 
 void connect();
+void watchNats();
