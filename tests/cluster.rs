@@ -110,25 +110,11 @@ async fn health_until(url: &str, what: &str, pred: impl Fn(u16, &str) -> bool) -
 
 /// Every event id of the log, in order (`map/replay`, paged).
 async fn replay_ids(c: &mut WsClient) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for _ in 0..1000 {
-        let mut params = json!({"limit": 100});
-        if let Some(id) = out.last() {
-            params["afterEventId"] = json!(id);
-        }
-        let r = c.ok("map/replay", params).await;
-        out.extend(
-            r["events"]
-                .as_array()
-                .expect("events")
-                .iter()
-                .map(|e| e["eventId"].as_str().unwrap().to_owned()),
-        );
-        if r["hasMore"] != json!(true) {
-            return out;
-        }
-    }
-    panic!("replay did not end");
+    replay_all(c, None)
+        .await
+        .iter()
+        .map(|e| e["eventId"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// The first `n` events of a subscription replaying from the start: (sequenceNumber, eventId).
@@ -506,32 +492,9 @@ async fn start_standby(nats: &Nats, data: &Path, name: &str) -> StandbyNode {
     }
 }
 
-/// Every event after `after` (all when `None`), paged.
-async fn replay_events(c: &mut WsClient, after: Option<&str>) -> Vec<serde_json::Value> {
-    let mut out: Vec<serde_json::Value> = Vec::new();
-    let mut cursor = after.map(str::to_owned);
-    for _ in 0..10_000 {
-        let mut params = json!({"limit": 1000});
-        if let Some(id) = &cursor {
-            params["afterEventId"] = json!(id);
-        }
-        let r = c.ok("map/replay", params).await;
-        let events = r["events"].as_array().expect("events");
-        out.extend(events.iter().cloned());
-        if let Some(last) = events.last() {
-            cursor = Some(last["eventId"].as_str().unwrap().to_owned());
-        }
-        if r["hasMore"] != json!(true) {
-            return out;
-        }
-    }
-    panic!("replay did not end");
-}
-
 #[tokio::test]
 async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_there() {
-    use common::load::{env_number, env_seed, sender, Rng};
-    use std::sync::{Arc, Mutex};
+    use common::load::{env_number, env_seed, CrashLoad, Rng};
     let rounds = env_number("MAP_FAILOVER_ROUNDS").map_or(3, |n| n.clamp(1, 200));
     let seed = env_seed("MAP_FAILOVER_SEED");
     eprintln!("failover seed: {seed}, {rounds} rounds");
@@ -563,43 +526,12 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         let sub = dash
             .subscribe_with(json!({"replayFrom": mark.clone().map_or(json!(0), |m| json!(m))}))
             .await;
-        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-        let dash_task = {
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                loop {
-                    match dash.read_frame().await {
-                        Frame::Json(v) if v["params"]["subscriptionId"] == json!(sub) => {
-                            let id = v["params"]["eventId"].as_str().unwrap().to_owned();
-                            seen.lock().unwrap().push(id);
-                        }
-                        Frame::Json(_) => {}
-                        Frame::Closed(_) => return,
-                    }
-                }
-            })
-        };
         let sink = format!("sink-{round}");
-        let mut sink_client = WsClient::agent(&url, &sink, json!({})).await;
-        let sink_task =
-            tokio::spawn(
-                async move { while let Frame::Json(_) = sink_client.read_frame().await {} },
-            );
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let senders: Vec<_> = (0..2)
-            .map(|i| {
-                tokio::spawn(sender(
-                    url.clone(),
-                    format!("s{round}-{i}"),
-                    sink.clone(),
-                    acked.clone(),
-                    20_000,
-                ))
-            })
-            .collect();
+        let senders = [format!("s{round}-0"), format!("s{round}-1")];
+        let load = CrashLoad::start(&url, dash, sub, &sink, senders, 20_000).await;
         let kill_after = 30 + rng.below(400) as usize;
         within(Duration::from_secs(60), async {
-            while acked.lock().unwrap().len() < kill_after {
+            while load.acked.lock().unwrap().len() < kill_after {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         })
@@ -617,13 +549,7 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         let new_url = won.url.clone();
         health_until(&new_url, "ok after the takeover", |s, _| s == 200).await;
         failovers.push(killed_at.elapsed());
-        for s in senders {
-            with_timeout(s).await.unwrap();
-        }
-        let _ = with_timeout(dash_task).await;
-        let _ = with_timeout(sink_task).await;
-        let acked = acked.lock().unwrap().clone();
-        let seen = seen.lock().unwrap().clone();
+        let (seen, acked) = load.finish().await;
         // The other standbys stay standbys, now naming the new writer.
         for s in &standbys {
             let body = health_until(&s.url, "the new writer", |st, b| {
@@ -634,7 +560,7 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         }
 
         let mut c = WsClient::system(&new_url).await;
-        let events = replay_events(&mut c, mark.as_deref()).await;
+        let events = replay_all(&mut c, mark.as_deref()).await;
         let ids: Vec<String> = events
             .iter()
             .map(|e| e["eventId"].as_str().unwrap().to_owned())
@@ -699,7 +625,7 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         let sub = resumed
             .subscribe_with(json!({"replayFrom": last.clone().map_or(json!(0), |m| json!(m))}))
             .await;
-        let expected = replay_events(&mut c, last.as_deref()).await;
+        let expected = replay_all(&mut c, last.as_deref()).await;
         for e in &expected {
             let p = resumed.next_event(&sub).await;
             assert_eq!(p["eventId"], e["eventId"], "round {round} (seed {seed})");
@@ -840,7 +766,7 @@ async fn on_a_three_server_nats_nothing_acknowledged_is_lost_when_a_server_dies_
     // Every answered send is in the log, once; the stream is dense.
     let acked = acked.lock().unwrap().clone();
     let mut c = WsClient::system(&url).await;
-    let events = replay_events(&mut c, None).await;
+    let events = replay_all(&mut c, None).await;
     let sent: Vec<&str> = events
         .iter()
         .filter(|e| e["event"]["type"] == json!("message_sent"))
@@ -955,7 +881,7 @@ async fn while_nats_is_away_calls_are_refused_past_the_backlog_bound_and_nothing
     }
     // What timed out was queued and is committed now; what was refused never happened.
     let mut c = WsClient::system(&url).await;
-    let logged: Vec<serde_json::Value> = replay_events(&mut c, None)
+    let logged: Vec<serde_json::Value> = replay_all(&mut c, None)
         .await
         .into_iter()
         .filter(|e| e["event"]["type"] == json!("message_sent"))

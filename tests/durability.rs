@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::load::{env_number, env_seed, sender, Rng};
+use common::load::{env_number, env_seed, sender, CrashLoad, Rng};
 use common::*;
 use map_router::server::{Config, Server};
 use serde_json::{json, Value};
@@ -31,25 +31,7 @@ async fn durable_server(dir: &Path, tweak: impl FnOnce(&mut Config)) -> (Server,
 
 /// Every event id `map/replay` returns to `c` after `after` (all when `None`), paging.
 async fn replay_ids(c: &mut WsClient, after: Option<&str>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut cursor = after.map(str::to_owned);
-    for _ in 0..10_000 {
-        let mut params = json!({"limit": 1000});
-        if let Some(id) = &cursor {
-            params["afterEventId"] = json!(id);
-        }
-        let r = c.ok("map/replay", params).await;
-        let page = r["events"].as_array().expect("events");
-        out.extend(
-            page.iter()
-                .map(|e| e["eventId"].as_str().unwrap().to_owned()),
-        );
-        cursor = out.last().cloned();
-        if r["hasMore"] != json!(true) {
-            return out;
-        }
-    }
-    panic!("replay did not end");
+    ids_of(&replay_all(c, after).await)
 }
 
 /// Reads `n` events of `sub`, checking that sequence numbers continue from `seq`; returns ids.
@@ -653,29 +635,6 @@ async fn a_waiting_answer_does_not_hold_up_the_next_requests() {
     }
 }
 
-/// A small xorshift generator: random kill points that a failure can reproduce (the seed is
-/// printed).
-/// Every event `map/replay` returns after `after` (all when `None`), paging.
-async fn replay_all(c: &mut WsClient, after: Option<&str>) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::new();
-    let mut cursor = after.map(str::to_owned);
-    for _ in 0..10_000 {
-        let mut params = json!({"limit": 1000});
-        if let Some(id) = &cursor {
-            params["afterEventId"] = json!(id);
-        }
-        let r = c.ok("map/replay", params).await;
-        out.extend(r["events"].as_array().expect("events").iter().cloned());
-        cursor = out
-            .last()
-            .map(|e| e["eventId"].as_str().unwrap().to_owned());
-        if r["hasMore"] != json!(true) {
-            return out;
-        }
-    }
-    panic!("replay did not end");
-}
-
 /// Read-committed delivery under `kill -9` at random moments, 20 times on one data directory:
 /// after each restart, every event the live subscriber was shown is in the log, every answered
 /// send has its `message_sent`, and no event id appears twice or out of order. (With
@@ -745,47 +704,13 @@ async fn kill_9_at_random_points_never_erases_what_a_subscriber_saw() {
         // Load: a live subscriber, a sink, two senders; kill -9 at a random moment.
         let mut dash = WsClient::system(&url).await;
         let sub = dash.subscribe(json!({})).await;
-        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-        let dash_task = {
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                loop {
-                    match dash.read_frame().await {
-                        Frame::Json(v) if v["params"]["subscriptionId"] == json!(sub) => {
-                            let id = v["params"]["eventId"].as_str().unwrap().to_owned();
-                            seen.lock().unwrap().push(id);
-                        }
-                        Frame::Json(_) => {}
-                        Frame::Closed(_) => return,
-                    }
-                }
-            })
-        };
-        let mut sink = WsClient::agent(&url, &format!("r{round}-sink"), json!({})).await;
-        let sink_task =
-            tokio::spawn(async move { while let Frame::Json(_) = sink.read_frame().await {} });
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let senders: Vec<_> = (0..2)
-            .map(|i| {
-                tokio::spawn(sender(
-                    url.clone(),
-                    format!("r{round}-s{i}"),
-                    format!("r{round}-sink"),
-                    acked.clone(),
-                    5_000,
-                ))
-            })
-            .collect();
+        let senders = [format!("r{round}-s0"), format!("r{round}-s1")];
+        let load =
+            CrashLoad::start(&url, dash, sub, &format!("r{round}-sink"), senders, 5_000).await;
         tokio::time::sleep(Duration::from_millis(10 + rng.below(250))).await;
         child.start_kill().expect("SIGKILL");
         with_timeout(child.wait()).await.unwrap();
-        for s in senders {
-            with_timeout(s).await.unwrap();
-        }
-        let _ = with_timeout(dash_task).await;
-        let _ = with_timeout(sink_task).await;
-        let seen = seen.lock().unwrap().clone();
-        let acked = acked.lock().unwrap().clone();
+        let (seen, acked) = load.finish().await;
         previous = Some((seen, acked));
     }
     assert!(

@@ -32,20 +32,22 @@ pub async fn rpc(ws: &mut Ws, n: u64, method: &str, params: Value) -> Option<Val
     call(ws, n, method, params).await?.get("result").cloned()
 }
 
+/// A raw socket connected as an agent that registered `id` (calls 1 and 2); `None` when the
+/// router is not there.
+async fn connect_agent(url: &str, id: &str) -> Option<Ws> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.ok()?;
+    let connect = json!({"protocolVersion": 1, "participantType": "agent"});
+    rpc(&mut ws, 1, "map/connect", connect).await?;
+    rpc(&mut ws, 2, "map/agents/register", json!({"agentId": id})).await?;
+    Some(ws)
+}
+
 /// An agent that sends to `to` as fast as answers come back, recording the id of every
 /// answered send, until its connection breaks or `max` sends are answered.
 pub async fn sender(url: String, id: String, to: String, acked: Arc<Mutex<Vec<String>>>, max: u64) {
-    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+    let Some(mut ws) = connect_agent(&url, &id).await else {
         return;
     };
-    let connect = json!({"protocolVersion": 1, "participantType": "agent"});
-    if rpc(&mut ws, 1, "map/connect", connect).await.is_none()
-        || rpc(&mut ws, 2, "map/agents/register", json!({"agentId": id}))
-            .await
-            .is_none()
-    {
-        return;
-    }
     for n in 3..3 + max {
         let params = json!({"to": {"agent": to}, "payload": {"n": n}});
         let Some(result) = rpc(&mut ws, n, "map/send", params).await else {
@@ -98,17 +100,9 @@ pub async fn persistent_sender(
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) {
     use std::sync::atomic::Ordering;
-    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+    let Some(mut ws) = connect_agent(&url, &id).await else {
         return;
     };
-    let connect = json!({"protocolVersion": 1, "participantType": "agent"});
-    if rpc(&mut ws, 1, "map/connect", connect).await.is_none()
-        || rpc(&mut ws, 2, "map/agents/register", json!({"agentId": id}))
-            .await
-            .is_none()
-    {
-        return;
-    }
     let mut n = 3;
     while !stop.load(Ordering::Acquire) {
         let params = json!({"to": {"agent": to}, "payload": {"n": n}});
@@ -123,5 +117,72 @@ pub async fn persistent_sender(
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
         }
+    }
+}
+
+/// The load the crash tests kill a router under: a dashboard recording the id of every event
+/// its subscription `sub` is shown, a sink agent reading its messages, and two [`sender`]s to
+/// it recording every answered send.
+pub struct CrashLoad {
+    /// Event ids the dashboard was shown, in order.
+    pub seen: Arc<Mutex<Vec<String>>>,
+    /// Message ids of the answered sends.
+    pub acked: Arc<Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl CrashLoad {
+    /// Starts it on `url`: `dash` is subscribed with `sub`; the sink registers `sink`, the
+    /// senders `senders`, each sending up to `max`.
+    pub async fn start(
+        url: &str,
+        mut dash: super::WsClient,
+        sub: String,
+        sink: &str,
+        senders: [String; 2],
+        max: u64,
+    ) -> Self {
+        use super::Frame;
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let shown = seen.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match dash.read_frame().await {
+                    Frame::Json(v) if v["params"]["subscriptionId"] == json!(sub) => {
+                        let id = v["params"]["eventId"].as_str().unwrap().to_owned();
+                        shown.lock().unwrap().push(id);
+                    }
+                    Frame::Json(_) => {}
+                    Frame::Closed(_) => return,
+                }
+            }
+        }));
+        let mut sink_client = super::WsClient::agent(url, sink, json!({})).await;
+        tasks.push(tokio::spawn(async move {
+            while let Frame::Json(_) = sink_client.read_frame().await {}
+        }));
+        for id in senders {
+            tasks.push(tokio::spawn(sender(
+                url.to_owned(),
+                id,
+                sink.to_owned(),
+                acked.clone(),
+                max,
+            )));
+        }
+        Self { seen, acked, tasks }
+    }
+
+    /// After the router is gone: waits for every part (bounded) and returns what the
+    /// dashboard was shown and which sends were answered.
+    pub async fn finish(self) -> (Vec<String>, Vec<String>) {
+        for task in self.tasks {
+            let _ = super::with_timeout(task).await;
+        }
+        let seen = self.seen.lock().unwrap().clone();
+        let acked = self.acked.lock().unwrap().clone();
+        (seen, acked)
     }
 }

@@ -839,3 +839,24 @@ pub async fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every event `map/replay` returns to `c` after `after` (all when `None`), paging by 1000.
+pub async fn replay_all(c: &mut WsClient, after: Option<&str>) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut cursor = after.map(str::to_owned);
+    for _ in 0..10_000 {
+        let mut params = json!({"limit": 1000});
+        if let Some(id) = &cursor {
+            params["afterEventId"] = json!(id);
+        }
+        let r = c.ok("map/replay", params).await;
+        out.extend(r["events"].as_array().expect("events").iter().cloned());
+        cursor = out
+            .last()
+            .map(|e| e["eventId"].as_str().unwrap().to_owned());
+        if r["hasMore"] != json!(true) {
+            return out;
+        }
+    }
+    panic!("replay did not end");
+}
