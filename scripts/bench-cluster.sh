@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One router node with its log in SQLite (durable) against the same node with its log in NATS
+# JetStream (`--cluster`, one local nats-server), on the fan-out case of the load generator,
+# alternating. The router is pinned to core 0; the generator and nats-server share core 1.
+# Prints one JSON line per run: the store, K+S, router and nats-server CPU ticks
+# (utime+stime from /proc, 100 per second) and the generator's result. CPU per delivery is
+# (router + nats) ticks * 10 ms / deliveries.
+#
+#   cargo build --release --bin map-router && cargo bench --bench load --no-run
+#   scripts/bench-cluster.sh LOAD_BIN MAP_ROUTER_BIN [ROUNDS] [PAYLOAD_BYTES] > results.jsonl
+#
+# Needs nats-server on PATH. Loopback only; every wait is bounded.
+set -euo pipefail
+LOAD=$1; BIN=$2; ROUNDS=${3:-3}; PAYLOAD=${4:-1024}
+cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+for round in $(seq "$ROUNDS"); do
+  for store in sqlite jetstream; do
+    for case in "10 2" "100 10"; do
+      read -r K S <<<"$case"
+      dir=$(mktemp -d)
+      nats_pid=""
+      extra=(--data-dir "$dir/data")
+      if [ "$store" = jetstream ]; then
+        port=$(free_port)
+        taskset -c 1 nats-server -a 127.0.0.1 -p "$port" -js -sd "$dir/nats" 2> "$dir/nats.log" &
+        nats_pid=$!
+        for _ in $(seq 100); do
+          (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+          sleep 0.1
+        done
+        extra+=(--cluster "nats://127.0.0.1:$port")
+      fi
+      : > "$dir/log"
+      taskset -c 0 "$BIN" serve --listen 127.0.0.1:0 "${extra[@]}" 2> "$dir/log" &
+      pid=$!
+      url=""
+      for _ in $(seq 100); do
+        url=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$dir/log" | head -n1)
+        [ -n "$url" ] && break
+        sleep 0.1
+      done
+      [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; exit 1; }
+      c0=$(cpu "$pid"); n0=0; [ -n "$nats_pid" ] && n0=$(cpu "$nats_pid")
+      res=$(taskset -c 1 timeout 300 "$LOAD" --url "$url" --server-pid "$pid" --test fanout \
+        --agents "$K" --subscribers "$S" --publishers 2 --messages 20000 \
+        --payload-bytes "$PAYLOAD" 2>/dev/null | grep deliveries_per_s | head -n1)
+      c1=$(cpu "$pid"); n1=0; [ -n "$nats_pid" ] && n1=$(cpu "$nats_pid")
+      kill "$pid"; wait "$pid" 2>/dev/null || true
+      if [ -n "$nats_pid" ]; then kill "$nats_pid"; wait "$nats_pid" 2>/dev/null || true; fi
+      echo "{\"round\":$round,\"store\":\"$store\",\"k\":$K,\"s\":$S,\"router_ticks\":$((c1 - c0)),\"nats_ticks\":$((n1 - n0)),\"result\":${res:-null}}"
+      rm -rf "$dir"
+    done
+  done
+done
