@@ -404,7 +404,6 @@ impl Router {
         self.timers.schedule(at, d);
     }
 
-    /// Checks that the connection may make this call.
     /// Refuses a call while more events than `max_uncommitted` wait for the store's commit
     /// (the store is slow or away): queueing more would only grow memory, and the call
     /// would fail on its commit timeout anyway.
@@ -419,6 +418,7 @@ impl Router {
         Ok(())
     }
 
+    /// Checks that the connection may make this call.
     pub(super) fn check_call(
         &self,
         ctx: &Ctx,

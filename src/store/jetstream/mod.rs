@@ -429,16 +429,17 @@ async fn live_writer(
     stream: &str,
     limit: Duration,
 ) -> Result<Option<String>, StoreError> {
-    let ask = client.request(writer_subject(stream), bytes::Bytes::new());
-    match tokio::time::timeout(limit, ask).await {
-        Ok(Ok(reply)) => Ok(Some(String::from_utf8_lossy(&reply.payload).into_owned())),
-        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => Ok(None),
-        Ok(Err(e)) => Err(nats_err("asking for the stream's writer", e)),
-        Err(_) => Err(nats_err(
-            "asking for the stream's writer",
-            format!("no answer within {limit:?}"),
-        )),
-    }
+    bounded(limit, "asking for the stream's writer", async {
+        match client
+            .request(writer_subject(stream), bytes::Bytes::new())
+            .await
+        {
+            Ok(reply) => Ok(Some(String::from_utf8_lossy(&reply.payload).into_owned())),
+            Err(e) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => Ok(None),
+            Err(e) => Err(e),
+        }
+    })
+    .await
 }
 
 /// One live writer per stream: liveness by core NATS, uniqueness by a compare-and-set in
@@ -476,27 +477,22 @@ async fn claim_writer(
         }),
     )
     .await?;
-    let held = match tokio::time::timeout(
-        limit,
-        lock.get_last_raw_message_by_subject(&lock_subject(&options.stream)),
-    )
-    .await
-    {
-        Ok(Ok(msg)) => msg.sequence,
-        Ok(Err(e))
-            if e.kind()
-                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+    let held = bounded(limit, "reading the writer lock", async {
+        match lock
+            .get_last_raw_message_by_subject(&lock_subject(&options.stream))
+            .await
         {
-            0
+            Ok(msg) => Ok(msg.sequence),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(e),
         }
-        Ok(Err(e)) => return Err(nats_err("reading the writer lock", e)),
-        Err(_) => {
-            return Err(nats_err(
-                "reading the writer lock",
-                format!("no answer within {limit:?}"),
-            ))
-        }
-    };
+    })
+    .await?;
     if let Some(node) = live_writer(client, &options.stream, limit).await? {
         return Err(locked(&options.stream, &node));
     }
@@ -522,23 +518,23 @@ async fn claim_writer(
         let claim = PublishMessage::build()
             .payload(options.node.clone().into())
             .expected_last_subject_sequence(held);
+        // `false`: another claim landed first ("wrong last sequence").
         let claimed = async {
-            js.send_publish(lock_subject(&options.stream), claim)
+            let ack = js
+                .send_publish(lock_subject(&options.stream), claim)
                 .await
                 .map_err(|e| e.to_string())?
-                .await
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(limit, claimed).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) if e.contains("wrong last sequence") => {
-                Err(locked(&options.stream, "(another node claimed it first)"))
+                .await;
+            match ack {
+                Ok(_) => Ok(true),
+                Err(e) if e.to_string().contains("wrong last sequence") => Ok(false),
+                Err(e) => Err(e.to_string()),
             }
-            Ok(Err(e)) => Err(nats_err("claiming the writer lock", e)),
-            Err(_) => Err(nats_err(
-                "claiming the writer lock",
-                format!("no answer within {limit:?}"),
-            )),
+        };
+        if bounded(limit, "claiming the writer lock", claimed).await? {
+            Ok(())
+        } else {
+            Err(locked(&options.stream, "(another node claimed it first)"))
         }
     };
     match claim.await {
