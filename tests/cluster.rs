@@ -981,3 +981,209 @@ async fn nats_users_and_tokens_come_from_files_and_are_never_shown() {
     let (_node, url) = start_binary(node_args(&by_token, &dir.path.join("tok"), &cluster)).await;
     health_until(&url, "ok", |s, _| s == 200).await;
 }
+
+/// A NATS JWT (header, claims, ed25519 signature by `issuer`, each base64url), as `nsc` makes
+/// them for operator mode.
+fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    let b64 = |bytes: &[u8]| data_encoding::BASE64URL_NOPAD.encode(bytes);
+    let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = json!({
+        "jti": format!("JTI{subject}"),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let claims = b64(claims.to_string().as_bytes());
+    let signed = format!("{header}.{claims}");
+    let signature = issuer.sign(signed.as_bytes()).expect("sign");
+    format!("{signed}.{}", b64(&signature))
+}
+
+/// The text of a `.creds` file for `user`, whose JWT `account` signed.
+fn creds_text(account: &nkeys::KeyPair, user: &nkeys::KeyPair) -> String {
+    let jwt = nats_jwt(
+        account,
+        &user.public_key(),
+        "map-node",
+        json!({"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+               "type": "user", "version": 2}),
+    );
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+        user.seed().expect("a seed")
+    )
+}
+
+/// Runs the node with `cluster` and expects it to refuse to start, saying `says`, with none
+/// of `secrets` in its output.
+async fn refused(nats: &Nats, data: &Path, cluster: &str, says: &str, secrets: &[&str]) {
+    let out = with_timeout(binary_command(node_args(nats, data, cluster)).output())
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{cluster}: must not start");
+    assert!(stderr.contains(says), "{cluster}: {stderr}");
+    for s in secrets {
+        assert!(!stderr.contains(s), "a secret in the output: {stderr}");
+    }
+}
+
+/// The node proves itself to NATS with an NKey seed (a user known by its public key) or a
+/// `.creds` file (operator mode: a user JWT signed by an account the operator signed). The
+/// wrong seed, a user of an account the server does not know, or a file that is not what it
+/// should be: refused at start, clearly, and no seed is ever printed.
+#[tokio::test]
+async fn nats_nkeys_and_creds_files_authenticate_and_are_never_shown() {
+    let dir = TempDir::new("cluster-nkeys");
+    let user = nkeys::KeyPair::new_user();
+    let stranger = nkeys::KeyPair::new_user();
+    let (seed, stranger_seed) = (user.seed().unwrap(), stranger.seed().unwrap());
+    std::fs::write(dir.path.join("seed"), format!("{seed}\n")).unwrap();
+    std::fs::write(dir.path.join("stranger"), &stranger_seed).unwrap();
+    std::fs::write(dir.path.join("junk"), "SUNOTASEED\n").unwrap();
+    let conf = dir.path.join("nkey.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let nats = Nats::start_with("nkey", vec!["-c".into(), conf.into()]);
+    let secrets = [seed.as_str(), stranger_seed.as_str()];
+    let file = |name: &str, key: &str| format!("{key} = {:?}", dir.path.join(name));
+    refused(
+        &nats,
+        &dir.path.join("none"),
+        "",
+        "connecting to nats://",
+        &secrets,
+    )
+    .await;
+    refused(
+        &nats,
+        &dir.path.join("stranger-node"),
+        &file("stranger", "nkey_file"),
+        "connecting to nats://",
+        &secrets,
+    )
+    .await;
+    refused(
+        &nats,
+        &dir.path.join("junk-node"),
+        &file("junk", "nkey_file"),
+        "nats://",
+        &secrets,
+    )
+    .await;
+    refused(
+        &nats,
+        &dir.path.join("two-ways"),
+        &format!(
+            "{}\n{}",
+            file("seed", "nkey_file"),
+            file("stranger", "token_file")
+        ),
+        "one way to authenticate",
+        &secrets,
+    )
+    .await;
+    let (_node, url) = start_binary(node_args(
+        &nats,
+        &dir.path.join("right"),
+        &file("seed", "nkey_file"),
+    ))
+    .await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let _bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
+
+    // Operator mode: the operator signs the account (JetStream allowed), the account signs
+    // the user; the server knows the account from its preload.
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let unknown_account = nkeys::KeyPair::new_account();
+    let operator_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        "map-operator",
+        json!({"type": "operator", "version": 2}),
+    );
+    let account_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        "map",
+        json!({"type": "account", "version": 2,
+               "limits": {"subs": -1, "data": -1, "payload": -1, "imports": -1,
+                          "exports": -1, "wildcards": true, "conn": -1, "leaf": -1,
+                          "mem_storage": -1, "disk_storage": -1, "streams": -1,
+                          "consumer": -1}}),
+    );
+    // JetStream needs a system account.
+    let system = nkeys::KeyPair::new_account();
+    let system_jwt = nats_jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        json!({"type": "account", "version": 2}),
+    );
+    let conf = dir.path.join("operator.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "operator: \"{operator_jwt}\"\nsystem_account: {sys}\nresolver: MEMORY\n\
+             resolver_preload: {{ {acc}: \"{account_jwt}\", {sys}: \"{system_jwt}\" }}\n",
+            acc = account.public_key(),
+            sys = system.public_key(),
+        ),
+    )
+    .unwrap();
+    let nats = Nats::start_with("operator", vec!["-c".into(), conf.into()]);
+    let node_user = nkeys::KeyPair::new_user();
+    let node_seed = node_user.seed().unwrap();
+    std::fs::write(
+        dir.path.join("node.creds"),
+        creds_text(&account, &node_user),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path.join("stranger.creds"),
+        creds_text(&unknown_account, &stranger),
+    )
+    .unwrap();
+    std::fs::write(dir.path.join("not.creds"), "hello\n").unwrap();
+    let secrets = [node_seed.as_str(), stranger_seed.as_str()];
+    refused(
+        &nats,
+        &dir.path.join("op-stranger"),
+        &file("stranger.creds", "creds_file"),
+        "connecting to nats://",
+        &secrets,
+    )
+    .await;
+    refused(
+        &nats,
+        &dir.path.join("op-junk"),
+        &file("not.creds", "creds_file"),
+        "is not a NATS .creds file",
+        &secrets,
+    )
+    .await;
+    let (_node, url) = start_binary(node_args(
+        &nats,
+        &dir.path.join("op-right"),
+        &file("node.creds", "creds_file"),
+    ))
+    .await;
+    health_until(&url, "ok", |s, _| s == 200).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let _bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 2})).await;
+}

@@ -339,6 +339,88 @@ async fn a_republished_event_id_is_a_duplicate() {
     within(a.close()).await.unwrap();
 }
 
+/// Reads of more than 64 rows go through an ephemeral consumer (`Reader::scan`) instead of one
+/// direct get per row: the same rows as the short path, deleted rows skipped, early stops at
+/// the limit, no consumer left behind, and a clear bounded error while NATS is down.
+#[tokio::test]
+async fn long_reads_give_the_same_rows_skip_deleted_ones_and_leave_no_consumer() {
+    let mut nats = Nats::start("long-reads");
+    let (store, _) = open(options(&nats)).await;
+    store.append(rows(1..301));
+    wait_committed(&store, 301).await;
+    let client = within(async_nats::connect(nats.url())).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = within(js.get_stream("MAP_EVENTS")).await.unwrap();
+    for seq in [100, 250] {
+        assert!(within(stream.delete_message(seq)).await.unwrap());
+    }
+    let kept = |range: std::ops::Range<u64>| -> Vec<StoredRow> {
+        rows(range)
+            .into_iter()
+            .filter(|r| r.seq != 100 && r.seq != 250)
+            .collect()
+    };
+
+    assert_eq!(read_all(&store, 1).await, kept(1..301), "the whole log");
+    assert_eq!(
+        within(store.read(90, 100)).await.unwrap(),
+        kept(90..190),
+        "a range with a hole: the hole is skipped, as a direct read skips it"
+    );
+    assert_eq!(
+        within(store.read(2, 64)).await.unwrap(),
+        kept(2..66),
+        "a short read (direct gets)"
+    );
+    // The long and the short path agree, window by window.
+    let mut short = Vec::new();
+    for from in (1..301).step_by(50) {
+        short.extend(within(store.read(from, 50)).await.unwrap());
+    }
+    assert_eq!(short, read_all(&store, 1).await);
+
+    let by_kind = |kind: &str, from: u64, limit: usize| -> Vec<StoredRow> {
+        kept(from..301)
+            .into_iter()
+            .filter(|r| r.kind == kind)
+            .take(limit)
+            .collect()
+    };
+    for (kind, from, limit) in [
+        ("message.sent", 1, 1000),
+        ("message.sent", 1, 70),
+        ("task_created", 120, 65),
+        ("agent_registered", 299, 100),
+    ] {
+        assert_eq!(
+            within(store.read_kinds(vec![kind.to_owned()], from, limit))
+                .await
+                .unwrap(),
+            by_kind(kind, from, limit),
+            "{kind} from {from} limit {limit}"
+        );
+    }
+    let info = within(stream.get_info()).await.unwrap();
+    assert_eq!(
+        info.state.consumer_count, 0,
+        "every read deleted its consumer"
+    );
+
+    nats.kill();
+    let started = Instant::now();
+    let e = within(store.read(1, 300)).await.unwrap_err();
+    assert!(
+        matches!(&e, StoreError::Io(m) if m.contains("NATS JetStream")),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = within(store.close()).await;
+}
+
 #[tokio::test]
 async fn retention_is_the_stream_limits() {
     let nats = Nats::start("retention");
@@ -356,8 +438,49 @@ async fn retention_is_the_stream_limits() {
     .await;
     assert_eq!(within(store.seq_at_or_after_time(0)).await.unwrap(), 21);
     within(store.close()).await.unwrap();
-    let (_again, recovered) = open(o).await;
+    let (again, recovered) = open(o.clone()).await;
     assert_eq!((recovered.first_seq, recovered.next_seq), (21, 31));
+    within(again.close()).await.unwrap();
+
+    // Limits follow the configuration of the node that opens the stream as its writer: lifted
+    // here (and an age limit set), so what comes next is all kept.
+    let client = within(async_nats::connect(nats.url())).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let config = || async {
+        let mut stream = within(js.get_stream("MAP_EVENTS")).await.unwrap();
+        within(stream.info()).await.unwrap().config.clone()
+    };
+    assert_eq!(config().await.max_messages, 10);
+    let mut lifted = o.clone();
+    lifted.max_events = None;
+    lifted.max_age = Some(Duration::from_secs(3600));
+    lifted.exclusive = true;
+    lifted.node = "writer".into();
+    let (writer, _) = open(lifted).await;
+    let c = config().await;
+    assert_eq!((c.max_messages, c.max_age), (-1, Duration::from_secs(3600)));
+    writer.append(rows(31..51));
+    wait_committed(&writer, 51).await;
+    assert_eq!(
+        read_all(&writer, 1).await,
+        rows(21..51),
+        "nothing more trimmed"
+    );
+
+    // A node refused as a second writer changes nothing.
+    let mut second = o;
+    second.max_events = Some(3);
+    second.exclusive = true;
+    second.node = "second".into();
+    let refused = within(JetStreamStore::open(second)).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Locked(m)) if m.contains("writer")),
+        "{:?}",
+        refused.as_ref().err()
+    );
+    assert_eq!(config().await.max_messages, -1);
+    assert_eq!(read_all(&writer, 1).await, rows(21..51));
+    within(writer.close()).await.unwrap();
 }
 
 #[tokio::test]

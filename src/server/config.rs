@@ -451,12 +451,15 @@ pub struct ClusterSettings {
     pub stream: String,
     /// Subject prefix of the log's messages (`<prefix>.<kind>`).
     pub subject_prefix: String,
-    /// Replicas when the stream is created (3 on a three-server NATS cluster).
+    /// The stream's replicas (3 on a three-server NATS cluster): set when the stream is
+    /// created, and applied to an existing stream by the node that opens it as the writer.
     pub replicas: usize,
     /// This node's name (default: the router's name).
     pub node: Option<String>,
-    /// Stream retention when it is created: events (0: unlimited, the default, because the
-    /// kept tables (tasks, mail, checkpoints) are folded from the retained stream).
+    /// Stream retention: events (0: unlimited, the default, because the kept tables (tasks,
+    /// mail, checkpoints) are folded from the retained stream). Like `max_bytes`,
+    /// `max_age_secs` and `replicas`, set on the stream by the node that opens it as the
+    /// writer (a stream created with other limits is updated, and the change logged).
     pub max_events: u64,
     /// Stream retention: bytes (0: unlimited).
     pub max_bytes: u64,
@@ -478,6 +481,11 @@ pub struct ClusterSettings {
     pub password_file: Option<PathBuf>,
     /// A file holding a NATS token (its first line); not with `user`.
     pub token_file: Option<PathBuf>,
+    /// A file holding an NKey seed (`SU...`, its first line), for a NATS user known by its
+    /// public NKey; alone.
+    pub nkey_file: Option<PathBuf>,
+    /// A NATS `.creds` file (a user JWT and its seed, NATS operator mode); alone.
+    pub creds_file: Option<PathBuf>,
     /// When another live node writes the stream: wait, answering 503 "standby", and take over
     /// when it stops (`true`), or refuse to start (`false`, the default).
     pub standby: bool,
@@ -504,6 +512,8 @@ impl Default for ClusterSettings {
             user: None,
             password_file: None,
             token_file: None,
+            nkey_file: None,
+            creds_file: None,
             standby: false,
             takeover_poll_ms: 250,
         }
@@ -529,8 +539,8 @@ impl ClusterSettings {
         }))
     }
 
-    /// The NATS credentials `user` + `password_file` or `token_file` name (secrets read from
-    /// their files, first line, never from the configuration itself).
+    /// The NATS credentials `user` + `password_file`, `token_file`, `nkey_file` or
+    /// `creds_file` name (secrets read from their files, never from the configuration itself).
     fn credentials(&self) -> std::io::Result<crate::store::jetstream::NatsCredentials> {
         use crate::store::jetstream::NatsCredentials;
         let secret = |path: &Path, what: &str| -> std::io::Result<String> {
@@ -549,15 +559,38 @@ impl ClusterSettings {
             }
             Ok(line)
         };
-        match (&self.user, &self.password_file, &self.token_file) {
-            (None, None, None) => Ok(NatsCredentials::None),
-            (None, None, Some(token)) => Ok(NatsCredentials::Token(secret(token, "token_file")?)),
-            (Some(user), Some(password), None) => Ok(NatsCredentials::UserPassword(
+        let files = (&self.token_file, &self.nkey_file, &self.creds_file);
+        match (&self.user, &self.password_file, files) {
+            (None, None, (None, None, None)) => Ok(NatsCredentials::None),
+            (None, None, (Some(token), None, None)) => {
+                Ok(NatsCredentials::Token(secret(token, "token_file")?))
+            }
+            (Some(user), Some(password), (None, None, None)) => Ok(NatsCredentials::UserPassword(
                 user.clone(),
                 secret(password, "password_file")?,
             )),
+            (None, None, (None, Some(seed), None)) => {
+                Ok(NatsCredentials::NKey(secret(seed, "nkey_file")?))
+            }
+            (None, None, (None, None, Some(creds))) => {
+                let text = std::fs::read_to_string(creds).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("[cluster] creds_file {}: {e}", creds.display()),
+                    )
+                })?;
+                if !text.contains("BEGIN NATS USER JWT") || !text.contains("BEGIN USER NKEY SEED") {
+                    return Err(std::io::Error::other(format!(
+                        "[cluster] creds_file {} is not a NATS .creds file (a user JWT and its \
+                         NKey seed)",
+                        creds.display()
+                    )));
+                }
+                Ok(NatsCredentials::Creds(text))
+            }
             _ => Err(std::io::Error::other(
-                "[cluster] takes user with password_file, or token_file, or neither",
+                "[cluster] takes one way to authenticate: user with password_file, or \
+                 token_file, or nkey_file, or creds_file (or none)",
             )),
         }
     }
@@ -774,6 +807,8 @@ impl Config {
         rebase(&mut self.cluster.tls_key);
         rebase(&mut self.cluster.password_file);
         rebase(&mut self.cluster.token_file);
+        rebase(&mut self.cluster.nkey_file);
+        rebase(&mut self.cluster.creds_file);
         for agent in &mut self.agents {
             if let Some(cwd) = agent.cwd.as_mut().filter(|c| Path::new(c).is_relative()) {
                 *cwd = dir.join(&*cwd).to_string_lossy().into_owned();

@@ -10,8 +10,8 @@
 //! **Why per-subject consumers, not a full scan or `read_kinds`.** Rows go to
 //! `<prefix>.<kind>`, so the kept kinds are four subject filters (`task.>`,
 //! `trajectory.checkpoint`, `mail.>`, `identity.>`); the server skips every other row without
-//! sending it. Each filter is read by an ephemeral pull consumer (no acks) in batches of
-//! [`BATCH`]: one round trip per batch, where `read_kinds` spends one direct get (about
+//! sending it. Each filter is read by an ephemeral pull consumer (no acks, `Reader::scan`) in
+//! batches of 1024: one round trip per batch, where `read_kinds` spends one direct get (about
 //! 190 µs here) per row and does not take wildcards. Server 2.9 has only one filter per
 //! consumer, hence four of them. Tables never depend on each other's order, and each filter
 //! keeps its own rows in sequence order, which is all a fold per key needs (a claim and its
@@ -23,20 +23,12 @@
 //! `docs/cluster-notes.md` says both.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
-use futures::StreamExt as _;
-
-use super::codec;
-use super::reader::{bounded, nats_err, Reader};
+use super::reader::Reader;
 use crate::store::kept::claim_key;
 use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
 use crate::store::StoreError;
-
-/// Messages per fetch while folding at open.
-const BATCH: usize = 1024;
 
 /// The subjects (after the prefix) whose rows the fold reads.
 const FILTERS: [&str; 4] = ["task.>", "trajectory.checkpoint", "mail.>", "identity.>"];
@@ -54,95 +46,28 @@ pub(super) async fn load(reader: &Reader, first: u64, next: u64) -> Result<Loade
     if first < next {
         for filter in FILTERS {
             let subject = format!("{}.{filter}", reader.prefix);
-            for_each_row(reader, &subject, first, next, |row| {
-                if row.kind == "identity.claimed" || row.kind == "identity.released" {
-                    match claim_key(&row.json) {
-                        Some(key) if row.kind == "identity.claimed" => {
-                            claims.insert(key, row);
+            let what = format!("folding {subject}");
+            reader
+                .scan(&what, &subject, first, next, |row| {
+                    if row.kind == "identity.claimed" || row.kind == "identity.released" {
+                        match claim_key(&row.json) {
+                            Some(key) if row.kind == "identity.claimed" => {
+                                claims.insert(key, row);
+                            }
+                            Some(key) => {
+                                claims.remove(&key);
+                            }
+                            None => tracing::warn!(event = %row.id, "a claim without its id"),
                         }
-                        Some(key) => {
-                            claims.remove(&key);
-                        }
-                        None => tracing::warn!(event = %row.id, "a claim without its id"),
+                    } else {
+                        kept.ingest(row);
                     }
-                } else {
-                    kept.ingest(row);
-                }
-            })
-            .await?;
+                    true
+                })
+                .await?;
         }
     }
     let mut claims: Vec<StoredRow> = claims.into_values().collect();
     claims.sort_by_key(|r| r.seq);
     Ok(Loaded { kept, claims })
-}
-
-/// Calls `f` with every row on `subject` in `[first, next)`, in sequence order.
-async fn for_each_row(
-    reader: &Reader,
-    subject: &str,
-    first: u64,
-    next: u64,
-    mut f: impl FnMut(StoredRow),
-) -> Result<(), StoreError> {
-    let what = format!("folding {subject}");
-    let consumer = bounded(
-        reader.timeout,
-        &what,
-        reader.stream.create_consumer(pull::Config {
-            filter_subject: subject.to_owned(),
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: first,
-            },
-            ack_policy: AckPolicy::None,
-            memory_storage: true,
-            inactive_threshold: Duration::from_secs(30),
-            ..Default::default()
-        }),
-    )
-    .await?;
-    let result = async {
-        loop {
-            let mut batch = bounded(
-                reader.timeout,
-                &what,
-                consumer.fetch().max_messages(BATCH).messages(),
-            )
-            .await?;
-            let mut got = 0;
-            let mut done = false;
-            loop {
-                let msg = match tokio::time::timeout(reader.timeout, batch.next()).await {
-                    Err(_) => return Err(nats_err(&what, "no answer within the timeout")),
-                    Ok(None) => break,
-                    Ok(Some(Err(e))) => return Err(nats_err(&what, e)),
-                    Ok(Some(Ok(msg))) => msg,
-                };
-                got += 1;
-                let info = msg.info().map_err(|e| nats_err(&what, e))?;
-                let (seq, pending) = (info.stream_sequence, info.pending);
-                if seq >= next {
-                    done = true;
-                    break;
-                }
-                f(codec::decode_parts(
-                    seq,
-                    msg.headers.as_ref(),
-                    &msg.payload,
-                )?);
-                if pending == 0 || seq + 1 >= next {
-                    done = true;
-                    break;
-                }
-            }
-            if done || got == 0 {
-                return Ok(());
-            }
-        }
-    }
-    .await;
-    let name = consumer.cached_info().name.clone();
-    // Best effort: an ephemeral consumer also goes away by itself when inactive.
-    let _ = tokio::time::timeout(reader.timeout, reader.stream.delete_consumer(&name)).await;
-    result
 }

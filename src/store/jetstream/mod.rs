@@ -23,7 +23,8 @@
 //! - **Lookups by id and time** are binary searches over the stream with direct gets (ids and
 //!   timestamps never decrease along the log). No second index to keep in step with the log:
 //!   see `docs/cluster-notes.md` for why not a KV bucket or a subject per id.
-//! - **Retention** is the stream's own limits (`max_msgs`, `max_bytes`, `max_age`, discard old).
+//! - **Retention** is the stream's own limits (`max_msgs`, `max_bytes`, `max_age`, discard old),
+//!   with the replicas brought to the options by every open that gets past the writer check.
 //!
 //! # Failures
 //! Reads are bounded by [`JetStreamOptions::request_timeout`] and fail with
@@ -78,7 +79,8 @@ pub struct JetStreamOptions {
     pub stream: String,
     /// Subject prefix ([`DEFAULT_SUBJECT_PREFIX`]); the stream takes `<prefix>.>`.
     pub subject_prefix: String,
-    /// Replicas when the store creates the stream (1 on a single server).
+    /// The stream's replicas (1 on a single server): set when the store creates the stream,
+    /// and brought to this value when a store opens it (so do the limits below).
     pub replicas: usize,
     /// Retention by count (stream `max_msgs`); `None`: unlimited.
     pub max_events: Option<i64>,
@@ -123,6 +125,12 @@ pub enum NatsCredentials {
     Token(String),
     /// A user and its password.
     UserPassword(String, String),
+    /// An NKey seed (`authorization { users = [{ nkey: "U..." }] }`): it signs the server's
+    /// nonce; the seed itself never leaves the process.
+    NKey(String),
+    /// The text of a `.creds` file: a user JWT and its NKey seed (NATS operator mode, as
+    /// `nsc` makes them).
+    Creds(String),
 }
 
 impl std::fmt::Debug for NatsCredentials {
@@ -131,6 +139,8 @@ impl std::fmt::Debug for NatsCredentials {
             Self::None => f.write_str("None"),
             Self::Token(_) => f.write_str("Token(<redacted>)"),
             Self::UserPassword(user, _) => write!(f, "UserPassword({user:?}, <redacted>)"),
+            Self::NKey(_) => f.write_str("NKey(<redacted>)"),
+            Self::Creds(_) => f.write_str("Creds(<redacted>)"),
         }
     }
 }
@@ -183,7 +193,8 @@ pub struct JetStreamStore {
 }
 
 impl JetStreamStore {
-    /// Connects, creates the stream when missing, recovers the position and starts the writer.
+    /// Connects, creates the stream when missing (or brings its limits and replicas to
+    /// `options`), recovers the position and starts the writer.
     ///
     /// # Errors
     /// NATS is unreachable within `connect_timeout`, JetStream is not enabled, the stream cannot
@@ -215,6 +226,25 @@ impl JetStreamStore {
         } else {
             None
         };
+        // The node that opens as the writer brings the stream's limits and replicas to its
+        // configuration (a standby was refused above and changes nothing).
+        if let Some(update) = limits_update(&stream.cached_info().config, &options) {
+            let before = &stream.cached_info().config;
+            tracing::info!(
+                stream = %options.stream,
+                max_events = format!("{} -> {}", before.max_messages, update.max_messages),
+                max_bytes = format!("{} -> {}", before.max_bytes, update.max_bytes),
+                max_age = format!("{:?} -> {:?}", before.max_age, update.max_age),
+                replicas = format!("{} -> {}", before.num_replicas, update.num_replicas),
+                "updating the stream's limits to the configuration"
+            );
+            bounded(
+                options.request_timeout * 2,
+                "updating the stream's limits",
+                js.update_stream(update),
+            )
+            .await?;
+        }
         let shared = Arc::new(Shared::default());
         let reader = Reader {
             stream,
@@ -317,6 +347,15 @@ async fn connect(options: &JetStreamOptions) -> Result<async_nats::Client, Store
         NatsCredentials::Token(token) => connect = connect.token(token.clone()),
         NatsCredentials::UserPassword(user, password) => {
             connect = connect.user_and_password(user.clone(), password.clone());
+        }
+        NatsCredentials::NKey(seed) => connect = connect.nkey(seed.clone()),
+        NatsCredentials::Creds(text) => {
+            // The parser's errors name what is wrong, never the file's text.
+            connect = connect.credentials(text).map_err(|e| {
+                StoreError::Io(format!(
+                    "NATS: the credentials (.creds) are not usable: {e}"
+                ))
+            })?;
         }
     }
     let connect = connect
@@ -552,6 +591,23 @@ fn locked(stream: &str, node: &str) -> StoreError {
          per stream (with `[cluster] standby = true` a node waits and takes over when the \
          writer stops)"
     ))
+}
+
+/// The stream's configuration with the limits and replicas of `o`, when any of them differs
+/// from `current` (every other field as it is).
+fn limits_update(current: &stream::Config, o: &JetStreamOptions) -> Option<stream::Config> {
+    let wanted = stream_config(o);
+    let same = current.max_messages == wanted.max_messages
+        && current.max_bytes == wanted.max_bytes
+        && current.max_age == wanted.max_age
+        && current.num_replicas == wanted.num_replicas;
+    (!same).then(|| stream::Config {
+        max_messages: wanted.max_messages,
+        max_bytes: wanted.max_bytes,
+        max_age: wanted.max_age,
+        num_replicas: wanted.num_replicas,
+        ..current.clone()
+    })
 }
 
 fn stream_config(o: &JetStreamOptions) -> stream::Config {

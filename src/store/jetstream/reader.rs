@@ -1,5 +1,6 @@
-//! The read side of the JetStream store: the stream's bounds, direct gets, range reads, the
-//! binary searches by id and time, reads by kind; and the state the handle and the writer share.
+//! The read side of the JetStream store: the stream's bounds, direct gets, range reads (direct
+//! gets when short, an ephemeral consumer when long: [`Reader::scan`]), the binary searches by
+//! id and time, reads by kind; and the state the handle and the writer share.
 //!
 //! Owns nothing but a stream handle (cheap to clone into each read's future). Every request is
 //! bounded by the store's request timeout and fails as [`StoreError::Io`] naming NATS.
@@ -8,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use futures::StreamExt as _;
 
@@ -17,8 +19,14 @@ use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
 use crate::store::{Recovered, StoreError};
 
-/// Direct gets issued at once by a range read.
+/// Direct gets issued at once by a short range read.
 const READ_CONCURRENCY: usize = 64;
+/// Rows up to which a read uses direct gets; a longer one reads through a consumer
+/// ([`Reader::scan`]): creating it costs two round trips, after which 1024 rows come per
+/// round trip instead of one per direct get.
+const DIRECT_READ_MAX: u64 = 64;
+/// Messages per fetch of a scan.
+const SCAN_BATCH: usize = 1024;
 /// How often `first_seq` is refreshed from the stream's state.
 const FIRST_SEQ_REFRESH: Duration = Duration::from_secs(1);
 
@@ -126,6 +134,16 @@ impl Reader {
         let (first, next) = self.bounds().await?;
         let from = from.max(first);
         let to = next.min(from.saturating_add(limit as u64));
+        if to.saturating_sub(from) > DIRECT_READ_MAX {
+            let mut out = Vec::with_capacity((to - from) as usize);
+            let all = format!("{}.>", self.prefix);
+            self.scan("reading a range", &all, from, to, |row| {
+                out.push(row);
+                true
+            })
+            .await?;
+            return Ok(out);
+        }
         let rows: Vec<Result<Option<StoredRow>, StoreError>> = futures::stream::iter(from..to)
             .map(|seq| self.get(seq))
             .buffered(READ_CONCURRENCY)
@@ -139,6 +157,91 @@ impl Reader {
             }
         }
         Ok(out)
+    }
+
+    /// Calls `f` with every row on `subject` (wildcards allowed) in `[first, next)`, in
+    /// sequence order, until it returns false. Reads through an ephemeral pull consumer
+    /// without acks, [`SCAN_BATCH`] rows per round trip; every request is bounded by the
+    /// request timeout; the consumer is deleted afterwards (and expires by itself if that
+    /// fails). `what` names the read in errors.
+    pub(super) async fn scan(
+        &self,
+        what: &str,
+        subject: &str,
+        first: u64,
+        next: u64,
+        mut f: impl FnMut(StoredRow) -> bool,
+    ) -> Result<(), StoreError> {
+        let consumer = bounded(
+            self.timeout,
+            what,
+            self.stream.create_consumer(pull::Config {
+                filter_subject: subject.to_owned(),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: first,
+                },
+                ack_policy: AckPolicy::None,
+                memory_storage: true,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            }),
+        )
+        .await?;
+        let result = async {
+            // The next seq the range may hold: a batch asks for no more than are left before
+            // `next`, so a short range on a long stream does not fetch a full batch.
+            let mut cursor = first;
+            loop {
+                let left = usize::try_from(next.saturating_sub(cursor)).unwrap_or(usize::MAX);
+                let mut batch = bounded(
+                    self.timeout,
+                    what,
+                    consumer
+                        .fetch()
+                        .max_messages(left.clamp(1, SCAN_BATCH))
+                        .messages(),
+                )
+                .await?;
+                let mut got = 0;
+                let mut done = false;
+                loop {
+                    let msg = match tokio::time::timeout(self.timeout, batch.next()).await {
+                        Err(_) => return Err(nats_err(what, "no answer within the timeout")),
+                        Ok(None) => break,
+                        Ok(Some(Err(e))) => return Err(nats_err(what, e)),
+                        Ok(Some(Ok(msg))) => msg,
+                    };
+                    got += 1;
+                    let info = msg.info().map_err(|e| nats_err(what, e))?;
+                    let (seq, pending) = (info.stream_sequence, info.pending);
+                    if seq >= next {
+                        done = true;
+                        break;
+                    }
+                    cursor = seq + 1;
+                    if !f(codec::decode_parts(
+                        seq,
+                        msg.headers.as_ref(),
+                        &msg.payload,
+                    )?) {
+                        done = true;
+                        break;
+                    }
+                    if pending == 0 || seq + 1 >= next {
+                        done = true;
+                        break;
+                    }
+                }
+                if done || got == 0 {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        let name = consumer.cached_info().name.clone();
+        // Best effort: an ephemeral consumer also goes away by itself when inactive.
+        let _ = tokio::time::timeout(self.timeout, self.stream.delete_consumer(&name)).await;
+        result
     }
 
     /// The first seq in `[first, next)` whose row satisfies `pred` (false, then true, along
@@ -172,6 +275,20 @@ impl Reader {
         kinds.dedup();
         for kind in kinds {
             let subject = codec::subject(&self.prefix, &kind);
+            if limit as u64 > DIRECT_READ_MAX {
+                // Many rows may be asked for: a consumer on the kind's subject (the server
+                // skips every other row) instead of one direct get per row.
+                let mut taken = 0;
+                self.scan("reading by kind", &subject, from, next, |row| {
+                    if row.kind == kind {
+                        out.push(row);
+                        taken += 1;
+                    }
+                    taken < limit
+                })
+                .await?;
+                continue;
+            }
             let mut seq = from;
             let mut taken = 0;
             while taken < limit && seq < next {
