@@ -434,12 +434,13 @@ async fn tls_to_nats_with_tls_ca_and_a_clear_failure_without() {
 }
 
 /// A node started with `standby = true`: it waits while another node writes the stream and
-/// prints "listening on" only once it took over.
+/// prints "listening on" only once it took over. `took_over` says whether it logged taking over
+/// from what it followed (`from_followed=true`) rather than reading the stream again.
 struct StandbyNode {
     name: String,
     child: tokio::process::Child,
     url: String,
-    took_over: tokio::sync::oneshot::Receiver<()>,
+    took_over: tokio::sync::oneshot::Receiver<bool>,
 }
 
 async fn start_standby(nats: &Nats, data: &Path, name: &str) -> StandbyNode {
@@ -463,10 +464,14 @@ async fn start_standby(nats: &Nats, data: &Path, name: &str) -> StandbyNode {
     let (tx, took_over) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let mut tx = Some(tx);
+        let mut warm = false;
         while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("standby: took over the stream") {
+                warm = line.contains("from_followed=true");
+            }
             if line.starts_with("map-router listening on ") {
                 if let Some(tx) = tx.take() {
-                    let _ = tx.send(());
+                    let _ = tx.send(warm);
                 }
             }
         }
@@ -540,12 +545,18 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         // SIGKILL the writer: exactly one standby takes over.
         let killed_at = Instant::now();
         sigkill(&mut writer).await;
-        let (_, winner, _) = within(Duration::from_secs(20), async {
+        let (warm, winner, _) = within(Duration::from_secs(20), async {
             futures::future::select_all(standbys.iter_mut().map(|s| Box::pin(&mut s.took_over)))
                 .await
         })
         .await;
         let won = standbys.remove(winner);
+        assert_eq!(
+            warm,
+            Ok(true),
+            "{} took over from the stream it followed",
+            won.name
+        );
         let new_url = won.url.clone();
         health_until(&new_url, "ok after the takeover", |s, _| s == 200).await;
         failovers.push(killed_at.elapsed());

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use common::nats::Nats;
 use common::TempDir;
 use map_router::protocol::ids::{EventId, Ulid};
-use map_router::store::jetstream::{JetStreamOptions, JetStreamStore};
+use map_router::store::jetstream::{Follower, JetStreamOptions, JetStreamStore};
 use map_router::store::kept::{KeptAnswer, KeptQuery, KeptTable};
 use map_router::store::memory::MemoryKept;
 use map_router::store::record::StoredRow;
@@ -742,6 +742,120 @@ async fn kept_tables_answer_as_sqlite_and_memory_do_and_survive_reopening() {
     within(store.close()).await.unwrap();
 }
 
+async fn wait_position(follower: &Follower, n: u64) {
+    within(async {
+        while follower.position() < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// A follower (a warm standby) keeps the kept tables, the claims, the position and the newest
+/// rows current while another node writes, through a NATS restart. It cannot take over while
+/// the writer lives; once the writer is gone it does, recovering exactly what a cold open of
+/// the stream recovers, and writes on from there.
+#[tokio::test]
+async fn a_follower_keeps_up_and_takes_over_where_the_stream_ends() {
+    let mut nats = Nats::start("follower");
+    let log = kept_log(1);
+    let n = log.len() as u64;
+    assert!(n > 45, "the log has three parts");
+    let mut o = options(&nats);
+    o.exclusive = true;
+    o.recent_rows = 8;
+    let mut w = o.clone();
+    w.node = "writer".into();
+    let (writer, _) = open(w).await;
+    writer.append(log[..20].to_vec());
+    wait_committed(&writer, 21).await;
+    let mut f = o.clone();
+    f.node = "follower".into();
+    let follower = within(Follower::open(f)).await.expect("follow");
+    assert_eq!(follower.position(), 21, "folded what was there");
+    writer.append(log[20..40].to_vec());
+    wait_committed(&writer, 41).await;
+    wait_position(&follower, 41).await;
+
+    let refused = within(follower.promote()).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Locked(m)) if m.contains("\"writer\"")),
+        "{:?}",
+        refused.as_ref().err()
+    );
+    nats.kill();
+    nats.restart();
+    writer.append(log[40..].to_vec());
+    wait_committed(&writer, n + 1).await;
+    wait_position(&follower, n + 1).await;
+    assert_eq!(follower.position(), n + 1, "nothing applied twice");
+    within(writer.close()).await.unwrap();
+    drop(writer);
+
+    let (store, warm) = within(async {
+        loop {
+            match follower.promote().await {
+                Ok(opened) => break opened,
+                Err(StoreError::Locked(_)) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(e) => panic!("promote: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        follower.promoted_warm(),
+        "from what it followed, not read again"
+    );
+    let mut c = options(&nats);
+    c.recent_rows = 8;
+    let (cold_store, cold) = open(c).await;
+    assert_eq!(
+        (
+            warm.next_seq,
+            warm.first_seq,
+            warm.last_id,
+            warm.last_timestamp
+        ),
+        (
+            cold.next_seq,
+            cold.first_seq,
+            cold.last_id,
+            cold.last_timestamp
+        )
+    );
+    assert_eq!(warm.next_seq, n + 1);
+    assert_eq!(warm.recent, cold.recent);
+    assert_eq!(warm.recent, log[log.len() - 8..].to_vec());
+    assert_eq!(warm.kept_counts, cold.kept_counts);
+    let ids = |r: &map_router::store::Recovered| -> Vec<String> {
+        r.claims.iter().map(|c| c.id.clone()).collect()
+    };
+    assert_eq!(ids(&warm), ids(&cold));
+    assert_eq!(ids(&warm).len(), 2, "beta and gamma; alpha was released");
+    let mut memory = MemoryKept::default();
+    for r in &log {
+        memory.ingest(r.clone());
+    }
+    let expected: Vec<KeptAnswer> = kept_queries().iter().map(|q| memory.query(q)).collect();
+    assert_eq!(kept_answers(&*store).await, expected, "the followed fold");
+    assert_eq!(kept_answers(&*cold_store).await, expected, "the cold fold");
+    within(cold_store.close()).await.unwrap();
+
+    // The promoted store writes on at the stream's end; the follower is spent.
+    let task = kept_row(
+        n + 1,
+        "task.updated",
+        serde_json::json!({"task": {"id": "t1", "createdAt": 101, "status": "failed"}}),
+        None,
+    );
+    store.append(vec![task.clone()]);
+    wait_committed(&store, n + 2).await;
+    assert_eq!(read_all(&store, n + 1).await, vec![task]);
+    assert!(store.diverged().is_none());
+    assert!(within(follower.promote()).await.is_err());
+    within(store.close()).await.unwrap();
+}
+
 #[tokio::test]
 async fn opening_without_a_server_fails_within_the_bound() {
     let port = TcpListener::bind("127.0.0.1:0")
@@ -990,6 +1104,19 @@ async fn measure_kept_fold_at_open() {
         "of which reading the 1024 recent rows: about {:?}",
         t.elapsed()
     );
+    within(store.close()).await.unwrap();
+
+    // A warm standby: it follows the stream, then takes over from what it folded.
+    let mut o = options(&nats);
+    o.exclusive = true;
+    let follower = within(Follower::open(o)).await.unwrap();
+    wait_position(&follower, seq).await;
+    let t = Instant::now();
+    let (store, recovered) = within(follower.promote()).await.unwrap();
+    let took = t.elapsed();
+    assert!(follower.promoted_warm());
+    assert_eq!(recovered.kept_counts.tasks, n);
+    println!("a follower's takeover (claim + stream state + writer): {took:?}");
     within(store.close()).await.unwrap();
 }
 

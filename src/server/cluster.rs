@@ -3,7 +3,8 @@
 //! `GET /health` and `/metrics`.
 //!
 //! Owns only the choice, the standby page (served on the listeners while another node writes
-//! the stream, `[cluster] standby`), and a probe of the open JetStream store
+//! the stream, `[cluster] standby`, whose store follows the stream meanwhile:
+//! `store::jetstream::Follower`), and a probe of the open JetStream store
 //! (`store::jetstream::JetStreamStore::connected` / `diverged`); the store itself belongs to
 //! the router. docs/cluster.md says how to run it; docs/cluster-notes.md what is missing.
 
@@ -85,17 +86,25 @@ async fn open_jetstream(
     options: crate::store::jetstream::JetStreamOptions,
     listeners: &Listeners<'_>,
 ) -> std::io::Result<(Arc<crate::store::jetstream::JetStreamStore>, Recovered)> {
-    use crate::store::jetstream::{wait_for_takeover, JetStreamStore};
+    use crate::store::jetstream::{wait_for_takeover, Follower, JetStreamStore};
     use crate::store::StoreError;
     let failed = |e: StoreError| std::io::Error::other(format!("cluster: {e}"));
     let poll = std::time::Duration::from_millis(config.cluster.takeover_poll_ms.max(1));
     let mut standby: Option<Standby> = None;
+    // A standby follows the stream (kept tables, claims, position), so that taking over
+    // starts the writer without reading the log again.
+    let mut follower: Option<Follower> = None;
     loop {
-        match JetStreamStore::open(options.clone()).await {
+        let attempt = match &follower {
+            Some(f) => f.promote().await,
+            None => JetStreamStore::open(options.clone()).await,
+        };
+        match attempt {
             Ok(opened) => {
                 if let Some(page) = standby.take() {
                     page.stop().await;
-                    tracing::info!(node = %options.node, stream = %options.stream, "standby: took over the stream");
+                    let warm = follower.as_ref().is_some_and(Follower::promoted_warm);
+                    tracing::info!(node = %options.node, stream = %options.stream, from_followed = warm, "standby: took over the stream");
                 }
                 return Ok(opened);
             }
@@ -105,6 +114,15 @@ async fn open_jetstream(
                 }
                 let page =
                     standby.get_or_insert_with(|| Standby::serve(listeners, &options.stream));
+                if follower.is_none() {
+                    match Follower::open(options.clone()).await {
+                        Ok(f) => follower = Some(f),
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "standby: cannot follow the stream; it is read at the takeover"
+                        ),
+                    }
+                }
                 let writer = Arc::clone(&page.writer);
                 wait_for_takeover(&options, poll, move |node| {
                     tracing::info!(writer = ?node, "standby: the stream's writer");
@@ -120,6 +138,9 @@ async fn open_jetstream(
             // tried again; at start, it is an answer for the operator.
             Err(e) if standby.is_some() => {
                 tracing::warn!(error = %e, "standby: the takeover failed; trying again");
+                // A follower whose promotion failed may be spent: the next try opens the
+                // store as a restarted node does.
+                follower = None;
                 tokio::time::sleep(poll).await;
             }
             Err(e) => return Err(failed(e)),

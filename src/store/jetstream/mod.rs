@@ -44,6 +44,7 @@
 
 mod codec;
 mod fold;
+mod follower;
 mod reader;
 mod writer;
 
@@ -64,6 +65,7 @@ use crate::store::record::{EventRecord, StoredRow};
 use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
 
 pub use codec::{decode, encode};
+pub use follower::Follower;
 
 /// The default stream name.
 pub const DEFAULT_STREAM: &str = "MAP_EVENTS";
@@ -200,76 +202,53 @@ impl JetStreamStore {
     /// NATS is unreachable within `connect_timeout`, JetStream is not enabled, the stream cannot
     /// be created or read, or its newest row cannot be decoded.
     pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
-        let client = connect(&options).await?;
-        let mut js = async_nats::jetstream::new(client.clone());
-        js.set_timeout(options.request_timeout);
-
-        let stream = bounded(
-            options.request_timeout * 2,
-            "opening the stream",
-            js.get_or_create_stream(stream_config(&options)),
-        )
-        .await?;
-        // An existing stream is used as it is: it must take our subjects, or every publish
-        // would wait for a stream that never answers.
-        let wanted = format!("{}.>", options.subject_prefix);
-        let subjects = &stream.cached_info().config.subjects;
-        if !subjects.iter().any(|s| *s == wanted || s == ">") {
-            return Err(StoreError::Io(format!(
-                "NATS JetStream: stream {} exists with subjects {subjects:?}, not {wanted:?} \
-                 (another prefix, or another stream of the same name)",
-                options.stream
-            )));
-        }
+        let (client, js, stream) = open_stream(&options).await?;
         let responder = if options.exclusive {
             Some(claim_writer(&client, &js, &options).await?)
         } else {
             None
         };
-        // The node that opens as the writer brings the stream's limits and replicas to its
-        // configuration (a standby was refused above and changes nothing).
-        if let Some(update) = limits_update(&stream.cached_info().config, &options) {
-            let before = &stream.cached_info().config;
-            tracing::info!(
-                stream = %options.stream,
-                max_events = format!("{} -> {}", before.max_messages, update.max_messages),
-                max_bytes = format!("{} -> {}", before.max_bytes, update.max_bytes),
-                max_age = format!("{:?} -> {:?}", before.max_age, update.max_age),
-                replicas = format!("{} -> {}", before.num_replicas, update.num_replicas),
-                "updating the stream's limits to the configuration"
-            );
-            bounded(
-                options.request_timeout * 2,
-                "updating the stream's limits",
-                js.update_stream(update),
-            )
-            .await?;
+        let result = async {
+            apply_limits(&js, &stream, &options).await?;
+            let reader = Reader {
+                stream,
+                prefix: options.subject_prefix.as_str().into(),
+                timeout: options.request_timeout,
+                shared: Arc::new(Shared::default()),
+            };
+            let recovered = recover_and_fold(&reader, &options).await?;
+            Ok((reader, recovered))
         }
-        let shared = Arc::new(Shared::default());
-        let reader = Reader {
-            stream,
-            prefix: options.subject_prefix.as_str().into(),
-            timeout: options.request_timeout,
-            shared: Arc::clone(&shared),
-        };
-        let mut recovered = reader.recover(options.recent_rows).await?;
-        let loaded = fold::load(&reader, recovered.first_seq, recovered.next_seq).await?;
-        recovered.kept_counts = loaded.kept.counts();
-        recovered.claims = loaded.claims;
-        *lock(&shared.kept) = loaded.kept;
-        tracing::info!(
-            url = %options.url,
-            stream = %options.stream,
-            next_seq = recovered.next_seq,
-            first_seq = recovered.first_seq,
-            "event store opened (JetStream)"
-        );
+        .await;
+        match result {
+            Ok((reader, recovered)) => {
+                let store = Self::start(client, js, reader, &recovered, responder, &options);
+                Ok((store, recovered))
+            }
+            Err(e) => {
+                if let Some(r) = responder {
+                    r.abort();
+                }
+                Err(e)
+            }
+        }
+    }
 
+    /// Starts the writer and the refresher on a recovered stream: the store is open.
+    fn start(
+        client: async_nats::Client,
+        js: async_nats::jetstream::Context,
+        reader: Reader,
+        recovered: &Recovered,
+        responder: Option<tokio::task::JoinHandle<()>>,
+        options: &JetStreamOptions,
+    ) -> Arc<Self> {
+        let shared = Arc::clone(&reader.shared);
         let (committed_tx, committed_rx) = watch::channel(recovered.next_seq);
         let (tx, rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = oneshot::channel();
         let writer = writer::Writer::new(writer::WriterConfig {
-            js: js.clone(),
+            js,
             prefix: options.subject_prefix.clone(),
             max_in_flight: options.max_in_flight.max(1),
             close_timeout: options.close_timeout,
@@ -283,8 +262,7 @@ impl JetStreamStore {
             let _ = exit_tx.send(result);
         });
         let refresher = tokio::spawn(refresh_first_seq(reader.clone()));
-
-        let store = Arc::new(Self {
+        Arc::new(Self {
             client,
             reader,
             writer: Mutex::new(Some(tx)),
@@ -294,8 +272,7 @@ impl JetStreamStore {
             refresher,
             responder,
             close_timeout: options.close_timeout,
-        });
-        Ok((store, recovered))
+        })
     }
 
     /// Why the store stopped publishing, when the stream holds another event at one of its
@@ -331,6 +308,103 @@ impl Drop for JetStreamStore {
             r.abort();
         }
     }
+}
+
+/// Connects and opens (or creates) the stream, refusing one that does not take our subjects.
+async fn open_stream(
+    options: &JetStreamOptions,
+) -> Result<
+    (
+        async_nats::Client,
+        async_nats::jetstream::Context,
+        async_nats::jetstream::stream::Stream,
+    ),
+    StoreError,
+> {
+    let client = connect(options).await?;
+    let mut js = async_nats::jetstream::new(client.clone());
+    js.set_timeout(options.request_timeout);
+    // Nodes starting together race to create the stream; a loser is told "subjects overlap
+    // with an existing stream" (or the like) and finds the winner's stream on the next try.
+    let mut attempt = 0;
+    let stream = loop {
+        attempt += 1;
+        match bounded(
+            options.request_timeout * 2,
+            "opening the stream",
+            js.get_or_create_stream(stream_config(options)),
+        )
+        .await
+        {
+            Ok(stream) => break stream,
+            Err(e) if attempt < 3 => {
+                tracing::debug!(error = %e, "opening the stream; trying again");
+                tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    // An existing stream is used as it is: it must take our subjects, or every publish
+    // would wait for a stream that never answers.
+    let wanted = format!("{}.>", options.subject_prefix);
+    let subjects = &stream.cached_info().config.subjects;
+    if !subjects.iter().any(|s| *s == wanted || s == ">") {
+        return Err(StoreError::Io(format!(
+            "NATS JetStream: stream {} exists with subjects {subjects:?}, not {wanted:?} \
+             (another prefix, or another stream of the same name)",
+            options.stream
+        )));
+    }
+    Ok((client, js, stream))
+}
+
+/// Brings the stream's limits and replicas to `options` (the writer does this once it holds
+/// the stream; a standby changes nothing).
+async fn apply_limits(
+    js: &async_nats::jetstream::Context,
+    stream: &async_nats::jetstream::stream::Stream,
+    options: &JetStreamOptions,
+) -> Result<(), StoreError> {
+    let before = &stream.cached_info().config;
+    let Some(update) = limits_update(before, options) else {
+        return Ok(());
+    };
+    tracing::info!(
+        stream = %options.stream,
+        max_events = format!("{} -> {}", before.max_messages, update.max_messages),
+        max_bytes = format!("{} -> {}", before.max_bytes, update.max_bytes),
+        max_age = format!("{:?} -> {:?}", before.max_age, update.max_age),
+        replicas = format!("{} -> {}", before.num_replicas, update.num_replicas),
+        "updating the stream's limits to the configuration"
+    );
+    bounded(
+        options.request_timeout * 2,
+        "updating the stream's limits",
+        js.update_stream(update),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Reads the stream's position and recent rows, and folds its kept tables into the reader's
+/// shared state (a cold start: every retained kept row is read).
+async fn recover_and_fold(
+    reader: &Reader,
+    options: &JetStreamOptions,
+) -> Result<Recovered, StoreError> {
+    let mut recovered = reader.recover(options.recent_rows).await?;
+    let loaded = fold::load(reader, recovered.first_seq, recovered.next_seq).await?;
+    recovered.kept_counts = loaded.kept.counts();
+    recovered.claims = loaded.claims;
+    *lock(&reader.shared.kept) = loaded.kept;
+    tracing::info!(
+        url = %options.url,
+        stream = %options.stream,
+        next_seq = recovered.next_seq,
+        first_seq = recovered.first_seq,
+        "event store opened (JetStream)"
+    );
+    Ok(recovered)
 }
 
 /// Connects to NATS as `options` say (TLS, timeouts, reconnecting forever).

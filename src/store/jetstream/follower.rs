@@ -1,0 +1,326 @@
+//! A warm standby's view of the stream: [`Follower`] follows the log another node writes,
+//! keeping the kept tables, the claims, the position and the newest rows current, so that
+//! taking over ([`Follower::promote`]) starts the writer at once instead of reading and
+//! folding the whole retained log (about 95 µs per kept row in a debug build,
+//! docs/cluster-notes.md).
+//!
+//! Owns its NATS connection, the follow task and what it folded ([`Followed`], plus the kept
+//! tables in the reader's shared state, which the store it promotes to takes over). It never
+//! publishes to the stream. The first step of "standbys become followers"
+//! (docs/cluster-notes.md): the router does not read from it yet.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use futures::StreamExt as _;
+
+use super::reader::{bounded, lock, Reader, Shared};
+use super::{
+    apply_limits, claim_writer, codec, open_stream, recover_and_fold, JetStreamOptions,
+    JetStreamStore,
+};
+use crate::protocol::ids::EventId;
+use crate::store::kept::claim_key;
+use crate::store::record::StoredRow;
+use crate::store::{Recovered, StoreError};
+
+/// The pause before the follow task opens a new consumer after one failed.
+const RETRY: Duration = Duration::from_millis(250);
+/// The follow consumer's heartbeat.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// Rows the follow consumer asks for at once.
+const BATCH: usize = 512;
+/// How long a promotion waits for the follower to reach the stream's end before it recovers
+/// cold instead.
+const CATCH_UP: Duration = Duration::from_secs(5);
+
+/// What the follower folded besides the kept tables.
+#[derive(Debug, Default)]
+struct Followed {
+    /// The seq after the newest row applied.
+    next_seq: u64,
+    last_id: Option<String>,
+    last_timestamp: u64,
+    /// The newest rows, oldest first (at most `recent_rows`).
+    recent: VecDeque<StoredRow>,
+    /// The newest `identity.claimed` row of every id not released.
+    claims: HashMap<String, StoredRow>,
+    /// Set when promoted: the follow task applies nothing more.
+    stopped: bool,
+    /// Set when promoted from what was followed (not recovered cold).
+    warm: bool,
+}
+
+/// A node following the stream without writing it (see the module docs).
+#[derive(Debug)]
+pub struct Follower {
+    options: JetStreamOptions,
+    client: async_nats::Client,
+    js: async_nats::jetstream::Context,
+    reader: Reader,
+    state: Arc<Mutex<Followed>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Follower {
+    /// Opens the stream as [`JetStreamStore::open`] does, without claiming it, folds what it
+    /// retains and follows it from there with an ordered consumer.
+    ///
+    /// # Errors
+    /// As [`JetStreamStore::open`], but never [`StoreError::Locked`].
+    pub async fn open(options: JetStreamOptions) -> Result<Self, StoreError> {
+        let (client, js, stream) = open_stream(&options).await?;
+        let reader = Reader {
+            stream,
+            prefix: options.subject_prefix.as_str().into(),
+            timeout: options.request_timeout,
+            shared: Arc::new(Shared::default()),
+        };
+        let recovered = recover_and_fold(&reader, &options).await?;
+        let state = Arc::new(Mutex::new(Followed {
+            next_seq: recovered.next_seq,
+            last_id: recovered.last_id.map(|id| id.to_string()),
+            last_timestamp: recovered.last_timestamp,
+            recent: recovered.recent.into(),
+            claims: recovered
+                .claims
+                .into_iter()
+                .filter_map(|row| claim_key(&row.json).map(|key| (key, row)))
+                .collect(),
+            stopped: false,
+            warm: false,
+        }));
+        let task = tokio::spawn(follow(
+            reader.clone(),
+            Arc::clone(&state),
+            options.recent_rows,
+        ));
+        Ok(Self {
+            options,
+            client,
+            js,
+            reader,
+            state,
+            task,
+        })
+    }
+
+    /// The seq after the newest row followed.
+    pub fn position(&self) -> u64 {
+        lock(&self.state).next_seq
+    }
+
+    /// Whether [`Self::promote`] opened the store from what was followed (false before it
+    /// did, and after a cold recovery).
+    pub fn promoted_warm(&self) -> bool {
+        lock(&self.state).warm
+    }
+
+    /// Claims the stream as its writer and opens the store from what was followed: the writer
+    /// starts at once, with no second read of the log. If the follower does not reach the
+    /// stream's end within a few seconds after the claim (it was cut off from NATS, or the
+    /// newest row was deleted), the store recovers cold as [`JetStreamStore::open`] does.
+    /// Once it returns `Ok`, this follower is spent (its task stopped; drop it).
+    ///
+    /// # Errors
+    /// [`StoreError::Locked`] while another live node writes (the follower goes on
+    /// following: ask again later), or NATS failing; after an error other than `Locked`
+    /// the claim is given up, so another node may take over.
+    pub async fn promote(&self) -> Result<(Arc<JetStreamStore>, Recovered), StoreError> {
+        if lock(&self.state).stopped {
+            return Err(StoreError::Io(
+                "NATS JetStream: this follower was promoted already".into(),
+            ));
+        }
+        let responder = claim_writer(&self.client, &self.js, &self.options).await?;
+        match self.take_over().await {
+            Ok(recovered) => {
+                self.task.abort();
+                let store = JetStreamStore::start(
+                    self.client.clone(),
+                    self.js.clone(),
+                    self.reader.clone(),
+                    &recovered,
+                    Some(responder),
+                    &self.options,
+                );
+                Ok((store, recovered))
+            }
+            Err(e) => {
+                responder.abort();
+                Err(e)
+            }
+        }
+    }
+
+    /// After the claim: the stream's limits, then what was followed up to the stream's end
+    /// (or a cold recovery).
+    async fn take_over(&self) -> Result<Recovered, StoreError> {
+        apply_limits(&self.js, &self.reader.stream, &self.options).await?;
+        let (first, next) = self.reader.bounds().await?;
+        let deadline = Instant::now() + CATCH_UP;
+        while self.position() < next && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut state = lock(&self.state);
+        state.stopped = true;
+        state.warm = state.next_seq == next;
+        if !state.warm {
+            tracing::warn!(
+                followed = state.next_seq,
+                stream_next = next,
+                "standby: the follower is not at the stream's end; recovering cold"
+            );
+            drop(state);
+            self.task.abort();
+            return recover_and_fold(&self.reader, &self.options).await;
+        }
+        let last_id = match &state.last_id {
+            None => None,
+            Some(id) => Some(EventId::parse(id).ok_or_else(|| {
+                StoreError::Corrupt(format!("bad event id {id} at seq {}", next - 1))
+            })?),
+        };
+        let mut claims: Vec<StoredRow> = state.claims.values().cloned().collect();
+        claims.sort_by_key(|r| r.seq);
+        let recovered = Recovered {
+            next_seq: state.next_seq,
+            first_seq: first,
+            last_id,
+            last_timestamp: state.last_timestamp,
+            recent: state.recent.iter().cloned().collect(),
+            kept_counts: lock(&self.reader.shared.kept).counts(),
+            claims,
+        };
+        tracing::info!(
+            stream = %self.options.stream,
+            next_seq = recovered.next_seq,
+            "standby: took over from what it followed"
+        );
+        Ok(recovered)
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Follows the stream from the state's position, for ever, with an ephemeral pull consumer
+/// (no acks) that sends a heartbeat every [`HEARTBEAT`]: a lost connection or a restarted
+/// server is noticed within about two of them, and a new consumer continues from the position.
+/// (async-nats's ordered consumer does the same with a fixed 15 s heartbeat: a follower was
+/// 14 s behind after a NATS restart.)
+///
+/// A consumer delivers the stream's rows in order; a row after a hole is taken only as the
+/// first row of a fresh consumer, which says that nothing is left in the hole (retention or a
+/// deletion took it). A hole in the middle of a consumer's delivery (a message lost on the
+/// way) opens a new consumer at the position instead.
+async fn follow(reader: Reader, state: Arc<Mutex<Followed>>, recent_rows: usize) {
+    let what = "following the stream";
+    loop {
+        let from = lock(&state).next_seq;
+        let consumer = bounded(
+            reader.timeout,
+            what,
+            reader.stream.create_consumer(pull::Config {
+                filter_subject: format!("{}.>", reader.prefix),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                ack_policy: AckPolicy::None,
+                memory_storage: true,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            }),
+        )
+        .await;
+        let messages = match consumer {
+            Ok(consumer) => {
+                bounded(
+                    reader.timeout,
+                    what,
+                    consumer
+                        .stream()
+                        .max_messages_per_batch(BATCH)
+                        .expires(HEARTBEAT * 4)
+                        .heartbeat(HEARTBEAT)
+                        .messages(),
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let mut messages = match messages {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "standby: cannot follow the stream; trying again");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        let mut fresh = true;
+        while let Some(msg) = messages.next().await {
+            let row = msg.map_err(|e| e.to_string()).and_then(|msg| {
+                let seq = msg.info().map_err(|e| e.to_string())?.stream_sequence;
+                codec::decode_parts(seq, msg.headers.as_ref(), &msg.payload)
+                    .map_err(|e| e.to_string())
+            });
+            let row = match row {
+                Ok(row) => row,
+                Err(e) => {
+                    tracing::warn!(error = %e, "standby: following the stream failed");
+                    break;
+                }
+            };
+            let expected = lock(&state).next_seq;
+            if row.seq > expected && !fresh {
+                tracing::warn!(
+                    expected,
+                    got = row.seq,
+                    "standby: a hole in what the stream sent; following again from the hole"
+                );
+                break;
+            }
+            fresh = false;
+            if !apply(&state, &reader.shared, row, recent_rows) {
+                return;
+            }
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// Folds one followed row; false once the follower was promoted.
+fn apply(state: &Mutex<Followed>, shared: &Shared, row: StoredRow, recent_rows: usize) -> bool {
+    let mut s = lock(state);
+    if s.stopped {
+        return false;
+    }
+    if row.seq < s.next_seq {
+        return true; // seen already (a consumer opened again from an older position)
+    }
+    s.next_seq = row.seq + 1;
+    s.last_id = Some(row.id.clone());
+    s.last_timestamp = row.timestamp;
+    match row.kind.as_str() {
+        "identity.claimed" | "identity.released" => match claim_key(&row.json) {
+            Some(key) if row.kind == "identity.claimed" => {
+                s.claims.insert(key, row.clone());
+            }
+            Some(key) => {
+                s.claims.remove(&key);
+            }
+            None => tracing::warn!(event = %row.id, "a claim without its id"),
+        },
+        _ => lock(&shared.kept).ingest(row.clone()),
+    }
+    s.recent.push_back(row);
+    while s.recent.len() > recent_rows {
+        s.recent.pop_front();
+    }
+    true
+}
