@@ -20,9 +20,37 @@ use crate::server::config::Config;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{EventStore, Recovered};
 
-/// The state of the NATS connection: whether it is up, and why the store stopped publishing
-/// if it did.
-pub type Probe = Arc<dyn Fn() -> (bool, Option<String>) + Send + Sync>;
+/// What `/health` and `/metrics` say of the cluster, from this node.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    /// Whether the NATS connection is up.
+    pub connected: bool,
+    /// Why the store stopped publishing, if it did.
+    pub diverged: Option<String>,
+    /// The nodes that answered the last roll call (this one included), sorted by name.
+    pub nodes: Vec<Node>,
+}
+
+/// A node of the stream, as it answered the roll call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Its `[cluster] node` name.
+    pub name: String,
+    /// `writer` or `standby`.
+    pub role: String,
+    /// The seq after the newest event it holds (committed, or followed).
+    pub position: u64,
+}
+
+/// The cluster's state now.
+pub type Probe = Arc<dyn Fn() -> ClusterState + Send + Sync>;
+
+/// How often the live node asks every node of the stream who it is, and how long it gathers
+/// their answers.
+#[cfg(feature = "cluster")]
+const ROLL_CALL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+#[cfg(feature = "cluster")]
+const ROLL_CALL_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// An opened store with what it recovered.
 pub type Opened = (Arc<dyn EventStore>, Recovered);
@@ -55,8 +83,16 @@ pub async fn open_store(
     if let Some(options) = config.cluster.jetstream_options(&config.router.name) {
         let options = options.map_err(|e| std::io::Error::other(format!("cluster: {e}")))?;
         let (store, recovered) = open_jetstream(config, options, listeners).await?;
+        let nodes = roll_calls(&store);
         let probe_store = Arc::clone(&store);
-        let probe: Probe = Arc::new(move || (probe_store.connected(), probe_store.diverged()));
+        let probe: Probe = Arc::new(move || ClusterState {
+            connected: probe_store.connected(),
+            diverged: probe_store.diverged(),
+            nodes: nodes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+        });
         return Ok((Some((store as Arc<dyn EventStore>, recovered)), Some(probe)));
     }
     #[cfg(not(feature = "cluster"))]
@@ -76,6 +112,39 @@ pub async fn open_store(
         .map_err(std::io::Error::other)?
         .map_err(std::io::Error::other)?;
     Ok((Some((store as Arc<dyn EventStore>, recovered)), None))
+}
+
+/// Asks every node of the stream who it is, every [`ROLL_CALL_EVERY`], for as long as the
+/// store is open; the answers gathered last are in the returned list (empty while NATS is
+/// away). Handlers read the list: a scrape sends nothing to NATS.
+#[cfg(feature = "cluster")]
+fn roll_calls(
+    store: &Arc<crate::store::jetstream::JetStreamStore>,
+) -> Arc<std::sync::Mutex<Vec<Node>>> {
+    let nodes: Arc<std::sync::Mutex<Vec<Node>>> = Arc::default();
+    let cache = Arc::clone(&nodes);
+    let store = Arc::downgrade(store);
+    tokio::spawn(async move {
+        loop {
+            let Some(open) = store.upgrade() else { return };
+            let answered = open.nodes(ROLL_CALL_WAIT).await;
+            drop(open);
+            let answered: Vec<Node> = answered
+                .unwrap_or_default()
+                .into_iter()
+                .map(|n| Node {
+                    name: n.node,
+                    role: n.role,
+                    position: n.position,
+                })
+                .collect();
+            *cache
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = answered;
+            tokio::time::sleep(ROLL_CALL_EVERY).await;
+        }
+    });
+    nodes
 }
 
 /// Opens the JetStream store, as a standby first when `[cluster] standby` says so and another
@@ -239,25 +308,54 @@ pub fn health(probe: Option<&Probe>) -> Response {
     let Some(probe) = probe else {
         return "ok\n".into_response();
     };
-    match probe() {
-        (_, Some(why)) => (
+    let state = probe();
+    let (status, mut body) = match (&state.diverged, state.connected) {
+        (Some(why), _) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("unavailable\nnats: diverged: {why}\n"),
-        )
-            .into_response(),
-        (false, None) => (
+        ),
+        (None, false) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable\nnats: disconnected (the event log cannot be written or read)\n",
-        )
-            .into_response(),
-        (true, None) => "ok\nnats: connected\n".into_response(),
+            "unavailable\nnats: disconnected (the event log cannot be written or read)\n".into(),
+        ),
+        (None, true) => (StatusCode::OK, "ok\nnats: connected\n".to_owned()),
+    };
+    if !state.nodes.is_empty() {
+        body.push_str(&format!("nodes: {}\n", state.nodes.len()));
+        for n in &state.nodes {
+            body.push_str(&format!(
+                "node {}: {}, position {}\n",
+                printable(&n.name),
+                printable(&n.role),
+                n.position
+            ));
+        }
     }
+    (status, body).into_response()
+}
+
+/// `s` with control characters (a line break in a node's name) shown as `?`.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// `s` as an OpenMetrics label value (backslash, quote and line break escaped).
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// The cluster's metric families (OpenMetrics text without `# EOF`).
 pub fn render_metrics(probe: &Probe) -> String {
-    let (connected, diverged) = probe();
-    format!(
+    let ClusterState {
+        connected,
+        diverged,
+        nodes,
+    } = probe();
+    let mut out = format!(
         "# TYPE map_cluster_nats_connected gauge\n\
          # HELP map_cluster_nats_connected 1 while the NATS connection of the event log is up.\n\
          map_cluster_nats_connected {}\n\
@@ -267,5 +365,24 @@ pub fn render_metrics(probe: &Probe) -> String {
          map_cluster_diverged {}\n",
         u8::from(connected),
         u8::from(diverged.is_some()),
-    )
+    );
+    out.push_str(&format!(
+        "# TYPE map_cluster_nodes gauge\n\
+         # HELP map_cluster_nodes Nodes of the stream that answered this node's last roll call \
+         (itself included).\n\
+         map_cluster_nodes {}\n\
+         # TYPE map_cluster_node_position gauge\n\
+         # HELP map_cluster_node_position The seq after the newest event each node holds \
+         (committed on the writer, followed on a standby).\n",
+        nodes.len()
+    ));
+    for n in &nodes {
+        out.push_str(&format!(
+            "map_cluster_node_position{{node=\"{}\",role=\"{}\"}} {}\n",
+            label(&n.name),
+            label(&n.role),
+            n.position
+        ));
+    }
+    out
 }

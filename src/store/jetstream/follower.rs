@@ -18,8 +18,8 @@ use futures::StreamExt as _;
 
 use super::reader::{bounded, lock, Reader, Shared};
 use super::{
-    apply_limits, claim_writer, codec, open_stream, recover_and_fold, JetStreamOptions,
-    JetStreamStore,
+    apply_limits, claim_writer, codec, nodes, open_stream, recover_and_fold, JetStreamOptions,
+    JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
 use crate::store::kept::claim_key;
@@ -62,6 +62,8 @@ pub struct Follower {
     reader: Reader,
     state: Arc<Mutex<Followed>>,
     task: tokio::task::JoinHandle<()>,
+    /// Answers the roll call of nodes as a standby (`nodes.rs`).
+    roll: tokio::task::JoinHandle<()>,
 }
 
 impl Follower {
@@ -97,6 +99,15 @@ impl Follower {
             Arc::clone(&state),
             options.recent_rows,
         ));
+        let roll = {
+            let state = Arc::clone(&state);
+            let node = options.node.clone();
+            nodes::answer(client.clone(), &options.stream, move || NodeStatus {
+                node: node.clone(),
+                role: "standby".into(),
+                position: lock(&state).next_seq,
+            })
+        };
         Ok(Self {
             options,
             client,
@@ -104,6 +115,7 @@ impl Follower {
             reader,
             state,
             task,
+            roll,
         })
     }
 
@@ -138,6 +150,7 @@ impl Follower {
         match self.take_over().await {
             Ok(recovered) => {
                 self.task.abort();
+                self.roll.abort();
                 let store = JetStreamStore::start(
                     self.client.clone(),
                     self.js.clone(),
@@ -164,19 +177,22 @@ impl Follower {
         while self.position() < next && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let mut state = lock(&self.state);
-        state.stopped = true;
-        state.warm = state.next_seq == next;
-        if !state.warm {
+        let followed = {
+            let mut state = lock(&self.state);
+            state.stopped = true;
+            state.warm = state.next_seq == next;
+            state.next_seq
+        };
+        if followed != next {
             tracing::warn!(
-                followed = state.next_seq,
+                followed,
                 stream_next = next,
                 "standby: the follower is not at the stream's end; recovering cold"
             );
-            drop(state);
             self.task.abort();
             return recover_and_fold(&self.reader, &self.options).await;
         }
+        let state = lock(&self.state);
         let last_id = match &state.last_id {
             None => None,
             Some(id) => Some(EventId::parse(id).ok_or_else(|| {
@@ -206,6 +222,7 @@ impl Follower {
 impl Drop for Follower {
     fn drop(&mut self) {
         self.task.abort();
+        self.roll.abort();
     }
 }
 

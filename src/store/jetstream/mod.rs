@@ -45,6 +45,7 @@
 mod codec;
 mod fold;
 mod follower;
+mod nodes;
 mod reader;
 mod writer;
 
@@ -66,6 +67,7 @@ use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
 
 pub use codec::{decode, encode};
 pub use follower::Follower;
+pub use nodes::NodeStatus;
 
 /// The default stream name.
 pub const DEFAULT_STREAM: &str = "MAP_EVENTS";
@@ -191,6 +193,9 @@ pub struct JetStreamStore {
     refresher: tokio::task::JoinHandle<()>,
     /// Answers [`writer_subject`] while open (with `exclusive`).
     responder: Option<tokio::task::JoinHandle<()>>,
+    /// Answers the roll call of nodes (`nodes.rs`) as the writer.
+    roll: tokio::task::JoinHandle<()>,
+    stream: String,
     close_timeout: Duration,
 }
 
@@ -262,6 +267,15 @@ impl JetStreamStore {
             let _ = exit_tx.send(result);
         });
         let refresher = tokio::spawn(refresh_first_seq(reader.clone()));
+        let roll = {
+            let committed = committed_rx.clone();
+            let node = options.node.clone();
+            nodes::answer(client.clone(), &options.stream, move || NodeStatus {
+                node: node.clone(),
+                role: "writer".into(),
+                position: *committed.borrow(),
+            })
+        };
         Arc::new(Self {
             client,
             reader,
@@ -271,8 +285,19 @@ impl JetStreamStore {
             shared,
             refresher,
             responder,
+            roll,
+            stream: options.stream.clone(),
             close_timeout: options.close_timeout,
         })
+    }
+
+    /// The nodes of this stream that answer a roll call within `wait` (this one included),
+    /// sorted by name.
+    ///
+    /// # Errors
+    /// NATS is unreachable.
+    pub async fn nodes(&self, wait: Duration) -> Result<Vec<NodeStatus>, StoreError> {
+        nodes::roll_call(&self.client, &self.stream, wait).await
     }
 
     /// Why the store stopped publishing, when the stream holds another event at one of its
@@ -304,6 +329,7 @@ impl JetStreamStore {
 impl Drop for JetStreamStore {
     fn drop(&mut self) {
         self.refresher.abort();
+        self.roll.abort();
         if let Some(r) = &self.responder {
             r.abort();
         }
