@@ -160,6 +160,29 @@ async function startNats() {
   return nats;
 }
 
+/**
+ * A standby node (`[cluster] standby = true`) on the stream of `natsUrl`, named `node`: it
+ * prints nothing until it takes over, so nothing is awaited here. `kill()` is SIGKILL.
+ */
+function startStandby(natsUrl, node) {
+  const dir = mkdtempSync(path.join(tmpdir(), 'map-router-browser-standby-'));
+  writeFileSync(path.join(dir, 'router.toml'), `[cluster]\nurl = "${natsUrl}"\nnode = "${node}"\nstandby = true\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n`);
+  const proc = spawn(BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', path.join(dir, 'data'), '--config', path.join(dir, 'router.toml')], {
+    stdio: ['ignore', 'ignore', 'ignore'],
+    env: routerEnv(),
+  });
+  return {
+    async kill() {
+      if (proc.exitCode === null && proc.signalCode === null) {
+        const exited = new Promise((r) => proc.once('exit', r));
+        proc.kill('SIGKILL');
+        await withTimeout(exited, WAIT_MS, 'standby exit');
+      }
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
 async function stopRouter(router) {
   routers.delete(router);
   if (router.proc.exitCode === null && router.proc.signalCode === null) {
@@ -584,7 +607,7 @@ args = ["${AGENT}", "active", "30", "5", "0.003"]
 scenario('cluster', async (t, browser) => {
   const nats = await startNats();
   t.cleanup(() => nats.stop());
-  const router = await t.router(`[cluster]\nurl = "${nats.url}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n`);
+  const router = await t.router(`[cluster]\nurl = "${nats.url}"\nnode = "node-a"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n`);
   const context = await t.context(browser);
   const page = await context.newPage();
   await page.goto(router.uiUrl);
@@ -594,6 +617,18 @@ scenario('cluster', async (t, browser) => {
     await page.locator(`${tid('connection-status')}[data-status="live"]`).waitFor({ timeout: WAIT_MS });
     await badge('connected').waitFor({ timeout: WAIT_MS });
     assert.equal(await page.textContent(tid('nats-status')), 'nats: connected');
+  });
+
+  await t.step('the header lists the nodes of the stream: a standby joins, then dies', async () => {
+    const nodes = async () => page.textContent(tid('cluster-nodes'));
+    await until(async () => (await nodes()) === 'nodes: node-a (writer)', 'the writer alone');
+    const standby = startStandby(nats.url, 'node-b');
+    t.cleanup(() => standby.kill());
+    // A standby starts (NATS, the stream followed), then the next roll call (every 2 s) and the
+    // page's next /health (every 2 s) show it: more than WAIT_MS on a loaded machine.
+    await until(async () => (await nodes()) === 'nodes: node-a (writer) · node-b (standby)', 'the standby listed', 4 * WAIT_MS);
+    await standby.kill();
+    await until(async () => (await nodes()) === 'nodes: node-a (writer)', 'the standby gone from the list', 4 * WAIT_MS);
   });
 
   await t.step('NATS killed: the header says disconnected; NATS back: connected again', async () => {

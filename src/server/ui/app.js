@@ -249,16 +249,43 @@ const HEALTH_MS = 2000;
  * header. A router that is not in cluster mode has no such line: the badge stays hidden and
  * the page stops asking.
  */
+/**
+ * The nodes of the event log's stream, from the `node NAME: ROLE, position N` lines of
+ * /health (the live node's last roll call): each with its role, and how far a standby is
+ * behind the writer.
+ */
+function showNodes(lines) {
+  const el = $('cluster-nodes');
+  const nodes = lines
+    .map((l) => /^node (.+): (\w+), position (\d+)$/.exec(l))
+    .filter(Boolean)
+    .map(([, name, role, position]) => ({ name, role, position: Number(position) }));
+  if (nodes.length === 0) {
+    el.hidden = true;
+    return;
+  }
+  const writer = nodes.find((n) => n.role === 'writer');
+  el.textContent = `nodes: ${nodes
+    .map((n) => {
+      const behind = writer && n.role !== 'writer' ? writer.position - n.position : 0;
+      return behind > 0 ? `${n.name} (${n.role}, ${behind} behind)` : `${n.name} (${n.role})`;
+    })
+    .join(' · ')}`;
+  el.hidden = false;
+}
+
 async function watchNats() {
   const badge = $('nats-status');
   let state;
   try {
     const res = await fetch('/health', { cache: 'no-store', signal: AbortSignal.timeout(HEALTH_MS) });
-    const line = (await res.text()).split('\n').find((l) => l.startsWith('nats: '));
+    const lines = (await res.text()).split('\n');
+    const line = lines.find((l) => l.startsWith('nats: '));
     if (!line) {
       badge.hidden = true;
       return;
     }
+    showNodes(lines);
     const detail = line.slice('nats: '.length);
     state = detail.split(/[ :]/)[0];
     badge.textContent = `nats: ${detail}`;
