@@ -1069,42 +1069,23 @@ async fn nats_nkeys_and_creds_files_authenticate_and_are_never_shown() {
     let nats = Nats::start_with("nkey", vec!["-c".into(), conf.into()]);
     let secrets = [seed.as_str(), stranger_seed.as_str()];
     let file = |name: &str, key: &str| format!("{key} = {:?}", dir.path.join(name));
-    refused(
-        &nats,
-        &dir.path.join("none"),
-        "",
-        "connecting to nats://",
-        &secrets,
-    )
-    .await;
-    refused(
-        &nats,
-        &dir.path.join("stranger-node"),
-        &file("stranger", "nkey_file"),
-        "connecting to nats://",
-        &secrets,
-    )
-    .await;
-    refused(
-        &nats,
-        &dir.path.join("junk-node"),
-        &file("junk", "nkey_file"),
-        "nats://",
-        &secrets,
-    )
-    .await;
-    refused(
-        &nats,
-        &dir.path.join("two-ways"),
-        &format!(
-            "{}\n{}",
-            file("seed", "nkey_file"),
-            file("stranger", "token_file")
+    let two_ways = format!(
+        "{}\n{}",
+        file("seed", "nkey_file"),
+        file("stranger", "token_file")
+    );
+    for (label, cluster, says) in [
+        ("none", String::new(), "connecting to nats://"),
+        (
+            "stranger",
+            file("stranger", "nkey_file"),
+            "connecting to nats://",
         ),
-        "one way to authenticate",
-        &secrets,
-    )
-    .await;
+        ("junk", file("junk", "nkey_file"), "nats://"),
+        ("two-ways", two_ways, "one way to authenticate"),
+    ] {
+        refused(&nats, &dir.path.join(label), &cluster, says, &secrets).await;
+    }
     let (_node, url) = start_binary(node_args(
         &nats,
         &dir.path.join("right"),
@@ -1171,22 +1152,20 @@ async fn nats_nkeys_and_creds_files_authenticate_and_are_never_shown() {
     .unwrap();
     std::fs::write(dir.path.join("not.creds"), "hello\n").unwrap();
     let secrets = [node_seed.as_str(), stranger_seed.as_str()];
-    refused(
-        &nats,
-        &dir.path.join("op-stranger"),
-        &file("stranger.creds", "creds_file"),
-        "connecting to nats://",
-        &secrets,
-    )
-    .await;
-    refused(
-        &nats,
-        &dir.path.join("op-junk"),
-        &file("not.creds", "creds_file"),
-        "is not a NATS .creds file",
-        &secrets,
-    )
-    .await;
+    for (label, cluster, says) in [
+        (
+            "op-stranger",
+            file("stranger.creds", "creds_file"),
+            "connecting to nats://",
+        ),
+        (
+            "op-junk",
+            file("not.creds", "creds_file"),
+            "is not a NATS .creds file",
+        ),
+    ] {
+        refused(&nats, &dir.path.join(label), &cluster, says, &secrets).await;
+    }
     let (_node, url) = start_binary(node_args(
         &nats,
         &dir.path.join("op-right"),

@@ -18,8 +18,8 @@ use futures::StreamExt as _;
 
 use super::reader::{bounded, lock, Reader, Shared};
 use super::{
-    apply_limits, claim_writer, codec, nodes, open_stream, recover_and_fold, JetStreamOptions,
-    JetStreamStore, NodeStatus,
+    apply_limits, claim_writer, codec, new_reader, nodes, open_stream, recover_and_fold,
+    JetStreamOptions, JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
 use crate::store::kept::claim_key;
@@ -68,18 +68,13 @@ pub struct Follower {
 
 impl Follower {
     /// Opens the stream as [`JetStreamStore::open`] does, without claiming it, folds what it
-    /// retains and follows it from there with an ordered consumer.
+    /// retains and follows it from there (a pull consumer, see [`follow`]).
     ///
     /// # Errors
     /// As [`JetStreamStore::open`], but never [`StoreError::Locked`].
     pub async fn open(options: JetStreamOptions) -> Result<Self, StoreError> {
         let (client, js, stream) = open_stream(&options).await?;
-        let reader = Reader {
-            stream,
-            prefix: options.subject_prefix.as_str().into(),
-            timeout: options.request_timeout,
-            shared: Arc::new(Shared::default()),
-        };
+        let reader = new_reader(stream, &options);
         let recovered = recover_and_fold(&reader, &options).await?;
         let state = Arc::new(Mutex::new(Followed {
             next_seq: recovered.next_seq,

@@ -215,12 +215,7 @@ impl JetStreamStore {
         };
         let result = async {
             apply_limits(&js, &stream, &options).await?;
-            let reader = Reader {
-                stream,
-                prefix: options.subject_prefix.as_str().into(),
-                timeout: options.request_timeout,
-                shared: Arc::new(Shared::default()),
-            };
+            let reader = new_reader(stream, &options);
             let recovered = recover_and_fold(&reader, &options).await?;
             Ok((reader, recovered))
         }
@@ -410,6 +405,16 @@ async fn apply_limits(
     )
     .await?;
     Ok(())
+}
+
+/// A reader of `stream` with fresh shared state.
+fn new_reader(stream: async_nats::jetstream::stream::Stream, options: &JetStreamOptions) -> Reader {
+    Reader {
+        stream,
+        prefix: options.subject_prefix.as_str().into(),
+        timeout: options.request_timeout,
+        shared: Arc::new(Shared::default()),
+    }
 }
 
 /// Reads the stream's position and recent rows, and folds its kept tables into the reader's
