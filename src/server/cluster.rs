@@ -4,7 +4,7 @@
 //!
 //! Owns only the choice, the standby page (served on the listeners while another node writes
 //! the stream, `[cluster] standby`, whose store follows the stream meanwhile:
-//! `store::jetstream::Follower`), and a probe of the open JetStream store
+//! `store::jetstream::follower::Follower`), and a probe of the open JetStream store
 //! (`store::jetstream::JetStreamStore::connected` / `diverged`); the store itself belongs to
 //! the router. docs/cluster.md says how to run it; docs/cluster-notes.md what is missing.
 
@@ -155,7 +155,8 @@ async fn open_jetstream(
     options: crate::store::jetstream::JetStreamOptions,
     listeners: &Listeners<'_>,
 ) -> std::io::Result<(Arc<crate::store::jetstream::JetStreamStore>, Recovered)> {
-    use crate::store::jetstream::{wait_for_takeover, Follower, JetStreamStore};
+    use crate::store::jetstream::follower::Follower;
+    use crate::store::jetstream::{wait_for_takeover, JetStreamStore};
     use crate::store::StoreError;
     let failed = |e: StoreError| std::io::Error::other(format!("cluster: {e}"));
     let poll = std::time::Duration::from_millis(config.cluster.takeover_poll_ms.max(1));

@@ -44,7 +44,7 @@
 
 mod codec;
 mod fold;
-mod follower;
+pub mod follower;
 mod nodes;
 mod reader;
 mod writer;
@@ -66,7 +66,6 @@ use crate::store::record::{EventRecord, StoredRow};
 use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
 
 pub use codec::{decode, encode};
-pub use follower::Follower;
 pub use nodes::NodeStatus;
 
 /// The default stream name.
