@@ -1201,7 +1201,7 @@ async fn the_live_node_lists_every_node_with_its_role_and_position() {
         start_binary(node_args(&nats, &dir.path.join("w"), "node = \"node-w\"")).await;
     health_until(&url, "ok", |s, _| s == 200).await;
     let mut s1 = start_standby(&nats, &dir.path.join("s1"), "node-s1").await;
-    let _s2 = start_standby(&nats, &dir.path.join("s2"), "node-s2").await;
+    let s2 = start_standby(&nats, &dir.path.join("s2"), "node-s2").await;
     let mut alice = WsClient::agent(&url, "alice", json!({})).await;
     let mut bob = WsClient::agent(&url, "bob", json!({})).await;
     for i in 0..20 {
@@ -1228,6 +1228,15 @@ async fn the_live_node_lists_every_node_with_its_role_and_position() {
         ]
     );
     assert!(nodes[0].2 > 20, "the position counts the events: {body}");
+    // Each standby says how far it followed.
+    for s in [&s1, &s2] {
+        let want = format!("following: position {}\n", nodes[0].2);
+        let body = health_until(&s.url, "the standby's position", |st, b| {
+            st == 503 && b.contains(&want)
+        })
+        .await;
+        assert!(body.starts_with("standby\n"), "{body}");
+    }
     let text = metrics(&url).await;
     promtool_check(&text).await;
     assert!(text.contains("map_cluster_nodes 3\n"), "{text}");

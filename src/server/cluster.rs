@@ -186,7 +186,10 @@ async fn open_jetstream(
                     standby.get_or_insert_with(|| Standby::serve(listeners, &options.stream));
                 if follower.is_none() {
                     match Follower::open(options.clone()).await {
-                        Ok(f) => follower = Some(f),
+                        Ok(f) => {
+                            let _ = page.following.set(Box::new(f.position_probe()));
+                            follower = Some(f);
+                        }
                         Err(e) => tracing::warn!(
                             error = %e,
                             "standby: cannot follow the stream; it is read at the takeover"
@@ -224,16 +227,24 @@ async fn open_jetstream(
 struct Standby {
     /// Who writes the stream: not asked yet, nobody answers, or a node's name.
     writer: Arc<std::sync::Mutex<Option<Option<String>>>>,
+    /// How far this node has followed the stream, once it follows it.
+    following: Arc<std::sync::OnceLock<Position>>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
+
+/// The position a follower has reached.
+#[cfg(feature = "cluster")]
+type Position = Box<dyn Fn() -> u64 + Send + Sync>;
 
 #[cfg(feature = "cluster")]
 impl Standby {
     fn serve(listeners: &Listeners<'_>, stream: &str) -> Self {
         let writer: Arc<std::sync::Mutex<Option<Option<String>>>> = Arc::default();
+        let following: Arc<std::sync::OnceLock<Position>> = Arc::default();
         let answer = {
             let writer = Arc::clone(&writer);
+            let following = Arc::clone(&following);
             let stream = stream.to_owned();
             move |health: bool| {
                 let node = writer
@@ -246,7 +257,11 @@ impl Standby {
                     Some(Some(n)) => format!("writer: {n}"),
                 };
                 let body = if health {
-                    format!("standby\nnats: connected\n{who}\n")
+                    let position = following
+                        .get()
+                        .map(|p| format!("following: position {}\n", p()))
+                        .unwrap_or_default();
+                    format!("standby\nnats: connected\n{who}\n{position}")
                 } else {
                     format!(
                         "standby: another node writes the event log (stream {stream}; {who}); \
@@ -289,6 +304,7 @@ impl Standby {
             .collect();
         Self {
             writer,
+            following,
             shutdown,
             tasks,
         }

@@ -119,6 +119,12 @@ impl Follower {
         lock(&self.state).next_seq
     }
 
+    /// [`Self::position`] as a function that outlives this borrow (for a status page).
+    pub fn position_probe(&self) -> impl Fn() -> u64 + Send + Sync + 'static {
+        let state = Arc::clone(&self.state);
+        move || lock(&state).next_seq
+    }
+
     /// Whether [`Self::promote`] opened the store from what was followed (false before it
     /// did, and after a cold recovery).
     pub fn promoted_warm(&self) -> bool {
