@@ -13,7 +13,8 @@
 # Loopback only; every wait is bounded.
 set -euo pipefail
 LOAD=$1; A=$2; B=$3; ROUNDS=${4:-3}; PAYLOAD=${5:-1024}
-cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 for round in $(seq "$ROUNDS"); do
   for label in a b; do
     bin=$A; args=${A_ARGS:-}; [ "$label" = b ] && bin=$B && args=${B_ARGS:-}
@@ -26,13 +27,7 @@ for round in $(seq "$ROUNDS"); do
         # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
         taskset -c 0 "$bin" serve --listen 127.0.0.1:0 "${extra[@]}" $args 2> "$dir/log" &
         pid=$!
-        url=""
-        for _ in $(seq 100); do
-          url=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$dir/log" | head -n1)
-          [ -n "$url" ] && break
-          sleep 0.1
-        done
-        [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; exit 1; }
+        url=$(router_url "$dir/log")
         c0=$(cpu "$pid")
         res=$(taskset -c 1 timeout 300 "$LOAD" --url "$url" --server-pid "$pid" --test fanout \
           --agents "$K" --subscribers "$S" --publishers 2 --messages 20000 \

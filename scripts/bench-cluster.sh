@@ -12,7 +12,8 @@
 # Needs nats-server on PATH. Loopback only; every wait is bounded.
 set -euo pipefail
 LOAD=$1; BIN=$2; ROUNDS=${3:-3}; PAYLOAD=${4:-1024}
-cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 for round in $(seq "$ROUNDS"); do
   for store in sqlite jetstream; do
@@ -34,13 +35,7 @@ for round in $(seq "$ROUNDS"); do
       : > "$dir/log"
       taskset -c 0 "$BIN" serve --listen 127.0.0.1:0 "${extra[@]}" 2> "$dir/log" &
       pid=$!
-      url=""
-      for _ in $(seq 100); do
-        url=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$dir/log" | head -n1)
-        [ -n "$url" ] && break
-        sleep 0.1
-      done
-      [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; exit 1; }
+      url=$(router_url "$dir/log")
       c0=$(cpu "$pid"); n0=0; [ -n "$nats_pid" ] && n0=$(cpu "$nats_pid")
       res=$(taskset -c 1 timeout 300 "$LOAD" --url "$url" --server-pid "$pid" --test fanout \
         --agents "$K" --subscribers "$S" --publishers 2 --messages 20000 \

@@ -15,6 +15,8 @@
 #
 # Loopback only; every wait is bounded. Not part of the test run.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 which=${1:-all}
 if [ -z "${BIN:-}" ]; then
@@ -38,13 +40,8 @@ soak() {  # soak NAME ARGS...
   # shellcheck disable=SC2086 # PIN0 is a command prefix, split on purpose
   $PIN0 "$BIN" serve --listen 127.0.0.1:0 --data-dir "$dir/data" --config "$dir/config.toml" \
     2> "$dir/log" &
-  local pid=$! url=""
-  for _ in $(seq 100); do
-    url=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$dir/log" | head -n1)
-    [ -n "$url" ] && break
-    sleep 0.1
-  done
-  [ -n "$url" ] || { echo "server did not start: $(cat "$dir/log")" >&2; kill "$pid"; exit 1; }
+  local pid=$! url
+  url=$(router_url "$dir/log") || { kill "$pid"; exit 1; }
   for _ in $(seq "${REPEAT:-1}"); do
     # shellcheck disable=SC2086
     $PIN1 timeout 900 "$SOAK" --bench --url "$url" --server-pid "$pid" --test "$name" \

@@ -12,6 +12,8 @@
 # stops before any test runs). Touches only loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 echo "== setup (scripts/setup.sh: system packages, npm packages, Python virtual environments)"
 scripts/setup.sh
@@ -48,13 +50,7 @@ router_log="$router_dir/router.log"
 target/debug/map-router --listen 127.0.0.1:0 --data-dir "$router_dir/data" 2> "$router_log" &
 router_pid=$!
 trap 'kill "$router_pid" ${agent_pid:-} 2>/dev/null || true; rm -rf "$router_dir"' EXIT
-MAP_ROUTER_URL=
-for _ in $(seq 100); do
-  MAP_ROUTER_URL=$(sed -n 's/^map-router listening on \(ws:[^ ]*\)$/\1/p' "$router_log" | head -n 1)
-  [ -n "$MAP_ROUTER_URL" ] && break
-  sleep 0.1
-done
-[ -n "$MAP_ROUTER_URL" ] || { echo "the router did not start:"; cat "$router_log"; exit 1; }
+MAP_ROUTER_URL=$(router_url "$router_log")
 export MAP_ROUTER_URL
 timeout 60 target/debug/examples/embedded
 timeout 60 target/debug/examples/dashboard --seconds 1
