@@ -39,6 +39,29 @@ pub(super) struct Loaded {
     pub claims: Vec<StoredRow>,
 }
 
+/// Folds one row: a claim or its release into `claims` (the newest claim of each id not
+/// released), any other row into the kept tables (which ignore rows of kinds they do not keep).
+/// The fold at open and a following standby (`follower.rs`) both fold with it.
+pub(super) fn fold_row(
+    kept: &mut MemoryKept,
+    claims: &mut HashMap<String, StoredRow>,
+    row: StoredRow,
+) {
+    if row.kind != "identity.claimed" && row.kind != "identity.released" {
+        kept.ingest(row);
+        return;
+    }
+    match claim_key(&row.json) {
+        Some(key) if row.kind == "identity.claimed" => {
+            claims.insert(key, row);
+        }
+        Some(key) => {
+            claims.remove(&key);
+        }
+        None => tracing::warn!(event = %row.id, "a claim without its id"),
+    }
+}
+
 /// Folds the rows `[first, next)` of the kept kinds.
 pub(super) async fn load(reader: &Reader, first: u64, next: u64) -> Result<Loaded, StoreError> {
     let mut kept = MemoryKept::default();
@@ -49,19 +72,7 @@ pub(super) async fn load(reader: &Reader, first: u64, next: u64) -> Result<Loade
             let what = format!("folding {subject}");
             reader
                 .scan(&what, &subject, first, next, |row| {
-                    if row.kind == "identity.claimed" || row.kind == "identity.released" {
-                        match claim_key(&row.json) {
-                            Some(key) if row.kind == "identity.claimed" => {
-                                claims.insert(key, row);
-                            }
-                            Some(key) => {
-                                claims.remove(&key);
-                            }
-                            None => tracing::warn!(event = %row.id, "a claim without its id"),
-                        }
-                    } else {
-                        kept.ingest(row);
-                    }
+                    fold_row(&mut kept, &mut claims, row);
                     true
                 })
                 .await?;

@@ -18,7 +18,7 @@ use futures::StreamExt as _;
 
 use super::reader::{bounded, lock, Reader, Shared};
 use super::{
-    apply_limits, claim_writer, codec, new_reader, nodes, open_stream, recover_and_fold,
+    apply_limits, claim_writer, codec, fold, new_reader, nodes, open_stream, recover_and_fold,
     JetStreamOptions, JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
@@ -324,18 +324,7 @@ fn apply(state: &Mutex<Followed>, shared: &Shared, row: StoredRow, recent_rows: 
     s.next_seq = row.seq + 1;
     s.last_id = Some(row.id.clone());
     s.last_timestamp = row.timestamp;
-    match row.kind.as_str() {
-        "identity.claimed" | "identity.released" => match claim_key(&row.json) {
-            Some(key) if row.kind == "identity.claimed" => {
-                s.claims.insert(key, row.clone());
-            }
-            Some(key) => {
-                s.claims.remove(&key);
-            }
-            None => tracing::warn!(event = %row.id, "a claim without its id"),
-        },
-        _ => lock(&shared.kept).ingest(row.clone()),
-    }
+    fold::fold_row(&mut lock(&shared.kept), &mut s.claims, row.clone());
     s.recent.push_back(row);
     while s.recent.len() > recent_rows {
         s.recent.pop_front();
