@@ -538,11 +538,9 @@ fn stream_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool 
 /// settled: the new writer creates it).
 async fn settled(js: &async_nats::jetstream::Context, stream: &str, limit: Duration) -> bool {
     let last = || async {
+        // `get_stream` reads the stream's info (STREAM.INFO): its state is fresh.
         match tokio::time::timeout(limit, js.get_stream(stream)).await {
-            Ok(Ok(mut s)) => match tokio::time::timeout(limit, s.info()).await {
-                Ok(Ok(info)) => Some(info.state.last_sequence),
-                _ => None,
-            },
+            Ok(Ok(s)) => Some(s.cached_info().state.last_sequence),
             Ok(Err(e)) if stream_not_found(&e) => Some(0),
             _ => None,
         }
