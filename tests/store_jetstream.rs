@@ -792,6 +792,17 @@ async fn a_follower_keeps_up_and_takes_over_where_the_stream_ends() {
     assert_eq!(follower.position(), n + 1, "nothing applied twice");
     within(writer.close()).await.unwrap();
     drop(writer);
+    // Someone changes a limit while the follower waits: the takeover compares the limits with
+    // the stream as it is then (not as the follower first saw it) and brings them back to its
+    // configuration (no limit).
+    let js = async_nats::jetstream::new(within(async_nats::connect(nats.url())).await.unwrap());
+    let config = || async {
+        let mut stream = within(js.get_stream("MAP_EVENTS")).await.unwrap();
+        within(stream.info()).await.unwrap().config.clone()
+    };
+    let mut changed = config().await;
+    changed.max_messages = 100_000;
+    within(js.update_stream(changed)).await.unwrap();
 
     let (store, warm) = within(async {
         loop {
@@ -803,6 +814,11 @@ async fn a_follower_keeps_up_and_takes_over_where_the_stream_ends() {
         }
     })
     .await;
+    assert_eq!(
+        config().await.max_messages,
+        -1,
+        "the follower's limits applied"
+    );
     assert!(
         follower.promoted_warm(),
         "from what it followed, not read again"

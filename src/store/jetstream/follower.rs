@@ -172,7 +172,11 @@ impl Follower {
     /// After the claim: the stream's limits, then what was followed up to the stream's end
     /// (or a cold recovery).
     async fn take_over(&self) -> Result<Recovered, StoreError> {
-        apply_limits(&self.js, &self.reader.stream, &self.options).await?;
+        // The limits are compared with the stream as it is now: the handle's info is from
+        // when following began, and the update keeps every other field as it finds it.
+        let mut stream = self.reader.stream.clone();
+        bounded(self.reader.timeout, "reading the stream", stream.info()).await?;
+        apply_limits(&self.js, &stream, &self.options).await?;
         let (first, next) = self.reader.bounds().await?;
         let deadline = Instant::now() + CATCH_UP;
         while self.position() < next && Instant::now() < deadline {
