@@ -523,10 +523,11 @@ impl Default for ClusterSettings {
 #[cfg(feature = "cluster")]
 impl ClusterSettings {
     /// The JetStream store to open, in cluster mode; `router_name` is the default node name.
-    /// Reads the password or token file.
+    /// Reads the credentials file the section names.
     ///
     /// # Errors
-    /// A credentials file cannot be read or is empty, or both a user and a token are set.
+    /// A credentials file cannot be read, is empty or is not what it should be, or more than
+    /// one way to authenticate is set.
     pub fn jetstream_options(
         &self,
         router_name: &str,
@@ -543,13 +544,17 @@ impl ClusterSettings {
     /// `creds_file` name (secrets read from their files, never from the configuration itself).
     fn credentials(&self) -> std::io::Result<crate::store::jetstream::NatsCredentials> {
         use crate::store::jetstream::NatsCredentials;
-        let secret = |path: &Path, what: &str| -> std::io::Result<String> {
-            let text = std::fs::read_to_string(path).map_err(|e| {
+        let read = |path: &Path, what: &str| -> std::io::Result<String> {
+            std::fs::read_to_string(path).map_err(|e| {
                 std::io::Error::new(
                     e.kind(),
                     format!("[cluster] {what} {}: {e}", path.display()),
                 )
-            })?;
+            })
+        };
+        // A secret is its file's first line.
+        let secret = |path: &Path, what: &str| -> std::io::Result<String> {
+            let text = read(path, what)?;
             let line = text.lines().next().unwrap_or_default().trim().to_owned();
             if line.is_empty() {
                 return Err(std::io::Error::other(format!(
@@ -573,12 +578,7 @@ impl ClusterSettings {
                 Ok(NatsCredentials::NKey(secret(seed, "nkey_file")?))
             }
             (None, None, (None, None, Some(creds))) => {
-                let text = std::fs::read_to_string(creds).map_err(|e| {
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("[cluster] creds_file {}: {e}", creds.display()),
-                    )
-                })?;
+                let text = read(creds, "creds_file")?;
                 if !text.contains("BEGIN NATS USER JWT") || !text.contains("BEGIN USER NKEY SEED") {
                     return Err(std::io::Error::other(format!(
                         "[cluster] creds_file {} is not a NATS .creds file (a user JWT and its \
