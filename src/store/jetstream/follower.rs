@@ -13,7 +13,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use futures::StreamExt as _;
 
 use super::reader::{bounded, lock, Reader, Shared};
@@ -245,21 +244,7 @@ async fn follow(reader: Reader, state: Arc<Mutex<Followed>>, recent_rows: usize)
     let what = "following the stream";
     loop {
         let from = lock(&state).next_seq;
-        let consumer = bounded(
-            reader.timeout,
-            what,
-            reader.stream.create_consumer(pull::Config {
-                filter_subject: format!("{}.>", reader.prefix),
-                deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                ack_policy: AckPolicy::None,
-                memory_storage: true,
-                inactive_threshold: Duration::from_secs(30),
-                ..Default::default()
-            }),
-        )
-        .await;
+        let consumer = reader.consumer(what, &reader.every_subject(), from).await;
         let messages = match consumer {
             Ok(consumer) => {
                 bounded(

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::consumer::{pull, AckPolicy, Consumer, DeliverPolicy};
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use futures::StreamExt as _;
 
@@ -136,8 +136,7 @@ impl Reader {
         let to = next.min(from.saturating_add(limit as u64));
         if to.saturating_sub(from) > DIRECT_READ_MAX {
             let mut out = Vec::with_capacity((to - from) as usize);
-            let all = format!("{}.>", self.prefix);
-            self.scan("reading a range", &all, from, to, |row| {
+            self.scan("reading a range", &self.every_subject(), from, to, |row| {
                 out.push(row);
                 true
             })
@@ -159,6 +158,37 @@ impl Reader {
         Ok(out)
     }
 
+    /// `<prefix>.>`: the subjects of every row.
+    pub(super) fn every_subject(&self) -> String {
+        format!("{}.>", self.prefix)
+    }
+
+    /// An ephemeral pull consumer of the rows on `subject` (wildcards allowed) from seq
+    /// `from`: no acks, in memory, gone by itself after 30 s without a pull (its owner
+    /// deletes it sooner when it can). `what` names the read in errors.
+    pub(super) async fn consumer(
+        &self,
+        what: &str,
+        subject: &str,
+        from: u64,
+    ) -> Result<Consumer<pull::Config>, StoreError> {
+        bounded(
+            self.timeout,
+            what,
+            self.stream.create_consumer(pull::Config {
+                filter_subject: subject.to_owned(),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                ack_policy: AckPolicy::None,
+                memory_storage: true,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            }),
+        )
+        .await
+    }
+
     /// Calls `f` with every row on `subject` (wildcards allowed) in `[first, next)`, in
     /// sequence order, until it returns false. Reads through an ephemeral pull consumer
     /// without acks, [`SCAN_BATCH`] rows per round trip; every request is bounded by the
@@ -172,21 +202,7 @@ impl Reader {
         next: u64,
         mut f: impl FnMut(StoredRow) -> bool,
     ) -> Result<(), StoreError> {
-        let consumer = bounded(
-            self.timeout,
-            what,
-            self.stream.create_consumer(pull::Config {
-                filter_subject: subject.to_owned(),
-                deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: first,
-                },
-                ack_policy: AckPolicy::None,
-                memory_storage: true,
-                inactive_threshold: Duration::from_secs(30),
-                ..Default::default()
-            }),
-        )
-        .await?;
+        let consumer = self.consumer(what, subject, first).await?;
         let result = async {
             // The next seq the range may hold: a batch asks for no more than are left before
             // `next`, so a short range on a long stream does not fetch a full batch.
