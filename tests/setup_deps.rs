@@ -9,7 +9,8 @@
 //! - JavaScript (`tests/**/*.mjs`): `spawn('X'`, a TOML `program = "X"`, a `/usr/bin/X` path;
 //! - Python (`tests/**/*.py`): `Popen(["X"`;
 //! - shell (`scripts/test.sh`, `scripts/setup.sh`, `scripts/a2a_py.sh`, `scripts/aip_py.sh`,
-//!   `tests/**/*.sh`, and the
+//!   `scripts/lib.sh` (which they source: its functions are not programs), `tests/**/*.sh`,
+//!   and the
 //!   README's and docs' blocks that tests run, `doc: test` and `doc: ci`): the first word of every
 //!   simple command, builtins and keywords aside.
 
@@ -99,13 +100,13 @@ fn is_program_name(word: &str) -> bool {
 
 /// The programs a shell text runs: the first word of each simple command. A small tokenizer:
 /// quotes, `$( )`, pipes, lists, subshells, line continuations and here-documents.
-fn shell_programs(text: &str, place: &str, found: &mut Found) {
+/// `library` names the functions of the shell files the scripts source (`scripts/lib.sh`):
+/// not programs either.
+fn shell_programs(text: &str, place: &str, library: &[String], found: &mut Found) {
     let text = text.replace("\\\n", " ");
     // Functions the text defines (`say() {`) are not programs.
-    let functions: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.trim().split_once("() {").map(|(name, _)| name.trim()))
-        .collect();
+    let mut functions = shell_functions(&text);
+    functions.extend_from_slice(library);
     let mut heredoc: Option<String> = None;
     for line in text.lines() {
         if let Some(end) = &heredoc {
@@ -127,13 +128,22 @@ fn shell_programs(text: &str, place: &str, found: &mut Found) {
             }
         }
         for segment in segments(line) {
-            if let Some(program) =
-                first_program(&segment).filter(|p| !functions.contains(&p.as_str()))
-            {
+            if let Some(program) = first_program(&segment).filter(|p| !functions.contains(p)) {
                 found.entry(program).or_insert_with(|| place.to_owned());
             }
         }
     }
+}
+
+/// The functions a shell text defines (`say() {`).
+fn shell_functions(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            l.trim()
+                .split_once("() {")
+                .map(|(name, _)| name.trim().to_owned())
+        })
+        .collect()
 }
 
 /// Splits one line into simple commands (the text of each, quotes kept).
@@ -298,7 +308,11 @@ fn started() -> Found {
         after(&text, "Popen([", &place, &mut found);
         after(&text, "Popen(\n            [", &place, &mut found);
     }
+    // The helpers the scripts source: their programs count, their functions are not programs.
+    let lib = root.join("scripts/lib.sh");
+    let library = shell_functions(&std::fs::read_to_string(&lib).unwrap());
     let mut sh = vec![
+        lib,
         root.join("scripts/test.sh"),
         root.join("scripts/setup.sh"),
         root.join("scripts/a2a_py.sh"),
@@ -309,6 +323,7 @@ fn started() -> Found {
         shell_programs(
             &std::fs::read_to_string(&file).unwrap(),
             &relative(&file),
+            &library,
             &mut found,
         );
     }
@@ -320,7 +335,7 @@ fn started() -> Found {
                 .is_some_and(|m| m.starts_with("test ") || m == "ci");
             if run && matches!(block.lang.as_str(), "sh" | "bash" | "") {
                 let place = format!("{}:{}", block.file, block.line);
-                shell_programs(&block.body, &place, &mut found);
+                shell_programs(&block.body, &place, &library, &mut found);
             }
         }
     }
@@ -360,8 +375,9 @@ fn the_scanner_finds_programs_in_each_kind_of_file() {
     shell_programs(
         "X=$(curl -s \"$U\" | tr -d '\\r')\nif ! command -v jq >/dev/null; then timeout 5 node a.mjs; fi\n\
          cat <<EOF\nnotaprogram here\nEOF\necho done # comment words\n(cd d && npm ci) >&2\n\
-         python3 -m venv v\nfor x in a b; do sleep 1; done\n",
+         python3 -m venv v\nfor x in a b; do sleep 1; done\nurl=$(router_url \"$log\")\n",
         "test",
+        &["router_url".to_owned()],
         &mut found,
     );
     let found: BTreeSet<String> = found.into_keys().collect();
