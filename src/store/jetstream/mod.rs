@@ -213,7 +213,11 @@ impl JetStreamStore {
             None
         };
         let result = async {
-            apply_limits(&js, &stream, &options).await?;
+            // Only the writer (`exclusive`) sets the limits: a handle that reads (a tool, a
+            // test) must not change the stream, e.g. its replicas to its default of 1.
+            if options.exclusive {
+                apply_limits(&js, &stream, &options).await?;
+            }
             let reader = new_reader(stream, &options);
             let recovered = recover_and_fold(&reader, &options).await?;
             Ok((reader, recovered))
