@@ -518,8 +518,8 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
             st == 503 && b.contains("writer: n0")
         })
         .await;
-        // A standby serves nothing else: a MAP client is told to go elsewhere.
-        let r = with_timeout(http::request(addr_of(&s.url), "GET", "/map", &[], b"")).await;
+        // A standby serves MAP subscriptions and replay (its follower router), nothing else.
+        let r = with_timeout(http::request(addr_of(&s.url), "GET", "/metrics", &[], b"")).await;
         assert_eq!(r.status, 503);
         assert!(String::from_utf8_lossy(&r.body).contains("takes over when it stops"));
     }
@@ -1262,4 +1262,249 @@ async fn the_live_node_lists_every_node_with_its_role_and_position() {
         s == 200 && b.contains("nodes: 3\n") && b.contains("node node-s3: standby")
     })
     .await;
+}
+
+/// The events of `sub` that `c` is shown until it has been shown `n`: their eventIds and
+/// `event` objects.
+async fn shown(c: &mut WsClient, sub: &str, n: usize) -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let p = c.next_event(sub).await;
+        out.push((
+            p["eventId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{p}"))
+                .to_owned(),
+            p["event"].clone(),
+        ));
+    }
+    out
+}
+
+fn of_replay(events: &[serde_json::Value]) -> Vec<(String, serde_json::Value)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e["eventId"].as_str().unwrap().to_owned(),
+                e["event"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn standbys_serve_subscriptions_and_replay_as_the_writer_does_and_refuse_writes() {
+    // On a thread of its own: polling this test overflows the test thread's 2 MiB stack in a
+    // debug build.
+    std::thread::Builder::new()
+        .stack_size(16 << 20)
+        .spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(followers_serve());
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+async fn followers_serve() {
+    let nats = Nats::start("followers");
+    let dir = TempDir::new("cluster-followers");
+    let (mut writer, url) =
+        start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
+    let mut followers = vec![
+        start_standby(&nats, &dir.path.join("n1"), "n1").await,
+        start_standby(&nats, &dir.path.join("n2"), "n2").await,
+    ];
+    for f in &followers {
+        let body = health_until(&f.url, "serving", |s, b| {
+            s == 503 && b.contains("writer: n0")
+        })
+        .await;
+        assert!(
+            body.contains("serving: map/subscribe and map/replay"),
+            "{body}"
+        );
+    }
+    // Viewers: a system participant and an ordinary client on every node, subscribed live
+    // from the start of the log.
+    let mut viewers = Vec::new();
+    for node in std::iter::once(url.as_str()).chain(followers.iter().map(|f| f.url.as_str())) {
+        for system in [true, false] {
+            let mut c = if system {
+                WsClient::system(node).await
+            } else {
+                WsClient::client(node).await
+            };
+            let sub = c.subscribe_with(json!({"replayFrom": 0})).await;
+            viewers.push((node.to_owned(), system, c, sub));
+        }
+    }
+    // Activity on the writer: a public agent, one only system participants may see, one
+    // visible to its scope; messages between them; a scope; an agent leaving.
+    let _public = WsClient::agent(&url, "pub-1", json!({})).await;
+    let mut hidden = WsClient::agent(&url, "hid-1", json!({"visibility": "system"})).await;
+    let mut scoped = WsClient::agent(&url, "sco-1", json!({"visibility": "scope"})).await;
+    let mut admin = WsClient::system(&url).await;
+    admin.send(json!({"agent": "hid-1"}), json!({"n": 1})).await;
+    hidden
+        .send(json!({"agent": "pub-1"}), json!({"n": 2}))
+        .await;
+    scoped
+        .send(json!({"agent": "pub-1"}), json!({"n": 3}))
+        .await;
+    admin
+        .ok("map/scopes/create", json!({"scopeId": "room"}))
+        .await;
+    for i in 0..20 {
+        scoped
+            .send(json!({"agent": "pub-1"}), json!({"i": i}))
+            .await;
+    }
+    let scoped_pid = scoped.pid();
+    scoped.close().await;
+
+    // What the writer shows each kind of viewer: its own replay, once the scoped agent's
+    // disconnection is in it.
+    let mut sys_w = WsClient::system(&url).await;
+    let mut cli_w = WsClient::client(&url).await;
+    within(Duration::from_secs(10), async {
+        loop {
+            let log = replay_all(&mut sys_w, None).await;
+            if log.iter().any(|e| {
+                e["event"]["type"] == json!("participant_disconnected")
+                    && e["event"]["data"]["participantId"] == json!(scoped_pid)
+            }) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let sys_log = of_replay(&replay_all(&mut sys_w, None).await);
+    let cli_log = of_replay(&replay_all(&mut cli_w, None).await);
+    let hid_registered = |log: &[(String, serde_json::Value)]| {
+        log.iter().any(|(_, e)| {
+            e["type"] == json!("agent_registered") && e["data"]["agentId"] == json!("hid-1")
+        })
+    };
+    assert!(
+        hid_registered(&sys_log),
+        "the system viewer sees the hidden agent"
+    );
+    assert!(
+        !hid_registered(&cli_log),
+        "a client never sees the hidden agent"
+    );
+    assert!(
+        cli_log.len() + 5 < sys_log.len(),
+        "{} vs {}",
+        cli_log.len(),
+        sys_log.len()
+    );
+
+    // Every viewer, on every node, was shown exactly the writer's log for its kind: the same
+    // ids, in the same order, the same bytes of `event`; and nothing more.
+    for (node, system, c, sub) in &mut viewers {
+        let expected = if *system { &sys_log } else { &cli_log };
+        let got = shown(c, sub, expected.len()).await;
+        assert_eq!(
+            got.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            expected.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            "{node} (system: {system}) was shown the writer's events in its order"
+        );
+        assert_eq!(&got, expected, "{node}: the same event objects");
+        c.assert_no_event(sub).await;
+    }
+    // Replay on a follower returns the writer's ids, for each kind of viewer.
+    for f in &followers {
+        let mut s = WsClient::system(&f.url).await;
+        let mut c = WsClient::client(&f.url).await;
+        assert_eq!(
+            of_replay(&replay_all(&mut s, None).await),
+            sys_log,
+            "{}",
+            f.name
+        );
+        assert_eq!(
+            of_replay(&replay_all(&mut c, None).await),
+            cli_log,
+            "{}",
+            f.name
+        );
+        // From an id in the middle, as a resuming dashboard does.
+        let mid = &sys_log[sys_log.len() / 2].0;
+        assert_eq!(
+            of_replay(&replay_all(&mut s, Some(mid)).await),
+            sys_log[sys_log.len() / 2 + 1..].to_vec()
+        );
+        // Calls that would write the log are refused there, clearly, and change nothing.
+        for (method, params) in [
+            ("map/agents/register", json!({"agentId": "intruder"})),
+            (
+                "map/send",
+                json!({"to": {"agent": "pub-1"}, "payload": {"x": 1}}),
+            ),
+            ("map/scopes/create", json!({"scopeId": "other"})),
+            ("map/agents/stop", json!({"agentId": "pub-1"})),
+            ("map/agents/list", json!({})),
+        ] {
+            let e = s.err(method, params).await;
+            assert_eq!(e["code"], json!(1005), "{method}: {e}");
+            let text = e["message"].as_str().unwrap();
+            assert!(
+                text.contains(method) && text.contains("follows the event log"),
+                "{text}"
+            );
+        }
+        let mut agent = WsClient::connect_as(&f.url, "agent", json!({})).await;
+        let e = agent
+            .err("map/agents/register", json!({"agentId": "pub-1"}))
+            .await;
+        assert_eq!(e["code"], json!(1005), "{e}");
+    }
+    // Nothing the followers were asked reached the log (their own sessions neither).
+    assert_eq!(of_replay(&replay_all(&mut sys_w, None).await), sys_log);
+
+    // The writer dies: one follower takes over (its viewers are closed; they reconnect to it),
+    // the other goes on showing its viewers the new writer's events, in the log's order.
+    sigkill(&mut writer).await;
+    let (_, winner, _) = within(Duration::from_secs(20), async {
+        futures::future::select_all(followers.iter_mut().map(|f| Box::pin(&mut f.took_over))).await
+    })
+    .await;
+    let won = followers.remove(winner);
+    health_until(&won.url, "ok after the takeover", |s, _| s == 200).await;
+    let mut after = WsClient::system(&won.url).await;
+    let log = of_replay(&replay_all(&mut after, None).await);
+    assert_eq!(
+        log[..sys_log.len()],
+        sys_log[..],
+        "the new writer continues the same log"
+    );
+    let new_events = log.len() - sys_log.len();
+    assert!(
+        new_events >= 4,
+        "the restart closes the killed node's agents: {new_events}"
+    );
+    let other = &followers[0].url;
+    health_until(other, "the new writer", |s, b| {
+        s == 503 && b.contains(&format!("writer: {}", won.name))
+    })
+    .await;
+    for (node, system, c, sub) in &mut viewers {
+        if node != other || !*system {
+            continue;
+        }
+        let got = shown(c, sub, new_events).await;
+        assert_eq!(
+            got[..],
+            log[sys_log.len()..],
+            "{node} follows the new writer"
+        );
+    }
 }

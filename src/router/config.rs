@@ -75,6 +75,9 @@ pub struct RouterConfig {
     /// Kept items of each kind (tasks, checkpoints, conversations, quota counts) the router
     /// caches in memory; the rest stay in the store until used (`router::kept`).
     pub cache_items: usize,
+    /// A follower: this router serves subscriptions and replay from a log another node
+    /// writes (`router::events::follow`); it logs nothing and refuses every call that would.
+    pub follower: bool,
 }
 
 impl Default for RouterConfig {
@@ -101,6 +104,7 @@ impl Default for RouterConfig {
             reserved_ids: Vec::new(),
             ids_per_principal: crate::router::identities::table::DEFAULT_IDS_PER_PRINCIPAL,
             cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,
+            follower: false,
         }
     }
 }

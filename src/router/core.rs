@@ -487,6 +487,17 @@ impl Router {
         mut draft: EventDraft,
         trace: Option<&crate::protocol::trace::TraceContext>,
     ) -> EventId {
+        if self.config.follower {
+            // A follower's own sessions come and go without a trace in the log another node
+            // writes; nothing else reaches here (the method table refuses it).
+            if !matches!(
+                draft.kind,
+                EventType::ParticipantConnected | EventType::ParticipantDisconnected
+            ) {
+                tracing::error!(kind = %draft.kind.as_str(), "a follower does not write the event log; event not logged (a bug)");
+            }
+            return EventId(crate::protocol::ids::Ulid(0));
+        }
         if draft.caused_by.is_empty() && !self.call_causes.is_empty() {
             draft.caused_by = self.call_causes.clone();
         }

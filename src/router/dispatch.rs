@@ -509,6 +509,25 @@ impl Dispatcher {
     }
 }
 
+/// Whether a follower (`RouterConfig::follower`) serves `method`: sessions, subscriptions and
+/// replay, which read the log and write nothing to it. Every other method is refused there
+/// with `RouterError::NotOnFollower`, before it reaches the router task.
+pub fn served_by_follower(method: &str) -> bool {
+    use methods::auth::{AuthRefresh, Authenticate};
+    use methods::events::{Replay, Subscribe, Unsubscribe};
+    use methods::session::{Connect, Disconnect};
+    [
+        Connect::NAME,
+        Authenticate::NAME,
+        AuthRefresh::NAME,
+        Disconnect::NAME,
+        Subscribe::NAME,
+        Unsubscribe::NAME,
+        Replay::NAME,
+    ]
+    .contains(&method)
+}
+
 /// Encodes a result as a [`Reply`].
 fn reply<R: serde::Serialize>(
     result: &R,

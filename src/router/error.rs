@@ -99,6 +99,13 @@ pub enum RouterError {
     /// The call took effect but its events were not confirmed durable in time.
     #[error("Not durable: {0}")]
     NotDurable(String),
+    /// A call that would write the log, made on a follower (`RouterConfig::follower`).
+    #[error(
+        "Method not supported on this node: {0} changes state, and this node follows the event \
+         log another node writes (it serves map/subscribe and map/replay); call the writer \
+         (GET /health names it)"
+    )]
+    NotOnFollower(String),
     /// The router is shutting down or gone.
     #[error("Router unavailable")]
     Unavailable,
@@ -172,6 +179,7 @@ impl RouterError {
             Self::Mail(code, _) => ErrorObject::new(*code, msg),
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
+            Self::NotOnFollower(_) => ErrorObject::new(ErrorCode::METHOD_NOT_SUPPORTED, msg),
             Self::Unavailable => ErrorObject::internal("Router unavailable").retryable(),
             Self::NeedsLoad(_) => ErrorObject::internal(msg),
         }

@@ -47,6 +47,11 @@ pub struct RouterHandle {
 }
 
 impl RouterHandle {
+    /// Whether this router is a follower (`RouterConfig::follower`).
+    pub fn is_follower(&self) -> bool {
+        self.config.follower
+    }
+
     /// The server's metrics, when they are enabled.
     pub fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
         self.metrics.as_ref()
@@ -312,7 +317,8 @@ impl Router {
                     }
                 })
             });
-            if config.delivery == Delivery::Committed {
+            // A follower is handed committed rows only (`router::events::follow`).
+            if config.delivery == Delivery::Committed && !config.follower {
                 // Read-committed: events reach subscribers as their commits land.
                 let mut progress = store.committed();
                 router

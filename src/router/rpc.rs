@@ -372,6 +372,9 @@ impl RpcSession {
             };
             return Err(refusal.to_error_object());
         }
+        if self.router.is_follower() && !crate::router::dispatch::served_by_follower(method) {
+            return Err(RouterError::NotOnFollower(method.to_owned()).to_error_object());
+        }
         let answer = entry.answer;
         // The request's span carries its trace id when it has a trace context (a message's
         // `meta.traceparent`, else `params._meta.traceparent`).

@@ -4,7 +4,8 @@
 //!
 //! Owns only the choice, the standby page (served on the listeners while another node writes
 //! the stream, `[cluster] standby`, whose store follows the stream meanwhile:
-//! `store::jetstream::follower::Follower`), and a probe of the open JetStream store
+//! `store::jetstream::follower::Follower`), the follower router a standby serves MAP
+//! subscriptions and replay with ([`Serving`]), and a probe of the open JetStream store
 //! (`store::jetstream::JetStreamStore::connected` / `diverged`); the store itself belongs to
 //! the router. docs/cluster.md says how to run it; docs/cluster-notes.md what is missing.
 
@@ -162,8 +163,10 @@ async fn open_jetstream(
     let poll = std::time::Duration::from_millis(config.cluster.takeover_poll_ms.max(1));
     let mut standby: Option<Standby> = None;
     // A standby follows the stream (kept tables, claims, position), so that taking over
-    // starts the writer without reading the log again.
-    let mut follower: Option<Follower> = None;
+    // starts the writer without reading the log again, and serves subscriptions and replay
+    // from it meanwhile.
+    let mut follower: Option<Arc<Follower>> = None;
+    let mut serving: Option<Serving> = None;
     loop {
         let attempt = match &follower {
             Some(f) => f.promote().await,
@@ -173,8 +176,11 @@ async fn open_jetstream(
             Ok(opened) => {
                 if let Some(page) = standby.take() {
                     page.stop().await;
-                    let warm = follower.as_ref().is_some_and(Follower::promoted_warm);
+                    let warm = follower.as_ref().is_some_and(|f| f.promoted_warm());
                     tracing::info!(node = %options.node, stream = %options.stream, from_followed = warm, "standby: took over the stream");
+                }
+                if let Some(s) = serving.take() {
+                    s.stop().await;
                 }
                 return Ok(opened);
             }
@@ -182,13 +188,22 @@ async fn open_jetstream(
                 if standby.is_none() {
                     tracing::info!(node = %options.node, "standby: {why}");
                 }
-                let page =
-                    standby.get_or_insert_with(|| Standby::serve(listeners, &options.stream));
                 if follower.is_none() {
                     match Follower::open(options.clone()).await {
                         Ok(f) => {
-                            let _ = page.following.set(Box::new(f.position_probe()));
+                            let f = Arc::new(f);
+                            match Serving::start(config, &f) {
+                                Ok(s) => serving = Some(s),
+                                Err(e) => tracing::warn!(
+                                    error = %e,
+                                    "standby: cannot serve subscriptions from the stream"
+                                ),
+                            }
                             follower = Some(f);
+                            // Served again below, with the follower's router and position.
+                            if let Some(page) = standby.take() {
+                                page.stop().await;
+                            }
                         }
                         Err(e) => tracing::warn!(
                             error = %e,
@@ -196,6 +211,16 @@ async fn open_jetstream(
                         ),
                     }
                 }
+                let page = standby.get_or_insert_with(|| {
+                    Standby::serve(
+                        listeners,
+                        &options.stream,
+                        follower
+                            .as_ref()
+                            .map(|f| Box::new(f.position_probe()) as Position),
+                        serving.as_ref().map(|s| s.app.clone()),
+                    )
+                });
                 let writer = Arc::clone(&page.writer);
                 wait_for_takeover(&options, poll, move |node| {
                     tracing::info!(writer = ?node, "standby: the stream's writer");
@@ -212,8 +237,14 @@ async fn open_jetstream(
             Err(e) if standby.is_some() => {
                 tracing::warn!(error = %e, "standby: the takeover failed; trying again");
                 // A follower whose promotion failed may be spent: the next try opens the
-                // store as a restarted node does.
+                // store as a restarted node does (and serves again if it is refused).
                 follower = None;
+                if let Some(page) = standby.take() {
+                    page.stop().await;
+                }
+                if let Some(s) = serving.take() {
+                    s.stop().await;
+                }
                 tokio::time::sleep(poll).await;
             }
             Err(e) => return Err(failed(e)),
@@ -221,16 +252,137 @@ async fn open_jetstream(
     }
 }
 
-/// What a standby answers on the listeners: `GET /health` and everything else get 503, naming
-/// the node that writes the stream.
+/// What a standby answers on the listeners: `GET /health` and every other route that the
+/// follower router does not serve get 503, naming the node that writes the stream.
 #[cfg(feature = "cluster")]
 struct Standby {
     /// Who writes the stream: not asked yet, nobody answers, or a node's name.
     writer: Arc<std::sync::Mutex<Option<Option<String>>>>,
-    /// How far this node has followed the stream, once it follows it.
-    following: Arc<std::sync::OnceLock<Position>>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A standby's follower router: MAP over WebSocket and HTTP on the standby's listeners, serving
+/// `map/connect`, `map/subscribe` and `map/replay` from the stream the follower follows
+/// (`router::events::follow`), and refusing every call that would write the log
+/// (`router::dispatch::served_by_follower`). Stopped at the takeover: its connections close
+/// (WebSocket 1001) and reconnect to the writer this node then becomes.
+#[cfg(feature = "cluster")]
+struct Serving {
+    /// Its routes (without `/health`, which the standby page answers).
+    app: axum::Router,
+    ctx: crate::transport::TransportContext,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    router_task: tokio::task::JoinHandle<()>,
+    /// Hands the follower's rows to the router.
+    feed: tokio::task::JoinHandle<()>,
+    drain: std::time::Duration,
+}
+
+#[cfg(feature = "cluster")]
+impl Serving {
+    /// Starts a follower router on what `follower` has followed and the rows after it.
+    fn start(
+        config: &Config,
+        follower: &Arc<crate::store::jetstream::follower::Follower>,
+    ) -> std::io::Result<Self> {
+        use crate::router::{Router, RouterConfig, RouterParts};
+        use crate::transport::ws::{upgrade, WsState};
+        let failed = |e: crate::store::StoreError| std::io::Error::other(format!("cluster: {e}"));
+        let auth = config
+            .auth
+            .build(&config.router.name)
+            .map_err(|e| std::io::Error::other(format!("auth: {e}")))?;
+        let (recovered, mut rows) = follower.serve().map_err(failed)?;
+        let store: Arc<dyn EventStore> = Arc::clone(follower) as Arc<dyn EventStore>;
+        let (router, router_task) = Router::start(
+            RouterConfig {
+                auth,
+                follower: true,
+                ..config.router_config()
+            },
+            RouterParts {
+                process_control: None,
+                store: Some((store, recovered)),
+                metrics: None,
+            },
+        );
+        let feed = {
+            let router = router.clone();
+            tokio::spawn(async move {
+                let mut batch = Vec::with_capacity(256);
+                while rows.recv_many(&mut batch, 256).await > 0 {
+                    let rows = std::mem::take(&mut batch);
+                    if router.with(move |r| r.ingest_followed(rows)).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        let options = config.connection_options();
+        let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+        let ctx = crate::transport::TransportContext {
+            router,
+            dispatcher: Arc::new(crate::router::dispatch::Dispatcher::new()),
+            shutdown: shutdown_rx,
+            connections: tokio_util::task::TaskTracker::new(),
+        };
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(upgrade))
+            .route("/map", axum::routing::get(upgrade))
+            .with_state(WsState {
+                ctx: ctx.clone(),
+                options: options.clone(),
+            })
+            .merge(crate::transport::http::routes_with(
+                ctx.clone(),
+                options.clone(),
+                crate::transport::http::HttpSettings {
+                    admission: Some(config.admission()),
+                    body_timeout: Some(config.header_timeout()),
+                    ..crate::transport::http::HttpSettings::default()
+                },
+            ));
+        Ok(Self {
+            app: super::guard_origins(app, config),
+            ctx,
+            shutdown,
+            router_task,
+            feed,
+            drain: options.drain_timeout,
+        })
+    }
+
+    /// Closes its connections and stops its router (as `Server::shutdown`, with no store to
+    /// close: the follower is the caller's).
+    async fn stop(self) {
+        use crate::router::{Command, Router};
+        let Self {
+            ctx,
+            shutdown,
+            router_task,
+            feed,
+            drain,
+            ..
+        } = self;
+        feed.abort();
+        let _ = tokio::time::timeout(drain, ctx.router.with(Router::begin_shutdown)).await;
+        let _ = shutdown.send(true);
+        ctx.connections.close();
+        if tokio::time::timeout(
+            drain + std::time::Duration::from_secs(1),
+            ctx.connections.wait(),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!(
+                "standby: some follower connections did not close within the drain timeout"
+            );
+        }
+        let _ = ctx.router.send(Command::Shutdown).await;
+        let _ = tokio::time::timeout(drain, router_task).await;
+    }
 }
 
 /// The position a follower has reached.
@@ -239,9 +391,17 @@ type Position = Box<dyn Fn() -> u64 + Send + Sync>;
 
 #[cfg(feature = "cluster")]
 impl Standby {
-    fn serve(listeners: &Listeners<'_>, stream: &str) -> Self {
+    /// Answers on the listeners; `following` says how far the follower is, `serving` is the
+    /// follower router's routes.
+    fn serve(
+        listeners: &Listeners<'_>,
+        stream: &str,
+        following: Option<Position>,
+        serving: Option<axum::Router>,
+    ) -> Self {
         let writer: Arc<std::sync::Mutex<Option<Option<String>>>> = Arc::default();
-        let following: Arc<std::sync::OnceLock<Position>> = Arc::default();
+        let following = Arc::new(following);
+        let serves = serving.is_some();
         let answer = {
             let writer = Arc::clone(&writer);
             let following = Arc::clone(&following);
@@ -258,10 +418,16 @@ impl Standby {
                 };
                 let body = if health {
                     let position = following
-                        .get()
+                        .as_ref()
+                        .as_ref()
                         .map(|p| format!("following: position {}\n", p()))
                         .unwrap_or_default();
-                    format!("standby\nnats: connected\n{who}\n{position}")
+                    let serves = if serves {
+                        "serving: map/subscribe and map/replay (calls that change state go to the writer)\n"
+                    } else {
+                        ""
+                    };
+                    format!("standby\nnats: connected\n{who}\n{position}{serves}")
                 } else {
                     format!(
                         "standby: another node writes the event log (stream {stream}; {who}); \
@@ -277,7 +443,8 @@ impl Standby {
             }
         };
         let health = answer.clone();
-        let app = axum::Router::new()
+        let app = serving.unwrap_or_default();
+        let app = app
             .route(
                 "/health",
                 axum::routing::get(move || {
@@ -304,7 +471,6 @@ impl Standby {
             .collect();
         Self {
             writer,
-            following,
             shutdown,
             tasks,
         }

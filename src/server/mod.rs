@@ -259,32 +259,7 @@ impl Server {
         } else {
             app
         };
-        // Every route, first: a browser page from a site not allowed reaches nothing (issue 23,
-        // M5: the WebSocket upgrades, /map/rpc and the gateways' POSTs).
-        let origins = Arc::new(crate::gateway::guard::Guard::new(
-            crate::gateway::guard::GuardSettings {
-                allowed_origins: config
-                    .limits
-                    .allowed_origins
-                    .iter()
-                    .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
-                    .collect(),
-                rate: None,
-                ..Default::default()
-            },
-        ));
-        let app = app.layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let origins = Arc::clone(&origins);
-                async move {
-                    if origins.origin_allowed(request.headers()) {
-                        next.run(request).await
-                    } else {
-                        forbidden_origin(request.headers())
-                    }
-                }
-            },
-        ));
+        let app = guard_origins(app, &config);
         let mut http_tasks = Vec::new();
         let aip = aip.map(|(gateway, addr, tcp, tls)| {
             http_tasks.push(tokio::spawn(crate::gateway::aip::listener::serve(
@@ -426,6 +401,35 @@ impl Server {
         }
     }
 }
+/// Every route, first: a browser page from a site not allowed reaches nothing (issue 23, M5:
+/// the WebSocket upgrades, /map/rpc and the gateways' POSTs).
+fn guard_origins(app: HttpRouter, config: &Config) -> HttpRouter {
+    let origins = Arc::new(crate::gateway::guard::Guard::new(
+        crate::gateway::guard::GuardSettings {
+            allowed_origins: config
+                .limits
+                .allowed_origins
+                .iter()
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+            rate: None,
+            ..Default::default()
+        },
+    ));
+    app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let origins = Arc::clone(&origins);
+            async move {
+                if origins.origin_allowed(request.headers()) {
+                    next.run(request).await
+                } else {
+                    forbidden_origin(request.headers())
+                }
+            }
+        },
+    ))
+}
+
 /// 403 for a request whose `Origin` is neither the router's own nor allowed.
 fn forbidden_origin(headers: &axum::http::HeaderMap) -> axum::response::Response {
     use axum::response::IntoResponse;

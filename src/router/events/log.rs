@@ -167,6 +167,30 @@ impl EventLog {
         record
     }
 
+    /// Appends a record that another node's log already holds, as it was written there (a
+    /// follower, `router::events::follow`): ids and timestamps carry on after it. A record past
+    /// a hole (the stream's retention took rows before they were followed) starts the window
+    /// again at its seq; an older one is refused (false: the log has it).
+    pub fn push_followed(&mut self, record: Arc<EventRecord>) -> bool {
+        let next = self.next_seq();
+        if record.seq < next {
+            return false;
+        }
+        if record.seq > next {
+            self.records.clear();
+            self.bytes = 0;
+            self.first_seq = record.seq;
+        }
+        self.last_timestamp = self.last_timestamp.max(record.timestamp);
+        if let Some(id) = record.id {
+            self.ids = MonotonicUlids::starting_after(id.0);
+        }
+        self.bytes += record.footprint();
+        self.records.push_back(record);
+        self.evict();
+        true
+    }
+
     fn evict(&mut self) {
         while self.records.len() > self.retention.max_events
             || (self.bytes > self.retention.max_bytes && self.records.len() > 1)

@@ -174,6 +174,10 @@ impl Router {
         let Some(store) = self.store.clone() else {
             return;
         };
+        if self.config.follower {
+            // The writer is alive and owns what is open; the node that takes over closes it.
+            return;
+        }
         match previous_run(&*store).await {
             Ok(run) => self.close_previous_run(run),
             Err(e) => {

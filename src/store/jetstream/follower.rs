@@ -6,14 +6,20 @@
 //!
 //! Owns its NATS connection, the follow task and what it folded ([`Followed`], plus the kept
 //! tables in the reader's shared state, which the store it promotes to takes over). It never
-//! publishes to the stream. The first step of "standbys become followers"
-//! (docs/cluster-notes.md): the router does not read from it yet.
+//! publishes to the stream.
+//!
+//! A follower is also the read-only [`EventStore`] of a router that serves subscriptions and
+//! replay on a standby node ([`Follower::serve`]): every row it applies after that call is
+//! handed to that router, in stream order, through a bounded channel (the follow task waits
+//! for room: a slow router slows following, never loses a row). Its `committed` is the
+//! position followed; `append` is refused (a follower never writes the log).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
+use tokio::sync::{mpsc, watch};
 
 use super::reader::{bounded, lock, Reader, Shared};
 use super::{
@@ -21,9 +27,9 @@ use super::{
     JetStreamOptions, JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
-use crate::store::kept::claim_key;
+use crate::store::kept::{claim_key, KeptAnswer, KeptQuery};
 use crate::store::record::StoredRow;
-use crate::store::{Recovered, StoreError};
+use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
 
 /// The pause before the follow task opens a new consumer after one failed.
 const RETRY: Duration = Duration::from_millis(250);
@@ -34,6 +40,8 @@ const BATCH: usize = 512;
 /// How long a promotion waits for the follower to reach the stream's end before it recovers
 /// cold instead.
 const CATCH_UP: Duration = Duration::from_secs(5);
+/// Rows waiting for the serving router ([`Follower::serve`]) before the follow task waits.
+const FEED: usize = 4096;
 
 /// What the follower folded besides the kept tables.
 #[derive(Debug, Default)]
@@ -50,6 +58,8 @@ struct Followed {
     stopped: bool,
     /// Set when promoted from what was followed (not recovered cold).
     warm: bool,
+    /// Where applied rows go once a router serves from this follower ([`Follower::serve`]).
+    feed: Option<mpsc::Sender<StoredRow>>,
 }
 
 /// A node following the stream without writing it (see the module docs).
@@ -60,9 +70,13 @@ pub struct Follower {
     js: async_nats::jetstream::Context,
     reader: Reader,
     state: Arc<Mutex<Followed>>,
+    /// The position followed, as [`EventStore::committed`] reports it.
+    committed: watch::Receiver<u64>,
     task: tokio::task::JoinHandle<()>,
     /// Answers the roll call of nodes as a standby (`nodes.rs`).
     roll: tokio::task::JoinHandle<()>,
+    /// Keeps [`EventStore::first_seq`] fresh.
+    refresher: tokio::task::JoinHandle<()>,
 }
 
 impl Follower {
@@ -87,12 +101,16 @@ impl Follower {
                 .collect(),
             stopped: false,
             warm: false,
+            feed: None,
         }));
+        let (position, committed) = watch::channel(recovered.next_seq);
         let task = tokio::spawn(follow(
             reader.clone(),
             Arc::clone(&state),
+            position,
             options.recent_rows,
         ));
+        let refresher = tokio::spawn(super::reader::refresh_first_seq(reader.clone()));
         let roll = {
             let state = Arc::clone(&state);
             let node = options.node.clone();
@@ -108,9 +126,35 @@ impl Follower {
             js,
             reader,
             state,
+            committed,
             task,
             roll,
+            refresher,
         })
+    }
+
+    /// Starts handing the rows it applies to a router that serves from this follower: returns
+    /// what was followed so far (the router's starting point, as a store's open returns it) and
+    /// the rows after it, in order, with nothing missed or repeated between the two.
+    ///
+    /// # Errors
+    /// Called twice, or after a promotion.
+    pub fn serve(&self) -> Result<(Recovered, mpsc::Receiver<StoredRow>), StoreError> {
+        let mut state = lock(&self.state);
+        if state.feed.is_some() || state.stopped {
+            return Err(StoreError::Io(
+                "NATS JetStream: this follower serves a router already, or was promoted".into(),
+            ));
+        }
+        let first = self
+            .reader
+            .shared
+            .first_seq
+            .load(std::sync::atomic::Ordering::Acquire);
+        let recovered = snapshot(&state, first, &self.reader.shared)?;
+        let (tx, rx) = mpsc::channel(FEED);
+        state.feed = Some(tx);
+        Ok((recovered, rx))
     }
 
     /// The seq after the newest row followed.
@@ -196,24 +240,7 @@ impl Follower {
             self.task.abort();
             return recover_and_fold(&self.reader, &self.options).await;
         }
-        let state = lock(&self.state);
-        let last_id = match &state.last_id {
-            None => None,
-            Some(id) => Some(EventId::parse(id).ok_or_else(|| {
-                StoreError::Corrupt(format!("bad event id {id} at seq {}", next - 1))
-            })?),
-        };
-        let mut claims: Vec<StoredRow> = state.claims.values().cloned().collect();
-        claims.sort_by_key(|r| r.seq);
-        let recovered = Recovered {
-            next_seq: state.next_seq,
-            first_seq: first,
-            last_id,
-            last_timestamp: state.last_timestamp,
-            recent: state.recent.iter().cloned().collect(),
-            kept_counts: lock(&self.reader.shared.kept).counts(),
-            claims,
-        };
+        let recovered = snapshot(&lock(&self.state), first, &self.reader.shared)?;
         tracing::info!(
             stream = %self.options.stream,
             next_seq = recovered.next_seq,
@@ -223,10 +250,105 @@ impl Follower {
     }
 }
 
+/// What was followed, as a store's open returns it (`first`: the stream's oldest seq).
+fn snapshot(state: &Followed, first: u64, shared: &Shared) -> Result<Recovered, StoreError> {
+    let last_id = match &state.last_id {
+        None => None,
+        Some(id) => Some(EventId::parse(id).ok_or_else(|| {
+            StoreError::Corrupt(format!("bad event id {id} at seq {}", state.next_seq - 1))
+        })?),
+    };
+    let mut claims: Vec<StoredRow> = state.claims.values().cloned().collect();
+    claims.sort_by_key(|r| r.seq);
+    Ok(Recovered {
+        next_seq: state.next_seq,
+        first_seq: first.min(state.next_seq),
+        last_id,
+        last_timestamp: state.last_timestamp,
+        recent: state.recent.iter().cloned().collect(),
+        kept_counts: lock(&shared.kept).counts(),
+        claims,
+    })
+}
+
 impl Drop for Follower {
     fn drop(&mut self) {
         self.task.abort();
         self.roll.abort();
+        self.refresher.abort();
+    }
+}
+
+/// The store of a router serving from a follower ([`Follower::serve`]): reads as the writer's
+/// store answers them, `committed` is the position followed, and nothing is ever appended.
+impl EventStore for Follower {
+    fn append(&self, rows: Vec<StoredRow>) {
+        // The serving router refuses every call that would log (router::dispatch); reaching
+        // this is a bug, said loudly rather than written to a log another node owns.
+        if !rows.is_empty() {
+            tracing::error!(
+                rows = rows.len(),
+                first_seq = rows[0].seq,
+                "a follower was asked to append to the event log; refused (a bug)"
+            );
+        }
+    }
+
+    fn committed(&self) -> watch::Receiver<u64> {
+        self.committed.clone()
+    }
+
+    fn first_seq(&self) -> u64 {
+        self.reader
+            .shared
+            .first_seq
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn origin(&self) -> u64 {
+        1
+    }
+
+    fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read(from, limit).await })
+    }
+
+    fn seq_after(&self, id: EventId) -> StoreFuture<u64> {
+        let r = self.reader.clone();
+        let id = id.to_string();
+        Box::pin(async move { r.lower_bound(|row| row.id.as_str() > id.as_str()).await })
+    }
+
+    fn seq_at_or_after_time(&self, ts: u64) -> StoreFuture<u64> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.lower_bound(|row| row.timestamp >= ts).await })
+    }
+
+    fn read_kinds(
+        &self,
+        kinds: Vec<String>,
+        from: u64,
+        limit: usize,
+    ) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read_kinds(kinds, from, limit).await })
+    }
+
+    fn read_ids(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.reader.clone();
+        Box::pin(async move { r.read_ids(ids).await })
+    }
+
+    fn kept(&self, query: KeptQuery) -> StoreFuture<KeptAnswer> {
+        let answer = lock(&self.reader.shared.kept).query(&query);
+        Box::pin(async move { Ok(answer) })
+    }
+
+    fn close(&self) -> StoreFuture<()> {
+        // The follower is the server's to promote or drop; a router closing its store stops
+        // nothing here.
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -240,7 +362,12 @@ impl Drop for Follower {
 /// first row of a fresh consumer, which says that nothing is left in the hole (retention or a
 /// deletion took it). A hole in the middle of a consumer's delivery (a message lost on the
 /// way) opens a new consumer at the position instead.
-async fn follow(reader: Reader, state: Arc<Mutex<Followed>>, recent_rows: usize) {
+async fn follow(
+    reader: Reader,
+    state: Arc<Mutex<Followed>>,
+    position: watch::Sender<u64>,
+    recent_rows: usize,
+) {
     let what = "following the stream";
     loop {
         let from = lock(&state).next_seq;
@@ -293,30 +420,52 @@ async fn follow(reader: Reader, state: Arc<Mutex<Followed>>, recent_rows: usize)
                 break;
             }
             fresh = false;
-            if !apply(&state, &reader.shared, row, recent_rows) {
-                return;
+            let feed = match apply(&state, &reader.shared, row, recent_rows) {
+                Applied::Stopped => return,
+                Applied::Seen => continue,
+                Applied::Row(feed) => feed,
+            };
+            position.send_replace(lock(&state).next_seq);
+            if let Some((tx, row)) = feed {
+                // Waits for room: the serving router is behind, so following waits too.
+                if tx.send(row).await.is_err() {
+                    lock(&state).feed = None; // the router stopped
+                }
             }
         }
         tokio::time::sleep(RETRY).await;
     }
 }
 
-/// Folds one followed row; false once the follower was promoted.
-fn apply(state: &Mutex<Followed>, shared: &Shared, row: StoredRow, recent_rows: usize) -> bool {
+/// What [`apply`] did with a row.
+enum Applied {
+    /// The follower was promoted: nothing more is applied.
+    Stopped,
+    /// A row it had (a consumer opened again from an older position).
+    Seen,
+    /// Folded; the row goes on to the serving router when one was attached at that moment
+    /// (decided under the lock that [`Follower::serve`] takes, so the router gets each row
+    /// either in its snapshot or from the channel, never both).
+    Row(Option<(mpsc::Sender<StoredRow>, StoredRow)>),
+}
+
+/// Folds one followed row.
+fn apply(state: &Mutex<Followed>, shared: &Shared, row: StoredRow, recent_rows: usize) -> Applied {
     let mut s = lock(state);
     if s.stopped {
-        return false;
+        return Applied::Stopped;
     }
     if row.seq < s.next_seq {
-        return true; // seen already (a consumer opened again from an older position)
+        return Applied::Seen;
     }
     s.next_seq = row.seq + 1;
     s.last_id = Some(row.id.clone());
     s.last_timestamp = row.timestamp;
     fold::fold_row(&mut lock(&shared.kept), &mut s.claims, row.clone());
+    let feed = s.feed.clone().map(|tx| (tx, row.clone()));
     s.recent.push_back(row);
     while s.recent.len() > recent_rows {
         s.recent.pop_front();
     }
-    true
+    Applied::Row(feed)
 }

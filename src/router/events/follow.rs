@@ -1,0 +1,36 @@
+//! A follower's log: a router on a standby node serves subscriptions and replay from the event
+//! log another node writes (`[cluster] standby`, docs/cluster.md).
+//!
+//! Owns nothing: [`Router::ingest_followed`] appends the rows the store's follower hands over
+//! (stream order, ids, timestamps and sequence numbers as the writer gave them) to the bus's
+//! log and offers each to the live subscriptions, with the same filter and visibility checks
+//! as any event. Every row arrives committed, so a follower delivers at once. What a follower
+//! refuses (everything that would write the log) is decided by the method table
+//! (`router::dispatch::served_by_follower`).
+
+use std::sync::Arc;
+
+use crate::router::core::Router;
+use crate::router::events::log::{EventRecord, StoredRow};
+
+impl Router {
+    /// Appends rows the writer committed to the log, in order, and offers them to the live
+    /// subscriptions. Rows the log has already are skipped; a row this version cannot read is
+    /// skipped and logged (the log's window starts again after it: replay reads around it from
+    /// the store, as on the writer).
+    pub fn ingest_followed(&mut self, rows: Vec<StoredRow>) {
+        for row in rows {
+            let seq = row.seq;
+            let record = match EventRecord::from_row(row) {
+                Ok(r) => Arc::new(r),
+                Err(e) => {
+                    tracing::warn!(seq, error = %e, "follower: skipping an event this version cannot read");
+                    continue;
+                }
+            };
+            if self.bus.log.push_followed(Arc::clone(&record)) {
+                self.bus.publish(&record, &self.registry);
+            }
+        }
+    }
+}
