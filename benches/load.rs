@@ -81,6 +81,10 @@ struct Args {
     /// Fan-out: client subscribers (S).
     #[arg(long)]
     subscribers: Option<usize>,
+    /// Fan-out: where the subscribers connect, in turn (repeatable; default `--url`): the
+    /// standbys of a cluster serve subscriptions from the stream (docs/cluster.md).
+    #[arg(long = "subscriber-url")]
+    subscriber_urls: Vec<String>,
     /// Fan-out: publisher agents (P).
     #[arg(long)]
     publishers: Option<usize>,
@@ -469,7 +473,19 @@ async fn publish(
 
 static RUN: AtomicU64 = AtomicU64::new(0);
 
-async fn fanout(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration) -> Res<Value> {
+/// Whether `url` is `ws://` to loopback.
+fn loopback(url: &str) -> bool {
+    url.strip_prefix("ws://")
+        .is_some_and(|h| h.starts_with("127.0.0.1:") || h.starts_with("localhost:"))
+}
+
+async fn fanout(
+    url: &str,
+    sub_urls: &[String],
+    spec: &FanoutSpec,
+    pid: Option<u32>,
+    limit: Duration,
+) -> Res<Value> {
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + limit;
     // Setup: publishers (the first creates the scope), members, subscribers.
@@ -493,6 +509,7 @@ async fn fanout(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration)
     };
     let subscribe = |i: usize, tag: &'static str| {
         let filter = filter.clone();
+        let url = sub_urls[i % sub_urls.len()].as_str();
         async move {
             let mut c = Conn::session(url, "client", &format!("bench-{tag}-{run}-{i}")).await?;
             c.call("map/subscribe", json!({ "filter": filter })).await?;
@@ -521,6 +538,7 @@ async fn fanout(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration)
             stop_rx.clone(),
         )));
     }
+    let agent_readers = readers.len();
     for c in subscribers {
         keep.push(c.tx);
         readers.push(tokio::spawn(read_deliveries(
@@ -575,11 +593,15 @@ async fn fanout(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration)
     });
     let mut deliveries = 0;
     let mut latency = histogram();
+    let mut event_latency = histogram();
     let mut end = send_end;
-    for r in readers {
+    for (i, r) in readers.into_iter().enumerate() {
         let out = r.await.map_err(|e| e.to_string())?;
         deliveries += out.count;
         latency.add(&out.latency).expect("same bounds");
+        if i >= agent_readers {
+            event_latency.add(&out.latency).expect("same bounds");
+        }
         end = end.max(out.last.unwrap_or(start));
     }
     stopper.abort();
@@ -599,6 +621,8 @@ async fn fanout(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration)
         "msgs_per_s": rate(accepted, send_end - start),
         "deliveries_per_s": rate(deliveries, end - start),
         "latency_ms": percentiles(&latency),
+        "event_latency_ms": percentiles(&event_latency),
+        "subscriber_nodes": sub_urls.len(),
         "ack_ms": percentiles(&ack),
         "rss_before_kb": rss_before,
         "rss_after_kb": rss_after,
@@ -1015,9 +1039,10 @@ async fn run(args: Args) -> Res<()> {
             let host = url
                 .strip_prefix("ws://")
                 .ok_or("--url must be ws://127.0.0.1:PORT/")?;
-            if !(host.starts_with("127.0.0.1:") || host.starts_with("localhost:")) {
+            if !loopback(url) {
                 return Err("the load generator only talks to loopback".into());
             }
+            let _ = host;
             (None, url.clone(), args.server_pid)
         }
         None => {
@@ -1033,6 +1058,14 @@ async fn run(args: Args) -> Res<()> {
             (Some(server), url, pid)
         }
     };
+    if !args.subscriber_urls.iter().all(|u| loopback(u)) {
+        return Err("--subscriber-url must be ws://127.0.0.1:PORT/ (loopback only)".into());
+    }
+    let sub_urls: Vec<String> = if args.subscriber_urls.is_empty() {
+        vec![url.clone()]
+    } else {
+        args.subscriber_urls.clone()
+    };
     let tests: Vec<&str> = if args.tests.is_empty() {
         vec!["rtt", "fanout", "slow", "connections", "churn"]
     } else {
@@ -1045,7 +1078,7 @@ async fn run(args: Args) -> Res<()> {
     };
     for test in tests {
         let lines = match test {
-            "fanout" => vec![fanout(&url, &sizes.fanout, pid, limit).await?],
+            "fanout" => vec![fanout(&url, &sub_urls, &sizes.fanout, pid, limit).await?],
             "rtt" => rtt(&url, sizes.calls, sizes.concurrency).await?,
             "connections" => vec![connections(&url, sizes.connections, pid).await?],
             "slow" => vec![slow(&url, &sizes.slow, pid, limit).await?],

@@ -444,15 +444,21 @@ struct StandbyNode {
 }
 
 async fn start_standby(nats: &Nats, data: &Path, name: &str) -> StandbyNode {
+    start_standby_with(nats, data, name, "commit_timeout_ms = 1500").await
+}
+
+/// As [`start_standby`], with `storage` as the `[storage]` section (and what follows it).
+async fn start_standby_with(nats: &Nats, data: &Path, name: &str, storage: &str) -> StandbyNode {
     use tokio::io::AsyncBufReadExt;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let mut args = node_args(
+    let mut args = node_args_with(
         nats,
         data,
         &format!("node = \"{name}\"\nstandby = true\ntakeover_poll_ms = 100"),
+        storage,
     );
     args[1] = format!("127.0.0.1:{port}").into();
     let mut child = binary_command(args)
@@ -1507,4 +1513,170 @@ async fn followers_serve() {
             "{node} follows the new writer"
         );
     }
+}
+
+const OPS: &str = "key-ops-0123456789abcdef";
+const ALICE: &str = "key-alice-0123456789abcdef";
+const BOB: &str = "key-bob-0123456789abcdef";
+const VIEWER: &str = "key-viewer-0123456789abcdef";
+
+/// Connects to `url` as `kind` with the API key `key` and `extra` params; the result.
+async fn connect_with_key(
+    url: &str,
+    key: &str,
+    kind: &str,
+    extra: serde_json::Value,
+) -> (WsClient, serde_json::Value) {
+    let mut c = WsClient::connect(url).await;
+    let mut params = json!({"protocolVersion": 1, "participantType": kind,
+        "auth": {"method": "api-key", "credential": key}});
+    merge(&mut params, extra);
+    let r = c.ok("map/connect", params).await;
+    assert!(r.get("sessionId").is_some(), "not admitted: {r}");
+    (c, r)
+}
+
+#[test]
+fn a_follower_gives_an_id_only_to_the_principal_the_writers_log_gives_it_to() {
+    // On a thread of its own, as `standbys_serve_...` (stack).
+    std::thread::Builder::new()
+        .stack_size(16 << 20)
+        .spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(follower_ids());
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+async fn follower_ids() {
+    let nats = Nats::start("follower-ids");
+    let dir = TempDir::new("cluster-follower-ids");
+    let keys = dir.path.join("keys");
+    std::fs::write(
+        &keys,
+        format!("{OPS} ops\n{ALICE} alice\n{BOB} bob\n{VIEWER} viewer\n"),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let auth = format!(
+        "commit_timeout_ms = 1500\n[auth]\nsystem_principals = [\"ops\"]\n\
+         [auth.api_keys]\nfile = {:?}\n\
+         [permissions.principals.\"viewer\".messaging]\ncanSend = false\n",
+        keys.display().to_string()
+    );
+    let (_writer, url) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n0"),
+        "node = \"n0\"",
+        &auth,
+    ))
+    .await;
+    let f = start_standby_with(&nats, &dir.path.join("n1"), "n1", &auth).await;
+    let (mut ops_f, _) = connect_with_key(&f.url, OPS, "system", json!({})).await;
+    let watch = ops_f.subscribe_with(json!({"replayFrom": 0})).await;
+    // Alice takes her id on the writer; once the follower shows what came after it, the
+    // follower has the claim.
+    let (_alice_w, r) = connect_with_key(
+        &url,
+        ALICE,
+        "client",
+        json!({"participantId": "alice-desk"}),
+    )
+    .await;
+    assert_eq!(r["participantId"], json!("alice-desk"));
+    let (mut bob_w, r) =
+        connect_with_key(&url, BOB, "client", json!({"participantId": "bob-desk"})).await;
+    assert_eq!(r["participantId"], json!("bob-desk"));
+    within(Duration::from_secs(10), async {
+        loop {
+            let e = ops_f.next_event(&watch).await;
+            if e["event"]["type"] == json!("participant_connected")
+                && e["event"]["data"]["participantId"] == json!("bob-desk")
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    // Nobody else gets alice's id on the follower; alice does.
+    for (key, who) in [(BOB, "bob"), (VIEWER, "viewer")] {
+        let (_c, r) = connect_with_key(
+            &f.url,
+            key,
+            "client",
+            json!({"participantId": "alice-desk"}),
+        )
+        .await;
+        assert_ne!(
+            r["participantId"],
+            json!("alice-desk"),
+            "{who} took alice's id"
+        );
+    }
+    let (_c, r) = connect_with_key(
+        &f.url,
+        ALICE,
+        "client",
+        json!({"participantId": "alice-desk"}),
+    )
+    .await;
+    assert_eq!(
+        r["participantId"],
+        json!("alice-desk"),
+        "alice's own id, as on the writer"
+    );
+    // An id nobody owns yet is not handed out by a follower (it writes no claim): the
+    // writer gives it, later, to whoever asks there first.
+    let (_c, r) = connect_with_key(
+        &f.url,
+        BOB,
+        "client",
+        json!({"participantId": "fresh-desk"}),
+    )
+    .await;
+    assert_ne!(r["participantId"], json!("fresh-desk"));
+    let (_c, r) = connect_with_key(
+        &url,
+        ALICE,
+        "client",
+        json!({"participantId": "fresh-desk"}),
+    )
+    .await;
+    assert_eq!(
+        r["participantId"],
+        json!("fresh-desk"),
+        "the writer still has it to give"
+    );
+    // Every principal, the system one included, is refused every write on the follower.
+    for key in [OPS, ALICE, BOB, VIEWER] {
+        let (mut c, _) = connect_with_key(&f.url, key, "client", json!({})).await;
+        let e = c
+            .err(
+                "map/send",
+                json!({"to": {"participant": "alice-desk"}, "payload": {"x": 1}}),
+            )
+            .await;
+        assert_eq!(e["code"], json!(1005), "{e}");
+    }
+    // Bob sees on the follower what he sees on the writer.
+    let on_writer = replay_ids(&mut bob_w).await;
+    let (mut bob_f, _) = connect_with_key(&f.url, BOB, "client", json!({})).await;
+    within(Duration::from_secs(10), async {
+        while replay_ids(&mut bob_f).await.len() < on_writer.len() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        replay_ids(&mut bob_f).await[..on_writer.len()],
+        on_writer[..]
+    );
 }

@@ -4,7 +4,9 @@
 //! Owns nothing: [`Router::ingest_followed`] appends the rows the store's follower hands over
 //! (stream order, ids, timestamps and sequence numbers as the writer gave them) to the bus's
 //! log and offers each to the live subscriptions, with the same filter and visibility checks
-//! as any event. Every row arrives committed, so a follower delivers at once. What a follower
+//! as any event; the identity claims among them go to the identities table, so that an id is
+//! a principal's on a follower exactly when it is on the writer. Every row arrives committed,
+//! so a follower delivers at once. What a follower
 //! refuses (everything that would write the log) is decided by the method table
 //! (`router::dispatch::served_by_follower`).
 
@@ -21,6 +23,10 @@ impl Router {
     pub fn ingest_followed(&mut self, rows: Vec<StoredRow>) {
         for row in rows {
             let seq = row.seq;
+            if row.seq >= self.bus.log.next_seq() {
+                // Who owns which id, as the writer decided (`router::identities`).
+                self.identities.apply_stored(&row);
+            }
             let record = match EventRecord::from_row(row) {
                 Ok(r) => Arc::new(r),
                 Err(e) => {

@@ -294,6 +294,33 @@ mod tests {
     }
 
     #[test]
+    fn followed_records_keep_their_numbers_and_a_hole_restarts_the_window() {
+        let mut writer = EventLog::new(Retention {
+            max_events: 100,
+            max_bytes: 1 << 20,
+        });
+        let written: Vec<Arc<EventRecord>> =
+            (0..6).map(|n| writer.append(draft(n), None)).collect();
+        let mut follower = EventLog::new(Retention {
+            max_events: 100,
+            max_bytes: 1 << 20,
+        });
+        for r in &written[..3] {
+            assert!(follower.push_followed(Arc::clone(r)));
+        }
+        assert!(!follower.push_followed(Arc::clone(&written[1])), "seen");
+        assert_eq!((follower.first_seq(), follower.next_seq()), (0, 3));
+        // Seq 3 was taken by retention before it was followed.
+        assert!(follower.push_followed(Arc::clone(&written[4])));
+        assert_eq!((follower.first_seq(), follower.next_seq()), (4, 5));
+        assert_eq!(follower.newest_id(), written[4].id);
+        // Ids minted later (after a takeover) continue after the followed ones.
+        let next = follower.append(draft(9), None);
+        assert_eq!(next.seq, 5);
+        assert!(next.id > written[4].id && next.timestamp >= written[4].timestamp);
+    }
+
+    #[test]
     fn ids_and_timestamps_are_monotonic_and_json_is_well_formed() {
         let mut log = EventLog::new(Retention {
             max_events: 100,

@@ -114,6 +114,9 @@ impl Router {
         };
         match self.identities.owner(kind, id) {
             Some(owner) if !owner.is(p) && !system => Err(Refusal::Owned),
+            // A follower claims nothing (it writes no log): an id is the caller's there only
+            // once the writer's log says so.
+            None if self.config.follower && !system => Err(Refusal::Owned),
             _ => Ok(()),
         }
     }
@@ -125,6 +128,9 @@ impl Router {
         let (Some(_), Some(p)) = (&self.config.auth, principal) else {
             return;
         };
+        if self.config.follower {
+            return; // a follower writes no claim (see `may_take`)
+        }
         if self.identities.owner(kind, id).is_some_and(|o| !o.is(p)) {
             // A system session took someone else's id: the id keeps its owner.
             return;

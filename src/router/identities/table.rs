@@ -114,6 +114,18 @@ impl Identities {
     /// The table of what the store kept: the newest claim of each id still owned (oldest
     /// first, so recency is kept). A row that cannot be read is skipped with a warning.
     pub fn recover(rows: &[crate::store::record::StoredRow], cap: usize) -> Self {
+        let mut t = Self::new(cap);
+        for row in rows {
+            t.apply_stored(row);
+        }
+        t
+    }
+
+    /// Applies one logged `identity.claimed` or `identity.released` row as the node that
+    /// wrote it decided (a follower folds the writer's claims as it follows them; recovery
+    /// folds the kept ones): a claim takes the id from whoever held it here. Other rows are
+    /// ignored; an unreadable one is skipped with a warning.
+    pub fn apply_stored(&mut self, row: &crate::store::record::StoredRow) {
         #[derive(serde::Deserialize)]
         struct Claim {
             id: String,
@@ -127,24 +139,31 @@ impl Identities {
         struct Event {
             data: Data,
         }
-        let mut t = Self::new(cap);
-        for row in rows {
-            let parsed = serde_json::from_str::<Event>(&row.json).ok().and_then(|e| {
-                let (kind, id) = e.data.claim.id.split_once(':')?;
-                Some((
-                    IdKind::from_prefix(kind)?,
-                    id.to_owned(),
-                    e.data.claim.owner?,
-                ))
-            });
-            match parsed {
-                Some((kind, id, owner)) => {
-                    t.claim(kind, &id, &owner, |_, _| true);
+        let claimed = match row.kind.as_str() {
+            "identity.claimed" => true,
+            "identity.released" => false,
+            _ => return,
+        };
+        let parsed = serde_json::from_str::<Event>(&row.json).ok().and_then(|e| {
+            let (kind, id) = e.data.claim.id.split_once(':')?;
+            Some((
+                IdKind::from_prefix(kind)?,
+                id.to_owned(),
+                e.data.claim.owner,
+            ))
+        });
+        match parsed {
+            Some((kind, id, Some(owner))) if claimed => {
+                if self.owner(kind, &id).is_some_and(|o| o != &owner) {
+                    self.release(kind, &id);
                 }
-                None => tracing::warn!(event = %row.id, "skipping an unreadable stored claim"),
+                self.claim(kind, &id, &owner, |_, _| true);
             }
+            Some((kind, id, _)) if !claimed => {
+                self.release(kind, &id);
+            }
+            _ => tracing::warn!(event = %row.id, "skipping an unreadable stored claim"),
         }
-        t
     }
 
     /// Number of owned ids.
@@ -251,6 +270,49 @@ mod tests {
             id: id.into(),
             issuer: None,
         }
+    }
+
+    fn row(kind: &str, claim: serde_json::Value) -> crate::store::record::StoredRow {
+        crate::store::record::StoredRow {
+            seq: 1,
+            id: "01J00000000000000000000000".into(),
+            timestamp: 1,
+            kind: kind.into(),
+            meta: "{}".into(),
+            json: serde_json::json!({"type": kind, "data": {"claim": claim}}).to_string(),
+        }
+    }
+
+    #[test]
+    fn logged_claims_and_releases_are_applied_as_the_writer_decided() {
+        let mut t = Identities::new(1);
+        let alice = serde_json::json!({"id": "participant:desk", "owner": {"id": "alice"}});
+        t.apply_stored(&row("identity.claimed", alice));
+        assert_eq!(t.owner(IdKind::Participant, "desk"), Some(&owner("alice")));
+        // The writer gave the id to bob (after alice's release, say): bob has it here too.
+        let bob = serde_json::json!({"id": "participant:desk", "owner": {"id": "bob"}});
+        t.apply_stored(&row("identity.claimed", bob));
+        assert_eq!(t.owner(IdKind::Participant, "desk"), Some(&owner("bob")));
+        assert_eq!(t.count_of(&owner("alice")), 0);
+        // A follower never evicts on its own: the cap is the writer's to apply.
+        let more = serde_json::json!({"id": "participant:other", "owner": {"id": "bob"}});
+        t.apply_stored(&row("identity.claimed", more));
+        assert_eq!(t.count_of(&owner("bob")), 2);
+        t.apply_stored(&row(
+            "identity.released",
+            serde_json::json!({"id": "participant:desk"}),
+        ));
+        assert_eq!(t.owner(IdKind::Participant, "desk"), None);
+        // Other rows and unreadable ones change nothing.
+        t.apply_stored(&row(
+            "message_sent",
+            serde_json::json!({"id": "participant:other"}),
+        ));
+        t.apply_stored(&row(
+            "identity.released",
+            serde_json::json!({"id": "nonsense"}),
+        ));
+        assert_eq!(t.owner(IdKind::Participant, "other"), Some(&owner("bob")));
     }
 
     #[test]
