@@ -742,12 +742,13 @@ async fn connections(url: &str, n: usize, pid: Option<u32>) -> Res<Value> {
 // Slow consumer
 
 async fn slow(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration) -> Res<Value> {
-    let baseline = fanout(url, spec, pid, limit).await?;
+    let here = [url.to_owned()];
+    let baseline = fanout(url, &here, spec, pid, limit).await?;
     let lag = FanoutSpec {
         laggards: 1,
         ..spec.clone()
     };
-    let with = fanout(url, &lag, pid, limit).await?;
+    let with = fanout(url, &here, &lag, pid, limit).await?;
     let ratio = |k: &str| {
         let a = baseline[k].as_f64().unwrap_or(0.0);
         let b = with[k].as_f64().unwrap_or(0.0);

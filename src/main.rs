@@ -315,7 +315,17 @@ fn serve(args: ServeArgs, mode: Mode) -> ExitCode {
                 collect_freed();
             }
         });
-        let server = match Server::start(config).await {
+        // A start can last (a standby waits in it until it takes over): a signal meanwhile
+        // stops the process, closing what the start had opened (a standby's viewers see their
+        // connection close and reconnect elsewhere).
+        let started = tokio::select! {
+            started = Server::start(config) => started,
+            () = signals.wait() => {
+                tracing::info!("stopped before the server started (a standby stops here)");
+                return ExitCode::SUCCESS;
+            }
+        };
+        let server = match started {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("map-router: cannot start: {e}");

@@ -525,7 +525,7 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         })
         .await;
         // A standby serves MAP subscriptions and replay (its follower router), nothing else.
-        let r = with_timeout(http::request(addr_of(&s.url), "GET", "/metrics", &[], b"")).await;
+        let r = with_timeout(http::request(addr_of(&s.url), "GET", "/ui/", &[], b"")).await;
         assert_eq!(r.status, 503);
         assert!(String::from_utf8_lossy(&r.body).contains("takes over when it stops"));
     }
@@ -1426,6 +1426,26 @@ async fn followers_serve() {
         assert_eq!(&got, expected, "{node}: the same event objects");
         c.assert_no_event(sub).await;
     }
+    // A follower's /metrics: its own deliveries, and where it is in the stream.
+    for f in &followers {
+        let text = metrics(&f.url).await;
+        promtool_check(&text).await;
+        assert!(text.contains("map_cluster_standby 1"), "{text}");
+        assert!(text.contains("map_cluster_nats_connected 1"), "{text}");
+        let delivered: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("map_event_deliveries_total "))
+            .unwrap_or_else(|| panic!("{text}"))
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            delivered as usize,
+            sys_log.len() + cli_log.len(),
+            "{}",
+            f.name
+        );
+    }
     // Replay on a follower returns the writer's ids, for each kind of viewer.
     for f in &followers {
         let mut s = WsClient::system(&f.url).await;
@@ -1513,6 +1533,18 @@ async fn followers_serve() {
             "{node} follows the new writer"
         );
     }
+    // SIGTERM stops a standby (it waits inside its start), at once and cleanly.
+    let mut last = followers.remove(0);
+    let pid = last.child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = within(Duration::from_secs(5), last.child.wait())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "a standby stops on SIGTERM: {exit:?}");
 }
 
 const OPS: &str = "key-ops-0123456789abcdef";

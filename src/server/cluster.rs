@@ -295,6 +295,8 @@ impl Serving {
             .map_err(|e| std::io::Error::other(format!("auth: {e}")))?;
         let (recovered, mut rows) = follower.serve().map_err(failed)?;
         let store: Arc<dyn EventStore> = Arc::clone(follower) as Arc<dyn EventStore>;
+        let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
+        let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
         let (router, router_task) = Router::start(
             RouterConfig {
                 auth,
@@ -304,7 +306,7 @@ impl Serving {
             RouterParts {
                 process_control: None,
                 store: Some((store, recovered)),
-                metrics: None,
+                metrics: metrics.clone(),
             },
         );
         let feed = {
@@ -343,6 +345,36 @@ impl Serving {
                     ..crate::transport::http::HttpSettings::default()
                 },
             ));
+        // `/metrics`: the follower router's own families (its connections, subscriptions and
+        // deliveries), and where it is in the stream.
+        let app = if metrics.is_some() {
+            let follower = Arc::clone(follower);
+            let extra: crate::server::metrics::Extra = Arc::new(move || {
+                format!(
+                    "# TYPE map_cluster_nats_connected gauge\n\
+                     # HELP map_cluster_nats_connected 1 while the NATS connection of the event \
+                     log is up.\n\
+                     map_cluster_nats_connected {}\n\
+                     # TYPE map_cluster_standby gauge\n\
+                     # HELP map_cluster_standby 1 on a standby: it follows the stream another \
+                     node writes and serves subscriptions and replay from it.\n\
+                     map_cluster_standby 1\n\
+                     # TYPE map_cluster_following_position gauge\n\
+                     # HELP map_cluster_following_position The seq after the newest event this \
+                     standby has followed.\n\
+                     map_cluster_following_position {}\n",
+                    u8::from(follower.connected()),
+                    follower.position()
+                )
+            });
+            app.merge(crate::server::metrics::routes_with(
+                ctx.router.clone(),
+                metrics_auth,
+                Some(extra),
+            ))
+        } else {
+            app
+        };
         Ok(Self {
             app: super::guard_origins(app, config),
             ctx,

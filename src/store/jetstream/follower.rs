@@ -157,6 +157,14 @@ impl Follower {
         Ok((recovered, rx))
     }
 
+    /// Whether its NATS connection is up.
+    pub fn connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
+    }
+
     /// The seq after the newest row followed.
     pub fn position(&self) -> u64 {
         lock(&self.state).next_seq
