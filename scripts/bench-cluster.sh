@@ -11,7 +11,8 @@
 #   cargo build --release --bin map-router && cargo bench --bench load --no-run
 #   scripts/bench-cluster.sh LOAD_BIN MAP_ROUTER_BIN [ROUNDS] [PAYLOAD_BYTES] [MODES] > results.jsonl
 #
-# MODES defaults to "sqlite jetstream followers". Needs nats-server on PATH. Loopback only;
+# MODES defaults to "sqlite jetstream followers"; CASES ("K S;K S", default "10 2;100 10")
+# the agents and subscribers of each run. Needs nats-server on PATH. Loopback only;
 # every wait is bounded.
 set -euo pipefail
 LOAD=$1; BIN=$2; ROUNDS=${3:-3}; PAYLOAD=${4:-1024}; MODES=${5:-sqlite jetstream followers}
@@ -20,7 +21,8 @@ LOAD=$1; BIN=$2; ROUNDS=${3:-3}; PAYLOAD=${4:-1024}; MODES=${5:-sqlite jetstream
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 for round in $(seq "$ROUNDS"); do
   for store in $MODES; do
-    for case in "10 2" "100 10"; do
+    IFS=';' read -ra cases <<< "${CASES:-10 2;100 10}"
+    for case in "${cases[@]}"; do
       read -r K S <<<"$case"
       dir=$(mktemp -d)
       nats_pid=""

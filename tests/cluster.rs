@@ -1712,3 +1712,88 @@ async fn follower_ids() {
         on_writer[..]
     );
 }
+
+/// What a node answers `frame` with on a fresh connection (after `map/connect` as a client
+/// when `session`): the response, or how the connection closed.
+async fn answer_to(url: &str, session: bool, frame: &str) -> String {
+    let mut c = if session {
+        WsClient::client(url).await
+    } else {
+        WsClient::connect(url).await
+    };
+    c.send_raw(frame).await;
+    loop {
+        match c.read_frame().await {
+            Frame::Closed(code) => return format!("closed {code:?}"),
+            Frame::Json(v) if is_notification(&v) => {}
+            Frame::Json(mut v) => {
+                // Ids and times the node mints differ from node to node.
+                for at in ["/result/subscriptionId", "/result/subscription/closedAt"] {
+                    if let Some(id) = v.pointer_mut(at) {
+                        *id = json!("<minted>");
+                    }
+                }
+                return v.to_string();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn hostile_input_gets_the_single_node_answers_on_a_standby() {
+    let nats = Nats::start("hostile-standby");
+    let dir = TempDir::new("cluster-hostile");
+    let (_writer, url) =
+        start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
+    let f = start_standby(&nats, &dir.path.join("n1"), "n1").await;
+    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving:")).await;
+    // A viewer on the standby, watching while the attacks go on.
+    let mut viewer = WsClient::system(&f.url).await;
+    let sub = viewer
+        .subscribe(json!({"eventTypes": ["scope_created"]}))
+        .await;
+    let deep = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"map/replay\",\"params\":{}{}}}",
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    let huge = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"map/subscribe\",\"params\":{{\"filter\":{{\"eventTypes\":[\"{}\"]}}}}}}",
+        "x".repeat(200_000)
+    );
+    let batch = format!(
+        "[{}]",
+        vec![r#"{"jsonrpc":"2.0","id":1,"method":"map/replay","params":{"limit":1}}"#; 1001]
+            .join(",")
+    );
+    let cases: Vec<(bool, String)> = vec![
+        (false, r#"{"jsonrpc":"2.0","id":1,"method":"map/subscribe""#.into()),
+        (false, "[]".into()),
+        (false, r#"{"jsonrpc":"2.0","id":2,"method":"map/replay","params":{}}"#.into()),
+        (false, r#"{"jsonrpc":"1.0","id":3,"method":"map/connect"}"#.into()),
+        (false, r#"{"jsonrpc":"2.0","id":5,"method":"no/such"}"#.into()),
+        (false, r#"{"jsonrpc":"2.0","id":6,"method":"map/connect","params":{"protocolVersion":"x"}}"#.into()),
+        (false, "\"just a string\"".into()),
+        (true, deep),
+        (true, huge),
+        (true, batch),
+        (true, r#"{"jsonrpc":"2.0","id":7,"method":"map/subscribe","params":{"filter":"x"}}"#.into()),
+        (true, r#"{"jsonrpc":"2.0","id":8,"method":"map/replay","params":{"limit":-1}}"#.into()),
+        (true, r#"{"jsonrpc":"2.0","id":10,"method":"map/replay","params":{"afterEventId":"not-an-id"}}"#.into()),
+        (true, r#"{"jsonrpc":"2.0","id":11,"method":"map/unsubscribe","params":{"subscriptionId":"someone-elses"}}"#.into()),
+        (true, r#"{"jsonrpc":"2.0","id":null,"method":"map/replay","params":{"limit":0}}"#.into()),
+    ];
+    for (session, frame) in &cases {
+        let on_writer = answer_to(&url, *session, frame).await;
+        let on_standby = answer_to(&f.url, *session, frame).await;
+        let shown: String = frame.chars().take(80).collect();
+        assert_eq!(on_standby, on_writer, "{shown}");
+    }
+    // The standby kept serving through all of it.
+    let mut admin = WsClient::system(&url).await;
+    admin
+        .ok("map/scopes/create", json!({"scopeId": "after"}))
+        .await;
+    let e = viewer.next_event(&sub).await;
+    assert_eq!(e["event"]["data"]["scopeId"], json!("after"), "{e}");
+}
