@@ -376,7 +376,7 @@ impl Serving {
             app
         };
         Ok(Self {
-            app: super::guard_origins(app, config),
+            app: crate::server::origins::guard(app, config),
             ctx,
             shutdown,
             router_task,

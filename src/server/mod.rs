@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod config;
 pub mod listener;
 pub mod metrics;
+pub mod origins;
 pub mod tls;
 pub mod ui;
 
@@ -259,7 +260,7 @@ impl Server {
         } else {
             app
         };
-        let app = guard_origins(app, &config);
+        let app = origins::guard(app, &config);
         let mut http_tasks = Vec::new();
         let aip = aip.map(|(gateway, addr, tcp, tls)| {
             http_tasks.push(tokio::spawn(crate::gateway::aip::listener::serve(
@@ -401,57 +402,6 @@ impl Server {
         }
     }
 }
-/// Every route, first: a browser page from a site not allowed reaches nothing (issue 23, M5:
-/// the WebSocket upgrades, /map/rpc and the gateways' POSTs).
-fn guard_origins(app: HttpRouter, config: &Config) -> HttpRouter {
-    let origins = Arc::new(crate::gateway::guard::Guard::new(
-        crate::gateway::guard::GuardSettings {
-            allowed_origins: config
-                .limits
-                .allowed_origins
-                .iter()
-                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
-                .collect(),
-            rate: None,
-            ..Default::default()
-        },
-    ));
-    app.layer(axum::middleware::from_fn(
-        move |request: axum::extract::Request, next: axum::middleware::Next| {
-            let origins = Arc::clone(&origins);
-            async move {
-                if origins.origin_allowed(request.headers()) {
-                    next.run(request).await
-                } else {
-                    forbidden_origin(request.headers())
-                }
-            }
-        },
-    ))
-}
-
-/// 403 for a request whose `Origin` is neither the router's own nor allowed.
-fn forbidden_origin(headers: &axum::http::HeaderMap) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let origin = headers
-        .get(axum::http::header::ORIGIN)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("?");
-    let origin: String = origin.chars().take(200).collect();
-    (
-        axum::http::StatusCode::FORBIDDEN,
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; charset=utf-8",
-        )],
-        format!(
-            "origin {origin} is not allowed: add it to [limits] allowed_origins to let pages \
-             from it use this router\n"
-        ),
-    )
-        .into_response()
-}
-
 /// How the gateways open their MAP sessions: in-process connections to this server's router
 /// (origin `InProcess`, as [`Server::connect_in_process`]). The gateways get this rather than
 /// the [`Server`], which does not exist yet while the routes are built.
