@@ -1426,9 +1426,19 @@ async fn followers_serve() {
         assert_eq!(&got, expected, "{node}: the same event objects");
         c.assert_no_event(sub).await;
     }
-    // A follower's /metrics: its own deliveries, and where it is in the stream.
+    // A follower's /health and /metrics: the whole cluster, as the writer's show it, its own
+    // deliveries, and where it is in the stream.
     for f in &followers {
+        let body = health_until(&f.url, "the roll call", |s, b| {
+            s == 503 && b.contains("nodes: 3")
+        })
+        .await;
+        for node in ["n0: writer", "n1: standby", "n2: standby"] {
+            assert!(body.contains(&format!("node {node}, position")), "{body}");
+        }
+        assert!(body.contains("nats: connected"), "{body}");
         let text = metrics(&f.url).await;
+        assert!(text.contains("map_cluster_nodes 3"), "{text}");
         promtool_check(&text).await;
         assert!(text.contains("map_cluster_standby 1"), "{text}");
         assert!(text.contains("map_cluster_nats_connected 1"), "{text}");
@@ -1741,7 +1751,7 @@ async fn answer_to(url: &str, session: bool, frame: &str) -> String {
 
 #[tokio::test]
 async fn hostile_input_gets_the_single_node_answers_on_a_standby() {
-    let nats = Nats::start("hostile-standby");
+    let mut nats = Nats::start("hostile-standby");
     let dir = TempDir::new("cluster-hostile");
     let (_writer, url) =
         start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
@@ -1796,4 +1806,36 @@ async fn hostile_input_gets_the_single_node_answers_on_a_standby() {
         .await;
     let e = viewer.next_event(&sub).await;
     assert_eq!(e["event"]["data"]["scopeId"], json!("after"), "{e}");
+
+    // NATS away: the standby says so; back: it follows again, by itself, and its viewer is
+    // shown what the writer logs next.
+    nats.kill();
+    health_until(&f.url, "NATS lost", |s, b| {
+        s == 503 && b.contains("nats: disconnected")
+    })
+    .await;
+    nats.restart();
+    health_until(&f.url, "NATS back", |s, b| {
+        s == 503 && b.contains("nats: connected")
+    })
+    .await;
+    health_until(&url, "the writer back", |s, _| s == 200).await;
+    // (A call that timed out may still commit: each try creates another scope.)
+    within(Duration::from_secs(20), async {
+        for i in 0.. {
+            let id = format!("after-nats-{i}");
+            if admin
+                .call("map/scopes/create", json!({"scopeId": id}))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let e = viewer.next_event(&sub).await;
+    let id = e["event"]["data"]["scopeId"].as_str().unwrap_or_default();
+    assert!(id.starts_with("after-nats-"), "{e}");
 }

@@ -84,7 +84,7 @@ pub async fn open_store(
     if let Some(options) = config.cluster.jetstream_options(&config.router.name) {
         let options = options.map_err(|e| std::io::Error::other(format!("cluster: {e}")))?;
         let (store, recovered) = open_jetstream(config, options, listeners).await?;
-        let nodes = roll_calls(&store);
+        let nodes = roll_calls(&store, |s| async move { s.nodes(ROLL_CALL_WAIT).await });
         let probe_store = Arc::clone(&store);
         let probe: Probe = Arc::new(move || ClusterState {
             connected: probe_store.connected(),
@@ -118,18 +118,23 @@ pub async fn open_store(
 /// Asks every node of the stream who it is, every [`ROLL_CALL_EVERY`], for as long as the
 /// store is open; the answers gathered last are in the returned list (empty while NATS is
 /// away). Handlers read the list: a scrape sends nothing to NATS.
+/// `ask` is the store's (the writer's) or the follower's (a standby's) roll call.
 #[cfg(feature = "cluster")]
-fn roll_calls(
-    store: &Arc<crate::store::jetstream::JetStreamStore>,
-) -> Arc<std::sync::Mutex<Vec<Node>>> {
+fn roll_calls<T, F, Fut>(source: &Arc<T>, ask: F) -> Arc<std::sync::Mutex<Vec<Node>>>
+where
+    T: Send + Sync + 'static,
+    F: Fn(Arc<T>) -> Fut + Send + 'static,
+    Fut: std::future::Future<
+            Output = Result<Vec<crate::store::jetstream::NodeStatus>, crate::store::StoreError>,
+        > + Send,
+{
     let nodes: Arc<std::sync::Mutex<Vec<Node>>> = Arc::default();
     let cache = Arc::clone(&nodes);
-    let store = Arc::downgrade(store);
+    let source = Arc::downgrade(source);
     tokio::spawn(async move {
         loop {
-            let Some(open) = store.upgrade() else { return };
-            let answered = open.nodes(ROLL_CALL_WAIT).await;
-            drop(open);
+            let Some(open) = source.upgrade() else { return };
+            let answered = ask(open).await;
             let answered: Vec<Node> = answered
                 .unwrap_or_default()
                 .into_iter()
@@ -167,6 +172,8 @@ async fn open_jetstream(
     // from it meanwhile.
     let mut follower: Option<Arc<Follower>> = None;
     let mut serving: Option<Serving> = None;
+    // What the standby sees of the cluster (its roll call), once it follows.
+    let mut seen: Option<Probe> = None;
     loop {
         let attempt = match &follower {
             Some(f) => f.promote().await,
@@ -192,7 +199,9 @@ async fn open_jetstream(
                     match Follower::open(options.clone()).await {
                         Ok(f) => {
                             let f = Arc::new(f);
-                            match Serving::start(config, &f) {
+                            let probe = follower_probe(&f);
+                            seen = Some(Arc::clone(&probe));
+                            match Serving::start(config, &f, probe) {
                                 Ok(s) => serving = Some(s),
                                 Err(e) => tracing::warn!(
                                     error = %e,
@@ -217,7 +226,8 @@ async fn open_jetstream(
                         &options.stream,
                         follower
                             .as_ref()
-                            .map(|f| Box::new(f.position_probe()) as Position),
+                            .zip(seen.clone())
+                            .map(|(f, probe)| (Box::new(f.position_probe()) as Position, probe)),
                         serving.as_ref().map(|s| s.app.clone()),
                     )
                 });
@@ -239,6 +249,7 @@ async fn open_jetstream(
                 // A follower whose promotion failed may be spent: the next try opens the
                 // store as a restarted node does (and serves again if it is refused).
                 follower = None;
+                seen = None;
                 if let Some(page) = standby.take() {
                     page.stop().await;
                 }
@@ -285,6 +296,7 @@ impl Serving {
     fn start(
         config: &Config,
         follower: &Arc<crate::store::jetstream::follower::Follower>,
+        probe: Probe,
     ) -> std::io::Result<Self> {
         use crate::router::{Router, RouterConfig, RouterParts};
         use crate::transport::ws::{upgrade, WsState};
@@ -348,24 +360,20 @@ impl Serving {
         // `/metrics`: the follower router's own families (its connections, subscriptions and
         // deliveries), and where it is in the stream.
         let app = if metrics.is_some() {
-            let follower = Arc::clone(follower);
+            let follower = Arc::downgrade(follower);
             let extra: crate::server::metrics::Extra = Arc::new(move || {
-                format!(
-                    "# TYPE map_cluster_nats_connected gauge\n\
-                     # HELP map_cluster_nats_connected 1 while the NATS connection of the event \
-                     log is up.\n\
-                     map_cluster_nats_connected {}\n\
-                     # TYPE map_cluster_standby gauge\n\
+                let position = follower.upgrade().map_or(0, |f| f.position());
+                render_metrics(&probe)
+                    + &format!(
+                        "# TYPE map_cluster_standby gauge\n\
                      # HELP map_cluster_standby 1 on a standby: it follows the stream another \
                      node writes and serves subscriptions and replay from it.\n\
                      map_cluster_standby 1\n\
                      # TYPE map_cluster_following_position gauge\n\
                      # HELP map_cluster_following_position The seq after the newest event this \
                      standby has followed.\n\
-                     map_cluster_following_position {}\n",
-                    u8::from(follower.connected()),
-                    follower.position()
-                )
+                     map_cluster_following_position {position}\n"
+                    )
             });
             app.merge(crate::server::metrics::routes_with(
                 ctx.router.clone(),
@@ -417,18 +425,34 @@ impl Serving {
     }
 }
 
+/// What a standby says of the cluster: its own NATS connection, and the nodes that answered
+/// its roll call (every node asks, so that any node shows the whole cluster).
+#[cfg(feature = "cluster")]
+fn follower_probe(follower: &Arc<crate::store::jetstream::follower::Follower>) -> Probe {
+    let nodes = roll_calls(follower, |f| async move { f.nodes(ROLL_CALL_WAIT).await });
+    let follower = Arc::downgrade(follower);
+    Arc::new(move || ClusterState {
+        connected: follower.upgrade().is_some_and(|f| f.connected()),
+        diverged: None,
+        nodes: nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone(),
+    })
+}
+
 /// The position a follower has reached.
 #[cfg(feature = "cluster")]
 type Position = Box<dyn Fn() -> u64 + Send + Sync>;
 
 #[cfg(feature = "cluster")]
 impl Standby {
-    /// Answers on the listeners; `following` says how far the follower is, `serving` is the
-    /// follower router's routes.
+    /// Answers on the listeners; `following` says how far the follower is and what it sees
+    /// of the cluster, `serving` is the follower router's routes.
     fn serve(
         listeners: &Listeners<'_>,
         stream: &str,
-        following: Option<Position>,
+        following: Option<(Position, Probe)>,
         serving: Option<axum::Router>,
     ) -> Self {
         let writer: Arc<std::sync::Mutex<Option<Option<String>>>> = Arc::default();
@@ -449,17 +473,28 @@ impl Standby {
                     Some(Some(n)) => format!("writer: {n}"),
                 };
                 let body = if health {
-                    let position = following
-                        .as_ref()
-                        .as_ref()
-                        .map(|p| format!("following: position {}\n", p()))
-                        .unwrap_or_default();
+                    // Without a follower, NATS answered the writer check just now.
+                    let (nats, position, nodes) = match following.as_ref() {
+                        Some((position, probe)) => {
+                            let state = probe();
+                            (
+                                if state.connected {
+                                    "connected"
+                                } else {
+                                    "disconnected"
+                                },
+                                format!("following: position {}\n", position()),
+                                node_lines(&state.nodes),
+                            )
+                        }
+                        None => ("connected", String::new(), String::new()),
+                    };
                     let serves = if serves {
                         "serving: map/subscribe and map/replay (calls that change state go to the writer)\n"
                     } else {
                         ""
                     };
-                    format!("standby\nnats: connected\n{who}\n{position}{serves}")
+                    format!("standby\nnats: {nats}\n{who}\n{position}{serves}{nodes}")
                 } else {
                     format!(
                         "standby: another node writes the event log (stream {stream}; {who}); \
@@ -535,10 +570,18 @@ pub fn health(probe: Option<&Probe>) -> Response {
         ),
         (None, true) => (StatusCode::OK, "ok\nnats: connected\n".to_owned()),
     };
-    if !state.nodes.is_empty() {
-        body.push_str(&format!("nodes: {}\n", state.nodes.len()));
-        for n in &state.nodes {
-            body.push_str(&format!(
+    body.push_str(&node_lines(&state.nodes));
+    (status, body).into_response()
+}
+
+/// The `/health` lines of the roll call: `nodes: N`, then `node NAME: ROLE, position N` each
+/// (nothing before the first answers).
+fn node_lines(nodes: &[Node]) -> String {
+    let mut out = String::new();
+    if !nodes.is_empty() {
+        out.push_str(&format!("nodes: {}\n", nodes.len()));
+        for n in nodes {
+            out.push_str(&format!(
                 "node {}: {}, position {}\n",
                 printable(&n.name),
                 printable(&n.role),
@@ -546,7 +589,7 @@ pub fn health(probe: Option<&Probe>) -> Response {
             ));
         }
     }
-    (status, body).into_response()
+    out
 }
 
 /// `s` with control characters (a line break in a node's name) shown as `?`.

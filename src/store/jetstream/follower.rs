@@ -165,6 +165,14 @@ impl Follower {
         )
     }
 
+    /// Asks every node of the stream who it is, as [`JetStreamStore::nodes`] does.
+    ///
+    /// # Errors
+    /// NATS is unreachable.
+    pub async fn nodes(&self, wait: Duration) -> Result<Vec<NodeStatus>, StoreError> {
+        nodes::roll_call(&self.client, &self.options.stream, wait).await
+    }
+
     /// The seq after the newest row followed.
     pub fn position(&self) -> u64 {
         lock(&self.state).next_seq
@@ -203,6 +211,7 @@ impl Follower {
             Ok(recovered) => {
                 self.task.abort();
                 self.roll.abort();
+                self.refresher.abort();
                 let store = JetStreamStore::start(
                     self.client.clone(),
                     self.js.clone(),
