@@ -143,6 +143,92 @@ export async function killRouter(router, signal = 'SIGKILL') {
   liveRouters.delete(router);
 }
 
+/** Polls the async `check` every 50 ms until it is true (bounded by `timeout`). */
+async function poll(check, what, timeout) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    if (await check()) return;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeout} ms waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+/** A free loopback TCP port. */
+async function freePort() {
+  const { createServer } = await import('node:net');
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * `nats-server -js` on a free loopback port with a temporary store (cluster scenarios);
+ * `stop()` kills it and removes the store.
+ */
+export async function startNats() {
+  const dir = mkdtempSync(path.join(tmpdir(), 'map-router-interop-nats-'));
+  const port = await freePort();
+  const proc = spawn('nats-server', ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', path.join(dir, 'store')], { stdio: 'ignore' });
+  const failed = new Promise((_, reject) => proc.once('error', (e) => reject(new Error(`cannot start nats-server: ${e.message}`))));
+  const { connect } = await import('node:net');
+  const listening = () =>
+    new Promise((resolve) => {
+      const sock = connect(port, '127.0.0.1', () => {
+        sock.destroy();
+        resolve(true);
+      });
+      sock.once('error', () => resolve(false));
+    });
+  await Promise.race([failed, poll(listening, 'nats-server to listen', 10_000)]);
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) {
+        const exited = new Promise((r) => proc.once('exit', r));
+        proc.kill('SIGKILL');
+        await withTimeout(exited, WAIT_MS, 'nats-server exit');
+      }
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/**
+ * A standby node (cluster mode, `[cluster] standby = true` in `config`) on a free port: it
+ * prints its address only once it takes over, so this waits until its `/health` says it
+ * serves subscriptions. Stopped like a router (`stopRouter`: SIGTERM).
+ */
+export async function startStandby(bin, { config, verbose = false }) {
+  const port = await freePort();
+  const dir = mkdtempSync(path.join(tmpdir(), 'map-router-interop-'));
+  const file = path.join(dir, 'router.toml');
+  writeFileSync(file, config);
+  const args = ['--listen', `127.0.0.1:${port}`, '--data-dir', path.join(dir, 'data'), '--config', file];
+  const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', verbose ? 'inherit' : 'ignore'] });
+  const router = { proc, dir, url: `ws://127.0.0.1:${port}/`, log: [], exited: false, exitCode: null };
+  liveRouters.add(router);
+  proc.on('exit', (code, signal) => {
+    router.exited = true;
+    router.exitCode = code ?? signal;
+    liveRouters.delete(router);
+  });
+  await poll(async () => {
+    if (router.exited) throw new Error(`standby exited (${router.exitCode})`);
+    try {
+      const r = await fetch(`http://127.0.0.1:${port}/health`);
+      return (await r.text()).includes('\nserving:');
+    } catch {
+      return false;
+    }
+  }, 'the standby to serve', 20_000);
+  return router;
+}
+
 /** `127.0.0.1:<port>` of a running router, for `startRouter({listen})` on the same port. */
 export const hostPort = (router) => new URL(router.url).host;
 
@@ -287,6 +373,20 @@ export class Ctx {
     const router = await startRouter(this.bin, { ...opts, verbose: this.verbose });
     this.routers.push(router);
     return router;
+  }
+
+  /** `startStandby` (above), stopped at cleanup. */
+  async startStandby(opts) {
+    const router = await startStandby(this.bin, { ...opts, verbose: this.verbose });
+    this.routers.push(router);
+    return router;
+  }
+
+  /** `startNats` (above), stopped at cleanup, after the routers. */
+  async startNats() {
+    const nats = await startNats();
+    this.defer(() => nats.stop());
+    return nats;
   }
 
   /** See `killRouter`: the router is still stopped (and its temp dir removed) at cleanup. */
