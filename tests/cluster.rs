@@ -1839,3 +1839,109 @@ async fn hostile_input_gets_the_single_node_answers_on_a_standby() {
     let id = e["event"]["data"]["scopeId"].as_str().unwrap_or_default();
     assert!(id.starts_with("after-nats-"), "{e}");
 }
+
+#[test]
+fn a_standby_killed_at_random_points_costs_its_viewers_nothing_and_the_writer_no_pause() {
+    // On a thread of its own, as `standbys_serve_...` (stack).
+    std::thread::Builder::new()
+        .stack_size(16 << 20)
+        .spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(standby_kills());
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+async fn standby_kills() {
+    use common::load::{env_number, env_seed, CrashLoad, Rng};
+    let rounds = env_number("MAP_STANDBY_KILL_ROUNDS").map_or(3, |n| n.clamp(1, 100));
+    let seed = env_seed("MAP_STANDBY_KILL_SEED");
+    eprintln!("standby kill seed: {seed}, {rounds} rounds");
+    let mut rng = Rng(seed);
+    let nats = Nats::start("standby-kills");
+    let dir = TempDir::new("cluster-standby-kills");
+    let (_writer, url) =
+        start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
+    let mut standbys = vec![
+        start_standby(&nats, &dir.path.join("n1"), "n1").await,
+        start_standby(&nats, &dir.path.join("n2"), "n2").await,
+    ];
+    let mut mark: Option<String> = None;
+    for round in 0..rounds {
+        // A dashboard on the first standby; agents and their sends on the writer.
+        let mut dash = WsClient::system(&standbys[0].url).await;
+        let from = mark.clone().map_or(json!(0), |m| json!(m));
+        let sub = dash.subscribe_with(json!({ "replayFrom": from })).await;
+        let sink = format!("sink-{round}");
+        let senders = [format!("s{round}-0"), format!("s{round}-1")];
+        let per_sender = 300;
+        let load = CrashLoad::start(&url, dash, sub, &sink, senders, per_sender).await;
+        let kill_after = 20 + rng.below(300) as usize;
+        within(Duration::from_secs(60), async {
+            while load.seen.lock().unwrap().len() < kill_after {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+        let acked_at = |load: &CrashLoad| load.acked.lock().unwrap().len();
+        let before = acked_at(&load);
+        let killed = standbys.remove(0);
+        let mut child = killed.child;
+        sigkill(&mut child).await;
+        // The writer does not notice: its senders go on being answered.
+        let resumed_within = within(Duration::from_secs(10), async {
+            let at = Instant::now();
+            while acked_at(&load) <= before + 10 && acked_at(&load) < 2 * per_sender as usize {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            at.elapsed()
+        })
+        .await;
+        eprintln!("round {round}: 10 more sends answered {resumed_within:?} after the kill");
+        within(Duration::from_secs(60), async {
+            while acked_at(&load) < 2 * per_sender as usize {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        let seen = load.seen.lock().unwrap().clone();
+        // The log, as the writer replays it.
+        let mut c = WsClient::system(&url).await;
+        let log: Vec<String> = replay_all(&mut c, mark.as_deref())
+            .await
+            .iter()
+            .map(|e| e["eventId"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(seen.len() <= log.len(), "round {round} (seed {seed})");
+        assert_eq!(
+            seen[..],
+            log[..seen.len()],
+            "round {round} (seed {seed}): shown in order"
+        );
+        // The dashboard comes back on the other standby from the last event it was shown:
+        // the rest of the log, no hole, no duplicate.
+        let last = seen.last().cloned().or_else(|| mark.clone());
+        let mut back = WsClient::system(&standbys[0].url).await;
+        let sub = back
+            .subscribe_with(json!({"replayFrom": last.clone().map_or(json!(0), |m| json!(m))}))
+            .await;
+        for (i, id) in log[seen.len()..].iter().enumerate() {
+            let p = back.next_event(&sub).await;
+            assert_eq!(
+                p["eventId"].as_str(),
+                Some(id.as_str()),
+                "round {round} (seed {seed}): event {i} after the resume"
+            );
+        }
+        mark = log.last().cloned();
+        load.abort();
+        drop((c, back));
+        let name = format!("n{}", round + 3);
+        standbys.push(start_standby(&nats, &dir.path.join(&name), &name).await);
+    }
+}

@@ -175,6 +175,13 @@ impl CrashLoad {
         Self { seen, acked, tasks }
     }
 
+    /// Stops every part at once (the router lives on: its connections stay open otherwise).
+    pub fn abort(self) {
+        for task in self.tasks {
+            task.abort();
+        }
+    }
+
     /// After the router is gone: waits for every part (bounded) and returns what the
     /// dashboard was shown and which sends were answered.
     pub async fn finish(self) -> (Vec<String>, Vec<String>) {
