@@ -1301,20 +1301,7 @@ fn of_replay(events: &[serde_json::Value]) -> Vec<(String, serde_json::Value)> {
 
 #[test]
 fn standbys_serve_subscriptions_and_replay_as_the_writer_does_and_refuse_writes() {
-    // On a thread of its own: polling this test overflows the test thread's 2 MiB stack in a
-    // debug build.
-    std::thread::Builder::new()
-        .stack_size(16 << 20)
-        .spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(followers_serve());
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    on_big_stack(followers_serve);
 }
 
 async fn followers_serve() {
@@ -1562,37 +1549,9 @@ const ALICE: &str = "key-alice-0123456789abcdef";
 const BOB: &str = "key-bob-0123456789abcdef";
 const VIEWER: &str = "key-viewer-0123456789abcdef";
 
-/// Connects to `url` as `kind` with the API key `key` and `extra` params; the result.
-async fn connect_with_key(
-    url: &str,
-    key: &str,
-    kind: &str,
-    extra: serde_json::Value,
-) -> (WsClient, serde_json::Value) {
-    let mut c = WsClient::connect(url).await;
-    let mut params = json!({"protocolVersion": 1, "participantType": kind,
-        "auth": {"method": "api-key", "credential": key}});
-    merge(&mut params, extra);
-    let r = c.ok("map/connect", params).await;
-    assert!(r.get("sessionId").is_some(), "not admitted: {r}");
-    (c, r)
-}
-
 #[test]
 fn a_follower_gives_an_id_only_to_the_principal_the_writers_log_gives_it_to() {
-    // On a thread of its own, as `standbys_serve_...` (stack).
-    std::thread::Builder::new()
-        .stack_size(16 << 20)
-        .spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(follower_ids());
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    on_big_stack(follower_ids);
 }
 
 async fn follower_ids() {
@@ -1842,19 +1801,7 @@ async fn hostile_input_gets_the_single_node_answers_on_a_standby() {
 
 #[test]
 fn a_standby_killed_at_random_points_costs_its_viewers_nothing_and_the_writer_no_pause() {
-    // On a thread of its own, as `standbys_serve_...` (stack).
-    std::thread::Builder::new()
-        .stack_size(16 << 20)
-        .spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(standby_kills());
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    on_big_stack(standby_kills);
 }
 
 async fn standby_kills() {

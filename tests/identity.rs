@@ -72,22 +72,9 @@ async fn start(
     .await
 }
 
-fn key(k: &str) -> Value {
-    json!({"method": "api-key", "credential": k})
-}
-
 /// Connects as `kind` with `key` (and `extra` connect params); panics unless admitted.
 async fn connect(url: &str, k: &str, kind: &str, extra: Value) -> (WsClient, Value) {
-    let mut c = WsClient::connect(url).await;
-    let mut params = json!({"protocolVersion": 1, "participantType": kind, "auth": key(k)});
-    if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
-        for (k, v) in e {
-            p.insert(k.clone(), v.clone());
-        }
-    }
-    let r = c.ok("map/connect", params).await;
-    assert!(r.get("sessionId").is_some(), "not admitted: {r}");
-    (c, r)
+    connect_with_key(url, k, kind, extra).await
 }
 
 /// Watches `c` for `QUIET`: no `map/message` arrives.

@@ -860,3 +860,35 @@ pub async fn replay_all(c: &mut WsClient, after: Option<&str>) -> Vec<Value> {
     }
     panic!("replay did not end");
 }
+
+/// Opens a WebSocket to `url` and calls `map/connect` as `kind` with the API key `key` (and
+/// `extra` connect params); panics unless admitted. Returns the client and the result.
+pub async fn connect_with_key(url: &str, key: &str, kind: &str, extra: Value) -> (WsClient, Value) {
+    let mut c = WsClient::connect(url).await;
+    let mut params = json!({"protocolVersion": 1, "participantType": kind,
+        "auth": {"method": "api-key", "credential": key}});
+    merge(&mut params, extra);
+    let r = c.ok("map/connect", params).await;
+    assert!(r.get("sessionId").is_some(), "not admitted: {r}");
+    (c, r)
+}
+
+/// Runs `test` on a thread of its own with a 16 MiB stack and a current-thread runtime: some
+/// tests' futures overflow the test thread's 2 MiB stack in a debug build.
+pub fn on_big_stack<F>(test: impl FnOnce() -> F + Send + 'static)
+where
+    F: Future<Output = ()>,
+{
+    std::thread::Builder::new()
+        .stack_size(16 << 20)
+        .spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(test());
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}

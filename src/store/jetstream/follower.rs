@@ -327,19 +327,15 @@ impl EventStore for Follower {
     }
 
     fn read(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>> {
-        let r = self.reader.clone();
-        Box::pin(async move { r.read(from, limit).await })
+        self.reader.read_owned(from, limit)
     }
 
     fn seq_after(&self, id: EventId) -> StoreFuture<u64> {
-        let r = self.reader.clone();
-        let id = id.to_string();
-        Box::pin(async move { r.lower_bound(|row| row.id.as_str() > id.as_str()).await })
+        self.reader.seq_after_owned(id)
     }
 
     fn seq_at_or_after_time(&self, ts: u64) -> StoreFuture<u64> {
-        let r = self.reader.clone();
-        Box::pin(async move { r.lower_bound(|row| row.timestamp >= ts).await })
+        self.reader.seq_at_or_after_time_owned(ts)
     }
 
     fn read_kinds(
@@ -348,18 +344,15 @@ impl EventStore for Follower {
         from: u64,
         limit: usize,
     ) -> StoreFuture<Vec<StoredRow>> {
-        let r = self.reader.clone();
-        Box::pin(async move { r.read_kinds(kinds, from, limit).await })
+        self.reader.read_kinds_owned(kinds, from, limit)
     }
 
     fn read_ids(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>> {
-        let r = self.reader.clone();
-        Box::pin(async move { r.read_ids(ids).await })
+        self.reader.read_ids_owned(ids)
     }
 
     fn kept(&self, query: KeptQuery) -> StoreFuture<KeptAnswer> {
-        let answer = lock(&self.reader.shared.kept).query(&query);
-        Box::pin(async move { Ok(answer) })
+        self.reader.kept_owned(&query)
     }
 
     fn close(&self) -> StoreFuture<()> {

@@ -15,9 +15,10 @@ use futures::StreamExt as _;
 
 use super::codec::{self, decode};
 use crate::protocol::ids::EventId;
+use crate::store::kept::{KeptAnswer, KeptQuery};
 use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
-use crate::store::{Recovered, StoreError};
+use crate::store::{Recovered, StoreError, StoreFuture};
 
 /// Direct gets issued at once by a short range read.
 const READ_CONCURRENCY: usize = 64;
@@ -72,6 +73,47 @@ pub(super) async fn refresh_first_seq(reader: Reader) {
     loop {
         tokio::time::sleep(FIRST_SEQ_REFRESH).await;
         let _ = reader.bounds().await;
+    }
+}
+
+/// The reads of [`crate::store::EventStore`] as its futures, for the stores that answer them
+/// from the stream (the writer's store and a standby's follower).
+impl Reader {
+    pub(super) fn read_owned(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.clone();
+        Box::pin(async move { r.read(from, limit).await })
+    }
+
+    pub(super) fn seq_after_owned(&self, id: EventId) -> StoreFuture<u64> {
+        let r = self.clone();
+        let id = id.to_string();
+        Box::pin(async move { r.lower_bound(|row| row.id.as_str() > id.as_str()).await })
+    }
+
+    pub(super) fn seq_at_or_after_time_owned(&self, ts: u64) -> StoreFuture<u64> {
+        let r = self.clone();
+        Box::pin(async move { r.lower_bound(|row| row.timestamp >= ts).await })
+    }
+
+    pub(super) fn read_kinds_owned(
+        &self,
+        kinds: Vec<String>,
+        from: u64,
+        limit: usize,
+    ) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.clone();
+        Box::pin(async move { r.read_kinds(kinds, from, limit).await })
+    }
+
+    pub(super) fn read_ids_owned(&self, ids: Vec<EventId>) -> StoreFuture<Vec<StoredRow>> {
+        let r = self.clone();
+        Box::pin(async move { r.read_ids(ids).await })
+    }
+
+    /// The kept tables, answered from memory at once (the fold holds committed rows only).
+    pub(super) fn kept_owned(&self, query: &KeptQuery) -> StoreFuture<KeptAnswer> {
+        let answer = lock(&self.shared.kept).query(query);
+        Box::pin(async move { Ok(answer) })
     }
 }
 
