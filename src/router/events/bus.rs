@@ -249,6 +249,14 @@ impl EventBus {
         }
         // NB. Only when the memory window is smaller than what a commit covers could a live
         // subscription be left behind (its event already evicted): it catches up from the store.
+        self.catch_up_behind(upto, reg);
+    }
+
+    /// Catches up every live subscription whose cursor is below `upto`: from the log, the
+    /// store, or (past retention) with the overflow notice and its policy. For the events a
+    /// live offer can no longer reach: evicted before their commit, or (a follower) skipped
+    /// by a hole in what it followed.
+    pub fn catch_up_behind(&mut self, upto: u64, reg: &Registry) {
         let behind: Vec<SubscriptionId> = self
             .subs
             .values()

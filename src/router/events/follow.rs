@@ -34,6 +34,14 @@ impl Router {
                     continue;
                 }
             };
+            if seq > self.bus.log.next_seq() {
+                // The stream's retention took rows before they were followed: the window
+                // starts again here, and live subscriptions still waiting for the lost rows
+                // move on as on one node when retention passes them (the store, else the
+                // overflow notice), to this row, which they are then offered.
+                self.bus.log.restart_at(seq);
+                self.bus.catch_up_behind(seq, &self.registry);
+            }
             if self.bus.log.push_followed(Arc::clone(&record)) {
                 self.bus.publish(&record, &self.registry);
             }

@@ -177,9 +177,7 @@ impl EventLog {
             return false;
         }
         if record.seq > next {
-            self.records.clear();
-            self.bytes = 0;
-            self.first_seq = record.seq;
+            self.restart_at(record.seq);
         }
         self.last_timestamp = self.last_timestamp.max(record.timestamp);
         if let Some(id) = record.id {
@@ -189,6 +187,17 @@ impl EventLog {
         self.records.push_back(record);
         self.evict();
         true
+    }
+
+    /// Empties the window, which now starts (and ends) at `seq`: what came before it is gone
+    /// (a follower's hole, see [`Self::push_followed`]). Never moves backwards.
+    pub fn restart_at(&mut self, seq: u64) {
+        if seq <= self.next_seq() {
+            return;
+        }
+        self.records.clear();
+        self.bytes = 0;
+        self.first_seq = seq;
     }
 
     fn evict(&mut self) {
