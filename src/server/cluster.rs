@@ -56,13 +56,16 @@ const ROLL_CALL_WAIT: std::time::Duration = std::time::Duration::from_millis(250
 /// An opened store with what it recovered.
 pub type Opened = (Arc<dyn EventStore>, Recovered);
 
-/// The server's bound sockets, which a standby answers on until it takes over.
+/// The server's bound sockets, which a standby answers on until it takes over, and what its
+/// follower router admits callers with.
 #[derive(Debug)]
 pub struct Listeners<'a> {
     /// The sockets (the server serves them afterwards).
     pub sockets: &'a [Arc<TcpListener>],
     /// Admission, TLS and timeouts, as for the server.
     pub settings: &'a ListenerSettings,
+    /// The server's authenticator (`[auth]`), built once for both routers.
+    pub auth: Option<&'a Arc<crate::auth::Authenticator>>,
 }
 
 /// Opens the event store `config` names: JetStream with `[cluster] url`, else SQLite with a
@@ -170,20 +173,19 @@ async fn open_jetstream(
     // A standby follows the stream (kept tables, claims, position), so that taking over
     // starts the writer without reading the log again, and serves subscriptions and replay
     // from it meanwhile.
-    let mut follower: Option<Arc<Follower>> = None;
+    // With the follower, what the standby sees of the cluster (its roll call).
+    let mut follower: Option<(Arc<Follower>, Probe)> = None;
     let mut serving: Option<Serving> = None;
-    // What the standby sees of the cluster (its roll call), once it follows.
-    let mut seen: Option<Probe> = None;
     loop {
         let attempt = match &follower {
-            Some(f) => f.promote().await,
+            Some((f, _)) => f.promote().await,
             None => JetStreamStore::open(options.clone()).await,
         };
         match attempt {
             Ok(opened) => {
                 if let Some(page) = standby.take() {
                     page.stop().await;
-                    let warm = follower.as_ref().is_some_and(|f| f.promoted_warm());
+                    let warm = follower.as_ref().is_some_and(|(f, _)| f.promoted_warm());
                     tracing::info!(node = %options.node, stream = %options.stream, from_followed = warm, "standby: took over the stream");
                 }
                 if let Some(s) = serving.take() {
@@ -200,15 +202,14 @@ async fn open_jetstream(
                         Ok(f) => {
                             let f = Arc::new(f);
                             let probe = follower_probe(&f);
-                            seen = Some(Arc::clone(&probe));
-                            match Serving::start(config, &f, probe) {
+                            match Serving::start(config, listeners, &f, Arc::clone(&probe)) {
                                 Ok(s) => serving = Some(s),
                                 Err(e) => tracing::warn!(
                                     error = %e,
                                     "standby: cannot serve subscriptions from the stream"
                                 ),
                             }
-                            follower = Some(f);
+                            follower = Some((f, probe));
                             // Served again below, with the follower's router and position.
                             if let Some(page) = standby.take() {
                                 page.stop().await;
@@ -224,10 +225,9 @@ async fn open_jetstream(
                     Standby::serve(
                         listeners,
                         &options.stream,
-                        follower
-                            .as_ref()
-                            .zip(seen.clone())
-                            .map(|(f, probe)| (Box::new(f.position_probe()) as Position, probe)),
+                        follower.as_ref().map(|(f, probe)| {
+                            (Box::new(f.position_probe()) as Position, Arc::clone(probe))
+                        }),
                         serving.as_ref().map(|s| s.app.clone()),
                     )
                 });
@@ -249,7 +249,6 @@ async fn open_jetstream(
                 // A follower whose promotion failed may be spent: the next try opens the
                 // store as a restarted node does (and serves again if it is refused).
                 follower = None;
-                seen = None;
                 if let Some(page) = standby.take() {
                     page.stop().await;
                 }
@@ -295,16 +294,14 @@ impl Serving {
     /// Starts a follower router on what `follower` has followed and the rows after it.
     fn start(
         config: &Config,
+        listeners: &Listeners<'_>,
         follower: &Arc<crate::store::jetstream::follower::Follower>,
         probe: Probe,
     ) -> std::io::Result<Self> {
         use crate::router::{Router, RouterConfig, RouterParts};
         use crate::transport::ws::{upgrade, WsState};
         let failed = |e: crate::store::StoreError| std::io::Error::other(format!("cluster: {e}"));
-        let auth = config
-            .auth
-            .build(&config.router.name)
-            .map_err(|e| std::io::Error::other(format!("auth: {e}")))?;
+        let auth = listeners.auth.cloned();
         let (recovered, mut rows) = follower.serve().map_err(failed)?;
         let store: Arc<dyn EventStore> = Arc::clone(follower) as Arc<dyn EventStore>;
         let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);

@@ -117,6 +117,7 @@ impl Server {
             &cluster::Listeners {
                 sockets: &listeners,
                 settings: &listener_settings,
+                auth: auth.as_ref(),
             },
         )
         .await?;

@@ -146,12 +146,7 @@ impl Follower {
                 "NATS JetStream: this follower serves a router already, or was promoted".into(),
             ));
         }
-        let first = self
-            .reader
-            .shared
-            .first_seq
-            .load(std::sync::atomic::Ordering::Acquire);
-        let recovered = snapshot(&state, first, &self.reader.shared)?;
+        let recovered = snapshot(&state, self.reader.first_seq(), &self.reader.shared)?;
         let (tx, rx) = mpsc::channel(FEED);
         state.feed = Some(tx);
         Ok((recovered, rx))
@@ -159,10 +154,7 @@ impl Follower {
 
     /// Whether its NATS connection is up.
     pub fn connected(&self) -> bool {
-        matches!(
-            self.client.connection_state(),
-            async_nats::connection::State::Connected
-        )
+        super::is_connected(&self.client)
     }
 
     /// Asks every node of the stream who it is, as [`JetStreamStore::nodes`] does.
@@ -316,10 +308,7 @@ impl EventStore for Follower {
     }
 
     fn first_seq(&self) -> u64 {
-        self.reader
-            .shared
-            .first_seq
-            .load(std::sync::atomic::Ordering::Acquire)
+        self.reader.first_seq()
     }
 
     fn origin(&self) -> u64 {

@@ -49,7 +49,6 @@ mod nodes;
 mod reader;
 mod writer;
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -152,6 +151,14 @@ impl std::fmt::Debug for NatsCredentials {
 /// stream's subjects, so nothing is stored).
 pub fn writer_subject(stream: &str) -> String {
     format!("_MAP.writer.{stream}")
+}
+
+/// Whether `client`'s connection to NATS is up now (the writer's store and a follower).
+fn is_connected(client: &async_nats::Client) -> bool {
+    matches!(
+        client.connection_state(),
+        async_nats::connection::State::Connected
+    )
 }
 
 impl JetStreamOptions {
@@ -306,10 +313,7 @@ impl JetStreamStore {
 
     /// Whether the NATS connection is up now.
     pub fn connected(&self) -> bool {
-        matches!(
-            self.client.connection_state(),
-            async_nats::connection::State::Connected
-        )
+        is_connected(&self.client)
     }
 
     fn send(&self, incoming: Incoming) {
@@ -750,7 +754,7 @@ impl EventStore for JetStreamStore {
     }
 
     fn first_seq(&self) -> u64 {
-        self.shared.first_seq.load(Ordering::Acquire)
+        self.reader.first_seq()
     }
 
     fn origin(&self) -> u64 {

@@ -79,6 +79,11 @@ pub(super) async fn refresh_first_seq(reader: Reader) {
 /// The reads of [`crate::store::EventStore`] as its futures, for the stores that answer them
 /// from the stream (the writer's store and a standby's follower).
 impl Reader {
+    /// The oldest retained seq as last seen (kept fresh by [`refresh_first_seq`]).
+    pub(super) fn first_seq(&self) -> u64 {
+        self.shared.first_seq.load(Ordering::Acquire)
+    }
+
     pub(super) fn read_owned(&self, from: u64, limit: usize) -> StoreFuture<Vec<StoredRow>> {
         let r = self.clone();
         Box::pin(async move { r.read(from, limit).await })
