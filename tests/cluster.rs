@@ -1665,17 +1665,70 @@ async fn follower_ids() {
         json!("fresh-desk"),
         "the writer still has it to give"
     );
-    // Every principal, the system one included, is refused every write on the follower.
-    for key in [OPS, ALICE, BOB, VIEWER] {
-        let (mut c, _) = connect_with_key(&f.url, key, "client", json!({})).await;
-        let e = c
-            .err(
-                "map/send",
-                json!({"to": {"participant": "alice-desk"}, "payload": {"x": 1}}),
-            )
-            .await;
-        assert_eq!(e["code"], json!(1005), "{e}");
-    }
+    // Writes made on the follower run on the writer, each under its caller's own principal
+    // (a relay session per connection): alice registers an agent through the follower...
+    let (mut alice_f, alice_r) = connect_with_key(&f.url, ALICE, "agent", json!({})).await;
+    let r = alice_f
+        .ok("map/agents/register", json!({"agentId": "alice-bot", "name": "a"}))
+        .await;
+    assert_eq!(r["agent"]["id"], json!("alice-bot"), "{r}");
+    // ... which the writer lists, owned by alice's participant there.
+    let (mut ops_w, _) = connect_with_key(&url, OPS, "system", json!({})).await;
+    let listed = ops_w.ok("map/agents/get", json!({"agentId": "alice-bot"})).await;
+    assert_eq!(listed["agent"]["ownerId"], alice_r["participantId"], "{listed}");
+    // Bob, through the follower, can neither take alice's agent id nor stop her agent.
+    let (mut bob_f2, _) = connect_with_key(&f.url, BOB, "agent", json!({})).await;
+    let e = bob_f2
+        .err("map/agents/register", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_ne!(e["code"], json!(1005), "relayed, and refused on its merits: {e}");
+    let e = bob_f2
+        .err("map/agents/unregister", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_ne!(e["code"], json!(1005), "{e}");
+    let still = ops_w.ok("map/agents/get", json!({"agentId": "alice-bot"})).await;
+    assert_eq!(still["agent"]["id"], json!("alice-bot"));
+    // A message bob sends through the follower reaches alice's socket on the follower, and
+    // nobody else's.
+    bob_f2
+        .ok("map/agents/register", json!({"agentId": "bob-bot"}))
+        .await;
+    let sent = bob_f2
+        .send(json!({"agent": "alice-bot"}), json!({"secret": "for alice"}))
+        .await;
+    let m = alice_f.next_message().await;
+    assert_eq!(m["payload"], json!({"secret": "for alice"}), "{m}");
+    assert_eq!(m["from"], json!("bob-bot"), "{m} after {sent}");
+    bob_f2.assert_no_message().await;
+    // The viewer, who may not send, is refused through the follower as on the writer.
+    let (mut viewer_f, _) = connect_with_key(&f.url, VIEWER, "client", json!({})).await;
+    let on_f = viewer_f
+        .err("map/send", json!({"to": {"agent": "alice-bot"}, "payload": {"x": 1}}))
+        .await;
+    let (mut viewer_w, _) = connect_with_key(&url, VIEWER, "client", json!({})).await;
+    let on_w = viewer_w
+        .err("map/send", json!({"to": {"agent": "alice-bot"}, "payload": {"x": 1}}))
+        .await;
+    assert_eq!(on_f["code"], on_w["code"], "{on_f} vs {on_w}");
+    alice_f.assert_no_message().await;
+    // Alice leaving the follower ends her relay session on the writer: her agent goes.
+    alice_f.close().await;
+    within(Duration::from_secs(10), async {
+        loop {
+            let r = ops_w
+                .call("map/agents/get", json!({"agentId": "alice-bot"}))
+                .await;
+            let gone = match &r {
+                Err(_) => true,
+                Ok(v) => v["agent"]["state"] != json!("idle") && v["agent"]["state"] != json!("active"),
+            };
+            if gone {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
     // Bob sees on the follower what he sees on the writer.
     let on_writer = replay_ids(&mut bob_w).await;
     let (mut bob_f, _) = connect_with_key(&f.url, BOB, "client", json!({})).await;

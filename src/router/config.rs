@@ -78,6 +78,9 @@ pub struct RouterConfig {
     /// A follower: this router serves subscriptions and replay from a log another node
     /// writes (`router::events::follow`); it logs nothing and refuses every call that would.
     pub follower: bool,
+    /// Where a follower forwards the calls it does not serve (`router::relay`): the writer,
+    /// under each caller's principal. `None`: they are refused (`NotOnFollower`).
+    pub relay: Option<Arc<dyn crate::router::relay::Relay>>,
 }
 
 impl Default for RouterConfig {
@@ -105,6 +108,7 @@ impl Default for RouterConfig {
             ids_per_principal: crate::router::identities::table::DEFAULT_IDS_PER_PRINCIPAL,
             cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,
             follower: false,
+            relay: None,
         }
     }
 }

@@ -50,6 +50,7 @@ pub mod pipeline;
 pub mod quota_checks;
 pub mod quotas;
 pub mod rate;
+pub mod relay;
 pub mod reply;
 pub mod rpc;
 pub mod scopes;

@@ -79,6 +79,8 @@ pub struct RpcSession {
     /// Handling a batch (whose answers are never pipelined).
     in_batch: bool,
     limits: SessionLimits,
+    /// On a follower: the connection's relay session on the writer (`router::relay`).
+    relay: crate::router::relay::RelayState,
 }
 
 /// The connection's writer (or the router) is gone; stop reading.
@@ -112,6 +114,7 @@ impl RpcSession {
             pipeline: None,
             needs_commit: None,
             in_batch: false,
+            relay: crate::router::relay::RelayState::default(),
         }
     }
 
@@ -360,8 +363,10 @@ impl RpcSession {
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<Reply, ErrorObject> {
-        let entry = self
-            .dispatcher
+        // NB: a handle of its own, so that the entry outlives the calls below that borrow the
+        // session mutably.
+        let dispatcher = Arc::clone(&self.dispatcher);
+        let entry = dispatcher
             .get(method)
             .ok_or_else(|| ErrorObject::method_not_found(method))?;
         if entry.needs_session && !self.connected {
@@ -372,9 +377,57 @@ impl RpcSession {
             };
             return Err(refusal.to_error_object());
         }
-        if self.router.is_follower() && !crate::router::dispatch::served_by_follower(method) {
-            return Err(RouterError::NotOnFollower(method.to_owned()).to_error_object());
+        if self.router.is_follower() {
+            return self.call_on_follower(entry, id, method, params).await;
         }
+        self.call_here(entry, id, method, params).await
+    }
+
+    /// A call on a follower: served here, forwarded to the writer over the connection's relay
+    /// session (`router::relay`), or refused when this follower has no relay.
+    async fn call_on_follower(
+        &mut self,
+        entry: &crate::router::dispatch::Entry,
+        id: &Id,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Result<Reply, ErrorObject> {
+        use crate::router::relay::Route;
+        let relay = self.router.config().relay.clone();
+        match (self.relay.route(method, params, relay.is_some()), relay) {
+            (Route::Writer, Some(relay)) => {
+                let result = self
+                    .relay
+                    .call(&relay, self.conn, &self.outbox, method, params)
+                    .await?;
+                return Ok(Reply {
+                    result,
+                    after: AfterReply::Nothing,
+                    commit: None,
+                });
+            }
+            (Route::Here, _) => {}
+            _ => return Err(RouterError::NotOnFollower(method.to_owned()).to_error_object()),
+        }
+        if method == <methods::session::Connect as methods::Method>::NAME {
+            self.relay.connect_params(params);
+        }
+        let reply = self.call_here(entry, id, method, params).await?;
+        match reply.after {
+            AfterReply::Connected => self.relay.admitted(&reply.result),
+            AfterReply::Disconnected => self.relay.disconnected(),
+            _ => self.relay.served(method, params, &reply.result),
+        }
+        Ok(reply)
+    }
+
+    async fn call_here(
+        &mut self,
+        entry: &crate::router::dispatch::Entry,
+        id: &Id,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Result<Reply, ErrorObject> {
         let answer = entry.answer;
         // The request's span carries its trace id when it has a trace context (a message's
         // `meta.traceparent`, else `params._meta.traceparent`).

@@ -56,6 +56,14 @@ const ROLL_CALL_WAIT: std::time::Duration = std::time::Duration::from_millis(250
 /// An opened store with what it recovered.
 pub type Opened = (Arc<dyn EventStore>, Recovered);
 
+/// What the writer hosts the standbys' relay sessions with (`server::relay::host`): its
+/// NATS connection and the stream's name.
+#[cfg(feature = "cluster")]
+pub type Relays = Option<(async_nats::Client, String)>;
+/// Without the cluster feature there are no relays.
+#[cfg(not(feature = "cluster"))]
+pub type Relays = Option<std::convert::Infallible>;
+
 /// The server's bound sockets, which a standby answers on until it takes over, and what its
 /// follower router admits callers with.
 #[derive(Debug)]
@@ -82,11 +90,13 @@ pub async fn open_store(
     config: &Config,
     metrics: Option<&crate::metrics::Metrics>,
     listeners: &Listeners<'_>,
-) -> std::io::Result<(Option<Opened>, Option<Probe>)> {
+) -> std::io::Result<(Option<Opened>, Option<Probe>, Relays)> {
     #[cfg(feature = "cluster")]
     if let Some(options) = config.cluster.jetstream_options(&config.router.name) {
         let options = options.map_err(|e| std::io::Error::other(format!("cluster: {e}")))?;
+        let stream = options.stream.clone();
         let (store, recovered) = open_jetstream(config, options, listeners).await?;
+        let relays = Some((store.nats(), stream));
         let nodes = roll_calls(&store, |s| async move { s.nodes(ROLL_CALL_WAIT).await });
         let probe_store = Arc::clone(&store);
         let probe: Probe = Arc::new(move || ClusterState {
@@ -97,7 +107,11 @@ pub async fn open_store(
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
         });
-        return Ok((Some((store as Arc<dyn EventStore>, recovered)), Some(probe)));
+        return Ok((
+            Some((store as Arc<dyn EventStore>, recovered)),
+            Some(probe),
+            relays,
+        ));
     }
     #[cfg(not(feature = "cluster"))]
     let _ = listeners;
@@ -108,14 +122,14 @@ pub async fn open_store(
         ));
     }
     let Some(mut options) = config.storage.sqlite_options() else {
-        return Ok((None, None));
+        return Ok((None, None, None));
     };
     options.metrics = metrics.map(|m| m.store());
     let (store, recovered) = tokio::task::spawn_blocking(move || SqliteStore::open(options))
         .await
         .map_err(std::io::Error::other)?
         .map_err(std::io::Error::other)?;
-    Ok((Some((store as Arc<dyn EventStore>, recovered)), None))
+    Ok((Some((store as Arc<dyn EventStore>, recovered)), None, None))
 }
 
 /// Asks every node of the stream who it is, every [`ROLL_CALL_EVERY`], for as long as the
@@ -202,7 +216,18 @@ async fn open_jetstream(
                         Ok(f) => {
                             let f = Arc::new(f);
                             let probe = follower_probe(&f);
-                            match Serving::start(config, listeners, &f, Arc::clone(&probe)) {
+                            let relay = crate::server::relay::FollowerRelay::start(
+                                f.nats(),
+                                &options.stream,
+                                &options.node,
+                            );
+                            match Serving::start(
+                                config,
+                                listeners,
+                                &f,
+                                Arc::clone(&probe),
+                                relay,
+                            ) {
                                 Ok(s) => serving = Some(s),
                                 Err(e) => tracing::warn!(
                                     error = %e,
@@ -297,6 +322,7 @@ impl Serving {
         listeners: &Listeners<'_>,
         follower: &Arc<crate::store::jetstream::follower::Follower>,
         probe: Probe,
+        relay: Arc<crate::server::relay::FollowerRelay>,
     ) -> std::io::Result<Self> {
         use crate::router::{Router, RouterConfig, RouterParts};
         use crate::transport::ws::{upgrade, WsState};
@@ -310,6 +336,7 @@ impl Serving {
             RouterConfig {
                 auth,
                 follower: true,
+                relay: Some(relay as Arc<dyn crate::router::relay::Relay>),
                 ..config.router_config()
             },
             RouterParts {

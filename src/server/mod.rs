@@ -23,6 +23,8 @@ pub mod config;
 pub mod listener;
 pub mod metrics;
 pub mod origins;
+#[cfg(feature = "cluster")]
+pub mod relay;
 pub mod tls;
 pub mod ui;
 
@@ -111,7 +113,7 @@ impl Server {
             drain_timeout: options.drain_timeout,
         };
         let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
-        let (store, probe) = cluster::open_store(
+        let (store, probe, relays) = cluster::open_store(
             &config,
             metrics.as_deref(),
             &cluster::Listeners {
@@ -272,6 +274,19 @@ impl Server {
             )));
             (gateway, addr)
         });
+        #[cfg(feature = "cluster")]
+        if let Some((client, stream)) = relays {
+            http_tasks.push(host_relays(
+                client,
+                stream,
+                &ctx,
+                &options,
+                probe.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
+        #[cfg(not(feature = "cluster"))]
+        let _ = relays;
         for tcp in listeners {
             http_tasks.push(tokio::spawn(listener::serve(
                 tcp,
@@ -420,6 +435,46 @@ impl in_process::InProcessLinks for GatewayLinks {
     fn connect_as(&self, principal: Principal) -> InProcessLink {
         connect_as(&self.ctx, &self.options, principal)
     }
+}
+
+/// Hosts the standbys' relay sessions (`server::relay`) until shutdown: each an in-process
+/// session admitted as the principal the standby authenticated (with authentication off, an
+/// ordinary remote session: never a trusted transport's).
+#[cfg(feature = "cluster")]
+fn host_relays(
+    client: async_nats::Client,
+    stream: String,
+    ctx: &TransportContext,
+    options: &ConnectionOptions,
+    probe: Option<cluster::Probe>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let open: relay::OpenSession = {
+        let ctx = ctx.clone();
+        let options = options.clone();
+        Arc::new(move |principal| match principal {
+            Some(p) => connect_as(&ctx, &options, p),
+            None => in_process::connect(
+                &ctx,
+                ConnectionOptions {
+                    origin: ConnOrigin::Remote,
+                    ..options.clone()
+                },
+            ),
+        })
+    };
+    let nodes: relay::LiveNodes = Arc::new(move || {
+        probe
+            .as_ref()
+            .map(|p| p().nodes.iter().map(|n| relay::token(&n.name)).collect())
+            .unwrap_or_default()
+    });
+    tokio::spawn(async move {
+        tokio::select! {
+            () = relay::host(client, stream, open, nodes) => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    })
 }
 
 /// An in-process link admitted as `principal` (origin `Delegated`), without its expiry.

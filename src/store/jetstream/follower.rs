@@ -157,6 +157,12 @@ impl Follower {
         super::is_connected(&self.client)
     }
 
+    /// Its NATS connection (a handle), for what the server relays over core NATS between
+    /// the nodes of the stream (`server::relay`).
+    pub fn nats(&self) -> async_nats::Client {
+        self.client.clone()
+    }
+
     /// Asks every node of the stream who it is, as [`JetStreamStore::nodes`] does.
     ///
     /// # Errors

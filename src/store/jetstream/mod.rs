@@ -316,6 +316,12 @@ impl JetStreamStore {
         is_connected(&self.client)
     }
 
+    /// Its NATS connection (a handle), for what the server relays over core NATS between
+    /// the nodes of the stream (`server::relay`).
+    pub fn nats(&self) -> async_nats::Client {
+        self.client.clone()
+    }
+
     fn send(&self, incoming: Incoming) {
         let guard = lock(&self.writer);
         let Some(tx) = guard.as_ref() else {

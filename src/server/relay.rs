@@ -1,0 +1,329 @@
+//! Relay sessions over core NATS between the nodes of a cluster: a standby forwards the calls
+//! its follower router does not serve to the node that writes the log (`router::relay`).
+//!
+//! Owns the two ends of the NATS link and the table of relay sessions on each:
+//! - [`FollowerRelay`] (on a standby): publishes each connection's frames to
+//!   `_MAP.relay.<stream>.<node>.<conn>` (the first with the header `Map-Relay: open` and the
+//!   principal this node authenticated, the last with `Map-Relay: close`), and hands what
+//!   arrives on `_MAP.conn.<stream>.<node>.<conn>` to that connection.
+//! - [`host`] (on the writer): opens, for each relay, an in-process MAP session admitted as
+//!   that principal (origin `Delegated`, as a gateway does for its caller; with
+//!   authentication off, an ordinary remote session), feeds it the frames, and publishes
+//!   every frame the session sends back. It closes the relays of a node that left the roll
+//!   call (the node died: its sessions end once, on the writer, as any disconnect does) and a
+//!   relay that sends faster than its session reads.
+//!
+//! Core NATS keeps one publisher's messages in order, which is all a relay needs; a message
+//! lost while NATS is away ends as a bounded wait (`router::relay::RELAY_CALL_TIMEOUT`) and a
+//! clear error, never as a wrong answer. Trust: whoever may publish on `_MAP.relay.>` may
+//! name a principal, so NATS permissions must give `_MAP.>` to router nodes only
+//! (docs/cluster.md).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use crate::protocol::methods::session::Principal;
+use crate::router::ids::ConnId;
+use crate::router::relay::{Relay, RelayLink, RELAY_INBOX};
+use crate::transport::in_process::InProcessLink;
+
+const HEADER: &str = "Map-Relay";
+const PRINCIPAL: &str = "Map-Principal";
+const OPEN: &str = "open";
+const CLOSE: &str = "close";
+/// From the writer: the relay session ended (or never existed).
+const CLOSED: &str = "closed";
+
+/// How long a relay's node may be missing from the roll call after the relay opened before the
+/// writer takes it for dead (a node that just started may not have answered one yet).
+const GRACE: Duration = Duration::from_secs(6);
+/// How often the writer compares its relays with the roll call.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// A node name as one subject token (`.`, `*`, `>` and blanks would split or widen it).
+pub fn token(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn relay_subject(stream: &str, node: &str, conn: u64) -> String {
+    format!("_MAP.relay.{stream}.{node}.{conn}")
+}
+
+fn conn_subject(stream: &str, node: &str, conn: u64) -> String {
+    format!("_MAP.conn.{stream}.{node}.{conn}")
+}
+
+fn header(name: &str, value: &str) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(name, value);
+    headers
+}
+
+type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<String>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A standby's end of the relays (see the module docs).
+#[derive(Debug)]
+pub struct FollowerRelay {
+    client: async_nats::Client,
+    stream: String,
+    node: String,
+    routes: Routes,
+    /// Set once the subscription to the writer's frames is in place.
+    ready: tokio::sync::watch::Receiver<bool>,
+    demux: tokio::task::JoinHandle<()>,
+}
+
+impl FollowerRelay {
+    /// Starts listening for the writer's frames to this node's connections.
+    pub fn start(client: async_nats::Client, stream: &str, node: &str) -> Arc<Self> {
+        let node = token(node);
+        let routes: Routes = Arc::default();
+        let (set_ready, ready) = tokio::sync::watch::channel(false);
+        let demux = {
+            let client = client.clone();
+            let routes = Arc::clone(&routes);
+            let subject = format!("_MAP.conn.{stream}.{node}.*");
+            tokio::spawn(async move {
+                let mut sub = loop {
+                    match client.subscribe(subject.clone()).await {
+                        Ok(sub) => break sub,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "relay: cannot subscribe; trying again");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                };
+                let _ = set_ready.send(true);
+                while let Some(msg) = sub.next().await {
+                    let Some(conn) = msg.subject.rsplit('.').next().and_then(|c| c.parse().ok())
+                    else {
+                        continue;
+                    };
+                    let closed = msg
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(HEADER))
+                        .is_some_and(|v| v.as_str() == CLOSED);
+                    let mut routes = lock(&routes);
+                    if closed {
+                        routes.remove(&conn);
+                        continue;
+                    }
+                    let Some(route) = routes.get(&conn) else {
+                        continue;
+                    };
+                    let Ok(text) = String::from_utf8(msg.payload.to_vec()) else {
+                        continue;
+                    };
+                    if let Err(e) = route.try_send(text) {
+                        // A connection that does not read what its relay session sends is
+                        // closed (its relay ends), never fed with holes.
+                        if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                            tracing::warn!(conn, "relay: the connection is not reading; closing it");
+                        }
+                        routes.remove(&conn);
+                    }
+                }
+            })
+        };
+        Arc::new(Self {
+            client,
+            stream: stream.to_owned(),
+            node,
+            routes,
+            ready,
+            demux,
+        })
+    }
+}
+
+impl Drop for FollowerRelay {
+    fn drop(&mut self) {
+        self.demux.abort();
+    }
+}
+
+impl Relay for FollowerRelay {
+    fn open(&self, conn: ConnId, principal: Option<Principal>) -> Result<RelayLink, String> {
+        let conn = conn.0;
+        let (tx, mut frames) = mpsc::channel::<String>(16);
+        let (route, rx) = mpsc::channel::<String>(RELAY_INBOX);
+        lock(&self.routes).insert(conn, route);
+        let principal = match principal {
+            Some(p) => serde_json::to_string(&p).map_err(|e| e.to_string())?,
+            None => String::new(),
+        };
+        let client = self.client.clone();
+        let subject = relay_subject(&self.stream, &self.node, conn);
+        let routes = Arc::clone(&self.routes);
+        let mut ready = self.ready.clone();
+        tokio::spawn(async move {
+            if ready.wait_for(|r| *r).await.is_ok() {
+                let mut headers = header(HEADER, OPEN);
+                headers.insert(PRINCIPAL, principal.as_str());
+                if client
+                    .publish_with_headers(subject.clone(), headers, bytes::Bytes::new())
+                    .await
+                    .is_ok()
+                {
+                    while let Some(frame) = frames.recv().await {
+                        if client.publish(subject.clone(), frame.into()).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = client
+                        .publish_with_headers(subject, header(HEADER, CLOSE), bytes::Bytes::new())
+                        .await;
+                }
+            }
+            lock(&routes).remove(&conn);
+        });
+        Ok(RelayLink { tx, rx })
+    }
+}
+
+/// Opens the writer's side of a relay: an in-process MAP session admitted as the principal.
+pub type OpenSession = Arc<dyn Fn(Option<Principal>) -> InProcessLink + Send + Sync>;
+
+/// The node names (as subject tokens) that answered the last roll call; empty when unknown.
+pub type LiveNodes = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
+struct Hosted {
+    tx: futures::channel::mpsc::Sender<String>,
+    opened: Instant,
+}
+
+/// The writer's end of the relays (see the module docs): runs until NATS closes the
+/// subscription or the task is aborted.
+pub async fn host(client: async_nats::Client, stream: String, open: OpenSession, nodes: LiveNodes) {
+    let mut sub = loop {
+        match client.subscribe(format!("_MAP.relay.{stream}.*.*")).await {
+            Ok(sub) => break sub,
+            Err(e) => {
+                tracing::warn!(error = %e, "relay: cannot subscribe; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let mut sessions: HashMap<(String, u64), Hosted> = HashMap::new();
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        let msg = tokio::select! {
+            msg = sub.next() => match msg {
+                Some(msg) => msg,
+                None => return,
+            },
+            _ = sweep.tick() => {
+                let alive = nodes();
+                if !alive.is_empty() {
+                    sessions.retain(|(node, conn), s| {
+                        let keep = s.opened.elapsed() < GRACE || alive.contains(node);
+                        if !keep {
+                            tracing::info!(%node, conn, "relay: the node left the roll call; its session ends");
+                        }
+                        keep
+                    });
+                }
+                continue;
+            }
+        };
+        let mut tokens = msg.subject.rsplit('.');
+        let (Some(Ok(conn)), Some(node)) = (tokens.next().map(str::parse::<u64>), tokens.next())
+        else {
+            continue;
+        };
+        let key = (node.to_owned(), conn);
+        let kind = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(HEADER))
+            .map(|v| v.as_str().to_owned());
+        match kind.as_deref() {
+            Some(OPEN) => {
+                let principal = msg
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(PRINCIPAL))
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default();
+                let principal = if principal.is_empty() {
+                    None
+                } else {
+                    match serde_json::from_str::<Principal>(&principal) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            tracing::warn!(%node, conn, error = %e, "relay: an open with an unreadable principal; refused");
+                            closed(&client, &stream, &key).await;
+                            continue;
+                        }
+                    }
+                };
+                let InProcessLink { tx, mut rx } = open(principal);
+                let client = client.clone();
+                let stream = stream.clone();
+                let back = key.clone();
+                tokio::spawn(async move {
+                    let subject = conn_subject(&stream, &back.0, back.1);
+                    while let Some(frame) = rx.next().await {
+                        if client.publish(subject.clone(), frame.into()).await.is_err() {
+                            return;
+                        }
+                    }
+                    closed(&client, &stream, &back).await;
+                });
+                sessions.insert(
+                    key,
+                    Hosted {
+                        tx,
+                        opened: Instant::now(),
+                    },
+                );
+            }
+            Some(CLOSE) => {
+                sessions.remove(&key);
+            }
+            _ => {
+                let Some(session) = sessions.get_mut(&key) else {
+                    // A frame for a session this node does not hold (it took over since, or
+                    // closed it): the other end learns so at once.
+                    closed(&client, &stream, &key).await;
+                    continue;
+                };
+                let Ok(text) = String::from_utf8(msg.payload.to_vec()) else {
+                    continue;
+                };
+                if session.tx.try_send(text).is_err() {
+                    tracing::warn!(node = %key.0, conn, "relay: the session does not keep up; closing it");
+                    sessions.remove(&key);
+                    closed(&client, &stream, &key).await;
+                }
+            }
+        }
+    }
+}
+
+async fn closed(client: &async_nats::Client, stream: &str, (node, conn): &(String, u64)) {
+    let _ = client
+        .publish_with_headers(
+            conn_subject(stream, node, *conn),
+            header(HEADER, CLOSED),
+            bytes::Bytes::new(),
+        )
+        .await;
+}
