@@ -7,12 +7,19 @@
 //! the writer's frames to the connection. The link itself (a NATS subject pair in cluster
 //! mode) is the server's ([`Relay`]): the router knows no socket.
 //!
-//! - The relay session is opened at the first call the follower cannot serve: a
-//!   `map/connect` with the connection's own parameters (its credential left out), its
-//!   participant id, and the principal this node authenticated, never one the caller names.
-//! - From then on every call of the connection goes to the writer (subscriptions and replay
-//!   too: the writer knows the agents the session registered, which decide what an agent
-//!   viewer is shown), except `map/unsubscribe` of a subscription made here before.
+//! - A `map/connect` is the writer's: this node checks the credential, opens the relay
+//!   session admitted as the principal it proved (never one the caller names) and forwards
+//!   the connect without its credential (a `resumeToken` too: sessions, resume tokens and
+//!   participant ids are the writer's, so a client resumes on any node). Its session here
+//!   takes the participant id the writer gave, and the client gets the writer's answer.
+//!   (A connect this node cannot prove at once, `map/authenticate` after `authRequired`,
+//!   opens its session here and the relay session at the first call it cannot serve.)
+//! - Subscriptions and replay are served here (that is where a standby saves the writer's
+//!   fan-out), unless the session speaks as an agent (an `agent` participant, or one that
+//!   registered an agent): what an agent viewer is shown depends on the registry, which the
+//!   writer holds. `map/unsubscribe` and `map/subscribe.ack` go where the subscription is.
+//! - Every other call, and every other notification from the client, goes to the writer;
+//!   `map/disconnect` ends both sessions (the client gets the writer's answer).
 //! - Calls are forwarded one at a time, in order, each with an id of the relay's own; the
 //!   writer's answer (its `result` byte for byte, or its error) is the call's answer. Every
 //!   other frame the writer sends the session (`map/message`, `map/event` of a subscription
@@ -35,7 +42,7 @@ use crate::router::outbox::Outbound;
 use crate::router::outbox::Outbox;
 
 /// Longest wait for the writer's answer to one forwarded call.
-pub const RELAY_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub const RELAY_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Frames from the writer that may wait for the connection (its outbox is bounded too).
 pub const RELAY_INBOX: usize = 1024;
@@ -73,11 +80,13 @@ pub enum Route {
 /// One connection's relay, on a follower router.
 #[derive(Debug, Default)]
 pub struct RelayState {
-    /// The `map/connect` parameters the connection's session was opened with (credential
-    /// removed) and the participant id it got: what the relay session is opened with.
-    connect: Option<(serde_json::Map<String, serde_json::Value>, Option<Principal>)>,
+    /// The `map/connect` parameters of a session opened here without the writer (after
+    /// `authRequired`) and the principal it got: what the relay session is opened with.
+    pending: Option<(serde_json::Map<String, serde_json::Value>, Option<Principal>)>,
     /// Subscriptions this node serves for the connection.
     local_subs: HashSet<String>,
+    /// The session speaks as an agent: its subscriptions and replay are the writer's.
+    agent: bool,
     link: Option<Open>,
     next_id: u64,
 }
@@ -106,14 +115,31 @@ struct Answer<'a> {
     error: Option<ErrorObject>,
 }
 
+/// A `map/connect`'s parameters as an object (none: empty).
+pub fn params_object(params: Option<&RawValue>) -> serde_json::Map<String, serde_json::Value> {
+    params
+        .and_then(|p| serde_json::from_str(p.get()).ok())
+        .unwrap_or_default()
+}
+
+fn to_raw(object: serde_json::Map<String, serde_json::Value>) -> Result<Box<RawValue>, ErrorObject> {
+    RawValue::from_string(serde_json::Value::Object(object).to_string())
+        .map_err(|e| ErrorObject::internal(e.to_string()))
+}
+
 impl RelayState {
-    /// Where `method` goes for this connection (`params`: a `map/unsubscribe`'s).
+    /// Whether the connection has a relay session now.
+    pub fn is_open(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// Where `method` goes for this connection (`params`: an unsubscribe's); `relay`: this
+    /// follower has one.
     pub fn route(&self, method: &str, params: Option<&RawValue>, relay: bool) -> Route {
         use crate::protocol::methods::auth::{AuthRefresh, Authenticate};
         use crate::protocol::methods::events::{Replay, Subscribe, Unsubscribe};
         use crate::protocol::methods::session::{Connect, Disconnect};
         use crate::protocol::methods::Method;
-        let served = crate::router::dispatch::served_by_follower(method);
         if [
             Connect::NAME,
             Authenticate::NAME,
@@ -125,7 +151,11 @@ impl RelayState {
             return Route::Here;
         }
         if !relay {
-            return if served { Route::Here } else { Route::Refused };
+            return if crate::router::dispatch::served_by_follower(method) {
+                Route::Here
+            } else {
+                Route::Refused
+            };
         }
         if method == Unsubscribe::NAME {
             let here = subscription_of(params).is_some_and(|id| self.local_subs.contains(&id));
@@ -135,97 +165,46 @@ impl RelayState {
                 Route::Writer
             };
         }
-        if (method == Subscribe::NAME || method == Replay::NAME) && self.link.is_none() {
+        if (method == Subscribe::NAME || method == Replay::NAME)
+            && (self.link.is_none() || !self.agent)
+        {
             return Route::Here;
         }
         Route::Writer
     }
 
-    /// Records the parameters of a `map/connect` made here: what the relay session will be
-    /// opened with (the credential stays here: this node verified it; a resume is of this
-    /// node's session).
-    pub fn connect_params(&mut self, params: Option<&RawValue>) {
-        let mut connect: serde_json::Map<String, serde_json::Value> = params
-            .and_then(|p| serde_json::from_str(p.get()).ok())
-            .unwrap_or_default();
-        for key in ["auth", "sessionId", "resumeToken"] {
-            connect.remove(key);
-        }
-        self.connect = Some((connect, None));
+    /// Whether a notification from the client goes to the writer: every one once the relay
+    /// session is open, but the acknowledgement of a subscription served here.
+    pub fn forwards_notification(&self, method: &str, params: Option<&RawValue>) -> bool {
+        self.link.is_some()
+            && !(method == "map/subscribe.ack"
+                && subscription_of(params).is_some_and(|id| self.local_subs.contains(&id)))
     }
 
-    /// The connection's session was opened here (`result`: the `map/connect` or
-    /// `map/authenticate` result): the relay session takes its participant id and principal.
-    pub fn admitted(&mut self, result: &str) {
-        let result: serde_json::Value = serde_json::from_str(result).unwrap_or_default();
-        let Some((connect, principal)) = self.connect.as_mut() else {
-            return;
-        };
-        let session = result.get("session").unwrap_or(&result);
-        if let Some(id) = session.get("participantId").or_else(|| result.get("participantId")) {
-            connect.insert("participantId".into(), id.clone());
-        }
-        *principal = result
-            .get("principal")
-            .or_else(|| session.get("principal"))
-            .and_then(|p| serde_json::from_value(p.clone()).ok());
-        self.link = None;
-    }
-
-    /// The session ended here: so does its relay session.
-    pub fn disconnected(&mut self) {
-        self.connect = None;
-        self.link = None;
-        self.local_subs.clear();
-    }
-
-    /// Records the result of a `map/subscribe` or `map/unsubscribe` this node served.
-    pub fn served(&mut self, method: &str, params: Option<&RawValue>, result: &str) {
-        use crate::protocol::methods::events::{Subscribe, Unsubscribe};
-        use crate::protocol::methods::Method;
-        if method == Subscribe::NAME {
-            if let Some(id) = subscription_of(RawValue::from_string(result.to_owned()).ok().as_deref()) {
-                self.local_subs.insert(id);
-            }
-        } else if method == Unsubscribe::NAME {
-            if let Some(id) = subscription_of(params) {
-                self.local_subs.remove(&id);
-            }
+    /// Forwards a notification from the client to the relay session (nothing is answered).
+    pub async fn notify(&mut self, method: &str, params: Option<&RawValue>) {
+        if let Some(link) = self.link.as_ref() {
+            let _ = link.tx.send(frame(None, method, params)).await;
         }
     }
 
-    /// Runs `method` on the writer: opens the relay session first if needed, then forwards the
-    /// call and waits (bounded) for its answer. Returns the `result` JSON text.
+    /// Opens the relay session for a `map/connect` made on this connection: admitted on the
+    /// writer as `principal` (proved here), connected there with `params` (the credential
+    /// already removed). Returns the writer's `map/connect` result.
     ///
     /// # Errors
-    /// The writer's error, or an internal error when the writer cannot be reached.
-    pub async fn call(
+    /// The writer's refusal, or an internal error when it cannot be reached.
+    pub async fn open_connect(
         &mut self,
         relay: &Arc<dyn Relay>,
         conn: ConnId,
         outbox: &Outbox,
-        method: &str,
-        params: Option<&RawValue>,
+        principal: Option<Principal>,
+        params: serde_json::Map<String, serde_json::Value>,
+        agent: bool,
     ) -> Result<String, ErrorObject> {
-        if self.link.is_none() {
-            self.open(relay, conn, outbox).await?;
-        }
-        let result = self.forward(method, params).await;
-        if result.is_err() && self.link.as_ref().is_some_and(|l| l.tx.is_closed()) {
-            self.link = None;
-        }
-        result
-    }
-
-    async fn open(
-        &mut self,
-        relay: &Arc<dyn Relay>,
-        conn: ConnId,
-        outbox: &Outbox,
-    ) -> Result<(), ErrorObject> {
-        let Some((params, principal)) = self.connect.clone() else {
-            return Err(unreachable_writer("this connection has no session"));
-        };
+        self.link = None;
+        self.agent = agent;
         let RelayLink { tx, mut rx } =
             relay.open(conn, principal).map_err(|e| unreachable_writer(&e))?;
         let (answers_tx, answers) = mpsc::channel(4);
@@ -250,15 +229,95 @@ impl RelayState {
                 .await;
         });
         self.link = Some(Open { tx, answers, pump });
-        let params = serde_json::Value::Object(params).to_string();
-        let params = RawValue::from_string(params).map_err(|e| unreachable_writer(&e.to_string()))?;
         use crate::protocol::methods::session::Connect;
         use crate::protocol::methods::Method;
-        if let Err(e) = self.forward(Connect::NAME, Some(&params)).await {
+        let params = to_raw(params)?;
+        let result = self.forward(Connect::NAME, Some(&params)).await;
+        if result.is_err() {
             self.link = None;
-            return Err(e);
         }
-        Ok(())
+        result
+    }
+
+    /// Records a session opened here without the writer (`map/authenticate` after
+    /// `authRequired`): its connect parameters (credential removed) and, once admitted
+    /// (`result`), its participant id and principal. The relay session opens at the first
+    /// call this node cannot serve.
+    pub fn opened_here(&mut self, params: Option<serde_json::Map<String, serde_json::Value>>, result: Option<&str>) {
+        if let Some(mut connect) = params {
+            for key in ["auth", "sessionId", "resumeToken"] {
+                connect.remove(key);
+            }
+            self.agent = connect.get("participantType") == Some(&serde_json::json!("agent"));
+            self.pending = Some((connect, None));
+        }
+        let Some(result) = result else {
+            return;
+        };
+        let result: serde_json::Value = serde_json::from_str(result).unwrap_or_default();
+        if let Some((connect, principal)) = self.pending.as_mut() {
+            if let Some(id) = result.get("participantId") {
+                connect.insert("participantId".into(), id.clone());
+            }
+            *principal = result
+                .get("principal")
+                .and_then(|p| serde_json::from_value(p.clone()).ok());
+        }
+    }
+
+    /// The session ended here: so does its relay session.
+    pub fn disconnected(&mut self) {
+        self.pending = None;
+        self.link = None;
+        self.local_subs.clear();
+        self.agent = false;
+    }
+
+    /// Records the result of a `map/subscribe` or `map/unsubscribe` this node served.
+    pub fn served(&mut self, method: &str, params: Option<&RawValue>, result: &str) {
+        use crate::protocol::methods::events::{Subscribe, Unsubscribe};
+        use crate::protocol::methods::Method;
+        if method == Subscribe::NAME {
+            let result = RawValue::from_string(result.to_owned()).ok();
+            if let Some(id) = subscription_of(result.as_deref()) {
+                self.local_subs.insert(id);
+            }
+        } else if method == Unsubscribe::NAME {
+            if let Some(id) = subscription_of(params) {
+                self.local_subs.remove(&id);
+            }
+        }
+    }
+
+    /// Runs `method` on the writer, opening the relay session first for a session opened
+    /// here; waits (bounded) for its answer. Returns the `result` JSON text.
+    ///
+    /// # Errors
+    /// The writer's error, or an internal error when the writer cannot be reached.
+    pub async fn call(
+        &mut self,
+        relay: &Arc<dyn Relay>,
+        conn: ConnId,
+        outbox: &Outbox,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Result<String, ErrorObject> {
+        if self.link.is_none() {
+            let Some((params, principal)) = self.pending.clone() else {
+                return Err(unreachable_writer("this connection has no relay session"));
+            };
+            let agent = self.agent;
+            self.open_connect(relay, conn, outbox, principal, params, agent)
+                .await?;
+        }
+        if method == "map/agents/register" {
+            self.agent = true;
+        }
+        let result = self.forward(method, params).await;
+        if result.is_err() && self.link.as_ref().is_some_and(|l| l.tx.is_closed()) {
+            self.link = None;
+        }
+        result
     }
 
     async fn forward(&mut self, method: &str, params: Option<&RawValue>) -> Result<String, ErrorObject> {
@@ -267,14 +326,7 @@ impl RelayState {
         };
         self.next_id += 1;
         let id = self.next_id;
-        let mut frame = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"#);
-        frame.push_str(&serde_json::Value::from(method).to_string());
-        if let Some(p) = params {
-            frame.push_str(r#","params":"#);
-            frame.push_str(p.get());
-        }
-        frame.push('}');
-        if link.tx.send(frame).await.is_err() {
+        if link.tx.send(frame(Some(id), method, params)).await.is_err() {
             return Err(unreachable_writer("the relay session ended"));
         }
         let deadline = tokio::time::Instant::now() + RELAY_CALL_TIMEOUT;
@@ -302,6 +354,22 @@ impl RelayState {
             };
         }
     }
+}
+
+/// A JSON-RPC request (with `id`) or notification for the writer.
+fn frame(id: Option<u64>, method: &str, params: Option<&RawValue>) -> String {
+    let mut frame = String::from(r#"{"jsonrpc":"2.0","#);
+    if let Some(id) = id {
+        frame.push_str(&format!(r#""id":{id},"#));
+    }
+    frame.push_str(r#""method":"#);
+    frame.push_str(&serde_json::Value::from(method).to_string());
+    if let Some(p) = params {
+        frame.push_str(r#","params":"#);
+        frame.push_str(p.get());
+    }
+    frame.push('}');
+    frame
 }
 
 /// Whether a frame from the writer is an answer (has an `id` and no `method`).

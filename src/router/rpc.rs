@@ -392,8 +392,31 @@ impl RpcSession {
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<Reply, ErrorObject> {
-        use crate::router::relay::Route;
+        use crate::router::relay::{params_object, Route};
+        use methods::session::{Connect, Disconnect};
+        use methods::Method;
         let relay = self.router.config().relay.clone();
+        if let Some(relay) = &relay {
+            if method == Connect::NAME {
+                if let Some(principal) = self.proved(params) {
+                    return self
+                        .connect_relayed(relay, entry, id, params, principal)
+                        .await;
+                }
+            }
+            if method == Disconnect::NAME && self.relay.is_open() {
+                let theirs = self
+                    .relay
+                    .call(relay, self.conn, &self.outbox, method, params)
+                    .await;
+                let mine = self.call_here(entry, id, method, params).await;
+                self.relay.disconnected();
+                return match (theirs, mine) {
+                    (Ok(result), Ok(reply)) => Ok(Reply { result, ..reply }),
+                    (_, mine) => mine,
+                };
+            }
+        }
         match (self.relay.route(method, params, relay.is_some()), relay) {
             (Route::Writer, Some(relay)) => {
                 let result = self
@@ -409,16 +432,89 @@ impl RpcSession {
             (Route::Here, _) => {}
             _ => return Err(RouterError::NotOnFollower(method.to_owned()).to_error_object()),
         }
-        if method == <methods::session::Connect as methods::Method>::NAME {
-            self.relay.connect_params(params);
-        }
+        let object = (method == Connect::NAME).then(|| params_object(params));
         let reply = self.call_here(entry, id, method, params).await?;
         match reply.after {
-            AfterReply::Connected => self.relay.admitted(&reply.result),
+            AfterReply::Connected => self.relay.opened_here(object, Some(&reply.result)),
+            AfterReply::AuthRequired => self.relay.opened_here(object, None),
             AfterReply::Disconnected => self.relay.disconnected(),
             _ => self.relay.served(method, params, &reply.result),
         }
         Ok(reply)
+    }
+
+    /// The principal a `map/connect` proves at once on a follower: `Some(None)` with
+    /// authentication off, `Some(principal)` for a credential this node accepts, `None` when
+    /// it proves nothing yet (the connect is answered here: `authRequired`, or the refusal).
+    fn proved(&self, params: Option<&RawValue>) -> Option<Option<methods::session::Principal>> {
+        let Some(auth) = self.router.config().auth.as_ref() else {
+            return Some(None);
+        };
+        let connect: methods::session::ConnectParams =
+            serde_json::from_str(params.map_or("{}", RawValue::get)).ok()?;
+        auth.verify(connect.auth.as_ref()?).ok().map(Some)
+    }
+
+    /// A `map/connect` on a follower with a relay: the writer's session (participant id,
+    /// session id, resume token) is opened first, as `principal`; the session here takes its
+    /// participant id; the client gets the writer's answer.
+    async fn connect_relayed(
+        &mut self,
+        relay: &Arc<dyn crate::router::relay::Relay>,
+        entry: &crate::router::dispatch::Entry,
+        id: &Id,
+        params: Option<&RawValue>,
+        principal: Option<methods::session::Principal>,
+    ) -> Result<Reply, ErrorObject> {
+        use crate::router::relay::params_object;
+        use methods::session::Connect;
+        use methods::Method;
+        let mut theirs = params_object(params);
+        theirs.remove("auth");
+        let agent = theirs.get("participantType") == Some(&serde_json::json!("agent"));
+        let result = self
+            .relay
+            .open_connect(
+                relay,
+                self.conn,
+                &self.outbox,
+                principal.clone(),
+                theirs,
+                agent,
+            )
+            .await?;
+        let writer: serde_json::Value = serde_json::from_str(&result).unwrap_or_default();
+        let Some(participant) = writer
+            .get("participantId")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+        else {
+            self.relay.disconnected();
+            return Err(ErrorObject::internal(
+                "the writer's map/connect answer has no participantId",
+            ));
+        };
+        {
+            let participant = participant.clone();
+            self.router
+                .with(move |r| r.relayed_claim(&participant, principal.as_ref()))
+                .await
+                .map_err(ErrorObject::from)?;
+        }
+        let mut mine = params_object(params);
+        for key in ["sessionId", "resumeToken", "reclaimAgents"] {
+            mine.remove(key);
+        }
+        mine.insert("participantId".into(), participant.into());
+        let mine = RawValue::from_string(serde_json::Value::Object(mine).to_string())
+            .map_err(|e| ErrorObject::internal(e.to_string()))?;
+        match self.call_here(entry, id, Connect::NAME, Some(&mine)).await {
+            Ok(reply) => Ok(Reply { result, ..reply }),
+            Err(e) => {
+                self.relay.disconnected();
+                Err(e)
+            }
+        }
     }
 
     async fn call_here(
@@ -460,6 +556,10 @@ impl RpcSession {
     /// malformed ones) are ignored silently, as the spec requires: notifications are never
     /// answered.
     async fn notification(&mut self, method: &str, params: Option<&RawValue>) {
+        if self.router.is_follower() && self.relay.forwards_notification(method, params) {
+            self.relay.notify(method, params).await;
+            return;
+        }
         if method == methods::trajectory::notifications::CONTENT_RESPONSE {
             let text = params.map_or("{}", RawValue::get);
             match serde_json::from_str::<methods::trajectory::ContentResponse>(text) {

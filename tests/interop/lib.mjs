@@ -369,6 +369,16 @@ export class Ctx {
     this.url = null;
   }
 
+  /**
+   * The node the next SDK client or agent connects to: the scenario's router, or in spread
+   * mode (`MAP_INTEROP_SPREAD=1`) the writer and the standby in turn.
+   */
+  nextUrl() {
+    if (!this.spread) return this.url;
+    this.spreadTurn = (this.spreadTurn ?? 0) + 1;
+    return this.spread[this.spreadTurn % this.spread.length];
+  }
+
   async startRouter(opts = {}) {
     const router = await startRouter(this.bin, { ...opts, verbose: this.verbose });
     this.routers.push(router);
@@ -411,7 +421,7 @@ export class Ctx {
   }
 
   /** A ClientConnection over our own socket; `connect: false` leaves out map/connect. */
-  async client({ name = 'client', url = this.url, connect = true, connectOptions, capabilities } = {}) {
+  async client({ name = 'client', url = this.nextUrl(), connect = true, connectOptions, capabilities } = {}) {
     const socket = openSocket(url);
     const h = new ClientHandle(this, socket, name);
     this.handles.push(h);
@@ -428,7 +438,7 @@ export class Ctx {
    * An AgentConnection over our own socket (connect + register). `agentId` re-registers an
    * existing id, as the SDK's reconnect does.
    */
-  async agent({ name = 'agent', url = this.url, agentId, role, parent, scopes, visibility, capabilities } = {}) {
+  async agent({ name = 'agent', url = this.nextUrl(), agentId, role, parent, scopes, visibility, capabilities } = {}) {
     const socket = openSocket(url);
     const h = new AgentHandle(this, socket, name);
     this.handles.push(h);

@@ -38,6 +38,7 @@ const argValue = (flag) => {
   const i = argv.indexOf(flag);
   return i >= 0 ? argv[i + 1] : undefined;
 };
+const SPREAD = process.env.MAP_INTEROP_SPREAD === '1';
 const BIN = path.resolve(argValue('--bin') ?? path.join(HERE, '../../target/debug/map-router'));
 const FILTER = argValue('--filter');
 const VERBOSE = argv.includes('--verbose') || !!process.env.INTEROP_VERBOSE;
@@ -2356,7 +2357,7 @@ canStop = false
 // Runner
 
 scenario(
-  'cluster: SDK clients on a standby are shown the writer\'s events and replay, and refused writes',
+  'cluster: SDK clients on a standby are shown the writer\'s events and replay, and their writes run on the writer',
   async (ctx) => {
     const nats = await ctx.startNats();
     const cluster = (node, extra = '') =>
@@ -2389,11 +2390,21 @@ scenario(
       here.slice(0, there.length).map((e) => e.eventId),
       'replay from the standby returns the writer\'s ids',
     );
-    // Calls that change state or need the registry are refused there with 1005, typed.
-    await expectCode(client.conn.send({ agent: a.id }, { x: 1 }), 1005, 'send on a standby');
-    await expectCode(client.conn.listAgents(), 1005, 'agents/list on a standby');
+    // Calls that change state or need the registry are run by the writer, under the
+    // caller's own session there: a send from the standby reaches the agent on the writer,
+    // the registry is the writer's.
+    await client.conn.send({ agent: a.id }, { x: 1 });
+    await until(() => a.inbox.length === 1, 'a receives the message sent through the standby');
+    const listed = (await client.conn.listAgents()).agents.map((x) => x.id).sort();
+    assert.ok(listed.includes(a.id) && listed.includes(b.id), `agents/list on a standby: ${listed}`);
+    // An agent connected to the standby is addressable from the writer, and answers back.
+    const c = await ctx.agent({ name: 'c', role: 'worker', url: standby.url });
+    await a.conn.send({ agent: c.id }, { to: 'c' });
+    await until(() => c.inbox.length === 1, 'c (on the standby) receives a message from a (on the writer)');
+    await c.conn.send({ agent: a.id }, { to: 'a' });
+    await until(() => a.inbox.length === 2, 'a receives c\'s answer');
     await sleep(QUIET_MS);
-    assert.equal(a.inbox.length, 0, 'nothing reached the agent from the standby');
+    assert.equal(b.inbox.length, 5, 'nothing else reached b');
   },
   { timeout: 40_000 },
 );
@@ -2404,8 +2415,21 @@ async function runScenario(s) {
   try {
     await withTimeout(
       (async () => {
-        const router = await ctx.startRouter({ config: s.opts.config });
-        ctx.url = router.url;
+        if (SPREAD && !s.name.startsWith('cluster:')) {
+          // The clients spread over a writer and a standby on one NATS (README "Spread").
+          const nats = await ctx.startNats();
+          const cluster = (node, extra = '') =>
+            `\n[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+          const writer = await ctx.startRouter({ config: (s.opts.config ?? '') + cluster('n0') });
+          const standby = await ctx.startStandby({
+            config: (s.opts.config ?? '') + cluster('n1', 'standby = true\n'),
+          });
+          ctx.url = writer.url;
+          ctx.spread = [writer.url, standby.url];
+        } else {
+          const router = await ctx.startRouter({ config: s.opts.config });
+          ctx.url = router.url;
+        }
         await s.fn(ctx);
         ctx.checkInvariants();
       })(),

@@ -121,6 +121,21 @@ impl Router {
         }
     }
 
+    /// On a follower: the writer gave participant id `id` to `principal` (its answer to a
+    /// relayed `map/connect`, `router::relay`) before this node followed the claim. Recorded
+    /// here as the writer's claim will say; an id this node knows another owner of is left
+    /// alone (the log decides), and nothing is evicted (the writer applies the cap).
+    pub(crate) fn relayed_claim(&mut self, id: &str, principal: Option<&Principal>) {
+        let (true, Some(_), Some(p)) = (self.config.follower, &self.config.auth, principal) else {
+            return;
+        };
+        if self.identities.owner(IdKind::Participant, id).is_none() {
+            let owner = crate::router::identities::table::Owner::of(p);
+            self.identities
+                .claim(IdKind::Participant, id, &owner, |_, _| true);
+        }
+    }
+
     /// Records that a session of `principal` took `id` (with authentication on; nothing
     /// otherwise). Ids the principal loses to its cap are those it used least recently and no
     /// live session or agent holds.
