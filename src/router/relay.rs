@@ -122,7 +122,11 @@ pub fn params_object(params: Option<&RawValue>) -> serde_json::Map<String, serde
         .unwrap_or_default()
 }
 
-fn to_raw(object: serde_json::Map<String, serde_json::Value>) -> Result<Box<RawValue>, ErrorObject> {
+/// A JSON object as raw params.
+///
+/// # Errors
+/// Never in practice (a serialized object is valid JSON).
+pub fn to_raw(object: serde_json::Map<String, serde_json::Value>) -> Result<Box<RawValue>, ErrorObject> {
     RawValue::from_string(serde_json::Value::Object(object).to_string())
         .map_err(|e| ErrorObject::internal(e.to_string()))
 }

@@ -472,17 +472,24 @@ impl RpcSession {
         let mut theirs = params_object(params);
         theirs.remove("auth");
         let agent = theirs.get("participantType") == Some(&serde_json::json!("agent"));
-        let result = self
-            .relay
-            .open_connect(
-                relay,
-                self.conn,
-                &self.outbox,
-                principal.clone(),
-                theirs,
-                agent,
-            )
-            .await?;
+        let result = if self.relay.is_open() {
+            // A second connect on a live connection: the writer's session answers it.
+            let theirs = crate::router::relay::to_raw(theirs)?;
+            self.relay
+                .call(relay, self.conn, &self.outbox, Connect::NAME, Some(&theirs))
+                .await?
+        } else {
+            self.relay
+                .open_connect(
+                    relay,
+                    self.conn,
+                    &self.outbox,
+                    principal.clone(),
+                    theirs,
+                    agent,
+                )
+                .await?
+        };
         let writer: serde_json::Value = serde_json::from_str(&result).unwrap_or_default();
         let Some(participant) = writer
             .get("participantId")
@@ -509,7 +516,21 @@ impl RpcSession {
         let mine = RawValue::from_string(serde_json::Value::Object(mine).to_string())
             .map_err(|e| ErrorObject::internal(e.to_string()))?;
         match self.call_here(entry, id, Connect::NAME, Some(&mine)).await {
-            Ok(reply) => Ok(Reply { result, ..reply }),
+            Ok(reply) => {
+                // The principal as proved here, with its expiry (the writer's session is
+                // admitted without it: this node checks it): what a client schedules its
+                // refresh by.
+                let local: serde_json::Value =
+                    serde_json::from_str(&reply.result).unwrap_or_default();
+                let result = match (writer, local.get("principal")) {
+                    (serde_json::Value::Object(mut w), Some(p)) => {
+                        w.insert("principal".into(), p.clone());
+                        serde_json::Value::Object(w).to_string()
+                    }
+                    _ => result,
+                };
+                Ok(Reply { result, ..reply })
+            }
             Err(e) => {
                 self.relay.disconnected();
                 Err(e)

@@ -84,6 +84,9 @@ pub struct FollowerRelay {
     stream: String,
     node: String,
     routes: Routes,
+    /// Numbers each relay session of this node (a connection's second one never shares the
+    /// first's subjects).
+    next: std::sync::atomic::AtomicU64,
     /// Set once the subscription to the writer's frames is in place.
     ready: tokio::sync::watch::Receiver<bool>,
     demux: tokio::task::JoinHandle<()>,
@@ -147,6 +150,7 @@ impl FollowerRelay {
             stream: stream.to_owned(),
             node,
             routes,
+            next: std::sync::atomic::AtomicU64::new(1),
             ready,
             demux,
         })
@@ -161,7 +165,11 @@ impl Drop for FollowerRelay {
 
 impl Relay for FollowerRelay {
     fn open(&self, conn: ConnId, principal: Option<Principal>) -> Result<RelayLink, String> {
-        let conn = conn.0;
+        let relay = self
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(%conn, relay, "relay: opening a relay session on the writer");
+        let conn = relay;
         let (tx, mut frames) = mpsc::channel::<String>(16);
         let (route, rx) = mpsc::channel::<String>(RELAY_INBOX);
         lock(&self.routes).insert(conn, route);

@@ -33,7 +33,7 @@ export async function until(fn, what, timeout = WAIT_MS) {
   for (;;) {
     const value = fn();
     if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeout} ms waiting for ${what}`);
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeout} ms waiting for ${typeof what === "function" ? what() : what}`);
     await sleep(10);
   }
 }
@@ -148,7 +148,7 @@ async function poll(check, what, timeout) {
   const deadline = Date.now() + timeout;
   for (;;) {
     if (await check()) return;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeout} ms waiting for ${what}`);
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeout} ms waiting for ${typeof what === "function" ? what() : what}`);
     await sleep(50);
   }
 }
