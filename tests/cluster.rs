@@ -1991,3 +1991,158 @@ async fn standby_kills() {
         standbys.push(start_standby(&nats, &dir.path.join(&name), &name).await);
     }
 }
+
+#[test]
+fn three_nodes_agents_on_every_node_reach_each_other_and_outlive_their_nodes_death() {
+    on_big_stack(three_nodes);
+}
+
+/// The ids of a `map/agents/list` answer.
+fn listed_ids(list: &serde_json::Value) -> Vec<String> {
+    let mut ids: Vec<String> = list["agents"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The events `c` is shown on `sub` up to and including the one with id `last`.
+async fn shown_until(c: &mut WsClient, sub: &str, last: &str) -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    within(Duration::from_secs(15), async {
+        loop {
+            let e = c.next_event(sub).await;
+            let id = e["eventId"].as_str().unwrap_or_default().to_owned();
+            out.push((id.clone(), e["event"].clone()));
+            if id == last {
+                return;
+            }
+        }
+    })
+    .await;
+    out
+}
+
+async fn three_nodes() {
+    let _heavy = HEAVY.lock().await;
+    let nats = Nats::start("three-nodes");
+    let dir = TempDir::new("cluster-three-nodes");
+    let (_writer, url) =
+        start_binary(node_args(&nats, &dir.path.join("n1"), "node = \"n1\"")).await;
+    let mut n2 = start_standby(&nats, &dir.path.join("n2"), "n2").await;
+    let n3 = start_standby(&nats, &dir.path.join("n3"), "n3").await;
+    for f in [&n2, &n3] {
+        health_until(&f.url, "serving", |s, b| {
+            s == 503 && b.contains("writer: n1") && b.contains("serving")
+        })
+        .await;
+    }
+    // A system dashboard on node 2 and one on node 3, subscribed before the agents come.
+    let mut d2 = WsClient::system(&n2.url).await;
+    let s2 = d2.subscribe(serde_json::Value::Null).await;
+    let mut d3 = WsClient::system(&n3.url).await;
+    let s3 = d3.subscribe(serde_json::Value::Null).await;
+    // An agent on node 1 (the writer) receives the scope messages an agent on node 3 sends,
+    // in order; an agent on node 2 too, and a message node 2's agent sends to node 1's.
+    let mut a1 = WsClient::agent(&url, "a-1", json!({"role": "worker"})).await;
+    a1.ok("map/scopes/create", json!({"scopeId": "room"})).await;
+    a1.ok("map/scopes/join", json!({"scopeId": "room", "agentId": "a-1"}))
+        .await;
+    let mut a2 = WsClient::agent(&n2.url, "a-2", json!({"role": "worker"})).await;
+    a2.ok("map/scopes/join", json!({"scopeId": "room", "agentId": "a-2"}))
+        .await;
+    let mut a3 = WsClient::agent(&n3.url, "a-3", json!({})).await;
+    a3.ok("map/scopes/join", json!({"scopeId": "room", "agentId": "a-3"}))
+        .await;
+    for i in 0..10 {
+        a3.send(json!({"scope": "room"}), json!({"i": i})).await;
+    }
+    for agent in [&mut a1, &mut a2] {
+        for i in 0..10 {
+            let m = agent.next_message().await;
+            assert_eq!(m["payload"], json!({"i": i}), "{m}");
+            assert_eq!(m["from"], json!("a-3"), "{m}");
+        }
+    }
+    a2.send(json!({"agent": "a-1"}), json!({"direct": true}))
+        .await;
+    assert_eq!(a1.next_message().await["payload"], json!({"direct": true}));
+    a3.assert_no_message().await;
+    a2.assert_no_message().await;
+    // Every node lists the same agents.
+    let mut lists = Vec::new();
+    for node in [&url, &n2.url, &n3.url] {
+        let mut c = WsClient::client(node).await;
+        lists.push(listed_ids(&c.ok("map/agents/list", json!({})).await));
+    }
+    assert_eq!(lists[0], vec!["a-1", "a-2", "a-3"]);
+    assert!(lists.iter().all(|l| l == &lists[0]), "{lists:?}");
+    // The dashboards on nodes 2 and 3 were shown the same events in the same order, from
+    // a-1's connect (before it, node 2's was shown node 3's dashboard connecting).
+    let mut sys = WsClient::system(&url).await;
+    let log = replay_all(&mut sys, None).await;
+    let last = log.last().unwrap()["eventId"].as_str().unwrap().to_owned();
+    let from_a1 = |events: Vec<(String, serde_json::Value)>| {
+        let cut = events
+            .iter()
+            .position(|(_, e)| {
+                e["type"] == json!("participant_connected")
+                    && e["data"]["participantId"] == json!(a1.pid())
+            })
+            .expect("a-1's connect was shown");
+        events[cut..].to_vec()
+    };
+    let on2 = from_a1(shown_until(&mut d2, &s2, &last).await);
+    let on3 = from_a1(shown_until(&mut d3, &s3, &last).await);
+    assert_eq!(on2, on3, "nodes 2 and 3 show the same events in the same order");
+    // And a replay from any node returns the same ids.
+    for node in [&n2.url, &n3.url] {
+        let mut c = WsClient::system(node).await;
+        same_replay(&mut c, &mut sys, None, node).await;
+    }
+
+    // Node 2 dies with a-2 on it. Only the writer decides what that means, once: a-2's
+    // session ends there (its agent orphaned) within a bounded time.
+    let token = a2.session["resumeToken"].as_str().unwrap().to_owned();
+    let (sid, pid) = (a2.sid(), a2.pid());
+    let orphanings = |log: &[serde_json::Value]| {
+        log.iter()
+            .filter(|e| {
+                e["event"]["type"] == json!("agent_orphaned")
+                    && e["event"]["data"]["agentId"] == json!("a-2")
+            })
+            .count()
+    };
+    let killed = std::time::Instant::now();
+    sigkill(&mut n2.child).await;
+    within(Duration::from_secs(20), async {
+        while orphanings(&replay_all(&mut sys, None).await) == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let noticed = killed.elapsed();
+    eprintln!("a-2 orphaned {} ms after its node was killed", noticed.as_millis());
+    assert!(noticed < Duration::from_secs(15), "{noticed:?}");
+    // The agent comes back through node 3 with its resume token: the same session, its
+    // agent reclaimed, and it is reached again from node 1.
+    let mut back = WsClient::connect(&n3.url).await;
+    let r = back
+        .ok(
+            "map/connect",
+            json!({"protocolVersion": 1, "participantType": "agent", "resumeToken": token}),
+        )
+        .await;
+    assert_eq!(r["sessionId"], json!(sid), "{r}");
+    assert_eq!(r["participantId"], json!(pid), "{r}");
+    assert_eq!(r["reconnected"], json!(true), "{r}");
+    assert_eq!(r["ownedAgents"], json!(["a-2"]), "{r}");
+    a1.send(json!({"agent": "a-2"}), json!({"after": "the death"}))
+        .await;
+    assert_eq!(back.next_message().await["payload"], json!({"after": "the death"}));
+    // Once: one orphaning of a-2 in the log, whatever the number of nodes.
+    assert_eq!(orphanings(&replay_all(&mut sys, None).await), 1);
+}
