@@ -1321,7 +1321,10 @@ async fn same_replay(mine: &mut WsClient, theirs: &mut WsClient, from: Option<&s
         last = (m, w);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(last.0, last.1, "{node}: the follower's replay is the writer's");
+    assert_eq!(
+        last.0, last.1,
+        "{node}: the follower's replay is the writer's"
+    );
 }
 
 #[test]
@@ -1705,24 +1708,38 @@ async fn follower_ids() {
     // (a relay session per connection): alice registers an agent through the follower...
     let (mut alice_f, alice_r) = connect_with_key(&f.url, ALICE, "agent", json!({})).await;
     let r = alice_f
-        .ok("map/agents/register", json!({"agentId": "alice-bot", "name": "a"}))
+        .ok(
+            "map/agents/register",
+            json!({"agentId": "alice-bot", "name": "a"}),
+        )
         .await;
     assert_eq!(r["agent"]["id"], json!("alice-bot"), "{r}");
     // ... which the writer lists, owned by alice's participant there.
     let (mut ops_w, _) = connect_with_key(&url, OPS, "system", json!({})).await;
-    let listed = ops_w.ok("map/agents/get", json!({"agentId": "alice-bot"})).await;
-    assert_eq!(listed["agent"]["ownerId"], alice_r["participantId"], "{listed}");
+    let listed = ops_w
+        .ok("map/agents/get", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_eq!(
+        listed["agent"]["ownerId"], alice_r["participantId"],
+        "{listed}"
+    );
     // Bob, through the follower, can neither take alice's agent id nor stop her agent.
     let (mut bob_f2, _) = connect_with_key(&f.url, BOB, "agent", json!({})).await;
     let e = bob_f2
         .err("map/agents/register", json!({"agentId": "alice-bot"}))
         .await;
-    assert_ne!(e["code"], json!(1005), "relayed, and refused on its merits: {e}");
+    assert_ne!(
+        e["code"],
+        json!(1005),
+        "relayed, and refused on its merits: {e}"
+    );
     let e = bob_f2
         .err("map/agents/unregister", json!({"agentId": "alice-bot"}))
         .await;
     assert_ne!(e["code"], json!(1005), "{e}");
-    let still = ops_w.ok("map/agents/get", json!({"agentId": "alice-bot"})).await;
+    let still = ops_w
+        .ok("map/agents/get", json!({"agentId": "alice-bot"}))
+        .await;
     assert_eq!(still["agent"]["id"], json!("alice-bot"));
     // A message bob sends through the follower reaches alice's socket on the follower, and
     // nobody else's.
@@ -1730,7 +1747,10 @@ async fn follower_ids() {
         .ok("map/agents/register", json!({"agentId": "bob-bot"}))
         .await;
     let sent = bob_f2
-        .send(json!({"agent": "alice-bot"}), json!({"secret": "for alice"}))
+        .send(
+            json!({"agent": "alice-bot"}),
+            json!({"secret": "for alice"}),
+        )
         .await;
     let m = alice_f.next_message().await;
     assert_eq!(m["payload"], json!({"secret": "for alice"}), "{m}");
@@ -1739,11 +1759,17 @@ async fn follower_ids() {
     // The viewer, who may not send, is refused through the follower as on the writer.
     let (mut viewer_f, _) = connect_with_key(&f.url, VIEWER, "client", json!({})).await;
     let on_f = viewer_f
-        .err("map/send", json!({"to": {"agent": "alice-bot"}, "payload": {"x": 1}}))
+        .err(
+            "map/send",
+            json!({"to": {"agent": "alice-bot"}, "payload": {"x": 1}}),
+        )
         .await;
     let (mut viewer_w, _) = connect_with_key(&url, VIEWER, "client", json!({})).await;
     let on_w = viewer_w
-        .err("map/send", json!({"to": {"agent": "alice-bot"}, "payload": {"x": 1}}))
+        .err(
+            "map/send",
+            json!({"to": {"agent": "alice-bot"}, "payload": {"x": 1}}),
+        )
         .await;
     assert_eq!(on_f["code"], on_w["code"], "{on_f} vs {on_w}");
     alice_f.assert_no_message().await;
@@ -1756,7 +1782,9 @@ async fn follower_ids() {
                 .await;
             let gone = match &r {
                 Err(_) => true,
-                Ok(v) => v["agent"]["state"] != json!("idle") && v["agent"]["state"] != json!("active"),
+                Ok(v) => {
+                    v["agent"]["state"] != json!("idle") && v["agent"]["state"] != json!("active")
+                }
             };
             if gone {
                 return;
@@ -2049,14 +2077,23 @@ async fn three_nodes() {
     // in order; an agent on node 2 too, and a message node 2's agent sends to node 1's.
     let mut a1 = WsClient::agent(&url, "a-1", json!({"role": "worker"})).await;
     a1.ok("map/scopes/create", json!({"scopeId": "room"})).await;
-    a1.ok("map/scopes/join", json!({"scopeId": "room", "agentId": "a-1"}))
-        .await;
+    a1.ok(
+        "map/scopes/join",
+        json!({"scopeId": "room", "agentId": "a-1"}),
+    )
+    .await;
     let mut a2 = WsClient::agent(&n2.url, "a-2", json!({"role": "worker"})).await;
-    a2.ok("map/scopes/join", json!({"scopeId": "room", "agentId": "a-2"}))
-        .await;
+    a2.ok(
+        "map/scopes/join",
+        json!({"scopeId": "room", "agentId": "a-2"}),
+    )
+    .await;
     let mut a3 = WsClient::agent(&n3.url, "a-3", json!({})).await;
-    a3.ok("map/scopes/join", json!({"scopeId": "room", "agentId": "a-3"}))
-        .await;
+    a3.ok(
+        "map/scopes/join",
+        json!({"scopeId": "room", "agentId": "a-3"}),
+    )
+    .await;
     for i in 0..10 {
         a3.send(json!({"scope": "room"}), json!({"i": i})).await;
     }
@@ -2097,7 +2134,10 @@ async fn three_nodes() {
     };
     let on2 = from_a1(shown_until(&mut d2, &s2, &last).await);
     let on3 = from_a1(shown_until(&mut d3, &s3, &last).await);
-    assert_eq!(on2, on3, "nodes 2 and 3 show the same events in the same order");
+    assert_eq!(
+        on2, on3,
+        "nodes 2 and 3 show the same events in the same order"
+    );
     // And a replay from any node returns the same ids.
     for node in [&n2.url, &n3.url] {
         let mut c = WsClient::system(node).await;
@@ -2125,7 +2165,10 @@ async fn three_nodes() {
     })
     .await;
     let noticed = killed.elapsed();
-    eprintln!("a-2 orphaned {} ms after its node was killed", noticed.as_millis());
+    eprintln!(
+        "a-2 orphaned {} ms after its node was killed",
+        noticed.as_millis()
+    );
     assert!(noticed < Duration::from_secs(15), "{noticed:?}");
     // The agent comes back through node 3 with its resume token: the same session, its
     // agent reclaimed, and it is reached again from node 1.
@@ -2142,7 +2185,10 @@ async fn three_nodes() {
     assert_eq!(r["ownedAgents"], json!(["a-2"]), "{r}");
     a1.send(json!({"agent": "a-2"}), json!({"after": "the death"}))
         .await;
-    assert_eq!(back.next_message().await["payload"], json!({"after": "the death"}));
+    assert_eq!(
+        back.next_message().await["payload"],
+        json!({"after": "the death"})
+    );
     // Once: one orphaning of a-2 in the log, whatever the number of nodes.
     assert_eq!(orphanings(&replay_all(&mut sys, None).await), 1);
 }

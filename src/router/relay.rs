@@ -82,7 +82,10 @@ pub enum Route {
 pub struct RelayState {
     /// The `map/connect` parameters of a session opened here without the writer (after
     /// `authRequired`) and the principal it got: what the relay session is opened with.
-    pending: Option<(serde_json::Map<String, serde_json::Value>, Option<Principal>)>,
+    pending: Option<(
+        serde_json::Map<String, serde_json::Value>,
+        Option<Principal>,
+    )>,
     /// Subscriptions this node serves for the connection.
     local_subs: HashSet<String>,
     /// The session speaks as an agent: its subscriptions and replay are the writer's.
@@ -126,7 +129,9 @@ pub fn params_object(params: Option<&RawValue>) -> serde_json::Map<String, serde
 ///
 /// # Errors
 /// Never in practice (a serialized object is valid JSON).
-pub fn to_raw(object: serde_json::Map<String, serde_json::Value>) -> Result<Box<RawValue>, ErrorObject> {
+pub fn to_raw(
+    object: serde_json::Map<String, serde_json::Value>,
+) -> Result<Box<RawValue>, ErrorObject> {
     RawValue::from_string(serde_json::Value::Object(object).to_string())
         .map_err(|e| ErrorObject::internal(e.to_string()))
 }
@@ -209,8 +214,9 @@ impl RelayState {
     ) -> Result<String, ErrorObject> {
         self.link = None;
         self.agent = agent;
-        let RelayLink { tx, mut rx } =
-            relay.open(conn, principal).map_err(|e| unreachable_writer(&e))?;
+        let RelayLink { tx, mut rx } = relay
+            .open(conn, principal)
+            .map_err(|e| unreachable_writer(&e))?;
         let (answers_tx, answers) = mpsc::channel(4);
         let outbox = outbox.clone();
         let pump = tokio::spawn(async move {
@@ -247,7 +253,11 @@ impl RelayState {
     /// `authRequired`): its connect parameters (credential removed) and, once admitted
     /// (`result`), its participant id and principal. The relay session opens at the first
     /// call this node cannot serve.
-    pub fn opened_here(&mut self, params: Option<serde_json::Map<String, serde_json::Value>>, result: Option<&str>) {
+    pub fn opened_here(
+        &mut self,
+        params: Option<serde_json::Map<String, serde_json::Value>>,
+        result: Option<&str>,
+    ) {
         if let Some(mut connect) = params {
             for key in ["auth", "sessionId", "resumeToken"] {
                 connect.remove(key);
@@ -324,7 +334,11 @@ impl RelayState {
         result
     }
 
-    async fn forward(&mut self, method: &str, params: Option<&RawValue>) -> Result<String, ErrorObject> {
+    async fn forward(
+        &mut self,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Result<String, ErrorObject> {
         let Some(link) = self.link.as_mut() else {
             return Err(unreachable_writer("no relay session"));
         };
@@ -395,7 +409,9 @@ fn subscription_of(params: Option<&RawValue>) -> Option<String> {
     struct Sub {
         subscription_id: String,
     }
-    serde_json::from_str::<Sub>(params?.get()).ok().map(|s| s.subscription_id)
+    serde_json::from_str::<Sub>(params?.get())
+        .ok()
+        .map(|s| s.subscription_id)
 }
 
 fn unreachable_writer(why: &str) -> ErrorObject {

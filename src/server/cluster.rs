@@ -221,13 +221,7 @@ async fn open_jetstream(
                                 &options.stream,
                                 &options.node,
                             );
-                            match Serving::start(
-                                config,
-                                listeners,
-                                &f,
-                                Arc::clone(&probe),
-                                relay,
-                            ) {
+                            match Serving::start(config, listeners, &f, Arc::clone(&probe), relay) {
                                 Ok(s) => serving = Some(s),
                                 Err(e) => tracing::warn!(
                                     error = %e,

@@ -3,9 +3,10 @@
 //!
 //! Owns the two ends of the NATS link and the table of relay sessions on each:
 //! - [`FollowerRelay`] (on a standby): publishes each connection's frames to
-//!   `_MAP.relay.<stream>.<node>.<conn>` (the first with the header `Map-Relay: open` and the
+//!   `_MAP.relay.<stream>.<node>.<relay>` (the first with the header `Map-Relay: open` and the
 //!   principal this node authenticated, the last with `Map-Relay: close`), and hands what
-//!   arrives on `_MAP.conn.<stream>.<node>.<conn>` to that connection.
+//!   arrives on `_MAP.conn.<stream>.<node>.<relay>` to that connection (`<relay>` numbers
+//!   the node's relay sessions).
 //! - [`host`] (on the writer): opens, for each relay, an in-process MAP session admitted as
 //!   that principal (origin `Delegated`, as a gateway does for its caller; with
 //!   authentication off, an ordinary remote session), feeds it the frames, and publishes
@@ -41,8 +42,11 @@ const CLOSED: &str = "closed";
 /// How long a relay's node may be missing from the roll call after the relay opened before the
 /// writer takes it for dead (a node that just started may not have answered one yet).
 const GRACE: Duration = Duration::from_secs(6);
-/// How often the writer compares its relays with the roll call.
+/// How often the writer compares its relays with the roll call (as often as the roll call).
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// Roll calls in a row a node must miss before its relay sessions end: a node that answers one
+/// late is not taken for dead; a dead one is noticed within about 2 to 6 s.
+const MISSED_ROLL_CALLS: u32 = 2;
 
 /// A node name as one subject token (`.`, `*`, `>` and blanks would split or widen it).
 pub fn token(name: &str) -> String {
@@ -138,7 +142,10 @@ impl FollowerRelay {
                         // A connection that does not read what its relay session sends is
                         // closed (its relay ends), never fed with holes.
                         if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                            tracing::warn!(conn, "relay: the connection is not reading; closing it");
+                            tracing::warn!(
+                                conn,
+                                "relay: the connection is not reading; closing it"
+                            );
                         }
                         routes.remove(&conn);
                     }
@@ -165,9 +172,7 @@ impl Drop for FollowerRelay {
 
 impl Relay for FollowerRelay {
     fn open(&self, conn: ConnId, principal: Option<Principal>) -> Result<RelayLink, String> {
-        let relay = self
-            .next
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let relay = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(%conn, relay, "relay: opening a relay session on the writer");
         let conn = relay;
         let (tx, mut frames) = mpsc::channel::<String>(16);
@@ -231,6 +236,8 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
     };
     let mut sessions: HashMap<(String, u64), Hosted> = HashMap::new();
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    // Roll calls in a row each node with relay sessions was missing from.
+    let mut missed: HashMap<String, u32> = HashMap::new();
     loop {
         let msg = tokio::select! {
             msg = sub.next() => match msg {
@@ -239,15 +246,32 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
             },
             _ = sweep.tick() => {
                 let alive = nodes();
-                if !alive.is_empty() {
-                    sessions.retain(|(node, conn), s| {
-                        let keep = s.opened.elapsed() < GRACE || alive.contains(node);
-                        if !keep {
-                            tracing::info!(%node, conn, "relay: the node left the roll call; its session ends");
-                        }
-                        keep
-                    });
+                if alive.is_empty() {
+                    // NATS is away (no roll call): nobody is taken for dead.
+                    missed.clear();
+                    continue;
                 }
+                // A node must miss two roll calls in a row (a busy node may answer one late).
+                let mut gone = Vec::new();
+                for (node, _) in sessions.keys() {
+                    if alive.contains(node) {
+                        missed.remove(node);
+                    } else if !gone.contains(node) {
+                        gone.push(node.clone());
+                    }
+                }
+                for node in gone {
+                    *missed.entry(node).or_default() += 1;
+                }
+                sessions.retain(|(node, conn), s| {
+                    let dead = s.opened.elapsed() >= GRACE
+                        && missed.get(node).is_some_and(|m| *m >= MISSED_ROLL_CALLS);
+                    if dead {
+                        tracing::info!(%node, conn, "relay: the node left the roll call; its session ends");
+                    }
+                    !dead
+                });
+                missed.retain(|node, _| sessions.keys().any(|(n, _)| n == node));
                 continue;
             }
         };
