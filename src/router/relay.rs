@@ -143,8 +143,15 @@ impl RelayState {
     }
 
     /// Where `method` goes for this connection (`params`: an unsubscribe's); `relay`: this
-    /// follower has one.
-    pub fn route(&self, method: &str, params: Option<&RawValue>, relay: bool) -> Route {
+    /// follower has one; `served`: a follower serves the method itself
+    /// (`dispatch::served_by_follower`).
+    pub fn route(
+        &self,
+        method: &str,
+        params: Option<&RawValue>,
+        relay: bool,
+        served: bool,
+    ) -> Route {
         use crate::protocol::methods::auth::{AuthRefresh, Authenticate};
         use crate::protocol::methods::events::{Replay, Subscribe, Unsubscribe};
         use crate::protocol::methods::session::{Connect, Disconnect};
@@ -160,11 +167,7 @@ impl RelayState {
             return Route::Here;
         }
         if !relay {
-            return if crate::router::dispatch::served_by_follower(method) {
-                Route::Here
-            } else {
-                Route::Refused
-            };
+            return if served { Route::Here } else { Route::Refused };
         }
         if method == Unsubscribe::NAME {
             let here = subscription_of(params).is_some_and(|id| self.local_subs.contains(&id));

@@ -417,7 +417,11 @@ impl RpcSession {
                 };
             }
         }
-        match (self.relay.route(method, params, relay.is_some()), relay) {
+        let served = crate::router::dispatch::served_by_follower(method);
+        match (
+            self.relay.route(method, params, relay.is_some(), served),
+            relay,
+        ) {
             (Route::Writer, Some(relay)) => {
                 let result = self
                     .relay
