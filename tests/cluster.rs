@@ -2058,10 +2058,17 @@ async fn three_nodes() {
     let _heavy = HEAVY.lock().await;
     let nats = Nats::start("three-nodes");
     let dir = TempDir::new("cluster-three-nodes");
-    let (_writer, url) =
-        start_binary(node_args(&nats, &dir.path.join("n1"), "node = \"n1\"")).await;
-    let mut n2 = start_standby(&nats, &dir.path.join("n2"), "n2").await;
-    let n3 = start_standby(&nats, &dir.path.join("n3"), "n3").await;
+    // Payloads over the default 256 KiB, to see large frames cross the relay.
+    let limits = "commit_timeout_ms = 1500\n[limits]\nmax_payload_bytes = 1000000";
+    let (_writer, url) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n1"),
+        "node = \"n1\"",
+        limits,
+    ))
+    .await;
+    let mut n2 = start_standby_with(&nats, &dir.path.join("n2"), "n2", limits).await;
+    let n3 = start_standby_with(&nats, &dir.path.join("n3"), "n3", limits).await;
     for f in [&n2, &n3] {
         health_until(&f.url, "serving", |s, b| {
             s == 503 && b.contains("writer: n1") && b.contains("serving")
@@ -2107,6 +2114,13 @@ async fn three_nodes() {
     a2.send(json!({"agent": "a-1"}), json!({"direct": true}))
         .await;
     assert_eq!(a1.next_message().await["payload"], json!({"direct": true}));
+    // Frames larger than the relay's part (256 KiB) cross it whole, both ways. (400 KB: the
+    // events of a message hold its payload twice, and a JetStream row is one NATS message.)
+    let big = "x".repeat(400 * 1024);
+    a3.send(json!({"agent": "a-1"}), json!({"big": big})).await;
+    assert_eq!(a1.next_message().await["payload"]["big"], json!(big));
+    a1.send(json!({"agent": "a-2"}), json!({"big": big})).await;
+    assert_eq!(a2.next_message().await["payload"]["big"], json!(big));
     a3.assert_no_message().await;
     a2.assert_no_message().await;
     // Every node lists the same agents.

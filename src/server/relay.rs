@@ -69,13 +69,93 @@ fn conn_subject(stream: &str, node: &str, conn: u64) -> String {
     format!("_MAP.conn.{stream}.{node}.{conn}")
 }
 
+/// The part of a frame a message carries, as `i/n`, when the frame is larger than one NATS
+/// message may be (`max_payload`, 1 MiB by default, which a frame as large as the router
+/// accepts exceeds with its envelope).
+const PART: &str = "Map-Relay-Part";
+/// The most bytes of a frame in one message.
+const PART_BYTES: usize = 256 * 1024;
+/// The largest frame reassembled (bounds what a relay may buffer).
+const MAX_FRAME_BYTES: usize = 64 << 20;
+
+/// Publishes one frame, in parts when it is large (core NATS keeps them in order).
+async fn publish_frame(
+    client: &async_nats::Client,
+    subject: &str,
+    frame: String,
+) -> Result<(), async_nats::PublishError> {
+    let bytes = bytes::Bytes::from(frame);
+    if bytes.len() <= PART_BYTES {
+        return client.publish(subject.to_owned(), bytes).await;
+    }
+    let parts = bytes.len().div_ceil(PART_BYTES);
+    for i in 0..parts {
+        let chunk = bytes.slice(i * PART_BYTES..((i + 1) * PART_BYTES).min(bytes.len()));
+        let headers = header(PART, &format!("{}/{parts}", i + 1));
+        client
+            .publish_with_headers(subject.to_owned(), headers, chunk)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Reassembles the frames of one relay from its messages.
+#[derive(Debug, Default)]
+struct Parts {
+    buf: Vec<u8>,
+}
+
+impl Parts {
+    /// The whole frame once `msg` completes it; `Err` for parts out of order or too large.
+    fn take(&mut self, msg: &async_nats::Message) -> Result<Option<String>, &'static str> {
+        let part = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(PART))
+            .map(|v| v.as_str().to_owned());
+        let Some(part) = part else {
+            if !self.buf.is_empty() {
+                return Err("a frame's parts were cut short");
+            }
+            return String::from_utf8(msg.payload.to_vec())
+                .map(Some)
+                .map_err(|_| "a frame that is not UTF-8");
+        };
+        let (i, n) = part
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
+            .ok_or("an unreadable part header")?;
+        if i == 1 && !self.buf.is_empty() {
+            return Err("a frame's parts were cut short");
+        }
+        if self.buf.len() + msg.payload.len() > MAX_FRAME_BYTES {
+            self.buf = Vec::new();
+            return Err("a frame larger than a relay carries");
+        }
+        self.buf.extend_from_slice(&msg.payload);
+        if i < n {
+            return Ok(None);
+        }
+        String::from_utf8(std::mem::take(&mut self.buf))
+            .map(Some)
+            .map_err(|_| "a frame that is not UTF-8")
+    }
+}
+
 fn header(name: &str, value: &str) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(name, value);
     headers
 }
 
-type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<String>>>>;
+type Routes = Arc<Mutex<HashMap<u64, Route>>>;
+
+/// Where the writer's frames for one relay session go, and its parts so far.
+#[derive(Debug)]
+struct Route {
+    tx: mpsc::Sender<String>,
+    parts: Parts,
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -132,13 +212,19 @@ impl FollowerRelay {
                         routes.remove(&conn);
                         continue;
                     }
-                    let Some(route) = routes.get(&conn) else {
+                    let Some(route) = routes.get_mut(&conn) else {
                         continue;
                     };
-                    let Ok(text) = String::from_utf8(msg.payload.to_vec()) else {
-                        continue;
+                    let text = match route.parts.take(&msg) {
+                        Ok(Some(text)) => text,
+                        Ok(None) => continue,
+                        Err(why) => {
+                            tracing::warn!(conn, why, "relay: a frame from the writer is unusable; closing the connection");
+                            routes.remove(&conn);
+                            continue;
+                        }
                     };
-                    if let Err(e) = route.try_send(text) {
+                    if let Err(e) = route.tx.try_send(text) {
                         // A connection that does not read what its relay session sends is
                         // closed (its relay ends), never fed with holes.
                         if matches!(e, mpsc::error::TrySendError::Full(_)) {
@@ -177,7 +263,13 @@ impl Relay for FollowerRelay {
         let conn = relay;
         let (tx, mut frames) = mpsc::channel::<String>(16);
         let (route, rx) = mpsc::channel::<String>(RELAY_INBOX);
-        lock(&self.routes).insert(conn, route);
+        lock(&self.routes).insert(
+            conn,
+            Route {
+                tx: route,
+                parts: Parts::default(),
+            },
+        );
         let principal = match principal {
             Some(p) => serde_json::to_string(&p).map_err(|e| e.to_string())?,
             None => String::new(),
@@ -196,7 +288,8 @@ impl Relay for FollowerRelay {
                     .is_ok()
                 {
                     while let Some(frame) = frames.recv().await {
-                        if client.publish(subject.clone(), frame.into()).await.is_err() {
+                        if let Err(e) = publish_frame(&client, &subject, frame).await {
+                            tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
                             break;
                         }
                     }
@@ -220,6 +313,7 @@ pub type LiveNodes = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 struct Hosted {
     tx: futures::channel::mpsc::Sender<String>,
     opened: Instant,
+    parts: Parts,
 }
 
 /// The writer's end of the relays (see the module docs): runs until NATS closes the
@@ -313,8 +407,9 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
                 tokio::spawn(async move {
                     let subject = conn_subject(&stream, &back.0, back.1);
                     while let Some(frame) = rx.next().await {
-                        if client.publish(subject.clone(), frame.into()).await.is_err() {
-                            return;
+                        if let Err(e) = publish_frame(&client, &subject, frame).await {
+                            tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
+                            break;
                         }
                     }
                     closed(&client, &stream, &back).await;
@@ -324,6 +419,7 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
                     Hosted {
                         tx,
                         opened: Instant::now(),
+                        parts: Parts::default(),
                     },
                 );
             }
@@ -337,8 +433,15 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
                     closed(&client, &stream, &key).await;
                     continue;
                 };
-                let Ok(text) = String::from_utf8(msg.payload.to_vec()) else {
-                    continue;
+                let text = match session.parts.take(&msg) {
+                    Ok(Some(text)) => text,
+                    Ok(None) => continue,
+                    Err(why) => {
+                        tracing::warn!(node = %key.0, conn, why, "relay: an unusable frame; closing the session");
+                        sessions.remove(&key);
+                        closed(&client, &stream, &key).await;
+                        continue;
+                    }
                 };
                 if session.tx.try_send(text).is_err() {
                     tracing::warn!(node = %key.0, conn, "relay: the session does not keep up; closing it");
