@@ -2206,3 +2206,45 @@ async fn three_nodes() {
     // Once: one orphaning of a-2 in the log, whatever the number of nodes.
     assert_eq!(orphanings(&replay_all(&mut sys, None).await), 1);
 }
+
+#[tokio::test]
+async fn an_event_larger_than_a_nats_message_is_stored_as_a_stand_in_and_the_log_goes_on() {
+    let nats = Nats::start("big-event");
+    let dir = TempDir::new("cluster-big-event");
+    let (_writer, url) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n1"),
+        "node = \"n1\"",
+        "commit_timeout_ms = 3000\n[limits]\nmax_payload_bytes = 1000000",
+    ))
+    .await;
+    let mut a = WsClient::agent(&url, "big-a", json!({})).await;
+    let mut b = WsClient::agent(&url, "big-b", json!({})).await;
+    // 900 KB: its events are larger than a NATS message (1 MiB, the events of a message hold
+    // its payload twice). It is delivered; what the stream keeps of its events says what was
+    // left out; and the log goes on (before, the writer retried that row for ever and every
+    // later call timed out).
+    let big = "x".repeat(900 * 1024);
+    a.send(json!({"agent": "big-b"}), json!({"big": big})).await;
+    assert_eq!(b.next_message().await["payload"]["big"], json!(big));
+    a.send(json!({"agent": "big-b"}), json!({"small": 1})).await;
+    assert_eq!(b.next_message().await["payload"], json!({"small": 1}));
+    let (store, _) = with_timeout(JetStreamStore::open(JetStreamOptions::new(nats.url())))
+        .await
+        .expect("open the stream for reading");
+    let rows: Vec<(u64, String)> = with_timeout(store.read(0, usize::MAX))
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|r| (r.seq, r.json))
+        .collect();
+    let seqs: Vec<u64> = rows.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "dense");
+    let omitted = rows
+        .iter()
+        .filter(|(_, json)| json.contains("\"omitted\""))
+        .count();
+    assert!(omitted >= 1, "the big events are stand-ins in the stream");
+    assert!(rows.iter().all(|(_, json)| json.len() < 1 << 20));
+    assert!(rows.iter().any(|(_, json)| json.contains("\"small\":1")));
+}

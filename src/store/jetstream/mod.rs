@@ -266,6 +266,7 @@ impl JetStreamStore {
             committed: committed_tx,
             shared: Arc::clone(&shared),
             reader: reader.clone(),
+            max_payload: client.server_info().max_payload,
         });
         tokio::spawn(async move {
             let result = writer.run(rx).await;

@@ -45,7 +45,13 @@ pub(super) struct WriterConfig {
     pub committed: watch::Sender<u64>,
     pub shared: Arc<Shared>,
     pub reader: Reader,
+    /// The largest message the NATS server takes (`max_payload` of its INFO).
+    pub max_payload: usize,
 }
+
+/// Room kept in a message for its headers (id, timestamp, kind, lengths, and the expected
+/// sequence and id the writer adds).
+const HEADER_ROOM: usize = 1024;
 
 pub(super) struct Writer {
     c: WriterConfig,
@@ -81,8 +87,9 @@ impl Writer {
             Incoming::Rows(rows) => rows,
             Incoming::Records(records) => crate::store::rows_of(&records),
         };
-        for row in rows {
+        for mut row in rows {
             if row.seq == self.expected {
+                self.fit(&mut row);
                 self.expected += 1;
                 self.queue.push_back(row);
             } else {
@@ -93,6 +100,40 @@ impl Writer {
                 );
             }
         }
+    }
+
+    /// A row larger than one NATS message cannot be stored at its position, and the stream's
+    /// positions are dense: its event is stored as a stand-in that keeps its id, type and
+    /// timestamp and says what was left out (logged as an error), so that the rows behind it
+    /// are stored. docs/cluster.md says to set NATS `max_payload` so that this never happens.
+    fn fit(&self, row: &mut StoredRow) {
+        let bytes = row.meta.len() + row.json.len();
+        // NB: 0 when the server did not say (never on a live connection): no limit known.
+        if self.c.max_payload == 0 || bytes + HEADER_ROOM <= self.c.max_payload {
+            return;
+        }
+        tracing::error!(
+            seq = row.seq,
+            id = %row.id,
+            kind = %row.kind,
+            bytes,
+            max_payload = self.c.max_payload,
+            "event store (JetStream): an event larger than a NATS message; its data is not \
+             stored (raise max_payload in nats-server)"
+        );
+        row.json = serde_json::json!({
+            "id": row.id,
+            "type": row.kind,
+            "timestamp": row.timestamp,
+            "data": {"omitted": {
+                "bytes": bytes,
+                "reason": format!(
+                    "the event was larger than a NATS message ({} bytes)",
+                    self.c.max_payload
+                ),
+            }},
+        })
+        .to_string();
     }
 
     pub(super) async fn run(
