@@ -1955,6 +1955,16 @@ async fn standby_kills() {
         let senders = [format!("s{round}-0"), format!("s{round}-1")];
         let per_sender = 300;
         let load = CrashLoad::start(&url, dash, sub, &sink, senders, per_sender).await;
+        // And an agent on the standby that is killed, sending to the writer's sink through
+        // its relay session.
+        let relayed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let remote = tokio::spawn(common::load::sender(
+            standbys[0].url.clone(),
+            format!("r{round}"),
+            sink.clone(),
+            relayed.clone(),
+            u64::from(per_sender),
+        ));
         let kill_after = 20 + rng.below(300) as usize;
         within(Duration::from_secs(60), async {
             while load.seen.lock().unwrap().len() < kill_after {
@@ -1991,6 +2001,24 @@ async fn standby_kills() {
             .iter()
             .map(|e| e["eventId"].as_str().unwrap().to_owned())
             .collect();
+        // Every send the killed standby's agent had answered is in the log.
+        let _ = within(Duration::from_secs(10), remote).await;
+        let relayed = relayed.lock().unwrap().clone();
+        let mut sent = std::collections::HashSet::new();
+        for e in replay_all(&mut c, mark.as_deref()).await {
+            if e["event"]["type"] == json!("message_sent") {
+                sent.insert(e["event"]["data"]["messageId"].as_str().unwrap().to_owned());
+            }
+        }
+        let lost: Vec<&String> = relayed.iter().filter(|m| !sent.contains(*m)).collect();
+        assert!(
+            lost.is_empty(),
+            "round {round} (seed {seed}): answered through the relay, not in the log: {lost:?}"
+        );
+        eprintln!(
+            "round {round}: {} sends answered through the killed standby, all in the log",
+            relayed.len()
+        );
         assert!(seen.len() <= log.len(), "round {round} (seed {seed})");
         assert_eq!(
             seen[..],
