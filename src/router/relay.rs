@@ -423,3 +423,79 @@ fn unreachable_writer(why: &str) -> ErrorObject {
     ))
     .retryable()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn without_a_relay_only_the_followers_own_methods_are_served() {
+        let state = RelayState::default();
+        assert_eq!(state.route("map/subscribe", None, false, true), Route::Here);
+        assert_eq!(state.route("map/send", None, false, false), Route::Refused);
+        assert_eq!(state.route("map/connect", None, false, true), Route::Here);
+    }
+
+    #[tokio::test]
+    async fn subscriptions_stay_here_unless_the_session_speaks_as_an_agent() {
+        let (tx, _rx) = mpsc::channel(1);
+        let mut state = RelayState {
+            link: Some(Open {
+                tx,
+                answers: mpsc::channel(1).1,
+                pump: tokio::spawn(async {}),
+            }),
+            ..RelayState::default()
+        };
+        assert_eq!(state.route("map/send", None, true, false), Route::Writer);
+        assert_eq!(state.route("map/subscribe", None, true, true), Route::Here);
+        assert_eq!(state.route("map/replay", None, true, true), Route::Here);
+        state.served("map/subscribe", None, r#"{"subscriptionId":"here-1"}"#);
+        let here = raw(r#"{"subscriptionId":"here-1"}"#);
+        let there = raw(r#"{"subscriptionId":"there-1"}"#);
+        assert_eq!(
+            state.route("map/unsubscribe", Some(&here), true, true),
+            Route::Here
+        );
+        assert_eq!(
+            state.route("map/unsubscribe", Some(&there), true, true),
+            Route::Writer
+        );
+        assert!(!state.forwards_notification("map/subscribe.ack", Some(&here)));
+        assert!(state.forwards_notification("map/subscribe.ack", Some(&there)));
+        assert!(state.forwards_notification("trajectory/content.response", None));
+        // An agent session's subscriptions are the writer's (its registry decides).
+        state.agent = true;
+        assert_eq!(
+            state.route("map/subscribe", None, true, true),
+            Route::Writer
+        );
+        assert_eq!(state.route("map/replay", None, true, true), Route::Writer);
+        // Sessions are always this node's to open and close (the relay follows).
+        assert_eq!(state.route("map/disconnect", None, true, true), Route::Here);
+        state.disconnected();
+        assert!(!state.is_open());
+        assert_eq!(state.route("map/subscribe", None, true, true), Route::Here);
+    }
+
+    #[test]
+    fn a_forwarded_frame_names_its_method_and_params_as_given() {
+        let params = raw(r#"{"to":{"agent":"a"},"payload":{"x":1}}"#);
+        assert_eq!(
+            frame(Some(7), "map/send", Some(&params)),
+            r#"{"jsonrpc":"2.0","id":7,"method":"map/send","params":{"to":{"agent":"a"},"payload":{"x":1}}}"#
+        );
+        assert_eq!(
+            frame(None, "map/subscribe.ack", None),
+            r#"{"jsonrpc":"2.0","method":"map/subscribe.ack"}"#
+        );
+        assert!(is_answer(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        assert!(!is_answer(
+            r#"{"jsonrpc":"2.0","method":"map/message","params":{}}"#
+        ));
+    }
+}

@@ -451,7 +451,13 @@ fn host_relays(
 ) -> JoinHandle<()> {
     let open: relay::OpenSession = {
         let ctx = ctx.clone();
-        let options = options.clone();
+        // The standby applied the request rates to the client's own connection (its peer
+        // address, its principal): counted again here, every relay of a node would share one
+        // bucket (no peer address) and throttle callers the standby let through.
+        let options = ConnectionOptions {
+            rate: crate::router::rate::RateLimits::unlimited(),
+            ..options.clone()
+        };
         Arc::new(move |principal| match principal {
             Some(p) => connect_as(&ctx, &options, p),
             None => in_process::connect(
