@@ -1963,7 +1963,7 @@ async fn standby_kills() {
             format!("r{round}"),
             sink.clone(),
             relayed.clone(),
-            u64::from(per_sender),
+            per_sender,
         ));
         let kill_after = 20 + rng.below(300) as usize;
         within(Duration::from_secs(60), async {
