@@ -393,8 +393,14 @@ async fn a_group_send_names_at_most_a_sample_of_its_silent_recipients() {
 
 /// Each quota refuses the one item too many with 4002 naming it; another principal is not
 /// affected; the counts survive a restart; replacing a checkpoint is not a new one.
-#[tokio::test]
-async fn quotas_refuse_what_one_principal_creates_past_its_limit() {
+#[test]
+fn quotas_refuse_what_one_principal_creates_past_its_limit() {
+    // Two servers (a restart) and their connections run on the test's thread: more than the
+    // default 2 MiB of stack in a debug build.
+    common::on_big_stack(quotas_past_their_limit);
+}
+
+async fn quotas_past_their_limit() {
     let dir = TempDir::new("memory-quotas");
     let start = |dir: &TempDir| {
         let data = dir.path.clone();

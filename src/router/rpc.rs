@@ -378,7 +378,9 @@ impl RpcSession {
             return Err(refusal.to_error_object());
         }
         if self.router.is_follower() {
-            return self.call_on_follower(entry, id, method, params).await;
+            // NB: boxed: the follower's path (the relay) is the larger future, and every
+            // connection's session would otherwise carry its size.
+            return Box::pin(self.call_on_follower(entry, id, method, params)).await;
         }
         self.call_here(entry, id, method, params).await
     }
@@ -399,8 +401,7 @@ impl RpcSession {
         if let Some(relay) = &relay {
             if method == Connect::NAME {
                 if let Some(principal) = self.proved(params) {
-                    return self
-                        .connect_relayed(relay, entry, id, params, principal)
+                    return Box::pin(self.connect_relayed(relay, entry, id, params, principal))
                         .await;
                 }
             }
