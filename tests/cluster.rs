@@ -2276,3 +2276,91 @@ async fn an_event_larger_than_a_nats_message_is_stored_as_a_stand_in_and_the_log
     assert!(rows.iter().all(|(_, json)| json.len() < 1 << 20));
     assert!(rows.iter().any(|(_, json)| json.contains("\"small\":1")));
 }
+
+/// The relay's trust boundary (docs/cluster.md): whoever may publish on `_MAP.relay.>` names
+/// the principal of a relay session. A NATS user the operator denies `_MAP.>` can neither
+/// open one (a forged "ops" session) nor read what the live node sends relay sessions; a
+/// router node's user can.
+#[tokio::test]
+async fn a_nats_user_without_map_subjects_can_neither_forge_nor_read_a_relay_session() {
+    use futures::StreamExt;
+    let dir = TempDir::new("cluster-relay-trust");
+    let conf = dir.path.join("nats.conf");
+    std::fs::write(
+        &conf,
+        "authorization {\n  users = [\n    {user: \"router\", password: \"router-pass-1234\"}\n    \
+         {user: \"outsider\", password: \"outsider-pass-5678\", permissions: {\n      \
+         publish: {deny: [\"_MAP.>\"]}, subscribe: {deny: [\"_MAP.>\"]}}}\n  ]\n}\n",
+    )
+    .unwrap();
+    let nats = Nats::start_with("relay-trust", vec!["-c".into(), conf.into()]);
+    std::fs::write(dir.path.join("pw"), "router-pass-1234\n").unwrap();
+    let (_writer, url) = start_binary(node_args(
+        &nats,
+        &dir.path.join("n1"),
+        &format!(
+            "node = \"n1\"\nuser = \"router\"\npassword_file = {:?}",
+            dir.path.join("pw")
+        ),
+    ))
+    .await;
+    let mut sys = WsClient::system(&url).await;
+    let connected = |log: &[serde_json::Value]| {
+        log.iter()
+            .filter(|e| e["event"]["type"] == json!("participant_connected"))
+            .count()
+    };
+    let before = connected(&replay_all(&mut sys, None).await);
+    let open = |user: &str, pass: &str| {
+        let options = async_nats::ConnectOptions::with_user_and_password(user.into(), pass.into());
+        let url = nats.url();
+        async move { with_timeout(options.connect(url)).await.expect("connect") }
+    };
+    // A forged relay session: an "open" naming the system principal, then a connect.
+    async fn forge(client: &async_nats::Client) -> Option<async_nats::Subscriber> {
+        let subject = "_MAP.relay.MAP_EVENTS.evil.1";
+        let sub = client.subscribe("_MAP.conn.MAP_EVENTS.evil.1").await.ok();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Map-Relay", "open");
+        headers.insert("Map-Principal", r#"{"id":"ops"}"#);
+        let _ = client
+            .publish_with_headers(subject, headers, bytes::Bytes::new())
+            .await;
+        let _ = client
+            .publish(
+                subject,
+                r#"{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{"protocolVersion":1,"participantType":"system"}}"#.into(),
+            )
+            .await;
+        let _ = client.flush().await;
+        sub
+    }
+    // The outsider: nothing reaches the live node, nothing comes back.
+    let outsider = open("outsider", "outsider-pass-5678").await;
+    let mut sub = forge(&outsider).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Some(sub) = sub.as_mut() {
+        let got = tokio::time::timeout(Duration::from_millis(500), sub.next()).await;
+        assert!(
+            !matches!(got, Ok(Some(_))),
+            "the outsider read a relay frame"
+        );
+    }
+    assert_eq!(
+        connected(&replay_all(&mut sys, None).await),
+        before,
+        "no session was opened for the outsider"
+    );
+    // A router node's user can (which is why only router nodes may have `_MAP.>`).
+    let router = open("router", "router-pass-1234").await;
+    let mut sub = forge(&router).await.expect("a router node may subscribe");
+    let answer = with_timeout(sub.next()).await.expect("an answer");
+    let text = String::from_utf8_lossy(&answer.payload).to_string();
+    assert!(text.contains("\"sessionId\""), "{text}");
+    within(Duration::from_secs(5), async {
+        while connected(&replay_all(&mut sys, None).await) == before {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
