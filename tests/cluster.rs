@@ -2364,3 +2364,32 @@ async fn a_nats_user_without_map_subjects_can_neither_forge_nor_read_a_relay_ses
     })
     .await;
 }
+
+/// Request rates are applied where the client connected (docs/cluster.md): the live node does
+/// not count a standby's relayed calls again. (It did: a relay session there has no peer
+/// address, so the loopback exemption did not apply, and callers the standby let through got
+/// 4001.)
+#[tokio::test]
+async fn relayed_calls_are_not_rate_limited_again_by_the_live_node() {
+    let nats = Nats::start("relay-rates");
+    let dir = TempDir::new("cluster-relay-rates");
+    let limits = "commit_timeout_ms = 1500\n[limits]\nrate_per_connection = 20\n\
+                  burst_per_connection = 50\nrate_per_principal = 20\nburst_per_principal = 50";
+    let (_writer, _url) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n1"),
+        "node = \"n1\"",
+        limits,
+    ))
+    .await;
+    let f = start_standby_with(&nats, &dir.path.join("n2"), "n2", limits).await;
+    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving")).await;
+    // A loopback client on the standby (exempt there, as on one node): 150 calls, three times
+    // the burst of 50 one connection has on the live node.
+    let mut c = WsClient::client(&f.url).await;
+    for n in 0..150 {
+        if let Err(e) = c.call("map/agents/list", json!({})).await {
+            panic!("call {n}: {e}");
+        }
+    }
+}

@@ -452,8 +452,9 @@ fn host_relays(
     let open: relay::OpenSession = {
         let ctx = ctx.clone();
         // The standby applied the request rates to the client's own connection (its peer
-        // address, its principal): counted again here, every relay of a node would share one
-        // bucket (no peer address) and throttle callers the standby let through.
+        // address, its principal): counted again here (without the loopback exemption: an
+        // in-process session has no peer address), callers the standby let through would be
+        // throttled.
         let options = ConnectionOptions {
             rate: crate::router::rate::RateLimits::unlimited(),
             ..options.clone()
