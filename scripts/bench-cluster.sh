@@ -18,7 +18,6 @@ set -euo pipefail
 LOAD=$1; BIN=$2; ROUNDS=${3:-3}; PAYLOAD=${4:-1024}; MODES=${5:-sqlite jetstream followers}
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 for round in $(seq "$ROUNDS"); do
   for store in $MODES; do
     IFS=';' read -ra cases <<< "${CASES:-10 2;100 10}"
@@ -28,14 +27,9 @@ for round in $(seq "$ROUNDS"); do
       nats_pid=""
       extra=(--data-dir "$dir/data")
       if [ "$store" != sqlite ]; then
-        port=$(free_port)
-        taskset -c 1 nats-server -a 127.0.0.1 -p "$port" -js -sd "$dir/nats" 2> "$dir/nats.log" &
-        nats_pid=$!
-        for _ in $(seq 100); do
-          (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-          sleep 0.1
-        done
-        extra+=(--cluster "nats://127.0.0.1:$port")
+        start_nats "$dir"
+        nats_pid=$NATS_PID
+        extra+=(--cluster "nats://127.0.0.1:$NATS_PORT")
       fi
       : > "$dir/log"
       printf '[cluster]\nnode = "writer"\n' > "$dir/writer.toml"
@@ -45,16 +39,9 @@ for round in $(seq "$ROUNDS"); do
       subs=(); standbys=()
       if [ "$store" = followers ]; then
         for n in 1 2; do
-          sport=$(free_port)
-          printf '[cluster]\nnode = "standby-%s"\nstandby = true\n' "$n" > "$dir/s$n.toml"
-          taskset -c 1 "$BIN" serve --listen "127.0.0.1:$sport" --config "$dir/s$n.toml" \
-            --data-dir "$dir/s$n" --cluster "${extra[3]}" 2> "$dir/s$n.log" &
-          standbys+=($!)
-          subs+=(--subscriber-url "ws://127.0.0.1:$sport/")
-          for _ in $(seq 100); do
-            curl -s "http://127.0.0.1:$sport/health" 2>/dev/null | grep -q '^serving:' && break
-            sleep 0.1
-          done
+          start_standby "$BIN" "$dir" "standby-$n" "${extra[3]}"
+          standbys+=("$STANDBY_PID")
+          subs+=(--subscriber-url "ws://127.0.0.1:$STANDBY_PORT/")
         done
       fi
       standby_cpu() { local t=0; for p in "${standbys[@]}"; do t=$((t + $(cpu "$p"))); done; echo "$t"; }

@@ -15,31 +15,18 @@ set -euo pipefail
 LOAD=$1; BIN=$2; ROUNDS=${3:-3}; CALLS=${4:-5000}
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 for round in $(seq "$ROUNDS"); do
   for target in ${TARGETS:-writer standby}; do
     dir=$(mktemp -d)
-    port=$(free_port)
-    taskset -c 1 nats-server -a 127.0.0.1 -p "$port" -js -sd "$dir/nats" 2> "$dir/nats.log" &
-    nats_pid=$!
-    for _ in $(seq 100); do
-      (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-      sleep 0.1
-    done
+    start_nats "$dir"
+    nats_pid=$NATS_PID; port=$NATS_PORT
     printf '[cluster]\nnode = "writer"\n' > "$dir/writer.toml"
     taskset -c 0 "$BIN" serve --listen 127.0.0.1:0 --config "$dir/writer.toml" \
       --data-dir "$dir/data" --cluster "nats://127.0.0.1:$port" 2> "$dir/log" &
     pid=$!
     url=$(router_url "$dir/log")
-    sport=$(free_port)
-    printf '[cluster]\nnode = "standby"\nstandby = true\n' > "$dir/s.toml"
-    taskset -c 1 "$BIN" serve --listen "127.0.0.1:$sport" --config "$dir/s.toml" \
-      --data-dir "$dir/s" --cluster "nats://127.0.0.1:$port" 2> "$dir/s.log" &
-    spid=$!
-    for _ in $(seq 100); do
-      curl -s "http://127.0.0.1:$sport/health" 2>/dev/null | grep -q '^serving:' && break
-      sleep 0.1
-    done
+    start_standby "$BIN" "$dir" standby "nats://127.0.0.1:$port"
+    spid=$STANDBY_PID; sport=$STANDBY_PORT
     [ "$target" = standby ] && url="ws://127.0.0.1:$sport/"
     c0=$(cpu "$pid"); s0=$(cpu "$spid"); n0=$(cpu "$nats_pid")
     res=$(taskset -c 1 timeout 300 "$LOAD" --bench --url "$url" --server-pid "$pid" --test rtt \

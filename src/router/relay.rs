@@ -189,7 +189,7 @@ impl RelayState {
     /// session is open, but the acknowledgement of a subscription served here.
     pub fn forwards_notification(&self, method: &str, params: Option<&RawValue>) -> bool {
         self.link.is_some()
-            && !(method == "map/subscribe.ack"
+            && !(method == crate::protocol::methods::notifications::SUBSCRIBE_ACK
                 && subscription_of(params).is_some_and(|id| self.local_subs.contains(&id)))
     }
 
@@ -327,7 +327,7 @@ impl RelayState {
             self.open_connect(relay, conn, outbox, principal, params, agent)
                 .await?;
         }
-        if method == "map/agents/register" {
+        if method == <crate::protocol::methods::agents::AgentsRegister as crate::protocol::methods::Method>::NAME {
             self.agent = true;
         }
         let result = self.forward(method, params).await;

@@ -518,8 +518,7 @@ impl RpcSession {
             mine.remove(key);
         }
         mine.insert("participantId".into(), participant.into());
-        let mine = RawValue::from_string(serde_json::Value::Object(mine).to_string())
-            .map_err(|e| ErrorObject::internal(e.to_string()))?;
+        let mine = crate::router::relay::to_raw(mine)?;
         match self.call_here(entry, id, Connect::NAME, Some(&mine)).await {
             Ok(reply) => {
                 // The principal as proved here, with its expiry (the writer's session is

@@ -187,15 +187,7 @@ impl FollowerRelay {
             let routes = Arc::clone(&routes);
             let subject = format!("_MAP.conn.{stream}.{node}.*");
             tokio::spawn(async move {
-                let mut sub = loop {
-                    match client.subscribe(subject.clone()).await {
-                        Ok(sub) => break sub,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "relay: cannot subscribe; trying again");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                    }
-                };
+                let mut sub = subscribe(&client, subject).await;
                 let _ = set_ready.send(true);
                 while let Some(msg) = sub.next().await {
                     let Some(conn) = msg.subject.rsplit('.').next().and_then(|c| c.parse().ok())
@@ -319,15 +311,7 @@ struct Hosted {
 /// The writer's end of the relays (see the module docs): runs until NATS closes the
 /// subscription or the task is aborted.
 pub async fn host(client: async_nats::Client, stream: String, open: OpenSession, nodes: LiveNodes) {
-    let mut sub = loop {
-        match client.subscribe(format!("_MAP.relay.{stream}.*.*")).await {
-            Ok(sub) => break sub,
-            Err(e) => {
-                tracing::warn!(error = %e, "relay: cannot subscribe; trying again");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    };
+    let mut sub = subscribe(&client, format!("_MAP.relay.{stream}.*.*")).await;
     let mut sessions: HashMap<(String, u64), Hosted> = HashMap::new();
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     // Roll calls in a row each node with relay sessions was missing from.
@@ -448,6 +432,20 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
                     sessions.remove(&key);
                     closed(&client, &stream, &key).await;
                 }
+            }
+        }
+    }
+}
+
+/// Subscribes to `subject`, trying again every second until NATS takes it (the caller's task
+/// is aborted when the relay stops).
+async fn subscribe(client: &async_nats::Client, subject: String) -> async_nats::Subscriber {
+    loop {
+        match client.subscribe(subject.clone()).await {
+            Ok(sub) => return sub,
+            Err(e) => {
+                tracing::warn!(error = %e, %subject, "relay: cannot subscribe; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }
