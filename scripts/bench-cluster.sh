@@ -18,6 +18,8 @@ set -euo pipefail
 LOAD=$1; BIN=$2; ROUNDS=${3:-3}; PAYLOAD=${4:-1024}; MODES=${5:-sqlite jetstream followers}
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=scripts/lib-cluster.sh
+. "$(dirname "$0")/lib-cluster.sh"
 for round in $(seq "$ROUNDS"); do
   for store in $MODES; do
     IFS=';' read -ra cases <<< "${CASES:-10 2;100 10}"

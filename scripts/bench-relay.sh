@@ -15,6 +15,8 @@ set -euo pipefail
 LOAD=$1; BIN=$2; ROUNDS=${3:-3}; CALLS=${4:-5000}
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=scripts/lib-cluster.sh
+. "$(dirname "$0")/lib-cluster.sh"
 for round in $(seq "$ROUNDS"); do
   for target in ${TARGETS:-writer standby}; do
     dir=$(mktemp -d)

@@ -15,36 +15,3 @@ router_url() {
 
 # User + system CPU ticks (100 per second) of process PID so far.
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
-
-# A free TCP port on 127.0.0.1.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# Starts nats-server (JetStream, its store in DIR/nats, pinned to core 1) on a free port and
-# waits (up to 10 s) until it listens. Sets NATS_PORT and NATS_PID (call it directly, not in
-# $(...)).
-start_nats() {
-  local dir=$1
-  NATS_PORT=$(free_port)
-  taskset -c 1 nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$dir/nats" 2> "$dir/nats.log" &
-  NATS_PID=$!
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$NATS_PORT") 2>/dev/null && break
-    sleep 0.1
-  done
-}
-
-# Starts a standby node NAME of router BIN (pinned to core 1, files under DIR) on the cluster
-# at NATS_URL, on a free port, and waits (up to 10 s) until its /health says it serves. Sets
-# STANDBY_PORT and STANDBY_PID (call it directly, not in $(...)).
-start_standby() {
-  local bin=$1 dir=$2 name=$3 nats_url=$4
-  STANDBY_PORT=$(free_port)
-  printf '[cluster]\nnode = "%s"\nstandby = true\n' "$name" > "$dir/$name.toml"
-  taskset -c 1 "$bin" serve --listen "127.0.0.1:$STANDBY_PORT" --config "$dir/$name.toml" \
-    --data-dir "$dir/$name" --cluster "$nats_url" 2> "$dir/$name.log" &
-  STANDBY_PID=$!
-  for _ in $(seq 100); do
-    curl -s "http://127.0.0.1:$STANDBY_PORT/health" 2>/dev/null | grep -q '^serving:' && break
-    sleep 0.1
-  done
-}
