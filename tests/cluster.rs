@@ -2393,3 +2393,401 @@ async fn relayed_calls_are_not_rate_limited_again_by_the_live_node() {
         }
     }
 }
+
+/// A MAP agent `name` of the principal of `key` on the node at `url`, its messages on the
+/// returned channel.
+async fn rust_agent(
+    url: &str,
+    key: &str,
+    name: &str,
+) -> (
+    map_router::client::Client,
+    map_router::client::AgentHandle,
+    tokio::sync::mpsc::UnboundedReceiver<map_router::protocol::message::Message>,
+) {
+    use futures::StreamExt;
+    use map_router::client::{Client, ClientOptions};
+    let client = with_timeout(Client::connect_ws(
+        url,
+        ClientOptions::agent().name(name).api_key(key),
+    ))
+    .await
+    .expect("agent connects");
+    let handle = with_timeout(client.register(
+        map_router::protocol::methods::agents::RegisterParams {
+            agent_id: Some(name.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("agent registers");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut messages = handle.messages();
+    tokio::spawn(async move {
+        while let Some(m) = messages.next().await {
+            if tx.send(m).is_err() {
+                break;
+            }
+        }
+    });
+    (client, handle, rx)
+}
+
+/// Replies to `m` with `payload`, as an SDK's `reply()` does.
+async fn reply_to(
+    c: &map_router::client::Client,
+    m: &map_router::protocol::message::Message,
+    payload: serde_json::Value,
+) {
+    use map_router::protocol::json::RawJson;
+    let correlation = m.correlation_id().unwrap_or_else(|| m.id.to_string());
+    with_timeout(
+        c.send_with(map_router::protocol::methods::messaging::SendParams {
+            to: RawJson::from(json!({"agent": m.from})),
+            payload: Some(RawJson::from(payload)),
+            meta: Some(RawJson::from(
+                json!({"correlationId": correlation, "isResult": true}),
+            )),
+        }),
+    )
+    .await
+    .expect("reply");
+}
+
+/// One A2A JSON-RPC call as `key` on the node at `url`: the status and the answer.
+async fn a2a_call(
+    url: &str,
+    path: &str,
+    key: &str,
+    method: &str,
+    params: serde_json::Value,
+) -> (u16, String, serde_json::Value) {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+    let bearer = format!("Bearer {key}");
+    let r = with_timeout(http::request(
+        addr_of(url),
+        "POST",
+        path,
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", bearer.as_str()),
+        ],
+        body.as_bytes(),
+    ))
+    .await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    (r.status, text, v)
+}
+
+/// The result of an A2A call that must succeed.
+async fn a2a_ok(
+    url: &str,
+    path: &str,
+    key: &str,
+    method: &str,
+    params: serde_json::Value,
+) -> serde_json::Value {
+    let (status, text, v) = a2a_call(url, path, key, method, params).await;
+    assert_eq!(status, 200, "{method} on {url}: {text}");
+    assert!(v.get("error").is_none(), "{method} on {url}: {text}");
+    v["result"].clone()
+}
+
+#[test]
+fn the_gateways_answer_on_a_standby_and_an_a2a_task_moves_between_nodes() {
+    on_big_stack(gateways_on_a_standby);
+}
+
+/// The A2A, MAMP and IM gateways and `/ui` on a standby, with four principals: an A2A task
+/// created through one node is read, streamed and resubscribed through the other, each
+/// caller still acting as itself there (bob never reaches alice's task, on either node); the
+/// agent is on the standby, so every message crosses the relay both ways.
+async fn gateways_on_a_standby() {
+    const SECRET: &str = "alice's plan, through the standby";
+    let nats = Nats::start("gateways-standby");
+    let dir = TempDir::new("cluster-gateways-standby");
+    let keys = dir.path.join("keys");
+    std::fs::write(
+        &keys,
+        format!("{OPS} ops\n{ALICE} alice\n{BOB} bob\n{VIEWER} viewer\n"),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let config = format!(
+        "commit_timeout_ms = 1500\n[auth]\nsystem_principals = [\"ops\"]\n\
+         [auth.api_keys]\nfile = {:?}\n\
+         [permissions.principals.\"viewer\".messaging]\ncanSend = false\n",
+        keys.display().to_string()
+    );
+    let (_writer, w) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n0"),
+        "node = \"n0\"",
+        &config,
+    ))
+    .await;
+    let f = start_standby_with(&nats, &dir.path.join("n1"), "n1", &config).await;
+    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving")).await;
+    // ops runs the agent, on the standby.
+    let (ops_agent, _worker, mut inbox) = rust_agent(&f.url, OPS, "worker").await;
+    let at = "/a2a/agents/worker";
+
+    // /ui and the cards answer on the standby; the skills are the agents, never a gateway's.
+    let ui = with_timeout(http::request(addr_of(&f.url), "GET", "/ui", &[], b"")).await;
+    assert_eq!(ui.status, 200, "/ui on a standby");
+    let alice_bearer = format!("Bearer {ALICE}");
+    for url in [&w, &f.url] {
+        let card = with_timeout(http::request(
+            addr_of(url),
+            "GET",
+            "/.well-known/agent-card.json",
+            &[("A2A-Version", "1.0"), ("Authorization", alice_bearer.as_str())],
+            b"",
+        ))
+        .await;
+        assert_eq!(card.status, 200, "card on {url}");
+        let skills: Vec<String> = card.json()["skills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(skills, vec!["worker".to_owned()], "skills on {url}");
+    }
+
+    // alice creates a task through the writer (left working).
+    let res = a2a_ok(
+        &w,
+        at,
+        ALICE,
+        "SendMessage",
+        json!({"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": SECRET}]},
+            "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    let t1 = res["task"]["id"].as_str().unwrap().to_owned();
+    let asked = within(Duration::from_secs(10), inbox.recv()).await.unwrap();
+    assert_eq!(asked.from.as_str(), "a2a-gateway", "sent by the writer's gateway");
+
+    // Read through the standby: hers; bob and viewer get "not found" and nothing of hers.
+    let got = a2a_ok(&f.url, "/a2a", ALICE, "GetTask", json!({"id": t1})).await;
+    assert_eq!(got["status"]["state"], "TASK_STATE_WORKING");
+    assert_eq!(got["history"][0]["parts"][0]["text"], SECRET);
+    for key in [BOB, VIEWER] {
+        for (method, params) in [
+            ("GetTask", json!({"id": t1})),
+            ("CancelTask", json!({"id": t1})),
+            (
+                "SendMessage",
+                json!({"message": {"messageId": "m-evil", "role": "ROLE_USER", "taskId": t1,
+                    "parts": [{"text": "not yours"}]}}),
+            ),
+        ] {
+            let (status, text, v) = a2a_call(&f.url, "/a2a", key, method, params).await;
+            assert_eq!(status, 200, "{method}: {text}");
+            assert_eq!(v["error"]["code"], -32001, "{method}: {text}");
+            assert!(!text.contains(SECRET), "{method} shows her text: {text}");
+        }
+        let listed = a2a_ok(&f.url, at, key, "ListTasks", json!({})).await;
+        assert_eq!(listed["tasks"], json!([]), "{listed}");
+    }
+    // Resubscribed through the standby, then finished by the agent: the stream on the standby
+    // shows the task, then its end.
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "SubscribeToTask", "params": {"id": t1}})
+        .to_string();
+    let (status, _, mut sse) = http::Sse::post(
+        addr_of(&f.url),
+        "/a2a",
+        &[("Authorization", alice_bearer.as_str())],
+        &body,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let first = sse.next().await.json();
+    assert_eq!(first["result"]["task"]["status"]["state"], "TASK_STATE_WORKING");
+    reply_to(&ops_agent, &asked, json!("done through the standby")).await;
+    let rest = within(Duration::from_secs(10), sse.until_end()).await;
+    let last = rest.last().expect("an update").json();
+    assert_eq!(
+        last["result"]["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{last}"
+    );
+    assert!(rest.iter().all(|e| e.json()["id"] == json!(7)));
+
+    // A task created through the standby, answered while alice waits there: its gateway
+    // sends as itself (`a2a-gateway@n1`) and the reply comes back through the relay.
+    let worker = tokio::spawn({
+        let agent = ops_agent.clone();
+        async move {
+            let m = within(Duration::from_secs(10), inbox.recv()).await.unwrap();
+            reply_to(&agent, &m, json!("answered")).await;
+            (m, inbox)
+        }
+    });
+    let res = a2a_ok(
+        &f.url,
+        at,
+        ALICE,
+        "SendMessage",
+        json!({"message": {"messageId": "m-2", "role": "ROLE_USER", "parts": [{"text": "second"}]}}),
+    )
+    .await;
+    let (asked, mut inbox) = with_timeout(worker).await.unwrap();
+    assert_eq!(asked.from.as_str(), "a2a-gateway@n1");
+    assert_eq!(res["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{res}");
+    let t2 = res["task"]["id"].as_str().unwrap().to_owned();
+    // ... and read through the writer, by her only.
+    let got = a2a_ok(&w, "/a2a", ALICE, "GetTask", json!({"id": t2})).await;
+    assert_eq!(got["status"]["state"], "TASK_STATE_COMPLETED");
+    let (_, text, v) = a2a_call(&w, "/a2a", BOB, "GetTask", json!({"id": t2})).await;
+    assert_eq!(v["error"]["code"], -32001, "{text}");
+    let mine = a2a_ok(&w, at, ALICE, "ListTasks", json!({})).await;
+    let mut ids: Vec<&str> = mine["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    let mut want = vec![t1.as_str(), t2.as_str()];
+    want.sort_unstable();
+    assert_eq!(ids, want);
+    // The viewer may not send through the standby either: refused, no task made.
+    let (status, text, _) = a2a_call(
+        &f.url,
+        at,
+        VIEWER,
+        "SendMessage",
+        json!({"message": {"messageId": "m-v", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    assert_eq!(status, 403, "{text}");
+
+    // The writer's card still lists the agents only (the standby's gateway agent is an agent
+    // of the live node's registry now).
+    let card = with_timeout(http::request(
+        addr_of(&w),
+        "GET",
+        "/.well-known/agent-card.json",
+        &[("A2A-Version", "1.0"), ("Authorization", alice_bearer.as_str())],
+        b"",
+    ))
+    .await;
+    assert_eq!(card.json()["skills"].as_array().unwrap().len(), 1, "{}", card.json());
+
+    // MAMP through the standby: alice posts as a sender of her namespace; the agent's reply
+    // reaches her mailbox there, which bob may not read.
+    let post = |key: &'static str, path: &'static str, body: serde_json::Value| {
+        let url = f.url.clone();
+        async move {
+            let bearer = format!("Bearer {key}");
+            with_timeout(http::request(
+                addr_of(&url),
+                "POST",
+                path,
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Authorization", bearer.as_str()),
+                ],
+                body.to_string().as_bytes(),
+            ))
+            .await
+        }
+    };
+    let from = "agent://alice@outside.test/desk";
+    let to = format!("agent://{}/worker", addr_of(&f.url));
+    let r = post(
+        ALICE,
+        "/mamp/v1/messages",
+        json!({"protocol": "mamp/1.0", "message_id": "msg-1", "from": from, "to": to,
+            "content": "hello over mamp", "metadata": {"timestamp": "2026-03-04T10:00:00Z"}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["status"], "received");
+    let m = within(Duration::from_secs(10), inbox.recv()).await.unwrap();
+    assert_eq!(m.from.as_str(), from);
+    reply_to(&ops_agent, &m, json!("mamp answer")).await;
+    let mailbox = format!(
+        "/mamp/v1/messages?agent={}",
+        from.replace(':', "%3A").replace('/', "%2F")
+    );
+    let get = |key: &'static str| {
+        let url = f.url.clone();
+        let path = mailbox.clone();
+        async move {
+            let bearer = format!("Bearer {key}");
+            with_timeout(http::request(
+                addr_of(&url),
+                "GET",
+                &path,
+                &[("Authorization", bearer.as_str())],
+                b"",
+            ))
+            .await
+        }
+    };
+    let got = within(Duration::from_secs(10), async {
+        loop {
+            let r = get(ALICE).await;
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            let messages = r.json()["messages"].clone();
+            if messages.as_array().is_some_and(|m| !m.is_empty()) {
+                return messages;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(got[0]["content"], "mamp answer", "{got}");
+    let r = get(BOB).await;
+    assert_eq!(r.status, 403, "bob reads alice's mailbox");
+    assert!(!String::from_utf8_lossy(&r.body).contains("mamp answer"));
+    // bob may not post as alice's sender.
+    let r = post(
+        BOB,
+        "/mamp/v1/messages",
+        json!({"protocol": "mamp/1.0", "message_id": "msg-2", "from": from, "to": to,
+            "content": "forged", "metadata": {"timestamp": "2026-03-04T10:00:00Z"}}),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+
+    // IM through the standby: bob sends as himself; the viewer may not send.
+    let r = post(
+        BOB,
+        "/gateway/send",
+        json!({"to": to, "content": "from bob over im"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let m = within(Duration::from_secs(10), inbox.recv()).await.unwrap();
+    assert_eq!(
+        m.payload.as_ref().map(|p| p.to_value()),
+        Some(json!("from bob over im"))
+    );
+    let r = post(VIEWER, "/gateway/send", json!({"to": to, "content": "no"})).await;
+    assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    if let Ok(m) = tokio::time::timeout(QUIET, inbox.recv()).await {
+        panic!("the agent got {m:?}: nothing forged or refused reaches it");
+    }
+
+    // Nobody but the router takes a standby gateway's ids, on either node.
+    for url in [&w, &f.url] {
+        let (mut bob, _) = connect_with_key(url, BOB, "agent", json!({})).await;
+        for id in ["a2a-gateway@n1", "a2a-gateway@n9", "a2a-gateway-tasks@n1"] {
+            let e = bob
+                .err("map/agents/register", json!({"agentId": id, "name": "squat"}))
+                .await;
+            assert!(
+                e["message"].as_str().unwrap_or("").contains("reserved"),
+                "bob registered {id} on {url}: {e}"
+            );
+        }
+    }
+}

@@ -221,7 +221,14 @@ async fn open_jetstream(
                                 &options.stream,
                                 &options.node,
                             );
-                            match Serving::start(config, listeners, &f, Arc::clone(&probe), relay) {
+                            match Serving::start(
+                                config,
+                                listeners,
+                                &f,
+                                Arc::clone(&probe),
+                                relay,
+                                &options.node,
+                            ) {
                                 Ok(s) => serving = Some(s),
                                 Err(e) => tracing::warn!(
                                     error = %e,
@@ -317,6 +324,7 @@ impl Serving {
         follower: &Arc<crate::store::jetstream::follower::Follower>,
         probe: Probe,
         relay: Arc<crate::server::relay::FollowerRelay>,
+        node: &str,
     ) -> std::io::Result<Self> {
         use crate::router::{Router, RouterConfig, RouterParts};
         use crate::transport::ws::{upgrade, WsState};
@@ -328,7 +336,7 @@ impl Serving {
         let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
         let (router, router_task) = Router::start(
             RouterConfig {
-                auth,
+                auth: auth.clone(),
                 follower: true,
                 relay: Some(relay as Arc<dyn crate::router::relay::Relay>),
                 ..config.router_config()
@@ -374,7 +382,30 @@ impl Serving {
                     body_timeout: Some(config.header_timeout()),
                     ..crate::transport::http::HttpSettings::default()
                 },
-            ));
+            ))
+            .merge(crate::server::ui::routes());
+        // The gateways (A2A, MAMP, IM), as on the live node, with sessions of this node's own
+        // (relayed to the live node like any client's) and without what only one gateway may
+        // do (docs/cluster.md, "Gateways on every node"). AIP's port waits for the takeover.
+        let app = {
+            let addrs = listeners
+                .sockets
+                .iter()
+                .map(|l| l.local_addr())
+                .collect::<std::io::Result<Vec<_>>>()?;
+            let gateways =
+                crate::server::gateway_context(config, &ctx, &options, auth.clone(), &addrs);
+            app.merge(crate::server::gateway_routes(
+                config,
+                &ctx,
+                &options,
+                &gateways,
+                auth.clone(),
+                crate::server::A2aAllow::of(config)?,
+                &ctx.shutdown,
+                Some(node),
+            ))
+        };
         // `/metrics`: the follower router's own families (its connections, subscriptions and
         // deliveries), and where it is in the stream.
         let app = if metrics.is_some() {

@@ -187,27 +187,7 @@ impl Server {
                 },
             ))
             .merge(ui::routes());
-        let gateways = Arc::new(crate::gateway::GatewayContext::new(
-            config.gateways.clone(),
-            gateway_auth,
-            config.router.name.clone(),
-            addrs
-                .first()
-                .map_or_else(|| config.router.name.clone(), ToString::to_string),
-            Arc::new(GatewayLinks {
-                ctx: ctx.clone(),
-                options: ConnectionOptions {
-                    origin: ConnOrigin::InProcess,
-                    ..options.clone()
-                },
-            }),
-            crate::gateway::config::RouterFacts {
-                max_payload_bytes: config.limits.max_payload_bytes,
-                max_frame_bytes: options.max_frame_bytes,
-                exempt_loopback: config.limits.exempt_loopback,
-                listen_ports: addrs.iter().map(|a| a.port()).collect(),
-            },
-        ));
+        let gateways = gateway_context(&config, &ctx, &options, gateway_auth, &addrs);
         let gateway_context = Arc::clone(&gateways);
         let aip = match aip_listener {
             Some(tcp) => {
@@ -224,7 +204,16 @@ impl Server {
             }
             None => None,
         };
-        let app = app.merge(crate::gateway::routes(Arc::clone(&gateways)));
+        let app = app.merge(gateway_routes(
+            &config,
+            &ctx,
+            &options,
+            &gateways,
+            a2a_auth,
+            a2a_allow,
+            &shutdown_rx,
+            None,
+        ));
         if !config.gateways.mamp.remote.is_empty() && config.gateways.mamp.enabled {
             tokio::spawn(crate::gateway::peers::open_configured(gateways));
         }
@@ -247,18 +236,6 @@ impl Server {
                 ctx.router.clone(),
                 metrics_auth,
                 extra,
-            ))
-        } else {
-            app
-        };
-        let app = if config.a2a.enabled {
-            app.merge(a2a_routes(
-                &config,
-                &ctx,
-                &options,
-                a2a_auth,
-                a2a_allow,
-                &shutdown_rx,
             ))
         } else {
             app
@@ -521,6 +498,62 @@ impl A2aAllow {
     }
 }
 
+/// What the MAMP, IM and AIP gateways share (`gateway::context`), opening their sessions on
+/// `ctx`'s router.
+fn gateway_context(
+    config: &Config,
+    ctx: &TransportContext,
+    options: &ConnectionOptions,
+    auth: Option<Arc<crate::auth::Authenticator>>,
+    addrs: &[SocketAddr],
+) -> Arc<crate::gateway::GatewayContext> {
+    Arc::new(crate::gateway::GatewayContext::new(
+        config.gateways.clone(),
+        auth,
+        config.router.name.clone(),
+        addrs
+            .first()
+            .map_or_else(|| config.router.name.clone(), ToString::to_string),
+        Arc::new(GatewayLinks {
+            ctx: ctx.clone(),
+            options: ConnectionOptions {
+                origin: ConnOrigin::InProcess,
+                ..options.clone()
+            },
+        }),
+        crate::gateway::config::RouterFacts {
+            max_payload_bytes: config.limits.max_payload_bytes,
+            max_frame_bytes: options.max_frame_bytes,
+            exempt_loopback: config.limits.exempt_loopback,
+            listen_ports: addrs.iter().map(|a| a.port()).collect(),
+        },
+    ))
+}
+
+/// The HTTP routes of the MAMP and IM gateways (over `gateways`) and of the A2A gateway, those
+/// enabled, on `ctx`'s router: the server's, or a cluster standby's follower router (`node`:
+/// the standby's name; docs/cluster.md, "Gateways on every node").
+#[allow(clippy::too_many_arguments)]
+fn gateway_routes(
+    config: &Config,
+    ctx: &TransportContext,
+    options: &ConnectionOptions,
+    gateways: &Arc<crate::gateway::GatewayContext>,
+    a2a_auth: Option<Arc<crate::auth::Authenticator>>,
+    a2a_allow: A2aAllow,
+    shutdown: &watch::Receiver<bool>,
+    node: Option<&str>,
+) -> HttpRouter {
+    let app = crate::gateway::routes(Arc::clone(gateways));
+    if config.a2a.enabled {
+        app.merge(a2a_routes(
+            config, ctx, options, a2a_auth, a2a_allow, shutdown, node,
+        ))
+    } else {
+        app
+    }
+}
+
 /// The A2A gateway's routes (docs/a2a.md).
 fn a2a_routes(
     config: &Config,
@@ -529,6 +562,7 @@ fn a2a_routes(
     auth: Option<Arc<crate::auth::Authenticator>>,
     allow: A2aAllow,
     shutdown: &watch::Receiver<bool>,
+    node: Option<&str>,
 ) -> HttpRouter {
     use crate::auth::config::AuthMethodName;
     use crate::gateway::a2a;
@@ -560,6 +594,7 @@ fn a2a_routes(
             remotes: config.a2a.remote.clone(),
             limits: config.a2a.limits(&config.limits),
             default_agent: config.a2a.default_agent.clone(),
+            node: node.map(str::to_owned),
         },
         shutdown.clone(),
     );

@@ -217,20 +217,46 @@ impl Sse {
         sse
     }
 
+    /// POSTs `body` to `path` with `headers` (and `Accept: text/event-stream`): the status,
+    /// the head and the reader of what follows (an A2A stream).
+    pub async fn post(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, Vec<(String, String)>, Self) {
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        head.push_str(body);
+        Self::send(addr, &head).await
+    }
+
     pub async fn try_open(
         addr: SocketAddr,
         token: &str,
         last_event_id: Option<u64>,
     ) -> (u16, Vec<(String, String)>, Self) {
+        let mut req = format!(
+            "GET /map/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMAP-Session: {token}\r\n"
+        );
+        if let Some(n) = last_event_id {
+            req.push_str(&format!("Last-Event-ID: {n}\r\n"));
+        }
+        req.push_str("\r\n");
+        Self::send(addr, &req).await
+    }
+
+    /// Sends `req` (a whole request) and reads the response's head.
+    async fn send(addr: SocketAddr, req: &str) -> (u16, Vec<(String, String)>, Self) {
         with_timeout(async {
             let mut socket = TcpStream::connect(addr).await.expect("connect");
-            let mut req = format!(
-                "GET /map/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMAP-Session: {token}\r\n"
-            );
-            if let Some(n) = last_event_id {
-                req.push_str(&format!("Last-Event-ID: {n}\r\n"));
-            }
-            req.push_str("\r\n");
             socket.write_all(req.as_bytes()).await.expect("write");
             let mut raw = Vec::new();
             let split = loop {

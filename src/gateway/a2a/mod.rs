@@ -116,6 +116,11 @@ pub struct Settings {
     pub limits: Limits,
     /// The agent whose card is served at the router's card paths (`[a2a] default_agent`).
     pub default_agent: Option<String>,
+    /// `Some(node)` on a cluster's standby (docs/cluster.md, "Gateways on every node"): the
+    /// gateway's sessions are node-qualified (`tasks::node_id`), and what only one gateway of
+    /// the cluster may do is the live node's: the configured remote agents, the sweep of
+    /// tasks a restart interrupted.
+    pub node: Option<String>,
 }
 
 /// The gateway: its settings, its MAP sessions once opened, and its callers' sessions.
@@ -158,7 +163,9 @@ impl A2aGateway {
             settings.remote_allow.clone(),
             settings.limits.max_remotes_per_principal,
         );
-        remotes.register_configured(settings.remotes.clone());
+        if settings.node.is_none() {
+            remotes.register_configured(settings.remotes.clone());
+        }
         let callers =
             CallerSessions::new(Arc::clone(&links), crate::gateway::callers::DEFAULT_IDLE);
         let guard = Guard::new(GuardSettings {
@@ -191,6 +198,7 @@ impl A2aGateway {
                     self.settings.push_allow.clone(),
                     self.settings.limits.clone(),
                     self.started,
+                    self.settings.node.as_deref(),
                 )
             })
             .await

@@ -69,8 +69,24 @@ use crate::protocol::methods::agents::{AgentFilter, RegisterParams};
 use crate::protocol::methods::messaging::SendParams as MapSendParams;
 use crate::transport::in_process::InProcessLinks;
 
-/// The id (and name) of the gateway's agent participant and of its agent.
+/// The id (and name) of the gateway's agent participant and of its agent (on a cluster's
+/// standby, qualified with the node's name: [`node_id`]).
 pub const GATEWAY_AGENT: &str = "a2a-gateway";
+
+/// The id of one of the gateway's sessions on `node`: `id` itself on a single router or the
+/// cluster's live node, `id@node` on a standby, whose gateway is a second one with sessions
+/// of its own (relayed to the live node; `gateway::RESERVED_IDS` covers these forms too).
+pub fn node_id(id: &str, node: Option<&str>) -> String {
+    match node {
+        Some(node) => format!("{id}@{node}"),
+        None => id.to_owned(),
+    }
+}
+
+/// Whether `id` is the gateway's agent, on any node (not an A2A agent of its own).
+pub fn is_gateway_agent(id: &str) -> bool {
+    id.split_once('@').map_or(id, |(base, _)| base) == GATEWAY_AGENT
+}
 
 /// The id of the gateway's bookkeeping participant (a `system` session with no agent).
 pub const GATEWAY_BOOKS: &str = "a2a-gateway-tasks";
@@ -182,7 +198,9 @@ fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Core {
     /// Opens the sessions, registers the gateway agent, subscribes to `task.*` and starts the
     /// loops (they end when the sessions do), and the sweep of the tasks a restart interrupted
-    /// (`recovery.rs`; `started`: when the gateway was made, Unix ms).
+    /// (`recovery.rs`; `started`: when the gateway was made, Unix ms). `node`: the standby
+    /// this gateway runs on ([`node_id`]); a standby's gateway sweeps nothing (the live node's
+    /// does, when it starts: a standby that takes over starts one).
     ///
     /// # Errors
     /// A session or the registration was refused.
@@ -191,20 +209,22 @@ impl Core {
         push_allow: AllowList,
         limits: Limits,
         started: u64,
+        node: Option<&str>,
     ) -> Result<Arc<Self>, ClientError> {
+        let me = node_id(GATEWAY_AGENT, node);
         let client = Client::in_process_as(
             links,
             crate::auth::service_principal(),
             ClientOptions::agent()
-                .name(GATEWAY_AGENT)
-                .participant_id(GATEWAY_AGENT)
+                .name(me.clone())
+                .participant_id(me.clone())
                 .request_timeout(Duration::from_secs(30)),
         )
         .await?;
         let agent = client
             .register(RegisterParams {
-                agent_id: Some(GATEWAY_AGENT.into()),
-                name: Some(GATEWAY_AGENT.into()),
+                agent_id: Some(me.clone().into()),
+                name: Some(me),
                 description: Some(
                     "The A2A gateway: sends A2A callers' messages to MAP agents and takes their replies"
                         .into(),
@@ -215,13 +235,14 @@ impl Core {
             .await?;
         let mut books = Vec::with_capacity(BOOKS.len());
         for id in BOOKS {
+            let id = node_id(id, node);
             books.push(
                 Client::in_process_as(
                     links,
                     crate::auth::service_principal(),
                     ClientOptions::new()
                         .participant_type(ParticipantType::System)
-                        .name(id)
+                        .name(id.clone())
                         .participant_id(id)
                         .request_timeout(Duration::from_secs(30)),
                 )
@@ -249,7 +270,7 @@ impl Core {
         tokio::spawn(async move { feed.run(events, push).await });
         // NB: after the feed, so that a stream resubscribed to an interrupted task sees it end.
         let weak = Arc::downgrade(&core);
-        tokio::spawn(crate::gateway::a2a::recovery::run(
+        let sweep = node.is_none().then(|| crate::gateway::a2a::recovery::run(
             core.books[0].clone(),
             started,
             move |id| {
@@ -265,6 +286,9 @@ impl Core {
                 }
             },
         ));
+        if let Some(sweep) = sweep {
+            tokio::spawn(sweep);
+        }
         let mut inbox = core.agent.messages();
         let weak = Arc::downgrade(&core);
         tokio::spawn(async move {
@@ -367,7 +391,7 @@ impl Core {
             .map_err(|e| A2aError::from_map(&e, None))?;
         Ok(agents
             .into_iter()
-            .filter(|a| a.id.as_str() != GATEWAY_AGENT)
+            .filter(|a| !is_gateway_agent(a.id.as_str()))
             .collect())
     }
 
@@ -377,7 +401,7 @@ impl Core {
     /// [`A2aError::unknown_agent`] when none (or several, by name) match; MAP's refusals (a
     /// missing `observation.canQuery` is 403, a rate limit 429).
     pub async fn resolve(&self, viewer: &Client, id_or_name: &str) -> Result<Agent, A2aError> {
-        if id_or_name == GATEWAY_AGENT {
+        if is_gateway_agent(id_or_name) {
             return Err(A2aError::unknown_agent(id_or_name));
         }
         match viewer.get_agent(id_or_name).await {
@@ -489,7 +513,7 @@ impl Core {
             Ok(agent) => Ok(Target::Agent(Box::new(agent))),
             Err(e)
                 if e.status == axum::http::StatusCode::NOT_FOUND
-                    && id_or_name != GATEWAY_AGENT
+                    && !is_gateway_agent(id_or_name)
                     && former =>
             {
                 Ok(Target::Former(id_or_name.to_owned()))

@@ -1,8 +1,9 @@
 //! Who may take an id, and recording who did (docs/security.md, "Identity").
 //!
 //! Rules:
-//! - A **reserved** id (`RouterConfig::reserved_ids`: the gateways' own) is only for the
-//!   router's service principal.
+//! - A **reserved** id (`RouterConfig::reserved_ids`: the gateways' own), and its
+//!   node-qualified forms `<id>@<node>` (the gateways of a cluster's standbys), are only for
+//!   the router's service principal.
 //! - With authentication on, an id belongs to the principal that first took it: connecting as a
 //!   participant id, registering or spawning an agent id (explicitly or not). Only that
 //!   principal, or a `system` session, may take it again: reclaim the orphaned agent, take the
@@ -86,9 +87,14 @@ impl Router {
         })
     }
 
-    /// Whether `id` is reserved for the service principal.
+    /// Whether `id` is reserved for the service principal: a reserved id, or one of its
+    /// node-qualified forms `<reserved id>@<node>` (a cluster standby's gateway sessions).
     pub(crate) fn is_reserved(&self, id: &str) -> bool {
-        self.config.reserved_ids.iter().any(|r| r == id)
+        let base = id.split_once('@').map_or(id, |(base, _)| base);
+        self.config
+            .reserved_ids
+            .iter()
+            .any(|r| r == id || r == base)
     }
 
     /// Whether a session of `principal` (`system`: its type is `system`) may take `id`.
