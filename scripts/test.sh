@@ -30,6 +30,8 @@ MAP_INTEROP_SPREAD=1 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
 echo "== A2A interop (@a2a-js/sdk clients against the A2A gateway of target/debug/map-router)"
 node tests/interop/a2a.mjs --bin target/debug/map-router
+echo "== A2A interop spread: the A2A clients call a standby's gateway, the MAP agents alternate between it and the writer"
+MAP_INTEROP_SPREAD=1 node tests/interop/a2a.mjs --bin target/debug/map-router
 echo "== A2A client side (the gateway calls remote agents served by @a2a-js/sdk's own server classes)"
 node tests/interop/a2a_remote.mjs --bin target/debug/map-router
 echo "== A2A acceptance through the Python a2a-sdk 1.3.0 client (v1.0 and v0.3 mode; venv in tests/a2a_py/.venv)"

@@ -92,6 +92,10 @@ pub struct RelayState {
     agent: bool,
     link: Option<Open>,
     next_id: u64,
+    /// The principal the connection was admitted as by whoever opened it (an in-process link
+    /// opened as a principal: a gateway's session on this node): its relay session is that
+    /// principal's, whether or not authentication is on.
+    delegated: Option<Principal>,
 }
 
 #[derive(Debug)]
@@ -276,10 +280,22 @@ impl RelayState {
             if let Some(id) = result.get("participantId") {
                 connect.insert("participantId".into(), id.clone());
             }
-            *principal = result
-                .get("principal")
-                .and_then(|p| serde_json::from_value(p.clone()).ok());
+            *principal = self.delegated.clone().or_else(|| {
+                result
+                    .get("principal")
+                    .and_then(|p| serde_json::from_value(p.clone()).ok())
+            });
         }
+    }
+
+    /// The connection was admitted as `principal` by its opener (`ConnOrigin::Delegated`).
+    pub fn delegated(&mut self, principal: Principal) {
+        self.delegated = Some(principal);
+    }
+
+    /// The principal the connection was admitted as by its opener, if any.
+    pub fn delegated_principal(&self) -> Option<&Principal> {
+        self.delegated.as_ref()
     }
 
     /// The session ended here: so does its relay session.

@@ -164,6 +164,16 @@ impl RpcSession {
         self
     }
 
+    /// A connection admitted as `principal` by its opener (`ConnOrigin::Delegated`): on a
+    /// follower, its relay session is opened as that principal (with authentication off too,
+    /// where `map/connect` answers no principal).
+    pub fn with_delegated(mut self, principal: Option<&methods::session::Principal>) -> Self {
+        if let Some(p) = principal {
+            self.relay.delegated(p.clone());
+        }
+        self
+    }
+
     /// Keys the session's shared rate bucket on an authenticated principal from now on (called
     /// when `map/connect` returns a `principal`; authentication may call it too).
     pub fn set_principal(&mut self, id: &str) {
@@ -400,7 +410,10 @@ impl RpcSession {
         let relay = self.router.config().relay.clone();
         if let Some(relay) = &relay {
             if method == Connect::NAME {
-                if let Some(principal) = self.proved(params) {
+                // A connection its opener admitted as a principal (a gateway's session on
+                // this node) is that principal's, credential or not.
+                let delegated = self.relay.delegated_principal().cloned().map(Some);
+                if let Some(principal) = delegated.or_else(|| self.proved(params)) {
                     return Box::pin(self.connect_relayed(relay, entry, id, params, principal))
                         .await;
                 }

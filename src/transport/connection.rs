@@ -193,6 +193,10 @@ pub async fn serve_connection<St, Si>(
             rate: opts.rate.connection(opts.peer.map(|p| p.ip())),
             ..SessionLimits::default()
         })
+        .with_delegated(match &opts.origin {
+            ConnOrigin::Delegated(p) => Some(p),
+            _ => None,
+        })
         .with_pipelining();
     let idle = opts.idle_timeout;
     let mut deadline = idle.map(|d| Instant::now() + d);

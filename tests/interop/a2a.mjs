@@ -9,6 +9,11 @@
 // One scenario runs with [auth] on (API keys, no trusted transports): two principals' SDK
 // clients each see and act on their own tasks only.
 //
+// With MAP_INTEROP_SPREAD=1 the scenarios run on a cluster (a nats-server, a writer and a
+// standby): the A2A clients call the standby's gateway while the MAP agents and observers
+// alternate between the two nodes (docs/cluster.md, "Gateways on every node"). The scenarios
+// that restart the router are single-node ones and are left out of that run.
+//
 // Prints `ok - name` / `FAIL - name: reason` per scenario, then `N passed, M failed`; exits 0
 // only when nothing failed. Every await is bounded (withTimeout / until).
 import { writeFileSync } from 'node:fs';
@@ -34,15 +39,33 @@ const argValue = (flag) => {
 const BIN = path.resolve(argValue('--bin') ?? path.join(HERE, '../../target/debug/map-router'));
 const FILTER = argValue('--filter');
 const VERBOSE = argv.includes('--verbose') || !!process.env.INTEROP_VERBOSE;
-const SCENARIO_TIMEOUT_MS = 15_000;
+const SPREAD = process.env.MAP_INTEROP_SPREAD === '1';
+const SCENARIO_TIMEOUT_MS = SPREAD ? 30_000 : 15_000;
 
 // The SDK's enums (proto numbering, as its Task/Message objects carry them).
 const ROLE_USER = 1;
 const STATE = { SUBMITTED: 1, WORKING: 2, COMPLETED: 3, FAILED: 4, CANCELED: 5, INPUT_REQUIRED: 6 };
 
 const scenarios = [];
-function scenario(name, fn) {
+function scenario(name, fn, { singleNode = false } = {}) {
+  if (SPREAD && singleNode) return;
   scenarios.push({ name, fn });
+}
+
+/**
+ * The scenario's router, the one its A2A clients call: one node, or in spread mode a standby
+ * of a writer on one nats-server (both with `config`), `ctx.spread` set so that `ctx.agent` and
+ * `ctx.client` alternate between the writer and the standby.
+ */
+async function startNode(ctx, { config = '' } = {}) {
+  if (!SPREAD) return ctx.startRouter({ config });
+  const nats = await ctx.startNats();
+  const cluster = (node, extra = '') =>
+    `\n[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+  const writer = await ctx.startRouter({ config: config + cluster('n0') });
+  const standby = await ctx.startStandby({ config: config + cluster('n1', 'standby = true\n') });
+  ctx.spread = [writer.url, standby.url];
+  return standby;
 }
 
 /** `http://127.0.0.1:PORT` of a router. */
@@ -113,7 +136,7 @@ async function echoAgent(ctx, name = 'echo') {
 // ---------------------------------------------------------------------------------------------
 
 scenario('a2a v1.0 client: card, sendMessage, stream, getTask, errors, MAP observer', async (ctx) => {
-  const router = await ctx.startRouter();
+  const router = await startNode(ctx);
   ctx.url = router.url;
   const base = httpBase(router);
   const observer = await ctx.client({ name: 'observer' });
@@ -198,7 +221,7 @@ scenario('a2a v1.0 client: card, sendMessage, stream, getTask, errors, MAP obser
 });
 
 scenario('a2a v0.3 client (legacy compat): agent.json, message/send, message/stream', async (ctx) => {
-  const router = await ctx.startRouter();
+  const router = await startNode(ctx);
   ctx.url = router.url;
   const base = httpBase(router);
   const agent = await echoAgent(ctx);
@@ -278,7 +301,7 @@ scenario('a2a resubscribe after a router restart: the current task, then live up
   assert.deepEqual(rest.map((e) => e.payload.$case), ['artifactUpdate', 'statusUpdate']);
   assert.equal(partText(rest[0].payload.value.artifact.parts[0]), 'finally');
   assert.equal(rest[1].payload.value.status.state, STATE.COMPLETED);
-});
+}, { singleNode: true });
 
 scenario('a2a stream killed mid-task by kill -9: resubscribeTask picks it up, every update exactly once', async (ctx) => {
   const dataDir = ctx.tempDir();
@@ -357,7 +380,7 @@ scenario('a2a stream killed mid-task by kill -9: resubscribeTask picks it up, ev
   assert.ok(updates.some((l) => l.startsWith('artifact:') && l.endsWith(':done')), `the artifact in ${updates.join(' | ')}`);
   assert.equal(updates.at(-1), `status:${STATE.COMPLETED}:`, 'the stream ends completed');
   assert.ok(!after.includes(`status:${STATE.WORKING}:step 2`), 'no update from before the kill is sent again');
-});
+}, { singleNode: true });
 
 // ---------------------------------------------------------------------------------------------
 // With [auth] on: each principal's tasks are its own.
@@ -382,12 +405,13 @@ scenario('a2a with [auth] on: two principals each see and act on their own tasks
   const keyFile = path.join(dir, 'api-keys.txt');
   writeFileSync(keyFile, Object.entries(keys).map(([who, k]) => `${k} ${who}`).join('\n') + '\n');
   // No trusted_transports: the gateway's own sessions need none.
-  const router = await ctx.startRouter({ config: `[auth.api_keys]\nfile = ${JSON.stringify(keyFile)}\n` });
+  const router = await startNode(ctx, { config: `[auth.api_keys]\nfile = ${JSON.stringify(keyFile)}\n` });
   ctx.url = router.url;
   const base = httpBase(router);
 
-  // dev runs the echo agent (an SDK AgentConnection that authenticates with its API key).
-  const ws = new WebSocket(router.url);
+  // dev runs the echo agent (an SDK AgentConnection that authenticates with its API key), on
+  // the writer in spread mode.
+  const ws = new WebSocket(ctx.spread ? ctx.spread[0] : router.url);
   await withTimeout(new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject)), WAIT_MS, 'ws open');
   ctx.defer(() => ws.terminate());
   const agent = new AgentConnection(websocketStream(ws), { name: 'echo' });
