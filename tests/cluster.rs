@@ -527,12 +527,15 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         start_standby(&nats, &dir.path.join("n2"), "n2").await,
     ];
     for s in &standbys {
-        health_until(&s.url, "the writer's name", |st, b| {
-            st == 503 && b.contains("writer: n0")
+        health_until(&s.url, "the writer's name, serving", |st, b| {
+            st == 503 && b.contains("writer: n0") && b.contains("serving")
         })
         .await;
-        // A standby serves MAP subscriptions and replay (its follower router), nothing else.
+        // A standby serves MAP, the gateways and the dashboard (its follower router); any
+        // other route says who writes.
         let r = with_timeout(http::request(addr_of(&s.url), "GET", "/ui/", &[], b"")).await;
+        assert_eq!(r.status, 200);
+        let r = with_timeout(http::request(addr_of(&s.url), "GET", "/no-such-page", &[], b"")).await;
         assert_eq!(r.status, 503);
         assert!(String::from_utf8_lossy(&r.body).contains("takes over when it stops"));
     }
