@@ -5,7 +5,9 @@
 //! - `fanout`: P publisher agents send M messages (`map/send` to a scope, a window of requests in
 //!   flight, optionally paced to `--rate`) to a scope of K member agents while S client
 //!   subscribers watch the message events. Reports messages/s accepted, deliveries/s and
-//!   end-to-end latency (a send timestamp in the payload, an HDR histogram).
+//!   end-to-end latency (a send timestamp in the payload, an HDR histogram), overall, to the
+//!   agents and to the subscribers. Publishers, agents and subscribers may each connect to
+//!   other nodes of a cluster (`--publisher-url`, `--agent-url`, `--subscriber-url`).
 //! - `rtt`: `map/agents/list` round trips, sequential on one connection, then concurrent.
 //! - `connections`: opens C idle sessions; time to connect all, and the server's VmRSS before
 //!   and after (from `/proc/<pid>/status`).
@@ -85,6 +87,14 @@ struct Args {
     /// standbys of a cluster serve subscriptions from the stream (docs/cluster.md).
     #[arg(long = "subscriber-url")]
     subscriber_urls: Vec<String>,
+    /// Fan-out: where the publisher agents connect, in turn (repeatable; default `--url`): a
+    /// standby relays their sends to the live node (cross-node messages).
+    #[arg(long = "publisher-url")]
+    publisher_urls: Vec<String>,
+    /// Fan-out: where the member agents connect, in turn (repeatable; default `--url`): on a
+    /// standby, the live node's deliveries reach them through their relay sessions.
+    #[arg(long = "agent-url")]
+    agent_urls: Vec<String>,
     /// Fan-out: publisher agents (P).
     #[arg(long)]
     publishers: Option<usize>,
@@ -479,9 +489,27 @@ fn loopback(url: &str) -> bool {
         .is_some_and(|h| h.starts_with("127.0.0.1:") || h.starts_with("localhost:"))
 }
 
+/// Where each kind of fan-out connection connects, in turn (loopback URLs, none empty).
+#[derive(Debug, Clone, Copy)]
+struct Places<'a> {
+    publishers: &'a [String],
+    agents: &'a [String],
+    subscribers: &'a [String],
+}
+
+impl<'a> Places<'a> {
+    /// Everything on one node.
+    fn one(url: &'a [String]) -> Self {
+        Self {
+            publishers: url,
+            agents: url,
+            subscribers: url,
+        }
+    }
+}
+
 async fn fanout(
-    url: &str,
-    sub_urls: &[String],
+    places: Places<'_>,
     spec: &FanoutSpec,
     pid: Option<u32>,
     limit: Duration,
@@ -491,12 +519,14 @@ async fn fanout(
     // Setup: publishers (the first creates the scope), members, subscribers.
     let mut publishers = Vec::new();
     for p in 0..spec.publishers.max(1) {
+        let url = &places.publishers[p % places.publishers.len()];
         let (c, _) = Conn::agent(url, &format!("bench-pub-{run}-{p}")).await?;
         publishers.push(c);
     }
     let scope = publishers[0].create_scope("bench", run).await?;
     let scope_ref = &scope;
     let agents = parallel(spec.agents, 32, |i| async move {
+        let url = &places.agents[i % places.agents.len()];
         Conn::member(url, &format!("bench-agent-{run}-{i}"), scope_ref).await
     })
     .await
@@ -509,7 +539,7 @@ async fn fanout(
     };
     let subscribe = |i: usize, tag: &'static str| {
         let filter = filter.clone();
-        let url = sub_urls[i % sub_urls.len()].as_str();
+        let url = places.subscribers[i % places.subscribers.len()].as_str();
         async move {
             let mut c = Conn::session(url, "client", &format!("bench-{tag}-{run}-{i}")).await?;
             c.call("map/subscribe", json!({ "filter": filter })).await?;
@@ -594,6 +624,7 @@ async fn fanout(
     let mut deliveries = 0;
     let mut latency = histogram();
     let mut event_latency = histogram();
+    let mut agent_latency = histogram();
     let mut end = send_end;
     for (i, r) in readers.into_iter().enumerate() {
         let out = r.await.map_err(|e| e.to_string())?;
@@ -601,6 +632,8 @@ async fn fanout(
         latency.add(&out.latency).expect("same bounds");
         if i >= agent_readers {
             event_latency.add(&out.latency).expect("same bounds");
+        } else {
+            agent_latency.add(&out.latency).expect("same bounds");
         }
         end = end.max(out.last.unwrap_or(start));
     }
@@ -622,7 +655,10 @@ async fn fanout(
         "deliveries_per_s": rate(deliveries, end - start),
         "latency_ms": percentiles(&latency),
         "event_latency_ms": percentiles(&event_latency),
-        "subscriber_nodes": sub_urls.len(),
+        "agent_latency_ms": percentiles(&agent_latency),
+        "subscriber_nodes": places.subscribers.len(),
+        "publisher_nodes": places.publishers.len(),
+        "agent_nodes": places.agents.len(),
         "ack_ms": percentiles(&ack),
         "rss_before_kb": rss_before,
         "rss_after_kb": rss_after,
@@ -743,12 +779,12 @@ async fn connections(url: &str, n: usize, pid: Option<u32>) -> Res<Value> {
 
 async fn slow(url: &str, spec: &FanoutSpec, pid: Option<u32>, limit: Duration) -> Res<Value> {
     let here = [url.to_owned()];
-    let baseline = fanout(url, &here, spec, pid, limit).await?;
+    let baseline = fanout(Places::one(&here), spec, pid, limit).await?;
     let lag = FanoutSpec {
         laggards: 1,
         ..spec.clone()
     };
-    let with = fanout(url, &here, &lag, pid, limit).await?;
+    let with = fanout(Places::one(&here), &lag, pid, limit).await?;
     let ratio = |k: &str| {
         let a = baseline[k].as_f64().unwrap_or(0.0);
         let b = with[k].as_f64().unwrap_or(0.0);
@@ -1059,13 +1095,25 @@ async fn run(args: Args) -> Res<()> {
             (Some(server), url, pid)
         }
     };
-    if !args.subscriber_urls.iter().all(|u| loopback(u)) {
-        return Err("--subscriber-url must be ws://127.0.0.1:PORT/ (loopback only)".into());
-    }
-    let sub_urls: Vec<String> = if args.subscriber_urls.is_empty() {
-        vec![url.clone()]
-    } else {
-        args.subscriber_urls.clone()
+    let or_url = |urls: &[String], flag: &str| -> Res<Vec<String>> {
+        if !urls.iter().all(|u| loopback(u)) {
+            return Err(format!(
+                "{flag} must be ws://127.0.0.1:PORT/ (loopback only)"
+            ));
+        }
+        Ok(if urls.is_empty() {
+            vec![url.clone()]
+        } else {
+            urls.to_vec()
+        })
+    };
+    let sub_urls = or_url(&args.subscriber_urls, "--subscriber-url")?;
+    let pub_urls = or_url(&args.publisher_urls, "--publisher-url")?;
+    let agent_urls = or_url(&args.agent_urls, "--agent-url")?;
+    let places = Places {
+        publishers: &pub_urls,
+        agents: &agent_urls,
+        subscribers: &sub_urls,
     };
     let tests: Vec<&str> = if args.tests.is_empty() {
         vec!["rtt", "fanout", "slow", "connections", "churn"]
@@ -1079,7 +1127,7 @@ async fn run(args: Args) -> Res<()> {
     };
     for test in tests {
         let lines = match test {
-            "fanout" => vec![fanout(&url, &sub_urls, &sizes.fanout, pid, limit).await?],
+            "fanout" => vec![fanout(places, &sizes.fanout, pid, limit).await?],
             "rtt" => rtt(&url, sizes.calls, sizes.concurrency).await?,
             "connections" => vec![connections(&url, sizes.connections, pid).await?],
             "slow" => vec![slow(&url, &sizes.slow, pid, limit).await?],

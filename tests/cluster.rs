@@ -535,7 +535,14 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         // other route says who writes.
         let r = with_timeout(http::request(addr_of(&s.url), "GET", "/ui/", &[], b"")).await;
         assert_eq!(r.status, 200);
-        let r = with_timeout(http::request(addr_of(&s.url), "GET", "/no-such-page", &[], b"")).await;
+        let r = with_timeout(http::request(
+            addr_of(&s.url),
+            "GET",
+            "/no-such-page",
+            &[],
+            b"",
+        ))
+        .await;
         assert_eq!(r.status, 503);
         assert!(String::from_utf8_lossy(&r.body).contains("takes over when it stops"));
     }
@@ -2549,7 +2556,10 @@ async fn gateways_on_a_standby() {
             addr_of(url),
             "GET",
             "/.well-known/agent-card.json",
-            &[("A2A-Version", "1.0"), ("Authorization", alice_bearer.as_str())],
+            &[
+                ("A2A-Version", "1.0"),
+                ("Authorization", alice_bearer.as_str()),
+            ],
             b"",
         ))
         .await;
@@ -2575,7 +2585,11 @@ async fn gateways_on_a_standby() {
     .await;
     let t1 = res["task"]["id"].as_str().unwrap().to_owned();
     let asked = within(Duration::from_secs(10), inbox.recv()).await.unwrap();
-    assert_eq!(asked.from.as_str(), "a2a-gateway", "sent by the writer's gateway");
+    assert_eq!(
+        asked.from.as_str(),
+        "a2a-gateway",
+        "sent by the writer's gateway"
+    );
 
     // Read through the standby: hers; bob and viewer get "not found" and nothing of hers.
     let got = a2a_ok(&f.url, "/a2a", ALICE, "GetTask", json!({"id": t1})).await;
@@ -2601,8 +2615,9 @@ async fn gateways_on_a_standby() {
     }
     // Resubscribed through the standby, then finished by the agent: the stream on the standby
     // shows the task, then its end.
-    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "SubscribeToTask", "params": {"id": t1}})
-        .to_string();
+    let body =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "SubscribeToTask", "params": {"id": t1}})
+            .to_string();
     let (status, _, mut sse) = http::Sse::post(
         addr_of(&f.url),
         "/a2a",
@@ -2612,7 +2627,10 @@ async fn gateways_on_a_standby() {
     .await;
     assert_eq!(status, 200);
     let first = sse.next().await.json();
-    assert_eq!(first["result"]["task"]["status"]["state"], "TASK_STATE_WORKING");
+    assert_eq!(
+        first["result"]["task"]["status"]["state"],
+        "TASK_STATE_WORKING"
+    );
     reply_to(&ops_agent, &asked, json!("done through the standby")).await;
     let rest = within(Duration::from_secs(10), sse.until_end()).await;
     let last = rest.last().expect("an update").json();
@@ -2642,7 +2660,10 @@ async fn gateways_on_a_standby() {
     .await;
     let (asked, mut inbox) = with_timeout(worker).await.unwrap();
     assert_eq!(asked.from.as_str(), "a2a-gateway@n1");
-    assert_eq!(res["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{res}");
+    assert_eq!(
+        res["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{res}"
+    );
     let t2 = res["task"]["id"].as_str().unwrap().to_owned();
     // ... and read through the writer, by her only.
     let got = a2a_ok(&w, "/a2a", ALICE, "GetTask", json!({"id": t2})).await;
@@ -2677,11 +2698,19 @@ async fn gateways_on_a_standby() {
         addr_of(&w),
         "GET",
         "/.well-known/agent-card.json",
-        &[("A2A-Version", "1.0"), ("Authorization", alice_bearer.as_str())],
+        &[
+            ("A2A-Version", "1.0"),
+            ("Authorization", alice_bearer.as_str()),
+        ],
         b"",
     ))
     .await;
-    assert_eq!(card.json()["skills"].as_array().unwrap().len(), 1, "{}", card.json());
+    assert_eq!(
+        card.json()["skills"].as_array().unwrap().len(),
+        1,
+        "{}",
+        card.json()
+    );
 
     // MAMP through the standby: alice posts as a sender of her namespace; the agent's reply
     // reaches her mailbox there, which bob may not read.
@@ -2785,7 +2814,10 @@ async fn gateways_on_a_standby() {
         let (mut bob, _) = connect_with_key(url, BOB, "agent", json!({})).await;
         for id in ["a2a-gateway@n1", "a2a-gateway@n9", "a2a-gateway-tasks@n1"] {
             let e = bob
-                .err("map/agents/register", json!({"agentId": id, "name": "squat"}))
+                .err(
+                    "map/agents/register",
+                    json!({"agentId": id, "name": "squat"}),
+                )
                 .await;
             assert!(
                 e["message"].as_str().unwrap_or("").contains("reserved"),
@@ -2793,4 +2825,61 @@ async fn gateways_on_a_standby() {
             );
         }
     }
+}
+
+#[test]
+fn relayed_sends_in_flight_are_answered_in_order_and_delivered_in_order() {
+    on_big_stack(relayed_pipelined_sends);
+}
+
+/// A standby's agent with 300 `map/send`s in flight (string and number ids, one to an unknown
+/// agent, a relayed call and a local one between them): every request answered once, in
+/// request order, each with its own id; the recipient on the live node gets every message
+/// once, in order; a third agent gets nothing.
+async fn relayed_pipelined_sends() {
+    let nats = Nats::start("relay-pipeline");
+    let dir = TempDir::new("cluster-relay-pipeline");
+    let (_writer, w) = start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
+    let f = start_standby(&nats, &dir.path.join("n1"), "n1").await;
+    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving")).await;
+    let mut sink = WsClient::agent(&w, "sink", json!({})).await;
+    let mut bystander = WsClient::agent(&w, "bystander", json!({})).await;
+    let mut sender = WsClient::agent(&f.url, "sender", json!({})).await;
+    const N: usize = 300;
+    let mut ids = Vec::new();
+    for n in 0..N {
+        let id = if n % 2 == 0 {
+            json!(n)
+        } else {
+            json!(format!("s-{n}"))
+        };
+        let frame = match n {
+            100 => json!({"jsonrpc": "2.0", "id": id, "method": "map/agents/list", "params": {}}),
+            150 => {
+                json!({"jsonrpc": "2.0", "id": id, "method": "map/replay", "params": {"limit": 1}})
+            }
+            200 => json!({"jsonrpc": "2.0", "id": id, "method": "map/send",
+                "params": {"to": {"agent": "nobody-here"}, "payload": {"n": n}}}),
+            _ => json!({"jsonrpc": "2.0", "id": id, "method": "map/send",
+                "params": {"to": {"agent": "sink"}, "payload": {"n": n}}}),
+        };
+        sender.send_json(&frame).await;
+        ids.push(id);
+    }
+    for (n, id) in ids.iter().enumerate() {
+        let answer = sender.next_non_notification().await;
+        assert_eq!(&answer["id"], id, "answer {n} in request order: {answer}");
+        match n {
+            100 => assert!(answer["result"]["agents"].is_array(), "{answer}"),
+            150 => assert!(answer["result"]["events"].is_array(), "{answer}"),
+            200 => assert!(answer.get("error").is_some(), "a send to nobody: {answer}"),
+            _ => assert!(answer["result"]["messageId"].is_string(), "{answer}"),
+        }
+    }
+    for n in (0..N).filter(|n| ![100, 150, 200].contains(n)) {
+        let m = sink.next_message().await;
+        assert_eq!(m["payload"]["n"], json!(n), "in order: {m}");
+    }
+    sink.assert_no_message().await;
+    bystander.assert_no_message().await;
 }

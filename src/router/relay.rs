@@ -28,14 +28,14 @@
 //!   up with) closes the connection with 1011 and a reason: a client never waits for
 //!   frames that will not come.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::value::RawValue;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::protocol::jsonrpc::ErrorObject;
+use crate::protocol::jsonrpc::{ErrorObject, Id};
 use crate::protocol::methods::session::Principal;
 use crate::router::ids::ConnId;
 use crate::router::outbox::Outbound;
@@ -46,6 +46,10 @@ pub const RELAY_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Frames from the writer that may wait for the connection (its outbox is bounded too).
 pub const RELAY_INBOX: usize = 1024;
+
+/// Pipelined calls past which those the connection gave up on are swept from the table
+/// (the connection itself has at most `router::pipeline::MAX_WAITING` waiting).
+const PIPELINED_SWEEP: usize = 1024;
 
 /// Both ends of one relay session, as the server's [`Relay`] opens it.
 #[derive(Debug)]
@@ -103,6 +107,50 @@ struct Open {
     tx: mpsc::Sender<String>,
     answers: mpsc::Receiver<String>,
     pump: tokio::task::JoinHandle<()>,
+    /// Pipelined calls waiting for their answers ([`RelayState::send_pipelined`]).
+    inflight: Arc<Inflight>,
+}
+
+/// Pipelined calls of one relay session: the relay's id of each, the caller's id, and where
+/// its response frame goes. Shared by the session and the task that reads the writer's frames.
+#[derive(Debug, Default)]
+struct Inflight(std::sync::Mutex<HashMap<u64, (Id, oneshot::Sender<String>)>>);
+
+impl Inflight {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Id, oneshot::Sender<String>)>> {
+        // Inserts and removes only: a panic cannot leave the table inconsistent.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Hands an answer from the writer to its pipelined call, as the caller's response frame.
+    /// Gives the frame back when it answers no pipelined call.
+    fn answer(&self, frame: String) -> Option<String> {
+        let Ok(answer) = serde_json::from_str::<Answer<'_>>(&frame) else {
+            return Some(frame);
+        };
+        let Some(relay_id) = answer.id else {
+            return Some(frame);
+        };
+        let Some((id, tx)) = self.table().remove(&relay_id) else {
+            return Some(frame);
+        };
+        let mut out = String::new();
+        match (answer.result, answer.error) {
+            (Some(result), _) => {
+                crate::protocol::jsonrpc::write_success(&mut out, &id, result.get())
+            }
+            (None, Some(error)) => crate::protocol::jsonrpc::write_error(&mut out, &id, &error),
+            (None, None) => crate::protocol::jsonrpc::write_error(
+                &mut out,
+                &id,
+                &unreachable_writer("an answer without result or error"),
+            ),
+        }
+        let _ = tx.send(out);
+        None
+    }
 }
 
 impl Drop for Open {
@@ -226,11 +274,16 @@ impl RelayState {
             .map_err(|e| unreachable_writer(&e))?;
         let (answers_tx, answers) = mpsc::channel(4);
         let outbox = outbox.clone();
+        let inflight = Arc::new(Inflight::default());
+        let pending = Arc::clone(&inflight);
         let pump = tokio::spawn(async move {
             while let Some(frame) = rx.recv().await {
                 if is_answer(&frame) {
-                    // The session waits for at most one answer at a time; a late one (its
-                    // call timed out) is dropped there.
+                    let Some(frame) = pending.answer(frame) else {
+                        continue;
+                    };
+                    // The session waits for at most one other answer at a time; a late one
+                    // (its call timed out) is dropped there.
                     if answers_tx.send(frame).await.is_err() {
                         return;
                     }
@@ -245,7 +298,12 @@ impl RelayState {
                 })
                 .await;
         });
-        self.link = Some(Open { tx, answers, pump });
+        self.link = Some(Open {
+            tx,
+            answers,
+            pump,
+            inflight,
+        });
         use crate::protocol::methods::session::Connect;
         use crate::protocol::methods::Method;
         let params = to_raw(params)?;
@@ -335,14 +393,7 @@ impl RelayState {
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<String, ErrorObject> {
-        if self.link.is_none() {
-            let Some((params, principal)) = self.pending.clone() else {
-                return Err(unreachable_writer("this connection has no relay session"));
-            };
-            let agent = self.agent;
-            self.open_connect(relay, conn, outbox, principal, params, agent)
-                .await?;
-        }
+        self.ensure_open(relay, conn, outbox).await?;
         if method == <crate::protocol::methods::agents::AgentsRegister as crate::protocol::methods::Method>::NAME {
             self.agent = true;
         }
@@ -351,6 +402,70 @@ impl RelayState {
             self.link = None;
         }
         result
+    }
+
+    /// Opens the relay session of a session opened here, if it is not open.
+    async fn ensure_open(
+        &mut self,
+        relay: &Arc<dyn Relay>,
+        conn: ConnId,
+        outbox: &Outbox,
+    ) -> Result<(), ErrorObject> {
+        if self.link.is_some() {
+            return Ok(());
+        }
+        let Some((params, principal)) = self.pending.clone() else {
+            return Err(unreachable_writer("this connection has no relay session"));
+        };
+        let agent = self.agent;
+        self.open_connect(relay, conn, outbox, principal, params, agent)
+            .await
+            .map(drop)
+    }
+
+    /// Sends `method` (request `id`) to the writer without waiting for its answer: the
+    /// returned receiver gets the response frame, with `id`, once the writer answers. The
+    /// writer runs the calls of a relay session in order, so a pipelined call is still
+    /// applied before every later one; the connection sends the answers in request order
+    /// (`router::pipeline`). For `map/send`, whose answer changes nothing here.
+    ///
+    /// # Errors
+    /// The writer cannot be reached.
+    pub async fn send_pipelined(
+        &mut self,
+        relay: &Arc<dyn Relay>,
+        conn: ConnId,
+        outbox: &Outbox,
+        id: &Id,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Result<oneshot::Receiver<String>, ErrorObject> {
+        self.ensure_open(relay, conn, outbox).await?;
+        let Some(link) = self.link.as_mut() else {
+            return Err(unreachable_writer("no relay session"));
+        };
+        self.next_id += 1;
+        let relay_id = self.next_id;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut table = link.inflight.table();
+            if table.len() >= PIPELINED_SWEEP {
+                // Calls the connection gave up on (timed out) are dropped here.
+                table.retain(|_, (_, tx)| !tx.is_closed());
+            }
+            table.insert(relay_id, (id.clone(), tx));
+        }
+        if link
+            .tx
+            .send(frame(Some(relay_id), method, params))
+            .await
+            .is_err()
+        {
+            link.inflight.table().remove(&relay_id);
+            self.link = None;
+            return Err(unreachable_writer("the relay session ended"));
+        }
+        Ok(rx)
     }
 
     async fn forward(
@@ -433,7 +548,8 @@ fn subscription_of(params: Option<&RawValue>) -> Option<String> {
         .map(|s| s.subscription_id)
 }
 
-fn unreachable_writer(why: &str) -> ErrorObject {
+/// The error of a relayed call the writer did not answer (`retryable`).
+pub(crate) fn unreachable_writer(why: &str) -> ErrorObject {
     ErrorObject::internal(format!(
         "this node forwards the call to the node that writes the log, which cannot be reached: {why}"
     ))
@@ -456,6 +572,37 @@ mod tests {
         assert_eq!(state.route("map/connect", None, false, true), Route::Here);
     }
 
+    #[test]
+    fn a_pipelined_calls_answer_carries_the_callers_id_and_the_writers_bytes() {
+        let inflight = Inflight::default();
+        let (tx, mut rx) = oneshot::channel();
+        let id = Id::from_raw(&raw(r#""req-7""#)).unwrap();
+        inflight.table().insert(3, (id, tx));
+        // Another call's answer is given back, untouched.
+        let other = r#"{"jsonrpc":"2.0","id":2,"result":{}}"#;
+        assert_eq!(inflight.answer(other.to_owned()).as_deref(), Some(other));
+        let mine = r#"{"jsonrpc":"2.0","id":3,"result":{"messageId":"m1","delivered":["a", "b"]}}"#;
+        assert_eq!(inflight.answer(mine.to_owned()), None);
+        let frame = rx.try_recv().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&frame).unwrap();
+        assert_eq!(v["id"], "req-7");
+        assert!(
+            frame.contains(r#"{"messageId":"m1","delivered":["a", "b"]}"#),
+            "{frame}"
+        );
+        assert!(inflight.table().is_empty());
+        // An error answer keeps its code.
+        let (tx, mut rx) = oneshot::channel();
+        inflight.table().insert(4, (Id::number(9), tx));
+        let err = r#"{"jsonrpc":"2.0","id":4,"error":{"code":1003,"message":"no"}}"#;
+        assert_eq!(inflight.answer(err.to_owned()), None);
+        let v: serde_json::Value = serde_json::from_str(&rx.try_recv().unwrap()).unwrap();
+        assert_eq!(
+            (v["id"].clone(), v["error"]["code"].clone()),
+            (serde_json::json!(9), serde_json::json!(1003))
+        );
+    }
+
     #[tokio::test]
     async fn subscriptions_stay_here_unless_the_session_speaks_as_an_agent() {
         let (tx, _rx) = mpsc::channel(1);
@@ -464,6 +611,7 @@ mod tests {
                 tx,
                 answers: mpsc::channel(1).1,
                 pump: tokio::spawn(async {}),
+                inflight: Arc::default(),
             }),
             ..RelayState::default()
         };

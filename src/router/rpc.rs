@@ -81,6 +81,8 @@ pub struct RpcSession {
     limits: SessionLimits,
     /// On a follower: the connection's relay session on the writer (`router::relay`).
     relay: crate::router::relay::RelayState,
+    /// The request just handled was relayed without waiting: where its answer comes.
+    relayed: Option<(tokio::sync::oneshot::Receiver<String>, Id)>,
 }
 
 /// The connection's writer (or the router) is gone; stop reading.
@@ -115,6 +117,7 @@ impl RpcSession {
             needs_commit: None,
             in_batch: false,
             relay: crate::router::relay::RelayState::default(),
+            relayed: None,
         }
     }
 
@@ -199,9 +202,18 @@ impl RpcSession {
     pub async fn handle_text(&mut self, text: &str) -> Result<(), WriterGone> {
         let handled = self.handle(text).await;
         let commit = self.needs_commit.take();
+        let relayed = self.relayed.take();
         match self.pipeline.as_mut() {
-            Some(p) if commit.is_some() || !p.is_empty() => {
-                p.push(handled, commit);
+            Some(p) if commit.is_some() || relayed.is_some() || !p.is_empty() => {
+                match relayed {
+                    Some((answer, id)) => p.push_relayed(
+                        handled,
+                        answer,
+                        id,
+                        crate::router::relay::RELAY_CALL_TIMEOUT,
+                    ),
+                    None => p.push(handled, commit),
+                }
                 if p.is_full() {
                     // Stop reading until the oldest answer can go.
                     p.head_ready().await;
@@ -437,6 +449,21 @@ impl RpcSession {
             relay,
         ) {
             (Route::Writer, Some(relay)) => {
+                use methods::messaging::Send;
+                if method == Send::NAME && self.pipeline.is_some() && !self.in_batch {
+                    // Pipelined, as on the writer: the connection reads on while the writer
+                    // answers; the answer takes this one's place, in order (`pipeline.rs`).
+                    let answer = self
+                        .relay
+                        .send_pipelined(&relay, self.conn, &self.outbox, id, method, params)
+                        .await?;
+                    self.relayed = Some((answer, id.clone()));
+                    return Ok(Reply {
+                        result: "null".to_owned(),
+                        after: AfterReply::Nothing,
+                        commit: None,
+                    });
+                }
                 let result = self
                     .relay
                     .call(&relay, self.conn, &self.outbox, method, params)

@@ -270,10 +270,8 @@ impl Core {
         tokio::spawn(async move { feed.run(events, push).await });
         // NB: after the feed, so that a stream resubscribed to an interrupted task sees it end.
         let weak = Arc::downgrade(&core);
-        let sweep = node.is_none().then(|| crate::gateway::a2a::recovery::run(
-            core.books[0].clone(),
-            started,
-            move |id| {
+        let sweep = node.is_none().then(|| {
+            crate::gateway::a2a::recovery::run(core.books[0].clone(), started, move |id| {
                 let core = weak.upgrade();
                 async move {
                     match core {
@@ -284,8 +282,8 @@ impl Core {
                         None => false,
                     }
                 }
-            },
-        ));
+            })
+        });
         if let Some(sweep) = sweep {
             tokio::spawn(sweep);
         }

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Messages across nodes (cluster mode, docs/cluster.md): the load generator's `fanout` case
+# (P publisher agents send M messages to a scope of K member agents; no subscribers) with its
+# connections placed four ways on a live node and one standby sharing one nats-server:
+#   one             everything on the live node (the single-node figure, JetStream log)
+#   pub-standby     the publishers on the standby (their sends relayed), the agents on the live node
+#   agents-standby  the publishers on the live node, the agents on the standby (deliveries relayed)
+#   spread          publishers and agents alternate between the two nodes
+# Alternating, ROUNDS times. The live node is pinned to core 0; nats-server, the standby and
+# the generator share core 1. Prints one JSON line per run: the layout, the live node's, the
+# standby's and nats-server's CPU ticks (100 per second) and the generator's result line.
+#
+#   cargo build --release --bin map-router && cargo bench --bench load --no-run
+#   scripts/bench-cross-node.sh LOAD_BIN MAP_ROUTER_BIN [ROUNDS] [MESSAGES] > results.jsonl
+#
+# Needs nats-server on PATH. Loopback only; every wait is bounded.
+set -euo pipefail
+LOAD=$1; BIN=$2; ROUNDS=${3:-3}; MESSAGES=${4:-20000}
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+# shellcheck source=scripts/lib-cluster.sh
+. "$(dirname "$0")/lib-cluster.sh"
+for round in $(seq "$ROUNDS"); do
+  for layout in ${LAYOUTS:-one pub-standby agents-standby spread}; do
+    dir=$(mktemp -d)
+    start_nats "$dir"
+    nats_pid=$NATS_PID; port=$NATS_PORT
+    printf '[cluster]\nnode = "writer"\n' > "$dir/writer.toml"
+    taskset -c 0 "$BIN" serve --listen 127.0.0.1:0 --config "$dir/writer.toml" \
+      --data-dir "$dir/data" --cluster "nats://127.0.0.1:$port" 2> "$dir/log" &
+    pid=$!
+    w=$(router_url "$dir/log")
+    start_standby "$BIN" "$dir" standby "nats://127.0.0.1:$port"
+    spid=$STANDBY_PID; s="ws://127.0.0.1:$STANDBY_PORT/"
+    case $layout in
+      one) places=(--publisher-url "$w" --agent-url "$w") ;;
+      pub-standby) places=(--publisher-url "$s" --agent-url "$w") ;;
+      agents-standby) places=(--publisher-url "$w" --agent-url "$s") ;;
+      spread) places=(--publisher-url "$w" --publisher-url "$s" --agent-url "$w" --agent-url "$s") ;;
+    esac
+    c0=$(cpu "$pid"); s0=$(cpu "$spid"); n0=$(cpu "$nats_pid")
+    res=$(taskset -c 1 timeout 300 "$LOAD" --bench --url "$w" --server-pid "$pid" --test fanout \
+      --subscribers 0 --publishers 2 --agents 10 --messages "$MESSAGES" "${places[@]}" \
+      2>>"$dir/load.err" | grep '"fanout"') || true
+    [ -n "$res" ] || { echo "the load generator failed: $(tail -3 "$dir/load.err")" >&2; res=null; }
+    c1=$(cpu "$pid"); s1=$(cpu "$spid"); n1=$(cpu "$nats_pid")
+    kill -9 "$spid"; wait "$spid" 2>/dev/null || true
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    kill "$nats_pid"; wait "$nats_pid" 2>/dev/null || true
+    echo "{\"round\":$round,\"layout\":\"$layout\",\"writer_ticks\":$((c1 - c0)),\"standby_ticks\":$((s1 - s0)),\"nats_ticks\":$((n1 - n0)),\"result\":${res}}"
+    rm -rf "$dir"
+  done
+done
