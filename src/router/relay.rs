@@ -20,10 +20,14 @@
 //!   writer holds. `map/unsubscribe` and `map/subscribe.ack` go where the subscription is.
 //! - Every other call, and every other notification from the client, goes to the writer;
 //!   `map/disconnect` ends both sessions (the client gets the writer's answer).
-//! - Calls are forwarded one at a time, in order, each with an id of the relay's own; the
-//!   writer's answer (its `result` byte for byte, or its error) is the call's answer. Every
-//!   other frame the writer sends the session (`map/message`, `map/event` of a subscription
-//!   made there) goes to the connection's outbox as it is.
+//! - Calls are forwarded in order, each with an id of the relay's own; the writer's answer
+//!   (its `result` byte for byte, or its error) is the call's answer. A `map/send` on a
+//!   connection that pipelines (stream transports) does not wait: the connection reads on, and
+//!   the answer, given the caller's id, takes the call's place in the connection's answer
+//!   queue (`router::pipeline`), so answers still leave in request order, as on the writer.
+//!   Every other call waits for its answer. Every other frame the writer sends the session
+//!   (`map/message`, `map/event` of a subscription made there) goes to the connection's
+//!   outbox as it is.
 //! - The writer ending the relay session (it stopped, or dropped a relay it could not keep
 //!   up with) closes the connection with 1011 and a reason: a client never waits for
 //!   frames that will not come.
