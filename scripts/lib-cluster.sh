@@ -34,3 +34,29 @@ start_standby() {
     sleep 0.1
   done
 }
+
+# Starts a three-server NATS cluster (JetStream, stores under DIR/nats-0..2, all pinned to
+# core 1) on free ports and waits (up to 10 s each) until they listen. Sets NATS_PORT (the
+# first server's, which the routers connect to) and NATS_PIDS (all three; call it directly).
+start_nats_r3() {
+  local dir=$1 i routes="" ports=() cports=()
+  for i in 0 1 2; do ports+=("$(free_port)"); cports+=("$(free_port)"); done
+  for i in 0 1 2; do routes+="${routes:+,}nats://127.0.0.1:${cports[$i]}"; done
+  NATS_PIDS=""
+  for i in 0 1 2; do
+    taskset -c 1 nats-server -a 127.0.0.1 -p "${ports[$i]}" -js -sd "$dir/nats-$i" -n "r3-$i" \
+      --cluster_name r3 --cluster "nats://127.0.0.1:${cports[$i]}" --routes "$routes" \
+      2> "$dir/nats-$i.log" &
+    NATS_PIDS+="${NATS_PIDS:+ }$!"
+  done
+  for i in 0 1 2; do
+    for _ in $(seq 100); do
+      (exec 3<>"/dev/tcp/127.0.0.1/${ports[$i]}") 2>/dev/null && break
+      sleep 0.1
+    done
+  done
+  NATS_PORT=${ports[0]}
+}
+
+# The CPU ticks of every process in the list PIDS, summed.
+cpu_all() { local t=0 p; for p in $1; do t=$((t + $(cpu "$p"))); done; echo "$t"; }
