@@ -42,6 +42,8 @@ scripts/aip_py.sh target/debug/map-router
 echo "== gateway suite (the seeds' Python clients against target/debug/map-router)"
 gateways_python=$(tests/gateways/setup.sh)
 "$gateways_python" tests/gateways/run.py --bin target/debug/map-router
+echo "== gateway suite spread: the seeds' clients on a standby's gateways, the MAP agents on the live node"
+"$gateways_python" tests/gateways/run.py --bin target/debug/map-router --spread
 
 echo "== browser tests (the /ui dashboard in headless Chromium against target/debug/map-router)"
 node tests/browser/run.mjs --bin target/debug/map-router

@@ -6,7 +6,12 @@ POSTs and the `websockets` package; this runner makes exactly those calls, with 
 fields, against the built `map-router` on 127.0.0.1, and checks what the MAP side saw through
 a plain MAP WebSocket client (JSON-RPC, the way any SDK speaks it).
 
-    python tests/gateways/run.py --bin target/debug/map-router
+    python tests/gateways/run.py --bin target/debug/map-router [--spread]
+
+With --spread every router is a cluster on one nats-server (started by the runner): a live
+node and a standby, each with the scenario's config plus `[cluster]`; the seeds' clients call
+the standby's gateways (which relay to the live node) and the MAP agents connect to the live
+node, so every message crosses nodes (docs/cluster.md, "Gateways on every node").
 
 Needs the packages `httpx` and `websockets` (tests/gateways/setup.sh makes a virtual
 environment with them; scripts/test.sh uses it). Every wait is bounded; a failure exits 1.
@@ -52,9 +57,47 @@ async def bounded(aw, what="wait"):
 # The router under test
 
 
-class Router:
-    def __init__(self, binary, config, data_dir, env=None):
-        self.binary, self.config, self.data_dir, self.env = binary, config, data_dir, env or {}
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nats:
+    """`nats-server -js` on a free loopback port with a temporary store (--spread)."""
+
+    def __init__(self, work):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js",
+             "-sd", os.path.join(work, "nats")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import socket
+        deadline = time.time() + STEP
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                break
+            except OSError:
+                check(time.time() < deadline, "nats-server did not listen")
+                time.sleep(0.05)
+        self.url = f"nats://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait(STEP)
+
+
+NATS = None  # the runner's nats-server with --spread
+
+
+class Node:
+    """One map-router process."""
+
+    def __init__(self, binary, config, data_dir, env, listen="127.0.0.1:0"):
+        self.binary, self.config, self.data_dir, self.env = binary, config, data_dir, env
+        self.listen = listen
         self.proc = None
         self.base = None
         self.lines = []
@@ -62,7 +105,7 @@ class Router:
     def start(self):
         env = dict(os.environ, **self.env)
         self.proc = subprocess.Popen(
-            [self.binary, "serve", "--listen", "127.0.0.1:0", "--config", self.config,
+            [self.binary, "serve", "--listen", self.listen, "--config", self.config,
              "--data-dir", self.data_dir],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         found = threading.Event()
@@ -82,14 +125,6 @@ class Router:
             raise AssertionError("router did not start:\n" + "\n".join(self.lines))
         return self
 
-    @property
-    def http(self):
-        return f"http://{self.base}"
-
-    @property
-    def ws(self):
-        return f"ws://{self.base}"
-
     def stop(self):
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
@@ -98,6 +133,82 @@ class Router:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(STEP)
+
+
+class Router:
+    """The router under test: one node, or with --spread a live node and a standby on
+    NATS (the stream named after the data directory, so that a restart finds its log). `http`
+    and `ws` are where the seeds' clients go (the standby), `map_ws` where MAP agents connect
+    (the live node), `map_base` the live node's address (the host in its gateways' URIs)."""
+
+    def __init__(self, binary, config, data_dir, env=None):
+        self.binary, self.config, self.data_dir, self.env = binary, config, data_dir, env or {}
+        self.nodes = []
+        self.base = None
+        self.map_base = None
+
+    def start(self):
+        if NATS is None:
+            node = Node(self.binary, self.config, self.data_dir, self.env).start()
+            self.nodes = [node]
+            self.base = self.map_base = node.base
+            return self
+        stream = "gw_" + re.sub(r"[^A-Za-z0-9]", "_", os.path.basename(self.data_dir))
+        with open(self.config) as f:
+            base_config = f.read()
+
+        def config(name, extra):
+            path = f"{self.config}.{name}.toml"
+            with open(path, "w") as f:
+                f.write(base_config + f'\n[cluster]\nurl = "{NATS.url}"\nstream = "{stream}"\n'
+                        f'subject_prefix = "{stream}"\nnode = "{name}"\n{extra}')
+            return path
+
+        live = Node(self.binary, config("live", ""), self.data_dir + "-live", self.env).start()
+        self.nodes = [live]
+        standby = Node(self.binary, config("standby", "standby = true\n"),
+                       self.data_dir + "-standby", self.env, listen=f"127.0.0.1:{free_port()}")
+        # A standby prints no "listening" line until it takes over: it is ready once its
+        # /health says it serves.
+        self._start_standby(standby)
+        self.nodes.append(standby)
+        self.base, self.map_base = standby.base, live.base
+        return self
+
+    def _start_standby(self, node):
+        env = dict(os.environ, **node.env)
+        node.proc = subprocess.Popen(
+            [node.binary, "serve", "--listen", node.listen, "--config", node.config,
+             "--data-dir", node.data_dir],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        node.base = node.listen
+        deadline = time.time() + 2 * STEP
+        while True:
+            try:
+                r = httpx.get(f"http://{node.base}/health", timeout=1)
+                if "\nserving:" in r.text:
+                    return
+            except httpx.HTTPError:
+                pass
+            check(node.proc.poll() is None, "the standby exited")
+            check(time.time() < deadline, "the standby never served")
+            time.sleep(0.1)
+
+    @property
+    def http(self):
+        return f"http://{self.base}"
+
+    @property
+    def ws(self):
+        return f"ws://{self.base}"
+
+    @property
+    def map_ws(self):
+        return f"ws://{self.map_base}"
+
+    def stop(self):
+        for node in reversed(self.nodes):
+            node.stop()
 
 
 class MapAgent:
@@ -220,7 +331,7 @@ async def mamp_scenarios(binary, work):
     router = Router(binary, config, os.path.join(work, "mamp-data"),
                     env={"MAP_ROUTER_API_KEYS": f"{API_KEY} mamp-tester,{OTHER_KEY} other"}).start()
     try:
-        agent = await MapAgent.connect(router.ws, "code-analyst-local", api_key=API_KEY)
+        agent = await MapAgent.connect(router.map_ws, "code-analyst-local", api_key=API_KEY)
         reg = await agent.call("map/agents/register", {"name": "code-analyst-local"})
         agent_id = reg["agent"]["id"]
         host = router.base.split(":")[0]
@@ -318,7 +429,7 @@ async def mamp_scenarios(binary, work):
             check(line1.startswith("POST /mamp/v1/messages "), f"request line: {line1}")
             check(headers1.get("authorization") == f"Bearer {REMOTE_TOKEN}", f"token: {headers1}")
             check(out1["protocol"] == "mamp/1.0" and out1["to"] == remote, f"envelope: {out1}")
-            check(out1["from"] == f"agent://{router.base}/{agent_id}" or
+            check(out1["from"] == f"agent://{router.map_base}/{agent_id}" or
                   out1["from"].endswith("/" + agent_id), f"from: {out1}")
             check("conversation_id" not in out1, f"first outbound starts a conversation: {out1}")
             check(out1["content"] == "帮我分析这段代码的性能" and "timestamp" in out1["metadata"],
@@ -349,7 +460,7 @@ async def im_scenarios(binary, work, auth):
     uri = "agent://internal/my-agent"
     quoted = urllib.parse.quote(uri, safe="")
     try:
-        analyst = await MapAgent.connect(router.ws, "analyst", api_key=key)
+        analyst = await MapAgent.connect(router.map_ws, "analyst", api_key=key)
         analyst_id = (await analyst.call("map/agents/register", {"name": "analyst"}))["agent"]["id"]
         # The seed's PC agent: connect, register, heartbeat (faster than 30 s for the test).
         if auth:
@@ -480,16 +591,23 @@ async def im_scenarios(binary, work, auth):
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/debug/map-router")
+    ap.add_argument("--spread", action="store_true",
+                    help="a live node and a standby on one nats-server (see the module docs)")
     args = ap.parse_args()
     binary = os.path.abspath(args.bin)
     work = tempfile.mkdtemp(prefix="gateways-")
+    global NATS
+    if args.spread:
+        NATS = Nats(work)
     try:
         await mamp_scenarios(binary, work)
         await im_scenarios(binary, work, auth=False)
         await im_scenarios(binary, work, auth=True)
     finally:
+        if NATS is not None:
+            NATS.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print("gateways: all scenarios passed")
+    print("gateways: all scenarios passed" + (" (spread over a live node and a standby)" if args.spread else ""))
 
 
 if __name__ == "__main__":
