@@ -2909,4 +2909,30 @@ async fn relayed_pipelined_sends() {
     }
     sink.assert_no_message().await;
     bystander.assert_no_message().await;
+
+    // Which node each agent is on, as every node lists it (`_meta.mapRouter.presence.node`),
+    // and as `agent.presence.changed` says when the standby's agent goes away.
+    let mut watch = WsClient::system(&w).await;
+    let presence = watch
+        .subscribe(json!({"eventTypes": ["agent.presence.changed"]}))
+        .await;
+    for url in [&w, &f.url] {
+        let mut c = WsClient::client(url).await;
+        let list = c.ok("map/agents/list", json!({})).await;
+        let node_of = |id: &str| {
+            list["agents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["id"] == json!(id))
+                .map(|a| a["_meta"]["mapRouter"]["presence"]["node"].clone())
+        };
+        assert_eq!(node_of("sender"), Some(json!("n1")), "{list}");
+        assert_eq!(node_of("sink"), Some(json!("n0")), "{list}");
+    }
+    sender.drop_abruptly();
+    let e = within(Duration::from_secs(15), watch.next_event(&presence)).await;
+    assert_eq!(e["event"]["data"]["agentId"], json!("sender"), "{e}");
+    assert_eq!(e["event"]["data"]["status"], json!("offline"), "{e}");
+    assert_eq!(e["event"]["data"]["node"], json!("n1"), "{e}");
 }

@@ -251,7 +251,9 @@ mod presence_meta {
 
     pub fn serialize<S: Serializer>(p: &Option<Presence>, s: S) -> Result<S::Ok, S::Error> {
         PresenceMeta {
-            map_router: Some(RouterAgentMeta { presence: *p }),
+            map_router: Some(RouterAgentMeta {
+                presence: p.clone(),
+            }),
         }
         .serialize(s)
     }
@@ -274,7 +276,7 @@ pub enum PresenceStatus {
 /// An agent's presence: online while the session that owns it is attached to a live
 /// connection; offline from the moment it is orphaned (its connection lost) until it is
 /// reclaimed. Registered is not online: an orphaned agent is registered and offline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Presence {
     /// Online or offline.
@@ -284,6 +286,10 @@ pub struct Presence {
     /// Unix ms when the agent was last connected (offline only: the moment it went away).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<u64>,
+    /// In cluster mode, the node the agent's connection is on (offline: was on), by its
+    /// `[cluster] node` name; absent on a single router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl Presence {
@@ -293,6 +299,7 @@ impl Presence {
             status: PresenceStatus::Online,
             since: now,
             last_seen: None,
+            node: None,
         }
     }
 
@@ -302,6 +309,16 @@ impl Presence {
             status: PresenceStatus::Offline,
             since: now,
             last_seen: Some(now),
+            node: None,
+        }
+    }
+
+    /// The same, on cluster node `node`.
+    #[must_use]
+    pub fn on(self, node: Option<&str>) -> Self {
+        Self {
+            node: node.map(str::to_owned),
+            ..self
         }
     }
 }

@@ -560,6 +560,9 @@ pub struct AgentPresenceChangedData {
     pub since: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<u64>,
+    /// In cluster mode, the node the agent's connection is (or was) on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// `agent_environment_changed`.

@@ -70,6 +70,9 @@ pub struct RouterConfig {
     /// (`auth::service_principal`) may take: the ids of the gateways' own sessions and agents.
     /// Anyone else asking for one gets a fresh participant id, or 1003 for an agent id.
     pub reserved_ids: Vec<String>,
+    /// In cluster mode, this node's name (`[cluster] node`): the node an agent connected here
+    /// is on (`Presence::node`). `None` on a single router.
+    pub node: Option<String>,
     /// Most participant and agent ids one principal owns (`router::identities`).
     pub ids_per_principal: usize,
     /// Kept items of each kind (tasks, checkpoints, conversations, quota counts) the router
@@ -105,6 +108,7 @@ impl Default for RouterConfig {
             quotas: quotas::Quotas::default(),
             permissions: Arc::default(),
             reserved_ids: Vec::new(),
+            node: None,
             ids_per_principal: crate::router::identities::table::DEFAULT_IDS_PER_PRINCIPAL,
             cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,
             follower: false,

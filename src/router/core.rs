@@ -53,6 +53,9 @@ pub enum Command {
         origin: session::ConnOrigin,
         /// The medium.
         transport: session::Transport,
+        /// In cluster mode, the node the connection is on when it is not this one (a relay
+        /// session of a standby's connection).
+        node: Option<Arc<str>>,
     },
     /// The connection's transport closed.
     Detach {
@@ -324,6 +327,7 @@ impl Router {
                 outbox,
                 origin,
                 transport,
+                node,
             } => {
                 self.counters.connection_opened(transport);
                 self.conns.insert(
@@ -331,6 +335,7 @@ impl Router {
                     Conn {
                         origin,
                         transport,
+                        node,
                         outbox,
                         session: None,
                         pending: Default::default(),

@@ -393,15 +393,20 @@ impl Serving {
                 .iter()
                 .map(|l| l.local_addr())
                 .collect::<std::io::Result<Vec<_>>>()?;
-            let gateways =
-                crate::server::gateway_context(config, &ctx, &options, auth.clone(), &addrs);
-            app.merge(crate::server::gateway_routes(
+            let gateways = crate::server::gateways::gateway_context(
+                config,
+                &ctx,
+                &options,
+                auth.clone(),
+                &addrs,
+            );
+            app.merge(crate::server::gateways::gateway_routes(
                 config,
                 &ctx,
                 &options,
                 &gateways,
                 auth.clone(),
-                crate::server::A2aAllow::of(config)?,
+                crate::server::gateways::A2aAllow::of(config)?,
                 &ctx.shutdown,
                 Some(node),
             ))

@@ -930,6 +930,12 @@ impl Config {
             cache_items: self.storage.cache_items,
             permissions: std::sync::Arc::new(self.permissions.clone()),
             reserved_ids: crate::gateway::reserved_ids(&self.gateways),
+            node: self.cluster.url.as_ref().map(|_| {
+                self.cluster
+                    .node
+                    .clone()
+                    .unwrap_or_else(|| self.router.name.clone())
+            }),
             ..RouterConfig::default()
         }
     }

@@ -20,6 +20,7 @@
 
 pub mod cluster;
 pub mod config;
+mod gateways;
 pub mod listener;
 pub mod metrics;
 pub mod origins;
@@ -53,6 +54,7 @@ use crate::transport::connection::ConnectionOptions;
 use crate::transport::in_process::{self, InProcessLink};
 use crate::transport::ws::{upgrade, WsState};
 use crate::transport::{http, stdio, TransportContext};
+use gateways::{connect_as, gateway_context, gateway_routes, A2aAllow};
 
 pub use config::Config;
 
@@ -395,24 +397,6 @@ impl Server {
         }
     }
 }
-/// How the gateways open their MAP sessions: in-process connections to this server's router
-/// (origin `InProcess`, as [`Server::connect_in_process`]). The gateways get this rather than
-/// the [`Server`], which does not exist yet while the routes are built.
-#[derive(Debug)]
-struct GatewayLinks {
-    ctx: TransportContext,
-    options: ConnectionOptions,
-}
-
-impl in_process::InProcessLinks for GatewayLinks {
-    fn connect_in_process(&self) -> InProcessLink {
-        in_process::connect(&self.ctx, self.options.clone())
-    }
-
-    fn connect_as(&self, principal: Principal) -> InProcessLink {
-        connect_as(&self.ctx, &self.options, principal)
-    }
-}
 
 /// Hosts the standbys' relay sessions (`server::relay`) until shutdown: each an in-process
 /// session admitted as the principal the standby authenticated (with authentication off, an
@@ -436,15 +420,22 @@ fn host_relays(
             rate: crate::router::rate::RateLimits::unlimited(),
             ..options.clone()
         };
-        Arc::new(move |principal| match principal {
-            Some(p) => connect_as(&ctx, &options, p),
-            None => in_process::connect(
-                &ctx,
-                ConnectionOptions {
-                    origin: ConnOrigin::Remote,
-                    ..options.clone()
-                },
-            ),
+        Arc::new(move |principal, node| {
+            // The session's agents are on the standby's node (their presence says so).
+            let options = ConnectionOptions {
+                node: Some(node.into()),
+                ..options.clone()
+            };
+            match principal {
+                Some(p) => connect_as(&ctx, &options, p),
+                None => in_process::connect(
+                    &ctx,
+                    ConnectionOptions {
+                        origin: ConnOrigin::Remote,
+                        ..options
+                    },
+                ),
+            }
         })
     };
     let nodes: relay::LiveNodes = Arc::new(move || {
@@ -459,146 +450,6 @@ fn host_relays(
             _ = shutdown.wait_for(|s| *s) => {}
         }
     })
-}
-
-/// An in-process link admitted as `principal` (origin `Delegated`), without its expiry.
-fn connect_as(
-    ctx: &TransportContext,
-    options: &ConnectionOptions,
-    principal: Principal,
-) -> InProcessLink {
-    let options = ConnectionOptions {
-        origin: ConnOrigin::Delegated(Principal {
-            expires_at: None,
-            ..principal
-        }),
-        ..options.clone()
-    };
-    in_process::connect(ctx, options)
-}
-
-/// The A2A gateway's outbound allow-lists, read before anything starts (a bad entry stops the
-/// start, as a bad config file does).
-#[derive(Debug)]
-struct A2aAllow {
-    push: crate::gateway::a2a::egress::AllowList,
-    remote: crate::gateway::a2a::egress::AllowList,
-}
-
-impl A2aAllow {
-    fn of(config: &Config) -> std::io::Result<Self> {
-        use crate::gateway::a2a::egress::AllowList;
-        let read = |key: &str, entries: &[String]| {
-            AllowList::parse(entries).map_err(|e| std::io::Error::other(format!("a2a.{key}: {e}")))
-        };
-        Ok(Self {
-            push: read("push_allow", &config.a2a.push_allow)?,
-            remote: read("remote_allow", &config.a2a.remote_allow)?,
-        })
-    }
-}
-
-/// What the MAMP, IM and AIP gateways share (`gateway::context`), opening their sessions on
-/// `ctx`'s router.
-fn gateway_context(
-    config: &Config,
-    ctx: &TransportContext,
-    options: &ConnectionOptions,
-    auth: Option<Arc<crate::auth::Authenticator>>,
-    addrs: &[SocketAddr],
-) -> Arc<crate::gateway::GatewayContext> {
-    Arc::new(crate::gateway::GatewayContext::new(
-        config.gateways.clone(),
-        auth,
-        config.router.name.clone(),
-        addrs
-            .first()
-            .map_or_else(|| config.router.name.clone(), ToString::to_string),
-        Arc::new(GatewayLinks {
-            ctx: ctx.clone(),
-            options: ConnectionOptions {
-                origin: ConnOrigin::InProcess,
-                ..options.clone()
-            },
-        }),
-        crate::gateway::config::RouterFacts {
-            max_payload_bytes: config.limits.max_payload_bytes,
-            max_frame_bytes: options.max_frame_bytes,
-            exempt_loopback: config.limits.exempt_loopback,
-            listen_ports: addrs.iter().map(|a| a.port()).collect(),
-        },
-    ))
-}
-
-/// The HTTP routes of the MAMP and IM gateways (over `gateways`) and of the A2A gateway, those
-/// enabled, on `ctx`'s router: the server's, or a cluster standby's follower router (`node`:
-/// the standby's name; docs/cluster.md, "Gateways on every node").
-#[allow(clippy::too_many_arguments)]
-fn gateway_routes(
-    config: &Config,
-    ctx: &TransportContext,
-    options: &ConnectionOptions,
-    gateways: &Arc<crate::gateway::GatewayContext>,
-    a2a_auth: Option<Arc<crate::auth::Authenticator>>,
-    a2a_allow: A2aAllow,
-    shutdown: &watch::Receiver<bool>,
-    node: Option<&str>,
-) -> HttpRouter {
-    let app = crate::gateway::routes(Arc::clone(gateways));
-    if config.a2a.enabled {
-        app.merge(a2a_routes(
-            config, ctx, options, a2a_auth, a2a_allow, shutdown, node,
-        ))
-    } else {
-        app
-    }
-}
-
-/// The A2A gateway's routes (docs/a2a.md).
-fn a2a_routes(
-    config: &Config,
-    ctx: &TransportContext,
-    options: &ConnectionOptions,
-    auth: Option<Arc<crate::auth::Authenticator>>,
-    allow: A2aAllow,
-    shutdown: &watch::Receiver<bool>,
-    node: Option<&str>,
-) -> HttpRouter {
-    use crate::auth::config::AuthMethodName;
-    use crate::gateway::a2a;
-    let enabled = if auth.is_some() {
-        config.auth.enabled()
-    } else {
-        Vec::new()
-    };
-    let links = GatewayLinks {
-        ctx: ctx.clone(),
-        options: ConnectionOptions {
-            origin: ConnOrigin::InProcess,
-            ..options.clone()
-        },
-    };
-    let gateway = a2a::A2aGateway::new(
-        Arc::new(links),
-        a2a::Settings {
-            router_name: config.router.name.clone(),
-            tls: config.tls.files().is_some(),
-            max_body_bytes: config.a2a.max_body_bytes,
-            auth,
-            security: a2a::card::Security {
-                bearer_jwt: enabled.contains(&AuthMethodName::Jwt),
-                api_key: enabled.contains(&AuthMethodName::ApiKey),
-            },
-            push_allow: allow.push,
-            remote_allow: allow.remote,
-            remotes: config.a2a.remote.clone(),
-            limits: config.a2a.limits(&config.limits),
-            default_agent: config.a2a.default_agent.clone(),
-            node: node.map(str::to_owned),
-        },
-        shutdown.clone(),
-    );
-    a2a::routes(gateway)
 }
 
 impl in_process::InProcessLinks for Server {

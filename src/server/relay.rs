@@ -296,8 +296,9 @@ impl Relay for FollowerRelay {
     }
 }
 
-/// Opens the writer's side of a relay: an in-process MAP session admitted as the principal.
-pub type OpenSession = Arc<dyn Fn(Option<Principal>) -> InProcessLink + Send + Sync>;
+/// Opens the writer's side of a relay: an in-process MAP session admitted as the principal,
+/// on behalf of a connection of the node named (as a subject token).
+pub type OpenSession = Arc<dyn Fn(Option<Principal>, &str) -> InProcessLink + Send + Sync>;
 
 /// The node names (as subject tokens) that answered the last roll call; empty when unknown.
 pub type LiveNodes = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
@@ -384,7 +385,7 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
                         }
                     }
                 };
-                let InProcessLink { tx, mut rx } = open(principal);
+                let InProcessLink { tx, mut rx } = open(principal, node);
                 let client = client.clone();
                 let stream = stream.clone();
                 let back = key.clone();

@@ -124,6 +124,9 @@ pub struct ConnectionOptions {
     /// The peer's network address, when it has one (keys the shared rate bucket of an
     /// unauthenticated peer).
     pub peer: Option<std::net::SocketAddr>,
+    /// In cluster mode, the node the connection is really on when it is not this one: a
+    /// standby's connection, whose relay session this is (`server::relay`).
+    pub node: Option<Arc<str>>,
 }
 
 impl Default for ConnectionOptions {
@@ -141,6 +144,7 @@ impl Default for ConnectionOptions {
             handshake_timeout: Some(Duration::from_secs(10)),
             rate: RateLimits::unlimited(),
             peer: None,
+            node: None,
         }
     }
 }
@@ -170,6 +174,7 @@ pub async fn serve_connection<St, Si>(
             outbox: tx.clone(),
             origin: opts.origin.clone(),
             transport: opts.transport,
+            node: opts.node.clone(),
         })
         .await
         .is_err()

@@ -695,6 +695,7 @@ async fn post_new(
             // An HTTP peer is never a supervised child's pipes.
             origin: ConnOrigin::Remote,
             transport: Transport::Http,
+            node: None,
         })
         .await
         .is_err()

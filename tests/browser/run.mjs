@@ -161,17 +161,29 @@ async function startNats() {
 }
 
 /**
- * A standby node (`[cluster] standby = true`) on the stream of `natsUrl`, named `node`: it
- * prints nothing until it takes over, so nothing is awaited here. `kill()` is SIGKILL.
+ * A standby node (`[cluster] standby = true`) on the stream of `natsUrl`, named `node`, on a
+ * free port (`url`): it prints nothing until it takes over, so nothing is awaited here
+ * (`serving()` waits until its /health says it serves). `kill()` is SIGKILL.
  */
-function startStandby(natsUrl, node) {
+async function startStandby(natsUrl, node) {
   const dir = mkdtempSync(path.join(tmpdir(), 'map-router-browser-standby-'));
   writeFileSync(path.join(dir, 'router.toml'), `[cluster]\nurl = "${natsUrl}"\nnode = "${node}"\nstandby = true\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n`);
-  const proc = spawn(BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', path.join(dir, 'data'), '--config', path.join(dir, 'router.toml')], {
+  const port = await freePort();
+  const proc = spawn(BIN, ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', path.join(dir, 'data'), '--config', path.join(dir, 'router.toml')], {
     stdio: ['ignore', 'ignore', 'ignore'],
     env: routerEnv(),
   });
   return {
+    url: `ws://127.0.0.1:${port}/`,
+    async serving() {
+      await until(async () => {
+        try {
+          return (await (await fetch(`http://127.0.0.1:${port}/health`)).text()).includes('\nserving:');
+        } catch {
+          return false;
+        }
+      }, `standby ${node} serving`, 4 * WAIT_MS);
+    },
     async kill() {
       if (proc.exitCode === null && proc.signalCode === null) {
         const exited = new Promise((r) => proc.once('exit', r));
@@ -622,11 +634,23 @@ scenario('cluster', async (t, browser) => {
   await t.step('the header lists the nodes of the stream: a standby joins, then dies', async () => {
     const nodes = async () => page.textContent(tid('cluster-nodes'));
     await until(async () => (await nodes()) === 'nodes: node-a (writer)', 'the writer alone');
-    const standby = startStandby(nats.url, 'node-b');
+    const standby = await startStandby(nats.url, 'node-b');
     t.cleanup(() => standby.kill());
     // A standby starts (NATS, the stream followed), then the next roll call (every 2 s) and the
     // page's next /health (every 2 s) show it: more than WAIT_MS on a loaded machine.
     await until(async () => (await nodes()) === 'nodes: node-a (writer) · node-b (standby)', 'the standby listed', 4 * WAIT_MS);
+    // Which node each agent is on: one agent connected to the standby, one to the writer.
+    await standby.serving();
+    const onB = await Peer.connect(standby.url, { participantType: 'agent', name: 'on-b' });
+    t.cleanup(() => onB.close());
+    await onB.call('map/agents/register', { agentId: 'on-b', name: 'on-b' });
+    const onA = await Peer.connect(router.wsUrl, { participantType: 'agent', name: 'on-a' });
+    t.cleanup(() => onA.close());
+    await onA.call('map/agents/register', { agentId: 'on-a', name: 'on-a' });
+    const nodeOf = async (id) =>
+      page.$eval(`${tid('agent-tree')} [data-agent-id="${id}"] ${tid('agent-node-name')}`, (n) => n.textContent).catch(() => null);
+    await until(async () => (await nodeOf('on-b')) === 'node-b' && (await nodeOf('on-a')) === 'node-a', 'each agent shown with its node');
+    await shot(page, '07a-agents-on-their-nodes');
     await standby.kill();
     await until(async () => (await nodes()) === 'nodes: node-a (writer)', 'the standby gone from the list', 4 * WAIT_MS);
   });

@@ -201,7 +201,10 @@ impl Router {
         agent.capability_descriptor = p.capability_descriptor;
         agent.persistent_identity = p.persistent_identity;
         agent.metadata = p.metadata;
-        agent.presence = Some(crate::protocol::agent::Presence::online(now));
+        agent.presence = Some(
+            crate::protocol::agent::Presence::online(now)
+                .on(self.node_of(&caller.participant).as_deref()),
+        );
         self.registry.insert(agent.clone());
         self.adopt_primary(caller, &id);
         // Announced with the scopes it is joining, so that a `scope`-visible agent's
@@ -234,10 +237,16 @@ impl Router {
         // Messages the previous run left queued for this id (messaging::recovery): only its
         // owner principal can have registered it again.
         self.flush_offline(&id, Some(registered));
-        self.registry
+        let now = self
+            .registry
             .get(&id)
             .map(|r| r.agent.clone())
-            .unwrap_or(agent)
+            .unwrap_or(agent);
+        if self.config.node.is_some() {
+            // In cluster mode a dashboard learns which node the new agent is on.
+            self.emit_presence(&now, vec![registered]);
+        }
+        now
     }
 
     /// Applies the descriptive fields of a re-registration to a reclaimed agent.

@@ -397,7 +397,9 @@ impl Router {
         if let Some(l) = rec.agent.lifecycle.as_mut() {
             l.orphaned_at = None;
         }
-        rec.agent.presence = Some(Presence::online(now_ms()));
+        let node = self.node_of(owner);
+        let rec = self.registry.get_mut(agent)?;
+        rec.agent.presence = Some(Presence::online(now_ms()).on(node.as_deref()));
         let snapshot = rec.agent.clone();
         let hint = rec.cause_hint.take();
         let caused_by = if caused_by.is_empty() {
@@ -577,9 +579,20 @@ impl Router {
         self.schedule(Instant::now() + window, Deadline::SessionExpiry(session_id));
     }
 
+    /// In cluster mode, the node participant `p`'s connection is on: the standby whose relay
+    /// session it is, or this node. `None` on a single router.
+    pub(crate) fn node_of(&self, p: &ParticipantId) -> Option<String> {
+        let here = self.config.node.as_deref()?;
+        let conn = self.sessions.by_participant(p).and_then(|s| s.conn);
+        let there = conn
+            .and_then(|c| self.conns.get(&c))
+            .and_then(|c| c.node.clone());
+        Some(there.as_deref().unwrap_or(here).to_owned())
+    }
+
     /// Emits `agent.presence.changed` with the agent's presence as recorded.
-    fn emit_presence(&mut self, agent: &Agent, caused_by: Vec<EventId>) {
-        let Some(p) = agent.presence else {
+    pub(crate) fn emit_presence(&mut self, agent: &Agent, caused_by: Vec<EventId>) {
+        let Some(p) = agent.presence.clone() else {
             return;
         };
         self.emit_agent_event(
@@ -590,6 +603,7 @@ impl Router {
                 status: p.status,
                 since: p.since,
                 last_seen: p.last_seen,
+                node: p.node,
             },
             caused_by,
         );
@@ -618,7 +632,8 @@ impl Router {
             .lifecycle
             .get_or_insert_with(Default::default)
             .orphaned_at = Some(now);
-        rec.agent.presence = Some(Presence::offline(now));
+        let was_on = rec.agent.presence.as_ref().and_then(|p| p.node.clone());
+        rec.agent.presence = Some(Presence::offline(now).on(was_on.as_deref()));
         let snapshot = rec.agent.clone();
         let orphaned = self.emit_agent_event(
             EventType::AgentOrphaned,

@@ -106,6 +106,9 @@ pub struct Conn {
     pub origin: ConnOrigin,
     /// The medium.
     pub transport: Transport,
+    /// In cluster mode, the node the connection is on when it is not this one (a relay
+    /// session of a standby's connection; `None`: here).
+    pub node: Option<Arc<str>>,
     /// Where frames for this connection go.
     pub outbox: Outbox,
     /// The session using this connection, once connected.

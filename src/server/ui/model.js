@@ -40,7 +40,9 @@ export class Model {
   static fromSnapshot(agents, scopes, asOf) {
     const m = new Model();
     for (const a of agents ?? []) {
-      m.agents.set(a.id, { ...a, scopes: [...(a.scopes ?? [])] });
+      // In cluster mode, the node the agent's connection is on (`_meta.mapRouter.presence`).
+      const node = a._meta?.mapRouter?.presence?.node;
+      m.agents.set(a.id, { ...a, scopes: [...(a.scopes ?? [])], ...(node ? { node } : {}) });
       const life = a.lifecycle ?? {};
       if (life.exitCode !== undefined || life.exitReason !== undefined) {
         const p = m.proc(a.id);
@@ -135,6 +137,11 @@ export class Model {
       case 'agent_environment_changed': {
         const agent = this.agents.get(d.agentId);
         if (agent) agent.environment = d.environment;
+        break;
+      }
+      case 'agent.presence.changed': {
+        const agent = this.agents.get(d.agentId);
+        if (agent && d.node) agent.node = d.node;
         break;
       }
       case 'agent.metadata.changed': {

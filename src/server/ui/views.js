@@ -140,6 +140,7 @@ function agentNode(model, a, selected, actions) {
     el('span', { class: 'agent-name' }, a.name ?? a.id),
     a.role ? el('span', { class: 'agent-role' }, a.role) : null,
     el('span', { class: stateClass(a.state), 'data-testid': 'agent-state' }, a.state),
+    a.node ? el('span', { class: 'chip node', title: `on node ${a.node}`, 'data-testid': 'agent-node-name' }, a.node) : null,
     (a.scopes ?? []).map((s) => el('span', { class: 'chip', title: `scope ${s}` }, model.scopes.get(s)?.name ?? s)),
     procBits.length ? el('span', { class: 'proc', 'data-testid': 'agent-proc' }, procBits.join(' · ')) : null,
   );
