@@ -209,6 +209,8 @@ export function summarize(event, model) {
       return `${who(d.agentId)}${d.reason ? ` (${d.reason})` : ''}`;
     case 'agent.metadata.changed':
       return `${who(d.agentId)}: ${compact(d.changes, 140)}`;
+    case 'agent.presence.changed':
+      return `${who(d.agentId)}: ${d.status}${d.node ? ` on ${d.node}` : ''}`;
     case 'agent.stderr':
       return `${who(d.agentId)} [pid ${d.pid}]: ${(d.lines ?? []).join(' ⏎ ')}`;
     case 'agent.spawning':
