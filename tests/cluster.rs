@@ -1625,15 +1625,11 @@ const ALICE: &str = "key-alice-0123456789abcdef";
 const BOB: &str = "key-bob-0123456789abcdef";
 const VIEWER: &str = "key-viewer-0123456789abcdef";
 
-#[test]
-fn a_follower_gives_an_id_only_to_the_principal_the_writers_log_gives_it_to() {
-    on_big_stack(follower_ids);
-}
-
-async fn follower_ids() {
-    let nats = Nats::start("follower-ids");
-    let dir = TempDir::new("cluster-follower-ids");
-    let keys = dir.path.join("keys");
+/// A node's `[storage]` section and what follows it for four principals: `[auth]` on with their
+/// API keys in a file under `dir` (mode 0600): `ops` (a system principal), `alice`, `bob`, and
+/// `viewer` (without `messaging.canSend`).
+fn four_principals(dir: &Path) -> String {
+    let keys = dir.join("keys");
     std::fs::write(
         &keys,
         format!("{OPS} ops\n{ALICE} alice\n{BOB} bob\n{VIEWER} viewer\n"),
@@ -1643,12 +1639,23 @@ async fn follower_ids() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let auth = format!(
+    format!(
         "commit_timeout_ms = 1500\n[auth]\nsystem_principals = [\"ops\"]\n\
          [auth.api_keys]\nfile = {:?}\n\
          [permissions.principals.\"viewer\".messaging]\ncanSend = false\n",
         keys.display().to_string()
-    );
+    )
+}
+
+#[test]
+fn a_follower_gives_an_id_only_to_the_principal_the_writers_log_gives_it_to() {
+    on_big_stack(follower_ids);
+}
+
+async fn follower_ids() {
+    let nats = Nats::start("follower-ids");
+    let dir = TempDir::new("cluster-follower-ids");
+    let auth = four_principals(&dir.path);
     let (_writer, url) = start_binary(node_args_with(
         &nats,
         &dir.path.join("n0"),
@@ -2545,22 +2552,7 @@ async fn gateways_on_a_standby() {
     const SECRET: &str = "alice's plan, through the standby";
     let nats = Nats::start("gateways-standby");
     let dir = TempDir::new("cluster-gateways-standby");
-    let keys = dir.path.join("keys");
-    std::fs::write(
-        &keys,
-        format!("{OPS} ops\n{ALICE} alice\n{BOB} bob\n{VIEWER} viewer\n"),
-    )
-    .unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let config = format!(
-        "commit_timeout_ms = 1500\n[auth]\nsystem_principals = [\"ops\"]\n\
-         [auth.api_keys]\nfile = {:?}\n\
-         [permissions.principals.\"viewer\".messaging]\ncanSend = false\n",
-        keys.display().to_string()
-    );
+    let config = four_principals(&dir.path);
     let (_writer, w) = start_binary(node_args_with(
         &nats,
         &dir.path.join("n0"),

@@ -649,7 +649,10 @@ scenario('cluster', async (t, browser) => {
     await onA.call('map/agents/register', { agentId: 'on-a', name: 'on-a' });
     const nodeOf = async (id) =>
       page.$eval(`${tid('agent-tree')} [data-agent-id="${id}"] ${tid('agent-node-name')}`, (n) => n.textContent).catch(() => null);
-    await until(async () => (await nodeOf('on-b')) === 'node-b' && (await nodeOf('on-a')) === 'node-a', 'each agent shown with its node');
+    // The page asks for new agents' nodes with its /health poll (every 2 s).
+    await until(async () => (await nodeOf('on-b')) === 'node-b' && (await nodeOf('on-a')) === 'node-a', 'each agent shown with its node', 4 * WAIT_MS).catch(async (e) => {
+      throw new Error(`${e.message}: the tree shows ${JSON.stringify(await treeNodes(page))}`);
+    });
     await shot(page, '07a-agents-on-their-nodes');
     await standby.kill();
     await until(async () => (await nodes()) === 'nodes: node-a (writer)', 'the standby gone from the list', 4 * WAIT_MS);

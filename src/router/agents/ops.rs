@@ -237,16 +237,10 @@ impl Router {
         // Messages the previous run left queued for this id (messaging::recovery): only its
         // owner principal can have registered it again.
         self.flush_offline(&id, Some(registered));
-        let now = self
-            .registry
+        self.registry
             .get(&id)
             .map(|r| r.agent.clone())
-            .unwrap_or(agent);
-        if self.config.node.is_some() {
-            // In cluster mode a dashboard learns which node the new agent is on.
-            self.emit_presence(&now, vec![registered]);
-        }
-        now
+            .unwrap_or(agent)
     }
 
     /// Applies the descriptive fields of a re-registration to a reclaimed agent.

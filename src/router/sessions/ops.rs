@@ -591,7 +591,7 @@ impl Router {
     }
 
     /// Emits `agent.presence.changed` with the agent's presence as recorded.
-    pub(crate) fn emit_presence(&mut self, agent: &Agent, caused_by: Vec<EventId>) {
+    fn emit_presence(&mut self, agent: &Agent, caused_by: Vec<EventId>) {
         let Some(p) = agent.presence.clone() else {
             return;
         };

@@ -286,6 +286,7 @@ async function watchNats() {
       return;
     }
     showNodes(lines);
+    void learnNodes();
     const detail = line.slice('nats: '.length);
     state = detail.split(/[ :]/)[0];
     badge.textContent = `nats: ${detail}`;
@@ -369,6 +370,31 @@ async function attach() {
     }
     scheduleRender();
   });
+}
+
+/**
+ * Cluster mode: which node each agent is on, for the agents that registered since the
+ * snapshot (`agent_registered` does not say; their records do:
+ * `_meta.mapRouter.presence.node`). Asked with the NATS state, only while some agent lacks it.
+ */
+async function learnNodes() {
+  const client = S.client;
+  if (!client || ![...S.live.agents.values()].some((a) => !a.node)) return;
+  try {
+    const r = await client.request('map/agents/list', {});
+    let changed = false;
+    for (const a of r?.agents ?? []) {
+      const node = a._meta?.mapRouter?.presence?.node;
+      const mine = S.live.agents.get(a.id);
+      if (node && mine && mine.node !== node) {
+        mine.node = node;
+        changed = true;
+      }
+    }
+    if (changed) scheduleRender();
+  } catch {
+    // Not connected just now, or not allowed to list: the next poll asks again.
+  }
 }
 
 function onNotification(method, p) {

@@ -39,7 +39,7 @@ export function renderTree(root, model, { selectedId, mode }, actions) {
     // Of a process, only what a node shows (its stderr lines would redraw the tree at each one).
     [...model.agents.values()].map((a) => {
       const p = model.procs.get(a.id);
-      return [a.id, a.name, a.role, a.state, a.parent, a.scopes, p ? [p.pid, p.restarts, p.exitCode, p.signal] : null];
+      return [a.id, a.name, a.role, a.state, a.node, a.parent, a.scopes, p ? [p.pid, p.restarts, p.exitCode, p.signal] : null];
     }),
     [...model.scopes.values()].map((s) => [s.id, s.name]),
   ]);
