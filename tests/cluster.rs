@@ -1878,14 +1878,31 @@ async fn answer_to(url: &str, session: bool, frame: &str) -> String {
     }
 }
 
+/// A live node `n0` and a standby `n1` on `nats` (files under `dir`), each with `storage` as
+/// its `[storage]` section and what follows it, once the standby serves: the live node's
+/// process and URL, and the standby.
+async fn live_and_standby(
+    nats: &Nats,
+    dir: &Path,
+    storage: &str,
+) -> (tokio::process::Child, String, StandbyNode) {
+    let (live, url) = start_binary(node_args_with(
+        nats,
+        &dir.join("n0"),
+        "node = \"n0\"",
+        storage,
+    ))
+    .await;
+    let f = start_standby_with(nats, &dir.join("n1"), "n1", storage).await;
+    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving:")).await;
+    (live, url, f)
+}
+
 #[tokio::test]
 async fn hostile_input_gets_the_single_node_answers_on_a_standby() {
     let mut nats = Nats::start("hostile-standby");
     let dir = TempDir::new("cluster-hostile");
-    let (_writer, url) =
-        start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
-    let f = start_standby(&nats, &dir.path.join("n1"), "n1").await;
-    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving:")).await;
+    let (_writer, url, f) = live_and_standby(&nats, &dir.path, "commit_timeout_ms = 1500").await;
     // A viewer on the standby, watching while the attacks go on.
     let mut viewer = WsClient::system(&f.url).await;
     let sub = viewer
@@ -2419,15 +2436,7 @@ async fn relayed_calls_are_not_rate_limited_again_by_the_live_node() {
     let dir = TempDir::new("cluster-relay-rates");
     let limits = "commit_timeout_ms = 1500\n[limits]\nrate_per_connection = 20\n\
                   burst_per_connection = 50\nrate_per_principal = 20\nburst_per_principal = 50";
-    let (_writer, _url) = start_binary(node_args_with(
-        &nats,
-        &dir.path.join("n1"),
-        "node = \"n1\"",
-        limits,
-    ))
-    .await;
-    let f = start_standby_with(&nats, &dir.path.join("n2"), "n2", limits).await;
-    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving")).await;
+    let (_writer, _url, f) = live_and_standby(&nats, &dir.path, limits).await;
     // A loopback client on the standby (exempt there, as on one node): 150 calls, three times
     // the burst of 50 one connection has on the live node.
     let mut c = WsClient::client(&f.url).await;
@@ -2553,15 +2562,7 @@ async fn gateways_on_a_standby() {
     let nats = Nats::start("gateways-standby");
     let dir = TempDir::new("cluster-gateways-standby");
     let config = four_principals(&dir.path);
-    let (_writer, w) = start_binary(node_args_with(
-        &nats,
-        &dir.path.join("n0"),
-        "node = \"n0\"",
-        &config,
-    ))
-    .await;
-    let f = start_standby_with(&nats, &dir.path.join("n1"), "n1", &config).await;
-    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving")).await;
+    let (_writer, w, f) = live_and_standby(&nats, &dir.path, &config).await;
     // ops runs the agent, on the standby.
     let (ops_agent, _worker, mut inbox) = rust_agent(&f.url, OPS, "worker").await;
     let at = "/a2a/agents/worker";
@@ -2858,9 +2859,7 @@ fn relayed_sends_in_flight_are_answered_in_order_and_delivered_in_order() {
 async fn relayed_pipelined_sends() {
     let nats = Nats::start("relay-pipeline");
     let dir = TempDir::new("cluster-relay-pipeline");
-    let (_writer, w) = start_binary(node_args(&nats, &dir.path.join("n0"), "node = \"n0\"")).await;
-    let f = start_standby(&nats, &dir.path.join("n1"), "n1").await;
-    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving")).await;
+    let (_writer, w, f) = live_and_standby(&nats, &dir.path, "commit_timeout_ms = 1500").await;
     let mut sink = WsClient::agent(&w, "sink", json!({})).await;
     let mut bystander = WsClient::agent(&w, "bystander", json!({})).await;
     let mut sender = WsClient::agent(&f.url, "sender", json!({})).await;

@@ -101,8 +101,8 @@ pub struct RelayState {
     link: Option<Open>,
     next_id: u64,
     /// The principal the connection was admitted as by whoever opened it (an in-process link
-    /// opened as a principal: a gateway's session on this node): its relay session is that
-    /// principal's, whether or not authentication is on.
+    /// opened as a principal: a gateway's session on this node): its `map/connect` is relayed
+    /// as that principal's, whether or not authentication is on (`RpcSession::proved`).
     delegated: Option<Principal>,
 }
 
@@ -342,11 +342,9 @@ impl RelayState {
             if let Some(id) = result.get("participantId") {
                 connect.insert("participantId".into(), id.clone());
             }
-            *principal = self.delegated.clone().or_else(|| {
-                result
-                    .get("principal")
-                    .and_then(|p| serde_json::from_value(p.clone()).ok())
-            });
+            *principal = result
+                .get("principal")
+                .and_then(|p| serde_json::from_value(p.clone()).ok());
         }
     }
 

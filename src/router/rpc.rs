@@ -422,10 +422,7 @@ impl RpcSession {
         let relay = self.router.config().relay.clone();
         if let Some(relay) = &relay {
             if method == Connect::NAME {
-                // A connection its opener admitted as a principal (a gateway's session on
-                // this node) is that principal's, credential or not.
-                let delegated = self.relay.delegated_principal().cloned().map(Some);
-                if let Some(principal) = delegated.or_else(|| self.proved(params)) {
+                if let Some(principal) = self.proved(params) {
                     return Box::pin(self.connect_relayed(relay, entry, id, params, principal))
                         .await;
                 }
@@ -488,10 +485,15 @@ impl RpcSession {
         Ok(reply)
     }
 
-    /// The principal a `map/connect` proves at once on a follower: `Some(None)` with
-    /// authentication off, `Some(principal)` for a credential this node accepts, `None` when
-    /// it proves nothing yet (the connect is answered here: `authRequired`, or the refusal).
+    /// The principal a `map/connect` proves at once on a follower: the principal the
+    /// connection's opener admitted it as (a gateway's session on this node), whatever
+    /// `[auth]` says; else `Some(None)` with authentication off, `Some(principal)` for a
+    /// credential this node accepts, `None` when it proves nothing yet (the connect is
+    /// answered here: `authRequired`, or the refusal).
     fn proved(&self, params: Option<&RawValue>) -> Option<Option<methods::session::Principal>> {
+        if let Some(p) = self.relay.delegated_principal() {
+            return Some(Some(p.clone()));
+        }
         let Some(auth) = self.router.config().auth.as_ref() else {
             return Some(None);
         };
