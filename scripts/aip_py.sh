@@ -4,7 +4,9 @@
 # installed by scripts/setup.sh in tests/aip_py/.venv), then runs tests/aip_py/acceptance.py
 # against the built router.
 #
-#   scripts/aip_py.sh [path-to-map-router]   (default target/debug/map-router)
+#   scripts/aip_py.sh [path-to-map-router [--spread]]   (default target/debug/map-router)
+#
+# --spread: a live node and a standby on one nats-server, the AIP nodes on the standby's gateway.
 #
 # Needs node and tests/interop/node_modules (the MAP agent on the other side is written with the
 # official MAP SDK); scripts/setup.sh installs both.
@@ -17,4 +19,4 @@ stubs=$(mktemp -d)
 trap 'rm -rf "$stubs"' EXIT
 "$venv/bin/python" -m grpc_tools.protoc -I src/gateway/aip/proto --python_out="$stubs" \
   --grpc_python_out="$stubs" schema.proto
-timeout 600 "$venv/bin/python" tests/aip_py/acceptance.py --bin "$bin" --stubs "$stubs"
+timeout 600 "$venv/bin/python" tests/aip_py/acceptance.py --bin "$bin" --stubs "$stubs" "${@:2}"

@@ -38,6 +38,8 @@ echo "== A2A acceptance through the Python a2a-sdk 1.3.0 client (v1.0 and v0.3 m
 scripts/a2a_py.sh target/debug/map-router
 echo "== AIP acceptance through Python gRPC (grpcio 1.73.1, stubs by grpcio-tools; venv in tests/aip_py/.venv)"
 scripts/aip_py.sh target/debug/map-router
+echo "== AIP acceptance spread: the Python gRPC nodes on a standby's AIP gateway, the MAP agent on the live node"
+scripts/aip_py.sh target/debug/map-router --spread
 
 echo "== gateway suite (the seeds' Python clients against target/debug/map-router)"
 gateways_python=$(tests/gateways/setup.sh)

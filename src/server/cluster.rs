@@ -74,6 +74,9 @@ pub struct Listeners<'a> {
     pub settings: &'a ListenerSettings,
     /// The server's authenticator (`[auth]`), built once for both routers.
     pub auth: Option<&'a Arc<crate::auth::Authenticator>>,
+    /// The AIP gateway's listener (`[aip] listen`), which a standby serves its own AIP gateway
+    /// on until it takes over.
+    pub aip: Option<&'a Arc<TcpListener>>,
 }
 
 /// Opens the event store `config` names: JetStream with `[cluster] url`, else SQLite with a
@@ -312,6 +315,8 @@ struct Serving {
     router_task: tokio::task::JoinHandle<()>,
     /// Hands the follower's rows to the router.
     feed: tokio::task::JoinHandle<()>,
+    /// Serves its AIP gateway on the server's AIP listener (`[aip] listen`).
+    aip: Option<tokio::task::JoinHandle<()>>,
     drain: std::time::Duration,
 }
 
@@ -384,40 +389,55 @@ impl Serving {
                 },
             ))
             .merge(crate::server::ui::routes());
-        // The gateways (A2A, MAMP, IM), as on the live node, with sessions of this node's own
-        // (relayed to the live node like any client's) and without what only one gateway may
-        // do (docs/cluster.md, "Gateways on every node"). AIP's port waits for the takeover.
-        let app = {
-            let addrs = listeners
-                .sockets
-                .iter()
-                .map(|l| l.local_addr())
-                .collect::<std::io::Result<Vec<_>>>()?;
-            let gateways = crate::server::gateways::gateway_context(
-                config,
-                &ctx,
-                &options,
-                auth.clone(),
-                &addrs,
-            );
-            app.merge(crate::server::gateways::gateway_routes(
-                config,
-                &ctx,
-                &options,
-                &gateways,
-                auth.clone(),
-                crate::server::gateways::A2aAllow::of(config)?,
-                &ctx.shutdown,
-                Some(node),
-            ))
+        // The gateways (A2A, MAMP, IM, AIP), as on the live node, with sessions of this node's
+        // own (relayed to the live node like any client's) and without what only one gateway
+        // may do (docs/cluster.md, "Gateways on every node").
+        let addrs = listeners
+            .sockets
+            .iter()
+            .map(|l| l.local_addr())
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let gateways =
+            crate::server::gateways::gateway_context(config, &ctx, &options, auth.clone(), &addrs);
+        let app = app.merge(crate::server::gateways::gateway_routes(
+            config,
+            &ctx,
+            &options,
+            &gateways,
+            auth.clone(),
+            crate::server::gateways::A2aAllow::of(config)?,
+            &ctx.shutdown,
+            Some(node),
+        ));
+        // AIP on the server's AIP listener, until the takeover (then the live node's gateway
+        // serves it: `stop` waits for this one to let go).
+        let aip = match listeners.aip {
+            Some(tcp) => {
+                let (gateway, tls) = crate::server::gateways::aip_gateway(config, &gateways)?;
+                tracing::info!(addr = %tcp.local_addr()?, "standby: serving the AIP gateway");
+                let task = tokio::spawn(crate::gateway::aip::listener::serve(
+                    Arc::clone(&gateway),
+                    Arc::clone(tcp),
+                    tls,
+                    ctx.shutdown.clone(),
+                ));
+                Some((gateway, task))
+            }
+            None => None,
         };
         // `/metrics`: the follower router's own families (its connections, subscriptions and
         // deliveries), and where it is in the stream.
         let app = if metrics.is_some() {
             let follower = Arc::downgrade(follower);
+            let aip_gateway = aip.as_ref().map(|(g, _)| Arc::downgrade(g));
             let extra: crate::server::metrics::Extra = Arc::new(move || {
                 let position = follower.upgrade().map_or(0, |f| f.position());
-                render_metrics(&probe)
+                let aip = aip_gateway
+                    .as_ref()
+                    .and_then(std::sync::Weak::upgrade)
+                    .map(|g| g.render_metrics())
+                    .unwrap_or_default();
+                aip + &render_metrics(&probe)
                     + &format!(
                         "# TYPE map_cluster_standby gauge\n\
                      # HELP map_cluster_standby 1 on a standby: it follows the stream another \
@@ -443,6 +463,7 @@ impl Serving {
             shutdown,
             router_task,
             feed,
+            aip: aip.map(|(_, task)| task),
             drain: options.drain_timeout,
         })
     }
@@ -456,6 +477,7 @@ impl Serving {
             shutdown,
             router_task,
             feed,
+            aip,
             drain,
             ..
         } = self;
@@ -473,6 +495,13 @@ impl Serving {
             tracing::warn!(
                 "standby: some follower connections did not close within the drain timeout"
             );
+        }
+        // Its AIP listener stops accepting at once; calls in flight get the drain timeout.
+        if let Some(mut task) = aip {
+            if tokio::time::timeout(drain, &mut task).await.is_err() {
+                tracing::warn!("standby: AIP calls did not end within the drain timeout");
+                task.abort();
+            }
         }
         let _ = ctx.router.send(Command::Shutdown).await;
         let _ = tokio::time::timeout(drain, router_task).await;

@@ -1,8 +1,8 @@
 //! What the server's gateways are built from, for the live node (`Server::start`) and a
 //! cluster standby (`server::cluster`), which serves them too: the in-process links they open
 //! their MAP sessions with ([`GatewayLinks`], [`connect_as`]), the context the MAMP, IM and
-//! AIP gateways share ([`gateway_context`]), and the HTTP routes of the MAMP, IM and A2A
-//! gateways ([`gateway_routes`]).
+//! AIP gateways share ([`gateway_context`]), the HTTP routes of the MAMP, IM and A2A
+//! gateways ([`gateway_routes`]), and the AIP gateway ([`aip_gateway`]).
 //!
 //! Owns nothing past the start: each gateway owns its own state (`crate::gateway`).
 
@@ -105,6 +105,25 @@ pub(super) fn gateway_context(
             listen_ports: addrs.iter().map(|a| a.port()).collect(),
         },
     ))
+}
+
+/// The AIP gateway over `gateways` and the TLS of its listener (the router's `[tls]`
+/// certificate with ALPN `h2`, when set).
+pub(super) fn aip_gateway(
+    config: &Config,
+    gateways: &Arc<crate::gateway::GatewayContext>,
+) -> std::io::Result<(
+    Arc<crate::gateway::aip::AipGateway>,
+    Option<tokio_rustls::TlsAcceptor>,
+)> {
+    let gateway = crate::gateway::aip::AipGateway::new(Arc::clone(gateways), config.aip.clone())
+        .map_err(|e| std::io::Error::other(format!("aip: {e}")))?;
+    let tls = config
+        .tls
+        .files()
+        .map(|f| crate::server::tls::acceptor_alpn(&f, vec![b"h2".to_vec()]))
+        .transpose()?;
+    Ok((gateway, tls))
 }
 
 /// The HTTP routes of the MAMP and IM gateways (over `gateways`) and of the A2A gateway, those

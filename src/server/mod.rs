@@ -95,7 +95,7 @@ impl Server {
         let tls = config.tls.files().map(|f| tls::acceptor(&f)).transpose()?;
         let a2a_allow = A2aAllow::of(&config)?;
         let aip_listener = match config.aip.listen {
-            Some(addr) => Some(TcpListener::bind(addr).await?),
+            Some(addr) => Some(Arc::new(TcpListener::bind(addr).await?)),
             None => None,
         };
         let mut listeners = Vec::new();
@@ -122,6 +122,7 @@ impl Server {
                 sockets: &listeners,
                 settings: &listener_settings,
                 auth: auth.as_ref(),
+                aip: aip_listener.as_ref(),
             },
         )
         .await?;
@@ -193,16 +194,8 @@ impl Server {
         let gateway_context = Arc::clone(&gateways);
         let aip = match aip_listener {
             Some(tcp) => {
-                let addr = tcp.local_addr()?;
-                let gateway =
-                    crate::gateway::aip::AipGateway::new(Arc::clone(&gateways), config.aip.clone())
-                        .map_err(|e| std::io::Error::other(format!("aip: {e}")))?;
-                let tls = config
-                    .tls
-                    .files()
-                    .map(|f| tls::acceptor_alpn(&f, vec![b"h2".to_vec()]))
-                    .transpose()?;
-                Some((gateway, addr, tcp, tls))
+                let (gateway, tls) = gateways::aip_gateway(&config, &gateways)?;
+                Some((gateway, tcp.local_addr()?, tcp, tls))
             }
             None => None,
         };

@@ -8,7 +8,13 @@ STOP_QUEST with STOP_RESPONSE, then ends its stream; a function tool answers one
 is_error with "Error executing tool: ..." when the function raises. The MAP agent on the other
 side is written with the official TypeScript SDK (tests/interop/aip_map_agent.mjs).
 
-    python tests/aip_py/acceptance.py --bin target/debug/map-router --stubs DIR
+    python tests/aip_py/acceptance.py --bin target/debug/map-router --stubs DIR [--spread]
+
+With --spread every router is a cluster on one nats-server (started here): a live node and a
+standby; the AIP nodes call the standby's gateway and MAP calls over HTTP go to the standby
+(both relayed to the live node), the MAP SDK agent connects to the live node, so every
+exchange crosses nodes; the restart scenario kills the live node instead, and the standby
+that takes over serves the same AIP port (docs/cluster.md, "Gateways on every node").
 
 Prints `ok - name` / `FAIL - name: reason` per scenario, then `N passed, M failed`; exits 0 only
 when nothing failed. Every wait is bounded (asyncio.wait_for, process timeouts, gRPC deadlines).
@@ -24,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+import urllib.error
 import urllib.request
 import uuid
 
@@ -34,6 +41,8 @@ WAIT_S = 10.0
 parser = argparse.ArgumentParser()
 parser.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "map-router"))
 parser.add_argument("--stubs", required=True)
+parser.add_argument("--spread", action="store_true",
+                    help="a live node and a standby on one nats-server: the AIP nodes call the standby's gateway")
 ARGS = parser.parse_args()
 sys.path.insert(0, ARGS.stubs)
 
@@ -50,23 +59,72 @@ KEYS = {"ops": "key-ops-0123456789", "alice": "key-alice-0123456789",
 # The router
 # --------------------------------------------------------------------------------------------
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nats:
+    """`nats-server -js` on a free loopback port with a temporary store (--spread)."""
+
+    def __init__(self):
+        import socket
+        import time
+        self.dir = tempfile.mkdtemp(prefix="map-router-aip-nats-")
+        port = free_port()
+        self.proc = subprocess.Popen(
+            ["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", self.dir],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + WAIT_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("nats-server did not listen")
+                time.sleep(0.05)
+        self.url = f"nats://127.0.0.1:{port}"
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait(WAIT_S)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+NATS = None  # with --spread, the nats-server every Router's nodes share
+
+
 class Router:
-    """The map-router binary with --aip-listen on 127.0.0.1:0 and a config file."""
+    """The map-router binary with --aip-listen and a config file: one node, or with --spread a
+    live node and a standby on NATS (docs/cluster.md, "Gateways on every node"). `aip` is
+    where the AIP nodes go and `http()` where MAP calls over HTTP go (the standby with
+    --spread: they are relayed to the live node); `url` is where the MAP SDK agent connects
+    (the live node), so that every exchange crosses nodes."""
 
     def __init__(self, config="", data_dir=None, extra=()):
         self.dir = tempfile.mkdtemp(prefix="map-router-aip-py-")
         self.data = data_dir or os.path.join(self.dir, "data")
-        cfg = os.path.join(self.dir, "router.toml")
+        self.extra = extra
+        self.cfg = os.path.join(self.dir, "router.toml")
         with open(os.path.join(self.dir, "api-keys"), "w") as f:
             f.write("".join(f"{key} {who}\n" for who, key in KEYS.items()))
-        with open(cfg, "w") as f:
+        if NATS is not None:
+            stream = "aip_" + uuid.uuid4().hex[:12]
+            config += (f'\n[cluster]\nurl = "{NATS.url}"\nstream = "{stream}"\nsubject_prefix = "{stream}"\n'
+                       'takeover_poll_ms = 100\nstandby = true\n')
+        with open(self.cfg, "w") as f:
             f.write(config.replace("{dir}", self.dir))
         self.proc = subprocess.Popen(
             [ARGS.bin, "--listen", "127.0.0.1:0", "--aip-listen", "127.0.0.1:0",
-             "--data-dir", self.data, "--config", cfg, *extra],
+             "--data-dir", self.data, "--config", self.cfg, *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.standby = None
         self.url = None
         self.aip = None
+        self.base = None
 
     async def started(self):
         loop = asyncio.get_running_loop()
@@ -85,10 +143,68 @@ class Router:
         await asyncio.wait_for(loop.run_in_executor(None, wait), WAIT_S)
         # Keep draining stderr so the router never blocks on a full pipe.
         loop.run_in_executor(None, lambda: [None for _ in self.proc.stderr])
+        self.base = self.url.replace("ws", "http", 1)
+        if NATS is not None:
+            await self._start_standby()
         return self
 
+    async def _start_standby(self):
+        """The standby (node `n1`): it prints no "listening" line until it takes over, so it
+        gets fixed ports and is ready once its /health says it serves."""
+        import ssl
+        import time
+        listen, aip = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        cfg = self.cfg + ".standby.toml"
+        with open(self.cfg) as f, open(cfg, "w") as out:
+            out.write(f.read() + 'node = "n1"\n')
+        self.standby = subprocess.Popen(
+            [ARGS.bin, "--listen", listen, "--aip-listen", aip, "--data-dir", self.data + "-standby",
+             "--config", cfg, *self.extra],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        scheme = "https" if self.url.startswith("wss") else "http"
+        unverified = ssl._create_unverified_context()  # the test CA is checked by the gRPC calls
+
+        def wait():
+            deadline = time.time() + 2 * WAIT_S
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{scheme}://{listen}/health", timeout=1, context=unverified) as r:
+                        body = r.read().decode()
+                except urllib.error.HTTPError as e:
+                    body = e.read().decode()
+                except OSError:
+                    body = ""
+                if "\nserving:" in body:
+                    return
+                if self.standby.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the standby never served: " + body)
+                time.sleep(0.1)
+        await asyncio.wait_for(loop_run(wait), 3 * WAIT_S)
+        self.aip, self.base = aip, f"{scheme}://{listen}"
+
+    async def take_over(self):
+        """Kills the live node (SIGKILL): the standby takes over, its AIP port now the live
+        node's gateway (--spread only)."""
+        self.proc.kill()
+        self.proc.wait(WAIT_S)
+
+        def wait():
+            import time
+            deadline = time.time() + 2 * WAIT_S
+            while True:
+                try:
+                    with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
+                        if r.status == 200:
+                            return
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError("the standby did not take over")
+                time.sleep(0.05)
+        await asyncio.wait_for(loop_run(wait), 3 * WAIT_S)
+
     def http(self):
-        return self.url.replace("ws", "http", 1)
+        return self.base
 
     def rpc(self, method, params, session=None, key=None, participant="system"):
         """One MAP call over POST /map/rpc (a fresh session unless given): (result, session)."""
@@ -110,13 +226,18 @@ class Router:
         return answer, session
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        for proc in (self.standby, self.proc):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+
+
+def loop_run(fn):
+    return asyncio.get_running_loop().run_in_executor(None, fn)
 
 
 class MapAgent:
@@ -617,9 +738,15 @@ async def scenarios(results):
         await run(results, "DeregisterNode: the MAP agent is gone", deregister)
 
         async def restart():
-            data = router.data
-            router.stop()
-            again = await Router(CONFIG, data_dir=data).started()
+            if NATS is None:
+                data = router.data
+                router.stop()
+                again = await Router(CONFIG, data_dir=data).started()
+            else:
+                # The live node dies: the standby takes over, and the AIP port the nodes use is
+                # now the new live node's gateway (the standby's own gateway let it go).
+                await router.take_over()
+                again = router
             try:
                 stub = pbg.GatewayServiceStub(grpc.aio.insecure_channel(again.aip))
                 r = await stub.Heartbeat(pb.HeartbeatRequest(sender_id=agent.id), timeout=WAIT_S)
@@ -628,9 +755,17 @@ async def scenarios(results):
                 assert (await agent.register()).success
                 r = await stub.Heartbeat(pb.HeartbeatRequest(sender_id=agent.id), timeout=WAIT_S)
                 assert r.success
+                if NATS is not None:
+                    # ... and it serves calls: the tool registers again and answers there.
+                    tool.stub = pbg.GatewayServiceStub(grpc.aio.insecure_channel(again.aip))
+                    assert (await tool.register()).success
+                    agent.stub = stub
+                    r = await agent.call_tool(tool.id, "add", {"a": "3", "b": "4"})
+                    assert [c.text for c in r.content] == ["7"], r
             finally:
                 again.stop()
-        await run(results, "a router restart: registrations are asked for again (Heartbeat says not registered)", restart)
+        await run(results, "a router restart (--spread: the live node killed, the standby takes over): "
+                  "registrations are asked for again (Heartbeat says not registered)", restart)
     finally:
         if mapagent:
             mapagent.stop()
@@ -813,13 +948,24 @@ async def run(results, name, fn):
 
 
 async def main():
+    global NATS
+    if ARGS.spread:
+        NATS = Nats()
+    try:
+        return await suites()
+    finally:
+        if NATS is not None:
+            NATS.stop()
+
+
+async def suites():
     results = []
     await scenarios(results)
     await identity(results)
     await tls_and_eviction(results)
     passed = sum(results)
     failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
+    print(f"{passed} passed, {failed} failed" + (" (spread over a live node and a standby)" if ARGS.spread else ""))
     return 1 if failed or not results else 0
 
 

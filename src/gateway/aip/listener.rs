@@ -99,10 +99,12 @@ impl AsyncWrite for Io {
     }
 }
 
-/// Serves the gateway on `listener` until `shutdown` turns true.
+/// Serves the gateway on `listener` until `shutdown` turns true. The listener is shared: a
+/// cluster standby serves its own gateway on it until it takes over, then the live node's
+/// gateway takes it (`server::cluster`); the accept loop stops with `shutdown`.
 pub async fn serve(
     gw: Arc<AipGateway>,
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     tls: Option<TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
