@@ -2927,3 +2927,93 @@ async fn relayed_pipelined_sends() {
     assert_eq!(e["event"]["data"]["status"], json!("offline"), "{e}");
     assert_eq!(e["event"]["data"]["node"], json!("n1"), "{e}");
 }
+
+#[test]
+fn an_a2a_task_whose_standby_gateway_dies_before_the_answer_ends_failed() {
+    on_big_stack(a2a_sender_gone);
+}
+
+/// A standby's A2A gateway sends the agent a task's message (its reply would go to
+/// `a2a-gateway@n1`), then the standby is killed: the live node's gateway ends that task
+/// `failed`, saying why, once the live node has ended the dead node's sessions; a task the
+/// live node's own gateway sent is left working and completes; the agent's late answer to the
+/// dead gateway changes nothing, and bob sees neither task.
+async fn a2a_sender_gone() {
+    let nats = Nats::start("a2a-sender-gone");
+    let dir = TempDir::new("cluster-a2a-sender-gone");
+    let config = four_principals(&dir.path);
+    let (_writer, w, mut f) = live_and_standby(&nats, &dir.path, &config).await;
+    let (ops_agent, _worker, mut inbox) = rust_agent(&w, OPS, "worker").await;
+    let at = "/a2a/agents/worker";
+    let send = |url: String, text: &'static str| async move {
+        let res = a2a_ok(
+            &url,
+            at,
+            ALICE,
+            "SendMessage",
+            json!({"message": {"messageId": text, "role": "ROLE_USER", "parts": [{"text": text}]},
+                "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+        res["task"]["id"].as_str().unwrap().to_owned()
+    };
+    // Through the live node first (its gateway starts, and watches the others'), then through
+    // the standby.
+    let kept = send(w.clone(), "through the live node").await;
+    let to_kept = within(Duration::from_secs(10), inbox.recv()).await.unwrap();
+    assert_eq!(to_kept.from.as_str(), "a2a-gateway");
+    let orphan = send(f.url.clone(), "through the standby").await;
+    let to_orphan = within(Duration::from_secs(10), inbox.recv()).await.unwrap();
+    assert_eq!(to_orphan.from.as_str(), "a2a-gateway@n1");
+    let state = |id: String| {
+        let w = w.clone();
+        async move {
+            let got = a2a_ok(&w, "/a2a", ALICE, "GetTask", json!({"id": id})).await;
+            got["status"].clone()
+        }
+    };
+    assert_eq!(state(orphan.clone()).await["state"], "TASK_STATE_WORKING");
+
+    sigkill(&mut f.child).await;
+    // The live node ends the dead node's relay sessions after two missed roll calls (about
+    // 2 to 7 s); its gateway then ends the task.
+    let ended = within(Duration::from_secs(30), async {
+        loop {
+            let s = state(orphan.clone()).await;
+            if s["state"] != "TASK_STATE_WORKING" {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert_eq!(ended["state"], "TASK_STATE_FAILED", "{ended}");
+    let why = ended["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.contains("stopped before the agent answered") && why.contains("n1"),
+        "{ended}"
+    );
+    assert_eq!(state(kept.clone()).await["state"], "TASK_STATE_WORKING");
+    // The agent answers both: the dead gateway's answer changes nothing; the live one's
+    // completes its task.
+    reply_to(&ops_agent, &to_orphan, json!("too late")).await;
+    reply_to(&ops_agent, &to_kept, json!("in time")).await;
+    let done = within(Duration::from_secs(10), async {
+        loop {
+            let s = state(kept.clone()).await;
+            if s["state"] != "TASK_STATE_WORKING" {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert_eq!(done["state"], "TASK_STATE_COMPLETED", "{done}");
+    assert_eq!(state(orphan.clone()).await["state"], "TASK_STATE_FAILED");
+    for id in [&kept, &orphan] {
+        let (_, text, v) = a2a_call(&w, "/a2a", BOB, "GetTask", json!({"id": id})).await;
+        assert_eq!(v["error"]["code"], -32001, "{text}");
+    }
+}

@@ -101,6 +101,12 @@ pub struct Record {
     /// caller's send gets that message (its status message) rather than the task.
     #[serde(default, skip_serializing_if = "is_false")]
     pub message_only: bool,
+    /// The gateway agent that sent the agent the latest message (`a2a-gateway`, or a cluster
+    /// standby's `a2a-gateway@<node>`): the agent's reply goes to it. When it is a standby's
+    /// and that node dies, the live node's gateway ends the task (`tasks.rs`,
+    /// `Core::end_if_orphaned`). Not part of the A2A view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference

@@ -124,6 +124,29 @@ where
     ended
 }
 
+/// The server-side tasks in flight (`submitted`, `working`) whose latest message the gateway
+/// agent `gateway` sent (`Record::gateway`), at most [`MAX_PAGES`] pages of them.
+pub(super) async fn waiting_on(books: &Client, gateway: &str) -> Vec<String> {
+    let mut waiting = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let Some((tasks, next)) = page(books, cursor.as_deref()).await else {
+            break;
+        };
+        waiting.extend(tasks.into_iter().filter_map(|(times, task)| {
+            let record = task.record()?;
+            (record.gateway.as_deref() == Some(gateway)
+                && matches!(record.state, TaskState::Submitted | TaskState::Working))
+            .then_some(times.id)
+        }));
+        match next {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    waiting
+}
+
 /// One page of the tasks in flight (`open`, `in_progress`): each with its times, and the next
 /// cursor. `None` when the listing failed (logged).
 async fn page(

@@ -83,6 +83,55 @@ pub fn node_id(id: &str, node: Option<&str>) -> String {
     }
 }
 
+/// The status message of a task ended because the cluster node whose gateway sent its agent
+/// the message died before the agent answered (its reply would go to that gateway).
+pub const SENDER_GONE: &str =
+    "the router node that sent the task's message stopped before the agent answered";
+
+/// Follows `events` (the gateway agents' `agent_unregistered` and `agent.presence.changed`)
+/// for the live node's gateway: when another node's gateway agent goes (its node died), the
+/// tasks waiting on it end ([`Core::end_if_orphaned`]). Ends with the subscription or the
+/// gateway.
+async fn watch_other_gateways(core: Weak<Core>, mut events: crate::client::Subscription) {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Gone {
+        agent_id: String,
+        #[serde(default)]
+        status: Option<crate::protocol::agent::PresenceStatus>,
+    }
+    while let Some(envelope) = events.next().await {
+        let Some(gone) = envelope
+            .event
+            .data
+            .as_ref()
+            .and_then(|d| serde_json::from_str::<Gone>(d.get()).ok())
+        else {
+            continue;
+        };
+        let offline = gone
+            .status
+            .is_none_or(|s| s == crate::protocol::agent::PresenceStatus::Offline);
+        if !offline || !gone.agent_id.starts_with(&format!("{GATEWAY_AGENT}@")) {
+            continue;
+        }
+        let Some(core) = core.upgrade() else { return };
+        tokio::spawn(async move {
+            let waiting =
+                crate::gateway::a2a::recovery::waiting_on(&core.books[0], &gone.agent_id).await;
+            let mut ended = 0;
+            for id in waiting {
+                if core.end_if_orphaned(&id, &gone.agent_id).await {
+                    ended += 1;
+                }
+            }
+            if ended > 0 {
+                tracing::info!(gateway = %gone.agent_id, tasks = ended, "a2a gateway: ended the tasks another node's gateway was waiting on");
+            }
+        });
+    }
+}
+
 /// Whether `id` is the gateway's agent, on any node (not an A2A agent of its own).
 pub fn is_gateway_agent(id: &str) -> bool {
     id.split_once('@').map_or(id, |(base, _)| base) == GATEWAY_AGENT
@@ -287,6 +336,20 @@ impl Core {
         if let Some(sweep) = sweep {
             tokio::spawn(sweep);
         }
+        // The live node's gateway also ends the tasks a dead standby's gateway was waiting on.
+        if node.is_none() {
+            let gone = core.books[0]
+                .subscribe(SubscriptionFilter {
+                    // agent.presence.changed is a vendor type: named.
+                    event_types: Some(vec![
+                        "agent_unregistered".into(),
+                        "agent.presence.changed".into(),
+                    ]),
+                    ..SubscriptionFilter::default()
+                })
+                .await?;
+            tokio::spawn(watch_other_gateways(Arc::downgrade(&core), gone));
+        }
         let mut inbox = core.agent.messages();
         let weak = Arc::downgrade(&core);
         tokio::spawn(async move {
@@ -455,7 +518,7 @@ impl Core {
         };
         if !unchanged
             || !matches!(record.state, TaskState::Submitted | TaskState::Working)
-            || self.agent_live(&record.agent).await
+            || (self.agent_live(&record.agent).await && !self.sender_gone(&record).await)
         {
             return false;
         }
@@ -473,6 +536,61 @@ impl Core {
     /// Whether the agent `id` is registered now.
     async fn agent_live(&self, id: &str) -> bool {
         self.books[0].get_agent(id).await.is_ok()
+    }
+
+    /// Whether the agent `id` is registered and online now (an orphaned one is offline).
+    async fn agent_online(&self, id: &str) -> bool {
+        self.books[0].get_agent(id).await.is_ok_and(|a| {
+            a.presence
+                .is_none_or(|p| p.status == crate::protocol::agent::PresenceStatus::Online)
+        })
+    }
+
+    /// Whether `record` waits for a reply that another node's gateway agent was to receive,
+    /// and that gateway is gone (unregistered, or offline: its node died).
+    async fn sender_gone(&self, record: &Record) -> bool {
+        match record.gateway.as_deref() {
+            Some(g) if g != self.agent.id().as_str() && is_gateway_agent(g) => {
+                !self.agent_online(g).await
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends task `id` if it still waits (`submitted`, `working`) for a reply that `gateway`,
+    /// another node's gateway agent now gone, was to receive: that reply can reach no gateway
+    /// that would apply it. Read and written under the task's lock. Whether it ended it.
+    pub(super) async fn end_if_orphaned(&self, id: &str, gateway: &str) -> bool {
+        let _guard = self.lock_task(id).await;
+        let Ok(text) = self
+            .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
+            .await
+        else {
+            return false;
+        };
+        let Some(mut record) = MapTask::from_wrapped(&text).and_then(|t| t.record()) else {
+            return false;
+        };
+        if record.gateway.as_deref() != Some(gateway)
+            || !matches!(record.state, TaskState::Submitted | TaskState::Working)
+            || !self.sender_gone(&record).await
+        {
+            return false;
+        }
+        let node = gateway.split_once('@').map_or("?", |(_, n)| n);
+        let message = Message::agent_text(
+            format!("{SENDER_GONE} (node {node}, whose gateway sent the agent the message)"),
+            id,
+            &record.context_id,
+        );
+        record.set_state(TaskState::Failed, Some(message));
+        match self.write(id, &record, None).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "a2a gateway: a task whose gateway died could not be ended");
+                false
+            }
+        }
     }
 
     /// Whether `target` serves `record`: the router endpoint serves every task; an agent's URL
@@ -669,6 +787,7 @@ impl Core {
                         r.history.push(message.clone());
                         r.agent = agent.id.to_string();
                         r.agent_name.clone_from(&agent.name);
+                        r.gateway = Some(self.agent.id().to_string());
                         r.set_state(TaskState::Working, None);
                         Ok(None)
                     })
@@ -713,6 +832,7 @@ impl Core {
                     metadata,
                     owner: caller.owner(),
                     message_only: false,
+                    gateway: Some(self.agent.id().to_string()),
                 };
                 let created = create_params(&id, agent, &message, &record)?;
                 self.fits(&created, "the new task")?;
