@@ -482,6 +482,17 @@ async fn start_standby(nats: &Nats, data: &Path, name: &str) -> StandbyNode {
 
 /// As [`start_standby`], with `storage` as the `[storage]` section (and what follows it).
 async fn start_standby_with(nats: &Nats, data: &Path, name: &str, storage: &str) -> StandbyNode {
+    start_standby_in(nats, data, name, "", storage).await
+}
+
+/// As [`start_standby_with`], with `cluster` added to its `[cluster]` section.
+async fn start_standby_in(
+    nats: &Nats,
+    data: &Path,
+    name: &str,
+    cluster: &str,
+    storage: &str,
+) -> StandbyNode {
     use tokio::io::AsyncBufReadExt;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -490,7 +501,7 @@ async fn start_standby_with(nats: &Nats, data: &Path, name: &str, storage: &str)
     let mut args = node_args_with(
         nats,
         data,
-        &format!("node = \"{name}\"\nstandby = true\ntakeover_poll_ms = 100"),
+        &format!("node = \"{name}\"\nstandby = true\ntakeover_poll_ms = 100\n{cluster}"),
         storage,
     );
     args[1] = format!("127.0.0.1:{port}").into();
@@ -1886,14 +1897,24 @@ async fn live_and_standby(
     dir: &Path,
     storage: &str,
 ) -> (tokio::process::Child, String, StandbyNode) {
+    live_and_standby_with(nats, dir, "", storage).await
+}
+
+/// As [`live_and_standby`], with `cluster` added to both nodes' `[cluster]` sections.
+async fn live_and_standby_with(
+    nats: &Nats,
+    dir: &Path,
+    cluster: &str,
+    storage: &str,
+) -> (tokio::process::Child, String, StandbyNode) {
     let (live, url) = start_binary(node_args_with(
         nats,
         &dir.join("n0"),
-        "node = \"n0\"",
+        &format!("node = \"n0\"\n{cluster}"),
         storage,
     ))
     .await;
-    let f = start_standby_with(nats, &dir.join("n1"), "n1", storage).await;
+    let f = start_standby_in(nats, &dir.join("n1"), "n1", cluster, storage).await;
     health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving:")).await;
     (live, url, f)
 }
@@ -2942,7 +2963,9 @@ async fn a2a_sender_gone() {
     let nats = Nats::start("a2a-sender-gone");
     let dir = TempDir::new("cluster-a2a-sender-gone");
     let config = four_principals(&dir.path);
-    let (_writer, w, mut f) = live_and_standby(&nats, &dir.path, &config).await;
+    // Roll calls every 300 ms: the dead node is noticed within about a second.
+    let (_writer, w, mut f) =
+        live_and_standby_with(&nats, &dir.path, "roll_call_ms = 300", &config).await;
     let (ops_agent, _worker, mut inbox) = rust_agent(&w, OPS, "worker").await;
     let at = "/a2a/agents/worker";
     let send = |url: String, text: &'static str| async move {
@@ -2975,8 +2998,10 @@ async fn a2a_sender_gone() {
     assert_eq!(state(orphan.clone()).await["state"], "TASK_STATE_WORKING");
 
     sigkill(&mut f.child).await;
-    // The live node ends the dead node's relay sessions after two missed roll calls (about
-    // 2 to 7 s); its gateway then ends the task.
+    let killed = Instant::now();
+    // The live node ends the dead node's relay sessions after two missed roll calls (with
+    // `roll_call_ms = 300`: within about a second; 2 to 7 s with the default 2 s); its
+    // gateway then ends the task.
     let ended = within(Duration::from_secs(30), async {
         loop {
             let s = state(orphan.clone()).await;
@@ -2988,6 +3013,10 @@ async fn a2a_sender_gone() {
     })
     .await;
     assert_eq!(ended["state"], "TASK_STATE_FAILED", "{ended}");
+    let took = killed.elapsed();
+    eprintln!("the dead standby's task ended {took:?} after the kill (roll calls every 300 ms)");
+    // The configured roll call bounds it (with the default 2 s: 2 to 7 s).
+    assert!(took < Duration::from_millis(3500), "{took:?}");
     let why = ended["message"]["parts"][0]["text"]
         .as_str()
         .unwrap_or_default();

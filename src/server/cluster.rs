@@ -46,10 +46,8 @@ pub struct Node {
 /// The cluster's state now.
 pub type Probe = Arc<dyn Fn() -> ClusterState + Send + Sync>;
 
-/// How often the live node asks every node of the stream who it is, and how long it gathers
-/// their answers.
-#[cfg(feature = "cluster")]
-const ROLL_CALL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a roll call gathers the nodes' answers (how often it is held:
+/// `[cluster] roll_call_ms`, [`roll_call_every`]).
 #[cfg(feature = "cluster")]
 const ROLL_CALL_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -100,7 +98,9 @@ pub async fn open_store(
         let stream = options.stream.clone();
         let (store, recovered) = open_jetstream(config, options, listeners).await?;
         let relays = Some((store.nats(), stream));
-        let nodes = roll_calls(&store, |s| async move { s.nodes(ROLL_CALL_WAIT).await });
+        let nodes = roll_calls(&store, roll_call_every(config), |s| async move {
+            s.nodes(ROLL_CALL_WAIT).await
+        });
         let probe_store = Arc::clone(&store);
         let probe: Probe = Arc::new(move || ClusterState {
             connected: probe_store.connected(),
@@ -135,12 +135,21 @@ pub async fn open_store(
     Ok((Some((store as Arc<dyn EventStore>, recovered)), None, None))
 }
 
-/// Asks every node of the stream who it is, every [`ROLL_CALL_EVERY`], for as long as the
+/// How often this node holds the roll call (`[cluster] roll_call_ms`).
+pub fn roll_call_every(config: &Config) -> std::time::Duration {
+    std::time::Duration::from_millis(config.cluster.roll_call_ms.max(100))
+}
+
+/// Asks every node of the stream who it is, `every` ([`roll_call_every`]), for as long as the
 /// store is open; the answers gathered last are in the returned list (empty while NATS is
 /// away). Handlers read the list: a scrape sends nothing to NATS.
 /// `ask` is the store's (the writer's) or the follower's (a standby's) roll call.
 #[cfg(feature = "cluster")]
-fn roll_calls<T, F, Fut>(source: &Arc<T>, ask: F) -> Arc<std::sync::Mutex<Vec<Node>>>
+fn roll_calls<T, F, Fut>(
+    source: &Arc<T>,
+    every: std::time::Duration,
+    ask: F,
+) -> Arc<std::sync::Mutex<Vec<Node>>>
 where
     T: Send + Sync + 'static,
     F: Fn(Arc<T>) -> Fut + Send + 'static,
@@ -167,7 +176,7 @@ where
             *cache
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = answered;
-            tokio::time::sleep(ROLL_CALL_EVERY).await;
+            tokio::time::sleep(every).await;
         }
     });
     nodes
@@ -218,7 +227,7 @@ async fn open_jetstream(
                     match Follower::open(options.clone()).await {
                         Ok(f) => {
                             let f = Arc::new(f);
-                            let probe = follower_probe(&f);
+                            let probe = follower_probe(&f, roll_call_every(config));
                             let relay = crate::server::relay::FollowerRelay::start(
                                 f.nats(),
                                 &options.stream,
@@ -511,8 +520,15 @@ impl Serving {
 /// What a standby says of the cluster: its own NATS connection, and the nodes that answered
 /// its roll call (every node asks, so that any node shows the whole cluster).
 #[cfg(feature = "cluster")]
-fn follower_probe(follower: &Arc<crate::store::jetstream::follower::Follower>) -> Probe {
-    let nodes = roll_calls(follower, |f| async move { f.nodes(ROLL_CALL_WAIT).await });
+fn follower_probe(
+    follower: &Arc<crate::store::jetstream::follower::Follower>,
+    every: std::time::Duration,
+) -> Probe {
+    let nodes = roll_calls(
+        follower,
+        every,
+        |f| async move { f.nodes(ROLL_CALL_WAIT).await },
+    );
     let follower = Arc::downgrade(follower);
     Arc::new(move || ClusterState {
         connected: follower.upgrade().is_some_and(|f| f.connected()),

@@ -491,6 +491,10 @@ pub struct ClusterSettings {
     pub standby: bool,
     /// How often a standby asks whether the writer is still alive, in ms.
     pub takeover_poll_ms: u64,
+    /// How often every node asks who is in the cluster (the roll call), in ms. A node missing
+    /// from two roll calls in a row is taken for dead by the live node (its relay sessions
+    /// end, its agents are orphaned or unregistered): within about 3 roll calls of its death.
+    pub roll_call_ms: u64,
 }
 
 impl Default for ClusterSettings {
@@ -516,6 +520,7 @@ impl Default for ClusterSettings {
             creds_file: None,
             standby: false,
             takeover_poll_ms: 250,
+            roll_call_ms: 2_000,
         }
     }
 }
@@ -853,6 +858,9 @@ impl Config {
         if self.cluster.tls_cert.is_some() != self.cluster.tls_key.is_some() {
             return bad("cluster needs both tls_cert and tls_key (or neither)");
         }
+        if !(100..=600_000).contains(&self.cluster.roll_call_ms) {
+            return bad("cluster.roll_call_ms must be between 100 and 600000");
+        }
         if self.cluster.url.is_some() && !cfg!(feature = "cluster") {
             return bad("[cluster] needs a binary built with the `cluster` feature");
         }
@@ -1037,6 +1045,17 @@ mod tests {
         let c = Config::default();
         c.validate().unwrap();
         assert!(c.listen[0].ip().is_loopback());
+    }
+
+    #[test]
+    fn cluster_roll_call_is_bounded() {
+        assert_eq!(Config::default().cluster.roll_call_ms, 2_000);
+        let c = Config::from_toml("[cluster]\nroll_call_ms = 300\n").unwrap();
+        assert_eq!(c.cluster.roll_call_ms, 300);
+        for bad in ["0", "99", "600001"] {
+            let err = Config::from_toml(&format!("[cluster]\nroll_call_ms = {bad}\n")).unwrap_err();
+            assert!(err.to_string().contains("cluster.roll_call_ms"), "{err}");
+        }
     }
 
     #[test]

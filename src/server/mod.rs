@@ -254,6 +254,7 @@ impl Server {
                 &ctx,
                 &options,
                 probe.clone(),
+                cluster::roll_call_every(&config),
                 shutdown_rx.clone(),
             ));
         }
@@ -401,6 +402,7 @@ fn host_relays(
     ctx: &TransportContext,
     options: &ConnectionOptions,
     probe: Option<cluster::Probe>,
+    roll_call: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let open: relay::OpenSession = {
@@ -439,7 +441,7 @@ fn host_relays(
     });
     tokio::spawn(async move {
         tokio::select! {
-            () = relay::host(client, stream, open, nodes) => {}
+            () = relay::host(client, stream, open, nodes, roll_call) => {}
             _ = shutdown.wait_for(|s| *s) => {}
         }
     })

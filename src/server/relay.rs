@@ -40,12 +40,12 @@ const CLOSE: &str = "close";
 const CLOSED: &str = "closed";
 
 /// How long a relay's node may be missing from the roll call after the relay opened before the
-/// writer takes it for dead (a node that just started may not have answered one yet).
-const GRACE: Duration = Duration::from_secs(6);
-/// How often the writer compares its relays with the roll call (as often as the roll call).
-const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// writer takes it for dead (a node that just started may not have answered one yet), in
+/// roll calls.
+const GRACE_ROLL_CALLS: u32 = 3;
 /// Roll calls in a row a node must miss before its relay sessions end: a node that answers one
-/// late is not taken for dead; a dead one is noticed within about 2 to 6 s.
+/// late is not taken for dead; a dead one is noticed within about 1 to 3 roll calls
+/// (`[cluster] roll_call_ms`, 2 s by default).
 const MISSED_ROLL_CALLS: u32 = 2;
 
 /// A node name as one subject token (`.`, `*`, `>` and blanks would split or widen it).
@@ -310,11 +310,19 @@ struct Hosted {
 }
 
 /// The writer's end of the relays (see the module docs): runs until NATS closes the
-/// subscription or the task is aborted.
-pub async fn host(client: async_nats::Client, stream: String, open: OpenSession, nodes: LiveNodes) {
+/// subscription or the task is aborted. It compares its relays with the roll call (`nodes`)
+/// as often as the roll call is held (`roll_call`).
+pub async fn host(
+    client: async_nats::Client,
+    stream: String,
+    open: OpenSession,
+    nodes: LiveNodes,
+    roll_call: Duration,
+) {
     let mut sub = subscribe(&client, format!("_MAP.relay.{stream}.*.*")).await;
     let mut sessions: HashMap<(String, u64), Hosted> = HashMap::new();
-    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    let grace = roll_call * GRACE_ROLL_CALLS;
+    let mut sweep = tokio::time::interval(roll_call);
     // Roll calls in a row each node with relay sessions was missing from.
     let mut missed: HashMap<String, u32> = HashMap::new();
     loop {
@@ -343,7 +351,7 @@ pub async fn host(client: async_nats::Client, stream: String, open: OpenSession,
                     *missed.entry(node).or_default() += 1;
                 }
                 sessions.retain(|(node, conn), s| {
-                    let dead = s.opened.elapsed() >= GRACE
+                    let dead = s.opened.elapsed() >= grace
                         && missed.get(node).is_some_and(|m| *m >= MISSED_ROLL_CALLS);
                     if dead {
                         tracing::info!(%node, conn, "relay: the node left the roll call; its session ends");
