@@ -25,7 +25,7 @@ cargo test --locked --doc
 echo "== interop suite (official SDK clients against target/debug/map-router)"
 cargo build --locked --bin map-router
 node tests/interop/run.mjs --bin target/debug/map-router
-echo "== interop suite, clients spread over a writer and a standby on one nats-server (cluster mode)"
+echo "== interop suite, clients spread over a writer and two standbys on one nats-server (cluster mode)"
 MAP_INTEROP_SPREAD=1 node tests/interop/run.mjs --bin target/debug/map-router
 node tests/interop/quickstart.mjs --bin target/debug/map-router
 echo "== A2A interop (@a2a-js/sdk clients against the A2A gateway of target/debug/map-router)"

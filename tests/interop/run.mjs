@@ -2425,16 +2425,19 @@ async function runScenario(s) {
     await withTimeout(
       (async () => {
         if (SPREAD && !s.name.startsWith('cluster:')) {
-          // The clients spread over a writer and a standby on one NATS (README "Spread").
+          // The clients spread over three nodes on one NATS, a writer and two standbys
+          // (README "Spread").
           const nats = await ctx.startNats();
           const cluster = (node, extra = '') =>
             `\n[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
           const writer = await ctx.startRouter({ config: (s.opts.config ?? '') + cluster('n0') });
-          const standby = await ctx.startStandby({
-            config: (s.opts.config ?? '') + cluster('n1', 'standby = true\n'),
-          });
+          const standbys = await Promise.all(
+            ['n1', 'n2'].map((n) =>
+              ctx.startStandby({ config: (s.opts.config ?? '') + cluster(n, 'standby = true\n') }),
+            ),
+          );
           ctx.url = writer.url;
-          ctx.spread = [writer.url, standby.url];
+          ctx.spread = [writer.url, ...standbys.map((r) => r.url)];
         } else {
           const router = await ctx.startRouter({ config: s.opts.config });
           ctx.url = router.url;
