@@ -571,6 +571,106 @@ async fn squatting_the_gateways_ids_fails_and_a2a_keeps_working() {
     assert_eq!(v["error"]["code"], -32001);
 }
 
+#[tokio::test]
+async fn nobody_but_the_gateway_writes_an_a2a_record_so_no_owner_is_made_up() {
+    let (_server, addr, url) = server("").await;
+    let (dev, _worker, mut inbox) = agent(&url, DEV, "worker").await;
+    let at = "/a2a/agents/worker";
+    let connect = |key: &'static str, system: bool| {
+        let url = url.clone();
+        async move {
+            let options = if system {
+                ClientOptions::new()
+                    .participant_type(map_router::protocol::capabilities::ParticipantType::System)
+            } else {
+                ClientOptions::new()
+            };
+            with_timeout(Client::connect_ws(&url, options.api_key(key)))
+                .await
+                .unwrap()
+        }
+    };
+    let (bob, ops) = (connect(BOB, false).await, connect(OPS, true).await);
+    let made_up = json!({"contextId": "ctx-x", "state": "TASK_STATE_WORKING", "agent": "worker",
+        "owner": {"id": "alice"}, "history": [{"messageId": "x", "role": "ROLE_USER",
+        "parts": [{"text": "planted by bob"}]}]});
+    // bob makes a task claiming to be alice's A2A task: refused, nothing made. So does ops,
+    // a system principal (only the gateway's own sessions write the record).
+    for who in [&bob, &ops] {
+        let before = task_count(&ops).await;
+        let e = with_timeout(who.call_raw(
+            "map/tasks/create",
+            json!({"task": {"id": format!("planted-{}", before), "meta": {"a2a": made_up}}}),
+        ))
+        .await
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("meta.a2a is written by the router's gateway only"),
+            "{e}"
+        );
+        assert_eq!(task_count(&ops).await, before, "nothing made");
+    }
+    // Nor added to a task of bob's own afterwards.
+    let own = with_timeout(bob.call_raw("map/tasks/create", json!({"task": {"title": "mine"}})))
+        .await
+        .unwrap()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let e = with_timeout(bob.call_raw(
+        "map/tasks/update",
+        json!({"taskId": own, "meta": {"a2a": made_up}}),
+    ))
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("meta.a2a"), "{e}");
+    assert!(map_task(&ops, &own).await["meta"].get("a2a").is_none());
+    // alice's A2A tasks are hers alone: nothing of bob's in her list.
+    let listed = ok(addr, at, ALICE, "ListTasks", json!({})).await;
+    assert_eq!(listed["tasks"], json!([]), "{listed}");
+
+    // The gateway still makes hers, with the record (and the webhook-facing first state) as
+    // before; the MAP task is created by her session, the record written by the gateway.
+    let res = ok(
+        addr,
+        at,
+        ALICE,
+        "SendMessage",
+        json!({"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "real"}]},
+            "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    let id = res["task"]["id"].as_str().unwrap().to_owned();
+    let asked = with_timeout(inbox.recv()).await.unwrap();
+    let task = map_task(&ops, &id).await;
+    assert_eq!(task["meta"]["a2a"]["owner"], json!({"id": "alice"}));
+    assert_eq!(task["meta"]["a2a"]["gateway"], "a2a-gateway");
+    // ... and an agent (dev, the assignee's principal) cannot rewrite the record either.
+    let e = with_timeout(dev.call_raw(
+        "map/tasks/update",
+        json!({"taskId": id, "meta": {"a2a": made_up}}),
+    ))
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("meta.a2a"), "{e}");
+    reply(&dev, &asked, json!("done")).await;
+    within(Duration::from_secs(5), async {
+        loop {
+            let t = ok(addr, "/a2a", ALICE, "GetTask", json!({"id": id})).await;
+            if t["status"]["state"] == "TASK_STATE_COMPLETED" {
+                assert_eq!(t["history"][0]["parts"][0]["text"], "real");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let listed = ok(addr, at, ALICE, "ListTasks", json!({})).await;
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["tasks"][0]["id"], id.as_str());
+}
+
 // ---------------------------------------------------------------------------------------------
 // M2: one MAP session per principal, whatever its credentials
 

@@ -64,6 +64,12 @@ pub const RESERVED_IDS: &[&str] = &[
     a2a::tasks::BOOKS[3],
 ];
 
+/// The members of a task's `meta` only the service principal (the gateways' bookkeeping
+/// sessions) may write: `a2a`, the A2A gateway's record of the task, which names its owner
+/// (docs/a2a.md, "Who owns a task"). Without this, anyone who may create tasks could put one
+/// with a made-up owner into another principal's `ListTasks`.
+pub const RESERVED_TASK_META: &[&str] = &["a2a"];
+
 /// The ids only the service principal may take: [`RESERVED_IDS`] and, so that nobody takes a
 /// configured remote MAMP agent's URI before (or instead of) the gateway's own session, every
 /// `[[gateways.mamp.remote]]` URI.

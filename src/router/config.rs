@@ -70,6 +70,11 @@ pub struct RouterConfig {
     /// (`auth::service_principal`) may take: the ids of the gateways' own sessions and agents.
     /// Anyone else asking for one gets a fresh participant id, or 1003 for an agent id.
     pub reserved_ids: Vec<String>,
+    /// Top-level members of a task's `meta` that only the service principal may write (in
+    /// `map/tasks/create` and `map/tasks/update`): the records a gateway keeps in the tasks
+    /// it makes, which say whose they are (`a2a`: the A2A gateway's, with the task's owner).
+    /// Anyone else writing one gets `TaskDenied`.
+    pub reserved_task_meta: Vec<String>,
     /// In cluster mode, this node's name (`[cluster] node`): the node an agent connected here
     /// is on (`Presence::node`). `None` on a single router.
     pub node: Option<String>,
@@ -108,6 +113,7 @@ impl Default for RouterConfig {
             quotas: quotas::Quotas::default(),
             permissions: Arc::default(),
             reserved_ids: Vec::new(),
+            reserved_task_meta: Vec::new(),
             node: None,
             ids_per_principal: crate::router::identities::table::DEFAULT_IDS_PER_PRINCIPAL,
             cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,

@@ -938,6 +938,10 @@ impl Config {
             cache_items: self.storage.cache_items,
             permissions: std::sync::Arc::new(self.permissions.clone()),
             reserved_ids: crate::gateway::reserved_ids(&self.gateways),
+            reserved_task_meta: crate::gateway::RESERVED_TASK_META
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
             node: self.cluster.url.as_ref().map(|_| {
                 self.cluster
                     .node

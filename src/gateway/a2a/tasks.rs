@@ -835,7 +835,14 @@ impl Core {
                     gateway: Some(self.agent.id().to_string()),
                 };
                 let created = create_params(&id, agent, &message, &record)?;
-                self.fits(&created, "the new task")?;
+                let first = record.clone();
+                let mut working = record;
+                working.set_state(TaskState::Working, None);
+                // The record is written right after the task is made: too big, nothing is made.
+                self.fits(
+                    &serde_json::to_string(&working).map_err(A2aError::internal)?,
+                    "the new task",
+                )?;
                 if let Some(config) = push {
                     self.push.set(&id, config)?;
                 }
@@ -844,11 +851,11 @@ impl Core {
                     self.push.forget(&id);
                     return Err(e);
                 }
-                let first = record.clone();
-                let mut working = record;
-                working.set_state(TaskState::Working, None);
                 {
+                    // The record as made (`submitted`: webhooks get the task first), then
+                    // `working`.
                     let _guard = self.lock_task(&id).await;
+                    self.write(&id, &first, None).await?;
                     self.write(&id, &working, None).await?;
                 }
                 (id, first, watcher)
@@ -1153,7 +1160,9 @@ fn refusal(e: &ClientError) -> bool {
 }
 
 /// The params of `map/tasks/create` for the A2A task `id` (made by the caller's session: MAP
-/// applies the caller's `tasks.canCreate` and the assignee's visibility to the caller).
+/// applies the caller's `tasks.canCreate` and the assignee's visibility to the caller). Its
+/// `meta.a2a` (the record, with the owner) is not in it: only the gateway's bookkeeping
+/// sessions may write that member (`gateway::RESERVED_TASK_META`), which they do at once.
 fn create_params(
     id: &str,
     agent: &Agent,
@@ -1161,16 +1170,11 @@ fn create_params(
     record: &Record,
 ) -> Result<String, A2aError> {
     #[derive(Serialize)]
-    struct Meta<'a> {
-        a2a: &'a Record,
-    }
-    #[derive(Serialize)]
     struct Task<'a> {
         id: &'a str,
         assignee: &'a str,
         title: String,
         status: &'a str,
-        meta: Meta<'a>,
     }
     #[derive(Serialize)]
     struct Create<'a> {
@@ -1190,7 +1194,6 @@ fn create_params(
             assignee: agent.id.as_str(),
             title,
             status: record.state.map_status(),
-            meta: Meta { a2a: record },
         },
     })
     .map_err(A2aError::internal)

@@ -150,6 +150,37 @@ impl Router {
         self.trim_kept();
     }
 
+    /// Refuses a `meta` that writes a member only the service principal may write
+    /// (`RouterConfig::reserved_task_meta`: a gateway's record of the task, such as whose it
+    /// is), unless the caller's session is the service principal's.
+    ///
+    /// # Errors
+    /// `TaskDenied` (14003), naming the member.
+    fn check_reserved_meta(&self, ctx: &Ctx, meta: Option<&RawJson>) -> Result<(), RouterError> {
+        let Some(members) = meta.and_then(RawJson::members) else {
+            return Ok(());
+        };
+        let Some(key) = self
+            .config
+            .reserved_task_meta
+            .iter()
+            .find(|k| members.contains_key(k.as_str()))
+        else {
+            return Ok(());
+        };
+        let service = self
+            .session_of(ctx)?
+            .principal
+            .as_ref()
+            .is_some_and(crate::auth::is_service);
+        if service {
+            return Ok(());
+        }
+        Err(RouterError::TaskDenied(format!(
+            "meta.{key} is written by the router's gateway only"
+        )))
+    }
+
     /// `map/tasks/create`: stores the task and emits `task.created`.
     ///
     /// # Errors
@@ -192,6 +223,7 @@ impl Router {
             None => format!("task-{}", crate::protocol::ids::Ulid::random()),
         };
         check_meta(input.meta.as_ref())?;
+        self.check_reserved_meta(ctx, input.meta.as_ref())?;
         if let Some(a) = &input.assignee {
             self.assignable(&caller, a)?;
         }
@@ -297,6 +329,7 @@ impl Router {
             )));
         }
         check_meta(p.meta.as_ref())?;
+        self.check_reserved_meta(ctx, p.meta.as_ref())?;
         if let Some(Some(a)) = &p.assignee {
             self.assignable(&caller, a)?;
         }
