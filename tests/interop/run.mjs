@@ -2418,6 +2418,59 @@ scenario(
   { timeout: 40_000 },
 );
 
+scenario(
+  'cluster: a takeover: a resuming dashboard on the standby gets every event once, and agents carry on on the node that took over',
+  async (ctx) => {
+    const nats = await ctx.startNats();
+    const cluster = (node, extra = '') =>
+      `[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+    const writer = await ctx.startRouter({ config: cluster('n0') });
+    const standby = await ctx.startStandby({ config: cluster('n1', 'standby = true\ntakeover_poll_ms = 100\n') });
+    const dash = await ctx.dashboard({ name: 'dash', url: standby.url }); // everything
+    const a = await ctx.agent({ name: 'on-writer', url: writer.url });
+    const s = await ctx.agent({ name: 'on-standby', url: standby.url });
+    await a.conn.busy();
+    await s.conn.busy();
+    await dash.waitFor((e) => e.type === 'agent_state_changed' && e.data?.agentId === s.id, 'the standby\'s agent going busy');
+    const seenBeforeKill = dash.events.map((e) => e.id);
+    const lastBeforeKill = dash.lastEventId;
+
+    // The live node dies; the standby takes over (its connections close, 1001) and the
+    // dashboard resumes on the same URL, now the live node's.
+    await ctx.killRouter(writer, 'SIGKILL');
+    const restored = await dash.reconnection('subscriptionRestored', 1, 10_000);
+    const b = await ctx.agent({ name: 'second-run', url: standby.url });
+    const c = await ctx.client({ name: 'sender', url: standby.url });
+    await c.conn.send({ agent: b.id }, { after: 'the takeover' });
+    await until(() => b.inbox.length === 1, 'b, on the node that took over, receives a message');
+    await b.conn.busy();
+    await dash.waitFor((e) => e.type === 'agent_state_changed' && e.data?.agentId === b.id, 'the second-run agent going busy');
+    await sleep(QUIET_MS);
+
+    const log = await replayAll(dash.current.handle.conn, { limit: 1000 });
+    assert.deepEqual(
+      dash.events.map((e) => e.id),
+      log.filter((e) => e.eventId >= seenBeforeKill[0]).map((e) => e.eventId),
+      'the handler got every event of the log from its first one on, each once, in log order',
+    );
+    assert.equal(new Set(dash.arrivals.map((x) => x.eventId)).size, dash.arrivals.length, 'no event arrived twice');
+    assert.ok(
+      dash.arrivals.slice(seenBeforeKill.length).every((x) => x.eventId > lastBeforeKill),
+      'nothing seen before the kill is delivered again',
+    );
+    assert.equal(restored.newSubscriptionId, dash.current.watch.sub.id);
+    // The first run's agents, on either node, end once, with router_restarted, by the node
+    // that took over.
+    const ended = log
+      .filter((e) => e.event.type === 'agent_unregistered')
+      .map((e) => `${e.event.data.agentId}:${e.event.data.reason}`);
+    assert.deepEqual(sorted(ended), sorted([`${a.id}:router_restarted`, `${s.id}:router_restarted`]));
+    const { agents } = await dash.current.handle.conn.listAgents();
+    assert.deepEqual(ids(agents), [b.id], 'only the agent registered after the takeover');
+  },
+  { timeout: 30_000 },
+);
+
 async function runScenario(s) {
   const ctx = new Ctx({ bin: BIN, verbose: VERBOSE });
   currentCtx = ctx;
