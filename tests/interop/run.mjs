@@ -1432,6 +1432,26 @@ scenario('replay: filters apply as for live subscriptions', async (ctx) => {
 // ---------------------------------------------------------------------------------------------
 // Durable log: replay across restarts, resuming dashboards, acks
 
+/**
+ * Checks what a ResumingDashboard `dash` got across a kill: every event of the log from its
+ * first one on (`seenBeforeKill[0]`), each once, in log order, and nothing seen before the kill
+ * (`lastBeforeKill`) again. Returns the log (its current connection's replay).
+ */
+async function resumedOnce(dash, seenBeforeKill, lastBeforeKill) {
+  const log = await replayAll(dash.current.handle.conn, { limit: 1000 });
+  assert.deepEqual(
+    dash.events.map((e) => e.id),
+    log.filter((e) => e.eventId >= seenBeforeKill[0]).map((e) => e.eventId),
+    'the handler got every event of the log from its first one on, each once, in log order',
+  );
+  assert.equal(new Set(dash.arrivals.map((x) => x.eventId)).size, dash.arrivals.length, 'no event arrived twice');
+  assert.ok(
+    dash.arrivals.slice(seenBeforeKill.length).every((x) => x.eventId > lastBeforeKill),
+    'nothing seen before the kill is delivered again',
+  );
+  return log;
+}
+
 /** Everything `conn.replayAll(params)` yields (it pages with `params.limit`). */
 async function replayAll(conn, params = {}) {
   const items = [];
@@ -1609,18 +1629,8 @@ scenario(
     await dash.waitFor((e) => e.type === 'agent_state_changed' && e.data?.agentId === b.id, 'the second-run agent going busy');
     await sleep(QUIET_MS);
 
-    const log = await replayAll(dash.current.handle.conn, { limit: 1000 });
-    assert.deepEqual(
-      dash.events.map((e) => e.id),
-      log.filter((e) => e.eventId >= seenBeforeKill[0]).map((e) => e.eventId),
-      "the handler got every event of the log from its first one on, each once, in log order",
-    );
     // Nothing happened between the new subscribe and its replay, so there was nothing to drop.
-    assert.equal(new Set(dash.arrivals.map((x) => x.eventId)).size, dash.arrivals.length, 'no event arrived twice');
-    assert.ok(
-      dash.arrivals.slice(seenBeforeKill.length).every((x) => x.eventId > lastBeforeKill),
-      'nothing seen before the kill is delivered again',
-    );
+    const log = await resumedOnce(dash, seenBeforeKill, lastBeforeKill);
     // The replay brings the end of the first run: the closing events of the new run (also for
     // the dashboard's own first connection, whose start it never saw), then its new connect.
     const via = new Map(dash.arrivals.map((x) => [x.eventId, x.via]));
@@ -2447,17 +2457,7 @@ scenario(
     await dash.waitFor((e) => e.type === 'agent_state_changed' && e.data?.agentId === b.id, 'the second-run agent going busy');
     await sleep(QUIET_MS);
 
-    const log = await replayAll(dash.current.handle.conn, { limit: 1000 });
-    assert.deepEqual(
-      dash.events.map((e) => e.id),
-      log.filter((e) => e.eventId >= seenBeforeKill[0]).map((e) => e.eventId),
-      'the handler got every event of the log from its first one on, each once, in log order',
-    );
-    assert.equal(new Set(dash.arrivals.map((x) => x.eventId)).size, dash.arrivals.length, 'no event arrived twice');
-    assert.ok(
-      dash.arrivals.slice(seenBeforeKill.length).every((x) => x.eventId > lastBeforeKill),
-      'nothing seen before the kill is delivered again',
-    );
+    const log = await resumedOnce(dash, seenBeforeKill, lastBeforeKill);
     assert.equal(restored.newSubscriptionId, dash.current.watch.sub.id);
     // The first run's agents, on either node, end once, with router_restarted, by the node
     // that took over.

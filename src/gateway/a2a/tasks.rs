@@ -497,13 +497,30 @@ impl Core {
     }
 
     /// Ends task `id` with the status message `reason` if it is still as the previous run left
-    /// it (last changed before `started`, `submitted` or `working`) and its agent is not back;
-    /// read and written under its lock (`recovery.rs`). Whether it ended it.
+    /// it (last changed before `started`, `submitted` or `working`) and its agent is not back
+    /// (or its message was sent by another node's gateway, now gone); read and written under
+    /// its lock (`recovery.rs`). Whether it ended it.
     pub(super) async fn end_if_interrupted(&self, id: &str, started: u64, reason: &str) -> bool {
         #[derive(serde::Deserialize)]
         struct Wrapped {
             task: crate::gateway::a2a::recovery::Times,
         }
+        self.end_failed(id, reason, async |text, record| {
+            serde_json::from_str::<Wrapped>(text).is_ok_and(|w| w.task.updated_at < started)
+                && (!self.agent_live(&record.agent).await || self.sender_gone(record).await)
+        })
+        .await
+    }
+
+    /// Ends task `id` `failed` with the status message `reason` if it is still in flight
+    /// (`submitted`, `working`) and `still` holds for what was read (the task's text, its
+    /// record): read and written under the task's lock. Whether it ended it.
+    async fn end_failed(
+        &self,
+        id: &str,
+        reason: &str,
+        still: impl AsyncFnOnce(&str, &Record) -> bool,
+    ) -> bool {
         let _guard = self.lock_task(id).await;
         let Ok(text) = self
             .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
@@ -511,14 +528,11 @@ impl Core {
         else {
             return false;
         };
-        let unchanged =
-            serde_json::from_str::<Wrapped>(&text).is_ok_and(|w| w.task.updated_at < started);
         let Some(mut record) = MapTask::from_wrapped(&text).and_then(|t| t.record()) else {
             return false;
         };
-        if !unchanged
-            || !matches!(record.state, TaskState::Submitted | TaskState::Working)
-            || (self.agent_live(&record.agent).await && !self.sender_gone(&record).await)
+        if !matches!(record.state, TaskState::Submitted | TaskState::Working)
+            || !still(&text, &record).await
         {
             return false;
         }
@@ -527,7 +541,7 @@ impl Core {
         match self.write(id, &record, None).await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(task = %id, error = %e, "a2a gateway: an interrupted task could not be ended");
+                tracing::warn!(task = %id, error = %e, reason, "a2a gateway: a task in flight could not be ended");
                 false
             }
         }
@@ -561,36 +575,13 @@ impl Core {
     /// another node's gateway agent now gone, was to receive: that reply can reach no gateway
     /// that would apply it. Read and written under the task's lock. Whether it ended it.
     pub(super) async fn end_if_orphaned(&self, id: &str, gateway: &str) -> bool {
-        let _guard = self.lock_task(id).await;
-        let Ok(text) = self
-            .call(methods::GET, json!({ "taskId": id }).to_string(), Some(id))
-            .await
-        else {
-            return false;
-        };
-        let Some(mut record) = MapTask::from_wrapped(&text).and_then(|t| t.record()) else {
-            return false;
-        };
-        if record.gateway.as_deref() != Some(gateway)
-            || !matches!(record.state, TaskState::Submitted | TaskState::Working)
-            || !self.sender_gone(&record).await
-        {
-            return false;
-        }
         let node = gateway.split_once('@').map_or("?", |(_, n)| n);
-        let message = Message::agent_text(
-            format!("{SENDER_GONE} (node {node}, whose gateway sent the agent the message)"),
-            id,
-            &record.context_id,
-        );
-        record.set_state(TaskState::Failed, Some(message));
-        match self.write(id, &record, None).await {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(task = %id, error = %e, "a2a gateway: a task whose gateway died could not be ended");
-                false
-            }
-        }
+        let reason =
+            format!("{SENDER_GONE} (node {node}, whose gateway sent the agent the message)");
+        self.end_failed(id, &reason, async |_, record| {
+            record.gateway.as_deref() == Some(gateway) && self.sender_gone(record).await
+        })
+        .await
     }
 
     /// Whether `target` serves `record`: the router endpoint serves every task; an agent's URL
