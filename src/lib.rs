@@ -24,6 +24,8 @@
 //!   subscriptions, agents with request/reply, reconnect with resume. [`cli`] builds the
 //!   `map-router` user commands (`agent`, `watch`, `send`, ...) on it.
 //!
+//! - [`sync`]: the poison-tolerant mutex lock every layer uses.
+//!
 //! - `fuzzing` (hidden): entry points shared by the cargo-fuzz targets in `fuzz/` and
 //!   `tests/fuzz_prop.rs`; not a stable API.
 //!
@@ -43,4 +45,5 @@ pub mod protocol;
 pub mod router;
 pub mod server;
 pub mod store;
+pub mod sync;
 pub mod transport;

@@ -64,9 +64,7 @@ impl std::fmt::Debug for CallerSessions {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 impl CallerSessions {
     /// A table over `links`; sessions unused for `idle` are closed by a sweeper task (spawned

@@ -26,7 +26,7 @@
 //! the slot's `OnceCell` (two first messages from one sender open one session).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OnceCell};
@@ -180,9 +180,7 @@ impl Default for ConversationMap {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 impl PeerTable {
     /// The slot for `uri`, owned by `owner` (`None`: the service), made when there is none

@@ -12,7 +12,7 @@
 //! [`MAX_THREADS`], the least recently used forgotten first (a reply to a message that old
 //! arrives without a conversation id), in memory (a restart forgets them).
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use serde_json::Value;
 
@@ -37,9 +37,7 @@ impl Default for Threads {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 /// `meta.mail.conversationId` of `meta`.
 pub fn mail_conversation(meta: Option<&RawJson>) -> Option<String> {

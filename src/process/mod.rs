@@ -120,10 +120,7 @@ pub struct Supervisor {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The tables hold plain data; a panic elsewhere cannot leave them inconsistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 fn spawn_failed(message: impl Into<String>) -> ErrorObject {
     RouterError::SpawnFailed(message.into()).to_error_object()

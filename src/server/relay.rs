@@ -157,9 +157,7 @@ struct Route {
     parts: Parts,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 /// A standby's end of the relays (see the module docs).
 #[derive(Debug)]

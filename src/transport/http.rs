@@ -55,7 +55,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -232,10 +232,7 @@ struct Pump {
     max_bytes: usize,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these short critical sections leaves consistent data.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 impl Shared {
     fn idle_timeout(&self) -> Duration {

@@ -197,20 +197,22 @@ scenario('a2a v1.0 client: card, sendMessage, stream, getTask, errors, MAP obser
   const list = await withTimeout(client.listTasks({}), WAIT_MS, 'listTasks');
   assert.deepEqual(list.tasks.map((t) => t.id).sort(), [task.id, streamed.id].sort());
 
-  // The MAP observer saw every step of both tasks: created, open -> in_progress ->
+  // The MAP observer saw every step of both tasks: created (by the caller's session, without
+  // the gateway's record, which only the gateway writes: task.updated), open -> in_progress ->
   // completed, the artifact (task.updated), task.completed, and the messages both ways.
   for (const t of [task, streamed]) {
     const of = (type) => watch.events.filter((e) => e.type === type && (e.data?.taskId ?? e.data?.task?.id) === t.id);
     await until(() => of('task.completed').length === 1, `task.completed of ${t.id}`);
     assert.equal(of('task.created').length, 1);
     assert.equal(of('task.created')[0].data.task.assignee, agent.id);
-    assert.equal(of('task.created')[0].data.task.meta.a2a.state, 'submitted');
+    assert.equal(of('task.created')[0].data.task.meta?.a2a, undefined, 'the record is the gateway\'s to write');
+    assert.equal(of('task.updated')[0].data.task.meta.a2a.state, 'submitted', 'the record as made');
     const statuses = of('task.status').map((e) => [e.data.previous, e.data.current]);
     assert.deepEqual(statuses, [
       ['open', 'in_progress'],
       ['in_progress', 'completed'],
     ]);
-    assert.equal(of('task.updated').length, 1, 'the artifact');
+    assert.equal(of('task.updated').length, 2, 'the record as made, then the artifact');
     const messages = watch.events.filter(
       (e) => e.type === 'message_sent' && (e.data?.message?.meta?.correlationId ?? '') === t.id,
     );

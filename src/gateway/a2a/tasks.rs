@@ -239,10 +239,7 @@ type Chains = HashMap<String, (u64, oneshot::Receiver<()>)>;
 /// Locks held past this many entries are swept of the dead ones.
 const LOCKS_SWEEP: usize = 1024;
 
-fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Inserts and removes only: a panic cannot leave the map inconsistent.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::sync::lock as lock_map;
 
 impl Core {
     /// Opens the sessions, registers the gateway agent, subscribes to `task.*` and starts the

@@ -79,9 +79,7 @@ pub struct Node {
     pub inbound: Mutex<std::collections::HashMap<(String, String), mpsc::Sender<AgentMessage>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 impl Drop for Node {
     fn drop(&mut self) {

@@ -68,9 +68,7 @@ pub struct AipGateway {
     pub counters: Counters,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub(crate) use crate::sync::lock;
 
 impl AipGateway {
     /// The gateway over the shared gateway context (sessions, credentials), and its sweeper.

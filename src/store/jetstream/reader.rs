@@ -40,9 +40,7 @@ pub(super) struct Shared {
     pub(super) kept: Mutex<MemoryKept>,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub(super) use crate::sync::lock;
 
 /// What reads need: cheap to clone into each read's future.
 #[derive(Debug, Clone)]

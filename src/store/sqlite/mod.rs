@@ -71,7 +71,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -325,10 +325,7 @@ impl fmt::Debug for SqliteStore {
     }
 }
 
-/// Locks a mutex whose data stays valid even if a holder panicked (an `Option` of a handle).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 impl SqliteStore {
     /// Opens (or creates) the database in `options.dir`, recovers its position, and starts the
