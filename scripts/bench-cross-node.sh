@@ -6,9 +6,11 @@
 #   pub-standby     the publishers on the standby (their sends relayed), the agents on the live node
 #   agents-standby  the publishers on the live node, the agents on the standby (deliveries relayed)
 #   spread          publishers and agents alternate between the two nodes
+#   spread3         a second standby too: publishers and agents rotate over the three nodes
 # Alternating, ROUNDS times. The live node is pinned to core 0; nats-server, the standby and
 # the generator share core 1. Prints one JSON line per run: the layout, the live node's, the
-# standby's and nats-server's CPU ticks (100 per second) and the generator's result line.
+# standbys' (summed) and nats-server's CPU ticks (100 per second) and the generator's result
+# line.
 #
 #   cargo build --release --bin map-router && cargo bench --bench load --no-run
 #   scripts/bench-cross-node.sh LOAD_BIN MAP_ROUTER_BIN [ROUNDS] [MESSAGES] > results.jsonl
@@ -50,19 +52,25 @@ for round in $(seq "$ROUNDS"); do
     done
     start_standby "$BIN" "$dir" standby "nats://127.0.0.1:$port"
     spid=$STANDBY_PID; s="ws://127.0.0.1:$STANDBY_PORT/"
+    if [ "$layout" = spread3 ]; then
+      start_standby "$BIN" "$dir" standby2 "nats://127.0.0.1:$port"
+      spid="$spid $STANDBY_PID"; s2="ws://127.0.0.1:$STANDBY_PORT/"
+    fi
     case $layout in
       one) places=(--publisher-url "$w" --agent-url "$w") ;;
       pub-standby) places=(--publisher-url "$s" --agent-url "$w") ;;
       agents-standby) places=(--publisher-url "$w" --agent-url "$s") ;;
       spread) places=(--publisher-url "$w" --publisher-url "$s" --agent-url "$w" --agent-url "$s") ;;
+      spread3) places=(--publisher-url "$w" --publisher-url "$s" --publisher-url "$s2"
+        --agent-url "$w" --agent-url "$s" --agent-url "$s2") ;;
     esac
-    c0=$(cpu "$pid"); s0=$(cpu "$spid"); n0=$(cpu_all "$nats_pids")
+    c0=$(cpu "$pid"); s0=$(cpu_all "$spid"); n0=$(cpu_all "$nats_pids")
     res=$(taskset -c 1 timeout 300 "$LOAD" --bench --url "$w" --server-pid "$pid" --test fanout \
       --subscribers 0 --publishers 2 --agents 10 --messages "$MESSAGES" "${places[@]}" \
       2>>"$dir/load.err" | grep '"fanout"') || true
     [ -n "$res" ] || { echo "the load generator failed: $(tail -3 "$dir/load.err")" >&2; res=null; }
-    c1=$(cpu "$pid"); s1=$(cpu "$spid"); n1=$(cpu_all "$nats_pids")
-    kill -9 "$spid"; wait "$spid" 2>/dev/null || true
+    c1=$(cpu "$pid"); s1=$(cpu_all "$spid"); n1=$(cpu_all "$nats_pids")
+    for p in $spid; do kill -9 "$p"; wait "$p" 2>/dev/null || true; done
     kill "$pid"; wait "$pid" 2>/dev/null || true
     for p in $nats_pids; do kill "$p"; wait "$p" 2>/dev/null || true; done
     echo "{\"round\":$round,\"nats\":\"${NATS:-one}\",\"layout\":\"$layout\",\"writer_ticks\":$((c1 - c0)),\"standby_ticks\":$((s1 - s0)),\"nats_ticks\":$((n1 - n0)),\"result\":${res}}"
