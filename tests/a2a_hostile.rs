@@ -419,9 +419,10 @@ async fn registering_remotes_reaches_nothing_internal_and_echoes_nothing() {
     // A remote whose card names the canary as its endpoint; another whose endpoint is its own.
     let evil = remote(format!("http://127.0.0.1:{cport}/admin")).await;
     let evil_wild = remote(format!("http://localhost:{cport}/admin")).await;
+    // A port with nothing listening: held until the router has its own port (it once got
+    // this one, which the allow-list below names, and its own routes were then allowed).
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let closed_port = closed.local_addr().unwrap().port();
-    drop(closed);
     // An open port that does not speak HTTP: it accepts and hangs up.
     let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mute_port = mute.local_addr().unwrap().port();
@@ -441,6 +442,7 @@ async fn registering_remotes_reaches_nothing_internal_and_echoes_nothing() {
     ];
     let (server, url) = start_server(move |c| c.a2a.remote_allow = allow).await;
     let addr = server.local_addrs()[0];
+    drop(closed);
     let map = MapCanary::start(&url, None).await;
     let internal = [
         format!("http://127.0.0.1:{cport}/"),
