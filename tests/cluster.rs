@@ -2996,22 +2996,26 @@ async fn a2a_sender_gone() {
         }
     };
     assert_eq!(state(orphan.clone()).await["state"], "TASK_STATE_WORKING");
+    // The status of task `id` once it is no longer working, waited for up to `limit`.
+    let left_working = |id: String, limit: Duration| {
+        let state = &state;
+        within(limit, async move {
+            loop {
+                let s = state(id.clone()).await;
+                if s["state"] != "TASK_STATE_WORKING" {
+                    return s;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
 
     sigkill(&mut f.child).await;
     let killed = Instant::now();
     // The live node ends the dead node's relay sessions after two missed roll calls (with
     // `roll_call_ms = 300`: within about a second; 2 to 7 s with the default 2 s); its
     // gateway then ends the task.
-    let ended = within(Duration::from_secs(30), async {
-        loop {
-            let s = state(orphan.clone()).await;
-            if s["state"] != "TASK_STATE_WORKING" {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
+    let ended = left_working(orphan.clone(), Duration::from_secs(30)).await;
     assert_eq!(ended["state"], "TASK_STATE_FAILED", "{ended}");
     let took = killed.elapsed();
     eprintln!("the dead standby's task ended {took:?} after the kill (roll calls every 300 ms)");
@@ -3029,16 +3033,7 @@ async fn a2a_sender_gone() {
     // completes its task.
     reply_to(&ops_agent, &to_orphan, json!("too late")).await;
     reply_to(&ops_agent, &to_kept, json!("in time")).await;
-    let done = within(Duration::from_secs(10), async {
-        loop {
-            let s = state(kept.clone()).await;
-            if s["state"] != "TASK_STATE_WORKING" {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
+    let done = left_working(kept.clone(), Duration::from_secs(10)).await;
     assert_eq!(done["state"], "TASK_STATE_COMPLETED", "{done}");
     assert_eq!(state(orphan.clone()).await["state"], "TASK_STATE_FAILED");
     for id in [&kept, &orphan] {

@@ -74,33 +74,27 @@ where
     Fut: Future<Output = bool>,
 {
     let mut waiting = Vec::new();
-    let mut ended = 0;
-    let mut cursor: Option<String> = None;
-    for _ in 0..MAX_PAGES {
-        let (tasks, next) = match page(&books, cursor.as_deref()).await {
-            Some(p) => p,
-            None => break,
-        };
-        for (times, task) in tasks {
-            if times.updated_at >= started {
-                continue;
-            }
-            if let Some(record) = task.record() {
-                if matches!(record.state, TaskState::Submitted | TaskState::Working) {
-                    waiting.push(times.id);
-                }
-            } else if let Some(params) = remote_update(&task) {
-                match books.call_text(TasksUpdate::NAME, params).await {
-                    Ok(_) => ended += 1,
-                    Err(e) => {
-                        tracing::warn!(task = %times.id, error = %e, "a2a gateway: an interrupted remote call's task could not be ended");
-                    }
-                }
-            }
+    let mut remote = Vec::new();
+    each_in_flight(&books, |times, task| {
+        if times.updated_at >= started {
+            return;
         }
-        match next {
-            Some(n) => cursor = Some(n),
-            None => break,
+        if let Some(record) = task.record() {
+            if record.state.awaits_agent() {
+                waiting.push(times.id);
+            }
+        } else if let Some(params) = remote_update(&task) {
+            remote.push((times.id, params));
+        }
+    })
+    .await;
+    let mut ended = 0;
+    for (id, params) in remote {
+        match books.call_text(TasksUpdate::NAME, params).await {
+            Ok(_) => ended += 1,
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "a2a gateway: an interrupted remote call's task could not be ended");
+            }
         }
     }
     if !waiting.is_empty() {
@@ -128,23 +122,34 @@ where
 /// agent `gateway` sent (`Record::gateway`), at most [`MAX_PAGES`] pages of them.
 pub(super) async fn waiting_on(books: &Client, gateway: &str) -> Vec<String> {
     let mut waiting = Vec::new();
+    each_in_flight(books, |times, task| {
+        if task
+            .record()
+            .is_some_and(|r| r.gateway.as_deref() == Some(gateway) && r.state.awaits_agent())
+        {
+            waiting.push(times.id);
+        }
+    })
+    .await;
+    waiting
+}
+
+/// Hands every task in flight (MAP `open`, `in_progress`) to `each`, page by page, at most
+/// [`MAX_PAGES`] pages of [`PAGE`]; stops at a listing that fails (logged by [`page`]).
+async fn each_in_flight(books: &Client, mut each: impl FnMut(Times, MapTask)) {
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_PAGES {
         let Some((tasks, next)) = page(books, cursor.as_deref()).await else {
-            break;
+            return;
         };
-        waiting.extend(tasks.into_iter().filter_map(|(times, task)| {
-            let record = task.record()?;
-            (record.gateway.as_deref() == Some(gateway)
-                && matches!(record.state, TaskState::Submitted | TaskState::Working))
-            .then_some(times.id)
-        }));
+        for (times, task) in tasks {
+            each(times, task);
+        }
         match next {
             Some(n) => cursor = Some(n),
-            None => break,
+            None => return,
         }
     }
-    waiting
 }
 
 /// One page of the tasks in flight (`open`, `in_progress`): each with its times, and the next

@@ -112,7 +112,8 @@ async fn watch_other_gateways(core: Weak<Core>, mut events: crate::client::Subsc
         let offline = gone
             .status
             .is_none_or(|s| s == crate::protocol::agent::PresenceStatus::Offline);
-        if !offline || !gone.agent_id.starts_with(&format!("{GATEWAY_AGENT}@")) {
+        // Another node's (`a2a-gateway@<node>`): this gateway's own never goes while it runs.
+        if !offline || !is_gateway_agent(&gone.agent_id) || !gone.agent_id.contains('@') {
             continue;
         }
         let Some(core) = core.upgrade() else { return };
@@ -528,9 +529,7 @@ impl Core {
         let Some(mut record) = MapTask::from_wrapped(&text).and_then(|t| t.record()) else {
             return false;
         };
-        if !matches!(record.state, TaskState::Submitted | TaskState::Working)
-            || !still(&text, &record).await
-        {
+        if !record.state.awaits_agent() || !still(&text, &record).await {
             return false;
         }
         let message = Message::agent_text(reason, id, &record.context_id);

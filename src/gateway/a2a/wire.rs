@@ -129,6 +129,11 @@ impl TaskState {
         )
     }
 
+    /// Submitted or working: in flight, waiting for the agent's answer to a message sent to it.
+    pub fn awaits_agent(self) -> bool {
+        matches!(self, Self::Submitted | Self::Working)
+    }
+
     /// Terminal or waiting for the caller: where a stream (and a blocking send) ends.
     pub fn ends_stream(self) -> bool {
         self.is_terminal() || matches!(self, Self::InputRequired | Self::AuthRequired)
