@@ -295,10 +295,7 @@ impl Session {
     }
 }
 
-fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
-    // Plain data: a panic elsewhere cannot leave it inconsistent.
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 pub async fn run(args: AgentArgs) -> Result<ExitCode, Failure> {
     let url = args.url.url.clone();

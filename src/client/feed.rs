@@ -112,7 +112,7 @@ impl SubShared {
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, SubQueue> {
         // A panic while holding this lock cannot leave the queue inconsistent (every critical
         // section is a few field updates), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Buffers an event (driver side).

@@ -48,7 +48,7 @@ impl Inbox {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, InboxQueue> {
         // Critical sections are a few field updates; a poisoned lock is still consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Queues a message, or drops it (logged and counted) when the inbox is full.

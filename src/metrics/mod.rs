@@ -14,7 +14,7 @@
 //!
 //! The lowest layer: it knows no router, store or socket, only `prometheus-client`.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -209,11 +209,11 @@ impl Metrics {
     /// The text exposition: the registry's families and the router's snapshot.
     pub async fn render(&self, router: RouterGauges) -> String {
         let _one = self.scrape.lock().await;
-        *self.gauges.lock().unwrap_or_else(PoisonError::into_inner) = Some(router);
+        *crate::sync::lock(&self.gauges) = Some(router);
         let mut out = String::with_capacity(8192);
         // NB. Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        *self.gauges.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *crate::sync::lock(&self.gauges) = None;
         out
     }
 }
@@ -302,7 +302,7 @@ fn family(
 
 impl Collector for RouterCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let guard = self.gauges.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = crate::sync::lock(&self.gauges);
         let Some(g) = guard.as_ref() else {
             return Ok(());
         };

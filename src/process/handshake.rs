@@ -50,7 +50,7 @@ struct AnswerHead<'a> {
 impl Trace {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // Plain data: a panic elsewhere cannot leave it inconsistent.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.0)
     }
 
     /// A line the child sent (a request, a notification, an answer or a batch).

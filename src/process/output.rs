@@ -40,7 +40,7 @@ impl Tail {
     fn push(&self, line: String) {
         // A poisoned lock only means another reader panicked mid-copy; the data is still a
         // valid deque of strings.
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = crate::sync::lock(&self.0);
         if t.len() == TAIL_LINES {
             t.pop_front();
         }
@@ -49,17 +49,12 @@ impl Tail {
 
     /// A copy of the tail, oldest line first.
     pub fn lines(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        crate::sync::lock(&self.0).iter().cloned().collect()
     }
 
     /// Forgets everything (a restarted process starts a new tail).
     pub fn clear(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        crate::sync::lock(&self.0).clear();
     }
 }
 

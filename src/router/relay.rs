@@ -123,9 +123,7 @@ struct Inflight(std::sync::Mutex<HashMap<u64, (Id, oneshot::Sender<String>)>>);
 impl Inflight {
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Id, oneshot::Sender<String>)>> {
         // Inserts and removes only: a panic cannot leave the table inconsistent.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.0)
     }
 
     /// Hands an answer from the writer to its pipelined call, as the caller's response frame.

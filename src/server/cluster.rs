@@ -105,10 +105,7 @@ pub async fn open_store(
         let probe: Probe = Arc::new(move || ClusterState {
             connected: probe_store.connected(),
             diverged: probe_store.diverged(),
-            nodes: nodes
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone(),
+            nodes: crate::sync::lock(&nodes).clone(),
         });
         return Ok((
             Some((store as Arc<dyn EventStore>, recovered)),
@@ -173,9 +170,7 @@ where
                     position: n.position,
                 })
                 .collect();
-            *cache
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = answered;
+            *crate::sync::lock(&cache) = answered;
             tokio::time::sleep(every).await;
         }
     });
@@ -272,10 +267,7 @@ async fn open_jetstream(
                 let writer = Arc::clone(&page.writer);
                 wait_for_takeover(&options, poll, move |node| {
                     tracing::info!(writer = ?node, "standby: the stream's writer");
-                    *writer
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                        Some(node.map(str::to_owned));
+                    *crate::sync::lock(&writer) = Some(node.map(str::to_owned));
                 })
                 .await
                 .map_err(failed)?;
@@ -533,10 +525,7 @@ fn follower_probe(
     Arc::new(move || ClusterState {
         connected: follower.upgrade().is_some_and(|f| f.connected()),
         diverged: None,
-        nodes: nodes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone(),
+        nodes: crate::sync::lock(&nodes).clone(),
     })
 }
 
@@ -562,10 +551,7 @@ impl Standby {
             let following = Arc::clone(&following);
             let stream = stream.to_owned();
             move |health: bool| {
-                let node = writer
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
+                let node = crate::sync::lock(&writer).clone();
                 let who = match node {
                     None => "writer: (asking NATS)".to_owned(),
                     Some(None) => "no live writer answers (taking over)".to_owned(),

@@ -100,7 +100,7 @@ impl Admission {
 
     fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
         // Plain counters: consistent even if a holder panicked.
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.counts)
     }
 
     /// Takes a place for a connection from `ip`.

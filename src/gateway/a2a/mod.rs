@@ -519,9 +519,7 @@ fn card_response(g: &A2aGateway, headers: &HeaderMap, card: &serde_json::Value) 
     let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     let etag = format!("\"{hex}\"");
     let first_seen = {
-        let mut seen = CARD_SEEN
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = crate::sync::lock(&CARD_SEEN);
         let map = seen.get_or_insert_with(std::collections::HashMap::new);
         if map.len() >= CARD_DATES && !map.contains_key(&etag) {
             map.clear();

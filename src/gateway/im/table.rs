@@ -19,7 +19,7 @@
 //! applies). NB. A std mutex, never held across an await.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
 
@@ -80,9 +80,7 @@ pub struct ImTable {
     inner: Mutex<Inner>,
 }
 
-fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 impl ImTable {
     /// Counts a new WebSocket of the caller `key` (`None`: one with no per-caller cap), within

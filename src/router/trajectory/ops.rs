@@ -269,9 +269,7 @@ impl Router {
         let conn = self
             .agent_conn(agent)
             .ok_or_else(|| unavailable(&format!("agent {agent} is not connected")))?;
-        let reply = reply
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        let reply = crate::sync::lock(reply)
             .take()
             .ok_or(RouterError::Unavailable)?;
         let request_id = self.trajectories.await_content(conn, reply);
