@@ -28,7 +28,7 @@ import {
 } from '@a2a-js/sdk/client';
 import { AgentConnection, websocketStream } from '@multi-agent-protocol/sdk';
 import WebSocket from 'ws';
-import { assert, WAIT_MS, hostPort, until, withTimeout, runScenarios } from './lib.mjs';
+import { assert, WAIT_MS, clusterSection, hostPort, until, withTimeout, runScenarios } from './lib.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const argv = process.argv.slice(2);
@@ -60,8 +60,7 @@ function scenario(name, fn, { singleNode = false } = {}) {
 async function startNode(ctx, { config = '' } = {}) {
   if (!SPREAD) return ctx.startRouter({ config });
   const nats = await ctx.startNats();
-  const cluster = (node, extra = '') =>
-    `\n[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+  const cluster = (node, extra) => clusterSection(nats.url, node, extra);
   const writer = await ctx.startRouter({ config: config + cluster('n0') });
   const standby = await ctx.startStandby({ config: config + cluster('n1', 'standby = true\n') });
   ctx.spread = [writer.url, standby.url];

@@ -203,6 +203,13 @@ export async function startNats() {
  * prints its address only once it takes over, so this waits until its `/health` says it
  * serves subscriptions. Stopped like a router (`stopRouter`: SIGTERM).
  */
+/**
+ * The `[cluster]` section of node `node` on the nats-server at `natsUrl` (short NATS timeouts),
+ * with `extra` lines (e.g. `standby = true`); it starts on a new line, to follow any config.
+ */
+export const clusterSection = (natsUrl, node, extra = '') =>
+  `\n[cluster]\nurl = "${natsUrl}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+
 export async function startStandby(bin, { config, verbose = false }) {
   const port = await freePort();
   const dir = mkdtempSync(path.join(tmpdir(), 'map-router-interop-'));

@@ -18,6 +18,7 @@ import {
   assert,
   Ctx,
   WAIT_MS,
+  clusterSection,
   expectCode,
   hostPort,
   killAllRouters,
@@ -2370,8 +2371,7 @@ scenario(
   'cluster: SDK clients on a standby are shown the writer\'s events and replay, and their writes run on the writer',
   async (ctx) => {
     const nats = await ctx.startNats();
-    const cluster = (node, extra = '') =>
-      `[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+    const cluster = (node, extra) => clusterSection(nats.url, node, extra);
     const writer = await ctx.startRouter({ config: cluster('n0') });
     const standby = await ctx.startStandby({ config: cluster('n1', 'standby = true\n') });
     // A dashboard on each node, subscribed before anything happens.
@@ -2432,8 +2432,7 @@ scenario(
   'cluster: a takeover: a resuming dashboard on the standby gets every event once, and agents carry on on the node that took over',
   async (ctx) => {
     const nats = await ctx.startNats();
-    const cluster = (node, extra = '') =>
-      `[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+    const cluster = (node, extra) => clusterSection(nats.url, node, extra);
     const writer = await ctx.startRouter({ config: cluster('n0') });
     const standby = await ctx.startStandby({ config: cluster('n1', 'standby = true\ntakeover_poll_ms = 100\n') });
     const dash = await ctx.dashboard({ name: 'dash', url: standby.url }); // everything
@@ -2481,8 +2480,7 @@ async function runScenario(s) {
           // The clients spread over three nodes on one NATS, a writer and two standbys
           // (README "Spread").
           const nats = await ctx.startNats();
-          const cluster = (node, extra = '') =>
-            `\n[cluster]\nurl = "${nats.url}"\nnode = "${node}"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n${extra}`;
+          const cluster = (node, extra) => clusterSection(nats.url, node, extra);
           const writer = await ctx.startRouter({ config: (s.opts.config ?? '') + cluster('n0') });
           const standbys = await Promise.all(
             ['n1', 'n2'].map((n) =>
