@@ -38,16 +38,8 @@ for round in $(seq "$ROUNDS"); do
     --data-dir "$dir/live" --cluster "$url" 2> "$dir/live.log" &
   pid=$!
   w=$(router_url "$dir/live.log")
-  sport=$(free_port)
-  printf '[cluster]\nnode = "standby"\nstandby = true\ntakeover_poll_ms = 100\n' > "$dir/standby.toml"
-  taskset -c 0 "$BIN" serve --listen "127.0.0.1:$sport" --config "$dir/standby.toml" \
-    --data-dir "$dir/standby" --cluster "$url" 2> "$dir/standby.log" &
-  spid=$!
-  s="ws://127.0.0.1:$sport/"
-  for _ in $(seq 100); do
-    curl -s "http://127.0.0.1:$sport/health" 2>/dev/null | grep -q '^serving:' && break
-    sleep 0.1
-  done
+  start_standby "$BIN" "$dir" standby "$url" 0 'takeover_poll_ms = 100\n'
+  spid=$STANDBY_PID; sport=$STANDBY_PORT; s="ws://127.0.0.1:$sport/"
   before=$(fanout --url "$w" --server-pid "$pid" --subscribers "$SUBSCRIBERS" --subscriber-url "$s")
   # The long run the kill interrupts (its own failure is expected: its node dies).
   taskset -c 1 timeout 120 "$LOAD" --bench --test fanout --publishers 2 --agents 10 \

@@ -19,14 +19,15 @@ start_nats() {
   done
 }
 
-# Starts a standby node NAME of router BIN (pinned to core 1, files under DIR) on the cluster
-# at NATS_URL, on a free port, and waits (up to 10 s) until its /health says it serves. Sets
-# STANDBY_PORT and STANDBY_PID (call it directly, not in $(...)).
+# Starts a standby node NAME of router BIN (pinned to CORE, 1 by default; files under DIR) on
+# the cluster at NATS_URL, on a free port, with EXTRA lines (printf escapes) in its [cluster]
+# section, and waits (up to 10 s) until its /health says it serves. Sets STANDBY_PORT and
+# STANDBY_PID (call it directly, not in $(...)).
 start_standby() {
-  local bin=$1 dir=$2 name=$3 nats_url=$4
+  local bin=$1 dir=$2 name=$3 nats_url=$4 core=${5:-1} extra=${6:-}
   STANDBY_PORT=$(free_port)
-  printf '[cluster]\nnode = "%s"\nstandby = true\n' "$name" > "$dir/$name.toml"
-  taskset -c 1 "$bin" serve --listen "127.0.0.1:$STANDBY_PORT" --config "$dir/$name.toml" \
+  printf '[cluster]\nnode = "%s"\nstandby = true\n%b' "$name" "$extra" > "$dir/$name.toml"
+  taskset -c "$core" "$bin" serve --listen "127.0.0.1:$STANDBY_PORT" --config "$dir/$name.toml" \
     --data-dir "$dir/$name" --cluster "$nats_url" 2> "$dir/$name.log" &
   STANDBY_PID=$!
   for _ in $(seq 100); do
