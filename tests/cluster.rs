@@ -142,12 +142,21 @@ async fn replayed(c: &mut WsClient, n: usize) -> (String, Vec<(u64, String)>) {
 
 /// The stream itself, read by a second (non-exclusive) store handle: (seq, id) of every row.
 async fn stream_rows(nats: &Nats) -> Vec<(u64, String)> {
+    stream_whole(nats)
+        .await
+        .into_iter()
+        .map(|r| (r.seq, r.id))
+        .collect()
+}
+
+/// Every row of the stream, whole.
+async fn stream_whole(nats: &Nats) -> Vec<StoredRow> {
     let (store, _) = with_timeout(JetStreamStore::open(JetStreamOptions::new(nats.url())))
         .await
         .expect("open the stream for reading");
     let rows = with_timeout(store.read(0, usize::MAX)).await.expect("read");
     with_timeout(store.close()).await.expect("close");
-    rows.into_iter().map(|r| (r.seq, r.id)).collect()
+    rows
 }
 
 /// [`stream_rows`] read through a server of a NATS cluster that has just restarted whole:
@@ -3040,4 +3049,142 @@ async fn a2a_sender_gone() {
         let (_, text, v) = a2a_call(&w, "/a2a", BOB, "GetTask", json!({"id": id})).await;
         assert_eq!(v["error"]["code"], -32001, "{text}");
     }
+}
+
+#[test]
+fn a_takeover_hands_sessions_agents_and_scopes_over_and_only_their_owner_resumes_them() {
+    on_big_stack(handover);
+}
+
+/// The live node is SIGKILLed while alice's agent is connected to it: the standby takes over
+/// with alice's session, her agent (role, metadata, state) and the scope it is in, all saved in
+/// the log as internal records; it detaches alice once, as a lost connection does (her agent
+/// orphaned, not unregistered); bob's message to the agent meanwhile is queued; and alice's
+/// resume token (only hers: not bob's key with her token, nor viewer's with her session id)
+/// gives her the same session and the agent back, with the queued message. The log holds the
+/// token's digest, never the token.
+async fn handover() {
+    let nats = Nats::start("handover");
+    let dir = TempDir::new("cluster-handover");
+    let config = four_principals(&dir.path);
+    let (mut live, w, mut f) = live_and_standby(&nats, &dir.path, &config).await;
+    let (mut ops, _) = connect_with_key(&f.url, OPS, "system", json!({})).await;
+    ops.ok("map/scopes/create", json!({"scopeId": "team"})).await;
+    let (mut alice, r) = connect_with_key(
+        &w,
+        ALICE,
+        "agent",
+        json!({"participantId": "alice-desk"}),
+    )
+    .await;
+    let token = r["resumeToken"].as_str().unwrap().to_owned();
+    let session = r["sessionId"].clone();
+    alice
+        .register_agent(json!({"agentId": "alice-bot", "role": "worker", "metadata": {"k": 1}}))
+        .await;
+    alice
+        .ok("map/scopes/join", json!({"scopeId": "team", "agentId": "alice-bot"}))
+        .await;
+    alice
+        .ok("map/agents/update", json!({"agentId": "alice-bot", "state": "busy"}))
+        .await;
+    let before = ops
+        .ok("map/agents/get", json!({"agentId": "alice-bot"}))
+        .await;
+    // Bob's client is on the standby (its session is the live node's, through the relay).
+    let (_bob, _) = connect_with_key(&f.url, BOB, "client", json!({"participantId": "bob-desk"}))
+        .await;
+
+    sigkill(&mut live).await;
+    let warm = within(Duration::from_secs(20), &mut f.took_over).await;
+    assert_eq!(warm, Ok(true), "took over from the stream it followed");
+    health_until(&f.url, "ok after the takeover", |s, _| s == 200).await;
+    drop(alice);
+
+    // The agent is there, orphaned, as it was otherwise; the scope too, with it as a member.
+    let (mut ops, _) = connect_with_key(&f.url, OPS, "system", json!({})).await;
+    let got = ops
+        .ok("map/agents/get", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_eq!(got["agent"]["state"], json!("orphaned"), "{got}");
+    for field in ["role", "metadata", "scopes", "ownerId"] {
+        if field == "ownerId" {
+            assert!(got["agent"].get(field).is_none_or(|v| v.is_null()), "{got}");
+        } else {
+            assert_eq!(got["agent"][field], before["agent"][field], "{field}: {got}");
+        }
+    }
+    let members = ops
+        .ok("map/scopes/members", json!({"scopeId": "team"}))
+        .await;
+    assert!(members.to_string().contains("alice-bot"), "{members}");
+    // Detached once, by the new live node: alice's session and bob's, and the agent orphaned
+    // (never unregistered).
+    let events = replay_all(&mut ops, None).await;
+    let of = |kind: &str, field: &str, id: &str| -> Vec<serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["event"]["type"] == json!(kind) && e["event"]["data"][field] == json!(id))
+            .map(|e| e["event"]["data"].clone())
+            .collect()
+    };
+    for p in ["alice-desk", "bob-desk"] {
+        let gone = of("participant_disconnected", "participantId", p);
+        assert_eq!(gone.len(), 1, "{p}: {gone:?}");
+        assert_eq!(gone[0]["reason"], json!("router_restarted"), "{gone:?}");
+    }
+    assert_eq!(of("agent_orphaned", "agentId", "alice-bot").len(), 1);
+    assert!(of("agent_unregistered", "agentId", "alice-bot").is_empty());
+
+    // Bob's message to the agent waits for it.
+    let (mut bob, _) = connect_with_key(&f.url, BOB, "client", json!({})).await;
+    let sent = bob
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "alice-bot"}, "payload": {"while": "away"},
+                "meta": {"delivery": "guaranteed"}}),
+        )
+        .await;
+    assert!(sent.to_string().contains("queued"), "{sent}");
+    // Neither bob (with her token) nor viewer (with her session id) gets alice's session, and
+    // bob cannot take her agent.
+    let (mut bob_agent, r) = connect_with_key(
+        &f.url,
+        BOB,
+        "agent",
+        json!({"resumeToken": token, "participantId": "alice-desk"}),
+    )
+    .await;
+    assert_ne!(r["sessionId"], session, "{r}");
+    assert_ne!(r["participantId"], json!("alice-desk"), "{r}");
+    assert!(r["reclaimedAgents"].as_array().is_none_or(|a| a.is_empty()), "{r}");
+    let e = bob_agent
+        .err("map/agents/register", json!({"agentId": "alice-bot"}))
+        .await;
+    assert!(e.to_string().contains("alice-bot"), "{e}");
+    let (_, r) = connect_with_key(&f.url, VIEWER, "agent", json!({"sessionId": session})).await;
+    assert_ne!(r["sessionId"], session, "{r}");
+    bob_agent.assert_no_message().await;
+
+    // Alice resumes with her token: the same session, the agent back as it was, the message.
+    let (mut alice, r) =
+        connect_with_key(&f.url, ALICE, "agent", json!({"resumeToken": token})).await;
+    assert_eq!(r["sessionId"], session, "{r}");
+    assert_eq!(r["participantId"], json!("alice-desk"), "{r}");
+    assert!(r.to_string().contains("alice-bot"), "{r}");
+    let m = alice.next_message().await;
+    assert_eq!(m["payload"], json!({"while": "away"}), "{m}");
+    let got = ops
+        .ok("map/agents/get", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_eq!(got["agent"]["state"], json!("busy"), "{got}");
+    assert_eq!(got["agent"]["ownerId"], json!("alice-desk"), "{got}");
+    // The token was single-use: a second resume with it is a new session.
+    let (_, again) = connect_with_key(&f.url, ALICE, "agent", json!({"resumeToken": token})).await;
+    assert_ne!(again["sessionId"], session, "{again}");
+
+    // The log holds the records, with the token's digest and never the token.
+    let rows = stream_whole(&nats).await;
+    assert!(rows.iter().any(|r| r.kind == "state.saved" && r.json.contains("alice-bot")));
+    assert!(rows.iter().all(|r| !r.json.contains(&token)), "a resume token in the log");
 }

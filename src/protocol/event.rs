@@ -104,11 +104,18 @@ pub enum EventType {
     /// Internal (never delivered): an id was freed.
     #[serde(rename = "identity.released")]
     IdentityReleased,
+    /// Internal (never delivered), cluster mode: the newest record of a session, agent or
+    /// scope, which the node that takes the log over restores (`router::handover`).
+    #[serde(rename = "state.saved")]
+    StateSaved,
+    /// Internal (never delivered), cluster mode: a saved session, agent or scope is gone.
+    #[serde(rename = "state.dropped")]
+    StateDropped,
 }
 
 impl EventType {
     /// Every type, for tests and the schema.
-    pub const ALL: [EventType; 39] = [
+    pub const ALL: [EventType; 41] = [
         Self::AgentRegistered,
         Self::AgentUnregistered,
         Self::AgentStateChanged,
@@ -148,6 +155,8 @@ impl EventType {
         Self::MailThreadCreated,
         Self::IdentityClaimed,
         Self::IdentityReleased,
+        Self::StateSaved,
+        Self::StateDropped,
     ];
 
     /// The wire string.
@@ -192,6 +201,8 @@ impl EventType {
             Self::MailThreadCreated => "mail.thread.created",
             Self::IdentityClaimed => "identity.claimed",
             Self::IdentityReleased => "identity.released",
+            Self::StateSaved => "state.saved",
+            Self::StateDropped => "state.dropped",
         }
     }
 
@@ -237,6 +248,8 @@ impl EventType {
             Self::MailThreadCreated => "mail.thread.created",
             Self::IdentityClaimed => "identity.claimed",
             Self::IdentityReleased => "identity.released",
+            Self::StateSaved => "state.saved",
+            Self::StateDropped => "state.dropped",
         }
     }
 
@@ -275,7 +288,13 @@ impl EventType {
     /// Whether this is one of the router's internal records, which are logged (and kept) but
     /// never delivered to any subscriber, replayed, or matched by a filter.
     pub fn is_internal(self) -> bool {
-        matches!(self, Self::IdentityClaimed | Self::IdentityReleased)
+        matches!(
+            self,
+            Self::IdentityClaimed
+                | Self::IdentityReleased
+                | Self::StateSaved
+                | Self::StateDropped
+        )
     }
 
     /// Whether this is a task event (the only kind a `tasks` filter can match).

@@ -118,6 +118,11 @@ pub struct Router {
     pub(super) store: Option<Arc<dyn crate::store::EventStore>>,
     /// The store's commit progress (with a store), for [`Router::check_backlog`].
     pub(super) store_progress: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Cluster mode, live node: what was last saved for the next live node
+    /// (`router::handover`); `None` saves nothing.
+    pub(super) handover: Option<crate::router::handover::Saver>,
+    /// The saved records the store came back with, restored before the first command.
+    pub(super) saved_at_open: Vec<crate::store::record::StoredRow>,
     /// Events appended since the last flush to the store.
     pub(super) unflushed: Vec<Arc<crate::router::events::log::EventRecord>>,
     /// Messages kept for agents that are away, and recent deliveries (reply correlation).
@@ -255,6 +260,8 @@ impl Router {
             supervised: Supervision::default(),
             store: None,
             store_progress: None,
+            handover: None,
+            saved_at_open: Vec::new(),
             unflushed: Vec::new(),
             messaging: Messaging::default(),
             trajectories: crate::router::trajectory::table::Trajectories::new(cache_items, 0),
@@ -310,6 +317,7 @@ impl Router {
 
     /// Hands the events appended since the last flush to the durable store.
     pub(super) fn flush_store(&mut self) {
+        self.save_changed();
         if self.unflushed.is_empty() {
             return;
         }

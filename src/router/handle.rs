@@ -196,6 +196,8 @@ impl RouterHandle {
                 });
             router.call_causes.clear();
             router.call_trace = None;
+            // The answer waits for the commit of the records it changed too.
+            router.save_changed();
             let after = router.bus.log.next_seq();
             let _ = tx.send((result, (after > before).then_some(after)));
         });
@@ -303,6 +305,14 @@ impl Router {
                 &recovered.claims,
                 config.ids_per_principal,
             );
+            if config.node.is_some() && !config.follower {
+                // Cluster mode, live node: save sessions, agents and scopes for the next one.
+                router.handover = Some(crate::router::handover::Saver::default());
+                router.sessions.changed.track();
+                router.registry.changed.track();
+                router.scopes.changed.track();
+                router.saved_at_open = recovered.saved;
+            }
             if config.durability == Durability::Durable {
                 committed = Some(store.committed());
             }

@@ -16,6 +16,8 @@
 //! - [`trajectory`]: the trajectory extension's checkpoints and content requests;
 //! - [`tasks`]: the tasks extension's task board;
 //! - [`mail`]: the mail extension's conversations, turns and threads;
+//! - [`handover`]: in cluster mode, the saved records of sessions, agents and scopes, which the
+//!   node that takes the log over restores;
 //! - [`kept`]: how the tasks, checkpoints, conversations and turns (kept by the store for good)
 //!   are paged into bounded caches, and the loads in flight;
 //! - [`permissions`]: every permission decision, as pure functions.
@@ -37,6 +39,7 @@ pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod handle;
+pub mod handover;
 pub mod identities;
 pub mod ids;
 pub mod kept;

@@ -300,6 +300,22 @@ pub fn claim_key(event_json: &str) -> Option<String> {
         .map(|e| e.data.claim.id)
 }
 
+/// `data.key` of a `state.saved` / `state.dropped` event's JSON (`router::handover`): what the
+/// saved records are keyed by (`session:<id>`, `agent:<id>`, `scope:<id>`).
+pub fn saved_key(event_json: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Data {
+        key: String,
+    }
+    #[derive(Deserialize)]
+    struct Event {
+        data: Data,
+    }
+    serde_json::from_str::<Event>(event_json)
+        .ok()
+        .map(|e| e.data.key)
+}
+
 /// The quota owner a row's `meta` names (`keys.owner`), if any.
 pub fn owner_of(meta: &str) -> Option<String> {
     #[derive(Deserialize)]

@@ -87,6 +87,10 @@ pub struct Recovered {
     /// The row of the newest `identity.claimed` event of every id still owned (a release
     /// deletes its id's row), which retention does not trim.
     pub claims: Vec<StoredRow>,
+    /// Cluster mode: the newest `state.saved` row of every session, agent and scope not
+    /// dropped since (`router::handover`), oldest first. Only the JetStream store folds them;
+    /// a single router writes none.
+    pub saved: Vec<StoredRow>,
 }
 
 /// Where the event log is kept durably.

@@ -40,6 +40,8 @@ pub struct Registry {
     order: BTreeMap<u64, AgentId>,
     by_owner: IdMap<ParticipantId, BTreeSet<AgentId>>,
     next_order: u64,
+    /// Agents changed since the last save (cluster mode only).
+    pub(crate) changed: crate::router::handover::Changes<AgentId>,
 }
 
 impl Registry {
@@ -63,6 +65,7 @@ impl Registry {
     /// Mutable access. Changing `agent.owner_id` or `agent.parent` through this breaks the
     /// indexes: use [`Registry::set_owner`].
     pub fn get_mut(&mut self, id: &AgentId) -> Option<&mut AgentRecord> {
+        self.changed.mark(id);
         self.agents.get_mut(id)
     }
 
@@ -89,6 +92,7 @@ impl Registry {
 
     /// Inserts a new agent (the id must be free and the parent, if any, registered).
     pub fn insert(&mut self, agent: Agent) {
+        self.changed.mark(&agent.id);
         let order = self.next_order;
         self.next_order += 1;
         if let Some(parent) = agent.parent.as_ref().and_then(|p| self.agents.get_mut(p)) {
@@ -119,6 +123,7 @@ impl Registry {
     /// Removes an agent. Its children keep their `parent` field (they become roots of their own
     /// subtrees in queries); callers remove children first when they mean to.
     pub fn remove(&mut self, id: &AgentId) -> Option<AgentRecord> {
+        self.changed.mark(id);
         let rec = self.agents.remove(id)?;
         self.order.remove(&rec.order);
         if let Some(parent) = rec
@@ -148,6 +153,7 @@ impl Registry {
 
     /// Changes an agent's owner, keeping the owner index right.
     pub fn set_owner(&mut self, id: &AgentId, owner: Option<ParticipantId>) {
+        self.changed.mark(id);
         let Some(old) = self.agents.get(id).map(|r| r.agent.owner_id.clone()) else {
             return;
         };

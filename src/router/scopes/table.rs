@@ -32,6 +32,8 @@ pub struct Scopes {
     scopes: IdMap<ScopeId, ScopeRecord>,
     order: BTreeMap<u64, ScopeId>,
     next_order: u64,
+    /// Scopes changed since the last save (cluster mode only).
+    pub(crate) changed: crate::router::handover::Changes<ScopeId>,
 }
 
 impl Scopes {
@@ -42,6 +44,7 @@ impl Scopes {
 
     /// Mutable access (do not change `scope.parent` through it).
     pub fn get_mut(&mut self, id: &ScopeId) -> Option<&mut ScopeRecord> {
+        self.changed.mark(id);
         self.scopes.get_mut(id)
     }
 
@@ -57,6 +60,7 @@ impl Scopes {
 
     /// Inserts a scope whose id is free and whose parent, if any, exists.
     pub fn insert(&mut self, scope: Scope, creator: Option<ParticipantId>) {
+        self.changed.mark(&scope.id);
         let order = self.next_order;
         self.next_order += 1;
         if let Some(parent) = scope.parent.as_ref().and_then(|p| self.scopes.get_mut(p)) {
@@ -77,6 +81,7 @@ impl Scopes {
 
     /// Removes one scope (not its children).
     pub fn remove(&mut self, id: &ScopeId) -> Option<ScopeRecord> {
+        self.changed.mark(id);
         let rec = self.scopes.remove(id)?;
         self.order.remove(&rec.order);
         if let Some(parent) = rec

@@ -238,12 +238,17 @@ impl Router {
             last_active_at: now_ms(),
             conn: Some(ctx.conn),
             resume_token: random_token("resume_"),
+            token_key: String::new(),
             policy: p.disconnect_policy.clone(),
             primary_agent: None,
             orphaned: Vec::new(),
             detached_at: None,
             principal,
             auth_epoch: 0,
+            handed_over: self.conns.get(&ctx.conn).is_some_and(|c| {
+                c.origin == crate::router::sessions::table::ConnOrigin::Remote
+                    || c.node.is_some()
+            }),
         };
         // NB: the router's service principal (the gateways' own sessions) is not an identity
         // to bound: its sessions are the router's, a fixed few.
@@ -505,6 +510,29 @@ impl Router {
             c.pending.clear();
         }
         self.bus.remove_session(&session_id);
+        if rotate_token {
+            self.sessions
+                .set_token(&session_id, random_token("resume_"));
+        }
+        let supervised = self.conns.get(&conn).is_some_and(|c| {
+            matches!(
+                c.origin,
+                crate::router::sessions::table::ConnOrigin::Supervised { .. }
+            )
+        });
+        self.detach_session(&session_id, supervised, policy, reason);
+    }
+
+    /// The detach of a session whose connection is gone (see [`Router::detach`]); also the
+    /// sessions a cluster's previous live node left connected (`router::handover`).
+    pub(crate) fn detach_session(
+        &mut self,
+        session_id: &SessionId,
+        supervised: bool,
+        policy: &DisconnectPolicy,
+        reason: &str,
+    ) {
+        let session_id = session_id.clone();
         let Some(s) = self.sessions.get_mut(&session_id) else {
             return;
         };
@@ -512,10 +540,6 @@ impl Router {
         s.detached_at = Some(Instant::now());
         let participant = s.participant.clone();
         let kind = s.kind;
-        if rotate_token {
-            self.sessions
-                .set_token(&session_id, random_token("resume_"));
-        }
 
         let disconnected = self.emit_participant_event(
             EventType::ParticipantDisconnected,
@@ -529,12 +553,6 @@ impl Router {
             Vec::new(),
         );
 
-        let supervised = self.conns.get(&conn).is_some_and(|c| {
-            matches!(
-                c.origin,
-                crate::router::sessions::table::ConnOrigin::Supervised { .. }
-            )
-        });
         if supervised {
             // The supervisor reports the process's exit; that decides the agent's fate.
             self.release_supervised(&participant);

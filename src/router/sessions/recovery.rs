@@ -60,12 +60,37 @@ struct OpenAgent {
 pub struct PreviousRun {
     participants: Vec<OpenParticipant>,
     agents: Vec<OpenAgent>,
+    /// The seq of the last lifecycle event of every participant and agent id the log holds.
+    last_participant: HashMap<String, u64>,
+    last_agent: HashMap<String, u64>,
 }
 
 impl PreviousRun {
     /// Nothing to close.
     pub fn is_empty(&self) -> bool {
         self.participants.is_empty() && self.agents.is_empty()
+    }
+
+    /// The seq of the participant's last `participant_connected` / `_disconnected` (0: none).
+    pub fn participant_seq(&self, id: &ParticipantId) -> u64 {
+        self.last_participant.get(id.as_str()).copied().unwrap_or(0)
+    }
+
+    /// The seq of the agent's last `agent_registered` / `_unregistered` (0: none).
+    pub fn agent_seq(&self, id: &AgentId) -> u64 {
+        self.last_agent.get(id.as_str()).copied().unwrap_or(0)
+    }
+
+    /// Takes the participant out of those left connected; whether it was.
+    pub fn take_participant(&mut self, id: &ParticipantId) -> bool {
+        let before = self.participants.len();
+        self.participants.retain(|p| &p.id != id);
+        self.participants.len() != before
+    }
+
+    /// Takes the agent out of those left registered.
+    pub fn take_agent(&mut self, id: &AgentId) {
+        self.agents.retain(|a| &a.id != id);
     }
 }
 
@@ -84,6 +109,8 @@ pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreEr
     let kinds: Vec<String> = KINDS.iter().map(|k| k.as_str().to_owned()).collect();
     let mut participants: HashMap<String, OpenParticipant> = HashMap::new();
     let mut agents: HashMap<String, OpenAgent> = HashMap::new();
+    let mut last_participant: HashMap<String, u64> = HashMap::new();
+    let mut last_agent: HashMap<String, u64> = HashMap::new();
     let mut from = 0;
     loop {
         let rows = store.read_kinds(kinds.clone(), from, PAGE).await?;
@@ -98,6 +125,18 @@ pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreEr
                     continue;
                 }
             };
+            let participant = matches!(
+                rec.kind,
+                EventType::ParticipantConnected | EventType::ParticipantDisconnected
+            );
+            if let Some(id) = lifecycle_id(&rec, participant) {
+                let last = if participant {
+                    &mut last_participant
+                } else {
+                    &mut last_agent
+                };
+                last.insert(id, rec.seq);
+            }
             fold(&mut participants, &mut agents, rec);
         }
         if !full {
@@ -107,10 +146,32 @@ pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreEr
     let mut run = PreviousRun {
         participants: participants.into_values().collect(),
         agents: agents.into_values().collect(),
+        last_participant,
+        last_agent,
     };
     run.participants.sort_by_key(|p| p.seq);
     run.agents.sort_by_key(|a| a.seq);
     Ok(run)
+}
+
+/// The participant (or agent) id of a lifecycle event.
+fn lifecycle_id(rec: &EventRecord, participant: bool) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Data {
+        participant_id: Option<String>,
+        agent_id: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Event {
+        data: Data,
+    }
+    let e = serde_json::from_str::<Event>(&rec.json).ok()?;
+    if participant {
+        e.data.participant_id
+    } else {
+        e.data.agent_id
+    }
 }
 
 fn fold(
@@ -178,8 +239,14 @@ impl Router {
             // The writer is alive and owns what is open; the node that takes over closes it.
             return;
         }
+        let saved = std::mem::take(&mut self.saved_at_open);
         match previous_run(&*store).await {
-            Ok(run) => self.close_previous_run(run),
+            Ok(mut run) => {
+                // Cluster mode: what the previous live node saved comes back (router::handover).
+                let connected = self.restore_saved(saved, &mut run);
+                self.close_previous_run(run);
+                self.detach_restored(connected);
+            }
             Err(e) => {
                 tracing::error!(error = %e, "could not read the previous run's lifecycle events")
             }

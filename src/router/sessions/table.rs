@@ -189,8 +189,11 @@ pub struct Session {
     pub last_active_at: u64,
     /// The connection, while attached.
     pub conn: Option<ConnId>,
-    /// The current single-use resume token.
+    /// The current single-use resume token (empty for a session restored from another node's
+    /// saved record, `router::handover`, until it is resumed: only its digest was saved).
     pub resume_token: String,
+    /// The token's digest ([`token_key`]), which the token index is keyed by.
+    pub token_key: String,
     /// What to do with owned agents when the session goes away.
     pub policy: Option<DisconnectPolicy>,
     /// The agent this session speaks as (`from` of its messages).
@@ -205,6 +208,23 @@ pub struct Session {
     /// Bumped whenever the credential behind `principal` changes (refresh, resume with a new
     /// one), so expiry deadlines set for an older credential do nothing.
     pub auth_epoch: u64,
+    /// Whether a cluster's next live node gets this session (`router::handover`): a network
+    /// client's, directly or through a standby's relay; not an in-process link's (a
+    /// gateway's) nor a supervised process's.
+    pub handed_over: bool,
+}
+
+/// The digest a resume token is looked up (and saved) by: hex SHA-256. A saved record
+/// (`router::handover`) carries the digest only, so the log never holds a usable token.
+pub fn token_key(token: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(token.as_bytes());
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        use std::fmt::Write;
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 /// All sessions and their indexes.
@@ -213,6 +233,8 @@ pub struct Sessions {
     by_id: IdMap<SessionId, Session>,
     by_participant: IdMap<ParticipantId, SessionId>,
     by_token: IdMap<String, SessionId>,
+    /// Sessions changed since the last save (cluster mode only).
+    pub(crate) changed: crate::router::handover::Changes<SessionId>,
 }
 
 impl Sessions {
@@ -223,6 +245,7 @@ impl Sessions {
 
     /// Mutable access (use [`Sessions::set_token`] to change the token).
     pub fn get_mut(&mut self, id: &SessionId) -> Option<&mut Session> {
+        self.changed.mark(id);
         self.by_id.get_mut(id)
     }
 
@@ -235,25 +258,33 @@ impl Sessions {
 
     /// The session a resume token belongs to.
     pub fn by_token(&self, token: &str) -> Option<&Session> {
-        self.by_token.get(token).and_then(|s| self.by_id.get(s))
+        self.by_token
+            .get(token_key(token).as_str())
+            .and_then(|s| self.by_id.get(s))
     }
 
-    /// Adds a session (its participant id must be free).
-    pub fn insert(&mut self, session: Session) {
+    /// Adds a session (its participant id must be free). Its `token_key` is computed from
+    /// `resume_token` unless given (a restored session has the digest only).
+    pub fn insert(&mut self, mut session: Session) {
+        if session.token_key.is_empty() {
+            session.token_key = token_key(&session.resume_token);
+        }
+        self.changed.mark(&session.id);
         self.by_participant
             .insert(session.participant.clone(), session.id.clone());
         self.by_token
-            .insert(session.resume_token.clone(), session.id.clone());
+            .insert(session.token_key.clone(), session.id.clone());
         self.by_id.insert(session.id.clone(), session);
     }
 
     /// Removes a session and its index entries.
     pub fn remove(&mut self, id: &SessionId) -> Option<Session> {
         let s = self.by_id.remove(id)?;
+        self.changed.mark(id);
         if self.by_participant.get(&s.participant) == Some(&s.id) {
             self.by_participant.remove(&s.participant);
         }
-        self.by_token.remove(&s.resume_token);
+        self.by_token.remove(&s.token_key);
         self.by_id.shrink_if_sparse();
         self.by_participant.shrink_if_sparse();
         self.by_token.shrink_if_sparse();
@@ -262,9 +293,11 @@ impl Sessions {
 
     /// Replaces a session's resume token (the old one stops working).
     pub fn set_token(&mut self, id: &SessionId, token: String) {
+        self.changed.mark(id);
         if let Some(s) = self.by_id.get_mut(id) {
-            self.by_token.remove(&s.resume_token);
-            self.by_token.insert(token.clone(), s.id.clone());
+            self.by_token.remove(&s.token_key);
+            s.token_key = token_key(&token);
+            self.by_token.insert(s.token_key.clone(), s.id.clone());
             s.resume_token = token;
         }
     }

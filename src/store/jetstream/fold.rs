@@ -3,17 +3,18 @@
 //! Owns nothing itself: the [`MemoryKept`] lives in the store's shared state. A kept row is by
 //! design the exact row of the newest event about its key (`store::kept`), so the tables are a
 //! pure function of the committed log and every node that reads the same stream folds the same
-//! tables. At open, [`load`] reads the retained rows of the kept kinds (and the claims) in
+//! tables. At open, [`load`] reads the retained rows of the kept kinds (and the claims and
+//! saved records) in
 //! sequence order; after that the writer feeds each row to [`MemoryKept::ingest`] once it is
 //! acknowledged, before `committed` moves over it, so a query never sees an uncommitted row.
 //!
 //! **Why per-subject consumers, not a full scan or `read_kinds`.** Rows go to
-//! `<prefix>.<kind>`, so the kept kinds are four subject filters (`task.>`,
-//! `trajectory.checkpoint`, `mail.>`, `identity.>`); the server skips every other row without
+//! `<prefix>.<kind>`, so the kept kinds are five subject filters (`task.>`,
+//! `trajectory.checkpoint`, `mail.>`, `identity.>`, `state.>`); the server skips every other row without
 //! sending it. Each filter is read by an ephemeral pull consumer (no acks, `Reader::scan`) in
 //! batches of 1024: one round trip per batch, where `read_kinds` spends one direct get (about
 //! 190 µs here) per row and does not take wildcards. Server 2.9 has only one filter per
-//! consumer, hence four of them. Tables never depend on each other's order, and each filter
+//! consumer, hence five of them. Tables never depend on each other's order, and each filter
 //! keeps its own rows in sequence order, which is all a fold per key needs (a claim and its
 //! release are both under `identity.>`).
 //!
@@ -25,60 +26,100 @@
 use std::collections::HashMap;
 
 use super::reader::Reader;
-use crate::store::kept::claim_key;
+use crate::store::kept::{claim_key, saved_key};
 use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
 use crate::store::StoreError;
 
 /// The subjects (after the prefix) whose rows the fold reads.
-const FILTERS: [&str; 4] = ["task.>", "trajectory.checkpoint", "mail.>", "identity.>"];
+const FILTERS: [&str; 5] = [
+    "task.>",
+    "trajectory.checkpoint",
+    "mail.>",
+    "identity.>",
+    "state.>",
+];
 
-/// What the fold found at open: the kept tables and the claims still owned (oldest first).
+/// The rows that come back whole at open, newest per key: the claims still owned and the
+/// saved sessions, agents and scopes not dropped (`router::handover`).
+#[derive(Debug, Default)]
+pub(super) struct Whole {
+    pub claims: HashMap<String, StoredRow>,
+    pub saved: HashMap<String, StoredRow>,
+}
+
+impl Whole {
+    /// Both sets as a store's open returns them: oldest first.
+    pub(super) fn rows(&self) -> (Vec<StoredRow>, Vec<StoredRow>) {
+        let sorted = |m: &HashMap<String, StoredRow>| {
+            let mut rows: Vec<StoredRow> = m.values().cloned().collect();
+            rows.sort_by_key(|r| r.seq);
+            rows
+        };
+        (sorted(&self.claims), sorted(&self.saved))
+    }
+}
+
+/// What the fold found at open: the kept tables, the claims still owned and the saved records
+/// (both oldest first).
 pub(super) struct Loaded {
     pub kept: MemoryKept,
     pub claims: Vec<StoredRow>,
+    pub saved: Vec<StoredRow>,
 }
 
-/// Folds one row: a claim or its release into `claims` (the newest claim of each id not
-/// released), any other row into the kept tables (which ignore rows of kinds they do not keep).
-/// The fold at open and a following standby (`follower.rs`) both fold with it.
-pub(super) fn fold_row(
-    kept: &mut MemoryKept,
-    claims: &mut HashMap<String, StoredRow>,
-    row: StoredRow,
-) {
-    if row.kind != "identity.claimed" && row.kind != "identity.released" {
-        kept.ingest(row);
-        return;
-    }
-    match claim_key(&row.json) {
-        Some(key) if row.kind == "identity.claimed" => {
-            claims.insert(key, row);
+/// Folds one row: a claim or its release into `whole.claims` (the newest claim of each id not
+/// released), a saved record or its drop into `whole.saved`, any other row into the kept
+/// tables (which ignore rows of kinds they do not keep). The fold at open and a following
+/// standby (`follower.rs`) both fold with it.
+pub(super) fn fold_row(kept: &mut MemoryKept, whole: &mut Whole, row: StoredRow) {
+    let (map, key, keep) = match row.kind.as_str() {
+        "identity.claimed" | "identity.released" => (
+            &mut whole.claims,
+            claim_key(&row.json),
+            row.kind == "identity.claimed",
+        ),
+        "state.saved" | "state.dropped" => (
+            &mut whole.saved,
+            saved_key(&row.json),
+            row.kind == "state.saved",
+        ),
+        _ => {
+            kept.ingest(row);
+            return;
+        }
+    };
+    match key {
+        Some(key) if keep => {
+            map.insert(key, row);
         }
         Some(key) => {
-            claims.remove(&key);
+            map.remove(&key);
         }
-        None => tracing::warn!(event = %row.id, "a claim without its id"),
+        None => tracing::warn!(event = %row.id, kind = %row.kind, "a kept record without its key"),
     }
 }
 
 /// Folds the rows `[first, next)` of the kept kinds.
 pub(super) async fn load(reader: &Reader, first: u64, next: u64) -> Result<Loaded, StoreError> {
     let mut kept = MemoryKept::default();
-    let mut claims: HashMap<String, StoredRow> = HashMap::new();
+    let mut whole = Whole::default();
     if first < next {
         for filter in FILTERS {
             let subject = format!("{}.{filter}", reader.prefix);
             let what = format!("folding {subject}");
             reader
                 .scan(&what, &subject, first, next, |row| {
-                    fold_row(&mut kept, &mut claims, row);
+                    fold_row(&mut kept, &mut whole, row);
                     true
                 })
                 .await?;
         }
     }
-    let mut claims: Vec<StoredRow> = claims.into_values().collect();
-    claims.sort_by_key(|r| r.seq);
-    Ok(Loaded { kept, claims })
+    let (claims, saved) = whole.rows();
+    Ok(Loaded {
+        kept,
+        claims,
+        saved,
+    })
 }

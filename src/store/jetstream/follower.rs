@@ -1,5 +1,5 @@
 //! A warm standby's view of the stream: [`Follower`] follows the log another node writes,
-//! keeping the kept tables, the claims, the position and the newest rows current, so that
+//! keeping the kept tables, the claims, the saved records (`router::handover`), the position and the newest rows current, so that
 //! taking over ([`Follower::promote`]) starts the writer at once instead of reading and
 //! folding the whole retained log (about 95 µs per kept row in a debug build,
 //! docs/cluster-notes.md).
@@ -14,7 +14,7 @@
 //! for room: a slow router slows following, never loses a row). Its `committed` is the
 //! position followed; `append` is refused (a follower never writes the log).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use super::{
     JetStreamOptions, JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
-use crate::store::kept::{claim_key, KeptAnswer, KeptQuery};
+use crate::store::kept::{claim_key, saved_key, KeptAnswer, KeptQuery};
 use crate::store::record::StoredRow;
 use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
 
@@ -52,8 +52,9 @@ struct Followed {
     last_timestamp: u64,
     /// The newest rows, oldest first (at most `recent_rows`).
     recent: VecDeque<StoredRow>,
-    /// The newest `identity.claimed` row of every id not released.
-    claims: HashMap<String, StoredRow>,
+    /// The newest claim of every id not released, the newest saved record of every key not
+    /// dropped.
+    whole: fold::Whole,
     /// Set when promoted: the follow task applies nothing more.
     stopped: bool,
     /// Set when promoted from what was followed (not recovered cold).
@@ -94,11 +95,18 @@ impl Follower {
             last_id: recovered.last_id.map(|id| id.to_string()),
             last_timestamp: recovered.last_timestamp,
             recent: recovered.recent.into(),
-            claims: recovered
-                .claims
-                .into_iter()
-                .filter_map(|row| claim_key(&row.json).map(|key| (key, row)))
-                .collect(),
+            whole: fold::Whole {
+                claims: recovered
+                    .claims
+                    .into_iter()
+                    .filter_map(|row| claim_key(&row.json).map(|key| (key, row)))
+                    .collect(),
+                saved: recovered
+                    .saved
+                    .into_iter()
+                    .filter_map(|row| saved_key(&row.json).map(|key| (key, row)))
+                    .collect(),
+            },
             stopped: false,
             warm: false,
             feed: None,
@@ -273,8 +281,7 @@ fn snapshot(state: &Followed, first: u64, shared: &Shared) -> Result<Recovered, 
             StoreError::Corrupt(format!("bad event id {id} at seq {}", state.next_seq - 1))
         })?),
     };
-    let mut claims: Vec<StoredRow> = state.claims.values().cloned().collect();
-    claims.sort_by_key(|r| r.seq);
+    let (claims, saved) = state.whole.rows();
     Ok(Recovered {
         next_seq: state.next_seq,
         first_seq: first.min(state.next_seq),
@@ -283,6 +290,7 @@ fn snapshot(state: &Followed, first: u64, shared: &Shared) -> Result<Recovered, 
         recent: state.recent.iter().cloned().collect(),
         kept_counts: lock(&shared.kept).counts(),
         claims,
+        saved,
     })
 }
 
@@ -466,7 +474,7 @@ fn apply(state: &Mutex<Followed>, shared: &Shared, row: StoredRow, recent_rows: 
     s.next_seq = row.seq + 1;
     s.last_id = Some(row.id.clone());
     s.last_timestamp = row.timestamp;
-    fold::fold_row(&mut lock(&shared.kept), &mut s.claims, row.clone());
+    fold::fold_row(&mut lock(&shared.kept), &mut s.whole, row.clone());
     let feed = s.feed.clone().map(|tx| (tx, row.clone()));
     s.recent.push_back(row);
     while s.recent.len() > recent_rows {

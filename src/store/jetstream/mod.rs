@@ -441,6 +441,7 @@ async fn recover_and_fold(
     let loaded = fold::load(reader, recovered.first_seq, recovered.next_seq).await?;
     recovered.kept_counts = loaded.kept.counts();
     recovered.claims = loaded.claims;
+    recovered.saved = loaded.saved;
     *lock(&reader.shared.kept) = loaded.kept;
     tracing::info!(
         url = %options.url,

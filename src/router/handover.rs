@@ -1,0 +1,440 @@
+//! Handing sessions, agents and scopes over from one live node of a cluster to the next.
+//!
+//! Owns the *saved image* of those three tables and its two halves:
+//!
+//! - **Saving** (the live node): each table records which ids changed ([`Changes`]); after
+//!   every call, and after every batch of timers and transport events, [`Router::save_changed`]
+//!   writes the newest record of each changed one as an internal `state.saved` event
+//!   (`state.dropped` once it is gone), which the log keeps and no subscriber is shown. A
+//!   record unchanged since it was last saved is not written again ([`Saver`] keeps a digest
+//!   per key). A call's answer waits for the commit of its records too, so what a client was
+//!   told is saved.
+//! - **Restoring** (the node that takes the log over): every standby folds the records as it
+//!   follows the stream (`store::jetstream::fold`), so the new live node starts with the
+//!   newest record of each key (`Recovered::saved`), and [`Router::restore_saved`] puts them
+//!   back instead of ending them: scopes as they were; sessions detached, resumable with their
+//!   token (only its digest is saved) for the resume window; agents with their owner. The
+//!   sessions that were connected when the old live node died then go through the detach of
+//!   a lost connection (`participant_disconnected` with reason `router_restarted`, then their
+//!   disconnect policy: agents orphaned, or unregistered), once, by the new live node.
+//!
+//! Saved: the sessions of network clients (directly or through a standby's relay session)
+//! and their agents; not the sessions of in-process links (the gateways, which start again on
+//! the new node) nor of supervised processes (which died with their node). A record is
+//! trusted only when it is newer than the log's last lifecycle event of its participant or
+//! agent (a node killed between an event and its record leaves the record behind: that
+//! participant or agent is ended as after a restart, `sessions::recovery`). Only a router
+//! with a node name (cluster mode) that writes the log saves; a single router saves nothing
+//! and a restart still ends everything.
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::agent::{Agent, AgentState};
+use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
+use crate::protocol::event::EventType;
+use crate::protocol::ids::{AgentId, ParticipantId, ScopeId, SessionId};
+use crate::protocol::methods::session::{
+    AgentBehavior, DisconnectPolicy, Principal,
+};
+use crate::protocol::scope::Scope;
+use crate::store::record::StoredRow;
+
+use crate::router::core::Router;
+use crate::router::events::log::{Audience, EventDraft, FilterKeys};
+use crate::router::sessions::table::Session;
+use crate::router::timers::Deadline;
+
+/// The ids a table changed since they were last saved; records nothing until
+/// [`Changes::track`] (a single router, a follower).
+#[derive(Debug)]
+pub struct Changes<K>(Option<BTreeSet<K>>);
+
+impl<K> Default for Changes<K> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<K: Ord + Clone> Changes<K> {
+    /// Starts recording.
+    pub fn track(&mut self) {
+        self.0.get_or_insert_with(BTreeSet::new);
+    }
+
+    /// Records that `id` changed (inserted, modified or removed).
+    pub fn mark(&mut self, id: &K) {
+        if let Some(set) = &mut self.0 {
+            if !set.contains(id) {
+                set.insert(id.clone());
+            }
+        }
+    }
+
+    /// The ids changed since the last call.
+    pub fn take(&mut self) -> Vec<K> {
+        self.0
+            .as_mut()
+            .map(|set| std::mem::take(set).into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What the live node last saved: a digest of each key's record.
+#[derive(Debug, Default)]
+pub struct Saver {
+    saved: HashMap<String, u64>,
+}
+
+/// The saved record of a session.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SavedSession {
+    id: SessionId,
+    participant_id: ParticipantId,
+    participant_type: ParticipantType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    capabilities: ParticipantCapabilities,
+    created_at: u64,
+    token_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<DisconnectPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    primary_agent: Option<AgentId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    orphaned: Vec<AgentId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    principal: Option<Principal>,
+}
+
+/// The saved record of an agent: the wire record (owner, state, scopes...) and what the
+/// router keeps beside it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SavedAgent {
+    agent: Agent,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state_before_suspend: Option<AgentState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state_before_orphan: Option<AgentState>,
+}
+
+/// The saved record of a scope (its members are the agents' `scopes`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SavedScope {
+    scope: Scope,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    creator: Option<ParticipantId>,
+}
+
+/// `data` of a `state.saved` (one of the three records) or `state.dropped` (the key only).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Record {
+    key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session: Option<SavedSession>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent: Option<SavedAgent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scope: Option<SavedScope>,
+}
+
+fn session_key(id: &SessionId) -> String {
+    format!("session:{id}")
+}
+
+fn agent_key(id: &AgentId) -> String {
+    format!("agent:{id}")
+}
+
+fn scope_key(id: &ScopeId) -> String {
+    format!("scope:{id}")
+}
+
+fn digest(text: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// The restore order for records with a parent: every parent before its children (a record
+/// whose parent is not among them comes where its turn falls).
+fn parents_first<T, K: Ord + Clone>(
+    items: Vec<T>,
+    id: impl Fn(&T) -> K,
+    parent: impl Fn(&T) -> Option<K>,
+) -> Vec<T> {
+    let ids: BTreeSet<K> = items.iter().map(&id).collect();
+    let mut placed: BTreeSet<K> = BTreeSet::new();
+    let mut pending = items;
+    let mut out = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        let before = pending.len();
+        let (ready, rest): (Vec<T>, Vec<T>) = pending.into_iter().partition(|t| {
+            parent(t).is_none_or(|p| !ids.contains(&p) || placed.contains(&p))
+        });
+        for t in &ready {
+            placed.insert(id(t));
+        }
+        out.extend(ready);
+        pending = rest;
+        if pending.len() == before {
+            // A cycle (never written by a router): take the rest as they come.
+            out.append(&mut pending);
+        }
+    }
+    out
+}
+
+impl Router {
+    /// Writes the records of what changed since the last call (see the module doc).
+    pub(crate) fn save_changed(&mut self) {
+        let Some(mut saver) = self.handover.take() else {
+            return;
+        };
+        for id in self.scopes.changed.take() {
+            let record = self.scopes.get(&id).map(|r| Record {
+                key: scope_key(&id),
+                scope: Some(SavedScope {
+                    scope: r.scope.clone(),
+                    creator: r.creator.clone(),
+                }),
+                ..Record::default()
+            });
+            self.put(&mut saver, scope_key(&id), record);
+        }
+        for id in self.sessions.changed.take() {
+            let record = self
+                .sessions
+                .get(&id)
+                .filter(|s| s.handed_over)
+                .map(|s| Record {
+                    key: session_key(&id),
+                    session: Some(SavedSession {
+                        id: s.id.clone(),
+                        participant_id: s.participant.clone(),
+                        participant_type: s.kind,
+                        name: s.name.clone(),
+                        capabilities: s.capabilities.clone(),
+                        created_at: s.created_at,
+                        token_key: s.token_key.clone(),
+                        policy: s.policy.clone(),
+                        primary_agent: s.primary_agent.clone(),
+                        orphaned: s.orphaned.clone(),
+                        principal: s.principal.clone(),
+                    }),
+                    ..Record::default()
+                });
+            self.put(&mut saver, session_key(&id), record);
+        }
+        for id in self.registry.changed.take() {
+            let record = self
+                .registry
+                .get(&id)
+                .filter(|r| {
+                    // An agent goes with its owner's session (an orphan on its own).
+                    r.agent.owner_id.as_ref().is_none_or(|o| {
+                        self.sessions
+                            .by_participant(o)
+                            .is_some_and(|s| s.handed_over)
+                    })
+                })
+                .map(|r| Record {
+                    key: agent_key(&id),
+                    agent: Some(SavedAgent {
+                        agent: r.agent.clone(),
+                        state_before_suspend: r.state_before_suspend.clone(),
+                        state_before_orphan: r.state_before_orphan.clone(),
+                    }),
+                    ..Record::default()
+                });
+            self.put(&mut saver, agent_key(&id), record);
+        }
+        self.handover = Some(saver);
+    }
+
+    /// Saves `record` under `key` if it changed, or drops the key (`None`) if it was saved.
+    fn put(&mut self, saver: &mut Saver, key: String, record: Option<Record>) {
+        let (kind, data) = match record {
+            Some(record) => {
+                let data = crate::router::core::to_json(&record);
+                let d = digest(&data);
+                if saver.saved.insert(key, d) == Some(d) {
+                    return;
+                }
+                (EventType::StateSaved, data)
+            }
+            None => {
+                if saver.saved.remove(&key).is_none() {
+                    return;
+                }
+                (
+                    EventType::StateDropped,
+                    crate::router::core::to_json(&Record {
+                        key,
+                        ..Record::default()
+                    }),
+                )
+            }
+        };
+        self.emit(EventDraft {
+            kind,
+            source: None,
+            data,
+            caused_by: Vec::new(),
+            keys: FilterKeys::default(),
+            audience: Audience::System,
+        });
+    }
+
+    /// Restores the saved records the store came back with (see the module doc), taking what
+    /// it restores out of `run` (what the previous live node left open, which the caller then
+    /// ends as after a restart). Returns the sessions that were connected when that node
+    /// stopped, which the caller detaches once the rest is closed.
+    pub(crate) fn restore_saved(
+        &mut self,
+        saved: Vec<StoredRow>,
+        run: &mut crate::router::sessions::recovery::PreviousRun,
+    ) -> Vec<SessionId> {
+        if saved.is_empty() {
+            return Vec::new();
+        }
+        let mut scopes = Vec::new();
+        let mut sessions = Vec::new();
+        let mut agents = Vec::new();
+        for row in saved {
+            #[derive(Deserialize)]
+            struct Event {
+                data: Record,
+            }
+            let Ok(event) = serde_json::from_str::<Event>(&row.json) else {
+                tracing::warn!(event = %row.id, "skipping an unreadable saved record");
+                continue;
+            };
+            let r = event.data;
+            if let Some(s) = r.scope {
+                scopes.push(s);
+            } else if let Some(s) = r.session {
+                sessions.push((row.seq, s));
+            } else if let Some(a) = r.agent {
+                agents.push((row.seq, a));
+            }
+        }
+        let now = Instant::now();
+        let window = self.config.resume_window;
+
+        // Scopes, parents first.
+        for s in parents_first(scopes, |s| s.scope.id.clone(), |s| s.scope.parent.clone()) {
+            if !self.scopes.contains(&s.scope.id) {
+                self.scopes.insert(s.scope, s.creator);
+            }
+        }
+
+        // Sessions newer than their participant's last lifecycle event.
+        let mut connected = Vec::new();
+        for (seq, s) in sessions {
+            if run.participant_seq(&s.participant_id) >= seq
+                || self.sessions.by_participant(&s.participant_id).is_some()
+            {
+                continue;
+            }
+            if run.take_participant(&s.participant_id) {
+                connected.push(s.id.clone());
+            } else {
+                self.schedule(now + window, Deadline::SessionExpiry(s.id.clone()));
+            }
+            self.sessions.insert(Session {
+                id: s.id,
+                participant: s.participant_id,
+                kind: s.participant_type,
+                name: s.name,
+                capabilities: s.capabilities,
+                created_at: s.created_at,
+                last_active_at: crate::protocol::ids::now_ms(),
+                conn: None,
+                resume_token: String::new(),
+                token_key: s.token_key,
+                policy: s.policy,
+                primary_agent: s.primary_agent,
+                orphaned: s.orphaned,
+                detached_at: Some(now),
+                principal: s.principal,
+                auth_epoch: 0,
+                handed_over: true,
+            });
+        }
+
+        // Agents newer than their last lifecycle event whose owner came back (or orphans).
+        let agents: Vec<SavedAgent> = agents
+            .into_iter()
+            .filter(|(seq, a)| {
+                run.agent_seq(&a.agent.id) < *seq
+                    && !self.registry.contains(&a.agent.id)
+                    && a.agent
+                        .owner_id
+                        .as_ref()
+                        .is_none_or(|o| self.sessions.by_participant(o).is_some())
+            })
+            .map(|(_, a)| a)
+            .collect();
+        for a in parents_first(agents, |a| a.agent.id.clone(), |a| a.agent.parent.clone()) {
+            let id = a.agent.id.clone();
+            run.take_agent(&id);
+            let mut agent = a.agent;
+            agent.children = None;
+            agent.scopes.retain(|s| self.scopes.contains(s));
+            for scope in &agent.scopes {
+                if let Some(s) = self.scopes.get_mut(scope) {
+                    s.members.insert(id.clone());
+                }
+            }
+            let orphan = agent.owner_id.is_none() && agent.state == AgentState::ORPHANED;
+            self.registry.insert(agent);
+            if let Some(rec) = self.registry.get_mut(&id) {
+                rec.state_before_suspend = a.state_before_suspend;
+                rec.state_before_orphan = a.state_before_orphan;
+                if orphan {
+                    rec.orphan_expires = Some(now + window);
+                }
+            }
+            if orphan {
+                self.schedule(now + window, Deadline::OrphanExpiry(id));
+            }
+        }
+        tracing::info!(
+            sessions = self.sessions.len(),
+            connected = connected.len(),
+            agents = self.registry.len(),
+            scopes = self.scopes.iter_ordered().count(),
+            "restored the sessions, agents and scopes the previous live node saved"
+        );
+        connected
+    }
+
+    /// Detaches the restored sessions that were connected when the previous live node
+    /// stopped, as after a lost connection (their policy, or the grace period of one).
+    pub(crate) fn detach_restored(&mut self, sessions: Vec<SessionId>) {
+        for id in sessions {
+            let policy = self
+                .sessions
+                .get(&id)
+                .and_then(|s| s.policy.clone())
+                .unwrap_or(DisconnectPolicy {
+                    agent_behavior: AgentBehavior::GracePeriod,
+                    grace_period_ms: None,
+                    notify_subscribers: None,
+                });
+            self.detach_session(
+                &id,
+                false,
+                &policy,
+                crate::router::sessions::recovery::RESTART_REASON,
+            );
+        }
+    }
+}
