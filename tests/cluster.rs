@@ -705,7 +705,11 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         };
         let mut expected = vec![format!("s{round}-0"), format!("s{round}-1"), sink.clone()];
         expected.sort_unstable();
-        assert_eq!(ended("agent_orphaned"), expected, "round {round}: each agent once");
+        assert_eq!(
+            ended("agent_orphaned"),
+            expected,
+            "round {round}: each agent once"
+        );
         assert!(ended("agent_unregistered").is_empty(), "round {round}");
         let mut gone: Vec<&str> = closed
             .iter()
@@ -3082,39 +3086,72 @@ fn a_takeover_hands_sessions_agents_and_scopes_over_and_only_their_owner_resumes
 /// the log as internal records; it detaches alice once, as a lost connection does (her agent
 /// orphaned, not unregistered); bob's message to the agent meanwhile is queued; and alice's
 /// resume token (only hers: not bob's key with her token, nor viewer's with her session id)
-/// gives her the same session and the agent back, with the queued message. The log holds the
-/// token's digest, never the token.
+/// gives her the same session and the agent back, with the queued message. A second session
+/// of alice's that was away before the kill, with a message queued for its agent on the dead
+/// node, is not detached again and gets both messages in order. The log holds the token's
+/// digest, never the token.
 async fn handover() {
     let nats = Nats::start("handover");
     let dir = TempDir::new("cluster-handover");
     let config = four_principals(&dir.path);
     let (mut live, w, mut f) = live_and_standby(&nats, &dir.path, &config).await;
     let (mut ops, _) = connect_with_key(&f.url, OPS, "system", json!({})).await;
-    ops.ok("map/scopes/create", json!({"scopeId": "team"})).await;
-    let (mut alice, r) = connect_with_key(
-        &w,
-        ALICE,
-        "agent",
-        json!({"participantId": "alice-desk"}),
-    )
-    .await;
+    ops.ok("map/scopes/create", json!({"scopeId": "team"}))
+        .await;
+    let (mut alice, r) =
+        connect_with_key(&w, ALICE, "agent", json!({"participantId": "alice-desk"})).await;
     let token = r["resumeToken"].as_str().unwrap().to_owned();
     let session = r["sessionId"].clone();
     alice
         .register_agent(json!({"agentId": "alice-bot", "role": "worker", "metadata": {"k": 1}}))
         .await;
     alice
-        .ok("map/scopes/join", json!({"scopeId": "team", "agentId": "alice-bot"}))
+        .ok(
+            "map/scopes/join",
+            json!({"scopeId": "team", "agentId": "alice-bot"}),
+        )
         .await;
     alice
-        .ok("map/agents/update", json!({"agentId": "alice-bot", "state": "busy"}))
+        .ok(
+            "map/agents/update",
+            json!({"agentId": "alice-bot", "state": "busy"}),
+        )
         .await;
     let before = ops
         .ok("map/agents/get", json!({"agentId": "alice-bot"}))
         .await;
     // Bob's client is on the standby (its session is the live node's, through the relay).
-    let (_bob, _) = connect_with_key(&f.url, BOB, "client", json!({"participantId": "bob-desk"}))
+    let (mut bob, _) =
+        connect_with_key(&f.url, BOB, "client", json!({"participantId": "bob-desk"})).await;
+    // Alice's second session went away before the kill (its agent orphaned there), and bob's
+    // message to that agent is queued on the live node that is about to die.
+    let (mut away, r) = connect_with_key(
+        &f.url,
+        ALICE,
+        "agent",
+        json!({"participantId": "alice-away"}),
+    )
+    .await;
+    let away_token = r["resumeToken"].as_str().unwrap().to_owned();
+    away.register_agent(json!({"agentId": "away-bot"})).await;
+    away.drop_abruptly();
+    within(Duration::from_secs(10), async {
+        loop {
+            let got = ops
+                .ok("map/agents/get", json!({"agentId": "away-bot"}))
+                .await;
+            if got["agent"]["state"] == json!("orphaned") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let guaranteed = |to: &str, payload: serde_json::Value| json!({"to": {"agent": to}, "payload": payload, "meta": {"delivery": "guaranteed"}});
+    let sent = bob
+        .ok("map/send", guaranteed("away-bot", json!({"n": 1})))
         .await;
+    assert!(sent.to_string().contains("queued"), "{sent}");
 
     sigkill(&mut live).await;
     let warm = within(Duration::from_secs(20), &mut f.took_over).await;
@@ -3132,7 +3169,10 @@ async fn handover() {
         if field == "ownerId" {
             assert!(got["agent"].get(field).is_none_or(|v| v.is_null()), "{got}");
         } else {
-            assert_eq!(got["agent"][field], before["agent"][field], "{field}: {got}");
+            assert_eq!(
+                got["agent"][field], before["agent"][field],
+                "{field}: {got}"
+            );
         }
     }
     let members = ops
@@ -3156,15 +3196,23 @@ async fn handover() {
     }
     assert_eq!(of("agent_orphaned", "agentId", "alice-bot").len(), 1);
     assert!(of("agent_unregistered", "agentId", "alice-bot").is_empty());
+    // The session that was away already is not detached again.
+    let gone = of("participant_disconnected", "participantId", "alice-away");
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!(gone[0]["reason"], json!("transport_closed"), "{gone:?}");
+    assert_eq!(of("agent_orphaned", "agentId", "away-bot").len(), 1);
 
-    // Bob's message to the agent waits for it.
+    // Bob's messages to the agents wait for them.
     let (mut bob, _) = connect_with_key(&f.url, BOB, "client", json!({})).await;
     let sent = bob
         .ok(
             "map/send",
-            json!({"to": {"agent": "alice-bot"}, "payload": {"while": "away"},
-                "meta": {"delivery": "guaranteed"}}),
+            guaranteed("alice-bot", json!({"while": "away"})),
         )
+        .await;
+    assert!(sent.to_string().contains("queued"), "{sent}");
+    let sent = bob
+        .ok("map/send", guaranteed("away-bot", json!({"n": 2})))
         .await;
     assert!(sent.to_string().contains("queued"), "{sent}");
     // Neither bob (with her token) nor viewer (with her session id) gets alice's session, and
@@ -3178,7 +3226,10 @@ async fn handover() {
     .await;
     assert_ne!(r["sessionId"], session, "{r}");
     assert_ne!(r["participantId"], json!("alice-desk"), "{r}");
-    assert!(r["reclaimedAgents"].as_array().is_none_or(|a| a.is_empty()), "{r}");
+    assert!(
+        r["reclaimedAgents"].as_array().is_none_or(|a| a.is_empty()),
+        "{r}"
+    );
     let e = bob_agent
         .err("map/agents/register", json!({"agentId": "alice-bot"}))
         .await;
@@ -3200,12 +3251,26 @@ async fn handover() {
         .await;
     assert_eq!(got["agent"]["state"], json!("busy"), "{got}");
     assert_eq!(got["agent"]["ownerId"], json!("alice-desk"), "{got}");
+    // The session that went away before the kill resumes too, with both messages in order.
+    let (mut away, r) =
+        connect_with_key(&f.url, ALICE, "agent", json!({"resumeToken": away_token})).await;
+    assert_eq!(r["participantId"], json!("alice-away"), "{r}");
+    assert!(r.to_string().contains("away-bot"), "{r}");
+    for n in [1, 2] {
+        let m = away.next_message().await;
+        assert_eq!(m["payload"], json!({"n": n}), "{m}");
+    }
     // The token was single-use: a second resume with it is a new session.
     let (_, again) = connect_with_key(&f.url, ALICE, "agent", json!({"resumeToken": token})).await;
     assert_ne!(again["sessionId"], session, "{again}");
 
     // The log holds the records, with the token's digest and never the token.
     let rows = stream_whole(&nats).await;
-    assert!(rows.iter().any(|r| r.kind == "state.saved" && r.json.contains("alice-bot")));
-    assert!(rows.iter().all(|r| !r.json.contains(&token)), "a resume token in the log");
+    assert!(rows
+        .iter()
+        .any(|r| r.kind == "state.saved" && r.json.contains("alice-bot")));
+    assert!(
+        rows.iter().all(|r| !r.json.contains(&token)),
+        "a resume token in the log"
+    );
 }

@@ -290,10 +290,7 @@ impl EventType {
     pub fn is_internal(self) -> bool {
         matches!(
             self,
-            Self::IdentityClaimed
-                | Self::IdentityReleased
-                | Self::StateSaved
-                | Self::StateDropped
+            Self::IdentityClaimed | Self::IdentityReleased | Self::StateSaved | Self::StateDropped
         )
     }
 

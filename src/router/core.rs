@@ -120,7 +120,7 @@ pub struct Router {
     pub(super) store_progress: Option<tokio::sync::watch::Receiver<u64>>,
     /// Cluster mode, live node: what was last saved for the next live node
     /// (`router::handover`); `None` saves nothing.
-    pub(super) handover: Option<crate::router::handover::Saver>,
+    pub(super) handover: Option<crate::router::changes::Saver>,
     /// The saved records the store came back with, restored before the first command.
     pub(super) saved_at_open: Vec<crate::store::record::StoredRow>,
     /// Events appended since the last flush to the store.

@@ -307,7 +307,7 @@ impl Router {
             );
             if config.node.is_some() && !config.follower {
                 // Cluster mode, live node: save sessions, agents and scopes for the next one.
-                router.handover = Some(crate::router::handover::Saver::default());
+                router.handover = Some(crate::router::changes::Saver::default());
                 router.sessions.changed.track();
                 router.registry.changed.track();
                 router.scopes.changed.track();

@@ -2,7 +2,8 @@
 //!
 //! Owns the *saved image* of those three tables and its two halves:
 //!
-//! - **Saving** (the live node): each table records which ids changed ([`Changes`]); after
+//! - **Saving** (the live node): each table records which ids changed
+//!   ([`Changes`](crate::router::changes::Changes)); after
 //!   every call, and after every batch of timers and transport events, [`Router::save_changed`]
 //!   writes the newest record of each changed one as an internal `state.saved` event
 //!   (`state.dropped` once it is gone), which the log keeps and no subscriber is shown. A
@@ -27,7 +28,7 @@
 //! with a node name (cluster mode) that writes the log saves; a single router saves nothing
 //! and a restart still ends everything.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
@@ -37,57 +38,15 @@ use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::event::EventType;
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId, SessionId};
-use crate::protocol::methods::session::{
-    AgentBehavior, DisconnectPolicy, Principal,
-};
+use crate::protocol::methods::session::{AgentBehavior, DisconnectPolicy, Principal};
 use crate::protocol::scope::Scope;
 use crate::store::record::StoredRow;
 
+use crate::router::changes::Saver;
 use crate::router::core::Router;
 use crate::router::events::log::{Audience, EventDraft, FilterKeys};
 use crate::router::sessions::table::Session;
 use crate::router::timers::Deadline;
-
-/// The ids a table changed since they were last saved; records nothing until
-/// [`Changes::track`] (a single router, a follower).
-#[derive(Debug)]
-pub struct Changes<K>(Option<BTreeSet<K>>);
-
-impl<K> Default for Changes<K> {
-    fn default() -> Self {
-        Self(None)
-    }
-}
-
-impl<K: Ord + Clone> Changes<K> {
-    /// Starts recording.
-    pub fn track(&mut self) {
-        self.0.get_or_insert_with(BTreeSet::new);
-    }
-
-    /// Records that `id` changed (inserted, modified or removed).
-    pub fn mark(&mut self, id: &K) {
-        if let Some(set) = &mut self.0 {
-            if !set.contains(id) {
-                set.insert(id.clone());
-            }
-        }
-    }
-
-    /// The ids changed since the last call.
-    pub fn take(&mut self) -> Vec<K> {
-        self.0
-            .as_mut()
-            .map(|set| std::mem::take(set).into_iter().collect())
-            .unwrap_or_default()
-    }
-}
-
-/// What the live node last saved: a digest of each key's record.
-#[derive(Debug, Default)]
-pub struct Saver {
-    saved: HashMap<String, u64>,
-}
 
 /// The saved record of a session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,9 +134,9 @@ fn parents_first<T, K: Ord + Clone>(
     let mut out = Vec::with_capacity(pending.len());
     while !pending.is_empty() {
         let before = pending.len();
-        let (ready, rest): (Vec<T>, Vec<T>) = pending.into_iter().partition(|t| {
-            parent(t).is_none_or(|p| !ids.contains(&p) || placed.contains(&p))
-        });
+        let (ready, rest): (Vec<T>, Vec<T>) = pending
+            .into_iter()
+            .partition(|t| parent(t).is_none_or(|p| !ids.contains(&p) || placed.contains(&p)));
         for t in &ready {
             placed.insert(id(t));
         }
@@ -264,13 +223,13 @@ impl Router {
             Some(record) => {
                 let data = crate::router::core::to_json(&record);
                 let d = digest(&data);
-                if saver.saved.insert(key, d) == Some(d) {
+                if !saver.changed(key, d) {
                     return;
                 }
                 (EventType::StateSaved, data)
             }
             None => {
-                if saver.saved.remove(&key).is_none() {
+                if !saver.forget(&key) {
                     return;
                 }
                 (

@@ -33,6 +33,7 @@
 
 pub mod agents;
 pub mod caller;
+pub mod changes;
 pub mod config;
 pub mod core;
 pub mod dispatch;

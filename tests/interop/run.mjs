@@ -2429,7 +2429,7 @@ scenario(
 );
 
 scenario(
-  'cluster: a takeover: a resuming dashboard on the standby gets every event once, and agents carry on on the node that took over',
+  'cluster: a takeover: a resuming dashboard on the standby gets every event once, the agents are handed over (orphaned once, reclaimed by id) and carry on on the node that took over',
   async (ctx) => {
     const nats = await ctx.startNats();
     const cluster = (node, extra) => clusterSection(nats.url, node, extra);
@@ -2454,18 +2454,27 @@ scenario(
     await until(() => b.inbox.length === 1, 'b, on the node that took over, receives a message');
     await b.conn.busy();
     await dash.waitFor((e) => e.type === 'agent_state_changed' && e.data?.agentId === b.id, 'the second-run agent going busy');
+    // The standby's first-run agent comes back as the SDK's reconnect does: its id again.
+    const again = await ctx.agent({ name: 'on-standby-again', url: standby.url, agentId: s.id });
+    assert.equal(again.id, s.id);
+    await dash.waitFor(
+      (e) => e.type === 'agent_state_changed' && e.data?.agentId === s.id && e.data?.reason === 'reclaimed',
+      'the standby\'s first-run agent reclaimed',
+    );
     await sleep(QUIET_MS);
 
     const log = await resumedOnce(dash, seenBeforeKill, lastBeforeKill);
     assert.equal(restored.newSubscriptionId, dash.current.watch.sub.id);
-    // The first run's agents, on either node, end once, with router_restarted, by the node
-    // that took over.
-    const ended = log
-      .filter((e) => e.event.type === 'agent_unregistered')
-      .map((e) => `${e.event.data.agentId}:${e.event.data.reason}`);
-    assert.deepEqual(sorted(ended), sorted([`${a.id}:router_restarted`, `${s.id}:router_restarted`]));
+    // The first run's agents, on either node, are handed over to the node that took over:
+    // orphaned once each (their connections are gone), never unregistered.
+    const orphaned = log.filter((e) => e.event.type === 'agent_orphaned').map((e) => e.event.data.agentId);
+    assert.deepEqual(sorted(orphaned), sorted([a.id, s.id]));
+    assert.deepEqual(log.filter((e) => e.event.type === 'agent_unregistered'), [], 'nobody unregistered');
     const { agents } = await dash.current.handle.conn.listAgents();
-    assert.deepEqual(ids(agents), [b.id], 'only the agent registered after the takeover');
+    assert.deepEqual(ids(agents), sorted([a.id, s.id, b.id]));
+    const state = Object.fromEntries(agents.map((x) => [x.id, x.state]));
+    assert.equal(state[a.id], 'orphaned', 'the writer\'s agent waits for its owner');
+    assert.equal(state[s.id], 'busy', 'the reclaimed agent is as it was');
   },
   { timeout: 30_000 },
 );

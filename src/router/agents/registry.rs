@@ -41,7 +41,7 @@ pub struct Registry {
     by_owner: IdMap<ParticipantId, BTreeSet<AgentId>>,
     next_order: u64,
     /// Agents changed since the last save (cluster mode only).
-    pub(crate) changed: crate::router::handover::Changes<AgentId>,
+    pub(crate) changed: crate::router::changes::Changes<AgentId>,
 }
 
 impl Registry {

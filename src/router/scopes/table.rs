@@ -33,7 +33,7 @@ pub struct Scopes {
     order: BTreeMap<u64, ScopeId>,
     next_order: u64,
     /// Scopes changed since the last save (cluster mode only).
-    pub(crate) changed: crate::router::handover::Changes<ScopeId>,
+    pub(crate) changed: crate::router::changes::Changes<ScopeId>,
 }
 
 impl Scopes {

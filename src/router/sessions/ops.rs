@@ -246,8 +246,7 @@ impl Router {
             principal,
             auth_epoch: 0,
             handed_over: self.conns.get(&ctx.conn).is_some_and(|c| {
-                c.origin == crate::router::sessions::table::ConnOrigin::Remote
-                    || c.node.is_some()
+                c.origin == crate::router::sessions::table::ConnOrigin::Remote || c.node.is_some()
             }),
         };
         // NB: the router's service principal (the gateways' own sessions) is not an identity

@@ -234,7 +234,7 @@ pub struct Sessions {
     by_participant: IdMap<ParticipantId, SessionId>,
     by_token: IdMap<String, SessionId>,
     /// Sessions changed since the last save (cluster mode only).
-    pub(crate) changed: crate::router::handover::Changes<SessionId>,
+    pub(crate) changed: crate::router::changes::Changes<SessionId>,
 }
 
 impl Sessions {

@@ -1,0 +1,59 @@
+//! Which ids of a table changed since they were last saved, and what was last saved (cluster
+//! mode, `router::handover`). The registry, the scopes and the sessions each hold a
+//! [`Changes`] and mark an id on every write; the router holds the [`Saver`]. Imports nothing
+//! of ours, so any table may hold it.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// The ids a table changed since they were last saved; records nothing until
+/// [`Changes::track`] (a single router, a follower: nothing is saved there).
+#[derive(Debug)]
+pub struct Changes<K>(Option<BTreeSet<K>>);
+
+impl<K> Default for Changes<K> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<K: Ord + Clone> Changes<K> {
+    /// Starts recording.
+    pub fn track(&mut self) {
+        self.0.get_or_insert_with(BTreeSet::new);
+    }
+
+    /// Records that `id` changed (inserted, modified or removed).
+    pub fn mark(&mut self, id: &K) {
+        if let Some(set) = &mut self.0 {
+            if !set.contains(id) {
+                set.insert(id.clone());
+            }
+        }
+    }
+
+    /// The ids changed since the last call.
+    pub fn take(&mut self) -> Vec<K> {
+        self.0
+            .as_mut()
+            .map(|set| std::mem::take(set).into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What the live node last saved: a digest of each key's record.
+#[derive(Debug, Default)]
+pub struct Saver {
+    saved: HashMap<String, u64>,
+}
+
+impl Saver {
+    /// Records `digest` as `key`'s; whether it differs from what was saved before.
+    pub fn changed(&mut self, key: String, digest: u64) -> bool {
+        self.saved.insert(key, digest) != Some(digest)
+    }
+
+    /// Forgets `key`; whether it had been saved.
+    pub fn forget(&mut self, key: &str) -> bool {
+        self.saved.remove(key).is_some()
+    }
+}
