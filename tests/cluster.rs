@@ -3089,7 +3089,7 @@ fn a_takeover_hands_sessions_agents_and_scopes_over_and_only_their_owner_resumes
 /// gives her the same session and the agent back, with the queued message. A second session
 /// of alice's that was away before the kill, with a message queued for its agent on the dead
 /// node, is not detached again and gets both messages in order. The log holds the token's
-/// digest, never the token.
+/// digest, never the token. A second takeover hands alice's session over again.
 async fn handover() {
     let nats = Nats::start("handover");
     let dir = TempDir::new("cluster-handover");
@@ -3244,6 +3244,7 @@ async fn handover() {
     assert_eq!(r["sessionId"], session, "{r}");
     assert_eq!(r["participantId"], json!("alice-desk"), "{r}");
     assert!(r.to_string().contains("alice-bot"), "{r}");
+    let token_now = r["resumeToken"].as_str().unwrap().to_owned();
     let m = alice.next_message().await;
     assert_eq!(m["payload"], json!({"while": "away"}), "{m}");
     let got = ops
@@ -3270,7 +3271,31 @@ async fn handover() {
         .iter()
         .any(|r| r.kind == "state.saved" && r.json.contains("alice-bot")));
     assert!(
-        rows.iter().all(|r| !r.json.contains(&token)),
+        rows.iter()
+            .all(|r| !r.json.contains(&token) && !r.json.contains(&token_now)),
         "a resume token in the log"
     );
+
+    // A second takeover: what the first one restored was saved again by its node, so alice
+    // (on n1, with the token her resume gave her) resumes on n2 with her agent as it was.
+    let mut n2 = start_standby_with(&nats, &dir.path.join("n2"), "n2", &config).await;
+    health_until(&n2.url, "serving, following n1", |s, b| {
+        s == 503 && b.contains("writer: n1") && b.contains("serving:")
+    })
+    .await;
+    sigkill(&mut f.child).await;
+    drop(alice);
+    let warm = within(Duration::from_secs(20), &mut n2.took_over).await;
+    assert_eq!(warm, Ok(true));
+    health_until(&n2.url, "ok after the second takeover", |s, _| s == 200).await;
+    let (_alice, r) =
+        connect_with_key(&n2.url, ALICE, "agent", json!({"resumeToken": token_now})).await;
+    assert_eq!(r["sessionId"], session, "{r}");
+    assert!(r.to_string().contains("alice-bot"), "{r}");
+    let (mut ops, _) = connect_with_key(&n2.url, OPS, "system", json!({})).await;
+    let got = ops
+        .ok("map/agents/get", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_eq!(got["agent"]["state"], json!("busy"), "{got}");
+    assert_eq!(got["agent"]["scopes"], json!(["team"]), "{got}");
 }

@@ -57,3 +57,34 @@ impl Saver {
         self.saved.remove(key).is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Changes, Saver};
+
+    #[test]
+    fn changes_are_recorded_only_once_tracked_and_taken_once() {
+        let mut c: Changes<u32> = Changes::default();
+        c.mark(&1);
+        assert!(c.take().is_empty(), "not tracked: nothing recorded");
+        c.track();
+        c.mark(&2);
+        c.mark(&1);
+        c.mark(&2);
+        assert_eq!(c.take(), vec![1, 2]);
+        assert!(c.take().is_empty());
+    }
+
+    #[test]
+    fn the_saver_says_whether_a_record_changed_and_whether_a_key_was_saved() {
+        let mut s = Saver::default();
+        assert!(s.changed("agent:a".into(), 7));
+        assert!(
+            !s.changed("agent:a".into(), 7),
+            "same digest: not written again"
+        );
+        assert!(s.changed("agent:a".into(), 8));
+        assert!(s.forget("agent:a"));
+        assert!(!s.forget("agent:a"), "dropped once");
+    }
+}

@@ -115,6 +115,14 @@ fn scope_key(id: &ScopeId) -> String {
     format!("scope:{id}")
 }
 
+/// The `data` of a `state.dropped`.
+fn dropped(key: String) -> String {
+    crate::router::core::to_json(&Record {
+        key,
+        ..Record::default()
+    })
+}
+
 fn digest(text: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
@@ -232,15 +240,14 @@ impl Router {
                 if !saver.forget(&key) {
                     return;
                 }
-                (
-                    EventType::StateDropped,
-                    crate::router::core::to_json(&Record {
-                        key,
-                        ..Record::default()
-                    }),
-                )
+                (EventType::StateDropped, dropped(key))
             }
         };
+        self.emit_record(kind, data);
+    }
+
+    /// Logs one internal record (`state.saved` / `state.dropped`): shown to nobody.
+    fn emit_record(&mut self, kind: EventType, data: String) {
         self.emit(EventDraft {
             kind,
             source: None,
@@ -296,10 +303,13 @@ impl Router {
 
         // Sessions newer than their participant's last lifecycle event.
         let mut connected = Vec::new();
+        // Records not restored are dropped, so that the stream's fold forgets them.
+        let mut stale = Vec::new();
         for (seq, s) in sessions {
             if run.participant_seq(&s.participant_id) >= seq
                 || self.sessions.by_participant(&s.participant_id).is_some()
             {
+                stale.push(session_key(&s.id));
                 continue;
             }
             if run.take_participant(&s.participant_id) {
@@ -329,18 +339,19 @@ impl Router {
         }
 
         // Agents newer than their last lifecycle event whose owner came back (or orphans).
-        let agents: Vec<SavedAgent> = agents
-            .into_iter()
-            .filter(|(seq, a)| {
-                run.agent_seq(&a.agent.id) < *seq
-                    && !self.registry.contains(&a.agent.id)
-                    && a.agent
-                        .owner_id
-                        .as_ref()
-                        .is_none_or(|o| self.sessions.by_participant(o).is_some())
-            })
-            .map(|(_, a)| a)
-            .collect();
+        let (agents, gone): (Vec<_>, Vec<_>) = agents.into_iter().partition(|(seq, a)| {
+            run.agent_seq(&a.agent.id) < *seq
+                && !self.registry.contains(&a.agent.id)
+                && a.agent
+                    .owner_id
+                    .as_ref()
+                    .is_none_or(|o| self.sessions.by_participant(o).is_some())
+        });
+        stale.extend(gone.iter().map(|(_, a)| agent_key(&a.agent.id)));
+        for key in stale {
+            self.emit_record(EventType::StateDropped, dropped(key));
+        }
+        let agents: Vec<SavedAgent> = agents.into_iter().map(|(_, a)| a).collect();
         for a in parents_first(agents, |a| a.agent.id.clone(), |a| a.agent.parent.clone()) {
             let id = a.agent.id.clone();
             run.take_agent(&id);
@@ -395,5 +406,32 @@ impl Router {
                 crate::router::sessions::recovery::RESTART_REASON,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parents_first;
+
+    #[test]
+    fn parents_come_before_their_children_whatever_the_order_saved() {
+        // (id, parent): c under b under a; d's parent is not among them; e alone.
+        let items = vec![
+            ("c", Some("b")),
+            ("d", Some("gone")),
+            ("b", Some("a")),
+            ("e", None),
+            ("a", None),
+        ];
+        let order: Vec<&str> = parents_first(items, |t| t.0, |t| t.1)
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+        let at = |id: &str| order.iter().position(|x| *x == id).unwrap();
+        assert_eq!(order.len(), 5);
+        assert!(at("a") < at("b") && at("b") < at("c"), "{order:?}");
+        // A cycle (never written by a router) still comes out whole.
+        let cycle = vec![("x", Some("y")), ("y", Some("x"))];
+        assert_eq!(parents_first(cycle, |t| t.0, |t| t.1).len(), 2);
     }
 }
