@@ -3299,3 +3299,57 @@ async fn handover() {
     assert_eq!(got["agent"]["state"], json!("busy"), "{got}");
     assert_eq!(got["agent"]["scopes"], json!(["team"]), "{got}");
 }
+
+#[test]
+#[ignore = "a measurement: run by hand (MAP_HANDOVER_AGENTS, default 1000)"]
+fn measure_a_takeover_with_many_agents_to_hand_over() {
+    on_big_stack(measure_handover);
+}
+
+/// N agents, each on its own connection to the live node; SIGKILL it: how long until the
+/// standby answers `/health` 200 with every agent restored (orphaned), against the same
+/// kill with no agent.
+async fn measure_handover() {
+    let n = common::load::env_number("MAP_HANDOVER_AGENTS").map_or(1000, |n| n.clamp(1, 20_000))
+        as usize;
+    for agents in [0, n] {
+        let nats = Nats::start("measure-handover");
+        let dir = TempDir::new("cluster-measure-handover");
+        let (mut live, w, mut f) =
+            live_and_standby(&nats, &dir.path, "commit_timeout_ms = 1500").await;
+        let mut conns = Vec::with_capacity(agents);
+        let started = Instant::now();
+        for i in 0..agents {
+            conns.push(WsClient::agent(&w, &format!("m-{i}"), json!({"role": "worker"})).await);
+        }
+        let registered = started.elapsed();
+        let killed = Instant::now();
+        sigkill(&mut live).await;
+        within(Duration::from_secs(60), &mut f.took_over)
+            .await
+            .unwrap();
+        health_until(&f.url, "ok", |s, _| s == 200).await;
+        let took = killed.elapsed();
+        let mut ops = WsClient::system(&f.url).await;
+        let mut orphaned = 0;
+        let mut params = json!({"limit": 500});
+        loop {
+            let page = ops.ok("map/agents/list", params.clone()).await;
+            orphaned += page["agents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|a| a["state"] == json!("orphaned"))
+                .count();
+            match page.get("nextCursor").filter(|c| !c.is_null()) {
+                Some(c) => params["cursor"] = c.clone(),
+                None => break,
+            }
+        }
+        assert_eq!(orphaned, agents, "every agent handed over");
+        println!(
+            "{agents} agents (registered in {registered:?}): SIGKILL to /health 200 on the standby {took:?}"
+        );
+        drop(conns);
+    }
+}
