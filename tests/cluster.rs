@@ -3152,6 +3152,28 @@ async fn handover() {
         .ok("map/send", guaranteed("away-bot", json!({"n": 1})))
         .await;
     assert!(sent.to_string().contains("queued"), "{sent}");
+    // The standby shows what it would restore: the sessions of ops, alice (two) and bob (every
+    // network client's, through a relay or not), the two agents, the scope.
+    health_until(&f.url, "the handover's records", |_, b| {
+        b.contains("handover: 4 sessions, 2 agents, 1 scopes")
+    })
+    .await;
+    let bearer = format!("Bearer {VIEWER}");
+    let r = with_timeout(http::request(
+        addr_of(&f.url),
+        "GET",
+        "/metrics",
+        &[("authorization", bearer.as_str())],
+        b"",
+    ))
+    .await;
+    assert_eq!(r.status, 200);
+    let shown = String::from_utf8(r.body).unwrap();
+    assert!(
+        shown.contains("map_cluster_handover_records{kind=\"agent\"} 2\n"),
+        "{shown}"
+    );
+    promtool_check(&shown).await;
 
     sigkill(&mut live).await;
     let warm = within(Duration::from_secs(20), &mut f.took_over).await;
@@ -3307,8 +3329,8 @@ fn measure_a_takeover_with_many_agents_to_hand_over() {
 }
 
 /// N agents, each on its own connection to the live node; SIGKILL it: how long until the
-/// standby answers `/health` 200 with every agent restored (orphaned), against the same
-/// kill with no agent.
+/// standby answers `/health` 200, and its first MAP call (which waits for the restore), with
+/// every agent restored (orphaned), against the same kill with no agent.
 async fn measure_handover() {
     let n = common::load::env_number("MAP_HANDOVER_AGENTS").map_or(1000, |n| n.clamp(1, 20_000))
         as usize;
@@ -3316,7 +3338,7 @@ async fn measure_handover() {
         let nats = Nats::start("measure-handover");
         let dir = TempDir::new("cluster-measure-handover");
         let (mut live, w, mut f) =
-            live_and_standby(&nats, &dir.path, "commit_timeout_ms = 1500").await;
+            live_and_standby(&nats, &dir.path, "commit_timeout_ms = 10000").await;
         let mut conns = Vec::with_capacity(agents);
         let started = Instant::now();
         for i in 0..agents {
@@ -3333,8 +3355,10 @@ async fn measure_handover() {
         let mut ops = WsClient::system(&f.url).await;
         let mut orphaned = 0;
         let mut params = json!({"limit": 500});
+        let mut answered = None;
         loop {
             let page = ops.ok("map/agents/list", params.clone()).await;
+            answered.get_or_insert_with(|| killed.elapsed());
             orphaned += page["agents"]
                 .as_array()
                 .unwrap()
@@ -3348,7 +3372,9 @@ async fn measure_handover() {
         }
         assert_eq!(orphaned, agents, "every agent handed over");
         println!(
-            "{agents} agents (registered in {registered:?}): SIGKILL to /health 200 on the standby {took:?}"
+            "{agents} agents (registered in {registered:?}): SIGKILL to /health 200 on the \
+             standby {took:?}, to its first answer (a list of the agents) {:?}",
+            answered.unwrap()
         );
         drop(conns);
     }

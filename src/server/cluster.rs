@@ -30,6 +30,20 @@ pub struct ClusterState {
     pub diverged: Option<String>,
     /// The nodes that answered the last roll call (this one included), sorted by name.
     pub nodes: Vec<Node>,
+    /// On a standby: the saved sessions, agents and scopes it holds, which it restores if it
+    /// takes over (`router::handover`).
+    pub handover: Option<Handover>,
+}
+
+/// The saved records a standby holds, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Handover {
+    /// Sessions.
+    pub sessions: usize,
+    /// Agents.
+    pub agents: usize,
+    /// Scopes.
+    pub scopes: usize,
 }
 
 /// A node of the stream, as it answered the roll call.
@@ -106,6 +120,7 @@ pub async fn open_store(
             connected: probe_store.connected(),
             diverged: probe_store.diverged(),
             nodes: crate::sync::lock(&nodes).clone(),
+            handover: None,
         });
         return Ok((
             Some((store as Arc<dyn EventStore>, recovered)),
@@ -522,10 +537,21 @@ fn follower_probe(
         |f| async move { f.nodes(ROLL_CALL_WAIT).await },
     );
     let follower = Arc::downgrade(follower);
-    Arc::new(move || ClusterState {
-        connected: follower.upgrade().is_some_and(|f| f.connected()),
-        diverged: None,
-        nodes: crate::sync::lock(&nodes).clone(),
+    Arc::new(move || {
+        let f = follower.upgrade();
+        ClusterState {
+            connected: f.as_ref().is_some_and(|f| f.connected()),
+            diverged: None,
+            nodes: crate::sync::lock(&nodes).clone(),
+            handover: f.map(|f| {
+                let c = f.saved_counts();
+                Handover {
+                    sessions: c.sessions,
+                    agents: c.agents,
+                    scopes: c.scopes,
+                }
+            }),
+        }
     })
 }
 
@@ -562,13 +588,20 @@ impl Standby {
                     let (nats, position, nodes) = match following.as_ref() {
                         Some((position, probe)) => {
                             let state = probe();
+                            let handover = state.handover.map_or(String::new(), |h| {
+                                format!(
+                                    "handover: {} sessions, {} agents, {} scopes (restored if \
+                                     this node takes over)\n",
+                                    h.sessions, h.agents, h.scopes
+                                )
+                            });
                             (
                                 if state.connected {
                                     "connected"
                                 } else {
                                     "disconnected"
                                 },
-                                format!("following: position {}\n", position()),
+                                format!("following: position {}\n{handover}", position()),
                                 node_lines(&state.nodes),
                             )
                         }
@@ -697,6 +730,7 @@ pub fn render_metrics(probe: &Probe) -> String {
         connected,
         diverged,
         nodes,
+        handover,
     } = probe();
     let mut out = format!(
         "# TYPE map_cluster_nats_connected gauge\n\
@@ -725,6 +759,17 @@ pub fn render_metrics(probe: &Probe) -> String {
             label(&n.name),
             label(&n.role),
             n.position
+        ));
+    }
+    if let Some(h) = handover {
+        out.push_str(&format!(
+            "# TYPE map_cluster_handover_records gauge\n\
+             # HELP map_cluster_handover_records On a standby: the saved sessions, agents and \
+             scopes it holds, which it restores if it takes over.\n\
+             map_cluster_handover_records{{kind=\"session\"}} {}\n\
+             map_cluster_handover_records{{kind=\"agent\"}} {}\n\
+             map_cluster_handover_records{{kind=\"scope\"}} {}\n",
+            h.sessions, h.agents, h.scopes
         ));
     }
     out

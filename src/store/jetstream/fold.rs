@@ -48,7 +48,33 @@ pub(super) struct Whole {
     pub saved: HashMap<String, StoredRow>,
 }
 
+/// How many saved records a fold holds, by kind (`router::handover`): what a takeover would
+/// restore now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SavedCounts {
+    /// Sessions.
+    pub sessions: usize,
+    /// Agents.
+    pub agents: usize,
+    /// Scopes.
+    pub scopes: usize,
+}
+
 impl Whole {
+    /// The saved records by kind.
+    pub(super) fn saved_counts(&self) -> SavedCounts {
+        let mut c = SavedCounts::default();
+        for key in self.saved.keys() {
+            match key.split_once(':').map(|(kind, _)| kind) {
+                Some("session") => c.sessions += 1,
+                Some("agent") => c.agents += 1,
+                Some("scope") => c.scopes += 1,
+                _ => {}
+            }
+        }
+        c
+    }
+
     /// Both sets as a store's open returns them: oldest first.
     pub(super) fn rows(&self) -> (Vec<StoredRow>, Vec<StoredRow>) {
         let sorted = |m: &HashMap<String, StoredRow>| {

@@ -184,6 +184,11 @@ impl Follower {
         lock(&self.state).next_seq
     }
 
+    /// The saved sessions, agents and scopes followed so far: what a takeover would restore.
+    pub fn saved_counts(&self) -> fold::SavedCounts {
+        lock(&self.state).whole.saved_counts()
+    }
+
     /// [`Self::position`] as a function that outlives this borrow (for a status page).
     pub fn position_probe(&self) -> impl Fn() -> u64 + Send + Sync + 'static {
         let state = Arc::clone(&self.state);
