@@ -619,6 +619,7 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         let sink = format!("sink-{round}");
         let senders = [format!("s{round}-0"), format!("s{round}-1")];
         let load = CrashLoad::start(&url, dash, sub, &sink, senders, 20_000).await;
+        let churn = tokio::spawn(common::load::churn(url.clone(), format!("c{round}-")));
         let kill_after = 30 + rng.below(400) as usize;
         within(Duration::from_secs(60), async {
             while load.acked.lock().unwrap().len() < kill_after {
@@ -630,6 +631,7 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         // SIGKILL the writer: exactly one standby takes over.
         let killed_at = Instant::now();
         sigkill(&mut writer).await;
+        churn.abort();
         let (warm, winner, _) = within(Duration::from_secs(20), async {
             futures::future::select_all(standbys.iter_mut().map(|s| Box::pin(&mut s.took_over)))
                 .await
@@ -725,6 +727,37 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
             "round {round}: the dashboard, the sink, two senders: {total}"
         );
 
+        // The agents churned until the kill are where the log says: every id whose last
+        // registration event is `agent_registered` is listed by the new writer (handed over),
+        // every other is not, whatever the point of the kill.
+        let churned = format!("c{round}-");
+        let mut registered = std::collections::BTreeSet::new();
+        for e in &events {
+            let id = e["event"]["data"]["agentId"].as_str().unwrap_or_default();
+            if !id.starts_with(&churned) {
+                continue;
+            }
+            match e["event"]["type"].as_str() {
+                Some("agent_registered") => registered.insert(id.to_owned()),
+                Some("agent_unregistered") => registered.remove(id),
+                _ => false,
+            };
+        }
+        let listed: std::collections::BTreeSet<String> = listed_agents(&mut c)
+            .await
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_owned())
+            .filter(|id| id.starts_with(&churned))
+            .collect();
+        assert_eq!(
+            listed, registered,
+            "round {round} (seed {seed}): the registry is the log's"
+        );
+        eprintln!(
+            "round {round}: {} churned agents registered at the kill, all handed over",
+            registered.len()
+        );
+
         // A dashboard resumes on the new writer from its last seen event: no hole, no duplicate.
         let last = seen.last().cloned().or_else(|| mark.clone());
         let mut resumed = WsClient::system(&new_url).await;
@@ -759,6 +792,20 @@ async fn a_standby_takes_over_once_when_the_writer_is_killed_and_clients_resume_
         "failover (SIGKILL to /health 200 on the new writer): {failovers:?}, median {:?}",
         sorted[sorted.len() / 2]
     );
+}
+
+/// Every agent `map/agents/list` gives `c`, page by page.
+async fn listed_agents(c: &mut WsClient) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut params = json!({"limit": 500});
+    loop {
+        let page = c.ok("map/agents/list", params.clone()).await;
+        out.extend(page["agents"].as_array().unwrap().iter().cloned());
+        match page.get("nextCursor").filter(|n| !n.is_null()) {
+            Some(n) => params["cursor"] = n.clone(),
+            None => return out,
+        }
+    }
 }
 
 /// Waits until `acked` holds at least `n` sends (within `limit`), saying what it waited for.
@@ -3353,28 +3400,18 @@ async fn measure_handover() {
         health_until(&f.url, "ok", |s, _| s == 200).await;
         let took = killed.elapsed();
         let mut ops = WsClient::system(&f.url).await;
-        let mut orphaned = 0;
-        let mut params = json!({"limit": 500});
-        let mut answered = None;
-        loop {
-            let page = ops.ok("map/agents/list", params.clone()).await;
-            answered.get_or_insert_with(|| killed.elapsed());
-            orphaned += page["agents"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|a| a["state"] == json!("orphaned"))
-                .count();
-            match page.get("nextCursor").filter(|c| !c.is_null()) {
-                Some(c) => params["cursor"] = c.clone(),
-                None => break,
-            }
-        }
+        ops.ok("map/agents/list", json!({"limit": 1})).await;
+        let answered = killed.elapsed();
+        let listed = listed_agents(&mut ops).await;
+        let orphaned = listed
+            .iter()
+            .filter(|a| a["state"] == json!("orphaned"))
+            .count();
         assert_eq!(orphaned, agents, "every agent handed over");
         println!(
             "{agents} agents (registered in {registered:?}): SIGKILL to /health 200 on the \
              standby {took:?}, to its first answer (a list of the agents) {:?}",
-            answered.unwrap()
+            answered
         );
         drop(conns);
     }

@@ -58,6 +58,33 @@ pub async fn sender(url: String, id: String, to: String, acked: Arc<Mutex<Vec<St
     }
 }
 
+/// Agents `<prefix>0`, `<prefix>1`... registered one after another on `url`, each then
+/// unregistered, made busy and kept connected, or dropped without a close (orphaned), until
+/// the router stops answering (a kill at a random point finds them at any step).
+pub async fn churn(url: String, prefix: String) {
+    let mut kept = Vec::new();
+    for i in 0u64.. {
+        let id = format!("{prefix}{i}");
+        let Some(mut ws) = connect_agent(&url, &id).await else {
+            return;
+        };
+        let step = match i % 3 {
+            0 => rpc(&mut ws, 3, "map/agents/unregister", json!({"agentId": id})).await,
+            1 => {
+                let busy = json!({"agentId": id, "state": "busy"});
+                rpc(&mut ws, 3, "map/agents/update", busy).await
+            }
+            _ => Some(Value::Null),
+        };
+        if step.is_none() {
+            return;
+        }
+        if i % 3 == 1 {
+            kept.push(ws);
+        }
+    }
+}
+
 /// A xorshift generator for random kill points (seeded, so a failing run can be repeated).
 pub struct Rng(pub u64);
 

@@ -522,6 +522,16 @@ impl WsClient {
         loop {
             match ws.next().await {
                 None => return Frame::Closed(None),
+                // The peer went away without a close frame (a killed router resets the
+                // connection): the connection ended, as a stream end says.
+                Some(Err(
+                    tokio_tungstenite::tungstenite::Error::Io(_)
+                    | tokio_tungstenite::tungstenite::Error::ConnectionClosed
+                    | tokio_tungstenite::tungstenite::Error::AlreadyClosed
+                    | tokio_tungstenite::tungstenite::Error::Protocol(
+                        tokio_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake,
+                    ),
+                )) => return Frame::Closed(None),
                 Some(Err(e)) => panic!("WebSocket read failed: {e}"),
                 Some(Ok(Message::Text(t))) => {
                     let v: Value = serde_json::from_str(t.as_str())

@@ -360,26 +360,13 @@ async fn open_stream(
     let client = connect(options).await?;
     let mut js = async_nats::jetstream::new(client.clone());
     js.set_timeout(options.request_timeout);
-    // Nodes starting together race to create the stream; a loser is told "subjects overlap
-    // with an existing stream" (or the like) and finds the winner's stream on the next try.
-    let mut attempt = 0;
-    let stream = loop {
-        attempt += 1;
-        match bounded(
-            options.request_timeout * 2,
-            "opening the stream",
-            js.get_or_create_stream(stream_config(options)),
-        )
-        .await
-        {
-            Ok(stream) => break stream,
-            Err(e) if attempt < 3 => {
-                tracing::debug!(error = %e, "opening the stream; trying again");
-                tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    };
+    let stream = get_or_create(
+        &js,
+        stream_config(options),
+        "opening the stream",
+        options.request_timeout,
+    )
+    .await?;
     // An existing stream is used as it is: it must take our subjects, or every publish
     // would wait for a stream that never answers.
     let wanted = format!("{}.>", options.subject_prefix);
@@ -631,6 +618,30 @@ async fn live_writer(
 ///    A node that read `L + 1` did so after the winner's claim landed, so after the winner
 ///    subscribed: its question in step 2 was answered.
 ///
+/// Gets the stream `config` names, creating it if it does not exist, each try bounded by
+/// twice `limit`. Nodes starting together race to create it: a loser is told "subjects
+/// overlap with an existing stream" (or the like), or its request times out behind the
+/// others' on a loaded server, and finds the winner's stream on the next try (three in all).
+async fn get_or_create(
+    js: &async_nats::jetstream::Context,
+    config: stream::Config,
+    what: &str,
+    limit: Duration,
+) -> Result<async_nats::jetstream::stream::Stream, StoreError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match bounded(limit * 2, what, js.get_or_create_stream(config.clone())).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) if attempt < 3 => {
+                tracing::debug!(error = %e, "{what}; trying again");
+                tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The answering task runs until the store closes.
 async fn claim_writer(
     client: &async_nats::Client,
@@ -639,10 +650,9 @@ async fn claim_writer(
 ) -> Result<tokio::task::JoinHandle<()>, StoreError> {
     use futures::StreamExt as _;
     let limit = options.request_timeout;
-    let lock = bounded(
-        limit * 2,
-        "opening the writer lock",
-        js.get_or_create_stream(stream::Config {
+    let lock = get_or_create(
+        js,
+        stream::Config {
             name: lock_stream(&options.stream),
             subjects: vec![lock_subject(&options.stream)],
             storage: stream::StorageType::File,
@@ -650,7 +660,9 @@ async fn claim_writer(
             max_messages_per_subject: 16,
             discard: stream::DiscardPolicy::Old,
             ..Default::default()
-        }),
+        },
+        "opening the writer lock",
+        limit,
     )
     .await?;
     let held = bounded(limit, "reading the writer lock", async {
