@@ -3416,3 +3416,75 @@ async fn measure_handover() {
         drop(conns);
     }
 }
+
+#[test]
+fn saved_records_are_written_again_before_the_streams_limits_delete_them() {
+    on_big_stack(saved_refresh);
+}
+
+/// A stream that keeps 300 events: an agent registered long ago (its `agent_registered` and
+/// first saved record deleted by the limit since) is still handed over by a standby that
+/// started after the deletion (it reads only what the stream holds), because the live node
+/// wrote the record again while it was in the older half of the retained log.
+async fn saved_refresh() {
+    let nats = Nats::start("saved-refresh");
+    let dir = TempDir::new("cluster-saved-refresh");
+    let (mut live, w) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n0"),
+        "node = \"n0\"\nmax_events = 300",
+        "commit_timeout_ms = 1500",
+    ))
+    .await;
+    let _old = WsClient::agent(&w, "old-bot", json!({"role": "keeper"})).await;
+    let mut sink = WsClient::agent(&w, "sink", json!({})).await;
+    let mut sender = WsClient::agent(&w, "sender", json!({})).await;
+    // About 1 200 events in bursts, with pauses longer than the refresh's look (1 s).
+    for burst in 0..4 {
+        for i in 0..150 {
+            sender
+                .send(json!({"agent": "sink"}), json!({"burst": burst, "i": i}))
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+    }
+    drop(sink.take_queued());
+    let rows = stream_whole(&nats).await;
+    assert!(rows.len() <= 300, "the limit holds: {}", rows.len());
+    let about_old = |kind: &str| {
+        rows.iter()
+            .filter(|r| r.kind == kind && r.json.contains("\"old-bot\""))
+            .count()
+    };
+    assert_eq!(
+        about_old("agent_registered"),
+        0,
+        "the registration was deleted"
+    );
+    assert!(
+        about_old("state.saved") >= 1,
+        "the record was written again"
+    );
+
+    // A standby that starts now reads only the stream, and hands the agent over.
+    let mut f = start_standby_in(
+        &nats,
+        &dir.path.join("n1"),
+        "n1",
+        "max_events = 300",
+        "commit_timeout_ms = 1500",
+    )
+    .await;
+    health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving:")).await;
+    sigkill(&mut live).await;
+    within(Duration::from_secs(20), &mut f.took_over)
+        .await
+        .unwrap();
+    health_until(&f.url, "ok", |s, _| s == 200).await;
+    let mut ops = WsClient::system(&f.url).await;
+    let got = ops
+        .ok("map/agents/get", json!({"agentId": "old-bot"}))
+        .await;
+    assert_eq!(got["agent"]["state"], json!("orphaned"), "{got}");
+    assert_eq!(got["agent"]["role"], json!("keeper"), "{got}");
+}

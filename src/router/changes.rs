@@ -4,6 +4,7 @@
 //! of ours, so any table may hold it.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
 
 /// The ids a table changed since they were last saved; records nothing until
 /// [`Changes::track`] (a single router, a follower: nothing is saved there).
@@ -40,27 +41,68 @@ impl<K: Ord + Clone> Changes<K> {
     }
 }
 
-/// What the live node last saved: a digest of each key's record.
+/// What the live node last saved: a digest of each key's record, and where and when it was
+/// written (to write it again before the stream's limits delete it).
 #[derive(Debug, Default)]
 pub struct Saver {
-    saved: HashMap<String, u64>,
+    saved: HashMap<String, Saved>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Saved {
+    digest: u64,
+    seq: u64,
+    at: Instant,
 }
 
 impl Saver {
-    /// Records `digest` as `key`'s; whether it differs from what was saved before.
-    pub fn changed(&mut self, key: String, digest: u64) -> bool {
-        self.saved.insert(key, digest) != Some(digest)
+    /// Records `digest` as `key`'s, written at `seq` now; whether it differs from what was
+    /// saved before (the caller writes it only then).
+    pub fn changed(&mut self, key: String, digest: u64, seq: u64) -> bool {
+        let now = Instant::now();
+        match self.saved.get_mut(&key) {
+            Some(s) if s.digest == digest => false,
+            Some(s) => {
+                *s = Saved {
+                    digest,
+                    seq,
+                    at: now,
+                };
+                true
+            }
+            None => {
+                self.saved.insert(
+                    key,
+                    Saved {
+                        digest,
+                        seq,
+                        at: now,
+                    },
+                );
+                true
+            }
+        }
     }
 
     /// Forgets `key`; whether it had been saved.
     pub fn forget(&mut self, key: &str) -> bool {
         self.saved.remove(key).is_some()
     }
+
+    /// The keys written before `seq`, or before `at` when given: due to be written again.
+    pub fn due(&self, seq: u64, at: Option<Instant>) -> Vec<String> {
+        self.saved
+            .iter()
+            .filter(|(_, s)| s.seq < seq || at.is_some_and(|at| s.at < at))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::{Changes, Saver};
+    use std::time::Instant;
 
     #[test]
     fn changes_are_recorded_only_once_tracked_and_taken_once() {
@@ -76,14 +118,24 @@ mod tests {
     }
 
     #[test]
-    fn the_saver_says_whether_a_record_changed_and_whether_a_key_was_saved() {
+    fn the_saver_says_whether_a_record_changed_and_which_are_due_again() {
         let mut s = Saver::default();
-        assert!(s.changed("agent:a".into(), 7));
+        assert!(s.changed("agent:a".into(), 7, 10));
         assert!(
-            !s.changed("agent:a".into(), 7),
+            !s.changed("agent:a".into(), 7, 11),
             "same digest: not written again"
         );
-        assert!(s.changed("agent:a".into(), 8));
+        assert!(s.changed("agent:b".into(), 5, 12));
+        assert_eq!(s.due(11, None), vec!["agent:a".to_owned()]);
+        assert!(s.changed("agent:a".into(), 8, 13));
+        assert_eq!(s.due(13, None), vec!["agent:b".to_owned()]);
+        assert!(s.due(12, None).is_empty());
+        let later = Instant::now() + std::time::Duration::from_secs(1);
+        assert_eq!(
+            s.due(0, Some(later)).len(),
+            2,
+            "both written before `later`"
+        );
         assert!(s.forget("agent:a"));
         assert!(!s.forget("agent:a"), "dropped once");
     }

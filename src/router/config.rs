@@ -89,6 +89,21 @@ pub struct RouterConfig {
     /// Where a follower forwards the calls it does not serve (`router::relay`): the writer,
     /// under each caller's principal. `None`: they are refused (`NotOnFollower`).
     pub relay: Option<Arc<dyn crate::router::relay::Relay>>,
+    /// In cluster mode, the stream's retention limits, so that the saved records of long-lived
+    /// sessions, agents and scopes are written again before the limits delete them
+    /// (`router::handover`). `None`: the stream keeps everything.
+    pub saved_refresh: Option<SavedRefresh>,
+}
+
+/// When the live node writes a saved record again (`RouterConfig::saved_refresh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedRefresh {
+    /// The stream has a count or size limit: a record in the older half of the retained log
+    /// is written again.
+    pub by_position: bool,
+    /// The stream has an age limit: a record saved longer ago than this (half the limit) is
+    /// written again.
+    pub older_than: Option<std::time::Duration>,
 }
 
 impl Default for RouterConfig {
@@ -119,6 +134,7 @@ impl Default for RouterConfig {
             cache_items: crate::router::kept::DEFAULT_CACHE_ITEMS,
             follower: false,
             relay: None,
+            saved_refresh: None,
         }
     }
 }

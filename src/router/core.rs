@@ -408,6 +408,7 @@ impl Router {
                     Deadline::QueueExpiry(a) => self.expire_recovered_queue(&a),
                     Deadline::CredentialExpiring(s, epoch) => self.credential_expiring(&s, epoch),
                     Deadline::CredentialExpired(s, epoch) => self.credential_expired(&s, epoch),
+                    Deadline::RefreshSaved => self.refresh_saved(),
                 }
             }
         }

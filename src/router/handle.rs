@@ -312,6 +312,12 @@ impl Router {
                 router.registry.changed.track();
                 router.scopes.changed.track();
                 router.saved_at_open = recovered.saved;
+                if config.saved_refresh.is_some() {
+                    router.schedule(
+                        std::time::Instant::now() + crate::router::handover::REFRESH_EVERY,
+                        crate::router::timers::Deadline::RefreshSaved,
+                    );
+                }
             }
             if config.durability == Durability::Durable {
                 committed = Some(store.committed());

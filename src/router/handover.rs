@@ -19,6 +19,10 @@
 //!   a lost connection (`participant_disconnected` with reason `router_restarted`, then their
 //!   disconnect policy: agents orphaned, or unregistered), once, by the new live node.
 //!
+//! With stream limits (`RouterConfig::saved_refresh`), the live node also writes a record
+//! again before the limits would delete it ([`Router::refresh_saved`]), so the stream always
+//! holds the newest record of every key, for a standby that starts later.
+//!
 //! Saved: the sessions of network clients (directly or through a standby's relay session)
 //! and their agents; not the sessions of in-process links (the gateways, which start again on
 //! the new node) nor of supervised processes (which died with their node). A record is
@@ -48,6 +52,10 @@ use crate::router::events::log::{Audience, EventDraft, FilterKeys};
 use crate::router::sessions::table::Session;
 use crate::router::timers::Deadline;
 
+/// How often the live node looks for saved records to write again
+/// (`RouterConfig::saved_refresh`).
+pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The saved record of a session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -68,6 +76,9 @@ struct SavedSession {
     orphaned: Vec<AgentId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     principal: Option<Principal>,
+    /// Whether a connection held it when it was saved.
+    #[serde(default)]
+    attached: bool,
 }
 
 /// The saved record of an agent: the wire record (owner, state, scopes...) and what the
@@ -194,6 +205,7 @@ impl Router {
                         primary_agent: s.primary_agent.clone(),
                         orphaned: s.orphaned.clone(),
                         principal: s.principal.clone(),
+                        attached: s.conn.is_some(),
                     }),
                     ..Record::default()
                 });
@@ -231,7 +243,7 @@ impl Router {
             Some(record) => {
                 let data = crate::router::core::to_json(&record);
                 let d = digest(&data);
-                if !saver.changed(key, d) {
+                if !saver.changed(key, d, self.bus.log.next_seq()) {
                     return;
                 }
                 (EventType::StateSaved, data)
@@ -244,6 +256,42 @@ impl Router {
             }
         };
         self.emit_record(kind, data);
+    }
+
+    /// Writes again the saved records the stream's limits would delete next
+    /// (`RouterConfig::saved_refresh`): those in the older half of the retained log, or saved
+    /// longer ago than half the age limit. Then looks again in [`REFRESH_EVERY`].
+    pub(crate) fn refresh_saved(&mut self) {
+        let Some(refresh) = self.config.saved_refresh else {
+            return;
+        };
+        self.schedule(Instant::now() + REFRESH_EVERY, Deadline::RefreshSaved);
+        let first = self.store.as_ref().map_or(0, |s| s.first_seq());
+        let next = self.bus.log.next_seq();
+        let Some(saver) = self.handover.as_mut() else {
+            return;
+        };
+        let seq = if refresh.by_position {
+            first + next.saturating_sub(first) / 2
+        } else {
+            0
+        };
+        let at = refresh
+            .older_than
+            .and_then(|d| Instant::now().checked_sub(d));
+        let due = saver.due(seq, at);
+        for key in &due {
+            saver.forget(key);
+        }
+        for key in due {
+            match key.split_once(':') {
+                Some(("session", id)) => self.sessions.changed.mark(&SessionId::from(id)),
+                Some(("agent", id)) => self.registry.changed.mark(&AgentId::from(id)),
+                Some(("scope", id)) => self.scopes.changed.mark(&ScopeId::from(id)),
+                _ => {}
+            }
+        }
+        self.save_changed();
     }
 
     /// Logs one internal record (`state.saved` / `state.dropped`): shown to nobody.
@@ -312,7 +360,9 @@ impl Router {
                 stale.push(session_key(&s.id));
                 continue;
             }
-            if run.take_participant(&s.participant_id) {
+            // Connected when the node died: its record says so (the log's
+            // `participant_connected` may be gone with retention).
+            if run.take_participant(&s.participant_id) || s.attached {
                 connected.push(s.id.clone());
             } else {
                 self.schedule(now + window, Deadline::SessionExpiry(s.id.clone()));

@@ -19,6 +19,9 @@ pub(crate) enum Deadline {
     CredentialExpiring(SessionId, u64),
     /// The session's credential (of this epoch) has expired.
     CredentialExpired(SessionId, u64),
+    /// Time to write again the saved records the stream's limits would soon delete
+    /// (`router::handover`).
+    RefreshSaved,
 }
 
 /// Deadlines by time. Several may fall on one instant.

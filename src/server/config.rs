@@ -948,6 +948,17 @@ impl Config {
                     .clone()
                     .unwrap_or_else(|| self.router.name.clone())
             }),
+            saved_refresh: self.cluster.url.as_ref().and_then(|_| {
+                let by_position = self.cluster.max_events > 0 || self.cluster.max_bytes > 0;
+                let older_than = (self.cluster.max_age_secs > 0)
+                    .then(|| Duration::from_secs(self.cluster.max_age_secs) / 2);
+                (by_position || older_than.is_some()).then_some(
+                    crate::router::config::SavedRefresh {
+                        by_position,
+                        older_than,
+                    },
+                )
+            }),
             ..RouterConfig::default()
         }
     }
