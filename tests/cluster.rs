@@ -3270,6 +3270,26 @@ async fn handover() {
     assert_eq!(gone.len(), 1, "{gone:?}");
     assert_eq!(gone[0]["reason"], json!("transport_closed"), "{gone:?}");
     assert_eq!(of("agent_orphaned", "agentId", "away-bot").len(), 1);
+    // The saved records (principals, grants, token digests) are shown to nobody, not even a
+    // system viewer that asks for them by type.
+    assert!(
+        events.iter().all(|e| !e["event"]["type"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("state.")),
+        "a saved record replayed"
+    );
+    let asked = json!({"eventTypes": ["state.saved", "state.dropped"]});
+    let r = ops
+        .ok(
+            "map/replay",
+            json!({"filter": asked.clone(), "limit": 1000}),
+        )
+        .await;
+    assert_eq!(r["events"], json!([]), "{r}");
+    let sub = ops
+        .subscribe_with(json!({"filter": asked, "replayFrom": 0}))
+        .await;
 
     // Bob's messages to the agents wait for them.
     let (mut bob, _) = connect_with_key(&f.url, BOB, "client", json!({})).await;
@@ -3334,6 +3354,7 @@ async fn handover() {
     let (_, again) = connect_with_key(&f.url, ALICE, "agent", json!({"resumeToken": token})).await;
     assert_ne!(again["sessionId"], session, "{again}");
 
+    ops.assert_no_event(&sub).await;
     // The log holds the records, with the token's digest and never the token.
     let rows = stream_whole(&nats).await;
     assert!(rows
