@@ -605,19 +605,6 @@ async fn live_writer(
     .await
 }
 
-/// One live writer per stream: liveness by core NATS, uniqueness by a compare-and-set in
-/// JetStream (no lock of our own, no lease to expire).
-///
-/// 1. Read the newest claim in [`lock_stream`] (its subject sequence `L`; 0 when none).
-/// 2. Ask [`writer_subject`]: a live writer answers, and the store refuses to open
-///    ([`StoreError::Locked`], naming it). Its connection gone (crash, SIGKILL, NATS lost), the
-///    server has no responder left at once.
-/// 3. Subscribe to [`writer_subject`] (answering with the node's name) and flush, *then*
-/// 4. publish a claim with `Nats-Expected-Last-Subject-Sequence: L`. Of two nodes that read the
-///    same `L`, the server lands one claim; the other gets "wrong last sequence" and refuses.
-///    A node that read `L + 1` did so after the winner's claim landed, so after the winner
-///    subscribed: its question in step 2 was answered.
-///
 /// Gets the stream `config` names, creating it if it does not exist, each try bounded by
 /// twice `limit`. Nodes starting together race to create it: a loser is told "subjects
 /// overlap with an existing stream" (or the like), or its request times out behind the
@@ -642,6 +629,19 @@ async fn get_or_create(
     }
 }
 
+/// One live writer per stream: liveness by core NATS, uniqueness by a compare-and-set in
+/// JetStream (no lock of our own, no lease to expire).
+///
+/// 1. Read the newest claim in [`lock_stream`] (its subject sequence `L`; 0 when none).
+/// 2. Ask [`writer_subject`]: a live writer answers, and the store refuses to open
+///    ([`StoreError::Locked`], naming it). Its connection gone (crash, SIGKILL, NATS lost), the
+///    server has no responder left at once.
+/// 3. Subscribe to [`writer_subject`] (answering with the node's name) and flush, *then*
+/// 4. publish a claim with `Nats-Expected-Last-Subject-Sequence: L`. Of two nodes that read the
+///    same `L`, the server lands one claim; the other gets "wrong last sequence" and refuses.
+///    A node that read `L + 1` did so after the winner's claim landed, so after the winner
+///    subscribed: its question in step 2 was answered.
+///
 /// The answering task runs until the store closes.
 async fn claim_writer(
     client: &async_nats::Client,
