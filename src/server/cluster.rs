@@ -32,18 +32,7 @@ pub struct ClusterState {
     pub nodes: Vec<Node>,
     /// On a standby: the saved sessions, agents and scopes it holds, which it restores if it
     /// takes over (`router::handover`).
-    pub handover: Option<Handover>,
-}
-
-/// The saved records a standby holds, by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Handover {
-    /// Sessions.
-    pub sessions: usize,
-    /// Agents.
-    pub agents: usize,
-    /// Scopes.
-    pub scopes: usize,
+    pub handover: Option<crate::store::SavedCounts>,
 }
 
 /// A node of the stream, as it answered the roll call.
@@ -543,14 +532,7 @@ fn follower_probe(
             connected: f.as_ref().is_some_and(|f| f.connected()),
             diverged: None,
             nodes: crate::sync::lock(&nodes).clone(),
-            handover: f.map(|f| {
-                let c = f.saved_counts();
-                Handover {
-                    sessions: c.sessions,
-                    agents: c.agents,
-                    scopes: c.scopes,
-                }
-            }),
+            handover: f.map(|f| f.saved_counts()),
         }
     })
 }

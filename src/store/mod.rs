@@ -93,6 +93,18 @@ pub struct Recovered {
     pub saved: Vec<StoredRow>,
 }
 
+/// How many saved records (`Recovered::saved`) a standby holds, by kind: what a takeover
+/// would restore now (`router::handover`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SavedCounts {
+    /// Sessions.
+    pub sessions: usize,
+    /// Agents.
+    pub agents: usize,
+    /// Scopes.
+    pub scopes: usize,
+}
+
 /// Where the event log is kept durably.
 pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Queues rows for durable append: in sequence order, contiguous with what came before.

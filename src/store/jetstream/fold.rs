@@ -29,7 +29,7 @@ use super::reader::Reader;
 use crate::store::kept::{claim_key, saved_key};
 use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
-use crate::store::StoreError;
+use crate::store::{SavedCounts, StoreError};
 
 /// The subjects (after the prefix) whose rows the fold reads.
 const FILTERS: [&str; 5] = [
@@ -46,18 +46,6 @@ const FILTERS: [&str; 5] = [
 pub(super) struct Whole {
     pub claims: HashMap<String, StoredRow>,
     pub saved: HashMap<String, StoredRow>,
-}
-
-/// How many saved records a fold holds, by kind (`router::handover`): what a takeover would
-/// restore now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SavedCounts {
-    /// Sessions.
-    pub sessions: usize,
-    /// Agents.
-    pub agents: usize,
-    /// Scopes.
-    pub scopes: usize,
 }
 
 impl Whole {

@@ -185,7 +185,7 @@ impl Follower {
     }
 
     /// The saved sessions, agents and scopes followed so far: what a takeover would restore.
-    pub fn saved_counts(&self) -> fold::SavedCounts {
+    pub fn saved_counts(&self) -> crate::store::SavedCounts {
         lock(&self.state).whole.saved_counts()
     }
 

@@ -65,7 +65,6 @@ use crate::store::record::{EventRecord, StoredRow};
 use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
 
 pub use codec::{decode, encode};
-pub use fold::SavedCounts;
 pub use nodes::NodeStatus;
 
 /// The default stream name.
