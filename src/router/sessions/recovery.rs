@@ -107,10 +107,7 @@ const KINDS: [EventType; 4] = [
 /// The store could not be read. Unreadable rows are skipped with a warning.
 pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreError> {
     let kinds: Vec<String> = KINDS.iter().map(|k| k.as_str().to_owned()).collect();
-    let mut participants: HashMap<String, OpenParticipant> = HashMap::new();
-    let mut agents: HashMap<String, OpenAgent> = HashMap::new();
-    let mut last_participant: HashMap<String, u64> = HashMap::new();
-    let mut last_agent: HashMap<String, u64> = HashMap::new();
+    let mut folding = Folding::default();
     let mut from = 0;
     loop {
         let rows = store.read_kinds(kinds.clone(), from, PAGE).await?;
@@ -125,106 +122,87 @@ pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreEr
                     continue;
                 }
             };
-            let participant = matches!(
-                rec.kind,
-                EventType::ParticipantConnected | EventType::ParticipantDisconnected
-            );
-            if let Some(id) = lifecycle_id(&rec, participant) {
-                let last = if participant {
-                    &mut last_participant
-                } else {
-                    &mut last_agent
-                };
-                last.insert(id, rec.seq);
-            }
-            fold(&mut participants, &mut agents, rec);
+            folding.fold(rec);
         }
         if !full {
             break;
         }
     }
     let mut run = PreviousRun {
-        participants: participants.into_values().collect(),
-        agents: agents.into_values().collect(),
-        last_participant,
-        last_agent,
+        participants: folding.participants.into_values().collect(),
+        agents: folding.agents.into_values().collect(),
+        last_participant: folding.last_participant,
+        last_agent: folding.last_agent,
     };
     run.participants.sort_by_key(|p| p.seq);
     run.agents.sort_by_key(|a| a.seq);
     Ok(run)
 }
 
-/// The participant (or agent) id of a lifecycle event.
-fn lifecycle_id(rec: &EventRecord, participant: bool) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Data {
-        participant_id: Option<String>,
-        agent_id: Option<String>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Event {
-        data: Data,
-    }
-    let e = serde_json::from_str::<Event>(&rec.json).ok()?;
-    if participant {
-        e.data.participant_id
-    } else {
-        e.data.agent_id
-    }
+/// The lifecycle events folded so far: who is still open, and the seq of each id's last
+/// lifecycle event.
+#[derive(Default)]
+struct Folding {
+    participants: HashMap<String, OpenParticipant>,
+    agents: HashMap<String, OpenAgent>,
+    last_participant: HashMap<String, u64>,
+    last_agent: HashMap<String, u64>,
 }
 
-fn fold(
-    participants: &mut HashMap<String, OpenParticipant>,
-    agents: &mut HashMap<String, OpenAgent>,
-    rec: EventRecord,
-) {
-    let Ok(event) = serde_json::from_str::<serde_json::Value>(&rec.json) else {
-        return;
-    };
-    let data = &event["data"];
-    let text = |k: &str| data[k].as_str().map(str::to_owned);
-    match rec.kind {
-        EventType::ParticipantConnected => {
-            let (Some(id), Ok(kind)) = (
-                text("participantId"),
-                serde_json::from_value::<ParticipantType>(data["participantType"].clone()),
-            ) else {
-                return;
-            };
-            participants.insert(
-                id.clone(),
-                OpenParticipant {
-                    seq: rec.seq,
-                    id: ParticipantId::from(id.as_str()),
-                    kind,
-                },
-            );
-        }
-        EventType::ParticipantDisconnected => {
-            if let Some(id) = text("participantId") {
-                participants.remove(&id);
+impl Folding {
+    fn fold(&mut self, rec: EventRecord) {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&rec.json) else {
+            return;
+        };
+        let data = &event["data"];
+        let text = |k: &str| data[k].as_str().map(str::to_owned);
+        let (field, last) = match rec.kind {
+            EventType::ParticipantConnected | EventType::ParticipantDisconnected => {
+                ("participantId", &mut self.last_participant)
             }
-        }
-        EventType::AgentRegistered => {
-            let Some(id) = text("agentId") else { return };
-            agents.insert(
-                id.clone(),
-                OpenAgent {
-                    seq: rec.seq,
-                    id: AgentId::from(id.as_str()),
-                    owner: text("ownerId").map(|o| ParticipantId::from(o.as_str())),
-                    audience: rec.audience,
-                    keys: rec.keys,
-                },
-            );
-        }
-        EventType::AgentUnregistered => {
-            if let Some(id) = text("agentId") {
-                agents.remove(&id);
+            EventType::AgentRegistered | EventType::AgentUnregistered => {
+                ("agentId", &mut self.last_agent)
             }
+            _ => return,
+        };
+        let Some(id) = text(field) else { return };
+        last.insert(id.clone(), rec.seq);
+        match rec.kind {
+            EventType::ParticipantConnected => {
+                let Ok(kind) =
+                    serde_json::from_value::<ParticipantType>(data["participantType"].clone())
+                else {
+                    return;
+                };
+                self.participants.insert(
+                    id.clone(),
+                    OpenParticipant {
+                        seq: rec.seq,
+                        id: ParticipantId::from(id.as_str()),
+                        kind,
+                    },
+                );
+            }
+            EventType::ParticipantDisconnected => {
+                self.participants.remove(&id);
+            }
+            EventType::AgentRegistered => {
+                self.agents.insert(
+                    id.clone(),
+                    OpenAgent {
+                        seq: rec.seq,
+                        id: AgentId::from(id.as_str()),
+                        owner: text("ownerId").map(|o| ParticipantId::from(o.as_str())),
+                        audience: rec.audience,
+                        keys: rec.keys,
+                    },
+                );
+            }
+            EventType::AgentUnregistered => {
+                self.agents.remove(&id);
+            }
+            _ => {}
         }
-        _ => {}
     }
 }
 
