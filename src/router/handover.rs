@@ -42,7 +42,7 @@ use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::event::EventType;
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId, SessionId};
-use crate::protocol::methods::session::{AgentBehavior, DisconnectPolicy, Principal};
+use crate::protocol::methods::session::{DisconnectPolicy, Principal};
 use crate::protocol::scope::Scope;
 use crate::store::record::StoredRow;
 
@@ -440,15 +440,7 @@ impl Router {
     /// stopped, as after a lost connection (their policy, or the grace period of one).
     pub(crate) fn detach_restored(&mut self, sessions: Vec<SessionId>) {
         for id in sessions {
-            let policy = self
-                .sessions
-                .get(&id)
-                .and_then(|s| s.policy.clone())
-                .unwrap_or(DisconnectPolicy {
-                    agent_behavior: AgentBehavior::GracePeriod,
-                    grace_period_ms: None,
-                    notify_subscribers: None,
-                });
+            let policy = crate::router::sessions::table::policy_when_lost(self.sessions.get(&id));
             self.detach_session(
                 &id,
                 false,

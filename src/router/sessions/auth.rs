@@ -31,9 +31,7 @@ use crate::protocol::methods::auth::{
     RefreshParams, RefreshResult,
 };
 use crate::protocol::methods::notifications;
-use crate::protocol::methods::session::{
-    AgentBehavior, AuthCredentials, ConnectParams, DisconnectPolicy, Principal,
-};
+use crate::protocol::methods::session::{AuthCredentials, ConnectParams, Principal};
 
 use crate::router::caller::Ctx;
 use crate::router::core::Router;
@@ -380,11 +378,7 @@ impl Router {
             // Detached: resuming needs a new credential anyway.
             return;
         };
-        let policy = s.policy.clone().unwrap_or(DisconnectPolicy {
-            agent_behavior: AgentBehavior::GracePeriod,
-            grace_period_ms: None,
-            notify_subscribers: None,
-        });
+        let policy = crate::router::sessions::table::policy_when_lost(Some(s));
         tracing::info!(%session, principal = ?s.principal.as_ref().map(|p| &p.id), "credential expired: ending the session's access");
         self.detach(conn, &policy, "credential_expired", false);
         if let Some(c) = self.conns.get(&conn) {

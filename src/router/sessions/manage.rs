@@ -113,11 +113,7 @@ impl Router {
         }
         // The connection's current session goes as if its transport had closed: resumable,
         // loadable back, its agents following its own policy.
-        let policy = me.policy.clone().unwrap_or(DisconnectPolicy {
-            agent_behavior: AgentBehavior::GracePeriod,
-            grace_period_ms: None,
-            notify_subscribers: None,
-        });
+        let policy = crate::router::sessions::table::policy_when_lost(Some(&me));
         self.detach(ctx.conn, &policy, LOADED_REASON, false);
         let resumed = self.resume_session(ctx.conn, &target.id, None);
         Ok(SessionLoadResult {

@@ -469,17 +469,12 @@ impl Router {
         self.trajectories.connection_closed(conn);
         let has_session = self.conns.get(&conn).is_some_and(|c| c.session.is_some());
         if has_session {
-            let policy = self
-                .conns
-                .get(&conn)
-                .and_then(|c| c.session.as_ref())
-                .and_then(|s| self.sessions.get(s))
-                .and_then(|s| s.policy.clone())
-                .unwrap_or(DisconnectPolicy {
-                    agent_behavior: AgentBehavior::GracePeriod,
-                    grace_period_ms: None,
-                    notify_subscribers: None,
-                });
+            let policy = crate::router::sessions::table::policy_when_lost(
+                self.conns
+                    .get(&conn)
+                    .and_then(|c| c.session.as_ref())
+                    .and_then(|s| self.sessions.get(s)),
+            );
             let reason = if self.shutting_down {
                 "shutdown"
             } else {

@@ -227,6 +227,19 @@ pub fn token_key(token: &str) -> String {
     out
 }
 
+/// What a session's agents go through when its connection is lost (a transport closed, an
+/// expired credential, a session loaded over it, the live node that held it gone): its own
+/// disconnect policy, else a grace period of the resume window.
+pub fn policy_when_lost(session: Option<&Session>) -> DisconnectPolicy {
+    session
+        .and_then(|s| s.policy.clone())
+        .unwrap_or(DisconnectPolicy {
+            agent_behavior: crate::protocol::methods::session::AgentBehavior::GracePeriod,
+            grace_period_ms: None,
+            notify_subscribers: None,
+        })
+}
+
 /// All sessions and their indexes.
 #[derive(Debug, Default)]
 pub struct Sessions {
