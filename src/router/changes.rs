@@ -59,29 +59,12 @@ impl Saver {
     /// Records `digest` as `key`'s, written at `seq` now; whether it differs from what was
     /// saved before (the caller writes it only then).
     pub fn changed(&mut self, key: String, digest: u64, seq: u64) -> bool {
-        let now = Instant::now();
-        match self.saved.get_mut(&key) {
-            Some(s) if s.digest == digest => false,
-            Some(s) => {
-                *s = Saved {
-                    digest,
-                    seq,
-                    at: now,
-                };
-                true
-            }
-            None => {
-                self.saved.insert(
-                    key,
-                    Saved {
-                        digest,
-                        seq,
-                        at: now,
-                    },
-                );
-                true
-            }
+        if self.saved.get(&key).is_some_and(|s| s.digest == digest) {
+            return false;
         }
+        let at = Instant::now();
+        self.saved.insert(key, Saved { digest, seq, at });
+        true
     }
 
     /// Forgets `key`; whether it had been saved.

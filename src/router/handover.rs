@@ -279,11 +279,9 @@ impl Router {
         let at = refresh
             .older_than
             .and_then(|d| Instant::now().checked_sub(d));
-        let due = saver.due(seq, at);
-        for key in &due {
-            saver.forget(key);
-        }
-        for key in due {
+        for key in saver.due(seq, at) {
+            // Forgotten, so that `save_changed` writes it though it did not change.
+            saver.forget(&key);
             match key.split_once(':') {
                 Some(("session", id)) => self.sessions.changed.mark(&SessionId::from(id)),
                 Some(("agent", id)) => self.registry.changed.mark(&AgentId::from(id)),
