@@ -500,6 +500,16 @@ struct StandbyNode {
     took_over: tokio::sync::oneshot::Receiver<bool>,
 }
 
+/// Waits up to `limit` for standby `s` to take over, then for its `/health` 200; whether it
+/// took over from the stream it followed.
+async fn taken_over(s: &mut StandbyNode, limit: Duration) -> bool {
+    let warm = within(limit, &mut s.took_over)
+        .await
+        .expect("the standby stopped before it took over");
+    health_until(&s.url, "ok after the takeover", |st, _| st == 200).await;
+    warm
+}
+
 async fn start_standby(nats: &Nats, data: &Path, name: &str) -> StandbyNode {
     start_standby_with(nats, data, name, "commit_timeout_ms = 1500").await
 }
@@ -3223,9 +3233,10 @@ async fn handover() {
     promtool_check(&shown).await;
 
     sigkill(&mut live).await;
-    let warm = within(Duration::from_secs(20), &mut f.took_over).await;
-    assert_eq!(warm, Ok(true), "took over from the stream it followed");
-    health_until(&f.url, "ok after the takeover", |s, _| s == 200).await;
+    assert!(
+        taken_over(&mut f, Duration::from_secs(20)).await,
+        "took over from the stream it followed"
+    );
     drop(alice);
 
     // The agent is there, orphaned, as it was otherwise; the scope too, with it as a member.
@@ -3375,9 +3386,7 @@ async fn handover() {
     .await;
     sigkill(&mut f.child).await;
     drop(alice);
-    let warm = within(Duration::from_secs(20), &mut n2.took_over).await;
-    assert_eq!(warm, Ok(true));
-    health_until(&n2.url, "ok after the second takeover", |s, _| s == 200).await;
+    assert!(taken_over(&mut n2, Duration::from_secs(20)).await);
     let (_alice, r) =
         connect_with_key(&n2.url, ALICE, "agent", json!({"resumeToken": token_now})).await;
     assert_eq!(r["sessionId"], session, "{r}");
@@ -3415,10 +3424,7 @@ async fn measure_handover() {
         let registered = started.elapsed();
         let killed = Instant::now();
         sigkill(&mut live).await;
-        within(Duration::from_secs(60), &mut f.took_over)
-            .await
-            .unwrap();
-        health_until(&f.url, "ok", |s, _| s == 200).await;
+        taken_over(&mut f, Duration::from_secs(60)).await;
         let took = killed.elapsed();
         let mut ops = WsClient::system(&f.url).await;
         ops.ok("map/agents/list", json!({"limit": 1})).await;
@@ -3498,10 +3504,7 @@ async fn saved_refresh() {
     .await;
     health_until(&f.url, "serving", |s, b| s == 503 && b.contains("serving:")).await;
     sigkill(&mut live).await;
-    within(Duration::from_secs(20), &mut f.took_over)
-        .await
-        .unwrap();
-    health_until(&f.url, "ok", |s, _| s == 200).await;
+    taken_over(&mut f, Duration::from_secs(20)).await;
     let mut ops = WsClient::system(&f.url).await;
     let got = ops
         .ok("map/agents/get", json!({"agentId": "old-bot"}))
