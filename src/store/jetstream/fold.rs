@@ -49,6 +49,20 @@ pub(super) struct Whole {
 }
 
 impl Whole {
+    /// The maps of what a store's open returned (`Recovered::claims` and `saved`).
+    pub(super) fn of(claims: Vec<StoredRow>, saved: Vec<StoredRow>) -> Self {
+        Self {
+            claims: claims
+                .into_iter()
+                .filter_map(|row| claim_key(&row.json).map(|key| (key, row)))
+                .collect(),
+            saved: saved
+                .into_iter()
+                .filter_map(|row| saved_key(&row.json).map(|key| (key, row)))
+                .collect(),
+        }
+    }
+
     /// The saved records by kind.
     pub(super) fn saved_counts(&self) -> SavedCounts {
         let mut c = SavedCounts::default();

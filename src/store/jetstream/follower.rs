@@ -27,7 +27,7 @@ use super::{
     JetStreamOptions, JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
-use crate::store::kept::{claim_key, saved_key, KeptAnswer, KeptQuery};
+use crate::store::kept::{KeptAnswer, KeptQuery};
 use crate::store::record::StoredRow;
 use crate::store::{EventStore, Recovered, StoreError, StoreFuture};
 
@@ -95,18 +95,7 @@ impl Follower {
             last_id: recovered.last_id.map(|id| id.to_string()),
             last_timestamp: recovered.last_timestamp,
             recent: recovered.recent.into(),
-            whole: fold::Whole {
-                claims: recovered
-                    .claims
-                    .into_iter()
-                    .filter_map(|row| claim_key(&row.json).map(|key| (key, row)))
-                    .collect(),
-                saved: recovered
-                    .saved
-                    .into_iter()
-                    .filter_map(|row| saved_key(&row.json).map(|key| (key, row)))
-                    .collect(),
-            },
+            whole: fold::Whole::of(recovered.claims, recovered.saved),
             stopped: false,
             warm: false,
             feed: None,
