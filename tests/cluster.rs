@@ -152,16 +152,14 @@ async fn stream_rows(nats: &Nats) -> Vec<(u64, String)> {
 /// The ids of the rows a replay without a filter shows (not the router's internal records,
 /// identity claims and saved sessions, agents and scopes, nor its vendor types), in stream
 /// order.
-async fn stream_visible_ids(nats: &Nats) -> Vec<String> {
+fn visible_ids(rows: &[StoredRow]) -> Vec<String> {
     use map_router::protocol::event::EventType;
-    stream_whole(nats)
-        .await
-        .into_iter()
+    rows.iter()
         .filter(|r| {
             serde_json::from_value::<EventType>(json!(r.kind))
                 .is_ok_and(|k| !k.is_internal() && !k.is_vendor())
         })
-        .map(|r| r.id)
+        .map(|r| r.id.clone())
         .collect()
 }
 
@@ -268,7 +266,7 @@ async fn a_new_router_on_the_same_stream_continues_the_log_after_sigkill() {
         before
     );
     assert_eq!(
-        stream_visible_ids(&nats).await,
+        visible_ids(&stream_whole(&nats).await),
         before,
         "the stream is the log"
     );
@@ -315,15 +313,15 @@ async fn a_new_router_on_the_same_stream_continues_the_log_after_sigkill() {
         assert_eq!(p["sequenceNumber"], json!(next), "no gap: {p}");
         assert_eq!(p["eventId"].as_str(), Some(id.as_str()));
     }
-    let stream = stream_rows(&nats).await;
-    let seqs: Vec<u64> = stream.iter().map(|(s, _)| *s).collect();
+    let stream = stream_whole(&nats).await;
+    let seqs: Vec<u64> = stream.iter().map(|r| r.seq).collect();
     assert_eq!(
         seqs,
         (1..=stream.len() as u64).collect::<Vec<_>>(),
         "dense stream sequence"
     );
     assert_eq!(
-        stream_visible_ids(&nats).await,
+        visible_ids(&stream),
         now,
         "every event of both processes, once, in order"
     );
