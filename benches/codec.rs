@@ -16,6 +16,8 @@ use map_router::router::events::bus::{EventBus, SubState, Subscription};
 use map_router::router::events::filter::CompiledFilter;
 use map_router::router::events::log::{Audience, EventDraft, EventLog, FilterKeys, Retention};
 use map_router::router::outbox::{outbox, CausedBy, Delivery, OutboxReceiver};
+use map_router::router::scopes::table::Scopes;
+use map_router::router::views::AgentView;
 use map_router::router::ConnId;
 
 const SEND: &str = r#"{"jsonrpc":"2.0","id":42,"method":"map/send","params":{"to":{"scope":"team"},"payload":{"text":"hello","n":1},"meta":{"correlationId":"c-1","priority":"high"}}}"#;
@@ -160,6 +162,7 @@ fn fanout(c: &mut Criterion) {
                 max_bytes: 1 << 26,
             }));
             let registry = Registry::default();
+            let scopes = Scopes::default();
             let mut receivers: Vec<OutboxReceiver> = Vec::new();
             for i in 0..n {
                 let (tx, rx) = outbox(1 << 16);
@@ -170,7 +173,7 @@ fn fanout(c: &mut Criterion) {
             b.iter(|| {
                 k += 1;
                 let rec = bus.log.append(mixed_draft(k), None);
-                bus.publish(&rec, &registry);
+                bus.publish(&rec, AgentView::new(&registry, &scopes));
                 for rx in &mut receivers {
                     while rx.try_recv().is_some() {}
                 }

@@ -31,11 +31,10 @@ use crate::router::events::bus::{DiskRows, EventBus};
 use crate::router::events::log::{Audience, EventDraft, EventLog, FilterKeys};
 use crate::router::ids::ConnId;
 use crate::router::messaging::state::Messaging;
-use crate::router::outbox;
 use crate::router::outbox::Outbox;
 use crate::router::permissions;
 use crate::router::scopes::table::Scopes;
-use crate::router::sessions::table::{self as session, Conn, Conns, Sessions};
+use crate::router::sessions::table::{self as session, Conns, Sessions};
 use crate::router::timers::{Deadline, Timers};
 
 /// A request-scoped operation the router runs on its own task.
@@ -338,25 +337,17 @@ impl Router {
                 node,
             } => {
                 self.counters.connection_opened(transport);
-                self.conns.insert(
-                    conn,
-                    Conn {
-                        origin,
-                        transport,
-                        node,
-                        outbox,
-                        session: None,
-                        pending: Default::default(),
-                        pending_auth: None,
-                    },
-                );
+                self.conns.attach(conn, outbox, origin, transport, node);
             }
             Command::Detach { conn } => self.handle_transport_closed(conn),
             Command::Call(op) => op(self),
             Command::Activate { conn, subscription } => {
                 let owned = self.bus.get(&subscription).is_some_and(|s| s.conn == conn);
                 if owned {
-                    self.bus.activate(&subscription, &self.registry);
+                    self.bus.activate(
+                        &subscription,
+                        crate::router::views::AgentView::new(&self.registry, &self.scopes),
+                    );
                 }
             }
             Command::Drained { conn } => self.handle_drained(conn),
@@ -364,11 +355,17 @@ impl Router {
                 subscription,
                 from,
                 rows,
-            }) => self
-                .bus
-                .deliver_disk(&subscription, from, rows, &self.registry),
+            }) => self.bus.deliver_disk(
+                &subscription,
+                from,
+                rows,
+                crate::router::views::AgentView::new(&self.registry, &self.scopes),
+            ),
             Command::Committed(upto) => {
-                self.bus.committed(upto, &self.registry);
+                self.bus.committed(
+                    upto,
+                    crate::router::views::AgentView::new(&self.registry, &self.scopes),
+                );
                 // Writes the caches held until their commit may go now.
                 self.trim_kept();
             }
@@ -381,17 +378,11 @@ impl Router {
     }
 
     pub(super) fn handle_drained(&mut self, conn: ConnId) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            while let Some(frame) = c.pending.front().cloned() {
-                match crate::router::events::bus::push(&c.outbox, outbox::Outbound::Shared(frame)) {
-                    Ok(()) => {
-                        c.pending.pop_front();
-                    }
-                    Err(_) => return,
-                }
-            }
-        }
-        self.bus.resume_conn(conn, &self.registry);
+        self.conns.flush_pending(conn);
+        self.bus.resume_conn(
+            conn,
+            crate::router::views::AgentView::new(&self.registry, &self.scopes),
+        );
     }
 
     pub(super) fn fire_deadlines(&mut self, now: Instant) {
@@ -444,7 +435,7 @@ impl Router {
         }
         let session = self.session_of(ctx)?;
         if let Some(cap) = capability {
-            if !session.capabilities.has(cap) {
+            if !session.capabilities().has(cap) {
                 return Err(RouterError::PermissionDenied(cap.path().into()));
             }
         }
@@ -454,14 +445,14 @@ impl Router {
     pub(super) fn session_of(&self, ctx: &Ctx) -> Result<&session::Session, RouterError> {
         self.conns
             .get(&ctx.conn)
-            .and_then(|c| c.session.as_ref())
+            .and_then(|c| c.session())
             .and_then(|s| self.sessions.get(s))
             .ok_or(RouterError::NotConnected)
     }
 
     /// Records that the caller's session made a call (`lastActiveAt` of `map/session/list`).
     pub(super) fn touch_session(&mut self, ctx: &Ctx) {
-        let session = self.conns.get(&ctx.conn).and_then(|c| c.session.clone());
+        let session = self.conns.get(&ctx.conn).and_then(|c| c.session().cloned());
         if let Some(id) = session {
             self.sessions.touch(&id);
         }
@@ -471,13 +462,13 @@ impl Router {
     pub fn caller(&self, ctx: &Ctx) -> Result<Caller, RouterError> {
         let s = self.session_of(ctx)?;
         let primary_agent = s
-            .primary_agent
-            .clone()
-            .filter(|a| self.registry.is_owned_by(a, &s.participant));
+            .primary_agent()
+            .cloned()
+            .filter(|a| self.registry.is_owned_by(a, s.participant()));
         Ok(Caller {
-            session: s.id.clone(),
-            participant: s.participant.clone(),
-            kind: s.kind,
+            session: s.id().clone(),
+            participant: s.participant().clone(),
+            kind: s.kind(),
             primary_agent,
             policy: self.config.permissions.clone(),
         })
@@ -485,7 +476,8 @@ impl Router {
 
     /// Whether the caller holds a capability.
     pub fn caller_has(&self, ctx: &Ctx, cap: Capability) -> bool {
-        self.session_of(ctx).is_ok_and(|s| s.capabilities.has(cap))
+        self.session_of(ctx)
+            .is_ok_and(|s| s.capabilities().has(cap))
     }
 
     /// Appends an event to the log and fans it out. Returns its id.
@@ -529,7 +521,10 @@ impl Router {
             // The store builds the row on its own thread.
             self.unflushed.push(rec.clone());
         }
-        self.bus.publish(&rec, &self.registry);
+        self.bus.publish(
+            &rec,
+            crate::router::views::AgentView::new(&self.registry, &self.scopes),
+        );
         // Records appended by `append` always carry an id.
         rec.id.unwrap_or(EventId(crate::protocol::ids::Ulid(0)))
     }
@@ -565,7 +560,11 @@ impl Router {
                 metadata,
                 ..FilterKeys::default()
             },
-            audience: permissions::agent_audience(agent, &self.registry, &self.config.permissions),
+            audience: permissions::agent_audience(
+                agent,
+                self.agent_view(),
+                &self.config.permissions,
+            ),
         };
         self.emit(draft)
     }
@@ -593,8 +592,8 @@ impl Router {
         for id in owned.iter().chain(also) {
             if let Some(r) = self.registry.get(id) {
                 audience = audience.and(permissions::agent_audience(
-                    &r.agent,
-                    &self.registry,
+                    &r.agent(),
+                    self.agent_view(),
                     policy,
                 ));
             }
@@ -640,6 +639,21 @@ impl Router {
         for conn in conns {
             self.handle_transport_closed(conn);
         }
+    }
+
+    /// The agents as the other parts read them (`router::views`).
+    pub(crate) fn agent_view(&self) -> crate::router::views::AgentView<'_> {
+        crate::router::views::AgentView::new(&self.registry, &self.scopes)
+    }
+
+    /// The scopes as the other parts read them.
+    pub(crate) fn scope_view(&self) -> crate::router::views::ScopeView<'_> {
+        crate::router::views::ScopeView::new(&self.scopes)
+    }
+
+    /// The sessions as the other parts read them.
+    pub(crate) fn session_view(&self) -> crate::router::views::SessionView<'_> {
+        crate::router::views::SessionView::new(&self.sessions)
     }
 
     /// Number of attached connections (for tests and metrics).

@@ -311,6 +311,7 @@ impl Router {
                 router.sessions.changed.track();
                 router.registry.changed.track();
                 router.scopes.changed.track();
+                router.scopes.members_changed.track();
                 router.saved_at_open = recovered.saved;
                 if config.saved_refresh.is_some() {
                     router.schedule(

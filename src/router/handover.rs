@@ -49,7 +49,7 @@ use crate::store::record::StoredRow;
 use crate::router::changes::Saver;
 use crate::router::core::Router;
 use crate::router::events::log::{Audience, EventDraft, FilterKeys};
-use crate::router::sessions::table::Session;
+use crate::router::sessions::table::SessionSeed;
 use crate::router::timers::Deadline;
 
 /// How often the live node looks for saved records to write again
@@ -93,7 +93,8 @@ struct SavedAgent {
     state_before_orphan: Option<AgentState>,
 }
 
-/// The saved record of a scope (its members are the agents' `scopes`).
+/// The saved record of a scope (its members are the agents' `scopes`, derived from the scopes
+/// part's membership when an agent is saved).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct SavedScope {
@@ -179,8 +180,8 @@ impl Router {
             let record = self.scopes.get(&id).map(|r| Record {
                 key: scope_key(&id),
                 scope: Some(SavedScope {
-                    scope: r.scope.clone(),
-                    creator: r.creator.clone(),
+                    scope: r.scope().clone(),
+                    creator: r.creator().cloned(),
                 }),
                 ..Record::default()
             });
@@ -190,45 +191,48 @@ impl Router {
             let record = self
                 .sessions
                 .get(&id)
-                .filter(|s| s.handed_over)
+                .filter(|s| s.handed_over())
                 .map(|s| Record {
                     key: session_key(&id),
                     session: Some(SavedSession {
-                        id: s.id.clone(),
-                        participant_id: s.participant.clone(),
-                        participant_type: s.kind,
-                        name: s.name.clone(),
-                        capabilities: s.capabilities.clone(),
-                        created_at: s.created_at,
-                        token_key: s.token_key.clone(),
-                        policy: s.policy.clone(),
-                        primary_agent: s.primary_agent.clone(),
-                        orphaned: s.orphaned.clone(),
-                        principal: s.principal.clone(),
-                        attached: s.conn.is_some(),
+                        id: s.id().clone(),
+                        participant_id: s.participant().clone(),
+                        participant_type: s.kind(),
+                        name: s.name().map(str::to_owned),
+                        capabilities: s.capabilities().clone(),
+                        created_at: s.created_at(),
+                        token_key: s.token_key().to_owned(),
+                        policy: s.policy().cloned(),
+                        primary_agent: s.primary_agent().cloned(),
+                        orphaned: s.orphaned().to_vec(),
+                        principal: s.principal().cloned(),
+                        attached: s.conn().is_some(),
                     }),
                     ..Record::default()
                 });
             self.put(&mut saver, session_key(&id), record);
         }
-        for id in self.registry.changed.take() {
-            let record = self
-                .registry
-                .get(&id)
+        // An agent's record carries its scopes: a membership change saves it too.
+        let mut agents: BTreeSet<AgentId> = self.registry.changed.take().into_iter().collect();
+        agents.extend(self.scopes.members_changed.take());
+        for id in agents {
+            let view = self.agent_view();
+            let record = view
+                .record(&id)
                 .filter(|r| {
                     // An agent goes with its owner's session (an orphan on its own).
-                    r.agent.owner_id.as_ref().is_none_or(|o| {
+                    r.agent().owner_id.as_ref().is_none_or(|o| {
                         self.sessions
                             .by_participant(o)
-                            .is_some_and(|s| s.handed_over)
+                            .is_some_and(|s| s.handed_over())
                     })
                 })
                 .map(|r| Record {
                     key: agent_key(&id),
                     agent: Some(SavedAgent {
-                        agent: r.agent.clone(),
-                        state_before_suspend: r.state_before_suspend.clone(),
-                        state_before_orphan: r.state_before_orphan.clone(),
+                        agent: view.complete(r.agent().clone()),
+                        state_before_suspend: r.state_before_suspend().cloned(),
+                        state_before_orphan: r.state_before_orphan().cloned(),
                     }),
                     ..Record::default()
                 });
@@ -342,9 +346,7 @@ impl Router {
 
         // Scopes, parents first.
         for s in parents_first(scopes, |s| s.scope.id.clone(), |s| s.scope.parent.clone()) {
-            if !self.scopes.contains(&s.scope.id) {
-                self.scopes.insert(s.scope, s.creator);
-            }
+            self.scopes.restore(s.scope, s.creator);
         }
 
         // Sessions newer than their participant's last lifecycle event.
@@ -365,25 +367,22 @@ impl Router {
             } else {
                 self.schedule(now + window, Deadline::SessionExpiry(s.id.clone()));
             }
-            self.sessions.insert(Session {
-                id: s.id,
-                participant: s.participant_id,
-                kind: s.participant_type,
-                name: s.name,
-                capabilities: s.capabilities,
-                created_at: s.created_at,
-                last_active_at: crate::protocol::ids::now_ms(),
-                conn: None,
-                resume_token: String::new(),
-                token_key: s.token_key,
-                policy: s.policy,
-                primary_agent: s.primary_agent,
-                orphaned: s.orphaned,
-                detached_at: Some(now),
-                principal: s.principal,
-                auth_epoch: 0,
-                handed_over: true,
-            });
+            self.sessions.restore(
+                SessionSeed {
+                    id: s.id,
+                    participant: s.participant_id,
+                    kind: s.participant_type,
+                    name: s.name,
+                    capabilities: s.capabilities,
+                    created_at: s.created_at,
+                    token_key: s.token_key,
+                    policy: s.policy,
+                    primary_agent: s.primary_agent,
+                    orphaned: s.orphaned,
+                    principal: s.principal,
+                },
+                now,
+            );
         }
 
         // Agents newer than their last lifecycle event whose owner came back (or orphans).
@@ -404,21 +403,16 @@ impl Router {
             let id = a.agent.id.clone();
             run.take_agent(&id);
             let mut agent = a.agent;
-            agent.children = None;
-            agent.scopes.retain(|s| self.scopes.contains(s));
-            for scope in &agent.scopes {
-                if let Some(s) = self.scopes.get_mut(scope) {
-                    s.members.insert(id.clone());
-                }
-            }
+            let scopes = std::mem::take(&mut agent.scopes);
             let orphan = agent.owner_id.is_none() && agent.state == AgentState::ORPHANED;
-            self.registry.insert(agent);
-            if let Some(rec) = self.registry.get_mut(&id) {
-                rec.state_before_suspend = a.state_before_suspend;
-                rec.state_before_orphan = a.state_before_orphan;
-                if orphan {
-                    rec.orphan_expires = Some(now + window);
-                }
+            self.registry.restore(
+                agent,
+                a.state_before_suspend,
+                a.state_before_orphan,
+                orphan.then(|| now + window),
+            );
+            for scope in &scopes {
+                self.scopes.join(scope, &id);
             }
             if orphan {
                 self.schedule(now + window, Deadline::OrphanExpiry(id));

@@ -62,6 +62,7 @@ pub mod sessions;
 pub mod tasks;
 pub mod timers;
 pub mod trajectory;
+pub mod views;
 
 pub use self::caller::{Caller, Ctx};
 pub use self::config::{

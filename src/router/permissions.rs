@@ -32,9 +32,9 @@ use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
 use crate::protocol::scope::{JoinPolicy, ScopeVisibility, SendPolicy};
 
-use crate::router::agents::registry::Registry;
 use crate::router::events::log::Audience;
 use crate::router::scopes::table::ScopeRecord;
+use crate::router::views::AgentView;
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -388,18 +388,32 @@ impl Viewer<'_> {
 pub type SharedPolicy = Arc<Policy>;
 
 /// Whether `viewer` owns an agent that is a member of any of `scopes`.
-fn shares_scope(viewer: &Viewer<'_>, scopes: &[ScopeId], reg: &Registry) -> bool {
+fn shares_scope(viewer: &Viewer<'_>, scopes: &[ScopeId], reg: AgentView<'_>) -> bool {
     if scopes.is_empty() {
         return false;
     }
-    reg.owned_by(viewer.participant).iter().any(|a| {
-        reg.get(a)
-            .is_some_and(|r| r.agent.scopes.iter().any(|s| scopes.contains(s)))
-    })
+    reg.owned_by(viewer.participant)
+        .iter()
+        .any(|a| reg.scopes_of(a).iter().any(|s| scopes.contains(s)))
+}
+
+/// The scopes of `agent`: those it is a member of, and those a record being announced carries
+/// (an agent registering is announced with the scopes it is joining).
+fn scopes_of<'a>(agent: &'a Agent, reg: AgentView<'a>) -> std::borrow::Cow<'a, [ScopeId]> {
+    let member = reg.scopes_of(&agent.id);
+    if agent.scopes.is_empty() {
+        std::borrow::Cow::Borrowed(member)
+    } else if member.is_empty() {
+        std::borrow::Cow::Borrowed(&agent.scopes)
+    } else {
+        let mut all = agent.scopes.clone();
+        all.extend(member.iter().filter(|s| !agent.scopes.contains(s)).cloned());
+        std::borrow::Cow::Owned(all)
+    }
 }
 
 /// How `from` relates to `to` for agent rules.
-fn related(rule: &AgentRule, from: &Agent, to: &Agent, reg: &Registry) -> bool {
+fn related(rule: &AgentRule, from: &Agent, to: &Agent, reg: AgentView<'_>) -> bool {
     if from.id == to.id {
         return true;
     }
@@ -411,7 +425,8 @@ fn related(rule: &AgentRule, from: &Agent, to: &Agent, reg: &Registry) -> bool {
                 || reg.ancestors(&to.id, None).contains(&from.id)
         }
         AgentRule::Named(AgentRuleName::Scoped) => {
-            from.scopes.iter().any(|s| to.scopes.contains(s))
+            let theirs = scopes_of(to, reg);
+            scopes_of(from, reg).iter().any(|s| theirs.contains(s))
         }
         AgentRule::Include { include } => include.iter().any(|i| i == to.id.as_str()),
     }
@@ -431,7 +446,7 @@ pub fn agent_exposed(policy: &Policy, id: &str) -> bool {
 ///
 /// `scope` visibility means "the viewer owns an agent sharing a scope with it" (the SDK helper
 /// always allows it; permissions.md §5 fixes that).
-pub fn can_see_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
+pub fn can_see_agent(viewer: &Viewer<'_>, agent: &Agent, reg: AgentView<'_>) -> bool {
     if viewer.is_system() {
         return true;
     }
@@ -443,25 +458,24 @@ pub fn can_see_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool
         AgentVisibility::Public => true,
         AgentVisibility::System => false,
         AgentVisibility::ParentOnly => owns(&agent.id) || agent.parent.as_ref().is_some_and(owns),
-        AgentVisibility::Scope => owns(&agent.id) || shares_scope(viewer, &agent.scopes, reg),
+        AgentVisibility::Scope => {
+            owns(&agent.id) || shares_scope(viewer, &scopes_of(agent, reg), reg)
+        }
     };
     visible && viewer_agent_sees(viewer, agent, reg)
 }
 
 /// Layer 4 for viewers speaking as an agent: its `canSee.agents`.
-fn viewer_agent_sees(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
+fn viewer_agent_sees(viewer: &Viewer<'_>, agent: &Agent, reg: AgentView<'_>) -> bool {
     let Some(me) = viewer.agent.and_then(|a| reg.get(a)) else {
         return true;
     };
-    if !may_restrict(&me.agent, viewer.policy) || reg.is_owned_by(&agent.id, viewer.participant) {
+    if !may_restrict(me, viewer.policy) || reg.is_owned_by(&agent.id, viewer.participant) {
         return true;
     }
-    match resolve_agent_permissions(&me.agent, viewer.policy)
-        .can_see
-        .agents
-    {
+    match resolve_agent_permissions(me, viewer.policy).can_see.agents {
         None => true,
-        Some(rule) => related(&rule, &me.agent, agent, reg),
+        Some(rule) => related(&rule, me, agent, reg),
     }
 }
 
@@ -472,7 +486,7 @@ pub fn can_message_agent(
     viewer: &Viewer<'_>,
     sender: Option<&Agent>,
     target: &Agent,
-    reg: &Registry,
+    reg: AgentView<'_>,
 ) -> bool {
     if !can_see_agent(viewer, target, reg) {
         return false;
@@ -512,7 +526,7 @@ pub fn can_message_agent(
 
 /// May `viewer` act on `agent` as its controller (update, unregister, join it to scopes)?
 /// System participants, the owner, and the owner of any ancestor may.
-pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
+pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: AgentView<'_>) -> bool {
     if viewer.is_system() || agent.owner_id.as_ref() == Some(viewer.participant) {
         return true;
     }
@@ -524,7 +538,7 @@ pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> 
 /// May `viewer` stop, suspend, resume or inject into `agent`? (The capability itself,
 /// `lifecycle.canStop` / `canSteer`, is checked by the dispatcher.) Its controllers may; other
 /// agents may not; clients may when the policy lets them act on every agent they can see.
-pub fn can_manage_lifecycle(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) -> bool {
+pub fn can_manage_lifecycle(viewer: &Viewer<'_>, agent: &Agent, reg: AgentView<'_>) -> bool {
     if can_control_agent(viewer, agent, reg) {
         return true;
     }
@@ -534,7 +548,7 @@ pub fn can_manage_lifecycle(viewer: &Viewer<'_>, agent: &Agent, reg: &Registry) 
 }
 
 /// The audience of events about `agent`, fixed when the event is emitted.
-pub fn agent_audience(agent: &Agent, reg: &Registry, policy: &Policy) -> Audience {
+pub fn agent_audience(agent: &Agent, reg: AgentView<'_>, policy: &Policy) -> Audience {
     if !agent_exposed(policy, agent.id.as_str()) {
         return Audience::System;
     }
@@ -547,7 +561,7 @@ pub fn agent_audience(agent: &Agent, reg: &Registry, policy: &Policy) -> Audienc
                 .parent
                 .as_ref()
                 .and_then(|p| reg.get(p))
-                .and_then(|p| p.agent.owner_id.clone())
+                .and_then(|p| p.owner_id.clone())
             {
                 who.push(parent_owner);
             }
@@ -555,7 +569,7 @@ pub fn agent_audience(agent: &Agent, reg: &Registry, policy: &Policy) -> Audienc
         }
         AgentVisibility::Scope => Audience::Scoped {
             owner: agent.owner_id.clone(),
-            scopes: agent.scopes.clone(),
+            scopes: scopes_of(agent, reg).into_owned(),
         },
     }
 }
@@ -569,25 +583,25 @@ pub fn scope_exposed(policy: &Policy, id: &str) -> bool {
 }
 
 /// Whether `viewer` owns an agent that is a member of `scope`.
-fn owns_member(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -> bool {
+fn owns_member(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: AgentView<'_>) -> bool {
     scope
-        .members
+        .members()
         .iter()
         .any(|m| reg.is_owned_by(m, viewer.participant))
 }
 
 /// May `viewer` see `scope`? Exposure; `visibility` (`public`; `members` = the viewer owns a
 /// member agent; `system`); its creator always sees it; then the viewer agent's `canSee.scopes`.
-pub fn can_see_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -> bool {
+pub fn can_see_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: AgentView<'_>) -> bool {
     if viewer.is_system() {
         return true;
     }
-    if !scope_exposed(viewer.policy, scope.scope.id.as_str()) {
+    if !scope_exposed(viewer.policy, scope.id().as_str()) {
         return false;
     }
-    let creator = scope.creator.as_ref() == Some(viewer.participant);
+    let creator = scope.creator() == Some(viewer.participant);
     let visible = creator
-        || match scope.scope.visibility.unwrap_or_default() {
+        || match scope.scope().visibility.unwrap_or_default() {
             ScopeVisibility::Public => true,
             ScopeVisibility::System => false,
             ScopeVisibility::Members => owns_member(viewer, scope, reg),
@@ -598,18 +612,13 @@ pub fn can_see_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -
     let Some(me) = viewer.agent.and_then(|a| reg.get(a)) else {
         return true;
     };
-    if !may_restrict(&me.agent, viewer.policy) || creator {
+    if !may_restrict(me, viewer.policy) || creator {
         return true;
     }
-    match resolve_agent_permissions(&me.agent, viewer.policy)
-        .can_see
-        .scopes
-    {
+    match resolve_agent_permissions(me, viewer.policy).can_see.scopes {
         None | Some(ScopeRule::Named(ScopeRuleName::All)) => true,
-        Some(ScopeRule::Named(ScopeRuleName::Member)) => me.agent.scopes.contains(&scope.scope.id),
-        Some(ScopeRule::Include { include }) => {
-            include.iter().any(|i| i == scope.scope.id.as_str())
-        }
+        Some(ScopeRule::Named(ScopeRuleName::Member)) => reg.scopes_of(&me.id).contains(scope.id()),
+        Some(ScopeRule::Include { include }) => include.iter().any(|i| i == scope.id().as_str()),
     }
 }
 
@@ -626,15 +635,15 @@ pub fn can_join_scope(
     viewer: &Viewer<'_>,
     scope: &ScopeRecord,
     agent: &Agent,
-    reg: &Registry,
+    reg: AgentView<'_>,
 ) -> Result<(), Refusal> {
     if viewer.is_system() {
         return Ok(());
     }
-    let creator = scope.creator.as_ref() == Some(viewer.participant);
+    let creator = scope.creator() == Some(viewer.participant);
     let controls = can_control_agent(viewer, agent, reg);
-    let id = &scope.scope.id;
-    match scope.scope.join_policy.unwrap_or_default() {
+    let id = scope.id();
+    match scope.scope().join_policy.unwrap_or_default() {
         JoinPolicy::Open if creator || controls => Ok(()),
         JoinPolicy::Open => Err(format!(
             "agent {} is not controlled by this participant",
@@ -645,7 +654,7 @@ pub fn can_join_scope(
             "scope {id} is invite-only: only its creator adds members"
         )),
         JoinPolicy::Role => {
-            let roles = scope.scope.auto_join_roles.as_deref().unwrap_or_default();
+            let roles = scope.scope().auto_join_roles.as_deref().unwrap_or_default();
             if !agent.role.as_ref().is_some_and(|r| roles.contains(r)) {
                 Err(format!("scope {id} admits only the roles {roles:?}"))
             } else if creator || controls {
@@ -663,14 +672,14 @@ pub fn can_join_scope(
 
 /// May `viewer` send to `scope` (`sendPolicy`)? `any`: anyone who sees it; `members` (default):
 /// participants owning a member agent, and its creator. System participants may always.
-pub fn can_send_to_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: &Registry) -> bool {
+pub fn can_send_to_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: AgentView<'_>) -> bool {
     if viewer.is_system() {
         return true;
     }
-    match scope.scope.send_policy.unwrap_or_default() {
+    match scope.scope().send_policy.unwrap_or_default() {
         SendPolicy::Any => true,
         SendPolicy::Members => {
-            scope.creator.as_ref() == Some(viewer.participant) || owns_member(viewer, scope, reg)
+            scope.creator() == Some(viewer.participant) || owns_member(viewer, scope, reg)
         }
     }
 }
@@ -690,7 +699,7 @@ pub fn event_type_exposed(policy: &Policy, kind: &str) -> bool {
 }
 
 /// May `viewer` see an event with this audience?
-pub fn audience_allows(viewer: &Viewer<'_>, audience: &Audience, reg: &Registry) -> bool {
+pub fn audience_allows(viewer: &Viewer<'_>, audience: &Audience, reg: AgentView<'_>) -> bool {
     if viewer.is_system() {
         return true;
     }
@@ -712,7 +721,7 @@ pub fn can_see_event(
     kind: &str,
     audience: &Audience,
     subject: Option<&AgentId>,
-    reg: &Registry,
+    reg: AgentView<'_>,
 ) -> bool {
     if viewer.is_system() {
         return true;
@@ -721,7 +730,7 @@ pub fn can_see_event(
         return false;
     }
     match subject.and_then(|s| reg.get(s)) {
-        Some(rec) => viewer_agent_sees(viewer, &rec.agent, reg),
+        Some(agent) => viewer_agent_sees(viewer, agent, reg),
         None => true,
     }
 }
@@ -730,6 +739,8 @@ pub fn can_see_event(
 mod tests {
     use super::*;
     use crate::protocol::scope::Scope;
+    use crate::router::agents::registry::Registry;
+    use crate::router::scopes::table::Scopes;
 
     fn agent(id: &str, parent: Option<&str>, owner: &str, vis: AgentVisibility) -> Agent {
         let mut a = Agent::new(id.into(), Some(owner.into()));
@@ -751,16 +762,17 @@ mod tests {
     fn visibility_table() {
         let policy = Policy::default();
         let mut reg = Registry::default();
-        reg.insert(agent("parent", None, "p-owner", AgentVisibility::Public));
+        let scopes = Scopes::default();
+        reg.insert_for_test(agent("parent", None, "p-owner", AgentVisibility::Public));
         let child = agent(
             "child",
             Some("parent"),
             "c-owner",
             AgentVisibility::ParentOnly,
         );
-        reg.insert(child.clone());
+        reg.insert_for_test(child.clone());
         let hidden = agent("hidden", None, "c-owner", AgentVisibility::System);
-        reg.insert(hidden.clone());
+        reg.insert_for_test(hidden.clone());
 
         let (po, co, other, sys) = (
             ParticipantId::from("p-owner"),
@@ -769,44 +781,79 @@ mod tests {
             ParticipantId::from("sys"),
         );
         let v = |p| viewer(p, ParticipantType::Client, &policy);
-        assert!(can_see_agent(&v(&po), &child, &reg), "parent's owner");
-        assert!(can_see_agent(&v(&co), &child, &reg), "owner");
-        assert!(!can_see_agent(&v(&other), &child, &reg));
         assert!(
-            !can_see_agent(&v(&co), &hidden, &reg),
+            can_see_agent(&v(&po), &child, AgentView::new(&reg, &scopes)),
+            "parent's owner"
+        );
+        assert!(
+            can_see_agent(&v(&co), &child, AgentView::new(&reg, &scopes)),
+            "owner"
+        );
+        assert!(!can_see_agent(
+            &v(&other),
+            &child,
+            AgentView::new(&reg, &scopes)
+        ));
+        assert!(
+            !can_see_agent(&v(&co), &hidden, AgentView::new(&reg, &scopes)),
             "system-only even for its owner"
         );
         let system = viewer(&sys, ParticipantType::System, &policy);
-        assert!(can_see_agent(&system, &hidden, &reg));
+        assert!(can_see_agent(
+            &system,
+            &hidden,
+            AgentView::new(&reg, &scopes)
+        ));
 
-        let audience = agent_audience(&child, &reg, &policy);
-        assert!(audience_allows(&v(&po), &audience, &reg));
-        assert!(!audience_allows(&v(&other), &audience, &reg));
+        let audience = agent_audience(&child, AgentView::new(&reg, &scopes), &policy);
+        assert!(audience_allows(
+            &v(&po),
+            &audience,
+            AgentView::new(&reg, &scopes)
+        ));
+        assert!(!audience_allows(
+            &v(&other),
+            &audience,
+            AgentView::new(&reg, &scopes)
+        ));
     }
 
     #[test]
     fn control_follows_ownership_up_the_tree() {
         let policy = Policy::default();
         let mut reg = Registry::default();
-        reg.insert(agent("root", None, "boss", AgentVisibility::Public));
+        let scopes = Scopes::default();
+        reg.insert_for_test(agent("root", None, "boss", AgentVisibility::Public));
         let leaf = agent("leaf", Some("root"), "worker", AgentVisibility::Public);
-        reg.insert(leaf.clone());
+        reg.insert_for_test(leaf.clone());
         let (boss, worker, other) = (
             ParticipantId::from("boss"),
             ParticipantId::from("worker"),
             ParticipantId::from("other"),
         );
         let v = |p| viewer(p, ParticipantType::Agent, &policy);
-        assert!(can_control_agent(&v(&worker), &leaf, &reg));
-        assert!(can_control_agent(&v(&boss), &leaf, &reg));
-        assert!(!can_control_agent(&v(&other), &leaf, &reg));
+        assert!(can_control_agent(
+            &v(&worker),
+            &leaf,
+            AgentView::new(&reg, &scopes)
+        ));
+        assert!(can_control_agent(
+            &v(&boss),
+            &leaf,
+            AgentView::new(&reg, &scopes)
+        ));
+        assert!(!can_control_agent(
+            &v(&other),
+            &leaf,
+            AgentView::new(&reg, &scopes)
+        ));
         assert!(
-            !can_manage_lifecycle(&v(&other), &leaf, &reg),
+            !can_manage_lifecycle(&v(&other), &leaf, AgentView::new(&reg, &scopes)),
             "a stranger agent"
         );
         let client = viewer(&other, ParticipantType::Client, &policy);
         assert!(
-            can_manage_lifecycle(&client, &leaf, &reg),
+            can_manage_lifecycle(&client, &leaf, AgentView::new(&reg, &scopes)),
             "operator clients by default"
         );
         let strict = Policy {
@@ -814,7 +861,11 @@ mod tests {
             ..Policy::default()
         };
         let client = viewer(&other, ParticipantType::Client, &strict);
-        assert!(!can_manage_lifecycle(&client, &leaf, &reg));
+        assert!(!can_manage_lifecycle(
+            &client,
+            &leaf,
+            AgentView::new(&reg, &scopes)
+        ));
     }
 
     #[test]
@@ -834,15 +885,19 @@ mod tests {
         )
         .unwrap();
         let mut reg = Registry::default();
+        let scopes = Scopes::default();
         let a = agent("internal-db", None, "o", AgentVisibility::Public);
-        reg.insert(a.clone());
+        reg.insert_for_test(a.clone());
         let p = ParticipantId::from("o");
         assert!(!can_see_agent(
             &viewer(&p, ParticipantType::Client, &policy),
             &a,
-            &reg
+            AgentView::new(&reg, &scopes)
         ));
-        assert_eq!(agent_audience(&a, &reg, &policy), Audience::System);
+        assert_eq!(
+            agent_audience(&a, AgentView::new(&reg, &scopes), &policy),
+            Audience::System
+        );
         assert!(!event_type_exposed(&policy, "message_sent"));
         assert!(
             !event_type_exposed(&policy, "agent.metadata.changed"),
@@ -858,13 +913,14 @@ mod tests {
         )
         .unwrap();
         let mut reg = Registry::default();
+        let scopes = Scopes::default();
         let mut vault = agent("vault", Some("lead"), "ov", AgentVisibility::Public);
         vault.role = Some("vault".into());
         let lead = agent("lead", None, "ol", AgentVisibility::Public);
         let stranger = agent("stranger", None, "os", AgentVisibility::Public);
-        reg.insert(lead.clone());
-        reg.insert(vault.clone());
-        reg.insert(stranger.clone());
+        reg.insert_for_test(lead.clone());
+        reg.insert_for_test(vault.clone());
+        reg.insert_for_test(stranger.clone());
         let (ol, os, oc) = (
             ParticipantId::from("ol"),
             ParticipantId::from("os"),
@@ -877,22 +933,27 @@ mod tests {
             policy: &policy,
         };
         assert!(
-            can_message_agent(&as_agent(&ol, "lead"), Some(&lead), &vault, &reg),
+            can_message_agent(
+                &as_agent(&ol, "lead"),
+                Some(&lead),
+                &vault,
+                AgentView::new(&reg, &scopes)
+            ),
             "its parent"
         );
         assert!(!can_message_agent(
             &as_agent(&os, "stranger"),
             Some(&stranger),
             &vault,
-            &reg
+            AgentView::new(&reg, &scopes)
         ));
         let client = viewer(&oc, ParticipantType::Client, &policy);
         assert!(
-            !can_message_agent(&client, None, &vault, &reg),
+            !can_message_agent(&client, None, &vault, AgentView::new(&reg, &scopes)),
             "clients: none"
         );
         assert!(
-            can_message_agent(&client, None, &lead, &reg),
+            can_message_agent(&client, None, &lead, AgentView::new(&reg, &scopes)),
             "others accept everyone"
         );
     }
@@ -901,28 +962,28 @@ mod tests {
     fn join_and_send_policies() {
         let policy = Policy::default();
         let mut reg = Registry::default();
+        let scopes = Scopes::default();
         let mut worker = agent("w", None, "ow", AgentVisibility::Public);
         worker.role = Some("worker".into());
-        reg.insert(worker.clone());
-        let record = |join: JoinPolicy, send: SendPolicy| ScopeRecord {
-            scope: Scope {
-                id: "s".into(),
-                name: None,
-                description: None,
-                parent: None,
-                join_policy: Some(join),
-                auto_join_roles: Some(vec!["lead".into()]),
-                visibility: None,
-                message_visibility: None,
-                send_policy: Some(send),
-                persistent: None,
-                auto_delete: None,
-                metadata: None,
-            },
-            order: 0,
-            members: Default::default(),
-            children: Default::default(),
-            creator: Some("creator".into()),
+        reg.insert_for_test(worker.clone());
+        let record = |join: JoinPolicy, send: SendPolicy| {
+            ScopeRecord::for_test(
+                Scope {
+                    id: "s".into(),
+                    name: None,
+                    description: None,
+                    parent: None,
+                    join_policy: Some(join),
+                    auto_join_roles: Some(vec!["lead".into()]),
+                    visibility: None,
+                    message_visibility: None,
+                    send_policy: Some(send),
+                    persistent: None,
+                    auto_delete: None,
+                    metadata: None,
+                },
+                Some("creator".into()),
+            )
         };
         let (ow, creator) = (ParticipantId::from("ow"), ParticipantId::from("creator"));
         let owner = viewer(&ow, ParticipantType::Agent, &policy);
@@ -931,21 +992,21 @@ mod tests {
             &owner,
             &record(JoinPolicy::Open, SendPolicy::Members),
             &worker,
-            &reg
+            AgentView::new(&reg, &scopes)
         )
         .is_ok());
         assert!(can_join_scope(
             &owner,
             &record(JoinPolicy::Invite, SendPolicy::Members),
             &worker,
-            &reg
+            AgentView::new(&reg, &scopes)
         )
         .is_err());
         assert!(can_join_scope(
             &maker,
             &record(JoinPolicy::Invite, SendPolicy::Members),
             &worker,
-            &reg
+            AgentView::new(&reg, &scopes)
         )
         .is_ok());
         assert!(
@@ -953,7 +1014,7 @@ mod tests {
                 &owner,
                 &record(JoinPolicy::Role, SendPolicy::Members),
                 &worker,
-                &reg
+                AgentView::new(&reg, &scopes)
             )
             .is_err(),
             "not a lead"
@@ -962,23 +1023,23 @@ mod tests {
             &maker,
             &record(JoinPolicy::System, SendPolicy::Members),
             &worker,
-            &reg
+            AgentView::new(&reg, &scopes)
         )
         .is_err());
         assert!(!can_send_to_scope(
             &owner,
             &record(JoinPolicy::Open, SendPolicy::Members),
-            &reg
+            AgentView::new(&reg, &scopes)
         ));
         assert!(can_send_to_scope(
             &maker,
             &record(JoinPolicy::Open, SendPolicy::Members),
-            &reg
+            AgentView::new(&reg, &scopes)
         ));
         assert!(can_send_to_scope(
             &owner,
             &record(JoinPolicy::Open, SendPolicy::Any),
-            &reg
+            AgentView::new(&reg, &scopes)
         ));
     }
 }

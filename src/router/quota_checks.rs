@@ -54,7 +54,7 @@ impl Router {
             return Ok(());
         }
         let session = self.session_of(ctx)?;
-        if self.bus.count_for_session(&session.id) >= limit {
+        if self.bus.count_for_session(&session.id()) >= limit {
             return Err(exceeded("subscriptions per session", limit));
         }
         Ok(())
@@ -84,8 +84,8 @@ impl Router {
         let attached = self
             .sessions
             .iter()
-            .filter(|s| s.conn.is_some())
-            .filter(|s| s.principal.as_ref().is_some_and(|p| p.id == principal))
+            .filter(|s| s.conn().is_some())
+            .filter(|s| s.principal().as_ref().is_some_and(|p| p.id == principal))
             .count();
         if attached >= limit {
             return Err(exceeded("sessions per principal", limit));
@@ -100,13 +100,13 @@ impl Router {
     /// `NotConnected` without a session.
     pub(crate) fn quota_owner(&self, ctx: &Ctx) -> Result<Option<String>, RouterError> {
         let session = self.session_of(ctx)?;
-        Ok(match &session.principal {
+        Ok(match &session.principal() {
             Some(p) if crate::auth::is_service(p) => None,
             Some(p) => Some(format!(
                 "principal:{}",
                 serde_json::to_string(&(&p.id, &p.issuer)).unwrap_or_default()
             )),
-            None => Some(format!("participant:{}", session.participant)),
+            None => Some(format!("participant:{}", session.participant())),
         })
     }
 

@@ -50,7 +50,7 @@ impl Router {
         self.registry
             .get(id)
             .map(|r| &r.agent)
-            .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
+            .filter(|a| can_see_agent(&caller.viewer(), a, self.agent_view()))
             .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))
     }
 
@@ -61,12 +61,12 @@ impl Router {
         id: &AgentId,
     ) -> Result<Agent, RouterError> {
         let agent = self.visible_agent(caller, id)?;
-        if !can_control_agent(&caller.viewer(), agent, &self.registry) {
+        if !can_control_agent(&caller.viewer(), agent, self.agent_view()) {
             return Err(RouterError::PermissionDenied(format!(
                 "agent {id} is not owned by this participant or its ancestors"
             )));
         }
-        Ok(agent.clone())
+        Ok(self.agent_view().complete(agent.clone()))
     }
 
     /// Looks up an agent the caller may stop, suspend, resume or steer
@@ -77,12 +77,12 @@ impl Router {
         id: &AgentId,
     ) -> Result<Agent, RouterError> {
         let agent = self.visible_agent(caller, id)?;
-        if !can_manage_lifecycle(&caller.viewer(), agent, &self.registry) {
+        if !can_manage_lifecycle(&caller.viewer(), agent, self.agent_view()) {
             return Err(RouterError::PermissionDenied(format!(
                 "agent {id} is not controlled by this participant"
             )));
         }
-        Ok(agent.clone())
+        Ok(self.agent_view().complete(agent.clone()))
     }
 
     /// `map/agents/register`.
@@ -237,10 +237,7 @@ impl Router {
         // Messages the previous run left queued for this id (messaging::recovery): only its
         // owner principal can have registered it again.
         self.flush_offline(&id, Some(registered));
-        self.registry
-            .get(&id)
-            .map(|r| r.agent.clone())
-            .unwrap_or(agent)
+        self.agent_view().whole(&id).unwrap_or(agent)
     }
 
     /// Applies the descriptive fields of a re-registration to a reclaimed agent.
@@ -266,19 +263,13 @@ impl Router {
         if p.capabilities.is_some() {
             a.capabilities = p.capabilities.clone();
         }
-        Some(a.clone())
+        self.agent_view().whole(id)
     }
 
     pub(crate) fn adopt_primary(&mut self, caller: &Caller, id: &AgentId) {
-        if let Some(s) = self.sessions.get_mut(&caller.session) {
-            let current_valid = s
-                .primary_agent
-                .as_ref()
-                .is_some_and(|a| self.registry.is_owned_by(a, &s.participant));
-            if !current_valid {
-                s.primary_agent = Some(id.clone());
-            }
-        }
+        let registry = &self.registry;
+        self.sessions
+            .adopt_primary(&caller.session, id, |a, p| registry.is_owned_by(a, p));
     }
 
     /// `map/agents/spawn`: a child of an agent the caller controls, plus an optional first
@@ -342,7 +333,7 @@ impl Router {
     /// Removes an agent: leaves its scopes, emits `agent_unregistered` then one
     /// `scope_member_left` per scope (caused by the unregistration). Children stay registered.
     pub(crate) fn remove_agent(&mut self, id: &AgentId, reason: &str, caused_by: Vec<EventId>) {
-        let Some(mut snapshot) = self.registry.get(id).map(|r| r.agent.clone()) else {
+        let Some(mut snapshot) = self.agent_view().whole(id) else {
             return;
         };
         let mut caused_by = caused_by;
@@ -371,9 +362,7 @@ impl Router {
             caused_by,
         );
         for scope in &snapshot.scopes {
-            if let Some(s) = self.scopes.get_mut(scope) {
-                s.members.remove(id);
-            }
+            self.scopes.leave(scope, id);
             self.emit_scope_member_event(
                 EventType::ScopeMemberLeft,
                 scope,
@@ -449,6 +438,7 @@ impl Router {
             merge_sections(current, overrides);
         }
         let after = rec.agent.clone();
+        let after = self.agent_view().complete(after);
         if let Some(state) = &p.state {
             if *state != before.state {
                 let hint = self.take_cause_hint(&after.id);
@@ -526,6 +516,7 @@ impl Router {
         }
         let caused_by: Vec<EventId> = rec.cause_hint.take().into_iter().collect();
         let agent = rec.agent.clone();
+        let agent = self.agent_view().complete(agent);
         let leads_on = to == AgentState::STOPPING || to == AgentState::SUSPENDED;
         let ev = self.emit_agent_event(
             EventType::AgentStateChanged,
@@ -636,7 +627,7 @@ impl Router {
                     && self
                         .sessions
                         .by_participant(owner)
-                        .is_some_and(|s| s.conn.is_some())
+                        .is_some_and(|s| s.conn().is_some())
             });
         if !finisher {
             let (agent, _) = self
@@ -751,7 +742,7 @@ impl Router {
         let mut agents = Vec::new();
         let mut next_cursor = None;
         for rec in self.registry.iter_ordered(after) {
-            if !can_see_agent(&caller.viewer(), &rec.agent, &self.registry)
+            if !can_see_agent(&caller.viewer(), &rec.agent, self.agent_view())
                 || !agent_matches(&filter, rec)
             {
                 continue;
@@ -765,7 +756,7 @@ impl Router {
                 );
                 break;
             }
-            agents.push(rec.agent.clone());
+            agents.push(self.agent_view().complete(rec.agent.clone()));
         }
         Ok(AgentsListResult {
             agents,
@@ -787,13 +778,13 @@ impl Router {
         let visible = |ids: Vec<AgentId>| -> Vec<Agent> {
             ids.iter()
                 .filter_map(|a| self.registry.get(a))
-                .filter(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry))
-                .map(|r| r.agent.clone())
+                .filter(|r| can_see_agent(&caller.viewer(), &r.agent, self.agent_view()))
+                .map(|r| self.agent_view().complete(r.agent.clone()))
                 .collect()
         };
         let agent = self
-            .registry
-            .expanded(id)
+            .agent_view()
+            .snapshot(id)
             .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))?;
         let parent = if include.parent == Some(true) {
             agent
@@ -845,8 +836,8 @@ impl Router {
         let nodes: Vec<Agent> = ids
             .iter()
             .filter_map(|a| self.registry.get(a))
-            .filter(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry))
-            .map(|r| r.agent.clone())
+            .filter(|r| can_see_agent(&caller.viewer(), &r.agent, self.agent_view()))
+            .map(|r| self.agent_view().complete(r.agent.clone()))
             .collect();
         let in_graph: std::collections::HashSet<&str> =
             nodes.iter().map(|a| a.id.as_str()).collect();

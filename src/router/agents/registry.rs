@@ -3,34 +3,89 @@
 //! Pure data with queries; it emits no events and checks no permissions (the handlers in
 //! `router::agents` do). Listing order is registration order, which is also what pagination
 //! cursors encode.
+//!
+//! Owns every agent record. Only the agents part writes a record field by field
+//! (`get_mut`, `insert`, `remove`, `set_owner` are `pub(in crate::router::agents)`); the other
+//! parts change an agent through the methods below that name what happens
+//! ([`Registry::orphan`], [`Registry::reclaim`], [`Registry::restore`]) and read it through
+//! [`AgentRecord`]'s accessors or `router::views::AgentView`.
+//!
+//! Invariants: `order` and `by_owner` index exactly the records of `agents`; a record's
+//! `children` are the registered agents whose `parent` it is; a stored [`Agent`] has no
+//! `scopes` (membership is the scopes part's, derived into snapshots) and no `children`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::router::ids::{IdMap, Shrink};
 
-use crate::protocol::agent::{Agent, AgentState};
-use crate::protocol::ids::{AgentId, ParticipantId};
+use std::time::Instant;
 
-/// One registered agent plus what the router needs beyond the wire record.
+use crate::protocol::agent::{Agent, AgentState, Presence};
+use crate::protocol::ids::{AgentId, EventId, ParticipantId};
+
+/// One registered agent plus what the router needs beyond the wire record. Its fields are the
+/// agents part's; everyone else reads them through the accessors.
 #[derive(Debug, Clone)]
 pub struct AgentRecord {
-    /// The wire record (without `children`, which is computed on demand).
-    pub agent: Agent,
+    /// The wire record (without `children` and `scopes`, which snapshots derive).
+    pub(in crate::router::agents) agent: Agent,
     /// Registration order (pagination key).
-    pub order: u64,
+    pub(in crate::router::agents) order: u64,
     /// Child ids.
-    pub children: BTreeSet<AgentId>,
+    pub(in crate::router::agents) children: BTreeSet<AgentId>,
     /// The state to return to on `map/agents/resume`.
-    pub state_before_suspend: Option<AgentState>,
+    pub(in crate::router::agents) state_before_suspend: Option<AgentState>,
     /// The state to return to when an orphan is reclaimed.
-    pub state_before_orphan: Option<AgentState>,
+    pub(in crate::router::agents) state_before_orphan: Option<AgentState>,
     /// When an orphan is unregistered if nobody reclaims it (`None`: never).
-    pub orphan_expires: Option<std::time::Instant>,
+    pub(in crate::router::agents) orphan_expires: Option<Instant>,
     /// The `reason` of that unregistration (default `owner_disconnected`).
-    pub expiry_reason: Option<&'static str>,
+    pub(in crate::router::agents) expiry_reason: Option<&'static str>,
     /// The event the agent's next state change follows from (a stop request, its orphaning,
     /// a crash it is restarted after), when nothing more specific is known.
-    pub cause_hint: Option<crate::protocol::ids::EventId>,
+    pub(in crate::router::agents) cause_hint: Option<EventId>,
+}
+
+impl AgentRecord {
+    /// The wire record as stored: no `children`, no `scopes` (see
+    /// `router::views::AgentView::snapshot` for the record as the wire shows it).
+    pub fn agent(&self) -> &Agent {
+        &self.agent
+    }
+
+    /// Registration order (pagination key).
+    pub fn order(&self) -> u64 {
+        self.order
+    }
+
+    /// Child ids.
+    pub fn children(&self) -> &BTreeSet<AgentId> {
+        &self.children
+    }
+
+    /// The state `map/agents/resume` returns to.
+    pub fn state_before_suspend(&self) -> Option<&AgentState> {
+        self.state_before_suspend.as_ref()
+    }
+
+    /// The state a reclaim returns to.
+    pub fn state_before_orphan(&self) -> Option<&AgentState> {
+        self.state_before_orphan.as_ref()
+    }
+
+    /// Whether it is an orphan (no owner, state `orphaned`).
+    pub fn is_orphan(&self) -> bool {
+        self.agent.owner_id.is_none() && self.agent.state == AgentState::ORPHANED
+    }
+}
+
+/// What [`Registry::reclaim`] did.
+#[derive(Debug)]
+pub struct Reclaimed {
+    /// The state the agent returned to.
+    pub restored: AgentState,
+    /// The event its orphaning followed from, if noted.
+    pub hint: Option<EventId>,
 }
 
 /// All agents.
@@ -62,9 +117,9 @@ impl Registry {
         self.by_owner.get(owner).is_some_and(|s| s.contains(id))
     }
 
-    /// Mutable access. Changing `agent.owner_id` or `agent.parent` through this breaks the
-    /// indexes: use [`Registry::set_owner`].
-    pub fn get_mut(&mut self, id: &AgentId) -> Option<&mut AgentRecord> {
+    /// Mutable access, for the agents part. Changing `agent.owner_id` or `agent.parent`
+    /// through this breaks the indexes: use [`Registry::set_owner`].
+    pub(in crate::router::agents) fn get_mut(&mut self, id: &AgentId) -> Option<&mut AgentRecord> {
         self.changed.mark(id);
         self.agents.get_mut(id)
     }
@@ -90,8 +145,11 @@ impl Registry {
         self.agents.is_empty()
     }
 
-    /// Inserts a new agent (the id must be free and the parent, if any, registered).
-    pub fn insert(&mut self, agent: Agent) {
+    /// Inserts a new agent (the id must be free and the parent, if any, registered). Its
+    /// `scopes` and `children` are not kept (the scopes part and the tree hold them).
+    pub(in crate::router::agents) fn insert(&mut self, mut agent: Agent) {
+        agent.scopes = Vec::new();
+        agent.children = None;
         self.changed.mark(&agent.id);
         let order = self.next_order;
         self.next_order += 1;
@@ -122,7 +180,7 @@ impl Registry {
 
     /// Removes an agent. Its children keep their `parent` field (they become roots of their own
     /// subtrees in queries); callers remove children first when they mean to.
-    pub fn remove(&mut self, id: &AgentId) -> Option<AgentRecord> {
+    pub(in crate::router::agents) fn remove(&mut self, id: &AgentId) -> Option<AgentRecord> {
         self.changed.mark(id);
         let rec = self.agents.remove(id)?;
         self.order.remove(&rec.order);
@@ -152,7 +210,11 @@ impl Registry {
     }
 
     /// Changes an agent's owner, keeping the owner index right.
-    pub fn set_owner(&mut self, id: &AgentId, owner: Option<ParticipantId>) {
+    pub(in crate::router::agents) fn set_owner(
+        &mut self,
+        id: &AgentId,
+        owner: Option<ParticipantId>,
+    ) {
         self.changed.mark(id);
         let Some(old) = self.agents.get(id).map(|r| r.agent.owner_id.clone()) else {
             return;
@@ -169,6 +231,94 @@ impl Registry {
         if let Some(rec) = self.agents.get_mut(id) {
             rec.agent.owner_id = owner;
         }
+    }
+
+    /// Its owner went away: the agent becomes an orphan (no owner, state `orphaned`, presence
+    /// offline since `now` on the node it was on), to be unregistered at `expires` unless
+    /// reclaimed. Returns the state it had, to return to on reclaim; `None` if unknown.
+    pub fn orphan(
+        &mut self,
+        id: &AgentId,
+        expires: Option<Instant>,
+        now: u64,
+    ) -> Option<AgentState> {
+        let previous = self.agents.get(id)?.agent.state.clone();
+        self.set_owner(id, None);
+        let rec = self.get_mut(id)?;
+        rec.state_before_orphan = Some(previous.clone());
+        rec.orphan_expires = expires;
+        rec.agent.state = AgentState::ORPHANED;
+        rec.agent
+            .lifecycle
+            .get_or_insert_with(Default::default)
+            .orphaned_at = Some(now);
+        let was_on = rec.agent.presence.as_ref().and_then(|p| p.node.clone());
+        rec.agent.presence = Some(Presence::offline(now).on(was_on.as_deref()));
+        Some(previous)
+    }
+
+    /// An orphan is taken back by `owner` (online on `node`, `None`: here): it returns to the
+    /// state it had before. `None` when the agent is unknown or not an orphan.
+    pub fn reclaim(
+        &mut self,
+        id: &AgentId,
+        owner: &ParticipantId,
+        node: Option<&str>,
+        now: u64,
+    ) -> Option<Reclaimed> {
+        let rec = self.agents.get(id)?;
+        if !rec.is_orphan() {
+            return None;
+        }
+        let restored = rec
+            .state_before_orphan
+            .clone()
+            .unwrap_or(AgentState::REGISTERED);
+        self.set_owner(id, Some(owner.clone()));
+        let rec = self.get_mut(id)?;
+        rec.state_before_orphan = None;
+        rec.orphan_expires = None;
+        rec.agent.state = restored.clone();
+        if let Some(l) = rec.agent.lifecycle.as_mut() {
+            l.orphaned_at = None;
+        }
+        rec.agent.presence = Some(Presence::online(now).on(node));
+        Some(Reclaimed {
+            restored,
+            hint: rec.cause_hint.take(),
+        })
+    }
+
+    /// An agent another node saved (`router::handover`), restored as it was; an orphan is
+    /// unregistered at `orphan_expires` unless reclaimed. The id must be free.
+    pub fn restore(
+        &mut self,
+        agent: Agent,
+        state_before_suspend: Option<AgentState>,
+        state_before_orphan: Option<AgentState>,
+        orphan_expires: Option<Instant>,
+    ) {
+        let id = agent.id.clone();
+        self.insert(agent);
+        if let Some(rec) = self.get_mut(&id) {
+            rec.state_before_suspend = state_before_suspend;
+            rec.state_before_orphan = state_before_orphan;
+            rec.orphan_expires = orphan_expires;
+        }
+    }
+
+    /// Why an orphan whose deadline has passed at `now` is to be unregistered (`None`: it
+    /// is no orphan, or not yet due).
+    pub fn orphan_expired(&self, id: &AgentId, now: Instant) -> Option<&'static str> {
+        let r = self.agents.get(id)?;
+        (r.agent.owner_id.is_none() && r.orphan_expires.is_some_and(|at| at <= now))
+            .then(|| r.expiry_reason.unwrap_or("owner_disconnected"))
+    }
+
+    /// Inserts an agent, for the unit tests of other parts.
+    #[cfg(test)]
+    pub(crate) fn insert_for_test(&mut self, agent: Agent) {
+        self.insert(agent);
     }
 
     /// Agents owned by a participant, in id order.
@@ -269,8 +419,9 @@ impl Registry {
             .collect()
     }
 
-    /// The wire record with `children` filled in.
-    pub fn expanded(&self, id: &AgentId) -> Option<Agent> {
+    /// The wire record with `children` filled in (its `scopes` are the scopes part's:
+    /// `router::views::AgentView::snapshot` adds them).
+    pub(crate) fn expanded(&self, id: &AgentId) -> Option<Agent> {
         let rec = self.agents.get(id)?;
         let mut agent = rec.agent.clone();
         if !rec.children.is_empty() {

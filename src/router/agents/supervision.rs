@@ -285,9 +285,8 @@ impl Router {
             }
         };
         let record = self
-            .registry
-            .get(agent)
-            .map(|r| r.agent.clone())
+            .agent_view()
+            .whole(agent)
             .ok_or_else(|| RouterError::AgentNotFound(agent.to_string()))?;
         if let Some(ticket) = self.supervised.get_mut(agent) {
             ticket.registered_once = true;
@@ -357,6 +356,7 @@ impl Router {
         lifecycle.exit_code = info.code.map(i64::from);
         lifecycle.exit_reason = Some(format!("{reason}: {}", info.describe()));
         let snapshot = rec.agent.clone();
+        let snapshot = self.agent_view().complete(snapshot);
         let mut data = AgentStateChangedData::new(
             agent.clone(),
             previous,
@@ -426,7 +426,7 @@ impl Router {
         agent: &AgentId,
         data: &D,
     ) {
-        match self.registry.get(agent).map(|r| r.agent.clone()) {
+        match self.agent_view().whole(agent) {
             Some(a) => {
                 self.emit_agent_event(kind, &a, data, Vec::new());
             }
@@ -444,7 +444,7 @@ impl Router {
 
     /// The supervised agent a connection runs as, if any.
     pub(crate) fn supervised_origin(&self, ctx: &Ctx) -> Option<AgentId> {
-        match self.conns.get(&ctx.conn).map(|c| &c.origin) {
+        match self.conns.get(&ctx.conn).map(|c| c.origin()) {
             Some(ConnOrigin::Supervised { agent, .. }) => Some(agent.clone()),
             _ => None,
         }

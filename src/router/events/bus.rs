@@ -30,7 +30,6 @@ use crate::protocol::event::{EventType, SubscriptionOverflowData};
 use crate::protocol::ids::{AgentId, ParticipantId, SessionId, SubscriptionId};
 use crate::store::{EventStore, StoreError};
 
-use crate::router::agents::registry::Registry;
 use crate::router::events::filter::CompiledFilter;
 use crate::router::events::log::Audience;
 use crate::router::events::log::EventLog;
@@ -46,6 +45,7 @@ use crate::router::outbox::PushError;
 use crate::router::permissions::can_see_event;
 use crate::router::permissions::SharedPolicy;
 use crate::router::permissions::Viewer;
+use crate::router::views::AgentView;
 
 /// Rows read from the store per catch-up batch: enough to amortise a read, few enough that a
 /// batch the outbox cannot take whole is cheap to re-read.
@@ -235,7 +235,7 @@ impl EventBus {
 
     /// The store committed every event below `upto`: show them to the live subscriptions, in
     /// log order (read-committed delivery; nothing to do otherwise).
-    pub fn committed(&mut self, upto: u64, reg: &Registry) {
+    pub fn committed(&mut self, upto: u64, reg: AgentView<'_>) {
         let Some(old) = self.visible else { return };
         if upto <= old {
             return;
@@ -256,7 +256,7 @@ impl EventBus {
     /// store, or (past retention) with the overflow notice and its policy. For the events a
     /// live offer can no longer reach: evicted before their commit, or (a follower) skipped
     /// by a hole in what it followed.
-    pub fn catch_up_behind(&mut self, upto: u64, reg: &Registry) {
+    pub fn catch_up_behind(&mut self, upto: u64, reg: AgentView<'_>) {
         let behind: Vec<SubscriptionId> = self
             .subs
             .values()
@@ -335,14 +335,14 @@ impl EventBus {
 
     /// Offers a freshly appended event to every live subscription, unless delivery waits for
     /// its commit ([`EventBus::committed`] offers it then).
-    pub fn publish(&mut self, rec: &Arc<EventRecord>, reg: &Registry) {
+    pub fn publish(&mut self, rec: &Arc<EventRecord>, reg: AgentView<'_>) {
         if self.visible.is_none() {
             self.offer_live(rec, reg);
         }
     }
 
     /// Offers an event to every live subscription whose cursor is at it.
-    fn offer_live(&mut self, rec: &Arc<EventRecord>, reg: &Registry) {
+    fn offer_live(&mut self, rec: &Arc<EventRecord>, reg: AgentView<'_>) {
         let Self { log, subs, .. } = self;
         for sub in subs.values_mut() {
             if sub.state != SubState::Live || sub.cursor != rec.seq {
@@ -357,7 +357,7 @@ impl EventBus {
 
     /// Moves a pending subscription to catching up, and catches it up as far as its outbox
     /// allows.
-    pub fn activate(&mut self, id: &SubscriptionId, reg: &Registry) {
+    pub fn activate(&mut self, id: &SubscriptionId, reg: AgentView<'_>) {
         if let Some(sub) = self.subs.get_mut(id) {
             if sub.state == SubState::Pending {
                 sub.state = SubState::Paused;
@@ -367,7 +367,7 @@ impl EventBus {
     }
 
     /// Catches every paused subscription of a connection up (its writer reported room).
-    pub fn resume_conn(&mut self, conn: ConnId, reg: &Registry) {
+    pub fn resume_conn(&mut self, conn: ConnId, reg: AgentView<'_>) {
         let ids: Vec<SubscriptionId> = self
             .subs
             .values()
@@ -388,7 +388,7 @@ impl EventBus {
         id: &SubscriptionId,
         up_to: u64,
         default_window: u64,
-        reg: &Registry,
+        reg: AgentView<'_>,
     ) {
         let Some(sub) = self.subs.get_mut(id) else {
             return;
@@ -407,7 +407,7 @@ impl EventBus {
 
     /// Delivers from the cursor until caught up (→ `Live`), out of credit or room (stays
     /// `Paused`), or waiting for store rows.
-    fn catch_up(&mut self, id: &SubscriptionId, reg: &Registry) {
+    fn catch_up(&mut self, id: &SubscriptionId, reg: AgentView<'_>) {
         let Self {
             log,
             subs,
@@ -470,7 +470,7 @@ impl EventBus {
         id: &SubscriptionId,
         from: u64,
         rows: Result<Vec<StoredRow>, StoreError>,
-        reg: &Registry,
+        reg: AgentView<'_>,
     ) {
         let Some(sub) = self.subs.get_mut(id) else {
             return;
@@ -536,12 +536,12 @@ impl EventBus {
     }
 
     /// Whether a subscription would deliver `rec` (filter + visibility + own-events rule).
-    pub fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
+    pub fn admits(sub: &Subscription, rec: &EventRecord, reg: AgentView<'_>) -> bool {
         admits(sub, rec, reg)
     }
 }
 
-fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
+fn admits(sub: &Subscription, rec: &EventRecord, reg: AgentView<'_>) -> bool {
     if rec.kind.is_internal() {
         return false;
     }
@@ -568,13 +568,17 @@ fn admits(sub: &Subscription, rec: &EventRecord, reg: &Registry) -> bool {
         }
     }
     sub.filter.matches(rec, |agent| {
-        reg.get_by_text(agent)
-            .and_then(|r| r.agent.environment.as_ref())
+        reg.get_by_text(agent).and_then(|r| r.environment.as_ref())
     })
 }
 
 /// Offers `rec` (which must be at `sub.cursor`) to `sub`.
-fn offer(sub: &mut Subscription, rec: &Arc<EventRecord>, log: &EventLog, reg: &Registry) -> Offer {
+fn offer(
+    sub: &mut Subscription,
+    rec: &Arc<EventRecord>,
+    log: &EventLog,
+    reg: AgentView<'_>,
+) -> Offer {
     if !admits(sub, rec, reg) {
         sub.cursor = rec.seq + 1;
         return Offer::Advanced;
@@ -616,7 +620,7 @@ fn delivered_causes(
     sub: &Subscription,
     rec: &EventRecord,
     log: &EventLog,
-    reg: &Registry,
+    reg: AgentView<'_>,
 ) -> CausedBy {
     if rec.caused_by.is_empty() {
         return CausedBy::None;

@@ -374,7 +374,10 @@ impl Router {
     pub(crate) fn sync_committed(&mut self) {
         if let Some(store) = &self.store {
             let upto = *store.committed().borrow();
-            self.bus.committed(upto, &self.registry);
+            self.bus.committed(
+                upto,
+                crate::router::views::AgentView::new(&self.registry, &self.scopes),
+            );
         }
     }
 
@@ -393,7 +396,7 @@ impl Router {
         let outbox = self
             .conns
             .get(&ctx.conn)
-            .map(|c| c.outbox.clone())
+            .map(|c| c.outbox().clone())
             .ok_or(RouterError::Unavailable)?;
         let options = p.options.unwrap_or_default();
         let id = SubscriptionId::generate();
@@ -453,7 +456,7 @@ impl Router {
             subscription,
             up_to,
             DEFAULT_ACK_WINDOW,
-            &self.registry,
+            crate::router::views::AgentView::new(&self.registry, &self.scopes),
         );
     }
 
@@ -482,7 +485,7 @@ impl Router {
             outbox: self
                 .conns
                 .get(&ctx.conn)
-                .map(|c| c.outbox.clone())
+                .map(|c| c.outbox().clone())
                 .ok_or(RouterError::Unavailable)?,
         })
     }
@@ -522,7 +525,7 @@ impl Router {
             }
             chunk.examined += 1;
             chunk.next = rec.seq + 1;
-            if EventBus::admits(&probe, rec, &self.registry) {
+            if EventBus::admits(&probe, rec, self.agent_view()) {
                 chunk.matched.push(render_replayed(rec));
             }
         }
@@ -568,7 +571,7 @@ impl Router {
             }
             chunk.examined += 1;
             chunk.next = seq + 1;
-            if EventBus::admits(&probe, &rec, &self.registry) {
+            if EventBus::admits(&probe, &rec, self.agent_view()) {
                 chunk.matched.push(render_replayed(&rec));
             }
         }

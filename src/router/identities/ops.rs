@@ -179,7 +179,7 @@ impl Router {
     ) -> Option<&Principal> {
         self.sessions
             .by_participant(participant)
-            .and_then(|s| s.principal.as_ref())
+            .and_then(|s| s.principal())
     }
 
     /// Makes a claim (or, `owner: None`, a release) durable: an internal `identity.claimed` /

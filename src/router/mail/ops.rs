@@ -142,7 +142,7 @@ impl Router {
         permissions: Option<&PermissionsInput>,
         system: bool,
     ) -> Participant {
-        let agent = self.registry.get(&AgentId::from(id)).map(|r| &r.agent);
+        let agent = self.registry.get(&AgentId::from(id)).map(|r| r.agent());
         let base = Permissions::for_role(role);
         Participant {
             id: id.to_owned(),
@@ -179,7 +179,7 @@ impl Router {
                 continue;
             }
             let owner = match self.registry.get(&AgentId::from(p.id.as_str())) {
-                Some(rec) => rec.agent.owner_id.clone(),
+                Some(rec) => rec.agent().owner_id.clone(),
                 None => Some(ParticipantId::from(p.id.as_str())),
             };
             if let Some(o) = owner {

@@ -18,18 +18,17 @@
 //! message expects a response, so the SDK's `client.request()` does not mistake its own request
 //! for the reply (reference-server.md §1.1 #15).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::protocol::capabilities::{Capability, ParticipantType};
+use crate::protocol::capabilities::Capability;
 use crate::protocol::event::{EventType, MessageFailedData, MessageQueuedData};
-use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId, ParticipantId, ScopeId};
+use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId, ScopeId};
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
-use crate::protocol::message::{Address, Message, ParticipantGroup};
+use crate::protocol::message::{Address, Message};
 use crate::protocol::methods::messaging::{SendParams, SendResult};
 use crate::protocol::methods::notifications;
 use crate::protocol::scope::ScopeVisibility;
@@ -42,14 +41,10 @@ use crate::router::events::log::Audience;
 use crate::router::events::log::EventDraft;
 use crate::router::events::log::FilterKeys;
 use crate::router::ids::{ConnId, IdSet};
+use crate::router::messaging::resolve::{permitted, resolve, Recipient, Views};
 use crate::router::messaging::state::Outgoing;
-use crate::router::outbox::Outbound;
-use crate::router::outbox::PushError;
 use crate::router::permissions::agent_audience;
-use crate::router::permissions::can_message_agent;
 use crate::router::permissions::can_see_agent;
-use crate::router::permissions::can_see_scope;
-use crate::router::permissions::can_send_to_scope;
 
 /// What became of a message.
 #[derive(Debug)]
@@ -60,24 +55,6 @@ pub struct Delivered {
     pub delivered: Vec<String>,
     /// Recipients that are away and get it when they are back.
     pub queued: Vec<String>,
-}
-
-/// A resolved recipient.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Recipient {
-    /// An agent (delivered to its owner's connection).
-    Agent(AgentId),
-    /// A participant (delivered to its connection).
-    Participant(ParticipantId),
-}
-
-impl Recipient {
-    fn id(&self) -> &str {
-        match self {
-            Self::Agent(a) => a.as_str(),
-            Self::Participant(p) => p.as_str(),
-        }
-    }
 }
 
 /// The `map/message` frame for a message, shared by all its recipients.
@@ -233,8 +210,9 @@ impl Router {
                 Capability::CanBroadcast.path().into(),
             ));
         }
-        let recipients = self.resolve(caller, &address)?;
-        let recipients = self.permitted(caller, recipients, !multicast)?;
+        let views = self.resolve_views();
+        let recipients = resolve(views, caller, &address, self.config.strict_recipients)?;
+        let recipients = permitted(views.agents, caller, recipients, !multicast)?;
         let from = caller.address();
         let message = Message {
             id: MessageId::generate(),
@@ -261,7 +239,7 @@ impl Router {
             .primary_agent
             .as_ref()
             .and_then(|a| self.registry.get(a))
-            .and_then(|r| r.agent.role.as_deref())
+            .and_then(|r| r.agent().role.as_deref())
             .map(Arc::from);
         let scope = match &address {
             Address::Scope(s) => Some(s.clone()),
@@ -291,7 +269,7 @@ impl Router {
             .as_ref()
             .and_then(|a| self.registry.get(a))
             .map_or(Audience::Everyone, |r| {
-                agent_audience(&r.agent, &self.registry, &self.config.permissions)
+                agent_audience(&r.agent(), self.agent_view(), &self.config.permissions)
             });
         let audience = self
             .message_audience(caller, scope.as_ref())
@@ -565,12 +543,12 @@ impl Router {
         let Some(rec) = self.registry.get(agent) else {
             return false;
         };
-        match &rec.agent.owner_id {
-            None => rec.agent.state != crate::protocol::agent::AgentState::STOPPED,
+        match &rec.agent().owner_id {
+            None => rec.agent().state != crate::protocol::agent::AgentState::STOPPED,
             Some(owner) => self
                 .sessions
                 .by_participant(owner)
-                .is_some_and(|s| s.conn.is_none()),
+                .is_some_and(|s| s.conn().is_none()),
         }
     }
 
@@ -622,14 +600,14 @@ impl Router {
         let is_agent = self
             .registry
             .get(&AgentId::from(text))
-            .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry));
+            .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent(), self.agent_view()));
         !is_agent && self.scopes.contains(&ScopeId::from(text))
     }
 
     fn session_has(&self, caller: &Caller, cap: Capability) -> bool {
         self.sessions
             .get(&caller.session)
-            .is_some_and(|s| s.capabilities.has(cap))
+            .is_some_and(|s| s.capabilities().has(cap))
     }
 
     /// Who may see events naming `recipient`: its agent's audience (a participant recipient
@@ -638,7 +616,7 @@ impl Router {
         self.registry
             .get_by_text(recipient)
             .map_or(Audience::Everyone, |r| {
-                agent_audience(&r.agent, &self.registry, &self.config.permissions)
+                agent_audience(&r.agent(), self.agent_view(), &self.config.permissions)
             })
     }
 
@@ -647,7 +625,7 @@ impl Router {
     fn message_audience(&self, caller: &Caller, scope: Option<&ScopeId>) -> Audience {
         let vis = scope
             .and_then(|s| self.scopes.get(s))
-            .and_then(|s| s.scope.message_visibility)
+            .and_then(|s| s.scope().message_visibility)
             .unwrap_or_default();
         match (vis, scope) {
             (ScopeVisibility::Public, _) | (_, None) => Audience::Everyone,
@@ -663,261 +641,34 @@ impl Router {
     fn recipient_conn(&self, r: &Recipient) -> Option<ConnId> {
         match r {
             Recipient::Agent(a) => self.agent_conn(a),
-            Recipient::Participant(p) => self.sessions.by_participant(p)?.conn,
+            Recipient::Participant(p) => self.sessions.by_participant(p)?.conn(),
         }
     }
 
     /// The connection of an agent's owner.
     pub(crate) fn agent_conn(&self, agent: &AgentId) -> Option<ConnId> {
-        let owner = self.registry.get(agent)?.agent.owner_id.clone()?;
-        self.sessions.by_participant(&owner)?.conn
+        let owner = self.registry.get(agent)?.agent().owner_id.clone()?;
+        self.sessions.by_participant(&owner)?.conn()
     }
 
     /// Queues a `map/message` frame for a connection without waiting. Returns false when the
     /// connection is gone or its bounded queue is full.
     pub(crate) fn push_message(&mut self, conn: ConnId, frame: Arc<str>) -> bool {
-        let cap = self.config.pending_messages;
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return false;
-        };
-        if !c.pending.is_empty() {
-            if c.pending.len() >= cap {
-                return false;
-            }
-            c.pending.push_back(frame);
-            c.outbox.request_wakeup();
-            self.counters.message_queued();
-            return true;
-        }
-        let queued = match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
-            Ok(()) => true,
-            Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
-                c.pending.push_back(frame);
-                true
-            }
-            Err(_) => false,
-        };
+        let queued = self
+            .conns
+            .push_message(conn, frame, self.config.pending_messages);
         if queued {
             self.counters.message_queued();
         }
         queued
     }
 
-    /// Keeps the recipients the sender may message (`canMessage` of its agent, `acceptsFrom` of
-    /// each target). A refused explicit target is an error; refused members of a group are
-    /// left out.
-    fn permitted(
-        &self,
-        caller: &Caller,
-        recipients: Vec<Recipient>,
-        explicit: bool,
-    ) -> Result<Vec<Recipient>, RouterError> {
-        let viewer = caller.viewer();
-        let sender = caller
-            .primary_agent
-            .as_ref()
-            .and_then(|a| self.registry.get(a))
-            .map(|r| &r.agent);
-        let mut out = Vec::with_capacity(recipients.len());
-        for r in recipients {
-            let allowed = match &r {
-                Recipient::Agent(id) => self
-                    .registry
-                    .get(id)
-                    .is_some_and(|t| can_message_agent(&viewer, sender, &t.agent, &self.registry)),
-                Recipient::Participant(_) => true,
-            };
-            if allowed {
-                out.push(r);
-            } else if explicit {
-                return Err(RouterError::PermissionDenied(format!(
-                    "agent {} does not accept messages from {}",
-                    r.id(),
-                    caller.address()
-                )));
-            }
+    /// What address resolution reads: agents, scopes, sessions.
+    fn resolve_views(&self) -> Views<'_> {
+        Views {
+            agents: self.agent_view(),
+            scopes: self.scope_view(),
+            sessions: self.session_view(),
         }
-        Ok(out)
-    }
-
-    /// Resolves an address to recipients (see the module docs).
-    fn resolve(&self, caller: &Caller, address: &Address) -> Result<Vec<Recipient>, RouterError> {
-        let strict = self.config.strict_recipients;
-        let viewer = caller.viewer();
-        let visible_agent = |id: &AgentId| {
-            self.registry
-                .get(id)
-                .is_some_and(|r| can_see_agent(&viewer, &r.agent, &self.registry))
-        };
-        let sender_agent = caller.primary_agent.as_ref();
-        let not_sender = |a: &AgentId| Some(a) != sender_agent;
-        let scope_members = |id: &ScopeId| -> Result<Vec<Recipient>, RouterError> {
-            match self
-                .scopes
-                .get(id)
-                .filter(|s| can_see_scope(&viewer, s, &self.registry))
-            {
-                Some(s) if !can_send_to_scope(&viewer, s, &self.registry) => {
-                    Err(RouterError::PermissionDenied(format!(
-                        "scope {id} takes messages from its members only (sendPolicy)"
-                    )))
-                }
-                Some(s) => Ok(s
-                    .members
-                    .iter()
-                    .filter(|a| not_sender(a) && visible_agent(a))
-                    .cloned()
-                    .map(Recipient::Agent)
-                    .collect()),
-                None if strict => Err(RouterError::ScopeNotFound(id.to_string())),
-                None => Ok(Vec::new()),
-            }
-        };
-        let agent_or_participant = |id: &str| -> Option<Recipient> {
-            let agent = AgentId::from(id);
-            if visible_agent(&agent) {
-                Some(Recipient::Agent(agent))
-            } else {
-                self.sessions
-                    .by_participant(&ParticipantId::from(id))
-                    .map(|s| Recipient::Participant(s.participant.clone()))
-            }
-        };
-        let mut out = match address {
-            Address::Text(text) => {
-                if let Some(id) = text.strip_prefix("agent:") {
-                    match agent_or_participant(id) {
-                        Some(r) => vec![r],
-                        None if strict => return Err(RouterError::AgentNotFound(id.into())),
-                        None => Vec::new(),
-                    }
-                } else if let Some(id) = text.strip_prefix("scope:") {
-                    scope_members(&ScopeId::from(id))?
-                } else {
-                    let is_agent = visible_agent(&AgentId::from(text.as_str()));
-                    let is_scope = self
-                        .scopes
-                        .get(&ScopeId::from(text.as_str()))
-                        .is_some_and(|s| can_see_scope(&viewer, s, &self.registry));
-                    match (is_agent, is_scope) {
-                        (true, true) => return Err(RouterError::AddressAmbiguous(text.clone())),
-                        (false, true) => scope_members(&ScopeId::from(text.as_str()))?,
-                        _ => match agent_or_participant(text) {
-                            Some(r) => vec![r],
-                            None if strict => {
-                                return Err(RouterError::AddressNotFound(text.clone()))
-                            }
-                            None => Vec::new(),
-                        },
-                    }
-                }
-            }
-            Address::Agent(id) => match agent_or_participant(id.as_str()) {
-                Some(r) => vec![r],
-                None if strict => return Err(RouterError::AgentNotFound(id.to_string())),
-                None => Vec::new(),
-            },
-            Address::Agents(ids) => {
-                let mut v = Vec::new();
-                for id in ids {
-                    match agent_or_participant(id.as_str()) {
-                        Some(r) => v.push(r),
-                        None if strict => return Err(RouterError::AgentNotFound(id.to_string())),
-                        None => {}
-                    }
-                }
-                v
-            }
-            Address::Scope(id) => scope_members(id)?,
-            Address::Role { role, within } => {
-                let members = match within {
-                    Some(scope) => match self
-                        .scopes
-                        .get(scope)
-                        .filter(|s| can_see_scope(&viewer, s, &self.registry))
-                    {
-                        Some(s) => Some(&s.members),
-                        None if strict => {
-                            return Err(RouterError::ScopeNotFound(scope.to_string()))
-                        }
-                        None => return Ok(Vec::new()),
-                    },
-                    None => None,
-                };
-                self.registry
-                    .iter_ordered(None)
-                    .filter(|r| r.agent.role.as_deref() == Some(role.as_str()))
-                    .filter(|r| members.is_none_or(|m| m.contains(&r.agent.id)))
-                    .filter(|r| not_sender(&r.agent.id) && visible_agent(&r.agent.id))
-                    .map(|r| Recipient::Agent(r.agent.id.clone()))
-                    .collect()
-            }
-            Address::Hierarchical(h) => {
-                let me = sender_agent.ok_or_else(|| {
-                    RouterError::AddressNotFound(
-                        "hierarchical address: the sender has no registered agent".into(),
-                    )
-                })?;
-                let mut v: Vec<AgentId> = Vec::new();
-                if h.parent {
-                    match self.registry.get(me).and_then(|r| r.agent.parent.clone()) {
-                        Some(p) if self.registry.contains(&p) => v.push(p),
-                        _ if strict
-                            && !(h.children || h.ancestors || h.descendants || h.siblings) =>
-                        {
-                            return Err(RouterError::AddressNotFound(format!(
-                                "parent of {me} (it has none)"
-                            )))
-                        }
-                        _ => {}
-                    }
-                }
-                if h.children {
-                    v.extend(self.registry.descendants(me, Some(h.depth.unwrap_or(1))));
-                }
-                if h.descendants {
-                    v.extend(self.registry.descendants(me, h.depth));
-                }
-                if h.ancestors {
-                    v.extend(self.registry.ancestors(me, h.depth));
-                }
-                if h.siblings {
-                    v.extend(self.registry.siblings(me));
-                }
-                v.into_iter()
-                    .filter(|a| a != me && visible_agent(a))
-                    .map(Recipient::Agent)
-                    .collect()
-            }
-            Address::Broadcast => self
-                .registry
-                .iter_ordered(None)
-                .filter(|r| not_sender(&r.agent.id) && visible_agent(&r.agent.id))
-                .map(|r| Recipient::Agent(r.agent.id.clone()))
-                .collect(),
-            Address::System => Vec::new(),
-            Address::Participant(p) => match self.sessions.by_participant(p) {
-                Some(s) => vec![Recipient::Participant(s.participant.clone())],
-                None if strict => return Err(RouterError::AddressNotFound(p.to_string())),
-                None => Vec::new(),
-            },
-            Address::Participants(group) => self
-                .sessions
-                .iter()
-                .filter(|s| s.conn.is_some() && s.participant != caller.participant)
-                .filter(|s| match group {
-                    ParticipantGroup::All => true,
-                    ParticipantGroup::Agents => s.kind == ParticipantType::Agent,
-                    ParticipantGroup::Clients => s.kind == ParticipantType::Client,
-                })
-                .map(|s| Recipient::Participant(s.participant.clone()))
-                .collect(),
-            Address::Federated { system, .. } => {
-                return Err(RouterError::SystemNotFound(system.clone()))
-            }
-        };
-        let mut seen = HashSet::new();
-        out.retain(|r| seen.insert(r.clone()));
-        Ok(out)
     }
 }

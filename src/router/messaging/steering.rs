@@ -21,7 +21,6 @@ use crate::router::caller::Ctx;
 use crate::router::core::Router;
 use crate::router::error::RouterError;
 use crate::router::messaging::ops::message_frame;
-use crate::router::outbox::Outbound;
 
 fn delivery_name(d: InjectDelivery) -> &'static str {
     match d {
@@ -73,9 +72,7 @@ impl Router {
                 InjectDelivery::Steer | InjectDelivery::Interrupt => {
                     self.push_message_front(conn, frame)
                 }
-                InjectDelivery::BestEffort => self.conns.get(&conn).is_some_and(|c| {
-                    c.pending.is_empty() && c.outbox.try_push(Outbound::Shared(frame)).is_ok()
-                }),
+                InjectDelivery::BestEffort => self.conns.send_now(conn, frame),
             },
         };
         self.emit_agent_event(
@@ -106,26 +103,9 @@ impl Router {
         conn: crate::router::ids::ConnId,
         frame: std::sync::Arc<str>,
     ) -> bool {
-        let cap = self.config.pending_messages;
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return false;
-        };
-        let queued = if c.pending.is_empty() {
-            match crate::router::events::bus::push(&c.outbox, Outbound::Shared(frame)) {
-                Ok(()) => true,
-                Err(crate::router::outbox::PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
-                    c.pending.push_front(frame);
-                    true
-                }
-                Err(_) => false,
-            }
-        } else if c.pending.len() >= cap {
-            false
-        } else {
-            c.pending.push_front(frame);
-            c.outbox.request_wakeup();
-            true
-        };
+        let queued = self
+            .conns
+            .push_message_front(conn, frame, self.config.pending_messages);
         if queued {
             self.counters.message_queued();
         }

@@ -25,26 +25,26 @@ impl Router {
         let mut outbox_frames_max = 0u64;
         let mut pending_messages = 0u64;
         for (_, conn) in self.conns.iter() {
-            connections[conn.transport as usize] += 1;
-            let depth = conn.outbox.depth() as u64;
+            connections[conn.transport() as usize] += 1;
+            let depth = conn.outbox().depth() as u64;
             outbox_frames += depth;
             outbox_frames_max = outbox_frames_max.max(depth);
-            pending_messages += conn.pending.len() as u64;
+            pending_messages += conn.pending_len() as u64;
         }
         let mut sessions: BTreeMap<(&'static str, &'static str), u64> = BTreeMap::new();
         for session in self.sessions.iter() {
             let transport = session
-                .conn
+                .conn()
                 .and_then(|c| self.conns.get(&c))
-                .map_or("detached", |c| c.transport.as_str());
+                .map_or("detached", |c| c.transport().as_str());
             *sessions
-                .entry((transport, participant_label(session.kind)))
+                .entry((transport, participant_label(session.kind())))
                 .or_default() += 1;
         }
         let mut agents: BTreeMap<&'static str, u64> = BTreeMap::new();
         for rec in self.registry.iter_ordered(None) {
             *agents
-                .entry(rec.agent.state.standard().unwrap_or("custom"))
+                .entry(rec.agent().state.standard().unwrap_or("custom"))
                 .or_default() += 1;
         }
         let bus = self.bus.counts();

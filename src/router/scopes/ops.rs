@@ -26,7 +26,7 @@ use crate::router::scopes::table::ScopeRecord;
 
 impl Router {
     fn can_see_scope(&self, caller: &Caller, scope: &ScopeRecord) -> bool {
-        can_see_scope(&caller.viewer(), scope, &self.registry)
+        can_see_scope(&caller.viewer(), scope, self.agent_view())
     }
 
     fn visible_scope(&self, caller: &Caller, id: &ScopeId) -> Result<&ScopeRecord, RouterError> {
@@ -49,7 +49,7 @@ impl Router {
         prospective.role = role.map(str::to_owned);
         for scope in scopes {
             let record = self.visible_scope(caller, scope)?;
-            can_join_scope(&caller.viewer(), record, &prospective, &self.registry)
+            can_join_scope(&caller.viewer(), record, &prospective, self.agent_view())
                 .map_err(RouterError::PermissionDenied)?;
         }
         Ok(())
@@ -68,14 +68,18 @@ impl Router {
     /// Who may see events about a scope (and about `agent` in it).
     pub(crate) fn scope_audience(&self, scope: &ScopeId, agent: Option<&Agent>) -> Audience {
         let agent_audience = agent.map(|a| {
-            crate::router::permissions::agent_audience(a, &self.registry, &self.config.permissions)
+            crate::router::permissions::agent_audience(
+                a,
+                self.agent_view(),
+                &self.config.permissions,
+            )
         });
         let scope_vis = self
             .scopes
             .get(scope)
-            .and_then(|s| s.scope.visibility)
+            .and_then(|s| s.scope().visibility)
             .unwrap_or_default();
-        let creator = self.scopes.get(scope).and_then(|s| s.creator.clone());
+        let creator = self.scopes.get(scope).and_then(|s| s.creator().cloned());
         let scope_audience = match scope_vis {
             _ if !crate::router::permissions::scope_exposed(
                 &self.config.permissions,
@@ -164,7 +168,7 @@ impl Router {
         p: ScopeRef,
     ) -> Result<ScopesDeleteResult, RouterError> {
         let caller = self.caller(ctx)?;
-        let scope = self.visible_scope(&caller, &p.scope_id)?.scope.clone();
+        let scope = self.visible_scope(&caller, &p.scope_id)?.scope().clone();
         let descendants = self.scopes.descendants_deepest_first(&p.scope_id);
         if !descendants.is_empty() && p.delete_descendants != Some(true) {
             return Err(RouterError::InvalidParams(format!(
@@ -192,7 +196,7 @@ impl Router {
             let members: Vec<AgentId> = self
                 .scopes
                 .get(id)
-                .map(|s| s.members.iter().cloned().collect())
+                .map(|s| s.members().iter().cloned().collect())
                 .unwrap_or_default();
             for agent in members {
                 self.remove_member(id, &agent, vec![deleted]);
@@ -216,9 +220,9 @@ impl Router {
         let scopes = self
             .scopes
             .iter_ordered()
-            .filter(|s| p.parent.is_none() || s.scope.parent == p.parent)
+            .filter(|s| p.parent.is_none() || s.scope().parent == p.parent)
             .filter(|s| self.can_see_scope(&caller, s))
-            .map(|s| s.scope.clone())
+            .map(|s| s.scope().clone())
             .collect();
         Ok(ScopesListResult {
             scopes,
@@ -234,7 +238,7 @@ impl Router {
     ) -> Result<ScopeResult, RouterError> {
         let caller = self.caller(ctx)?;
         Ok(ScopeResult {
-            scope: self.visible_scope(&caller, &p.scope_id)?.scope.clone(),
+            scope: self.visible_scope(&caller, &p.scope_id)?.scope().clone(),
         })
     }
 
@@ -249,28 +253,28 @@ impl Router {
         let agent = self
             .registry
             .get(&p.agent_id)
-            .map(|r| &r.agent)
-            .filter(|a| can_see_agent(&caller.viewer(), a, &self.registry))
+            .map(|r| r.agent())
+            .filter(|a| can_see_agent(&caller.viewer(), a, self.agent_view()))
             .ok_or_else(|| RouterError::AgentNotFound(p.agent_id.to_string()))?;
         if joining {
             // Joining again is a no-op for whoever controls the agent (its policy allowed it
             // in once); anyone else must pass the policy.
-            let again = scope.members.contains(&p.agent_id)
-                && can_control_agent(&caller.viewer(), agent, &self.registry);
+            let again = scope.members().contains(&p.agent_id)
+                && can_control_agent(&caller.viewer(), agent, self.agent_view());
             if !again {
-                can_join_scope(&caller.viewer(), scope, agent, &self.registry)
+                can_join_scope(&caller.viewer(), scope, agent, self.agent_view())
                     .map_err(RouterError::PermissionDenied)?;
             }
-            return Ok(agent.clone());
+            return Ok(self.agent_view().complete(agent.clone()));
         }
-        let creator = scope.creator.as_ref() == Some(&caller.participant);
-        if !creator && !can_control_agent(&caller.viewer(), agent, &self.registry) {
+        let creator = scope.creator() == Some(&caller.participant);
+        if !creator && !can_control_agent(&caller.viewer(), agent, self.agent_view()) {
             return Err(RouterError::PermissionDenied(format!(
                 "agent {} is not controlled by this participant",
                 p.agent_id
             )));
         }
-        Ok(agent.clone())
+        Ok(self.agent_view().complete(agent.clone()))
     }
 
     /// `map/scopes/join`. Joining twice is a no-op that still succeeds.
@@ -308,14 +312,13 @@ impl Router {
     fn scope_snapshot(&self, id: &ScopeId) -> Result<Scope, RouterError> {
         self.scopes
             .get(id)
-            .map(|s| s.scope.clone())
+            .map(|s| s.scope().clone())
             .ok_or_else(|| RouterError::ScopeNotFound(id.to_string()))
     }
 
     fn agent_snapshot(&self, id: &AgentId) -> Result<Agent, RouterError> {
-        self.registry
-            .get(id)
-            .map(|r| r.agent.clone())
+        self.agent_view()
+            .whole(id)
             .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))
     }
 
@@ -337,14 +340,14 @@ impl Router {
         let mut next_cursor = None;
         let start = std::ops::Bound::Excluded(AgentId::from(p.cursor.clone().unwrap_or_default()));
         let range = match p.cursor {
-            Some(_) => scope.members.range((start, std::ops::Bound::Unbounded)),
-            None => scope.members.range::<AgentId, _>(..),
+            Some(_) => scope.members().range((start, std::ops::Bound::Unbounded)),
+            None => scope.members().range::<AgentId, _>(..),
         };
         for id in range {
             let visible = self
                 .registry
                 .get(id)
-                .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent, &self.registry));
+                .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent(), self.agent_view()));
             if !visible {
                 continue;
             }
@@ -362,19 +365,12 @@ impl Router {
 
     /// Adds `agent` to `scope` (both must exist) and emits `scope_member_joined`.
     pub(crate) fn add_member(&mut self, scope: &ScopeId, agent: &AgentId, caused_by: Vec<EventId>) {
-        let Some(s) = self.scopes.get_mut(scope) else {
-            return;
-        };
-        if !s.members.insert(agent.clone()) {
+        if !self.registry.contains(agent) || !self.scopes.join(scope, agent) {
             return;
         }
-        let Some(rec) = self.registry.get_mut(agent) else {
+        let Some(snapshot) = self.agent_view().whole(agent) else {
             return;
         };
-        if !rec.agent.scopes.contains(scope) {
-            rec.agent.scopes.push(scope.clone());
-        }
-        let snapshot = rec.agent.clone();
         self.emit_scope_member_event(EventType::ScopeMemberJoined, scope, &snapshot, caused_by);
     }
 
@@ -385,17 +381,12 @@ impl Router {
         agent: &AgentId,
         caused_by: Vec<EventId>,
     ) {
-        let Some(s) = self.scopes.get_mut(scope) else {
-            return;
-        };
-        if !s.members.remove(agent) {
+        if !self.scopes.leave(scope, agent) {
             return;
         }
-        let Some(rec) = self.registry.get_mut(agent) else {
+        let Some(snapshot) = self.agent_view().whole(agent) else {
             return;
         };
-        rec.agent.scopes.retain(|x| x != scope);
-        let snapshot = rec.agent.clone();
         self.emit_scope_member_event(EventType::ScopeMemberLeft, scope, &snapshot, caused_by);
     }
 }

@@ -176,7 +176,7 @@ impl Router {
             .iter()
             .filter(|a| {
                 self.registry.get(a).is_some_and(|r| {
-                    r.agent.owner_id.is_none() && r.agent.state == AgentState::ORPHANED
+                    r.agent().owner_id.is_none() && r.agent().state == AgentState::ORPHANED
                 })
             })
             .cloned()

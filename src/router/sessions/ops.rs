@@ -21,7 +21,7 @@
 
 use std::time::Instant;
 
-use crate::protocol::agent::{Agent, AgentState, Presence};
+use crate::protocol::agent::{Agent, AgentState};
 use crate::protocol::capabilities::{Capability, ParticipantType, StreamingCaps};
 use crate::protocol::event::{
     AgentOrphanedData, AgentPresenceChangedData, AgentStateChangedData, EventType,
@@ -36,6 +36,7 @@ use crate::protocol::methods::session::{
 };
 use crate::protocol::PROTOCOL_VERSION;
 
+use crate::router::agents::registry::Reclaimed;
 use crate::router::caller::Ctx;
 use crate::router::core::Router;
 use crate::router::error::RouterError;
@@ -385,27 +386,11 @@ impl Router {
         owner: &ParticipantId,
         caused_by: Vec<EventId>,
     ) -> Option<Agent> {
-        let rec = self.registry.get(agent)?;
-        if rec.agent.owner_id.is_some() || rec.agent.state != AgentState::ORPHANED {
-            return None;
-        }
-        let restored = rec
-            .state_before_orphan
-            .clone()
-            .unwrap_or(AgentState::REGISTERED);
-        self.registry.set_owner(agent, Some(owner.clone()));
-        let rec = self.registry.get_mut(agent)?;
-        rec.state_before_orphan = None;
-        rec.orphan_expires = None;
-        rec.agent.state = restored.clone();
-        if let Some(l) = rec.agent.lifecycle.as_mut() {
-            l.orphaned_at = None;
-        }
         let node = self.node_of(owner);
-        let rec = self.registry.get_mut(agent)?;
-        rec.agent.presence = Some(Presence::online(now_ms()).on(node.as_deref()));
-        let snapshot = rec.agent.clone();
-        let hint = rec.cause_hint.take();
+        let Reclaimed { restored, hint } =
+            self.registry
+                .reclaim(agent, owner, node.as_deref(), now_ms())?;
+        let snapshot = self.agent_view().whole(agent)?;
         let caused_by = if caused_by.is_empty() {
             hint.into_iter().collect()
         } else {
@@ -628,25 +613,12 @@ impl Router {
         caused_by: Vec<EventId>,
         expires: Option<Instant>,
     ) {
-        let Some(rec) = self.registry.get(agent) else {
+        if self.registry.orphan(agent, expires, now_ms()).is_none() {
+            return;
+        }
+        let Some(snapshot) = self.agent_view().whole(agent) else {
             return;
         };
-        let previous_state = rec.agent.state.clone();
-        self.registry.set_owner(agent, None);
-        let Some(rec) = self.registry.get_mut(agent) else {
-            return;
-        };
-        rec.state_before_orphan = Some(previous_state);
-        rec.orphan_expires = expires;
-        rec.agent.state = AgentState::ORPHANED;
-        let now = now_ms();
-        rec.agent
-            .lifecycle
-            .get_or_insert_with(Default::default)
-            .orphaned_at = Some(now);
-        let was_on = rec.agent.presence.as_ref().and_then(|p| p.node.clone());
-        rec.agent.presence = Some(Presence::offline(now).on(was_on.as_deref()));
-        let snapshot = rec.agent.clone();
         let orphaned = self.emit_agent_event(
             EventType::AgentOrphaned,
             &snapshot,
@@ -674,11 +646,7 @@ impl Router {
     }
 
     pub(crate) fn expire_orphan(&mut self, agent: &AgentId) {
-        let now = Instant::now();
-        let expired = self.registry.get(agent).and_then(|r| {
-            (r.agent.owner_id.is_none() && r.orphan_expires.is_some_and(|at| at <= now))
-                .then(|| r.expiry_reason.unwrap_or("owner_disconnected"))
-        });
+        let expired = self.registry.orphan_expired(agent, Instant::now());
         if let Some(reason) = expired {
             // Descendants orphaned by the same detach carry the same deadline and were queued
             // before their ancestors (see `detach`), so they are already gone.

@@ -6,7 +6,16 @@
 //! is detached and can be resumed with its token (or id) within the resume window.
 //!
 //! This module owns the tables and their indexes; the state transitions (connect, disconnect,
-//! detach, resume) live in `router::sessions::ops`.
+//! detach, resume) live in `router::sessions::ops`. The records' fields are the sessions
+//! part's: other parts read them through accessors (or `router::views::SessionView`) and change
+//! them through the methods that name what happens ([`Conns::attach`],
+//! [`Conns::push_message`], [`Conns::push_message_front`], [`Conns::send_now`],
+//! [`Conns::flush_pending`], [`Sessions::set_primary_agent`], [`Sessions::restore`]).
+//!
+//! Invariants: `by_participant` and `by_token` index exactly the sessions of `by_id` (a
+//! session's `token_key` is the digest of its current token); a connection's `pending` holds at
+//! most the router's `pending_messages` frames, and is non-empty only while its outbox is full
+//! or was full when they arrived (frames leave it in order, before any new one).
 
 use std::collections::VecDeque;
 
@@ -18,8 +27,9 @@ use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
 use crate::protocol::methods::session::{ConnectParams, DisconnectPolicy, Principal};
 
+use crate::router::events::bus::push;
 use crate::router::ids::ConnId;
-use crate::router::outbox::Outbox;
+use crate::router::outbox::{Outbound, Outbox, PushError};
 
 /// Where a connection comes from (authentication may trust some origins: `[auth]
 /// trusted_transports`).
@@ -99,25 +109,57 @@ impl Transport {
     }
 }
 
-/// One transport attachment.
+/// One transport attachment. Its fields are the sessions part's.
 #[derive(Debug)]
 pub struct Conn {
     /// Who is on the other end.
-    pub origin: ConnOrigin,
+    pub(in crate::router::sessions) origin: ConnOrigin,
     /// The medium.
-    pub transport: Transport,
+    pub(in crate::router::sessions) transport: Transport,
     /// In cluster mode, the node the connection is on when it is not this one (a relay
     /// session of a standby's connection; `None`: here).
-    pub node: Option<Arc<str>>,
+    pub(in crate::router::sessions) node: Option<Arc<str>>,
     /// Where frames for this connection go.
-    pub outbox: Outbox,
+    pub(in crate::router::sessions) outbox: Outbox,
     /// The session using this connection, once connected.
-    pub session: Option<SessionId>,
+    pub(in crate::router::sessions) session: Option<SessionId>,
     /// `map/message` frames waiting for room in the outbox (bounded by config). Kept here, not
     /// in the outbox, so the router never waits on a slow peer.
-    pub pending: VecDeque<Arc<str>>,
+    pub(in crate::router::sessions) pending: VecDeque<Arc<str>>,
     /// A `map/connect` that answered `authRequired`, completed by `map/authenticate`.
-    pub pending_auth: Option<Box<ConnectParams>>,
+    pub(in crate::router::sessions) pending_auth: Option<Box<ConnectParams>>,
+}
+
+impl Conn {
+    /// Who is on the other end.
+    pub fn origin(&self) -> &ConnOrigin {
+        &self.origin
+    }
+
+    /// The medium.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// The node the connection is on when it is not this one.
+    pub fn node(&self) -> Option<&Arc<str>> {
+        self.node.as_ref()
+    }
+
+    /// Where frames for this connection go.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// The session using this connection, once connected.
+    pub fn session(&self) -> Option<&SessionId> {
+        self.session.as_ref()
+    }
+
+    /// How many `map/message` frames wait for room in the outbox.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
 }
 
 /// The attached connections, by id.
@@ -132,18 +174,107 @@ impl Conns {
         self.by_id.get(id)
     }
 
-    /// A connection, to change it.
-    pub fn get_mut(&mut self, id: &ConnId) -> Option<&mut Conn> {
+    /// A connection, to change it (the sessions part).
+    pub(in crate::router::sessions) fn get_mut(&mut self, id: &ConnId) -> Option<&mut Conn> {
         self.by_id.get_mut(id)
     }
 
-    /// Adds a connection (its id is fresh: `RouterHandle::new_conn_id`).
-    pub fn insert(&mut self, id: ConnId, conn: Conn) {
-        self.by_id.insert(id, conn);
+    /// A new connection with its outbox (its id is fresh: `RouterHandle::new_conn_id`), not
+    /// yet connected.
+    pub fn attach(
+        &mut self,
+        id: ConnId,
+        outbox: Outbox,
+        origin: ConnOrigin,
+        transport: Transport,
+        node: Option<Arc<str>>,
+    ) {
+        self.by_id.insert(
+            id,
+            Conn {
+                origin,
+                transport,
+                node,
+                outbox,
+                session: None,
+                pending: VecDeque::new(),
+                pending_auth: None,
+            },
+        );
+    }
+
+    /// Queues a `map/message` frame for a connection without waiting: into its outbox, or
+    /// behind the frames already waiting for room (at most `cap` of them). False when the
+    /// connection is gone or its bounded queue is full.
+    pub fn push_message(&mut self, id: ConnId, frame: Arc<str>, cap: usize) -> bool {
+        let Some(c) = self.by_id.get_mut(&id) else {
+            return false;
+        };
+        if !c.pending.is_empty() {
+            if c.pending.len() >= cap {
+                return false;
+            }
+            c.pending.push_back(frame);
+            c.outbox.request_wakeup();
+            return true;
+        }
+        match push(&c.outbox, Outbound::Shared(frame)) {
+            Ok(()) => true,
+            Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
+                c.pending.push_back(frame);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Queues a frame ahead of the connection's waiting messages (steering). False when the
+    /// connection is gone or its bounded queue is full.
+    pub fn push_message_front(&mut self, id: ConnId, frame: Arc<str>, cap: usize) -> bool {
+        let Some(c) = self.by_id.get_mut(&id) else {
+            return false;
+        };
+        if c.pending.is_empty() {
+            match push(&c.outbox, Outbound::Shared(frame)) {
+                Ok(()) => true,
+                Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
+                    c.pending.push_front(frame);
+                    true
+                }
+                Err(_) => false,
+            }
+        } else if c.pending.len() >= cap {
+            false
+        } else {
+            c.pending.push_front(frame);
+            c.outbox.request_wakeup();
+            true
+        }
+    }
+
+    /// Sends a frame only if it can go at once (nothing waiting, room in the outbox).
+    pub fn send_now(&self, id: ConnId, frame: Arc<str>) -> bool {
+        self.by_id.get(&id).is_some_and(|c| {
+            c.pending.is_empty() && c.outbox.try_push(Outbound::Shared(frame)).is_ok()
+        })
+    }
+
+    /// Moves waiting messages into the outbox while it has room (its writer drained it).
+    pub fn flush_pending(&mut self, id: ConnId) {
+        if let Some(c) = self.by_id.get_mut(&id) {
+            while let Some(frame) = c.pending.front().cloned() {
+                match push(&c.outbox, Outbound::Shared(frame)) {
+                    Ok(()) => {
+                        c.pending.pop_front();
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
     }
 
     /// Removes a connection.
-    pub fn remove(&mut self, id: &ConnId) -> Option<Conn> {
+    pub(in crate::router::sessions) fn remove(&mut self, id: &ConnId) -> Option<Conn> {
         let conn = self.by_id.remove(id);
         self.by_id.shrink_if_sparse();
         conn
@@ -170,12 +301,147 @@ impl Conns {
     }
 }
 
-/// A participant's session.
+/// A participant's session. Its fields are the sessions part's.
 #[derive(Debug, Clone)]
 pub struct Session {
     /// Session id.
-    pub id: SessionId,
+    pub(in crate::router::sessions) id: SessionId,
     /// Participant id (stable across resumes).
+    pub(in crate::router::sessions) participant: ParticipantId,
+    /// Declared type.
+    pub(in crate::router::sessions) kind: ParticipantType,
+    /// Display name.
+    pub(in crate::router::sessions) name: Option<String>,
+    /// What it may do.
+    pub(in crate::router::sessions) capabilities: ParticipantCapabilities,
+    /// Creation time (Unix ms).
+    pub(in crate::router::sessions) created_at: u64,
+    /// When it last made a call (Unix ms).
+    pub(in crate::router::sessions) last_active_at: u64,
+    /// The connection, while attached.
+    pub(in crate::router::sessions) conn: Option<ConnId>,
+    /// The current single-use resume token (empty for a session restored from another node's
+    /// saved record, `router::handover`, until it is resumed: only its digest was saved).
+    pub(in crate::router::sessions) resume_token: String,
+    /// The token's digest ([`token_key`]), which the token index is keyed by.
+    pub(in crate::router::sessions) token_key: String,
+    /// What to do with owned agents when the session goes away.
+    pub(in crate::router::sessions) policy: Option<DisconnectPolicy>,
+    /// The agent this session speaks as (`from` of its messages).
+    pub(in crate::router::sessions) primary_agent: Option<AgentId>,
+    /// Agents orphaned when the session detached, reclaimed on resume.
+    pub(in crate::router::sessions) orphaned: Vec<AgentId>,
+    /// When it was detached.
+    pub(in crate::router::sessions) detached_at: Option<Instant>,
+    /// Authenticated identity (`None` when authentication is off). Permissions and limits key
+    /// on it; its `expires_at` is when the session's access ends unless refreshed.
+    pub(in crate::router::sessions) principal: Option<Principal>,
+    /// Bumped whenever the credential behind `principal` changes (refresh, resume with a new
+    /// one), so expiry deadlines set for an older credential do nothing.
+    pub(in crate::router::sessions) auth_epoch: u64,
+    /// Whether a cluster's next live node gets this session (`router::handover`): a network
+    /// client's, directly or through a standby's relay; not an in-process link's (a
+    /// gateway's) nor a supervised process's.
+    pub(in crate::router::sessions) handed_over: bool,
+}
+
+impl Session {
+    /// Session id.
+    pub fn id(&self) -> &SessionId {
+        &self.id
+    }
+
+    /// Participant id.
+    pub fn participant(&self) -> &ParticipantId {
+        &self.participant
+    }
+
+    /// Declared type.
+    pub fn kind(&self) -> ParticipantType {
+        self.kind
+    }
+
+    /// Display name.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// What it may do.
+    pub fn capabilities(&self) -> &ParticipantCapabilities {
+        &self.capabilities
+    }
+
+    /// Creation time (Unix ms).
+    pub fn created_at(&self) -> u64 {
+        self.created_at
+    }
+
+    /// When it last made a call (Unix ms).
+    pub fn last_active_at(&self) -> u64 {
+        self.last_active_at
+    }
+
+    /// The connection, while attached.
+    pub fn conn(&self) -> Option<ConnId> {
+        self.conn
+    }
+
+    /// What to do with owned agents when the session goes away.
+    pub fn policy(&self) -> Option<&DisconnectPolicy> {
+        self.policy.as_ref()
+    }
+
+    /// The agent this session speaks as.
+    pub fn primary_agent(&self) -> Option<&AgentId> {
+        self.primary_agent.as_ref()
+    }
+
+    /// Agents orphaned when it detached, reclaimed on resume.
+    pub fn orphaned(&self) -> &[AgentId] {
+        &self.orphaned
+    }
+
+    /// When it was detached.
+    pub fn detached_at(&self) -> Option<Instant> {
+        self.detached_at
+    }
+
+    /// Its authenticated identity.
+    pub fn principal(&self) -> Option<&Principal> {
+        self.principal.as_ref()
+    }
+
+    /// The generation of its credential.
+    pub fn auth_epoch(&self) -> u64 {
+        self.auth_epoch
+    }
+
+    /// The digest of its resume token.
+    pub fn token_key(&self) -> &str {
+        &self.token_key
+    }
+
+    /// Whether a cluster's next live node gets it.
+    pub fn handed_over(&self) -> bool {
+        self.handed_over
+    }
+
+    /// What others read of it (`router::views::SessionView`).
+    pub fn facts(&self) -> crate::router::views::SessionFacts<'_> {
+        crate::router::views::SessionFacts {
+            participant: &self.participant,
+            kind: self.kind,
+            attached: self.conn.is_some(),
+        }
+    }
+}
+
+/// What a saved session is restored from ([`Sessions::restore`]).
+#[derive(Debug, Clone)]
+pub struct SessionSeed {
+    /// Session id.
+    pub id: SessionId,
+    /// Participant id.
     pub participant: ParticipantId,
     /// Declared type.
     pub kind: ParticipantType,
@@ -185,33 +451,16 @@ pub struct Session {
     pub capabilities: ParticipantCapabilities,
     /// Creation time (Unix ms).
     pub created_at: u64,
-    /// When it last made a call (Unix ms).
-    pub last_active_at: u64,
-    /// The connection, while attached.
-    pub conn: Option<ConnId>,
-    /// The current single-use resume token (empty for a session restored from another node's
-    /// saved record, `router::handover`, until it is resumed: only its digest was saved).
-    pub resume_token: String,
-    /// The token's digest ([`token_key`]), which the token index is keyed by.
+    /// The digest of its resume token.
     pub token_key: String,
-    /// What to do with owned agents when the session goes away.
+    /// Its disconnect policy.
     pub policy: Option<DisconnectPolicy>,
-    /// The agent this session speaks as (`from` of its messages).
+    /// The agent it speaks as.
     pub primary_agent: Option<AgentId>,
-    /// Agents orphaned when the session detached, reclaimed on resume.
+    /// Its orphaned agents.
     pub orphaned: Vec<AgentId>,
-    /// When it was detached.
-    pub detached_at: Option<Instant>,
-    /// Authenticated identity (`None` when authentication is off). Permissions and limits key
-    /// on it; its `expires_at` is when the session's access ends unless refreshed.
+    /// Its authenticated identity.
     pub principal: Option<Principal>,
-    /// Bumped whenever the credential behind `principal` changes (refresh, resume with a new
-    /// one), so expiry deadlines set for an older credential do nothing.
-    pub auth_epoch: u64,
-    /// Whether a cluster's next live node gets this session (`router::handover`): a network
-    /// client's, directly or through a standby's relay; not an in-process link's (a
-    /// gateway's) nor a supervised process's.
-    pub handed_over: bool,
 }
 
 /// The digest a resume token is looked up (and saved) by: hex SHA-256. A saved record
@@ -256,8 +505,9 @@ impl Sessions {
         self.by_id.get(id)
     }
 
-    /// Mutable access (use [`Sessions::set_token`] to change the token).
-    pub fn get_mut(&mut self, id: &SessionId) -> Option<&mut Session> {
+    /// Mutable access, for the sessions part (use [`Sessions::set_token`] to change the
+    /// token).
+    pub(in crate::router::sessions) fn get_mut(&mut self, id: &SessionId) -> Option<&mut Session> {
         self.changed.mark(id);
         self.by_id.get_mut(id)
     }
@@ -276,9 +526,53 @@ impl Sessions {
             .and_then(|s| self.by_id.get(s))
     }
 
+    /// Makes `agent` the agent a session speaks as, unless it already speaks as one that
+    /// `owns(agent, participant)` says it still owns.
+    pub fn adopt_primary(
+        &mut self,
+        id: &SessionId,
+        agent: &AgentId,
+        owns: impl Fn(&AgentId, &ParticipantId) -> bool,
+    ) {
+        self.changed.mark(id);
+        if let Some(s) = self.by_id.get_mut(id) {
+            let current_valid = s
+                .primary_agent
+                .as_ref()
+                .is_some_and(|a| owns(a, &s.participant));
+            if !current_valid {
+                s.primary_agent = Some(agent.clone());
+            }
+        }
+    }
+
+    /// A session another node saved (`router::handover`), detached since `now` and resumable
+    /// with the token whose digest it carries. Its participant id must be free.
+    pub fn restore(&mut self, seed: SessionSeed, now: Instant) {
+        self.insert(Session {
+            id: seed.id,
+            participant: seed.participant,
+            kind: seed.kind,
+            name: seed.name,
+            capabilities: seed.capabilities,
+            created_at: seed.created_at,
+            last_active_at: crate::protocol::ids::now_ms(),
+            conn: None,
+            resume_token: String::new(),
+            token_key: seed.token_key,
+            policy: seed.policy,
+            primary_agent: seed.primary_agent,
+            orphaned: seed.orphaned,
+            detached_at: Some(now),
+            principal: seed.principal,
+            auth_epoch: 0,
+            handed_over: true,
+        });
+    }
+
     /// Adds a session (its participant id must be free). Its `token_key` is computed from
     /// `resume_token` unless given (a restored session has the digest only).
-    pub fn insert(&mut self, mut session: Session) {
+    pub(in crate::router::sessions) fn insert(&mut self, mut session: Session) {
         if session.token_key.is_empty() {
             session.token_key = token_key(&session.resume_token);
         }
@@ -291,7 +585,7 @@ impl Sessions {
     }
 
     /// Removes a session and its index entries.
-    pub fn remove(&mut self, id: &SessionId) -> Option<Session> {
+    pub(in crate::router::sessions) fn remove(&mut self, id: &SessionId) -> Option<Session> {
         let s = self.by_id.remove(id)?;
         self.changed.mark(id);
         if self.by_participant.get(&s.participant) == Some(&s.id) {

@@ -50,7 +50,7 @@ impl Router {
                 EventType::TaskCreated.as_str(),
                 &e.audience,
                 e.task.assignee.as_ref(),
-                &self.registry,
+                self.agent_view(),
             )
     }
 
@@ -92,8 +92,8 @@ impl Router {
             None => Audience::Everyone,
             Some(a) => match self.registry.get(a) {
                 Some(rec) => permissions::agent_audience(
-                    &rec.agent,
-                    &self.registry,
+                    &rec.agent(),
+                    self.agent_view(),
                     &self.config.permissions,
                 ),
                 // Assigned to an agent that is gone: as private as an unknown agent's events.
@@ -119,7 +119,7 @@ impl Router {
             .assignee
             .as_ref()
             .and_then(|a| self.registry.get(a))
-            .and_then(|r| r.agent.role.as_deref())
+            .and_then(|r| r.agent().role.as_deref())
             .map(Arc::from);
         self.emit(EventDraft {
             kind,
@@ -170,8 +170,7 @@ impl Router {
         };
         let service = self
             .session_of(ctx)?
-            .principal
-            .as_ref()
+            .principal()
             .is_some_and(crate::auth::is_service);
         if service {
             return Ok(());

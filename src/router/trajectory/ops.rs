@@ -59,7 +59,7 @@ impl Router {
             EventType::TrajectoryCheckpoint.as_str(),
             &e.audience,
             Some(&e.checkpoint.agent_id),
-            &self.registry,
+            self.agent_view(),
         )
     }
 
@@ -153,7 +153,7 @@ impl Router {
         let result = CheckpointResult { checkpoint };
         let role: Option<Arc<str>> = agent.role.as_deref().map(Arc::from);
         let audience =
-            permissions::agent_audience(&agent, &self.registry, &self.config.permissions);
+            permissions::agent_audience(&agent, self.agent_view(), &self.config.permissions);
         let seq = self.bus.log.next_seq();
         self.emit(EventDraft {
             kind: EventType::TrajectoryCheckpoint,
