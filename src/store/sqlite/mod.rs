@@ -60,10 +60,12 @@
 //! Files: `mod.rs` (opening, the writer, the readers), `schema.rs`, `kept.rs`, `sql.rs` (the
 //! helpers they share).
 
+mod dir_lock;
 mod kept;
 mod schema;
 mod sql;
 
+pub use dir_lock::LOCK_FILE_NAME;
 pub use schema::SCHEMA_VERSION;
 
 use std::collections::VecDeque;
@@ -89,18 +91,10 @@ use crate::store::EventStore;
 use crate::store::Recovered;
 use crate::store::StoreError;
 use crate::store::StoreFuture;
+use dir_lock::lock_dir;
 
 /// The database file inside [`SqliteOptions::dir`].
 pub const DB_FILE_NAME: &str = "events.sqlite3";
-
-/// The lock file inside [`SqliteOptions::dir`]: locked exclusively while a store is open, and
-/// holding the owner's pid (for the error a second opener gets).
-pub const LOCK_FILE_NAME: &str = "LOCK";
-
-/// How long `open` waits for another store to release the directory: long enough for a store
-/// closed or dropped a moment ago in this process to finish its threads, short enough that a
-/// second router fails fast.
-const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// How long the writer waits for more rows after the first one before committing. Zero by
 /// default: the writer already batches everything that queued during the previous commit, so a
@@ -598,46 +592,6 @@ impl EventStore for SqliteStore {
 
 // ---------------------------------------------------------------------------------------------
 // Opening and recovery
-
-/// Takes the directory's exclusive lock (waiting up to [`LOCK_WAIT`]) and writes our pid into
-/// the lock file. The lock lasts as long as the returned file is open.
-fn lock_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
-    use std::io::{Read as _, Seek as _, Write as _};
-    let path = dir.join(LOCK_FILE_NAME);
-    let io =
-        |what: &str, e: std::io::Error| StoreError::Io(format!("{what} {}: {e}", path.display()));
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| io("opening", e))?;
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        match file.try_lock() {
-            Ok(()) => break,
-            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut owner = String::new();
-                let _ = file.read_to_string(&mut owner);
-                let owner = owner.trim();
-                let owner = if owner.is_empty() { "unknown" } else { owner };
-                return Err(StoreError::Locked(format!(
-                    "{} is in use by another map-router process (pid {owner})",
-                    dir.display()
-                )));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io("locking", e)),
-        }
-    }
-    file.set_len(0).map_err(|e| io("writing", e))?;
-    file.rewind().map_err(|e| io("writing", e))?;
-    writeln!(file, "{}", std::process::id()).map_err(|e| io("writing", e))?;
-    Ok(file)
-}
 
 /// What `recover` found, beyond [`Recovered`].
 struct OpenState {
