@@ -62,10 +62,12 @@
 
 mod dir_lock;
 mod kept;
+mod reader;
 mod schema;
 mod sql;
 
 pub use dir_lock::LOCK_FILE_NAME;
+pub use reader::READER_THREADS;
 pub use schema::SCHEMA_VERSION;
 
 use std::collections::VecDeque;
@@ -92,6 +94,7 @@ use crate::store::Recovered;
 use crate::store::StoreError;
 use crate::store::StoreFuture;
 use dir_lock::lock_dir;
+use reader::{reader_loop, select_rows, ReadRequest, SEQ_AT_TIME_SQL};
 
 /// The database file inside [`SqliteOptions::dir`].
 pub const DB_FILE_NAME: &str = "events.sqlite3";
@@ -122,10 +125,6 @@ pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 /// How many of the newest rows [`SqliteStore::open`] returns to warm the in-memory window:
 /// 100 000 rows (tens of MB) cover the typical resume gap without a disk read.
 pub const DEFAULT_RECENT_ROWS: usize = 100_000;
-
-/// Reader threads (each with its own connection): two, so that a long replay read does not hold
-/// up a quick position lookup, without competing with the writer for the disk on small hosts.
-pub const READER_THREADS: usize = 2;
 
 /// The writer's page cache, KiB (SQLite's default is 2 MiB). Appends touch the right edges of
 /// the tables and indexes and retention their left edges: a few dozen pages. The cache stays
@@ -177,10 +176,6 @@ const CLAIMS_DELETE: &str = "DELETE FROM claims WHERE claim = ?1";
 
 const INSERT_SQL: &str =
     "INSERT INTO events (seq, id, ts, kind, meta, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
-const SELECT_ROWS_SQL: &str =
-    "SELECT seq, id, ts, kind, meta, json FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2";
-const SEQ_AFTER_ID_SQL: &str = "SELECT seq FROM events WHERE id > ?1 ORDER BY id LIMIT 1";
-const SEQ_AT_TIME_SQL: &str = "SELECT seq FROM events WHERE ts >= ?1 ORDER BY ts, seq LIMIT 1";
 const ROW_BYTES_SQL: &str = "octet_length(json) + octet_length(meta)";
 
 /// How the writer syncs commits (SQLite `PRAGMA synchronous`, in WAL mode).
@@ -255,37 +250,6 @@ struct Shared {
     first_seq: AtomicU64,
     /// Transactions that appended rows.
     commits: AtomicU64,
-}
-
-/// A read request, answered on a reader thread.
-enum ReadRequest {
-    Rows {
-        from: u64,
-        limit: usize,
-        reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
-    },
-    SeqAfter {
-        id: String,
-        reply: oneshot::Sender<Result<u64, StoreError>>,
-    },
-    SeqAtTime {
-        ts: u64,
-        reply: oneshot::Sender<Result<u64, StoreError>>,
-    },
-    Kinds {
-        kinds: Vec<String>,
-        from: u64,
-        limit: usize,
-        reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
-    },
-    Ids {
-        ids: Vec<String>,
-        reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
-    },
-    Kept {
-        query: crate::store::kept::KeptQuery,
-        reply: oneshot::Sender<Result<crate::store::kept::KeptAnswer, StoreError>>,
-    },
 }
 
 /// What `close` waits for.
@@ -708,130 +672,6 @@ fn recover(conn: &Connection, recent_rows: usize) -> Result<OpenState, StoreErro
         recovered,
         bytes: from_sql_int(bytes, "byte total")?,
     })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Readers
-
-fn reader_loop(
-    conn: Connection,
-    rx: &Mutex<mpsc::Receiver<ReadRequest>>,
-    committed: &watch::Receiver<u64>,
-    exit: oneshot::Sender<()>,
-) {
-    loop {
-        // NB. The lock is held while waiting, so one idle reader waits in `recv` and the other
-        // on the lock; the lock is released before the request is served.
-        let request = lock(rx).recv();
-        let Ok(request) = request else { break };
-        match request {
-            ReadRequest::Rows { from, limit, reply } => {
-                let _ = reply.send(select_rows(&conn, from, limit));
-            }
-            ReadRequest::SeqAfter { id, reply } => {
-                let _ = reply.send(seq_where(&conn, SEQ_AFTER_ID_SQL, &id, committed));
-            }
-            ReadRequest::SeqAtTime { ts, reply } => {
-                let _ = reply.send(seq_where(&conn, SEQ_AT_TIME_SQL, &sql_int(ts), committed));
-            }
-            ReadRequest::Kinds {
-                kinds,
-                from,
-                limit,
-                reply,
-            } => {
-                let _ = reply.send(select_kinds(&conn, &kinds, from, limit));
-            }
-            ReadRequest::Ids { ids, reply } => {
-                let _ = reply.send(select_ids(&conn, &ids));
-            }
-            ReadRequest::Kept { query, reply } => {
-                let _ = reply.send(kept::answer(&conn, &query));
-            }
-        }
-    }
-    drop(conn);
-    drop(exit);
-}
-
-/// Up to `limit` rows with `seq >= from`, in order.
-fn select_rows(conn: &Connection, from: u64, limit: usize) -> Result<Vec<StoredRow>, StoreError> {
-    if limit == 0 {
-        return Ok(Vec::new());
-    }
-    let params: [&dyn rusqlite::ToSql; 2] = [&sql_int(from), &sql_int(limit as u64)];
-    query_rows(conn, SELECT_ROWS_SQL, &params, limit)
-}
-
-/// Up to `limit` rows of the given kinds with `seq >= from`, in order.
-fn select_kinds(
-    conn: &Connection,
-    kinds: &[String],
-    from: u64,
-    limit: usize,
-) -> Result<Vec<StoredRow>, StoreError> {
-    if limit == 0 || kinds.is_empty() {
-        return Ok(Vec::new());
-    }
-    let marks = vec!["?"; kinds.len()].join(", ");
-    let sql = format!(
-        "SELECT seq, id, ts, kind, meta, json FROM events WHERE kind IN ({marks}) AND seq >= ? \
-         ORDER BY seq LIMIT ?"
-    );
-    let (from, limit_sql) = (sql_int(from), sql_int(limit as u64));
-    let mut params: Vec<&dyn rusqlite::ToSql> =
-        kinds.iter().map(|k| k as &dyn rusqlite::ToSql).collect();
-    params.push(&from);
-    params.push(&limit_sql);
-    query_rows(conn, &sql, &params, limit)
-}
-
-/// The retained rows with these event ids, in sequence order (ids no longer stored are left
-/// out). Asked in chunks, so that a long list stays under SQLite's parameter limit.
-fn select_ids(conn: &Connection, ids: &[String]) -> Result<Vec<StoredRow>, StoreError> {
-    const CHUNK: usize = 500;
-    let mut out = Vec::new();
-    for chunk in ids.chunks(CHUNK) {
-        let marks = vec!["?"; chunk.len()].join(", ");
-        let sql = format!("SELECT seq, id, ts, kind, meta, json FROM events WHERE id IN ({marks})");
-        let params: Vec<&dyn rusqlite::ToSql> =
-            chunk.iter().map(|k| k as &dyn rusqlite::ToSql).collect();
-        out.extend(query_rows(conn, &sql, &params, chunk.len())?);
-    }
-    out.sort_by_key(|r| r.seq);
-    Ok(out)
-}
-
-/// The first seq matched by `sql` (one parameter), else the end of the log.
-fn seq_where(
-    conn: &Connection,
-    sql: &str,
-    param: &dyn rusqlite::ToSql,
-    committed: &watch::Receiver<u64>,
-) -> Result<u64, StoreError> {
-    let context = "looking up a position";
-    let found: Option<i64> = conn
-        .prepare_cached(sql)
-        .and_then(|mut stmt| stmt.query_row([param], |r| r.get(0)).optional())
-        .map_err(|e| sql_err(context, e))?;
-    if let Some(seq) = found {
-        return from_sql_int(seq, "seq");
-    }
-    // Past the end: the next seq. The file may already show a commit the writer has not
-    // published yet, so take the larger of the two.
-    let last: Option<i64> = conn
-        .query_row(
-            "SELECT seq FROM events ORDER BY seq DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(|e| sql_err(context, e))?;
-    let in_file = match last {
-        Some(seq) => from_sql_int(seq, "seq")? + 1,
-        None => 0,
-    };
-    Ok(in_file.max(*committed.borrow()))
 }
 
 // ---------------------------------------------------------------------------------------------
