@@ -20,7 +20,7 @@ use crate::protocol::ids::now_ms;
 use crate::store::record::StoredRow;
 use crate::store::sqlite::reader::SEQ_AT_TIME_SQL;
 use crate::store::sqlite::sql::{sql_int, write_meta, META_LAST_ID, META_LAST_TS, META_NEXT_SEQ};
-use crate::store::sqlite::Writer;
+use crate::store::sqlite::writer::Writer;
 
 /// Rows deleted per retention transaction: bounds how long one delete holds the writer.
 const RETENTION_CHUNK_ROWS: u64 = 10_000;
