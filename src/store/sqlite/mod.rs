@@ -10,15 +10,17 @@
 //! [`StoredRow`] carries, byte for byte.
 //!
 //! # Threads
-//! - **Writer** (`map-store-writer`): owns the only read-write connection. It blocks for the
-//!   first queued row, takes whatever else is queued (up to [`SqliteOptions::max_batch_rows`]),
-//!   waits at most [`SqliteOptions::group_commit_delay`] for more, commits them in one
-//!   transaction (one fsync for the whole group), then publishes `committed` on a `watch`
-//!   channel. A failed commit is logged and retried with backoff, keeping the rows: `committed`
-//!   never moves past a row that is not in the file. Retention runs here too, after commits.
-//! - **Readers** (`map-store-reader-N`): [`READER_THREADS`] threads, each with a read-only
-//!   connection. WAL lets them read concurrently with the writer; each request carries a tokio
-//!   oneshot for its answer, so a [`StoreFuture`] is a plain future and the router never blocks.
+//! - **Writer** (`map-store-writer`, `writer.rs`): owns the only read-write connection. It
+//!   blocks for the first queued row, takes whatever else is queued (up to
+//!   [`SqliteOptions::max_batch_rows`]), waits at most [`SqliteOptions::group_commit_delay`] for
+//!   more, commits them in one transaction (one fsync for the whole group), then publishes
+//!   `committed` on a `watch` channel. A failed commit is logged and retried with backoff,
+//!   keeping the rows: `committed` never moves past a row that is not in the file. Retention
+//!   (`retention.rs`) runs here too, after commits.
+//! - **Readers** (`map-store-reader-N`, `reader.rs`): [`READER_THREADS`] threads, each with a
+//!   read-only connection. WAL lets them read concurrently with the writer; each request
+//!   carries a tokio oneshot for its answer, so a [`StoreFuture`] is a plain future and the
+//!   router never blocks.
 //!
 //! # Durability
 //! The file is in WAL mode and every group is one transaction, so a crash (kill -9, panic, power
@@ -31,13 +33,11 @@
 //!   loss or OS crash may be lost. Several times faster on slow disks.
 //!
 //! # Retention
-//! At most once per [`SqliteOptions::retention_interval`], after a commit (or while idle when
-//! rows can expire by age), the writer deletes rows older than `max_age`, then the oldest rows
-//! while the log holds more than `max_events` rows or more than `max_bytes` bytes of
-//! `json` + `meta` (the byte total is computed once at open and tracked after that). Deletes go
-//! in chunks so that a large backlog never stalls commits for long. When retention empties the
-//! table, the position (next seq, last id and timestamp) is kept in the `meta` table so that
-//! numbering continues after a restart.
+//! At most once per [`SqliteOptions::retention_interval`], the writer deletes rows older than
+//! `max_age`, then the oldest rows beyond `max_events` rows or `max_bytes` bytes of
+//! `json` + `meta`, in chunks that never stall commits for long (`retention.rs` says when and
+//! how). When retention empties the table, the position (next seq, last id and timestamp) is
+//! kept in the `meta` table so that numbering continues after a restart.
 //!
 //! # Inspecting the file
 //! The `sqlite3` CLI can read the file while the router runs (WAL readers do not block the
@@ -57,8 +57,17 @@
 //! columns the router pages them by, written in the same transaction as their events;
 //! `claims`). A file written by a newer schema version is refused rather than misread.
 //!
-//! Files: `mod.rs` (opening, the writer, the readers), `schema.rs`, `kept.rs`, `sql.rs` (the
-//! helpers they share).
+//! # Files
+//! - `mod.rs`: the options and their defaults, [`SqliteStore`] (the handle: `open` starts the
+//!   threads, the [`EventStore`] impl sends rows to the writer and requests to the readers,
+//!   `close` waits for them).
+//! - `dir_lock.rs`: the directory's `LOCK` file.
+//! - `open.rs`: the connections' settings and the recovery of the position at open.
+//! - `writer.rs`: the writer thread, group commit, retries.
+//! - `retention.rs`: the writer's retention passes.
+//! - `reader.rs`: the reader threads and their queries.
+//! - `schema.rs`, `kept.rs`, `sql.rs`: the schema and its migration, the kept tables, the
+//!   helpers they all share.
 
 mod dir_lock;
 mod kept;
@@ -93,6 +102,7 @@ use crate::store::EventStore;
 use crate::store::Recovered;
 use crate::store::StoreError;
 use crate::store::StoreFuture;
+use crate::sync::lock;
 use dir_lock::lock_dir;
 use open::{configure_writer, open_reader, recover};
 use reader::{reader_loop, ReadRequest};
@@ -232,8 +242,6 @@ impl fmt::Debug for SqliteStore {
             .finish_non_exhaustive()
     }
 }
-
-use crate::sync::lock;
 
 impl SqliteStore {
     /// Opens (or creates) the database in `options.dir`, recovers its position, and starts the
