@@ -10,15 +10,17 @@
 //! [`StoredRow`] carries, byte for byte.
 //!
 //! # Threads
-//! - **Writer** (`map-store-writer`): owns the only read-write connection. It blocks for the
-//!   first queued row, takes whatever else is queued (up to [`SqliteOptions::max_batch_rows`]),
-//!   waits at most [`SqliteOptions::group_commit_delay`] for more, commits them in one
-//!   transaction (one fsync for the whole group), then publishes `committed` on a `watch`
-//!   channel. A failed commit is logged and retried with backoff, keeping the rows: `committed`
-//!   never moves past a row that is not in the file. Retention runs here too, after commits.
-//! - **Readers** (`map-store-reader-N`): [`READER_THREADS`] threads, each with a read-only
-//!   connection. WAL lets them read concurrently with the writer; each request carries a tokio
-//!   oneshot for its answer, so a [`StoreFuture`] is a plain future and the router never blocks.
+//! - **Writer** (`map-store-writer`, `writer.rs`): owns the only read-write connection. It
+//!   blocks for the first queued row, takes whatever else is queued (up to
+//!   [`SqliteOptions::max_batch_rows`]), waits at most [`SqliteOptions::group_commit_delay`] for
+//!   more, commits them in one transaction (one fsync for the whole group), then publishes
+//!   `committed` on a `watch` channel. A failed commit is logged and retried with backoff,
+//!   keeping the rows: `committed` never moves past a row that is not in the file. Retention
+//!   (`retention.rs`) runs here too, after commits.
+//! - **Readers** (`map-store-reader-N`, `reader.rs`): [`READER_THREADS`] threads, each with a
+//!   read-only connection. WAL lets them read concurrently with the writer; each request
+//!   carries a tokio oneshot for its answer, so a [`StoreFuture`] is a plain future and the
+//!   router never blocks.
 //!
 //! # Durability
 //! The file is in WAL mode and every group is one transaction, so a crash (kill -9, panic, power
@@ -31,13 +33,11 @@
 //!   loss or OS crash may be lost. Several times faster on slow disks.
 //!
 //! # Retention
-//! At most once per [`SqliteOptions::retention_interval`], after a commit (or while idle when
-//! rows can expire by age), the writer deletes rows older than `max_age`, then the oldest rows
-//! while the log holds more than `max_events` rows or more than `max_bytes` bytes of
-//! `json` + `meta` (the byte total is computed once at open and tracked after that). Deletes go
-//! in chunks so that a large backlog never stalls commits for long. When retention empties the
-//! table, the position (next seq, last id and timestamp) is kept in the `meta` table so that
-//! numbering continues after a restart.
+//! At most once per [`SqliteOptions::retention_interval`], the writer deletes rows older than
+//! `max_age`, then the oldest rows beyond `max_events` rows or `max_bytes` bytes of
+//! `json` + `meta`, in chunks that never stall commits for long (`retention.rs` says when and
+//! how). When retention empties the table, the position (next seq, last id and timestamp) is
+//! kept in the `meta` table so that numbering continues after a restart.
 //!
 //! # Inspecting the file
 //! The `sqlite3` CLI can read the file while the router runs (WAL readers do not block the
@@ -57,50 +57,59 @@
 //! columns the router pages them by, written in the same transaction as their events;
 //! `claims`). A file written by a newer schema version is refused rather than misread.
 //!
-//! Files: `mod.rs` (opening, the writer, the readers), `schema.rs`, `kept.rs`, `sql.rs` (the
-//! helpers they share).
+//! # Files
+//! - `mod.rs`: the options and their defaults, [`SqliteStore`] (the handle: `open` starts the
+//!   threads, the [`EventStore`] impl sends rows to the writer and requests to the readers,
+//!   `close` waits for them).
+//! - `dir_lock.rs`: the directory's `LOCK` file.
+//! - `open.rs`: the connections' settings and the recovery of the position at open.
+//! - `writer.rs`: the writer thread, group commit, retries.
+//! - `retention.rs`: the writer's retention passes.
+//! - `reader.rs`: the reader threads and their queries.
+//! - `schema.rs`, `kept.rs`, `sql.rs`: the schema and its migration, the kept tables, the
+//!   helpers they all share.
 
+mod dir_lock;
 mod kept;
+mod open;
+mod reader;
+mod retention;
 mod schema;
 mod sql;
+mod writer;
 
+pub use dir_lock::LOCK_FILE_NAME;
+pub use reader::READER_THREADS;
 pub use schema::SCHEMA_VERSION;
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::Connection;
 use tokio::sync::{oneshot, watch};
 
-use crate::protocol::ids::{now_ms, EventId};
+use crate::protocol::ids::EventId;
 use crate::store::record::EventRecord;
 use crate::store::record::StoredRow;
-use crate::store::sqlite::sql::{
-    from_sql_int, parse_id, query_rows, read_meta, sql_err, sql_int, write_meta, META_LAST_ID,
-    META_LAST_TS, META_NEXT_SEQ,
-};
+use crate::store::sqlite::sql::sql_err;
 use crate::store::EventStore;
 use crate::store::Recovered;
 use crate::store::StoreError;
 use crate::store::StoreFuture;
+use crate::sync::lock;
+use dir_lock::lock_dir;
+use open::{configure_writer, open_reader, recover};
+use reader::{reader_loop, ReadRequest};
+use writer::{Incoming, Writer};
 
 /// The database file inside [`SqliteOptions::dir`].
 pub const DB_FILE_NAME: &str = "events.sqlite3";
-
-/// The lock file inside [`SqliteOptions::dir`]: locked exclusively while a store is open, and
-/// holding the owner's pid (for the error a second opener gets).
-pub const LOCK_FILE_NAME: &str = "LOCK";
-
-/// How long `open` waits for another store to release the directory: long enough for a store
-/// closed or dropped a moment ago in this process to finish its threads, short enough that a
-/// second router fails fast.
-const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// How long the writer waits for more rows after the first one before committing. Zero by
 /// default: the writer already batches everything that queued during the previous commit, so a
@@ -128,66 +137,6 @@ pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 /// How many of the newest rows [`SqliteStore::open`] returns to warm the in-memory window:
 /// 100 000 rows (tens of MB) cover the typical resume gap without a disk read.
 pub const DEFAULT_RECENT_ROWS: usize = 100_000;
-
-/// Reader threads (each with its own connection): two, so that a long replay read does not hold
-/// up a quick position lookup, without competing with the writer for the disk on small hosts.
-pub const READER_THREADS: usize = 2;
-
-/// The writer's page cache, KiB (SQLite's default is 2 MiB). Appends touch the right edges of
-/// the tables and indexes and retention their left edges: a few dozen pages. The cache stays
-/// resident for the router's life, so it is part of the memory a soak leaves behind.
-const WRITER_CACHE_KIB: i64 = 512;
-
-/// Each reader's page cache, KiB. A reader's cache is dropped whenever the writer has committed
-/// since its last read, which under load is every read: a large one only holds memory.
-const READER_CACHE_KIB: i64 = 128;
-
-/// The first wait after a failed commit; doubled at each further failure.
-const RETRY_BACKOFF_START: Duration = Duration::from_millis(10);
-
-/// The longest wait between commit attempts: a transient fault (a full disk being cleaned, a
-/// lock held by an external `sqlite3`) is retried promptly, a lasting one is not spun on.
-const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// After `close` (or the store being dropped), how long a failing commit is still retried
-/// before the writer gives up and reports the queued rows as not stored. Without a bound a
-/// broken disk would make shutdown hang forever.
-const CLOSE_RETRY_LIMIT: Duration = Duration::from_secs(10);
-
-/// Rows deleted per retention transaction: bounds how long one delete holds the writer.
-const RETENTION_CHUNK_ROWS: u64 = 10_000;
-
-/// How long one retention pass may work before it yields to pending commits; the rest is done
-/// in the next pass, which then runs without waiting for the interval.
-const RETENTION_PASS_BUDGET: Duration = Duration::from_millis(100);
-
-/// While idle, retention by age wakes at most this often (even with a zero interval), so an
-/// idle writer never spins.
-const IDLE_RETENTION_MIN: Duration = Duration::from_millis(10);
-
-/// How long a connection waits on a lock held by another connection (an external `sqlite3`,
-/// a checkpoint) before an operation fails and is retried.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Truncate the WAL file to at most this after a checkpoint, so that a burst does not leave a
-/// large file behind.
-const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
-
-/// The claims table (`router::identities`): the newest claim per id; a release deletes it, so
-/// the table holds exactly the ids owned now. (The other kept tables are `kept.rs`'s.)
-const CLAIMS_UPSERT: &str = "INSERT INTO claims (claim, seq, id, ts, kind, meta, json) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (claim) DO UPDATE SET seq = excluded.seq, \
-     id = excluded.id, ts = excluded.ts, kind = excluded.kind, meta = excluded.meta, \
-     json = excluded.json";
-const CLAIMS_DELETE: &str = "DELETE FROM claims WHERE claim = ?1";
-
-const INSERT_SQL: &str =
-    "INSERT INTO events (seq, id, ts, kind, meta, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
-const SELECT_ROWS_SQL: &str =
-    "SELECT seq, id, ts, kind, meta, json FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2";
-const SEQ_AFTER_ID_SQL: &str = "SELECT seq FROM events WHERE id > ?1 ORDER BY id LIMIT 1";
-const SEQ_AT_TIME_SQL: &str = "SELECT seq FROM events WHERE ts >= ?1 ORDER BY ts, seq LIMIT 1";
-const ROW_BYTES_SQL: &str = "octet_length(json) + octet_length(meta)";
 
 /// How the writer syncs commits (SQLite `PRAGMA synchronous`, in WAL mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -263,37 +212,6 @@ struct Shared {
     commits: AtomicU64,
 }
 
-/// A read request, answered on a reader thread.
-enum ReadRequest {
-    Rows {
-        from: u64,
-        limit: usize,
-        reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
-    },
-    SeqAfter {
-        id: String,
-        reply: oneshot::Sender<Result<u64, StoreError>>,
-    },
-    SeqAtTime {
-        ts: u64,
-        reply: oneshot::Sender<Result<u64, StoreError>>,
-    },
-    Kinds {
-        kinds: Vec<String>,
-        from: u64,
-        limit: usize,
-        reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
-    },
-    Ids {
-        ids: Vec<String>,
-        reply: oneshot::Sender<Result<Vec<StoredRow>, StoreError>>,
-    },
-    Kept {
-        query: crate::store::kept::KeptQuery,
-        reply: oneshot::Sender<Result<crate::store::kept::KeptAnswer, StoreError>>,
-    },
-}
-
 /// What `close` waits for.
 struct Exits {
     /// The writer's final result (`Err` when queued rows could not be committed), sent once
@@ -324,8 +242,6 @@ impl fmt::Debug for SqliteStore {
             .finish_non_exhaustive()
     }
 }
-
-use crate::sync::lock;
 
 impl SqliteStore {
     /// Opens (or creates) the database in `options.dir`, recovers its position, and starts the
@@ -468,29 +384,6 @@ impl SqliteStore {
     }
 }
 
-/// What the writer thread receives: rows, or logged events it turns into rows itself.
-enum Incoming {
-    Rows(Vec<StoredRow>),
-    Records(Vec<Arc<EventRecord>>),
-}
-
-impl Incoming {
-    /// How many, and the first sequence number (for error reports).
-    fn extent(&self) -> (usize, u64) {
-        match self {
-            Self::Rows(rows) => (rows.len(), rows.first().map_or(0, |r| r.seq)),
-            Self::Records(records) => (records.len(), records.first().map_or(0, |r| r.seq)),
-        }
-    }
-
-    fn into_rows(self) -> Vec<StoredRow> {
-        match self {
-            Self::Rows(rows) => rows,
-            Self::Records(records) => crate::store::rows_of(&records),
-        }
-    }
-}
-
 impl SqliteStore {
     /// Hands rows or records to the writer thread; never blocks.
     fn send(&self, incoming: Incoming) {
@@ -596,788 +489,9 @@ impl EventStore for SqliteStore {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Opening and recovery
-
-/// Takes the directory's exclusive lock (waiting up to [`LOCK_WAIT`]) and writes our pid into
-/// the lock file. The lock lasts as long as the returned file is open.
-fn lock_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
-    use std::io::{Read as _, Seek as _, Write as _};
-    let path = dir.join(LOCK_FILE_NAME);
-    let io =
-        |what: &str, e: std::io::Error| StoreError::Io(format!("{what} {}: {e}", path.display()));
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| io("opening", e))?;
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        match file.try_lock() {
-            Ok(()) => break,
-            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut owner = String::new();
-                let _ = file.read_to_string(&mut owner);
-                let owner = owner.trim();
-                let owner = if owner.is_empty() { "unknown" } else { owner };
-                return Err(StoreError::Locked(format!(
-                    "{} is in use by another map-router process (pid {owner})",
-                    dir.display()
-                )));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io("locking", e)),
-        }
-    }
-    file.set_len(0).map_err(|e| io("writing", e))?;
-    file.rewind().map_err(|e| io("writing", e))?;
-    writeln!(file, "{}", std::process::id()).map_err(|e| io("writing", e))?;
-    Ok(file)
-}
-
-/// What `recover` found, beyond [`Recovered`].
-struct OpenState {
-    recovered: Recovered,
-    /// Bytes of `json` + `meta` in the table.
-    bytes: u64,
-}
-
-fn configure_writer(
-    conn: &Connection,
-    synchronous: Synchronous,
-    path: &Path,
-) -> Result<(), StoreError> {
-    let context = format!("configuring {}", path.display());
-    let err = |e| sql_err(&context, e);
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(err)?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::Io(format!(
-            "{context}: could not switch to WAL mode (journal_mode is {mode})"
-        )));
-    }
-    conn.pragma_update(None, "synchronous", synchronous.pragma())
-        .map_err(err)?;
-    conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)
-        .map_err(err)?;
-    conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)
-        .map_err(err)?;
-    Ok(())
-}
-
-fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
-    conn.busy_timeout(BUSY_TIMEOUT)?;
-    conn.pragma_update(None, "cache_size", -READER_CACHE_KIB)?;
-    Ok(conn)
-}
-
-fn recover(conn: &Connection, recent_rows: usize) -> Result<OpenState, StoreError> {
-    let context = "recovering the event store";
-    let err = |e| sql_err(context, e);
-    // Two queries rather than `min(seq), max(seq)`: each alone is a single b-tree probe.
-    let first: Option<i64> = conn
-        .query_row("SELECT seq FROM events ORDER BY seq LIMIT 1", [], |r| {
-            r.get(0)
-        })
-        .optional()
-        .map_err(err)?;
-    let last: Option<(i64, String, i64)> = conn
-        .query_row(
-            "SELECT seq, id, ts FROM events ORDER BY seq DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()
-        .map_err(err)?;
-
-    let mut recovered = Recovered::default();
-    match (first, last) {
-        (Some(first), Some((last_seq, last_id, last_ts))) => {
-            recovered.first_seq = from_sql_int(first, "seq")?;
-            recovered.next_seq = from_sql_int(last_seq, "seq")? + 1;
-            recovered.last_id = Some(parse_id(&last_id)?);
-            recovered.last_timestamp = from_sql_int(last_ts, "ts")?;
-        }
-        _ => {
-            // Empty: retention may have deleted everything; continue where it left off.
-            if let Some(next) = read_meta(conn, META_NEXT_SEQ).map_err(err)? {
-                recovered.next_seq = next
-                    .parse()
-                    .map_err(|_| StoreError::Corrupt(format!("bad meta next_seq {next:?}")))?;
-            }
-            if let Some(id) = read_meta(conn, META_LAST_ID).map_err(err)? {
-                recovered.last_id = Some(parse_id(&id)?);
-            }
-            if let Some(ts) = read_meta(conn, META_LAST_TS).map_err(err)? {
-                recovered.last_timestamp = ts
-                    .parse()
-                    .map_err(|_| StoreError::Corrupt(format!("bad meta last_ts {ts:?}")))?;
-            }
-            recovered.first_seq = recovered.next_seq;
-        }
-    }
-
-    // `octet_length` reads the size from the record header: no row content is loaded.
-    let bytes: i64 = conn
-        .query_row(
-            &format!("SELECT COALESCE(SUM({ROW_BYTES_SQL}), 0) FROM events"),
-            [],
-            |r| r.get(0),
-        )
-        .map_err(err)?;
-
-    let recent_from = recovered
-        .next_seq
-        .saturating_sub(recent_rows as u64)
-        .max(recovered.first_seq);
-    if recent_rows > 0 && recent_from < recovered.next_seq {
-        recovered.recent = select_rows(conn, recent_from, recent_rows)?;
-    }
-    recovered.claims = query_rows(
-        conn,
-        "SELECT seq, id, ts, kind, meta, json FROM claims ORDER BY seq",
-        &[],
-        1024,
-    )?;
-    recovered.kept_counts = kept::counts(conn).map_err(err)?;
-    Ok(OpenState {
-        recovered,
-        bytes: from_sql_int(bytes, "byte total")?,
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Readers
-
-fn reader_loop(
-    conn: Connection,
-    rx: &Mutex<mpsc::Receiver<ReadRequest>>,
-    committed: &watch::Receiver<u64>,
-    exit: oneshot::Sender<()>,
-) {
-    loop {
-        // NB. The lock is held while waiting, so one idle reader waits in `recv` and the other
-        // on the lock; the lock is released before the request is served.
-        let request = lock(rx).recv();
-        let Ok(request) = request else { break };
-        match request {
-            ReadRequest::Rows { from, limit, reply } => {
-                let _ = reply.send(select_rows(&conn, from, limit));
-            }
-            ReadRequest::SeqAfter { id, reply } => {
-                let _ = reply.send(seq_where(&conn, SEQ_AFTER_ID_SQL, &id, committed));
-            }
-            ReadRequest::SeqAtTime { ts, reply } => {
-                let _ = reply.send(seq_where(&conn, SEQ_AT_TIME_SQL, &sql_int(ts), committed));
-            }
-            ReadRequest::Kinds {
-                kinds,
-                from,
-                limit,
-                reply,
-            } => {
-                let _ = reply.send(select_kinds(&conn, &kinds, from, limit));
-            }
-            ReadRequest::Ids { ids, reply } => {
-                let _ = reply.send(select_ids(&conn, &ids));
-            }
-            ReadRequest::Kept { query, reply } => {
-                let _ = reply.send(kept::answer(&conn, &query));
-            }
-        }
-    }
-    drop(conn);
-    drop(exit);
-}
-
-/// Up to `limit` rows with `seq >= from`, in order.
-fn select_rows(conn: &Connection, from: u64, limit: usize) -> Result<Vec<StoredRow>, StoreError> {
-    if limit == 0 {
-        return Ok(Vec::new());
-    }
-    let params: [&dyn rusqlite::ToSql; 2] = [&sql_int(from), &sql_int(limit as u64)];
-    query_rows(conn, SELECT_ROWS_SQL, &params, limit)
-}
-
-/// Up to `limit` rows of the given kinds with `seq >= from`, in order.
-fn select_kinds(
-    conn: &Connection,
-    kinds: &[String],
-    from: u64,
-    limit: usize,
-) -> Result<Vec<StoredRow>, StoreError> {
-    if limit == 0 || kinds.is_empty() {
-        return Ok(Vec::new());
-    }
-    let marks = vec!["?"; kinds.len()].join(", ");
-    let sql = format!(
-        "SELECT seq, id, ts, kind, meta, json FROM events WHERE kind IN ({marks}) AND seq >= ? \
-         ORDER BY seq LIMIT ?"
-    );
-    let (from, limit_sql) = (sql_int(from), sql_int(limit as u64));
-    let mut params: Vec<&dyn rusqlite::ToSql> =
-        kinds.iter().map(|k| k as &dyn rusqlite::ToSql).collect();
-    params.push(&from);
-    params.push(&limit_sql);
-    query_rows(conn, &sql, &params, limit)
-}
-
-/// The retained rows with these event ids, in sequence order (ids no longer stored are left
-/// out). Asked in chunks, so that a long list stays under SQLite's parameter limit.
-fn select_ids(conn: &Connection, ids: &[String]) -> Result<Vec<StoredRow>, StoreError> {
-    const CHUNK: usize = 500;
-    let mut out = Vec::new();
-    for chunk in ids.chunks(CHUNK) {
-        let marks = vec!["?"; chunk.len()].join(", ");
-        let sql = format!("SELECT seq, id, ts, kind, meta, json FROM events WHERE id IN ({marks})");
-        let params: Vec<&dyn rusqlite::ToSql> =
-            chunk.iter().map(|k| k as &dyn rusqlite::ToSql).collect();
-        out.extend(query_rows(conn, &sql, &params, chunk.len())?);
-    }
-    out.sort_by_key(|r| r.seq);
-    Ok(out)
-}
-
-/// The first seq matched by `sql` (one parameter), else the end of the log.
-fn seq_where(
-    conn: &Connection,
-    sql: &str,
-    param: &dyn rusqlite::ToSql,
-    committed: &watch::Receiver<u64>,
-) -> Result<u64, StoreError> {
-    let context = "looking up a position";
-    let found: Option<i64> = conn
-        .prepare_cached(sql)
-        .and_then(|mut stmt| stmt.query_row([param], |r| r.get(0)).optional())
-        .map_err(|e| sql_err(context, e))?;
-    if let Some(seq) = found {
-        return from_sql_int(seq, "seq");
-    }
-    // Past the end: the next seq. The file may already show a commit the writer has not
-    // published yet, so take the larger of the two.
-    let last: Option<i64> = conn
-        .query_row(
-            "SELECT seq FROM events ORDER BY seq DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(|e| sql_err(context, e))?;
-    let in_file = match last {
-        Some(seq) => from_sql_int(seq, "seq")? + 1,
-        None => 0,
-    };
-    Ok(in_file.max(*committed.borrow()))
-}
-
-// ---------------------------------------------------------------------------------------------
-// The writer
-
-/// The writer thread's state. Only this thread writes the file.
-struct Writer {
-    conn: Connection,
-    rx: mpsc::Receiver<Incoming>,
-    group_commit_delay: Duration,
-    max_batch_rows: usize,
-    max_age: Option<Duration>,
-    max_events: u64,
-    max_bytes: u64,
-    retention_interval: Duration,
-    metrics: Option<crate::metrics::StoreMetrics>,
-    /// Received, not yet in a transaction.
-    queue: VecDeque<StoredRow>,
-    /// The group being committed; kept across failed attempts.
-    batch: Vec<StoredRow>,
-    /// Every sender is gone (closed or dropped): commit what is left and stop.
-    disconnected: bool,
-    /// The seq the next received row should have.
-    expected_seq: u64,
-    /// One past the last committed seq.
-    committed_next: u64,
-    /// The oldest retained seq (mirrored in `shared.first_seq`).
-    first_seq: u64,
-    /// Id and timestamp of the last committed row, kept in `meta` when retention empties the
-    /// table.
-    last_id: Option<String>,
-    last_ts: u64,
-    /// Bytes of `json` + `meta` in the table.
-    bytes: u64,
-    shared: Arc<Shared>,
-    committed: watch::Sender<u64>,
-    /// When retention may next run.
-    retention_due: Instant,
-    /// The last pass ran out of time with rows still to delete.
-    retention_backlog: bool,
-    /// Rows were committed since the last pass, which was too recent to run again.
-    retention_pending: bool,
-}
-
-impl Writer {
-    /// Commits groups until every sender is gone and everything queued is committed.
-    ///
-    /// # Errors
-    /// Only after a close, when rows could not be committed within [`CLOSE_RETRY_LIMIT`].
-    fn run(&mut self) -> Result<(), StoreError> {
-        loop {
-            if self.queue.is_empty() {
-                if self.disconnected {
-                    return Ok(());
-                }
-                self.wait_idle();
-                continue;
-            }
-            self.gather();
-            self.commit_batch()?;
-            if Instant::now() >= self.retention_due {
-                self.retain();
-            } else {
-                // Not due yet: the idle wait runs it when it is, so that the last commits
-                // before a quiet spell are not left over the limits.
-                self.retention_pending = true;
-            }
-        }
-    }
-
-    /// Blocks until rows arrive, waking for retention when rows may expire by age, commits
-    /// happened since the last pass, or a previous pass left work.
-    fn wait_idle(&mut self) {
-        let received = if self.retention_backlog || self.retention_pending {
-            let left = self.retention_due.saturating_duration_since(Instant::now());
-            self.rx.recv_timeout(left)
-        } else if self.max_age.is_some() {
-            // NB. At least IDLE_RETENTION_MIN, so that a zero interval does not spin while idle.
-            let left = self.retention_due.saturating_duration_since(Instant::now());
-            self.rx.recv_timeout(left.max(IDLE_RETENTION_MIN))
-        } else {
-            self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
-        };
-        match received {
-            Ok(rows) => self.enqueue(rows),
-            Err(RecvTimeoutError::Timeout) => self.retain(),
-            Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
-        }
-    }
-
-    /// Takes what is queued, waits up to the group commit delay for more, and moves up to
-    /// `max_batch_rows` rows into the batch.
-    fn gather(&mut self) {
-        loop {
-            match self.rx.try_recv() {
-                Ok(rows) => self.enqueue(rows),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    self.disconnected = true;
-                    break;
-                }
-            }
-        }
-        let deadline = Instant::now() + self.group_commit_delay;
-        while self.queue.len() < self.max_batch_rows && !self.disconnected {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match self.rx.recv_timeout(left) {
-                Ok(rows) => self.enqueue(rows),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
-            }
-        }
-        let n = self.queue.len().min(self.max_batch_rows);
-        self.batch.extend(self.queue.drain(..n));
-    }
-
-    /// Queues received rows, checking the contract (contiguous seqs).
-    fn enqueue(&mut self, incoming: Incoming) {
-        for row in incoming.into_rows() {
-            if row.seq < self.expected_seq {
-                // Its position is already taken: inserting it would fail forever and wedge
-                // every later commit. A caller bug, reported loudly.
-                tracing::error!(
-                    seq = row.seq,
-                    expected = self.expected_seq,
-                    id = %row.id,
-                    "event store: rejected a row whose sequence number is already used"
-                );
-                continue;
-            }
-            if row.seq > self.expected_seq {
-                tracing::warn!(
-                    seq = row.seq,
-                    expected = self.expected_seq,
-                    "event store: gap in appended sequence numbers"
-                );
-            }
-            self.expected_seq = row.seq + 1;
-            self.queue.push_back(row);
-        }
-    }
-
-    /// Commits the batch, retrying with backoff until it succeeds, then publishes `committed`.
-    ///
-    /// # Errors
-    /// Only once the senders are gone and [`CLOSE_RETRY_LIMIT`] has passed; the rows still
-    /// queued are reported as lost.
-    fn commit_batch(&mut self) -> Result<(), StoreError> {
-        let started = Instant::now();
-        let mut backoff = RETRY_BACKOFF_START;
-        let mut give_up_at: Option<Instant> = None;
-        let mut retrying = false;
-        loop {
-            // NB. A commit can report an error after its frames reached the WAL (a failed
-            // fsync, for one); inserting the rows again would then fail forever on their keys.
-            if retrying && self.batch_is_stored() {
-                tracing::warn!("event store: a commit reported as failed was stored after all");
-                break;
-            }
-            retrying = true;
-            let error = match self.insert_batch() {
-                Ok(()) => break,
-                Err(e) => e,
-            };
-            let first = self.batch.first().map_or(0, |r| r.seq);
-            tracing::error!(
-                error = %error,
-                rows = self.batch.len(),
-                first_seq = first,
-                retry_in = ?backoff,
-                "event store: commit failed; the rows are kept and retried"
-            );
-            if self.disconnected {
-                let limit = *give_up_at.get_or_insert_with(|| Instant::now() + CLOSE_RETRY_LIMIT);
-                if Instant::now() >= limit {
-                    let lost = self.batch.len() + self.queue.len();
-                    tracing::error!(
-                        lost,
-                        first_seq = first,
-                        "event store: giving up at close; queued events were not stored"
-                    );
-                    self.batch.clear();
-                    self.queue.clear();
-                    return Err(StoreError::Io(format!(
-                        "{lost} queued events (from seq {first}) could not be committed: {error}"
-                    )));
-                }
-            }
-            self.pause(backoff);
-            backoff = next_backoff(backoff);
-        }
-
-        if let Some(m) = &self.metrics {
-            m.observe_commit(started.elapsed(), self.batch.len());
-        }
-        let bytes: u64 = self.batch.iter().map(row_bytes).sum();
-        if let Some(last) = self.batch.last() {
-            self.committed_next = self.committed_next.max(last.seq + 1);
-            self.last_ts = last.timestamp;
-            self.last_id = Some(last.id.clone());
-        }
-        self.bytes += bytes;
-        self.batch.clear();
-        self.shared.commits.fetch_add(1, Ordering::Relaxed);
-        self.committed.send_replace(self.committed_next);
-        Ok(())
-    }
-
-    /// One transaction with every row of the batch.
-    fn insert_batch(&mut self) -> rusqlite::Result<()> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        {
-            let mut stmt = tx.prepare_cached(INSERT_SQL)?;
-            for row in &self.batch {
-                stmt.execute(params![
-                    sql_int(row.seq),
-                    row.id,
-                    sql_int(row.timestamp),
-                    row.kind,
-                    row.meta,
-                    row.json
-                ])?;
-            }
-        }
-        for row in &self.batch {
-            kept::write(&tx, row)?;
-            if row.kind != "identity.claimed" && row.kind != "identity.released" {
-                continue;
-            }
-            let Some(key) = crate::store::kept::claim_key(&row.json) else {
-                tracing::warn!(event = %row.id, kind = %row.kind, "a claim without its id");
-                continue;
-            };
-            if row.kind == "identity.released" {
-                tx.prepare_cached(CLAIMS_DELETE)?.execute(params![key])?;
-                continue;
-            }
-            tx.prepare_cached(CLAIMS_UPSERT)?.execute(params![
-                key,
-                sql_int(row.seq),
-                row.id,
-                sql_int(row.timestamp),
-                row.kind,
-                row.meta,
-                row.json
-            ])?;
-        }
-        // On error the dropped transaction rolls back: nothing of the batch is in the file.
-        tx.commit()
-    }
-
-    /// Whether every row of the batch is already in the file (checked before a retry).
-    fn batch_is_stored(&self) -> bool {
-        let (Some(first), Some(last)) = (self.batch.first(), self.batch.last()) else {
-            return true;
-        };
-        let stored: rusqlite::Result<i64> = self.conn.query_row(
-            "SELECT count(*) FROM events WHERE seq >= ?1 AND seq <= ?2",
-            [sql_int(first.seq), sql_int(last.seq)],
-            |r| r.get(0),
-        );
-        matches!(stored, Ok(n) if n == self.batch.len() as i64)
-    }
-
-    /// Waits `d` before a retry, still taking appended rows so that nothing is lost.
-    fn pause(&mut self, d: Duration) {
-        let deadline = Instant::now() + d;
-        while !self.disconnected {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            match self.rx.recv_timeout(left) {
-                Ok(rows) => self.enqueue(rows),
-                Err(RecvTimeoutError::Timeout) => return,
-                Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
-            }
-        }
-        std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
-    }
-
-    /// Runs a retention pass and schedules the next one. Failures are logged and retried at
-    /// the next interval; they never hold up commits.
-    fn retain(&mut self) {
-        let now = Instant::now();
-        self.retention_pending = false;
-        match self.retention_pass(now) {
-            Ok(true) => {
-                self.retention_due = now + self.retention_interval;
-                self.retention_backlog = false;
-            }
-            // Over budget with work left: the next pass may run right away.
-            Ok(false) => {
-                self.retention_due = Instant::now();
-                self.retention_backlog = true;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "event store: retention failed; retrying later");
-                self.retention_due = now + self.retention_interval.max(IDLE_RETENTION_MIN);
-                self.retention_backlog = false;
-            }
-        }
-    }
-
-    /// Deletes by age and count, then by bytes. `Ok(false)` when the time budget ran out first.
-    fn retention_pass(&mut self, started: Instant) -> rusqlite::Result<bool> {
-        let mut target = count_cut(self.first_seq, self.committed_next, self.max_events);
-        if let Some(max_age) = self.max_age {
-            let cutoff =
-                now_ms().saturating_sub(u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX));
-            let first_young: Option<i64> = self
-                .conn
-                .prepare_cached(SEQ_AT_TIME_SQL)?
-                .query_row([sql_int(cutoff)], |r| r.get(0))
-                .optional()?;
-            let first_young = first_young.map_or(self.committed_next, |s| s.max(0) as u64);
-            target = target.max(first_young);
-        }
-        let target = target.min(self.committed_next);
-        while self.first_seq < target {
-            self.delete_before(target.min(self.first_seq + RETENTION_CHUNK_ROWS))?;
-            if started.elapsed() >= RETENTION_PASS_BUDGET {
-                return Ok(self.first_seq >= target && self.bytes <= self.max_bytes);
-            }
-        }
-        while self.bytes > self.max_bytes && self.first_seq < self.committed_next {
-            let cut = self.bytes_cut()?;
-            self.delete_before(cut)?;
-            if started.elapsed() >= RETENTION_PASS_BUDGET {
-                return Ok(self.bytes <= self.max_bytes);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Where to cut so that the remaining bytes fit `max_bytes`, looking at most
-    /// [`RETENTION_CHUNK_ROWS`] rows ahead.
-    fn bytes_cut(&mut self) -> rusqlite::Result<u64> {
-        let excess = self.bytes - self.max_bytes;
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT seq, {ROW_BYTES_SQL} FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2"
-        ))?;
-        let sizes = stmt
-            .query_map(
-                params![sql_int(self.first_seq), sql_int(RETENTION_CHUNK_ROWS)],
-                |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?.max(0) as u64,
-                        r.get::<_, i64>(1)?.max(0) as u64,
-                    ))
-                },
-            )?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(match bytes_cut(&sizes, excess) {
-            Some(cut) => cut,
-            None if sizes.is_empty() => {
-                // The tracked total disagrees with an empty table: trust the table.
-                self.bytes = 0;
-                self.committed_next
-            }
-            None => sizes
-                .last()
-                .map_or(self.committed_next, |&(seq, _)| seq + 1),
-        })
-    }
-
-    /// Deletes every row with `seq < cut` in one transaction, with the log's position kept in
-    /// `meta` in case the table ends up empty.
-    fn delete_before(&mut self, cut: u64) -> rusqlite::Result<()> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let freed: i64 = tx.query_row(
-            &format!("SELECT COALESCE(SUM({ROW_BYTES_SQL}), 0) FROM events WHERE seq < ?1"),
-            [sql_int(cut)],
-            |r| r.get(0),
-        )?;
-        tx.execute("DELETE FROM events WHERE seq < ?1", [sql_int(cut)])?;
-        if let Some(last_id) = &self.last_id {
-            write_meta(&tx, META_NEXT_SEQ, &self.committed_next.to_string())?;
-            write_meta(&tx, META_LAST_ID, last_id)?;
-            write_meta(&tx, META_LAST_TS, &self.last_ts.to_string())?;
-        }
-        tx.commit()?;
-        self.bytes = self.bytes.saturating_sub(freed.max(0) as u64);
-        self.first_seq = self.first_seq.max(cut);
-        self.shared
-            .first_seq
-            .store(self.first_seq, Ordering::Release);
-        tracing::debug!(
-            first_seq = self.first_seq,
-            bytes = self.bytes,
-            "event store: retention"
-        );
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Pure helpers
-
-/// The bytes a row counts for in the byte budget (what `octet_length(json) + octet_length(meta)`
-/// gives in the file).
-fn row_bytes(row: &StoredRow) -> u64 {
-    (row.json.len() + row.meta.len()) as u64
-}
-
-/// Where retention by count cuts: keeps the newest `max_events` of `[first, next)`.
-fn count_cut(first: u64, next: u64, max_events: u64) -> u64 {
-    let count = next.saturating_sub(first);
-    if count > max_events {
-        first + (count - max_events)
-    } else {
-        first
-    }
-}
-
-/// Given `(seq, bytes)` of the oldest rows in order, the first seq to keep so that at least
-/// `excess` bytes are freed; `None` when these rows do not free enough.
-fn bytes_cut(sizes: &[(u64, u64)], excess: u64) -> Option<u64> {
-    let mut freed = 0u64;
-    for &(seq, bytes) in sizes {
-        freed += bytes;
-        if freed >= excess {
-            return Some(seq + 1);
-        }
-    }
-    None
-}
-
-/// The next wait after a failed attempt.
-fn next_backoff(current: Duration) -> Duration {
-    (current * 2).min(RETRY_BACKOFF_MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn count_cut_keeps_the_newest() {
-        assert_eq!(count_cut(0, 100, 1000), 0);
-        assert_eq!(count_cut(0, 100, 100), 0);
-        assert_eq!(count_cut(0, 100, 40), 60);
-        assert_eq!(count_cut(50, 100, 10), 90);
-        assert_eq!(count_cut(100, 100, 0), 100);
-        assert_eq!(count_cut(0, 5, 0), 5);
-    }
-
-    #[test]
-    fn bytes_cut_frees_at_least_the_excess() {
-        let sizes = [(10, 100), (11, 100), (12, 100)];
-        assert_eq!(bytes_cut(&sizes, 1), Some(11));
-        assert_eq!(bytes_cut(&sizes, 100), Some(11));
-        assert_eq!(bytes_cut(&sizes, 101), Some(12));
-        assert_eq!(bytes_cut(&sizes, 300), Some(13));
-        assert_eq!(bytes_cut(&sizes, 301), None);
-        assert_eq!(bytes_cut(&[], 1), None);
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let mut d = RETRY_BACKOFF_START;
-        let mut seen = vec![d];
-        for _ in 0..20 {
-            d = next_backoff(d);
-            seen.push(d);
-        }
-        assert_eq!(seen[1], RETRY_BACKOFF_START * 2);
-        assert!(seen.windows(2).all(|w| w[1] >= w[0]));
-        assert_eq!(*seen.last().unwrap(), RETRY_BACKOFF_MAX);
-    }
-
-    #[test]
-    fn row_bytes_counts_json_and_meta() {
-        let row = StoredRow {
-            seq: 0,
-            id: "01ARZ3NDEKTSV4RRFFQ69G5FAV".into(),
-            timestamp: 1,
-            kind: "k".into(),
-            meta: "{}".into(),
-            json: "{\"é\":1}".into(),
-        };
-        assert_eq!(row_bytes(&row), 2 + 8);
-        // The file counts the same bytes (octet_length of UTF-8 text, not characters).
-        let conn = Connection::open_in_memory().unwrap();
-        let in_sql: i64 = conn
-            .query_row(
-                &format!("SELECT {ROW_BYTES_SQL} FROM (SELECT ?1 AS json, ?2 AS meta)"),
-                [&row.json, &row.meta],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(in_sql as u64, row_bytes(&row));
-    }
 
     #[test]
     fn defaults() {
