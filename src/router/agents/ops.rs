@@ -743,7 +743,7 @@ impl Router {
         let mut next_cursor = None;
         for rec in self.registry.iter_ordered(after) {
             if !can_see_agent(&caller.viewer(), &rec.agent, self.agent_view())
-                || !agent_matches(&filter, rec)
+                || !agent_matches(&filter, rec, self.scopes.of_agent(&rec.agent.id))
             {
                 continue;
             }
@@ -922,7 +922,11 @@ fn merge_sections(current: &mut JsonMap, changes: &JsonMap) {
 }
 
 /// The `map/agents/list` filter.
-fn agent_matches(f: &AgentFilter, rec: &crate::router::agents::registry::AgentRecord) -> bool {
+fn agent_matches(
+    f: &AgentFilter,
+    rec: &crate::router::agents::registry::AgentRecord,
+    member_of: &[crate::protocol::ids::ScopeId],
+) -> bool {
     let a = &rec.agent;
     let any = |list: &Option<Vec<String>>, v: Option<&str>| match list {
         Some(l) if !l.is_empty() => v.is_some_and(|v| l.iter().any(|x| x == v)),
@@ -937,7 +941,7 @@ fn agent_matches(f: &AgentFilter, rec: &crate::router::agents::registry::AgentRe
         return false;
     }
     if let Some(scopes) = f.scopes.as_ref().filter(|s| !s.is_empty()) {
-        if !a.scopes.iter().any(|s| scopes.contains(s)) {
+        if !member_of.iter().any(|s| scopes.contains(s)) {
             return false;
         }
     }

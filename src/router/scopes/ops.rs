@@ -1,7 +1,8 @@
 //! Scope handlers: create, delete, list, get, join, leave, members.
 //!
-//! Membership changes keep both sides in step (the scope's member set and `Agent.scopes`) and
-//! emit `scope_member_joined` / `scope_member_left`. Visibility follows `Scope.visibility`
+//! Membership changes go through the scopes table's `join` / `leave` (membership is stored
+//! there once; an agent's `scopes` is derived when its snapshot is built) and emit
+//! `scope_member_joined` / `scope_member_left`. Visibility follows `Scope.visibility`
 //! (`public`, `members` = the viewer owns a member agent, `system`; its creator always sees it);
 //! an invisible scope is reported as not found. Join and leave require control of the agent (its owner, an ancestor's
 //! owner, system) or being the scope's creator.
