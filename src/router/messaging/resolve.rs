@@ -262,3 +262,196 @@ pub fn resolve(
     out.retain(|r| seen.insert(r.clone()));
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::protocol::agent::{Agent, AgentVisibility};
+    use crate::protocol::json::RawJson;
+    use crate::protocol::scope::{Scope, SendPolicy};
+    use crate::router::agents::registry::Registry;
+    use crate::router::permissions::Policy;
+    use crate::router::scopes::table::Scopes;
+    use crate::router::sessions::table::{SessionSeed, Sessions};
+
+    /// Three owners: `alice` (agents `a1`, child `a2`, system-only `secret`), `bob` (agent
+    /// `b1`, role `worker`), and a client `carol` with no agent. Scope `team` holds `a1`, `a2`,
+    /// `b1`; scope `closed` (members send only) holds `b1`.
+    struct World {
+        registry: Registry,
+        scopes: Scopes,
+        sessions: Sessions,
+    }
+
+    fn agent(id: &str, owner: &str, parent: Option<&str>, role: Option<&str>) -> Agent {
+        let mut a = Agent::new(id.into(), Some(owner.into()));
+        a.parent = parent.map(AgentId::from);
+        a.role = role.map(str::to_owned);
+        a
+    }
+
+    fn scope(id: &str, send: Option<SendPolicy>) -> Scope {
+        Scope {
+            id: id.into(),
+            name: None,
+            description: None,
+            parent: None,
+            join_policy: None,
+            auto_join_roles: None,
+            visibility: None,
+            message_visibility: None,
+            send_policy: send,
+            persistent: None,
+            auto_delete: None,
+            metadata: None,
+        }
+    }
+
+    fn session(participant: &str, kind: ParticipantType) -> SessionSeed {
+        SessionSeed {
+            id: format!("s-{participant}").as_str().into(),
+            participant: participant.into(),
+            kind,
+            name: None,
+            capabilities: Default::default(),
+            created_at: 0,
+            token_key: format!("k-{participant}"),
+            policy: None,
+            primary_agent: None,
+            orphaned: Vec::new(),
+            principal: None,
+        }
+    }
+
+    fn world() -> World {
+        let mut registry = Registry::default();
+        registry.insert_for_test(agent("a1", "alice", None, Some("lead")));
+        registry.insert_for_test(agent("a2", "alice", Some("a1"), Some("worker")));
+        let mut secret = agent("secret", "alice", None, Some("worker"));
+        secret.visibility = Some(AgentVisibility::System);
+        registry.insert_for_test(secret);
+        registry.insert_for_test(agent("b1", "bob", None, Some("worker")));
+        let mut scopes = Scopes::default();
+        scopes.restore(scope("team", Some(SendPolicy::Any)), None);
+        scopes.restore(scope("closed", Some(SendPolicy::Members)), None);
+        for a in ["a1", "a2", "b1"] {
+            scopes.join(&"team".into(), &a.into());
+        }
+        scopes.join(&"closed".into(), &"b1".into());
+        let mut sessions = Sessions::default();
+        let now = std::time::Instant::now();
+        sessions.restore(session("alice", ParticipantType::Agent), now);
+        sessions.restore(session("bob", ParticipantType::Agent), now);
+        sessions.restore(session("carol", ParticipantType::Client), now);
+        World {
+            registry,
+            scopes,
+            sessions,
+        }
+    }
+
+    fn caller(participant: &str, kind: ParticipantType, agent: Option<&str>) -> Caller {
+        Caller {
+            session: format!("s-{participant}").as_str().into(),
+            participant: participant.into(),
+            kind,
+            primary_agent: agent.map(AgentId::from),
+            policy: Arc::new(Policy::default()),
+        }
+    }
+
+    fn run(w: &World, c: &Caller, to: serde_json::Value, strict: bool) -> Result<Vec<String>, RouterError> {
+        let views = Views {
+            agents: AgentView::new(&w.registry, &w.scopes),
+            scopes: ScopeView::new(&w.scopes),
+            sessions: SessionView::new(&w.sessions),
+        };
+        let address = Address::parse_raw(&RawJson::from(to)).expect("an address");
+        let found = resolve(views, c, &address, strict)?;
+        let allowed = permitted(views.agents, c, found, true)?;
+        Ok(allowed.iter().map(|r| r.id().to_owned()).collect())
+    }
+
+    #[test]
+    fn group_addresses_leave_out_the_sender_and_what_it_cannot_see() {
+        let w = world();
+        let alice = caller("alice", ParticipantType::Agent, Some("a1"));
+        assert_eq!(
+            run(&w, &alice, serde_json::json!({"broadcast": true}), true).unwrap(),
+            vec!["a2", "b1"],
+            "no sender, no system-only agent"
+        );
+        assert_eq!(
+            run(&w, &alice, serde_json::json!({"scope": "team"}), true).unwrap(),
+            vec!["a2", "b1"]
+        );
+        assert_eq!(
+            run(&w, &alice, serde_json::json!({"role": "worker"}), true).unwrap(),
+            vec!["a2", "b1"],
+            "the system-only worker is not named"
+        );
+        assert_eq!(
+            run(&w, &alice, serde_json::json!({"children": true}), true).unwrap(),
+            vec!["a2"]
+        );
+    }
+
+    #[test]
+    fn a_scope_that_takes_members_only_refuses_an_outsider() {
+        let w = world();
+        let carol = caller("carol", ParticipantType::Client, None);
+        let refused = run(&w, &carol, serde_json::json!({"scope": "closed"}), true);
+        assert!(matches!(refused, Err(RouterError::PermissionDenied(_))), "{refused:?}");
+        let bob = caller("bob", ParticipantType::Agent, Some("b1"));
+        assert_eq!(
+            run(&w, &bob, serde_json::json!({"scope": "closed"}), true).unwrap(),
+            Vec::<String>::new(),
+            "its only member is the sender"
+        );
+    }
+
+    #[test]
+    fn an_agent_address_falls_back_to_a_participant_and_unknown_ids_are_errors_when_strict() {
+        let w = world();
+        let bob = caller("bob", ParticipantType::Agent, Some("b1"));
+        assert_eq!(
+            run(&w, &bob, serde_json::json!({"agent": "carol"}), true).unwrap(),
+            vec!["carol"]
+        );
+        assert!(matches!(
+            run(&w, &bob, serde_json::json!({"agent": "nobody"}), true),
+            Err(RouterError::AgentNotFound(_))
+        ));
+        assert!(run(&w, &bob, serde_json::json!({"agent": "nobody"}), false)
+            .unwrap()
+            .is_empty());
+        assert!(
+            matches!(
+                run(&w, &bob, serde_json::json!({"agent": "secret"}), true),
+                Err(RouterError::AgentNotFound(_))
+            ),
+            "a system-only agent is not found by others"
+        );
+        assert_eq!(
+            run(&w, &bob, serde_json::json!({"agents": ["a1", "a1", "a2"]}), true).unwrap(),
+            vec!["a1", "a2"],
+            "de-duplicated"
+        );
+    }
+
+    #[test]
+    fn participants_addresses_name_attached_sessions_only() {
+        let w = world();
+        let carol = caller("carol", ParticipantType::Client, None);
+        // Restored sessions are detached: nobody is reached.
+        assert!(run(&w, &carol, serde_json::json!({"participants": "all"}), true)
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            run(&w, &carol, serde_json::json!({"participant": "alice"}), true).unwrap(),
+            vec!["alice"]
+        );
+    }
+}
