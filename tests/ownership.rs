@@ -128,7 +128,13 @@ fn open_fields(text: &str, record: &str, part: &str) -> Vec<(String, String)> {
         .lines()
         .filter_map(|l| {
             let l = l.trim();
-            let colon = l.find(':')?;
+            // The field's colon: not part of a path (`crate::router`).
+            let bytes = l.as_bytes();
+            let colon = (0..bytes.len()).find(|&i| {
+                bytes[i] == b':'
+                    && bytes.get(i + 1) != Some(&b':')
+                    && (i == 0 || bytes[i - 1] != b':')
+            })?;
             let (decl, _) = l.split_at(colon);
             if decl.contains('<') || decl.is_empty() {
                 return None;
@@ -248,7 +254,9 @@ fn no_part_writes_another_parts_table() {
                 continue;
             }
             for (line, call) in raw_calls(&text, field) {
-                problems.push(format!("src/router/{rel}:{line}: {call} (the {part} part's table)"));
+                problems.push(format!(
+                    "src/router/{rel}:{line}: {call} (the {part} part's table)"
+                ));
             }
         }
     }
@@ -263,7 +271,8 @@ fn no_part_writes_another_parts_table() {
 fn scope_membership_is_stored_once() {
     let registry = read("agents/registry.rs");
     let body = struct_body(&registry, "AgentRecord").expect("AgentRecord");
-    let scope_fields: Vec<&str> = code_only(body)
+    let code = code_only(body);
+    let scope_fields: Vec<&str> = code
         .lines()
         .filter(|l| l.contains(':') && l.to_lowercase().contains("scope"))
         .collect();
@@ -326,7 +335,10 @@ fn elsewhere(r: &mut Router) {
         open_writers(bad, "Registry", "agents"),
         vec![("get_mut".to_owned(), "pub".to_owned())]
     );
-    let calls: Vec<String> = raw_calls(bad, "registry").into_iter().map(|c| c.1).collect();
+    let calls: Vec<String> = raw_calls(bad, "registry")
+        .into_iter()
+        .map(|c| c.1)
+        .collect();
     assert_eq!(calls, vec![".registry.get_mut(", ".registry.set_owner("]);
     assert_eq!(scope_list_writes(bad).len(), 1);
 }

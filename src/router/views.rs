@@ -10,11 +10,10 @@
 //! Owns nothing: a view borrows the tables for the length of one decision.
 
 use crate::protocol::agent::Agent;
-use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
 use crate::router::agents::registry::{AgentRecord, Registry};
 use crate::router::scopes::table::{ScopeRecord, Scopes};
-use crate::router::sessions::table::Sessions;
+use crate::router::sessions::table::{SessionFacts, Sessions};
 
 /// The agents as others read them: records, the tree, owners, and each agent's scopes
 /// (derived from the scopes part's membership, which is stored there once).
@@ -138,17 +137,6 @@ impl<'a> ScopeView<'a> {
     pub fn is_member(&self, scope: &ScopeId, agent: &AgentId) -> bool {
         self.scopes.is_member(scope, agent)
     }
-}
-
-/// One session as others read it.
-#[derive(Debug, Clone, Copy)]
-pub struct SessionFacts<'a> {
-    /// Its participant.
-    pub participant: &'a ParticipantId,
-    /// Its declared type.
-    pub kind: ParticipantType,
-    /// Whether a connection is attached.
-    pub attached: bool,
 }
 
 /// The sessions as others read them: who is connected, as what.

@@ -37,6 +37,7 @@ use crate::router::events::log::EventRecord;
 use crate::router::events::log::Lookup;
 use crate::router::events::log::StoredRow;
 use crate::router::ids::{ConnId, IdMap, Shrink};
+use crate::router::outbox::push;
 use crate::router::outbox::CausedBy;
 use crate::router::outbox::Delivery;
 use crate::router::outbox::Outbound;
@@ -600,17 +601,6 @@ fn offer(
         }
         Err(PushError::Full(_)) => Offer::Full,
         Err(PushError::Closed(_)) => Offer::Gone,
-    }
-}
-
-/// Tries to queue; on a full queue requests a wake-up and tries once more (see `outbox`).
-pub(crate) fn push(outbox: &Outbox, item: Outbound) -> Result<(), PushError> {
-    match outbox.try_push(item) {
-        Err(PushError::Full(item)) => {
-            outbox.request_wakeup();
-            outbox.try_push(item)
-        }
-        other => other,
     }
 }
 

@@ -362,7 +362,12 @@ mod tests {
         }
     }
 
-    fn run(w: &World, c: &Caller, to: serde_json::Value, strict: bool) -> Result<Vec<String>, RouterError> {
+    fn run(
+        w: &World,
+        c: &Caller,
+        to: serde_json::Value,
+        strict: bool,
+    ) -> Result<Vec<String>, RouterError> {
         let views = Views {
             agents: AgentView::new(&w.registry, &w.scopes),
             scopes: ScopeView::new(&w.scopes),
@@ -403,7 +408,10 @@ mod tests {
         let w = world();
         let carol = caller("carol", ParticipantType::Client, None);
         let refused = run(&w, &carol, serde_json::json!({"scope": "closed"}), true);
-        assert!(matches!(refused, Err(RouterError::PermissionDenied(_))), "{refused:?}");
+        assert!(
+            matches!(refused, Err(RouterError::PermissionDenied(_))),
+            "{refused:?}"
+        );
         let bob = caller("bob", ParticipantType::Agent, Some("b1"));
         assert_eq!(
             run(&w, &bob, serde_json::json!({"scope": "closed"}), true).unwrap(),
@@ -435,7 +443,13 @@ mod tests {
             "a system-only agent is not found by others"
         );
         assert_eq!(
-            run(&w, &bob, serde_json::json!({"agents": ["a1", "a1", "a2"]}), true).unwrap(),
+            run(
+                &w,
+                &bob,
+                serde_json::json!({"agents": ["a1", "a1", "a2"]}),
+                true
+            )
+            .unwrap(),
             vec!["a1", "a2"],
             "de-duplicated"
         );
@@ -446,11 +460,19 @@ mod tests {
         let w = world();
         let carol = caller("carol", ParticipantType::Client, None);
         // Restored sessions are detached: nobody is reached.
-        assert!(run(&w, &carol, serde_json::json!({"participants": "all"}), true)
-            .unwrap()
-            .is_empty());
+        assert!(
+            run(&w, &carol, serde_json::json!({"participants": "all"}), true)
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(
-            run(&w, &carol, serde_json::json!({"participant": "alice"}), true).unwrap(),
+            run(
+                &w,
+                &carol,
+                serde_json::json!({"participant": "alice"}),
+                true
+            )
+            .unwrap(),
             vec!["alice"]
         );
     }

@@ -27,9 +27,8 @@ use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
 use crate::protocol::methods::session::{ConnectParams, DisconnectPolicy, Principal};
 
-use crate::router::events::bus::push;
 use crate::router::ids::ConnId;
-use crate::router::outbox::{Outbound, Outbox, PushError};
+use crate::router::outbox::{push, Outbound, Outbox, PushError};
 
 /// Where a connection comes from (authentication may trust some origins: `[auth]
 /// trusted_transports`).
@@ -427,13 +426,24 @@ impl Session {
     }
 
     /// What others read of it (`router::views::SessionView`).
-    pub fn facts(&self) -> crate::router::views::SessionFacts<'_> {
-        crate::router::views::SessionFacts {
+    pub fn facts(&self) -> SessionFacts<'_> {
+        SessionFacts {
             participant: &self.participant,
             kind: self.kind,
             attached: self.conn.is_some(),
         }
     }
+}
+
+/// One session as other parts read it (`router::views::SessionView`).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionFacts<'a> {
+    /// Its participant.
+    pub participant: &'a ParticipantId,
+    /// Its declared type.
+    pub kind: ParticipantType,
+    /// Whether a connection is attached.
+    pub attached: bool,
 }
 
 /// What a saved session is restored from ([`Sessions::restore`]).

@@ -11,13 +11,12 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
-use super::Synchronous;
 use crate::store::sqlite::kept;
+use crate::store::sqlite::options::Synchronous;
 use crate::store::sqlite::reader::select_rows;
-use crate::store::sqlite::retention::ROW_BYTES_SQL;
 use crate::store::sqlite::sql::{
     from_sql_int, parse_id, query_rows, read_meta, sql_err, META_LAST_ID, META_LAST_TS,
-    META_NEXT_SEQ,
+    META_NEXT_SEQ, ROW_BYTES_SQL,
 };
 use crate::store::Recovered;
 use crate::store::StoreError;

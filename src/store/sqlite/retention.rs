@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use crate::protocol::ids::now_ms;
-use crate::store::record::StoredRow;
 use crate::store::sqlite::reader::SEQ_AT_TIME_SQL;
-use crate::store::sqlite::sql::{sql_int, write_meta, META_LAST_ID, META_LAST_TS, META_NEXT_SEQ};
+use crate::store::sqlite::sql::{
+    sql_int, write_meta, IDLE_RETENTION_MIN, META_LAST_ID, META_LAST_TS, META_NEXT_SEQ,
+    ROW_BYTES_SQL,
+};
 use crate::store::sqlite::writer::Writer;
 
 /// Rows deleted per retention transaction: bounds how long one delete holds the writer.
@@ -28,13 +30,6 @@ const RETENTION_CHUNK_ROWS: u64 = 10_000;
 /// How long one retention pass may work before it yields to pending commits; the rest is done
 /// in the next pass, which then runs without waiting for the interval.
 const RETENTION_PASS_BUDGET: Duration = Duration::from_millis(100);
-
-/// While idle, retention by age wakes at most this often (even with a zero interval), so an
-/// idle writer never spins.
-pub(super) const IDLE_RETENTION_MIN: Duration = Duration::from_millis(10);
-
-/// What [`row_bytes`] counts, in SQL.
-pub(super) const ROW_BYTES_SQL: &str = "octet_length(json) + octet_length(meta)";
 
 impl Writer {
     /// Runs a retention pass and schedules the next one. Failures are logged and retried at
@@ -154,12 +149,6 @@ impl Writer {
     }
 }
 
-/// The bytes a row counts for in the byte budget (what `octet_length(json) + octet_length(meta)`
-/// gives in the file).
-pub(super) fn row_bytes(row: &StoredRow) -> u64 {
-    (row.json.len() + row.meta.len()) as u64
-}
-
 /// Where retention by count cuts: keeps the newest `max_events` of `[first, next)`.
 fn count_cut(first: u64, next: u64, max_events: u64) -> u64 {
     let count = next.saturating_sub(first);
@@ -186,6 +175,9 @@ fn bytes_cut(sizes: &[(u64, u64)], excess: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use rusqlite::Connection;
+
+    use crate::store::record::StoredRow;
+    use crate::store::sqlite::sql::row_bytes;
 
     use super::*;
 

@@ -1,6 +1,8 @@
 //! The small SQL helpers every part of the SQLite store shares: integer conversions, error
 //! mapping, reading rows as [`StoredRow`]s and the `meta` table. No state, no threads.
 
+use std::time::Duration;
+
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::protocol::ids::EventId;
@@ -102,6 +104,19 @@ pub(super) fn write_meta(conn: &Connection, key: &str, value: &str) -> rusqlite:
         [key, value],
     )
     .map(drop)
+}
+
+/// While idle, retention by age wakes at most this often (even with a zero interval), so an
+/// idle writer never spins.
+pub(super) const IDLE_RETENTION_MIN: Duration = Duration::from_millis(10);
+
+/// What [`row_bytes`] (retention's byte budget) counts, in SQL.
+pub(super) const ROW_BYTES_SQL: &str = "octet_length(json) + octet_length(meta)";
+
+/// The bytes a row counts for in the byte budget (what `octet_length(json) + octet_length(meta)`
+/// gives in the file).
+pub(super) fn row_bytes(row: &StoredRow) -> u64 {
+    (row.json.len() + row.meta.len()) as u64
 }
 
 #[cfg(test)]

@@ -22,9 +22,8 @@ use tokio::sync::watch;
 
 use crate::store::record::{EventRecord, StoredRow};
 use crate::store::sqlite::kept;
-use crate::store::sqlite::retention::{row_bytes, IDLE_RETENTION_MIN};
-use crate::store::sqlite::sql::sql_int;
-use crate::store::sqlite::Shared;
+use crate::store::sqlite::options::Shared;
+use crate::store::sqlite::sql::{row_bytes, sql_int, IDLE_RETENTION_MIN};
 use crate::store::StoreError;
 
 /// The first wait after a failed commit; doubled at each further failure.
