@@ -19,6 +19,8 @@ use axum::routing::get;
 use axum::Router as HttpRouter;
 
 use crate::auth::Authenticator;
+use crate::gateway::caller::{Admission, Refusal};
+use crate::gateway::wire::bearer;
 use crate::router::RouterHandle;
 
 /// More metric families for each scrape, in OpenMetrics text without `# EOF` (the AIP
@@ -78,21 +80,15 @@ fn unauthorized(why: &str) -> Response {
 
 async fn scrape(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
     if let Some(auth) = &state.auth {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim);
-        let Some(secret) = given.filter(|s| !s.is_empty()) else {
-            return unauthorized(
+        let admission = Admission::new(Some(Arc::clone(auth)));
+        match admission.admit(bearer(&headers), None) {
+            Ok(_) => {}
+            Err(Refusal::Missing) => return unauthorized(
                 "metrics need `Authorization: Bearer <API key or JWT>` (or `[metrics] public = true`)",
-            );
-        };
-        if let Err(e) = auth.verify_bearer(secret) {
-            return unauthorized(&format!("credential refused: {}", e.message));
+            ),
+            Err(Refusal::Refused(why)) => {
+                return unauthorized(&format!("credential refused: {why}"))
+            }
         }
     }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
