@@ -27,7 +27,6 @@ use axum::extract::Query;
 use axum::http::{header, HeaderMap, Uri};
 
 use crate::auth::Authenticator;
-use crate::gateway::guard::CallerKey;
 use crate::gateway::wire::bearer;
 use crate::protocol::methods::session::Principal;
 
@@ -58,6 +57,18 @@ impl Subject {
             },
         }
     }
+}
+
+/// Whose rate bucket (`guard.rs`) and shared MAP session (`callers.rs`) a caller has: the
+/// gateway layer's one key of a caller ([`Caller::key`]), its principal, else its address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CallerKey {
+    /// An authenticated principal (`id`, `issuer`).
+    Principal(String, Option<String>),
+    /// An anonymous caller's address.
+    Ip(IpAddr),
+    /// An anonymous caller whose address is unknown (all share one bucket).
+    Unknown,
 }
 
 /// The verified caller of one request.

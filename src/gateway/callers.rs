@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 
 use crate::client::{Client, ClientError, ClientOptions, ConnectionState};
-use crate::gateway::guard::CallerKey;
+use crate::gateway::caller::CallerKey;
 use crate::protocol::methods::session::Principal;
 use crate::transport::in_process::InProcessLinks;
 

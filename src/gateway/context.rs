@@ -33,13 +33,11 @@ use tokio::sync::OnceCell;
 
 use crate::auth::Authenticator;
 use crate::client::{Client, ClientError, ClientOptions};
-use crate::gateway::caller::{Accepts, Admission, Caller, Refusal};
+use crate::gateway::caller::{Accepts, Admission, Caller, CallerKey, Refusal};
 use crate::gateway::callers::CallerSessions;
 use crate::gateway::config::{GatewaySettings, RouterFacts, ENVELOPE_ROOM};
 use crate::gateway::directory::Directory;
-use crate::gateway::guard::{
-    Access, CallerKey, Gate, GatedRoute, Guard, GuardSettings, Refused, Render,
-};
+use crate::gateway::guard::{Access, Gate, GatedRoute, Guard, GuardSettings, Refused, Render};
 use crate::gateway::im::table::ImTable;
 use crate::gateway::peer_table::PeerTable;
 use crate::gateway::threads::Threads;

@@ -24,32 +24,28 @@
 //! Owns: the allow-list and the keyed buckets (bounded: idle keys are forgotten), and the
 //! gate's settings per route group; nothing about what the routes do.
 
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::body::HttpBody as _;
+use axum::body::{Body, Bytes, HttpBody as _};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::handler::Handler;
-use axum::http::Method;
+use axum::http::{header, HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::MethodRouter;
 use axum::Router as HttpRouter;
-
-use crate::gateway::caller::{credential, Accepts, Admission, Caller, Refusal};
-use crate::gateway::wire::closing;
-use crate::transport::admission::PeerInfo;
-
-use std::net::IpAddr;
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
-
-use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap};
 use futures::StreamExt;
 use governor::clock::{Clock, DefaultClock};
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
+
+use crate::gateway::caller::{credential, Accepts, Admission, Caller, CallerKey, Refusal};
+use crate::gateway::wire::closing;
+use crate::transport::admission::PeerInfo;
 
 pub use crate::transport::http::json_content_type;
 
@@ -62,17 +58,6 @@ pub const DEFAULT_RATE: (u32, u32) = (200, 400);
 
 /// Forget idle buckets after this many checks.
 const SWEEP_EVERY: u32 = 4096;
-
-/// Who a bucket is for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum CallerKey {
-    /// An authenticated principal (`id`, `issuer`).
-    Principal(String, Option<String>),
-    /// An anonymous caller's address.
-    Ip(IpAddr),
-    /// An anonymous caller whose address is unknown (all share one bucket).
-    Unknown,
-}
 
 type Keyed = RateLimiter<CallerKey, DefaultKeyedStateStore<CallerKey>, DefaultClock>;
 
