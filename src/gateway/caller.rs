@@ -227,3 +227,92 @@ impl Admission {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::config::Secret;
+    use crate::auth::AuthSettings;
+    use axum::http::HeaderValue;
+
+    const KEYS: &str = "key-ops-0123456789 ops,key-alice-0123456789 alice";
+
+    fn admission() -> Admission {
+        let mut settings = AuthSettings::default();
+        settings.api_keys.inline = Some(Secret(KEYS.into()));
+        settings.system_principals = vec!["ops".into()];
+        Admission::new(settings.build("test").expect("valid settings"))
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn credentials_in_the_forms_a_group_accepts() {
+        let plain = Uri::from_static("/x");
+        let with_token = Uri::from_static("/gateway/connect?token=t0k");
+        let a2a = Accepts {
+            x_api_key: true,
+            ..Accepts::default()
+        };
+        let im = Accepts {
+            upgrade_token: true,
+            ..Accepts::default()
+        };
+        let bearer = headers(&[("authorization", "Bearer abc")]);
+        assert_eq!(
+            credential(&bearer, &plain, Accepts::default()).as_deref(),
+            Some("abc")
+        );
+        let key = headers(&[("x-api-key", " k ")]);
+        assert_eq!(credential(&key, &plain, a2a).as_deref(), Some("k"));
+        assert_eq!(credential(&key, &plain, Accepts::default()), None);
+        let upgrade = headers(&[("upgrade", "websocket")]);
+        assert_eq!(
+            credential(&upgrade, &with_token, im).as_deref(),
+            Some("t0k")
+        );
+        assert_eq!(
+            credential(&HeaderMap::new(), &with_token, im),
+            None,
+            "not an upgrade"
+        );
+        assert_eq!(credential(&upgrade, &with_token, a2a), None, "not accepted");
+    }
+
+    #[test]
+    fn one_admission_for_every_gateway() {
+        let ip = Some(IpAddr::from([127, 0, 0, 2]));
+        let off = Admission::new(None)
+            .admit(None, ip)
+            .expect("anybody, auth off");
+        assert!(off.principal.is_none() && off.sees_all);
+        assert_eq!(off.key(false), Some(CallerKey::Ip(ip.unwrap())));
+        assert_eq!(off.key(true), None, "an exempt loopback caller");
+        let on = admission();
+        assert_eq!(on.admit(None, ip).unwrap_err(), Refusal::Missing);
+        assert!(matches!(
+            on.admit(Some("key-nobody-0123456789"), ip),
+            Err(Refusal::Refused(_))
+        ));
+        let alice = on.admit(Some("key-alice-0123456789"), ip).expect("alice");
+        assert_eq!(alice.name(), "alice");
+        assert!(!alice.sees_all);
+        assert_eq!(
+            alice.key(true),
+            Some(CallerKey::Principal(
+                "alice".into(),
+                alice.principal.clone().unwrap().issuer
+            )),
+            "a principal is never exempt"
+        );
+        assert!(on.admit(Some("key-ops-0123456789"), ip).unwrap().sees_all);
+        let anonymous = on.anonymous(ip);
+        assert!(anonymous.principal.is_none() && !anonymous.sees_all);
+    }
+}
