@@ -287,12 +287,13 @@ mod tests {
 
     #[test]
     fn one_admission_for_every_gateway() {
-        let ip = Some(IpAddr::from([127, 0, 0, 2]));
+        let addr = IpAddr::from([127, 0, 0, 2]);
+        let ip = Some(addr);
         let off = Admission::new(None)
             .admit(None, ip)
             .expect("anybody, auth off");
         assert!(off.principal.is_none() && off.sees_all);
-        assert_eq!(off.key(false), Some(CallerKey::Ip(ip.unwrap())));
+        assert_eq!(off.key(false), Some(CallerKey::Ip(addr)));
         assert_eq!(off.key(true), None, "an exempt loopback caller");
         let on = admission();
         assert_eq!(on.admit(None, ip).unwrap_err(), Refusal::Missing);
