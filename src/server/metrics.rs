@@ -31,7 +31,7 @@ pub type Extra = Arc<dyn Fn() -> String + Send + Sync>;
 struct MetricsState {
     router: RouterHandle,
     /// `Some` when scrapes must authenticate.
-    auth: Option<Arc<Authenticator>>,
+    auth: Option<Admission>,
     extra: Option<Extra>,
 }
 
@@ -51,7 +51,7 @@ pub fn routes_with(
         .route("/metrics", get(scrape))
         .with_state(MetricsState {
             router,
-            auth,
+            auth: auth.map(|a| Admission::new(Some(a))),
             extra,
         })
 }
@@ -79,8 +79,7 @@ fn unauthorized(why: &str) -> Response {
 }
 
 async fn scrape(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
-    if let Some(auth) = &state.auth {
-        let admission = Admission::new(Some(Arc::clone(auth)));
+    if let Some(admission) = &state.auth {
         match admission.admit(bearer(&headers), None) {
             Ok(_) => {}
             Err(Refusal::Missing) => return unauthorized(
