@@ -3,8 +3,8 @@
 //! and [`Subject`], the key the gateways' tables record ownership under.
 //!
 //! **One way to admit a caller.** Every gateway (A2A, MAMP, IM, AIP) and `GET /metrics` reads
-//! its request's credential with [`credential`] (or, for AIP's gRPC metadata, the same
-//! `auth::bearer` parser) in the forms it accepts ([`Accepts`]: `Authorization: Bearer <API
+//! its request's credential with [`credential`] (or, for AIP's gRPC metadata and `/metrics`,
+//! the same `auth::bearer` parser directly) in the forms it accepts ([`Accepts`]: `Authorization: Bearer <API
 //! key or JWT>` everywhere; `X-API-Key` on A2A; `?token=` on the IM WebSocket's upgrade, since
 //! browsers cannot set headers there; a bare credential in AIP's metadata) and hands it to
 //! [`Admission::admit`], the one place the router's authenticator is asked. The answer is a
@@ -19,9 +19,8 @@
 //! Owns nothing: a `Caller` lives as long as its request or connection.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use axum::extract::Query;
 use axum::http::{header, HeaderMap, Uri};
