@@ -4,7 +4,7 @@
 //! API keys in [`api_keys`], a JWT secret and a JWKS in [`jwt`]) and the pure check of one
 //! credential: [`Authenticator::verify`] turns an `auth` object into a [`Principal`](crate::protocol::methods::session::Principal) (with its
 //! expiry) or an [`AuthError`](crate::protocol::methods::session::AuthError) with the wire code. It keeps no session state and does no I/O
-//! after start-up.
+//! after start-up. [`bearer`] is the crate's one parser of an `Authorization: Bearer` value.
 //!
 //! What a verdict means for a connection (authRequired, pending connects, resume, refresh,
 //! expiry) is decided by the router (`router::sessions::auth`). Verification runs on the connection's
@@ -13,6 +13,7 @@
 
 pub mod api_keys;
 mod authenticator;
+pub mod bearer;
 pub mod config;
 pub mod jwt;
 

@@ -1,14 +1,21 @@
-//! [`CallerSessions`]: the MAP sessions the gateways open for their callers, one per caller
-//! principal (never one per credential string: a principal rotating its JWTs keeps one session),
-//! reused while in use and closed once idle.
+//! [`CallerSessions`]: the one opener of the gateways' MAP sessions, every one of them a
+//! principal's, over `InProcessLinks::connect_as`, so the router applies that principal's
+//! grants, quotas and visibility exactly as over MAP:
 //!
-//! Owns the table `caller key → session`. Each session is opened over
-//! `InProcessLinks::connect_as` with the caller's verified principal, so the router applies that
-//! principal's grants, quotas and visibility exactly as over MAP. With authentication off there
-//! are no principals: callers are told apart by address ([`CallerSessions::get_for`]), so one
-//! address's flood spends its own session's rate budget, not everybody's; callers with no
-//! address (or on an exempt loopback address) share one anonymous session (every MAP
-//! participant is anybody then).
+//! - [`CallerSessions::get`] / [`CallerSessions::get_for`]: the caller's shared session, one
+//!   per caller principal (never one per credential string: a principal rotating its JWTs keeps
+//!   one session), reused while in use and closed once idle;
+//! - [`CallerSessions::open`]: a session of its own for one purpose, of a principal (an IM
+//!   connection's agent, an outside MAMP sender, an AIP node, a remote agent's caller);
+//! - [`CallerSessions::open_service`]: a session of the router's service principal (the
+//!   gateways' own bookkeeping), which no participant can connect as.
+//!
+//! No other gateway code calls `Client::in_process*`. Owns the table `caller key → session`,
+//! keyed by the gateway layer's one key ([`CallerKey`], as the rate buckets). With
+//! authentication off there are no principals: callers are told apart by address
+//! ([`CallerSessions::get_for`]), so one address's flood spends its own session's rate budget,
+//! not everybody's; callers with no address (or on an exempt loopback address) share one
+//! anonymous session (every MAP participant is anybody then).
 //!
 //! Bounds: one session per principal (or address) that called within `idle`; a sweeper closes
 //! the others. At most [`MAX_ADDRESS_SESSIONS`] address sessions: past that the least recently
@@ -22,6 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 
 use crate::client::{Client, ClientError, ClientOptions, ConnectionState};
+use crate::gateway::caller::CallerKey;
 use crate::protocol::methods::session::Principal;
 use crate::transport::in_process::InProcessLinks;
 
@@ -31,16 +39,9 @@ pub const DEFAULT_IDLE: Duration = Duration::from_secs(60);
 /// Most sessions of anonymous callers told apart by address (authentication off).
 pub const MAX_ADDRESS_SESSIONS: usize = 256;
 
-/// Who a session is for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Key {
-    /// A principal's subject (`id`, `issuer`).
-    Principal(String, Option<String>),
-    /// An anonymous caller's address (authentication off).
-    Address(std::net::IpAddr),
-    /// Every other anonymous caller.
-    Anonymous,
-}
+/// Who a session is for: a principal, an anonymous caller's address (authentication off),
+/// or every other anonymous caller ([`CallerKey::Unknown`]).
+type Key = CallerKey;
 
 #[derive(Debug)]
 struct Slot {
@@ -90,37 +91,37 @@ impl CallerSessions {
         principal: Option<&Principal>,
         options: impl FnOnce() -> ClientOptions,
     ) -> Result<Client, ClientError> {
-        self.get_for(principal, None, options).await
+        let key = principal.map_or(CallerKey::Unknown, |p| {
+            CallerKey::Principal(p.id.clone(), p.issuer.clone())
+        });
+        self.get_for(principal, key, options).await
     }
 
-    /// As [`CallerSessions::get`], for a caller that may have an address: without a principal,
-    /// `address` (when given) keys a session of its own.
+    /// As [`CallerSessions::get`], for a caller known by `key` (`Caller::key`): without a
+    /// principal, an address key ([`CallerKey::Ip`]) keys a session of its own.
     ///
     /// # Errors
     /// As [`CallerSessions::get`].
     pub async fn get_for(
         &self,
         principal: Option<&Principal>,
-        address: Option<std::net::IpAddr>,
+        key: CallerKey,
         options: impl FnOnce() -> ClientOptions,
     ) -> Result<Client, ClientError> {
-        let key = match (principal, address) {
-            (Some(p), _) => Key::Principal(p.id.clone(), p.issuer.clone()),
-            (None, Some(ip)) => Key::Address(ip),
-            (None, None) => Key::Anonymous,
+        let key = match principal {
+            Some(p) => Key::Principal(p.id.clone(), p.issuer.clone()),
+            None if matches!(key, Key::Ip(_)) => key,
+            None => Key::Unknown,
         };
         let mut recycled = None;
         let cell = {
             let mut slots = lock(&self.slots);
-            if matches!(key, Key::Address(_)) && !slots.contains_key(&key) {
-                let addresses = slots
-                    .keys()
-                    .filter(|k| matches!(k, Key::Address(_)))
-                    .count();
+            if matches!(key, Key::Ip(_)) && !slots.contains_key(&key) {
+                let addresses = slots.keys().filter(|k| matches!(k, Key::Ip(_))).count();
                 if addresses >= MAX_ADDRESS_SESSIONS {
                     let oldest = slots
                         .iter()
-                        .filter(|(k, _)| matches!(k, Key::Address(_)))
+                        .filter(|(k, _)| matches!(k, Key::Ip(_)))
                         .min_by_key(|(_, s)| s.last_used)
                         .map(|(k, _)| k.clone());
                     recycled = oldest.and_then(|k| slots.remove(&k)).map(|s| s.cell);
@@ -149,12 +150,7 @@ impl CallerSessions {
             });
         }
         let opened = cell
-            .get_or_try_init(|| async {
-                match principal {
-                    Some(p) => Client::in_process_as(&*self.links, p.clone(), options()).await,
-                    None => Client::in_process(&*self.links, options()).await,
-                }
-            })
+            .get_or_try_init(|| self.open(principal, options()))
             .await;
         match opened {
             Ok(client) => Ok(client.clone()),
@@ -167,6 +163,33 @@ impl CallerSessions {
                 Err(e)
             }
         }
+    }
+
+    /// A new session of `principal` (`None`: authentication is off, and the session is
+    /// anonymous like every MAP participant's) for one purpose, not shared: the caller closes
+    /// it (or drops it) when that purpose ends.
+    ///
+    /// # Errors
+    /// The router refused the session (its error says why: a quota, a missing grant).
+    pub async fn open(
+        &self,
+        principal: Option<&Principal>,
+        options: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        match principal {
+            Some(p) => Client::in_process_as(&*self.links, p.clone(), options).await,
+            None => Client::in_process(&*self.links, options).await,
+        }
+    }
+
+    /// A new session of the router's service principal (`auth::service_principal`), with or
+    /// without `[auth]`: the gateways' own bookkeeping.
+    ///
+    /// # Errors
+    /// As [`CallerSessions::open`].
+    pub async fn open_service(&self, options: ClientOptions) -> Result<Client, ClientError> {
+        self.open(Some(&crate::auth::service_principal()), options)
+            .await
     }
 
     /// Sessions open (or opening).

@@ -9,10 +9,14 @@
 //! configured remote agents), which no participant can connect as, register under or exhaust.
 //! Never the `in-process` transport's shared principal.
 //!
-//! Every request is checked first by the [`Guard`] (`guard.rs`): its caller's rate budget
-//! ([`GatewayContext::check_rate`], one bucket per principal, or per address without
-//! authentication), before any MAP call; and the limits a message must fit to be deliverable
-//! at all are the router's own ([`RouterFacts`]): what the gateways accept they can deliver.
+//! Every HTTP request is admitted and limited first by its route group's gate
+//! ([`GatewayContext::gate`] over the shared [`Guard`], `guard.rs`): the caller's credential
+//! (the one [`Admission`]), its rate budget (one bucket per principal, or per address without
+//! authentication), a JSON body within the group's size and the body deadline, before any MAP
+//! call; IM frames and AIP calls spend the same buckets ([`GatewayContext::check_rate`]). The
+//! limits a message must fit to be deliverable at all are the router's own ([`RouterFacts`]):
+//! what the gateways accept they can deliver. Every MAP session is opened by the one opener,
+//! [`CallerSessions`] (`callers.rs`).
 //!
 //! **One URI per agent.** Our agents' canonical URI is `agent://<host>/<id>` with
 //! [`GatewayContext::host`]; [`GatewayContext::local_id`] is the one rule of which URIs name
@@ -22,26 +26,22 @@
 //! Must not hold routing state: who is registered, online or in which conversation is the
 //! router's (read through MAP calls and the event log, `directory.rs`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use axum::body::Body;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::Response;
 use tokio::sync::OnceCell;
 
 use crate::auth::Authenticator;
 use crate::client::{Client, ClientError, ClientOptions};
-use crate::gateway::caller::Caller;
+use crate::gateway::caller::{Accepts, Admission, Caller, CallerKey, Refusal};
 use crate::gateway::callers::CallerSessions;
 use crate::gateway::config::{GatewaySettings, RouterFacts, ENVELOPE_ROOM};
 use crate::gateway::directory::Directory;
-use crate::gateway::guard::{
-    json_content_type, read_body, BodyError, CallerKey, Guard, GuardSettings,
-};
+use crate::gateway::guard::{Access, Gate, GatedRoute, Guard, GuardSettings, Refused, Render};
 use crate::gateway::im::table::ImTable;
 use crate::gateway::peer_table::PeerTable;
 use crate::gateway::threads::Threads;
-use crate::gateway::wire::{closing, AgentUri, Failure, GatewayError};
+use crate::gateway::wire::{closing, error_response, AgentUri, Failure, GatewayError};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{Capability, ParticipantType};
 use crate::protocol::jsonrpc::ErrorCode;
@@ -52,9 +52,11 @@ use crate::transport::in_process::InProcessLinks;
 pub struct GatewayContext {
     /// `[gateways]`.
     pub settings: GatewaySettings,
-    /// The router's authenticator (`None`: authentication off). Bearer tokens of MAMP and IM
-    /// requests are checked against it (`caller.rs`), as `GET /metrics` does.
+    /// The router's authenticator (`None`: authentication off).
     pub auth: Option<Arc<Authenticator>>,
+    /// The one admission of callers over it (`caller.rs`): MAMP, IM and AIP credentials are
+    /// verified there, as A2A's and `GET /metrics`'s.
+    pub admission: Admission,
     /// The router's name (the router card's `name`).
     pub router_name: String,
     /// The host of our `agent://` URIs when `[gateways] domain` is unset (the first listen
@@ -75,8 +77,11 @@ pub struct GatewayContext {
     pub im_table: Arc<ImTable>,
     /// The conversation of each message the gateways sent for an outside caller (replies).
     pub threads: Threads,
-    /// The checks every route makes first: rate per caller, body reads with a deadline.
-    pub guard: Guard,
+    /// The callers' buckets and the body deadline, shared by the MAMP and IM gates, IM frames
+    /// and AIP calls.
+    pub guard: Arc<Guard>,
+    /// The gateway routes the server built (MAMP, IM, A2A), each behind its gate.
+    routes: Mutex<Vec<GatedRoute>>,
     /// What the router delivers (its payload and frame limits), and where it listens.
     pub facts: RouterFacts,
 }
@@ -159,14 +164,15 @@ impl GatewayContext {
     ) -> Self {
         let rate = (settings.rate_per_caller > 0)
             .then_some((settings.rate_per_caller, settings.burst_per_caller));
-        let guard = Guard::new(GuardSettings {
+        let guard = Arc::new(Guard::new(GuardSettings {
             body_timeout: settings.body_timeout(),
             rate,
             ..GuardSettings::default()
-        });
+        }));
         let configured = settings.mamp.max_message_size;
         let ctx = Self {
             settings,
+            admission: Admission::new(auth.clone()),
             auth,
             router_name,
             default_host,
@@ -177,6 +183,7 @@ impl GatewayContext {
             im_table: Arc::new(ImTable::default()),
             threads: Threads::default(),
             guard,
+            routes: Mutex::new(Vec::new()),
             facts,
         };
         let deliverable = ctx.mamp_max_message_size();
@@ -234,20 +241,15 @@ impl GatewayContext {
         Ok(())
     }
 
-    /// Whose rate bucket `caller` spends: its principal's, else its address's (`None`: a
-    /// loopback caller without a principal, exempt as over MAP when `limits.exempt_loopback`).
+    /// Whose rate bucket and shared session `caller` has: its principal's, else its address's
+    /// (`None`: a loopback caller without a principal, exempt as over MAP when
+    /// `limits.exempt_loopback`).
     pub fn caller_key(&self, caller: &Caller) -> Option<CallerKey> {
-        if let Some(p) = &caller.principal {
-            return Some(CallerKey::Principal(p.id.clone(), p.issuer.clone()));
-        }
-        match caller.ip {
-            Some(ip) if self.facts.exempt_loopback && ip.is_loopback() => None,
-            Some(ip) => Some(CallerKey::Ip(ip)),
-            None => Some(CallerKey::Unknown),
-        }
+        caller.key(self.facts.exempt_loopback)
     }
 
-    /// Takes one request from `caller`'s budget, before any work is done for it.
+    /// Takes one request from `caller`'s budget, for what is not an HTTP request (an IM
+    /// frame, an AIP call); HTTP routes are rated by their gate.
     ///
     /// # Errors
     /// 429 `rate_limited` with when to try again.
@@ -258,59 +260,68 @@ impl GatewayContext {
         }
     }
 
-    /// The checks of a POST before its body is read, then the body: the caller's rate (429),
-    /// `application/json` (415), the size (413, from `Content-Length` at once, else while
-    /// reading), the body deadline (408). Answers given before the body was read close the
-    /// connection. `setting` names the limit in the 413's message.
-    ///
-    /// # Errors
-    /// The answer to send instead.
-    pub async fn guarded_body(
+    /// The gate of a MAMP or IM route group: `access`, bodies of at most `max` bytes (`setting`
+    /// names the limit in the 413's message), refusals in the seeds' shape: 401 (the
+    /// connection closed), 429 with `Retry-After`, 415, 413, 408, 400.
+    pub fn gate(
         &self,
-        caller: &Caller,
-        headers: &HeaderMap,
-        body: Body,
+        access: Access,
+        accepts: Accepts,
         max: usize,
-        setting: &str,
-    ) -> Result<axum::body::Bytes, Response> {
-        self.check_rate(caller).map_err(|f| closing(f.response()))?;
-        if !json_content_type(headers) {
-            return Err(closing(
-                Failure::new(
+        setting: &'static str,
+    ) -> Gate {
+        let render: Render = Arc::new(move |refused: &Refused, _: &HeaderMap| {
+            let failure = match refused {
+                Refused::Caller(refusal) => {
+                    let why = match refusal {
+                        Refusal::Missing => {
+                            "this router needs `Authorization: Bearer <API key or JWT>`".to_owned()
+                        }
+                        Refusal::Refused(m) => format!("credential refused: {m}"),
+                    };
+                    return closing(error_response(
+                        StatusCode::UNAUTHORIZED,
+                        "unauthorized",
+                        &why,
+                    ));
+                }
+                Refused::RateLimited { after, .. } => Failure::rate_limited(*after),
+                Refused::NotJson(_) => Failure::new(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "unsupported_media_type",
                     "send the body as Content-Type: application/json",
-                )
-                .response(),
-            ));
-        }
-        let deadline = self.guard.settings().body_timeout;
-        read_body(headers, body, max, deadline)
-            .await
-            .map_err(|e| match e {
-                BodyError::TooLarge(_) => closing(
-                    Failure::too_large(format!(
-                        "the body is limited to {max} bytes ({setting}: what the router delivers)"
-                    ))
-                    .response(),
                 ),
-                BodyError::Timeout => closing(
-                    Failure::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "request_timeout",
-                        format!("the body did not arrive within {} ms", deadline.as_millis()),
-                    )
-                    .response(),
+                Refused::TooLarge { max } => Failure::too_large(format!(
+                    "the body is limited to {max} bytes ({setting}: what the router delivers)"
+                )),
+                Refused::Timeout { deadline } => Failure::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!("the body did not arrive within {} ms", deadline.as_millis()),
                 ),
-                BodyError::Broken => closing(
-                    Failure::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_message",
-                        "the body ended before it was complete",
-                    )
-                    .response(),
+                Refused::Broken => Failure::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_message",
+                    "the body ended before it was complete",
                 ),
-            })
+            };
+            failure.response()
+        });
+        Gate::new(self.admission.clone(), Arc::clone(&self.guard), max, render)
+            .access(access)
+            .accepts(accepts)
+            .exempt_loopback(self.facts.exempt_loopback)
+    }
+
+    /// Records the gateway routes the server built (`server::gateways`).
+    pub fn record_routes(&self, routes: Vec<GatedRoute>) {
+        *crate::sync::lock(&self.routes) = routes;
+    }
+
+    /// The gateway routes the server built (MAMP, IM and A2A, those enabled), each behind its
+    /// group's gate: what `tests/gateway_limits.rs` walks.
+    pub fn routes(&self) -> Vec<GatedRoute> {
+        crate::sync::lock(&self.routes).clone()
     }
 
     /// The sizes of the gateways' tables.
@@ -346,11 +357,7 @@ impl GatewayContext {
         principal: Option<&Principal>,
         options: ClientOptions,
     ) -> Result<Client, GatewayError> {
-        let opened = match principal {
-            Some(p) => Client::in_process_as(&*self.links, p.clone(), options).await,
-            None => Client::in_process(&*self.links, options).await,
-        };
-        opened.map_err(|e| {
+        self.callers().open(principal, options).await.map_err(|e| {
             let whose = principal.map_or_else(
                 || "a session for the caller".to_owned(),
                 |p| format!("a session for principal {}", p.id),
@@ -365,12 +372,13 @@ impl GatewayContext {
     /// # Errors
     /// As [`GatewayContext::open_as`].
     pub async fn open_service(&self, options: ClientOptions) -> Result<Client, GatewayError> {
-        Client::in_process_as(&*self.links, crate::auth::service_principal(), options)
+        self.callers()
+            .open_service(options)
             .await
             .map_err(|e| refused_session("the gateways' service session", e))
     }
 
-    /// The callers' sessions.
+    /// The one opener of the gateways' MAP sessions (the callers' shared ones among them).
     fn callers(&self) -> &Arc<CallerSessions> {
         self.callers.get_or_init(|| {
             CallerSessions::new(Arc::clone(&self.links), self.settings.session_idle())
@@ -394,12 +402,9 @@ impl GatewayContext {
         let name = caller.name().to_owned();
         // Without a principal, a caller's address keys its own session (so one address's
         // flood spends that session's rate budget), unless it is an exempt loopback address.
-        let address = self.caller_key(caller).and_then(|k| match k {
-            CallerKey::Ip(ip) => Some(ip),
-            _ => None,
-        });
+        let key = self.caller_key(caller).unwrap_or(CallerKey::Unknown);
         self.callers()
-            .get_for(caller.principal.as_ref(), address, || {
+            .get_for(caller.principal.as_ref(), key, || {
                 ClientOptions::new()
                     .participant_type(kind)
                     .name(format!("MAMP/IM caller {name}"))

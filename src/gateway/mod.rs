@@ -15,14 +15,16 @@
 //!   configured remote MAMP agents (`docs/gateways.md`).
 //! - [`im`]: the agent IM gateway (seed 002): `WS /gateway/connect`, `/gateway/*`, contacts
 //!   and collaborators (`docs/gateways.md`).
-//! - shared by MAMP and IM: `caller.rs` (who calls: the credential middleware),
+//! - shared by every gateway: `caller.rs` (who calls: the one admission of a credential),
+//!   `guard.rs` (the one gate every HTTP route is built behind: credential, rate per caller,
+//!   JSON bodies with a size cap and a deadline; [`guard::GatedRoutes`]), `callers.rs` (the
+//!   one opener of MAP sessions, keyed by principal).
+//! - shared by MAMP and IM:
 //!   `context.rs` (settings, the in-process links, the callers' and the service's sessions),
 //!   `senders.rs` (who may post as which MAMP `from`), `directory.rs` (the read model folded
 //!   from the event log, answered per caller), `peers.rs` and `peer_table.rs` (the sessions
 //!   that stand for outside agents), `outbound.rs` (MAMP POSTs), `wire.rs` (URIs, times, error
 //!   bodies, [`wire::Failure`]), `config.rs` (`[gateways]`).
-//! - `callers.rs`: one MAP session per caller principal, for every gateway; `guard.rs`: the
-//!   checks every gateway route makes first (rate per caller, body reads with a deadline).
 //! - `threads.rs`: the conversation of each message sent for an outside caller (replies);
 //!   `recency.rs`: least-recently-used order for the bounded tables.
 //!
@@ -48,7 +50,7 @@ pub mod wire;
 
 use std::sync::Arc;
 
-use axum::Router as HttpRouter;
+use guard::Gated;
 
 pub use config::GatewaySettings;
 pub use context::GatewayContext;
@@ -81,10 +83,10 @@ pub fn reserved_ids(settings: &GatewaySettings) -> Vec<String> {
         .collect()
 }
 
-/// The HTTP routes of the MAMP and IM gateways (those enabled), to merge into the server's
-/// router.
-pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
-    let mut app = HttpRouter::new();
+/// The HTTP routes of the MAMP and IM gateways (those enabled), each behind its gate, to
+/// merge into the server's router.
+pub fn routes(ctx: Arc<GatewayContext>) -> Gated {
+    let mut app = Gated::default();
     if ctx.settings.mamp.enabled {
         app = app.merge(mamp::routes(Arc::clone(&ctx)));
     }

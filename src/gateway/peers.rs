@@ -7,7 +7,8 @@
 //! gateways' bookkeeping: it must receive what MAP agents send to the remote for as long as the
 //! router runs); an outside sender's is the posting caller's principal's, so that caller's
 //! grants (`lifecycle.canRegister` for its agent, `messaging.canSend`), quotas and ids apply
-//! as over MAP, and nobody else's.
+//! as over MAP, and nobody else's. Both are opened by the gateways' one opener (`callers.rs`,
+//! through `GatewayContext::open_service` / `open_as`).
 //!
 //! Messages MAP agents send to a peer's agent arrive on its session; for a configured remote
 //! MAMP agent they are POSTed to its endpoint (`outbound.rs`); for any other outside sender

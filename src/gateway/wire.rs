@@ -223,16 +223,13 @@ pub fn closing(mut response: Response) -> Response {
     response
 }
 
-/// The token of an `Authorization: Bearer` header.
+/// The credential of an `Authorization: Bearer` header (non-empty), read by the crate's one
+/// parser ([`crate::auth::bearer::credential`]).
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
+        .and_then(|v| crate::auth::bearer::credential(v, false))
 }
 
 /// The seeds' error body: `{"error", "message", "status_code"}`.

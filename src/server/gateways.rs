@@ -2,7 +2,8 @@
 //! cluster standby (`server::cluster`), which serves them too: the in-process links they open
 //! their MAP sessions with ([`GatewayLinks`], [`connect_as`]), the context the MAMP, IM and
 //! AIP gateways share ([`gateway_context`]), the HTTP routes of the MAMP, IM and A2A
-//! gateways ([`gateway_routes`]), and the AIP gateway ([`aip_gateway`]).
+//! gateways ([`gateway_routes`]: each behind its group's gate, `gateway::guard`, and their list
+//! recorded in the context for tests and operators), and the AIP gateway ([`aip_gateway`]).
 //!
 //! Owns nothing past the start: each gateway owns its own state (`crate::gateway`).
 
@@ -140,14 +141,14 @@ pub(super) fn gateway_routes(
     shutdown: &watch::Receiver<bool>,
     node: Option<&str>,
 ) -> HttpRouter {
-    let app = crate::gateway::routes(Arc::clone(gateways));
+    let mut gated = crate::gateway::routes(Arc::clone(gateways));
     if config.a2a.enabled {
-        app.merge(a2a_routes(
+        gated = gated.merge(a2a_routes(
             config, ctx, options, a2a_auth, a2a_allow, shutdown, node,
-        ))
-    } else {
-        app
+        ));
     }
+    gateways.record_routes(gated.routes);
+    gated.router
 }
 
 /// The A2A gateway's routes (docs/a2a.md).
@@ -159,7 +160,7 @@ fn a2a_routes(
     allow: A2aAllow,
     shutdown: &watch::Receiver<bool>,
     node: Option<&str>,
-) -> HttpRouter {
+) -> crate::gateway::guard::Gated {
     use crate::auth::config::AuthMethodName;
     use crate::gateway::a2a;
     let enabled = if auth.is_some() {

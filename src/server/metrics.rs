@@ -19,6 +19,8 @@ use axum::routing::get;
 use axum::Router as HttpRouter;
 
 use crate::auth::Authenticator;
+use crate::gateway::caller::{Admission, Refusal};
+use crate::gateway::wire::bearer;
 use crate::router::RouterHandle;
 
 /// More metric families for each scrape, in OpenMetrics text without `# EOF` (the AIP
@@ -29,7 +31,7 @@ pub type Extra = Arc<dyn Fn() -> String + Send + Sync>;
 struct MetricsState {
     router: RouterHandle,
     /// `Some` when scrapes must authenticate.
-    auth: Option<Arc<Authenticator>>,
+    auth: Option<Admission>,
     extra: Option<Extra>,
 }
 
@@ -49,7 +51,7 @@ pub fn routes_with(
         .route("/metrics", get(scrape))
         .with_state(MetricsState {
             router,
-            auth,
+            auth: auth.map(|a| Admission::new(Some(a))),
             extra,
         })
 }
@@ -77,22 +79,15 @@ fn unauthorized(why: &str) -> Response {
 }
 
 async fn scrape(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
-    if let Some(auth) = &state.auth {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim);
-        let Some(secret) = given.filter(|s| !s.is_empty()) else {
-            return unauthorized(
+    if let Some(admission) = &state.auth {
+        match admission.admit(bearer(&headers), None) {
+            Ok(_) => {}
+            Err(Refusal::Missing) => return unauthorized(
                 "metrics need `Authorization: Bearer <API key or JWT>` (or `[metrics] public = true`)",
-            );
-        };
-        if let Err(e) = auth.verify_bearer(secret) {
-            return unauthorized(&format!("credential refused: {}", e.message));
+            ),
+            Err(Refusal::Refused(why)) => {
+                return unauthorized(&format!("credential refused: {why}"))
+            }
         }
     }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());

@@ -1,8 +1,9 @@
 //! [`Limits`]: every bound the A2A gateway keeps for its callers, in one place, each with the
 //! answer a caller gets when it meets it (docs/a2a.md, "Limits"; docs/security.md).
 //!
-//! Owns the numbers only; the checks live where the work is (`mod.rs`: rate, content type,
-//! body; `tasks.rs`: what MAP would refuse; `remote/`: remotes; `push.rs`: webhooks).
+//! Owns the numbers only; the checks live where the work is (the gate every route is built
+//! behind, `gateway::guard`, set up in `mod.rs`: credential, rate, content type, body;
+//! `tasks.rs`: what MAP would refuse; `remote/`: remotes; `push.rs`: webhooks).
 //!
 //! Two kinds:
 //! - **the caller's own budget**: requests per second (a token bucket per principal, or per IP

@@ -22,13 +22,17 @@
 //! (`gateway::callers::CallerSessions`: one per principal, closed when idle), so its grants,
 //! visibility, quotas and rate apply; `access.rs` says who may act on which task.
 //!
-//! Before any work, in this order, from the headers alone (each answered at once, the
-//! connection closed since the body was not read): the credential (401), the caller's own
-//! request rate (`gateway::guard`: a token bucket per principal, or per IP without
-//! authentication; 429 with `Retry-After`), a JSON `Content-Type` (-32005). Then the body is
-//! read with a size cap and a deadline (413, 408), its nesting checked before it is parsed
-//! (-32600), and its envelope (`rpc.rs`). What MAP would refuse is refused before it is sent
-//! (`tasks.rs`, `limits.rs`).
+//! Every route is built behind one of three gates (`gateway::guard`, [`routes`]): the JSON-RPC
+//! routes (refusals as JSON-RPC errors in the version `A2A-Version` asks for, the body up to
+//! `[a2a] max_body_bytes`), the router's cards (the credential optional: without one the
+//! skills are empty) and the other routes (`{error, code}`, bodies up to
+//! [`MAX_REMOTE_BODY_BYTES`]). Before any work, in this order, from the headers alone (each
+//! answered at once, the connection closed when a body was left unread): the credential
+//! (`Authorization: Bearer` or `X-API-Key`; 401), the caller's own request rate (a token
+//! bucket per principal, or per IP without authentication; 429 with `Retry-After`), a JSON
+//! `Content-Type` (-32005). Then the body is read with the group's size cap and a deadline
+//! (413, 408); the handler checks its nesting before it is parsed (-32600), and its envelope
+//! (`rpc.rs`). What MAP would refuse is refused before it is sent (`tasks.rs`, `limits.rs`).
 //!
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
 //! handlers), `sse.rs` (streams), `tasks.rs` (the gateway's MAP sessions and the task
@@ -56,15 +60,12 @@ pub mod sse;
 pub mod tasks;
 pub mod wire;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::body::Bytes;
 use axum::extract::{Extension, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::Router as HttpRouter;
 use tokio::sync::{watch, OnceCell};
 
 use crate::auth::Authenticator;
@@ -77,11 +78,11 @@ use crate::gateway::a2a::limits::Limits;
 use crate::gateway::a2a::remote::{Asker, RegisterError, RemoteSpec, Remotes};
 use crate::gateway::a2a::tasks::{Core, Target};
 use crate::gateway::a2a::wire::Version;
+use crate::gateway::caller::{Accepts, Admission, Caller as Admitted, Refusal};
 use crate::gateway::callers::CallerSessions;
-use crate::gateway::guard::{self, BodyError, CallerKey, Guard, GuardSettings};
+use crate::gateway::guard::{Access, Gate, Gated, GatedRoutes, Guard, GuardSettings, Refused};
 use crate::gateway::wire::closing;
 use crate::protocol::methods::session::Principal;
-use crate::transport::admission::PeerInfo;
 use crate::transport::in_process::InProcessLinks;
 
 /// Largest JSON-RPC body accepted (larger: HTTP 413 with a -32600 error). A2A messages carry
@@ -134,8 +135,10 @@ pub struct A2aGateway {
     shutdown: watch::Receiver<bool>,
     /// Remote A2A agents (the client side).
     remotes: Arc<Remotes>,
-    /// The callers' request rates (per principal, or IP).
-    guard: Guard,
+    /// The callers' request rates (per principal, or IP) and the body deadline.
+    guard: Arc<Guard>,
+    /// Who calls (`gateway::caller`): the one check of a credential.
+    admission: Admission,
     /// When the gateway was made (Unix ms): tasks last changed before are the previous run's
     /// (`recovery.rs`).
     started: u64,
@@ -168,11 +171,12 @@ impl A2aGateway {
         }
         let callers =
             CallerSessions::new(Arc::clone(&links), crate::gateway::callers::DEFAULT_IDLE);
-        let guard = Guard::new(GuardSettings {
+        let guard = Arc::new(Guard::new(GuardSettings {
             body_timeout: settings.limits.body_timeout,
             rate: settings.limits.rate,
             ..GuardSettings::default()
-        });
+        }));
+        let admission = Admission::new(settings.auth.clone());
         Arc::new(Self {
             links,
             core: OnceCell::new(),
@@ -181,6 +185,7 @@ impl A2aGateway {
             shutdown,
             remotes,
             guard,
+            admission,
             started: recovery::now_ms(),
         })
     }
@@ -225,68 +230,37 @@ impl A2aGateway {
         }
     }
 
-    /// Who calls: `Ok(None)` with authentication off (every caller is anonymous, as every MAP
-    /// participant is then); else the principal of the request's credential. Reads headers
-    /// only, so it answers before the body is read.
-    ///
-    /// # Errors
-    /// 401 for a missing or refused credential (authentication on).
-    fn principal(&self, headers: &HeaderMap) -> Result<Option<Principal>, A2aError> {
-        let Some(auth) = &self.settings.auth else {
-            return Ok(None);
-        };
-        let secret = credential(headers).ok_or_else(|| {
-            A2aError::invalid_request(
-                "authentication required: send Authorization: Bearer <JWT or API key>, or X-API-Key (see the agent card's securitySchemes)",
-            )
-            .with_status(StatusCode::UNAUTHORIZED)
-        })?;
-        verify(auth, secret).map(Some)
-    }
-
-    /// Takes one request from the caller's bucket: its principal's, else its address's
-    /// (anonymous loopback callers are exempt when `exempt_loopback` is on, as over MAP).
-    ///
-    /// # Errors
-    /// 429 (4001) with `Retry-After`.
-    fn rate(&self, principal: Option<&Principal>, peer: Option<IpAddr>) -> Result<(), A2aError> {
-        let Some(rate) = self.settings.limits.rate else {
-            return Ok(());
-        };
-        let key = match (principal, peer) {
-            (Some(p), _) => CallerKey::Principal(p.id.clone(), p.issuer.clone()),
-            (None, Some(ip)) if self.settings.limits.exempt_loopback && ip.is_loopback() => {
-                return Ok(())
-            }
-            (None, Some(ip)) => CallerKey::Ip(ip),
-            (None, None) => CallerKey::Unknown,
-        };
-        self.guard
-            .rate(&key)
-            .map_err(|wait| A2aError::caller_rate_limited(wait, rate))
-    }
-
-    /// The checks every route makes first, from the headers: the credential (401), then the
-    /// caller's rate (429). Returns the principal (`None` with authentication off).
-    ///
-    /// # Errors
-    /// As [`A2aGateway::principal`] and [`A2aGateway::rate`].
-    fn admit(
-        &self,
-        headers: &HeaderMap,
-        peer: Option<IpAddr>,
-    ) -> Result<Option<Principal>, A2aError> {
-        let principal = self.principal(headers)?;
-        self.rate(principal.as_ref(), peer)?;
-        Ok(principal)
-    }
-
     /// Whether `principal` passes every rule (a system principal, or the service's).
     fn is_system(&self, principal: Option<&Principal>) -> bool {
-        match (&self.settings.auth, principal) {
-            (Some(auth), Some(p)) => crate::auth::is_service(p) || auth.may_be_system(&p.id),
+        match principal {
+            Some(p) if self.admission.required() => {
+                crate::auth::is_service(p) || self.admission.may_be_system(p)
+            }
             _ => false,
         }
+    }
+
+    /// The gate of one route group (`gateway::guard`): credentials as A2A accepts them
+    /// (`Authorization: Bearer` or `X-API-Key`), the callers' buckets, bodies up to `max`,
+    /// refusals rendered by `render`.
+    fn gate(
+        &self,
+        access: Access,
+        max: usize,
+        render: fn(&Refused, &HeaderMap) -> Response,
+    ) -> Gate {
+        Gate::new(
+            self.admission.clone(),
+            Arc::clone(&self.guard),
+            max,
+            Arc::new(render),
+        )
+        .access(access)
+        .accepts(Accepts {
+            x_api_key: true,
+            ..Accepts::default()
+        })
+        .exempt_loopback(self.settings.limits.exempt_loopback)
     }
 
     /// Who asks, for the `/a2a/remote` routes.
@@ -300,13 +274,14 @@ impl A2aGateway {
         }
     }
 
-    /// The caller with `principal`, over its principal's MAP session (opened when it has none;
-    /// `None`: authentication off, the shared anonymous session).
+    /// The admitted caller (the gate's), over its principal's MAP session (opened when it has
+    /// none; no principal: authentication off, the shared anonymous session).
     ///
     /// # Errors
     /// MAP refused the session: a quota (`max_sessions_per_principal`) is 429 with the router's
     /// message; anything else 503.
-    async fn caller(&self, principal: Option<Principal>) -> Result<Caller, A2aError> {
+    async fn caller(&self, admitted: &Admitted) -> Result<Caller, A2aError> {
+        let principal = admitted.principal.clone();
         let session = self
             .callers
             .get(principal.as_ref(), || {
@@ -327,24 +302,6 @@ impl A2aGateway {
         let system = self.is_system(principal.as_ref());
         Ok(Caller::new(session, principal, system))
     }
-
-    /// The caller of a request: [`A2aGateway::admit`], then [`A2aGateway::caller`].
-    ///
-    /// # Errors
-    /// As those.
-    async fn caller_of(
-        &self,
-        headers: &HeaderMap,
-        peer: Option<IpAddr>,
-    ) -> Result<Caller, A2aError> {
-        let principal = self.admit(headers, peer)?;
-        self.caller(principal).await
-    }
-}
-
-/// The remote address of a request (the listener's `PeerInfo`), when there is one.
-fn peer_ip(peer: Option<&Extension<PeerInfo>>) -> Option<IpAddr> {
-    peer.map(|p| p.addr.ip())
 }
 
 /// An early answer (from the headers, the body unread) in `v`'s shape: the connection closes
@@ -353,94 +310,94 @@ fn early(e: &A2aError, v: Version) -> Response {
     closing(rpc::error_response(None, e, v))
 }
 
-/// Reads a JSON body after the header checks: a JSON `Content-Type` (-32005), at most `max`
-/// bytes (413), within the body deadline (408). After a refusal the connection must close
-/// (the body was not read, or not all of it).
-///
-/// # Errors
-/// What to answer.
-async fn json_body(
-    g: &A2aGateway,
-    headers: &HeaderMap,
-    body: Body,
-    max: usize,
-) -> Result<axum::body::Bytes, A2aError> {
-    if !guard::json_content_type(headers) {
-        let found = headers
-            .get(header::CONTENT_TYPE)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        return Err(A2aError::content_type_not_supported(found.as_deref()));
-    }
-    let deadline = g.settings.limits.body_timeout;
-    guard::read_body(headers, body, max, deadline)
-        .await
-        .map_err(|e| match e {
-            BodyError::TooLarge(_) => {
-                A2aError::too_large(format!("the body is larger than {max} bytes"))
-            }
-            BodyError::Timeout => A2aError::invalid_request(format!(
-                "the body did not arrive within {} ms",
-                deadline.as_millis()
-            ))
-            .with_status(StatusCode::REQUEST_TIMEOUT),
-            BodyError::Broken => {
-                A2aError::invalid_request("the body broke off").with_status(StatusCode::BAD_REQUEST)
-            }
-        })
-}
-
-/// The credential a request carries: `Authorization: Bearer <token>` or `X-API-Key`.
-fn credential(headers: &HeaderMap) -> Option<&str> {
-    crate::gateway::wire::bearer(headers)
-        .or_else(|| {
-            headers
-                .get("x-api-key")
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-        })
-        .filter(|s| !s.is_empty())
-}
-
-/// The principal of a credential; 401 for one the router refuses.
-fn verify(auth: &Authenticator, secret: &str) -> Result<Principal, A2aError> {
-    auth.verify_bearer(secret).map_err(|e| {
-        A2aError::invalid_request(format!("credential refused: {}", e.message))
-            .with_status(StatusCode::UNAUTHORIZED)
-    })
-}
-
-/// The gateway's routes (merged into the server's).
-pub fn routes(gateway: Arc<A2aGateway>) -> HttpRouter {
-    let limit = gateway.settings.max_body_bytes;
-    HttpRouter::new()
-        .route("/.well-known/agent-card.json", get(router_card_v1))
-        .route("/.well-known/agent.json", get(router_card_v03))
-        .route("/a2a/.well-known/agent-card.json", get(router_card_v1))
-        .route("/a2a/.well-known/agent.json", get(router_card_v03))
-        .route("/a2a", post(rpc_router))
-        .route("/a2a/", post(rpc_router))
-        .route(
-            "/a2a/agents/{agent}/.well-known/agent-card.json",
-            get(agent_card_v1),
-        )
-        .route(
-            "/a2a/agents/{agent}/.well-known/agent.json",
-            get(agent_card_v03),
-        )
-        .route(
-            "/a2a/agents/.well-known/agent-card.json",
-            get(missing_slash),
-        )
-        .route("/a2a/agents/.well-known/agent.json", get(missing_slash))
-        .route("/a2a/remote", post(remote_register).get(remote_list))
-        .route("/a2a/remote/{agent}", delete(remote_unregister))
-        .route("/a2a/agents/{agent}", post(rpc_agent))
-        .route("/a2a/agents/{agent}/", post(rpc_agent))
-        // NB: we read the body ourselves, with our limit, and answer 413 as JSON-RPC.
-        .layer(axum::extract::DefaultBodyLimit::max(
-            limit.saturating_add(1),
+/// What the gate's refusal is in A2A's terms.
+fn refusal_error(refused: &Refused) -> A2aError {
+    match refused {
+        Refused::Caller(Refusal::Missing) => unauthenticated(),
+        Refused::Caller(Refusal::Refused(why)) => {
+            A2aError::invalid_request(format!("credential refused: {why}"))
+                .with_status(StatusCode::UNAUTHORIZED)
+        }
+        Refused::RateLimited { after, rate } => A2aError::caller_rate_limited(*after, *rate),
+        Refused::NotJson(found) => A2aError::content_type_not_supported(found.as_deref()),
+        Refused::TooLarge { max } => {
+            A2aError::too_large(format!("the body is larger than {max} bytes"))
+        }
+        Refused::Timeout { deadline } => A2aError::invalid_request(format!(
+            "the body did not arrive within {} ms",
+            deadline.as_millis()
         ))
-        .with_state(gateway)
+        .with_status(StatusCode::REQUEST_TIMEOUT),
+        Refused::Broken => {
+            A2aError::invalid_request("the body broke off").with_status(StatusCode::BAD_REQUEST)
+        }
+    }
+}
+
+/// 401: no credential (authentication on).
+fn unauthenticated() -> A2aError {
+    A2aError::invalid_request(
+        "authentication required: send Authorization: Bearer <JWT or API key>, or X-API-Key (see the agent card's securitySchemes)",
+    )
+    .with_status(StatusCode::UNAUTHORIZED)
+}
+
+/// A refusal of the JSON-RPC routes: a JSON-RPC error in the version `A2A-Version` asks for
+/// (none: 0.3), the connection closed.
+fn rpc_refusal(refused: &Refused, headers: &HeaderMap) -> Response {
+    let shape = rpc::asked_version(headers)
+        .ok()
+        .flatten()
+        .unwrap_or(Version::V03);
+    early(&refusal_error(refused), shape)
+}
+
+/// A refusal of the other routes: `{error, code}` (a non-JSON body: 415).
+fn rest_refusal(refused: &Refused, _: &HeaderMap) -> Response {
+    let e = refusal_error(refused);
+    if e.status == StatusCode::OK {
+        return problem(&e.with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE));
+    }
+    problem(&e)
+}
+
+/// The gateway's routes (merged into the server's), in three gated groups (module docs).
+pub fn routes(gateway: Arc<A2aGateway>) -> Gated {
+    let g = &gateway;
+    let rpc = GatedRoutes::new(
+        "a2a rpc",
+        g.gate(Access::Required, g.settings.max_body_bytes, rpc_refusal),
+    )
+    .post("/a2a", rpc_router)
+    .post("/a2a/", rpc_router)
+    .post("/a2a/agents/{agent}", rpc_agent)
+    .post("/a2a/agents/{agent}/", rpc_agent)
+    .with_state(Arc::clone(g));
+    let cards = GatedRoutes::new(
+        "a2a router card",
+        g.gate(Access::Optional, MAX_REMOTE_BODY_BYTES, rest_refusal),
+    )
+    .get("/.well-known/agent-card.json", router_card_v1)
+    .get("/.well-known/agent.json", router_card_v03)
+    .get("/a2a/.well-known/agent-card.json", router_card_v1)
+    .get("/a2a/.well-known/agent.json", router_card_v03)
+    .get("/a2a/agents/.well-known/agent-card.json", missing_slash)
+    .get("/a2a/agents/.well-known/agent.json", missing_slash)
+    .with_state(Arc::clone(g));
+    let rest = GatedRoutes::new(
+        "a2a",
+        g.gate(Access::Required, MAX_REMOTE_BODY_BYTES, rest_refusal),
+    )
+    .get(
+        "/a2a/agents/{agent}/.well-known/agent-card.json",
+        agent_card_v1,
+    )
+    .get("/a2a/agents/{agent}/.well-known/agent.json", agent_card_v03)
+    .post("/a2a/remote", remote_register)
+    .get("/a2a/remote", remote_list)
+    .delete("/a2a/remote/{agent}", remote_unregister)
+    .with_state(Arc::clone(g));
+    rpc.merge(cards).merge(rest)
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response {
@@ -485,7 +442,8 @@ async fn missing_slash() -> Response {
     )
 }
 
-type Peer = Option<Extension<PeerInfo>>;
+/// The caller the gate admitted.
+type Who = Extension<Admitted>;
 
 /// The card a request to `…/agent-card.json` gets: the version its `A2A-Version` header names;
 /// without one, [`Shape::Unasked`].
@@ -561,19 +519,23 @@ fn card_response(g: &A2aGateway, headers: &HeaderMap, card: &serde_json::Value) 
     response
 }
 
-async fn router_card(g: &A2aGateway, headers: &HeaderMap, peer: Peer, shape: Shape) -> Response {
+async fn router_card(
+    g: &A2aGateway,
+    headers: &HeaderMap,
+    who: &Admitted,
+    shape: Shape,
+) -> Response {
     // Single-agent mode: the host's card is that agent's (as the caller may see it: an agent
     // the caller may not see is 404, as at its own card path).
     if let Some(id) = &g.settings.default_agent {
-        return agent_card(g, id, headers, peer, shape).await;
+        return agent_card(g, id, headers, who, shape).await;
     }
-    let peer = peer_ip(peer.as_ref());
     // With authentication on, the skills are the agents the caller may see: none for a caller
     // without a credential (the card still says how to authenticate).
-    let agents = if g.settings.auth.is_some() && credential(headers).is_none() {
-        g.rate(None, peer).map(|()| Vec::new())
+    let agents = if g.admission.required() && who.principal.is_none() {
+        Ok(Vec::new())
     } else {
-        match g.caller_of(headers, peer).await {
+        match g.caller(who).await {
             Ok(caller) => match g.core().await {
                 Ok(core) => core.agents(caller.session()).await,
                 Err(e) => Err(e),
@@ -593,28 +555,32 @@ async fn router_card(g: &A2aGateway, headers: &HeaderMap, peer: Peer, shape: Sha
 
 async fn router_card_v1(
     State(g): State<Arc<A2aGateway>>,
-    peer: Peer,
+    Extension(who): Who,
     headers: HeaderMap,
 ) -> Response {
-    router_card(&g, &headers, peer, asked_shape(&headers)).await
+    router_card(&g, &headers, &who, asked_shape(&headers)).await
 }
 
 async fn router_card_v03(
     State(g): State<Arc<A2aGateway>>,
-    peer: Peer,
+    Extension(who): Who,
     headers: HeaderMap,
 ) -> Response {
-    router_card(&g, &headers, peer, Shape::V03).await
+    router_card(&g, &headers, &who, Shape::V03).await
 }
 
 async fn agent_card(
     g: &A2aGateway,
     id: &str,
     headers: &HeaderMap,
-    peer: Peer,
+    who: &Admitted,
     shape: Shape,
 ) -> Response {
-    let agent = match g.caller_of(headers, peer_ip(peer.as_ref())).await {
+    // The router's card in single-agent mode is gated with the credential optional.
+    if g.admission.required() && who.principal.is_none() {
+        return problem(&unauthenticated());
+    }
+    let agent = match g.caller(who).await {
         Ok(caller) => match g.core().await {
             Ok(core) => core.resolve(caller.session(), id).await,
             Err(e) => Err(e),
@@ -634,46 +600,46 @@ async fn agent_card(
 async fn agent_card_v1(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
-    peer: Peer,
+    Extension(who): Who,
     headers: HeaderMap,
 ) -> Response {
-    agent_card(&g, &id, &headers, peer, asked_shape(&headers)).await
+    agent_card(&g, &id, &headers, &who, asked_shape(&headers)).await
 }
 
 async fn agent_card_v03(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
-    peer: Peer,
+    Extension(who): Who,
     headers: HeaderMap,
 ) -> Response {
-    agent_card(&g, &id, &headers, peer, Shape::V03).await
+    agent_card(&g, &id, &headers, &who, Shape::V03).await
 }
 
 async fn rpc_router(
     State(g): State<Arc<A2aGateway>>,
-    peer: Peer,
+    Extension(who): Who,
     headers: HeaderMap,
-    body: Body,
+    body: Bytes,
 ) -> Response {
-    rpc(&g, None, peer, &headers, body).await
+    rpc(&g, None, &who, &headers, &body).await
 }
 
 async fn rpc_agent(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
-    peer: Peer,
+    Extension(who): Who,
     headers: HeaderMap,
-    body: Body,
+    body: Bytes,
 ) -> Response {
-    rpc(&g, Some(id), peer, &headers, body).await
+    rpc(&g, Some(id), &who, &headers, &body).await
 }
 
 async fn rpc(
     g: &A2aGateway,
     agent: Option<String>,
-    peer: Peer,
+    who: &Admitted,
     headers: &HeaderMap,
-    body: Body,
+    bytes: &[u8],
 ) -> Response {
     // The shape of the errors before the method is known: the header's version (none: 0.3).
     let asked = rpc::asked_version(headers);
@@ -683,17 +649,9 @@ async fn rpc(
         .copied()
         .flatten()
         .unwrap_or(Version::V03);
-    // NB: from the headers alone first (module docs): an unauthenticated, flooding or non-JSON
-    // caller costs no body read and no MAP session.
-    let principal = match g.admit(headers, peer_ip(peer.as_ref())) {
-        Ok(p) => p,
-        Err(e) => return early(&e, shape),
-    };
-    let bytes = match json_body(g, headers, body, g.settings.max_body_bytes).await {
-        Ok(b) => b,
-        Err(e) => return early(&e, shape),
-    };
-    let request = match rpc::read(&bytes, g.settings.limits.max_depth) {
+    // The gate answered an unauthenticated, flooding, non-JSON or oversize caller before the
+    // body was read or a MAP session opened (module docs).
+    let request = match rpc::read(bytes, g.settings.limits.max_depth) {
         Ok(r) => r,
         Err((id, e)) => return rpc::error_response(id.as_deref(), &e, shape),
     };
@@ -705,7 +663,7 @@ async fn rpc(
         Ok(c) => c,
         Err(e) => return rpc::error_response(Some(&request.id), &e, v),
     };
-    let caller = match g.caller(principal).await {
+    let caller = match g.caller(who).await {
         Ok(c) => c,
         Err(e) => return rpc::error_response(Some(&request.id), &e, v),
     };
@@ -728,21 +686,10 @@ async fn rpc(
 /// 502 an unreachable or unusable card; 503 MAP refused.
 async fn remote_register(
     State(g): State<Arc<A2aGateway>>,
-    peer: Peer,
-    headers: HeaderMap,
-    body: Body,
+    Extension(who): Who,
+    bytes: Bytes,
 ) -> Response {
-    let principal = match g.admit(&headers, peer_ip(peer.as_ref())) {
-        Ok(p) => p,
-        Err(e) => return closing(problem(&e)),
-    };
-    let bytes = match json_body(&g, &headers, body, MAX_REMOTE_BODY_BYTES).await {
-        Ok(b) => b,
-        Err(e) if e.status == StatusCode::OK => {
-            return closing(problem(&e.with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)))
-        }
-        Err(e) => return closing(problem(&e)),
-    };
+    let principal = who.principal;
     let spec: RemoteSpec = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
         Err(e) => {
@@ -779,11 +726,8 @@ async fn remote_register(
 /// `GET /a2a/remote`: `{remotes: [{agentId, cardUrl, name, url, protocolVersion, streaming,
 /// owner?}]}`, the caller's own (every one for a system principal, or with authentication
 /// off).
-async fn remote_list(State(g): State<Arc<A2aGateway>>, peer: Peer, headers: HeaderMap) -> Response {
-    let principal = match g.admit(&headers, peer_ip(peer.as_ref())) {
-        Ok(p) => p,
-        Err(e) => return problem(&e),
-    };
+async fn remote_list(State(g): State<Arc<A2aGateway>>, Extension(who): Who) -> Response {
+    let principal = who.principal;
     let remotes: Vec<serde_json::Value> = g
         .remotes
         .list(&g.asker(principal))
@@ -798,13 +742,9 @@ async fn remote_list(State(g): State<Arc<A2aGateway>>, peer: Peer, headers: Head
 async fn remote_unregister(
     State(g): State<Arc<A2aGateway>>,
     Path(id): Path<String>,
-    peer: Peer,
-    headers: HeaderMap,
+    Extension(who): Who,
 ) -> Response {
-    let principal = match g.admit(&headers, peer_ip(peer.as_ref())) {
-        Ok(p) => p,
-        Err(e) => return problem(&e),
-    };
+    let principal = who.principal;
     if g.remotes.unregister(&id, &g.asker(principal)).await {
         json(StatusCode::OK, &serde_json::json!({ "unregistered": id }))
     } else {

@@ -166,9 +166,13 @@ pub async fn serve(
     });
     let max = gw.settings().max_message_bytes;
     let streams = gw.settings().max_streams_per_connection;
-    let service = GatewayServiceServer::new(Service::new(Arc::clone(&gw)))
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
+    // Every RPC passes the admission interceptor first (`service::admit`: credential, rate).
+    let service = tonic::service::interceptor::InterceptedService::new(
+        GatewayServiceServer::new(Service::new(Arc::clone(&gw)))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
+        super::service::admit(Arc::clone(&gw)),
+    );
     let served = tonic::transport::Server::builder()
         .max_concurrent_streams(Some(streams))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))

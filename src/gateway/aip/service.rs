@@ -1,13 +1,17 @@
 //! The RPCs of `GatewayService` (`docs/aip.md` has the mapping table).
 //!
-//! Every call first establishes its [`Caller`]: with `[auth]` on, the metadata
-//! `authorization` (`Bearer <API key or JWT>`, or the bare credential) verified by the
-//! router's authenticator (`UNAUTHENTICATED` without it); then it acts through MAP sessions of
-//! that principal only: the node's own session for what a node does, the caller's session
-//! (`callers.rs`) for lookups. A node may be acted as (sent from, heartbeated, updated,
-//! deregistered) only by the subject that registered it; a system principal may also
-//! deregister any node. Unary calls take one request from the caller's rate budget
-//! (`RESOURCE_EXHAUSTED` past it).
+//! Every call is admitted first by one interceptor ([`admit`], installed by `listener.rs` in
+//! front of the whole service, so a new RPC cannot miss it), the gRPC twin of the HTTP
+//! gateways' gate (`gateway::guard`): with `[auth]` on, the metadata `authorization`
+//! (`Bearer <API key or JWT>`, or the bare credential; the crate's one parser, `auth::bearer`)
+//! checked by the gateway layer's one admission (`gateway::caller::Admission`;
+//! `UNAUTHENTICATED` without it), then one request from the caller's rate budget (the
+//! MAMP and IM buckets; `RESOURCE_EXHAUSTED` past it). Message sizes are capped once, on the
+//! server (`listener.rs`). The handler finds the [`Caller`] in the request's extensions
+//! ([`admitted`]) and acts through MAP sessions of that principal only: the node's own session
+//! for what a node does, the caller's session (`callers.rs`) for lookups. A node may be acted
+//! as (sent from, heartbeated, updated, deregistered) only by the subject that registered it;
+//! a system principal may also deregister any node.
 //!
 //! Owns the update subscriptions (`SubscribeToUpdates` / `Unsubscribe`).
 
@@ -37,13 +41,57 @@ use super::pump;
 use super::settings::{AipSettings, Silence};
 use super::state::{lock, AipGateway};
 use crate::client::{Client, ClientError, ClientOptions};
-use crate::gateway::caller::{Caller, Subject};
+use crate::gateway::caller::{Caller, Refusal, Subject};
 use crate::gateway::wire::GatewayError;
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::methods::agents::RegisterParams;
 use crate::protocol::methods::messaging::SendParams;
 use crate::protocol::methods::session::{AgentBehavior, DisconnectPolicy};
+
+/// The interceptor in front of every RPC (module docs): the caller admitted by the one
+/// admission and charged one request, put in the request's extensions for [`admitted`].
+///
+/// # Errors
+/// `UNAUTHENTICATED` (no credential, or a refused one), `RESOURCE_EXHAUSTED` (rate), each
+/// counted as a refusal.
+pub fn admit(
+    gw: Arc<AipGateway>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + Send + Sync + 'static {
+    move |mut request: Request<()>| {
+        let ip = request.remote_addr().map(|a| a.ip());
+        let secret = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| crate::auth::bearer::credential(v, true));
+        let caller = gw.ctx.admission.admit(secret, ip).map_err(|refusal| {
+            gw.refused(Status::unauthenticated(match refusal {
+                Refusal::Missing => {
+                    "this router needs metadata `authorization: Bearer <API key or JWT>`".to_owned()
+                }
+                Refusal::Refused(why) => format!("credential refused: {why}"),
+            }))
+        })?;
+        gw.ctx
+            .check_rate(&caller)
+            .map_err(|_| gw.refused(Status::resource_exhausted("rate limited: slow down")))?;
+        request.extensions_mut().insert(caller);
+        Ok(request)
+    }
+}
+
+/// The caller [`admit`] put in `request`.
+///
+/// # Errors
+/// `INTERNAL` when the service runs without its interceptor (a wiring mistake).
+fn admitted<T>(request: &Request<T>) -> Result<Caller, Status> {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::internal("the AIP service runs without its admission interceptor"))
+}
 
 /// The service tonic serves.
 #[derive(Debug, Clone)]
@@ -242,53 +290,6 @@ impl Service {
             gw,
             subscriptions: Arc::new(Mutex::new(HashMap::new())),
         }
-    }
-
-    /// Who calls (module docs).
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
-        let ip = request.remote_addr().map(|a| a.ip());
-        let Some(auth) = self.gw.ctx.auth.as_ref() else {
-            return Ok(Caller {
-                principal: None,
-                ip,
-                sees_all: true,
-            });
-        };
-        let secret = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .map(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-                    .unwrap_or(v)
-                    .trim()
-            })
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| {
-                self.gw.refused(Status::unauthenticated(
-                    "this router needs metadata `authorization: Bearer <API key or JWT>`",
-                ))
-            })?;
-        let principal = auth.verify_bearer(secret).map_err(|e| {
-            self.gw.refused(Status::unauthenticated(format!(
-                "credential refused: {}",
-                e.message
-            )))
-        })?;
-        let sees_all = auth.may_be_system(&principal.id);
-        Ok(Caller {
-            principal: Some(principal),
-            ip,
-            sees_all,
-        })
-    }
-
-    fn rate(&self, caller: &Caller) -> Result<(), Status> {
-        self.gw.ctx.check_rate(caller).map_err(|_| {
-            self.gw
-                .refused(Status::resource_exhausted("rate limited: slow down"))
-        })
     }
 
     /// Node `id`, which `caller` must own.
@@ -566,8 +567,7 @@ impl GatewayService for Service {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::RouteAgentCallingStream>, Status> {
         let gw = Arc::clone(&self.gw);
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let trace = trace_meta(request.metadata());
         let permit = self.permit()?;
         let mut inbound = request.into_inner();
@@ -676,8 +676,7 @@ impl GatewayService for Service {
         request: Request<ToolRequest>,
     ) -> Result<Response<ToolResponse>, Status> {
         let gw = &self.gw;
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let trace = trace_meta(request.metadata());
         let limit = AipSettings::ms(gw.settings.tool_timeout_ms);
         // Shorter than the caller's own deadline, so that the answer is ours
@@ -761,8 +760,7 @@ impl GatewayService for Service {
         &self,
         request: Request<AgentInfo>,
     ) -> Result<Response<RegisterAgentResponse>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let info = request.into_inner();
         let peer = Peer {
             info_type: Some(InfoType::AgentInfo(info)),
@@ -779,8 +777,7 @@ impl GatewayService for Service {
         &self,
         request: Request<ToolInfo>,
     ) -> Result<Response<RegisterToolResponse>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let info = request.into_inner();
         let peer = Peer {
             info_type: Some(InfoType::ToolInfo(info)),
@@ -793,8 +790,7 @@ impl GatewayService for Service {
         &self,
         request: Request<DeregisterNodeRequest>,
     ) -> Result<Response<DeregisterNodeResponse>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let id = request.into_inner().node_id;
         let Some(node) = self.gw.node(&id) else {
             return Ok(Response::new(DeregisterNodeResponse { success: false }));
@@ -813,8 +809,7 @@ impl GatewayService for Service {
         &self,
         request: Request<GetNodesRequest>,
     ) -> Result<Response<GetNodesResponse>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let req = request.into_inner();
         if self
             .gw
@@ -836,8 +831,7 @@ impl GatewayService for Service {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let id = request.into_inner().sender_id;
         if self.gw.node(&id).is_none() {
             return Ok(Response::new(HeartbeatResponse {
@@ -857,8 +851,7 @@ impl GatewayService for Service {
         &self,
         request: Request<UpdateNodeInfoRequest>,
     ) -> Result<Response<UpdateNodeInfoResponse>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let req = request.into_inner();
         let node = self.own_node(&caller, &req.sender_id)?;
         let peer = req
@@ -912,8 +905,7 @@ impl GatewayService for Service {
         &self,
         request: Request<UpdateSubscriptionRequest>,
     ) -> Result<Response<Self::SubscribeToUpdatesStream>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let req = request.into_inner();
         if self.gw.node(&req.subscriber_id).is_some() {
             self.own_node(&caller, &req.subscriber_id)?;
@@ -1011,8 +1003,7 @@ impl GatewayService for Service {
         &self,
         request: Request<UnsubscribeRequest>,
     ) -> Result<Response<UnsubscribeResponse>, Status> {
-        let caller = self.caller(&request)?;
-        self.rate(&caller)?;
+        let caller = admitted(&request)?;
         let req = request.into_inner();
         let Some(state) = lock(&self.subscriptions).get(&req.subscriber_id).cloned() else {
             return Ok(Response::new(UnsubscribeResponse {

@@ -69,11 +69,10 @@ const CLOSE_QUOTA: u16 = 4029;
 /// Close code of a connection whose credential expired (the router's own, for MAP sessions).
 const CLOSE_CREDENTIAL_EXPIRED: u16 = 4001;
 
-/// The upgrade; the caller was authenticated before it (`caller.rs`), so a connection without
-/// a valid credential never opens.
+/// The upgrade; the caller was admitted and its rate budget charged before it (the IM gate,
+/// `guard.rs`), so a connection without a valid credential never opens.
 ///
-/// Before upgrading: one request from the caller's rate budget, and a slot among the live IM
-/// connections (all, and the caller's own). The listener's `PeerInfo` (its admission slot) is
+/// Before upgrading: a slot among the live IM connections (all, and the caller's own). The listener's `PeerInfo` (its admission slot) is
 /// kept for the socket's life, as MAP's WebSocket keeps it.
 pub async fn upgrade(
     State(im): State<Arc<Im>>,
@@ -82,9 +81,6 @@ pub async fn upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if let Err(f) = im.ctx.check_rate(&caller) {
-        return f.response();
-    }
     let settings = &im.ctx.settings.im;
     let admitted = match im.table.admit(
         im.ctx.caller_key(&caller),

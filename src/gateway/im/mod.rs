@@ -7,9 +7,12 @@
 //! agent whose id is the IM agent's `agent://` URI, so MAP agents message it with
 //! `{agent: "<uri>"}` and the router reports its presence. Every route acts as its caller
 //! (`caller.rs`): sends come from the caller's own sessions, and reads answer with what the
-//! caller may see (`directory::View`). Every route takes one request from the caller's rate
-//! budget first (429 with `Retry-After`); `POST /gateway/send` must be `application/json`
-//! (415), fit what the router delivers (413 at once) and arrive within the body deadline (408).
+//! caller may see (`directory::View`). Every route is built behind the IM gate (`guard.rs`,
+//! [`GatewayContext::gate`]), which checks before the handler runs: the credential (401), one
+//! request from the caller's rate budget (429 with `Retry-After`; the WebSocket upgrade too),
+//! a POST body in `application/json` (415) that fits what the router delivers (413 at once)
+//! and arrives within the body deadline (408). Frames on an IM connection spend the same
+//! budget (`connect.rs`).
 //! Owns the table of IM URIs (`table.rs`, held by the context); nothing else.
 
 pub mod connect;
@@ -20,40 +23,48 @@ pub mod table;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Router as HttpRouter};
+use axum::Extension;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::gateway::caller::{authenticate, Caller};
+use crate::gateway::caller::{Accepts, Caller};
 use crate::gateway::context::{granted, GatewayContext};
 use crate::gateway::directory::View;
+use crate::gateway::guard::{Access, Gated, GatedRoutes};
 use crate::gateway::im::sender::{unknown_agent, Im};
 use crate::gateway::senders::in_namespace;
 use crate::gateway::wire::{error_response, iso8601, AgentUri, Failure, GatewayError, Json};
 use crate::protocol::capabilities::Capability;
 use crate::protocol::methods::session::SessionList;
 
-/// `/gateway/*` and `/api/*`, every one behind the caller's credential (`caller.rs`).
-pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
+/// `/gateway/*` and `/api/*`, every one behind the IM gate: the caller's credential
+/// (`Authorization: Bearer`, or `?token=` on the WebSocket upgrade), its rate, bodies up to
+/// `gateways.im.max_frame_bytes` (what the router delivers).
+pub fn routes(ctx: Arc<GatewayContext>) -> Gated {
     let im = Arc::new(Im::new(Arc::clone(&ctx)));
-    HttpRouter::new()
-        .route("/gateway/connect", get(connect::upgrade))
-        .route("/gateway/send", post(send))
-        .route("/gateway/status/{*agent_uri}", get(status))
-        .route("/gateway/agents", get(agents))
-        .route("/api/contacts", get(contacts))
-        .route("/api/contacts/{*rest}", get(contact))
-        .route("/api/traces/{id}/collaborators", get(collaborators))
-        .route_layer(axum::middleware::from_fn_with_state(
-            ctx.auth.clone(),
-            authenticate,
-        ))
+    let accepts = Accepts {
+        upgrade_token: true,
+        ..Accepts::default()
+    };
+    let gate = ctx.gate(
+        Access::Required,
+        accepts,
+        ctx.im_max_body(),
+        "gateways.im.max_frame_bytes",
+    );
+    GatedRoutes::new("im", gate)
+        .get("/gateway/connect", connect::upgrade)
+        .post("/gateway/send", send)
+        .get("/gateway/status/{*agent_uri}", status)
+        .get("/gateway/agents", agents)
+        .get("/api/contacts", contacts)
+        .get("/api/contacts/{*rest}", contact)
+        .get("/api/traces/{id}/collaborators", collaborators)
         .with_state(im)
 }
 
@@ -161,7 +172,6 @@ async fn ready(
     im: &Im,
     caller: &Caller,
 ) -> Result<(crate::gateway::context::Service, Reader), Failure> {
-    im.ctx.check_rate(caller)?;
     let service = im.ctx.service().await?.clone();
     let reader = im.reader(caller).await?;
     Ok((service, reader))
@@ -281,17 +291,8 @@ async fn send(
     State(im): State<Arc<Im>>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Body,
+    body: Bytes,
 ) -> Response {
-    let max = im.ctx.im_max_body();
-    let body = match im
-        .ctx
-        .guarded_body(&caller, &headers, body, max, "gateways.im.max_frame_bytes")
-        .await
-    {
-        Ok(b) => b,
-        Err(response) => return response,
-    };
     let body: SendBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {

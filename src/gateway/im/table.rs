@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use axum::http::StatusCode;
 
 use crate::client::Client;
+use crate::gateway::caller::CallerKey;
 use crate::gateway::caller::Subject;
-use crate::gateway::guard::CallerKey;
 use crate::gateway::wire::Failure;
 
 /// Owners of IM URIs not connected any more that are remembered (to refuse them to others and

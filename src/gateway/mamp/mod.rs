@@ -10,10 +10,11 @@
 //! configured remote agent bound to the caller's principal, or an outside sender in the
 //! caller's namespace, whose session is of the caller's principal).
 //!
-//! Every route but the router's card takes one request from the caller's rate budget first
-//! (429 with `Retry-After`); a POST must be `application/json` (415), within the size the
-//! router delivers (413, from `Content-Length` before reading), and arrive within the body
-//! deadline (408), all before any MAP call.
+//! Every route is built behind a gate (`guard.rs`, [`GatewayContext::gate`]), which does the
+//! checks before the handler runs: the caller's credential (401; the router's card is public),
+//! one request from the caller's rate budget (429 with `Retry-After`), a POST body in
+//! `application/json` (415), within the size the router delivers (413, from `Content-Length`
+//! before reading), arriving within the body deadline (408), all before any MAP call.
 //!
 //! Replies: what MAP agents send an outside sender without an endpoint is kept for it, and
 //! `GET /mamp/v1/messages?agent=<its URI>` fetches it (docs/gateways.md, "Replies").
@@ -29,19 +30,19 @@ use std::sync::Arc;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Router as HttpRouter};
+use axum::Extension;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::client::Client;
-use crate::gateway::caller::{authenticate, Caller};
+use crate::gateway::caller::{Accepts, Caller};
 use crate::gateway::context::{granted, resolve, resolve_target, split_port, GatewayContext};
+use crate::gateway::guard::{Access, Gated, GatedRoutes};
 use crate::gateway::peers::{self, PeerFor};
 use crate::gateway::senders::{mamp_sender, MampSender};
 use crate::gateway::wire::{gateway_error_response, AgentUri, Failure, GatewayError, Json};
@@ -51,17 +52,19 @@ use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::methods::messaging::SendParams;
 
 /// `/mamp/v1/*`: the router's card is public (it says how to authenticate); everything else is
-/// behind the caller's credential.
-pub fn routes(ctx: Arc<GatewayContext>) -> HttpRouter {
-    HttpRouter::new()
-        .route("/mamp/v1/agents/{agent_id}/card", get(agent_card))
-        .route("/mamp/v1/messages", post(receive).get(fetch))
-        .route_layer(axum::middleware::from_fn_with_state(
-            ctx.auth.clone(),
-            authenticate,
-        ))
-        .route("/mamp/v1/card", get(router_card))
-        .with_state(ctx)
+/// behind the caller's credential. Bodies up to what the router delivers.
+pub fn routes(ctx: Arc<GatewayContext>) -> Gated {
+    let max = ctx.mamp_max_message_size();
+    let gate = |access| ctx.gate(access, Accepts::default(), max, "max_message_size");
+    let public = GatedRoutes::new("mamp card", gate(Access::Public))
+        .get("/mamp/v1/card", router_card)
+        .with_state(Arc::clone(&ctx));
+    let callers = GatedRoutes::new("mamp", gate(Access::Required))
+        .get("/mamp/v1/agents/{agent_id}/card", agent_card)
+        .post("/mamp/v1/messages", receive)
+        .get("/mamp/v1/messages", fetch)
+        .with_state(Arc::clone(&ctx));
+    public.merge(callers)
 }
 
 /// The host our cards name: the canonical one ([`GatewayContext::host`]: the configured
@@ -101,9 +104,6 @@ async fn agent_card(
     Path(agent_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(f) = ctx.check_rate(&caller) {
-        return f.response();
-    }
     let session = match ctx.caller_session(&caller).await {
         Ok(s) => s,
         Err(e) => return gateway_error_response(&e),
@@ -179,16 +179,8 @@ async fn receive(
     State(ctx): State<Arc<GatewayContext>>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Body,
+    bytes: Bytes,
 ) -> Response {
-    let max = ctx.mamp_max_message_size();
-    let bytes = match ctx
-        .guarded_body(&caller, &headers, body, max, "max_message_size")
-        .await
-    {
-        Ok(b) => b,
-        Err(response) => return response,
-    };
     let checked = match envelope::check(&bytes) {
         Ok(c) => c,
         Err((error, message)) => {
@@ -355,9 +347,6 @@ async fn fetch(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(f) = ctx.check_rate(&caller) {
-        return f.response();
-    }
     let Some(uri) = query.get("agent") else {
         return Failure::new(
             StatusCode::BAD_REQUEST,
