@@ -33,8 +33,7 @@
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
 //! handlers), `sse.rs` (streams), `tasks.rs` (the gateway's MAP sessions and the task
 //! translation), `access.rs` (the caller, and who may act on a task), `limits.rs` (every bound
-//! the gateway keeps), `egress.rs` (where the gateway may send requests: allow-lists on
-//! normalised URLs, checked addresses), `recovery.rs` (tasks a restart interrupted),
+//! the gateway keeps), `recovery.rs` (tasks a restart interrupted),
 //! `record.rs` (what a MAP task keeps for A2A, the agent conventions), `feed.rs` (task events to
 //! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames), `push.rs`
 //! (webhooks), `remote/` (the client side: remote A2A agents registered by card URL, called when
@@ -42,7 +41,6 @@
 
 pub mod access;
 pub mod card;
-pub mod egress;
 pub mod error;
 pub mod feed;
 pub mod frame;
@@ -71,13 +69,13 @@ use crate::auth::Authenticator;
 use crate::client::{ClientError, ClientOptions};
 use crate::gateway::a2a::access::Caller;
 use crate::gateway::a2a::card::{CardContext, Security, Shape};
-use crate::gateway::a2a::egress::AllowList;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::limits::Limits;
 use crate::gateway::a2a::remote::{Asker, RegisterError, RemoteSpec, Remotes};
 use crate::gateway::a2a::tasks::{Core, Target};
 use crate::gateway::a2a::wire::Version;
 use crate::gateway::callers::CallerSessions;
+use crate::gateway::egress::AllowList;
 use crate::gateway::guard::{self, BodyError, CallerKey, Guard, GuardSettings};
 use crate::gateway::wire::closing;
 use crate::protocol::methods::session::Principal;

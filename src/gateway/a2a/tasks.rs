@@ -51,7 +51,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::client::{AgentHandle, Client, ClientError, ClientOptions};
 use crate::gateway::a2a::access::Caller;
-use crate::gateway::a2a::egress::AllowList;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::feed::Feed;
 use crate::gateway::a2a::limits::{Limits, MAP_ENVELOPE_BYTES};
@@ -60,6 +59,7 @@ use crate::gateway::a2a::record::{
     agent_payload, final_artifact, rfc3339_now, AgentReport, MapTask, Record, Snapshot,
 };
 use crate::gateway::a2a::wire::{Message, Role, TaskState, TaskView};
+use crate::gateway::egress::AllowList;
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{Capability, ParticipantType};
 use crate::protocol::event::SubscriptionFilter;
