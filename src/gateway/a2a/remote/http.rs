@@ -300,7 +300,7 @@ pub async fn post(
     if is_sse && status.is_success() {
         return Ok(Answer::Stream(EventStream {
             target: target.clone(),
-            body: response,
+            body: Box::new(response),
             buffer: Vec::new(),
         }));
     }
@@ -317,7 +317,8 @@ pub async fn post(
 #[derive(Debug)]
 pub struct EventStream {
     target: Target,
-    body: Response,
+    /// Boxed: a response head is large, and an [`Answer`] is mostly JSON.
+    body: Box<Response>,
     buffer: Vec<u8>,
 }
 
