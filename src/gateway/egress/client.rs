@@ -183,7 +183,11 @@ async fn handshake<S>(url: &str, io: S) -> Result<SendRequest<Full<Bytes>>, Clie
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+    // Title-case names (`Content-Type`), as the hand-written heads before this client sent
+    // them: names are case-insensitive, but a webhook written against those may not know it.
+    let (sender, connection) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake(TokioIo::new(io))
         .await
         .map_err(|e| {
             tracing::debug!(url, error = %e, "egress: handshake");
@@ -327,6 +331,7 @@ mod tests {
             .to_ascii_lowercase();
         assert!(seen.starts_with("post /hook/b?x=1 http/1.1\r\n"), "{seen}");
         assert!(seen.contains("authorization: bearer t\r\n"), "{seen}");
+        assert!(seen.contains("user-agent: map-router/"), "{seen}");
         assert!(
             seen.contains("content-type: application/json\r\n"),
             "{seen}"
