@@ -2,7 +2,7 @@
 //! answer a caller gets when it meets it (docs/a2a.md, "Limits"; docs/security.md).
 //!
 //! Owns the numbers only; the checks live where the work is (`mod.rs`: rate, content type,
-//! body; `tasks.rs`: what MAP would refuse; `remote/`: remotes; `push.rs`: webhooks).
+//! body; `tasks/`: what MAP would refuse; `remote/`: remotes; `push.rs`: webhooks).
 //!
 //! Two kinds:
 //! - **the caller's own budget**: requests per second (a token bucket per principal, or per IP

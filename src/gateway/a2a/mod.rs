@@ -28,10 +28,10 @@
 //! authentication; 429 with `Retry-After`), a JSON `Content-Type` (-32005). Then the body is
 //! read with a size cap and a deadline (413, 408), its nesting checked before it is parsed
 //! (-32600), and its envelope (`rpc.rs`). What MAP would refuse is refused before it is sent
-//! (`tasks.rs`, `limits.rs`).
+//! (`tasks/`, `limits.rs`).
 //!
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
-//! handlers), `sse.rs` (streams), `tasks.rs` (the gateway's MAP sessions and the task
+//! handlers), `sse.rs` (streams), `tasks/` (the gateway's MAP sessions and the task
 //! translation), `access.rs` (the caller, and who may act on a task), `limits.rs` (every bound
 //! the gateway keeps), `recovery.rs` (tasks a restart interrupted),
 //! `record.rs` (what a MAP task keeps for A2A, the agent conventions), `feed.rs` (task events to

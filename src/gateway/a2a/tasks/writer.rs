@@ -16,6 +16,7 @@
 //! connection handler owns the state): see `docs/architecture.md`, "A2A tasks".
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -103,10 +104,22 @@ pub(super) struct Writer {
     tx: mpsc::Sender<Command>,
 }
 
+/// What applies a change: the books (MAP calls); a recorder in the tests.
+pub(super) trait Apply: Send + Sync + 'static {
+    /// Applies `change` of task `id` and answers whoever waits for it.
+    fn apply(self: Arc<Self>, id: String, change: Change) -> impl Future<Output = ()> + Send;
+}
+
+impl Apply for Books {
+    async fn apply(self: Arc<Self>, id: String, change: Change) {
+        apply(&self, &id, change).await;
+    }
+}
+
 impl Writer {
     /// Starts the writer task over `books`; it ends when every handle is gone and the changes
     /// it took are applied.
-    pub(super) fn start(books: Arc<Books>) -> Self {
+    pub(super) fn start<A: Apply>(books: Arc<A>) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let owner = Owner {
             rx,
@@ -198,9 +211,10 @@ fn stopped() -> A2aError {
 }
 
 /// The writer task's state.
-struct Owner {
+struct Owner<A> {
     rx: mpsc::Receiver<Command>,
-    books: Arc<Books>,
+    /// What applies the changes.
+    books: Arc<A>,
     /// The tasks with a change running, each with the changes waiting behind it (in arrival
     /// order). A task is here exactly while one of its changes runs.
     queued: HashMap<String, VecDeque<Change>>,
@@ -211,7 +225,7 @@ struct Owner {
     ids: HashMap<Id, String>,
 }
 
-impl Owner {
+impl<A: Apply> Owner<A> {
     async fn run(mut self) {
         loop {
             tokio::select! {
@@ -269,7 +283,7 @@ impl Owner {
         let books = Arc::clone(&self.books);
         let id = task.clone();
         let handle = self.running.spawn(async move {
-            apply(&books, &id, change).await;
+            books.apply(id.clone(), change).await;
             id
         });
         self.ids.insert(handle.id(), task);
@@ -304,5 +318,82 @@ async fn apply(books: &Books, id: &str, change: Change) {
         Change::End { reason, when, done } => {
             let _ = done.send(orphans::end_failed(books, id, &reason, when).await);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// Records when each change starts and ends; the changes of task "slow" take a while.
+    #[derive(Default)]
+    struct Recorder {
+        log: Mutex<Vec<String>>,
+    }
+
+    impl Apply for Recorder {
+        async fn apply(self: Arc<Self>, id: String, change: Change) {
+            let Change::Report {
+                report: AgentReport::Working(Some(n)),
+                ..
+            } = change
+            else {
+                panic!("only reports here");
+            };
+            self.log.lock().unwrap().push(format!("start {id} {n}"));
+            if id == "slow" {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            self.log.lock().unwrap().push(format!("end {id} {n}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn one_tasks_changes_apply_in_order_and_others_run_beside_them() {
+        let recorder = Arc::new(Recorder::default());
+        let writer = Writer::start(Arc::clone(&recorder));
+        for (id, n) in [
+            ("slow", 1),
+            ("slow", 2),
+            ("fast", 1),
+            ("slow", 3),
+            ("fast", 2),
+        ] {
+            let report = AgentReport::Working(Some(n.to_string()));
+            writer.report(id, "agent".into(), report).await;
+        }
+        let log = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if recorder.log.lock().unwrap().len() == 10 {
+                    return recorder.log.lock().unwrap().clone();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every change applied");
+        let of =
+            |id: &str| -> Vec<String> { log.iter().filter(|l| l.contains(id)).cloned().collect() };
+        // One at a time, in arrival order, per task.
+        assert_eq!(
+            of("slow"),
+            [
+                "start slow 1",
+                "end slow 1",
+                "start slow 2",
+                "end slow 2",
+                "start slow 3",
+                "end slow 3"
+            ]
+        );
+        assert_eq!(
+            of("fast"),
+            ["start fast 1", "end fast 1", "start fast 2", "end fast 2"]
+        );
+        // The fast task did not wait for the slow one.
+        let at = |line: &str| log.iter().position(|l| l == line).unwrap();
+        assert!(at("end fast 2") < at("end slow 1"), "{log:?}");
     }
 }
