@@ -21,7 +21,19 @@ use crate::gateway::a2a::record::{MapTask, Record};
 use crate::protocol::agent::PresenceStatus;
 use crate::protocol::json::RawJson;
 
-use super::{is_gateway_agent, methods, Target};
+use super::ids::is_gateway_agent;
+use super::target::Target;
+
+/// The `map/tasks/*` methods (docs/tasks.md), called with JSON text so that the verbatim
+/// members of `meta.a2a` keep their bytes both ways.
+pub(super) mod methods {
+    use crate::protocol::methods::tasks::{TasksCreate, TasksGet, TasksList, TasksUpdate};
+    use crate::protocol::methods::Method;
+    pub const CREATE: &str = TasksCreate::NAME;
+    pub const UPDATE: &str = TasksUpdate::NAME;
+    pub const GET: &str = TasksGet::NAME;
+    pub const LIST: &str = TasksList::NAME;
+}
 
 /// The books sessions, the limits MAP applies, and which gateway agent is this gateway's.
 #[derive(Debug)]

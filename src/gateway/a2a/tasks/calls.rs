@@ -24,8 +24,9 @@ use crate::protocol::json::RawJson;
 use crate::protocol::methods::messaging::SendParams as MapSendParams;
 
 use super::books::call;
+use super::books::methods;
 use super::writer::Edit;
-use super::{methods, Core, Target, LIST_SCAN_PAGE, LIST_SCAN_PAGES};
+use super::{Core, Target, LIST_SCAN_PAGE, LIST_SCAN_PAGES};
 
 impl Core {
     /// The A2A task `id` at `target`, when `caller` controls it (`access.rs`).

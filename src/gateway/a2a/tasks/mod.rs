@@ -29,24 +29,28 @@
 //! and `orphans.rs` ends them).
 //!
 //! Rooms: `calls.rs` (what A2A callers ask: read, send, cancel, list), `agents.rs` (which agent
-//! a request addresses), `books.rs` (the books sessions; reading and writing a record; what MAP
-//! would refuse, refused first), `writer.rs` (the task writer: the one owner of changes),
-//! `replies.rs` (the agents' messages, as updates), `orphans.rs` (tasks nobody will answer).
+//! a request addresses), `target.rs` ([`Target`]), `ids.rs` (the gateway's own ids),
+//! `books.rs` (the books sessions; reading and writing a record; what MAP would refuse, refused
+//! first), `writer.rs` (the task writer: the one owner of changes, and how each kind is
+//! applied), `replies.rs` (an agent's report, as an update), `orphans.rs` (finding the tasks
+//! nobody will answer). Files import one way: `mod.rs` (Core) uses `ids`, `target`, `books`
+//! and `writer`; `calls`, `agents` and `orphans` add methods to Core.
 //!
 //! After a restart, a task is also found through the URL of the agent that now has its
 //! agent's name ([`Target`]): agents that register without a fixed id come back under a new
 //! one.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::client::{AgentHandle, Client, ClientError, ClientOptions};
-use crate::gateway::a2a::error::A2aError;
+use futures::StreamExt;
+
+use crate::client::{AgentHandle, Client, ClientError, ClientOptions, Messages};
 use crate::gateway::a2a::feed::Feed;
 use crate::gateway::a2a::limits::Limits;
 use crate::gateway::a2a::push::Push;
+use crate::gateway::a2a::record::AgentReport;
 use crate::gateway::egress::AllowList;
-use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::SubscriptionFilter;
 use crate::protocol::methods::agents::RegisterParams;
@@ -55,59 +59,17 @@ use crate::transport::in_process::InProcessLinks;
 mod agents;
 mod books;
 mod calls;
+mod ids;
 mod orphans;
 mod replies;
+mod target;
 mod writer;
+
+pub use ids::{is_gateway_agent, node_id, BOOKS, GATEWAY_AGENT, GATEWAY_BOOKS};
+pub use target::Target;
 
 use books::Books;
 use writer::Writer;
-
-/// The id (and name) of the gateway's agent participant and of its agent (on a cluster's
-/// standby, qualified with the node's name: [`node_id`]).
-pub const GATEWAY_AGENT: &str = "a2a-gateway";
-
-/// The id of one of the gateway's sessions on `node`: `id` itself on a single router or the
-/// cluster's live node, `id@node` on a standby, whose gateway is a second one with sessions
-/// of its own (relayed to the live node; `gateway::RESERVED_IDS` covers these forms too).
-pub fn node_id(id: &str, node: Option<&str>) -> String {
-    match node {
-        Some(node) => format!("{id}@{node}"),
-        None => id.to_owned(),
-    }
-}
-
-/// The status message of a task ended because the cluster node whose gateway sent its agent
-/// the message died before the agent answered (its reply would go to that gateway).
-pub const SENDER_GONE: &str =
-    "the router node that sent the task's message stopped before the agent answered";
-/// Whether `id` is the gateway's agent, on any node (not an A2A agent of its own).
-pub fn is_gateway_agent(id: &str) -> bool {
-    id.split_once('@').map_or(id, |(base, _)| base) == GATEWAY_AGENT
-}
-
-/// The id of the gateway's bookkeeping participant (a `system` session with no agent).
-pub const GATEWAY_BOOKS: &str = "a2a-gateway-tasks";
-
-/// The participant ids of the books pool: [`GATEWAY_BOOKS`] (which also holds the feed) and
-/// three more. Each carries the calls of a quarter of the tasks, so the gateway's bookkeeping
-/// has four times a connection's request rate (`[limits] rate_per_connection`).
-pub const BOOKS: [&str; 4] = [
-    GATEWAY_BOOKS,
-    "a2a-gateway-tasks-1",
-    "a2a-gateway-tasks-2",
-    "a2a-gateway-tasks-3",
-];
-
-/// The `map/tasks/*` methods (docs/tasks.md), called with JSON text so that the verbatim
-/// members of `meta.a2a` keep their bytes both ways.
-mod methods {
-    use crate::protocol::methods::tasks::{TasksCreate, TasksGet, TasksList, TasksUpdate};
-    use crate::protocol::methods::Method;
-    pub const CREATE: &str = TasksCreate::NAME;
-    pub const UPDATE: &str = TasksUpdate::NAME;
-    pub const GET: &str = TasksGet::NAME;
-    pub const LIST: &str = TasksList::NAME;
-}
 
 /// Longest a blocking `SendMessage` waits for the task to end or be interrupted; after that it
 /// answers with the task as it is (still working), which the caller can poll or resubscribe to.
@@ -123,30 +85,6 @@ pub const LIST_SCAN_PAGE: u32 = 250;
 /// board.
 pub const LIST_SCAN_PAGES: usize = 8;
 
-/// Where an A2A call is addressed: one MAP agent (`/a2a/agents/{id}`), the agent a path named
-/// in a previous run, or the router's own endpoint (`/a2a`), which serves the tasks of every
-/// agent.
-#[derive(Debug, Clone)]
-pub enum Target {
-    /// One live agent: its tasks, and (after a restart) those of a gone agent of its name.
-    Agent(Box<Agent>),
-    /// A path naming no live agent (`/a2a/agents/<old id>`): the tasks of the agent that had
-    /// this id or name. New tasks need a live agent.
-    Former(String),
-    /// The router endpoint.
-    Router,
-}
-
-impl Target {
-    /// The answer for a task not found at this target: at a former agent's URL the path itself
-    /// names nothing (404, as before the rule), elsewhere -32001.
-    fn not_found(&self, id: &str) -> A2aError {
-        match self {
-            Self::Former(agent) => A2aError::unknown_agent(agent),
-            _ => A2aError::task_not_found(id),
-        }
-    }
-}
 /// The gateway's MAP sessions and the operations on them.
 #[derive(Debug)]
 pub struct Core {
@@ -269,11 +207,34 @@ impl Core {
                     ..SubscriptionFilter::default()
                 })
                 .await?;
-            tokio::spawn(orphans::watch_other_gateways(Arc::downgrade(&core), gone));
+            tokio::spawn(Self::watch_other_gateways(Arc::downgrade(&core), gone));
         }
         // NB: the agents' replies reach the writer in arrival order, which applies those about
         // one task in that order and those about different tasks side by side (`writer.rs`).
-        tokio::spawn(replies::run(Arc::downgrade(&core), core.agent.messages()));
+        tokio::spawn(Self::take_replies(
+            Arc::downgrade(&core),
+            core.agent.messages(),
+        ));
         Ok(core)
+    }
+
+    /// Reads the gateway agent's `inbox` until it ends (or the gateway is gone), handing each
+    /// agent's report to the task writer (`replies.rs` applies it) in arrival order.
+    async fn take_replies(core: Weak<Self>, mut inbox: Messages) {
+        while let Some(message) = inbox.next().await {
+            let Some(core) = core.upgrade() else { break };
+            let Some(id) = message.correlation_id() else {
+                tracing::debug!(from = %message.from, "a2a gateway: message without correlationId ignored");
+                continue;
+            };
+            let report = AgentReport::of(message.payload.as_ref());
+            if report == AgentReport::Ignored {
+                continue;
+            }
+            // NB: waits only for a place in the writer's queue, never for the update itself.
+            core.writer
+                .report(&id, message.from.to_string(), report)
+                .await;
+        }
     }
 }

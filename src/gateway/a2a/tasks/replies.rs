@@ -2,42 +2,17 @@
 //! artifact, a state, the final reply; `record.rs` reads them as an [`AgentReport`]) becomes
 //! the task's update.
 //!
-//! Owns: the gateway agent's inbox loop ([`run`]), which hands each message to the task writer
-//! in arrival order (the writer applies those about one task in that order, one at a time),
-//! and how one report changes a task's record ([`apply`], run by the writer). Messages about
-//! unknown, foreign or finished tasks are dropped (logged).
+//! Owns how one report changes a task's record ([`apply`], run by the task writer, which gets
+//! the reports from the gateway agent's inbox in arrival order, `Core::take_replies`, and
+//! applies those about one task in that order, one at a time). Messages about unknown, foreign
+//! or finished tasks are dropped (logged).
 
-use std::sync::Weak;
-
-use futures::StreamExt;
-
-use crate::client::Messages;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::record::{final_artifact, AgentReport};
 use crate::gateway::a2a::wire::{Message, Role, TaskState};
 
 use super::books::Books;
-use super::{Core, Target};
-
-/// Reads the gateway agent's `inbox` until it ends (or the gateway is gone), handing each
-/// report to the task writer of the task its `correlationId` names.
-pub(super) async fn run(core: Weak<Core>, mut inbox: Messages) {
-    while let Some(message) = inbox.next().await {
-        let Some(core) = core.upgrade() else { break };
-        let Some(id) = message.correlation_id() else {
-            tracing::debug!(from = %message.from, "a2a gateway: message without correlationId ignored");
-            continue;
-        };
-        let report = AgentReport::of(message.payload.as_ref());
-        if report == AgentReport::Ignored {
-            continue;
-        }
-        // NB: waits only for a place in the writer's queue, never for the update itself.
-        core.writer
-            .report(&id, message.from.to_string(), report)
-            .await;
-    }
-}
+use super::target::Target;
 
 /// Applies `report`, from agent `from`, to task `id` (run by the task writer, so nothing else
 /// changes the task meanwhile). A change too large to record fails the task saying so.

@@ -13,7 +13,7 @@
 //! made by the change's own task, which the writer only starts and hears back from.
 //!
 //! The shape is async-nats' handle and owner (`Client` holds a `Sender<Command>`, the
-//! connection handler owns the state): see `docs/architecture.md`, "A2A tasks".
+//! connection handler owns the state; `docs/architecture.md`, the `a2a/tasks/` rows).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -26,10 +26,12 @@ use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::record::{AgentReport, Record};
 use crate::protocol::json::RawJson;
 
+use crate::gateway::a2a::record::MapTask;
+use crate::gateway::a2a::wire::{Message, TaskState};
+
 use super::books::Books;
-use super::orphans::{self, EndWhen};
 use super::replies;
-use super::Target;
+use super::target::Target;
 
 /// Changes waiting to reach the writer at most (its channel's capacity). A sender waits for a
 /// place, so a burst of agent reports slows their reader rather than growing without bound; a
@@ -68,7 +70,8 @@ pub(super) enum Change {
         /// What it says.
         report: AgentReport,
     },
-    /// End the task `failed` with `reason` if it still waits and `when` holds (`orphans.rs`).
+    /// End the task `failed` with `reason` if it still waits and `when` holds (`orphans.rs`
+    /// finds such tasks).
     End {
         /// The status message.
         reason: String,
@@ -316,7 +319,62 @@ async fn apply(books: &Books, id: &str, change: Change) {
         }
         Change::Report { from, report } => replies::apply(books, id, &from, report).await,
         Change::End { reason, when, done } => {
-            let _ = done.send(orphans::end_failed(books, id, &reason, when).await);
+            let _ = done.send(end_failed(books, id, &reason, when).await);
+        }
+    }
+}
+
+/// Why a task in flight may be ended, checked on the task as the writer reads it.
+#[derive(Debug, Clone)]
+pub(super) enum EndWhen {
+    /// Last changed before `started` (Unix ms, the gateway's start) and its agent is not back
+    /// (or another node's gateway, now gone, sent its message).
+    Interrupted {
+        /// When this gateway was made.
+        started: u64,
+    },
+    /// Its message was sent by `gateway`, another node's gateway agent, now gone.
+    Orphaned {
+        /// That gateway agent's id.
+        gateway: String,
+    },
+}
+
+/// Ends task `id` `failed` with the status message `reason` if it is still in flight
+/// (`submitted`, `working`) and `when` holds for what was read. Whether it ended it.
+async fn end_failed(books: &Books, id: &str, reason: &str, when: EndWhen) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Wrapped {
+        task: crate::gateway::a2a::recovery::Times,
+    }
+    let Ok(text) = books.get(id).await else {
+        return false;
+    };
+    let Some(mut record) = MapTask::from_wrapped(&text).and_then(|t| t.record()) else {
+        return false;
+    };
+    if !record.state.awaits_agent() {
+        return false;
+    }
+    let still = match &when {
+        EndWhen::Interrupted { started } => {
+            serde_json::from_str::<Wrapped>(&text).is_ok_and(|w| w.task.updated_at < *started)
+                && (!books.agent_live(&record.agent).await || books.sender_gone(&record).await)
+        }
+        EndWhen::Orphaned { gateway } => {
+            record.gateway.as_deref() == Some(gateway.as_str()) && books.sender_gone(&record).await
+        }
+    };
+    if !still {
+        return false;
+    }
+    let message = Message::agent_text(reason, id, &record.context_id);
+    record.set_state(TaskState::Failed, Some(message));
+    match books.write(id, &record, None).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(task = %id, error = %e, reason, "a2a gateway: a task in flight could not be ended");
+            false
         }
     }
 }
