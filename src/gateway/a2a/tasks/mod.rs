@@ -20,8 +20,8 @@
 //! gets -32001, as for an unknown task.
 //!
 //! Every A2A state change is one `map/tasks/update` (a durable `task.*` event that MAP
-//! subscribers see), made by the task writer (`writer.rs`), one task: it applies the changes of
-//! one task one at a time, in the order they reached it, so that the read-modify-write of
+//! subscribers see), made by the task writer (`writer.rs`), the one owner of every change: it
+//! applies the changes of one task one at a time, in the order they reached it, so that the read-modify-write of
 //! `meta.a2a` (MAP merges `meta` one key deep) never interleaves, while the changes of other
 //! tasks run beside them. No lock is held across a MAP call. The task itself is the source of
 //! truth: nothing about a task is kept in memory, so a restarted router serves the tasks of the
