@@ -365,4 +365,34 @@ mod tests {
         assert!(matches!(err, ClientError::Request(_)), "{err}");
         drop(listener);
     }
+
+    #[tokio::test]
+    async fn https_goes_over_tls() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut first = [0u8; 1];
+            s.read_exact(&mut first).await.unwrap();
+            first[0]
+        });
+        let list = AllowList::parse(&[format!("https://127.0.0.1:{port}/")]).unwrap();
+        let target = list
+            .check(&format!("https://127.0.0.1:{port}/hook"))
+            .unwrap();
+        // The test server speaks no TLS: the handshake fails, which reads as unreachable.
+        let err = tokio::time::timeout(
+            Duration::from_secs(5),
+            send(&target, Method::POST, &[], None, WAITS),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+        assert!(matches!(err, ClientError::Unreachable), "{err}");
+        let first = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first, 0x16, "a TLS handshake record, not a plain request");
+    }
 }
