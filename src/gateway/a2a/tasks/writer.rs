@@ -23,19 +23,19 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{Id, JoinError, JoinSet};
 
 use crate::gateway::a2a::error::A2aError;
-use crate::gateway::a2a::record::{AgentReport, Record};
-use crate::protocol::json::RawJson;
-
-use crate::gateway::a2a::record::MapTask;
+use crate::gateway::a2a::record::{AgentReport, MapTask, Record};
 use crate::gateway::a2a::wire::{Message, TaskState};
+use crate::protocol::json::RawJson;
 
 use super::books::Books;
 use super::replies;
 use super::target::Target;
 
 /// Changes waiting to reach the writer at most (its channel's capacity). A sender waits for a
-/// place, so a burst of agent reports slows their reader rather than growing without bound; a
-/// task's queue behind its running change holds only what came through here.
+/// place, so a burst of agent reports slows their reader (the gateway agent's inbox). The
+/// queues behind running changes are not capped: what waits there came through this channel,
+/// and one agent's reports are bounded by the router's per-connection rate (as the chained
+/// tasks before the writer were).
 pub const QUEUE: usize = 1024;
 
 /// An edit of a task's record: returns what becomes `meta.result`, or an error to leave the
