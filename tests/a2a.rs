@@ -1180,7 +1180,12 @@ async fn push_notifications_post_every_change_to_allowed_webhooks() {
             .await
             .unwrap();
         assert!(head.starts_with("POST /hook HTTP/1.1"), "{head}");
-        assert!(head.contains("X-A2A-Notification-Token: tok-1"), "{head}");
+        // Header names are case-insensitive (the client title-cases them: `X-A2a-...`).
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("x-a2a-notification-token: tok-1"),
+            "{head}"
+        );
         assert!(
             head.contains("Content-Type: application/a2a+json"),
             "{head}"

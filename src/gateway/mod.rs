@@ -25,6 +25,8 @@
 //!   from the event log, answered per caller), `peers.rs` and `peer_table.rs` (the sessions
 //!   that stand for outside agents), `outbound.rs` (MAMP POSTs), `wire.rs` (URIs, times, error
 //!   bodies, [`wire::Failure`]), `config.rs` (`[gateways]`).
+//! - `egress/`: where every gateway may send requests of its own (allow-lists on parsed URLs,
+//!   checked addresses) and the one outbound HTTP client (A2A remotes and push, MAMP).
 //! - `threads.rs`: the conversation of each message sent for an outside caller (replies);
 //!   `recency.rs`: least-recently-used order for the bounded tables.
 //!
@@ -37,6 +39,7 @@ pub mod callers;
 pub mod config;
 pub mod context;
 pub mod directory;
+pub mod egress;
 pub mod guard;
 pub mod im;
 pub mod mamp;

@@ -9,18 +9,23 @@
 //! with neither belongs to the sender's direct conversation with the remote. A conversation
 //! the remote started here is known to it by our id, which `mamp/mod.rs` records as "theirs".
 //!
-//! HTTP: hyper's own HTTP/1 client connection (`hyper::client::conn::http1`) over a tokio
-//! `TcpStream`, one connection per message: hyper is already built for the server, so this
-//! adds no crate (docs/architecture.md, "Dependencies and why"). `http://` only for now.
+//! HTTP: the gateways' one outbound client (`gateway::egress::client`), one connection per
+//! message, to the endpoint's messages URL as parsed and allowed by the endpoint's own origin
+//! (the operator configured it: its host's addresses may be loopback or private, and nobody
+//! else's are reached through it), every wait bounded by `[gateways.mamp] request_timeout`.
+//! `http://` only for now (the config check says so too).
 
-use axum::body::Body;
-use axum::http::{header, Method, Request};
+use std::time::Duration;
+
+use axum::http::Method;
+use bytes::Bytes;
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::net::TcpStream;
 
 use crate::gateway::config::RemoteMamp;
 use crate::gateway::context::GatewayContext;
+use crate::gateway::egress::client::{self, Body, Waits};
+use crate::gateway::egress::{AllowList, Allowed};
 use crate::gateway::wire::iso8601;
 use crate::protocol::message::Message;
 
@@ -98,7 +103,7 @@ async fn post(ctx: &GatewayContext, remote: &RemoteMamp, message: &Message) -> R
     let limit = ctx.settings.mamp.request_timeout();
     let answer = tokio::time::timeout(
         limit,
-        http_post(&remote.endpoint, remote.token.as_deref(), body),
+        http_post(&remote.endpoint, remote.token.as_deref(), body, limit),
     )
     .await
     .map_err(|_| format!("no answer within {limit:?}"))??;
@@ -112,71 +117,59 @@ async fn post(ctx: &GatewayContext, remote: &RemoteMamp, message: &Message) -> R
     Ok(())
 }
 
-/// `endpoint` → (`host:port`, path of the messages URL).
-fn split_endpoint(endpoint: &str) -> Result<(String, String), String> {
-    let rest = endpoint
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("endpoint `{endpoint}` is not http://"))?;
-    let (authority, path) = match rest.split_once('/') {
-        Some((a, p)) => (a, format!("/{p}")),
-        None => (rest, String::new()),
-    };
-    if authority.is_empty() {
-        return Err(format!("endpoint `{endpoint}` has no host"));
+/// The messages URL of `endpoint` (`<endpoint>/mamp/v1/messages`, or `endpoint` itself when it
+/// already ends so), parsed and allowed by the endpoint's own origin: the operator named this
+/// host, so its addresses may be private or loopback (`gateway::egress`).
+fn messages_url(endpoint: &str) -> Result<Allowed, String> {
+    let mut url = url::Url::parse(endpoint).map_err(|e| format!("endpoint `{endpoint}`: {e}"))?;
+    if url.scheme() != "http" {
+        return Err(format!("endpoint `{endpoint}` is not http://"));
     }
-    let authority = if authority.contains(':') {
-        authority.to_owned()
-    } else {
-        format!("{authority}:80")
-    };
-    let path = if path.ends_with("/mamp/v1/messages") {
-        path
-    } else {
-        format!("{}/mamp/v1/messages", path.trim_end_matches('/'))
-    };
-    Ok((authority, path))
+    if !url.path().ends_with("/mamp/v1/messages") {
+        let path = format!("{}/mamp/v1/messages", url.path().trim_end_matches('/'));
+        url.set_path(&path);
+    }
+    AllowList::origin_of(endpoint)
+        .and_then(|list| list.check_parsed(url).map_err(|e| e.to_string()))
+        .map_err(|e| format!("endpoint `{endpoint}`: {e}"))
 }
 
-/// One POST on a fresh connection; the answer's body when the status is 2xx.
-async fn http_post(endpoint: &str, token: Option<&str>, body: Vec<u8>) -> Result<Vec<u8>, String> {
-    let (authority, path) = split_endpoint(endpoint)?;
-    let stream = TcpStream::connect(&authority)
+/// One POST through the gateways' client, every wait bounded by `limit`; the answer's body
+/// (at most [`MAX_ANSWER_BYTES`]) when the status is 2xx.
+async fn http_post(
+    endpoint: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+    limit: Duration,
+) -> Result<Bytes, String> {
+    let target = messages_url(endpoint)?;
+    let headers: Vec<(&'static str, String)> = token
+        .map(|t| ("authorization", format!("Bearer {t}")))
+        .into_iter()
+        .collect();
+    let body = Body {
+        bytes: Bytes::from(body),
+        content_type: "application/json",
+    };
+    let waits = Waits {
+        connect: limit,
+        head: limit,
+    };
+    let answer = client::send(&target, Method::POST, &headers, Some(body), waits)
         .await
-        .map_err(|e| format!("connect {authority}: {e}"))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake::<_, Body>(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("handshake: {e}"))?;
-    let driver = tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut request = Request::builder()
-        .method(Method::POST)
-        .uri(&path)
-        .header(header::HOST, &authority)
-        .header(header::CONTENT_TYPE, "application/json");
-    if let Some(token) = token {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let request = request
-        .body(Body::from(body))
-        .map_err(|e| format!("request: {e}"))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("send: {e}"))?;
-    let status = response.status();
-    let bytes = axum::body::to_bytes(Body::new(response.into_body()), MAX_ANSWER_BYTES)
+        .map_err(|e| format!("{}: {e}", target.as_str()))?;
+    let status = answer.status();
+    let bytes = answer
+        .body(MAX_ANSWER_BYTES, limit)
         .await
         .map_err(|e| format!("read answer: {e}"))?;
-    driver.abort();
     if !status.is_success() {
         return Err(format!(
             "status {status}: {}",
             String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
         ));
     }
-    Ok(bytes.to_vec())
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -185,14 +178,21 @@ mod tests {
 
     #[test]
     fn endpoints() {
+        let url = |e: &str| messages_url(e).map(|a| a.as_str().to_owned());
         assert_eq!(
-            split_endpoint("http://127.0.0.1:9/").unwrap(),
-            ("127.0.0.1:9".into(), "/mamp/v1/messages".into())
+            url("http://127.0.0.1:9/").unwrap(),
+            "http://127.0.0.1:9/mamp/v1/messages"
         );
         assert_eq!(
-            split_endpoint("http://h/base/mamp/v1/messages").unwrap(),
-            ("h:80".into(), "/base/mamp/v1/messages".into())
+            url("http://h/base/mamp/v1/messages").unwrap(),
+            "http://h/base/mamp/v1/messages"
         );
-        assert!(split_endpoint("https://h/").is_err());
+        assert_eq!(
+            url("http://h/base/").unwrap(),
+            "http://h/base/mamp/v1/messages"
+        );
+        assert!(url("https://h/").is_err());
+        assert!(url("http://u@h/").is_err());
+        assert!(url("h:80").is_err());
     }
 }

@@ -106,7 +106,7 @@ pub struct A2aSettings {
     /// Largest JSON-RPC request body, in bytes (default 4 MiB; larger is refused with 413).
     pub max_body_bytes: usize,
     /// Where push-notification webhooks may be, as `scheme://host[:port][/path]` entries
-    /// matched on parsed, normalised URLs (`gateway::a2a::egress`), e.g.
+    /// matched on parsed, normalised URLs (`gateway::egress`), e.g.
     /// `["https://hooks.example.com/a2a/"]` (default none: push notifications are off, and the
     /// cards say `pushNotifications: false`). The router POSTs to these URLs on callers' behalf:
     /// list only endpoints meant to receive them.
@@ -877,9 +877,9 @@ impl Config {
             crate::gateway::a2a::remote::http::check_configured(&remote.card_url)
                 .map_err(|e| ConfigError::Invalid(format!("a2a.remote: {e}")))?;
         }
-        crate::gateway::a2a::egress::AllowList::parse(&self.a2a.push_allow)
+        crate::gateway::egress::AllowList::parse(&self.a2a.push_allow)
             .map_err(|e| ConfigError::Invalid(format!("a2a.push_allow: {e}")))?;
-        crate::gateway::a2a::egress::AllowList::parse(&self.a2a.remote_allow)
+        crate::gateway::egress::AllowList::parse(&self.a2a.remote_allow)
             .map_err(|e| ConfigError::Invalid(format!("a2a.remote_allow: {e}")))?;
         if self.events.retention_events == 0 || self.events.retention_bytes < 4096 {
             return bad("events.retention_events must be at least 1 and events.retention_bytes at least 4096");

@@ -59,13 +59,13 @@ pub(super) fn connect_as(
 /// start, as a bad config file does).
 #[derive(Debug)]
 pub(super) struct A2aAllow {
-    push: crate::gateway::a2a::egress::AllowList,
-    remote: crate::gateway::a2a::egress::AllowList,
+    push: crate::gateway::egress::AllowList,
+    remote: crate::gateway::egress::AllowList,
 }
 
 impl A2aAllow {
     pub(super) fn of(config: &Config) -> std::io::Result<Self> {
-        use crate::gateway::a2a::egress::AllowList;
+        use crate::gateway::egress::AllowList;
         let read = |key: &str, entries: &[String]| {
             AllowList::parse(entries).map_err(|e| std::io::Error::other(format!("a2a.{key}: {e}")))
         };

@@ -3,7 +3,7 @@
 //!
 //! Owns the numbers only; the checks live where the work is (the gate every route is built
 //! behind, `gateway::guard`, set up in `mod.rs`: credential, rate, content type, body;
-//! `tasks.rs`: what MAP would refuse; `remote/`: remotes; `push.rs`: webhooks).
+//! `tasks/`: what MAP would refuse; `remote/`: remotes; `push.rs`: webhooks).
 //!
 //! Two kinds:
 //! - **the caller's own budget**: requests per second (a token bucket per principal, or per IP

@@ -32,13 +32,12 @@
 //! bucket per principal, or per IP without authentication; 429 with `Retry-After`), a JSON
 //! `Content-Type` (-32005). Then the body is read with the group's size cap and a deadline
 //! (413, 408); the handler checks its nesting before it is parsed (-32600), and its envelope
-//! (`rpc.rs`). What MAP would refuse is refused before it is sent (`tasks.rs`, `limits.rs`).
+//! (`rpc.rs`). What MAP would refuse is refused before it is sent (`tasks/`, `limits.rs`).
 //!
 //! Rooms: `wire.rs` (A2A shapes, both versions), `card.rs`, `rpc.rs` (envelope, method table,
-//! handlers), `sse.rs` (streams), `tasks.rs` (the gateway's MAP sessions and the task
+//! handlers), `sse.rs` (streams), `tasks/` (the gateway's MAP sessions and the task
 //! translation), `access.rs` (the caller, and who may act on a task), `limits.rs` (every bound
-//! the gateway keeps), `egress.rs` (where the gateway may send requests: allow-lists on
-//! normalised URLs, checked addresses), `recovery.rs` (tasks a restart interrupted),
+//! the gateway keeps), `recovery.rs` (tasks a restart interrupted),
 //! `record.rs` (what a MAP task keeps for A2A, the agent conventions), `feed.rs` (task events to
 //! streams), `error.rs` (A2A error codes), `frame.rs` (JSON-RPC response frames), `push.rs`
 //! (webhooks), `remote/` (the client side: remote A2A agents registered by card URL, called when
@@ -46,7 +45,6 @@
 
 pub mod access;
 pub mod card;
-pub mod egress;
 pub mod error;
 pub mod feed;
 pub mod frame;
@@ -72,7 +70,6 @@ use crate::auth::Authenticator;
 use crate::client::{ClientError, ClientOptions};
 use crate::gateway::a2a::access::Caller;
 use crate::gateway::a2a::card::{CardContext, Security, Shape};
-use crate::gateway::a2a::egress::AllowList;
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::limits::Limits;
 use crate::gateway::a2a::remote::{Asker, RegisterError, RemoteSpec, Remotes};
@@ -80,6 +77,7 @@ use crate::gateway::a2a::tasks::{Core, Target};
 use crate::gateway::a2a::wire::Version;
 use crate::gateway::caller::{Accepts, Admission, Caller as Admitted, Refusal};
 use crate::gateway::callers::CallerSessions;
+use crate::gateway::egress::AllowList;
 use crate::gateway::guard::{Access, Gate, Gated, GatedRoutes, Guard, GuardSettings, Refused};
 use crate::gateway::wire::closing;
 use crate::protocol::methods::session::Principal;

@@ -5,12 +5,13 @@
 //! MAP task's `meta` is visible to every observer of the task and a webhook's token must not be;
 //! each config remembers the principal that set it, whose secrets they are; at most
 //! [`MAX_CONFIGS_PER_TASK`] per task and `[a2a] max_push_configs_per_principal` per principal),
-//! the URL allow-list (`[a2a] push_allow`, matched on normalised URLs by `egress.rs`; empty =
+//! the URL allow-list (`[a2a] push_allow`, matched on normalised URLs by `gateway::egress`; empty =
 //! push notifications off), and delivery: one POST per update and webhook, in update order per
 //! task (one queue and worker per task with webhooks; a queue holds at most the task's
 //! updates), with [`ATTEMPTS`] tries and a doubling backoff, each bounded by [`TIMEOUT`]. A
-//! POST goes to the URL as normalised (what was checked is what is sent), over a connection
-//! made by `egress::connect` (the host's addresses judged, a judged one connected to).
+//! POST goes to the URL as normalised (what was checked is what is sent), through the gateways'
+//! one outbound client (`gateway::egress::client`: the host's addresses judged, a judged one
+//! connected to; `https://` over rustls; the status read, the body not).
 //!
 //! The body is what `@a2a-js/sdk`'s default sender POSTs: for a config made with a v1.0 method,
 //! the update as a v1.0 `StreamResponse` (`{statusUpdate}` / `{artifactUpdate}`,
@@ -27,16 +28,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::http::Method;
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::gateway::a2a::egress::{self, AllowList, Allowed};
 use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::limits::MAX_PUSH_SECRET_BYTES;
 use crate::gateway::a2a::record::{Owner, Snapshot};
 use crate::gateway::a2a::wire::{self, Rendered, Update, Version};
+use crate::gateway::egress::client::{self, Body, ClientError, Waits};
+use crate::gateway::egress::{self, AllowList, Allowed};
 
 /// Tries per notification and webhook.
 pub const ATTEMPTS: u32 = 4;
@@ -398,7 +401,7 @@ fn body(config: &PushConfig, s: &Snapshot) -> (String, &'static str) {
 }
 
 /// POSTs with retries; failures are logged, never raised (a webhook cannot fail a task).
-async fn deliver(config: &PushConfig, target: &Allowed, body: &str, content_type: &str) {
+async fn deliver(config: &PushConfig, target: &Allowed, body: &str, content_type: &'static str) {
     let mut backoff = FIRST_BACKOFF;
     for attempt in 1..=ATTEMPTS {
         match tokio::time::timeout(TIMEOUT, post(config, target, body, content_type)).await {
@@ -419,69 +422,30 @@ async fn deliver(config: &PushConfig, target: &Allowed, body: &str, content_type
     tracing::warn!(url = %config.url, "a2a push: notification dropped after {ATTEMPTS} attempts");
 }
 
-/// One HTTP/1.1 POST to `target` (the config's URL as the allow-list normalised it); the
-/// response's status code.
+/// One POST to `target` (the config's URL as the allow-list normalised it) on the gateways'
+/// client, every wait bounded by [`TIMEOUT`]; the response's status code (its body is not read).
 async fn post(
     config: &PushConfig,
     target: &Allowed,
     body: &str,
-    content_type: &str,
-) -> Result<u16, String> {
-    let mut head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\nUser-Agent: map-router-a2a\r\n",
-        target.request_target(),
-        target.authority(),
-        body.len()
-    );
+    content_type: &'static str,
+) -> Result<u16, ClientError> {
+    let mut headers = Vec::with_capacity(1);
     if let Some((scheme, credentials)) = &config.authentication {
-        head.push_str(&format!("Authorization: {scheme} {credentials}\r\n"));
+        headers.push(("authorization", format!("{scheme} {credentials}")));
     } else if let Some(token) = &config.token {
-        head.push_str(&format!("X-A2A-Notification-Token: {token}\r\n"));
+        headers.push(("x-a2a-notification-token", token.clone()));
     }
-    head.push_str("\r\n");
-    let tcp = egress::connect(target, TIMEOUT)
-        .await
-        .map_err(|e| e.to_string())?;
-    if target.is_tls() {
-        let trust = crate::client::tls::trust(None).map_err(|e| e.to_string())?;
-        let name = rustls::pki_types::ServerName::try_from(target.host_name())
-            .map_err(|e| e.to_string())?;
-        let stream = tokio_rustls::TlsConnector::from(trust.config)
-            .connect(name, tcp)
-            .await
-            .map_err(|e| e.to_string())?;
-        exchange(stream, &head, body).await
-    } else {
-        exchange(tcp, &head, body).await
-    }
-}
-
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
-    head: &str,
-    body: &str,
-) -> Result<u16, String> {
-    s.write_all(head.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    s.write_all(body.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    s.flush().await.map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 512];
-    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
-        let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let line = String::from_utf8_lossy(&buf);
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no HTTP status line: {:?}", line.lines().next()))
+    let body = Body {
+        bytes: Bytes::copy_from_slice(body.as_bytes()),
+        content_type,
+    };
+    let waits = Waits {
+        connect: TIMEOUT,
+        head: TIMEOUT,
+    };
+    let answer = client::send(target, Method::POST, &headers, Some(body), waits).await?;
+    Ok(answer.status().as_u16())
 }
 
 #[cfg(test)]

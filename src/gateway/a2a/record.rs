@@ -3,7 +3,7 @@
 //! Owns: [`Record`] (what `task.meta.a2a` holds, including the [`Owner`] of the task),
 //! [`MapTask`] (the parts of a MAP task the gateway reads), the agent conventions
 //! ([`AgentReport`], read from a reply's payload), and the payload an agent receives for an A2A
-//! message ([`agent_payload`]). Pure functions: the calls to the router are in `tasks.rs`, the
+//! message ([`agent_payload`]). Pure functions: the calls to the router are in `tasks/`, the
 //! rule of who may act on a task in `access.rs`.
 //!
 //! ## The agent conventions (docs/a2a.md has the full table)
@@ -103,7 +103,7 @@ pub struct Record {
     pub message_only: bool,
     /// The gateway agent that sent the agent the latest message (`a2a-gateway`, or a cluster
     /// standby's `a2a-gateway@<node>`): the agent's reply goes to it. When it is a standby's
-    /// and that node dies, the live node's gateway ends the task (`tasks.rs`,
+    /// and that node dies, the live node's gateway ends the task (`tasks/`,
     /// `Core::end_if_orphaned`). Not part of the A2A view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<String>,

@@ -18,10 +18,10 @@
 //!   an HTTP call of the previous run, which died with it: it ends `failed` at once, the same
 //!   way (`state: failed`, `error` = [`REASON`]).
 //!
-//! Only tasks last changed before the gateway was made are touched, and each is read again
-//! under its lock before it is ended, so nothing this run did (a follow-up, a cancel, the
-//! agent's reply) is overwritten. Failures are logged; the sweep is bounded ([`MAX_PAGES`]
-//! pages of [`PAGE`]).
+//! Only tasks last changed before the gateway was made are touched, and each is read again by
+//! the task writer (`tasks/writer.rs`), in order with its other changes, before it is ended,
+//! so nothing this run did (a follow-up, a cancel, the agent's reply) is overwritten. Failures
+//! are logged; the sweep is bounded ([`MAX_PAGES`] pages of [`PAGE`]).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -67,7 +67,7 @@ pub(super) struct Times {
 /// Ends or resumes what the previous run left in flight (module docs), the previous run being
 /// everything last changed before `started` (Unix ms). Runs beside the gateway (spawned by
 /// `Core::start`, which gives it `end`: ends one server-side task if it is still interrupted
-/// and its agent not back, under the task's lock); returns how many tasks it ended.
+/// and its agent not back, through the task writer); returns how many tasks it ended.
 pub(super) async fn run<F, Fut>(books: Client, started: u64, end: F) -> usize
 where
     F: Fn(String) -> Fut,

@@ -64,7 +64,7 @@ pub enum Method {
 
 impl Method {
     /// Whether it may be about one existing task (a follow-up send included), so that the URL
-    /// of an agent gone since may still serve it (`tasks.rs`, `Target::Former`). Listings and
+    /// of an agent gone since may still serve it (`tasks/`, `Target::Former`). Listings and
     /// the card are not.
     pub fn is_about_one_task(self) -> bool {
         !matches!(self, Self::List | Self::ExtendedCard)

@@ -374,9 +374,10 @@ impl Service {
                 ))));
             }
         }
-        let channel = super::dial::connect(&address, AipSettings::ms(gw.settings.dial_timeout_ms))
+        let dial_timeout = AipSettings::ms(gw.settings.dial_timeout_ms);
+        let channel = super::dial::connect(&gw.allow, &address, dial_timeout)
             .await
-            .map_err(|e| gw.refused(Status::unavailable(e)))?;
+            .map_err(|e| gw.refused(e))?;
         let client = gw
             .ctx
             .open_as(caller.principal.as_ref(), node_options(gw, &id))

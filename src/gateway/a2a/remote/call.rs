@@ -102,7 +102,7 @@ pub async fn serve(remote: &Remote, client: &Client, request: MapMessage) {
 }
 
 /// The server side's cancel notice (`{"a2a": {"cancel": <task>}}` with `meta.a2a.control:
-/// "cancel"`, see `tasks.rs`): the correlation id of the call to cancel.
+/// "cancel"`, see `tasks/`): the correlation id of the call to cancel.
 fn cancel_notice(request: &MapMessage) -> Option<String> {
     let payload = request.payload_value()?;
     let asked = payload.as_object().is_some_and(|o| o.len() == 1)

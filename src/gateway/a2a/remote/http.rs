@@ -1,14 +1,13 @@
 //! The gateway's HTTP client for remote A2A agents: `GET` a card, `POST` a JSON-RPC call, read an
 //! SSE stream. Plain `http://` only (see `docs/a2a.md`, "Calling remote A2A agents").
 //!
-//! Owns nothing but the timeouts and size caps. One HTTP/1.1 connection per call, opened with
-//! hyper's connection API (`hyper::client::conn::http1`): a remote agent gets few calls and a
-//! stream holds its connection for its whole life, so a pool would buy little; hyper is already
-//! the server's HTTP stack, so no second one is built.
+//! Owns nothing but the timeouts and size caps of these calls, the SSE reading, and the words of
+//! a failure: the request itself goes through the gateways' one outbound client
+//! (`gateway::egress::client`, one HTTP/1.1 connection per call).
 //!
 //! Where it may connect is not its decision: a [`Target`] is made only from a URL that passed
-//! an allow-list (`egress.rs`), and the connection goes through [`egress::connect`] (the host
-//! resolved once, its addresses judged, a judged address connected to).
+//! an allow-list (`gateway::egress`), and the client connects through [`egress::connect`] (the
+//! host resolved once, its addresses judged, a judged address connected to).
 //!
 //! Every wait is bounded: connecting ([`CONNECT_TIMEOUT`]), the response head
 //! ([`RESPONSE_TIMEOUT`]), a whole JSON body ([`RESPONSE_TIMEOUT`]), and the silence between two
@@ -21,13 +20,11 @@
 
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, Method, Request, Response};
+use axum::http::Method;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
-use crate::gateway::a2a::egress::{self, AllowList, Allowed, EgressError};
+use crate::gateway::egress::client::{self, Body, ClientError, Response, Waits};
+use crate::gateway::egress::{self, AllowList, Allowed, EgressError};
 
 /// Longest wait for the TCP connection: a loopback or LAN agent answers in milliseconds; a
 /// card URL that nobody serves should fail fast and clearly.
@@ -201,80 +198,49 @@ impl Target {
 /// Extra request headers (name, value).
 pub type Headers<'a> = &'a [(&'static str, String)];
 
+/// What the one client's failure says about `target`, in this module's words.
+fn from_client(target: &Target, e: ClientError) -> HttpError {
+    match e {
+        ClientError::Forbidden(e) => HttpError::NotAllowed(format!("{}: {e}", target.url())),
+        ClientError::Unreachable => target.unreachable(),
+        ClientError::BodyTimeout(after) => target.timeout("the body", after),
+        ClientError::Idle(after) => target.timeout("the next stream event", after),
+        e @ (ClientError::Request(_) | ClientError::Body(_)) => target.err(e),
+        ClientError::Stream(why) => target.err(format!("the stream broke: {why}")),
+    }
+}
+
+/// One request to `target` on the gateway's client; the response once its head has arrived.
 async fn exchange(
     target: &Target,
     method: Method,
     headers: Headers<'_>,
     body: Option<String>,
     head_timeout: Duration,
-) -> Result<Response<Incoming>, HttpError> {
-    let stream = egress::connect(&target.allowed, CONNECT_TIMEOUT)
-        .await
-        .map_err(|e| match e {
-            EgressError::Forbidden => HttpError::NotAllowed(format!("{}: {e}", target.url())),
-            EgressError::Unreachable => target.unreachable(),
-        })?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| {
-            tracing::debug!(url = %target.url(), error = %e, "a2a remote: handshake");
-            target.unreachable()
-        })?;
-    // The connection task ends when the response body is read or dropped and `sender` is gone.
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "a2a remote: connection ended");
-        }
+) -> Result<Response, HttpError> {
+    let body = body.map(|b| Body {
+        bytes: Bytes::from(b),
+        content_type: "application/json",
     });
-    let mut request = Request::builder()
-        .method(method)
-        .uri(target.allowed.request_target())
-        .header(header::HOST, target.allowed.authority())
-        .header(
-            header::USER_AGENT,
-            concat!("map-router/", env!("CARGO_PKG_VERSION")),
-        );
-    for (name, value) in headers {
-        let value = HeaderValue::from_str(value).map_err(|e| target.err(e))?;
-        request = request.header(*name, value);
-    }
-    if body.is_some() {
-        request = request.header(header::CONTENT_TYPE, "application/json");
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body.unwrap_or_default())))
-        .map_err(|e| target.err(e))?;
-    // NB: no answer at all reads as unreachable, whatever the reason (module docs).
-    match tokio::time::timeout(head_timeout, sender.send_request(request)).await {
-        Ok(Ok(response)) => Ok(response),
-        Ok(Err(e)) => {
-            tracing::debug!(url = %target.url(), error = %e, "a2a remote: no answer");
-            Err(target.unreachable())
-        }
-        Err(_) => {
-            tracing::debug!(url = %target.url(), ?head_timeout, "a2a remote: no answer in time");
-            Err(target.unreachable())
-        }
-    }
+    let waits = Waits {
+        connect: CONNECT_TIMEOUT,
+        head: head_timeout,
+    };
+    client::send(&target.allowed, method, headers, body, waits)
+        .await
+        .map_err(|e| from_client(target, e))
 }
 
 async fn read_body(
     target: &Target,
-    response: Response<Incoming>,
+    response: Response,
     max: usize,
     deadline: Duration,
 ) -> Result<Bytes, HttpError> {
-    let body = Limited::new(response.into_body(), max);
-    let collected = tokio::time::timeout(deadline, body.collect())
+    response
+        .body(max, deadline)
         .await
-        .map_err(|_| target.timeout("the body", deadline))?
-        .map_err(|e| {
-            tracing::debug!(url = %target.url(), error = %e, "a2a remote: reading the body");
-            target.err(format!(
-                "the answer broke off or was larger than {max} bytes"
-            ))
-        })?;
-    Ok(collected.to_bytes())
+        .map_err(|e| from_client(target, e))
 }
 
 /// `GET url` of a card, expecting a JSON body with a 2xx status, all within [`CARD_TIMEOUT`]
@@ -329,14 +295,12 @@ pub async fn post(
     let response = exchange(target, Method::POST, &all, Some(body), RESPONSE_TIMEOUT).await?;
     let status = response.status();
     let is_sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
+        .content_type()
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if is_sse && status.is_success() {
         return Ok(Answer::Stream(EventStream {
             target: target.clone(),
-            body: response.into_body(),
+            body: Box::new(response),
             buffer: Vec::new(),
         }));
     }
@@ -353,7 +317,8 @@ pub async fn post(
 #[derive(Debug)]
 pub struct EventStream {
     target: Target,
-    body: Incoming,
+    /// Boxed: a response head is large, and an [`Answer`] is mostly JSON.
+    body: Box<Response>,
     buffer: Vec<u8>,
 }
 
@@ -382,13 +347,12 @@ impl EventStream {
             if self.buffer.len() > MAX_BODY_BYTES {
                 return Err(self.target.err("an SSE event is too large"));
             }
-            let frame = tokio::time::timeout(STREAM_IDLE_TIMEOUT, self.body.frame())
+            let chunk = self
+                .body
+                .next_chunk(STREAM_IDLE_TIMEOUT)
                 .await
-                .map_err(|_| {
-                    self.target
-                        .timeout("the next stream event", STREAM_IDLE_TIMEOUT)
-                })?;
-            match frame {
+                .map_err(|e| from_client(&self.target, e))?;
+            match chunk {
                 None => {
                     // A last event without its blank line still counts.
                     if self.buffer.iter().any(|b| !b.is_ascii_whitespace()) {
@@ -397,12 +361,7 @@ impl EventStream {
                     }
                     return Ok(None);
                 }
-                Some(Err(e)) => return Err(self.target.err(format!("the stream broke: {e}"))),
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buffer.extend_from_slice(&data);
-                    }
-                }
+                Some(data) => self.buffer.extend_from_slice(&data),
             }
         }
     }

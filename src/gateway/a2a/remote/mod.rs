@@ -39,9 +39,9 @@ use futures::StreamExt;
 use serde_json::json;
 
 use crate::client::{Client, ClientOptions};
-use crate::gateway::a2a::egress::AllowList;
 use crate::gateway::a2a::limits::MAX_REMOTES;
 use crate::gateway::a2a::record::Owner;
+use crate::gateway::egress::AllowList;
 use crate::protocol::agent::Agent;
 use crate::protocol::json::RawJson;
 use crate::protocol::methods::agents::RegisterParams;

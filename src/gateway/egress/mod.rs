@@ -1,10 +1,13 @@
-//! Where the A2A gateway may send requests of its own: the one check every outbound URL passes
-//! (remote agents' card URLs and the endpoints their cards declare, `[a2a] remote_allow`;
-//! push-notification webhooks, `[a2a] push_allow`), and the one way it connects.
+//! Where the gateways may send requests of their own, and how: the one check every outbound
+//! URL passes (A2A remote agents' card URLs and the endpoints their cards declare,
+//! `[a2a] remote_allow`; A2A push webhooks, `[a2a] push_allow`; configured remote MAMP
+//! endpoints, each allowed by its own origin), the one way a connection is made, and the one
+//! HTTP client ([`client`]) that every gateway's outbound request goes through.
 //!
 //! Owns: [`AllowList`] (entries parsed once, at start), [`Allowed`] (a URL that passed, in its
-//! normalised form: what is checked is what is sent), and [`connect`] (resolve, check every
-//! address, connect to a checked address).
+//! normalised form: what is checked is what is sent), [`resolve`] and [`connect`] (resolve,
+//! check every address, connect to a checked address), and [`is_public`], the address rule
+//! that the AIP dialer (`aip/dial.rs`) applies too.
 //!
 //! The rules, on **parsed and normalised** URLs (WHATWG parsing, the `url` crate: lower-case
 //! scheme and host, numeric IPv4 forms such as `0x7f000001` or `2130706433` read as the address
@@ -35,6 +38,8 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 use url::{Host, Url};
+
+pub mod client;
 
 /// Longest URL accepted (webhooks and card URLs are short; this bounds what a config keeps).
 pub const MAX_URL_BYTES: usize = 2048;
@@ -352,7 +357,7 @@ pub async fn resolve(target: &Allowed) -> Result<Vec<SocketAddr>, EgressError> {
         Host::Domain(d) => tokio::net::lookup_host((d.as_str(), target.port))
             .await
             .map_err(|e| {
-                tracing::debug!(host = %d, error = %e, "a2a egress: lookup failed");
+                tracing::debug!(host = %d, error = %e, "egress: lookup failed");
                 EgressError::Unreachable
             })?
             .collect(),
@@ -363,7 +368,7 @@ pub async fn resolve(target: &Allowed) -> Result<Vec<SocketAddr>, EgressError> {
         .filter(|a| target.named || is_public(a.ip()))
         .collect();
     if allowed.is_empty() {
-        tracing::info!(url = %target.as_str(), addresses = ?addrs, "a2a egress: refused, no address the router calls");
+        tracing::info!(url = %target.as_str(), addresses = ?addrs, "egress: refused, no address the router calls");
         return Err(if addrs.is_empty() {
             EgressError::Unreachable
         } else {
@@ -392,14 +397,14 @@ pub async fn connect(target: &Allowed, timeout: Duration) -> Result<TcpStream, E
             }
         }
         if let Some((addr, e)) = last {
-            tracing::debug!(url = %target.as_str(), %addr, error = %e, "a2a egress: cannot connect");
+            tracing::debug!(url = %target.as_str(), %addr, error = %e, "egress: cannot connect");
         }
         Err(EgressError::Unreachable)
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
         Err(_) => {
-            tracing::debug!(url = %target.as_str(), ?timeout, "a2a egress: connecting timed out");
+            tracing::debug!(url = %target.as_str(), ?timeout, "egress: connecting timed out");
             Err(EgressError::Unreachable)
         }
     }
