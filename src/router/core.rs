@@ -592,7 +592,7 @@ impl Router {
         for id in owned.iter().chain(also) {
             if let Some(r) = self.registry.get(id) {
                 audience = audience.and(permissions::agent_audience(
-                    &r.agent(),
+                    r.agent(),
                     self.agent_view(),
                     policy,
                 ));

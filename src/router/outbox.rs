@@ -241,6 +241,18 @@ impl Outbound {
     }
 }
 
+/// Tries to queue; on a full queue requests a wake-up and tries once more (the writer then
+/// reports room with `Command::Drained`).
+pub(crate) fn push(outbox: &Outbox, item: Outbound) -> Result<(), PushError> {
+    match outbox.try_push(item) {
+        Err(PushError::Full(item)) => {
+            outbox.request_wakeup();
+            outbox.try_push(item)
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,17 +290,5 @@ mod tests {
             Err(PushError::Closed(_))
         ));
         assert!(tx.is_closed());
-    }
-}
-
-/// Tries to queue; on a full queue requests a wake-up and tries once more (the writer then
-/// reports room with `Command::Drained`).
-pub(crate) fn push(outbox: &Outbox, item: Outbound) -> Result<(), PushError> {
-    match outbox.try_push(item) {
-        Err(PushError::Full(item)) => {
-            outbox.request_wakeup();
-            outbox.try_push(item)
-        }
-        other => other,
     }
 }

@@ -54,7 +54,7 @@ impl Router {
             return Ok(());
         }
         let session = self.session_of(ctx)?;
-        if self.bus.count_for_session(&session.id()) >= limit {
+        if self.bus.count_for_session(session.id()) >= limit {
             return Err(exceeded("subscriptions per session", limit));
         }
         Ok(())

@@ -124,7 +124,6 @@ pub struct Settings {
 
 /// The gateway: its settings, its MAP sessions once opened, and its callers' sessions.
 pub struct A2aGateway {
-    links: Arc<dyn InProcessLinks + Send + Sync>,
     core: OnceCell<Arc<Core>>,
     /// Callers' MAP sessions: one per principal (the anonymous one with authentication off),
     /// closed after [`crate::gateway::callers::DEFAULT_IDLE`] unused.
@@ -159,16 +158,15 @@ impl A2aGateway {
         settings: Settings,
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Self> {
+        let callers = CallerSessions::new(links, crate::gateway::callers::DEFAULT_IDLE);
         let remotes = Remotes::new(
-            Arc::clone(&links),
+            Arc::clone(&callers),
             settings.remote_allow.clone(),
             settings.limits.max_remotes_per_principal,
         );
         if settings.node.is_none() {
             remotes.register_configured(settings.remotes.clone());
         }
-        let callers =
-            CallerSessions::new(Arc::clone(&links), crate::gateway::callers::DEFAULT_IDLE);
         let guard = Arc::new(Guard::new(GuardSettings {
             body_timeout: settings.limits.body_timeout,
             rate: settings.limits.rate,
@@ -176,7 +174,6 @@ impl A2aGateway {
         }));
         let admission = Admission::new(settings.auth.clone());
         Arc::new(Self {
-            links,
             core: OnceCell::new(),
             callers,
             settings,
@@ -197,7 +194,7 @@ impl A2aGateway {
         self.core
             .get_or_try_init(|| {
                 Core::start(
-                    &*self.links,
+                    &self.callers,
                     self.settings.push_allow.clone(),
                     self.settings.limits.clone(),
                     self.started,

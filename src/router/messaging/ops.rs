@@ -269,7 +269,7 @@ impl Router {
             .as_ref()
             .and_then(|a| self.registry.get(a))
             .map_or(Audience::Everyone, |r| {
-                agent_audience(&r.agent(), self.agent_view(), &self.config.permissions)
+                agent_audience(r.agent(), self.agent_view(), &self.config.permissions)
             });
         let audience = self
             .message_audience(caller, scope.as_ref())
@@ -600,7 +600,7 @@ impl Router {
         let is_agent = self
             .registry
             .get(&AgentId::from(text))
-            .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent(), self.agent_view()));
+            .is_some_and(|r| can_see_agent(&caller.viewer(), r.agent(), self.agent_view()));
         !is_agent && self.scopes.contains(&ScopeId::from(text))
     }
 
@@ -616,7 +616,7 @@ impl Router {
         self.registry
             .get_by_text(recipient)
             .map_or(Audience::Everyone, |r| {
-                agent_audience(&r.agent(), self.agent_view(), &self.config.permissions)
+                agent_audience(r.agent(), self.agent_view(), &self.config.permissions)
             })
     }
 

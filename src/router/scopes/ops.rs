@@ -348,7 +348,7 @@ impl Router {
             let visible = self
                 .registry
                 .get(id)
-                .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent(), self.agent_view()));
+                .is_some_and(|r| can_see_agent(&caller.viewer(), r.agent(), self.agent_view()));
             if !visible {
                 continue;
             }

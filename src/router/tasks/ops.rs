@@ -92,7 +92,7 @@ impl Router {
             None => Audience::Everyone,
             Some(a) => match self.registry.get(a) {
                 Some(rec) => permissions::agent_audience(
-                    &rec.agent(),
+                    rec.agent(),
                     self.agent_view(),
                     &self.config.permissions,
                 ),

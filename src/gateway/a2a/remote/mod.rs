@@ -38,15 +38,15 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use serde_json::json;
 
-use crate::client::{Client, ClientOptions};
+use crate::client::ClientOptions;
 use crate::gateway::a2a::limits::MAX_REMOTES;
 use crate::gateway::a2a::record::Owner;
+use crate::gateway::callers::CallerSessions;
 use crate::gateway::egress::AllowList;
 use crate::protocol::agent::Agent;
 use crate::protocol::json::RawJson;
 use crate::protocol::methods::agents::RegisterParams;
 use crate::protocol::methods::session::Principal;
-use crate::transport::in_process::InProcessLinks;
 
 use self::agent::version_name;
 pub use self::agent::{Remote, RemoteSpec};
@@ -128,7 +128,8 @@ impl Asker {
 
 /// The remote agents.
 pub struct Remotes {
-    links: Arc<dyn InProcessLinks + Send + Sync>,
+    /// Where each remote agent's MAP session is opened (as its registrant).
+    sessions: Arc<CallerSessions>,
     table: Mutex<HashMap<String, Arc<Remote>>>,
     /// `[a2a] remote_allow`: where remotes registered by request may be.
     allow: AllowList,
@@ -167,15 +168,12 @@ pub fn agent_id_for(name: &str) -> String {
 }
 
 impl Remotes {
-    /// An empty table; sessions open through `links`; remotes registered by request must be
-    /// under `allow`, at most `per_principal` per principal.
-    pub fn new(
-        links: Arc<dyn InProcessLinks + Send + Sync>,
-        allow: AllowList,
-        per_principal: usize,
-    ) -> Arc<Self> {
+    /// An empty table; sessions open through `sessions` (the gateway layer's one opener);
+    /// remotes registered by request must be under `allow`, at most `per_principal` per
+    /// principal.
+    pub fn new(sessions: Arc<CallerSessions>, allow: AllowList, per_principal: usize) -> Arc<Self> {
         Arc::new(Self {
-            links,
+            sessions,
             table: Mutex::new(HashMap::new()),
             allow,
             per_principal,
@@ -317,12 +315,10 @@ impl Remotes {
             .participant_id(format!("a2a-remote-{agent_id}"));
         let opened = match &asker {
             Asker::Principal { principal, .. } => {
-                Client::in_process_as(&*self.links, principal.clone(), options).await
+                self.sessions.open(Some(principal), options).await
             }
-            Asker::Configured => {
-                Client::in_process_as(&*self.links, crate::auth::service_principal(), options).await
-            }
-            Asker::Anyone => Client::in_process(&*self.links, options).await,
+            Asker::Configured => self.sessions.open_service(options).await,
+            Asker::Anyone => self.sessions.open(None, options).await,
         };
         let client = opened.map_err(|e| match e.code().map(|c| c.0) {
             Some(4001 | 4002) => RegisterError::Quota(e.to_string()),

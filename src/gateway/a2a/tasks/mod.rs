@@ -50,11 +50,11 @@ use crate::gateway::a2a::feed::Feed;
 use crate::gateway::a2a::limits::Limits;
 use crate::gateway::a2a::push::Push;
 use crate::gateway::a2a::record::AgentReport;
+use crate::gateway::callers::CallerSessions;
 use crate::gateway::egress::AllowList;
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::SubscriptionFilter;
 use crate::protocol::methods::agents::RegisterParams;
-use crate::transport::in_process::InProcessLinks;
 
 mod agents;
 mod books;
@@ -111,22 +111,21 @@ impl Core {
     /// # Errors
     /// A session or the registration was refused.
     pub async fn start(
-        links: &(dyn InProcessLinks + Send + Sync),
+        sessions: &CallerSessions,
         push_allow: AllowList,
         limits: Limits,
         started: u64,
         node: Option<&str>,
     ) -> Result<Arc<Self>, ClientError> {
         let me = node_id(GATEWAY_AGENT, node);
-        let client = Client::in_process_as(
-            links,
-            crate::auth::service_principal(),
-            ClientOptions::agent()
-                .name(me.clone())
-                .participant_id(me.clone())
-                .request_timeout(Duration::from_secs(30)),
-        )
-        .await?;
+        let client = sessions
+            .open_service(
+                ClientOptions::agent()
+                    .name(me.clone())
+                    .participant_id(me.clone())
+                    .request_timeout(Duration::from_secs(30)),
+            )
+            .await?;
         let agent = client
             .register(RegisterParams {
                 agent_id: Some(me.clone().into()),
@@ -143,16 +142,15 @@ impl Core {
         for id in BOOKS {
             let id = node_id(id, node);
             books.push(
-                Client::in_process_as(
-                    links,
-                    crate::auth::service_principal(),
-                    ClientOptions::new()
-                        .participant_type(ParticipantType::System)
-                        .name(id.clone())
-                        .participant_id(id)
-                        .request_timeout(Duration::from_secs(30)),
-                )
-                .await?,
+                sessions
+                    .open_service(
+                        ClientOptions::new()
+                            .participant_type(ParticipantType::System)
+                            .name(id.clone())
+                            .participant_id(id)
+                            .request_timeout(Duration::from_secs(30)),
+                    )
+                    .await?,
             );
         }
         let events = books[0]
