@@ -206,49 +206,39 @@ impl Conns {
     /// behind the frames already waiting for room (at most `cap` of them). False when the
     /// connection is gone or its bounded queue is full.
     pub fn push_message(&mut self, id: ConnId, frame: Arc<str>, cap: usize) -> bool {
-        let Some(c) = self.by_id.get_mut(&id) else {
-            return false;
-        };
-        if !c.pending.is_empty() {
-            if c.pending.len() >= cap {
-                return false;
-            }
-            c.pending.push_back(frame);
-            c.outbox.request_wakeup();
-            return true;
-        }
-        match push(&c.outbox, Outbound::Shared(frame)) {
-            Ok(()) => true,
-            Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
-                c.pending.push_back(frame);
-                true
-            }
-            Err(_) => false,
-        }
+        self.queue_message(id, frame, cap, false)
     }
 
     /// Queues a frame ahead of the connection's waiting messages (steering). False when the
     /// connection is gone or its bounded queue is full.
     pub fn push_message_front(&mut self, id: ConnId, frame: Arc<str>, cap: usize) -> bool {
+        self.queue_message(id, frame, cap, true)
+    }
+
+    /// Into the outbox when nothing waits and it has room, else into `pending` (behind the
+    /// waiting frames, or ahead of them: `front`), at most `cap` of them.
+    fn queue_message(&mut self, id: ConnId, frame: Arc<str>, cap: usize, front: bool) -> bool {
         let Some(c) = self.by_id.get_mut(&id) else {
             return false;
         };
-        if c.pending.is_empty() {
+        let frame = if c.pending.is_empty() {
             match push(&c.outbox, Outbound::Shared(frame)) {
-                Ok(()) => true,
-                Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => {
-                    c.pending.push_front(frame);
-                    true
-                }
-                Err(_) => false,
+                Ok(()) => return true,
+                Err(PushError::Full(Outbound::Shared(frame))) if cap > 0 => frame,
+                Err(_) => return false,
             }
         } else if c.pending.len() >= cap {
-            false
+            return false;
         } else {
-            c.pending.push_front(frame);
             c.outbox.request_wakeup();
-            true
+            frame
+        };
+        if front {
+            c.pending.push_front(frame);
+        } else {
+            c.pending.push_back(frame);
         }
+        true
     }
 
     /// Sends a frame only if it can go at once (nothing waiting, room in the outbox).
