@@ -32,11 +32,14 @@ use super::replies;
 use super::target::Target;
 
 /// Changes waiting to reach the writer at most (its channel's capacity). A sender waits for a
-/// place, so a burst of agent reports slows their reader (the gateway agent's inbox). The
-/// queues behind running changes are not capped: what waits there came through this channel,
-/// and one agent's reports are bounded by the router's per-connection rate (as the chained
-/// tasks before the writer were).
+/// place, so a burst of agent reports slows their reader (the gateway agent's inbox).
 pub const QUEUE: usize = 1024;
+
+/// Changes the writer holds at most, running or queued behind a running change of their task.
+/// Past that it takes no more from its channel until one is done: the channel fills and the
+/// senders wait (nothing is dropped), so the writer's memory is bounded whatever callers and
+/// agents send.
+pub const MAX_HELD: usize = 4096;
 
 /// An edit of a task's record: returns what becomes `meta.result`, or an error to leave the
 /// task as it was.
@@ -123,13 +126,20 @@ impl Writer {
     /// Starts the writer task over `books`; it ends when every handle is gone and the changes
     /// it took are applied.
     pub(super) fn start<A: Apply>(books: Arc<A>) -> Self {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        Self::start_bounded(books, QUEUE, MAX_HELD)
+    }
+
+    /// [`Writer::start`] with a channel of `queue` places and at most `max_held` changes held.
+    fn start_bounded<A: Apply>(books: Arc<A>, queue: usize, max_held: usize) -> Self {
+        let (tx, rx) = mpsc::channel(queue);
         let owner = Owner {
             rx,
             books,
             queued: HashMap::new(),
             running: JoinSet::new(),
             ids: HashMap::new(),
+            held: 0,
+            max_held: max_held.max(1),
         };
         tokio::spawn(owner.run());
         Self { tx }
@@ -226,13 +236,17 @@ struct Owner<A> {
     /// The task of each running change, by the id of the tokio task that runs it (to find the
     /// task of a change that panicked).
     ids: HashMap<Id, String>,
+    /// Changes running or queued ([`MAX_HELD`] at most).
+    held: usize,
+    /// The bound on `held`.
+    max_held: usize,
 }
 
 impl<A: Apply> Owner<A> {
     async fn run(mut self) {
         loop {
             tokio::select! {
-                command = self.rx.recv() => match command {
+                command = self.rx.recv(), if self.held < self.max_held => match command {
                     Some(command) => self.handle_command(command),
                     None => break,
                 },
@@ -249,6 +263,7 @@ impl<A: Apply> Owner<A> {
 
     /// A new change: runs at once when its task has none running, else waits its turn.
     fn handle_command(&mut self, command: Command) {
+        self.held += 1;
         match self.queued.get_mut(&command.task) {
             Some(waiting) => waiting.push_back(command.change),
             None => {
@@ -260,6 +275,7 @@ impl<A: Apply> Owner<A> {
 
     /// A change has been applied (or its task panicked): the next of its task starts.
     fn handle_done(&mut self, done: Result<(Id, String), JoinError>) {
+        self.held = self.held.saturating_sub(1);
         let task = match done {
             Ok((id, task)) => {
                 self.ids.remove(&id);
@@ -453,5 +469,71 @@ mod tests {
         // The fast task did not wait for the slow one.
         let at = |line: &str| log.iter().position(|l| l == line).unwrap();
         assert!(at("end fast 2") < at("end slow 1"), "{log:?}");
+    }
+
+    /// Holds every change until released; counts those started.
+    #[derive(Default)]
+    struct Gate {
+        started: Mutex<Vec<String>>,
+        open: tokio::sync::Notify,
+        opened: std::sync::atomic::AtomicBool,
+    }
+
+    impl Apply for Gate {
+        async fn apply(self: Arc<Self>, id: String, _change: Change) {
+            self.started.lock().unwrap().push(id);
+            while !self.opened.load(std::sync::atomic::Ordering::SeqCst) {
+                let notified = self.open.notified();
+                if self.opened.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                notified.await;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_writer_holds_a_bounded_number_of_changes_and_senders_wait_for_room() {
+        let gate = Arc::new(Gate::default());
+        // Room for 2 held changes and 1 in the channel.
+        let writer = Writer::start_bounded(Arc::clone(&gate), 1, 2);
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let sender = {
+            let (writer, sent) = (writer.clone(), Arc::clone(&sent));
+            tokio::spawn(async move {
+                for n in 0..6 {
+                    let report = AgentReport::Working(Some(n.to_string()));
+                    writer
+                        .report(&format!("t{n}"), "agent".into(), report)
+                        .await;
+                    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            gate.started.lock().unwrap().len(),
+            2,
+            "two changes of distinct tasks run; no more are taken"
+        );
+        assert!(
+            sent.load(std::sync::atomic::Ordering::SeqCst) <= 3,
+            "the sender waits once the writer and its channel are full"
+        );
+        assert!(!sender.is_finished());
+        gate.opened.store(true, std::sync::atomic::Ordering::SeqCst);
+        gate.open.notify_waiters();
+        tokio::time::timeout(Duration::from_secs(5), sender)
+            .await
+            .expect("the sender finishes once changes are applied")
+            .expect("no panic");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while gate.started.lock().unwrap().len() < 6 {
+                gate.open.notify_waiters();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every change applied, none dropped");
     }
 }
