@@ -157,6 +157,40 @@ fn test_gate(rate: Option<(u32, u32)>, max_body: usize) -> Gate {
     Gate::new(Admission::new(None), guard, max_body, render)
 }
 
+/// Serves `router` on a fresh loopback port; the address and the serving task.
+async fn serve(router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("address");
+    let served = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (addr, served)
+}
+
+/// A POST to `/extra` with these `headers` and `body` written as they are (no credential);
+/// the whole answer.
+async fn post_raw(addr: SocketAddr, headers: &str, body: &str) -> HttpResponse {
+    with_timeout(async {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let request = format!(
+            "POST /extra HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\r\n{body}"
+        );
+        s.write_all(request.as_bytes()).await.expect("write");
+        read_response(&mut s).await
+    })
+    .await
+}
+
+/// A chunked JSON body of 32 bytes: its size is not in the head.
+fn chunked_32() -> (&'static str, String) {
+    (
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n",
+        format!("20\r\n{}\r\n0\r\n\r\n", "x".repeat(32)),
+    )
+}
+
 #[tokio::test]
 async fn a_route_the_gateways_never_had_is_gated_too() {
     let gated = GatedRoutes::new("test", test_gate(Some((1, 2)), 16))
@@ -167,13 +201,7 @@ async fn a_route_the_gateways_never_had_is_gated_too() {
         .with_state(());
     assert_eq!(gated.routes.len(), 1, "the builder lists what it built");
     assert_eq!(gated.routes[0].path, "/extra");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("address");
-    let served = tokio::spawn(async move {
-        let _ = axum::serve(listener, gated.router).await;
-    });
+    let (addr, served) = serve(gated.router).await;
     // Within the cap: the handler gets the body the gate read.
     let ok = send(addr, "POST", "/extra", 2, b"{}").await;
     assert_eq!(ok.status, 200);
@@ -181,20 +209,9 @@ async fn a_route_the_gateways_never_had_is_gated_too() {
     // Past the cap: refused from the head, the body unread.
     let big = send(addr, "POST", "/extra", 17, b"").await;
     assert_eq!(big.status, 413, "{}", String::from_utf8_lossy(&big.body));
-    // A cap the head does not declare is kept while reading (a chunked body).
-    let chunked = with_timeout(async {
-        let mut s = TcpStream::connect(addr).await.expect("connect");
-        let head = format!(
-            "POST /extra HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
-             20\r\n{}\r\n0\r\n\r\n",
-            "x".repeat(32)
-        );
-        s.write_all(head.as_bytes()).await.expect("write");
-        read_response(&mut s).await
-    })
-    .await;
     // The bucket (burst 2) is spent by now: a flood is refused before the body matters.
+    let (headers, body) = chunked_32();
+    let chunked = post_raw(addr, headers, &body).await;
     assert_eq!(
         chunked.status,
         429,
@@ -207,40 +224,20 @@ async fn a_route_the_gateways_never_had_is_gated_too() {
             |body: Bytes| async move { body.len().to_string() },
         )
         .with_state(());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr2 = listener.local_addr().expect("address");
-    let served2 = tokio::spawn(async move {
-        let _ = axum::serve(listener, unlimited.router).await;
-    });
-    let chunked = with_timeout(async {
-        let mut s = TcpStream::connect(addr2).await.expect("connect");
-        let head = format!(
-            "POST /extra HTTP/1.1\r\nHost: {addr2}\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
-             20\r\n{}\r\n0\r\n\r\n",
-            "x".repeat(32)
-        );
-        s.write_all(head.as_bytes()).await.expect("write");
-        read_response(&mut s).await
-    })
-    .await;
+    let (addr2, served2) = serve(unlimited.router).await;
+    // A cap the head does not declare is kept while reading (a chunked body).
+    let chunked = post_raw(addr2, headers, &body).await;
     assert_eq!(
         chunked.status,
         413,
         "{}",
         String::from_utf8_lossy(&chunked.body)
     );
-    let form = with_timeout(async {
-        let mut s = TcpStream::connect(addr2).await.expect("connect");
-        let head = format!(
-            "POST /extra HTTP/1.1\r\nHost: {addr2}\r\nConnection: close\r\n\
-             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 3\r\n\r\na=b"
-        );
-        s.write_all(head.as_bytes()).await.expect("write");
-        read_response(&mut s).await
-    })
+    let form = post_raw(
+        addr2,
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 3\r\n",
+        "a=b",
+    )
     .await;
     assert_eq!(
         form.status,
