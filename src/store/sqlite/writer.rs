@@ -171,17 +171,7 @@ impl Writer {
             }
         }
         let deadline = Instant::now() + self.group_commit_delay;
-        while self.queue.len() < self.max_batch_rows && !self.disconnected {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match self.rx.recv_timeout(left) {
-                Ok(rows) => self.enqueue(rows),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
-            }
-        }
+        self.receive_until(deadline, self.max_batch_rows);
         let n = self.queue.len().min(self.max_batch_rows);
         self.batch.extend(self.queue.drain(..n));
     }
@@ -339,7 +329,15 @@ impl Writer {
     /// Waits `d` before a retry, still taking appended rows so that nothing is lost.
     fn pause(&mut self, d: Duration) {
         let deadline = Instant::now() + d;
-        while !self.disconnected {
+        self.receive_until(deadline, usize::MAX);
+        if self.disconnected {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        }
+    }
+
+    /// Queues what arrives until `deadline`, the channel closes, or `full` rows are queued.
+    fn receive_until(&mut self, deadline: Instant, full: usize) {
+        while self.queue.len() < full && !self.disconnected {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
@@ -350,7 +348,6 @@ impl Writer {
                 Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
             }
         }
-        std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
     }
 }
 
