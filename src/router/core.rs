@@ -344,10 +344,8 @@ impl Router {
             Command::Activate { conn, subscription } => {
                 let owned = self.bus.get(&subscription).is_some_and(|s| s.conn == conn);
                 if owned {
-                    self.bus.activate(
-                        &subscription,
-                        crate::router::views::AgentView::new(&self.registry, &self.scopes),
-                    );
+                    let (bus, agents) = self.bus_and_agents();
+                    bus.activate(&subscription, agents);
                 }
             }
             Command::Drained { conn } => self.handle_drained(conn),
@@ -355,17 +353,13 @@ impl Router {
                 subscription,
                 from,
                 rows,
-            }) => self.bus.deliver_disk(
-                &subscription,
-                from,
-                rows,
-                crate::router::views::AgentView::new(&self.registry, &self.scopes),
-            ),
+            }) => {
+                let (bus, agents) = self.bus_and_agents();
+                bus.deliver_disk(&subscription, from, rows, agents)
+            }
             Command::Committed(upto) => {
-                self.bus.committed(
-                    upto,
-                    crate::router::views::AgentView::new(&self.registry, &self.scopes),
-                );
+                let (bus, agents) = self.bus_and_agents();
+                bus.committed(upto, agents);
                 // Writes the caches held until their commit may go now.
                 self.trim_kept();
             }
@@ -379,10 +373,8 @@ impl Router {
 
     pub(super) fn handle_drained(&mut self, conn: ConnId) {
         self.conns.flush_pending(conn);
-        self.bus.resume_conn(
-            conn,
-            crate::router::views::AgentView::new(&self.registry, &self.scopes),
-        );
+        let (bus, agents) = self.bus_and_agents();
+        bus.resume_conn(conn, agents);
     }
 
     pub(super) fn fire_deadlines(&mut self, now: Instant) {
@@ -521,10 +513,8 @@ impl Router {
             // The store builds the row on its own thread.
             self.unflushed.push(rec.clone());
         }
-        self.bus.publish(
-            &rec,
-            crate::router::views::AgentView::new(&self.registry, &self.scopes),
-        );
+        let (bus, agents) = self.bus_and_agents();
+        bus.publish(&rec, agents);
         // Records appended by `append` always carry an id.
         rec.id.unwrap_or(EventId(crate::protocol::ids::Ulid(0)))
     }
@@ -644,6 +634,17 @@ impl Router {
     /// The agents as the other parts read them (`router::views`).
     pub(crate) fn agent_view(&self) -> crate::router::views::AgentView<'_> {
         crate::router::views::AgentView::new(&self.registry, &self.scopes)
+    }
+
+    /// The event bus, to change, beside the agents its delivery checks read (one borrow of
+    /// the router split in two).
+    pub(crate) fn bus_and_agents(
+        &mut self,
+    ) -> (&mut EventBus, crate::router::views::AgentView<'_>) {
+        (
+            &mut self.bus,
+            crate::router::views::AgentView::new(&self.registry, &self.scopes),
+        )
     }
 
     /// The scopes as the other parts read them.

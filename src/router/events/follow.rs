@@ -40,16 +40,12 @@ impl Router {
                 // move on as on one node when retention passes them (the store, else the
                 // overflow notice), to this row, which they are then offered.
                 self.bus.log.restart_at(seq);
-                self.bus.catch_up_behind(
-                    seq,
-                    crate::router::views::AgentView::new(&self.registry, &self.scopes),
-                );
+                let (bus, agents) = self.bus_and_agents();
+                bus.catch_up_behind(seq, agents);
             }
             if self.bus.log.push_followed(Arc::clone(&record)) {
-                self.bus.publish(
-                    &record,
-                    crate::router::views::AgentView::new(&self.registry, &self.scopes),
-                );
+                let (bus, agents) = self.bus_and_agents();
+                bus.publish(&record, agents);
             }
         }
     }

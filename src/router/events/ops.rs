@@ -374,10 +374,8 @@ impl Router {
     pub(crate) fn sync_committed(&mut self) {
         if let Some(store) = &self.store {
             let upto = *store.committed().borrow();
-            self.bus.committed(
-                upto,
-                crate::router::views::AgentView::new(&self.registry, &self.scopes),
-            );
+            let (bus, agents) = self.bus_and_agents();
+            bus.committed(upto, agents);
         }
     }
 
@@ -451,13 +449,8 @@ impl Router {
 
     /// `map/subscribe.ack` (a notification): cumulative acknowledgement; enters credit mode.
     pub fn handle_ack(&mut self, conn: ConnId, subscription: &SubscriptionId, up_to: u64) {
-        self.bus.ack(
-            conn,
-            subscription,
-            up_to,
-            DEFAULT_ACK_WINDOW,
-            crate::router::views::AgentView::new(&self.registry, &self.scopes),
-        );
+        let (bus, agents) = self.bus_and_agents();
+        bus.ack(conn, subscription, up_to, DEFAULT_ACK_WINDOW, agents);
     }
 
     /// A probe subscription with the caller's identity, for replay filtering.
