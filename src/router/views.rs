@@ -55,11 +55,6 @@ impl<'a> AgentView<'a> {
         self.scopes.of_agent(id)
     }
 
-    /// [`AgentView::scopes_of`] by an id that arrives as text.
-    pub fn scopes_of_text(&self, id: &str) -> &'a [ScopeId] {
-        self.scopes.of_agent_text(id)
-    }
-
     /// The record as the wire shows it: `children` and `scopes` filled in.
     pub fn snapshot(&self, id: &AgentId) -> Option<Agent> {
         let mut agent = self.registry.expanded(id)?;
@@ -131,11 +126,6 @@ impl<'a> ScopeView<'a> {
     /// A scope.
     pub fn get(&self, id: &ScopeId) -> Option<&'a ScopeRecord> {
         self.scopes.get(id)
-    }
-
-    /// Whether `agent` is a member of `scope`.
-    pub fn is_member(&self, scope: &ScopeId, agent: &AgentId) -> bool {
-        self.scopes.is_member(scope, agent)
     }
 }
 

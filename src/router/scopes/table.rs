@@ -141,19 +141,7 @@ impl Scopes {
 
     /// The scopes `agent` is a member of, in the order it joined them.
     pub fn of_agent(&self, agent: &AgentId) -> &[ScopeId] {
-        self.of_agent_text(agent.as_str())
-    }
-
-    /// [`Scopes::of_agent`] for an id that arrives as text.
-    pub fn of_agent_text(&self, agent: &str) -> &[ScopeId] {
         self.by_agent.get(agent).map_or(&[], Vec::as_slice)
-    }
-
-    /// Whether `agent` is a member of `scope`.
-    pub fn is_member(&self, scope: &ScopeId, agent: &AgentId) -> bool {
-        self.scopes
-            .get(scope)
-            .is_some_and(|s| s.members.contains(agent))
     }
 
     /// Whether the id exists.
