@@ -2,8 +2,10 @@
 //! killed on drop; SIGKILL and restart on the same port and directory. The cluster tests need
 //! it: when `nats-server` is missing they fail (never skip), saying how to install it.
 
+use std::collections::HashSet;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::TempDir;
@@ -39,16 +41,20 @@ impl Nats {
 
     /// Starts one with more arguments and waits until it listens.
     pub fn start_with(name: &str, extra: Vec<std::ffi::OsString>) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let held = reserve(1).pop().expect("one port");
+        Self::start_on(name, extra, held)
+    }
+
+    /// Starts one on the port `held` reserves (released just before nats-server binds it).
+    fn start_on(name: &str, extra: Vec<std::ffi::OsString>, held: TcpListener) -> Self {
+        let port = held.local_addr().expect("a reserved port").port();
         let mut nats = Self {
             child: None,
             extra,
             port,
             dir: TempDir::new(&format!("nats-{name}")),
         };
+        drop(held);
         nats.spawn();
         nats
     }
@@ -57,22 +63,26 @@ impl Nats {
     /// its own port and store directory, on 127.0.0.1; waits until each one listens (a
     /// stream with replicas 3 can be created once their metadata leader is elected).
     pub fn cluster(name: &str) -> Vec<Self> {
-        let free = || {
-            TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port()
-        };
-        let routes: Vec<u16> = (0..3).map(|_| free()).collect();
+        // Six distinct ports (three client, three route), all held until their server starts:
+        // a client port picked after the route ports were released once came back equal to one
+        // of them ("Error listening on router port ... address already in use").
+        let mut held = reserve(6);
+        let clients = held.split_off(3);
+        let mut route_held = held;
+        let routes: Vec<u16> = route_held
+            .iter()
+            .map(|l| l.local_addr().expect("a reserved port").port())
+            .collect();
         let all = routes
             .iter()
             .map(|p| format!("nats://127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(",");
-        routes
-            .iter()
+        clients
+            .into_iter()
+            .zip(routes.iter())
             .enumerate()
-            .map(|(i, route)| {
+            .map(|(i, (client, route))| {
                 let extra = vec![
                     "-n".into(),
                     format!("{name}-{i}").into(),
@@ -83,7 +93,11 @@ impl Nats {
                     "--routes".into(),
                     all.clone().into(),
                 ];
-                Self::start_with(&format!("{name}-{i}"), extra)
+                drop(std::mem::replace(
+                    &mut route_held[i],
+                    TcpListener::bind("127.0.0.1:0").expect("a placeholder listener"),
+                ));
+                Self::start_on(&format!("{name}-{i}"), extra, client)
             })
             .collect()
     }
@@ -157,6 +171,29 @@ impl Nats {
         self.kill();
         self.spawn();
     }
+}
+
+/// `n` distinct free ports on 127.0.0.1, each held by a listener until the caller drops it,
+/// never one this test process handed out before (the kernel may give a released port again,
+/// and a nats-server restarts on its old port).
+fn reserve(n: usize) -> Vec<TcpListener> {
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    let mut held = Vec::with_capacity(n);
+    let mut refused = Vec::new();
+    while held.len() < n {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let port = listener.local_addr().expect("a bound port").port();
+        if given.insert(port) {
+            held.push(listener);
+        } else {
+            // Keep it bound so the next bind cannot return it again.
+            refused.push(listener);
+            assert!(refused.len() < 1000, "no fresh port after 1000 tries");
+        }
+    }
+    held
 }
 
 impl Drop for Nats {
