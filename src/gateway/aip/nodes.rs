@@ -10,7 +10,10 @@
 //!
 //! A MAP-native agent advertises itself to AIP by joining scope `aip:<domain>`; it is shown as
 //! an AIP tool if its role is `tool`, else as an agent, with address "" (reached through the
-//! gateway) and the modes, skills or arguments its `metadata.aip` names.
+//! gateway) and the modes, skills or arguments its `metadata.aip` names. Its id is always its
+//! MAP agent id and its address always "": `metadata.aip.info` and `address` are claims any
+//! agent can write, so only a node this gateway registered is listed with its own `Peer`
+//! (from the gateway's table, never from the agent's metadata).
 //!
 //! Liveness: a heartbeat, a registration, or the first message of a call refreshes a node.
 //! The sweeper checks every third of `heartbeat_timeout_ms`; a node silent past it is
@@ -163,7 +166,8 @@ pub fn domain_of(agent: &Agent) -> Option<String> {
         .find_map(|s| s.as_str().strip_prefix("aip:").map(str::to_owned))
 }
 
-/// How a MAP agent shows to AIP (module docs).
+/// How a MAP agent that this gateway did not register shows to AIP (module docs): under its
+/// own id, at address `""`, whatever its metadata claims (`metadata.aip.info` is not read).
 pub fn peer_of(agent: &Agent, domain: &str) -> Peer {
     let meta = agent
         .metadata
@@ -171,15 +175,6 @@ pub fn peer_of(agent: &Agent, domain: &str) -> Peer {
         .map(|m| m.to_value())
         .unwrap_or(Value::Null);
     let aip = meta.get("aip");
-    if let Some(info) = aip.and_then(|a| a.get("info")).and_then(Value::as_str) {
-        if let Some(peer) = STANDARD
-            .decode(info)
-            .ok()
-            .and_then(|b| Peer::decode(b.as_slice()).ok())
-        {
-            return peer;
-        }
-    }
     let name = agent.name.clone().unwrap_or_else(|| agent.id.to_string());
     let description = agent.description.clone().unwrap_or_default();
     let version = aip

@@ -5,7 +5,10 @@
 //!    `STOP_RESPONSE`, or `meta.aip.error`; or a MAP reply whose `correlationId` is one of the
 //!    session's messages, its status then derived from the request's: `STOP_QUEST` →
 //!    `STOP_RESPONSE`, else `HOLD_RESPONSE`): handed to that session's `RouteAgentCalling`
-//!    stream;
+//!    stream when its sender is the session's receiver (the MAP agent its `START_QUEST` was
+//!    addressed to). From anyone else it goes no further: the sender gets a reply with MAP's
+//!    permission error (`{"error": {"code": 1003, ...}}`). A MAP reply answers one quest: its
+//!    correlation id is forgotten once delivered;
 //! 2. for a tool: a call (`{"tool", "arguments"}`; a string payload is `{"input": <it>}`),
 //!    made with `ToolService.CallTool` and answered with a MAP reply `{"isError",
 //!    "errorMessage", "parts", ...}`, or `{"error": {code, message, data: {grpcCode}}}`;
@@ -14,6 +17,10 @@
 //!    `START_QUEST`; each answer goes back to the sender as a MAP message with `meta.aip`;
 //! 4. for an agent: any other message, a one-message session: `START_QUEST` with its content
 //!    and `STOP_QUEST`, and one MAP reply with every answer's parts.
+//!
+//! Each call of 2. and each session of 3. and 4. holds a slot of `[aip] max_sessions` while it
+//! lasts; past it the sender is answered `RESOURCE_EXHAUSTED` (2.: a MAP error reply with
+//! `data.grpcCode`; 3.: `meta.aip.error`; 4.: an error reply) and the node sees nothing.
 //!
 //! The sender the node sees (`sender_id`) is always the MAP sender the router vouches for
 //! (`from`), never what `meta` claims. Control messages from the router are not forwarded.
@@ -40,6 +47,7 @@ use super::settings::AipSettings;
 use super::state::{lock, AipGateway};
 use crate::client::Messages;
 use crate::protocol::json::RawJson;
+use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::Message;
 use crate::protocol::methods::messaging::SendParams;
 
@@ -88,10 +96,23 @@ async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
     let aip = meta.get("aip");
     let status = status_name(aip);
     let payload = message.payload_value();
-    // 1. Answers in a session this node started.
+    // 1. Answers in a session this node started: from its receiver only.
     if let Some(aip) = aip {
         let session = aip.get("sessionId").and_then(Value::as_str).unwrap_or("");
-        if let Some(error) = aip.get("error") {
+        let error = aip.get("error");
+        let answer = error.is_some()
+            || matches!(
+                status,
+                Some(SessionStatus::HoldResponse | SessionStatus::StopResponse)
+            );
+        if answer {
+            match gw.receiver_of(&node.id, session) {
+                Some(receiver) if receiver == message.from => {}
+                Some(_) => return refuse_answer(node, &message, session).await,
+                None => return,
+            }
+        }
+        if let Some(error) = error {
             let code = error.get("code").and_then(Value::as_i64).unwrap_or(2);
             let text = error
                 .get("message")
@@ -101,10 +122,7 @@ async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
             gw.deliver_answer(&node.id, session, Err(Status::new(code, text.to_owned())));
             return;
         }
-        if matches!(
-            status,
-            Some(SessionStatus::HoldResponse | SessionStatus::StopResponse)
-        ) {
+        if answer {
             let mut answer = message_of(aip, payload.as_ref());
             answer.sender_id = message.from.clone();
             answer.receiver_id = node.id.clone();
@@ -113,8 +131,15 @@ async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
         }
     }
     if message.is_result() {
-        let found = message.correlation_id().and_then(|c| gw.correlation(&c));
+        let correlation = message.correlation_id();
+        let found = correlation.as_deref().and_then(|c| gw.correlation(c));
         if let Some((owner, session, asked)) = found.filter(|(owner, ..)| *owner == node.id) {
+            if gw.receiver_of(&owner, &session).as_deref() != Some(message.from.as_str()) {
+                return refuse_answer(node, &message, &session).await;
+            }
+            if let Some(c) = &correlation {
+                gw.forget_correlation(c);
+            }
             let status = if asked == SessionStatus::StopQuest {
                 SessionStatus::StopResponse
             } else {
@@ -151,6 +176,29 @@ async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
                 tokio::spawn(one_shot(Arc::clone(gw), Arc::clone(node), message, meta));
             }
         },
+    }
+}
+
+/// Refuses `message`, an answer to session `session` of `node` from an agent that is not the
+/// session's receiver: it goes no further, and its sender gets MAP's permission error (1003)
+/// in a reply to it (`correlationId` = its id).
+async fn refuse_answer(node: &Node, message: &Message, session: &str) {
+    tracing::warn!(node = %node.id, from = %message.from, session, "an answer from an agent that is not the session's receiver: refused");
+    let payload = json!({ "error": {
+        "code": ErrorCode::PERMISSION_DENIED.0,
+        "message": format!("{} is not the receiver of this session of {}: only the receiver answers it", message.from, node.id),
+    }});
+    let meta = json!({ "isResult": true, "correlationId": message.id.to_string() });
+    let sent = node
+        .client()
+        .send_with(SendParams {
+            to: RawJson::from(json!({ "agent": message.from })),
+            payload: Some(RawJson::from(payload)),
+            meta: Some(RawJson::from(meta)),
+        })
+        .await;
+    if let Err(e) = sent {
+        tracing::debug!(node = %node.id, error = %e, "a refusal could not be sent");
     }
 }
 
@@ -231,12 +279,18 @@ async fn inbound(
         send_error(node, &message.from, &session, &s, correlation.as_deref()).await;
         return;
     }
+    let Some(permit) = session_permit(gw) else {
+        let s = exhausted(gw);
+        send_error(node, &message.from, &session, &s, correlation.as_deref()).await;
+        return;
+    };
     let (tx, rx) = mpsc::channel(64);
     let _ = tx.try_send(m);
     lock(&node.inbound).insert(key.clone(), tx);
     gw.counters.sessions.fetch_add(1, Ordering::Relaxed);
     let (gw, node, meta) = (Arc::clone(gw), Arc::clone(node), meta.clone());
     tokio::spawn(async move {
+        let _permit = permit;
         let max = gw.settings.max_message_bytes;
         let idle = AipSettings::ms(gw.settings.session_idle_timeout_ms);
         let mut client = agent_client(&node, max);
@@ -298,7 +352,28 @@ fn error_payload(status: &Status) -> Value {
     json!({ "error": { "code": 2003, "message": message, "data": { "grpcCode": status.code() as i32 } } })
 }
 
+/// A slot of `[aip] max_sessions` (shared by the sessions AIP nodes start, the sessions and
+/// calls MAP agents make to AIP nodes, and update subscriptions), if one is free.
+fn session_permit(gw: &Arc<AipGateway>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    Arc::clone(&gw.permits).try_acquire_owned().ok()
+}
+
+/// The refusal past `[aip] max_sessions`.
+fn exhausted(gw: &AipGateway) -> Status {
+    gw.refused(Status::resource_exhausted(format!(
+        "{} sessions, tool calls and subscriptions are open, the most allowed ([aip] max_sessions)",
+        gw.settings.max_sessions
+    )))
+}
+
 async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: Value) {
+    let Some(_permit) = session_permit(&gw) else {
+        let answer = error_payload(&exhausted(&gw));
+        if let Err(e) = node.client().reply(&message, answer).await {
+            tracing::warn!(node = %node.id, error = %e, "a refusal could not be sent");
+        }
+        return;
+    };
     let payload = message.payload_value().unwrap_or(Value::Null);
     let aip = meta.get("aip");
     let tool_name = payload
@@ -360,13 +435,10 @@ async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta:
 }
 
 async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: Value) {
-    let Ok(_permit) = Arc::clone(&gw.permits).try_acquire_owned() else {
+    let Some(_permit) = session_permit(&gw) else {
         let _ = node
             .client()
-            .reply(
-                &message,
-                error_payload(&Status::resource_exhausted("too many sessions are open")),
-            )
+            .reply(&message, error_payload(&exhausted(&gw)))
             .await;
         return;
     };

@@ -97,12 +97,13 @@ fn admitted<T>(request: &Request<T>) -> Result<Caller, Status> {
 #[derive(Debug, Clone)]
 pub struct Service {
     gw: Arc<AipGateway>,
-    subscriptions: Arc<Mutex<HashMap<String, Arc<Mutex<Subscription>>>>>,
+    /// By (owner, subscriber id): a subscriber id is its principal's, as every id is, so one
+    /// principal taking an id first never keeps another out of it.
+    subscriptions: Arc<Mutex<HashMap<(Subject, String), Arc<Mutex<Subscription>>>>>,
 }
 
 #[derive(Debug, Default)]
 struct Subscription {
-    owner: Option<Subject>,
     include: Option<HashSet<String>>,
     exclude: HashSet<String>,
     ended: bool,
@@ -453,7 +454,9 @@ impl Service {
         Ok(node)
     }
 
-    /// The AIP peers `caller` may see in `domain` (`default`: every domain).
+    /// The AIP peers `caller` may see in `domain` (`default`: every domain): a node of this
+    /// gateway as registered (its table's `Peer`), any other agent as `nodes::peer_of` shows
+    /// it (its own id, address `""`), never as its metadata claims.
     async fn peers(&self, caller: &Caller, domain: &str) -> Result<Vec<Peer>, Status> {
         let session = self.caller_session(caller).await?;
         let agents = session
@@ -465,7 +468,10 @@ impl Service {
             .filter(|a| !a.state.is_terminal())
             .filter_map(|a| {
                 let d = nodes::domain_of(a)?;
-                (domain == "default" || d == domain).then(|| nodes::peer_of(a, &d))
+                (domain == "default" || d == domain).then(|| match self.gw.node(a.id.as_str()) {
+                    Some(node) => node.peer(),
+                    None => nodes::peer_of(a, &d),
+                })
             })
             .collect())
     }
@@ -614,7 +620,7 @@ impl GatewayService for Service {
         let receiver = first.receiver_id.clone();
         let session = first.session_id.clone();
         let (tx, rx) = mpsc::channel(256);
-        if !gw.open_outgoing(&sender.id, &session, tx.clone(), permit) {
+        if !gw.open_outgoing(&sender.id, &session, &receiver, tx.clone(), permit) {
             return Err(gw.refused(Status::already_exists(format!(
                 "session {session} is already open"
             ))));
@@ -914,27 +920,21 @@ impl GatewayService for Service {
         let permit = self.permit()?;
         let session = self.caller_session(&caller).await?;
         let state = Arc::new(Mutex::new(Subscription {
-            owner: Some(caller.subject()),
             include: (!req.node_ids.is_empty()).then(|| req.node_ids.iter().cloned().collect()),
             ..Default::default()
         }));
+        let key = (caller.subject(), req.subscriber_id.clone());
         {
             let mut subs = lock(&self.subscriptions);
-            if let Some(old) = subs.get(&req.subscriber_id) {
-                if lock(old).owner.as_ref() != Some(&caller.subject()) {
-                    return Err(self.gw.refused(Status::permission_denied(
-                        "another principal holds this subscriber id",
-                    )));
-                }
+            if let Some(old) = subs.get(&key) {
                 lock(old).ended = true;
             }
-            subs.insert(req.subscriber_id.clone(), Arc::clone(&state));
+            subs.insert(key.clone(), Arc::clone(&state));
         }
         let mut updates = self.gw.updates.subscribe();
         let snapshot: Vec<Arc<Node>> = lock(&self.gw.nodes).values().cloned().collect();
         let (tx, rx) = mpsc::channel(64);
         let subscriptions = Arc::clone(&self.subscriptions);
-        let subscriber = req.subscriber_id;
         tokio::spawn(async move {
             let _permit = permit;
             let wanted = |id: &str| {
@@ -990,11 +990,8 @@ impl GatewayService for Service {
                 }
             }
             let mut subs = lock(&subscriptions);
-            if subs
-                .get(&subscriber)
-                .is_some_and(|s| Arc::ptr_eq(s, &state))
-            {
-                subs.remove(&subscriber);
+            if subs.get(&key).is_some_and(|s| Arc::ptr_eq(s, &state)) {
+                subs.remove(&key);
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -1006,18 +1003,14 @@ impl GatewayService for Service {
     ) -> Result<Response<UnsubscribeResponse>, Status> {
         let caller = admitted(&request)?;
         let req = request.into_inner();
-        let Some(state) = lock(&self.subscriptions).get(&req.subscriber_id).cloned() else {
+        let key = (caller.subject(), req.subscriber_id.clone());
+        let Some(state) = lock(&self.subscriptions).get(&key).cloned() else {
             return Ok(Response::new(UnsubscribeResponse {
                 success: false,
                 message: format!("no subscription of {}", req.subscriber_id),
             }));
         };
         let mut s = lock(&state);
-        if s.owner.as_ref() != Some(&caller.subject()) {
-            return Err(self.gw.refused(Status::permission_denied(
-                "another principal holds this subscriber id",
-            )));
-        }
         if req.node_ids.is_empty() {
             s.ended = true;
         } else {

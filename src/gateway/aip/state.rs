@@ -6,7 +6,7 @@
 //! None of it is durable: after a restart nodes are told to register again (`Heartbeat`
 //! answers `success: false`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -40,12 +40,20 @@ pub struct Counters {
     pub refused: AtomicU64,
 }
 
+/// The most correlation ids one session remembers unanswered: past it the oldest is
+/// forgotten (a MAP reply to it is no longer delivered), so a long session costs a bounded
+/// amount whatever its receiver does. Answers of AIP receivers name the session, not the id.
+pub const CORRELATIONS_PER_SESSION: usize = 64;
+
 /// An agent session an AIP node started through `RouteAgentCalling`: where its answers go.
 #[derive(Debug)]
 struct Outgoing {
     tx: mpsc::Sender<Result<AgentMessage, Status>>,
-    /// The MAP message ids (correlation ids) sent in it, with the status each carried.
-    correlations: Vec<String>,
+    /// The MAP agent the session is addressed to: the only sender whose answers it takes.
+    receiver: String,
+    /// The correlation ids of its quests not answered yet, oldest first (at most
+    /// [`CORRELATIONS_PER_SESSION`]).
+    correlations: VecDeque<String>,
     last: Instant,
     /// Its slot of `max_sessions`, given back when it ends.
     _permit: tokio::sync::OwnedSemaphorePermit,
@@ -108,6 +116,11 @@ impl AipGateway {
     /// Agent sessions open now.
     pub fn session_count(&self) -> usize {
         lock(&self.outgoing).len()
+    }
+
+    /// Correlation ids (MAP message ids of quests) remembered now, over every open session.
+    pub fn correlations_open(&self) -> usize {
+        lock(&self.correlations).len()
     }
 
     /// The gateway's metric families, OpenMetrics text (`docs/metrics.md`, "AIP gateway").
@@ -225,11 +238,12 @@ impl AipGateway {
         let _ = self.updates.send(update);
     }
 
-    /// Registers where the answers of session `(node, session)` go.
+    /// Registers where the answers of session `(node, session)`, addressed to `receiver`, go.
     pub(crate) fn open_outgoing(
         &self,
         node: &str,
         session: &str,
+        receiver: &str,
         tx: mpsc::Sender<Result<AgentMessage, Status>>,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> bool {
@@ -242,7 +256,8 @@ impl AipGateway {
             key,
             Outgoing {
                 tx,
-                correlations: Vec::new(),
+                receiver: receiver.to_owned(),
+                correlations: VecDeque::new(),
                 last: Instant::now(),
                 _permit: permit,
             },
@@ -259,15 +274,37 @@ impl AipGateway {
     ) {
         let mut table = lock(&self.outgoing);
         if let Some(o) = table.get_mut(&(node.to_owned(), session.to_owned())) {
-            o.correlations.push(id.to_owned());
+            o.correlations.push_back(id.to_owned());
             o.last = Instant::now();
-            lock(&self.correlations)
-                .insert(id.to_owned(), (node.to_owned(), session.to_owned(), status));
+            let mut c = lock(&self.correlations);
+            c.insert(id.to_owned(), (node.to_owned(), session.to_owned(), status));
+            while o.correlations.len() > CORRELATIONS_PER_SESSION {
+                if let Some(old) = o.correlations.pop_front() {
+                    c.remove(&old);
+                }
+            }
         }
     }
 
     pub(crate) fn correlation(&self, id: &str) -> Option<(String, String, SessionStatus)> {
         lock(&self.correlations).get(id).cloned()
+    }
+
+    /// Forgets correlation id `id` (its quest was answered).
+    pub(crate) fn forget_correlation(&self, id: &str) {
+        let Some((node, session, _)) = lock(&self.correlations).remove(id) else {
+            return;
+        };
+        if let Some(o) = lock(&self.outgoing).get_mut(&(node, session)) {
+            o.correlations.retain(|c| c != id);
+        }
+    }
+
+    /// The MAP agent session `(node, session)` is addressed to, while it is open.
+    pub(crate) fn receiver_of(&self, node: &str, session: &str) -> Option<String> {
+        lock(&self.outgoing)
+            .get(&(node.to_owned(), session.to_owned()))
+            .map(|o| o.receiver.clone())
     }
 
     /// Hands an answer to session `(node, session)`'s caller; a `STOP_RESPONSE` (or an error)
