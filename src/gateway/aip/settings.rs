@@ -41,7 +41,8 @@ pub struct AipSettings {
     pub max_connections: usize,
     /// Concurrent gRPC streams on one connection (default 64).
     pub max_streams_per_connection: u32,
-    /// Agent sessions and update subscriptions open at once, over all callers (default 256).
+    /// Agent sessions (started by AIP nodes or by MAP agents), tool calls in flight and update
+    /// subscriptions open at once, over all callers (default 256).
     pub max_sessions: usize,
     /// Nodes one principal may have registered (default 256). With authentication off every
     /// caller is the one anonymous principal, so this caps all nodes.
