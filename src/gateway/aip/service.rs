@@ -99,8 +99,11 @@ pub struct Service {
     gw: Arc<AipGateway>,
     /// By (owner, subscriber id): a subscriber id is its principal's, as every id is, so one
     /// principal taking an id first never keeps another out of it.
-    subscriptions: Arc<Mutex<HashMap<(Subject, String), Arc<Mutex<Subscription>>>>>,
+    subscriptions: Arc<Mutex<Subscriptions>>,
 }
+
+/// The subscriptions by (owner, subscriber id).
+type Subscriptions = HashMap<(Subject, String), Arc<Mutex<Subscription>>>;
 
 #[derive(Debug, Default)]
 struct Subscription {
