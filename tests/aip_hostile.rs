@@ -342,12 +342,38 @@ async fn only_the_receiver_answers_or_ends_a_session() {
         "{e:?}"
     );
 
+    // A flood of forgeries is refused too, but costs alice's node a bounded number of sends
+    // (16 refusals a second): bob's hostility does not spend alice's budget.
+    let flood = std::time::Instant::now();
+    for _ in 0..100 {
+        send(
+            &mallory,
+            "alice-node",
+            json!("forged"),
+            forgeries[0].clone(),
+        )
+        .await
+        .unwrap();
+    }
+
     // Nothing of that reached alice's caller: the first answer is planner's, and the session
     // lives on until planner ends it.
     with_timeout(planner.reply(&start, json!({"parts": [{"kind": "text", "text": "real"}]})))
         .await
         .unwrap();
     let first = with_timeout(answers.message()).await.unwrap().unwrap();
+    let seconds = flood.elapsed().as_secs() + 1;
+    let mut refused = 0;
+    while let Ok(Some(m)) =
+        tokio::time::timeout(Duration::from_millis(200), mallory_inbox.next()).await
+    {
+        assert_eq!(payload(&m)["error"]["code"], 1003, "{m:?}");
+        refused += 1;
+    }
+    assert!(
+        (1..=16 * (seconds + 1)).contains(&refused),
+        "{refused} refusals for 100 forgeries in {seconds} s"
+    );
     assert_eq!(texts(&first), ["real"], "{first:?}");
     assert_eq!(first.sender_id, "planner");
     assert_eq!(first.session_status, SessionStatus::HoldResponse as i32);

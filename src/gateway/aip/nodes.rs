@@ -43,6 +43,9 @@ use crate::protocol::agent::Agent;
 use crate::protocol::methods::agents::RegisterParams;
 use crate::protocol::methods::session::Principal;
 
+/// The most refusals (`pump.rs`) one node sends in a second.
+pub const REFUSALS_PER_SECOND: u32 = 16;
+
 /// An AIP agent or tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -77,6 +80,9 @@ pub struct Node {
     last_seen: Mutex<Instant>,
     online: AtomicBool,
     pump: Mutex<Option<JoinHandle<()>>>,
+    /// Refusals sent from it this second (`pump.rs`, a forged answer): the window's start and
+    /// count, so that other principals' forgeries cost its principal a bounded number of sends.
+    refusals: Mutex<(Instant, u32)>,
     /// Sessions other agents hold with this (AIP agent) node: `(MAP sender, session id)` → the
     /// request side of its `CallAgent` stream.
     pub inbound: Mutex<std::collections::HashMap<(String, String), mpsc::Sender<AgentMessage>>>,
@@ -276,6 +282,7 @@ impl Node {
             last_seen: Mutex::new(Instant::now()),
             online: AtomicBool::new(true),
             pump: Mutex::new(None),
+            refusals: Mutex::new((Instant::now(), 0)),
             inbound: Mutex::new(std::collections::HashMap::new()),
         })
     }
@@ -306,6 +313,17 @@ impl Node {
     pub fn refresh(&self) -> bool {
         *lock(&self.last_seen) = Instant::now();
         !self.online.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether one more refusal may be sent from it now: at most [`REFUSALS_PER_SECOND`] in
+    /// any one-second window (the rest are dropped unanswered, and still never delivered).
+    pub fn may_refuse(&self) -> bool {
+        let mut r = lock(&self.refusals);
+        if r.0.elapsed() >= Duration::from_secs(1) {
+            *r = (Instant::now(), 0);
+        }
+        r.1 += 1;
+        r.1 <= REFUSALS_PER_SECOND
     }
 
     /// Marks it offline.

@@ -7,7 +7,8 @@
 //!    `STOP_RESPONSE`, else `HOLD_RESPONSE`): handed to that session's `RouteAgentCalling`
 //!    stream when its sender is the session's receiver (the MAP agent its `START_QUEST` was
 //!    addressed to). From anyone else it goes no further: the sender gets a reply with MAP's
-//!    permission error (`{"error": {"code": 1003, ...}}`). A MAP reply answers one quest: its
+//!    permission error (`{"error": {"code": 1003, ...}}`; at most 16 a second per node, the
+//!    rest unanswered). A MAP reply answers one quest: its
 //!    correlation id is forgotten once delivered;
 //! 2. for a tool: a call (`{"tool", "arguments"}`; a string payload is `{"input": <it>}`),
 //!    made with `ToolService.CallTool` and answered with a MAP reply `{"isError",
@@ -181,8 +182,12 @@ async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
 
 /// Refuses `message`, an answer to session `session` of `node` from an agent that is not the
 /// session's receiver: it goes no further, and its sender gets MAP's permission error (1003)
-/// in a reply to it (`correlationId` = its id).
+/// in a reply to it (`correlationId` = its id), at most `nodes::REFUSALS_PER_SECOND` a second
+/// per node (sent as the node, so they are its principal's traffic).
 async fn refuse_answer(node: &Node, message: &Message, session: &str) {
+    if !node.may_refuse() {
+        return;
+    }
     tracing::warn!(node = %node.id, from = %message.from, session, "an answer from an agent that is not the session's receiver: refused");
     let payload = json!({ "error": {
         "code": ErrorCode::PERMISSION_DENIED.0,
