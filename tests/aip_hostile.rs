@@ -52,6 +52,13 @@ const VIEWER: &str = "ak-viewer-0123456789abcdef";
 
 /// A router with `[auth]` on, the four principals, and the AIP gateway with `max_sessions`.
 async fn router(max_sessions: usize) -> (map_router::server::Server, String) {
+    router_with(|aip| aip.max_sessions = max_sessions).await
+}
+
+/// A router with `[auth]` on, the four principals, and the AIP gateway as `tweak` sets it.
+async fn router_with(
+    tweak: impl FnOnce(&mut map_router::gateway::aip::AipSettings),
+) -> (map_router::server::Server, String) {
     start_server(|c| {
         let mut t = map_router::server::Config::from_toml(
             r#"
@@ -69,8 +76,8 @@ canRegister = false
             "{OPS} ops,{ALICE} alice,{BOB} bob,{VIEWER} viewer"
         )));
         t.aip.listen = Some("127.0.0.1:0".parse().unwrap());
-        t.aip.max_sessions = max_sessions;
         t.aip.tool_timeout_ms = 5000;
+        tweak(&mut t.aip);
         *c = t;
     })
     .await
@@ -610,6 +617,44 @@ async fn a_long_session_remembers_a_bounded_number_of_correlations() {
         "an ended session forgets its ids"
     );
     drop((to_gateway, answers, gw));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_domains_registrants_make_are_bounded() {
+    let (server, url) = router_with(|aip| aip.max_domains = 2).await;
+    let mut gw = gateway(&server).await;
+    let mut held = Vec::new();
+    for (who, id, domain) in [(ALICE, "a1", "one"), (BOB, "b1", "two")] {
+        let (addr, _seen, task) = holder().await;
+        held.push(task);
+        with_timeout(gw.register_agent(as_(who, agent_info(id, &addr, domain))))
+            .await
+            .unwrap();
+    }
+    // A third domain is one too many, whoever asks; the known ones still take nodes.
+    let (addr, _seen, _task) = holder().await;
+    let e = with_timeout(gw.register_agent(as_(OPS, agent_info("o1", &addr, "three"))))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    with_timeout(gw.register_agent(as_(OPS, agent_info("o1", &addr, "one"))))
+        .await
+        .expect("a known domain");
+    // No scope was made for it, and no agent left behind.
+    let ops = with_timeout(Client::connect_ws(&url, ClientOptions::new().api_key(OPS)))
+        .await
+        .unwrap();
+    let scopes: Vec<String> = with_timeout(ops.scopes().list())
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.id.to_string())
+        .filter(|s| s.starts_with("aip:"))
+        .collect();
+    assert_eq!(scopes.len(), 2, "{scopes:?}");
+    assert!(!scopes.contains(&"aip:three".to_owned()), "{scopes:?}");
+    drop(gw);
     server.shutdown().await;
 }
 

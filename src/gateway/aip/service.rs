@@ -388,7 +388,10 @@ impl Service {
             .await
             .map_err(|e| gw.refused(status_of_gateway(&e)))?;
         let scope = format!("aip:{domain}");
-        gw.ensure_scope(&scope).await?;
+        if let Err(status) = gw.ensure_scope(&scope).await {
+            let _ = client.close().await;
+            return Err(gw.refused(status));
+        }
         let role = if kind == Kind::Agent { "agent" } else { "tool" };
         let registration = RegisterParams {
             agent_id: Some(id.as_str().into()),

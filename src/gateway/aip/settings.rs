@@ -47,6 +47,9 @@ pub struct AipSettings {
     /// Nodes one principal may have registered (default 256). With authentication off every
     /// caller is the one anonymous principal, so this caps all nodes.
     pub max_nodes_per_principal: usize,
+    /// Distinct domains (MAP scopes `aip:<domain>`, made by the gateway) over the gateway's
+    /// life (default 1024); a registration in one more gets `RESOURCE_EXHAUSTED`.
+    pub max_domains: usize,
     /// How long a `RouteAgentCalling` stream may wait before its first message (default 10 000).
     pub first_message_timeout_ms: u64,
     /// An agent session with no traffic this long is ended (default 300 000).
@@ -69,6 +72,7 @@ impl Default for AipSettings {
             max_streams_per_connection: 64,
             max_sessions: 256,
             max_nodes_per_principal: 256,
+            max_domains: 1024,
             first_message_timeout_ms: 10_000,
             session_idle_timeout_ms: 300_000,
             tool_timeout_ms: 60_000,
@@ -84,9 +88,14 @@ impl AipSettings {
     /// A malformed `dial_allow` entry, or a zero limit.
     pub fn validate(&self) -> Result<(), String> {
         dial::DialAllow::parse(&self.dial_allow).map_err(|e| format!("aip.dial_allow: {e}"))?;
-        if self.max_message_bytes == 0 || self.max_sessions == 0 || self.heartbeat_timeout_ms == 0 {
+        if self.max_message_bytes == 0
+            || self.max_sessions == 0
+            || self.max_domains == 0
+            || self.heartbeat_timeout_ms == 0
+        {
             return Err(
-                "aip: max_message_bytes, max_sessions and heartbeat_timeout_ms must be > 0".into(),
+                "aip: max_message_bytes, max_sessions, max_domains and heartbeat_timeout_ms must be > 0"
+                    .into(),
             );
         }
         Ok(())

@@ -213,9 +213,23 @@ impl AipGateway {
     }
 
     /// Makes sure scope `aip:<domain>` exists (created once, by the service session).
+    ///
+    /// # Errors
+    /// `RESOURCE_EXHAUSTED` for a scope past `[aip] max_domains` (the gateway makes scopes
+    /// with its own session, so what registrants may grow is bounded here); `UNAVAILABLE`
+    /// without the service session.
     pub(crate) async fn ensure_scope(&self, scope: &str) -> Result<(), Status> {
-        if lock(&self.scopes).contains(scope) {
-            return Ok(());
+        {
+            let known = lock(&self.scopes);
+            if known.contains(scope) {
+                return Ok(());
+            }
+            if known.len() >= self.settings.max_domains {
+                return Err(Status::resource_exhausted(format!(
+                    "{} domains are in use, the most allowed ([aip] max_domains)",
+                    known.len()
+                )));
+            }
         }
         let service = self.service().await?;
         let created = service
