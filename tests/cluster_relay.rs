@@ -450,3 +450,146 @@ async fn nats_accounts_as_documented_keep_other_users_out_of_the_relay() {
         !standby.stderr().contains(ROUTER_PASSWORD) && !live.stderr().contains(ROUTER_PASSWORD)
     );
 }
+
+/// Drains `sub` until it is quiet for 300 ms: the subject of the last message and the
+/// highest `Map-Relay-Seq` seen on it.
+async fn last_numbered(sub: &mut async_nats::Subscriber) -> (String, u64) {
+    use futures::StreamExt;
+    let mut last: Option<(String, u64)> = None;
+    while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
+        let Some(seq) = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Map-Relay-Seq"))
+            .and_then(|v| v.as_str().parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let subject = msg.subject.to_string();
+        last = match last {
+            Some((s, n)) if s == subject => Some((s, n.max(seq))),
+            _ => Some((subject, seq)),
+        };
+    }
+    last.expect("a numbered relay message")
+}
+
+/// Publishes `frame` on `subject` numbered `seq`.
+async fn inject(tap: &async_nats::Client, subject: &str, seq: u64, frame: &str) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Map-Relay-Seq", seq.to_string().as_str());
+    tap.publish_with_headers(subject.to_owned(), headers, frame.to_owned().into())
+        .await
+        .unwrap();
+    tap.flush().await.unwrap();
+}
+
+/// Item 7: a relayed message lost on the way (made here by a message whose number skips one)
+/// closes the client's connection with 1012, without handing it the frame after the gap; the
+/// client resumes with its token and loses nothing. Both directions.
+#[tokio::test]
+async fn a_relayed_message_lost_on_the_way_closes_the_connection_with_1012_and_it_resumes() {
+    let nats = Nats::start("relay-gaps");
+    let dir = TempDir::new("cluster-relay-gaps");
+    let live_port = free_port();
+    let live = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n0"),
+            live_port,
+            "node = \"n0\"",
+        ),
+        live_port,
+    )
+    .await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let port = free_port();
+    let standby = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n1"),
+            port,
+            "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
+        ),
+        port,
+    )
+    .await;
+    health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
+    let tap = with_timeout(async_nats::connect(nats.url())).await.unwrap();
+    let mut to_conn = tap.subscribe("_MAP.conn.MAP_EVENTS.n1.>").await.unwrap();
+    let mut to_writer = tap.subscribe("_MAP.relay.MAP_EVENTS.n1.>").await.unwrap();
+    tap.flush().await.unwrap();
+    let mut sys = WsClient::system(&live.url).await;
+
+    // Writer -> standby: the message after the last one is lost; the next arrives.
+    let mut a = WsClient::agent(&standby.url, "gap-a", json!({})).await;
+    let token = a.session["resumeToken"].as_str().unwrap().to_owned();
+    let (sid, pid) = (a.sid(), a.pid());
+    let (subject, last) = last_numbered(&mut to_conn).await;
+    let spliced = r#"{"jsonrpc":"2.0","method":"map/message","params":{"message":{"id":"x","from":"nobody","to":{"agent":"gap-a"},"payload":"after a gap"}}}"#;
+    inject(&tap, &subject, last + 2, spliced).await;
+    assert_eq!(
+        within(Duration::from_secs(5), a.expect_close()).await,
+        Some(1012)
+    );
+    assert!(
+        a.take_queued()
+            .iter()
+            .all(|v| v["method"] != json!("map/message")),
+        "the frame after the gap was handed on"
+    );
+    // It resumes with its token: the same session, its agent back, reached again.
+    let resume = |token: String| {
+        let url = standby.url.clone();
+        async move {
+            let mut c = WsClient::connect(&url).await;
+            let r = c
+                .ok(
+                    "map/connect",
+                    json!({"protocolVersion": 1, "participantType": "agent", "resumeToken": token}),
+                )
+                .await;
+            c.session = r.clone();
+            (c, r)
+        }
+    };
+    let (mut back, r) = within(Duration::from_secs(10), resume(token)).await;
+    assert_eq!(
+        (r["sessionId"].clone(), r["participantId"].clone()),
+        (json!(sid), json!(pid)),
+        "{r}"
+    );
+    sys.send(json!({"agent": "gap-a"}), json!({"after": "the gap"}))
+        .await;
+    assert_eq!(
+        back.next_message().await["payload"],
+        json!({"after": "the gap"})
+    );
+
+    // Standby -> writer: a message of the standby's is lost; the live node ends the relay
+    // session as a lost connection, and the client is closed with 1012 too.
+    let (subject, last) = last_numbered(&mut to_writer).await;
+    let call = r#"{"jsonrpc":"2.0","id":999,"method":"map/send","params":{"to":{"agent":"gap-a"},"payload":"after a gap"}}"#;
+    let disconnects = |e: &serde_json::Value| {
+        e["type"] == json!("participant_disconnected") && e["data"]["participantId"] == json!(pid)
+    };
+    let before = count(&mut sys, disconnects).await;
+    let is_sent = |e: &serde_json::Value| e["type"] == json!("message_sent");
+    let sent_before = count(&mut sys, is_sent).await;
+    inject(&tap, &subject, last + 2, call).await;
+    assert_eq!(
+        within(Duration::from_secs(5), back.expect_close()).await,
+        Some(1012)
+    );
+    within(Duration::from_secs(5), async {
+        while count(&mut sys, disconnects).await == before {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // The call after the gap was never run.
+    assert_eq!(count(&mut sys, is_sent).await, sent_before);
+    let token = r["resumeToken"].as_str().unwrap().to_owned();
+    let (_again, r) = within(Duration::from_secs(10), resume(token)).await;
+    assert_eq!(r["sessionId"], json!(sid), "{r}");
+}
