@@ -484,9 +484,9 @@ async fn inject(tap: &async_nats::Client, subject: &str, seq: u64, frame: &str) 
     tap.flush().await.unwrap();
 }
 
-/// Item 7: a relayed message lost on the way (made here by a message whose number skips one)
-/// closes the client's connection with 1012, without handing it the frame after the gap; the
-/// client resumes with its token and loses nothing. Both directions.
+/// Item 7: a relayed message lost on the way (made here by a message whose number skips one,
+/// or a mark one ahead) closes the client's connection with 1012, without handing it the frame
+/// after the gap; the client resumes with its token and loses nothing. Both directions.
 #[tokio::test]
 async fn a_relayed_message_lost_on_the_way_closes_the_connection_with_1012_and_it_resumes() {
     let nats = Nats::start("relay-gaps");
@@ -590,6 +590,21 @@ async fn a_relayed_message_lost_on_the_way_closes_the_connection_with_1012_and_i
     // The call after the gap was never run.
     assert_eq!(count(&mut sys, is_sent).await, sent_before);
     let token = r["resumeToken"].as_str().unwrap().to_owned();
-    let (_again, r) = within(Duration::from_secs(10), resume(token)).await;
+    let (mut again, r) = within(Duration::from_secs(10), resume(token)).await;
     assert_eq!(r["sessionId"], json!(sid), "{r}");
+
+    // A loss at the end of a burst: the mark after it says one more message was sent than
+    // arrived (made here by a mark one ahead).
+    let (subject, last) = last_numbered(&mut to_conn).await;
+    let mut mark = async_nats::HeaderMap::new();
+    mark.insert("Map-Relay", "mark");
+    mark.insert("Map-Relay-Seq", (last + 1).to_string().as_str());
+    tap.publish_with_headers(subject, mark, bytes::Bytes::new())
+        .await
+        .unwrap();
+    tap.flush().await.unwrap();
+    assert_eq!(
+        within(Duration::from_secs(5), again.expect_close()).await,
+        Some(1012)
+    );
 }

@@ -20,8 +20,9 @@
 //!   end once, on the writer, as any lost connection does) and a relay that sends faster than
 //!   its session reads.
 //!
-//! Each direction of a relay numbers its messages and splits large frames (`frames`): a
-//! message NATS lost (core NATS delivers at most once) ends the relay session, and the
+//! Each direction of a relay numbers its messages, splits large frames and, once its frames
+//! pause, says how many it sent (`frames`): a message NATS lost (core NATS delivers at most
+//! once) ends the relay session, and the
 //! client's connection is closed with 1012 and a reason (it resumes with its token and
 //! replays), never handed a spliced frame or a silent gap. A message lost while NATS is away
 //! at the end of a call ends as a bounded wait (`router::relay::RELAY_CALL_TIMEOUT`) and a
@@ -44,7 +45,6 @@ use crate::router::ids::ConnId;
 use crate::router::relay::{Relay, RelayLink, RELAY_INBOX};
 use crate::transport::in_process::InProcessLink;
 
-const HEADER: &str = "Map-Relay";
 const PRINCIPAL: &str = "Map-Principal";
 const OPEN: &str = "open";
 const CLOSE: &str = "close";
@@ -95,7 +95,7 @@ fn key_of(subject: &str) -> Option<Key> {
     Some((node, incarnation, conn))
 }
 
-use frames::{Inbound, Outbound};
+use frames::{Inbound, HEADER, MARK};
 
 fn header(name: &str, value: &str) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
@@ -164,6 +164,21 @@ impl FollowerRelay {
                         .and_then(|h| h.get(HEADER))
                         .map(|v| v.as_str().to_owned());
                     let mut routes = lock(&routes);
+                    if control.as_deref() == Some(MARK) {
+                        let Some(route) = routes.get_mut(&conn) else {
+                            continue;
+                        };
+                        if let Err(why) = route.inbound.mark_message(&msg) {
+                            tracing::warn!(
+                                conn,
+                                why,
+                                "relay: frames from the writer were lost; closing the connection"
+                            );
+                            route.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+                            routes.remove(&conn);
+                        }
+                        continue;
+                    }
                     if let Some(control) = control {
                         if let Some(route) = routes.remove(&conn) {
                             if control == LOST {
@@ -255,12 +270,9 @@ impl Relay for FollowerRelay {
                     .await
                     .is_ok()
                 {
-                    let mut out = Outbound::default();
-                    while let Some(frame) = frames.recv().await {
-                        if let Err(e) = out.publish(&client, &subject, frame).await {
-                            tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
-                            break;
-                        }
+                    let frames = futures::stream::poll_fn(|cx| frames.poll_recv(cx));
+                    if let Err(e) = frames::forward(&client, &subject, frames).await {
+                        tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
                     }
                     let _ = client
                         .publish_with_headers(subject, header(HEADER, CLOSE), bytes::Bytes::new())
@@ -379,18 +391,14 @@ pub async fn host(
                         }
                     }
                 };
-                let InProcessLink { tx, mut rx } = open(principal, &node);
+                let InProcessLink { tx, rx } = open(principal, &node);
                 let client = client.clone();
                 let stream = stream.clone();
                 let back = key.clone();
                 tokio::spawn(async move {
                     let subject = conn_subject(&stream, &back);
-                    let mut out = Outbound::default();
-                    while let Some(frame) = rx.next().await {
-                        if let Err(e) = out.publish(&client, &subject, frame).await {
-                            tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
-                            break;
-                        }
+                    if let Err(e) = frames::forward(&client, &subject, rx).await {
+                        tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
                     }
                     closed(&client, &stream, &back, CLOSED).await;
                 });
@@ -407,6 +415,16 @@ pub async fn host(
             }
             Some(CLOSE) => {
                 sessions.remove(&key);
+            }
+            Some(MARK) => {
+                let lost = sessions
+                    .get(&key)
+                    .and_then(|s| s.inbound.mark_message(&msg).err());
+                if let Some(why) = lost {
+                    tracing::warn!(%node, conn, why, "relay: frames from the standby were lost; closing the session");
+                    sessions.remove(&key);
+                    closed(&client, &stream, &key, LOST).await;
+                }
             }
             _ => {
                 let Some(session) = sessions.get_mut(&key) else {

@@ -9,8 +9,16 @@
 //! direction of a relay session, each part its own number) and, for a part, `Map-Relay-Part`
 //! (`i/n`); [`Inbound::take`] refuses anything but the next number and the next part, and the
 //! caller ends the relay session (the client's connection is closed and resumes: nothing is
-//! spliced, nothing skipped in silence).
+//! spliced, nothing skipped in silence). A loss at the end of a burst has no next message to
+//! give it away: once the frames pause for [`MARK_AFTER`], the sender says how many it sent
+//! (a *mark*, `Map-Relay: mark`, [`forward`]), which [`Inbound::mark`] checks.
 
+/// The control header of a relay's messages (`open`, `close`, `closed`, `lost`, [`MARK`]).
+pub const HEADER: &str = "Map-Relay";
+/// A mark: `Map-Relay-Seq` says how many messages were sent so far.
+pub const MARK: &str = "mark";
+/// How long after its last frame a direction that sent frames says how many it sent.
+pub const MARK_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
 /// The message's number within its direction of the relay session.
 pub const SEQ: &str = "Map-Relay-Seq";
 /// The part of a frame a message carries, as `i/n`, when the frame is larger than one NATS
@@ -47,6 +55,14 @@ impl Outbound {
             .collect()
     }
 
+    /// The mark of what was sent so far.
+    pub fn mark(&self) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(HEADER, MARK);
+        headers.insert(SEQ, self.sent.to_string().as_str());
+        headers
+    }
+
     /// Publishes `frame` on `subject` (core NATS keeps one publisher's messages in order).
     ///
     /// # Errors
@@ -63,6 +79,41 @@ impl Outbound {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// Publishes every frame of `frames` on `subject`, numbered, and a mark once they pause for
+/// [`MARK_AFTER`] after some were sent. Returns when `frames` ends.
+///
+/// # Errors
+/// NATS refused a message; the relay ends.
+pub async fn forward(
+    client: &async_nats::Client,
+    subject: &str,
+    mut frames: impl futures::Stream<Item = String> + Unpin,
+) -> Result<(), async_nats::PublishError> {
+    use futures::StreamExt as _;
+    let mut out = Outbound::default();
+    let mut marked = 0;
+    loop {
+        let frame = if out.sent > marked {
+            match tokio::time::timeout(MARK_AFTER, frames.next()).await {
+                Ok(frame) => frame,
+                Err(_) => {
+                    client
+                        .publish_with_headers(subject.to_owned(), out.mark(), bytes::Bytes::new())
+                        .await?;
+                    marked = out.sent;
+                    continue;
+                }
+            }
+        } else {
+            frames.next().await
+        };
+        let Some(frame) = frame else {
+            return Ok(());
+        };
+        out.publish(client, subject, frame).await?;
     }
 }
 
@@ -94,6 +145,32 @@ impl Inbound {
             header(SEQ).as_deref(),
             header(PART).as_deref(),
             &msg.payload,
+        )
+    }
+
+    /// Checks a mark (`seq`: how many messages the other end sent): `Err` when some of them
+    /// never came.
+    pub fn mark(&self, seq: Option<&str>) -> Result<(), &'static str> {
+        let seq = seq
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or("a mark without its sequence number")?;
+        if seq != self.taken {
+            return Err(if seq > self.taken {
+                "a relayed message was lost (a gap in the sequence)"
+            } else {
+                "a relayed message came again or out of order"
+            });
+        }
+        Ok(())
+    }
+
+    /// The mark of `msg` checked ([`Inbound::mark`]).
+    pub fn mark_message(&self, msg: &async_nats::Message) -> Result<(), &'static str> {
+        self.mark(
+            msg.headers
+                .as_ref()
+                .and_then(|h| h.get(SEQ))
+                .map(async_nats::HeaderValue::as_str),
         )
     }
 
@@ -231,11 +308,51 @@ mod tests {
             why,
             Some("a relayed message was lost (a gap in the sequence)")
         );
-        // The last frame lost: nothing follows, nothing wrong is handed on (the relay's
-        // close or the call's timeout ends it).
+        // The last frame lost: nothing wrong is handed on, and the mark that follows the
+        // burst gives the loss away (`a_mark_gives_away_a_loss_at_the_end_of_a_burst`).
         let mut messages = sent(&frames);
         messages.pop();
         assert_eq!(received(&messages), (frames[..4].to_vec(), None));
+    }
+
+    #[test]
+    fn a_mark_gives_away_a_loss_at_the_end_of_a_burst() {
+        let frames = vec!["a".to_owned(), big('x')];
+        let mut out = Outbound::default();
+        let messages: Vec<_> = frames
+            .iter()
+            .flat_map(|f| out.messages(f.clone()))
+            .collect();
+        let mark = out.mark();
+        assert_eq!(mark.get(HEADER).unwrap().as_str(), MARK);
+        let mark = mark.get(SEQ).unwrap().as_str().to_owned();
+        assert_eq!(mark, "4");
+        let take = |n: usize| {
+            let mut inbound = Inbound::default();
+            for (h, p) in &messages[..n] {
+                let seq = h.get(SEQ).map(async_nats::HeaderValue::as_str);
+                let part = h.get(PART).map(async_nats::HeaderValue::as_str);
+                inbound.take(seq, part, p).unwrap();
+            }
+            inbound
+        };
+        assert_eq!(take(4).mark(Some(&mark)), Ok(()));
+        // The last part lost, or the last two: the frame was never handed on, the mark says so.
+        for n in [3, 2, 1] {
+            assert_eq!(
+                take(n).mark(Some(&mark)),
+                Err("a relayed message was lost (a gap in the sequence)"),
+                "{n}"
+            );
+        }
+        assert_eq!(
+            take(4).mark(Some("3")),
+            Err("a relayed message came again or out of order")
+        );
+        assert_eq!(
+            take(4).mark(None),
+            Err("a mark without its sequence number")
+        );
     }
 
     #[test]
