@@ -317,7 +317,7 @@ mod tests {
 
     #[test]
     fn a_mark_gives_away_a_loss_at_the_end_of_a_burst() {
-        let frames = vec!["a".to_owned(), big('x')];
+        let frames = ["a".to_owned(), big('x')];
         let mut out = Outbound::default();
         let messages: Vec<_> = frames
             .iter()
