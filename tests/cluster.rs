@@ -2489,17 +2489,23 @@ async fn a_nats_user_without_map_subjects_can_neither_forge_nor_read_a_relay_ses
     };
     // A forged relay session: an "open" naming the system principal, then a connect.
     async fn forge(client: &async_nats::Client) -> Option<async_nats::Subscriber> {
-        let subject = "_MAP.relay.MAP_EVENTS.evil.1";
-        let sub = client.subscribe("_MAP.conn.MAP_EVENTS.evil.1").await.ok();
+        let subject = "_MAP.relay.MAP_EVENTS.evil.0123456789abcdef.1";
+        let sub = client
+            .subscribe("_MAP.conn.MAP_EVENTS.evil.0123456789abcdef.1")
+            .await
+            .ok();
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Map-Relay", "open");
         headers.insert("Map-Principal", r#"{"id":"ops"}"#);
         let _ = client
             .publish_with_headers(subject, headers, bytes::Bytes::new())
             .await;
+        let mut numbered = async_nats::HeaderMap::new();
+        numbered.insert("Map-Relay-Seq", "1");
         let _ = client
-            .publish(
+            .publish_with_headers(
                 subject,
+                numbered,
                 r#"{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{"protocolVersion":1,"participantType":"system"}}"#.into(),
             )
             .await;

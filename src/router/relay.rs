@@ -30,7 +30,10 @@
 //!   outbox as it is.
 //! - The writer ending the relay session (it stopped, or dropped a relay it could not keep
 //!   up with) closes the connection with 1011 and a reason: a client never waits for
-//!   frames that will not come.
+//!   frames that will not come. A relay that lost a frame on the way
+//!   ([`RelayLink::frames_lost`]) closes it with [`FRAMES_LOST_CLOSE`] (1012): the client
+//!   resumes with its token and replays from its last event; it is never handed a spliced
+//!   frame or a silent gap.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -55,6 +58,10 @@ pub const RELAY_INBOX: usize = 1024;
 /// (the connection itself has at most `router::pipeline::MAX_WAITING` waiting).
 const PIPELINED_SWEEP: usize = 1024;
 
+/// The WebSocket close code of a connection whose relay lost a frame on the way (RFC 6455
+/// "service restart": reconnect; the client resumes and replays, losing nothing).
+pub const FRAMES_LOST_CLOSE: u16 = 1012;
+
 /// Both ends of one relay session, as the server's [`Relay`] opens it.
 #[derive(Debug)]
 pub struct RelayLink {
@@ -62,6 +69,9 @@ pub struct RelayLink {
     pub tx: mpsc::Sender<String>,
     /// Every frame the writer's relay session sends; ends when the writer ends it.
     pub rx: mpsc::Receiver<String>,
+    /// Set before `rx` ends when the relay ended because a frame was lost on the way (either
+    /// direction): the connection is closed with [`FRAMES_LOST_CLOSE`].
+    pub frames_lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Opens relay sessions on the node that writes the log (the server's, over NATS).
@@ -271,7 +281,11 @@ impl RelayState {
     ) -> Result<String, ErrorObject> {
         self.link = None;
         self.agent = agent;
-        let RelayLink { tx, mut rx } = relay
+        let RelayLink {
+            tx,
+            mut rx,
+            frames_lost,
+        } = relay
             .open(conn, principal)
             .map_err(|e| unreachable_writer(&e))?;
         let (answers_tx, answers) = mpsc::channel(4);
@@ -293,12 +307,20 @@ impl RelayState {
                     return;
                 }
             }
-            let _ = outbox
-                .push(Outbound::Close {
+            let close = if frames_lost.load(std::sync::atomic::Ordering::Relaxed) {
+                Outbound::Close {
+                    code: FRAMES_LOST_CLOSE,
+                    reason: "frames between this node and the node that writes the log were \
+                             lost on the way (NATS); reconnect and resume"
+                        .into(),
+                }
+            } else {
+                Outbound::Close {
                     code: 1011,
                     reason: "the node that writes the log ended this connection's session".into(),
-                })
-                .await;
+                }
+            };
+            let _ = outbox.push(close).await;
         });
         self.link = Some(Open {
             tx,

@@ -44,6 +44,8 @@ pub struct Node {
     pub role: String,
     /// The seq after the newest event it holds (committed, or followed).
     pub position: u64,
+    /// The process that answered (`store::jetstream::NodeStatus::incarnation`).
+    pub incarnation: String,
 }
 
 /// The cluster's state now.
@@ -98,6 +100,17 @@ pub async fn open_store(
     #[cfg(feature = "cluster")]
     if let Some(options) = config.cluster.jetstream_options(&config.router.name) {
         let options = options.map_err(|e| std::io::Error::other(format!("cluster: {e}")))?;
+        if config.cluster.tls_ca.is_none() {
+            for host in plaintext_remote_hosts(config.cluster.url.as_deref().unwrap_or_default()) {
+                tracing::warn!(
+                    %host,
+                    "cluster: talking to NATS without TLS on a non-loopback address: relayed \
+                     frames (resume tokens among them), the log and the NATS credentials cross \
+                     the network in clear; set [cluster] tls_ca (docs/cluster.md, \"NATS users, \
+                     permissions and TLS\")"
+                );
+            }
+        }
         let stream = options.stream.clone();
         let (store, recovered) = open_jetstream(config, options, listeners).await?;
         let relays = Some((store.nats(), stream));
@@ -136,6 +149,34 @@ pub async fn open_store(
     Ok((Some((store as Arc<dyn EventStore>, recovered)), None, None))
 }
 
+/// The hosts of a `[cluster] url` (one or several, comma-separated) reached without TLS that
+/// are not loopback (`127.0.0.0/8`, `::1`, `localhost`): what the start warns about. A
+/// `tls://` URL is TLS.
+pub fn plaintext_remote_hosts(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .filter_map(|url| {
+            let (scheme, rest) = url.split_once("://").unwrap_or(("nats", url));
+            if scheme.eq_ignore_ascii_case("tls") {
+                return None;
+            }
+            // Without credentials (never logged) and path.
+            let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+            let rest = rest.split('/').next().unwrap_or_default();
+            let host = match rest.strip_prefix('[') {
+                Some(v6) => v6.split(']').next().unwrap_or_default(),
+                None => rest.split(':').next().unwrap_or_default(),
+            };
+            let loopback = host.eq_ignore_ascii_case("localhost")
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            (!loopback).then(|| host.to_owned())
+        })
+        .collect()
+}
+
 /// How often this node holds the roll call (`[cluster] roll_call_ms`).
 pub fn roll_call_every(config: &Config) -> std::time::Duration {
     std::time::Duration::from_millis(config.cluster.roll_call_ms.max(100))
@@ -172,6 +213,7 @@ where
                     name: n.node,
                     role: n.role,
                     position: n.position,
+                    incarnation: n.incarnation,
                 })
                 .collect();
             *crate::sync::lock(&cache) = answered;
@@ -216,6 +258,15 @@ async fn open_jetstream(
                 if let Some(s) = serving.take() {
                     s.stop().await;
                 }
+                if follower.is_none() {
+                    // Not checked as a standby: another live process with this name?
+                    if let Err(e) =
+                        refuse_a_namesake(opened.0.nodes(ROLL_CALL_WAIT).await, &options.node)
+                    {
+                        let _ = opened.0.close().await;
+                        return Err(e);
+                    }
+                }
                 return Ok(opened);
             }
             Err(StoreError::Locked(why)) if config.cluster.standby => {
@@ -227,10 +278,12 @@ async fn open_jetstream(
                         Ok(f) => {
                             let f = Arc::new(f);
                             let probe = follower_probe(&f, roll_call_every(config));
+                            refuse_a_namesake(f.nodes(ROLL_CALL_WAIT).await, &options.node)?;
                             let relay = crate::server::relay::FollowerRelay::start(
                                 f.nats(),
                                 &options.stream,
                                 &options.node,
+                                crate::store::jetstream::NodeStatus::this_incarnation(),
                             );
                             match Serving::start(
                                 config,
@@ -293,6 +346,39 @@ async fn open_jetstream(
             }
             Err(e) => return Err(failed(e)),
         }
+    }
+}
+
+/// Refuses to start (a clear error) when another live process answers the roll call with this
+/// node's name (`nodes`: the roll call's answers, this process's own among them): two
+/// processes with one name would be taken for one node (whose sessions end when either
+/// leaves). The default name is the router's, the same on every node unless `[cluster] node`
+/// is set. A node restarted after a crash is not refused: its predecessor's connection to
+/// NATS closed with it (a host that vanished without closing it answers no more either, but
+/// NATS notices that only at its ping timeout: until then the new process is refused).
+#[cfg(feature = "cluster")]
+fn refuse_a_namesake(
+    nodes: Result<Vec<crate::store::jetstream::NodeStatus>, crate::store::StoreError>,
+    node: &str,
+) -> std::io::Result<()> {
+    let mine = crate::store::jetstream::NodeStatus::this_incarnation();
+    let Ok(nodes) = nodes else {
+        // NATS is away: the relay's incarnations still tell the two apart.
+        return Ok(());
+    };
+    match nodes
+        .iter()
+        .find(|n| n.node == node && n.incarnation != mine)
+    {
+        Some(other) => Err(std::io::Error::other(format!(
+            "cluster: another live process answers as node \"{}\" ({}, process {}): every \
+             node needs its own `[cluster] node` name (it defaults to `[router] name`, the \
+             same on every node)",
+            printable(node),
+            printable(&other.role),
+            printable(&other.incarnation),
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -755,4 +841,30 @@ pub fn render_metrics(probe: &Probe) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plaintext_remote_hosts;
+
+    #[test]
+    fn only_plaintext_urls_off_loopback_are_warned_about() {
+        for quiet in [
+            "nats://127.0.0.1:4222",
+            "nats://localhost:4222",
+            "nats://[::1]:4222",
+            "127.0.0.2:4222",
+            "tls://nats.example.com:4222",
+            "nats://user:secret@127.0.0.1:4222",
+        ] {
+            assert!(plaintext_remote_hosts(quiet).is_empty(), "{quiet}");
+        }
+        assert_eq!(
+            plaintext_remote_hosts(
+                "nats://user:secret@10.0.0.5:4222, nats://127.0.0.1:4222,nats://[fd00::1]:4222,nats.example.com"
+            ),
+            ["10.0.0.5", "fd00::1", "nats.example.com"]
+        );
+        assert_eq!(plaintext_remote_hosts("nats://0.0.0.0:4222"), ["0.0.0.0"]);
+    }
 }

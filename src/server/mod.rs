@@ -436,7 +436,12 @@ fn host_relays(
     let nodes: relay::LiveNodes = Arc::new(move || {
         probe
             .as_ref()
-            .map(|p| p().nodes.iter().map(|n| relay::token(&n.name)).collect())
+            .map(|p| {
+                p().nodes
+                    .iter()
+                    .map(|n| (relay::token(&n.name), n.incarnation.clone()))
+                    .collect()
+            })
             .unwrap_or_default()
     });
     tokio::spawn(async move {

@@ -3,24 +3,37 @@
 //!
 //! Owns the two ends of the NATS link and the table of relay sessions on each:
 //! - [`FollowerRelay`] (on a standby): publishes each connection's frames to
-//!   `_MAP.relay.<stream>.<node>.<relay>` (the first with the header `Map-Relay: open` and the
-//!   principal this node authenticated, the last with `Map-Relay: close`), and hands what
-//!   arrives on `_MAP.conn.<stream>.<node>.<relay>` to that connection (`<relay>` numbers
-//!   the node's relay sessions).
+//!   `_MAP.relay.<stream>.<node>.<incarnation>.<relay>` (the first with the header
+//!   `Map-Relay: open` and the principal this node authenticated, the last with
+//!   `Map-Relay: close`), and hands what arrives on
+//!   `_MAP.conn.<stream>.<node>.<incarnation>.<relay>` to that connection (`<incarnation>`:
+//!   this process's, drawn at start and carried by its roll call answers,
+//!   `store::jetstream::NodeStatus::incarnation`; `<relay>` numbers the process's relay
+//!   sessions). A node restarted under the same name is a new incarnation: its subjects are
+//!   never its predecessor's, so no frame of a session of the dead process reaches a
+//!   connection of the new one, and the new one serves at once.
 //! - [`host`] (on the writer): opens, for each relay, an in-process MAP session admitted as
 //!   that principal (origin `Delegated`, as a gateway does for its caller; with
 //!   authentication off, an ordinary remote session), feeds it the frames, and publishes
-//!   every frame the session sends back. It closes the relays of a node that left the roll
-//!   call (the node died: its sessions end once, on the writer, as any disconnect does) and a
-//!   relay that sends faster than its session reads.
+//!   every frame the session sends back. It closes the relays of a node incarnation that left
+//!   the roll call (the process died, even if a new one answers under its name: its sessions
+//!   end once, on the writer, as any lost connection does) and a relay that sends faster than
+//!   its session reads.
 //!
-//! Core NATS keeps one publisher's messages in order, which is all a relay needs; a message
-//! lost while NATS is away ends as a bounded wait (`router::relay::RELAY_CALL_TIMEOUT`) and a
+//! Each direction of a relay numbers its messages, splits large frames and, once its frames
+//! pause, says how many it sent (`frames`): a message NATS lost (core NATS delivers at most
+//! once) ends the relay session, and the
+//! client's connection is closed with 1012 and a reason (it resumes with its token and
+//! replays), never handed a spliced frame or a silent gap. A message lost while NATS is away
+//! at the end of a call ends as a bounded wait (`router::relay::RELAY_CALL_TIMEOUT`) and a
 //! clear error, never as a wrong answer. Trust: whoever may publish on `_MAP.relay.>` may
-//! name a principal, so NATS permissions must give `_MAP.>` to router nodes only
-//! (docs/cluster.md).
+//! name a principal, and whoever may subscribe there reads the relayed frames, so NATS must
+//! give `_MAP.>` to router nodes only (docs/cluster.md, "NATS users").
+
+mod frames;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,12 +45,13 @@ use crate::router::ids::ConnId;
 use crate::router::relay::{Relay, RelayLink, RELAY_INBOX};
 use crate::transport::in_process::InProcessLink;
 
-const HEADER: &str = "Map-Relay";
 const PRINCIPAL: &str = "Map-Principal";
 const OPEN: &str = "open";
 const CLOSE: &str = "close";
 /// From the writer: the relay session ended (or never existed).
 const CLOSED: &str = "closed";
+/// From the writer: the relay session ended because a message of the standby's was lost.
+const LOST: &str = "lost";
 
 /// How long a relay's node may be missing from the roll call after the relay opened before the
 /// writer takes it for dead (a node that just started may not have answered one yet), in
@@ -61,86 +75,27 @@ pub fn token(name: &str) -> String {
         .collect()
 }
 
-fn relay_subject(stream: &str, node: &str, conn: u64) -> String {
-    format!("_MAP.relay.{stream}.{node}.{conn}")
+/// One relay session: the node (as a subject token), its incarnation, and the relay's number.
+type Key = (String, String, u64);
+
+fn relay_subject(stream: &str, (node, incarnation, conn): &Key) -> String {
+    format!("_MAP.relay.{stream}.{node}.{incarnation}.{conn}")
 }
 
-fn conn_subject(stream: &str, node: &str, conn: u64) -> String {
-    format!("_MAP.conn.{stream}.{node}.{conn}")
+fn conn_subject(stream: &str, (node, incarnation, conn): &Key) -> String {
+    format!("_MAP.conn.{stream}.{node}.{incarnation}.{conn}")
 }
 
-/// The part of a frame a message carries, as `i/n`, when the frame is larger than one NATS
-/// message may be (`max_payload`, 1 MiB by default, which a frame as large as the router
-/// accepts exceeds with its envelope).
-const PART: &str = "Map-Relay-Part";
-/// The most bytes of a frame in one message.
-const PART_BYTES: usize = 256 * 1024;
-/// The largest frame reassembled (bounds what a relay may buffer).
-const MAX_FRAME_BYTES: usize = 64 << 20;
-
-/// Publishes one frame, in parts when it is large (core NATS keeps them in order).
-async fn publish_frame(
-    client: &async_nats::Client,
-    subject: &str,
-    frame: String,
-) -> Result<(), async_nats::PublishError> {
-    let bytes = bytes::Bytes::from(frame);
-    if bytes.len() <= PART_BYTES {
-        return client.publish(subject.to_owned(), bytes).await;
-    }
-    let parts = bytes.len().div_ceil(PART_BYTES);
-    for i in 0..parts {
-        let chunk = bytes.slice(i * PART_BYTES..((i + 1) * PART_BYTES).min(bytes.len()));
-        let headers = header(PART, &format!("{}/{parts}", i + 1));
-        client
-            .publish_with_headers(subject.to_owned(), headers, chunk)
-            .await?;
-    }
-    Ok(())
+/// The relay session a subject ends with (`...<node>.<incarnation>.<relay>`).
+fn key_of(subject: &str) -> Option<Key> {
+    let mut tokens = subject.rsplit('.');
+    let conn = tokens.next()?.parse().ok()?;
+    let incarnation = tokens.next()?.to_owned();
+    let node = tokens.next()?.to_owned();
+    Some((node, incarnation, conn))
 }
 
-/// Reassembles the frames of one relay from its messages.
-#[derive(Debug, Default)]
-struct Parts {
-    buf: Vec<u8>,
-}
-
-impl Parts {
-    /// The whole frame once `msg` completes it; `Err` for parts out of order or too large.
-    fn take(&mut self, msg: &async_nats::Message) -> Result<Option<String>, &'static str> {
-        let part = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(PART))
-            .map(|v| v.as_str().to_owned());
-        let Some(part) = part else {
-            if !self.buf.is_empty() {
-                return Err("a frame's parts were cut short");
-            }
-            return String::from_utf8(msg.payload.to_vec())
-                .map(Some)
-                .map_err(|_| "a frame that is not UTF-8");
-        };
-        let (i, n) = part
-            .split_once('/')
-            .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
-            .ok_or("an unreadable part header")?;
-        if i == 1 && !self.buf.is_empty() {
-            return Err("a frame's parts were cut short");
-        }
-        if self.buf.len() + msg.payload.len() > MAX_FRAME_BYTES {
-            self.buf = Vec::new();
-            return Err("a frame larger than a relay carries");
-        }
-        self.buf.extend_from_slice(&msg.payload);
-        if i < n {
-            return Ok(None);
-        }
-        String::from_utf8(std::mem::take(&mut self.buf))
-            .map(Some)
-            .map_err(|_| "a frame that is not UTF-8")
-    }
-}
+use frames::{Inbound, HEADER, MARK};
 
 fn header(name: &str, value: &str) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
@@ -150,11 +105,13 @@ fn header(name: &str, value: &str) -> async_nats::HeaderMap {
 
 type Routes = Arc<Mutex<HashMap<u64, Route>>>;
 
-/// Where the writer's frames for one relay session go, and its parts so far.
+/// Where the writer's frames for one relay session go, and its messages so far.
 #[derive(Debug)]
 struct Route {
     tx: mpsc::Sender<String>,
-    parts: Parts,
+    inbound: Inbound,
+    /// Set when the relay ends because a message was lost (`RelayLink::frames_lost`).
+    lost: Arc<AtomicBool>,
 }
 
 use crate::sync::lock;
@@ -165,6 +122,8 @@ pub struct FollowerRelay {
     client: async_nats::Client,
     stream: String,
     node: String,
+    /// This process's incarnation (its relay subjects are its own).
+    incarnation: String,
     routes: Routes,
     /// Numbers each relay session of this node (a connection's second one never shares the
     /// first's subjects).
@@ -176,14 +135,21 @@ pub struct FollowerRelay {
 
 impl FollowerRelay {
     /// Starts listening for the writer's frames to this node's connections.
-    pub fn start(client: async_nats::Client, stream: &str, node: &str) -> Arc<Self> {
+    /// `incarnation`: this process's (`store::jetstream::NodeStatus::this_incarnation`).
+    pub fn start(
+        client: async_nats::Client,
+        stream: &str,
+        node: &str,
+        incarnation: &str,
+    ) -> Arc<Self> {
         let node = token(node);
+        let incarnation = token(incarnation);
         let routes: Routes = Arc::default();
         let (set_ready, ready) = tokio::sync::watch::channel(false);
         let demux = {
             let client = client.clone();
             let routes = Arc::clone(&routes);
-            let subject = format!("_MAP.conn.{stream}.{node}.*");
+            let subject = format!("_MAP.conn.{stream}.{node}.{incarnation}.*");
             tokio::spawn(async move {
                 let mut sub = subscribe(&client, subject).await;
                 let _ = set_ready.send(true);
@@ -192,24 +158,45 @@ impl FollowerRelay {
                     else {
                         continue;
                     };
-                    let closed = msg
+                    let control = msg
                         .headers
                         .as_ref()
                         .and_then(|h| h.get(HEADER))
-                        .is_some_and(|v| v.as_str() == CLOSED);
+                        .map(|v| v.as_str().to_owned());
                     let mut routes = lock(&routes);
-                    if closed {
-                        routes.remove(&conn);
+                    if control.as_deref() == Some(MARK) {
+                        let Some(route) = routes.get_mut(&conn) else {
+                            continue;
+                        };
+                        if let Err(why) = route.inbound.mark_message(&msg) {
+                            tracing::warn!(
+                                conn,
+                                why,
+                                "relay: frames from the writer were lost; closing the connection"
+                            );
+                            route.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+                            routes.remove(&conn);
+                        }
+                        continue;
+                    }
+                    if let Some(control) = control {
+                        if let Some(route) = routes.remove(&conn) {
+                            if control == LOST {
+                                tracing::warn!(conn, "relay: the writer lost a message of this connection's; closing it");
+                                route.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
                         continue;
                     }
                     let Some(route) = routes.get_mut(&conn) else {
                         continue;
                     };
-                    let text = match route.parts.take(&msg) {
+                    let text = match route.inbound.take_message(&msg) {
                         Ok(Some(text)) => text,
                         Ok(None) => continue,
                         Err(why) => {
                             tracing::warn!(conn, why, "relay: a frame from the writer is unusable; closing the connection");
+                            route.lost.store(true, std::sync::atomic::Ordering::Relaxed);
                             routes.remove(&conn);
                             continue;
                         }
@@ -232,6 +219,7 @@ impl FollowerRelay {
             client,
             stream: stream.to_owned(),
             node,
+            incarnation,
             routes,
             next: std::sync::atomic::AtomicU64::new(1),
             ready,
@@ -253,11 +241,13 @@ impl Relay for FollowerRelay {
         let conn = relay;
         let (tx, mut frames) = mpsc::channel::<String>(16);
         let (route, rx) = mpsc::channel::<String>(RELAY_INBOX);
+        let lost = Arc::new(AtomicBool::new(false));
         lock(&self.routes).insert(
             conn,
             Route {
                 tx: route,
-                parts: Parts::default(),
+                inbound: Inbound::default(),
+                lost: Arc::clone(&lost),
             },
         );
         let principal = match principal {
@@ -265,7 +255,10 @@ impl Relay for FollowerRelay {
             None => String::new(),
         };
         let client = self.client.clone();
-        let subject = relay_subject(&self.stream, &self.node, conn);
+        let subject = relay_subject(
+            &self.stream,
+            &(self.node.clone(), self.incarnation.clone(), conn),
+        );
         let routes = Arc::clone(&self.routes);
         let mut ready = self.ready.clone();
         tokio::spawn(async move {
@@ -277,11 +270,9 @@ impl Relay for FollowerRelay {
                     .await
                     .is_ok()
                 {
-                    while let Some(frame) = frames.recv().await {
-                        if let Err(e) = publish_frame(&client, &subject, frame).await {
-                            tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
-                            break;
-                        }
+                    let frames = futures::stream::poll_fn(|cx| frames.poll_recv(cx));
+                    if let Err(e) = frames::forward(&client, &subject, frames).await {
+                        tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
                     }
                     let _ = client
                         .publish_with_headers(subject, header(HEADER, CLOSE), bytes::Bytes::new())
@@ -290,7 +281,11 @@ impl Relay for FollowerRelay {
             }
             lock(&routes).remove(&conn);
         });
-        Ok(RelayLink { tx, rx })
+        Ok(RelayLink {
+            tx,
+            rx,
+            frames_lost: lost,
+        })
     }
 }
 
@@ -298,13 +293,14 @@ impl Relay for FollowerRelay {
 /// on behalf of a connection of the node named (as a subject token).
 pub type OpenSession = Arc<dyn Fn(Option<Principal>, &str) -> InProcessLink + Send + Sync>;
 
-/// The node names (as subject tokens) that answered the last roll call; empty when unknown.
-pub type LiveNodes = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+/// The nodes that answered the last roll call, each as its name (a subject token, [`token`])
+/// and the incarnation that answered; empty when unknown.
+pub type LiveNodes = Arc<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
 struct Hosted {
     tx: futures::channel::mpsc::Sender<String>,
     opened: Instant,
-    parts: Parts,
+    inbound: Inbound,
 }
 
 /// The writer's end of the relays (see the module docs): runs until NATS closes the
@@ -317,12 +313,13 @@ pub async fn host(
     nodes: LiveNodes,
     roll_call: Duration,
 ) {
-    let mut sub = subscribe(&client, format!("_MAP.relay.{stream}.*.*")).await;
-    let mut sessions: HashMap<(String, u64), Hosted> = HashMap::new();
+    let mut sub = subscribe(&client, format!("_MAP.relay.{stream}.*.*.*")).await;
+    let mut sessions: HashMap<Key, Hosted> = HashMap::new();
     let grace = roll_call * GRACE_ROLL_CALLS;
     let mut sweep = tokio::time::interval(roll_call);
-    // Roll calls in a row each node with relay sessions was missing from.
-    let mut missed: HashMap<String, u32> = HashMap::new();
+    // Roll calls in a row each node incarnation with relay sessions was missing from (a node
+    // restarted under its name answers with another incarnation: the old one is missing).
+    let mut missed: HashMap<(String, String), u32> = HashMap::new();
     loop {
         let msg = tokio::select! {
             msg = sub.next() => match msg {
@@ -338,34 +335,37 @@ pub async fn host(
                 }
                 // A node must miss two roll calls in a row (a busy node may answer one late).
                 let mut gone = Vec::new();
-                for (node, _) in sessions.keys() {
-                    if alive.contains(node) {
-                        missed.remove(node);
-                    } else if !gone.contains(node) {
-                        gone.push(node.clone());
+                for (node, incarnation, _) in sessions.keys() {
+                    let process = (node.clone(), incarnation.clone());
+                    if alive.contains(&process) {
+                        missed.remove(&process);
+                    } else if !gone.contains(&process) {
+                        gone.push(process);
                     }
                 }
-                for node in gone {
-                    *missed.entry(node).or_default() += 1;
+                for process in gone {
+                    *missed.entry(process).or_default() += 1;
                 }
-                sessions.retain(|(node, conn), s| {
+                sessions.retain(|(node, incarnation, conn), s| {
                     let dead = s.opened.elapsed() >= grace
-                        && missed.get(node).is_some_and(|m| *m >= MISSED_ROLL_CALLS);
+                        && missed
+                            .get(&(node.clone(), incarnation.clone()))
+                            .is_some_and(|m| *m >= MISSED_ROLL_CALLS);
                     if dead {
-                        tracing::info!(%node, conn, "relay: the node left the roll call; its session ends");
+                        tracing::info!(%node, %incarnation, conn, "relay: the node's process left the roll call; its session ends");
                     }
                     !dead
                 });
-                missed.retain(|node, _| sessions.keys().any(|(n, _)| n == node));
+                missed.retain(|(node, incarnation), _| {
+                    sessions.keys().any(|(n, i, _)| n == node && i == incarnation)
+                });
                 continue;
             }
         };
-        let mut tokens = msg.subject.rsplit('.');
-        let (Some(Ok(conn)), Some(node)) = (tokens.next().map(str::parse::<u64>), tokens.next())
-        else {
+        let Some(key) = key_of(&msg.subject) else {
             continue;
         };
-        let key = (node.to_owned(), conn);
+        let (node, conn) = (key.0.clone(), key.2);
         let kind = msg
             .headers
             .as_ref()
@@ -386,58 +386,68 @@ pub async fn host(
                         Ok(p) => Some(p),
                         Err(e) => {
                             tracing::warn!(%node, conn, error = %e, "relay: an open with an unreadable principal; refused");
-                            closed(&client, &stream, &key).await;
+                            closed(&client, &stream, &key, CLOSED).await;
                             continue;
                         }
                     }
                 };
-                let InProcessLink { tx, mut rx } = open(principal, node);
+                let InProcessLink { tx, rx } = open(principal, &node);
                 let client = client.clone();
                 let stream = stream.clone();
                 let back = key.clone();
                 tokio::spawn(async move {
-                    let subject = conn_subject(&stream, &back.0, back.1);
-                    while let Some(frame) = rx.next().await {
-                        if let Err(e) = publish_frame(&client, &subject, frame).await {
-                            tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
-                            break;
-                        }
+                    let subject = conn_subject(&stream, &back);
+                    if let Err(e) = frames::forward(&client, &subject, rx).await {
+                        tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
                     }
-                    closed(&client, &stream, &back).await;
+                    closed(&client, &stream, &back, CLOSED).await;
                 });
+                // A second open of one relay (it cannot come from the node, whose numbers
+                // are never reused in one process) replaces the first, which ends.
                 sessions.insert(
                     key,
                     Hosted {
                         tx,
                         opened: Instant::now(),
-                        parts: Parts::default(),
+                        inbound: Inbound::default(),
                     },
                 );
             }
             Some(CLOSE) => {
                 sessions.remove(&key);
             }
+            Some(MARK) => {
+                let lost = sessions
+                    .get(&key)
+                    .and_then(|s| s.inbound.mark_message(&msg).err());
+                if let Some(why) = lost {
+                    tracing::warn!(%node, conn, why, "relay: frames from the standby were lost; closing the session");
+                    sessions.remove(&key);
+                    closed(&client, &stream, &key, LOST).await;
+                }
+            }
             _ => {
                 let Some(session) = sessions.get_mut(&key) else {
                     // A frame for a session this node does not hold (it took over since, or
                     // closed it): the other end learns so at once.
-                    closed(&client, &stream, &key).await;
+                    closed(&client, &stream, &key, CLOSED).await;
                     continue;
                 };
-                let text = match session.parts.take(&msg) {
+                let text = match session.inbound.take_message(&msg) {
                     Ok(Some(text)) => text,
                     Ok(None) => continue,
                     Err(why) => {
+                        // Ends as a lost connection (the client resumes on its node).
                         tracing::warn!(node = %key.0, conn, why, "relay: an unusable frame; closing the session");
                         sessions.remove(&key);
-                        closed(&client, &stream, &key).await;
+                        closed(&client, &stream, &key, LOST).await;
                         continue;
                     }
                 };
                 if session.tx.try_send(text).is_err() {
                     tracing::warn!(node = %key.0, conn, "relay: the session does not keep up; closing it");
                     sessions.remove(&key);
-                    closed(&client, &stream, &key).await;
+                    closed(&client, &stream, &key, CLOSED).await;
                 }
             }
         }
@@ -458,11 +468,12 @@ async fn subscribe(client: &async_nats::Client, subject: String) -> async_nats::
     }
 }
 
-async fn closed(client: &async_nats::Client, stream: &str, (node, conn): &(String, u64)) {
+/// Tells the standby that relay session `key` ended (`why`: [`CLOSED`] or [`LOST`]).
+async fn closed(client: &async_nats::Client, stream: &str, key: &Key, why: &str) {
     let _ = client
         .publish_with_headers(
-            conn_subject(stream, node, *conn),
-            header(HEADER, CLOSED),
+            conn_subject(stream, key),
+            header(HEADER, why),
             bytes::Bytes::new(),
         )
         .await;

@@ -115,6 +115,7 @@ impl Follower {
                 node: node.clone(),
                 role: "standby".into(),
                 position: lock(&state).next_seq,
+                incarnation: String::new(),
             })
         };
         Ok(Self {

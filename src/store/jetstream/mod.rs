@@ -280,6 +280,7 @@ impl JetStreamStore {
                 node: node.clone(),
                 role: "writer".into(),
                 position: *committed.borrow(),
+                incarnation: String::new(),
             })
         };
         Arc::new(Self {

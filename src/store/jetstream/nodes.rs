@@ -3,7 +3,11 @@
 //! [`NodeStatus`], and [`roll_call`] asks them all at once and gathers the answers for a short,
 //! fixed time.
 //!
-//! Owns nothing but the answering task of a node (its caller keeps the handle and aborts it).
+//! Owns the answering task of a node (its caller keeps the handle and aborts it) and this
+//! process's *incarnation* ([`incarnation`]): a random id each answer carries, so that a node
+//! restarted under the same name is told from its predecessor (the live node ends the
+//! predecessor's relay sessions, `server::relay`), and a second live process with a node's
+//! name is seen (it refuses to start, `server::cluster`).
 //! A node killed with SIGKILL stops answering at once (its connection is gone); a host that
 //! vanishes without closing its socket answers no more either, so it drops out of the next
 //! roll call.
@@ -29,6 +33,23 @@ pub struct NodeStatus {
     /// The seq after the newest row it holds: committed for the writer, followed for a
     /// standby (a standby behind the writer is catching up).
     pub position: u64,
+    /// The process that answered: random per process ([`incarnation`]; set by [`answer`],
+    /// whatever the status says), empty from a node of an older version.
+    #[serde(default)]
+    pub incarnation: String,
+}
+
+/// This process's incarnation: 16 random hex digits, drawn once (a subject token).
+pub(super) fn incarnation() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| uuid::Uuid::new_v4().simple().to_string()[..16].to_owned())
+}
+
+impl NodeStatus {
+    /// This process's incarnation (what its roll call answers carry).
+    pub fn this_incarnation() -> &'static str {
+        incarnation()
+    }
 }
 
 /// The roll call's subject for `stream`.
@@ -53,7 +74,11 @@ pub(super) fn answer(
         };
         while let Some(msg) = sub.next().await {
             let Some(reply) = msg.reply else { continue };
-            match serde_json::to_vec(&status()) {
+            let status = NodeStatus {
+                incarnation: incarnation().to_owned(),
+                ..status()
+            };
+            match serde_json::to_vec(&status) {
                 Ok(body) => {
                     let _ = client.publish(reply, body.into()).await;
                 }

@@ -1,0 +1,610 @@
+//! Cluster relay trust (issue 44, items 1 and 3), end to end on the real binary and a real
+//! `nats-server -js` on loopback:
+//!
+//! - a standby SIGKILLed and started again at once under its own name and config serves at
+//!   once; no frame of its predecessor's relay sessions reaches a connection of the new
+//!   process; the live node ends the predecessor's sessions once, as lost connections;
+//! - a second live process with a node's name (the default name too) refuses to start;
+//! - the NATS configuration docs/cluster.md gives (read from the doc) keeps a second NATS user
+//!   from reading relayed frames and from answering the writer lock's and the roll call's
+//!   requests (the standby takes over in bounded time); a node talking to NATS without TLS off
+//!   loopback warns at start, one on loopback does not.
+//!
+//! Every await is bounded. Needs `nats-server` on PATH (the tests fail, never skip, without it).
+#![cfg(feature = "cluster")]
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::nats::Nats;
+use common::*;
+use serde_json::json;
+
+/// The arguments of a cluster node listening on `port`, with `cluster` added to `[cluster]`
+/// and its config file next to `data` (as tests/cluster.rs writes them). `url`: the NATS URL.
+fn node_args(url: &str, data: &Path, port: u16, cluster: &str) -> Vec<std::ffi::OsString> {
+    let config = data.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\nroll_call_ms = 500\n\
+             {cluster}\n[storage]\ncommit_timeout_ms = 1500\n"
+        ),
+    )
+    .unwrap();
+    vec![
+        "--listen".into(),
+        format!("127.0.0.1:{port}").into(),
+        "--cluster".into(),
+        url.into(),
+        "--data-dir".into(),
+        data.into(),
+        "--config".into(),
+        config.into(),
+    ]
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A node process with the lines of its stderr so far.
+struct Node {
+    child: tokio::process::Child,
+    url: String,
+    lines: Arc<Mutex<Vec<String>>>,
+    exited: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Node {
+    fn stderr(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+}
+
+/// Starts the binary with `args` (listening on `port`) and waits until its port accepts.
+async fn spawn(args: Vec<std::ffi::OsString>, port: u16) -> Node {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = binary_command(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a node");
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (set_exited, exited) = tokio::sync::watch::channel(false);
+    {
+        let lines = Arc::clone(&lines);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stderr.next_line().await {
+                lines.lock().unwrap().push(line);
+            }
+            let _ = set_exited.send(true);
+        });
+    }
+    let node = Node {
+        child,
+        url: format!("ws://127.0.0.1:{port}/"),
+        lines,
+        exited,
+    };
+    within(Duration::from_secs(20), async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    node
+}
+
+async fn health(url: &str) -> (u16, String) {
+    let addr = url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let r = with_timeout(http::request(addr, "GET", "/health", &[], b"")).await;
+    (r.status, String::from_utf8_lossy(&r.body).into_owned())
+}
+
+/// Polls `/health` until `pred` holds (within `limit`); how long it took.
+async fn health_until(
+    url: &str,
+    limit: Duration,
+    what: &str,
+    pred: impl Fn(u16, &str) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let (status, body) = health(url).await;
+        if pred(status, &body) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "/health never showed {what} within {limit:?}: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn serving(status: u16, body: &str) -> bool {
+    status == 503 && body.contains("serving:") && body.contains("writer: ")
+}
+
+async fn sigkill(child: &mut tokio::process::Child) {
+    child.start_kill().expect("SIGKILL");
+    let status = with_timeout(child.wait()).await.unwrap();
+    assert!(!status.success(), "killed: {status:?}");
+}
+
+/// How many events of the log (replayed on `sys`) satisfy `pred`.
+async fn count(sys: &mut WsClient, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
+    replay_all(sys, None)
+        .await
+        .iter()
+        .filter(|e| pred(&e["event"]))
+        .count()
+}
+
+#[tokio::test]
+async fn a_standby_restarted_under_its_name_serves_at_once_and_its_predecessor_ends_once() {
+    let nats = Nats::start("relay-restart");
+    let dir = TempDir::new("cluster-relay-restart");
+    let live_port = free_port();
+    let live = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n0"),
+            live_port,
+            "node = \"n0\"",
+        ),
+        live_port,
+    )
+    .await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let port = free_port();
+    let args = node_args(
+        &nats.url(),
+        &dir.path.join("n1"),
+        port,
+        "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
+    );
+    let mut standby = spawn(args.clone(), port).await;
+    health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
+    // An agent of the first process (its relay session is that process's first).
+    let old = WsClient::agent(&standby.url, "old-a", json!({})).await;
+    let old_pid = old.pid();
+    let mut sys = WsClient::system(&live.url).await;
+
+    sigkill(&mut standby.child).await;
+    let restarted = Instant::now();
+    let standby = spawn(args, port).await;
+    let serves = health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
+    // Its first connect (the process's first relay session again) is answered at once.
+    let asked = Instant::now();
+    let mut fresh = within(
+        Duration::from_secs(3),
+        WsClient::agent(&standby.url, "new-a", json!({})),
+    )
+    .await;
+    let answered = asked.elapsed();
+    eprintln!(
+        "restarted standby: serving {} ms after the restart, its first map/connect and \
+         register answered in {} ms",
+        serves.as_millis(),
+        answered.as_millis()
+    );
+    assert!(answered < Duration::from_secs(3), "{answered:?}");
+    assert!(
+        restarted.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        restarted.elapsed()
+    );
+    // What the live node sends the predecessor's agent never reaches the new connection;
+    // what it sends the new one does.
+    for i in 0..3 {
+        let _ = sys
+            .call(
+                "map/send",
+                json!({"to": {"agent": "old-a"}, "payload": {"for": "old", "i": i}}),
+            )
+            .await;
+    }
+    sys.send(json!({"agent": "new-a"}), json!({"for": "new"}))
+        .await;
+    assert_eq!(fresh.next_message().await["payload"], json!({"for": "new"}));
+    fresh.assert_no_message().await;
+    // The predecessor's session ends once on the live node, as a lost connection.
+    let ended = |e: &serde_json::Value| {
+        e["type"] == json!("participant_disconnected")
+            && e["data"]["participantId"] == json!(old_pid)
+    };
+    within(Duration::from_secs(10), async {
+        while count(&mut sys, ended).await == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    eprintln!(
+        "the predecessor's session ended {} ms after the restart",
+        restarted.elapsed().as_millis()
+    );
+    // Three more roll calls: still once, and the new session is untouched.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(count(&mut sys, ended).await, 1);
+    let agents = sys.ok("map/agents/list", json!({})).await;
+    let state = |id: &str| {
+        agents["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["id"] == json!(id))
+            .map(|a| a["state"].clone())
+    };
+    assert_ne!(state("old-a"), Some(json!("active")), "{agents}");
+    assert!(state("new-a").is_some(), "{agents}");
+    fresh.assert_no_message().await;
+    fresh.ok("map/agents/list", json!({})).await;
+    drop(live);
+}
+
+#[tokio::test]
+async fn a_second_live_process_with_a_nodes_name_refuses_to_start() {
+    let nats = Nats::start("relay-namesake");
+    let dir = TempDir::new("cluster-relay-namesake");
+    let live_port = free_port();
+    let live = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n0"),
+            live_port,
+            "node = \"n0\"",
+        ),
+        live_port,
+    )
+    .await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let standby = |name: &str, data: &str| {
+        let port = free_port();
+        let node = if name.is_empty() {
+            String::new()
+        } else {
+            format!("node = \"{name}\"\n")
+        };
+        (
+            node_args(
+                &nats.url(),
+                &dir.path.join(data),
+                port,
+                &format!("{node}standby = true\ntakeover_poll_ms = 100"),
+            ),
+            port,
+        )
+    };
+    // A namesake of the live node, then of a standby, then two nodes left with the default.
+    let (args, port) = standby("n1", "n1");
+    let n1 = spawn(args, port).await;
+    health_until(&n1.url, Duration::from_secs(20), "serving", serving).await;
+    let (args, port) = standby("", "d1");
+    let d1 = spawn(args, port).await;
+    health_until(&d1.url, Duration::from_secs(20), "serving", serving).await;
+    for (name, data, says) in [
+        (
+            "n0",
+            "n0-again",
+            "another live process answers as node \"n0\"",
+        ),
+        (
+            "n1",
+            "n1-again",
+            "another live process answers as node \"n1\"",
+        ),
+        ("", "d2", "`[router] name`"),
+    ] {
+        let (args, port) = standby(name, data);
+        let mut second = spawn(args, port).await;
+        let status = within(Duration::from_secs(20), second.child.wait())
+            .await
+            .unwrap();
+        let mut exited = second.exited.clone();
+        within(Duration::from_secs(5), exited.wait_for(|e| *e))
+            .await
+            .unwrap();
+        let stderr = second.stderr();
+        assert!(!status.success(), "{name:?}: {stderr}");
+        assert!(stderr.contains(says), "{name:?}: {stderr}");
+    }
+    // The first ones were not disturbed.
+    for node in [&n1, &d1] {
+        health_until(&node.url, Duration::from_secs(5), "serving", serving).await;
+        WsClient::client(&node.url).await;
+    }
+}
+
+/// The password of each NATS user in docs/cluster.md's configuration.
+const ROUTER_PASSWORD: &str = "router-secret-change-me";
+const APP_PASSWORD: &str = "app-secret-change-me";
+
+#[tokio::test]
+async fn nats_accounts_as_documented_keep_other_users_out_of_the_relay() {
+    use futures::StreamExt;
+    let conf_text = common::docs::doc_script("docs/cluster.md", "nats-accounts");
+    assert!(
+        conf_text.contains(ROUTER_PASSWORD) && conf_text.contains(APP_PASSWORD),
+        "{conf_text}"
+    );
+    let dir = TempDir::new("cluster-relay-accounts");
+    let conf = dir.path.join("nats.conf");
+    std::fs::write(&conf, &conf_text).unwrap();
+    let nats = Nats::start_with("relay-accounts", vec!["-c".into(), conf.into()]);
+    let password = dir.path.join("nats-password");
+    std::fs::write(&password, format!("{ROUTER_PASSWORD}\n")).unwrap();
+    let creds = format!("user = \"map-router\"\npassword_file = {password:?}");
+    // The other user, subscribed to everything its account may see, and answering the writer
+    // lock's and the roll call's requests with a writer it made up.
+    let app = with_timeout(
+        async_nats::ConnectOptions::with_user_and_password("app".into(), APP_PASSWORD.into())
+            .connect(nats.url()),
+    )
+    .await
+    .expect("the app user connects");
+    let mut everything = app.subscribe(">").await.unwrap();
+    let mut requests = app.subscribe("_MAP.>").await.unwrap();
+    let answers = Arc::new(Mutex::new(0usize));
+    {
+        let (app, answers) = (app.clone(), Arc::clone(&answers));
+        tokio::spawn(async move {
+            while let Some(msg) = requests.next().await {
+                if let Some(reply) = msg.reply {
+                    *answers.lock().unwrap() += 1;
+                    let fake = json!({"node": "made-up", "role": "writer", "position": 1});
+                    let _ = app.publish(reply, fake.to_string().into()).await;
+                }
+            }
+        });
+    }
+    app.flush().await.unwrap();
+
+    let live_port = free_port();
+    let mut live = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n0"),
+            live_port,
+            &format!("node = \"n0\"\n{creds}"),
+        ),
+        live_port,
+    )
+    .await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    // The standby reaches NATS by an address that is not loopback's (0.0.0.0 reaches the
+    // local server): it warns that it talks to NATS without TLS.
+    let port = free_port();
+    let unspecified = nats.url().replace("127.0.0.1", "0.0.0.0");
+    let standby = spawn(
+        node_args(
+            &unspecified,
+            &dir.path.join("n1"),
+            port,
+            &format!("node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100\n{creds}"),
+        ),
+        port,
+    )
+    .await;
+    health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
+    // A relayed session: connect (its resume token comes back through the relay), register,
+    // send.
+    let mut agent = WsClient::agent(&standby.url, "relayed", json!({})).await;
+    let token = agent.session["resumeToken"].as_str().unwrap().to_owned();
+    agent
+        .send(json!({"agent": "relayed"}), json!({"secret": "payload-42"}))
+        .await;
+    assert_eq!(
+        agent.next_message().await["payload"],
+        json!({"secret": "payload-42"})
+    );
+    // The live node dies: the standby takes over in bounded time, whatever the app answers.
+    sigkill(&mut live.child).await;
+    let took = health_until(&standby.url, Duration::from_secs(10), "ok", |s, _| s == 200).await;
+    eprintln!("took over {} ms after the kill", took.as_millis());
+    // The app read nothing, and nothing asked it.
+    let got = tokio::time::timeout(Duration::from_millis(300), everything.next()).await;
+    if let Ok(Some(msg)) = got {
+        let text = String::from_utf8_lossy(&msg.payload);
+        panic!(
+            "the app user read {} ({} bytes{})",
+            msg.subject,
+            text.len(),
+            if text.contains(&token) {
+                ", the resume token among them"
+            } else {
+                ""
+            }
+        );
+    }
+    assert_eq!(
+        *answers.lock().unwrap(),
+        0,
+        "the app was asked and answered"
+    );
+    // The warning: on the standby (0.0.0.0), not on the live node (127.0.0.1).
+    let warning = "talking to NATS without TLS on a non-loopback address";
+    assert!(standby.stderr().contains(warning), "{}", standby.stderr());
+    assert!(
+        standby.stderr().contains("host=0.0.0.0"),
+        "{}",
+        standby.stderr()
+    );
+    assert!(!live.stderr().contains(warning), "{}", live.stderr());
+    assert!(
+        !standby.stderr().contains(ROUTER_PASSWORD) && !live.stderr().contains(ROUTER_PASSWORD)
+    );
+}
+
+/// Drains `sub` until it is quiet for 300 ms: the subject of the last message and the
+/// highest `Map-Relay-Seq` seen on it.
+async fn last_numbered(sub: &mut async_nats::Subscriber) -> (String, u64) {
+    use futures::StreamExt;
+    let mut last: Option<(String, u64)> = None;
+    while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
+        let Some(seq) = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Map-Relay-Seq"))
+            .and_then(|v| v.as_str().parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let subject = msg.subject.to_string();
+        last = match last {
+            Some((s, n)) if s == subject => Some((s, n.max(seq))),
+            _ => Some((subject, seq)),
+        };
+    }
+    last.expect("a numbered relay message")
+}
+
+/// Publishes `frame` on `subject` numbered `seq`.
+async fn inject(tap: &async_nats::Client, subject: &str, seq: u64, frame: &str) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Map-Relay-Seq", seq.to_string().as_str());
+    tap.publish_with_headers(subject.to_owned(), headers, frame.to_owned().into())
+        .await
+        .unwrap();
+    tap.flush().await.unwrap();
+}
+
+/// Item 7: a relayed message lost on the way (made here by a message whose number skips one,
+/// or a mark one ahead) closes the client's connection with 1012, without handing it the frame
+/// after the gap; the client resumes with its token and loses nothing. Both directions.
+#[tokio::test]
+async fn a_relayed_message_lost_on_the_way_closes_the_connection_with_1012_and_it_resumes() {
+    let nats = Nats::start("relay-gaps");
+    let dir = TempDir::new("cluster-relay-gaps");
+    let live_port = free_port();
+    let live = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n0"),
+            live_port,
+            "node = \"n0\"",
+        ),
+        live_port,
+    )
+    .await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let port = free_port();
+    let standby = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n1"),
+            port,
+            "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
+        ),
+        port,
+    )
+    .await;
+    health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
+    let tap = with_timeout(async_nats::connect(nats.url())).await.unwrap();
+    let mut to_conn = tap.subscribe("_MAP.conn.MAP_EVENTS.n1.>").await.unwrap();
+    let mut to_writer = tap.subscribe("_MAP.relay.MAP_EVENTS.n1.>").await.unwrap();
+    tap.flush().await.unwrap();
+    let mut sys = WsClient::system(&live.url).await;
+
+    // Writer -> standby: the message after the last one is lost; the next arrives.
+    let mut a = WsClient::agent(&standby.url, "gap-a", json!({})).await;
+    let token = a.session["resumeToken"].as_str().unwrap().to_owned();
+    let (sid, pid) = (a.sid(), a.pid());
+    let (subject, last) = last_numbered(&mut to_conn).await;
+    let spliced = r#"{"jsonrpc":"2.0","method":"map/message","params":{"message":{"id":"x","from":"nobody","to":{"agent":"gap-a"},"payload":"after a gap"}}}"#;
+    inject(&tap, &subject, last + 2, spliced).await;
+    assert_eq!(
+        within(Duration::from_secs(5), a.expect_close()).await,
+        Some(1012)
+    );
+    assert!(
+        a.take_queued()
+            .iter()
+            .all(|v| v["method"] != json!("map/message")),
+        "the frame after the gap was handed on"
+    );
+    // It resumes with its token: the same session, its agent back, reached again.
+    let resume = |token: String| {
+        let url = standby.url.clone();
+        async move {
+            let mut c = WsClient::connect(&url).await;
+            let r = c
+                .ok(
+                    "map/connect",
+                    json!({"protocolVersion": 1, "participantType": "agent", "resumeToken": token}),
+                )
+                .await;
+            c.session = r.clone();
+            (c, r)
+        }
+    };
+    let (mut back, r) = within(Duration::from_secs(10), resume(token)).await;
+    assert_eq!(
+        (r["sessionId"].clone(), r["participantId"].clone()),
+        (json!(sid), json!(pid)),
+        "{r}"
+    );
+    sys.send(json!({"agent": "gap-a"}), json!({"after": "the gap"}))
+        .await;
+    assert_eq!(
+        back.next_message().await["payload"],
+        json!({"after": "the gap"})
+    );
+
+    // Standby -> writer: a message of the standby's is lost; the live node ends the relay
+    // session as a lost connection, and the client is closed with 1012 too.
+    let (subject, last) = last_numbered(&mut to_writer).await;
+    let call = r#"{"jsonrpc":"2.0","id":999,"method":"map/send","params":{"to":{"agent":"gap-a"},"payload":"after a gap"}}"#;
+    let disconnects = |e: &serde_json::Value| {
+        e["type"] == json!("participant_disconnected") && e["data"]["participantId"] == json!(pid)
+    };
+    let before = count(&mut sys, disconnects).await;
+    let is_sent = |e: &serde_json::Value| e["type"] == json!("message_sent");
+    let sent_before = count(&mut sys, is_sent).await;
+    inject(&tap, &subject, last + 2, call).await;
+    assert_eq!(
+        within(Duration::from_secs(5), back.expect_close()).await,
+        Some(1012)
+    );
+    within(Duration::from_secs(5), async {
+        while count(&mut sys, disconnects).await == before {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // The call after the gap was never run.
+    assert_eq!(count(&mut sys, is_sent).await, sent_before);
+    let token = r["resumeToken"].as_str().unwrap().to_owned();
+    let (mut again, r) = within(Duration::from_secs(10), resume(token)).await;
+    assert_eq!(r["sessionId"], json!(sid), "{r}");
+
+    // A loss at the end of a burst: the mark after it says one more message was sent than
+    // arrived (made here by a mark one ahead).
+    let (subject, last) = last_numbered(&mut to_conn).await;
+    let mut mark = async_nats::HeaderMap::new();
+    mark.insert("Map-Relay", "mark");
+    mark.insert("Map-Relay-Seq", (last + 1).to_string().as_str());
+    tap.publish_with_headers(subject, mark, bytes::Bytes::new())
+        .await
+        .unwrap();
+    tap.flush().await.unwrap();
+    assert_eq!(
+        within(Duration::from_secs(5), again.expect_close()).await,
+        Some(1012)
+    );
+}
