@@ -610,7 +610,11 @@ impl Standby {
             }
         };
         let health = answer.clone();
-        let app = serving.unwrap_or_default();
+        let probes = crate::server::probes::routes(
+            crate::server::probes::Role::Standby { serving: serves },
+            following.as_ref().as_ref().map(|(_, p)| Arc::clone(p)),
+        );
+        let app = serving.unwrap_or_default().merge(probes);
         let app = app
             .route(
                 "/health",
