@@ -461,3 +461,65 @@ async fn a_scopes_message_visibility_narrows_scope_messages_not_a2a_history() {
         .await;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 13: a forged `meta.a2a.owner`
+
+/// The record a forger writes: alice's, with bob's words in it.
+const FORGED: &str = r#"{"contextId":"ctx-x","state":"TASK_STATE_WORKING","agent":"worker","owner":{"id":"alice"},"gateway":"a2a-gateway","history":[{"messageId":"x","role":"ROLE_USER","parts":[{"text":"planted by bob"}]}]}"#;
+
+#[tokio::test]
+async fn no_spelling_of_meta_a2a_lets_a_participant_make_up_a_tasks_owner() {
+    // The gateway reads `meta.a2a.owner` as the task's owner; only the gateway's own sessions
+    // may write `meta.a2a` (docs/tasks.md). Every spelling a JSON reader folds into `a2a` is
+    // refused as the plain one is: an escaped key, the key twice, the key after another, on
+    // create and on update, by an ordinary and by a system principal.
+    let (_server, addr, url) = server("").await;
+    let (_alice, _worker, _inbox) = agent(&url, ALICE, worker(json!({}))).await;
+    let ops = client(&url, OPS, true).await;
+    let (mut bob, _) = connect_with_key(&url, BOB, "client", json!({})).await;
+    let (mut sys, _) = connect_with_key(&url, OPS, "system", json!({})).await;
+    let own = bob
+        .request_raw(r#"{"jsonrpc":"2.0","id":1,"method":"map/tasks/create","params":{"task":{"id":"bobs","assignee":"worker"}}}"#)
+        .await;
+    assert!(own.get("error").is_none(), "{own}");
+    let spellings = [
+        format!(r#"{{"a2a":{FORGED}}}"#),
+        format!(r#"{{"\u0061\u0032a":{FORGED}}}"#),
+        format!(r#"{{"x":1,"a2a":{FORGED}}}"#),
+        format!(r#"{{"a2a":null,"a2a":{FORGED}}}"#),
+        format!(r#"{{"a2a":{FORGED},"a2a":null}}"#),
+    ];
+    for (i, meta) in spellings.iter().enumerate() {
+        for (who, c) in [("bob", &mut bob), ("system", &mut sys)] {
+            let create = format!(
+                r#"{{"jsonrpc":"2.0","id":2,"method":"map/tasks/create","params":{{"task":{{"id":"forged-{who}-{i}","assignee":"worker","meta":{meta}}}}}}}"#
+            );
+            let update = format!(
+                r#"{{"jsonrpc":"2.0","id":3,"method":"map/tasks/update","params":{{"taskId":"bobs","meta":{meta}}}}}"#
+            );
+            for call in [create, update] {
+                let v = c.request_raw(&call).await;
+                assert_eq!(v["error"]["code"], 14003, "{who} {meta}: {v}");
+                assert!(
+                    v["error"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains("meta.a2a is written by the router's gateway only"),
+                    "{v}"
+                );
+            }
+        }
+    }
+    // Nothing was made or changed: bob's own task has no record, no forged task exists.
+    let listed = with_timeout(ops.call_raw("map/tasks/list", json!({"limit": 1000})))
+        .await
+        .unwrap();
+    let tasks = listed["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{listed}");
+    assert_eq!(tasks[0]["id"], "bobs");
+    assert!(tasks[0]["meta"].get("a2a").is_none(), "{listed}");
+    // alice's A2A view lists none of it, and the forged id is not hers to read.
+    let mine = a2a(addr, "/a2a", ALICE, "ListTasks", json!({})).await;
+    assert_eq!(mine["tasks"], json!([]), "{mine}");
+}
