@@ -523,3 +523,52 @@ async fn no_spelling_of_meta_a2a_lets_a_participant_make_up_a_tasks_owner() {
     let mine = a2a(addr, "/a2a", ALICE, "ListTasks", json!({})).await;
     assert_eq!(mine["tasks"], json!([]), "{mine}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// docs/a2a.md's curl example (issue 44, item 16) runs as written
+
+#[tokio::test]
+async fn the_a2a_docs_curl_example_runs_as_written() {
+    let script = common::docs::doc_script("docs/a2a.md", "a2a-curl");
+    let (_router, url) = start_binary(["serve", "--listen", "127.0.0.1:0", "--ephemeral"]).await;
+    let http = format!("http://{}", url.trim_start_matches("ws://").trim_end_matches('/'));
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_map-router"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = within(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new("sh")
+            .arg("-ec")
+            .arg(&script)
+            .current_dir(common::docs::root())
+            .env("PATH", &path)
+            .env("MAP_ROUTER_URL", &url)
+            .env("MAP_HTTP", &http)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("sh runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{script}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let task = &answer["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
+    assert_eq!(task["history"][0]["role"], "ROLE_USER", "{answer}");
+    assert_eq!(
+        task["artifacts"][0]["parts"][0]["data"]["echo"], "hello",
+        "{answer}"
+    );
+}
