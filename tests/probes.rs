@@ -166,3 +166,30 @@ async fn a_live_standby_pair_answers_each_probe_through_a_takeover_and_a_nats_ou
     probes_until(standby_addr, "n1 with NATS back", [200, 200, 200, 503, 200]).await;
     let _ = standby.start_kill();
 }
+
+/// The README's prerequisites table names every program of `scripts/test-deps.txt` (the list
+/// `tests/setup_deps.rs` keeps equal to what the tests start), so a newcomer installs them all.
+#[test]
+fn the_readme_prerequisites_name_every_program_the_tests_start() {
+    let root = common::docs::root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = readme.find("| Program | Debian package |").expect("the table");
+    let table: String = readme[start..]
+        .lines()
+        .take_while(|l| l.trim_start().starts_with('|'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let deps = std::fs::read_to_string(root.join("scripts/test-deps.txt")).unwrap();
+    let mut missing = Vec::new();
+    for line in deps.lines() {
+        let mut words = line.split_whitespace();
+        let (Some("program"), Some(name)) = (words.next(), words.next()) else {
+            continue;
+        };
+        // cargo: the README's Rust bullet, above the table.
+        if name != "cargo" && !table.contains(&format!("`{name}`")) {
+            missing.push(name.to_owned());
+        }
+    }
+    assert!(missing.is_empty(), "README.md's prerequisites table lacks {missing:?}");
+}
