@@ -209,7 +209,10 @@ async fn reads(c: &Client, task_id: &str) -> Reads {
         task_listed,
         "get and list agree on the task: {got:?}"
     );
-    assert_eq!(secret_got, secret_listed, "get and list agree on the record");
+    assert_eq!(
+        secret_got, secret_listed,
+        "get and list agree on the record"
+    );
     let replay = |types: Vec<&str>| {
         let c = c.clone();
         let types: Vec<String> = types.into_iter().map(String::from).collect();
@@ -266,7 +269,12 @@ async fn rule(r: Rule<'_>) {
     let nobody = client(&url, NOBODY, false).await;
     let task = carol_asks(addr, CAROL, &worker_client, &mut inbox).await;
     let mut table = Vec::new();
-    for (who, c) in [("ops", &ops), ("alice", &worker_client), ("bob", &bob), ("nobody", &nobody)] {
+    for (who, c) in [
+        ("ops", &ops),
+        ("alice", &worker_client),
+        ("bob", &bob),
+        ("nobody", &nobody),
+    ] {
         let r = reads(c, &task).await;
         // The rule of item 12: the task shows the record to nobody who may not read the
         // messages, except the parties (system, and alice, whose agent received them).
@@ -341,7 +349,11 @@ async fn a_hidden_parent_only_or_scope_agent_gets_no_a2a_task_so_no_history_exis
     for (name, extra, register) in [
         ("visibility system", "", json!({"visibility": "system"})),
         ("parent-only", "", json!({"visibility": "parent-only"})),
-        ("scope", "", json!({"visibility": "scope", "scopes": ["team"]})),
+        (
+            "scope",
+            "",
+            json!({"visibility": "scope", "scopes": ["team"]}),
+        ),
         (
             "exposure hides worker",
             "[permissions.exposure.agents]\nhidden = [\"worker\"]",
@@ -379,7 +391,10 @@ async fn a_hidden_parent_only_or_scope_agent_gets_no_a2a_task_so_no_history_exis
             .await
             .unwrap();
         assert_eq!(listed["tasks"], json!([]), "{name}: no task made");
-        assert!(inbox.try_recv().is_err(), "{name}: nothing reached the agent");
+        assert!(
+            inbox.try_recv().is_err(),
+            "{name}: nothing reached the agent"
+        );
     }
 }
 
@@ -423,7 +438,9 @@ async fn can_see_rules_withhold_the_history_from_an_agent_that_may_not_see_its_s
             "canSee include worker",
             "",
             worker(json!({})),
-            bob_bot(json!({"permissionOverrides": {"canSee": {"agents": {"include": ["worker"]}}}})),
+            bob_bot(
+                json!({"permissionOverrides": {"canSee": {"agents": {"include": ["worker"]}}}}),
+            ),
         )
     })
     .await;
@@ -451,12 +468,7 @@ async fn a_scopes_message_visibility_narrows_scope_messages_not_a2a_history() {
     ] {
         rule(Rule {
             expect: [ALL, ALL, ALL, NONE],
-            ..plain(
-                name,
-                "",
-                worker(json!({"scopes": ["team"]})),
-                bob_bot(bob),
-            )
+            ..plain(name, "", worker(json!({"scopes": ["team"]})), bob_bot(bob))
         })
         .await;
     }
@@ -531,7 +543,10 @@ async fn no_spelling_of_meta_a2a_lets_a_participant_make_up_a_tasks_owner() {
 async fn the_a2a_docs_curl_example_runs_as_written() {
     let script = common::docs::doc_script("docs/a2a.md", "a2a-curl");
     let (_router, url) = start_binary(["serve", "--listen", "127.0.0.1:0", "--ephemeral"]).await;
-    let http = format!("http://{}", url.trim_start_matches("ws://").trim_end_matches('/'));
+    let http = format!(
+        "http://{}",
+        url.trim_start_matches("ws://").trim_end_matches('/')
+    );
     let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_map-router"))
         .parent()
         .unwrap()

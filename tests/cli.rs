@@ -844,7 +844,14 @@ async fn a_guaranteed_send_to_an_away_agent_is_kept_and_delivered_when_it_is_bac
     .await;
     let out = run(
         &url,
-        &["send", "--to", "gone", "--payload", "{\"n\":7}", "--guaranteed"],
+        &[
+            "send",
+            "--to",
+            "gone",
+            "--payload",
+            "{\"n\":7}",
+            "--guaranteed",
+        ],
     )
     .await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -859,7 +866,9 @@ async fn a_guaranteed_send_to_an_away_agent_is_kept_and_delivered_when_it_is_bac
     let back = agent_client(&url).await;
     let handle = register(&back, "gone-1", "gone", "r").await;
     let mut messages = handle.messages();
-    let m = with_timeout(messages.next()).await.expect("the kept message");
+    let m = with_timeout(messages.next())
+        .await
+        .expect("the kept message");
     assert_eq!(m.payload.as_ref().unwrap().get(), r#"{"n":7}"#);
     assert!(
         tokio::time::timeout(Duration::from_millis(300), messages.next())

@@ -79,7 +79,13 @@ async fn a_single_node_is_alive_ready_and_live() {
 }
 
 /// The arguments of a cluster node named `name` on `nats` (`standby = true` when asked).
-fn node_args(nats: &Nats, data: &Path, name: &str, standby: bool, port: u16) -> Vec<std::ffi::OsString> {
+fn node_args(
+    nats: &Nats,
+    data: &Path,
+    name: &str,
+    standby: bool,
+    port: u16,
+) -> Vec<std::ffi::OsString> {
     let config = data.with_extension("toml");
     let standby = if standby {
         "standby = true\ntakeover_poll_ms = 100\n"
@@ -117,14 +123,8 @@ fn free_port() -> u16 {
 async fn a_live_standby_pair_answers_each_probe_through_a_takeover_and_a_nats_outage() {
     let mut nats = Nats::start("probes");
     let dir = TempDir::new("probes-pair");
-    let (mut live, live_url) = start_binary(node_args(
-        &nats,
-        &dir.path.join("n0"),
-        "n0",
-        false,
-        0,
-    ))
-    .await;
+    let (mut live, live_url) =
+        start_binary(node_args(&nats, &dir.path.join("n0"), "n0", false, 0)).await;
     let live_addr = addr_of(&live_url);
     // The standby prints "listening on" only once it takes over: wait for its port instead.
     let port = free_port();
@@ -148,12 +148,20 @@ async fn a_live_standby_pair_answers_each_probe_through_a_takeover_and_a_nats_ou
     let (_, body) = get(standby_addr, "/readyz?role=live").await;
     assert!(body.contains("role: standby"), "{body}");
     let (_, body) = get(standby_addr, "/health").await;
-    assert!(body.starts_with("standby"), "/health keeps its meaning: {body}");
+    assert!(
+        body.starts_with("standby"),
+        "/health keeps its meaning: {body}"
+    );
 
     // SIGKILL the live node: the standby takes over and becomes the live one.
     live.start_kill().expect("SIGKILL");
     let _ = with_timeout(live.wait()).await;
-    probes_until(standby_addr, "n1 after the takeover", [200, 200, 200, 503, 200]).await;
+    probes_until(
+        standby_addr,
+        "n1 after the takeover",
+        [200, 200, 200, 503, 200],
+    )
+    .await;
 
     // NATS stops: the node cannot serve (503 ready, 503 live) but is alive (a liveness probe
     // must not restart it).
@@ -173,7 +181,9 @@ async fn a_live_standby_pair_answers_each_probe_through_a_takeover_and_a_nats_ou
 fn the_readme_prerequisites_name_every_program_the_tests_start() {
     let root = common::docs::root();
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let start = readme.find("| Program | Debian package |").expect("the table");
+    let start = readme
+        .find("| Program | Debian package |")
+        .expect("the table");
     let table: String = readme[start..]
         .lines()
         .take_while(|l| l.trim_start().starts_with('|'))
@@ -191,5 +201,8 @@ fn the_readme_prerequisites_name_every_program_the_tests_start() {
             missing.push(name.to_owned());
         }
     }
-    assert!(missing.is_empty(), "README.md's prerequisites table lacks {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "README.md's prerequisites table lacks {missing:?}"
+    );
 }

@@ -96,7 +96,10 @@ fn ready(role: Role, state: Option<&ClusterState>, query: Option<&str>) -> Respo
         return unavailable("the follower router does not serve clients yet");
     }
     if wanted.is_some_and(|w| w != live) {
-        return unavailable(&format!("this node is not {}", if live { "a standby" } else { "live" }));
+        return unavailable(&format!(
+            "this node is not {}",
+            if live { "a standby" } else { "live" }
+        ));
     }
     (StatusCode::OK, format!("ready\nrole: {name}\n")).into_response()
 }

@@ -81,7 +81,11 @@ impl Router {
     /// `message_sent` event from the agent that carried them to the task's assignee (`audience`,
     /// the task's). `None`: the task holds no record. A record whose carrier is unknown or
     /// gone is for the parties only (system participants, the creator, the assignee's owner).
-    fn record_audience(&self, task: &Task, audience: &Audience) -> Option<(Audience, Option<AgentId>)> {
+    fn record_audience(
+        &self,
+        task: &Task,
+        audience: &Audience,
+    ) -> Option<(Audience, Option<AgentId>)> {
         let carrier = self.gateway_record(task)?;
         let policy = &self.config.permissions;
         let carried = carrier
@@ -108,7 +112,12 @@ impl Router {
     /// Whether `viewer` may read a task's gateway record (true when it has none): a party, or
     /// whoever may see the `message_sent` events it copies (their audience, the event type's
     /// exposure and the viewer agent's `canSee` of the carrier).
-    fn sees_record(&self, viewer: &permissions::Viewer<'_>, task: &Task, audience: &Audience) -> bool {
+    fn sees_record(
+        &self,
+        viewer: &permissions::Viewer<'_>,
+        task: &Task,
+        audience: &Audience,
+    ) -> bool {
         let Some((carried, carrier)) = self.record_audience(task, audience) else {
             return true;
         };

@@ -350,7 +350,10 @@ fn create_params(
     // Not the message's text: the task is seen by whoever may see its agent, the caller's
     // words only by whoever may read the messages (`meta.a2a`, docs/tasks.md "Visibility").
     let _ = message;
-    let title = format!("A2A task for {}", agent.name.as_deref().unwrap_or(agent.id.as_str()));
+    let title = format!(
+        "A2A task for {}",
+        agent.name.as_deref().unwrap_or(agent.id.as_str())
+    );
     serde_json::to_string(&Create {
         task: Task {
             id,
