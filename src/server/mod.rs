@@ -181,7 +181,10 @@ impl Server {
                 ctx: ctx.clone(),
                 options: options.clone(),
             })
-            .merge(probes::routes(probes::Role::Live, probe.clone()))
+            .merge(probes::routes(
+                probes::Role::Live,
+                probe.clone().map(cluster::probe_nats),
+            ))
             .merge(http::routes_with(
                 ctx.clone(),
                 options.clone(),

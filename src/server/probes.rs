@@ -1,7 +1,8 @@
 //! The probes a load balancer or an orchestrator asks (docs/http.md, "Probes"): `GET /livez`,
 //! `GET /readyz` and `GET /readyz?role=live` (or `?role=standby`). Owns nothing but the answers:
-//! what a node is and whether it can serve is read from the cluster's probe
-//! (`cluster::Probe`) when it asks.
+//! what a node is and whether it can serve is read, when asked, from the NATS state its caller
+//! passes (`cluster::Probe` on a cluster node, read through a closure so that this file imports
+//! nothing of `cluster.rs`).
 //!
 //! - `/livez`: 200 while the process answers HTTP at all (nothing else is checked: a liveness
 //!   probe that fails on a NATS outage would restart every node at once).
@@ -19,7 +20,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::server::cluster::{ClusterState, Probe};
+/// What the probes need of a cluster node's NATS connection.
+#[derive(Debug, Clone, Default)]
+pub struct Nats {
+    /// Whether the connection is up.
+    pub connected: bool,
+    /// Why the store stopped publishing, if it did.
+    pub diverged: Option<String>,
+}
 
 /// What a node is, for the probes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,23 +41,26 @@ pub enum Role {
     },
 }
 
-/// The probe routes of a node that is `role`, its NATS state read from `probe` (none: not a
+/// The probe routes of a node that is `role`, its NATS state read from `nats` (none: not a
 /// cluster node).
-pub fn routes(role: Role, probe: Option<Probe>) -> axum::Router {
+pub fn routes<F>(role: Role, nats: Option<F>) -> axum::Router
+where
+    F: Fn() -> Nats + Clone + Send + Sync + 'static,
+{
     axum::Router::new()
         .route("/livez", get(|| async { "alive\n" }))
         .route(
             "/readyz",
             get(move |RawQuery(query): RawQuery| {
-                let probe = probe.clone();
-                async move { ready(role, probe.map(|p| p()).as_ref(), query.as_deref()) }
+                let nats = nats.clone();
+                async move { ready(role, nats.map(|n| n()).as_ref(), query.as_deref()) }
             }),
         )
 }
 
 /// The `/readyz` answer of a node that is `role`, in NATS state `state` (none: not a cluster
 /// node), asked with `query`.
-fn ready(role: Role, state: Option<&ClusterState>, query: Option<&str>) -> Response {
+fn ready(role: Role, state: Option<&Nats>, query: Option<&str>) -> Response {
     let wanted = match query
         .unwrap_or_default()
         .split('&')
@@ -108,17 +119,17 @@ fn ready(role: Role, state: Option<&ClusterState>, query: Option<&str>) -> Respo
 mod tests {
     use super::*;
 
-    fn status(role: Role, state: Option<&ClusterState>, q: Option<&str>) -> u16 {
+    fn status(role: Role, state: Option<&Nats>, q: Option<&str>) -> u16 {
         ready(role, state, q).status().as_u16()
     }
 
     #[test]
     fn the_table() {
-        let up = ClusterState {
+        let up = Nats {
             connected: true,
-            ..ClusterState::default()
+            diverged: None,
         };
-        let down = ClusterState::default();
+        let down = Nats::default();
         let serving = Role::Standby { serving: true };
         let starting = Role::Standby { serving: false };
         let live = Some("role=live");
