@@ -145,15 +145,16 @@ impl Router {
     }
 
     /// The audience of an event carrying `task`: the task's, narrowed, when the task holds a
-    /// gateway record, to those who may read it. A viewer's `canSee` is not an audience: when
-    /// it keeps a session that the audience admits from the record's messages, the event goes
-    /// to the sessions that may read it now (and the parties) by name.
+    /// gateway record, to those who may read it (`record_audience`). A viewer's `canSee` is not
+    /// an audience, nor is "a party": when either decides for a session the audience does not
+    /// already decide for, the event names the sessions that may read it now, the parties
+    /// included. One pass over the sessions, the record read once.
     fn task_event_audience(&self, task: &Task, audience: &Audience) -> Audience {
-        let Some((carried, _)) = self.record_audience(task, audience) else {
+        let Some((carried, carrier)) = self.record_audience(task, audience) else {
             return audience.clone();
         };
         let view = self.agent_view();
-        let mut narrowed = false;
+        let mut by_name = false;
         let mut who = Vec::new();
         for s in self.sessions.iter() {
             let viewer = permissions::Viewer {
@@ -165,17 +166,22 @@ impl Router {
             if viewer.is_system() {
                 continue;
             }
-            if self.task_party(&viewer, task) {
+            let admitted = permissions::audience_allows(&viewer, &carried, view);
+            let reads = self.task_party(&viewer, task)
+                || (admitted
+                    && permissions::can_see_event(
+                        &viewer,
+                        EventType::MessageSent.as_str(),
+                        &carried,
+                        carrier.as_ref(),
+                        view,
+                    ));
+            if reads {
                 who.push(s.participant().clone());
-            } else if permissions::audience_allows(&viewer, &carried, view) {
-                if self.sees_record(&viewer, task, audience) {
-                    who.push(s.participant().clone());
-                } else {
-                    narrowed = true;
-                }
             }
+            by_name |= reads != admitted;
         }
-        if narrowed {
+        if by_name {
             audience.clone().and(Audience::Participants { who })
         } else {
             carried
