@@ -34,6 +34,8 @@ const NOBODY: &str = "ak-nobody-0123456789abcdef";
 const CAROL: &str = "ak-carol-0123456789abcdef";
 
 const SECRET: &str = "carol's secret plan";
+/// alice's agent's answer: a message too (in the record's artifacts and in `meta.result`).
+const ANSWER: &str = "alice's secret answer";
 
 /// A server with `[auth]` on, `ops` a system principal, `nobody` without observation and task
 /// listing; `extra` TOML is appended at the top level (after `[permissions]`' own tables).
@@ -153,7 +155,7 @@ async fn carol_asks(
         .unwrap_or_else(|| asked.id.to_string());
     with_timeout(worker.send_with(SendParams {
         to: RawJson::from(json!({"agent": asked.from})),
-        payload: Some(RawJson::from(json!("done"))),
+        payload: Some(RawJson::from(json!(ANSWER))),
         meta: Some(RawJson::from(
             json!({"correlationId": correlation, "isResult": true}),
         )),
@@ -195,10 +197,10 @@ async fn reads(c: &Client, task_id: &str) -> Reads {
                 .iter()
                 .find(|t| t["id"] == task_id)
                 .cloned();
-            (
-                task.is_some(),
-                task.is_some_and(|t| t.to_string().contains(SECRET)),
-            )
+            let text = task.as_ref().map(Value::to_string).unwrap_or_default();
+            // The question and the answer go together: both or neither.
+            assert_eq!(text.contains(SECRET), text.contains(ANSWER), "{text}");
+            (task.is_some(), text.contains(SECRET))
         }
         Err(_) => (false, false),
     };

@@ -131,15 +131,20 @@ impl Router {
             )
     }
 
-    /// The task as `caller` may read it: without its gateway record when the caller may not
-    /// read the messages the record copies (docs/tasks.md, "Visibility").
+    /// The task as `caller` may read it: without its gateway record (and `meta.result`) when
+    /// the caller may not read the messages the record copies (docs/tasks.md, "Who sees and who
+    /// changes a task").
     fn shown(&self, caller: &Caller, e: &Entry) -> Task {
         let mut task = e.task.clone();
         if !self.sees_record(&caller.viewer(), &e.task, &e.audience) {
+            // The record, and `result` (the answer, which `task.completed` reports: copied
+            // from the agent's reply, a message as well).
+            let mut hidden = self.config.reserved_task_meta.clone();
+            hidden.push("result".to_owned());
             task.meta = task
                 .meta
                 .as_ref()
-                .and_then(|m| without_members(m, &self.config.reserved_task_meta));
+                .and_then(|m| without_members(m, &hidden));
         }
         task
     }
