@@ -141,10 +141,7 @@ impl Router {
             // from the agent's reply, a message as well).
             let mut hidden = self.config.reserved_task_meta.clone();
             hidden.push("result".to_owned());
-            task.meta = task
-                .meta
-                .as_ref()
-                .and_then(|m| without_members(m, &hidden));
+            task.meta = task.meta.as_ref().and_then(|m| without_members(m, &hidden));
         }
         task
     }
