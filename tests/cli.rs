@@ -805,17 +805,77 @@ async fn send_says_when_nobody_received_the_message() {
     })
     .await;
 
+    // Nobody received it: exit 3 (issue 44: a script must not take it for a delivery), with
+    // the result still printed. `--strict` (the old opt-in) is the same.
     let out = run(&url, &["send", "--to", "gone", "--payload", "1"]).await;
-    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["delivered"], json!([]));
     assert_eq!(
         stderr(&out),
-        "map-router: send: nobody received the message (no recipient is connected)\n"
+        "map-router: send: nobody received the message (no recipient is connected; \
+         --guaranteed keeps it for an agent that is away)\n"
     );
     let out = run(&url, &["send", "--to", "gone", "--strict"]).await;
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("nobody received"), "{}", stderr(&out));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_guaranteed_send_to_an_away_agent_is_kept_and_delivered_when_it_is_back() {
+    let (server, url) = start_server().await;
+    let away = agent_client(&url).await;
+    register(&away, "gone-1", "gone", "r").await;
+    with_timeout(away.close()).await.unwrap();
+    let observer = with_timeout(Client::connect_ws(&url, ClientOptions::new()))
+        .await
+        .unwrap();
+    within(TIMEOUT, async {
+        while with_timeout(observer.get_agent("gone-1"))
+            .await
+            .unwrap()
+            .owner_id
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let out = run(
+        &url,
+        &[
+            "send",
+            "--to",
+            "gone",
+            "--payload",
+            "{\"n\":7}",
+            "--guaranteed",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["delivered"], json!([]), "{result}");
+    assert_eq!(result["queued"], json!(["gone-1"]), "{result}");
+    assert_eq!(
+        stderr(&out),
+        "map-router: send: queued for gone-1 (away now; delivered when they are back)\n"
+    );
+    // The agent comes back (re-registering its id reclaims it): the message reaches it, once.
+    let back = agent_client(&url).await;
+    let handle = register(&back, "gone-1", "gone", "r").await;
+    let mut messages = handle.messages();
+    let m = with_timeout(messages.next())
+        .await
+        .expect("the kept message");
+    assert_eq!(m.payload.as_ref().unwrap().get(), r#"{"n":7}"#);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), messages.next())
+            .await
+            .is_err(),
+        "delivered once"
+    );
     server.shutdown().await;
 }
 

@@ -5,6 +5,9 @@
 //! A group address (scope, role, broadcast, ...) needs `messaging.canBroadcast`, so those
 //! connect as participant type `agent`; so does `send --as-agent`, which registers a temporary
 //! agent (id `map-router-cli-<random>`, the given name) for the duration of the send.
+//! `send --guaranteed` sends with `meta.delivery: "guaranteed"`: an agent that is away gets it
+//! when it is back (`queued` in the result). When nobody received the message (`delivered` and
+//! `queued` empty) `send` exits [`EXIT_NOT_RECEIVED`].
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -28,8 +31,8 @@ use crate::client::{ClientError, ClientOptions};
 use crate::protocol::methods::agents::RegisterParams;
 use crate::protocol::methods::messaging::{SendParams, SendResult};
 
-/// Exit code of `send --strict` when nobody received the message (1 is an error, 2 a usage
-/// error).
+/// Exit code of `send` when nobody received the message and nobody will (1 is an error, 2 a
+/// usage error).
 pub const EXIT_NOT_RECEIVED: u8 = 3;
 
 /// `map-router send`.
@@ -49,9 +52,13 @@ pub struct SendArgs {
     /// from it.
     #[arg(long, value_name = "NAME")]
     as_agent: Option<String>,
-    /// Exit with code 3 when nobody received the message (no recipient connected); 1 is for
-    /// errors, 2 for usage errors.
+    /// Send with `meta.delivery: "guaranteed"`: an agent that is away (its connection lost,
+    /// within the resume window) gets the message when it is back.
     #[arg(long)]
+    guaranteed: bool,
+    /// Accepted for scripts written before it became the default: `send` exits 3 whenever
+    /// nobody received the message.
+    #[arg(long, hide = true)]
     strict: bool,
 }
 
@@ -106,7 +113,9 @@ pub(super) async fn send(args: SendArgs) -> Result<ExitCode, Failure> {
             .send_with(SendParams {
                 to: to.into(),
                 payload: payload.map(Into::into),
-                meta: None,
+                meta: args
+                    .guaranteed
+                    .then(|| serde_json::json!({"delivery": "guaranteed"}).into()),
             })
             .await
             .map_err(fail("map/send"))
@@ -116,11 +125,12 @@ pub(super) async fn send(args: SendArgs) -> Result<ExitCode, Failure> {
     leave(&client).await;
     let result = result?;
     print_line(&serde_json::to_string(&result).unwrap_or_default());
-    Ok(report(&result, args.strict))
+    let _ = args.strict;
+    Ok(report(&result))
 }
 
-/// Says on stderr when nobody got the message, or some will get it later.
-fn report(result: &SendResult, strict: bool) -> ExitCode {
+/// Says on stderr when nobody got the message (exit 3), or some will get it later.
+fn report(result: &SendResult) -> ExitCode {
     if !result.queued.is_empty() {
         eprintln!(
             "map-router: send: queued for {} (away now; delivered when they are back)",
@@ -128,10 +138,11 @@ fn report(result: &SendResult, strict: bool) -> ExitCode {
         );
     }
     if result.delivered.is_empty() && result.queued.is_empty() {
-        eprintln!("map-router: send: nobody received the message (no recipient is connected)");
-        if strict {
-            return ExitCode::from(EXIT_NOT_RECEIVED);
-        }
+        eprintln!(
+            "map-router: send: nobody received the message (no recipient is connected; \
+             --guaranteed keeps it for an agent that is away)"
+        );
+        return ExitCode::from(EXIT_NOT_RECEIVED);
     }
     ExitCode::SUCCESS
 }

@@ -696,7 +696,14 @@ impl Standby {
             }
         };
         let health = answer.clone();
-        let app = serving.unwrap_or_default();
+        let probes = crate::server::probes::routes(
+            crate::server::probes::Role::Standby { serving: serves },
+            following
+                .as_ref()
+                .as_ref()
+                .map(|(_, p)| probe_nats(Arc::clone(p))),
+        );
+        let app = serving.unwrap_or_default().merge(probes);
         let app = app
             .route(
                 "/health",
@@ -734,6 +741,17 @@ impl Standby {
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             let _ = task.await;
+        }
+    }
+}
+
+/// What the probes (`server::probes`) read of `probe`: the NATS state.
+pub fn probe_nats(probe: Probe) -> impl Fn() -> crate::server::probes::Nats + Clone + Send + Sync {
+    move || {
+        let state = probe();
+        crate::server::probes::Nats {
+            connected: state.connected,
+            diverged: state.diverged,
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! [`Server::start`] starts the router task, binds every configured address (possibly none,
 //! when the router is embedded or serves stdio only), and serves WebSocket upgrades at `/` and
-//! `/map`, `GET /health`, Prometheus metrics at `GET /metrics` (`metrics.rs`), the web
+//! `/map`, `GET /health`, the probes `GET /livez` and `GET /readyz` (`probes.rs`), Prometheus metrics at `GET /metrics` (`metrics.rs`), the web
 //! dashboard's static files at `/ui` (`ui.rs`), and the gateways' routes (`crate::gateway`:
 //! A2A at `/.well-known/agent-card.json` and `/a2a/...`; MAMP at `/mamp/v1/*`; the agent IM
 //! gateway at `/gateway/*` and `/api/*`). The same server hands out in-process connections
@@ -24,6 +24,7 @@ mod gateways;
 pub mod listener;
 pub mod metrics;
 pub mod origins;
+pub mod probes;
 #[cfg(feature = "cluster")]
 pub mod relay;
 pub mod tls;
@@ -180,6 +181,10 @@ impl Server {
                 ctx: ctx.clone(),
                 options: options.clone(),
             })
+            .merge(probes::routes(
+                probes::Role::Live,
+                probe.clone().map(cluster::probe_nats),
+            ))
             .merge(http::routes_with(
                 ctx.clone(),
                 options.clone(),

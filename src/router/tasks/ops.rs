@@ -54,6 +54,142 @@ impl Router {
             )
     }
 
+    /// Whether the task's `meta` holds a gateway's record (a member of
+    /// `RouterConfig::reserved_task_meta`, which only the service principal writes: the A2A
+    /// gateway's `meta.a2a`, with the caller's messages as `history`), and then the agent that
+    /// carried those messages (the record's `gateway`, when it names one).
+    fn gateway_record(&self, task: &Task) -> Option<Option<AgentId>> {
+        #[derive(serde::Deserialize)]
+        struct Carrier {
+            gateway: Option<String>,
+        }
+        let members = task.meta.as_ref()?.members()?;
+        let record = self
+            .config
+            .reserved_task_meta
+            .iter()
+            .find_map(|k| members.get(k.as_str()))?;
+        Some(
+            serde_json::from_str::<Carrier>(record.get())
+                .ok()
+                .and_then(|c| c.gateway)
+                .map(AgentId::from),
+        )
+    }
+
+    /// Who may read the messages a task's gateway record copies: whoever may see a
+    /// `message_sent` event from the agent that carried them to the task's assignee (`audience`,
+    /// the task's). `None`: the task holds no record. A record whose carrier is unknown or
+    /// gone is for the parties only (system participants, the creator, the assignee's owner).
+    fn record_audience(
+        &self,
+        task: &Task,
+        audience: &Audience,
+    ) -> Option<(Audience, Option<AgentId>)> {
+        let carrier = self.gateway_record(task)?;
+        let policy = &self.config.permissions;
+        let carried = carrier
+            .as_ref()
+            .and_then(|c| self.registry.get(c))
+            .filter(|_| permissions::event_type_exposed(policy, EventType::MessageSent.as_str()))
+            .map_or(Audience::System, |r| {
+                permissions::agent_audience(r.agent(), self.agent_view(), policy)
+            });
+        Some((audience.clone().and(carried), carrier))
+    }
+
+    /// Whether `viewer` is a party to a task's messages: a system participant, its creator,
+    /// or the owner of its assignee (who received them).
+    fn task_party(&self, viewer: &permissions::Viewer<'_>, task: &Task) -> bool {
+        viewer.is_system()
+            || task.created_by.as_ref() == Some(viewer.participant)
+            || task
+                .assignee
+                .as_ref()
+                .is_some_and(|a| self.registry.is_owned_by(a, viewer.participant))
+    }
+
+    /// Whether `viewer` may read a task's gateway record (true when it has none): a party, or
+    /// whoever may see the `message_sent` events it copies (their audience, the event type's
+    /// exposure and the viewer agent's `canSee` of the carrier).
+    fn sees_record(
+        &self,
+        viewer: &permissions::Viewer<'_>,
+        task: &Task,
+        audience: &Audience,
+    ) -> bool {
+        let Some((carried, carrier)) = self.record_audience(task, audience) else {
+            return true;
+        };
+        self.task_party(viewer, task)
+            || permissions::can_see_event(
+                viewer,
+                EventType::MessageSent.as_str(),
+                &carried,
+                carrier.as_ref(),
+                self.agent_view(),
+            )
+    }
+
+    /// The task as `caller` may read it: without its gateway record (and `meta.result`) when
+    /// the caller may not read the messages the record copies (docs/tasks.md, "Who sees and who
+    /// changes a task").
+    fn shown(&self, caller: &Caller, e: &Entry) -> Task {
+        let mut task = e.task.clone();
+        if !self.sees_record(&caller.viewer(), &e.task, &e.audience) {
+            // The record, and `result` (the answer, which `task.completed` reports: copied
+            // from the agent's reply, a message as well).
+            let mut hidden = self.config.reserved_task_meta.clone();
+            hidden.push("result".to_owned());
+            task.meta = task.meta.as_ref().and_then(|m| without_members(m, &hidden));
+        }
+        task
+    }
+
+    /// The audience of an event carrying `task`: the task's, narrowed, when the task holds a
+    /// gateway record, to those who may read it (`record_audience`). A viewer's `canSee` is not
+    /// an audience, nor is "a party": when either decides for a session the audience does not
+    /// already decide for, the event names the sessions that may read it now, the parties
+    /// included. One pass over the sessions, the record read once.
+    fn task_event_audience(&self, task: &Task, audience: &Audience) -> Audience {
+        let Some((carried, carrier)) = self.record_audience(task, audience) else {
+            return audience.clone();
+        };
+        let view = self.agent_view();
+        let mut by_name = false;
+        let mut who = Vec::new();
+        for s in self.sessions.iter() {
+            let viewer = permissions::Viewer {
+                participant: s.participant(),
+                kind: s.kind(),
+                agent: s.primary_agent(),
+                policy: &self.config.permissions,
+            };
+            if viewer.is_system() {
+                continue;
+            }
+            let admitted = permissions::audience_allows(&viewer, &carried, view);
+            let reads = self.task_party(&viewer, task)
+                || (admitted
+                    && permissions::can_see_event(
+                        &viewer,
+                        EventType::MessageSent.as_str(),
+                        &carried,
+                        carrier.as_ref(),
+                        view,
+                    ));
+            if reads {
+                who.push(s.participant().clone());
+            }
+            by_name |= reads != admitted;
+        }
+        if by_name {
+            audience.clone().and(Audience::Participants { who })
+        } else {
+            carried
+        }
+    }
+
     /// A task the caller may see, else "not found" (existence does not leak); `NeedsLoad`
     /// when it is not in memory.
     fn visible_task(&mut self, caller: &Caller, id: &str) -> Result<Arc<Entry>, RouterError> {
@@ -115,6 +251,7 @@ impl Router {
         caused_by: Vec<EventId>,
         owner: Option<&str>,
     ) -> EventId {
+        let audience = self.task_event_audience(task, &audience);
         let role: Option<Arc<str>> = task
             .assignee
             .as_ref()
@@ -422,7 +559,7 @@ impl Router {
         let caller = self.caller(ctx)?;
         let e = self.visible_task(&caller, &p.task_id)?;
         Ok(TaskResult {
-            task: e.task.clone(),
+            task: self.shown(&caller, &e),
         })
     }
 
@@ -459,7 +596,7 @@ impl Router {
                 && filter.status.as_ref().is_none_or(|s| s.admits(t.status))
                 && self.sees_task(&caller, &e);
             if admitted {
-                picked.push(e.task.clone());
+                picked.push(self.shown(&caller, &e));
             }
         }
         Ok((picked, last))
@@ -532,6 +669,23 @@ pub async fn list(
         has_more: page.has_more,
         next_cursor: page.next_cursor,
     })
+}
+
+/// `meta` without the members named in `keys` (the text of the others kept, in their order).
+fn without_members(meta: &RawJson, keys: &[String]) -> Option<RawJson> {
+    let members = meta.ordered_members()?;
+    let mut out = String::with_capacity(meta.len());
+    out.push('{');
+    for (k, v) in members.iter().filter(|(k, _)| !keys.contains(k)) {
+        if out.len() > 1 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::to_string(k).unwrap_or_default());
+        out.push(':');
+        out.push_str(v.get());
+    }
+    out.push('}');
+    RawJson::from_text(out).ok()
 }
 
 /// A task's `meta` must be an object.

@@ -347,14 +347,13 @@ fn create_params(
     struct Create<'a> {
         task: Task<'a>,
     }
-    let title: String = message
-        .parts
-        .iter()
-        .find_map(|p| p.text.as_deref())
-        .unwrap_or("A2A task")
-        .chars()
-        .take(80)
-        .collect();
+    // Not the message's text: the task is seen by whoever may see its agent, the caller's
+    // words only by whoever may read the messages (`meta.a2a`, docs/tasks.md "Visibility").
+    let _ = message;
+    let title = format!(
+        "A2A task for {}",
+        agent.name.as_deref().unwrap_or(agent.id.as_str())
+    );
     serde_json::to_string(&Create {
         task: Task {
             id,
