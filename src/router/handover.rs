@@ -367,6 +367,7 @@ impl Router {
             } else {
                 self.schedule(now + window, Deadline::SessionExpiry(s.id.clone()));
             }
+            let id = s.id.clone();
             self.sessions.restore(
                 SessionSeed {
                     id: s.id,
@@ -383,6 +384,8 @@ impl Router {
                 },
                 now,
             );
+            // Under this node's configuration, as a fresh connect would be.
+            self.readmit(&id, None, true);
         }
 
         // Agents newer than their last lifecycle event whose owner came back (or orphans).

@@ -55,7 +55,7 @@ use crate::router::timers::Deadline;
 /// The `streaming` block we advertise: acks are honoured (`map/subscribe.ack`), and a
 /// subscription that acks gets a credit window (flow control); there is no server-side pause
 /// method.
-fn streaming_caps() -> StreamingCaps {
+pub(super) fn streaming_caps() -> StreamingCaps {
     StreamingCaps {
         supports_ack: Some(true),
         supports_flow_control: Some(true),
@@ -169,8 +169,12 @@ impl Router {
                         && s.principal.is_some()
                         && principal.is_some())
             })
-            .map(|s| (s.id.clone(), s.kind));
-        if let Some((session_id, session_kind)) = resumable {
+            .map(|s| s.id.clone());
+        if let Some(session_id) = resumable {
+            // Re-admitted as a fresh connect here would be (a system session over a
+            // connection that may not be system is not system any more).
+            self.readmit(&session_id, Some(ctx.conn), false);
+            let session_kind = self.sessions.get(&session_id).map_or(kind, |s| s.kind);
             if p.participant_type.is_some_and(|k| k != session_kind) {
                 return Err(RouterError::InvalidParams(format!(
                     "the session to resume is a {session_kind} session; connect as {session_kind} to resume it"

@@ -1,0 +1,337 @@
+//! Takeover correctness (issue 44, items 2, 4, 5 and 6), end to end: the real `map-router`
+//! binary with `serve --cluster nats://...` against a real `nats-server -js` on loopback.
+//!
+//! - A session handed over is re-admitted under the config of the node that restores it
+//!   (participant type, capability grants); what it loses is answered 1003 and logged.
+//! - Identity claims survive the stream's limits as saved records do.
+//! - A takeover restores the log's last word for scopes, memberships and agent states, wherever
+//!   the kill falls.
+//! - A standby shows every viewer what the live node would, whatever made a session an agent.
+//!
+//! Every await is bounded. Needs `nats-server` on PATH (the tests fail, never skip, without it).
+#![cfg(feature = "cluster")]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::nats::Nats;
+use common::*;
+use map_router::store::jetstream::{JetStreamOptions, JetStreamStore};
+use map_router::store::record::StoredRow;
+use map_router::store::EventStore;
+use serde_json::json;
+
+/// The arguments of a cluster node with `cluster` added to `[cluster]` and `storage` as the
+/// `[storage]` section (and what follows it).
+fn node_args_with(
+    nats: &Nats,
+    data: &Path,
+    cluster: &str,
+    storage: &str,
+) -> Vec<std::ffi::OsString> {
+    let config = data.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n{cluster}\n\
+             [storage]\n{storage}\n"
+        ),
+    )
+    .unwrap();
+    vec![
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--cluster".into(),
+        nats.url().into(),
+        "--data-dir".into(),
+        data.into(),
+        "--config".into(),
+        config.into(),
+    ]
+}
+
+fn addr_of(url: &str) -> SocketAddr {
+    url.trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
+
+async fn health(url: &str) -> (u16, String) {
+    let r = with_timeout(http::request(addr_of(url), "GET", "/health", &[], b"")).await;
+    (r.status, String::from_utf8_lossy(&r.body).into_owned())
+}
+
+/// Polls `/health` until `pred` holds (within 20 s).
+async fn health_until(url: &str, what: &str, pred: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = health(url).await;
+        if pred(status, &body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/health never showed {what}: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every row of the stream, whole.
+async fn stream_whole(nats: &Nats) -> Vec<StoredRow> {
+    let (store, _) = with_timeout(JetStreamStore::open(JetStreamOptions::new(nats.url())))
+        .await
+        .expect("open the stream for reading");
+    let rows = with_timeout(store.read(0, usize::MAX)).await.expect("read");
+    with_timeout(store.close()).await.expect("close");
+    rows
+}
+
+async fn sigkill(child: &mut tokio::process::Child) {
+    child.start_kill().expect("SIGKILL");
+    let status = with_timeout(child.wait()).await.unwrap();
+    assert!(!status.success(), "killed: {status:?}");
+}
+
+/// A node started with `standby = true` (as tests/cluster.rs starts one), keeping every line
+/// it logs.
+struct StandbyNode {
+    child: tokio::process::Child,
+    url: String,
+    took_over: tokio::sync::oneshot::Receiver<bool>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl StandbyNode {
+    /// The lines logged so far that contain every one of `words`.
+    fn logged(&self, words: &[&str]) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Waits up to `limit` for standby `s` to take over, then for its `/health` 200.
+async fn taken_over(s: &mut StandbyNode, limit: Duration) {
+    within(limit, &mut s.took_over)
+        .await
+        .expect("the standby stopped before it took over");
+    health_until(&s.url, "ok after the takeover", |st, _| st == 200).await;
+}
+
+async fn start_standby_in(
+    nats: &Nats,
+    data: &Path,
+    name: &str,
+    cluster: &str,
+    storage: &str,
+) -> StandbyNode {
+    use tokio::io::AsyncBufReadExt;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut args = node_args_with(
+        nats,
+        data,
+        &format!("node = \"{name}\"\nstandby = true\ntakeover_poll_ms = 100\n{cluster}"),
+        storage,
+    );
+    args[1] = format!("127.0.0.1:{port}").into();
+    let mut child = binary_command(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a standby");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, took_over) = tokio::sync::oneshot::channel();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = log.clone();
+    tokio::spawn(async move {
+        let mut tx = Some(tx);
+        let mut warm = false;
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("standby: took over the stream") {
+                warm = line.contains("from_followed=true");
+            }
+            if line.starts_with("map-router listening on ") {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(warm);
+                }
+            }
+            kept.lock().unwrap().push(line);
+        }
+    });
+    let url = format!("ws://127.0.0.1:{port}/");
+    within(Duration::from_secs(20), async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let body = health_until(&url, "standby", |s, b| s == 503 && b.starts_with("standby")).await;
+    assert!(body.contains("nats: connected"), "{body}");
+    health_until(&url, "serving", |s, b| s == 503 && b.contains("serving:")).await;
+    StandbyNode {
+        child,
+        url,
+        took_over,
+        log,
+    }
+}
+
+const OPS: &str = "key-ops-0123456789abcdef";
+const ALICE: &str = "key-alice-0123456789abcdef";
+const BOB: &str = "key-bob-0123456789abcdef";
+const CAROL: &str = "key-carol-0123456789abcdef";
+
+/// The API keys of ops, alice, bob and carol in a file under `dir` (mode 0600): its path.
+fn keys_file(dir: &Path) -> String {
+    let keys = dir.join("keys");
+    std::fs::write(
+        &keys,
+        format!("{OPS} ops\n{ALICE} alice\n{BOB} bob\n{CAROL} carol\n"),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    keys.display().to_string()
+}
+
+/// A node's `[storage]` section and what follows it: `[auth]` on with the keys of
+/// [`keys_file`], `system` the system principals, `extra` appended.
+fn auth_config(keys: &str, system: &[&str], extra: &str) -> String {
+    format!(
+        "commit_timeout_ms = 1500\n[auth]\nsystem_principals = {system:?}\n\
+         [auth.api_keys]\nfile = {keys:?}\n{extra}"
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item 2: a restored session is re-admitted under the restoring node's config.
+
+#[test]
+fn a_handed_over_session_is_readmitted_under_the_config_of_the_node_that_restores_it() {
+    on_big_stack(readmitted);
+}
+
+/// Node A lists bob in `system_principals`; its standby B (the documented rolling upgrade: a
+/// new config on the next node) does not, and denies him `messaging.canSend`. Bob connects to A
+/// as system; A is SIGKILLed; on B, bob's resume as system is refused with 1003, his resume
+/// without a type gets his session back as the client B would admit him as, without
+/// `canSend`; his sends are refused with 1003, and B's log names him and what he lost. Alice,
+/// whom neither config changes, resumes as she was.
+async fn readmitted() {
+    let nats = Nats::start("takeover-readmit");
+    let dir = TempDir::new("cluster-takeover-readmit");
+    let keys = keys_file(&dir.path);
+    let config_a = auth_config(&keys, &["ops", "bob"], "");
+    let config_b = auth_config(
+        &keys,
+        &["ops"],
+        "[permissions.principals.\"bob\".messaging]\ncanSend = false\n",
+    );
+    let (mut live, a) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n0"),
+        "node = \"n0\"",
+        &config_a,
+    ))
+    .await;
+    let mut b = start_standby_in(&nats, &dir.path.join("n1"), "n1", "", &config_b).await;
+
+    let (mut bob, r) =
+        connect_with_key(&a, BOB, "system", json!({"participantId": "bob-ops"})).await;
+    assert_eq!(r["participantType"], json!("system"), "{r}");
+    let token = r["resumeToken"].as_str().unwrap().to_owned();
+    let session = r["sessionId"].clone();
+    bob.register_agent(json!({"agentId": "bob-bot"})).await;
+    let (_alice, r) =
+        connect_with_key(&a, ALICE, "agent", json!({"participantId": "alice-desk"})).await;
+    let alice_token = r["resumeToken"].as_str().unwrap().to_owned();
+    let alice_caps = r["capabilities"].clone();
+    health_until(&b.url, "the handover's records", |_, body| {
+        body.contains("handover: 2 sessions")
+    })
+    .await;
+
+    sigkill(&mut live).await;
+    drop(bob);
+    taken_over(&mut b, Duration::from_secs(20)).await;
+
+    // As system: refused as a fresh connect as system would be.
+    let mut c = WsClient::connect(&b.url).await;
+    let e = c
+        .err(
+            "map/connect",
+            json!({"protocolVersion": 1, "participantType": "system", "resumeToken": token,
+                   "auth": {"method": "api-key", "credential": BOB}}),
+        )
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    // Without a type: his session, as the client B admits him as.
+    let mut c = WsClient::connect(&b.url).await;
+    let r = c
+        .ok(
+            "map/connect",
+            json!({"protocolVersion": 1, "resumeToken": token,
+                   "auth": {"method": "api-key", "credential": BOB}}),
+        )
+        .await;
+    assert_eq!(r["sessionId"], session, "resumed: {r}");
+    assert_eq!(r["participantType"], json!("client"), "{r}");
+    assert_eq!(
+        r["capabilities"]["messaging"]["canSend"],
+        json!(false),
+        "{r}"
+    );
+    let e = c
+        .err(
+            "map/send",
+            json!({"to": {"broadcast": true}, "payload": {"from": "bob"}}),
+        )
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    let e = c
+        .err(
+            "map/send",
+            json!({"to": {"agent": "bob-bot"}, "payload": 1}),
+        )
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    // A system-only call is refused too.
+    let e = c
+        .err(
+            "map/permissions/update",
+            json!({"clientId": "alice-desk", "permissions": {"messaging": {"canSend": false}}}),
+        )
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    let said = b.logged(&["bob", "system"]);
+    assert!(
+        said.iter().any(|l| l.contains("canSend")),
+        "B's log names bob and what he lost: {said:?}"
+    );
+
+    // Alice, whom neither config changes, resumes as she was.
+    let (_alice, r) =
+        connect_with_key(&b.url, ALICE, "agent", json!({"resumeToken": alice_token})).await;
+    assert_eq!(r["participantId"], json!("alice-desk"), "{r}");
+    assert_eq!(r["participantType"], json!("agent"), "{r}");
+    assert_eq!(r["capabilities"], alice_caps, "{r}");
+    assert!(b.logged(&["alice"]).iter().all(|l| !l.contains("lost")));
+}
