@@ -335,3 +335,193 @@ async fn readmitted() {
     assert_eq!(r["capabilities"], alice_caps, "{r}");
     assert!(b.logged(&["alice"]).iter().all(|l| !l.contains("lost")));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 5: a takeover restores the log's last word, wherever the kill falls.
+
+/// Scope churn on `url` until the router goes away: an agent `{prefix}bot` creates scopes
+/// `{prefix}{i}` one after another, joins each, and then deletes one in three, leaves one in
+/// three, and keeps the rest.
+async fn scope_churn(url: String, prefix: String) {
+    use common::load::rpc;
+    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+        return;
+    };
+    let bot = format!("{prefix}bot");
+    let connect = json!({"protocolVersion": 1, "participantType": "agent"});
+    if rpc(&mut ws, 1, "map/connect", connect).await.is_none()
+        || rpc(&mut ws, 2, "map/agents/register", json!({"agentId": bot}))
+            .await
+            .is_none()
+    {
+        return;
+    }
+    let mut n = 3;
+    for i in 0u64.. {
+        let scope = format!("{prefix}{i}");
+        let member = json!({"scopeId": scope, "agentId": bot});
+        let mut steps = vec![
+            ("map/scopes/create", json!({"scopeId": scope})),
+            ("map/scopes/join", member.clone()),
+        ];
+        match i % 3 {
+            0 => steps.push(("map/scopes/delete", json!({"scopeId": scope}))),
+            1 => steps.push(("map/scopes/leave", member)),
+            _ => {}
+        }
+        for (method, params) in steps {
+            n += 1;
+            if rpc(&mut ws, n, method, params).await.is_none() {
+                return;
+            }
+        }
+    }
+}
+
+/// What the log says last about the scopes whose id starts with `prefix`: each live scope and
+/// its members.
+fn scopes_by_log(
+    events: &[serde_json::Value],
+    prefix: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut scopes = std::collections::BTreeMap::new();
+    for e in events {
+        let data = &e["event"]["data"];
+        let Some(id) = data["scopeId"].as_str().filter(|id| id.starts_with(prefix)) else {
+            continue;
+        };
+        let agent = data["agentId"].as_str().unwrap_or_default().to_owned();
+        match e["event"]["type"].as_str() {
+            Some("scope_created") => {
+                scopes.insert(id.to_owned(), std::collections::BTreeSet::new());
+            }
+            Some("scope_deleted") => {
+                scopes.remove(id);
+                for d in data["deletedDescendants"].as_array().into_iter().flatten() {
+                    scopes.remove(d.as_str().unwrap_or_default());
+                }
+            }
+            Some("scope_member_joined") => {
+                scopes.entry(id.to_owned()).or_default().insert(agent);
+            }
+            Some("scope_member_left") => {
+                if let Some(m) = scopes.get_mut(id) {
+                    m.remove(&agent);
+                }
+            }
+            _ => {}
+        }
+    }
+    scopes
+}
+
+/// What node `c` holds of the scopes whose id starts with `prefix`.
+async fn scopes_held(
+    c: &mut WsClient,
+    prefix: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let list = c.ok("map/scopes/list", json!({})).await;
+    let mut held = std::collections::BTreeMap::new();
+    for s in list["scopes"].as_array().unwrap() {
+        let id = s["id"].as_str().unwrap();
+        if !id.starts_with(prefix) {
+            continue;
+        }
+        let m = c
+            .ok("map/scopes/members", json!({"scopeId": id, "limit": 1000}))
+            .await;
+        let members = m["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        held.insert(id.to_owned(), members);
+    }
+    held
+}
+
+/// Scope churners per round.
+const CHURNERS: usize = 6;
+
+#[test]
+fn scopes_and_memberships_are_the_logs_last_word_after_a_kill_at_a_random_point() {
+    on_big_stack(scope_kills);
+}
+
+/// Rounds (`MAP_TAKEOVER_ROUNDS`, default 3; seed `MAP_TAKEOVER_SEED`): scope churn on the
+/// live node, which is SIGKILLed at a random point; the standby that takes over holds
+/// exactly the scopes and memberships the log says last (no deleted scope resurrected, no
+/// membership rolled back), and the next round kills it in turn.
+async fn scope_kills() {
+    use common::load::{env_number, env_seed, Rng};
+    let rounds = env_number("MAP_TAKEOVER_ROUNDS").map_or(3, |n| n.clamp(1, 100));
+    let seed = env_seed("MAP_TAKEOVER_SEED");
+    eprintln!("takeover seed: {seed}, {rounds} rounds");
+    let mut rng = Rng(seed);
+    let nats = Nats::start("takeover-scope-kills");
+    let dir = TempDir::new("cluster-takeover-scope-kills");
+    let storage = "commit_timeout_ms = 1500";
+    let (mut live, mut url) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n0"),
+        "node = \"n0\"",
+        storage,
+    ))
+    .await;
+    let mut standby = start_standby_in(&nats, &dir.path.join("n1"), "n1", "", storage).await;
+    for round in 0..rounds {
+        let prefix = format!("r{round}-");
+        // Several at once: one batch of the live node then holds several calls' events
+        // before their records, the window a kill must fall in.
+        let churn: Vec<_> = (0..CHURNERS)
+            .map(|j| tokio::spawn(scope_churn(url.clone(), format!("{prefix}{j}-"))))
+            .collect();
+        // Kill after a random number of the churn's scopes exist (or were deleted) in the log.
+        let mut ops = WsClient::system(&url).await;
+        let after = 3 + rng.below(40) as usize;
+        within(Duration::from_secs(20), async {
+            loop {
+                let list = ops.ok("map/scopes/list", json!({})).await;
+                let made = list["scopes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| s["id"].as_str().unwrap().starts_with(&prefix))
+                    .count();
+                if made >= after {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5 + rng.below(20))).await;
+            }
+        })
+        .await;
+        drop(ops);
+        sigkill(&mut live).await;
+        taken_over(&mut standby, Duration::from_secs(20)).await;
+        for c in churn {
+            let _ = within(Duration::from_secs(5), c).await;
+        }
+
+        let mut ops = WsClient::system(&standby.url).await;
+        let events = replay_all(&mut ops, None).await;
+        let by_log = scopes_by_log(&events, &prefix);
+        let held = scopes_held(&mut ops, &prefix).await;
+        assert!(!by_log.is_empty(), "round {round}: the churn made scopes");
+        assert_eq!(
+            held, by_log,
+            "round {round} (seed {seed}): the scopes held are the log's last word"
+        );
+        eprintln!(
+            "round {round}: {} scopes, {} memberships, as the log says",
+            held.len(),
+            held.values().map(|m| m.len()).sum::<usize>()
+        );
+        // The next round kills the new live node; a fresh standby waits behind it.
+        live = standby.child;
+        url = standby.url;
+        let name = format!("n{}", round + 2);
+        standby = start_standby_in(&nats, &dir.path.join(&name), &name, "", storage).await;
+    }
+    drop(live);
+}
