@@ -525,3 +525,87 @@ async fn scope_kills() {
     }
     drop(live);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 4: identity claims survive the stream's limits.
+
+#[test]
+fn identity_claims_are_written_again_before_the_streams_limits_delete_them() {
+    on_big_stack(claims_refresh);
+}
+
+/// As tests/cluster.rs's `saved_refresh`, for an identity claim: a stream that keeps 300
+/// events; alice registered `alice-bot` long ago and unregistered it (her claim stays, her
+/// agent is gone); after about 1 200 events a standby that starts (reading only what the
+/// stream holds) and takes over still knows the id is alice's: bob's registration of it is
+/// refused with 1003, alice's succeeds.
+async fn claims_refresh() {
+    let nats = Nats::start("takeover-claims-refresh");
+    let dir = TempDir::new("cluster-takeover-claims-refresh");
+    let keys = keys_file(&dir.path);
+    let config = auth_config(&keys, &["ops"], "");
+    let (mut live, w) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n0"),
+        "node = \"n0\"\nmax_events = 300",
+        &config,
+    ))
+    .await;
+    let (mut alice, _) = connect_with_key(&w, ALICE, "agent", json!({})).await;
+    alice.register_agent(json!({"agentId": "alice-bot"})).await;
+    alice
+        .ok("map/agents/unregister", json!({"agentId": "alice-bot"}))
+        .await;
+    let (mut sink, _) = connect_with_key(&w, CAROL, "agent", json!({})).await;
+    sink.register_agent(json!({"agentId": "sink"})).await;
+    let (mut sender, _) = connect_with_key(&w, CAROL, "agent", json!({})).await;
+    sender.register_agent(json!({"agentId": "sender"})).await;
+    // About 1 200 events in bursts, with pauses longer than the refresh's look (1 s).
+    for burst in 0..4 {
+        for i in 0..150 {
+            sender
+                .send(json!({"agent": "sink"}), json!({"burst": burst, "i": i}))
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+    }
+    drop(sink.take_queued());
+    let rows = stream_whole(&nats).await;
+    assert!(rows.len() <= 300, "the limit holds: {}", rows.len());
+    let about = |kind: &str| {
+        rows.iter()
+            .filter(|r| r.kind == kind && r.json.contains("alice-bot"))
+            .count()
+    };
+    assert_eq!(about("agent_registered"), 0, "the registration was deleted");
+    assert!(
+        about("identity.claimed") >= 1,
+        "the claim was written again"
+    );
+
+    // A standby that starts now reads only the stream, and takes over.
+    let mut f = start_standby_in(
+        &nats,
+        &dir.path.join("n1"),
+        "n1",
+        "max_events = 300",
+        &config,
+    )
+    .await;
+    // Already on the standby (a relayed registration the live node refuses).
+    let (mut bob, _) = connect_with_key(&f.url, BOB, "agent", json!({})).await;
+    let e = bob
+        .err("map/agents/register", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_eq!(e["code"], json!(1003), "{e}");
+    drop(bob);
+    sigkill(&mut live).await;
+    taken_over(&mut f, Duration::from_secs(20)).await;
+    let (mut bob, _) = connect_with_key(&f.url, BOB, "agent", json!({})).await;
+    let e = bob
+        .err("map/agents/register", json!({"agentId": "alice-bot"}))
+        .await;
+    assert_eq!(e["code"], json!(1003), "bob may not take alice's id: {e}");
+    let (mut alice, _) = connect_with_key(&f.url, ALICE, "agent", json!({})).await;
+    alice.register_agent(json!({"agentId": "alice-bot"})).await;
+}

@@ -283,6 +283,13 @@ impl Router {
         let at = refresh
             .older_than
             .and_then(|d| Instant::now().checked_sub(d));
+        // Identity claims too: a node that opens the stream later must know who owns an id
+        // (`router::identities`).
+        let ms = refresh.older_than.map(|d| {
+            crate::protocol::ids::now_ms()
+                .saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        });
+        let claims = self.identities.due(seq, ms);
         for key in saver.due(seq, at) {
             // Forgotten, so that `save_changed` writes it though it did not change.
             saver.forget(&key);
@@ -292,6 +299,9 @@ impl Router {
                 Some(("scope", id)) => self.scopes.changed.mark(&ScopeId::from(id)),
                 _ => {}
             }
+        }
+        for (kind, id, owner) in claims {
+            self.record_claim(kind, &id, Some(&owner));
         }
         self.save_changed();
     }
