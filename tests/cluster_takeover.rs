@@ -609,3 +609,189 @@ async fn claims_refresh() {
     let (mut alice, _) = connect_with_key(&f.url, ALICE, "agent", json!({})).await;
     alice.register_agent(json!({"agentId": "alice-bot"})).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 6: a standby shows every viewer what the live node would, whatever made a session an
+// agent.
+
+/// The agent ids the events of `sub` on `c` name, up to and including the first
+/// `agent_state_changed` of `marker` to `state` (bounded).
+async fn agents_shown_until(c: &mut WsClient, sub: &str, marker: &str, state: &str) -> Vec<String> {
+    let mut shown = Vec::new();
+    for _ in 0..1000 {
+        let e = c.next_event(sub).await;
+        let id = e["event"]["data"]["agentId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let done = e["event"]["type"] == json!("agent_state_changed")
+            && id == marker
+            && e["event"]["data"]["newState"] == json!(state);
+        shown.push(id);
+        if done {
+            return shown;
+        }
+    }
+    panic!("no state change of {marker} among 1000 events");
+}
+
+/// Alice's agent and then `bot` change state (busy, then idle, alternately): what a viewer
+/// is shown between.
+async fn alice_then(alice: &mut WsClient, bot_owner: &mut WsClient, bot: &str, round: usize) {
+    let state = if round % 2 == 0 { "busy" } else { "idle" };
+    alice
+        .ok(
+            "map/agents/update",
+            json!({"agentId": "alice-bot", "state": state}),
+        )
+        .await;
+    bot_owner
+        .ok("map/agents/update", json!({"agentId": bot, "state": state}))
+        .await;
+}
+
+/// Waits until the live node shows `agent` orphaned (its owner's connection is gone).
+async fn orphaned(ops: &mut WsClient, agent: &str) {
+    within(Duration::from_secs(10), async {
+        loop {
+            let got = ops.ok("map/agents/get", json!({"agentId": agent})).await;
+            if got["agent"]["state"] == json!("orphaned") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+#[test]
+fn a_standby_applies_an_agents_can_see_rule_whatever_made_the_session_an_agent() {
+    on_big_stack(agent_viewers);
+}
+
+/// Bob's agents see only themselves (`canSee.agents: direct`); alice's agent is not theirs
+/// to see. On the standby, bob's session speaks as such an agent after each path: it
+/// registered one, it resumed its agent session without naming a type, it resumed with
+/// `reclaimAgents`, it loaded its agent session (`map/session/load`) from a client session.
+/// After each, bob's subscription on the standby is shown what the same subscription on the
+/// live node is (his own agent's change, never alice's agent's); carol, a client with no
+/// rule, is shown alice's agent on both nodes.
+async fn agent_viewers() {
+    let nats = Nats::start("takeover-agent-viewers");
+    let dir = TempDir::new("cluster-takeover-agent-viewers");
+    let keys = keys_file(&dir.path);
+    let config = auth_config(&keys, &["ops"], "");
+    let (_live, w, f) = {
+        let (live, w) = start_binary(node_args_with(
+            &nats,
+            &dir.path.join("n0"),
+            "node = \"n0\"",
+            &config,
+        ))
+        .await;
+        let f = start_standby_in(&nats, &dir.path.join("n1"), "n1", "", &config).await;
+        (live, w, f)
+    };
+    let (mut ops, _) = connect_with_key(&w, OPS, "system", json!({})).await;
+    let (mut alice, _) = connect_with_key(&w, ALICE, "agent", json!({})).await;
+    alice.register_agent(json!({"agentId": "alice-bot"})).await;
+    let direct = json!({"canSee": {"agents": "direct"}});
+    // Carol, on both nodes: shown alice's agent.
+    let (mut carol_f, _) = connect_with_key(&f.url, CAROL, "client", json!({})).await;
+    let (mut carol_w, _) = connect_with_key(&w, CAROL, "client", json!({})).await;
+    let carol_subs = (
+        carol_f.subscribe(json!({})).await,
+        carol_w.subscribe(json!({})).await,
+    );
+
+    let resume = |token: &str, extra: serde_json::Value| {
+        let mut p = json!({"protocolVersion": 1, "resumeToken": token,
+                           "auth": {"method": "api-key", "credential": BOB}});
+        merge(&mut p, extra);
+        p
+    };
+    // The paths after which the standby showed bob's agent session alice's agent.
+    let mut wrong = Vec::new();
+    for (round, path) in ["register", "resume", "reclaimAgents", "session/load"]
+        .into_iter()
+        .enumerate()
+    {
+        let bot = format!("bob-bot-{round}");
+        let (mut bob, r) = connect_with_key(&f.url, BOB, "agent", json!({})).await;
+        let token = r["resumeToken"].as_str().unwrap().to_owned();
+        let session = r["sessionId"].clone();
+        bob.register_agent(json!({"agentId": bot, "permissionOverrides": direct}))
+            .await;
+        let mut bob = if path == "register" {
+            bob
+        } else {
+            bob.drop_abruptly();
+            orphaned(&mut ops, &bot).await;
+            let mut c = WsClient::connect(&f.url).await;
+            match path {
+                "resume" => {
+                    let r = c.ok("map/connect", resume(&token, json!({}))).await;
+                    assert_eq!(r["sessionId"], session, "{r}");
+                }
+                "reclaimAgents" => {
+                    let r = c
+                        .ok(
+                            "map/connect",
+                            resume(&token, json!({"reclaimAgents": [bot]})),
+                        )
+                        .await;
+                    assert_eq!(r["sessionId"], session, "{r}");
+                }
+                _ => {
+                    let r = c
+                        .ok(
+                            "map/connect",
+                            json!({"protocolVersion": 1, "participantType": "client",
+                                   "auth": {"method": "api-key", "credential": BOB}}),
+                        )
+                        .await;
+                    assert_ne!(r["sessionId"], session, "{r}");
+                    let r = c
+                        .ok("map/session/load", json!({"sessionId": session}))
+                        .await;
+                    assert_eq!(r["sessionId"], session, "{r}");
+                }
+            }
+            c
+        };
+        let got = ops.ok("map/agents/get", json!({"agentId": bot})).await;
+        assert_ne!(got["agent"]["state"], json!("orphaned"), "{path}: {got}");
+        // The same viewer on the live node: bob's session there speaking as the same agent.
+        let (mut twin, _) = connect_with_key(&w, BOB, "agent", json!({})).await;
+        let twin_bot = format!("{bot}-twin");
+        twin.register_agent(json!({"agentId": twin_bot, "permissionOverrides": direct}))
+            .await;
+        let sub_f = bob.subscribe(json!({})).await;
+        let sub_w = twin.subscribe(json!({})).await;
+        alice_then(&mut alice, &mut bob, &bot, round).await;
+        let state = if round % 2 == 0 { "busy" } else { "idle" };
+        twin.ok(
+            "map/agents/update",
+            json!({"agentId": twin_bot, "state": state}),
+        )
+        .await;
+        let on_standby = agents_shown_until(&mut bob, &sub_f, &bot, state).await;
+        let on_live = agents_shown_until(&mut twin, &sub_w, &twin_bot, state).await;
+        assert!(
+            !on_live.iter().any(|a| a == "alice-bot"),
+            "{path}: the live node hides alice's agent: {on_live:?}"
+        );
+        if on_standby.iter().any(|a| a == "alice-bot") {
+            wrong.push(format!("{path}: {on_standby:?}"));
+        }
+        // Carol is shown alice's agent on both nodes.
+        for (c, sub) in [(&mut carol_f, &carol_subs.0), (&mut carol_w, &carol_subs.1)] {
+            let seen = agents_shown_until(c, sub, &bot, state).await;
+            assert!(seen.iter().any(|a| a == "alice-bot"), "{path}: {seen:?}");
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the standby showed bob's agent session alice's agent after: {wrong:?}"
+    );
+}
