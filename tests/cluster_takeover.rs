@@ -638,7 +638,7 @@ async fn agents_shown_until(c: &mut WsClient, sub: &str, marker: &str, state: &s
 /// Alice's agent and then `bot` change state (busy, then idle, alternately): what a viewer
 /// is shown between.
 async fn alice_then(alice: &mut WsClient, bot_owner: &mut WsClient, bot: &str, round: usize) {
-    let state = if round % 2 == 0 { "busy" } else { "idle" };
+    let state = state_of(round);
     alice
         .ok(
             "map/agents/update",
@@ -648,6 +648,15 @@ async fn alice_then(alice: &mut WsClient, bot_owner: &mut WsClient, bot: &str, r
     bot_owner
         .ok("map/agents/update", json!({"agentId": bot, "state": state}))
         .await;
+}
+
+/// The state agents are put in in round `round`: busy, then idle, alternately.
+fn state_of(round: usize) -> &'static str {
+    if round.is_multiple_of(2) {
+        "busy"
+    } else {
+        "idle"
+    }
 }
 
 /// Waits until the live node shows `agent` orphaned (its owner's connection is gone).
@@ -769,7 +778,7 @@ async fn agent_viewers() {
         let sub_f = bob.subscribe(json!({})).await;
         let sub_w = twin.subscribe(json!({})).await;
         alice_then(&mut alice, &mut bob, &bot, round).await;
-        let state = if round % 2 == 0 { "busy" } else { "idle" };
+        let state = state_of(round);
         twin.ok(
             "map/agents/update",
             json!({"agentId": twin_bot, "state": state}),

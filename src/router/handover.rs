@@ -21,14 +21,23 @@
 //!
 //! With stream limits (`RouterConfig::saved_refresh`), the live node also writes a record
 //! again before the limits would delete it ([`Router::refresh_saved`]), so the stream always
-//! holds the newest record of every key, for a standby that starts later.
+//! holds the newest record of every key, for a standby that starts later; identity claims
+//! (`router::identities`) are logged again the same way.
+//!
+//! A restored session is re-admitted under this node's configuration, as a fresh connect of
+//! its principal would be (`Router::readmit`, `sessions::auth`): a takeover is how a rolling
+//! configuration change reaches the sessions that keep resuming.
 //!
 //! Saved: the sessions of network clients (directly or through a standby's relay session)
 //! and their agents; not the sessions of in-process links (the gateways, which start again on
 //! the new node) nor of supervised processes (which died with their node). A record is
 //! trusted only when it is newer than the log's last lifecycle event of its participant or
 //! agent (a node killed between an event and its record leaves the record behind: that
-//! participant or agent is ended as after a restart, `sessions::recovery`). Only a router
+//! participant or agent is ended as after a restart, `sessions::recovery`). The log's last
+//! word wins elsewhere too: a scope record older than the scope's last `scope_created` /
+//! `scope_deleted` is not restored (a scope the log created without a record is deleted),
+//! and an agent's or client's changes logged after its record (state, metadata, environment,
+//! permission overrides, memberships, `permissions_client_updated`) are applied to it. Only a router
 //! with a node name (cluster mode) that writes the log saves; a single router saves nothing
 //! and a restart still ends everything.
 
@@ -423,17 +432,21 @@ impl Router {
             self.emit_record(EventType::StateDropped, dropped(key));
         }
         // Changes logged after an agent's record (state, metadata, overrides, memberships).
-        let agents: Vec<SavedAgent> = agents
+        let agents: Vec<(u64, SavedAgent)> = agents
             .into_iter()
             .map(|(seq, mut a)| {
                 if run.settle_agent(&mut a.agent, seq) {
                     // Saved again as settled.
                     self.registry.changed.mark(&a.agent.id);
                 }
-                a
+                (seq, a)
             })
             .collect();
-        for a in parents_first(agents, |a| a.agent.id.clone(), |a| a.agent.parent.clone()) {
+        for (seq, a) in parents_first(
+            agents,
+            |(_, a)| a.agent.id.clone(),
+            |(_, a)| a.agent.parent.clone(),
+        ) {
             let id = a.agent.id.clone();
             run.take_agent(&id);
             let mut agent = a.agent;
@@ -447,6 +460,14 @@ impl Router {
             );
             for scope in &scopes {
                 self.scopes.join(scope, &id);
+            }
+            // Joined or left after the record.
+            for (scope, joined) in run.memberships_after(&id, seq) {
+                if joined {
+                    self.scopes.join(&scope, &id);
+                } else {
+                    self.scopes.leave(&scope, &id);
+                }
             }
             if orphan {
                 self.schedule(now + window, Deadline::OrphanExpiry(id));

@@ -672,6 +672,25 @@ mod tests {
     }
 
     #[test]
+    fn the_writers_answer_says_when_a_session_speaks_as_an_agent() {
+        let connect = |answer: &str| speaks_as_agent("map/connect", answer);
+        assert!(connect(r#"{"participantType":"agent","ownedAgents":[]}"#));
+        assert!(connect(
+            r#"{"participantType":"client","ownedAgents":["a"]}"#
+        ));
+        assert!(connect(
+            r#"{"participantType":"client","reclaimedAgents":[{"id":"a"}]}"#
+        ));
+        assert!(!connect(r#"{"participantType":"client","ownedAgents":[]}"#));
+        assert!(!connect("not json"));
+        assert!(speaks_as_agent("map/session/load", r#"{"restored":true}"#));
+        assert!(!speaks_as_agent(
+            "map/send",
+            r#"{"participantType":"agent"}"#
+        ));
+    }
+
+    #[test]
     fn a_forwarded_frame_names_its_method_and_params_as_given() {
         let params = raw(r#"{"to":{"agent":"a"},"payload":{"x":1}}"#);
         assert_eq!(

@@ -11,6 +11,9 @@
 //!   participant id, or 1003 for an agent id it names.
 //! - With authentication off nobody is anybody: nothing is recorded and only reserved ids are
 //!   refused (as before ownership existed).
+//! - A claim is logged once, and again before the stream's limits would delete it (cluster
+//!   mode with limits: `Router::refresh_saved`), so every node that opens the stream knows
+//!   every owner.
 
 use crate::auth::is_service;
 use crate::protocol::methods::session::Principal;

@@ -6,7 +6,9 @@
 //!   credential (or a trusted transport) it answers `authRequired` and opens no session.
 //! - A new session's capabilities are `permissions::grant` for its type and its authenticated
 //!   principal (`[permissions.principals."<id>"]`), whether the credential came with
-//!   `map/connect` or with the `map/authenticate` that completed it; a resume keeps them.
+//!   `map/connect` or with the `map/authenticate` that completed it; a resume keeps them,
+//!   re-admitted as a fresh connect would be (`Router::readmit`: a `system` session resumed
+//!   over a connection that may not be `system` is a `client`; a takeover re-grants too).
 //! - `map/connect` on a connection that already has a session returns that session again (with
 //!   a fresh resume token) if the participant type matches, else `-32600`.
 //! - A resume token (or the id of a *detached* session) resumes that session: same session and

@@ -91,7 +91,7 @@ enum AgentChange {
 #[derive(Debug, Default)]
 struct Tails {
     /// Scope id → (seq of its last `scope_created` / `scope_deleted`, deleted).
-    scopes: HashMap<String, (u64, bool)>,
+    scope_last: HashMap<String, (u64, bool)>,
     /// Scopes created and not deleted since.
     open_scopes: HashMap<String, OpenScope>,
     /// Participant id → (seq, effective capabilities) of its last `permissions_client_updated`.
@@ -145,7 +145,7 @@ impl PreviousRun {
     /// `scope_created` or `scope_deleted` of that id came after it.
     pub fn scope_current(&self, id: &ScopeId, seq: u64) -> bool {
         self.tails
-            .scopes
+            .scope_last
             .get(id.as_str())
             .is_none_or(|(last, _)| *last < seq)
     }
@@ -170,15 +170,11 @@ impl PreviousRun {
     }
 
     /// Applies to `agent` (its record saved at `seq`) the changes the log holds after that
-    /// record: state, metadata, environment, permission overrides, memberships. Whether any
-    /// applied.
+    /// record: state, metadata, environment, permission overrides (memberships:
+    /// [`PreviousRun::memberships_after`]). Whether any applied.
     pub fn settle_agent(&self, agent: &mut Agent, seq: u64) -> bool {
-        let Some(changes) = self.tails.agents.get(agent.id.as_str()) else {
-            return false;
-        };
         let mut applied = false;
-        for (_, change) in changes.iter().filter(|(at, _)| *at > seq) {
-            applied = true;
+        for change in self.changes_after(&agent.id, seq) {
             match change.clone() {
                 AgentChange::State(state) => agent.state = state,
                 AgentChange::Metadata(m) => agent.metadata = Some(m),
@@ -189,15 +185,33 @@ impl PreviousRun {
                         .get_or_insert_with(serde_json::Map::new),
                     &o,
                 ),
-                AgentChange::Joined(scope) => {
-                    if !agent.scopes.contains(&scope) {
-                        agent.scopes.push(scope);
-                    }
-                }
-                AgentChange::Left(scope) => agent.scopes.retain(|s| s != &scope),
+                AgentChange::Joined(_) | AgentChange::Left(_) => continue,
             }
+            applied = true;
         }
         applied
+    }
+
+    /// The agent's memberships the log changed after its record saved at `seq`, in order:
+    /// (scope, joined).
+    pub fn memberships_after(&self, id: &AgentId, seq: u64) -> Vec<(ScopeId, bool)> {
+        self.changes_after(id, seq)
+            .filter_map(|change| match change {
+                AgentChange::Joined(s) => Some((s.clone(), true)),
+                AgentChange::Left(s) => Some((s.clone(), false)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn changes_after(&self, id: &AgentId, seq: u64) -> impl Iterator<Item = &AgentChange> {
+        self.tails
+            .agents
+            .get(id.as_str())
+            .into_iter()
+            .flatten()
+            .filter(move |(at, _)| *at > seq)
+            .map(|(_, change)| change)
     }
 }
 
@@ -299,7 +313,7 @@ impl Folding {
         match rec.kind {
             EventType::ScopeCreated => {
                 let Some(id) = text("scopeId") else { return };
-                tails.scopes.insert(id.clone(), (rec.seq, false));
+                tails.scope_last.insert(id.clone(), (rec.seq, false));
                 tails.open_scopes.insert(
                     id.clone(),
                     OpenScope {
@@ -317,7 +331,7 @@ impl Folding {
                     .chain(descendants.filter_map(|d| d.as_str().map(str::to_owned)))
                 {
                     tails.open_scopes.remove(&id);
-                    tails.scopes.insert(id, (rec.seq, true));
+                    tails.scope_last.insert(id, (rec.seq, true));
                 }
             }
             EventType::PermissionsClientUpdated => {
@@ -342,7 +356,7 @@ impl Folding {
                     }
                     EventType::AgentMetadataChanged => data["metadata"]
                         .is_object()
-                        .then(|| RawJson::from_text(&data["metadata"].to_string()).ok())
+                        .then(|| RawJson::from_text(data["metadata"].to_string()).ok())
                         .flatten()
                         .map(AgentChange::Metadata),
                     EventType::AgentEnvironmentChanged => data["environment"]
