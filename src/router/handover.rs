@@ -703,6 +703,35 @@ mod tests {
             !s.capabilities().has(Capability::CanSend),
             "the revocation holds"
         );
+        // Several changes of one field: the last one after the record, and a change before
+        // the record that a later one superseded is not applied either.
+        let mut events = lifecycle();
+        events.extend([
+            row(
+                9,
+                "agent_state_changed",
+                json!({"agentId": "bot", "previousState": "active", "newState": "busy"}),
+            ),
+            row(
+                10,
+                "agent_state_changed",
+                json!({"agentId": "bot", "previousState": "busy", "newState": "idle"}),
+            ),
+            row(
+                11,
+                "scope_member_joined",
+                json!({"scopeId": "ops", "agentId": "bot"}),
+            ),
+            row(
+                12,
+                "scope_member_left",
+                json!({"scopeId": "ops", "agentId": "bot"}),
+            ),
+        ]);
+        let r = restored(saved(), events);
+        let rec = r.registry.get(&bot).unwrap();
+        assert_eq!(rec.state_before_orphan().cloned(), Some(AgentState::IDLE));
+        assert_eq!(r.scopes.of_agent(&bot), [ScopeId::from("team")]);
         // Changes of an earlier registration of the same id are not applied to a newer record.
         let mut events = lifecycle();
         events.insert(

@@ -86,6 +86,20 @@ enum AgentChange {
     Left(ScopeId),
 }
 
+impl AgentChange {
+    /// Whether this change, logged after `earlier`, makes it irrelevant.
+    fn supersedes(&self, earlier: &AgentChange) -> bool {
+        use AgentChange::*;
+        match (self, earlier) {
+            (State(_), State(_))
+            | (Metadata(_), Metadata(_))
+            | (Environment(_), Environment(_)) => true,
+            (Joined(a) | Left(a), Joined(b) | Left(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// What the log says after the lifecycle events (cluster mode only): the last word about
 /// each scope, client permission and agent change, by seq.
 #[derive(Debug, Default)]
@@ -96,7 +110,8 @@ struct Tails {
     open_scopes: HashMap<String, OpenScope>,
     /// Participant id → (seq, effective capabilities) of its last `permissions_client_updated`.
     permissions: HashMap<String, (u64, ParticipantCapabilities)>,
-    /// Agent id → its changes since its last registration, oldest first.
+    /// Agent id → its changes since its last registration, oldest first (each field's and
+    /// scope's last only).
     agents: HashMap<String, Vec<(u64, AgentChange)>>,
 }
 
@@ -370,7 +385,13 @@ impl Folding {
                     _ => None,
                 };
                 if let Some(change) = change {
-                    tails.agents.entry(id).or_default().push((rec.seq, change));
+                    // A later change of the same field (or membership) supersedes an
+                    // earlier one whatever the record's seq, so the earlier one is dropped:
+                    // an agent's entry stays as small as its fields and scopes (overrides,
+                    // which merge, are kept in order).
+                    let changes = tails.agents.entry(id).or_default();
+                    changes.retain(|(_, old)| !change.supersedes(old));
+                    changes.push((rec.seq, change));
                 }
             }
         }
