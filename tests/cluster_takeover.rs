@@ -804,3 +804,86 @@ async fn agent_viewers() {
         "the standby showed bob's agent session alice's agent after: {wrong:?}"
     );
 }
+
+#[test]
+fn a_revoked_observer_is_shown_nothing_more_on_a_standby_as_on_the_live_node() {
+    on_big_stack(revoked_observer);
+}
+
+/// Carol (a client) subscribes on the standby and on the live node; ops revokes her
+/// `observation.canObserve` (`map/permissions/update`, on the live node): on both nodes her
+/// subscriptions end and show nothing of what follows, and a new `map/subscribe` is refused
+/// with 1003, as on one node.
+async fn revoked_observer() {
+    let nats = Nats::start("takeover-revoked-observer");
+    let dir = TempDir::new("cluster-takeover-revoked-observer");
+    let keys = keys_file(&dir.path);
+    let config = auth_config(&keys, &["ops"], "");
+    let (_live, w) = start_binary(node_args_with(
+        &nats,
+        &dir.path.join("n0"),
+        "node = \"n0\"",
+        &config,
+    ))
+    .await;
+    let f = start_standby_in(&nats, &dir.path.join("n1"), "n1", "", &config).await;
+    let (mut ops, _) = connect_with_key(&w, OPS, "system", json!({})).await;
+    let (mut alice, _) = connect_with_key(&w, ALICE, "agent", json!({})).await;
+    alice.register_agent(json!({"agentId": "alice-bot"})).await;
+    let (mut carol_f, r) = connect_with_key(&f.url, CAROL, "client", json!({})).await;
+    let carol_f_id = r["participantId"].clone();
+    let (mut carol_w, r) = connect_with_key(&w, CAROL, "client", json!({})).await;
+    let carol_w_id = r["participantId"].clone();
+    let sub_f = carol_f.subscribe(json!({})).await;
+    let sub_w = carol_w.subscribe(json!({})).await;
+    // Both are shown alice's agent at first.
+    alice
+        .ok(
+            "map/agents/update",
+            json!({"agentId": "alice-bot", "state": "busy"}),
+        )
+        .await;
+    for (c, sub) in [(&mut carol_f, &sub_f), (&mut carol_w, &sub_w)] {
+        let seen = agents_shown_until(c, sub, "alice-bot", "busy").await;
+        assert!(seen.iter().any(|a| a == "alice-bot"), "{seen:?}");
+    }
+    for id in [carol_f_id, carol_w_id] {
+        ops.ok(
+            "map/permissions/update",
+            json!({"clientId": id, "permissions": {"observation": {"canObserve": false}}}),
+        )
+        .await;
+    }
+    // What each is shown now: the update itself at most, and nothing of alice's agent.
+    let (mut marker, _) = connect_with_key(&w, OPS, "system", json!({})).await;
+    alice
+        .ok(
+            "map/agents/update",
+            json!({"agentId": "alice-bot", "state": "idle"}),
+        )
+        .await;
+    // The standby has followed the change once a standby subscriber of ops sees it.
+    let (mut ops_f, _) = connect_with_key(&f.url, OPS, "system", json!({})).await;
+    let sub = ops_f.subscribe_with(json!({"replayFrom": 0})).await;
+    agents_shown_until(&mut ops_f, &sub, "alice-bot", "idle").await;
+    drop(marker.take_queued());
+    let mut wrong = Vec::new();
+    for (name, c) in [("standby", &mut carol_f), ("live", &mut carol_w)] {
+        let mut shown: Vec<serde_json::Value> = c.take_queued();
+        while let Ok(v) = tokio::time::timeout(QUIET, c.read_json()).await {
+            shown.push(v);
+        }
+        shown.retain(|v| v["method"] == json!("map/event"));
+        if shown
+            .iter()
+            .any(|e| e["params"]["event"]["data"]["newState"] == json!("idle"))
+        {
+            wrong.push(format!("{name}: shown after the revocation: {shown:?}"));
+        }
+        match c.call("map/subscribe", json!({})).await {
+            Err(e) if e["code"] == json!(1003) => {}
+            other => wrong.push(format!("{name}: a new subscribe answered {other:?}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

@@ -668,6 +668,44 @@ fn unreachable_session<T>(id: &SessionId) -> T {
 }
 
 impl Router {
+    /// On a follower: the writer changed a participant's permissions (a followed
+    /// `permissions_client_updated`, after it was offered to the subscriptions): its session
+    /// here takes the effective permissions, and loses the subscriptions this node serves it
+    /// once `observation.canObserve` is revoked, as on the writer.
+    pub(crate) fn followed_permissions(
+        &mut self,
+        record: &crate::router::events::log::EventRecord,
+    ) {
+        if !self.config.follower || record.kind != EventType::PermissionsClientUpdated {
+            return;
+        }
+        #[derive(serde::Deserialize)]
+        struct Event {
+            data: PermissionsClientUpdatedData,
+        }
+        let Ok(event) = serde_json::from_str::<Event>(&record.json) else {
+            tracing::warn!(event = %record.seq, "follower: an unreadable permissions_client_updated");
+            return;
+        };
+        let Some(session) = self
+            .sessions
+            .by_participant(&event.data.client_id)
+            .map(|s| s.id.clone())
+        else {
+            return;
+        };
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let mut effective = event.data.effective_permissions;
+        effective.streaming = Some(streaming_caps());
+        let observe = effective.has(Capability::CanObserve);
+        s.capabilities = effective;
+        if !observe {
+            self.bus.remove_session(&session);
+        }
+    }
+
     /// `map/permissions/update`: system participants only. The flags given are set on the
     /// target session (a per-group merge); the next request and the next event already see
     /// them. Revoking `observation.canObserve` ends the target's subscriptions after the
