@@ -6,7 +6,8 @@
 //! - Identity claims survive the stream's limits as saved records do.
 //! - A takeover restores the log's last word for scopes, memberships and agent states, wherever
 //!   the kill falls.
-//! - A standby shows every viewer what the live node would, whatever made a session an agent.
+//! - A standby shows every viewer what the live node would, whatever made a session an agent,
+//!   and after a revocation of `observation.canObserve`.
 //!
 //! Every await is bounded. Needs `nats-server` on PATH (the tests fail, never skip, without it).
 #![cfg(feature = "cluster")]

@@ -13,7 +13,9 @@
 //!   passes every permission rule) is only for principals listed in `auth.system_principals`
 //!   and for connections over a trusted transport; anyone else gets 1003.
 //! - **Resume** needs the same principal (`id` and `issuer`) as the session: a resume token
-//!   alone never opens a session when authentication is on.
+//!   alone never opens a session when authentication is on. The session is re-admitted as a
+//!   fresh connect would be (`Router::readmit`): `system` only where its principal may be
+//!   system; a session a takeover restored also gets this node's grant (`router::handover`).
 //! - **Refresh** swaps the credential for one of the same principal; the session's expiry moves.
 //! - **Expiry.** `map/auth/expiring` goes out once, `expiry_notice` (at most half the remaining
 //!   life) before `exp`. At `exp` + leeway the session is detached as on a lost transport
