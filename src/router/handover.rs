@@ -21,14 +21,23 @@
 //!
 //! With stream limits (`RouterConfig::saved_refresh`), the live node also writes a record
 //! again before the limits would delete it ([`Router::refresh_saved`]), so the stream always
-//! holds the newest record of every key, for a standby that starts later.
+//! holds the newest record of every key, for a standby that starts later; identity claims
+//! (`router::identities`) are logged again the same way.
+//!
+//! A restored session is re-admitted under this node's configuration, as a fresh connect of
+//! its principal would be (`Router::readmit`, `sessions::auth`): a takeover is how a rolling
+//! configuration change reaches the sessions that keep resuming.
 //!
 //! Saved: the sessions of network clients (directly or through a standby's relay session)
 //! and their agents; not the sessions of in-process links (the gateways, which start again on
 //! the new node) nor of supervised processes (which died with their node). A record is
 //! trusted only when it is newer than the log's last lifecycle event of its participant or
 //! agent (a node killed between an event and its record leaves the record behind: that
-//! participant or agent is ended as after a restart, `sessions::recovery`). Only a router
+//! participant or agent is ended as after a restart, `sessions::recovery`). The log's last
+//! word wins elsewhere too: a scope record older than the scope's last `scope_created` /
+//! `scope_deleted` is not restored (a scope the log created without a record is deleted),
+//! and an agent's or client's changes logged after its record (state, metadata, environment,
+//! permission overrides, memberships, `permissions_client_updated`) are applied to it. Only a router
 //! with a node name (cluster mode) that writes the log saves; a single router saves nothing
 //! and a restart still ends everything.
 
@@ -283,6 +292,13 @@ impl Router {
         let at = refresh
             .older_than
             .and_then(|d| Instant::now().checked_sub(d));
+        // Identity claims too: a node that opens the stream later must know who owns an id
+        // (`router::identities`).
+        let ms = refresh.older_than.map(|d| {
+            crate::protocol::ids::now_ms()
+                .saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        });
+        let claims = self.identities.due(seq, ms);
         for key in saver.due(seq, at) {
             // Forgotten, so that `save_changed` writes it though it did not change.
             saver.forget(&key);
@@ -292,6 +308,9 @@ impl Router {
                 Some(("scope", id)) => self.scopes.changed.mark(&ScopeId::from(id)),
                 _ => {}
             }
+        }
+        for (kind, id, owner) in claims {
+            self.record_claim(kind, &id, Some(&owner));
         }
         self.save_changed();
     }
@@ -320,6 +339,9 @@ impl Router {
         if saved.is_empty() {
             return Vec::new();
         }
+        // Records older than the log's last word about their key (the previous live node
+        // died between an event and its record) are dropped or settled with what followed.
+        let mut stale = Vec::new();
         let mut scopes = Vec::new();
         let mut sessions = Vec::new();
         let mut agents = Vec::new();
@@ -334,7 +356,12 @@ impl Router {
             };
             let r = event.data;
             if let Some(s) = r.scope {
-                scopes.push(s);
+                if run.scope_current(&s.scope.id, row.seq) {
+                    scopes.push(s);
+                } else {
+                    tracing::info!(scope = %s.scope.id, "not restoring a scope the log changed after its record");
+                    stale.push(scope_key(&s.scope.id));
+                }
             } else if let Some(s) = r.session {
                 sessions.push((row.seq, s));
             } else if let Some(a) = r.agent {
@@ -346,14 +373,13 @@ impl Router {
 
         // Scopes, parents first.
         for s in parents_first(scopes, |s| s.scope.id.clone(), |s| s.scope.parent.clone()) {
+            run.take_scope(&s.scope.id);
             self.scopes.restore(s.scope, s.creator);
         }
 
         // Sessions newer than their participant's last lifecycle event.
         let mut connected = Vec::new();
-        // Records not restored are dropped, so that the stream's fold forgets them.
-        let mut stale = Vec::new();
-        for (seq, s) in sessions {
+        for (seq, mut s) in sessions {
             if run.participant_seq(&s.participant_id) >= seq
                 || self.sessions.by_participant(&s.participant_id).is_some()
             {
@@ -366,6 +392,11 @@ impl Router {
                 connected.push(s.id.clone());
             } else {
                 self.schedule(now + window, Deadline::SessionExpiry(s.id.clone()));
+            }
+            let id = s.id.clone();
+            // A `map/permissions/update` logged after the record.
+            if let Some(caps) = run.permissions_after(&s.participant_id, seq) {
+                s.capabilities = caps.clone();
             }
             self.sessions.restore(
                 SessionSeed {
@@ -383,6 +414,8 @@ impl Router {
                 },
                 now,
             );
+            // Under this node's configuration, as a fresh connect would be.
+            self.readmit(&id, None, true);
         }
 
         // Agents newer than their last lifecycle event whose owner came back (or orphans).
@@ -398,8 +431,22 @@ impl Router {
         for key in stale {
             self.emit_record(EventType::StateDropped, dropped(key));
         }
-        let agents: Vec<SavedAgent> = agents.into_iter().map(|(_, a)| a).collect();
-        for a in parents_first(agents, |a| a.agent.id.clone(), |a| a.agent.parent.clone()) {
+        // Changes logged after an agent's record (state, metadata, overrides, memberships).
+        let agents: Vec<(u64, SavedAgent)> = agents
+            .into_iter()
+            .map(|(seq, mut a)| {
+                if run.settle_agent(&mut a.agent, seq) {
+                    // Saved again as settled.
+                    self.registry.changed.mark(&a.agent.id);
+                }
+                (seq, a)
+            })
+            .collect();
+        for (seq, a) in parents_first(
+            agents,
+            |(_, a)| a.agent.id.clone(),
+            |(_, a)| a.agent.parent.clone(),
+        ) {
             let id = a.agent.id.clone();
             run.take_agent(&id);
             let mut agent = a.agent;
@@ -413,6 +460,14 @@ impl Router {
             );
             for scope in &scopes {
                 self.scopes.join(scope, &id);
+            }
+            // Joined or left after the record.
+            for (scope, joined) in run.memberships_after(&id, seq) {
+                if joined {
+                    self.scopes.join(&scope, &id);
+                } else {
+                    self.scopes.leave(&scope, &id);
+                }
             }
             if orphan {
                 self.schedule(now + window, Deadline::OrphanExpiry(id));
@@ -445,7 +500,253 @@ impl Router {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{json, Value};
+
     use super::parents_first;
+    use crate::protocol::agent::AgentState;
+    use crate::protocol::capabilities::Capability;
+    use crate::protocol::ids::{AgentId, EventId, ParticipantId, ScopeId, SessionId, Ulid};
+    use crate::router::config::RouterConfig;
+    use crate::router::core::Router;
+    use crate::router::sessions::recovery::fold_rows;
+    use crate::store::record::StoredRow;
+
+    /// A row of the log: an event of `kind` with `data` at `seq`.
+    fn row(seq: u64, kind: &str, data: Value) -> StoredRow {
+        StoredRow {
+            seq,
+            id: EventId(Ulid::random()).to_string(),
+            timestamp: 0,
+            kind: kind.into(),
+            meta: json!({"audience": {"kind": "everyone"}}).to_string(),
+            json: json!({"type": kind, "data": data}).to_string(),
+        }
+    }
+
+    fn saved_scope(seq: u64, id: &str) -> StoredRow {
+        row(
+            seq,
+            "state.saved",
+            json!({"key": format!("scope:{id}"), "scope": {"scope": {"id": id}}}),
+        )
+    }
+
+    /// Alice's session (participant `alice`, attached when saved) at `seq`.
+    fn saved_session(seq: u64) -> StoredRow {
+        let caps = crate::protocol::capabilities::ParticipantCapabilities::defaults_for(
+            crate::protocol::capabilities::ParticipantType::Agent,
+        );
+        row(
+            seq,
+            "state.saved",
+            json!({"key": "session:s-alice", "session": {
+                "id": "s-alice", "participantId": "alice", "participantType": "agent",
+                "capabilities": caps, "createdAt": 1, "tokenKey": "k", "attached": true}}),
+        )
+    }
+
+    /// Alice's agent `bot` at `seq`, active, in `scopes`.
+    fn saved_agent(seq: u64, scopes: &[&str]) -> StoredRow {
+        row(
+            seq,
+            "state.saved",
+            json!({"key": "agent:bot", "agent": {"agent": {
+                "id": "bot", "ownerId": "alice", "state": "active", "scopes": scopes,
+                "metadata": {"k": 1}}}}),
+        )
+    }
+
+    /// A cluster node's router that restores `saved` over the log `events` (and closes what
+    /// the log left open), as a takeover does.
+    fn restored(saved: Vec<StoredRow>, events: Vec<StoredRow>) -> Router {
+        let config = RouterConfig {
+            node: Some("n1".into()),
+            ..RouterConfig::default()
+        };
+        let mut router = Router::new(Arc::new(config));
+        let mut run = fold_rows(events);
+        let connected = router.restore_saved(saved, &mut run);
+        router.close_previous_run(run);
+        router.detach_restored(connected);
+        router
+    }
+
+    fn logged(router: &Router, kind: &str) -> Vec<Value> {
+        router
+            .bus
+            .log
+            .iter_from(0)
+            .filter(|e| e.kind.as_str() == kind)
+            .map(|e| serde_json::from_str::<Value>(&e.json).unwrap()["data"].clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_scope_deleted_after_its_record_is_not_restored() {
+        let created = || row(1, "scope_created", json!({"scopeId": "team"}));
+        // The control: the record is the log's last word.
+        let r = restored(vec![saved_scope(2, "team")], vec![created()]);
+        assert!(r.scopes.contains(&ScopeId::from("team")));
+        // Deleted after its record (the node died before the record was dropped).
+        let r = restored(
+            vec![saved_scope(2, "team")],
+            vec![
+                created(),
+                row(3, "scope_deleted", json!({"scopeId": "team"})),
+            ],
+        );
+        assert!(!r.scopes.contains(&ScopeId::from("team")), "resurrected");
+        // Its descendants with it.
+        let r = restored(
+            vec![saved_scope(2, "team"), saved_scope(4, "sub")],
+            vec![
+                created(),
+                row(
+                    3,
+                    "scope_created",
+                    json!({"scopeId": "sub", "parent": "team"}),
+                ),
+                row(
+                    5,
+                    "scope_deleted",
+                    json!({"scopeId": "team", "deletedDescendants": ["sub"]}),
+                ),
+            ],
+        );
+        assert!(!r.scopes.contains(&ScopeId::from("sub")), "resurrected");
+        assert!(!r.scopes.contains(&ScopeId::from("team")), "resurrected");
+    }
+
+    #[test]
+    fn a_scope_created_without_a_record_is_deleted_in_the_log() {
+        // Created twice over (deleted, then created again): the newer creation has no record.
+        let r = restored(
+            vec![saved_scope(2, "team")],
+            vec![
+                row(1, "scope_created", json!({"scopeId": "team"})),
+                row(3, "scope_deleted", json!({"scopeId": "team"})),
+                row(4, "scope_created", json!({"scopeId": "team"})),
+                row(5, "scope_created", json!({"scopeId": "other"})),
+            ],
+        );
+        assert!(!r.scopes.contains(&ScopeId::from("team")));
+        let deleted: Vec<Value> = logged(&r, "scope_deleted");
+        let ids: Vec<&Value> = deleted.iter().map(|d| &d["scopeId"]).collect();
+        assert_eq!(ids, [&json!("other"), &json!("team")], "{deleted:?}");
+    }
+
+    #[test]
+    fn agent_changes_logged_after_its_record_are_restored_not_rolled_back() {
+        let lifecycle = || {
+            vec![
+                row(1, "scope_created", json!({"scopeId": "team"})),
+                row(2, "scope_created", json!({"scopeId": "ops"})),
+                row(
+                    3,
+                    "participant_connected",
+                    json!({"participantId": "alice", "participantType": "agent"}),
+                ),
+                row(
+                    4,
+                    "agent_registered",
+                    json!({"agentId": "bot", "ownerId": "alice"}),
+                ),
+            ]
+        };
+        let saved = || {
+            vec![
+                saved_scope(5, "team"),
+                saved_scope(6, "ops"),
+                saved_session(7),
+                saved_agent(8, &["team"]),
+            ]
+        };
+        // The control: nothing after the records.
+        let r = restored(saved(), lifecycle());
+        let bot = AgentId::from("bot");
+        assert_eq!(r.scopes.of_agent(&bot), [ScopeId::from("team")]);
+        // State, metadata, overrides, memberships and alice's permissions changed after them.
+        let mut events = lifecycle();
+        events.extend([
+            row(9, "agent_state_changed", json!({"agentId": "bot", "previousState": "active", "newState": "busy"})),
+            row(10, "agent.metadata.changed", json!({"agentId": "bot", "changes": {"k": 2}, "metadata": {"k": 2}})),
+            row(11, "permissions_agent_updated", json!({"agentId": "bot", "changes": {"canSee": {"agents": "direct"}}, "effectivePermissions": {}, "updatedBy": "ops"})),
+            row(12, "scope_member_left", json!({"scopeId": "team", "agentId": "bot"})),
+            row(13, "scope_member_joined", json!({"scopeId": "ops", "agentId": "bot"})),
+            row(14, "permissions_client_updated", json!({"clientId": "alice", "changes": {}, "effectivePermissions": {"messaging": {"canSend": false}}, "changedBy": "ops", "updatedBy": "ops"})),
+        ]);
+        let r = restored(saved(), events);
+        let agent = r.registry.get(&bot).expect("restored").agent().clone();
+        assert_eq!(agent.state, AgentState::ORPHANED, "orphaned by the detach");
+        let before = r.registry.get(&bot).unwrap().state_before_orphan().cloned();
+        assert_eq!(
+            before,
+            Some(AgentState::BUSY),
+            "the state the log says last"
+        );
+        assert_eq!(
+            agent.metadata.as_ref().map(|m| m.get().to_owned()),
+            Some(r#"{"k":2}"#.into())
+        );
+        assert_eq!(
+            agent.permission_overrides.map(Value::Object),
+            Some(json!({"canSee": {"agents": "direct"}}))
+        );
+        assert_eq!(r.scopes.of_agent(&bot), [ScopeId::from("ops")]);
+        let s = r
+            .sessions
+            .get(&SessionId::from("s-alice"))
+            .expect("restored");
+        assert!(
+            !s.capabilities().has(Capability::CanSend),
+            "the revocation holds"
+        );
+        // Several changes of one field: the last one after the record, and a change before
+        // the record that a later one superseded is not applied either.
+        let mut events = lifecycle();
+        events.extend([
+            row(
+                9,
+                "agent_state_changed",
+                json!({"agentId": "bot", "previousState": "active", "newState": "busy"}),
+            ),
+            row(
+                10,
+                "agent_state_changed",
+                json!({"agentId": "bot", "previousState": "busy", "newState": "idle"}),
+            ),
+            row(
+                11,
+                "scope_member_joined",
+                json!({"scopeId": "ops", "agentId": "bot"}),
+            ),
+            row(
+                12,
+                "scope_member_left",
+                json!({"scopeId": "ops", "agentId": "bot"}),
+            ),
+        ]);
+        let r = restored(saved(), events);
+        let rec = r.registry.get(&bot).unwrap();
+        assert_eq!(rec.state_before_orphan().cloned(), Some(AgentState::IDLE));
+        assert_eq!(r.scopes.of_agent(&bot), [ScopeId::from("team")]);
+        // Changes of an earlier registration of the same id are not applied to a newer record.
+        let mut events = lifecycle();
+        events.insert(
+            3,
+            row(
+                2,
+                "agent_state_changed",
+                json!({"agentId": "bot", "previousState": "active", "newState": "busy"}),
+            ),
+        );
+        let r = restored(saved(), events);
+        let rec = r.registry.get(&bot).unwrap();
+        assert_eq!(rec.state_before_orphan().cloned(), Some(AgentState::ACTIVE));
+        let _ = ParticipantId::from("alice");
+    }
 
     #[test]
     fn parents_come_before_their_children_whatever_the_order_saved() {

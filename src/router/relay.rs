@@ -15,9 +15,10 @@
 //!   (A connect this node cannot prove at once, `map/authenticate` after `authRequired`,
 //!   opens its session here and the relay session at the first call it cannot serve.)
 //! - Subscriptions and replay are served here (that is where a standby saves the writer's
-//!   fan-out), unless the session speaks as an agent (an `agent` participant, or one that
-//!   registered an agent): what an agent viewer is shown depends on the registry, which the
-//!   writer holds. `map/unsubscribe` and `map/subscribe.ack` go where the subscription is.
+//!   fan-out), unless the session speaks as an agent (the writer's answer to its connect or
+//!   resume says `agent` or lists agents it owns or reclaimed, it registered an agent, or it
+//!   loaded another session): what an agent viewer is shown depends on the registry, which
+//!   the writer holds. `map/unsubscribe` and `map/subscribe.ack` go where the subscription is.
 //! - Every other call, and every other notification from the client, goes to the writer;
 //!   `map/disconnect` ends both sessions (the client gets the writer's answer).
 //! - Calls are forwarded in order, each with an id of the relay's own; the writer's answer
@@ -332,8 +333,9 @@ impl RelayState {
         use crate::protocol::methods::Method;
         let params = to_raw(params)?;
         let result = self.forward(Connect::NAME, Some(&params)).await;
-        if result.is_err() {
-            self.link = None;
+        match &result {
+            Ok(answer) => self.agent |= speaks_as_agent(Connect::NAME, answer),
+            Err(_) => self.link = None,
         }
         result
     }
@@ -420,6 +422,9 @@ impl RelayState {
             self.agent = true;
         }
         let result = self.forward(method, params).await;
+        if let Ok(answer) = &result {
+            self.agent |= speaks_as_agent(method, answer);
+        }
         if result.is_err() && self.link.as_ref().is_some_and(|l| l.tx.is_closed()) {
             self.link = None;
         }
@@ -528,6 +533,26 @@ impl RelayState {
             };
         }
     }
+}
+
+/// Whether the writer's answer to `method` leaves the session speaking as an agent (its
+/// subscriptions are then the writer's): a connect or resume that answers an `agent` session
+/// or one with agents (owned, reclaimed), and a `map/session/load` (the connection is another
+/// session now, which this node's own session for it is not).
+fn speaks_as_agent(method: &str, answer: &str) -> bool {
+    use crate::protocol::methods::session::{Connect, SessionLoad};
+    use crate::protocol::methods::Method;
+    if method == SessionLoad::NAME {
+        return true;
+    }
+    if method != Connect::NAME {
+        return false;
+    }
+    let answer: serde_json::Value = serde_json::from_str(answer).unwrap_or_default();
+    let listed = |k: &str| answer[k].as_array().is_some_and(|a| !a.is_empty());
+    answer["participantType"] == serde_json::json!("agent")
+        || listed("ownedAgents")
+        || listed("reclaimedAgents")
 }
 
 /// A JSON-RPC request (with `id`) or notification for the writer.
@@ -666,6 +691,25 @@ mod tests {
         state.disconnected();
         assert!(!state.is_open());
         assert_eq!(state.route("map/subscribe", None, true, true), Route::Here);
+    }
+
+    #[test]
+    fn the_writers_answer_says_when_a_session_speaks_as_an_agent() {
+        let connect = |answer: &str| speaks_as_agent("map/connect", answer);
+        assert!(connect(r#"{"participantType":"agent","ownedAgents":[]}"#));
+        assert!(connect(
+            r#"{"participantType":"client","ownedAgents":["a"]}"#
+        ));
+        assert!(connect(
+            r#"{"participantType":"client","reclaimedAgents":[{"id":"a"}]}"#
+        ));
+        assert!(!connect(r#"{"participantType":"client","ownedAgents":[]}"#));
+        assert!(!connect("not json"));
+        assert!(speaks_as_agent("map/session/load", r#"{"restored":true}"#));
+        assert!(!speaks_as_agent(
+            "map/send",
+            r#"{"participantType":"agent"}"#
+        ));
     }
 
     #[test]

@@ -906,7 +906,7 @@ fn agents_last_id(agents: &[Agent]) -> Option<&AgentId> {
 }
 
 /// Per-section merge of permission overrides (`canSee`, `canMessage`, `acceptsFrom`).
-fn merge_sections(current: &mut JsonMap, changes: &JsonMap) {
+pub(crate) fn merge_sections(current: &mut JsonMap, changes: &JsonMap) {
     for (section, value) in changes {
         match (current.get_mut(section), value) {
             (Some(serde_json::Value::Object(cur)), serde_json::Value::Object(new)) => {

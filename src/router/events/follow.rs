@@ -5,7 +5,9 @@
 //! (stream order, ids, timestamps and sequence numbers as the writer gave them) to the bus's
 //! log and offers each to the live subscriptions, with the same filter and visibility checks
 //! as any event; the identity claims among them go to the identities table, so that an id is
-//! a principal's on a follower exactly when it is on the writer. Every row arrives committed,
+//! a principal's on a follower exactly when it is on the writer, and a participant's new
+//! permissions (`permissions_client_updated`) go to its session here, so that what this node
+//! serves it (subscriptions, replay) follows them. Every row arrives committed,
 //! so a follower delivers at once. What a follower
 //! refuses (everything that would write the log) is decided by the method table
 //! (`router::dispatch::served_by_follower`).
@@ -46,6 +48,9 @@ impl Router {
             if self.bus.log.push_followed(Arc::clone(&record)) {
                 let (bus, agents) = self.bus_and_agents();
                 bus.publish(&record, agents);
+                // A participant's new permissions reach its session here too, as on the
+                // writer (`router::sessions`).
+                self.followed_permissions(&record);
             }
         }
     }

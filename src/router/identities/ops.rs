@@ -11,6 +11,9 @@
 //!   participant id, or 1003 for an agent id it names.
 //! - With authentication off nobody is anybody: nothing is recorded and only reserved ids are
 //!   refused (as before ownership existed).
+//! - A claim is logged once, and again before the stream's limits would delete it (cluster
+//!   mode with limits: `Router::refresh_saved`), so every node that opens the stream knows
+//!   every owner.
 
 use crate::auth::is_service;
 use crate::protocol::methods::session::Principal;
@@ -185,7 +188,7 @@ impl Router {
     /// Makes a claim (or, `owner: None`, a release) durable: an internal `identity.claimed` /
     /// `identity.released` event, which the store keeps (table `claims`) and no subscriber is
     /// ever shown.
-    fn record_claim(&mut self, kind: IdKind, id: &str, owner: Option<&Owner>) {
+    pub(crate) fn record_claim(&mut self, kind: IdKind, id: &str, owner: Option<&Owner>) {
         #[derive(serde::Serialize)]
         struct Claim<'a> {
             id: String,
@@ -202,6 +205,13 @@ impl Router {
                 owner,
             },
         });
+        if owner.is_some() {
+            // Where it is logged, to log it again before the stream's limits delete it
+            // (`Router::refresh_saved`).
+            let seq = self.bus.log.next_seq();
+            self.identities
+                .logged(kind, id, seq, crate::protocol::ids::now_ms());
+        }
         self.emit(EventDraft {
             kind: if owner.is_some() {
                 EventType::IdentityClaimed

@@ -80,6 +80,9 @@ type Key = (IdKind, Box<str>);
 struct Claim {
     owner: Owner,
     tick: u64,
+    /// Where (log seq) and when (unix ms) this claim was last logged: the stream's limits
+    /// delete it from there, so the live node logs it again before (`Identities::due`).
+    logged: (u64, u64),
 }
 
 /// The claims.
@@ -158,6 +161,7 @@ impl Identities {
                     self.release(kind, &id);
                 }
                 self.claim(kind, &id, &owner, |_, _| true);
+                self.logged(kind, &id, row.seq, row.timestamp);
             }
             Some((kind, id, _)) if !claimed => {
                 self.release(kind, &id);
@@ -212,6 +216,7 @@ impl Identities {
                     Claim {
                         owner: owner.clone(),
                         tick,
+                        logged: (0, 0),
                     },
                 );
                 self.by_owner
@@ -241,6 +246,23 @@ impl Identities {
             }
         }
         (new, evicted)
+    }
+
+    /// Records that the claim of `id` was logged at `seq`, at unix ms `at`.
+    pub fn logged(&mut self, kind: IdKind, id: &str, seq: u64, at: u64) {
+        if let Some(c) = self.claims.get_mut(&(kind, Box::from(id))) {
+            c.logged = (seq, at);
+        }
+    }
+
+    /// The claims last logged before `seq`, or before unix ms `at` when given (due to be
+    /// logged again before the stream's limits delete them), with their owners.
+    pub fn due(&self, seq: u64, at: Option<u64>) -> Vec<(IdKind, String, Owner)> {
+        self.claims
+            .iter()
+            .filter(|(_, c)| c.logged.0 < seq || at.is_some_and(|at| c.logged.1 < at))
+            .map(|((k, i), c)| (*k, i.to_string(), c.owner.clone()))
+            .collect()
     }
 
     /// Frees `id`; returns its owner if it had one.
@@ -281,6 +303,37 @@ mod tests {
             meta: "{}".into(),
             json: serde_json::json!({"type": kind, "data": {"claim": claim}}).to_string(),
         }
+    }
+
+    #[test]
+    fn claims_logged_before_a_position_or_a_time_are_due_again() {
+        let mut t = Identities::new(10);
+        let mut stored = row(
+            "identity.claimed",
+            serde_json::json!({"id": "agent:alice-bot", "owner": {"id": "alice"}}),
+        );
+        stored.seq = 5;
+        stored.timestamp = 1_000;
+        t.apply_stored(&stored);
+        t.claim(IdKind::Participant, "desk", &owner("bob"), |_, _| false);
+        t.logged(IdKind::Participant, "desk", 9, 2_000);
+        let keys = |due: Vec<(IdKind, String, Owner)>| -> Vec<String> {
+            let mut k: Vec<String> = due.into_iter().map(|(_, i, _)| i).collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(t.due(6, None)), ["alice-bot"], "logged at 5, before 6");
+        assert!(t.due(5, None).is_empty());
+        assert_eq!(
+            keys(t.due(0, Some(1_500))),
+            ["alice-bot"],
+            "logged at 1 000 ms"
+        );
+        assert_eq!(keys(t.due(10, None)), ["alice-bot", "desk"]);
+        // Logged again: not due any more.
+        t.logged(IdKind::Agent, "alice-bot", 11, 3_000);
+        assert_eq!(keys(t.due(10, Some(2_500))), ["desk"]);
+        assert_eq!(t.due(10, None)[0].2, owner("bob"), "with its owner");
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //!   passes every permission rule) is only for principals listed in `auth.system_principals`
 //!   and for connections over a trusted transport; anyone else gets 1003.
 //! - **Resume** needs the same principal (`id` and `issuer`) as the session: a resume token
-//!   alone never opens a session when authentication is on.
+//!   alone never opens a session when authentication is on. The session is re-admitted as a
+//!   fresh connect would be (`Router::readmit`): `system` only where its principal may be
+//!   system; a session a takeover restored also gets this node's grant (`router::handover`).
 //! - **Refresh** swaps the credential for one of the same principal; the session's expiry moves.
 //! - **Expiry.** `map/auth/expiring` goes out once, `expiry_notice` (at most half the remaining
 //!   life) before `exp`. At `exp` + leeway the session is detached as on a lost transport
@@ -94,6 +96,30 @@ fn trusted_transport(origin: &ConnOrigin) -> Option<(TrustedTransport, Option<&s
     }
 }
 
+/// The `group.flag` paths `before` grants and `after` does not.
+fn lost_flags(
+    before: &crate::protocol::capabilities::ParticipantCapabilities,
+    after: &crate::protocol::capabilities::ParticipantCapabilities,
+) -> Vec<String> {
+    let (before, after) = (
+        serde_json::to_value(before).unwrap_or_default(),
+        serde_json::to_value(after).unwrap_or_default(),
+    );
+    let mut lost = Vec::new();
+    if let Some(groups) = before.as_object() {
+        for (group, flags) in groups {
+            for (flag, on) in flags.as_object().into_iter().flatten() {
+                if on == &serde_json::Value::Bool(true)
+                    && after[group][flag] != serde_json::Value::Bool(true)
+                {
+                    lost.push(format!("{group}.{flag}"));
+                }
+            }
+        }
+    }
+    lost
+}
+
 fn failed(error: AuthError) -> AuthenticateResult {
     AuthenticateResult {
         success: false,
@@ -153,26 +179,79 @@ impl Router {
         kind: ParticipantType,
         principal: Option<&Principal>,
     ) -> Result<(), RouterError> {
-        let Some(auth) = self.authenticator() else {
-            return Ok(());
-        };
-        if kind != ParticipantType::System {
-            return Ok(());
-        }
-        let trusted = self
-            .conns
-            .get(&conn)
-            .and_then(|c| trusted_transport(&c.origin))
-            .is_some_and(|(t, _)| auth.trusts(t));
-        if trusted
-            || principal.is_some_and(|p| crate::auth::is_service(p) || auth.may_be_system(&p.id))
-        {
+        if kind != ParticipantType::System || self.may_be_system(Some(conn), principal) {
             return Ok(());
         }
         Err(RouterError::PermissionDenied(format!(
             "principal {} may not connect as system: list it in auth.system_principals",
             principal.map_or("(none)", |p| p.id.as_str())
         )))
+    }
+
+    /// Whether `principal` may be a system participant here (authentication off, a trusted
+    /// transport `conn`, the router's service, or a principal in `auth.system_principals`).
+    fn may_be_system(&self, conn: Option<ConnId>, principal: Option<&Principal>) -> bool {
+        let Some(auth) = self.authenticator() else {
+            return true;
+        };
+        let trusted = conn
+            .and_then(|c| self.conns.get(&c))
+            .and_then(|c| trusted_transport(&c.origin))
+            .is_some_and(|(t, _)| auth.trusts(t));
+        trusted
+            || principal.is_some_and(|p| crate::auth::is_service(p) || auth.may_be_system(&p.id))
+    }
+
+    /// Re-admits a session another router admitted under this router's configuration, as a
+    /// fresh connect of its principal would be: a `system` session whose principal may not be
+    /// system here (see [`Router::may_take_type`]; `conn` is the connection resuming it, if
+    /// any) becomes a `client`; with `regrant` (a session restored by a takeover) its
+    /// capabilities become this router's grant for its type and principal, narrowed by what
+    /// the session had (what it asked for, what `map/permissions/update` revoked), so nothing
+    /// the old node's configuration granted outlives the new one. What the session loses is
+    /// logged, naming the principal; its calls that need it are answered 1003.
+    pub(crate) fn readmit(&mut self, id: &SessionId, conn: Option<ConnId>, regrant: bool) {
+        let Some(s) = self.sessions.get(id) else {
+            return;
+        };
+        let kind = if s.kind == ParticipantType::System
+            && !self.may_be_system(conn, s.principal.as_ref())
+        {
+            conn.and_then(|c| self.conns.get(&c))
+                .map_or(ParticipantType::Client, |c| {
+                    c.origin.default_participant_type()
+                })
+        } else {
+            s.kind
+        };
+        if kind == s.kind && !regrant {
+            return;
+        }
+        let principal = s.principal.as_ref().map(|p| p.id.clone());
+        let mut caps = crate::router::permissions::grant(
+            &self.config.permissions,
+            kind,
+            principal.as_deref(),
+            Some(&s.capabilities),
+        );
+        caps.streaming = s.capabilities.streaming.clone();
+        let lost = lost_flags(&s.capabilities, &caps);
+        let was = s.kind;
+        if kind != was || !lost.is_empty() {
+            tracing::warn!(
+                session = %id,
+                participant = %s.participant,
+                principal = principal.as_deref().unwrap_or("(none)"),
+                participant_type = %was,
+                readmitted_as = %kind,
+                lost = %lost.join(","),
+                "re-admitted under this node's config: the session lost what it no longer grants"
+            );
+        }
+        if let Some(s) = self.sessions.get_mut(id) {
+            s.kind = kind;
+            s.capabilities = caps;
+        }
     }
 
     /// `map/authenticate`: completes the connect that answered `authRequired`; on a connection

@@ -6,7 +6,9 @@
 //!   credential (or a trusted transport) it answers `authRequired` and opens no session.
 //! - A new session's capabilities are `permissions::grant` for its type and its authenticated
 //!   principal (`[permissions.principals."<id>"]`), whether the credential came with
-//!   `map/connect` or with the `map/authenticate` that completed it; a resume keeps them.
+//!   `map/connect` or with the `map/authenticate` that completed it; a resume keeps them,
+//!   re-admitted as a fresh connect would be (`Router::readmit`: a `system` session resumed
+//!   over a connection that may not be `system` is a `client`; a takeover re-grants too).
 //! - `map/connect` on a connection that already has a session returns that session again (with
 //!   a fresh resume token) if the participant type matches, else `-32600`.
 //! - A resume token (or the id of a *detached* session) resumes that session: same session and
@@ -55,7 +57,7 @@ use crate::router::timers::Deadline;
 /// The `streaming` block we advertise: acks are honoured (`map/subscribe.ack`), and a
 /// subscription that acks gets a credit window (flow control); there is no server-side pause
 /// method.
-fn streaming_caps() -> StreamingCaps {
+pub(super) fn streaming_caps() -> StreamingCaps {
     StreamingCaps {
         supports_ack: Some(true),
         supports_flow_control: Some(true),
@@ -169,8 +171,12 @@ impl Router {
                         && s.principal.is_some()
                         && principal.is_some())
             })
-            .map(|s| (s.id.clone(), s.kind));
-        if let Some((session_id, session_kind)) = resumable {
+            .map(|s| s.id.clone());
+        if let Some(session_id) = resumable {
+            // Re-admitted as a fresh connect here would be (a system session over a
+            // connection that may not be system is not system any more).
+            self.readmit(&session_id, Some(ctx.conn), false);
+            let session_kind = self.sessions.get(&session_id).map_or(kind, |s| s.kind);
             if p.participant_type.is_some_and(|k| k != session_kind) {
                 return Err(RouterError::InvalidParams(format!(
                     "the session to resume is a {session_kind} session; connect as {session_kind} to resume it"
@@ -662,6 +668,44 @@ fn unreachable_session<T>(id: &SessionId) -> T {
 }
 
 impl Router {
+    /// On a follower: the writer changed a participant's permissions (a followed
+    /// `permissions_client_updated`, after it was offered to the subscriptions): its session
+    /// here takes the effective permissions, and loses the subscriptions this node serves it
+    /// once `observation.canObserve` is revoked, as on the writer.
+    pub(crate) fn followed_permissions(
+        &mut self,
+        record: &crate::router::events::log::EventRecord,
+    ) {
+        if !self.config.follower || record.kind != EventType::PermissionsClientUpdated {
+            return;
+        }
+        #[derive(serde::Deserialize)]
+        struct Event {
+            data: PermissionsClientUpdatedData,
+        }
+        let Ok(event) = serde_json::from_str::<Event>(&record.json) else {
+            tracing::warn!(event = %record.seq, "follower: an unreadable permissions_client_updated");
+            return;
+        };
+        let Some(session) = self
+            .sessions
+            .by_participant(&event.data.client_id)
+            .map(|s| s.id.clone())
+        else {
+            return;
+        };
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let mut effective = event.data.effective_permissions;
+        effective.streaming = Some(streaming_caps());
+        let observe = effective.has(Capability::CanObserve);
+        s.capabilities = effective;
+        if !observe {
+            self.bus.remove_session(&session);
+        }
+    }
+
     /// `map/permissions/update`: system participants only. The flags given are set on the
     /// target session (a per-group merge); the next request and the next event already see
     /// them. Revoking `observation.canObserve` ends the target's subscriptions after the

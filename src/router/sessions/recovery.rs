@@ -16,13 +16,24 @@
 //!
 //! Only what retention kept can be folded: an agent whose registration was deleted is not
 //! known and gets no event.
+//!
+//! In cluster mode the fold also keeps what the log says last about each scope (created or
+//! deleted), each client's permissions and each agent's state, metadata, environment,
+//! permission overrides and memberships (`Tails`), so that a takeover restores the log's
+//! last word where the previous live node died between an event and its saved record
+//! (`router::handover`); a scope the log created without a record to restore it from is
+//! deleted (`scope_deleted`), as an agent without one is unregistered.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::protocol::capabilities::ParticipantType;
-use crate::protocol::event::{AgentUnregisteredData, EventType, ParticipantDisconnectedData};
-use crate::protocol::ids::{AgentId, EventId, ParticipantId};
+use crate::protocol::agent::{Agent, AgentState};
+use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
+use crate::protocol::event::{
+    AgentUnregisteredData, EventType, ParticipantDisconnectedData, ScopeDeletedData,
+};
+use crate::protocol::ids::{AgentId, EventId, ParticipantId, ScopeId};
+use crate::protocol::json::RawJson;
 use crate::store::{EventStore, StoreError};
 
 use crate::router::core::Router;
@@ -55,6 +66,55 @@ struct OpenAgent {
     keys: FilterKeys,
 }
 
+/// A scope the log created and never deleted.
+#[derive(Debug, Clone)]
+struct OpenScope {
+    seq: u64,
+    id: ScopeId,
+    audience: Audience,
+    keys: FilterKeys,
+}
+
+/// One change of an agent the log records after its registration.
+#[derive(Debug, Clone)]
+enum AgentChange {
+    State(AgentState),
+    Metadata(RawJson),
+    Environment(serde_json::Map<String, serde_json::Value>),
+    Overrides(serde_json::Map<String, serde_json::Value>),
+    Joined(ScopeId),
+    Left(ScopeId),
+}
+
+impl AgentChange {
+    /// Whether this change, logged after `earlier`, makes it irrelevant.
+    fn supersedes(&self, earlier: &AgentChange) -> bool {
+        use AgentChange::*;
+        match (self, earlier) {
+            (State(_), State(_))
+            | (Metadata(_), Metadata(_))
+            | (Environment(_), Environment(_)) => true,
+            (Joined(a) | Left(a), Joined(b) | Left(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// What the log says after the lifecycle events (cluster mode only): the last word about
+/// each scope, client permission and agent change, by seq.
+#[derive(Debug, Default)]
+struct Tails {
+    /// Scope id → (seq of its last `scope_created` / `scope_deleted`, deleted).
+    scope_last: HashMap<String, (u64, bool)>,
+    /// Scopes created and not deleted since.
+    open_scopes: HashMap<String, OpenScope>,
+    /// Participant id → (seq, effective capabilities) of its last `permissions_client_updated`.
+    permissions: HashMap<String, (u64, ParticipantCapabilities)>,
+    /// Agent id → its changes since its last registration, oldest first (each field's and
+    /// scope's last only).
+    agents: HashMap<String, Vec<(u64, AgentChange)>>,
+}
+
 /// What the previous run left open, oldest first.
 #[derive(Debug, Default)]
 pub struct PreviousRun {
@@ -63,6 +123,9 @@ pub struct PreviousRun {
     /// The seq of the last lifecycle event of every participant and agent id the log holds.
     last_participant: HashMap<String, u64>,
     last_agent: HashMap<String, u64>,
+    tails: Tails,
+    /// Scopes the log created that nothing restored, in creation order.
+    open_scopes: Vec<OpenScope>,
 }
 
 impl PreviousRun {
@@ -92,6 +155,79 @@ impl PreviousRun {
     pub fn take_agent(&mut self, id: &AgentId) {
         self.agents.retain(|a| &a.id != id);
     }
+
+    /// Whether a scope's record saved at `seq` is the log's last word about it: no
+    /// `scope_created` or `scope_deleted` of that id came after it.
+    pub fn scope_current(&self, id: &ScopeId, seq: u64) -> bool {
+        self.tails
+            .scope_last
+            .get(id.as_str())
+            .is_none_or(|(last, _)| *last < seq)
+    }
+
+    /// Takes the scope out of those the log left created (it was restored).
+    pub fn take_scope(&mut self, id: &ScopeId) {
+        self.open_scopes.retain(|s| &s.id != id);
+    }
+
+    /// The effective capabilities of the participant's `permissions_client_updated` logged
+    /// after `seq`, if any (the newest).
+    pub fn permissions_after(
+        &self,
+        id: &ParticipantId,
+        seq: u64,
+    ) -> Option<&ParticipantCapabilities> {
+        self.tails
+            .permissions
+            .get(id.as_str())
+            .filter(|(at, _)| *at > seq)
+            .map(|(_, caps)| caps)
+    }
+
+    /// Applies to `agent` (its record saved at `seq`) the changes the log holds after that
+    /// record: state, metadata, environment, permission overrides (memberships:
+    /// [`PreviousRun::memberships_after`]). Whether any applied.
+    pub fn settle_agent(&self, agent: &mut Agent, seq: u64) -> bool {
+        let mut applied = false;
+        for change in self.changes_after(&agent.id, seq) {
+            match change.clone() {
+                AgentChange::State(state) => agent.state = state,
+                AgentChange::Metadata(m) => agent.metadata = Some(m),
+                AgentChange::Environment(e) => agent.environment = Some(e),
+                AgentChange::Overrides(o) => crate::router::agents::ops::merge_sections(
+                    agent
+                        .permission_overrides
+                        .get_or_insert_with(serde_json::Map::new),
+                    &o,
+                ),
+                AgentChange::Joined(_) | AgentChange::Left(_) => continue,
+            }
+            applied = true;
+        }
+        applied
+    }
+
+    /// The agent's memberships the log changed after its record saved at `seq`, in order:
+    /// (scope, joined).
+    pub fn memberships_after(&self, id: &AgentId, seq: u64) -> Vec<(ScopeId, bool)> {
+        self.changes_after(id, seq)
+            .filter_map(|change| match change {
+                AgentChange::Joined(s) => Some((s.clone(), true)),
+                AgentChange::Left(s) => Some((s.clone(), false)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn changes_after(&self, id: &AgentId, seq: u64) -> impl Iterator<Item = &AgentChange> {
+        self.tails
+            .agents
+            .get(id.as_str())
+            .into_iter()
+            .flatten()
+            .filter(move |(at, _)| *at > seq)
+            .map(|(_, change)| change)
+    }
 }
 
 const KINDS: [EventType; 4] = [
@@ -101,12 +237,29 @@ const KINDS: [EventType; 4] = [
     EventType::AgentUnregistered,
 ];
 
-/// Folds the lifecycle events of everything `store` holds.
+/// The kinds folded into [`Tails`] as well, in cluster mode.
+const TAIL_KINDS: [EventType; 9] = [
+    EventType::ScopeCreated,
+    EventType::ScopeDeleted,
+    EventType::ScopeMemberJoined,
+    EventType::ScopeMemberLeft,
+    EventType::PermissionsClientUpdated,
+    EventType::AgentStateChanged,
+    EventType::AgentMetadataChanged,
+    EventType::AgentEnvironmentChanged,
+    EventType::PermissionsAgentUpdated,
+];
+
+/// Folds the lifecycle events of everything `store` holds (with `tails`, the changes a
+/// takeover settles its saved records with as well).
 ///
 /// # Errors
 /// The store could not be read. Unreadable rows are skipped with a warning.
-pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreError> {
-    let kinds: Vec<String> = KINDS.iter().map(|k| k.as_str().to_owned()).collect();
+pub async fn previous_run(store: &dyn EventStore, tails: bool) -> Result<PreviousRun, StoreError> {
+    let mut kinds: Vec<String> = KINDS.iter().map(|k| k.as_str().to_owned()).collect();
+    if tails {
+        kinds.extend(TAIL_KINDS.iter().map(|k| k.as_str().to_owned()));
+    }
     let mut folding = Folding::default();
     let mut from = 0;
     loop {
@@ -128,15 +281,17 @@ pub async fn previous_run(store: &dyn EventStore) -> Result<PreviousRun, StoreEr
             break;
         }
     }
-    let mut run = PreviousRun {
-        participants: folding.participants.into_values().collect(),
-        agents: folding.agents.into_values().collect(),
-        last_participant: folding.last_participant,
-        last_agent: folding.last_agent,
-    };
-    run.participants.sort_by_key(|p| p.seq);
-    run.agents.sort_by_key(|a| a.seq);
-    Ok(run)
+    Ok(folding.finish())
+}
+
+/// Folds `rows` (all the kinds a cluster node folds), for the unit tests of the takeover.
+#[cfg(test)]
+pub(crate) fn fold_rows(rows: Vec<crate::store::record::StoredRow>) -> PreviousRun {
+    let mut folding = Folding::default();
+    for row in rows {
+        folding.fold(EventRecord::from_row(row).expect("a readable row"));
+    }
+    folding.finish()
 }
 
 /// The lifecycle events folded so far: who is still open, and the seq of each id's last
@@ -147,14 +302,110 @@ struct Folding {
     agents: HashMap<String, OpenAgent>,
     last_participant: HashMap<String, u64>,
     last_agent: HashMap<String, u64>,
+    tails: Tails,
 }
 
 impl Folding {
+    fn finish(self) -> PreviousRun {
+        let mut run = PreviousRun {
+            participants: self.participants.into_values().collect(),
+            agents: self.agents.into_values().collect(),
+            last_participant: self.last_participant,
+            last_agent: self.last_agent,
+            open_scopes: self.tails.open_scopes.values().cloned().collect(),
+            tails: self.tails,
+        };
+        run.participants.sort_by_key(|p| p.seq);
+        run.agents.sort_by_key(|a| a.seq);
+        run.open_scopes.sort_by_key(|s| s.seq);
+        run
+    }
+
+    /// Folds one of the [`TAIL_KINDS`].
+    fn fold_tail(&mut self, rec: &EventRecord, data: &serde_json::Value) {
+        let text = |k: &str| data[k].as_str().map(str::to_owned);
+        let tails = &mut self.tails;
+        match rec.kind {
+            EventType::ScopeCreated => {
+                let Some(id) = text("scopeId") else { return };
+                tails.scope_last.insert(id.clone(), (rec.seq, false));
+                tails.open_scopes.insert(
+                    id.clone(),
+                    OpenScope {
+                        seq: rec.seq,
+                        id: ScopeId::from(id.as_str()),
+                        audience: rec.audience.clone(),
+                        keys: rec.keys.clone(),
+                    },
+                );
+            }
+            EventType::ScopeDeleted => {
+                let descendants = data["deletedDescendants"].as_array().into_iter().flatten();
+                for id in text("scopeId")
+                    .into_iter()
+                    .chain(descendants.filter_map(|d| d.as_str().map(str::to_owned)))
+                {
+                    tails.open_scopes.remove(&id);
+                    tails.scope_last.insert(id, (rec.seq, true));
+                }
+            }
+            EventType::PermissionsClientUpdated => {
+                let (Some(id), Ok(caps)) = (
+                    text("clientId"),
+                    serde_json::from_value(data["effectivePermissions"].clone()),
+                ) else {
+                    return;
+                };
+                tails.permissions.insert(id, (rec.seq, caps));
+            }
+            _ => {
+                let Some(id) = text("agentId") else { return };
+                let scope = || text("scopeId").map(|s| ScopeId::from(s.as_str()));
+                let change = match rec.kind {
+                    EventType::ScopeMemberJoined => scope().map(AgentChange::Joined),
+                    EventType::ScopeMemberLeft => scope().map(AgentChange::Left),
+                    EventType::AgentStateChanged => {
+                        serde_json::from_value(data["newState"].clone())
+                            .ok()
+                            .map(AgentChange::State)
+                    }
+                    EventType::AgentMetadataChanged => data["metadata"]
+                        .is_object()
+                        .then(|| RawJson::from_text(data["metadata"].to_string()).ok())
+                        .flatten()
+                        .map(AgentChange::Metadata),
+                    EventType::AgentEnvironmentChanged => data["environment"]
+                        .as_object()
+                        .cloned()
+                        .map(AgentChange::Environment),
+                    EventType::PermissionsAgentUpdated => data["changes"]
+                        .as_object()
+                        .cloned()
+                        .map(AgentChange::Overrides),
+                    _ => None,
+                };
+                if let Some(change) = change {
+                    // A later change of the same field (or membership) supersedes an
+                    // earlier one whatever the record's seq, so the earlier one is dropped:
+                    // an agent's entry stays as small as its fields and scopes (overrides,
+                    // which merge, are kept in order).
+                    let changes = tails.agents.entry(id).or_default();
+                    changes.retain(|(_, old)| !change.supersedes(old));
+                    changes.push((rec.seq, change));
+                }
+            }
+        }
+    }
+
     fn fold(&mut self, rec: EventRecord) {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(&rec.json) else {
             return;
         };
         let data = &event["data"];
+        if TAIL_KINDS.contains(&rec.kind) {
+            self.fold_tail(&rec, data);
+            return;
+        }
         let text = |k: &str| data[k].as_str().map(str::to_owned);
         let (field, last) = match rec.kind {
             EventType::ParticipantConnected | EventType::ParticipantDisconnected => {
@@ -187,6 +438,8 @@ impl Folding {
                 self.participants.remove(&id);
             }
             EventType::AgentRegistered => {
+                // A new registration: what the log said of an earlier one is over.
+                self.tails.agents.remove(&id);
                 self.agents.insert(
                     id.clone(),
                     OpenAgent {
@@ -218,7 +471,9 @@ impl Router {
             return;
         }
         let saved = std::mem::take(&mut self.saved_at_open);
-        match previous_run(&*store).await {
+        // Cluster mode (a node that saves): the changes that settle the saved records too.
+        let tails = self.handover.is_some();
+        match previous_run(&*store, tails).await {
             Ok(mut run) => {
                 // Cluster mode: what the previous live node saved comes back (router::handover).
                 let connected = self.restore_saved(saved, &mut run);
@@ -235,6 +490,25 @@ impl Router {
 
     /// Emits the events that end what the previous run left open.
     pub(crate) fn close_previous_run(&mut self, run: PreviousRun) {
+        // Scopes the log created that no record restored: deleted, so the log's last word is
+        // what the new live node holds (deepest first, each once).
+        for s in run.open_scopes.iter().rev() {
+            if self.scopes.contains(&s.id) {
+                continue;
+            }
+            tracing::info!(scope = %s.id, "deleting a scope the previous live node created without saving it");
+            self.emit(EventDraft {
+                kind: EventType::ScopeDeleted,
+                source: None,
+                data: crate::router::core::to_json(&ScopeDeletedData {
+                    scope_id: s.id.clone(),
+                    deleted_descendants: None,
+                }),
+                caused_by: Vec::new(),
+                keys: s.keys.clone(),
+                audience: s.audience.clone(),
+            });
+        }
         if run.is_empty() {
             return;
         }
