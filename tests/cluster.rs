@@ -544,10 +544,13 @@ async fn start_standby_in(
         .expect("start a standby");
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let (tx, took_over) = tokio::sync::oneshot::channel();
+    let node = name.to_string();
     tokio::spawn(async move {
         let mut tx = Some(tx);
         let mut warm = false;
         while let Ok(Some(line)) = lines.next_line().await {
+            // Shown with a failing test's output (the test harness captures it otherwise).
+            eprintln!("[{node}] {line}");
             if line.contains("standby: took over the stream") {
                 warm = line.contains("from_followed=true");
             }

@@ -243,6 +243,8 @@ async fn open_jetstream(
     // With the follower, what the standby sees of the cluster (its roll call).
     let mut follower: Option<(Arc<Follower>, Probe)> = None;
     let mut serving: Option<Serving> = None;
+    // Whether this node has stood by (then failures are retried, never fatal).
+    let mut waiting = false;
     loop {
         let attempt = match &follower {
             Some((f, _)) => f.promote().await,
@@ -321,26 +323,42 @@ async fn open_jetstream(
                         serving.as_ref().map(|s| s.app.clone()),
                     )
                 });
-                let writer = Arc::clone(&page.writer);
-                wait_for_takeover(&options, poll, move |node| {
-                    tracing::info!(writer = ?node, "standby: the stream's writer");
-                    *crate::sync::lock(&writer) = Some(node.map(str::to_owned));
-                })
-                .await
-                .map_err(failed)?;
+                waiting = true;
+                // Watching the writer fails while NATS is away (or goes away while the
+                // watch connects): the standby keeps serving and watches again.
+                loop {
+                    let writer = Arc::clone(&page.writer);
+                    let watched = wait_for_takeover(&options, poll, move |node| {
+                        tracing::info!(writer = ?node, "standby: the stream's writer");
+                        *crate::sync::lock(&writer) = Some(node.map(str::to_owned));
+                    })
+                    .await;
+                    match watched {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "standby: cannot watch the stream's writer; trying again");
+                            tokio::time::sleep(poll.max(WATCH_AGAIN)).await;
+                        }
+                    }
+                }
             }
             // Once waiting, a failed takeover (NATS restarting, a request timing out) is
             // tried again; at start, it is an answer for the operator.
-            Err(e) if standby.is_some() => {
+            Err(e) if waiting => {
                 tracing::warn!(error = %e, "standby: the takeover failed; trying again");
                 // A follower whose promotion failed may be spent: the next try opens the
-                // store as a restarted node does (and serves again if it is refused).
+                // store as a restarted node does (and follows and serves again if it is
+                // refused). Meanwhile the listeners answer as a standby's, never refuse.
                 follower = None;
-                if let Some(page) = standby.take() {
-                    page.stop().await;
-                }
                 if let Some(s) = serving.take() {
                     s.stop().await;
+                }
+                if let Some(page) = standby.take() {
+                    let writer = crate::sync::lock(&page.writer).clone();
+                    page.stop().await;
+                    let plain = Standby::serve(listeners, &options.stream, None, None);
+                    *crate::sync::lock(&plain.writer) = writer;
+                    standby = Some(plain);
                 }
                 tokio::time::sleep(poll).await;
             }
@@ -348,6 +366,10 @@ async fn open_jetstream(
         }
     }
 }
+
+/// The least pause before a standby watches the writer again after the watch failed.
+#[cfg(feature = "cluster")]
+const WATCH_AGAIN: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Refuses to start (a clear error) when another live process answers the roll call with this
 /// node's name (`nodes`: the roll call's answers, this process's own among them): two

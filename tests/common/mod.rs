@@ -148,7 +148,13 @@ where
         panic!("the binary exited before listening");
     })
     .await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let pid = child.id().unwrap_or_default();
+    // Shown with a failing test's output (the test harness captures it otherwise).
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("[binary {pid}] {line}");
+        }
+    });
     (child, url)
 }
 
