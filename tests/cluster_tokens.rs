@@ -197,6 +197,37 @@ fn sha256_hex(token: &str) -> String {
         .collect()
 }
 
+/// Where any form of the `given` tokens appears in what the recorder saw (the NATS protocol
+/// line before it names the subject); asserts the recorder saw the relay at all.
+fn leaks(seen: &Seen, given: &[String]) -> Vec<String> {
+    let seen: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+        .collect();
+    assert!(
+        seen.iter().any(|text| text.contains("PUB _MAP.relay.")),
+        "the recorder saw the relay"
+    );
+    let mut leaks = Vec::new();
+    for t in given {
+        for form in forms(t) {
+            for text in &seen {
+                if let Some(at) = text.find(&form) {
+                    let line = text[..at]
+                        .rfind("PUB ")
+                        .or_else(|| text[..at].rfind("MSG "))
+                        .unwrap_or(at);
+                    let head: String = text[line..].chars().take(100).collect();
+                    leaks.push(format!("{t} (as {form}) in: {head}"));
+                }
+            }
+        }
+    }
+    leaks
+}
+
 /// A `map/connect` resuming with `token` on `url`: the client and its answer.
 async fn resume(url: &str, token: &str) -> (WsClient, serde_json::Value) {
     let mut c = WsClient::connect(url).await;
@@ -374,38 +405,11 @@ async fn resume_tokens_never_cross_nats_and_resume_on_every_node() {
 
     // Let the last frames arrive, then look at everything NATS carried.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let seen: Vec<String> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
-        .collect();
-    assert!(
-        seen.iter()
-            .any(|text| text.contains("PUB _MAP.relay.") || text.contains("HPUB _MAP.relay.")),
-        "the recorder saw the relay"
-    );
-    let mut leaks = Vec::new();
-    for t in &given {
-        for form in forms(t) {
-            for text in &seen {
-                if let Some(at) = text.find(&form) {
-                    // The protocol line before it names the subject.
-                    let line = text[..at]
-                        .rfind("PUB ")
-                        .or_else(|| text[..at].rfind("MSG "))
-                        .unwrap_or(at);
-                    let head: String = text[line..].chars().take(100).collect();
-                    leaks.push(format!("{t} (as {form}) in: {head}"));
-                }
-            }
-        }
-    }
+    let leaks = leaks(&seen, &given);
     assert!(
         leaks.is_empty(),
-        "{} times a client's resume token crossed NATS ({} bytes recorded):\n{}",
+        "{} times a client's resume token crossed NATS:\n{}",
         leaks.len(),
-        seen.iter().map(String::len).sum::<usize>(),
         leaks.join("\n")
     );
 
@@ -430,4 +434,114 @@ async fn resume_tokens_never_cross_nats_and_resume_on_every_node() {
     drop(a);
     let (_c, r) = resume(&took, &token).await;
     assert_eq!(r["sessionId"], json!(sid), "{r}");
+}
+
+const ALICE: &str = "key-alice-0123456789abcdef";
+const BOB: &str = "key-bob-0123456789abcdef";
+
+/// `[auth]` on, with API keys for `alice` and `bob` in a file under `dir` (mode 0600).
+fn two_principals(dir: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let keys = dir.join("keys");
+    std::fs::write(&keys, format!("{ALICE} alice\n{BOB} bob\n")).unwrap();
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    format!(
+        "[auth]\n[auth.api_keys]\nfile = {:?}\n",
+        keys.display().to_string()
+    )
+}
+
+/// With authentication on (relay sessions admitted as the principal the standby proved): a
+/// `map/session/load` of another detached session through a standby answers that session's
+/// new token, filled in by the standby; the token resumes on the live node; a client of
+/// another principal gets nothing with the digest; no token crosses NATS.
+#[tokio::test]
+async fn with_authentication_a_loaded_sessions_token_crosses_nats_as_a_digest_only() {
+    let nats = Nats::start("tokens-auth");
+    let dir = TempDir::new("cluster-tokens-auth");
+    let (url, seen) = record(&nats.url()).await;
+    let auth = two_principals(&dir.path);
+    let live_port = free_port();
+    let mut args = node_args(&url, &dir.path.join("n0"), live_port, "node = \"n0\"");
+    let append = |args: &[std::ffi::OsString]| {
+        let config = std::path::PathBuf::from(args.last().unwrap());
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, format!("{text}{auth}")).unwrap();
+    };
+    append(&args);
+    let live = spawn(std::mem::take(&mut args), live_port).await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let port = free_port();
+    let args = node_args(
+        &url,
+        &dir.path.join("n1"),
+        port,
+        "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
+    );
+    append(&args);
+    let standby = spawn(args, port).await;
+    health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
+    let mut given = Vec::new();
+
+    // Two sessions of alice's through the standby; the first is left detached.
+    let (first, r1) = connect_with_key(&standby.url, ALICE, "agent", json!({})).await;
+    let s1 = r1["sessionId"].as_str().unwrap().to_owned();
+    given.push(token_of(&r1));
+    let (mut second, r2) = connect_with_key(&standby.url, ALICE, "agent", json!({})).await;
+    given.push(token_of(&r2));
+    first.close().await;
+    // Loading the first (detached once the live node saw the close: bounded retries).
+    let loaded = within(Duration::from_secs(10), async {
+        loop {
+            match second
+                .call("map/session/load", json!({"sessionId": s1}))
+                .await
+            {
+                Ok(v) => return v,
+                Err(e) if e["code"] == json!(16001) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("map/session/load: {e}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        (loaded["restored"].clone(), loaded["sessionId"].clone()),
+        (json!(true), json!(s1)),
+        "{loaded}"
+    );
+    let token = token_of(&loaded);
+    given.push(token.clone());
+    drop(second);
+
+    // Bob, with the digest of alice's token, on either node: refused.
+    for node in [&live.url, &standby.url] {
+        let mut bob = WsClient::connect(node).await;
+        let err = bob
+            .err(
+                "map/connect",
+                json!({"protocolVersion": 1, "participantType": "agent",
+                       "auth": {"method": "api-key", "credential": BOB},
+                       "resumeTokenDigest": sha256_hex(&token)}),
+            )
+            .await;
+        assert_eq!(err["code"], json!(-32602), "{node}: {err}");
+    }
+    // Alice resumes the loaded session with its token on the live node directly.
+    let (_c, r) = connect_with_key(&live.url, ALICE, "agent", json!({"resumeToken": token})).await;
+    assert_eq!(
+        (r["sessionId"].clone(), r["reconnected"].clone()),
+        (json!(s1), json!(true)),
+        "{r}"
+    );
+    given.push(token_of(&r));
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leaks = leaks(&seen, &given);
+    assert!(
+        leaks.is_empty(),
+        "a resume token crossed NATS:\n{}",
+        leaks.join("\n")
+    );
 }

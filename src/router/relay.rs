@@ -9,9 +9,16 @@
 //!
 //! - A `map/connect` is the writer's: this node checks the credential, opens the relay
 //!   session admitted as the principal it proved (never one the caller names) and forwards
-//!   the connect without its credential (a `resumeToken` too: sessions, resume tokens and
-//!   participant ids are the writer's, so a client resumes on any node). Its session here
-//!   takes the participant id the writer gave, and the client gets the writer's answer.
+//!   the connect without its credential (sessions, resume tokens and participant ids are the
+//!   writer's, so a client resumes on any node). Its session here takes the participant id
+//!   the writer gave, and the client gets the writer's answer.
+//! - No usable resume token crosses NATS: a connect's `resumeToken` goes as its digest
+//!   (`resumeTokenDigest`), and for every call whose answer carries a new token (connect,
+//!   disconnect, `map/session/load`) this node draws it and sends its digest only
+//!   (`nextResumeTokenDigest`); the writer keeps the digest and answers an empty token, which
+//!   this node fills in with the one it drew (or the connection's current one). The writer
+//!   takes both parameters from a relay session only (`sessions::ops`); from a client they
+//!   are refused, here and there.
 //!   (A connect this node cannot prove at once, `map/authenticate` after `authRequired`,
 //!   opens its session here and the relay session at the first call it cannot serve.)
 //! - Subscriptions and replay are served here (that is where a standby saves the writer's
