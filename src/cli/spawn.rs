@@ -167,6 +167,7 @@ pub(super) async fn run(args: SpawnArgs) -> Result<ExitCode, Failure> {
                 grace_period_ms: None,
                 notify_subscribers: None,
             }),
+            ..DisconnectParams::default()
         })
         .await;
     let _ = client.close().await;

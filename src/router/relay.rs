@@ -9,9 +9,16 @@
 //!
 //! - A `map/connect` is the writer's: this node checks the credential, opens the relay
 //!   session admitted as the principal it proved (never one the caller names) and forwards
-//!   the connect without its credential (a `resumeToken` too: sessions, resume tokens and
-//!   participant ids are the writer's, so a client resumes on any node). Its session here
-//!   takes the participant id the writer gave, and the client gets the writer's answer.
+//!   the connect without its credential (sessions, resume tokens and participant ids are the
+//!   writer's, so a client resumes on any node). Its session here takes the participant id
+//!   the writer gave, and the client gets the writer's answer.
+//! - No usable resume token crosses NATS: a connect's `resumeToken` goes as its digest
+//!   (`resumeTokenDigest`), and for every call whose answer carries a new token (connect,
+//!   disconnect, `map/session/load`) this node draws it and sends its digest only
+//!   (`nextResumeTokenDigest`); the writer keeps the digest and answers an empty token, which
+//!   this node fills in with the one it drew (or the connection's current one). The writer
+//!   takes both parameters from a relay session only (`sessions::ops`); from a client they
+//!   are refused, here and there.
 //!   (A connect this node cannot prove at once, `map/authenticate` after `authRequired`,
 //!   opens its session here and the relay session at the first call it cannot serve.)
 //! - Subscriptions and replay are served here (that is where a standby saves the writer's
@@ -115,6 +122,9 @@ pub struct RelayState {
     /// opened as a principal: a gateway's session on this node): its `map/connect` is relayed
     /// as that principal's, whether or not authentication is on (`RpcSession::proved`).
     delegated: Option<Principal>,
+    /// The resume token this node drew for the connection's session and gave its client (the
+    /// writer holds its digest only): what an answer that repeats it is filled in with.
+    token: Option<String>,
 }
 
 #[derive(Debug)]
@@ -280,8 +290,11 @@ impl RelayState {
         params: serde_json::Map<String, serde_json::Value>,
         agent: bool,
     ) -> Result<String, ErrorObject> {
+        use crate::protocol::methods::session::Connect;
+        use crate::protocol::methods::Method;
         self.link = None;
         self.agent = agent;
+        let (params, next) = with_token_digests(Connect::NAME, params)?;
         let RelayLink {
             tx,
             mut rx,
@@ -329,10 +342,9 @@ impl RelayState {
             pump,
             inflight,
         });
-        use crate::protocol::methods::session::Connect;
-        use crate::protocol::methods::Method;
         let params = to_raw(params)?;
         let result = self.forward(Connect::NAME, Some(&params)).await;
+        let result = result.map(|answer| self.fill_token(Connect::NAME, answer, next));
         match &result {
             Ok(answer) => self.agent |= speaks_as_agent(Connect::NAME, answer),
             Err(_) => self.link = None,
@@ -383,6 +395,7 @@ impl RelayState {
     /// The session ended here: so does its relay session.
     pub fn disconnected(&mut self) {
         self.pending = None;
+        self.token = None;
         self.link = None;
         self.local_subs.clear();
         self.agent = false;
@@ -421,7 +434,14 @@ impl RelayState {
         if method == <crate::protocol::methods::agents::AgentsRegister as crate::protocol::methods::Method>::NAME {
             self.agent = true;
         }
-        let result = self.forward(method, params).await;
+        let result = if carries_token(method) {
+            let (object, next) = with_token_digests(method, params_object(params))?;
+            let params = to_raw(object)?;
+            let result = self.forward(method, Some(&params)).await;
+            result.map(|answer| self.fill_token(method, answer, next))
+        } else {
+            self.forward(method, params).await
+        };
         if let Ok(answer) = &result {
             self.agent |= speaks_as_agent(method, answer);
         }
@@ -429,6 +449,33 @@ impl RelayState {
             self.link = None;
         }
         result
+    }
+
+    /// The writer's answer to `method` with the resume token its client holds in place of
+    /// the empty one the writer answers (it has the digest only): `next`, the token this node
+    /// drew for the call, once the writer took it (a `map/session/load` of the session the
+    /// connection already has keeps the current one).
+    fn fill_token(&mut self, method: &str, answer: String, next: String) -> String {
+        use crate::protocol::methods::session::SessionLoad;
+        use crate::protocol::methods::Method;
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Shape {
+            #[serde(default)]
+            resume_token: Option<String>,
+            #[serde(default)]
+            restored: Option<bool>,
+        }
+        let Ok(shape) = serde_json::from_str::<Shape>(&answer) else {
+            return answer;
+        };
+        if method != SessionLoad::NAME || shape.restored != Some(false) {
+            self.token = Some(next);
+        }
+        match (shape.resume_token.as_deref(), self.token.as_deref()) {
+            (Some(""), Some(token)) => with_token(answer, token),
+            _ => answer,
+        }
     }
 
     /// Opens the relay session of a session opened here, if it is not open.
@@ -555,6 +602,68 @@ fn speaks_as_agent(method: &str, answer: &str) -> bool {
         || listed("reclaimedAgents")
 }
 
+/// The relay-only parameters by which a standby names resume tokens to the writer by their
+/// digests (the writer accepts them from a relay session only).
+const TOKEN_DIGEST: &str = "resumeTokenDigest";
+const NEXT_TOKEN_DIGEST: &str = "nextResumeTokenDigest";
+
+/// Whether the writer's answer to `method` carries the session's resume token (it rotates it,
+/// or repeats it): what the relay forwards with [`with_token_digests`].
+fn carries_token(method: &str) -> bool {
+    use crate::protocol::methods::session::{Connect, Disconnect, SessionLoad};
+    use crate::protocol::methods::Method;
+    [Connect::NAME, Disconnect::NAME, SessionLoad::NAME].contains(&method)
+}
+
+/// The parameters of a call whose answer carries a resume token, as the writer gets them, so
+/// that no usable token crosses NATS: the client's `resumeToken` (a connect's) as its digest
+/// (`resumeTokenDigest`), and the digest of a fresh token drawn here for the session's next
+/// one (`nextResumeTokenDigest`), which is returned. The relay-only parameters from the
+/// client itself are refused.
+///
+/// # Errors
+/// Invalid params when the client sent a relay-only parameter.
+fn with_token_digests(
+    method: &str,
+    mut params: serde_json::Map<String, serde_json::Value>,
+) -> Result<(serde_json::Map<String, serde_json::Value>, String), ErrorObject> {
+    use crate::router::sessions::table::token_key;
+    for key in [TOKEN_DIGEST, NEXT_TOKEN_DIGEST] {
+        if params.contains_key(key) {
+            return Err(ErrorObject::invalid_params(format!(
+                "`{key}` is sent only by a cluster node's relay session, never by a client"
+            )));
+        }
+    }
+    if method
+        == <crate::protocol::methods::session::Connect as crate::protocol::methods::Method>::NAME
+    {
+        if let Some(serde_json::Value::String(token)) = params.remove("resumeToken") {
+            params.insert(TOKEN_DIGEST.into(), token_key(&token).into());
+        }
+    }
+    let next = crate::protocol::ids::random_token("resume_");
+    params.insert(NEXT_TOKEN_DIGEST.into(), token_key(&next).into());
+    Ok((params, next))
+}
+
+/// `answer` (a JSON object whose `resumeToken` is empty) with `token` in its place. The text
+/// is changed there only (the rest stays the writer's bytes): the last `"resumeToken":""` is
+/// the object's own, as every answer that carries one lists it after every nested object
+/// (agents' metadata) and before only the principal, which has none.
+fn with_token(answer: String, token: &str) -> String {
+    const EMPTY: &str = r#""resumeToken":"""#;
+    let Some(at) = answer.rfind(EMPTY) else {
+        return answer;
+    };
+    let mut out = String::with_capacity(answer.len() + token.len() + 2);
+    out.push_str(&answer[..at]);
+    out.push_str(r#""resumeToken":"#);
+    out.push_str(&serde_json::Value::from(token).to_string());
+    out.push_str(&answer[at + EMPTY.len()..]);
+    out
+}
+
 /// A JSON-RPC request (with `id`) or notification for the writer.
 fn frame(id: Option<u64>, method: &str, params: Option<&RawValue>) -> String {
     let mut frame = String::from(r#"{"jsonrpc":"2.0","#);
@@ -606,6 +715,7 @@ pub(crate) fn unreachable_writer(why: &str) -> ErrorObject {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn raw(s: &str) -> Box<RawValue> {
         RawValue::from_string(s.to_owned()).unwrap()
@@ -710,6 +820,59 @@ mod tests {
             "map/send",
             r#"{"participantType":"agent"}"#
         ));
+    }
+
+    #[test]
+    fn a_relayed_connect_names_tokens_by_their_digests_only() {
+        use crate::router::sessions::table::token_key;
+        let client = params_object(Some(&raw(
+            r#"{"participantType":"agent","resumeToken":"resume_abc","name":"a"}"#,
+        )));
+        let (theirs, next) = with_token_digests("map/connect", client).unwrap();
+        let text = serde_json::Value::Object(theirs.clone()).to_string();
+        assert!(
+            !text.contains("resume_abc") && !text.contains(&next),
+            "{text}"
+        );
+        assert_eq!(theirs["resumeTokenDigest"], json!(token_key("resume_abc")));
+        assert_eq!(theirs["nextResumeTokenDigest"], json!(token_key(&next)));
+        assert_eq!(theirs["name"], json!("a"));
+        // A disconnect names the next token only; a client's own digest is refused.
+        let (theirs, _) = with_token_digests("map/disconnect", Default::default()).unwrap();
+        assert!(!theirs.contains_key("resumeTokenDigest"));
+        for key in ["resumeTokenDigest", "nextResumeTokenDigest"] {
+            let mut client = serde_json::Map::new();
+            client.insert(key.into(), json!(token_key("resume_abc")));
+            let err = with_token_digests("map/connect", client).unwrap_err();
+            assert!(format!("{err:?}").contains(key), "{err:?}");
+        }
+        assert!(carries_token("map/session/load") && !carries_token("map/send"));
+    }
+
+    #[test]
+    fn the_clients_token_fills_the_writers_empty_one_and_nothing_else() {
+        // Agent metadata may hold the same key: only the answer's own field changes.
+        let answer = r#"{"reclaimedAgents":[{"metadata":{"resumeToken":""}}],"resumeToken":"","principal":{"id":"p"}}"#;
+        assert_eq!(
+            with_token(answer.to_owned(), "resume_1"),
+            r#"{"reclaimedAgents":[{"metadata":{"resumeToken":""}}],"resumeToken":"resume_1","principal":{"id":"p"}}"#
+        );
+        let mut state = RelayState::default();
+        let filled = state.fill_token("map/connect", answer.to_owned(), "resume_2".into());
+        assert!(filled.contains(r#""resumeToken":"resume_2""#), "{filled}");
+        // A load of the session it has keeps the token; one that restores another takes the
+        // new one; an answer with a token already (never from this version) is left alone.
+        let same = r#"{"restored":false,"resumeToken":""}"#;
+        let filled = state.fill_token("map/session/load", same.to_owned(), "resume_3".into());
+        assert_eq!(filled, r#"{"restored":false,"resumeToken":"resume_2"}"#);
+        let other = r#"{"restored":true,"resumeToken":""}"#;
+        let filled = state.fill_token("map/session/load", other.to_owned(), "resume_4".into());
+        assert_eq!(filled, r#"{"restored":true,"resumeToken":"resume_4"}"#);
+        let clear = r#"{"resumeToken":"resume_x"}"#;
+        assert_eq!(
+            state.fill_token("map/disconnect", clear.to_owned(), "resume_5".into()),
+            clear
+        );
     }
 
     #[test]

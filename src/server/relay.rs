@@ -27,7 +27,8 @@
 //! replays), never handed a spliced frame or a silent gap. A message lost while NATS is away
 //! at the end of a call ends as a bounded wait (`router::relay::RELAY_CALL_TIMEOUT`) and a
 //! clear error, never as a wrong answer. Trust: whoever may publish on `_MAP.relay.>` may
-//! name a principal, and whoever may subscribe there reads the relayed frames, so NATS must
+//! name a principal, and whoever may subscribe there reads the relayed frames (never a usable
+//! resume token: `router::relay` names tokens by their digests), so NATS must
 //! give `_MAP.>` to router nodes only (docs/cluster.md, "NATS users").
 
 mod frames;

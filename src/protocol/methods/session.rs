@@ -112,6 +112,18 @@ pub struct ConnectParams {
     pub disconnect_policy: Option<DisconnectPolicy>,
     /// Credentials.
     pub auth: Option<AuthCredentials>,
+    /// Relay sessions between cluster nodes only (refused from a client): the SHA-256 (hex)
+    /// of the resume token the standby's client gave, so the token itself never crosses NATS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub resume_token_digest: Option<String>,
+    /// Relay sessions between cluster nodes only (refused from a client): the SHA-256 (hex)
+    /// of the resume token the standby drew for the session's next token; the node that
+    /// writes the log keeps only this digest and answers an empty `resumeToken`, which the
+    /// standby fills in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub next_resume_token_digest: Option<String>,
 }
 
 /// `systemInfo` of the connect result.
@@ -183,6 +195,13 @@ pub struct DisconnectParams {
     pub reason: Option<String>,
     /// Overrides the session's disconnect policy for this disconnect.
     pub policy: Option<DisconnectPolicy>,
+    /// Relay sessions between cluster nodes only (refused from a client): the SHA-256 (hex)
+    /// of the resume token the standby drew for the session's next token; the node that
+    /// writes the log keeps only this digest and answers an empty `resumeToken`, which the
+    /// standby fills in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub next_resume_token_digest: Option<String>,
 }
 
 /// Session summary in the disconnect result.
@@ -382,6 +401,13 @@ pub struct SessionListResult {
 pub struct SessionLoadParams {
     /// The detached session to attach this connection to.
     pub session_id: SessionId,
+    /// Relay sessions between cluster nodes only (refused from a client): the SHA-256 (hex)
+    /// of the resume token the standby drew for the session's next token; the node that
+    /// writes the log keeps only this digest and answers an empty `resumeToken`, which the
+    /// standby fills in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub next_resume_token_digest: Option<String>,
 }
 
 /// `map/session/load` result: the spec's `{sessionId, restored}` plus what a resuming

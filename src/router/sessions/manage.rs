@@ -98,6 +98,13 @@ impl Router {
         p: SessionLoadParams,
     ) -> Result<SessionLoadResult, RouterError> {
         let me = self.session_of(ctx)?.clone();
+        self.check_relay_digests(
+            ctx.conn,
+            &[(
+                "nextResumeTokenDigest",
+                p.next_resume_token_digest.as_deref(),
+            )],
+        )?;
         if p.session_id == me.id {
             return Ok(SessionLoadResult {
                 session_id: me.id.clone(),
@@ -115,7 +122,12 @@ impl Router {
         // loadable back, its agents following its own policy.
         let policy = crate::router::sessions::table::policy_when_lost(Some(&me));
         self.detach(ctx.conn, &policy, LOADED_REASON, false);
-        let resumed = self.resume_session(ctx.conn, &target.id, None);
+        let resumed = self.resume_session(
+            ctx.conn,
+            &target.id,
+            None,
+            p.next_resume_token_digest.as_deref(),
+        );
         Ok(SessionLoadResult {
             session_id: resumed.session_id,
             restored: true,

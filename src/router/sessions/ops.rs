@@ -96,6 +96,16 @@ impl Router {
                 )));
             }
         }
+        self.check_relay_digests(
+            ctx.conn,
+            &[
+                ("resumeTokenDigest", p.resume_token_digest.as_deref()),
+                (
+                    "nextResumeTokenDigest",
+                    p.next_resume_token_digest.as_deref(),
+                ),
+            ],
+        )?;
         let conn = self.conns.get(&ctx.conn).ok_or(RouterError::Unavailable)?;
         let kind = p
             .participant_type
@@ -113,7 +123,7 @@ impl Router {
                     s.kind
                 )));
             }
-            self.sessions.set_token(&existing, random_token("resume_"));
+            self.rotate_token(ctx.conn, &existing, p.next_resume_token_digest.as_deref());
             return Ok(ConnectResponse::Connected(Box::new(self.connect_result(
                 &existing,
                 true,
@@ -160,6 +170,14 @@ impl Router {
             .as_deref()
             .and_then(|t| self.sessions.by_token(t))
             .or_else(|| {
+                // A relay session's: the token's digest (checked: only a cluster node's relay
+                // session may send it, `check_relay_digests`).
+                p.resume_token_digest
+                    .as_deref()
+                    .filter(|_| self.is_relay(ctx.conn))
+                    .and_then(|key| self.sessions.by_token_key(key))
+            })
+            .or_else(|| {
                 p.session_id
                     .as_ref()
                     .and_then(|id| self.sessions.get(id))
@@ -193,7 +211,12 @@ impl Router {
                 self.check_principal_quota(&principal)?;
             }
             self.renew_principal(&session_id, principal);
-            return Ok(self.resume_session(ctx.conn, &session_id, p.reclaim_agents.as_deref()));
+            return Ok(self.resume_session(
+                ctx.conn,
+                &session_id,
+                p.reclaim_agents.as_deref(),
+                p.next_resume_token_digest.as_deref(),
+            ));
         }
 
         // A new session. An id another principal owns (or a reserved one) is not taken: the
@@ -268,6 +291,9 @@ impl Router {
         let session_id = session.id.clone();
         let owner = session.principal.clone();
         self.sessions.insert(session);
+        if self.is_relay(ctx.conn) {
+            self.rotate_token(ctx.conn, &session_id, p.next_resume_token_digest.as_deref());
+        }
         self.claim(IdKind::Participant, participant.as_str(), owner.as_ref());
         self.arm_credential(&session_id);
         if let Some(c) = self.conns.get_mut(&ctx.conn) {
@@ -324,6 +350,7 @@ impl Router {
         conn: ConnId,
         session_id: &SessionId,
         reclaim_only: Option<&[AgentId]>,
+        next_token_key: Option<&str>,
     ) -> ConnectResult {
         // Take the session over from a connection that still holds it.
         if let Some(old_conn) = self.sessions.get(session_id).and_then(|s| s.conn) {
@@ -347,7 +374,7 @@ impl Router {
         let kind = s.kind;
         let name = s.name.clone();
         let orphaned = std::mem::take(&mut s.orphaned);
-        self.sessions.set_token(session_id, random_token("resume_"));
+        self.rotate_token(conn, session_id, next_token_key);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.session = Some(session_id.clone());
         }
@@ -383,6 +410,59 @@ impl Router {
             }
         }
         self.connect_result(session_id, true, reclaimed)
+    }
+
+    /// Whether `conn` is a relay session a cluster node opened for one of its connections
+    /// (`server::relay`; its `node` is the standby's).
+    pub(super) fn is_relay(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn).is_some_and(|c| c.node.is_some())
+    }
+
+    /// Refuses the relay-only token digests (`resumeTokenDigest`, `nextResumeTokenDigest`:
+    /// hex SHA-256) unless `conn` is a cluster node's relay session: a digest is a usable
+    /// credential there, so a client may never send one, on any node.
+    pub(super) fn check_relay_digests(
+        &self,
+        conn: ConnId,
+        digests: &[(&str, Option<&str>)],
+    ) -> Result<(), RouterError> {
+        for (name, digest) in digests {
+            let Some(digest) = digest else {
+                continue;
+            };
+            if !self.is_relay(conn) {
+                return Err(RouterError::InvalidParams(format!(
+                    "`{name}` is sent only by a cluster node's relay session, never by a client"
+                )));
+            }
+            if digest.len() != 64
+                || !digest
+                    .bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            {
+                return Err(RouterError::InvalidParams(format!(
+                    "`{name}` must be a SHA-256 digest in lowercase hex"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives session `id` its next resume token. On a relay session (`conn`), this node never
+    /// holds the token in clear, so none crosses NATS: it keeps the digest the standby sent
+    /// (`next`, the standby puts the token it drew in its client's answer), or the digest of a
+    /// token nobody holds when none was sent; its answers carry an empty `resumeToken`.
+    /// Elsewhere a fresh token.
+    pub(super) fn rotate_token(&mut self, conn: ConnId, id: &SessionId, next: Option<&str>) {
+        if self.is_relay(conn) {
+            let key = next.map_or_else(
+                || crate::router::sessions::table::token_key(&random_token("resume_")),
+                str::to_owned,
+            );
+            self.sessions.set_token_key(id, key);
+        } else {
+            self.sessions.set_token(id, random_token("resume_"));
+        }
     }
 
     /// Gives an orphaned agent back to `owner`. Returns the agent if it was orphaned.
@@ -438,8 +518,21 @@ impl Router {
                 grace_period_ms: None,
                 notify_subscribers: None,
             });
+        self.check_relay_digests(
+            ctx.conn,
+            &[(
+                "nextResumeTokenDigest",
+                p.next_resume_token_digest.as_deref(),
+            )],
+        )?;
         let reason = p.reason.unwrap_or_else(|| "disconnect".into());
-        self.detach(ctx.conn, &policy, &reason, true);
+        // Its result carries a fresh token (a relay session's: the standby's, by digest).
+        self.rotate_token(
+            ctx.conn,
+            &caller.session,
+            p.next_resume_token_digest.as_deref(),
+        );
+        self.detach(ctx.conn, &policy, &reason, false);
         let s = self
             .sessions
             .get(&caller.session)

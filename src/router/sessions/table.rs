@@ -310,7 +310,8 @@ pub struct Session {
     /// The connection, while attached.
     pub(in crate::router::sessions) conn: Option<ConnId>,
     /// The current single-use resume token (empty for a session restored from another node's
-    /// saved record, `router::handover`, until it is resumed: only its digest was saved).
+    /// saved record, `router::handover`, until it is resumed: only its digest was saved; and
+    /// for a relay session's, whose token the standby keeps: `Sessions::set_token_key`).
     pub(in crate::router::sessions) resume_token: String,
     /// The token's digest ([`token_key`]), which the token index is keyed by.
     pub(in crate::router::sessions) token_key: String,
@@ -607,6 +608,24 @@ impl Sessions {
             self.by_token.insert(s.token_key.clone(), s.id.clone());
             s.resume_token = token;
         }
+    }
+
+    /// Replaces a session's resume token by one this node knows by its digest only (`key`,
+    /// [`token_key`]): a relay session's, whose token the standby that drew it keeps
+    /// (`router::relay`). The old one stops working.
+    pub fn set_token_key(&mut self, id: &SessionId, key: String) {
+        self.changed.mark(id);
+        if let Some(s) = self.by_id.get_mut(id) {
+            self.by_token.remove(&s.token_key);
+            s.token_key = key;
+            self.by_token.insert(s.token_key.clone(), s.id.clone());
+            s.resume_token = String::new();
+        }
+    }
+
+    /// The session whose resume token has digest `key` ([`token_key`]).
+    pub fn by_token_key(&self, key: &str) -> Option<&Session> {
+        self.by_token.get(key).and_then(|id| self.by_id.get(id))
     }
 
     /// Records that `id` made a call now.
