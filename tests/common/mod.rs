@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod docs;
 pub mod http;
 pub mod load;

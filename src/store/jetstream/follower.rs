@@ -23,8 +23,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::reader::{bounded, lock, Reader, Shared};
 use super::{
-    apply_limits, claim_writer, codec, fold, new_reader, nodes, open_stream, recover_and_fold,
-    JetStreamOptions, JetStreamStore, NodeStatus,
+    apply_limits, claim_writer, codec, fold, new_reader, nodes, open_stream, patiently,
+    recover_and_fold, JetStreamOptions, JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
 use crate::store::kept::{KeptAnswer, KeptQuery};
@@ -206,7 +206,12 @@ impl Follower {
                 "NATS JetStream: this follower was promoted already".into(),
             ));
         }
-        let responder = claim_writer(&self.client, &self.js, &self.options).await?;
+        let responder = patiently(
+            "claiming the writer lock",
+            self.options.open_patience,
+            || claim_writer(&self.client, &self.js, &self.options),
+        )
+        .await?;
         match self.take_over().await {
             Ok(recovered) => {
                 self.task.abort();

@@ -100,6 +100,11 @@ pub struct JetStreamOptions {
     pub max_in_flight: usize,
     /// How long `close` keeps trying to commit what is queued (10 s).
     pub close_timeout: Duration,
+    /// How long opening (claiming the writer lock, reading the stream) keeps trying while
+    /// NATS, once connected, does not answer (30 s): a stream or lock just created on a NATS
+    /// cluster answers only once its leader is elected, and nodes started together create them
+    /// at the same time. Each retry is logged; a refusal (another live writer) is not retried.
+    pub open_patience: Duration,
     /// Newest rows returned in [`Recovered::recent`] (1024).
     pub recent_rows: usize,
     /// This node's name: in the NATS connection name and in the answer to other writers.
@@ -177,6 +182,7 @@ impl JetStreamOptions {
             connect_timeout: Duration::from_secs(5),
             max_in_flight: 256,
             close_timeout: Duration::from_secs(10),
+            open_patience: Duration::from_secs(30),
             recent_rows: 1024,
             node: "map-router".into(),
             exclusive: false,
@@ -214,34 +220,41 @@ impl JetStreamStore {
     /// be created or read, or its newest row cannot be decoded.
     pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
         let (client, js, stream) = open_stream(&options).await?;
-        let responder = if options.exclusive {
-            Some(claim_writer(&client, &js, &options).await?)
-        } else {
-            None
-        };
-        let result = async {
-            // Only the writer (`exclusive`) sets the limits: a handle that reads (a tool, a
-            // test) must not change the stream, e.g. its replicas to its default of 1.
-            if options.exclusive {
-                apply_limits(&js, &stream, &options).await?;
-            }
-            let reader = new_reader(stream, &options);
-            let recovered = recover_and_fold(&reader, &options).await?;
-            Ok((reader, recovered))
-        }
-        .await;
-        match result {
-            Ok((reader, recovered)) => {
-                let store = Self::start(client, js, reader, &recovered, responder, &options);
-                Ok((store, recovered))
-            }
-            Err(e) => {
-                if let Some(r) = responder {
-                    r.abort();
+        // Connected: what fails from here on with NATS answering late or not at all (a stream
+        // just created on a NATS cluster has no leader for a moment) is tried again, within
+        // `open_patience`, instead of ending the node's start.
+        let (responder, reader, recovered) =
+            patiently("opening the stream", options.open_patience, || async {
+                let responder = if options.exclusive {
+                    Some(claim_writer(&client, &js, &options).await?)
+                } else {
+                    None
+                };
+                let result = async {
+                    // Only the writer (`exclusive`) sets the limits: a handle that reads (a
+                    // tool, a test) must not change the stream, e.g. its replicas to its
+                    // default of 1.
+                    if options.exclusive {
+                        apply_limits(&js, &stream, &options).await?;
+                    }
+                    let reader = new_reader(stream.clone(), &options);
+                    let recovered = recover_and_fold(&reader, &options).await?;
+                    Ok((reader, recovered))
                 }
-                Err(e)
-            }
-        }
+                .await;
+                match result {
+                    Ok((reader, recovered)) => Ok((responder, reader, recovered)),
+                    Err(e) => {
+                        if let Some(r) = responder {
+                            r.abort();
+                        }
+                        Err(e)
+                    }
+                }
+            })
+            .await?;
+        let store = Self::start(client, js, reader, &recovered, responder, &options);
+        Ok((store, recovered))
     }
 
     /// Starts the writer and the refresher on a recovered stream: the store is open.
@@ -624,6 +637,51 @@ async fn get_or_create(
                 tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails with anything but [`StoreError::Io`] (a refusal
+/// such as [`StoreError::Locked`] is an answer, not a failure to get one), or `patience` has
+/// passed: NATS answering late or not at all is waited out (each retry logged as a warning,
+/// the pause doubling from 100 ms to 1 s); the last error is returned after `patience`.
+async fn patiently<T, F, Fut>(
+    what: &str,
+    patience: Duration,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(100);
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match attempt().await {
+            Err(StoreError::Io(e)) if tokio::time::Instant::now() + pause < deadline => {
+                tracing::warn!(
+                    error = %e,
+                    attempt = tries,
+                    retry_in = ?pause,
+                    patience = ?patience,
+                    "event store (JetStream): {what}: NATS did not answer yet; trying again"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(StoreError::Io(e)) if tries > 1 => {
+                return Err(StoreError::Io(format!(
+                    "{e} (still failing after {tries} tries within {patience:?})"
+                )));
+            }
+            other => {
+                if tries > 1 && other.is_ok() {
+                    tracing::info!(attempt = tries, "event store (JetStream): {what}: done");
+                }
+                return other;
+            }
         }
     }
 }
