@@ -147,7 +147,7 @@ pub async fn role_of(port: u16) -> Role {
     };
     match tokio::time::timeout(Duration::from_secs(2), ask).await {
         Ok(Some((200, _))) => Role::Live,
-        Ok(Some((503, body))) if body.contains("standby") => Role::Standby,
+        Ok(Some((503, body))) if body.starts_with("standby") => Role::Standby,
         Ok(Some((status, body))) => Role::Other(status, body),
         _ => Role::Down,
     }

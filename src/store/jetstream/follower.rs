@@ -228,7 +228,7 @@ impl Follower {
                 Ok((store, recovered))
             }
             Err(e) => {
-                responder.abort();
+                responder.responder.abort();
                 Err(e)
             }
         }

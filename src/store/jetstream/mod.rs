@@ -245,8 +245,8 @@ impl JetStreamStore {
                 match result {
                     Ok((reader, recovered)) => Ok((responder, reader, recovered)),
                     Err(e) => {
-                        if let Some(r) = responder {
-                            r.abort();
+                        if let Some(c) = responder {
+                            c.responder.abort();
                         }
                         Err(e)
                     }
@@ -263,10 +263,17 @@ impl JetStreamStore {
         js: async_nats::jetstream::Context,
         reader: Reader,
         recovered: &Recovered,
-        responder: Option<tokio::task::JoinHandle<()>>,
+        claimed: Option<Claimed>,
         options: &JetStreamOptions,
     ) -> Arc<Self> {
         let shared = Arc::clone(&reader.shared);
+        let (responder, fence) = match claimed {
+            Some(c) => (Some(c.responder), Some(c.fence)),
+            None => (None, None),
+        };
+        if let Some(r) = &responder {
+            *lock(&shared.responder) = Some(r.abort_handle());
+        }
         let (committed_tx, committed_rx) = watch::channel(recovered.next_seq);
         let (tx, rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = oneshot::channel();
@@ -280,6 +287,7 @@ impl JetStreamStore {
             shared: Arc::clone(&shared),
             reader: reader.clone(),
             max_payload: client.server_info().max_payload,
+            fence,
         });
         tokio::spawn(async move {
             let result = writer.run(rx).await;
@@ -499,6 +507,11 @@ async fn connect(options: &JetStreamOptions) -> Result<async_nats::Client, Store
         .map_err(|e| nats_err(&format!("connecting to {}", options.url), e))
 }
 
+/// How long "no responders" on the writer subject, with the lock unchanged, must hold before a
+/// node claims the lock (longer than a subscription takes to reach every server of a NATS
+/// cluster on a LAN).
+const INTEREST_SETTLE: Duration = Duration::from_millis(200);
+
 /// How long the stream's last sequence must stay still before a standby takes over.
 const SETTLE: Duration = Duration::from_millis(100);
 
@@ -704,7 +717,7 @@ async fn claim_writer(
     client: &async_nats::Client,
     js: &async_nats::jetstream::Context,
     options: &JetStreamOptions,
-) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+) -> Result<Claimed, StoreError> {
     use futures::StreamExt as _;
     let limit = options.request_timeout;
     let lock = get_or_create(
@@ -722,22 +735,39 @@ async fn claim_writer(
         limit,
     )
     .await?;
-    let held = bounded(limit, "reading the writer lock", async {
-        match lock
-            .get_last_raw_message_by_subject(&lock_subject(&options.stream))
-            .await
-        {
-            Ok(msg) => Ok(msg.sequence),
-            Err(e)
-                if e.kind()
-                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+    let read_held = || {
+        bounded(limit, "reading the writer lock", async {
+            match lock
+                .get_last_raw_message_by_subject(&lock_subject(&options.stream))
+                .await
             {
-                Ok(0)
+                Ok(msg) => Ok(msg.sequence),
+                Err(e)
+                    if e.kind()
+                        == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+                {
+                    Ok(0)
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        }
-    })
-    .await?;
+        })
+    };
+    let held = read_held().await?;
+    if let Some(node) = live_writer(client, &options.stream, limit).await? {
+        return Err(locked(&options.stream, &node));
+    }
+    // On a NATS cluster, a claimant's subscription reaches the other servers a moment after it
+    // subscribed: a node on another server that read the claimant's fresh claim could still be
+    // told "no responders" and claim after it (two writers; seen in the fault suite,
+    // tests/cluster_faults.rs). So the answer must hold for `INTEREST_SETTLE`, with the lock
+    // unchanged, before claiming.
+    tokio::time::sleep(INTEREST_SETTLE).await;
+    if read_held().await? != held {
+        return Err(locked(
+            &options.stream,
+            "(another node claimed it meanwhile)",
+        ));
+    }
     if let Some(node) = live_writer(client, &options.stream, limit).await? {
         return Err(locked(&options.stream, &node));
     }
@@ -763,7 +793,7 @@ async fn claim_writer(
         let claim = PublishMessage::build()
             .payload(options.node.clone().into())
             .expected_last_subject_sequence(held);
-        // `false`: another claim landed first ("wrong last sequence").
+        // `None`: another claim landed first ("wrong last sequence").
         let claimed = async {
             let ack = js
                 .send_publish(lock_subject(&options.stream), claim)
@@ -771,24 +801,43 @@ async fn claim_writer(
                 .map_err(|e| e.to_string())?
                 .await;
             match ack {
-                Ok(_) => Ok(true),
-                Err(e) if e.to_string().contains("wrong last sequence") => Ok(false),
+                Ok(ack) => Ok(Some(ack.sequence)),
+                Err(e) if e.to_string().contains("wrong last sequence") => Ok(None),
                 Err(e) => Err(e.to_string()),
             }
         };
-        if bounded(limit, "claiming the writer lock", claimed).await? {
-            Ok(())
-        } else {
-            Err(locked(&options.stream, "(another node claimed it first)"))
+        match bounded(limit, "claiming the writer lock", claimed).await? {
+            Some(seq) => Ok(seq),
+            None => Err(locked(&options.stream, "(another node claimed it first)")),
         }
     };
     match claim.await {
-        Ok(()) => Ok(responder),
+        Ok(seq) => Ok(Claimed {
+            responder,
+            fence: writer::Fence {
+                client: client.clone(),
+                lock,
+                subject: lock_subject(&options.stream),
+                seq,
+                connects: client
+                    .statistics()
+                    .connects
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                timeout: limit,
+            },
+        }),
         Err(e) => {
             responder.abort();
             Err(e)
         }
     }
+}
+
+/// A writer lock this node holds: the task answering as the writer, and what the writer
+/// checks the claim with before publishing again after its connection to NATS was lost.
+struct Claimed {
+    responder: tokio::task::JoinHandle<()>,
+    fence: writer::Fence,
 }
 
 fn locked(stream: &str, node: &str) -> StoreError {

@@ -36,6 +36,9 @@ const FIRST_SEQ_REFRESH: Duration = Duration::from_secs(1);
 pub(super) struct Shared {
     pub(super) first_seq: AtomicU64,
     pub(super) diverged: Mutex<Option<String>>,
+    /// Stops this node answering as the stream's writer ([`super::writer_subject`]) once it
+    /// may no longer write (diverged, or another node took the writer lock).
+    pub(super) responder: Mutex<Option<tokio::task::AbortHandle>>,
     /// The kept tables, folded from the committed log (`fold.rs`).
     pub(super) kept: Mutex<MemoryKept>,
 }
