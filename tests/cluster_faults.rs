@@ -661,7 +661,7 @@ async fn under_link_cuts_partitions_pauses_and_a_lost_nats_server_nothing_acknow
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop_dash_tx.send_replace(true);
-    for t in tasks.drain(..) {
+    for t in tasks.drain(..).skip(1).step_by(2) {
         let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
     }
     // Every node's replay (a standby's once it has followed to the end).
