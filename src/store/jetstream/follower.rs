@@ -89,7 +89,13 @@ impl Follower {
     pub async fn open(options: JetStreamOptions) -> Result<Self, StoreError> {
         let (client, js, stream) = open_stream(&options).await?;
         let reader = new_reader(stream, &options);
-        let recovered = recover_and_fold(&reader, &options).await?;
+        // A NATS cluster just healed answers "JetStream system temporarily unavailable" for a
+        // moment: waited out as the writer's open does (a standby that could not follow would
+        // serve no MAP client until it takes over; seen in the fault suite).
+        let recovered = patiently("following the stream", options.open_patience, || {
+            recover_and_fold(&reader, &options)
+        })
+        .await?;
         let state = Arc::new(Mutex::new(Followed {
             next_seq: recovered.next_seq,
             last_id: recovered.last_id.map(|id| id.to_string()),
