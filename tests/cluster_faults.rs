@@ -365,13 +365,13 @@ impl Nodes {
     async fn restart_broken(&mut self, net: &Net, logs: &Path) -> Vec<String> {
         let roles = self.roles().await;
         let mut restarted = Vec::new();
-        for k in 0..3 {
-            if matches!(roles[k], Role::Live | Role::Standby) {
+        for (k, role) in roles.iter().enumerate() {
+            if matches!(role, Role::Live | Role::Standby) {
                 continue;
             }
             let old = &mut self.nodes[k];
             let exit = old.exited();
-            let why = match &roles[k] {
+            let why = match role {
                 Role::Other(s, b) => format!("{s} {}", b.lines().next().unwrap_or("")),
                 r => format!("{r:?} exit={exit:?}"),
             };
