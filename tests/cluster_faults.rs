@@ -688,7 +688,7 @@ async fn under_link_cuts_partitions_pauses_and_a_lost_nats_server_nothing_acknow
     for n in &nodes.nodes {
         let _ = std::fs::write(logs.join(format!("{}.log", n.name)), n.log_text());
     }
-    let verdict = check(&senders, &dashes, &replays);
+    let verdict = check(&senders, &dashes, &reference, &replays);
     let total: usize = senders.iter().map(|s| s.acked.len()).sum();
     // Written to the process's stderr itself, past the test harness's capture: the summary is
     // in CI's log whether the run passes or fails.

@@ -378,16 +378,18 @@ pub struct Verdict {
     pub summary: Vec<String>,
 }
 
-/// Holds the senders and dashboards against the logs `replays` (node name, its replay).
+/// Holds the senders and dashboards against `log` (the live node's replay after the final
+/// heal) and every node's replay `replays` (node name, its replay).
 pub fn check(
     senders: &[SenderLog],
     dashboards: &[DashLog],
+    log: &[Shown],
     replays: &[(String, Vec<Shown>)],
 ) -> Verdict {
     let mut v = Verdict::default();
-    let (first_node, log) = &replays[0];
-    // Same ids and sequence numbers on every node.
-    for (node, other) in &replays[1..] {
+    let first_node = "the live node";
+    // Same ids in the same order on every node.
+    for (node, other) in replays {
         if other != log {
             let at = log.iter().zip(other).position(|(a, b)| a != b);
             v.violations.push(format!(

@@ -166,7 +166,14 @@ impl Reader {
         };
         if first < next {
             let last = self.get(next - 1).await?.ok_or_else(|| {
-                StoreError::Corrupt(format!("the newest row (seq {}) is missing", next - 1))
+                // A direct get may be answered by a replica that has not caught up yet (a NATS
+                // server just back from a partition): an answer to wait for (the opens retry
+                // `Io` within their patience), not a corrupt stream.
+                StoreError::Io(format!(
+                    "NATS JetStream: the newest row (seq {}) is not there yet (a replica behind \
+                     the stream's leader?)",
+                    next - 1
+                ))
             })?;
             recovered.last_id = Some(EventId::parse(&last.id).ok_or_else(|| {
                 StoreError::Corrupt(format!("bad event id {} at seq {}", last.id, last.seq))
