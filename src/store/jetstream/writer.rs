@@ -232,7 +232,12 @@ impl Writer {
             let fenced = match self.c.fence.as_mut() {
                 // Nothing is published while the connection is down: the client would buffer
                 // it and send it on reconnecting, before the claim could be checked.
-                Some(f) if !super::is_connected(&f.client) => {
+                Some(f)
+                    if !matches!(
+                        f.client.connection_state(),
+                        async_nats::connection::State::Connected
+                    ) =>
+                {
                     Err(Stall::Transient("not connected to NATS".into()))
                 }
                 Some(f) if f.due(backoff != MIN_BACKOFF) => f.check().await,
