@@ -19,6 +19,12 @@ use common::cluster::{doc_config, Node, Role};
 use common::nats::Nats;
 use common::TempDir;
 
+/// The tests of this file take turns: the fault suite's proxies bind ephemeral ports, and one
+/// of them once took the port a concurrently starting nats-server had been given (the server
+/// could not bind it, and the nodes of the other test were connected, through the proxy, to the
+/// fault suite's NATS cluster).
+static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A number from the environment, or `default`.
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -110,6 +116,7 @@ async fn start_together(
 /// "reading the writer lock: failed to get last raw message: timed out".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_started_at_once_on_three_nats_servers_come_up_one_live_two_standby() {
+    let _turn = TURNS.lock().await;
     let rounds = env_usize("MAP_FAULTS_ROUNDS", 3);
     start_together(
         "three NATS servers",
@@ -138,6 +145,7 @@ async fn three_nodes_started_at_once_on_three_nats_servers_come_up_one_live_two_
 /// Item 15 on one NATS server (`replicas = 1`): the same, every round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_started_at_once_on_one_nats_server_come_up_one_live_two_standby() {
+    let _turn = TURNS.lock().await;
     let rounds = env_usize("MAP_FAULTS_ROUNDS", 3);
     start_together(
         "one NATS server",
@@ -424,6 +432,7 @@ fn ack_counts(senders: &[Arc<Mutex<SenderLog>>]) -> Vec<usize> {
 /// `MAP_FAULTS_PACE_MS` (40) sets the senders' pace. scripts/faults.sh runs the long soak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_link_cuts_partitions_pauses_and_a_lost_nats_server_nothing_acknowledged_is_lost() {
+    let _turn = TURNS.lock().await;
     let seed = env_seed("MAP_FAULTS_SEED");
     let passes = env_usize("MAP_FAULTS_PASSES", 1);
     let hold = Duration::from_millis(env_usize("MAP_FAULTS_HOLD_MS", 3000) as u64);
