@@ -96,6 +96,11 @@ async fn start_together(
                 n.log_text()
             ));
         }
+        if !(live == 1 && standby == 2) {
+            for (i, n) in nats.iter().enumerate() {
+                report.push_str(&format!("\n--- nats-server {i}\n{}", n.log()));
+            }
+        }
         assert!(
             live == 1 && standby == 2,
             "{what}, round {round}: {live} live, {standby} standby (expected 1 and 2) after \
