@@ -7,11 +7,17 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod docs;
+#[cfg(feature = "cluster")]
+pub mod faults;
 pub mod http;
 pub mod load;
 #[cfg(feature = "cluster")]
 pub mod nats;
+#[cfg(feature = "cluster")]
+pub mod proxy;
 
 /// A fresh directory under the system temp dir, removed on drop.
 pub struct TempDir {

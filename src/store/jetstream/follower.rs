@@ -23,8 +23,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::reader::{bounded, lock, Reader, Shared};
 use super::{
-    apply_limits, claim_writer, codec, fold, new_reader, nodes, open_stream, recover_and_fold,
-    JetStreamOptions, JetStreamStore, NodeStatus,
+    apply_limits, claim_writer, codec, fold, new_reader, nodes, open_stream, patiently,
+    recover_and_fold, JetStreamOptions, JetStreamStore, NodeStatus,
 };
 use crate::protocol::ids::EventId;
 use crate::store::kept::{KeptAnswer, KeptQuery};
@@ -89,7 +89,13 @@ impl Follower {
     pub async fn open(options: JetStreamOptions) -> Result<Self, StoreError> {
         let (client, js, stream) = open_stream(&options).await?;
         let reader = new_reader(stream, &options);
-        let recovered = recover_and_fold(&reader, &options).await?;
+        // A NATS cluster just healed answers "JetStream system temporarily unavailable" for a
+        // moment: waited out as the writer's open does (a standby that could not follow would
+        // serve no MAP client until it takes over; seen in the fault suite).
+        let recovered = patiently("following the stream", options.open_patience, || {
+            recover_and_fold(&reader, &options)
+        })
+        .await?;
         let state = Arc::new(Mutex::new(Followed {
             next_seq: recovered.next_seq,
             last_id: recovered.last_id.map(|id| id.to_string()),
@@ -207,7 +213,12 @@ impl Follower {
                 "NATS JetStream: this follower was promoted already".into(),
             ));
         }
-        let responder = claim_writer(&self.client, &self.js, &self.options).await?;
+        let responder = patiently(
+            "claiming the writer lock",
+            self.options.open_patience,
+            || claim_writer(&self.client, &self.js, &self.options),
+        )
+        .await?;
         match self.take_over().await {
             Ok(recovered) => {
                 self.task.abort();
@@ -224,7 +235,7 @@ impl Follower {
                 Ok((store, recovered))
             }
             Err(e) => {
-                responder.abort();
+                responder.responder.abort();
                 Err(e)
             }
         }

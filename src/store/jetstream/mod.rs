@@ -100,6 +100,11 @@ pub struct JetStreamOptions {
     pub max_in_flight: usize,
     /// How long `close` keeps trying to commit what is queued (10 s).
     pub close_timeout: Duration,
+    /// How long opening (claiming the writer lock, reading the stream) keeps trying while
+    /// NATS, once connected, does not answer (30 s): a stream or lock just created on a NATS
+    /// cluster answers only once its leader is elected, and nodes started together create them
+    /// at the same time. Each retry is logged; a refusal (another live writer) is not retried.
+    pub open_patience: Duration,
     /// Newest rows returned in [`Recovered::recent`] (1024).
     pub recent_rows: usize,
     /// This node's name: in the NATS connection name and in the answer to other writers.
@@ -177,6 +182,7 @@ impl JetStreamOptions {
             connect_timeout: Duration::from_secs(5),
             max_in_flight: 256,
             close_timeout: Duration::from_secs(10),
+            open_patience: Duration::from_secs(30),
             recent_rows: 1024,
             node: "map-router".into(),
             exclusive: false,
@@ -214,34 +220,41 @@ impl JetStreamStore {
     /// be created or read, or its newest row cannot be decoded.
     pub async fn open(options: JetStreamOptions) -> Result<(Arc<Self>, Recovered), StoreError> {
         let (client, js, stream) = open_stream(&options).await?;
-        let responder = if options.exclusive {
-            Some(claim_writer(&client, &js, &options).await?)
-        } else {
-            None
-        };
-        let result = async {
-            // Only the writer (`exclusive`) sets the limits: a handle that reads (a tool, a
-            // test) must not change the stream, e.g. its replicas to its default of 1.
-            if options.exclusive {
-                apply_limits(&js, &stream, &options).await?;
-            }
-            let reader = new_reader(stream, &options);
-            let recovered = recover_and_fold(&reader, &options).await?;
-            Ok((reader, recovered))
-        }
-        .await;
-        match result {
-            Ok((reader, recovered)) => {
-                let store = Self::start(client, js, reader, &recovered, responder, &options);
-                Ok((store, recovered))
-            }
-            Err(e) => {
-                if let Some(r) = responder {
-                    r.abort();
+        // Connected: what fails from here on with NATS answering late or not at all (a stream
+        // just created on a NATS cluster has no leader for a moment) is tried again, within
+        // `open_patience`, instead of ending the node's start.
+        let (responder, reader, recovered) =
+            patiently("opening the stream", options.open_patience, || async {
+                let responder = if options.exclusive {
+                    Some(claim_writer(&client, &js, &options).await?)
+                } else {
+                    None
+                };
+                let result = async {
+                    // Only the writer (`exclusive`) sets the limits: a handle that reads (a
+                    // tool, a test) must not change the stream, e.g. its replicas to its
+                    // default of 1.
+                    if options.exclusive {
+                        apply_limits(&js, &stream, &options).await?;
+                    }
+                    let reader = new_reader(stream.clone(), &options);
+                    let recovered = recover_and_fold(&reader, &options).await?;
+                    Ok((reader, recovered))
                 }
-                Err(e)
-            }
-        }
+                .await;
+                match result {
+                    Ok((reader, recovered)) => Ok((responder, reader, recovered)),
+                    Err(e) => {
+                        if let Some(c) = responder {
+                            c.responder.abort();
+                        }
+                        Err(e)
+                    }
+                }
+            })
+            .await?;
+        let store = Self::start(client, js, reader, &recovered, responder, &options);
+        Ok((store, recovered))
     }
 
     /// Starts the writer and the refresher on a recovered stream: the store is open.
@@ -250,10 +263,17 @@ impl JetStreamStore {
         js: async_nats::jetstream::Context,
         reader: Reader,
         recovered: &Recovered,
-        responder: Option<tokio::task::JoinHandle<()>>,
+        claimed: Option<Claimed>,
         options: &JetStreamOptions,
     ) -> Arc<Self> {
         let shared = Arc::clone(&reader.shared);
+        let (responder, fence) = match claimed {
+            Some(c) => (Some(c.responder), Some(c.fence)),
+            None => (None, None),
+        };
+        if let Some(r) = &responder {
+            *lock(&shared.responder) = Some(r.abort_handle());
+        }
         let (committed_tx, committed_rx) = watch::channel(recovered.next_seq);
         let (tx, rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = oneshot::channel();
@@ -267,6 +287,7 @@ impl JetStreamStore {
             shared: Arc::clone(&shared),
             reader: reader.clone(),
             max_payload: client.server_info().max_payload,
+            fence,
         });
         tokio::spawn(async move {
             let result = writer.run(rx).await;
@@ -487,6 +508,11 @@ async fn connect(options: &JetStreamOptions) -> Result<async_nats::Client, Store
         .map_err(|e| nats_err(&format!("connecting to {}", options.url), e))
 }
 
+/// How long "no responders" on the writer subject, with the lock unchanged, must hold before a
+/// node claims the lock (longer than a subscription takes to reach every server of a NATS
+/// cluster on a LAN).
+const INTEREST_SETTLE: Duration = Duration::from_millis(200);
+
 /// How long the stream's last sequence must stay still before a standby takes over.
 const SETTLE: Duration = Duration::from_millis(100);
 
@@ -629,6 +655,51 @@ async fn get_or_create(
     }
 }
 
+/// Runs `attempt` until it succeeds, fails with anything but [`StoreError::Io`] (a refusal
+/// such as [`StoreError::Locked`] is an answer, not a failure to get one), or `patience` has
+/// passed: NATS answering late or not at all is waited out (each retry logged as a warning,
+/// the pause doubling from 100 ms to 1 s); the last error is returned after `patience`.
+async fn patiently<T, F, Fut>(
+    what: &str,
+    patience: Duration,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(100);
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match attempt().await {
+            Err(StoreError::Io(e)) if tokio::time::Instant::now() + pause < deadline => {
+                tracing::warn!(
+                    error = %e,
+                    attempt = tries,
+                    retry_in = ?pause,
+                    patience = ?patience,
+                    "event store (JetStream): {what}: NATS did not answer yet; trying again"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(StoreError::Io(e)) if tries > 1 => {
+                return Err(StoreError::Io(format!(
+                    "{e} (still failing after {tries} tries within {patience:?})"
+                )));
+            }
+            other => {
+                if tries > 1 && other.is_ok() {
+                    tracing::info!(attempt = tries, "event store (JetStream): {what}: done");
+                }
+                return other;
+            }
+        }
+    }
+}
+
 /// One live writer per stream: liveness by core NATS, uniqueness by a compare-and-set in
 /// JetStream (no lock of our own, no lease to expire).
 ///
@@ -647,7 +718,7 @@ async fn claim_writer(
     client: &async_nats::Client,
     js: &async_nats::jetstream::Context,
     options: &JetStreamOptions,
-) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+) -> Result<Claimed, StoreError> {
     use futures::StreamExt as _;
     let limit = options.request_timeout;
     let lock = get_or_create(
@@ -665,22 +736,39 @@ async fn claim_writer(
         limit,
     )
     .await?;
-    let held = bounded(limit, "reading the writer lock", async {
-        match lock
-            .get_last_raw_message_by_subject(&lock_subject(&options.stream))
-            .await
-        {
-            Ok(msg) => Ok(msg.sequence),
-            Err(e)
-                if e.kind()
-                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+    let read_held = || {
+        bounded(limit, "reading the writer lock", async {
+            match lock
+                .get_last_raw_message_by_subject(&lock_subject(&options.stream))
+                .await
             {
-                Ok(0)
+                Ok(msg) => Ok(msg.sequence),
+                Err(e)
+                    if e.kind()
+                        == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+                {
+                    Ok(0)
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        }
-    })
-    .await?;
+        })
+    };
+    let held = read_held().await?;
+    if let Some(node) = live_writer(client, &options.stream, limit).await? {
+        return Err(locked(&options.stream, &node));
+    }
+    // On a NATS cluster, a claimant's subscription reaches the other servers a moment after it
+    // subscribed: a node on another server that read the claimant's fresh claim could still be
+    // told "no responders" and claim after it (two writers; seen in the fault suite,
+    // tests/cluster_faults.rs). So the answer must hold for `INTEREST_SETTLE`, with the lock
+    // unchanged, before claiming.
+    tokio::time::sleep(INTEREST_SETTLE).await;
+    if read_held().await? != held {
+        return Err(locked(
+            &options.stream,
+            "(another node claimed it meanwhile)",
+        ));
+    }
     if let Some(node) = live_writer(client, &options.stream, limit).await? {
         return Err(locked(&options.stream, &node));
     }
@@ -706,7 +794,7 @@ async fn claim_writer(
         let claim = PublishMessage::build()
             .payload(options.node.clone().into())
             .expected_last_subject_sequence(held);
-        // `false`: another claim landed first ("wrong last sequence").
+        // `None`: another claim landed first ("wrong last sequence").
         let claimed = async {
             let ack = js
                 .send_publish(lock_subject(&options.stream), claim)
@@ -714,24 +802,43 @@ async fn claim_writer(
                 .map_err(|e| e.to_string())?
                 .await;
             match ack {
-                Ok(_) => Ok(true),
-                Err(e) if e.to_string().contains("wrong last sequence") => Ok(false),
+                Ok(ack) => Ok(Some(ack.sequence)),
+                Err(e) if e.to_string().contains("wrong last sequence") => Ok(None),
                 Err(e) => Err(e.to_string()),
             }
         };
-        if bounded(limit, "claiming the writer lock", claimed).await? {
-            Ok(())
-        } else {
-            Err(locked(&options.stream, "(another node claimed it first)"))
+        match bounded(limit, "claiming the writer lock", claimed).await? {
+            Some(seq) => Ok(seq),
+            None => Err(locked(&options.stream, "(another node claimed it first)")),
         }
     };
     match claim.await {
-        Ok(()) => Ok(responder),
+        Ok(seq) => Ok(Claimed {
+            responder,
+            fence: writer::Fence {
+                client: client.clone(),
+                lock,
+                subject: lock_subject(&options.stream),
+                seq,
+                connects: client
+                    .statistics()
+                    .connects
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                timeout: limit,
+            },
+        }),
         Err(e) => {
             responder.abort();
             Err(e)
         }
     }
+}
+
+/// A writer lock this node holds: the task answering as the writer, and what the writer
+/// checks the claim with before publishing again after its connection to NATS was lost.
+struct Claimed {
+    responder: tokio::task::JoinHandle<()>,
+    fence: writer::Fence,
 }
 
 fn locked(stream: &str, node: &str) -> StoreError {

@@ -36,6 +36,9 @@ const FIRST_SEQ_REFRESH: Duration = Duration::from_secs(1);
 pub(super) struct Shared {
     pub(super) first_seq: AtomicU64,
     pub(super) diverged: Mutex<Option<String>>,
+    /// Stops this node answering as the stream's writer ([`super::writer_subject`]) once it
+    /// may no longer write (diverged, or another node took the writer lock).
+    pub(super) responder: Mutex<Option<tokio::task::AbortHandle>>,
     /// The kept tables, folded from the committed log (`fold.rs`).
     pub(super) kept: Mutex<MemoryKept>,
 }
@@ -163,7 +166,14 @@ impl Reader {
         };
         if first < next {
             let last = self.get(next - 1).await?.ok_or_else(|| {
-                StoreError::Corrupt(format!("the newest row (seq {}) is missing", next - 1))
+                // A direct get may be answered by a replica that has not caught up yet (a NATS
+                // server just back from a partition): an answer to wait for (the opens retry
+                // `Io` within their patience), not a corrupt stream.
+                StoreError::Io(format!(
+                    "NATS JetStream: the newest row (seq {}) is not there yet (a replica behind \
+                     the stream's leader?)",
+                    next - 1
+                ))
             })?;
             recovered.last_id = Some(EventId::parse(&last.id).ok_or_else(|| {
                 StoreError::Corrupt(format!("bad event id {} at seq {}", last.id, last.seq))

@@ -9,6 +9,13 @@
 //! a republished row a duplicate the server acknowledges with its original sequence. Every row
 //! behind the front also carries `Nats-Expected-Last-Msg-Id` (its predecessor's id), so a row
 //! never lands after another writer's row that took the front's position.
+//!
+//! Fencing: a writer cut off from NATS may have been replaced meanwhile (a standby saw no
+//! writer answer, claimed the writer lock and took over). Before it publishes again after its
+//! connection to NATS was re-established, or after a round that was not acknowledged, the
+//! writer reads the writer lock: if the newest claim is not its own, it stops publishing as a
+//! diverged writer does and stops answering as the writer (so standbys and relays see only the
+//! new one), instead of landing its queued rows in front of the new writer's first row.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -47,6 +54,63 @@ pub(super) struct WriterConfig {
     pub reader: Reader,
     /// The largest message the NATS server takes (`max_payload` of its INFO).
     pub max_payload: usize,
+    /// The writer lock this writer holds (`None`: a store opened without `exclusive`).
+    pub fence: Option<Fence>,
+}
+
+/// The writer lock claim a writer holds, checked after its connection to NATS came back.
+#[derive(Debug)]
+pub(super) struct Fence {
+    pub client: async_nats::Client,
+    /// The lock stream.
+    pub lock: async_nats::jetstream::stream::Stream,
+    pub subject: String,
+    /// Our claim's sequence in the lock stream.
+    pub seq: u64,
+    /// The connection's `connects` count when the claim was last seen to be ours.
+    pub connects: u64,
+    pub timeout: Duration,
+}
+
+impl Fence {
+    fn connects_now(&self) -> u64 {
+        self.client
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the claim must be read again before publishing.
+    fn due(&self, stalled: bool) -> bool {
+        stalled || self.connects_now() != self.connects
+    }
+
+    /// Reads the newest claim: `Ok(())` while it is ours.
+    async fn check(&mut self) -> Result<(), Stall> {
+        let connects = self.connects_now();
+        let newest = tokio::time::timeout(
+            self.timeout,
+            self.lock.get_last_raw_message_by_subject(&self.subject),
+        )
+        .await;
+        match newest {
+            Ok(Ok(msg)) if msg.sequence == self.seq => {
+                self.connects = connects;
+                Ok(())
+            }
+            Ok(Ok(msg)) => Err(Stall::Diverged(format!(
+                "another node took over the stream: the writer lock's newest claim is {:?} (lock                  seq {}), not this node's (lock seq {})",
+                String::from_utf8_lossy(&msg.payload),
+                msg.sequence,
+                self.seq
+            ))),
+            Ok(Err(e)) => Err(Stall::Transient(format!("reading the writer lock: {e}"))),
+            Err(_) => Err(Stall::Transient(format!(
+                "reading the writer lock: no answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
 }
 
 /// Room kept in a message for its headers (id, timestamp, kind, lengths, and the expected
@@ -165,7 +229,25 @@ impl Writer {
                     }
                 }
             }
-            match self.round().await {
+            let fenced = match self.c.fence.as_mut() {
+                // Nothing is published while the connection is down: the client would buffer
+                // it and send it on reconnecting, before the claim could be checked.
+                Some(f)
+                    if !matches!(
+                        f.client.connection_state(),
+                        async_nats::connection::State::Connected
+                    ) =>
+                {
+                    Err(Stall::Transient("not connected to NATS".into()))
+                }
+                Some(f) if f.due(backoff != MIN_BACKOFF) => f.check().await,
+                _ => Ok(()),
+            };
+            let outcome = match fenced {
+                Ok(()) => self.round().await,
+                Err(stall) => Err(stall),
+            };
+            match outcome {
                 Ok(()) => backoff = MIN_BACKOFF,
                 Err(Stall::Transient(e)) => {
                     if closing.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -192,6 +274,10 @@ impl Writer {
                          publishing stopped"
                     );
                     *lock(&self.c.shared.diverged) = Some(why.clone());
+                    // No longer the writer: standbys asking who writes must not be told it is.
+                    if let Some(responder) = lock(&self.c.shared.responder).take() {
+                        responder.abort();
+                    }
                     // Nothing more can be published at our positions: drain until closed.
                     while rx.recv().await.is_some() {}
                     return Err(StoreError::Io(format!("NATS JetStream: diverged: {why}")));

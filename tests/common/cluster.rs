@@ -1,0 +1,164 @@
+//! Router nodes in cluster mode as real processes, for the tests that start, pause and kill
+//! them (tests/cluster_faults.rs): each node the built `map-router` binary with its own TOML
+//! config, listen port, data directory and captured log, and its role read from `/health`
+//! without panicking while it is not (yet, or any more) listening.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+/// What a node's `/health` says now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Not listening (starting, paused, or gone).
+    Down,
+    /// `200`: the live node.
+    Live,
+    /// `503` with a body starting `standby`.
+    Standby,
+    /// Another answer (status and body).
+    Other(u16, String),
+}
+
+/// A router node process, killed on drop.
+pub struct Node {
+    pub name: String,
+    pub port: u16,
+    pub child: tokio::process::Child,
+    /// Every line it wrote to stderr so far.
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+/// A free port on 127.0.0.1 (released at once: the node binds it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl Node {
+    /// Starts the binary as node `name` with `config` as its whole TOML config, listening on a
+    /// free loopback port, its files under `dir`.
+    pub fn spawn(name: &str, config: &str, dir: &Path) -> Self {
+        Self::spawn_on(name, config, dir, free_port())
+    }
+
+    /// As [`Self::spawn`], listening on `port`.
+    pub fn spawn_on(name: &str, config: &str, dir: &Path, port: u16) -> Self {
+        let config_path: PathBuf = dir.join(format!("{name}.toml"));
+        std::fs::write(&config_path, config).expect("write the node's config");
+        let mut child = super::binary_command([
+            std::ffi::OsString::from("--listen"),
+            format!("127.0.0.1:{port}").into(),
+            "--config".into(),
+            config_path.into(),
+            "--data-dir".into(),
+            dir.join(name).into(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a router node");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("piped")).lines();
+        let sink = Arc::clone(&log);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            port,
+            child,
+            log,
+        }
+    }
+
+    /// `ws://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("ws://127.0.0.1:{}/", self.port)
+    }
+
+    /// The log so far, one string.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Whether a log line so far contains `needle`.
+    pub fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// What its `/health` says now (bounded by 2 s).
+    pub async fn role(&self) -> Role {
+        role_of(self.port).await
+    }
+
+    /// The process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the node runs")
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `KILL`, ...) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {}", self.pid());
+    }
+
+    /// SIGKILL, and wait until it is gone.
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+    }
+}
+
+/// What `GET /health` on `127.0.0.1:port` says now (bounded by 2 s; [`Role::Down`] when
+/// nothing answers).
+pub async fn role_of(port: u16) -> Role {
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.ok()?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
+        Some((status, body))
+    };
+    match tokio::time::timeout(Duration::from_secs(2), ask).await {
+        Ok(Some((200, _))) => Role::Live,
+        Ok(Some((503, body))) if body.starts_with("standby") => Role::Standby,
+        Ok(Some((status, body))) => Role::Other(status, body),
+        _ => Role::Down,
+    }
+}
+
+/// The `[cluster]` config of docs/cluster.md's step 2 for node `name` on `url` (standby,
+/// `replicas` copies of the log: 3 as in the doc, 1 on a single server), with `more` appended
+/// to the section.
+pub fn doc_config(url: &str, name: &str, replicas: usize, more: &str) -> String {
+    format!(
+        "[cluster]\nurl = \"{url}\"\nreplicas = {replicas}\nnode = \"{name}\"\nstandby = true\n\
+         takeover_poll_ms = 250\n{more}\n"
+    )
+}
