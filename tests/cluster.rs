@@ -207,6 +207,30 @@ async fn sigkill(child: &mut tokio::process::Child) {
 }
 
 #[tokio::test]
+async fn a_url_listing_several_nats_servers_starts_on_the_one_that_answers() {
+    let nats = Nats::start("server-list");
+    let dir = TempDir::new("cluster-server-list");
+    // A port nobody listens on, listed first and last around the real server.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let list = format!(
+        "nats://127.0.0.1:{dead}, {} ,nats://127.0.0.1:{dead}",
+        nats.url()
+    );
+    let mut args = node_args(&nats, &dir.path.join("a"), "");
+    args[3] = list.into();
+    let (_node, url) = start_binary(args).await;
+    let body = health_until(&url, "ok", |s, _| s == 200).await;
+    assert!(body.starts_with("ok\nnats: connected\n"), "{body}");
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    alice.send(json!({"agent": "bob"}), json!({"n": 1})).await;
+    assert_eq!(bob.next_message().await["payload"], json!({"n": 1}));
+}
+
+#[tokio::test]
 async fn a_new_router_on_the_same_stream_continues_the_log_after_sigkill() {
     let nats = Nats::start("e2e");
     let dir = TempDir::new("cluster-e2e");

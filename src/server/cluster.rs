@@ -326,20 +326,30 @@ async fn open_jetstream(
                 waiting = true;
                 // Watching the writer fails while NATS is away (or goes away while the
                 // watch connects): the standby keeps serving and watches again.
-                loop {
-                    let writer = Arc::clone(&page.writer);
-                    let watched = wait_for_takeover(&options, poll, move |node| {
-                        tracing::info!(writer = ?node, "standby: the stream's writer");
-                        *crate::sync::lock(&writer) = Some(node.map(str::to_owned));
-                    })
-                    .await;
-                    match watched {
-                        Ok(()) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "standby: cannot watch the stream's writer; trying again");
-                            tokio::time::sleep(poll.max(WATCH_AGAIN)).await;
+                let watch = async {
+                    loop {
+                        let writer = Arc::clone(&page.writer);
+                        let watched = wait_for_takeover(&options, poll, move |node| {
+                            tracing::info!(writer = ?node, "standby: the stream's writer");
+                            *crate::sync::lock(&writer) = Some(node.map(str::to_owned));
+                        })
+                        .await;
+                        match watched {
+                            Ok(()) => break,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "standby: cannot watch the stream's writer; trying again");
+                                tokio::time::sleep(poll.max(WATCH_AGAIN)).await;
+                            }
                         }
                     }
+                };
+                if follower.is_some() {
+                    watch.await;
+                } else if tokio::time::timeout(FOLLOW_AGAIN, watch).await.is_err() {
+                    // Not following (it could not open): try again now and then, so that
+                    // the standby serves subscriptions and replay as soon as it can, not
+                    // only after a takeover.
+                    continue;
                 }
             }
             // Once waiting, a failed takeover (NATS restarting, a request timing out) is
@@ -370,6 +380,10 @@ async fn open_jetstream(
 /// The least pause before a standby watches the writer again after the watch failed.
 #[cfg(feature = "cluster")]
 const WATCH_AGAIN: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How often a standby that could not follow the stream tries again.
+#[cfg(feature = "cluster")]
+const FOLLOW_AGAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Refuses to start (a clear error) when another live process answers the roll call with this
 /// node's name (`nodes`: the roll call's answers, this process's own among them): two

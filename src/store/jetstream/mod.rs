@@ -297,9 +297,15 @@ impl JetStreamStore {
         let roll = {
             let committed = committed_rx.clone();
             let node = options.node.clone();
+            let shared = Arc::clone(&shared);
             nodes::answer(client.clone(), &options.stream, move || NodeStatus {
                 node: node.clone(),
-                role: "writer".into(),
+                // A writer fenced off or diverged writes nothing more: never called writer.
+                role: if lock(&shared.diverged).is_some() {
+                    "diverged".into()
+                } else {
+                    "writer".into()
+                },
                 position: *committed.borrow(),
                 incarnation: String::new(),
             })
@@ -462,6 +468,14 @@ async fn recover_and_fold(
     Ok(recovered)
 }
 
+/// The servers of a `[cluster] url`: one URL, or several separated by commas.
+fn server_list(urls: &str) -> Vec<&str> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
 /// Connects to NATS as `options` say (TLS, timeouts, reconnecting forever).
 async fn connect(options: &JetStreamOptions) -> Result<async_nats::Client, StoreError> {
     let mut connect = async_nats::ConnectOptions::new();
@@ -496,7 +510,9 @@ async fn connect(options: &JetStreamOptions) -> Result<async_nats::Client, Store
         .reconnect_delay_callback(|attempt| {
             Duration::from_millis(50 * 2u64.pow(attempt.min(5) as u32)).min(Duration::from_secs(1))
         })
-        .connect(options.url.as_str());
+        // `[cluster] url` may list several servers of one NATS cluster, comma-separated (the
+        // client then reconnects to any of them).
+        .connect(server_list(&options.url));
     tokio::time::timeout(options.connect_timeout, connect)
         .await
         .map_err(|_| {

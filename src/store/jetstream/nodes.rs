@@ -28,7 +28,9 @@ const MAX_NODES: usize = 256;
 pub struct NodeStatus {
     /// Its `[cluster] node` name.
     pub node: String,
-    /// `writer` (it writes the stream) or `standby` (it follows it and takes over).
+    /// `writer` (it writes the stream), `standby` (it follows it and takes over) or
+    /// `diverged` (it wrote the stream until another node took over or the stream diverged
+    /// from its log: it publishes nothing more).
     pub role: String,
     /// The seq after the newest row it holds: committed for the writer, followed for a
     /// standby (a standby behind the writer is catching up).
