@@ -981,7 +981,10 @@ async fn churn_leaves_every_table_under_its_cap() {
     let sizes = within(Duration::from_secs(10), async {
         loop {
             let s = gw.sizes();
-            if s.peers == 0 && s.im_connections == 0 && s.live == 0 {
+            // The directory forgets an agent once it has followed its going offline (an
+            // event it reads after the connection closed): CI once read 55 contacts, ten
+            // agents still online in the directory's view, right after the close.
+            if s.peers == 0 && s.im_connections == 0 && s.live == 0 && s.contacts <= 40 + 5 {
                 return s;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
