@@ -105,8 +105,7 @@ pub async fn open_store(
                 tracing::warn!(
                     %host,
                     "cluster: talking to NATS without TLS on a non-loopback address: relayed \
-                     frames (resume tokens among them), the log and the NATS credentials cross \
-                     the network in clear; set [cluster] tls_ca (docs/cluster.md, \"NATS users, \
+                     frames, the log and the NATS credentials cross the network in clear; set [cluster] tls_ca (docs/cluster.md, \"NATS users, \
                      permissions and TLS\")"
                 );
             }
@@ -152,10 +151,10 @@ pub async fn open_store(
 /// The hosts of a `[cluster] url` (one or several, comma-separated) reached without TLS that
 /// are not loopback (`127.0.0.0/8`, `::1`, `localhost`): what the start warns about. A
 /// `tls://` URL is TLS.
+#[cfg(feature = "cluster")]
 pub fn plaintext_remote_hosts(urls: &str) -> Vec<String> {
-    urls.split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
+    crate::store::jetstream::server_list(urls)
+        .into_iter()
         .filter_map(|url| {
             let (scheme, rest) = url.split_once("://").unwrap_or(("nats", url));
             if scheme.eq_ignore_ascii_case("tls") {
@@ -897,7 +896,7 @@ pub fn render_metrics(probe: &Probe) -> String {
     out
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cluster"))]
 mod tests {
     use super::plaintext_remote_hosts;
 

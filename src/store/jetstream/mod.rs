@@ -469,7 +469,7 @@ async fn recover_and_fold(
 }
 
 /// The servers of a `[cluster] url`: one URL, or several separated by commas.
-fn server_list(urls: &str) -> Vec<&str> {
+pub fn server_list(urls: &str) -> Vec<&str> {
     urls.split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
