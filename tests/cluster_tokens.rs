@@ -21,42 +21,12 @@ mod common;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::cluster::{free_port, health, health_until, node_args, serving};
 use common::nats::Nats;
 use common::*;
 use serde_json::json;
-
-/// The arguments of a cluster node listening on `port`, with `cluster` added to `[cluster]`
-/// (as tests/cluster_relay.rs writes them). `url`: the NATS URL.
-fn node_args(url: &str, data: &Path, port: u16, cluster: &str) -> Vec<std::ffi::OsString> {
-    let config = data.with_extension("toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\nroll_call_ms = 500\n\
-             {cluster}\n[storage]\ncommit_timeout_ms = 1500\n"
-        ),
-    )
-    .unwrap();
-    vec![
-        "--listen".into(),
-        format!("127.0.0.1:{port}").into(),
-        "--cluster".into(),
-        url.into(),
-        "--data-dir".into(),
-        data.into(),
-        "--config".into(),
-        config.into(),
-    ]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 /// A node process and its WebSocket URL.
 struct Node {
@@ -84,36 +54,6 @@ async fn spawn(args: Vec<std::ffi::OsString>, port: u16) -> Node {
         child,
         url: format!("ws://127.0.0.1:{port}/"),
     }
-}
-
-async fn health(url: &str) -> (u16, String) {
-    let addr = url
-        .trim_start_matches("ws://")
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
-    let r = with_timeout(http::request(addr, "GET", "/health", &[], b"")).await;
-    (r.status, String::from_utf8_lossy(&r.body).into_owned())
-}
-
-/// Polls `/health` until `pred` holds (within `limit`).
-async fn health_until(url: &str, limit: Duration, what: &str, pred: impl Fn(u16, &str) -> bool) {
-    let start = Instant::now();
-    loop {
-        let (status, body) = health(url).await;
-        if pred(status, &body) {
-            return;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "/health never showed {what} within {limit:?}: {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn serving(status: u16, body: &str) -> bool {
-    status == 503 && body.contains("serving:") && body.contains("writer: ")
 }
 
 /// Every byte that crossed between the nodes and NATS, each connection's both directions.

@@ -125,6 +125,68 @@ impl Node {
     }
 }
 
+/// The arguments of a cluster node listening on `port` on the NATS server at `url`, its config
+/// file (`[cluster]` with short timeouts, `roll_call_ms = 500` and `cluster` added) written
+/// next to `data`.
+pub fn node_args(url: &str, data: &Path, port: u16, cluster: &str) -> Vec<std::ffi::OsString> {
+    let config = data.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\nroll_call_ms = 500\n\
+             {cluster}\n[storage]\ncommit_timeout_ms = 1500\n"
+        ),
+    )
+    .unwrap();
+    vec![
+        "--listen".into(),
+        format!("127.0.0.1:{port}").into(),
+        "--cluster".into(),
+        url.into(),
+        "--data-dir".into(),
+        data.into(),
+        "--config".into(),
+        config.into(),
+    ]
+}
+
+/// `GET /health` of the node at `url` (`ws://HOST:PORT/`): its status and body.
+pub async fn health(url: &str) -> (u16, String) {
+    let addr = url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let r = super::with_timeout(super::http::request(addr, "GET", "/health", &[], b"")).await;
+    (r.status, String::from_utf8_lossy(&r.body).into_owned())
+}
+
+/// Polls `/health` until `pred` holds (within `limit`); how long it took.
+pub async fn health_until(
+    url: &str,
+    limit: Duration,
+    what: &str,
+    pred: impl Fn(u16, &str) -> bool,
+) -> Duration {
+    let start = std::time::Instant::now();
+    loop {
+        let (status, body) = health(url).await;
+        if pred(status, &body) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "/health never showed {what} within {limit:?}: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A standby serving clients (its `/health`: 503 with `serving:` and the writer named).
+pub fn serving(status: u16, body: &str) -> bool {
+    status == 503 && body.contains("serving:") && body.contains("writer: ")
+}
+
 /// What `GET /health` on `127.0.0.1:port` says now (bounded by 2 s; [`Role::Down`] when
 /// nothing answers).
 pub async fn role_of(port: u16) -> Role {
