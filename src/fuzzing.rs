@@ -484,6 +484,7 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
             process_control: None,
             store: None,
             metrics: None,
+            traces: None,
         },
     );
     let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);

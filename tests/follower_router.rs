@@ -74,6 +74,7 @@ fn follower() -> (RouterHandle, TransportContext) {
             process_control: None,
             store: None,
             metrics: None,
+            traces: None,
         },
     );
     let (stop, shutdown) = tokio::sync::watch::channel(false);

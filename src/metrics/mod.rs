@@ -104,9 +104,40 @@ struct ErrorLabels {
     code: i64,
 }
 
+/// What the trace exporter counts (`server::telemetry`): read at each scrape.
+#[derive(Debug, Default)]
+pub struct TelemetryCounts {
+    /// Spans the collector accepted.
+    pub exported: std::sync::atomic::AtomicU64,
+    /// Spans lost: the export queue was full, or their export failed or timed out.
+    pub dropped: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+struct TelemetryCollector(Arc<TelemetryCounts>);
+
+impl Collector for TelemetryCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        counter(
+            &mut e,
+            "telemetry_spans_exported",
+            "Spans the OTLP collector accepted (docs/traces.md)",
+            self.0.exported.load(Relaxed),
+        )?;
+        counter(
+            &mut e,
+            "telemetry_spans_dropped",
+            "Spans lost because the export queue was full or their export failed or timed out",
+            self.0.dropped.load(Relaxed),
+        )
+    }
+}
+
 /// The server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
+    telemetry: Arc<TelemetryCounts>,
     registry: Registry,
     requests: Family<MethodLabels, Histogram>,
     errors: Family<ErrorLabels, Counter>,
@@ -169,11 +200,14 @@ impl Metrics {
             "Events per committed group",
             store.batch_events.clone(),
         );
+        let telemetry = Arc::new(TelemetryCounts::default());
+        registry.register_collector(Box::new(TelemetryCollector(telemetry.clone())));
         let gauges = Arc::new(Mutex::new(None));
         registry.register_collector(Box::new(RouterCollector {
             gauges: Arc::clone(&gauges),
         }));
         Arc::new(Self {
+            telemetry,
             registry,
             requests,
             errors,
@@ -181,6 +215,11 @@ impl Metrics {
             gauges,
             scrape: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The trace exporter's counts.
+    pub fn telemetry(&self) -> Arc<TelemetryCounts> {
+        self.telemetry.clone()
     }
 
     /// One request answered after `elapsed`; `error` is its error code, if it failed.

@@ -132,6 +132,8 @@ pub struct Router {
     pub(super) tasks: crate::router::tasks::table::Tasks,
     /// The mail extension's conversations.
     pub(super) mailboxes: crate::router::mail::table::Mailboxes,
+    /// Traces out: the span model run on each logged event (`router::traces`).
+    pub(super) traces: Option<crate::router::traces::Tap>,
     /// The trace context of the current call (`params._meta.traceparent`): stamped on its
     /// events that have none of their own.
     pub(super) call_trace: Option<crate::protocol::trace::TraceContext>,
@@ -159,6 +161,8 @@ pub struct RouterParts {
     pub store: Option<(Arc<dyn crate::store::EventStore>, crate::store::Recovered)>,
     /// The server's metrics (`None`: not collected).
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The span model and where its spans go, when traces are exported (`router::traces`).
+    pub traces: Option<crate::router::traces::Tap>,
 }
 
 /// Sizes of the router's state at one moment ([`RouterHandle::stats`](crate::router::handle::RouterHandle::stats)).
@@ -269,6 +273,7 @@ impl Router {
             kept: crate::router::kept::Kept::new(None),
             created: crate::router::kept::cache::Cache::new(cache_items),
             call_causes: Vec::new(),
+            traces: None,
             call_trace: None,
             counters: Default::default(),
         }
@@ -512,6 +517,19 @@ impl Router {
         if self.store.is_some() {
             // The store builds the row on its own thread.
             self.unflushed.push(rec.clone());
+        }
+        if let Some(tap) = &mut self.traces {
+            let registry = &self.registry;
+            tap.observe(&rec, &|id| {
+                registry
+                    .get(&crate::protocol::ids::AgentId::from(id))
+                    .map(|r| {
+                        r.agent()
+                            .name
+                            .as_deref()
+                            .map_or_else(|| Arc::from(id), Arc::from)
+                    })
+            });
         }
         let (bus, agents) = self.bus_and_agents();
         bus.publish(&rec, agents);

@@ -274,6 +274,7 @@ impl Router {
                 process_control,
                 store: None,
                 metrics: None,
+                traces: None,
             },
         )
     }
@@ -287,6 +288,7 @@ impl Router {
         let (tx, rx) = mpsc::channel(config.command_queue.max(1));
         let mut router = Router::new(config.clone());
         router.supervised = Supervision::new(parts.process_control);
+        router.traces = parts.traces;
         let mut committed = None;
         let handle_store = parts.store.as_ref().map(|(s, _)| s.clone());
         if let Some((store, recovered)) = parts.store {

@@ -20,6 +20,8 @@
 //!   node that takes the log over restores;
 //! - [`kept`]: how the tasks, checkpoints, conversations and turns (kept by the store for good)
 //!   are paged into bounded caches, and the loads in flight;
+//! - [`traces`]: the span model (every hop between agents as a span, from logged events) and,
+//!   when traces are exported, the tap that runs it on each event;
 //! - [`permissions`]: every permission decision, as pure functions.
 //!
 //! A new extension (tasks, mail, trajectory) is one more such part: a folder with its state and
@@ -61,6 +63,7 @@ pub mod scopes;
 pub mod sessions;
 pub mod tasks;
 pub mod timers;
+pub mod traces;
 pub mod trajectory;
 pub mod views;
 

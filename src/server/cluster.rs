@@ -476,6 +476,7 @@ impl Serving {
                 process_control: None,
                 store: Some((store, recovered)),
                 metrics: metrics.clone(),
+                traces: None,
             },
         );
         let feed = {

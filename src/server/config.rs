@@ -94,6 +94,9 @@ pub struct Config {
     pub gateways: crate::gateway::GatewaySettings,
     /// The AIP gateway over gRPC (`[aip]`, docs/aip.md; off unless `listen` is set).
     pub aip: crate::gateway::aip::AipSettings,
+    /// Traces out over OTLP/HTTP (`[telemetry]`, docs/traces.md; off unless an endpoint is set
+    /// here or in `OTEL_EXPORTER_OTLP_*`).
+    pub telemetry: crate::server::telemetry::TelemetrySettings,
 }
 
 /// `[a2a]`: the A2A gateway (docs/a2a.md).
@@ -679,6 +682,7 @@ impl Default for Config {
             gateways: crate::gateway::GatewaySettings::default(),
             a2a: A2aSettings::default(),
             aip: crate::gateway::aip::AipSettings::default(),
+            telemetry: crate::server::telemetry::TelemetrySettings::default(),
         }
     }
 }

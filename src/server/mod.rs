@@ -27,6 +27,7 @@ pub mod origins;
 pub mod probes;
 #[cfg(feature = "cluster")]
 pub mod relay;
+pub mod telemetry;
 pub mod tls;
 pub mod ui;
 
@@ -131,6 +132,15 @@ impl Server {
         let (supervisor, process_control) =
             Supervisor::start(config.supervisor_settings(), options.clone())?;
         let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
+        let telemetry_counts = metrics
+            .as_ref()
+            .map_or_else(Default::default, |m| m.telemetry());
+        let traces = telemetry::tap(
+            &config.telemetry,
+            config.cluster.node.as_deref(),
+            telemetry_counts.clone(),
+        )
+        .map_err(std::io::Error::other)?;
         let gateway_auth = auth.clone();
         let a2a_auth = auth.clone();
         let (router, router_task) = Router::start(
@@ -142,6 +152,7 @@ impl Server {
                 process_control: Some(process_control),
                 store,
                 metrics: metrics.clone(),
+                traces,
             },
         );
         let (shutdown, shutdown_rx) = watch::channel(false);

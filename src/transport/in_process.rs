@@ -87,6 +87,7 @@ mod tests {
                 process_control: None,
                 store: None,
                 metrics: None,
+                traces: None,
             },
         );
         let (_stop, shutdown) = tokio::sync::watch::channel(false);

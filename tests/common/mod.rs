@@ -16,6 +16,7 @@ pub mod http;
 pub mod load;
 #[cfg(feature = "cluster")]
 pub mod nats;
+pub mod otlp;
 #[cfg(feature = "cluster")]
 pub mod proxy;
 

@@ -103,6 +103,26 @@ pub async fn send(
     body: Option<Body>,
     waits: Waits,
 ) -> Result<Response, ClientError> {
+    let mut named = Vec::with_capacity(headers.len());
+    for (name, value) in headers {
+        let name = header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| ClientError::Request(e.to_string()))?;
+        named.push((name, value.clone()));
+    }
+    send_named(target, method, &named, body, waits).await
+}
+
+/// [`send`] with header names made at run time (an operator's configured export headers).
+///
+/// # Errors
+/// As [`send`].
+pub async fn send_named(
+    target: &Allowed,
+    method: Method,
+    headers: &[(header::HeaderName, String)],
+    body: Option<Body>,
+    waits: Waits,
+) -> Result<Response, ClientError> {
     let url = target.as_str();
     let mut request = Request::builder()
         .method(method)
@@ -114,7 +134,7 @@ pub async fn send(
     for (name, value) in headers {
         let value =
             HeaderValue::from_str(value).map_err(|e| ClientError::Request(e.to_string()))?;
-        request = request.header(*name, value);
+        request = request.header(name, value);
     }
     let bytes = match body {
         Some(b) => {

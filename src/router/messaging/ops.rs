@@ -64,9 +64,22 @@ pub fn message_frame(message: &Message) -> Arc<str> {
 
 /// The `map/message` frame around a message's JSON.
 pub(crate) fn message_frame_of(message_json: &str) -> Arc<str> {
-    let mut params = String::with_capacity(message_json.len() + 12);
+    message_frame_traced(message_json, None)
+}
+
+/// The `map/message` frame around a message's JSON, with `params._meta.traceparent` when
+/// traces are exported: the router's span for the message, which the recipient continues from
+/// (docs/traces.md). The message itself, `meta` included, is the sender's text.
+pub(crate) fn message_frame_traced(message_json: &str, traceparent: Option<&str>) -> Arc<str> {
+    let mut params = String::with_capacity(message_json.len() + 80);
     params.push_str("{\"message\":");
     params.push_str(message_json);
+    if let Some(tp) = traceparent {
+        // NB: a traceparent is 55 characters of hex and dashes: nothing to escape.
+        params.push_str(",\"_meta\":{\"traceparent\":\"");
+        params.push_str(tp);
+        params.push_str("\"}");
+    }
     params.push('}');
     let mut frame = String::with_capacity(params.len() + 64);
     crate::protocol::jsonrpc::write_notification(&mut frame, notifications::MESSAGE, &params);
@@ -310,6 +323,14 @@ impl Router {
             trace.as_ref(),
         );
 
+        let frame = match self
+            .traces
+            .as_ref()
+            .and_then(|t| t.delivered_context(message.id.as_str()))
+        {
+            Some(tp) => message_frame_traced(message_json.get(), Some(&tp)),
+            None => frame,
+        };
         let out = Arc::new(Outgoing {
             id: message.id.clone(),
             correlation: correlation.map(str::to_owned),
