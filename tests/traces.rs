@@ -9,9 +9,12 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use common::otlp::{Got, Receiver};
 use common::*;
-use serde_json::{json, Value};
+use map_router::router::traces::{Settings, SpanModel};
+use serde_json::json;
 
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
@@ -234,6 +237,38 @@ async fn a_three_agent_exchange_is_one_tree_under_the_callers_span() {
         .headers()
         .iter()
         .all(|h| h.get("x-team").is_some_and(|v| v == "blue")));
+
+    // One model: the same spans from the log read back (what the dashboard's waterfall draws).
+    let mut system = WsClient::system(&url).await;
+    let events = replay_all(&mut system, None).await;
+    let names: BTreeMap<&str, &str> = [
+        ("planner-1", "planner"),
+        ("researcher-1", "researcher"),
+        ("writer-1", "writer"),
+    ]
+    .into();
+    let mut model = SpanModel::new(Settings::default());
+    let mut from_log = BTreeSet::new();
+    for e in &events {
+        let text = e["event"].to_string();
+        for s in model.observe_logged(&text, &|id| names.get(id).map(|n| Arc::from(*n))) {
+            let parent = s.parent_id.map(|p| hex(&p)).unwrap_or_default();
+            from_log.insert((hex(&s.trace_id), hex(&s.span_id), parent, s.name));
+        }
+    }
+    let exported: BTreeSet<_> = receiver
+        .spans()
+        .into_iter()
+        .map(|s| (s.trace_id, s.span_id, s.parent_id, s.name))
+        .collect();
+    assert_eq!(
+        from_log, exported,
+        "the log gives the spans that were exported"
+    );
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[tokio::test]
@@ -350,6 +385,3 @@ fn counter(text: &str, name: &str) -> u64 {
         })
         .unwrap_or_else(|| panic!("no {name} in\n{text}")) as u64
 }
-
-#[allow(dead_code)]
-fn unused(_: BTreeMap<String, Value>) {}

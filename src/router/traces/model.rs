@@ -25,9 +25,11 @@
 //! Span ids: a 64-bit mix of the event id (and, for a group's recipient, of the recipient's
 //! id), never zero. Trace ids: the caller's, or E's ULID. Timestamps are the events' (ms).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::protocol::event::EventType;
@@ -326,11 +328,75 @@ impl SpanModel {
         let Some(id) = rec.id else {
             return Vec::new();
         };
+        self.observe_event(
+            &Ev {
+                id,
+                kind: rec.kind,
+                timestamp: rec.timestamp,
+                source: rec.source.as_deref(),
+                caused_by: &rec.caused_by,
+                json: &rec.json,
+            },
+            agent_name,
+        )
+    }
+
+    /// [`SpanModel::observe`] for an event read back from the log: the `event` object as
+    /// `map/replay` or a subscription gives it (its `id`, `type`, `timestamp`, `source`,
+    /// `causedBy`, `data` and `_meta`). Events it cannot read give no spans.
+    pub fn observe_logged(
+        &mut self,
+        event_json: &str,
+        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+    ) -> Vec<Span> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Head<'a> {
+            #[serde(borrow)]
+            id: Cow<'a, str>,
+            #[serde(rename = "type", borrow)]
+            kind: Cow<'a, str>,
+            timestamp: u64,
+            #[serde(borrow, default)]
+            source: Option<Cow<'a, str>>,
+            #[serde(default)]
+            caused_by: Vec<EventId>,
+        }
+        let Ok(head) = serde_json::from_str::<Head<'_>>(event_json) else {
+            return Vec::new();
+        };
+        let (Some(id), Some(kind)) = (
+            EventId::parse(&head.id),
+            EventType::ALL
+                .iter()
+                .copied()
+                .find(|k| k.as_str() == head.kind),
+        ) else {
+            return Vec::new();
+        };
+        self.observe_event(
+            &Ev {
+                id,
+                kind,
+                timestamp: head.timestamp,
+                source: head.source.as_deref(),
+                caused_by: &head.caused_by,
+                json: event_json,
+            },
+            agent_name,
+        )
+    }
+
+    fn observe_event(
+        &mut self,
+        ev: &Ev<'_>,
+        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+    ) -> Vec<Span> {
         let mut out = Vec::new();
-        match rec.kind {
-            EventType::MessageSent => self.sent_event(rec, id, agent_name, &mut out),
+        match ev.kind {
+            EventType::MessageSent => self.sent_event(ev, &mut out),
             EventType::MessageDelivered | EventType::MessageQueued | EventType::MessageFailed => {
-                self.outcome_event(rec, id, agent_name, &mut out)
+                self.outcome_event(ev, agent_name, &mut out)
             }
             EventType::AgentSpawning
             | EventType::AgentInjected
@@ -339,36 +405,59 @@ impl SpanModel {
             | EventType::TaskUpdated
             | EventType::TaskAssigned
             | EventType::TrajectoryCheckpoint => {
-                self.traced_event(rec, id, agent_name, &mut out);
+                self.traced_event(ev, agent_name, &mut out);
             }
             _ => {}
         }
         out
     }
 
-    fn sent_event(
-        &mut self,
-        rec: &EventRecord,
-        id: EventId,
-        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
-        out: &mut Vec<Span>,
-    ) {
-        let Some((event, data)) = parse(rec) else {
+    fn sent_event(&mut self, ev: &Ev<'_>, out: &mut Vec<Span>) {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Message<'a> {
+            #[serde(borrow, default)]
+            meta: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            payload: Option<&'a RawValue>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Data<'a> {
+            #[serde(borrow)]
+            message_id: Cow<'a, str>,
+            #[serde(borrow)]
+            from: Cow<'a, str>,
+            #[serde(borrow)]
+            to: &'a RawValue,
+            #[serde(borrow, default)]
+            correlation_id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            priority: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            payload: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            message: Option<Message<'a>>,
+        }
+        let Some((meta_of_event, data)) = parse::<Data<'_>>(ev.json) else {
             return;
         };
-        let Some(message_id) = data.get("messageId").and_then(Value::as_str) else {
-            return;
-        };
-        let message = data.get("message").unwrap_or(&Value::Null);
-        let meta = message.get("meta").unwrap_or(&Value::Null);
-        let own = trace_of(&event);
+        let id = ev.id;
+        let message_id: &str = &data.message_id;
+        let meta: Value = data
+            .message
+            .as_ref()
+            .and_then(|m| m.meta)
+            .and_then(|m| serde_json::from_str(m.get()).ok())
+            .unwrap_or(Value::Null);
+        let own = meta_of_event;
         let carried = own.as_ref().map(|t| t.traceparent.clone());
         // A reply: caused by the delivery of the request it answers.
-        let answered = rec
+        let answered = ev
             .caused_by
             .iter()
             .find_map(|c| self.hops.get(&c.0 .0).map(|h| (c.0 .0, h.clone())));
-        let from = data.get("from").and_then(Value::as_str).unwrap_or("");
+        let from: &str = &data.from;
         let parent = match (&own, answered) {
             (own, Some((delivery, hop)))
                 if own.is_none()
@@ -394,8 +483,26 @@ impl SpanModel {
                 }
             }
         };
-        let to = data.get("to").cloned().unwrap_or(Value::Null);
-        let address = Address::parse(&to).ok();
+        if !parent.sampled {
+            // Nothing of this message is exported; its recipients and replies follow.
+            self.sent.insert(
+                message_id.to_owned(),
+                Sent {
+                    parent,
+                    span: span_id(id),
+                    direct: false,
+                    made: true,
+                    start: ev.timestamp,
+                    carried,
+                    common: Vec::new(),
+                    tool: None,
+                },
+            );
+            return;
+        }
+        let address = serde_json::from_str::<Value>(data.to.get())
+            .ok()
+            .and_then(|to| Address::parse(&to).ok());
         let direct = address.as_ref().is_some_and(Address::names_one);
         let mut common = vec![
             (
@@ -412,14 +519,14 @@ impl SpanModel {
         if let Some(scope) = address.as_ref().and_then(scope_of) {
             common.push(("map.scope", AttrValue::Str(scope)));
         }
-        if let Some(c) = data.get("correlationId").and_then(Value::as_str) {
-            common.push(("map.correlation_id", AttrValue::Str(c.to_owned())));
+        if let Some(c) = &data.correlation_id {
+            common.push(("map.correlation_id", AttrValue::Str(c.to_string())));
         }
         if meta.get("isResult").and_then(Value::as_bool) == Some(true) {
             common.push(("map.is_result", AttrValue::Bool(true)));
         }
-        if let Some(p) = data.get("priority").and_then(Value::as_str) {
-            common.push(("map.priority", AttrValue::Str(p.to_owned())));
+        if let Some(p) = &data.priority {
+            common.push(("map.priority", AttrValue::Str(p.to_string())));
         }
         let protocol = meta.get("protocol").and_then(Value::as_str);
         if let Some(p) = protocol {
@@ -445,19 +552,25 @@ impl SpanModel {
                 }
             }
         }
-        let payload = data.get("payload").or_else(|| message.get("payload"));
+        let payload = data
+            .payload
+            .or_else(|| data.message.as_ref().and_then(|m| m.payload));
         let tool = (protocol == Some("aip") || meta.pointer("/aip/toolName").is_some())
             .then(|| {
                 payload
-                    .and_then(|p| p.get("tool"))
-                    .or_else(|| meta.pointer("/aip/toolName"))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
+                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                    .and_then(|p| p.get("tool").and_then(Value::as_str).map(str::to_owned))
+                    .or_else(|| {
+                        meta.pointer("/aip/toolName")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                    })
             })
             .flatten();
         if self.settings.capture_content {
             if let Some(p) = payload {
-                let mut text = p.to_string();
+                // The sender's text, as it sent it.
+                let mut text = p.get().to_owned();
                 if text.len() > MAX_CONTENT {
                     let mut cut = MAX_CONTENT;
                     while !text.is_char_boundary(cut) {
@@ -470,8 +583,8 @@ impl SpanModel {
             }
         }
         let span = span_id(id);
-        let start = rec.timestamp;
-        if !direct && parent.sampled {
+        let start = ev.timestamp;
+        if !direct {
             let mut attributes = common.clone();
             attributes.push(("messaging.operation.type", AttrValue::Str("send".into())));
             out.push(Span {
@@ -488,7 +601,6 @@ impl SpanModel {
                 error: None,
             });
         }
-        let _ = agent_name;
         self.sent.insert(
             message_id.to_owned(),
             Sent {
@@ -506,47 +618,50 @@ impl SpanModel {
 
     fn outcome_event(
         &mut self,
-        rec: &EventRecord,
-        id: EventId,
+        ev: &Ev<'_>,
         agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
         out: &mut Vec<Span>,
     ) {
-        let Some((_, data)) = parse(rec) else {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Data<'a> {
+            #[serde(borrow)]
+            message_id: Cow<'a, str>,
+            #[serde(borrow, default)]
+            delivered_to: Vec<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            recipients: Vec<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            recipient: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            reason: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            message: Option<&'a RawValue>,
+        }
+        let Some((_, data)) = parse::<Data<'_>>(ev.json) else {
             return;
         };
-        let Some(message_id) = data.get("messageId").and_then(Value::as_str) else {
-            return;
-        };
+        let id = ev.id;
+        let message_id: &str = &data.message_id;
         let Some(sent) = self.sent.get(&message_id.to_owned()).cloned() else {
             return;
         };
-        let (outcome, reason) = match rec.kind {
+        let (outcome, reason) = match ev.kind {
             EventType::MessageDelivered => ("delivered", None),
             EventType::MessageQueued => ("queued", None),
             _ => (
                 "failed",
-                Some(
-                    data.get("reason")
-                        .and_then(Value::as_str)
-                        .unwrap_or("failed")
-                        .to_owned(),
-                ),
+                Some(data.reason.as_deref().unwrap_or("failed").to_owned()),
             ),
         };
         let mut recipients: Vec<&str> = Vec::new();
-        for key in ["deliveredTo", "recipients"] {
-            if let Some(list) = data.get(key).and_then(Value::as_array) {
-                recipients.extend(list.iter().filter_map(Value::as_str));
-            }
-        }
-        if let Some(r) = data.get("recipient").and_then(Value::as_str) {
-            recipients.push(r);
-        }
+        recipients.extend(data.delivered_to.iter().map(|r| &**r));
+        recipients.extend(data.recipients.iter().map(|r| &**r));
+        recipients.extend(data.recipient.as_deref());
         // Per-recipient events carry the message (or name one recipient); a group's list them.
-        let one = recipients.len() == 1
-            && (data.get("message").is_some() || data.get("recipient").is_some());
+        let one = recipients.len() == 1 && (data.message.is_some() || data.recipient.is_some());
         // A later delivery (from an offline queue) has a second cause.
-        let later = rec.caused_by.len() > 1 || sent.made;
+        let later = ev.caused_by.len() > 1 || sent.made;
         let record_hop = outcome == "delivered";
         if sent.direct && one && !later {
             if let Some(s) = self.sent.get_mut(&message_id.to_owned()) {
@@ -573,7 +688,7 @@ impl SpanModel {
                     recipients[0],
                     outcome,
                     reason.as_deref(),
-                    rec.timestamp,
+                    ev.timestamp,
                     false,
                     agent_name,
                 ));
@@ -606,7 +721,7 @@ impl SpanModel {
                 r,
                 outcome,
                 reason.as_deref(),
-                rec.timestamp,
+                ev.timestamp,
                 later,
                 agent_name,
             );
@@ -625,17 +740,14 @@ impl SpanModel {
 
     fn traced_event(
         &mut self,
-        rec: &EventRecord,
-        id: EventId,
+        ev: &Ev<'_>,
         agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
         out: &mut Vec<Span>,
     ) {
-        let Some((event, data)) = parse(rec) else {
+        let Some((Some(trace), data)) = parse::<Value>(ev.json) else {
             return;
         };
-        let Some(trace) = trace_of(&event) else {
-            return;
-        };
+        let id = ev.id;
         let parent = context_of(&trace, &self.settings.sampler);
         if !parent.sampled {
             return;
@@ -644,12 +756,12 @@ impl SpanModel {
             .get("agentId")
             .or_else(|| data.pointer("/checkpoint/agentId"))
             .and_then(Value::as_str)
-            .or(rec.source.as_deref())
+            .or(ev.source)
             .unwrap_or("")
             .to_owned();
         let name_of = |a: &str| agent_name(a).map_or_else(|| a.to_owned(), |n| n.to_string());
         let mut attributes = Vec::new();
-        let (name, kind) = match rec.kind {
+        let (name, kind) = match ev.kind {
             EventType::AgentSpawning => {
                 attributes.push((
                     "gen_ai.operation.name",
@@ -733,7 +845,7 @@ impl SpanModel {
                         attributes.push(("a2a.task.state", AttrValue::Str(s.to_owned())));
                     }
                 }
-                (format!("task {}", rec.kind.as_str()), SpanKind::Internal)
+                (format!("task {}", ev.kind.as_str()), SpanKind::Internal)
             }
         };
         out.push(Span {
@@ -744,8 +856,8 @@ impl SpanModel {
             trace_state: parent.state,
             name,
             kind,
-            start_ms: rec.timestamp,
-            end_ms: rec.timestamp,
+            start_ms: ev.timestamp,
+            end_ms: ev.timestamp,
             attributes,
             error: None,
         });
@@ -829,23 +941,38 @@ fn hop_span(
     }
 }
 
-/// The event object and its `data`.
-fn parse(rec: &EventRecord) -> Option<(Value, Value)> {
-    let mut event: Value = serde_json::from_str(&rec.json).ok()?;
-    let data = event
-        .get_mut("data")
-        .map(Value::take)
-        .unwrap_or(Value::Null);
-    Some((event, data))
+/// An event as the model reads it.
+struct Ev<'a> {
+    id: EventId,
+    kind: EventType,
+    timestamp: u64,
+    source: Option<&'a str>,
+    caused_by: &'a [EventId],
+    /// The `event` object.
+    json: &'a str,
 }
 
-/// The trace context stamped on an event (`_meta`).
-fn trace_of(event: &Value) -> Option<TraceContext> {
-    let meta = event.get("_meta")?;
-    TraceContext::new(
-        meta.get("traceparent")?.as_str()?,
-        meta.get("tracestate").and_then(Value::as_str),
-    )
+/// The trace context stamped on an event (`_meta`) and its `data`, read as `D` (borrowing
+/// from the text where it can: the payload is skipped, not copied).
+fn parse<'a, D: serde::Deserialize<'a>>(json: &'a str) -> Option<(Option<TraceContext>, D)> {
+    #[derive(serde::Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow, default)]
+        traceparent: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        tracestate: Option<Cow<'a, str>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Event<'a, D> {
+        data: D,
+        #[serde(rename = "_meta", borrow, default)]
+        meta: Option<Meta<'a>>,
+    }
+    let event: Event<'a, D> = serde_json::from_str(json).ok()?;
+    let trace = event
+        .meta
+        .and_then(|m| TraceContext::new(m.traceparent.as_deref()?, m.tracestate.as_deref()));
+    Some((trace, event.data))
 }
 
 /// A caller's context as the parent of what the router makes.
