@@ -16,6 +16,8 @@ pub mod http;
 pub mod load;
 #[cfg(feature = "cluster")]
 pub mod nats;
+pub mod phoenix;
+pub mod ports;
 #[cfg(feature = "cluster")]
 pub mod proxy;
 
