@@ -298,3 +298,33 @@ async fn phoenix_takes_otlp_classifies_agent_and_tool_and_shows_the_trace() {
     // root span is in the DOM too, so its absence cannot be asserted here.)
     eprintln!("whole test took {:?}", started.elapsed());
 }
+
+/// The node twin (tests/interop/phoenix.mjs, for scripts that drive the TypeScript SDK) starts
+/// its own Phoenix, exports an agent span and its tool span as protobuf it encodes itself, reads
+/// them back classified AGENT / TOOL and screenshots the trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_helper_passes_its_self_test() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/phoenix.mjs");
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(&script)
+        .arg("--self-test")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let output = common::within(Duration::from_secs(120), command.output())
+        .await
+        .expect("run node (scripts/setup.sh installs it)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the self-test failed: {stdout}");
+    for line in [
+        "ok - two spans of trace",
+        "ok - the tool span is its child",
+        "ok - classified AGENT and TOOL",
+        "ok - a PNG of http://127.0.0.1:",
+        "ok - the page shows both spans",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in {stdout}");
+    }
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+}
