@@ -41,10 +41,22 @@
 //! ```
 //!
 //! - The OTel span kind (CLIENT, INTERNAL...) is not returned; `span_kind` is Phoenix's
-//!   classification (the OpenInference span kind: AGENT, TOOL, LLM, CHAIN, UNKNOWN...), derived
-//!   from `gen_ai.operation.name` (`invoke_agent` → AGENT, `execute_tool` → TOOL) unless the span
-//!   carries `openinference.span.kind` itself. The REST answer does not list
-//!   `openinference.span.kind` among the attributes; the UI shows it there.
+//!   classification (the OpenInference span kind), from the span's own
+//!   `openinference.span.kind` attribute when it has one, else from `gen_ai.operation.name`
+//!   (phoenix/trace/gen_ai/conversion.py, `_infer_span_kind`): `invoke_agent`, `create_agent` →
+//!   AGENT; `execute_tool` → TOOL; `chat`, `text_completion`, `generate_content` → LLM;
+//!   `embeddings` → EMBEDDING; `retrieval` → RETRIEVER; no operation but `gen_ai.tool.name` or
+//!   `gen_ai.tool.call.id` → TOOL; anything else (other operations, no `gen_ai.*` attribute at
+//!   all) → UNKNOWN. The REST answer does not list `openinference.span.kind` among the
+//!   attributes; the UI shows it there. Phoenix also derives OpenInference attributes from
+//!   `gen_ai.*` ones without overriding any the span carries: `tool.name`, `tool.id` above, and
+//!   `llm.token_count.prompt` / `.completion` / `.total` from `gen_ai.usage.input_tokens` /
+//!   `output_tokens` (which its UI sums per trace).
+//! - OTLP/HTTP takes exactly `Content-Type: application/x-protobuf` (415 for OTLP/JSON or a
+//!   content type with parameters), plain, gzip or deflate; it answers 200 before it stores the
+//!   spans (a background task). Spans go to the project named by the `x-project-name` header,
+//!   else by the resource attribute `openinference.project.name`, else `default` (the one
+//!   [`Phoenix::spans`] reads).
 //! - Resource attributes (`service.name`...) are not in the answer.
 //! - A span only shows once Phoenix's bulk inserter has written it (a second or so after the
 //!   export is accepted): read with [`Phoenix::wait_spans`].
