@@ -206,7 +206,7 @@ async fn phoenix_takes_otlp_classifies_agent_and_tool_and_shows_the_trace() {
 
     let (trace_hex, other_hex) = (hex(&trace), hex(&other_trace));
     let spans = phoenix
-        .wait_spans(&trace_hex, 2, Duration::from_secs(15))
+        .wait_spans(&trace_hex, 2, Duration::from_secs(30))
         .await;
     eprintln!("{}", serde_json::to_string_pretty(&spans).unwrap());
     assert_eq!(
@@ -311,7 +311,7 @@ async fn the_node_helper_passes_its_self_test() {
         .arg("--self-test")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    let output = common::within(Duration::from_secs(120), command.output())
+    let output = common::within(Duration::from_secs(240), command.output())
         .await
         .expect("run node (scripts/setup.sh installs it)");
     let stdout = String::from_utf8_lossy(&output.stdout);
