@@ -7,7 +7,8 @@
 # 2. Node.js >= 20 (Debian's own nodejs may be older: then it says so and exits 1);
 # 3. the npm packages of tests/interop and tests/browser (npm ci, pinned by their lock files);
 # 4. the Python virtual environments (tests/gateways/setup.sh, tests/a2a_py/.venv,
-#    tests/aip_py/.venv), pinned.
+#    tests/aip_py/.venv, and tests/phoenix/.venv: Arize Phoenix, the OTLP receiver of the traces
+#    tests, about 45 s and 850 MB fresh), pinned.
 #
 #   scripts/setup.sh [--check]    --check: report what is missing, install nothing
 #
@@ -81,20 +82,14 @@ done
 
 # 4. Python virtual environments, pinned by their requirements files.
 tests/gateways/setup.sh >/dev/null
-venv=tests/a2a_py/.venv
-if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/a2a_py/requirements.txt "$venv/.requirements"; then
-  say "making $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/a2a_py/requirements.txt >&2
-  cp tests/a2a_py/requirements.txt "$venv/.requirements"
-fi
-venv=tests/aip_py/.venv
-if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/aip_py/requirements.txt "$venv/.requirements"; then
-  say "making $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/aip_py/requirements.txt >&2
-  cp tests/aip_py/requirements.txt "$venv/.requirements"
-fi
+for dir in tests/a2a_py tests/aip_py tests/phoenix; do
+  venv=$dir/.venv
+  if [ ! -x "$venv/bin/python" ] || ! cmp -s "$dir/requirements.txt" "$venv/.requirements"; then
+    say "making $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$dir/requirements.txt" >&2
+    cp "$dir/requirements.txt" "$venv/.requirements"
+  fi
+done
 say "ready"

@@ -17,6 +17,8 @@ pub mod load;
 #[cfg(feature = "cluster")]
 pub mod nats;
 pub mod otlp;
+pub mod phoenix;
+pub mod ports;
 #[cfg(feature = "cluster")]
 pub mod proxy;
 
