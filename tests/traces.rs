@@ -385,3 +385,180 @@ fn counter(text: &str, name: &str) -> u64 {
         })
         .unwrap_or_else(|| panic!("no {name} in\n{text}")) as u64
 }
+
+const KEYS: &str = "key-ops-0123456789 ops,key-alice-0123456789 alice,key-bob-0123456789 bob,\
+                    key-mallory-0123456789 mallory";
+
+/// Several principals: a reply cannot be grafted into another's request, the router's span
+/// reaches the recipient's socket only, and a principal without grants exports nothing.
+#[tokio::test]
+async fn principals_cannot_graft_spans_into_anothers_request() {
+    let receiver = Receiver::start().await;
+    let base = receiver.base();
+    let (_server, url) = start_server(move |c| {
+        c.telemetry.endpoint = Some(base);
+        c.telemetry.delay_ms = 20;
+        c.auth.api_keys.inline = Some(map_router::auth::config::Secret(KEYS.into()));
+        c.auth.system_principals = vec!["ops".into()];
+        c.permissions = toml::from_str("[principals.mallory.messaging]\ncanSend = true\n").unwrap();
+    })
+    .await;
+    let (mut alice, _) = connect_with_key(&url, "key-alice-0123456789", "agent", json!({})).await;
+    alice
+        .register_agent(json!({"agentId": "alice-1", "name": "alice"}))
+        .await;
+    let (mut bob, _) = connect_with_key(&url, "key-bob-0123456789", "agent", json!({})).await;
+    bob.register_agent(json!({"agentId": "bob-1", "name": "bob"}))
+        .await;
+    let (mut mallory, _) =
+        connect_with_key(&url, "key-mallory-0123456789", "agent", json!({})).await;
+    mallory
+        .register_agent(json!({"agentId": "mallory-1"}))
+        .await;
+
+    alice
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "bob-1"}, "payload": {"q": 1},
+                   "meta": {"traceparent": caller_parent(), "expectsResponse": true,
+                            "correlationId": "ask-1"}}),
+        )
+        .await;
+    let asked = bob.notification("map/message").await;
+    let bob_ctx = asked["params"]["_meta"]["traceparent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Mallory answers a request she never got, naming its correlation id.
+    mallory
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "alice-1"}, "payload": {"forged": true},
+                   "meta": {"isResult": true, "correlationId": "ask-1"}}),
+        )
+        .await;
+    let forged = alice.notification("map/message").await;
+    assert_eq!(forged["params"]["message"]["from"], json!("mallory-1"));
+    // Bob's real answer.
+    bob.ok(
+        "map/send",
+        json!({"to": {"agent": "alice-1"}, "payload": {"a": 1},
+               "meta": {"isResult": true, "correlationId": "ask-1"}}),
+    )
+    .await;
+    alice.notification("map/message").await;
+    // The router's span for Bob reached Bob's socket only.
+    mallory
+        .assert_none_where("a map/message", |v| v["method"] == json!("map/message"))
+        .await;
+
+    let spans = receiver
+        .wait_for(WAIT, "three hops", |s| s.len() >= 3)
+        .await;
+    let bob_hop = spans.iter().find(|s| s.name == "invoke_agent bob").unwrap();
+    assert_eq!(bob_ctx, format!("00-{CALLER_TRACE}-{}-01", bob_hop.span_id));
+    let answers: Vec<&Got> = spans
+        .iter()
+        .filter(|s| s.name == "invoke_agent alice")
+        .collect();
+    assert_eq!(answers.len(), 2, "{spans:#?}");
+    let real = answers
+        .iter()
+        .find(|s| s.attributes["map.sender"] == "bob-1")
+        .unwrap();
+    assert_eq!(
+        real.parent_id, bob_hop.span_id,
+        "Bob's answer is nested under Bob's hop"
+    );
+    let fake = answers
+        .iter()
+        .find(|s| s.attributes["map.sender"] == "mallory-1")
+        .unwrap();
+    assert_ne!(
+        fake.trace_id, CALLER_TRACE,
+        "Mallory's answer is not grafted into Alice's trace"
+    );
+    assert!(fake.parent_id.is_empty(), "a trace of its own: {fake:#?}");
+}
+
+/// Hostile and odd input: an invalid traceparent starts a trace of the router's own; a
+/// caller that said "not sampled" gets no spans and no context in the frame; a failed hop has
+/// an error status; a message queued for an agent that is away and delivered when it is back
+/// is a child of the message's span.
+#[tokio::test]
+async fn invalid_unsampled_failed_and_queued_messages() {
+    let receiver = Receiver::start().await;
+    let (_server, url) = traced_server(&receiver, false).await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+
+    for bad in [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\",\"x\":\"",
+    ] {
+        alice
+            .ok(
+                "map/send",
+                json!({"to": {"agent": "bob"}, "payload": 1, "meta": {"traceparent": bad}}),
+            )
+            .await;
+        let frame = bob.notification("map/message").await;
+        let ctx = frame["params"]["_meta"]["traceparent"].as_str().unwrap();
+        assert!(!ctx.contains(CALLER_TRACE), "{bad}: {ctx}");
+        assert_eq!(
+            frame["params"]["message"]["meta"]["traceparent"],
+            json!(bad),
+            "kept as sent"
+        );
+    }
+    let unsampled = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-00");
+    alice
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "bob"}, "payload": 2, "meta": {"traceparent": unsampled}}),
+        )
+        .await;
+    let frame = bob.notification("map/message").await;
+    assert!(
+        frame["params"].get("_meta").is_none(),
+        "not sampled: no context handed on: {frame}"
+    );
+
+    // A failed hop: an agent whose outbox is gone (a participant id that left).
+    let mut carol = WsClient::agent(&url, "carol", json!({"name": "Carol"})).await;
+    carol
+        .ok(
+            "map/agents/update",
+            json!({"agentId": "carol", "metadata": {}}),
+        )
+        .await;
+    carol.drop_abruptly();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = alice
+        .call("map/send", json!({"to": {"agent": "carol"}, "payload": 3}))
+        .await;
+    // Queued (if carol may come back) or failed: both end the hop, with its outcome.
+    let _ = r;
+    let spans = receiver
+        .wait_for(WAIT, "the carol hop", |s| {
+            s.iter().any(|s| s.name == "invoke_agent Carol")
+        })
+        .await;
+    let carol_hop = spans
+        .iter()
+        .find(|s| s.name == "invoke_agent Carol")
+        .unwrap();
+    let outcome = carol_hop.attributes["map.outcome"].as_str();
+    assert!(matches!(outcome, "failed" | "queued"), "{carol_hop:#?}");
+    if outcome == "failed" {
+        assert_eq!(carol_hop.status_code, 2, "an error status: {carol_hop:#?}");
+        assert!(carol_hop.attributes.contains_key("map.failure.reason"));
+    }
+    assert!(
+        !spans.iter().any(|s| s.trace_id == CALLER_TRACE),
+        "no span of the unsampled or invalid contexts: {spans:#?}"
+    );
+}

@@ -333,7 +333,9 @@ impl Router {
         };
         let out = Arc::new(Outgoing {
             id: message.id.clone(),
-            correlation: correlation.map(str::to_owned),
+            // A result is not a request: only requests are indexed for their replies (a
+            // reply indexed under its request's id would hide the request from the next one).
+            correlation: correlation.filter(|_| !view.is_result).map(str::to_owned),
             from: from.clone(),
             to: message.to.clone(),
             timestamp: message.timestamp,

@@ -38,6 +38,9 @@ pub(crate) struct Outgoing {
 /// How many recent deliveries are remembered for linking replies to requests.
 const DELIVERY_INDEX_CAP: usize = 16_384;
 
+/// Requests remembered per correlation id (the newest).
+const REQUESTS_PER_CORRELATION: usize = 8;
+
 /// Recent deliveries, so a reply (`meta.isResult` with the request's `correlationId`) can name
 /// the delivery of the request it answers as its cause. Bounded: the oldest messages are
 /// forgotten once more than [`DELIVERY_INDEX_CAP`] deliveries are remembered.
@@ -49,7 +52,10 @@ const DELIVERY_INDEX_CAP: usize = 16_384;
 #[derive(Debug, Default)]
 pub(crate) struct DeliveryIndex {
     by_message: IdMap<MessageId, Vec<(Box<str>, EventId)>>,
-    by_correlation: IdMap<String, MessageId>,
+    /// The requests that used each correlation id, newest last (at most
+    /// [`REQUESTS_PER_CORRELATION`]): two requesters may pick the same id (`"q1"`), and one must
+    /// not hide the other's request from its replier.
+    by_correlation: IdMap<String, Vec<MessageId>>,
     /// Messages oldest first, with their correlation id.
     order: std::collections::VecDeque<(MessageId, Option<String>)>,
     /// Deliveries remembered in `by_message`.
@@ -72,8 +78,11 @@ impl DeliveryIndex {
                 self.deliveries -= list.len();
             }
             if let Some(c) = c {
-                if self.by_correlation.get(&c) == Some(&m) {
-                    self.by_correlation.remove(&c);
+                if let Some(list) = self.by_correlation.get_mut(&c) {
+                    list.retain(|x| x != &m);
+                    if list.is_empty() {
+                        self.by_correlation.remove(&c);
+                    }
                 }
             }
         }
@@ -81,7 +90,11 @@ impl DeliveryIndex {
             Some(list) => list,
             None => {
                 if let Some(c) = correlation {
-                    self.by_correlation.insert(c.to_owned(), message.clone());
+                    let list = self.by_correlation.entry(c.to_owned()).or_default();
+                    if list.len() == REQUESTS_PER_CORRELATION {
+                        list.remove(0);
+                    }
+                    list.push(message.clone());
                 }
                 self.order
                     .push_back((message.clone(), correlation.map(str::to_owned)));
@@ -103,7 +116,10 @@ impl DeliveryIndex {
         self.deliveries = self.by_message.values().map(Vec::len).sum();
         let kept = &self.by_message;
         self.order.retain(|(m, _)| kept.contains_key(m));
-        self.by_correlation.retain(|_, m| kept.contains_key(m));
+        self.by_correlation.retain(|_, list| {
+            list.retain(|m| kept.contains_key(m));
+            !list.is_empty()
+        });
         self.by_message.shrink_if_sparse();
         self.by_correlation.shrink_if_sparse();
         self.order.shrink_if_sparse();
@@ -112,17 +128,19 @@ impl DeliveryIndex {
     /// The delivery to `replier` of the request that `correlation` names (a correlation id,
     /// or the request's message id, as the SDK's `reply()` uses when there was none).
     pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
-        let message = self
-            .by_correlation
+        let delivered_to_replier = |message: &MessageId| {
+            self.by_message
+                .get(message)?
+                .iter()
+                .rev()
+                .find(|(r, _)| &**r == replier)
+                .map(|(_, e)| *e)
+        };
+        // The newest request with this correlation id that reached the replier.
+        self.by_correlation
             .get(correlation)
-            .cloned()
-            .unwrap_or_else(|| MessageId::from(correlation));
-        self.by_message
-            .get(&message)?
-            .iter()
-            .rev()
-            .find(|(r, _)| &**r == replier)
-            .map(|(_, e)| *e)
+            .and_then(|list| list.iter().rev().find_map(delivered_to_replier))
+            .or_else(|| delivered_to_replier(&MessageId::from(correlation)))
     }
 }
 

@@ -834,9 +834,9 @@ impl SpanModel {
                 attributes.push(("map.task.id", AttrValue::Str(task_id.to_owned())));
                 attributes.push(("map.task.status", AttrValue::Str(status.to_owned())));
                 if let Some(a2a) = task.pointer("/meta/a2a") {
-                    if let Some(t) = a2a.get("taskId").and_then(Value::as_str) {
-                        attributes.push(("a2a.task.id", AttrValue::Str(t.to_owned())));
-                    }
+                    // The A2A gateway's tasks are MAP tasks of the same id.
+                    let t = a2a.get("taskId").and_then(Value::as_str).unwrap_or(task_id);
+                    attributes.push(("a2a.task.id", AttrValue::Str(t.to_owned())));
                     if let Some(s) = a2a
                         .get("state")
                         .or_else(|| a2a.pointer("/status/state"))
