@@ -1,8 +1,9 @@
 //! `WS /gateway/connect`: one IM agent's connection (seed 002, "Agent 注册和发现").
 //!
 //! Frames in: `{"type":"register","agent_uri","capabilities"}` (first), `{"type":"heartbeat"}`,
-//! and `{"type":"send","to","content","conversation_id?"}` (an extension: send without a
-//! second connection). Frames out: `{"type":"registered","agent_uri"}`, `{"type":"heartbeat_ack"}`,
+//! and `{"type":"send","to","content","conversation_id?","traceparent?","tracestate?"}` (an
+//! extension: send without a second connection; a valid `traceparent` becomes the MAP
+//! message's `meta.traceparent`, `gateway::trace`). Frames out: `{"type":"registered","agent_uri"}`, `{"type":"heartbeat_ack"}`,
 //! `{"type":"message","from","to","content","conversation_id","message_id","timestamp"}` for
 //! every MAP message to the agent, `{"type":"sent",...}` and `{"type":"error","error","message"}`.
 //! A wrong frame gets an error frame and the connection stays open.
@@ -120,6 +121,12 @@ struct Frame {
     content: Option<Box<RawValue>>,
     #[serde(default)]
     conversation_id: Option<String>,
+    /// A `send` frame's W3C trace context (the connection is not one request: its upgrade's
+    /// headers are not a message's context). Invalid: ignored.
+    #[serde(default)]
+    traceparent: Option<Value>,
+    #[serde(default)]
+    tracestate: Option<Value>,
 }
 
 /// A pushed `message` frame; `content` is the MAP payload as sent.
@@ -615,6 +622,16 @@ async fn handle_frame(
                     "send needs `to` and `content`",
                 ));
             };
+            let trace = frame
+                .traceparent
+                .as_ref()
+                .and_then(Value::as_str)
+                .and_then(|p| {
+                    crate::protocol::trace::TraceContext::new(
+                        p,
+                        frame.tracestate.as_ref().and_then(Value::as_str),
+                    )
+                });
             match im
                 .deliver(
                     client,
@@ -623,6 +640,7 @@ async fn handle_frame(
                     &to,
                     &content,
                     frame.conversation_id.as_deref(),
+                    trace.as_ref(),
                 )
                 .await
             {

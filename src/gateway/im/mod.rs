@@ -339,6 +339,7 @@ async fn send(
             &body.to,
             &body.content,
             body.conversation_id.as_deref(),
+            crate::gateway::trace::from_headers(&headers).as_ref(),
         )
         .await
     {

@@ -18,6 +18,7 @@ use crate::protocol::capabilities::Capability;
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::methods::messaging::SendParams;
+use crate::protocol::trace::TraceContext;
 
 /// The IM gateway's state: the context and the table of IM URIs.
 #[derive(Debug)]
@@ -55,7 +56,8 @@ impl Im {
 
     /// Sends `content` through `client` (a session of the caller's: its IM agent's, or its
     /// own), shown as `from`, to `to` (as `client` may see it) in `conversation` (a new one
-    /// when `None`): `(conversation id, MAP message id)`. Nothing is created unless the
+    /// when `None`), with the request's `trace` context in its `meta` (and the new
+    /// conversation's `mail/create` `_meta`): `(conversation id, MAP message id)`. Nothing is created unless the
     /// session may send (`messaging.canSend`) and, for a new conversation, create one
     /// (`mail.canCreate`).
     ///
@@ -70,6 +72,7 @@ impl Im {
         to: &str,
         content: &RawValue,
         conversation: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<(String, String), Failure> {
         let target = resolve_target(&self.ctx, client, to, headers)
             .await?
@@ -87,10 +90,13 @@ impl Im {
                 let created = client
                     .call_raw(
                         "mail/create",
-                        json!({
-                            "initialParticipants": [{ "id": target.id }],
-                            "metadata": { "protocol": "im", "im": { "from": from, "to": to } },
-                        }),
+                        crate::gateway::trace::with_meta(
+                            json!({
+                                "initialParticipants": [{ "id": target.id }],
+                                "metadata": { "protocol": "im", "im": { "from": from, "to": to } },
+                            }),
+                            trace,
+                        ),
                     )
                     .await
                     .map_err(|e| Failure::from(GatewayError::Map(e)))?;
@@ -107,14 +113,15 @@ impl Im {
                     })?
             }
         };
+        let mut meta = serde_json::Map::new();
+        meta.insert("mail".into(), json!({ "conversationId": conversation }));
+        meta.insert("protocol".into(), json!("im"));
+        meta.insert("im".into(), json!({ "from": from, "to": to }));
+        crate::gateway::trace::insert_meta(&mut meta, trace);
         let params = SendParams {
             to: RawJson::from(json!({ "agent": target.id })),
             payload: Some(RawJson::from_text(content.get()).unwrap_or_else(|_| RawJson::null())),
-            meta: Some(RawJson::from(json!({
-                "mail": { "conversationId": conversation },
-                "protocol": "im",
-                "im": { "from": from, "to": to },
-            }))),
+            meta: Some(RawJson::from(meta)),
         };
         let mut sent = client.send_with(params.clone()).await;
         if matches!(&sent, Err(e) if e.code() == Some(ErrorCode::MAIL_NOT_A_PARTICIPANT)) {

@@ -166,6 +166,7 @@ impl Core {
                     self.push.set(&id, config)?;
                 }
                 let watcher = watch.then(|| self.feed.watch(&id));
+                let created = crate::gateway::trace::with_meta_text(created, caller.trace());
                 if let Err(e) = call(caller.session(), methods::CREATE, created, None).await {
                     self.push.forget(&id);
                     return Err(e);
@@ -177,7 +178,7 @@ impl Core {
             }
         };
         let to = RawJson::from_value(&json!({ "agent": first.agent }));
-        let meta = RawJson::from_value(&json!({
+        let mut meta = json!({
             "protocol": "a2a",
             "correlationId": id,
             "expectsResponse": true,
@@ -185,8 +186,14 @@ impl Core {
                 "taskId": id,
                 "contextId": first.context_id,
                 "messageId": message.message_id,
+                "method": caller.method(),
             }
-        }));
+        });
+        if let Some(m) = meta.as_object_mut() {
+            // The caller's context is the message's parent (its headers, `gateway::trace`).
+            crate::gateway::trace::insert_meta(m, caller.trace());
+        }
+        let meta = RawJson::from_value(&meta);
         let sent = self
             .client
             .send_with(MapSendParams {
@@ -241,14 +248,23 @@ impl Core {
             Ok(None)
         });
         let record = self.writer.edit(target, id, edit).await?;
+        let mut meta = json!({
+            "protocol": "a2a",
+            "correlationId": id,
+            "a2a": {
+                "taskId": id,
+                "contextId": record.context_id,
+                "control": "cancel",
+                "method": caller.method(),
+            }
+        });
+        if let Some(m) = meta.as_object_mut() {
+            crate::gateway::trace::insert_meta(m, caller.trace());
+        }
         let control = MapSendParams {
             to: RawJson::from_value(&json!({ "agent": record.agent })),
             payload: Some(RawJson::from_value(&json!({ "a2a": { "cancel": id } }))),
-            meta: Some(RawJson::from_value(&json!({
-                "protocol": "a2a",
-                "correlationId": id,
-                "a2a": { "taskId": id, "contextId": record.context_id, "control": "cancel" }
-            }))),
+            meta: Some(RawJson::from_value(&meta)),
         };
         if let Err(e) = self.client.send_with(control).await {
             tracing::debug!(task = id, error = %e, "a2a gateway: cancel notice not delivered");
