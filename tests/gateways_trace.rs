@@ -615,3 +615,177 @@ async fn im_headers_become_the_map_message_meta_and_stay_with_their_caller() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_untraced(&meta(&next(&mut inbox).await));
 }
+
+// ---------------------------------------------------------------------------------------------
+// AIP: gRPC metadata both ways
+
+mod aip {
+    use super::*;
+    use map_router::gateway::aip::proto::gateway_service_client::GatewayServiceClient;
+    use map_router::gateway::aip::proto::tool_service_server::{ToolService, ToolServiceServer};
+    use map_router::gateway::aip::proto::{
+        content_item, ContentItem, ToolInfo, ToolRequest, ToolResponse,
+    };
+    use map_router::protocol::json::RawJson;
+    use map_router::protocol::methods::messaging::SendParams;
+    use tonic::transport::server::TcpIncoming;
+    use tonic::{Request, Response, Status};
+
+    /// A tool that reports the trace metadata of each call (`traceparent`, `tracestate`).
+    struct Recorder(mpsc::UnboundedSender<(Option<String>, Option<String>)>);
+
+    #[tonic::async_trait]
+    impl ToolService for Recorder {
+        async fn call_tool(
+            &self,
+            r: Request<ToolRequest>,
+        ) -> Result<Response<ToolResponse>, Status> {
+            let md = |k: &str| {
+                r.metadata()
+                    .get(k)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let _ = self.0.send((md("traceparent"), md("tracestate")));
+            let r = r.into_inner();
+            Ok(Response::new(ToolResponse {
+                sender_id: r.receiver_id,
+                receiver_id: r.sender_id,
+                session_id: r.session_id,
+                is_error: false,
+                error_message: "No Error".into(),
+                content: vec![ContentItem {
+                    data: Some(content_item::Data::Text("ok".into())),
+                }],
+            }))
+        }
+    }
+
+    async fn aip_server() -> (map_router::server::Server, String, String) {
+        let (server, url) =
+            start_server(|c| c.aip.listen = Some("127.0.0.1:0".parse().unwrap())).await;
+        let gw = format!("http://{}", server.aip_addr().unwrap());
+        (server, url, gw)
+    }
+
+    #[tokio::test]
+    async fn map_to_aip_tool_calls_carry_only_a_valid_context() {
+        let (_server, url, gw) = aip_server().await;
+        let (tx, mut calls) = mpsc::unbounded_channel();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tool_addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(ToolServiceServer::new(Recorder(tx)))
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await;
+        });
+        let mut gateway = with_timeout(GatewayServiceClient::connect(gw))
+            .await
+            .unwrap();
+        with_timeout(gateway.register_tool(ToolInfo {
+            tool_id: "tr-tool".into(),
+            address: tool_addr,
+            name: "tr-tool".into(),
+            domain: "rust".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        let client = with_timeout(Client::connect_ws(&url, ClientOptions::new().name("c")))
+            .await
+            .unwrap();
+        let call = |meta: Value| {
+            let mut m = obj(meta);
+            m.insert("protocol".into(), json!("aip"));
+            m.insert(
+                "aip".into(),
+                json!({"kind": "tool_call", "toolName": "echo"}),
+            );
+            client.request_with(
+                "tr-tool",
+                json!({"tool": "echo", "arguments": {}}),
+                m,
+                Duration::from_secs(5),
+            )
+        };
+        with_timeout(call(json!({"traceparent": TP_A, "tracestate": STATE})))
+            .await
+            .expect("the tool answers");
+        let seen = with_timeout(calls.recv()).await.unwrap();
+        assert_eq!(seen, (Some(TP_A.to_owned()), Some(STATE.to_owned())));
+        for meta in [
+            json!({}),
+            json!({"traceparent": TP_A.to_uppercase(), "tracestate": STATE}),
+            json!({"tracestate": STATE}),
+        ] {
+            with_timeout(call(meta.clone()))
+                .await
+                .expect("the tool answers");
+            let seen = with_timeout(calls.recv()).await.unwrap();
+            assert_eq!(seen, (None, None), "{meta}");
+        }
+    }
+
+    #[tokio::test]
+    async fn aip_to_map_tool_calls_put_only_a_valid_context_in_meta() {
+        let (_server, url, gw) = aip_server().await;
+        let (c, h, mut inbox) = agent(&url, "mapper", None).await;
+        let mapper = h.id().to_string();
+        let gateway = with_timeout(GatewayServiceClient::connect(gw))
+            .await
+            .unwrap();
+        let cases: [(Option<&str>, Option<&str>, Option<&str>); 4] = [
+            (Some(TP_B), Some(STATE), Some(TP_B)),
+            (None, None, None),
+            (
+                Some("00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"),
+                Some(STATE),
+                None,
+            ),
+            (None, Some(STATE), None),
+        ];
+        for (parent, state, expected) in cases {
+            let mut request = Request::new(ToolRequest {
+                sender_id: "outside".into(),
+                receiver_id: mapper.clone(),
+                session_id: "s-1".into(),
+                tool_name: "look".into(),
+                arguments: Default::default(),
+            });
+            if let Some(p) = parent {
+                request
+                    .metadata_mut()
+                    .insert("traceparent", p.parse().unwrap());
+            }
+            if let Some(s) = state {
+                request
+                    .metadata_mut()
+                    .insert("tracestate", s.parse().unwrap());
+            }
+            let mut g = gateway.clone();
+            let pending = tokio::spawn(async move { g.route_tool_calling(request).await });
+            let m = next(&mut inbox).await;
+            let meta = meta(&m);
+            assert_eq!(meta["protocol"], "aip", "{meta}");
+            match expected {
+                Some(tp) => {
+                    assert_eq!(meta["traceparent"], tp, "{meta}");
+                    assert_eq!(meta["tracestate"], STATE, "{meta}");
+                }
+                None => assert_untraced(&meta),
+            }
+            with_timeout(c.send_with(SendParams {
+                to: RawJson::from(json!({"agent": m.from})),
+                payload: Some(RawJson::from(json!("seen"))),
+                meta: Some(RawJson::from(json!({
+                    "correlationId": meta["correlationId"], "isResult": true
+                }))),
+            }))
+            .await
+            .unwrap();
+            let answer = with_timeout(pending).await.unwrap();
+            assert!(answer.is_ok(), "{answer:?}");
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! for the request ([`insert_meta`]), as `params._meta` of the MAP calls it makes for the
 //! request ([`with_meta`], [`with_meta_text`]), and as headers of its own outbound HTTP calls
 //! ([`headers`]), whose context is the router's span of the delivered message when the
-//! `map/message` frame names one, else the message's own ([`of_delivery`]).
+//! `map/message` frame names one, else the message's own ([`of_delivery`], [`traced`]).
 //!
 //! Only a context [`TraceContext::new`] accepts is carried; anything else (malformed, two
 //! `traceparent` headers, not ASCII) is ignored, never refused. Values are written as JSON
@@ -14,8 +14,10 @@
 //! session, so it cannot reach another request's message.
 
 use axum::http::HeaderMap;
+use futures::{Stream, StreamExt};
 use serde_json::{Map, Value};
 
+use crate::client::Messages;
 use crate::protocol::message::Message;
 use crate::protocol::trace::TraceContext;
 
@@ -92,6 +94,16 @@ pub fn of_delivery(frame: Option<&TraceContext>, message: &Message) -> Option<Tr
     frame
         .cloned()
         .or_else(|| message.meta.as_ref().and_then(TraceContext::from_meta))
+}
+
+/// `messages` with the trace context of each delivery's frame beside each message
+/// ([`Messages::delivered_trace`]).
+pub fn traced(messages: Messages) -> impl Stream<Item = (Message, Option<TraceContext>)> {
+    futures::stream::unfold(messages, |mut m| async move {
+        let message = m.next().await?;
+        let trace = m.delivered_trace().cloned();
+        Some(((message, trace), m))
+    })
 }
 
 #[cfg(test)]
