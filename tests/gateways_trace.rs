@@ -334,9 +334,13 @@ async fn remote_agent() -> (String, Seen, mpsc::UnboundedReceiver<()>) {
                     crate::lock(&s).push(headers);
                     let _ = t.send(());
                     let req: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                    // A completed task: the call also mirrors it as a MAP task.
+                    let n = crate::lock(&s).len();
                     js(
-                        &json!({"jsonrpc": "2.0", "id": req["id"], "result": {"message": {
-                        "messageId": "r-1", "role": "ROLE_AGENT", "parts": [{"text": "done"}]}}}),
+                        &json!({"jsonrpc": "2.0", "id": req["id"], "result": {"task": {
+                        "id": format!("rt-{n}"), "contextId": "ctx-r",
+                        "status": {"state": "TASK_STATE_COMPLETED"},
+                        "artifacts": [{"artifactId": "a", "parts": [{"text": "done"}]}]}}}),
                     )
                 }
             }),
@@ -389,6 +393,8 @@ async fn a2a_remote_calls_carry_the_messages_trace_context() {
     ))
     .await
     .unwrap();
+    let mut obs = WsClient::system(&url).await;
+    let sub = obs.subscribe(json!({"eventTypes": ["task.created"]})).await;
 
     // A traced message: the call carries its context (the router's span for it when the
     // router exports traces, else the message's own context, as here).
@@ -408,6 +414,9 @@ async fn a2a_remote_calls_carry_the_messages_trace_context() {
         assert_eq!(header(&seen[0], "traceparent"), Some(TP_A));
         assert_eq!(header(&seen[0], "tracestate"), Some(STATE));
     }
+    // The MAP task mirroring the remote task is made with the same context.
+    let created = obs.event_of_type(&sub, "task.created").await;
+    assert_eq!(created["event"]["_meta"]["traceparent"], TP_A, "{created}");
 
     // An untraced one, and one with an invalid context: no trace headers at all.
     for meta in [json!({}), json!({"traceparent": TP_A.to_uppercase()})] {
@@ -420,10 +429,14 @@ async fn a2a_remote_calls_carry_the_messages_trace_context() {
         .await
         .expect("a reply");
         with_timeout(hits.recv()).await.unwrap();
-        let seen = lock(&seen);
-        let last = seen.last().unwrap();
-        assert!(header(last, "traceparent").is_none(), "{last:?}");
-        assert!(header(last, "tracestate").is_none(), "{last:?}");
+        {
+            let seen = lock(&seen);
+            let last = seen.last().unwrap();
+            assert!(header(last, "traceparent").is_none(), "{last:?}");
+            assert!(header(last, "tracestate").is_none(), "{last:?}");
+        }
+        let created = obs.event_of_type(&sub, "task.created").await;
+        assert!(created["event"].get("_meta").is_none(), "{created}");
     }
 }
 

@@ -19,6 +19,7 @@
 //! Trace context: every HTTP request of a call carries `traceparent` / `tracestate`: the
 //! router's span of the delivery when the `map/message` frame names one, else the MAP
 //! message's own `meta.traceparent` (`gateway::trace::of_delivery`); none for an untraced one.
+//! The MAP task's `map/tasks/create|update` carry the same context as `params._meta`.
 //!
 //! Nothing is lost silently: every failure (connection, timeout, a JSON-RPC error, an answer we
 //! cannot read, a stream that ends early) ends the call with a `failed` final reply that says
@@ -575,7 +576,13 @@ impl<'a> Call<'a> {
             // (and `task.completed`) even when the first answer is already the final one.
             match self
                 .client
-                .call_text(TasksCreate::NAME, Rendered::finish(&params))
+                .call_text(
+                    TasksCreate::NAME,
+                    crate::gateway::trace::with_meta_text(
+                        Rendered::finish(&params),
+                        self.trace.as_ref(),
+                    ),
+                )
                 .await
             {
                 Ok(_) => self.map_task = true,
@@ -594,7 +601,13 @@ impl<'a> Call<'a> {
         let params = json!({ "taskId": id, "status": state.map_status(), "meta": meta });
         if let Err(e) = self
             .client
-            .call_text(TasksUpdate::NAME, Rendered::finish(&params))
+            .call_text(
+                TasksUpdate::NAME,
+                crate::gateway::trace::with_meta_text(
+                    Rendered::finish(&params),
+                    self.trace.as_ref(),
+                ),
+            )
             .await
         {
             tracing::info!(task = %id, error = %e, "a2a remote: MAP task not updated");
