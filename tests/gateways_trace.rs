@@ -151,6 +151,62 @@ async fn a2a_headers_become_the_map_message_meta_and_the_task_calls_meta() {
 }
 
 #[tokio::test]
+async fn a2a_task_updates_carry_the_context_of_what_changed_them() {
+    let (_server, addr, url) = server(|_| {}).await;
+    let (c, h, mut inbox) = agent(&url, "worker", None).await;
+    let path = format!("/a2a/agents/{}", h.id());
+    let mut obs = WsClient::system(&url).await;
+    let sub = obs
+        .subscribe(json!({"eventTypes": ["task.*", "task.updated"]}))
+        .await;
+    let r = post_json(
+        addr,
+        &path,
+        [("traceparent", TP_A)],
+        &a2a_send("SendMessage", "work"),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let m = next(&mut inbox).await;
+    let task = meta(&m)["a2a"]["taskId"].as_str().unwrap().to_owned();
+    // The agent answers in a trace of its own (its reply's `meta.traceparent`).
+    with_timeout(
+        c.send_with(map_router::protocol::methods::messaging::SendParams {
+            to: json!({"agent": m.from}).into(),
+            payload: Some(json!("finished").into()),
+            meta: Some(
+                json!({"correlationId": meta(&m)["correlationId"], "isResult": true,
+                   "traceparent": TP_B})
+                .into(),
+            ),
+        }),
+    )
+    .await
+    .unwrap();
+    let mut before_reply = 0;
+    let mut completed = false;
+    for _ in 0..20 {
+        let ev = obs.next_event(&sub).await;
+        let e = &ev["event"];
+        assert_eq!(e["data"]["task"]["id"], task.as_str(), "{ev}");
+        let a2a = &e["data"]["task"]["meta"]["a2a"];
+        // The task as made (no record yet, seq 0: submitted, seq 1: working) is the caller's
+        // request; from seq 2 on, the agent's reply (an artifact, then completed).
+        if a2a["seq"].as_u64().is_some_and(|n| n >= 2) {
+            assert_eq!(e["_meta"]["traceparent"], TP_B, "{ev}");
+            if a2a["state"] == "completed" {
+                completed = true;
+                break;
+            }
+            continue;
+        }
+        assert_eq!(e["_meta"]["traceparent"], TP_A, "{ev}");
+        before_reply += 1;
+    }
+    assert!(completed && before_reply >= 2, "{before_reply}");
+}
+
+#[tokio::test]
 async fn a2a_streaming_sends_name_their_method_too() {
     let (_server, addr, url) = server(|_| {}).await;
     let (_c, h, mut inbox) = agent(&url, "streamer", None).await;

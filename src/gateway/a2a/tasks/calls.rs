@@ -110,7 +110,10 @@ impl Core {
                     r.set_state(TaskState::Working, None);
                     Ok(None)
                 });
-                let record = self.writer.edit(target, &id, edit).await?;
+                let record = self
+                    .writer
+                    .edit(target, &id, edit, caller.trace().cloned())
+                    .await?;
                 if let Some(config) = push {
                     // After the change (a refused follow-up registers nothing); the webhook gets the
                     // changes from here on.
@@ -173,7 +176,9 @@ impl Core {
                 }
                 // The record as made (`submitted`: webhooks get the task first), then
                 // `working`.
-                self.writer.created(&id, first.clone(), working).await?;
+                self.writer
+                    .created(&id, first.clone(), working, caller.trace().cloned())
+                    .await?;
                 (id, first, watcher)
             }
         };
@@ -222,7 +227,9 @@ impl Core {
                 );
                 Ok(None)
             });
-            self.writer.edit(&Target::Router, &id, edit).await?;
+            self.writer
+                .edit(&Target::Router, &id, edit, caller.trace().cloned())
+                .await?;
         }
         Ok((id, first, watcher))
     }
@@ -247,7 +254,10 @@ impl Core {
             r.set_state(TaskState::Canceled, None);
             Ok(None)
         });
-        let record = self.writer.edit(target, id, edit).await?;
+        let record = self
+            .writer
+            .edit(target, id, edit, caller.trace().cloned())
+            .await?;
         let mut meta = json!({
             "protocol": "a2a",
             "correlationId": id,
