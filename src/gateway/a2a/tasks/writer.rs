@@ -542,7 +542,7 @@ mod tests {
                 for n in 0..6 {
                     let report = AgentReport::Working(Some(n.to_string()));
                     writer
-                        .report(&format!("t{n}"), "agent".into(), report)
+                        .report(&format!("t{n}"), "agent".into(), report, None)
                         .await;
                     sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
