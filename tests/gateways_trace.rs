@@ -685,6 +685,76 @@ async fn im_headers_become_the_map_message_meta_and_stay_with_their_caller() {
     assert_untraced(&meta(&next(&mut inbox).await));
 }
 
+/// A remote MAMP agent's endpoint: each POST's headers go to the channel.
+async fn mamp_endpoint() -> (String, mpsc::UnboundedReceiver<HeaderMap>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/mamp/v1/messages",
+        post(move |headers: HeaderMap| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(headers);
+                js(&json!({"conversation_id": "theirs-1", "status": "received"}))
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (base, rx)
+}
+
+#[tokio::test]
+async fn mamp_posts_to_remote_agents_carry_the_messages_trace_context() {
+    let (endpoint, mut posted) = mamp_endpoint().await;
+    let (_server, _addr, url) = server(|c| {
+        c.gateways.mamp.remote = vec![map_router::gateway::config::RemoteMamp {
+            uri: "agent://other.example/analyst".into(),
+            endpoint,
+            token: None,
+            name: Some("Remote Analyst".into()),
+            principal: None,
+        }];
+    })
+    .await;
+    let client = with_timeout(Client::connect_ws(&url, ClientOptions::new().name("c")))
+        .await
+        .unwrap();
+    within(Duration::from_secs(5), async {
+        while client
+            .get_agent("agent://other.example/analyst")
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for (meta, expected) in [
+        (
+            json!({"traceparent": TP_A, "tracestate": STATE}),
+            Some(TP_A),
+        ),
+        (json!({}), None),
+        (json!({"traceparent": TP_A.to_uppercase()}), None),
+    ] {
+        with_timeout(
+            client.send_with(map_router::protocol::methods::messaging::SendParams {
+                to: json!({"agent": "agent://other.example/analyst"}).into(),
+                payload: Some(json!("hello").into()),
+                meta: Some(meta.into()),
+            }),
+        )
+        .await
+        .unwrap();
+        let h = with_timeout(posted.recv()).await.unwrap();
+        assert_eq!(header(&h, "traceparent"), expected, "{h:?}");
+        assert_eq!(header(&h, "tracestate"), expected.map(|_| STATE), "{h:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // AIP: gRPC metadata both ways
 
