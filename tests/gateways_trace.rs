@@ -755,6 +755,68 @@ async fn mamp_posts_to_remote_agents_carry_the_messages_trace_context() {
     }
 }
 
+#[tokio::test]
+async fn im_send_frames_carry_their_own_context_not_the_connections() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let (_server, addr, url) = server(|_| {}).await;
+    let (_c, _h, mut inbox) = agent(&url, "analyst", None).await;
+    // The upgrade carries a context: it is no message's.
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        format!("ws://{addr}/gateway/connect"),
+    )
+    .unwrap();
+    req.headers_mut()
+        .insert("traceparent", TP_B.parse().unwrap());
+    let (mut s, _) = with_timeout(tokio_tungstenite::connect_async(req))
+        .await
+        .unwrap();
+    let frame = async |s: &mut _, v: Value| -> Value {
+        let s: &mut tokio_tungstenite::WebSocketStream<_> = s;
+        with_timeout(s.send(Ws::Text(v.to_string().into())))
+            .await
+            .unwrap();
+        loop {
+            match with_timeout(s.next()).await {
+                Some(Ok(Ws::Text(t))) => return serde_json::from_str(t.as_str()).unwrap(),
+                Some(Ok(Ws::Ping(_) | Ws::Pong(_))) => continue,
+                other => panic!("expected a text frame, got {other:?}"),
+            }
+        }
+    };
+    let reg = frame(
+        &mut s,
+        json!({"type": "register", "agent_uri": "agent://internal/pc-agent"}),
+    )
+    .await;
+    assert_eq!(reg["type"], "registered", "{reg}");
+    let to = format!("agent://{}/analyst", addr.ip());
+    for (extra, expected) in [
+        (
+            json!({"traceparent": TP_A, "tracestate": STATE}),
+            Some(TP_A),
+        ),
+        (json!({}), None),
+        (json!({"traceparent": format!("{TP_A}\"}}")}), None),
+        (json!({"traceparent": 7}), None),
+    ] {
+        let mut f = json!({"type": "send", "to": to, "content": "hi"});
+        for (k, v) in extra.as_object().unwrap() {
+            f[k] = v.clone();
+        }
+        let sent = frame(&mut s, f).await;
+        assert_eq!(sent["type"], "sent", "{sent}");
+        let meta = meta(&next(&mut inbox).await);
+        match expected {
+            Some(tp) => {
+                assert_eq!(meta["traceparent"], tp, "{meta}");
+                assert_eq!(meta["tracestate"], STATE, "{meta}");
+            }
+            None => assert_untraced(&meta),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // AIP: gRPC metadata both ways
 
