@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use crate::client::{Client, ClientOptions, Messages};
 use crate::gateway::caller::Caller;
 use crate::gateway::context::{resolve, GatewayContext};
-use crate::gateway::im::sender::Im;
+use crate::gateway::im::sender::{Im, Sending};
 use crate::gateway::im::socket::{close_for, Outbound, CLOSE_INTERNAL, CLOSE_POLICY};
 use crate::gateway::wire::{iso8601, AgentUri, Failure, GatewayError};
 use crate::protocol::ids::AgentId;
@@ -637,10 +637,12 @@ async fn handle_frame(
                     client,
                     uri,
                     headers,
-                    &to,
-                    &content,
-                    frame.conversation_id.as_deref(),
-                    trace.as_ref(),
+                    Sending {
+                        to: &to,
+                        content: &content,
+                        conversation: frame.conversation_id.as_deref(),
+                        trace: trace.as_ref(),
+                    },
                 )
                 .await
             {

@@ -45,6 +45,16 @@ fn lacks(client: &Client, cap: Capability) -> Failure {
     Failure::forbidden(format!("Permission denied: {who} lacks {}", cap.path()))
 }
 
+/// What one send asks for: the target URI, the content (verbatim), the conversation (`None`:
+/// a new one) and the request's trace context (`gateway::trace`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sending<'a> {
+    pub to: &'a str,
+    pub content: &'a RawValue,
+    pub conversation: Option<&'a str>,
+    pub trace: Option<&'a TraceContext>,
+}
+
 impl Im {
     /// The state of a new IM gateway.
     pub fn new(ctx: Arc<GatewayContext>) -> Self {
@@ -54,12 +64,12 @@ impl Im {
         }
     }
 
-    /// Sends `content` through `client` (a session of the caller's: its IM agent's, or its
-    /// own), shown as `from`, to `to` (as `client` may see it) in `conversation` (a new one
-    /// when `None`), with the request's `trace` context in its `meta` (and the new
-    /// conversation's `mail/create` `_meta`): `(conversation id, MAP message id)`. Nothing is created unless the
-    /// session may send (`messaging.canSend`) and, for a new conversation, create one
-    /// (`mail.canCreate`).
+    /// Sends `sending.content` through `client` (a session of the caller's: its IM agent's, or
+    /// its own), shown as `from`, to `sending.to` (as `client` may see it) in
+    /// `sending.conversation` (a new one when `None`), with the request's trace context in its
+    /// `meta` (and the new conversation's `mail/create` `_meta`): `(conversation id, MAP message
+    /// id)`. Nothing is created unless the session may send (`messaging.canSend`) and, for a new
+    /// conversation, create one (`mail.canCreate`).
     ///
     /// # Errors
     /// 404 for an unknown or invisible target or conversation; 403 for a missing grant; the
@@ -69,11 +79,14 @@ impl Im {
         client: &Client,
         from: &str,
         headers: &HeaderMap,
-        to: &str,
-        content: &RawValue,
-        conversation: Option<&str>,
-        trace: Option<&TraceContext>,
+        sending: Sending<'_>,
     ) -> Result<(String, String), Failure> {
+        let Sending {
+            to,
+            content,
+            conversation,
+            trace,
+        } = sending;
         let target = resolve_target(&self.ctx, client, to, headers)
             .await?
             .ok_or_else(|| unknown_agent(to))?;
