@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::client::command::{Command, Internal};
 use crate::client::error::ClientError;
 use crate::client::feed::{EventEnvelope, Offer, SubShared};
-use crate::client::inbox::{explicit_agents, Inbox};
+use crate::client::inbox::{delivery_trace, explicit_agents, Inbox};
 use crate::client::options::ClientOptions;
 use crate::client::options::ConnectionState;
 use crate::client::transport::Connector;
@@ -1071,10 +1071,10 @@ impl Driver {
                 // agent yet: it went to the connection's inbox. It is the agent's: move it, in
                 // order, so that nothing queued for it is lost to the reclaim.
                 let id = r.agent.id.as_str();
-                for m in self.shared.unclaimed.take_matching(|m| {
+                for (m, trace) in self.shared.unclaimed.take_matching(|m| {
                     explicit_agents(&m.to.to_value()).is_some_and(|ids| ids.contains(&id))
                 }) {
-                    inbox.push(m);
+                    inbox.push(m, trace);
                 }
                 let mut params = params.map(|p| *p).unwrap_or_default();
                 params.agent_id = Some(r.agent.id.clone());
@@ -1153,6 +1153,7 @@ impl Driver {
         struct Wrapped {
             message: Message,
         }
+        let trace = delivery_trace(params);
         let message = match serde_json::from_str::<Wrapped>(params.get()) {
             Ok(w) => w.message,
             // The legacy shape puts the message itself in params.
@@ -1174,7 +1175,7 @@ impl Driver {
             }
         }
         if self.agents.is_empty() {
-            self.shared.unclaimed.push(message);
+            self.shared.unclaimed.push(message, trace);
             return;
         }
         match explicit_agents(&message.to.to_value()) {
@@ -1185,16 +1186,16 @@ impl Driver {
                     .filter(|a| ids.contains(&a.id.as_str()))
                     .collect();
                 if targets.is_empty() {
-                    self.shared.unclaimed.push(message);
+                    self.shared.unclaimed.push(message, trace);
                 } else {
                     for a in targets {
-                        a.inbox.push(message.clone());
+                        a.inbox.push(message.clone(), trace.clone());
                     }
                 }
             }
             None => {
                 for a in &self.agents {
-                    a.inbox.push(message.clone());
+                    a.inbox.push(message.clone(), trace.clone());
                 }
             }
         }

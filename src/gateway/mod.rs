@@ -27,6 +27,8 @@
 //!   bodies, [`wire::Failure`]), `config.rs` (`[gateways]`).
 //! - `egress/`: where every gateway may send requests of its own (allow-lists on parsed URLs,
 //!   checked addresses) and the one outbound HTTP client (A2A remotes and push, MAMP).
+//! - `trace.rs`: a caller's W3C trace context (HTTP `traceparent` / `tracestate`) into the
+//!   MAP messages and calls made for its request, and out on the gateways' own calls.
 //! - `threads.rs`: the conversation of each message sent for an outside caller (replies);
 //!   `recency.rs`: least-recently-used order for the bounded tables.
 //!
@@ -49,6 +51,7 @@ pub mod peers;
 pub mod recency;
 pub mod senders;
 pub mod threads;
+pub mod trace;
 pub mod wire;
 
 use std::sync::Arc;

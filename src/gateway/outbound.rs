@@ -13,7 +13,9 @@
 //! message, to the endpoint's messages URL as parsed and allowed by the endpoint's own origin
 //! (the operator configured it: its host's addresses may be loopback or private, and nobody
 //! else's are reached through it), every wait bounded by `[gateways.mamp] request_timeout`.
-//! `http://` only for now (the config check says so too).
+//! `http://` only for now (the config check says so too). Trace context: the POST carries
+//! `traceparent` / `tracestate`, the router's span of the delivery when the `map/message` frame
+//! names one, else the message's own valid `meta.traceparent` (`gateway::trace`).
 
 use std::time::Duration;
 
@@ -28,6 +30,7 @@ use crate::gateway::egress::client::{self, Body, Waits};
 use crate::gateway::egress::{AllowList, Allowed};
 use crate::gateway::wire::iso8601;
 use crate::protocol::message::Message;
+use crate::protocol::trace::TraceContext;
 
 /// Largest answer read from a remote MAMP server.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -45,10 +48,16 @@ struct Envelope<'a> {
     metadata: serde_json::Value,
 }
 
-/// POSTs `message` to `remote` and records the conversation mapping from the answer. Failures
-/// are logged: the MAP side already saw the message delivered to the remote's MAP agent.
-pub async fn deliver(ctx: &GatewayContext, remote: &RemoteMamp, message: &Message) {
-    match post(ctx, remote, message).await {
+/// POSTs `message` to `remote` (with `trace` as `traceparent` / `tracestate` headers) and
+/// records the conversation mapping from the answer. Failures are logged: the MAP side already
+/// saw the message delivered to the remote's MAP agent.
+pub async fn deliver(
+    ctx: &GatewayContext,
+    remote: &RemoteMamp,
+    message: &Message,
+    trace: Option<&TraceContext>,
+) {
+    match post(ctx, remote, message, trace).await {
         Ok(()) => {}
         Err(why) => tracing::warn!(
             remote = %remote.uri,
@@ -87,7 +96,12 @@ pub fn envelope(
     serde_json::to_vec(&envelope).map_err(|e| e.to_string())
 }
 
-async fn post(ctx: &GatewayContext, remote: &RemoteMamp, message: &Message) -> Result<(), String> {
+async fn post(
+    ctx: &GatewayContext,
+    remote: &RemoteMamp,
+    message: &Message,
+    trace: Option<&TraceContext>,
+) -> Result<(), String> {
     let threaded = ctx.threads.conversation_of(message);
     let local_conv = threaded
         .clone()
@@ -103,7 +117,13 @@ async fn post(ctx: &GatewayContext, remote: &RemoteMamp, message: &Message) -> R
     let limit = ctx.settings.mamp.request_timeout();
     let answer = tokio::time::timeout(
         limit,
-        http_post(&remote.endpoint, remote.token.as_deref(), body, limit),
+        http_post(
+            &remote.endpoint,
+            remote.token.as_deref(),
+            trace,
+            body,
+            limit,
+        ),
     )
     .await
     .map_err(|_| format!("no answer within {limit:?}"))??;
@@ -139,14 +159,13 @@ fn messages_url(endpoint: &str) -> Result<Allowed, String> {
 async fn http_post(
     endpoint: &str,
     token: Option<&str>,
+    trace: Option<&TraceContext>,
     body: Vec<u8>,
     limit: Duration,
 ) -> Result<Bytes, String> {
     let target = messages_url(endpoint)?;
-    let headers: Vec<(&'static str, String)> = token
-        .map(|t| ("authorization", format!("Bearer {t}")))
-        .into_iter()
-        .collect();
+    let mut headers = crate::gateway::trace::headers(trace);
+    headers.extend(token.map(|t| ("authorization", format!("Bearer {t}"))));
     let body = Body {
         bytes: Bytes::from(body),
         content_type: "application/json",

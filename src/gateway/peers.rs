@@ -196,7 +196,13 @@ fn spawn_pump(ctx: Arc<GatewayContext>, peer: Peer, sink: Sink) {
     tokio::spawn(async move {
         while let Some(message) = messages.next().await {
             match &sink {
-                Sink::Remote(remote) => outbound::deliver(&ctx, remote, &message).await,
+                Sink::Remote(remote) => {
+                    // The POST's context: the router's span of this delivery, else the
+                    // message's own (`gateway::trace`).
+                    let trace =
+                        crate::gateway::trace::of_delivery(messages.delivered_trace(), &message);
+                    outbound::deliver(&ctx, remote, &message, trace.as_ref()).await;
+                }
                 Sink::Mailbox(mailbox) => {
                     if mailbox.push(message) {
                         tracing::info!(

@@ -2,7 +2,9 @@
 //!
 //! Owns: the rule, in one place ([`Caller::controls`]), and the per-request view of the caller
 //! (its verified principal, its MAP session from `gateway::callers::CallerSessions`, whether
-//! it is a system principal). It keeps nothing between requests.
+//! it is a system principal, and what its request says beside its body: the A2A method's
+//! name and the W3C trace context of its headers, `gateway::trace`). It keeps nothing between
+//! requests: the session is shared by the principal's requests, the rest is this request's.
 //!
 //! The rule (docs/a2a.md, "Who may act on a task"). With authentication on, a task is read
 //! (`GetTask`, `ListTasks`, `SubscribeToTask`), canceled, followed up, and its push configs
@@ -29,6 +31,7 @@ use crate::gateway::a2a::record::{Owner, Record};
 use crate::protocol::capabilities::{Capability, ParticipantType};
 use crate::protocol::ids::AgentId;
 use crate::protocol::methods::session::{Principal, SessionList, SessionListParams};
+use crate::protocol::trace::TraceContext;
 
 /// The caller of one A2A request.
 #[derive(Debug)]
@@ -42,6 +45,10 @@ pub struct Caller {
     system: bool,
     /// The agents of its principal's MAP sessions, asked once per request when needed.
     agents: OnceCell<Vec<AgentId>>,
+    /// The A2A method of this request, as named (`meta.a2a.method` of the message it sends).
+    method: &'static str,
+    /// This request's trace context (its `traceparent` / `tracestate` headers, when valid).
+    trace: Option<TraceContext>,
 }
 
 impl Caller {
@@ -56,7 +63,27 @@ impl Caller {
             system: principal.is_some() && (system_principal || system_session),
             principal,
             agents: OnceCell::new(),
+            method: "",
+            trace: None,
         }
+    }
+
+    /// The same caller making request `method` (its name as the caller wrote it) with `trace`.
+    #[must_use]
+    pub fn making(mut self, method: &'static str, trace: Option<TraceContext>) -> Self {
+        self.method = method;
+        self.trace = trace;
+        self
+    }
+
+    /// The A2A method of this request (empty before [`Caller::making`]).
+    pub fn method(&self) -> &'static str {
+        self.method
+    }
+
+    /// This request's trace context.
+    pub fn trace(&self) -> Option<&TraceContext> {
+        self.trace.as_ref()
     }
 
     /// Its MAP session: what it sees (agents) and what it does as itself (creating tasks).

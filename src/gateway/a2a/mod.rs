@@ -659,7 +659,7 @@ async fn rpc(
         Err(e) => return rpc::error_response(Some(&request.id), &e, v),
     };
     let caller = match g.caller(who).await {
-        Ok(c) => c,
+        Ok(c) => c.making(request.name, crate::gateway::trace::from_headers(headers)),
         Err(e) => return rpc::error_response(Some(&request.id), &e, v),
     };
     let target = match agent {

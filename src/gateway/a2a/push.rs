@@ -16,7 +16,9 @@
 //! The body is what `@a2a-js/sdk`'s default sender POSTs: for a config made with a v1.0 method,
 //! the update as a v1.0 `StreamResponse` (`{statusUpdate}` / `{artifactUpdate}`,
 //! `Content-Type: application/a2a+json`); for a v0.3 one, the whole task (`kind: "task"`,
-//! `application/json`). Authentication: `Authorization: <scheme> <credentials>` when the config
+//! `application/json`). Trace context: `traceparent` / `tracestate` of the request that set
+//! the config (the send that carried it, or the config method), when it had valid ones.
+//! Authentication: `Authorization: <scheme> <credentials>` when the config
 //! has `authentication`, else `X-A2A-Notification-Token: <token>` when it has a token.
 //!
 //! Secrets: a config's `token` and `authentication.credentials` are shown only to the principal
@@ -40,6 +42,7 @@ use crate::gateway::a2a::record::{Owner, Snapshot};
 use crate::gateway::a2a::wire::{self, Rendered, Update, Version};
 use crate::gateway::egress::client::{self, Body, ClientError, Waits};
 use crate::gateway::egress::{self, AllowList, Allowed};
+use crate::protocol::trace::TraceContext;
 
 /// Tries per notification and webhook.
 pub const ATTEMPTS: u32 = 4;
@@ -66,6 +69,9 @@ pub struct PushConfig {
     /// The principal that set it (`None` with authentication off): its secrets are shown to
     /// that principal only.
     pub owner: Option<Owner>,
+    /// The trace context of the request that set it (its headers, `gateway::trace`), sent as
+    /// `traceparent` / `tracestate` with every notification.
+    pub trace: Option<TraceContext>,
 }
 
 impl PushConfig {
@@ -184,6 +190,7 @@ impl ConfigParams {
             authentication,
             version,
             owner,
+            trace: None,
         })
     }
 }
@@ -430,7 +437,7 @@ async fn post(
     body: &str,
     content_type: &'static str,
 ) -> Result<u16, ClientError> {
-    let mut headers = Vec::with_capacity(1);
+    let mut headers = crate::gateway::trace::headers(config.trace.as_ref());
     if let Some((scheme, credentials)) = &config.authentication {
         headers.push(("authorization", format!("{scheme} {credentials}")));
     } else if let Some(token) = &config.token {
@@ -505,6 +512,7 @@ mod tests {
                 id: who.into(),
                 issuer: None,
             }),
+            trace: None,
         };
         assert!(p.set("t", of("alice")).is_ok());
         assert_eq!(p.set("t", of("bob")).unwrap_err().code, -32602);
@@ -522,6 +530,7 @@ mod tests {
             authentication: None,
             version: Version::V1,
             owner: None,
+            trace: None,
         };
         assert!(p.set("t", c("a", "http://127.0.0.1:9/hook/a")).is_ok());
         for bad in [

@@ -137,6 +137,9 @@ pub const METHODS: &[(&str, Method, Version)] = &[
 pub struct Request {
     /// The id, as the caller wrote it.
     pub id: Box<RawValue>,
+    /// The method's name as the caller wrote it (`SendMessage`, `message/send`, ...): MAP's
+    /// `meta.a2a.method`.
+    pub name: &'static str,
     /// What to do.
     pub method: Method,
     /// In which version.
@@ -214,7 +217,7 @@ pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawVal
     else {
         return Err((id, A2aError::invalid_request("`method` must be a string")));
     };
-    let Some(&(_, method, version)) = METHODS.iter().find(|(n, _, _)| *n == name) else {
+    let Some(&(name, method, version)) = METHODS.iter().find(|(n, _, _)| *n == name) else {
         return Err((id, A2aError::method_not_found(&name)));
     };
     let params = match env.params {
@@ -237,6 +240,7 @@ pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawVal
     };
     Ok(Request {
         id,
+        name,
         method,
         version,
         params,
@@ -343,6 +347,7 @@ pub async fn handle(
         method,
         version,
         params: raw,
+        ..
     } = request;
     let answer = match method {
         Method::Send => send(core, caller, target, version, &raw).await,
@@ -383,7 +388,9 @@ fn push_of(p: &SendParams, v: Version, caller: &Caller) -> Result<Option<PushCon
         return Ok(None);
     };
     let params: ConfigParams = serde_json::from_value(raw).map_err(A2aError::invalid_params)?;
-    params.into_config(v, caller.owner()).map(Some)
+    let mut config = params.into_config(v, caller.owner())?;
+    config.trace = caller.trace().cloned();
+    Ok(Some(config))
 }
 
 /// The push-notification config methods.
@@ -427,7 +434,8 @@ async fn push(
     let render = |c: &PushConfig| c.to_json(v, &task_id, c.is_of(me.as_ref()));
     match method {
         Method::PushSet => {
-            let config = params::<ConfigParams>(raw)?.into_config(v, me.clone())?;
+            let mut config = params::<ConfigParams>(raw)?.into_config(v, me.clone())?;
+            config.trace = caller.trace().cloned();
             let kept = core.push.set(&task_id, config)?;
             Ok(render(&kept))
         }

@@ -51,19 +51,32 @@ use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::Message;
 use crate::protocol::methods::messaging::SendParams;
+use crate::protocol::trace::TraceContext;
 
 /// Runs until the node or the gateway is gone, or the inboxes end. `messages` is the agent's
 /// inbox; `unclaimed` the session's (what the router delivered before the agent's handle
 /// existed, such as what was kept for it while it was offline, flushed as it is reclaimed):
 /// the session has no other agent, so both are the node's.
 pub async fn run(gw: Weak<AipGateway>, node: Weak<Node>, messages: Messages, unclaimed: Messages) {
-    let mut messages = futures::stream::select(messages, unclaimed);
-    while let Some(message) = messages.next().await {
+    let mut messages = std::pin::pin!(futures::stream::select(
+        crate::gateway::trace::traced(messages),
+        crate::gateway::trace::traced(unclaimed),
+    ));
+    while let Some((message, trace)) = messages.next().await {
         let (Some(gw), Some(node)) = (gw.upgrade(), node.upgrade()) else {
             break;
         };
-        handle(&gw, &node, message).await;
+        handle(&gw, &node, message, trace).await;
     }
+}
+
+/// A delivered message as `inbound` reads it: the message, its `meta` (parsed) and the trace
+/// context the node's gRPC calls carry for it.
+#[derive(Clone, Copy)]
+struct Incoming<'a> {
+    message: &'a Message,
+    meta: &'a Value,
+    trace: Option<&'a TraceContext>,
 }
 
 fn meta_of(message: &Message) -> Value {
@@ -76,24 +89,27 @@ fn status_name(aip: Option<&Value>) -> Option<SessionStatus> {
         .and_then(SessionStatus::from_str_name)
 }
 
-/// The trace context of `meta` as gRPC metadata on `request`.
-fn carry_trace<T>(meta: &Value, request: &mut Request<T>) {
-    for key in ["traceparent", "tracestate"] {
-        if let Some(v) = meta
-            .get(key)
-            .and_then(Value::as_str)
-            .and_then(|v| v.parse().ok())
-        {
+/// `trace` (the delivery's context: the router's span of it, else the message's own valid
+/// `meta.traceparent`; `gateway::trace::of_delivery`) as gRPC metadata on `request`.
+fn carry_trace<T>(trace: Option<&TraceContext>, request: &mut Request<T>) {
+    for (key, value) in crate::gateway::trace::headers(trace) {
+        if let Ok(v) = value.parse() {
             request.metadata_mut().insert(key, v);
         }
     }
 }
 
-async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
+async fn handle(
+    gw: &Arc<AipGateway>,
+    node: &Arc<Node>,
+    message: Message,
+    frame: Option<TraceContext>,
+) {
     if message.from == "system" {
         return;
     }
     let meta = meta_of(&message);
+    let trace = crate::gateway::trace::of_delivery(frame.as_ref(), &message);
     let aip = meta.get("aip");
     let status = status_name(aip);
     let payload = message.payload_value();
@@ -162,7 +178,13 @@ async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
     }
     match node.kind {
         Kind::Tool => {
-            tokio::spawn(tool_call(Arc::clone(gw), Arc::clone(node), message, meta));
+            tokio::spawn(tool_call(
+                Arc::clone(gw),
+                Arc::clone(node),
+                message,
+                meta,
+                trace,
+            ));
         }
         Kind::Agent => match (aip, status) {
             (
@@ -172,9 +194,16 @@ async fn handle(gw: &Arc<AipGateway>, node: &Arc<Node>, message: Message) {
                     | SessionStatus::HoldQuest
                     | SessionStatus::StopQuest),
                 ),
-            ) => inbound(gw, node, &message, aip, s, payload.as_ref(), &meta).await,
+            ) => {
+                let incoming = Incoming {
+                    message: &message,
+                    meta: &meta,
+                    trace: trace.as_ref(),
+                };
+                inbound(gw, node, incoming, aip, s, payload.as_ref()).await;
+            }
             _ => {
-                tokio::spawn(one_shot(Arc::clone(gw), Arc::clone(node), message, meta));
+                tokio::spawn(one_shot(Arc::clone(gw), Arc::clone(node), message, trace));
             }
         },
     }
@@ -255,12 +284,16 @@ async fn send_error(
 async fn inbound(
     gw: &Arc<AipGateway>,
     node: &Arc<Node>,
-    message: &Message,
+    incoming: Incoming<'_>,
     aip: &Value,
     status: SessionStatus,
     payload: Option<&Value>,
-    meta: &Value,
 ) {
+    let Incoming {
+        message,
+        meta,
+        trace,
+    } = incoming;
     let mut m = message_of(aip, payload);
     m.sender_id = message.from.clone();
     m.receiver_id = node.id.clone();
@@ -293,14 +326,14 @@ async fn inbound(
     let _ = tx.try_send(m);
     lock(&node.inbound).insert(key.clone(), tx);
     gw.counters.sessions.fetch_add(1, Ordering::Relaxed);
-    let (gw, node, meta) = (Arc::clone(gw), Arc::clone(node), meta.clone());
+    let (gw, node, trace) = (Arc::clone(gw), Arc::clone(node), trace.cloned());
     tokio::spawn(async move {
         let _permit = permit;
         let max = gw.settings.max_message_bytes;
         let idle = AipSettings::ms(gw.settings.session_idle_timeout_ms);
         let mut client = agent_client(&node, max);
         let mut request = Request::new(ReceiverStream::new(rx));
-        carry_trace(&meta, &mut request);
+        carry_trace(trace.as_ref(), &mut request);
         let (from, _) = &key;
         match tokio::time::timeout(idle, client.call_agent(request)).await {
             Err(_) => {
@@ -371,7 +404,13 @@ fn exhausted(gw: &AipGateway) -> Status {
     )))
 }
 
-async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: Value) {
+async fn tool_call(
+    gw: Arc<AipGateway>,
+    node: Arc<Node>,
+    message: Message,
+    meta: Value,
+    trace: Option<TraceContext>,
+) {
     let Some(_permit) = session_permit(&gw) else {
         let answer = error_payload(&exhausted(&gw));
         if let Err(e) = node.client().reply(&message, answer).await {
@@ -412,7 +451,7 @@ async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta:
     });
     let timeout = AipSettings::ms(gw.settings.tool_timeout_ms);
     request.set_timeout(timeout);
-    carry_trace(&meta, &mut request);
+    carry_trace(trace.as_ref(), &mut request);
     gw.counters.tool_calls.fetch_add(1, Ordering::Relaxed);
     let answer =
         match tokio::time::timeout(timeout + Duration::from_secs(1), client.call_tool(request))
@@ -439,7 +478,12 @@ async fn tool_call(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta:
     }
 }
 
-async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: Value) {
+async fn one_shot(
+    gw: Arc<AipGateway>,
+    node: Arc<Node>,
+    message: Message,
+    trace: Option<TraceContext>,
+) {
     let Some(_permit) = session_permit(&gw) else {
         let _ = node
             .client()
@@ -475,7 +519,7 @@ async fn one_shot(gw: Arc<AipGateway>, node: Arc<Node>, message: Message, meta: 
     let idle = AipSettings::ms(gw.settings.session_idle_timeout_ms);
     let mut client = agent_client(&node, max);
     let mut request = Request::new(ReceiverStream::new(rx));
-    carry_trace(&meta, &mut request);
+    carry_trace(trace.as_ref(), &mut request);
     let collected = tokio::time::timeout(idle, async {
         let mut answers = client.call_agent(request).await?.into_inner();
         let mut parts = Vec::new();

@@ -152,14 +152,26 @@ fn status_of_gateway(e: &GatewayError) -> Status {
     }
 }
 
-/// The trace context of a call's metadata, as MAP `meta` members.
+/// The trace context of a call's metadata, as MAP `meta` members: exactly one valid
+/// `traceparent` (and the `tracestate` entries, joined), else nothing (`gateway::trace`).
 fn trace_meta(metadata: &MetadataMap) -> Map<String, Value> {
     let mut out = Map::new();
-    for key in ["traceparent", "tracestate"] {
-        if let Some(v) = metadata.get(key).and_then(|v| v.to_str().ok()) {
-            out.insert(key.to_owned(), Value::String(v.to_owned()));
-        }
-    }
+    let mut parents = metadata.get_all("traceparent").iter();
+    let (Some(parent), None) = (parents.next(), parents.next()) else {
+        return out;
+    };
+    let Ok(parent) = parent.to_str() else {
+        return out;
+    };
+    let states: Option<Vec<&str>> = metadata
+        .get_all("tracestate")
+        .iter()
+        .map(|v| v.to_str().ok())
+        .collect();
+    let Some(states) = states else { return out };
+    let state = (!states.is_empty()).then(|| states.join(","));
+    let trace = crate::protocol::trace::TraceContext::new(parent.trim(), state.as_deref());
+    crate::gateway::trace::insert_meta(&mut out, trace.as_ref());
     out
 }
 

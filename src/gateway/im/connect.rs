@@ -1,8 +1,9 @@
 //! `WS /gateway/connect`: one IM agent's connection (seed 002, "Agent 注册和发现").
 //!
 //! Frames in: `{"type":"register","agent_uri","capabilities"}` (first), `{"type":"heartbeat"}`,
-//! and `{"type":"send","to","content","conversation_id?"}` (an extension: send without a
-//! second connection). Frames out: `{"type":"registered","agent_uri"}`, `{"type":"heartbeat_ack"}`,
+//! and `{"type":"send","to","content","conversation_id?","traceparent?","tracestate?"}` (an
+//! extension: send without a second connection; a valid `traceparent` becomes the MAP
+//! message's `meta.traceparent`, `gateway::trace`). Frames out: `{"type":"registered","agent_uri"}`, `{"type":"heartbeat_ack"}`,
 //! `{"type":"message","from","to","content","conversation_id","message_id","timestamp"}` for
 //! every MAP message to the agent, `{"type":"sent",...}` and `{"type":"error","error","message"}`.
 //! A wrong frame gets an error frame and the connection stays open.
@@ -48,7 +49,7 @@ use tokio::time::Instant;
 use crate::client::{Client, ClientOptions, Messages};
 use crate::gateway::caller::Caller;
 use crate::gateway::context::{resolve, GatewayContext};
-use crate::gateway::im::sender::Im;
+use crate::gateway::im::sender::{Im, Sending};
 use crate::gateway::im::socket::{close_for, Outbound, CLOSE_INTERNAL, CLOSE_POLICY};
 use crate::gateway::wire::{iso8601, AgentUri, Failure, GatewayError};
 use crate::protocol::ids::AgentId;
@@ -120,6 +121,12 @@ struct Frame {
     content: Option<Box<RawValue>>,
     #[serde(default)]
     conversation_id: Option<String>,
+    /// A `send` frame's W3C trace context (the connection is not one request: its upgrade's
+    /// headers are not a message's context). Invalid: ignored.
+    #[serde(default)]
+    traceparent: Option<Value>,
+    #[serde(default)]
+    tracestate: Option<Value>,
 }
 
 /// A pushed `message` frame; `content` is the MAP payload as sent.
@@ -615,14 +622,27 @@ async fn handle_frame(
                     "send needs `to` and `content`",
                 ));
             };
+            let trace = frame
+                .traceparent
+                .as_ref()
+                .and_then(Value::as_str)
+                .and_then(|p| {
+                    crate::protocol::trace::TraceContext::new(
+                        p,
+                        frame.tracestate.as_ref().and_then(Value::as_str),
+                    )
+                });
             match im
                 .deliver(
                     client,
                     uri,
                     headers,
-                    &to,
-                    &content,
-                    frame.conversation_id.as_deref(),
+                    Sending {
+                        to: &to,
+                        content: &content,
+                        conversation: frame.conversation_id.as_deref(),
+                        trace: trace.as_ref(),
+                    },
                 )
                 .await
             {

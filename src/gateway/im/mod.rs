@@ -36,7 +36,7 @@ use crate::gateway::caller::{Accepts, Caller};
 use crate::gateway::context::{granted, GatewayContext};
 use crate::gateway::directory::View;
 use crate::gateway::guard::{Access, Gated, GatedRoutes};
-use crate::gateway::im::sender::{unknown_agent, Im};
+use crate::gateway::im::sender::{unknown_agent, Im, Sending};
 use crate::gateway::senders::in_namespace;
 use crate::gateway::wire::{error_response, iso8601, AgentUri, Failure, GatewayError, Json};
 use crate::protocol::capabilities::Capability;
@@ -336,9 +336,12 @@ async fn send(
             &client,
             &from,
             &headers,
-            &body.to,
-            &body.content,
-            body.conversation_id.as_deref(),
+            Sending {
+                to: &body.to,
+                content: &body.content,
+                conversation: body.conversation_id.as_deref(),
+                trace: crate::gateway::trace::from_headers(&headers).as_ref(),
+            },
         )
         .await
     {

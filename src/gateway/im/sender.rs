@@ -18,6 +18,7 @@ use crate::protocol::capabilities::Capability;
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::methods::messaging::SendParams;
+use crate::protocol::trace::TraceContext;
 
 /// The IM gateway's state: the context and the table of IM URIs.
 #[derive(Debug)]
@@ -44,6 +45,16 @@ fn lacks(client: &Client, cap: Capability) -> Failure {
     Failure::forbidden(format!("Permission denied: {who} lacks {}", cap.path()))
 }
 
+/// What one send asks for: the target URI, the content (verbatim), the conversation (`None`:
+/// a new one) and the request's trace context (`gateway::trace`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sending<'a> {
+    pub to: &'a str,
+    pub content: &'a RawValue,
+    pub conversation: Option<&'a str>,
+    pub trace: Option<&'a TraceContext>,
+}
+
 impl Im {
     /// The state of a new IM gateway.
     pub fn new(ctx: Arc<GatewayContext>) -> Self {
@@ -53,11 +64,12 @@ impl Im {
         }
     }
 
-    /// Sends `content` through `client` (a session of the caller's: its IM agent's, or its
-    /// own), shown as `from`, to `to` (as `client` may see it) in `conversation` (a new one
-    /// when `None`): `(conversation id, MAP message id)`. Nothing is created unless the
-    /// session may send (`messaging.canSend`) and, for a new conversation, create one
-    /// (`mail.canCreate`).
+    /// Sends `sending.content` through `client` (a session of the caller's: its IM agent's, or
+    /// its own), shown as `from`, to `sending.to` (as `client` may see it) in
+    /// `sending.conversation` (a new one when `None`), with the request's trace context in its
+    /// `meta` (and the new conversation's `mail/create` `_meta`): `(conversation id, MAP message
+    /// id)`. Nothing is created unless the session may send (`messaging.canSend`) and, for a new
+    /// conversation, create one (`mail.canCreate`).
     ///
     /// # Errors
     /// 404 for an unknown or invisible target or conversation; 403 for a missing grant; the
@@ -67,10 +79,14 @@ impl Im {
         client: &Client,
         from: &str,
         headers: &HeaderMap,
-        to: &str,
-        content: &RawValue,
-        conversation: Option<&str>,
+        sending: Sending<'_>,
     ) -> Result<(String, String), Failure> {
+        let Sending {
+            to,
+            content,
+            conversation,
+            trace,
+        } = sending;
         let target = resolve_target(&self.ctx, client, to, headers)
             .await?
             .ok_or_else(|| unknown_agent(to))?;
@@ -87,10 +103,13 @@ impl Im {
                 let created = client
                     .call_raw(
                         "mail/create",
-                        json!({
-                            "initialParticipants": [{ "id": target.id }],
-                            "metadata": { "protocol": "im", "im": { "from": from, "to": to } },
-                        }),
+                        crate::gateway::trace::with_meta(
+                            json!({
+                                "initialParticipants": [{ "id": target.id }],
+                                "metadata": { "protocol": "im", "im": { "from": from, "to": to } },
+                            }),
+                            trace,
+                        ),
                     )
                     .await
                     .map_err(|e| Failure::from(GatewayError::Map(e)))?;
@@ -107,14 +126,15 @@ impl Im {
                     })?
             }
         };
+        let mut meta = serde_json::Map::new();
+        meta.insert("mail".into(), json!({ "conversationId": conversation }));
+        meta.insert("protocol".into(), json!("im"));
+        meta.insert("im".into(), json!({ "from": from, "to": to }));
+        crate::gateway::trace::insert_meta(&mut meta, trace);
         let params = SendParams {
             to: RawJson::from(json!({ "agent": target.id })),
             payload: Some(RawJson::from_text(content.get()).unwrap_or_else(|_| RawJson::null())),
-            meta: Some(RawJson::from(json!({
-                "mail": { "conversationId": conversation },
-                "protocol": "im",
-                "im": { "from": from, "to": to },
-            }))),
+            meta: Some(RawJson::from(meta)),
         };
         let mut sent = client.send_with(params.clone()).await;
         if matches!(&sent, Err(e) if e.code() == Some(ErrorCode::MAIL_NOT_A_PARTICIPANT)) {

@@ -156,6 +156,12 @@ struct Meta<'a> {
     mail: MailMeta<'a>,
     protocol: &'a str,
     mamp: MampMeta<'a>,
+    /// The caller's trace context, from its `traceparent` / `tracestate` headers
+    /// (`gateway::trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -230,6 +236,8 @@ async fn deliver(
         }
         MampSender::Own => peers::get_or_open(ctx, &env.from, PeerFor::Caller(caller)).await?,
     };
+    // The caller's trace context (its headers): the message's `meta` and the calls' `_meta`.
+    let trace = crate::gateway::trace::from_headers(headers);
     let (ours, answer_id) = match &env.conversation_id {
         Some(given) => (
             ctx.peers
@@ -238,11 +246,14 @@ async fn deliver(
             given.clone(),
         ),
         None => {
-            let id = create_conversation(&peer.client, target.id.as_str(), env).await?;
+            let id =
+                create_conversation(&peer.client, target.id.as_str(), env, trace.as_ref()).await?;
             (id.clone(), id)
         }
     };
     let meta = Meta {
+        traceparent: trace.as_ref().map(|t| &*t.traceparent),
+        tracestate: trace.as_ref().and_then(|t| t.tracestate.as_deref()),
         mail: MailMeta {
             conversation_id: &ours,
         },
@@ -308,19 +319,24 @@ fn lacks(caller: &Caller, cap: Capability) -> Failure {
     ))
 }
 
-/// A new mail conversation between the sender's agent and `target`.
+/// A new mail conversation between the sender's agent and `target` (`trace`: the request's
+/// context, as the call's `_meta`).
 async fn create_conversation(
     client: &Client,
     target: &str,
     env: &envelope::Envelope,
+    trace: Option<&crate::protocol::trace::TraceContext>,
 ) -> Result<String, Failure> {
     let created = client
         .call_raw(
             "mail/create",
-            json!({
-                "initialParticipants": [{ "id": target }],
-                "metadata": { "protocol": "mamp", "mamp": { "from": env.from, "to": env.to } },
-            }),
+            crate::gateway::trace::with_meta(
+                json!({
+                    "initialParticipants": [{ "id": target }],
+                    "metadata": { "protocol": "mamp", "mamp": { "from": env.from, "to": env.to } },
+                }),
+                trace,
+            ),
         )
         .await
         .map_err(|e| Failure::from(GatewayError::Map(e)))?;

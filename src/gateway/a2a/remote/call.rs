@@ -16,6 +16,11 @@
 //!   agent, its status following the A2A state, `meta.a2aRemote` holding what A2A knows
 //!   (so MAP subscribers to `task.*` watch the remote work), `meta.result` the final content.
 //!
+//! Trace context: every HTTP request of a call carries `traceparent` / `tracestate`: the
+//! router's span of the delivery when the `map/message` frame names one, else the MAP
+//! message's own `meta.traceparent` (`gateway::trace::of_delivery`); none for an untraced one.
+//! The MAP task's `map/tasks/create|update` carry the same context as `params._meta`.
+//!
 //! Nothing is lost silently: every failure (connection, timeout, a JSON-RPC error, an answer we
 //! cannot read, a stream that ends early) ends the call with a `failed` final reply that says
 //! why, and fails the MAP task when there is one.
@@ -36,6 +41,7 @@ use crate::protocol::message::Message as MapMessage;
 use crate::protocol::methods::messaging::SendParams as MapSendParams;
 use crate::protocol::methods::tasks::{TasksCreate, TasksUpdate};
 use crate::protocol::methods::Method;
+use crate::protocol::trace::TraceContext;
 
 /// The first wait before a task that a blocking `SendMessage` left unfinished is polled with
 /// `GetTask`; each next wait is twice the last, up to [`POLL_MAX_INTERVAL`]. Polls of all the
@@ -63,23 +69,31 @@ struct Call<'a> {
     artifacts: Vec<Artifact>,
     /// Whether the MAP task exists.
     map_task: bool,
+    /// The trace context of the delivery, sent with every request of the call.
+    trace: Option<TraceContext>,
 }
 
 /// Serves one MAP message to `remote`'s agent; ends when the sender has had its final reply.
-pub async fn serve(remote: &Remote, client: &Client, request: MapMessage) {
+/// `trace`: the context its HTTP requests carry (`traceparent`, `tracestate`).
+pub async fn serve(
+    remote: &Remote,
+    client: &Client,
+    request: MapMessage,
+    trace: Option<TraceContext>,
+) {
     if request.is_result() {
         // A reply is not a request: nothing to call (and no loop between two remote agents).
         tracing::debug!(agent = %remote.agent_id, from = %request.from, "a2a remote: a reply ignored");
         return;
     }
     if let Some(correlation) = cancel_notice(&request) {
-        cancel(remote, &correlation).await;
+        cancel(remote, &correlation, trace.as_ref()).await;
         return;
     }
     let message = match outgoing_message(&request) {
         Ok(m) => m,
         Err(why) => {
-            let mut call = Call::new(remote, client, &request, String::new());
+            let mut call = Call::new(remote, client, &request, String::new(), trace);
             call.fail(&why).await;
             return;
         }
@@ -92,7 +106,7 @@ pub async fn serve(remote: &Remote, client: &Client, request: MapMessage) {
         .chars()
         .take(80)
         .collect();
-    let mut call = Call::new(remote, client, &request, title);
+    let mut call = Call::new(remote, client, &request, title, trace);
     call.task_id.clone_from(&message.task_id);
     call.context_id.clone_from(&message.context_id);
     if let Err(why) = call.run(message).await {
@@ -114,7 +128,7 @@ fn cancel_notice(request: &MapMessage) -> Option<String> {
 /// Cancels the remote task of the call answering `correlation` (`CancelTask` / `tasks/cancel`).
 /// The call itself ends when the remote agent reports the task canceled. A notice for no call
 /// in flight is dropped: the task is over already.
-async fn cancel(remote: &Remote, correlation: &str) {
+async fn cancel(remote: &Remote, correlation: &str, trace: Option<&TraceContext>) {
     let Some(task) = remote.tracked(correlation) else {
         tracing::debug!(agent = %remote.agent_id, correlation, "a2a remote: cancel for no call in flight");
         return;
@@ -126,7 +140,7 @@ async fn cancel(remote: &Remote, correlation: &str) {
     let id = format!("map-{}", crate::protocol::ids::Ulid::random());
     let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": { "id": task } })
         .to_string();
-    let mut headers = Vec::new();
+    let mut headers = crate::gateway::trace::headers(trace);
     if remote.card.version == Version::V1 {
         headers.push(("a2a-version", "1.0".to_owned()));
     }
@@ -232,7 +246,13 @@ fn rendered(v: &Value) -> RawJson {
 }
 
 impl<'a> Call<'a> {
-    fn new(remote: &'a Remote, client: &'a Client, request: &'a MapMessage, title: String) -> Self {
+    fn new(
+        remote: &'a Remote,
+        client: &'a Client,
+        request: &'a MapMessage,
+        title: String,
+        trace: Option<TraceContext>,
+    ) -> Self {
         Self {
             remote,
             client,
@@ -246,11 +266,12 @@ impl<'a> Call<'a> {
             state: None,
             artifacts: Vec::new(),
             map_task: false,
+            trace,
         }
     }
 
     fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut h = Vec::new();
+        let mut h = crate::gateway::trace::headers(self.trace.as_ref());
         if self.remote.card.version == Version::V1 {
             h.push(("a2a-version", "1.0".to_owned()));
         }
@@ -555,7 +576,13 @@ impl<'a> Call<'a> {
             // (and `task.completed`) even when the first answer is already the final one.
             match self
                 .client
-                .call_text(TasksCreate::NAME, Rendered::finish(&params))
+                .call_text(
+                    TasksCreate::NAME,
+                    crate::gateway::trace::with_meta_text(
+                        Rendered::finish(&params),
+                        self.trace.as_ref(),
+                    ),
+                )
                 .await
             {
                 Ok(_) => self.map_task = true,
@@ -574,7 +601,13 @@ impl<'a> Call<'a> {
         let params = json!({ "taskId": id, "status": state.map_status(), "meta": meta });
         if let Err(e) = self
             .client
-            .call_text(TasksUpdate::NAME, Rendered::finish(&params))
+            .call_text(
+                TasksUpdate::NAME,
+                crate::gateway::trace::with_meta_text(
+                    Rendered::finish(&params),
+                    self.trace.as_ref(),
+                ),
+            )
             .await
         {
             tracing::info!(task = %id, error = %e, "a2a remote: MAP task not updated");

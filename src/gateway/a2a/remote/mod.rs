@@ -471,6 +471,9 @@ async fn serve(remote: Arc<Remote>, mut messages: crate::client::Messages) {
             _ = closed.wait_for(|c| *c) => None,
         };
         let Some(message) = message else { break };
+        // The context the call runs in: the router's span of this delivery, else the
+        // message's own (`gateway::trace`).
+        let trace = crate::gateway::trace::of_delivery(messages.delivered_trace(), &message);
         // NB: taking the permit before spawning makes a flood wait in the bounded inbox.
         let permit = tokio::select! {
             p = Arc::clone(&permits).acquire_owned() => p,
@@ -482,7 +485,7 @@ async fn serve(remote: Arc<Remote>, mut messages: crate::client::Messages) {
             let client = remote.client.clone();
             let mut closed = remote.closed();
             tokio::select! {
-                () = call::serve(&remote, &client, message) => {}
+                () = call::serve(&remote, &client, message, trace) => {}
                 _ = closed.wait_for(|c| *c) => {
                     tracing::debug!(agent = %remote.agent_id, "a2a remote: call ended by unregistering");
                 }

@@ -20,6 +20,7 @@ use crate::gateway::a2a::limits::{Limits, MAP_ENVELOPE_BYTES};
 use crate::gateway::a2a::record::{MapTask, Record};
 use crate::protocol::agent::PresenceStatus;
 use crate::protocol::json::RawJson;
+use crate::protocol::trace::TraceContext;
 
 use super::ids::is_gateway_agent;
 use super::target::Target;
@@ -156,13 +157,15 @@ impl Books {
     }
 
     /// Writes `record` as the task's new state: `status` follows the A2A state; `result`, when
-    /// given, becomes `meta.result` (what `task.completed` reports). Only the task writer calls
-    /// it (module docs).
+    /// given, becomes `meta.result` (what `task.completed` reports); `trace`, the context of
+    /// the request or report that changed it, the call's `params._meta`. Only the task writer
+    /// calls it (module docs).
     pub(super) async fn write(
         &self,
         id: &str,
         record: &Record,
         result: Option<&RawJson>,
+        trace: Option<&TraceContext>,
     ) -> Result<(), A2aError> {
         #[derive(Serialize)]
         struct Meta<'a> {
@@ -186,6 +189,7 @@ impl Books {
             },
         })
         .map_err(A2aError::internal)?;
+        let params = crate::gateway::trace::with_meta_text(params, trace);
         self.fits(&params, &format!("task {id}"))?;
         self.call(methods::UPDATE, params, Some(id)).await.map(drop)
     }

@@ -110,7 +110,10 @@ impl Core {
                     r.set_state(TaskState::Working, None);
                     Ok(None)
                 });
-                let record = self.writer.edit(target, &id, edit).await?;
+                let record = self
+                    .writer
+                    .edit(target, &id, edit, caller.trace().cloned())
+                    .await?;
                 if let Some(config) = push {
                     // After the change (a refused follow-up registers nothing); the webhook gets the
                     // changes from here on.
@@ -166,18 +169,21 @@ impl Core {
                     self.push.set(&id, config)?;
                 }
                 let watcher = watch.then(|| self.feed.watch(&id));
+                let created = crate::gateway::trace::with_meta_text(created, caller.trace());
                 if let Err(e) = call(caller.session(), methods::CREATE, created, None).await {
                     self.push.forget(&id);
                     return Err(e);
                 }
                 // The record as made (`submitted`: webhooks get the task first), then
                 // `working`.
-                self.writer.created(&id, first.clone(), working).await?;
+                self.writer
+                    .created(&id, first.clone(), working, caller.trace().cloned())
+                    .await?;
                 (id, first, watcher)
             }
         };
         let to = RawJson::from_value(&json!({ "agent": first.agent }));
-        let meta = RawJson::from_value(&json!({
+        let mut meta = json!({
             "protocol": "a2a",
             "correlationId": id,
             "expectsResponse": true,
@@ -185,8 +191,14 @@ impl Core {
                 "taskId": id,
                 "contextId": first.context_id,
                 "messageId": message.message_id,
+                "method": caller.method(),
             }
-        }));
+        });
+        if let Some(m) = meta.as_object_mut() {
+            // The caller's context is the message's parent (its headers, `gateway::trace`).
+            crate::gateway::trace::insert_meta(m, caller.trace());
+        }
+        let meta = RawJson::from_value(&meta);
         let sent = self
             .client
             .send_with(MapSendParams {
@@ -215,7 +227,9 @@ impl Core {
                 );
                 Ok(None)
             });
-            self.writer.edit(&Target::Router, &id, edit).await?;
+            self.writer
+                .edit(&Target::Router, &id, edit, caller.trace().cloned())
+                .await?;
         }
         Ok((id, first, watcher))
     }
@@ -240,15 +254,27 @@ impl Core {
             r.set_state(TaskState::Canceled, None);
             Ok(None)
         });
-        let record = self.writer.edit(target, id, edit).await?;
+        let record = self
+            .writer
+            .edit(target, id, edit, caller.trace().cloned())
+            .await?;
+        let mut meta = json!({
+            "protocol": "a2a",
+            "correlationId": id,
+            "a2a": {
+                "taskId": id,
+                "contextId": record.context_id,
+                "control": "cancel",
+                "method": caller.method(),
+            }
+        });
+        if let Some(m) = meta.as_object_mut() {
+            crate::gateway::trace::insert_meta(m, caller.trace());
+        }
         let control = MapSendParams {
             to: RawJson::from_value(&json!({ "agent": record.agent })),
             payload: Some(RawJson::from_value(&json!({ "a2a": { "cancel": id } }))),
-            meta: Some(RawJson::from_value(&json!({
-                "protocol": "a2a",
-                "correlationId": id,
-                "a2a": { "taskId": id, "contextId": record.context_id, "control": "cancel" }
-            }))),
+            meta: Some(RawJson::from_value(&meta)),
         };
         if let Err(e) = self.client.send_with(control).await {
             tracing::debug!(task = id, error = %e, "a2a gateway: cancel notice not delivered");

@@ -229,9 +229,11 @@ impl Core {
             if report == AgentReport::Ignored {
                 continue;
             }
+            // The update's context: the router's span of this delivery, else the reply's own.
+            let trace = crate::gateway::trace::of_delivery(inbox.delivered_trace(), &message);
             // NB: waits only for a place in the writer's queue, never for the update itself.
             core.writer
-                .report(&id, message.from.to_string(), report)
+                .report(&id, message.from.to_string(), report, trace)
                 .await;
         }
     }

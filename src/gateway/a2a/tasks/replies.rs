@@ -11,12 +11,22 @@ use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::record::{final_artifact, AgentReport};
 use crate::gateway::a2a::wire::{Message, Role, TaskState};
 
+use crate::protocol::trace::TraceContext;
+
 use super::books::Books;
 use super::target::Target;
 
 /// Applies `report`, from agent `from`, to task `id` (run by the task writer, so nothing else
 /// changes the task meanwhile). A change too large to record fails the task saying so.
-pub(super) async fn apply(books: &Books, id: &str, from: &str, report: AgentReport) {
+///
+/// `trace`: the context of the report's delivery, as the writes' `params._meta`.
+pub(super) async fn apply(
+    books: &Books,
+    id: &str,
+    from: &str,
+    report: AgentReport,
+    trace: Option<&TraceContext>,
+) {
     let outcome = async {
         let mut record = books.load(&Target::Router, id).await?;
         if record.agent != from {
@@ -35,7 +45,7 @@ pub(super) async fn apply(books: &Books, id: &str, from: &str, report: AgentRepo
             AgentReport::Working(m) => {
                 let m = m.map(text);
                 record.set_state(TaskState::Working, m);
-                books.write(id, &record, None).await
+                books.write(id, &record, None, trace).await
             }
             AgentReport::Artifact {
                 artifact,
@@ -43,23 +53,23 @@ pub(super) async fn apply(books: &Books, id: &str, from: &str, report: AgentRepo
                 last_chunk,
             } => {
                 record.add_artifact(artifact, append, last_chunk);
-                books.write(id, &record, None).await
+                books.write(id, &record, None, trace).await
             }
             AgentReport::State(state, m) => {
                 let m = m.map(text);
                 record.set_state(state, m);
-                books.write(id, &record, None).await
+                books.write(id, &record, None, trace).await
             }
             AgentReport::Final(payload) => {
                 let artifact = final_artifact(payload.as_ref());
                 let mut done = Ok(());
                 if !artifact.parts.is_empty() {
                     record.add_artifact(artifact, false, true);
-                    done = books.write(id, &record, payload.as_ref()).await;
+                    done = books.write(id, &record, payload.as_ref(), trace).await;
                 }
                 if done.is_ok() {
                     record.set_state(TaskState::Completed, None);
-                    done = books.write(id, &record, None).await;
+                    done = books.write(id, &record, None, trace).await;
                 }
                 done
             }
@@ -76,7 +86,7 @@ pub(super) async fn apply(books: &Books, id: &str, from: &str, report: AgentRepo
                     .count()
                     == 1;
                 record.set_state(TaskState::Completed, Some(m));
-                books.write(id, &record, None).await
+                books.write(id, &record, None, trace).await
             }
             AgentReport::Ignored => Ok(()),
         };
@@ -84,7 +94,7 @@ pub(super) async fn apply(books: &Books, id: &str, from: &str, report: AgentRepo
             if e.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 // What the agent sent cannot be kept in the task: the task fails saying
                 // so, rather than staying `working` with the answer lost.
-                fail_too_large(books, id, e).await;
+                fail_too_large(books, id, e, trace).await;
             }
         }
         written
@@ -97,7 +107,7 @@ pub(super) async fn apply(books: &Books, id: &str, from: &str, report: AgentRepo
 
 /// Fails task `id` (its stored state, which the refused change never reached) with a status
 /// message saying why the agent's update could not be kept.
-async fn fail_too_large(books: &Books, id: &str, why: &A2aError) {
+async fn fail_too_large(books: &Books, id: &str, why: &A2aError, trace: Option<&TraceContext>) {
     let failed = async {
         let mut record = books.load(&Target::Router, id).await?;
         let text = format!(
@@ -106,7 +116,7 @@ async fn fail_too_large(books: &Books, id: &str, why: &A2aError) {
         );
         let message = Message::agent_text(text, id, &record.context_id);
         record.set_state(TaskState::Failed, Some(message));
-        books.write(id, &record, None).await
+        books.write(id, &record, None, trace).await
     }
     .await;
     if let Err(e) = failed {

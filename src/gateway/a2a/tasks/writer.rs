@@ -26,6 +26,7 @@ use crate::gateway::a2a::error::A2aError;
 use crate::gateway::a2a::record::{AgentReport, MapTask, Record};
 use crate::gateway::a2a::wire::{Message, TaskState};
 use crate::protocol::json::RawJson;
+use crate::protocol::trace::TraceContext;
 
 use super::books::Books;
 use super::replies;
@@ -56,6 +57,8 @@ pub(super) enum Change {
         working: Box<Record>,
         /// Whether both were written.
         done: oneshot::Sender<Result<(), A2aError>>,
+        /// The caller's trace context (`params._meta` of the writes).
+        trace: Option<TraceContext>,
     },
     /// Read the task (as `target` serves it), apply `edit`, write it back.
     Edit {
@@ -65,6 +68,8 @@ pub(super) enum Change {
         edit: Edit,
         /// The record as written.
         done: oneshot::Sender<Result<Record, A2aError>>,
+        /// The caller's trace context (`params._meta` of the write).
+        trace: Option<TraceContext>,
     },
     /// An agent's message about the task (`replies.rs`); its outcome is logged there.
     Report {
@@ -72,6 +77,8 @@ pub(super) enum Change {
         from: String,
         /// What it says.
         report: AgentReport,
+        /// The trace context of its delivery (`params._meta` of the write).
+        trace: Option<TraceContext>,
     },
     /// End the task `failed` with `reason` if it still waits and `when` holds (`orphans.rs`
     /// finds such tasks).
@@ -163,12 +170,14 @@ impl Writer {
         id: &str,
         first: Record,
         working: Record,
+        trace: Option<TraceContext>,
     ) -> Result<(), A2aError> {
         let (done, outcome) = oneshot::channel();
         let change = Change::Created {
             first: Box::new(first),
             working: Box::new(working),
             done,
+            trace,
         };
         self.send(id, change).await?;
         outcome.await.map_err(|_| stopped())?
@@ -184,21 +193,37 @@ impl Writer {
         target: &Target,
         id: &str,
         edit: Edit,
+        trace: Option<TraceContext>,
     ) -> Result<Record, A2aError> {
         let (done, outcome) = oneshot::channel();
         let change = Change::Edit {
             target: target.clone(),
             edit,
             done,
+            trace,
         };
         self.send(id, change).await?;
         outcome.await.map_err(|_| stopped())?
     }
 
-    /// Queues an agent's report about task `id` (not awaited: its outcome is logged).
-    pub(super) async fn report(&self, id: &str, from: String, report: AgentReport) {
+    /// Queues an agent's report about task `id` (not awaited: its outcome is logged), with the
+    /// trace context of its delivery.
+    pub(super) async fn report(
+        &self,
+        id: &str,
+        from: String,
+        report: AgentReport,
+        trace: Option<TraceContext>,
+    ) {
         if self
-            .send(id, Change::Report { from, report })
+            .send(
+                id,
+                Change::Report {
+                    from,
+                    report,
+                    trace,
+                },
+            )
             .await
             .is_err()
         {
@@ -316,24 +341,37 @@ async fn apply(books: &Books, id: &str, change: Change) {
             first,
             working,
             done,
+            trace,
         } => {
-            let written = match books.write(id, &first, None).await {
-                Ok(()) => books.write(id, &working, None).await,
+            let trace = trace.as_ref();
+            let written = match books.write(id, &first, None, trace).await {
+                Ok(()) => books.write(id, &working, None, trace).await,
                 Err(e) => Err(e),
             };
             let _ = done.send(written);
         }
-        Change::Edit { target, edit, done } => {
+        Change::Edit {
+            target,
+            edit,
+            done,
+            trace,
+        } => {
             let edited = async {
                 let mut record = books.load(&target, id).await?;
                 let result = edit(&mut record)?;
-                books.write(id, &record, result.as_ref()).await?;
+                books
+                    .write(id, &record, result.as_ref(), trace.as_ref())
+                    .await?;
                 Ok(record)
             }
             .await;
             let _ = done.send(edited);
         }
-        Change::Report { from, report } => replies::apply(books, id, &from, report).await,
+        Change::Report {
+            from,
+            report,
+            trace,
+        } => replies::apply(books, id, &from, report, trace.as_ref()).await,
         Change::End { reason, when, done } => {
             let _ = done.send(end_failed(books, id, &reason, when).await);
         }
@@ -386,7 +424,7 @@ async fn end_failed(books: &Books, id: &str, reason: &str, when: EndWhen) -> boo
     }
     let message = Message::agent_text(reason, id, &record.context_id);
     record.set_state(TaskState::Failed, Some(message));
-    match books.write(id, &record, None).await {
+    match books.write(id, &record, None, None).await {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(task = %id, error = %e, reason, "a2a gateway: a task in flight could not be ended");
@@ -436,7 +474,7 @@ mod tests {
             ("fast", 2),
         ] {
             let report = AgentReport::Working(Some(n.to_string()));
-            writer.report(id, "agent".into(), report).await;
+            writer.report(id, "agent".into(), report, None).await;
         }
         let log = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
@@ -504,7 +542,7 @@ mod tests {
                 for n in 0..6 {
                     let report = AgentReport::Working(Some(n.to_string()));
                     writer
-                        .report(&format!("t{n}"), "agent".into(), report)
+                        .report(&format!("t{n}"), "agent".into(), report, None)
                         .await;
                     sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
