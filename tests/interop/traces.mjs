@@ -408,7 +408,7 @@ async function main() {
   check(s1?.name === 'invoke_agent planner' && s1.parent_id === C
     && s1.attributes['map.sender'] === caller.id && s1.attributes['map.outcome'] === 'delivered',
   'the ask: invoke_agent planner under the caller\'s span, the span the planner continued from');
-  const research = all.find((s) => s.name === 'invoke_agent researcher' && s.attributes['gen_ai.conversation.id']);
+  const research = all.find((s) => s.name === 'invoke_agent researcher' && s.attributes['map.correlation_id'] === 'research-1');
   check(research?.parent_id === S1, 'planner -> researcher under the ask (the frame\'s _meta.traceparent)');
   const finding = all.find((s) => s.name === 'invoke_agent planner' && s.attributes['map.correlation_id'] === 'research-1');
   check(finding?.parent_id === research.context.span_id && finding.attributes['map.is_result'] === true,
@@ -429,6 +429,7 @@ async function main() {
     `the A2A call under the caller's span (header traceparent), a2a.task.id, gen_ai.conversation.id = contextId (a2a.method.name: ${a2aHop?.attributes['a2a.method.name']})`);
   const a2aReply = all.find((s) => s.attributes['map.correlation_id'] === task.id && s.attributes['map.is_result'] === true);
   check(a2aReply?.parent_id === a2aHop.context.span_id, `the researcher's A2A answer under the A2A call (${a2aReply?.name})`);
+  if (VERBOSE) for (const s of all) console.log(`# ${s.name} ${s.context.span_id}: ${JSON.stringify(s.attributes)}`);
   const text = JSON.stringify(all);
   const leaked = Object.values(SECRET).filter((s) => text.includes(s));
   check(leaked.length === 0 && !all.some((s) => 'map.message.payload' in s.attributes),
@@ -446,6 +447,18 @@ async function main() {
     check(statSync(out).size > 30_000 && readFileSync(out).subarray(0, 4).toString('latin1') === '\x89PNG',
       `a screenshot of ${url} in ${SCREENSHOT}`);
   }
+
+  // What the model makes of a tool call in docs/aip.md's minimal form (a request whose payload
+  // is {tool, arguments}, no meta.protocol / meta.aip): reported, not asserted.
+  const T3 = hex(16);
+  const bare = caller.waitReply('tool-bare', 'the tool\'s answer to the minimal form');
+  await withTimeout(caller.conn.send({ agent: 'add' }, { tool: 'add', arguments: { a: '1', b: '1' } }, {
+    traceparent: `00-${T3}-${hex(8)}-01`, correlationId: 'tool-bare', expectsResponse: true,
+  }), STEP_MS, 'the minimal tool call');
+  await bare;
+  const bareSpans = await spansWhen(phoenix, T3, (ss) => ss.some((s) => s.attributes['gen_ai.agent.id'] === 'add'), 'the minimal tool call\'s span');
+  const bareSpan = bareSpans.find((s) => s.attributes['gen_ai.agent.id'] === 'add');
+  console.log(`# note - a tool call as docs/aip.md's minimal form (payload {tool, arguments}, no meta.protocol/meta.aip) is "${bareSpan.name}" [${bareSpan.span_kind}]`);
 
   // 5. capture_content = true: a second router exports the payload text.
   const open = await startRouter(telemetry(true));
