@@ -358,6 +358,9 @@ async function main() {
   const untracedTp = planner.frames.get(untraced.id);
   check(/^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/.test(untracedTp ?? '') && traceOf(untracedTp) !== T,
     `an untraced send's frame names a new trace (${untracedTp})`);
+  check(untraced.meta?.traceparent === undefined
+    && researcher.inbox.find((m) => m.payload?.research)?.meta?.traceparent === planner.continued,
+  'the messages\' own meta as their senders wrote it (the router\'s span only in the frame\'s _meta)');
   if (researcher.error || planner.error) throw researcher.error ?? planner.error;
 
   // The caller's own span, the root of the tree.
@@ -378,13 +381,19 @@ async function main() {
     && named(ss, 'execute_tool add').length >= 1,
   'the multi-agent trace');
   // The A2A call joins the trace through its HTTP traceparent header (the gateways carry it
-  // into the MAP message's meta).
-  await spansWhen(phoenix, T, (ss) => ss.some((s) => s.attributes['a2a.task.id'] === task.id),
-    `the A2A call (a span with a2a.task.id = ${task.id}) in the caller's trace`);
-  // Late spans (task changes) have had their batch by the time the tool's answer is there;
-  // read once more after a batch interval to hold every span.
-  await sleep(300);
-  const all = await phoenix.spans(T);
+  // into the MAP message's meta), and the task's changes with it; the last of them, the task
+  // completed, is logged before sendMessage answers. Spans are exported as they end, so a
+  // child may land before its parent: wait until every parent is there (an orphan that stays
+  // fails the wait, and the tree printed shows it).
+  const parentsKnown = (ss) => {
+    const ids = new Set(ss.map((s) => s.context.span_id));
+    return ss.every((s) => !s.parent_id || ids.has(s.parent_id));
+  };
+  const all = await spansWhen(phoenix, T, (ss) =>
+    ss.some((s) => s.attributes['a2a.task.id'] === task.id)
+    && ss.some((s) => s.attributes['map.task.id'] === task.id && s.attributes['a2a.task.state'] === 'completed')
+    && parentsKnown(ss),
+  `the A2A call (a span with a2a.task.id = ${task.id}, its task completed) in the caller's trace, every parent known`);
   console.log(`# the trace ${T} in Phoenix (${all.length} spans):${tree(all)}`);
   const byId = new Map(all.map((s) => [s.context.span_id, s]));
   check(all.length >= spans.length, 'no span vanished');
@@ -429,6 +438,9 @@ async function main() {
     `the A2A call under the caller's span (header traceparent), a2a.task.id, gen_ai.conversation.id = contextId (a2a.method.name: ${a2aHop?.attributes['a2a.method.name']})`);
   const a2aReply = all.find((s) => s.attributes['map.correlation_id'] === task.id && s.attributes['map.is_result'] === true);
   check(a2aReply?.parent_id === a2aHop.context.span_id, `the researcher's A2A answer under the A2A call (${a2aReply?.name})`);
+  const completed = all.find((s) => s.attributes['map.task.id'] === task.id && s.attributes['a2a.task.state'] === 'completed');
+  check(completed.parent_id === a2aReply.context.span_id,
+    `the A2A task's completion (${completed.name}, a2a.task.state = completed) under the answer that completed it`);
   if (VERBOSE) for (const s of all) console.log(`# ${s.name} ${s.context.span_id}: ${JSON.stringify(s.attributes)}`);
   const text = JSON.stringify(all);
   const leaked = Object.values(SECRET).filter((s) => text.includes(s));
