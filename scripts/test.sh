@@ -36,6 +36,8 @@ echo "== A2A client side (the gateway calls remote agents served by @a2a-js/sdk'
 node tests/interop/a2a_remote.mjs --bin target/debug/map-router
 echo "== A2A acceptance through the Python a2a-sdk 1.3.0 client (v1.0 and v0.3 mode; venv in tests/a2a_py/.venv)"
 scripts/a2a_py.sh target/debug/map-router
+echo "== traces out (issue 45): SDK agents, an A2A call and an AIP tool call under one caller's trace, read back from Arize Phoenix (venv in tests/phoenix/.venv)"
+node tests/interop/traces.mjs --bin target/debug/map-router
 echo "== AIP acceptance through Python gRPC (grpcio 1.73.1, stubs by grpcio-tools; venv in tests/aip_py/.venv)"
 scripts/aip_py.sh target/debug/map-router
 echo "== AIP acceptance spread: the Python gRPC nodes on a standby's AIP gateway, the MAP agent on the live node"
