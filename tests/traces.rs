@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use common::otlp::{Got, Receiver};
 use common::*;
-use map_router::router::traces::{Settings, SpanModel};
+use map_router::router::traces::{AgentFacts, Settings, SpanModel};
 use serde_json::json;
 
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -251,7 +251,12 @@ async fn a_three_agent_exchange_is_one_tree_under_the_callers_span() {
     let mut from_log = BTreeSet::new();
     for e in &events {
         let text = e["event"].to_string();
-        for s in model.observe_logged(&text, &|id| names.get(id).map(|n| Arc::from(*n))) {
+        for s in model.observe_logged(&text, &|id| {
+            names.get(id).map(|n| AgentFacts {
+                name: Arc::from(*n),
+                role: None,
+            })
+        }) {
             let parent = s.parent_id.map(|p| hex(&p)).unwrap_or_default();
             from_log.insert((hex(&s.trace_id), hex(&s.span_id), parent, s.name));
         }

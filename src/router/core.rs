@@ -523,11 +523,13 @@ impl Router {
             tap.observe(&rec, &|id| {
                 registry
                     .get(&crate::protocol::ids::AgentId::from(id))
-                    .map(|r| {
-                        r.agent()
+                    .map(|r| crate::router::traces::AgentFacts {
+                        name: r
+                            .agent()
                             .name
                             .as_deref()
-                            .map_or_else(|| Arc::from(id), Arc::from)
+                            .map_or_else(|| Arc::from(id), Arc::from),
+                        role: r.agent().role.as_deref().map(Arc::from),
                     })
             });
         }

@@ -460,17 +460,18 @@ async function main() {
       `a screenshot of ${url} in ${SCREENSHOT}`);
   }
 
-  // What the model makes of a tool call in docs/aip.md's minimal form (a request whose payload
-  // is {tool, arguments}, no meta.protocol / meta.aip): reported, not asserted.
+  // A tool call in docs/aip.md's minimal form (a request whose payload is {tool, arguments},
+  // no meta.protocol / meta.aip) to an agent whose role is `tool` is a tool call too.
   const T3 = hex(16);
   const bare = caller.waitReply('tool-bare', 'the tool\'s answer to the minimal form');
   await withTimeout(caller.conn.send({ agent: 'add' }, { tool: 'add', arguments: { a: '1', b: '1' } }, {
     traceparent: `00-${T3}-${hex(8)}-01`, correlationId: 'tool-bare', expectsResponse: true,
   }), STEP_MS, 'the minimal tool call');
   await bare;
-  const bareSpans = await spansWhen(phoenix, T3, (ss) => ss.some((s) => s.attributes['gen_ai.agent.id'] === 'add'), 'the minimal tool call\'s span');
-  const bareSpan = bareSpans.find((s) => s.attributes['gen_ai.agent.id'] === 'add');
-  console.log(`# note - a tool call as docs/aip.md's minimal form (payload {tool, arguments}, no meta.protocol/meta.aip) is "${bareSpan.name}" [${bareSpan.span_kind}]`);
+  const bareSpans = await spansWhen(phoenix, T3, (ss) => ss.some((s) => s.attributes['gen_ai.tool.name'] === 'add'), 'the minimal tool call\'s span');
+  const bareSpan = bareSpans.find((s) => s.attributes['gen_ai.tool.name'] === 'add');
+  check(bareSpan.name === 'execute_tool add' && bareSpan.span_kind === 'TOOL',
+    `a tool call in docs/aip.md's minimal form is "execute_tool add" [TOOL] (got "${bareSpan.name}" [${bareSpan.span_kind}])`);
 
   // 5. capture_content = true: a second router exports the payload text.
   const open = await startRouter(telemetry(true));

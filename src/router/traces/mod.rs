@@ -10,7 +10,7 @@ pub mod model;
 
 use std::sync::Arc;
 
-pub use model::{AttrValue, Sampler, Settings, Span, SpanKind, SpanModel};
+pub use model::{AgentFacts, AttrValue, Sampler, Settings, Span, SpanKind, SpanModel};
 
 use crate::store::record::EventRecord;
 
@@ -38,7 +38,7 @@ impl Tap {
     }
 
     /// Runs the model on a logged event and offers the spans it finishes.
-    pub fn observe(&mut self, rec: &EventRecord, agent_name: &dyn Fn(&str) -> Option<Arc<str>>) {
+    pub fn observe(&mut self, rec: &EventRecord, agent_name: &dyn Fn(&str) -> Option<AgentFacts>) {
         for span in self.model.observe(rec, agent_name) {
             self.sink.offer(span);
         }

@@ -73,6 +73,16 @@ pub enum AttrValue {
     F64(f64),
 }
 
+/// What the model needs to know of an agent (the router's registry answers, or whoever reads
+/// the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentFacts {
+    /// Its name (its id when it has none).
+    pub name: Arc<str>,
+    /// Its role (`tool` for an AIP tool: a request to it is a tool call).
+    pub role: Option<Arc<str>>,
+}
+
 /// One finished span.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Span {
@@ -233,6 +243,8 @@ struct Sent {
     common: Vec<(&'static str, AttrValue)>,
     /// The AIP tool this message calls, if it is a tool call.
     tool: Option<String>,
+    /// The payload's `tool` member, which names the tool when the recipient is a tool.
+    asked_tool: Option<String>,
 }
 
 /// A delivery a reply may answer.
@@ -323,7 +335,7 @@ impl SpanModel {
     pub fn observe(
         &mut self,
         rec: &EventRecord,
-        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+        agent_name: &dyn Fn(&str) -> Option<AgentFacts>,
     ) -> Vec<Span> {
         let Some(id) = rec.id else {
             return Vec::new();
@@ -347,7 +359,7 @@ impl SpanModel {
     pub fn observe_logged(
         &mut self,
         event_json: &str,
-        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+        agent_name: &dyn Fn(&str) -> Option<AgentFacts>,
     ) -> Vec<Span> {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
@@ -390,7 +402,7 @@ impl SpanModel {
     fn observe_event(
         &mut self,
         ev: &Ev<'_>,
-        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+        agent_name: &dyn Fn(&str) -> Option<AgentFacts>,
     ) -> Vec<Span> {
         let mut out = Vec::new();
         match ev.kind {
@@ -496,6 +508,7 @@ impl SpanModel {
                     carried,
                     common: Vec::new(),
                     tool: None,
+                    asked_tool: None,
                 },
             );
             return;
@@ -555,16 +568,18 @@ impl SpanModel {
         let payload = data
             .payload
             .or_else(|| data.message.as_ref().and_then(|m| m.payload));
+        // (A substring test first: most payloads name no tool, and parsing them is waste.)
+        let asked_tool = payload
+            .filter(|p| p.get().contains("\"tool\""))
+            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+            .and_then(|p| p.get("tool").and_then(Value::as_str).map(str::to_owned));
         let tool = (protocol == Some("aip") || meta.pointer("/aip/toolName").is_some())
             .then(|| {
-                payload
-                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
-                    .and_then(|p| p.get("tool").and_then(Value::as_str).map(str::to_owned))
-                    .or_else(|| {
-                        meta.pointer("/aip/toolName")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned)
-                    })
+                asked_tool.clone().or_else(|| {
+                    meta.pointer("/aip/toolName")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
             })
             .flatten();
         if self.settings.capture_content {
@@ -612,6 +627,7 @@ impl SpanModel {
                 carried,
                 common,
                 tool,
+                asked_tool,
             },
         );
     }
@@ -619,7 +635,7 @@ impl SpanModel {
     fn outcome_event(
         &mut self,
         ev: &Ev<'_>,
-        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+        agent_name: &dyn Fn(&str) -> Option<AgentFacts>,
         out: &mut Vec<Span>,
     ) {
         #[derive(serde::Deserialize)]
@@ -741,7 +757,7 @@ impl SpanModel {
     fn traced_event(
         &mut self,
         ev: &Ev<'_>,
-        agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+        agent_name: &dyn Fn(&str) -> Option<AgentFacts>,
         out: &mut Vec<Span>,
     ) {
         let Some((Some(trace), data)) = parse::<Value>(ev.json) else {
@@ -759,7 +775,7 @@ impl SpanModel {
             .or(ev.source)
             .unwrap_or("")
             .to_owned();
-        let name_of = |a: &str| agent_name(a).map_or_else(|| a.to_owned(), |n| n.to_string());
+        let name_of = |a: &str| agent_name(a).map_or_else(|| a.to_owned(), |f| f.name.to_string());
         let mut attributes = Vec::new();
         let (name, kind) = match ev.kind {
             EventType::AgentSpawning => {
@@ -876,11 +892,22 @@ fn hop_span(
     reason: Option<&str>,
     end: u64,
     later: bool,
-    agent_name: &dyn Fn(&str) -> Option<Arc<str>>,
+    agent_name: &dyn Fn(&str) -> Option<AgentFacts>,
 ) -> Span {
     let mut attributes = sent.common.clone();
     let agent = agent_name(recipient);
-    let name = match (&sent.tool, &agent) {
+    // A tool call: marked so by the sender (the AIP gateway, `call_tool`), or a message to an
+    // agent whose role is `tool` (an AIP tool), named by its payload's `tool` or the agent.
+    let tool = sent.tool.clone().or_else(|| {
+        let facts = agent.as_ref()?;
+        (facts.role.as_deref() == Some("tool")).then(|| {
+            sent.asked_tool
+                .clone()
+                .unwrap_or_else(|| facts.name.to_string())
+        })
+    });
+    let agent = agent.map(|f| f.name);
+    let name = match (&tool, &agent) {
         (Some(tool), _) => {
             attributes.push((
                 "gen_ai.operation.name",
@@ -929,7 +956,7 @@ fn hop_span(
         parent_remote,
         trace_state: sent.parent.state.clone(),
         name,
-        kind: if sent.tool.is_some() {
+        kind: if tool.is_some() {
             SpanKind::Internal
         } else {
             SpanKind::Client
