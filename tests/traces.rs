@@ -211,6 +211,12 @@ async fn a_three_agent_exchange_is_one_tree_under_the_callers_span() {
         answer.parent_id, asked.span_id,
         "the reply is nested under the request it answers"
     );
+    // The request's hop waited for its answer: it lasts until the reply was sent.
+    assert!(asked.end_ns >= answer.start_ns, "{asked:#?} {answer:#?}");
+    assert_eq!(
+        asked.attributes.get("map.replied").map(String::as_str),
+        Some("true")
+    );
 
     let send = by_name(&trace, "send scope");
     assert_eq!(send.len(), 1, "{trace:#?}");
@@ -260,6 +266,10 @@ async fn a_three_agent_exchange_is_one_tree_under_the_callers_span() {
             let parent = s.parent_id.map(|p| hex(&p)).unwrap_or_default();
             from_log.insert((hex(&s.trace_id), hex(&s.span_id), parent, s.name));
         }
+    }
+    for s in model.finish() {
+        let parent = s.parent_id.map(|p| hex(&p)).unwrap_or_default();
+        from_log.insert((hex(&s.trace_id), hex(&s.span_id), parent, s.name));
     }
     let exported: BTreeSet<_> = receiver
         .spans()
@@ -566,4 +576,53 @@ async fn invalid_unsampled_failed_and_queued_messages() {
         !spans.iter().any(|s| s.trace_id == CALLER_TRACE),
         "no span of the unsampled or invalid contexts: {spans:#?}"
     );
+}
+
+/// A request nobody answers: its hop is ended at its delivery once `reply_wait_ms` passed, by
+/// the next event or, on an idle router, by the router's flush every few seconds.
+#[tokio::test]
+async fn an_unanswered_request_is_ended_at_its_delivery() {
+    let receiver = Receiver::start().await;
+    let base = receiver.base();
+    let (_server, url) = start_server(move |c| {
+        c.telemetry.endpoint = Some(base);
+        c.telemetry.delay_ms = 20;
+        c.telemetry.reply_wait_ms = 200;
+    })
+    .await;
+    let mut alice = WsClient::agent(&url, "alice", json!({})).await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    let ask = json!({"to": {"agent": "bob"}, "payload": 1, "meta": {"expectsResponse": true}});
+    let first = alice.ok("map/send", ask.clone()).await;
+    bob.notification("map/message").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(receiver.spans().is_empty(), "held while it may be answered");
+    // The next event ends it.
+    alice.send(json!({"agent": "bob"}), json!(2)).await;
+    let spans = receiver
+        .wait_for(WAIT, "the unanswered hop", |s| {
+            s.iter().any(|s| {
+                s.attributes["messaging.message.id"] == first["messageId"].as_str().unwrap()
+            })
+        })
+        .await;
+    let hop = spans
+        .iter()
+        .find(|s| s.attributes["messaging.message.id"] == first["messageId"].as_str().unwrap())
+        .unwrap();
+    assert!(!hop.attributes.contains_key("map.replied"), "{hop:#?}");
+    assert!(
+        hop.end_ns - hop.start_ns < 200_000_000,
+        "ended at its delivery: {hop:#?}"
+    );
+    // An idle router: the flush ends it.
+    let second = alice.ok("map/send", ask).await;
+    bob.notification("map/message").await;
+    receiver
+        .wait_for(WAIT, "the idle router's flush", |s| {
+            s.iter().any(|s| {
+                s.attributes["messaging.message.id"] == second["messageId"].as_str().unwrap()
+            })
+        })
+        .await;
 }

@@ -397,6 +397,15 @@ impl Router {
                     Deadline::CredentialExpiring(s, epoch) => self.credential_expiring(&s, epoch),
                     Deadline::CredentialExpired(s, epoch) => self.credential_expired(&s, epoch),
                     Deadline::RefreshSaved => self.refresh_saved(),
+                    Deadline::FlushSpans => {
+                        if let Some(tap) = &mut self.traces {
+                            tap.flush_due(crate::protocol::ids::now_ms());
+                            self.schedule(
+                                std::time::Instant::now() + crate::router::traces::FLUSH_EVERY,
+                                Deadline::FlushSpans,
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -289,6 +289,12 @@ impl Router {
         let mut router = Router::new(config.clone());
         router.supervised = Supervision::new(parts.process_control);
         router.traces = parts.traces;
+        if router.traces.is_some() {
+            router.schedule(
+                std::time::Instant::now() + crate::router::traces::FLUSH_EVERY,
+                crate::router::timers::Deadline::FlushSpans,
+            );
+        }
         let mut committed = None;
         let handle_store = parts.store.as_ref().map(|(s, _)| s.clone());
         if let Some((store, recovered)) = parts.store {

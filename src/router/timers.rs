@@ -22,6 +22,8 @@ pub(crate) enum Deadline {
     /// Time to write again the saved records the stream's limits would soon delete
     /// (`router::handover`).
     RefreshSaved,
+    /// Time to end the traced requests' hops whose replies are overdue (`router::traces`).
+    FlushSpans,
 }
 
 /// Deadlines by time. Several may fall on one instant.

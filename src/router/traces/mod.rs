@@ -8,6 +8,9 @@
 
 pub mod model;
 
+/// How often the router ends the hops whose replies are overdue.
+pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 use std::sync::Arc;
 
 pub use model::{AgentFacts, AttrValue, Sampler, Settings, Span, SpanKind, SpanModel};
@@ -40,6 +43,13 @@ impl Tap {
     /// Runs the model on a logged event and offers the spans it finishes.
     pub fn observe(&mut self, rec: &EventRecord, agent_name: &dyn Fn(&str) -> Option<AgentFacts>) {
         for span in self.model.observe(rec, agent_name) {
+            self.sink.offer(span);
+        }
+    }
+
+    /// Exports the requests' hops whose replies are overdue (called every few seconds).
+    pub fn flush_due(&mut self, now_ms: u64) {
+        for span in self.model.flush_due(now_ms) {
             self.sink.offer(span);
         }
     }

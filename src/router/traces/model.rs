@@ -19,6 +19,9 @@
 //!   no context of its own, or with exactly its request's, is a child of that delivery's hop.
 //!   Otherwise S_M starts a trace whose id is E's 128-bit ULID.
 //! - A delivery from an offline queue is a child `invoke_agent` of S_M.
+//! - A request's hop (`meta.expectsResponse`, delivered to one recipient) lasts until the
+//!   reply that answers it, or is ended at its delivery once `reply_wait_ms` ([`REPLY_WAIT_MS`]) of event time
+//!   passed without one ([`SpanModel::flush_due`], [`SpanModel::finish`]).
 //! - Events a call with a trace context causes (spawn, `map/inject`, task changes,
 //!   checkpoints) are spans under that context.
 //!
@@ -45,6 +48,12 @@ pub const MAX_HOPS: usize = 65_536;
 /// Recipient spans made from one outcome event of a send to a group; the rest are counted in
 /// the parent's `map.recipients.omitted`.
 pub const MAX_RECIPIENT_SPANS: usize = 64;
+/// How long (event time) a request's hop waits for its reply by default before it is ended at
+/// its delivery (`[telemetry] reply_wait_ms`): a hop answered in time lasts until the answer,
+/// so the waterfall shows how long the agent worked.
+pub const REPLY_WAIT_MS: u64 = 60_000;
+/// Requests' hops waiting for their replies at most (the oldest is ended first).
+pub const MAX_AWAITING: usize = 16_384;
 /// The longest payload text exported with `capture_content` (longer text is cut, and
 /// `map.message.payload.truncated` says so).
 pub const MAX_CONTENT: usize = 16 * 1024;
@@ -205,13 +214,25 @@ impl Sampler {
 }
 
 /// How the model is set up.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Settings {
+    /// How long a request's hop waits for its reply (event time, ms).
+    pub reply_wait_ms: u64,
     /// Export payloads (`[telemetry] capture_content`). Secrets never: the router has none in
     /// messages, and credentials never reach the log.
     pub capture_content: bool,
     /// Which traces are kept.
     pub sampler: Sampler,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            reply_wait_ms: REPLY_WAIT_MS,
+            capture_content: false,
+            sampler: Sampler::default(),
+        }
+    }
 }
 
 /// A trace position: the trace, the span that is the parent of what comes next, and whether
@@ -245,6 +266,8 @@ struct Sent {
     tool: Option<String>,
     /// The payload's `tool` member, which names the tool when the recipient is a tool.
     asked_tool: Option<String>,
+    /// Whether the sender waits for a reply (`meta.expectsResponse`).
+    expects_response: bool,
 }
 
 /// A delivery a reply may answer.
@@ -303,6 +326,9 @@ pub struct SpanModel {
     settings: Settings,
     sent: Bounded<String, Sent>,
     hops: Bounded<u128, Hop>,
+    /// Requests' hops waiting for their replies, by delivery event; oldest first in `due`.
+    awaiting: HashMap<u128, Span>,
+    due: VecDeque<(u64, u128)>,
 }
 
 impl SpanModel {
@@ -312,6 +338,8 @@ impl SpanModel {
             settings,
             sent: Bounded::new(MAX_MESSAGES),
             hops: Bounded::new(MAX_HOPS),
+            awaiting: HashMap::new(),
+            due: VecDeque::new(),
         }
     }
 
@@ -328,6 +356,35 @@ impl SpanModel {
         s.parent
             .sampled
             .then(|| format!("00-{}-{}-01", hex(&s.parent.trace), hex(&s.span)))
+    }
+
+    /// The requests' hops whose replies are overdue at `now_ms` (event time): ended at their
+    /// delivery. The router calls it every few seconds, so an idle router still exports them.
+    pub fn flush_due(&mut self, now_ms: u64) -> Vec<Span> {
+        let mut out = Vec::new();
+        self.end_unanswered(now_ms, &mut out);
+        out
+    }
+
+    /// Every hop still waiting for its reply, ended at its delivery (the end of a log read).
+    pub fn finish(&mut self) -> Vec<Span> {
+        let mut out = Vec::new();
+        self.end_unanswered(u64::MAX, &mut out);
+        out
+    }
+
+    fn end_unanswered(&mut self, now_ms: u64, out: &mut Vec<Span>) {
+        while let Some(&(start, delivery)) = self.due.front() {
+            let overdue =
+                now_ms == u64::MAX || start.saturating_add(self.settings.reply_wait_ms) < now_ms;
+            if !overdue && self.awaiting.len() <= MAX_AWAITING {
+                break;
+            }
+            self.due.pop_front();
+            if let Some(span) = self.awaiting.remove(&delivery) {
+                out.push(span);
+            }
+        }
     }
 
     /// The spans `rec` finishes, in order. `agent_name` names an agent by id (`None`: the id is
@@ -405,6 +462,7 @@ impl SpanModel {
         agent_name: &dyn Fn(&str) -> Option<AgentFacts>,
     ) -> Vec<Span> {
         let mut out = Vec::new();
+        self.end_unanswered(ev.timestamp, &mut out);
         match ev.kind {
             EventType::MessageSent => self.sent_event(ev, &mut out),
             EventType::MessageDelivered | EventType::MessageQueued | EventType::MessageFailed => {
@@ -470,6 +528,14 @@ impl SpanModel {
             .iter()
             .find_map(|c| self.hops.get(&c.0 .0).map(|h| (c.0 .0, h.clone())));
         let from: &str = &data.from;
+        if let Some((delivery, _)) = &answered {
+            // The answer ends the request's hop (it waited for it).
+            if let Some(mut span) = self.awaiting.remove(delivery) {
+                span.end_ms = span.end_ms.max(ev.timestamp);
+                span.attributes.push(("map.replied", AttrValue::Bool(true)));
+                out.push(span);
+            }
+        }
         let parent = match (&own, answered) {
             (own, Some((delivery, hop)))
                 if own.is_none()
@@ -509,6 +575,7 @@ impl SpanModel {
                     common: Vec::new(),
                     tool: None,
                     asked_tool: None,
+                    expects_response: false,
                 },
             );
             return;
@@ -628,6 +695,8 @@ impl SpanModel {
                 common,
                 tool,
                 asked_tool,
+                expects_response: meta.get("expectsResponse").and_then(Value::as_bool)
+                    == Some(true),
             },
         );
     }
@@ -696,7 +765,7 @@ impl SpanModel {
                 );
             }
             if sent.parent.sampled {
-                out.push(hop_span(
+                let span = hop_span(
                     &sent,
                     sent.span,
                     sent.parent.span,
@@ -707,7 +776,15 @@ impl SpanModel {
                     ev.timestamp,
                     false,
                     agent_name,
-                ));
+                );
+                if record_hop && sent.expects_response {
+                    // Held until its answer (or REPLY_WAIT_MS).
+                    self.due.push_back((sent.start, id.0 .0));
+                    self.awaiting.insert(id.0 .0, span);
+                    self.end_unanswered(ev.timestamp, out);
+                } else {
+                    out.push(span);
+                }
             }
             return;
         }

@@ -45,6 +45,8 @@ pub struct TelemetrySettings {
     pub delay_ms: u64,
     /// The deadline of one export request, in ms.
     pub timeout_ms: u64,
+    /// How long a request's hop waits for its reply before it is ended at its delivery, in ms.
+    pub reply_wait_ms: u64,
 }
 
 impl Default for TelemetrySettings {
@@ -62,6 +64,7 @@ impl Default for TelemetrySettings {
             batch: 512,
             delay_ms: 1000,
             timeout_ms: 10_000,
+            reply_wait_ms: crate::router::traces::model::REPLY_WAIT_MS,
         }
     }
 }
@@ -166,6 +169,7 @@ impl TelemetrySettings {
             service_name,
             resource,
             model: Settings {
+                reply_wait_ms: self.reply_wait_ms,
                 capture_content: self.capture_content,
                 sampler,
             },
