@@ -616,20 +616,31 @@ pub(crate) fn declared(params: Option<&RawValue>) -> Declared {
     struct WithMeta {
         #[serde(default, rename = "_meta")]
         meta: Option<Meta>,
+        #[serde(default, rename = "relayTraceparent")]
+        relay: Option<serde_json::Value>,
     }
     let Some(raw) = params else {
         return Declared::default();
     };
-    if !raw.get().contains("_meta") {
+    let text = raw.get();
+    if !text.contains("_meta") && !text.contains("relayTraceparent") {
         return Declared::default();
     }
-    let Some(m) = serde_json::from_str::<WithMeta>(raw.get())
-        .ok()
-        .and_then(|w| w.meta)
-    else {
+    let Ok(with) = serde_json::from_str::<WithMeta>(text) else {
         return Declared::default();
     };
+    // Any value counts as sent: a client's is refused whatever it holds.
+    let relay = with
+        .relay
+        .map(|v| v.as_str().map_or_else(String::new, str::to_owned));
+    let Some(m) = with.meta else {
+        return Declared {
+            relay,
+            ..Declared::default()
+        };
+    };
     Declared {
+        relay,
         causes: m
             .caused_by
             .iter()
@@ -691,6 +702,25 @@ pub(crate) fn decode_params<P: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_relay_traceparent_is_declared_whatever_it_holds() {
+        let raw = |s: &str| RawValue::from_string(s.to_owned()).unwrap();
+        let p = raw(
+            r#"{"to":{"agent":"a"},"relayTraceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
+        );
+        assert_eq!(
+            declared(Some(&p)).relay.as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        let p = raw(
+            r#"{"relayTraceparent":7,"_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}"#,
+        );
+        let d = declared(Some(&p));
+        assert_eq!(d.relay.as_deref(), Some(""));
+        assert!(d.trace.is_some());
+        assert!(declared(Some(&raw(r#"{"to":"a"}"#))).relay.is_none());
+    }
     use super::*;
     use crate::protocol::methods::{for_each_method, MethodVisitor};
 

@@ -19,6 +19,15 @@
 //!   this node fills in with the one it drew (or the connection's current one). The writer
 //!   takes both parameters from a relay session only (`sessions::ops`); from a client they
 //!   are refused, here and there.
+//! - When traces are exported ([`Relay::spans`]), every call forwarded by [`RelayState::call`]
+//!   or [`RelayState::send_pipelined`] gets a span of this node's, `relay {method}`, under the
+//!   call's trace context (a message's `meta.traceparent`, else `params._meta.traceparent`) or
+//!   as the root of a new trace, ended when the writer answers. The call goes with its context
+//!   as the relay-only `relayTraceparent` parameter (spliced in front; the rest of the params
+//!   are the client's bytes), which the writer takes from a relay session only and makes the
+//!   call's trace context, winning over the message's own: what the call causes there is a
+//!   child of this node's span. A client's own `relayTraceparent` is refused (-32602), here
+//!   and there.
 //!   (A connect this node cannot prove at once, `map/authenticate` after `authRequired`,
 //!   opens its session here and the relay session at the first call it cannot serve.)
 //! - Subscriptions and replay are served here (that is where a standby saves the writer's
@@ -55,6 +64,7 @@ use crate::protocol::methods::session::Principal;
 use crate::router::ids::ConnId;
 use crate::router::outbox::Outbound;
 use crate::router::outbox::Outbox;
+use crate::router::traces::{RelaySpan, RelaySpans};
 
 /// Longest wait for the writer's answer to one forwarded call.
 pub const RELAY_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,6 +100,11 @@ pub trait Relay: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// A reason, when no link can be opened now.
     fn open(&self, conn: ConnId, principal: Option<Principal>) -> Result<RelayLink, String>;
+
+    /// Where this node's spans of relayed calls go, when traces are exported.
+    fn spans(&self) -> Option<RelaySpans> {
+        None
+    }
 }
 
 /// Where a follower's call goes.
@@ -136,13 +151,17 @@ struct Open {
     inflight: Arc<Inflight>,
 }
 
+/// A pipelined call waiting for its answer: the caller's id, where its response frame goes,
+/// and its span, if traces are exported.
+type Waiting = (Id, oneshot::Sender<String>, Option<RelaySpan>);
+
 /// Pipelined calls of one relay session: the relay's id of each, the caller's id, and where
 /// its response frame goes. Shared by the session and the task that reads the writer's frames.
 #[derive(Debug, Default)]
-struct Inflight(std::sync::Mutex<HashMap<u64, (Id, oneshot::Sender<String>)>>);
+struct Inflight(std::sync::Mutex<HashMap<u64, Waiting>>);
 
 impl Inflight {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Id, oneshot::Sender<String>)>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
         // Inserts and removes only: a panic cannot leave the table inconsistent.
         crate::sync::lock(&self.0)
     }
@@ -156,20 +175,27 @@ impl Inflight {
         let Some(relay_id) = answer.id else {
             return Some(frame);
         };
-        let Some((id, tx)) = self.table().remove(&relay_id) else {
+        let Some((id, tx, span)) = self.table().remove(&relay_id) else {
             return Some(frame);
         };
         let mut out = String::new();
-        match (answer.result, answer.error) {
+        let failed = match (answer.result, answer.error) {
             (Some(result), _) => {
-                crate::protocol::jsonrpc::write_success(&mut out, &id, result.get())
+                crate::protocol::jsonrpc::write_success(&mut out, &id, result.get());
+                None
             }
-            (None, Some(error)) => crate::protocol::jsonrpc::write_error(&mut out, &id, &error),
-            (None, None) => crate::protocol::jsonrpc::write_error(
-                &mut out,
-                &id,
-                &unreachable_writer("an answer without result or error"),
-            ),
+            (None, Some(error)) => {
+                crate::protocol::jsonrpc::write_error(&mut out, &id, &error);
+                Some(error.message)
+            }
+            (None, None) => {
+                let error = unreachable_writer("an answer without result or error");
+                crate::protocol::jsonrpc::write_error(&mut out, &id, &error);
+                Some(error.message)
+            }
+        };
+        if let Some(span) = span {
+            span.end(failed);
         }
         let _ = tx.send(out);
         None
@@ -430,18 +456,32 @@ impl RelayState {
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<String, ErrorObject> {
+        refuse_relay_trace(params)?;
         self.ensure_open(relay, conn, outbox).await?;
         if method == <crate::protocol::methods::agents::AgentsRegister as crate::protocol::methods::Method>::NAME {
             self.agent = true;
         }
+        let span = relay.spans().map(|s| {
+            s.begin(
+                method,
+                crate::router::dispatch::trace_of_params(params).as_ref(),
+            )
+        });
         let result = if carries_token(method) {
             let (object, next) = with_token_digests(method, params_object(params))?;
             let params = to_raw(object)?;
-            let result = self.forward(method, Some(&params)).await;
+            let with_span = traced(Some(&params), span.as_ref());
+            let result = self
+                .forward(method, Some(with_span.as_deref().unwrap_or(&params)))
+                .await;
             result.map(|answer| self.fill_token(method, answer, next))
         } else {
-            self.forward(method, params).await
+            let with_span = traced(params, span.as_ref());
+            self.forward(method, with_span.as_deref().or(params)).await
         };
+        if let Some(span) = span {
+            span.end(result.as_ref().err().map(|e| e.message.clone()));
+        }
         if let Ok(answer) = &result {
             self.agent |= speaks_as_agent(method, answer);
         }
@@ -514,6 +554,7 @@ impl RelayState {
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<oneshot::Receiver<String>, ErrorObject> {
+        refuse_relay_trace(params)?;
         self.ensure_open(relay, conn, outbox).await?;
         let Some(link) = self.link.as_mut() else {
             return Err(unreachable_writer("no relay session"));
@@ -521,13 +562,22 @@ impl RelayState {
         self.next_id += 1;
         let relay_id = self.next_id;
         let (tx, rx) = oneshot::channel();
+        let span = relay.spans().map(|s| {
+            s.begin(
+                method,
+                crate::router::dispatch::trace_of_params(params).as_ref(),
+            )
+        });
+        let with_span = traced(params, span.as_ref());
+        let params = with_span.as_deref().or(params);
         {
             let mut table = link.inflight.table();
             if table.len() >= PIPELINED_SWEEP {
-                // Calls the connection gave up on (timed out) are dropped here.
-                table.retain(|_, (_, tx)| !tx.is_closed());
+                // Calls the connection gave up on (timed out) are dropped here (their spans
+                // with them: they never ended).
+                table.retain(|_, (_, tx, _)| !tx.is_closed());
             }
-            table.insert(relay_id, (id.clone(), tx));
+            table.insert(relay_id, (id.clone(), tx, span));
         }
         if link
             .tx
@@ -606,6 +656,50 @@ fn speaks_as_agent(method: &str, answer: &str) -> bool {
 /// digests (the writer accepts them from a relay session only).
 const TOKEN_DIGEST: &str = "resumeTokenDigest";
 const NEXT_TOKEN_DIGEST: &str = "nextResumeTokenDigest";
+
+/// The relay-only parameter by which a standby names its span of a relayed call to the writer
+/// (`router::traces::RelaySpans`; the writer accepts it from a relay session only).
+const RELAY_TRACE: &str = "relayTraceparent";
+
+/// Refuses a client's own [`RELAY_TRACE`] (it would hang its calls under any span).
+///
+/// # Errors
+/// Invalid params when the client sent it.
+fn refuse_relay_trace(params: Option<&RawValue>) -> Result<(), ErrorObject> {
+    let Some(params) = params.filter(|p| p.get().contains(RELAY_TRACE)) else {
+        return Ok(());
+    };
+    if params_object(Some(params)).contains_key(RELAY_TRACE) {
+        return Err(ErrorObject::invalid_params(format!(
+            "`{RELAY_TRACE}` is sent only by a cluster node's relay session, never by a client"
+        )));
+    }
+    Ok(())
+}
+
+/// `params` with [`RELAY_TRACE`] naming `span`, spliced in front of the client's members (the
+/// rest stays the client's bytes: a message's `meta` is untouched); `None` (the params go as
+/// they are) without a span, or for params that are not an object (the writer refuses those).
+fn traced(params: Option<&RawValue>, span: Option<&RelaySpan>) -> Option<Box<RawValue>> {
+    let member = format!(
+        r#""{RELAY_TRACE}":{}"#,
+        serde_json::Value::from(span?.traceparent())
+    );
+    let text = match params.map(|p| p.get().trim_start()) {
+        None => format!("{{{member}}}"),
+        Some(p) if p.starts_with('{') => {
+            let rest = &p[1..];
+            let comma = if rest.trim_start().starts_with('}') {
+                ""
+            } else {
+                ","
+            };
+            format!("{{{member}{comma}{rest}")
+        }
+        Some(_) => return None,
+    };
+    RawValue::from_string(text).ok()
+}
 
 /// Whether the writer's answer to `method` carries the session's resume token (it rotates it,
 /// or repeats it): what the relay forwards with [`with_token_digests`].
@@ -734,7 +828,7 @@ mod tests {
         let inflight = Inflight::default();
         let (tx, mut rx) = oneshot::channel();
         let id = Id::from_raw(&raw(r#""req-7""#)).unwrap();
-        inflight.table().insert(3, (id, tx));
+        inflight.table().insert(3, (id, tx, None));
         // Another call's answer is given back, untouched.
         let other = r#"{"jsonrpc":"2.0","id":2,"result":{}}"#;
         assert_eq!(inflight.answer(other.to_owned()).as_deref(), Some(other));
@@ -750,7 +844,7 @@ mod tests {
         assert!(inflight.table().is_empty());
         // An error answer keeps its code.
         let (tx, mut rx) = oneshot::channel();
-        inflight.table().insert(4, (Id::number(9), tx));
+        inflight.table().insert(4, (Id::number(9), tx, None));
         let err = r#"{"jsonrpc":"2.0","id":4,"error":{"code":1003,"message":"no"}}"#;
         assert_eq!(inflight.answer(err.to_owned()), None);
         let v: serde_json::Value = serde_json::from_str(&rx.try_recv().unwrap()).unwrap();
@@ -873,6 +967,41 @@ mod tests {
             state.fill_token("map/disconnect", clear.to_owned(), "resume_5".into()),
             clear
         );
+    }
+
+    #[test]
+    fn a_relayed_call_names_its_span_in_front_and_keeps_the_clients_bytes() {
+        use crate::router::traces::{Sampler, Span, SpanSink};
+        #[derive(Debug)]
+        struct Nowhere;
+        impl SpanSink for Nowhere {
+            fn offer(&self, _: Span) {}
+        }
+        let spans = RelaySpans::new(Arc::new(Nowhere), Sampler::default(), "n1");
+        let span = spans.begin("map/send", None);
+        let tp = span.traceparent();
+        let client = r#"{ "to":{"agent":"a"},"meta":{"b":2, "a":1}}"#;
+        let with = traced(Some(&raw(client)), Some(&span)).unwrap();
+        assert_eq!(
+            with.get(),
+            format!(
+                r#"{{"relayTraceparent":"{tp}", "to":{{"agent":"a"}},"meta":{{"b":2, "a":1}}}}"#
+            )
+        );
+        assert_eq!(
+            traced(Some(&raw("{ }")), Some(&span)).unwrap().get(),
+            format!(r#"{{"relayTraceparent":"{tp}" }}"#)
+        );
+        assert_eq!(
+            traced(None, Some(&span)).unwrap().get(),
+            format!(r#"{{"relayTraceparent":"{tp}"}}"#)
+        );
+        assert!(traced(Some(&raw("[1]")), Some(&span)).is_none());
+        assert!(traced(Some(&raw(client)), None).is_none());
+        // A client's own is refused; a member of its meta by that name is not.
+        let err = refuse_relay_trace(Some(&raw(r#"{"relayTraceparent":"x"}"#))).unwrap_err();
+        assert!(err.message.contains("Invalid") || format!("{err:?}").contains("relayTraceparent"));
+        refuse_relay_trace(Some(&raw(r#"{"meta":{"relayTraceparent":"x"}}"#))).unwrap();
     }
 
     #[test]
