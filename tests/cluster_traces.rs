@@ -253,6 +253,30 @@ async fn a_call_relayed_by_a_standby_is_a_child_of_the_standbys_span() {
         )
         .await;
     let standby_given = given(&on_standby.notification("map/message").await);
+    // 2b. The agent on the live node asks the one on the standby, under the caller's span;
+    // the reply, with no trace context of its own, is relayed under the span the request was
+    // given (and the live node nests it there).
+    on_live
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "standby-a"}, "payload": {"q": 1},
+                   "meta": {"traceparent": parent(CALLER_TRACE, CALLER_SPAN),
+                            "expectsResponse": true, "correlationId": "q1"}}),
+        )
+        .await;
+    let request_given = given(&on_standby.notification("map/message").await);
+    assert!(
+        request_given.starts_with(&format!("00-{CALLER_TRACE}-")),
+        "{request_given}"
+    );
+    on_standby
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "live-a"}, "payload": {"a": 1},
+                   "meta": {"isResult": true, "correlationId": "q1"}}),
+        )
+        .await;
+    let reply_given = given(&on_live.notification("map/message").await);
     // 3. Untraced: the standby starts the trace, the live node's spans join it.
     alice
         .ok(
@@ -315,8 +339,8 @@ async fn a_call_relayed_by_a_standby_is_a_child_of_the_standbys_span() {
                     .filter(|s| s.trace_id == trace && s.name.starts_with(name))
                     .count()
             };
-            n(CALLER_TRACE, "relay map/send") >= 2
-                && n(CALLER_TRACE, "invoke_agent") >= 2
+            n(CALLER_TRACE, "relay map/send") >= 3
+                && n(CALLER_TRACE, "invoke_agent") >= 4
                 && n(&untraced_trace, "relay map/send") >= 1
                 && n(&untraced_trace, "invoke_agent") >= 1
                 && n(&bob_untraced, "invoke_agent") >= 1
@@ -333,11 +357,21 @@ async fn a_call_relayed_by_a_standby_is_a_child_of_the_standbys_span() {
     );
     let (_, hop) = relayed_hop(&spans, CALLER_TRACE, CALLER_SPAN_2, "standby-a");
     assert_eq!(standby_given, parent(CALLER_TRACE, &hop.span_id));
+    // The request from the live node, and the reply relayed under the span it was given.
     let caller = in_trace(&spans, CALLER_TRACE);
+    let request = caller
+        .iter()
+        .find(|s| request_given == parent(CALLER_TRACE, &s.span_id))
+        .unwrap_or_else(|| panic!("the request's hop: {caller:#?}"));
+    assert_eq!(request.name, "invoke_agent standby-a");
+    assert_eq!(request.parent_id, CALLER_SPAN);
+    assert_eq!(node_of(request), "n0");
+    let (_, hop) = relayed_hop(&spans, CALLER_TRACE, &request.span_id, "live-a");
+    assert_eq!(reply_given, parent(CALLER_TRACE, &hop.span_id));
     assert_eq!(
         caller.len(),
-        4,
-        "the caller's trace holds its two hops only: {caller:#?}"
+        7,
+        "the caller's trace holds its hops and the reply only: {caller:#?}"
     );
     assert_one_tree(&caller, &[CALLER_SPAN, CALLER_SPAN_2]);
 

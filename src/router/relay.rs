@@ -149,6 +149,123 @@ struct Open {
     pump: tokio::task::JoinHandle<()>,
     /// Pipelined calls waiting for their answers ([`RelayState::send_pipelined`]).
     inflight: Arc<Inflight>,
+    /// The contexts the connection's messages came with, when traces are exported.
+    given: Option<Arc<Given>>,
+}
+
+/// Requests delivered to the connection recently, when traces are exported: each one's
+/// correlation id (its `meta.correlationId`, and its message id) and the `traceparent` the
+/// writer gave with it (`params._meta`), so that a reply with no trace context of its own is
+/// relayed under the span its request was given (as the writer nests such a reply under its
+/// request), not in a trace of its own. Bounded: the oldest are forgotten first.
+#[derive(Debug, Default)]
+struct Given(std::sync::Mutex<GivenTable>);
+
+/// [`Given`]'s table: context by correlation id, and the ids oldest first.
+type GivenTable = (
+    HashMap<String, Arc<str>>,
+    std::collections::VecDeque<String>,
+);
+
+/// Correlation ids [`Given`] remembers per connection.
+const GIVEN_MAX: usize = 512;
+
+impl Given {
+    /// Remembers the context of a `map/message` frame from the writer (other frames: nothing).
+    fn saw(&self, frame: &str) {
+        #[derive(serde::Deserialize)]
+        struct Frame<'a> {
+            #[serde(borrow)]
+            method: std::borrow::Cow<'a, str>,
+            #[serde(borrow)]
+            params: Params<'a>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Params<'a> {
+            #[serde(borrow)]
+            message: Msg<'a>,
+            #[serde(rename = "_meta", borrow)]
+            given: Trace<'a>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Msg<'a> {
+            #[serde(borrow)]
+            id: std::borrow::Cow<'a, str>,
+            #[serde(borrow, default)]
+            meta: Option<Meta<'a>>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta<'a> {
+            #[serde(borrow, default)]
+            correlation_id: Option<std::borrow::Cow<'a, str>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Trace<'a> {
+            #[serde(borrow)]
+            traceparent: std::borrow::Cow<'a, str>,
+        }
+        if !frame.contains("\"_meta\"") {
+            return;
+        }
+        let Ok(f) = serde_json::from_str::<Frame<'_>>(frame) else {
+            return;
+        };
+        if f.method != crate::protocol::methods::notifications::MESSAGE
+            || !crate::protocol::trace::valid_traceparent(&f.params.given.traceparent)
+        {
+            return;
+        }
+        let traceparent: Arc<str> = Arc::from(&*f.params.given.traceparent);
+        let keys = std::iter::once(f.params.message.id.into_owned()).chain(
+            f.params
+                .message
+                .meta
+                .and_then(|m| m.correlation_id)
+                .map(std::borrow::Cow::into_owned),
+        );
+        let mut guard = crate::sync::lock(&self.0);
+        let (by_key, order) = &mut *guard;
+        for key in keys {
+            if by_key
+                .insert(key.clone(), Arc::clone(&traceparent))
+                .is_none()
+            {
+                order.push_back(key);
+            }
+            while order.len() > GIVEN_MAX {
+                if let Some(old) = order.pop_front() {
+                    by_key.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The context the request a reply answers (`meta.isResult` with `meta.correlationId`)
+    /// was given, for a reply that carries none of its own.
+    fn answered(&self, params: Option<&RawValue>) -> Option<crate::protocol::trace::TraceContext> {
+        #[derive(serde::Deserialize)]
+        struct Params {
+            #[serde(default)]
+            meta: Option<Meta>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta {
+            #[serde(default)]
+            is_result: bool,
+            #[serde(default)]
+            correlation_id: Option<String>,
+        }
+        let raw = params?.get();
+        if !raw.contains("correlationId") {
+            return None;
+        }
+        let meta = serde_json::from_str::<Params>(raw).ok()?.meta?;
+        let key = meta.correlation_id.filter(|_| meta.is_result)?;
+        let given = crate::sync::lock(&self.0).0.get(&key).cloned()?;
+        crate::protocol::trace::TraceContext::new(&given, None)
+    }
 }
 
 /// A pipelined call waiting for its answer: the caller's id, where its response frame goes,
@@ -332,6 +449,8 @@ impl RelayState {
         let outbox = outbox.clone();
         let inflight = Arc::new(Inflight::default());
         let pending = Arc::clone(&inflight);
+        let given = relay.spans().map(|_| Arc::new(Given::default()));
+        let saw = given.clone();
         let pump = tokio::spawn(async move {
             while let Some(frame) = rx.recv().await {
                 if is_answer(&frame) {
@@ -343,8 +462,13 @@ impl RelayState {
                     if answers_tx.send(frame).await.is_err() {
                         return;
                     }
-                } else if outbox.push(Outbound::Frame(frame)).await.is_err() {
-                    return;
+                } else {
+                    if let Some(saw) = &saw {
+                        saw.saw(&frame);
+                    }
+                    if outbox.push(Outbound::Frame(frame)).await.is_err() {
+                        return;
+                    }
                 }
             }
             let close = if frames_lost.load(std::sync::atomic::Ordering::Relaxed) {
@@ -367,6 +491,7 @@ impl RelayState {
             answers,
             pump,
             inflight,
+            given,
         });
         let params = to_raw(params)?;
         let result = self.forward(Connect::NAME, Some(&params)).await;
@@ -461,12 +586,7 @@ impl RelayState {
         if method == <crate::protocol::methods::agents::AgentsRegister as crate::protocol::methods::Method>::NAME {
             self.agent = true;
         }
-        let span = relay.spans().map(|s| {
-            s.begin(
-                method,
-                crate::router::dispatch::trace_of_params(params).as_ref(),
-            )
-        });
+        let span = self.begin_span(relay, method, params);
         let result = if carries_token(method) {
             let (object, next) = with_token_digests(method, params_object(params))?;
             let params = to_raw(object)?;
@@ -537,6 +657,24 @@ impl RelayState {
             .map(drop)
     }
 
+    /// The span of a call of `method` relayed now, when traces are exported: under the call's
+    /// trace context, or, for a reply with none, the context its request was given.
+    fn begin_span(
+        &self,
+        relay: &Arc<dyn Relay>,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Option<RelaySpan> {
+        let spans = relay.spans()?;
+        let parent = crate::router::dispatch::trace_of_params(params).or_else(|| {
+            self.link
+                .as_ref()
+                .and_then(|l| l.given.as_ref())
+                .and_then(|g| g.answered(params))
+        });
+        Some(spans.begin(method, parent.as_ref()))
+    }
+
     /// Sends `method` (request `id`) to the writer without waiting for its answer: the
     /// returned receiver gets the response frame, with `id`, once the writer answers. The
     /// writer runs the calls of a relay session in order, so a pipelined call is still
@@ -556,18 +694,13 @@ impl RelayState {
     ) -> Result<oneshot::Receiver<String>, ErrorObject> {
         refuse_relay_trace(params)?;
         self.ensure_open(relay, conn, outbox).await?;
+        let span = self.begin_span(relay, method, params);
         let Some(link) = self.link.as_mut() else {
             return Err(unreachable_writer("no relay session"));
         };
         self.next_id += 1;
         let relay_id = self.next_id;
         let (tx, rx) = oneshot::channel();
-        let span = relay.spans().map(|s| {
-            s.begin(
-                method,
-                crate::router::dispatch::trace_of_params(params).as_ref(),
-            )
-        });
         let with_span = traced(params, span.as_ref());
         let params = with_span.as_deref().or(params);
         {
@@ -863,6 +996,7 @@ mod tests {
                 answers: mpsc::channel(1).1,
                 pump: tokio::spawn(async {}),
                 inflight: Arc::default(),
+                given: None,
             }),
             ..RelayState::default()
         };
@@ -1002,6 +1136,39 @@ mod tests {
         let err = refuse_relay_trace(Some(&raw(r#"{"relayTraceparent":"x"}"#))).unwrap_err();
         assert!(err.message.contains("Invalid") || format!("{err:?}").contains("relayTraceparent"));
         refuse_relay_trace(Some(&raw(r#"{"meta":{"relayTraceparent":"x"}}"#))).unwrap();
+    }
+
+    #[test]
+    fn an_untraced_reply_goes_under_the_context_its_request_was_given() {
+        let given = Given::default();
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        given.saw(&format!(
+            r#"{{"jsonrpc":"2.0","method":"map/message","params":{{"message":{{"id":"m1","from":"a","to":"b","timestamp":1,"payload":{{}},"meta":{{"correlationId":"q1"}}}},"_meta":{{"traceparent":"{tp}"}}}}}}"#
+        ));
+        let reply = |meta: &str| raw(&format!(r#"{{"to":{{"agent":"a"}},"meta":{meta}}}"#));
+        let parent = |meta: &str| given.answered(Some(&reply(meta))).map(|t| t.traceparent);
+        assert_eq!(
+            parent(r#"{"isResult":true,"correlationId":"q1"}"#).as_deref(),
+            Some(tp)
+        );
+        assert_eq!(
+            parent(r#"{"isResult":true,"correlationId":"m1"}"#).as_deref(),
+            Some(tp)
+        );
+        assert_eq!(parent(r#"{"correlationId":"q1"}"#), None, "not a reply");
+        assert_eq!(parent(r#"{"isResult":true,"correlationId":"q2"}"#), None);
+        // Other frames are not remembered, and the table is bounded.
+        given.saw(
+            r#"{"jsonrpc":"2.0","method":"map/event","params":{"_meta":{"traceparent":"x"}}}"#,
+        );
+        for i in 0..GIVEN_MAX {
+            given.saw(&format!(
+                r#"{{"method":"map/message","params":{{"message":{{"id":"n{i}"}},"_meta":{{"traceparent":"{tp}"}}}}}}"#
+            ));
+        }
+        let table = crate::sync::lock(&given.0);
+        assert_eq!((table.0.len(), table.1.len()), (GIVEN_MAX, GIVEN_MAX));
+        assert!(!table.0.contains_key("q1"), "the oldest are forgotten");
     }
 
     #[test]
