@@ -655,36 +655,9 @@ pub(crate) fn declared(params: Option<&RawValue>) -> Declared {
     }
 }
 
-/// The trace context a request carries: its message's (`params.meta`, for `map/send`), else its
-/// own (`params._meta`). Parses only params that mention `traceparent`.
+/// The trace context a request carries (`router::traces::call_context`).
 pub(crate) fn trace_of_params(params: Option<&RawValue>) -> Option<TraceContext> {
-    #[derive(serde::Deserialize)]
-    struct Trace {
-        #[serde(default)]
-        traceparent: Option<serde_json::Value>,
-        #[serde(default)]
-        tracestate: Option<serde_json::Value>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Params {
-        #[serde(default)]
-        meta: Option<Trace>,
-        #[serde(default, rename = "_meta")]
-        own: Option<Trace>,
-    }
-    let raw = params?.get();
-    if !raw.contains("traceparent") {
-        return None;
-    }
-    let p: Params = serde_json::from_str(raw).ok()?;
-    let of = |t: Option<Trace>| {
-        let t = t?;
-        TraceContext::new(
-            t.traceparent.as_ref()?.as_str()?,
-            t.tracestate.as_ref().and_then(|s| s.as_str()),
-        )
-    };
-    of(p.meta).or_else(|| of(p.own))
+    crate::router::traces::call_context(params)
 }
 
 /// Decodes params; absent params decode from `{}`.

@@ -666,7 +666,7 @@ impl RelayState {
         params: Option<&RawValue>,
     ) -> Option<RelaySpan> {
         let spans = relay.spans()?;
-        let parent = crate::router::dispatch::trace_of_params(params).or_else(|| {
+        let parent = crate::router::traces::call_context(params).or_else(|| {
             self.link
                 .as_ref()
                 .and_then(|l| l.given.as_ref())

@@ -62,6 +62,38 @@ impl Tap {
     }
 }
 
+/// The trace context a request carries: its message's (`params.meta`, for `map/send`), else its
+/// own (`params._meta`). Parses only params that mention `traceparent`.
+pub fn call_context(params: Option<&serde_json::value::RawValue>) -> Option<TraceContext> {
+    #[derive(serde::Deserialize)]
+    struct Trace {
+        #[serde(default)]
+        traceparent: Option<serde_json::Value>,
+        #[serde(default)]
+        tracestate: Option<serde_json::Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params {
+        #[serde(default)]
+        meta: Option<Trace>,
+        #[serde(default, rename = "_meta")]
+        own: Option<Trace>,
+    }
+    let raw = params?.get();
+    if !raw.contains("traceparent") {
+        return None;
+    }
+    let p: Params = serde_json::from_str(raw).ok()?;
+    let of = |t: Option<Trace>| {
+        let t = t?;
+        TraceContext::new(
+            t.traceparent.as_ref()?.as_str()?,
+            t.tracestate.as_ref().and_then(|s| s.as_str()),
+        )
+    };
+    of(p.meta).or_else(|| of(p.own))
+}
+
 /// The spans a standby makes for the calls it relays to the node that writes the log: one
 /// `relay {method}` span (CLIENT, `map.node` this node, `rpc.method` the MAP method) per
 /// call, under the call's trace context, or the root of a new trace when it has none. Only
@@ -160,8 +192,11 @@ impl RelaySpan {
     }
 }
 
-/// A valid context's trace id, span id, sampled flag and `tracestate`.
-fn parts(t: &TraceContext) -> Option<([u8; 16], [u8; 8], bool, Option<Arc<str>>)> {
+/// A context's parts: trace id, span id, sampled flag and `tracestate`.
+type Parts = ([u8; 16], [u8; 8], bool, Option<Arc<str>>);
+
+/// A valid context's [`Parts`].
+fn parts(t: &TraceContext) -> Option<Parts> {
     let p = t.traceparent.as_bytes();
     let bytes = |from: usize, n: usize| -> Option<Vec<u8>> {
         (0..n)
