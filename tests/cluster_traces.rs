@@ -130,6 +130,10 @@ async fn agent(url: &str, id: &str) -> WsClient {
     let (mut c, _) = connect_with_key(url, AGENTS, "agent", json!({})).await;
     let agent = c.register_agent(json!({"agentId": id, "name": id})).await;
     assert_eq!(agent["id"], json!(id));
+    assert!(
+        !agent.to_string().contains("relayTraceparent"),
+        "the relay's parameter is nobody's data: {agent}"
+    );
     c
 }
 
@@ -277,6 +281,25 @@ async fn a_call_relayed_by_a_standby_is_a_child_of_the_standbys_span() {
         )
         .await;
     let reply_given = given(&on_live.notification("map/message").await);
+    // 2c. Again, the reply copying its request's context (as the writer nests it, so here).
+    on_live
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "standby-a"}, "payload": {"q": 2},
+                   "meta": {"traceparent": parent(CALLER_TRACE, CALLER_SPAN),
+                            "expectsResponse": true, "correlationId": "q2"}}),
+        )
+        .await;
+    let request2_given = given(&on_standby.notification("map/message").await);
+    on_standby
+        .ok(
+            "map/send",
+            json!({"to": {"agent": "live-a"}, "payload": {"a": 2},
+                   "meta": {"isResult": true, "correlationId": "q2",
+                            "traceparent": parent(CALLER_TRACE, CALLER_SPAN)}}),
+        )
+        .await;
+    let reply2_given = given(&on_live.notification("map/message").await);
     // 3. Untraced: the standby starts the trace, the live node's spans join it.
     alice
         .ok(
@@ -339,8 +362,8 @@ async fn a_call_relayed_by_a_standby_is_a_child_of_the_standbys_span() {
                     .filter(|s| s.trace_id == trace && s.name.starts_with(name))
                     .count()
             };
-            n(CALLER_TRACE, "relay map/send") >= 3
-                && n(CALLER_TRACE, "invoke_agent") >= 4
+            n(CALLER_TRACE, "relay map/send") >= 4
+                && n(CALLER_TRACE, "invoke_agent") >= 6
                 && n(&untraced_trace, "relay map/send") >= 1
                 && n(&untraced_trace, "invoke_agent") >= 1
                 && n(&bob_untraced, "invoke_agent") >= 1
@@ -368,9 +391,15 @@ async fn a_call_relayed_by_a_standby_is_a_child_of_the_standbys_span() {
     assert_eq!(node_of(request), "n0");
     let (_, hop) = relayed_hop(&spans, CALLER_TRACE, &request.span_id, "live-a");
     assert_eq!(reply_given, parent(CALLER_TRACE, &hop.span_id));
+    let request2 = caller
+        .iter()
+        .find(|s| request2_given == parent(CALLER_TRACE, &s.span_id))
+        .unwrap_or_else(|| panic!("the second request's hop: {caller:#?}"));
+    let (_, hop) = relayed_hop(&spans, CALLER_TRACE, &request2.span_id, "live-a");
+    assert_eq!(reply2_given, parent(CALLER_TRACE, &hop.span_id));
     assert_eq!(
         caller.len(),
-        7,
+        10,
         "the caller's trace holds its hops and the reply only: {caller:#?}"
     );
     assert_one_tree(&caller, &[CALLER_SPAN, CALLER_SPAN_2]);
@@ -399,4 +428,5 @@ async fn a_call_relayed_by_a_standby_is_a_child_of_the_standbys_span() {
         "a forged relay context was used"
     );
     on_live.assert_no_message().await;
+    on_standby.assert_no_message().await;
 }

@@ -154,16 +154,18 @@ struct Open {
 }
 
 /// Requests delivered to the connection recently, when traces are exported: each one's
-/// correlation id (its `meta.correlationId`, and its message id) and the `traceparent` the
-/// writer gave with it (`params._meta`), so that a reply with no trace context of its own is
-/// relayed under the span its request was given (as the writer nests such a reply under its
-/// request), not in a trace of its own. Bounded: the oldest are forgotten first.
+/// correlation id (its `meta.correlationId`, and its message id), the `traceparent` the
+/// writer gave with it (`params._meta`) and the one it carried (`meta.traceparent`), so that
+/// a reply with no trace context of its own, or with exactly its request's, is relayed under
+/// the span its request was given (as the writer nests such a reply under its request), not
+/// in a trace of its own. Bounded: the oldest are forgotten first.
 #[derive(Debug, Default)]
 struct Given(std::sync::Mutex<GivenTable>);
 
-/// [`Given`]'s table: context by correlation id, and the ids oldest first.
+/// [`Given`]'s table: the contexts given and carried by correlation id, and the ids oldest
+/// first.
 type GivenTable = (
-    HashMap<String, Arc<str>>,
+    HashMap<String, (Arc<str>, Option<Arc<str>>)>,
     std::collections::VecDeque<String>,
 );
 
@@ -199,6 +201,8 @@ impl Given {
         struct Meta<'a> {
             #[serde(borrow, default)]
             correlation_id: Option<std::borrow::Cow<'a, str>>,
+            #[serde(borrow, default)]
+            traceparent: Option<std::borrow::Cow<'a, str>>,
         }
         #[derive(serde::Deserialize)]
         struct Trace<'a> {
@@ -217,18 +221,19 @@ impl Given {
             return;
         }
         let traceparent: Arc<str> = Arc::from(&*f.params.given.traceparent);
-        let keys = std::iter::once(f.params.message.id.into_owned()).chain(
-            f.params
-                .message
-                .meta
-                .and_then(|m| m.correlation_id)
-                .map(std::borrow::Cow::into_owned),
-        );
+        let (correlation, carried) = f
+            .params
+            .message
+            .meta
+            .map_or((None, None), |m| (m.correlation_id, m.traceparent));
+        let carried: Option<Arc<str>> = carried.map(|c| Arc::from(&*c));
+        let keys = std::iter::once(f.params.message.id.into_owned())
+            .chain(correlation.map(std::borrow::Cow::into_owned));
         let mut guard = crate::sync::lock(&self.0);
         let (by_key, order) = &mut *guard;
         for key in keys {
             if by_key
-                .insert(key.clone(), Arc::clone(&traceparent))
+                .insert(key.clone(), (Arc::clone(&traceparent), carried.clone()))
                 .is_none()
             {
                 order.push_back(key);
@@ -242,8 +247,12 @@ impl Given {
     }
 
     /// The context the request a reply answers (`meta.isResult` with `meta.correlationId`)
-    /// was given, for a reply that carries none of its own.
-    fn answered(&self, params: Option<&RawValue>) -> Option<crate::protocol::trace::TraceContext> {
+    /// was given, for a reply whose own context (`own`) is none, or its request's.
+    fn answered(
+        &self,
+        params: Option<&RawValue>,
+        own: Option<&crate::protocol::trace::TraceContext>,
+    ) -> Option<crate::protocol::trace::TraceContext> {
         #[derive(serde::Deserialize)]
         struct Params {
             #[serde(default)]
@@ -263,7 +272,10 @@ impl Given {
         }
         let meta = serde_json::from_str::<Params>(raw).ok()?.meta?;
         let key = meta.correlation_id.filter(|_| meta.is_result)?;
-        let given = crate::sync::lock(&self.0).0.get(&key).cloned()?;
+        let (given, carried) = crate::sync::lock(&self.0).0.get(&key).cloned()?;
+        if own.is_some_and(|own| Some(&own.traceparent) != carried.as_ref()) {
+            return None;
+        }
         crate::protocol::trace::TraceContext::new(&given, None)
     }
 }
@@ -658,7 +670,8 @@ impl RelayState {
     }
 
     /// The span of a call of `method` relayed now, when traces are exported: under the call's
-    /// trace context, or, for a reply with none, the context its request was given.
+    /// trace context, or, for a reply with none (or its request's), the context its request
+    /// was given.
     fn begin_span(
         &self,
         relay: &Arc<dyn Relay>,
@@ -666,13 +679,13 @@ impl RelayState {
         params: Option<&RawValue>,
     ) -> Option<RelaySpan> {
         let spans = relay.spans()?;
-        let parent = crate::router::traces::call_context(params).or_else(|| {
-            self.link
-                .as_ref()
-                .and_then(|l| l.given.as_ref())
-                .and_then(|g| g.answered(params))
-        });
-        Some(spans.begin(method, parent.as_ref()))
+        let own = crate::router::traces::call_context(params);
+        let answered = self
+            .link
+            .as_ref()
+            .and_then(|l| l.given.as_ref())
+            .and_then(|g| g.answered(params, own.as_ref()));
+        Some(spans.begin(method, answered.or(own).as_ref()))
     }
 
     /// Sends `method` (request `id`) to the writer without waiting for its answer: the
@@ -1142,11 +1155,19 @@ mod tests {
     fn an_untraced_reply_goes_under_the_context_its_request_was_given() {
         let given = Given::default();
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let other = "00-4bf92f3577b34da6a3ce929d0e0e4736-2222222222222222-01";
         given.saw(&format!(
-            r#"{{"jsonrpc":"2.0","method":"map/message","params":{{"message":{{"id":"m1","from":"a","to":"b","timestamp":1,"payload":{{}},"meta":{{"correlationId":"q1"}}}},"_meta":{{"traceparent":"{tp}"}}}}}}"#
+            r#"{{"jsonrpc":"2.0","method":"map/message","params":{{"message":{{"id":"m1","from":"a","to":"b","timestamp":1,"payload":{{}},"meta":{{"correlationId":"q1","traceparent":"{caller}"}}}},"_meta":{{"traceparent":"{tp}"}}}}}}"#
         ));
         let reply = |meta: &str| raw(&format!(r#"{{"to":{{"agent":"a"}},"meta":{meta}}}"#));
-        let parent = |meta: &str| given.answered(Some(&reply(meta))).map(|t| t.traceparent);
+        let parent = |meta: &str| {
+            let params = reply(meta);
+            let own = crate::router::traces::call_context(Some(&params));
+            given
+                .answered(Some(&params), own.as_ref())
+                .map(|t| t.traceparent)
+        };
         assert_eq!(
             parent(r#"{"isResult":true,"correlationId":"q1"}"#).as_deref(),
             Some(tp)
@@ -1156,6 +1177,12 @@ mod tests {
             Some(tp)
         );
         assert_eq!(parent(r#"{"correlationId":"q1"}"#), None, "not a reply");
+        // A reply that copied its request's context is one too; one with another is not.
+        let copied =
+            format!(r#"{{"isResult":true,"correlationId":"q1","traceparent":"{caller}"}}"#);
+        assert_eq!(parent(&copied).as_deref(), Some(tp));
+        let own = format!(r#"{{"isResult":true,"correlationId":"q1","traceparent":"{other}"}}"#);
+        assert_eq!(parent(&own), None);
         assert_eq!(parent(r#"{"isResult":true,"correlationId":"q2"}"#), None);
         // Other frames are not remembered, and the table is bounded.
         given.saw(
