@@ -137,6 +137,9 @@ pub struct Router {
     /// The trace context of the current call (`params._meta.traceparent`): stamped on its
     /// events that have none of their own.
     pub(super) call_trace: Option<crate::protocol::trace::TraceContext>,
+    /// Whether `call_trace` is a cluster node's relay span (`relayTraceparent`): then it wins
+    /// over a message's own `meta.traceparent` for the events' `_meta`.
+    pub(super) call_relayed: bool,
     /// Causes the current call declared (`params._meta.causedBy`); given to its events that
     /// have no cause of their own.
     pub(super) call_causes: Vec<EventId>,
@@ -275,6 +278,7 @@ impl Router {
             call_causes: Vec::new(),
             traces: None,
             call_trace: None,
+            call_relayed: false,
             counters: Default::default(),
         }
     }

@@ -616,20 +616,31 @@ pub(crate) fn declared(params: Option<&RawValue>) -> Declared {
     struct WithMeta {
         #[serde(default, rename = "_meta")]
         meta: Option<Meta>,
+        #[serde(default, rename = "relayTraceparent")]
+        relay: Option<serde_json::Value>,
     }
     let Some(raw) = params else {
         return Declared::default();
     };
-    if !raw.get().contains("_meta") {
+    let text = raw.get();
+    if !text.contains("_meta") && !text.contains("relayTraceparent") {
         return Declared::default();
     }
-    let Some(m) = serde_json::from_str::<WithMeta>(raw.get())
-        .ok()
-        .and_then(|w| w.meta)
-    else {
+    let Ok(with) = serde_json::from_str::<WithMeta>(text) else {
         return Declared::default();
     };
+    // Any value counts as sent: a client's is refused whatever it holds.
+    let relay = with
+        .relay
+        .map(|v| v.as_str().map_or_else(String::new, str::to_owned));
+    let Some(m) = with.meta else {
+        return Declared {
+            relay,
+            ..Declared::default()
+        };
+    };
     Declared {
+        relay,
         causes: m
             .caused_by
             .iter()
@@ -644,36 +655,9 @@ pub(crate) fn declared(params: Option<&RawValue>) -> Declared {
     }
 }
 
-/// The trace context a request carries: its message's (`params.meta`, for `map/send`), else its
-/// own (`params._meta`). Parses only params that mention `traceparent`.
+/// The trace context a request carries (`router::traces::call_context`).
 pub(crate) fn trace_of_params(params: Option<&RawValue>) -> Option<TraceContext> {
-    #[derive(serde::Deserialize)]
-    struct Trace {
-        #[serde(default)]
-        traceparent: Option<serde_json::Value>,
-        #[serde(default)]
-        tracestate: Option<serde_json::Value>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Params {
-        #[serde(default)]
-        meta: Option<Trace>,
-        #[serde(default, rename = "_meta")]
-        own: Option<Trace>,
-    }
-    let raw = params?.get();
-    if !raw.contains("traceparent") {
-        return None;
-    }
-    let p: Params = serde_json::from_str(raw).ok()?;
-    let of = |t: Option<Trace>| {
-        let t = t?;
-        TraceContext::new(
-            t.traceparent.as_ref()?.as_str()?,
-            t.tracestate.as_ref().and_then(|s| s.as_str()),
-        )
-    };
-    of(p.meta).or_else(|| of(p.own))
+    crate::router::traces::call_context(params)
 }
 
 /// Decodes params; absent params decode from `{}`.
@@ -691,6 +675,25 @@ pub(crate) fn decode_params<P: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_relay_traceparent_is_declared_whatever_it_holds() {
+        let raw = |s: &str| RawValue::from_string(s.to_owned()).unwrap();
+        let p = raw(
+            r#"{"to":{"agent":"a"},"relayTraceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
+        );
+        assert_eq!(
+            declared(Some(&p)).relay.as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        let p = raw(
+            r#"{"relayTraceparent":7,"_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}"#,
+        );
+        let d = declared(Some(&p));
+        assert_eq!(d.relay.as_deref(), Some(""));
+        assert!(d.trace.is_some());
+        assert!(declared(Some(&raw(r#"{"to":"a"}"#))).relay.is_none());
+    }
     use super::*;
     use crate::protocol::methods::{for_each_method, MethodVisitor};
 

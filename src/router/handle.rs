@@ -30,6 +30,10 @@ pub struct Declared {
     pub causes: Vec<EventId>,
     /// Stamped on the call's events (`event._meta`).
     pub trace: Option<crate::protocol::trace::TraceContext>,
+    /// The relay-only `relayTraceparent` as sent (a cluster node's span for the call it
+    /// relays, `router::relay`): refused unless the call comes from a relay session; there, it
+    /// is the call's trace context and wins over its message's own.
+    pub relay: Option<String>,
 }
 
 /// A cheap, cloneable handle to the router task.
@@ -181,14 +185,24 @@ impl RouterHandle {
             let ctx = Ctx { conn };
             let before = router.bus.log.next_seq();
             let newest = router.bus.log.newest_id();
-            let Declared { causes, trace } = declared;
-            router.call_trace = trace;
+            let Declared {
+                causes,
+                trace,
+                relay,
+            } = declared;
+            let relayed = router.relay_trace(conn, relay.as_deref());
+            router.call_relayed = matches!(relayed, Ok(Some(_)));
+            router.call_trace = match &relayed {
+                Ok(Some(t)) => Some(t.clone()),
+                _ => trace,
+            };
             router.call_causes = causes
                 .into_iter()
                 .filter(|c| newest.is_some_and(|n| *c <= n))
                 .collect();
-            let result = router
-                .check_backlog()
+            let result = relayed
+                .map(drop)
+                .and_then(|()| router.check_backlog())
                 .and_then(|()| router.check_call(&ctx, capability, needs_session))
                 .and_then(|()| {
                     router.touch_session(&ctx);
@@ -196,6 +210,7 @@ impl RouterHandle {
                 });
             router.call_causes.clear();
             router.call_trace = None;
+            router.call_relayed = false;
             // The answer waits for the commit of the records it changed too.
             router.save_changed();
             let after = router.bus.log.next_seq();

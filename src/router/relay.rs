@@ -19,6 +19,15 @@
 //!   this node fills in with the one it drew (or the connection's current one). The writer
 //!   takes both parameters from a relay session only (`sessions::ops`); from a client they
 //!   are refused, here and there.
+//! - When traces are exported ([`Relay::spans`]), every call forwarded by [`RelayState::call`]
+//!   or [`RelayState::send_pipelined`] gets a span of this node's, `relay {method}`, under the
+//!   call's trace context (a message's `meta.traceparent`, else `params._meta.traceparent`) or
+//!   as the root of a new trace, ended when the writer answers. The call goes with its context
+//!   as the relay-only `relayTraceparent` parameter (spliced in front; the rest of the params
+//!   are the client's bytes), which the writer takes from a relay session only and makes the
+//!   call's trace context, winning over the message's own: what the call causes there is a
+//!   child of this node's span. A client's own `relayTraceparent` is refused (-32602), here
+//!   and there.
 //!   (A connect this node cannot prove at once, `map/authenticate` after `authRequired`,
 //!   opens its session here and the relay session at the first call it cannot serve.)
 //! - Subscriptions and replay are served here (that is where a standby saves the writer's
@@ -55,6 +64,7 @@ use crate::protocol::methods::session::Principal;
 use crate::router::ids::ConnId;
 use crate::router::outbox::Outbound;
 use crate::router::outbox::Outbox;
+use crate::router::traces::{RelaySpan, RelaySpans};
 
 /// Longest wait for the writer's answer to one forwarded call.
 pub const RELAY_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,6 +100,11 @@ pub trait Relay: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// A reason, when no link can be opened now.
     fn open(&self, conn: ConnId, principal: Option<Principal>) -> Result<RelayLink, String>;
+
+    /// Where this node's spans of relayed calls go, when traces are exported.
+    fn spans(&self) -> Option<RelaySpans> {
+        None
+    }
 }
 
 /// Where a follower's call goes.
@@ -134,15 +149,148 @@ struct Open {
     pump: tokio::task::JoinHandle<()>,
     /// Pipelined calls waiting for their answers ([`RelayState::send_pipelined`]).
     inflight: Arc<Inflight>,
+    /// The contexts the connection's messages came with, when traces are exported.
+    given: Option<Arc<Given>>,
 }
+
+/// Requests delivered to the connection recently, when traces are exported: each one's
+/// correlation id (its `meta.correlationId`, and its message id), the `traceparent` the
+/// writer gave with it (`params._meta`) and the one it carried (`meta.traceparent`), so that
+/// a reply with no trace context of its own, or with exactly its request's, is relayed under
+/// the span its request was given (as the writer nests such a reply under its request), not
+/// in a trace of its own. Bounded: the oldest are forgotten first.
+#[derive(Debug, Default)]
+struct Given(std::sync::Mutex<GivenTable>);
+
+/// [`Given`]'s table: the contexts given and carried by correlation id, and the ids oldest
+/// first.
+type GivenTable = (
+    HashMap<String, (Arc<str>, Option<Arc<str>>)>,
+    std::collections::VecDeque<String>,
+);
+
+/// Correlation ids [`Given`] remembers per connection.
+const GIVEN_MAX: usize = 512;
+
+impl Given {
+    /// Remembers the context of a `map/message` frame from the writer (other frames: nothing).
+    fn saw(&self, frame: &str) {
+        #[derive(serde::Deserialize)]
+        struct Frame<'a> {
+            #[serde(borrow)]
+            method: std::borrow::Cow<'a, str>,
+            #[serde(borrow)]
+            params: Params<'a>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Params<'a> {
+            #[serde(borrow)]
+            message: Msg<'a>,
+            #[serde(rename = "_meta", borrow)]
+            given: Trace<'a>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Msg<'a> {
+            #[serde(borrow)]
+            id: std::borrow::Cow<'a, str>,
+            #[serde(borrow, default)]
+            meta: Option<Meta<'a>>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta<'a> {
+            #[serde(borrow, default)]
+            correlation_id: Option<std::borrow::Cow<'a, str>>,
+            #[serde(borrow, default)]
+            traceparent: Option<std::borrow::Cow<'a, str>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Trace<'a> {
+            #[serde(borrow)]
+            traceparent: std::borrow::Cow<'a, str>,
+        }
+        if !frame.contains("\"_meta\"") {
+            return;
+        }
+        let Ok(f) = serde_json::from_str::<Frame<'_>>(frame) else {
+            return;
+        };
+        if f.method != crate::protocol::methods::notifications::MESSAGE
+            || !crate::protocol::trace::valid_traceparent(&f.params.given.traceparent)
+        {
+            return;
+        }
+        let traceparent: Arc<str> = Arc::from(&*f.params.given.traceparent);
+        let (correlation, carried) = f
+            .params
+            .message
+            .meta
+            .map_or((None, None), |m| (m.correlation_id, m.traceparent));
+        let carried: Option<Arc<str>> = carried.map(|c| Arc::from(&*c));
+        let keys = std::iter::once(f.params.message.id.into_owned())
+            .chain(correlation.map(std::borrow::Cow::into_owned));
+        let mut guard = crate::sync::lock(&self.0);
+        let (by_key, order) = &mut *guard;
+        for key in keys {
+            if by_key
+                .insert(key.clone(), (Arc::clone(&traceparent), carried.clone()))
+                .is_none()
+            {
+                order.push_back(key);
+            }
+            while order.len() > GIVEN_MAX {
+                if let Some(old) = order.pop_front() {
+                    by_key.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The context the request a reply answers (`meta.isResult` with `meta.correlationId`)
+    /// was given, for a reply whose own context (`own`) is none, or its request's.
+    fn answered(
+        &self,
+        params: Option<&RawValue>,
+        own: Option<&crate::protocol::trace::TraceContext>,
+    ) -> Option<crate::protocol::trace::TraceContext> {
+        #[derive(serde::Deserialize)]
+        struct Params {
+            #[serde(default)]
+            meta: Option<Meta>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta {
+            #[serde(default)]
+            is_result: bool,
+            #[serde(default)]
+            correlation_id: Option<String>,
+        }
+        let raw = params?.get();
+        if !raw.contains("correlationId") {
+            return None;
+        }
+        let meta = serde_json::from_str::<Params>(raw).ok()?.meta?;
+        let key = meta.correlation_id.filter(|_| meta.is_result)?;
+        let (given, carried) = crate::sync::lock(&self.0).0.get(&key).cloned()?;
+        if own.is_some_and(|own| Some(&own.traceparent) != carried.as_ref()) {
+            return None;
+        }
+        crate::protocol::trace::TraceContext::new(&given, None)
+    }
+}
+
+/// A pipelined call waiting for its answer: the caller's id, where its response frame goes,
+/// and its span, if traces are exported.
+type Waiting = (Id, oneshot::Sender<String>, Option<RelaySpan>);
 
 /// Pipelined calls of one relay session: the relay's id of each, the caller's id, and where
 /// its response frame goes. Shared by the session and the task that reads the writer's frames.
 #[derive(Debug, Default)]
-struct Inflight(std::sync::Mutex<HashMap<u64, (Id, oneshot::Sender<String>)>>);
+struct Inflight(std::sync::Mutex<HashMap<u64, Waiting>>);
 
 impl Inflight {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Id, oneshot::Sender<String>)>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
         // Inserts and removes only: a panic cannot leave the table inconsistent.
         crate::sync::lock(&self.0)
     }
@@ -156,20 +304,27 @@ impl Inflight {
         let Some(relay_id) = answer.id else {
             return Some(frame);
         };
-        let Some((id, tx)) = self.table().remove(&relay_id) else {
+        let Some((id, tx, span)) = self.table().remove(&relay_id) else {
             return Some(frame);
         };
         let mut out = String::new();
-        match (answer.result, answer.error) {
+        let failed = match (answer.result, answer.error) {
             (Some(result), _) => {
-                crate::protocol::jsonrpc::write_success(&mut out, &id, result.get())
+                crate::protocol::jsonrpc::write_success(&mut out, &id, result.get());
+                None
             }
-            (None, Some(error)) => crate::protocol::jsonrpc::write_error(&mut out, &id, &error),
-            (None, None) => crate::protocol::jsonrpc::write_error(
-                &mut out,
-                &id,
-                &unreachable_writer("an answer without result or error"),
-            ),
+            (None, Some(error)) => {
+                crate::protocol::jsonrpc::write_error(&mut out, &id, &error);
+                Some(error.message)
+            }
+            (None, None) => {
+                let error = unreachable_writer("an answer without result or error");
+                crate::protocol::jsonrpc::write_error(&mut out, &id, &error);
+                Some(error.message)
+            }
+        };
+        if let Some(span) = span {
+            span.end(failed);
         }
         let _ = tx.send(out);
         None
@@ -306,6 +461,8 @@ impl RelayState {
         let outbox = outbox.clone();
         let inflight = Arc::new(Inflight::default());
         let pending = Arc::clone(&inflight);
+        let given = relay.spans().map(|_| Arc::new(Given::default()));
+        let saw = given.clone();
         let pump = tokio::spawn(async move {
             while let Some(frame) = rx.recv().await {
                 if is_answer(&frame) {
@@ -317,8 +474,13 @@ impl RelayState {
                     if answers_tx.send(frame).await.is_err() {
                         return;
                     }
-                } else if outbox.push(Outbound::Frame(frame)).await.is_err() {
-                    return;
+                } else {
+                    if let Some(saw) = &saw {
+                        saw.saw(&frame);
+                    }
+                    if outbox.push(Outbound::Frame(frame)).await.is_err() {
+                        return;
+                    }
                 }
             }
             let close = if frames_lost.load(std::sync::atomic::Ordering::Relaxed) {
@@ -341,6 +503,7 @@ impl RelayState {
             answers,
             pump,
             inflight,
+            given,
         });
         let params = to_raw(params)?;
         let result = self.forward(Connect::NAME, Some(&params)).await;
@@ -430,18 +593,27 @@ impl RelayState {
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<String, ErrorObject> {
+        refuse_relay_trace(params)?;
         self.ensure_open(relay, conn, outbox).await?;
         if method == <crate::protocol::methods::agents::AgentsRegister as crate::protocol::methods::Method>::NAME {
             self.agent = true;
         }
+        let span = self.begin_span(relay, method, params);
         let result = if carries_token(method) {
             let (object, next) = with_token_digests(method, params_object(params))?;
             let params = to_raw(object)?;
-            let result = self.forward(method, Some(&params)).await;
+            let with_span = traced(Some(&params), span.as_ref());
+            let result = self
+                .forward(method, Some(with_span.as_deref().unwrap_or(&params)))
+                .await;
             result.map(|answer| self.fill_token(method, answer, next))
         } else {
-            self.forward(method, params).await
+            let with_span = traced(params, span.as_ref());
+            self.forward(method, with_span.as_deref().or(params)).await
         };
+        if let Some(span) = span {
+            span.end(result.as_ref().err().map(|e| e.message.clone()));
+        }
         if let Ok(answer) = &result {
             self.agent |= speaks_as_agent(method, answer);
         }
@@ -497,6 +669,25 @@ impl RelayState {
             .map(drop)
     }
 
+    /// The span of a call of `method` relayed now, when traces are exported: under the call's
+    /// trace context, or, for a reply with none (or its request's), the context its request
+    /// was given.
+    fn begin_span(
+        &self,
+        relay: &Arc<dyn Relay>,
+        method: &str,
+        params: Option<&RawValue>,
+    ) -> Option<RelaySpan> {
+        let spans = relay.spans()?;
+        let own = crate::router::traces::call_context(params);
+        let answered = self
+            .link
+            .as_ref()
+            .and_then(|l| l.given.as_ref())
+            .and_then(|g| g.answered(params, own.as_ref()));
+        Some(spans.begin(method, answered.or(own).as_ref()))
+    }
+
     /// Sends `method` (request `id`) to the writer without waiting for its answer: the
     /// returned receiver gets the response frame, with `id`, once the writer answers. The
     /// writer runs the calls of a relay session in order, so a pipelined call is still
@@ -514,20 +705,25 @@ impl RelayState {
         method: &str,
         params: Option<&RawValue>,
     ) -> Result<oneshot::Receiver<String>, ErrorObject> {
+        refuse_relay_trace(params)?;
         self.ensure_open(relay, conn, outbox).await?;
+        let span = self.begin_span(relay, method, params);
         let Some(link) = self.link.as_mut() else {
             return Err(unreachable_writer("no relay session"));
         };
         self.next_id += 1;
         let relay_id = self.next_id;
         let (tx, rx) = oneshot::channel();
+        let with_span = traced(params, span.as_ref());
+        let params = with_span.as_deref().or(params);
         {
             let mut table = link.inflight.table();
             if table.len() >= PIPELINED_SWEEP {
-                // Calls the connection gave up on (timed out) are dropped here.
-                table.retain(|_, (_, tx)| !tx.is_closed());
+                // Calls the connection gave up on (timed out) are dropped here (their spans
+                // with them: they never ended).
+                table.retain(|_, (_, tx, _)| !tx.is_closed());
             }
-            table.insert(relay_id, (id.clone(), tx));
+            table.insert(relay_id, (id.clone(), tx, span));
         }
         if link
             .tx
@@ -606,6 +802,50 @@ fn speaks_as_agent(method: &str, answer: &str) -> bool {
 /// digests (the writer accepts them from a relay session only).
 const TOKEN_DIGEST: &str = "resumeTokenDigest";
 const NEXT_TOKEN_DIGEST: &str = "nextResumeTokenDigest";
+
+/// The relay-only parameter by which a standby names its span of a relayed call to the writer
+/// (`router::traces::RelaySpans`; the writer accepts it from a relay session only).
+const RELAY_TRACE: &str = "relayTraceparent";
+
+/// Refuses a client's own [`RELAY_TRACE`] (it would hang its calls under any span).
+///
+/// # Errors
+/// Invalid params when the client sent it.
+fn refuse_relay_trace(params: Option<&RawValue>) -> Result<(), ErrorObject> {
+    let Some(params) = params.filter(|p| p.get().contains(RELAY_TRACE)) else {
+        return Ok(());
+    };
+    if params_object(Some(params)).contains_key(RELAY_TRACE) {
+        return Err(ErrorObject::invalid_params(format!(
+            "`{RELAY_TRACE}` is sent only by a cluster node's relay session, never by a client"
+        )));
+    }
+    Ok(())
+}
+
+/// `params` with [`RELAY_TRACE`] naming `span`, spliced in front of the client's members (the
+/// rest stays the client's bytes: a message's `meta` is untouched); `None` (the params go as
+/// they are) without a span, or for params that are not an object (the writer refuses those).
+fn traced(params: Option<&RawValue>, span: Option<&RelaySpan>) -> Option<Box<RawValue>> {
+    let member = format!(
+        r#""{RELAY_TRACE}":{}"#,
+        serde_json::Value::from(span?.traceparent())
+    );
+    let text = match params.map(|p| p.get().trim_start()) {
+        None => format!("{{{member}}}"),
+        Some(p) if p.starts_with('{') => {
+            let rest = &p[1..];
+            let comma = if rest.trim_start().starts_with('}') {
+                ""
+            } else {
+                ","
+            };
+            format!("{{{member}{comma}{rest}")
+        }
+        Some(_) => return None,
+    };
+    RawValue::from_string(text).ok()
+}
 
 /// Whether the writer's answer to `method` carries the session's resume token (it rotates it,
 /// or repeats it): what the relay forwards with [`with_token_digests`].
@@ -734,7 +974,7 @@ mod tests {
         let inflight = Inflight::default();
         let (tx, mut rx) = oneshot::channel();
         let id = Id::from_raw(&raw(r#""req-7""#)).unwrap();
-        inflight.table().insert(3, (id, tx));
+        inflight.table().insert(3, (id, tx, None));
         // Another call's answer is given back, untouched.
         let other = r#"{"jsonrpc":"2.0","id":2,"result":{}}"#;
         assert_eq!(inflight.answer(other.to_owned()).as_deref(), Some(other));
@@ -750,7 +990,7 @@ mod tests {
         assert!(inflight.table().is_empty());
         // An error answer keeps its code.
         let (tx, mut rx) = oneshot::channel();
-        inflight.table().insert(4, (Id::number(9), tx));
+        inflight.table().insert(4, (Id::number(9), tx, None));
         let err = r#"{"jsonrpc":"2.0","id":4,"error":{"code":1003,"message":"no"}}"#;
         assert_eq!(inflight.answer(err.to_owned()), None);
         let v: serde_json::Value = serde_json::from_str(&rx.try_recv().unwrap()).unwrap();
@@ -769,6 +1009,7 @@ mod tests {
                 answers: mpsc::channel(1).1,
                 pump: tokio::spawn(async {}),
                 inflight: Arc::default(),
+                given: None,
             }),
             ..RelayState::default()
         };
@@ -873,6 +1114,88 @@ mod tests {
             state.fill_token("map/disconnect", clear.to_owned(), "resume_5".into()),
             clear
         );
+    }
+
+    #[test]
+    fn a_relayed_call_names_its_span_in_front_and_keeps_the_clients_bytes() {
+        use crate::router::traces::{Sampler, Span, SpanSink};
+        #[derive(Debug)]
+        struct Nowhere;
+        impl SpanSink for Nowhere {
+            fn offer(&self, _: Span) {}
+        }
+        let spans = RelaySpans::new(Arc::new(Nowhere), Sampler::default(), "n1");
+        let span = spans.begin("map/send", None);
+        let tp = span.traceparent();
+        let client = r#"{ "to":{"agent":"a"},"meta":{"b":2, "a":1}}"#;
+        let with = traced(Some(&raw(client)), Some(&span)).unwrap();
+        assert_eq!(
+            with.get(),
+            format!(
+                r#"{{"relayTraceparent":"{tp}", "to":{{"agent":"a"}},"meta":{{"b":2, "a":1}}}}"#
+            )
+        );
+        assert_eq!(
+            traced(Some(&raw("{ }")), Some(&span)).unwrap().get(),
+            format!(r#"{{"relayTraceparent":"{tp}" }}"#)
+        );
+        assert_eq!(
+            traced(None, Some(&span)).unwrap().get(),
+            format!(r#"{{"relayTraceparent":"{tp}"}}"#)
+        );
+        assert!(traced(Some(&raw("[1]")), Some(&span)).is_none());
+        assert!(traced(Some(&raw(client)), None).is_none());
+        // A client's own is refused; a member of its meta by that name is not.
+        let err = refuse_relay_trace(Some(&raw(r#"{"relayTraceparent":"x"}"#))).unwrap_err();
+        assert!(err.message.contains("Invalid") || format!("{err:?}").contains("relayTraceparent"));
+        refuse_relay_trace(Some(&raw(r#"{"meta":{"relayTraceparent":"x"}}"#))).unwrap();
+    }
+
+    #[test]
+    fn an_untraced_reply_goes_under_the_context_its_request_was_given() {
+        let given = Given::default();
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let other = "00-4bf92f3577b34da6a3ce929d0e0e4736-2222222222222222-01";
+        given.saw(&format!(
+            r#"{{"jsonrpc":"2.0","method":"map/message","params":{{"message":{{"id":"m1","from":"a","to":"b","timestamp":1,"payload":{{}},"meta":{{"correlationId":"q1","traceparent":"{caller}"}}}},"_meta":{{"traceparent":"{tp}"}}}}}}"#
+        ));
+        let reply = |meta: &str| raw(&format!(r#"{{"to":{{"agent":"a"}},"meta":{meta}}}"#));
+        let parent = |meta: &str| {
+            let params = reply(meta);
+            let own = crate::router::traces::call_context(Some(&params));
+            given
+                .answered(Some(&params), own.as_ref())
+                .map(|t| t.traceparent)
+        };
+        assert_eq!(
+            parent(r#"{"isResult":true,"correlationId":"q1"}"#).as_deref(),
+            Some(tp)
+        );
+        assert_eq!(
+            parent(r#"{"isResult":true,"correlationId":"m1"}"#).as_deref(),
+            Some(tp)
+        );
+        assert_eq!(parent(r#"{"correlationId":"q1"}"#), None, "not a reply");
+        // A reply that copied its request's context is one too; one with another is not.
+        let copied =
+            format!(r#"{{"isResult":true,"correlationId":"q1","traceparent":"{caller}"}}"#);
+        assert_eq!(parent(&copied).as_deref(), Some(tp));
+        let own = format!(r#"{{"isResult":true,"correlationId":"q1","traceparent":"{other}"}}"#);
+        assert_eq!(parent(&own), None);
+        assert_eq!(parent(r#"{"isResult":true,"correlationId":"q2"}"#), None);
+        // Other frames are not remembered, and the table is bounded.
+        given.saw(
+            r#"{"jsonrpc":"2.0","method":"map/event","params":{"_meta":{"traceparent":"x"}}}"#,
+        );
+        for i in 0..GIVEN_MAX {
+            given.saw(&format!(
+                r#"{{"method":"map/message","params":{{"message":{{"id":"n{i}"}},"_meta":{{"traceparent":"{tp}"}}}}}}"#
+            ));
+        }
+        let table = crate::sync::lock(&given.0);
+        assert_eq!((table.0.len(), table.1.len()), (GIVEN_MAX, GIVEN_MAX));
+        assert!(!table.0.contains_key("q1"), "the oldest are forgotten");
     }
 
     #[test]

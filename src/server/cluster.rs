@@ -446,6 +446,37 @@ struct Serving {
     drain: std::time::Duration,
 }
 
+/// The spans of the calls a standby relays, when traces are exported (`[telemetry]`,
+/// `OTEL_*`), into an exporter of its own (its resource names `node`); `None` when off, or
+/// with a warning when the settings cannot be used (the live node's start refuses them).
+#[cfg(feature = "cluster")]
+fn relay_spans(
+    config: &Config,
+    metrics: Option<&crate::metrics::Metrics>,
+    node: &str,
+) -> Option<crate::router::traces::RelaySpans> {
+    use crate::server::telemetry::export::Exporter;
+    let counts = metrics.map_or_else(Default::default, crate::metrics::Metrics::telemetry);
+    let started = config
+        .telemetry
+        .resolve(&|k| std::env::var(k).ok())
+        .and_then(|resolved| {
+            let Some(resolved) = resolved else {
+                return Ok(None);
+            };
+            let exporter = Exporter::start(&resolved, Some(node), counts)?;
+            Ok(Some(crate::router::traces::RelaySpans::new(
+                exporter,
+                resolved.model.sampler,
+                node,
+            )))
+        });
+    started.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "standby: relayed calls make no spans");
+        None
+    })
+}
+
 #[cfg(feature = "cluster")]
 impl Serving {
     /// Starts a follower router on what `follower` has followed and the rows after it.
@@ -465,6 +496,11 @@ impl Serving {
         let store: Arc<dyn EventStore> = Arc::clone(follower) as Arc<dyn EventStore>;
         let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
         let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
+        // Traces: this node makes no span of the model (it writes no log), one per call it
+        // relays (`router::relay`), exported as the live node's are.
+        if let Some(spans) = relay_spans(config, metrics.as_deref(), node) {
+            relay.set_spans(spans);
+        }
         let (router, router_task) = Router::start(
             RouterConfig {
                 auth: auth.clone(),

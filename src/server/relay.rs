@@ -132,6 +132,8 @@ pub struct FollowerRelay {
     /// Set once the subscription to the writer's frames is in place.
     ready: tokio::sync::watch::Receiver<bool>,
     demux: tokio::task::JoinHandle<()>,
+    /// Where the spans of relayed calls go, once traces are exported (`set_spans`).
+    spans: std::sync::OnceLock<crate::router::traces::RelaySpans>,
 }
 
 impl FollowerRelay {
@@ -225,7 +227,13 @@ impl FollowerRelay {
             next: std::sync::atomic::AtomicU64::new(1),
             ready,
             demux,
+            spans: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Exports a span of this node's for each call it relays (`router::relay`); once.
+    pub fn set_spans(&self, spans: crate::router::traces::RelaySpans) {
+        let _ = self.spans.set(spans);
     }
 }
 
@@ -287,6 +295,10 @@ impl Relay for FollowerRelay {
             rx,
             frames_lost: lost,
         })
+    }
+
+    fn spans(&self) -> Option<crate::router::traces::RelaySpans> {
+        self.spans.get().cloned()
     }
 }
 

@@ -240,12 +240,17 @@ impl Router {
         let frame = message_frame_of(message_json.get());
         let payload_json = message.payload.clone();
         let view = message.meta_view();
-        // The message's own trace context, else the request's (`params._meta`).
-        let trace = message
-            .meta
-            .as_ref()
-            .and_then(crate::protocol::trace::TraceContext::from_meta)
-            .or_else(|| self.call_trace.clone());
+        // The message's own trace context, else the request's (`params._meta`); a call a
+        // cluster node relayed carries that node's span, which wins (`router::relay`).
+        let trace = if self.call_relayed {
+            self.call_trace.clone()
+        } else {
+            message
+                .meta
+                .as_ref()
+                .and_then(crate::protocol::trace::TraceContext::from_meta)
+                .or_else(|| self.call_trace.clone())
+        };
         let correlation = view.correlation_id.as_deref();
         let priority = view.priority();
         let source_role: Option<Arc<str>> = caller

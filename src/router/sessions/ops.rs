@@ -448,6 +448,31 @@ impl Router {
         Ok(())
     }
 
+    /// The relay-only `relayTraceparent` of a call (`relay`: as sent): refused unless `conn`
+    /// is a cluster node's relay session (a client could otherwise hang its calls under any
+    /// span, or another's trace); there, a valid W3C `traceparent` naming that node's span for
+    /// the call (`router::relay`), which becomes the call's trace context.
+    pub(crate) fn relay_trace(
+        &self,
+        conn: ConnId,
+        relay: Option<&str>,
+    ) -> Result<Option<crate::protocol::trace::TraceContext>, RouterError> {
+        const NAME: &str = "relayTraceparent";
+        let Some(relay) = relay else {
+            return Ok(None);
+        };
+        if !self.is_relay(conn) {
+            return Err(RouterError::InvalidParams(format!(
+                "`{NAME}` is sent only by a cluster node's relay session, never by a client"
+            )));
+        }
+        crate::protocol::trace::TraceContext::new(relay, None)
+            .map(Some)
+            .ok_or_else(|| {
+                RouterError::InvalidParams(format!("`{NAME}` must be a W3C traceparent"))
+            })
+    }
+
     /// Gives session `id` its next resume token. On a relay session (`conn`), this node never
     /// holds the token in clear, so none crosses NATS: it keeps the digest the standby sent
     /// (`next`, the standby puts the token it drew in its client's answer), or the digest of a

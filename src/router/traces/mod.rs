@@ -5,6 +5,11 @@
 //! router's [`Tap`]: the model run on each event as it is logged, its finished spans handed to
 //! a [`SpanSink`] that never blocks (the exporter's bounded queue, `server::telemetry`). The
 //! router knows no collector, socket or HTTP: what leaves the process is the sink's business.
+//!
+//! Also owns the spans a cluster's standby makes outside the model ([`RelaySpans`]): one per
+//! call it relays to the node that writes the log, whose context the writer then uses as the
+//! call's (`relayTraceparent`, `router::relay`), so that what the call causes there is its
+//! child.
 
 pub mod model;
 
@@ -15,6 +20,7 @@ use std::sync::Arc;
 
 pub use model::{AgentFacts, AttrValue, Sampler, Settings, Span, SpanKind, SpanModel};
 
+use crate::protocol::trace::TraceContext;
 use crate::store::record::EventRecord;
 
 /// Where finished spans go. `offer` must not block or fail loudly: a full queue drops the span
@@ -58,5 +64,219 @@ impl Tap {
     /// its trace is kept.
     pub fn delivered_context(&self, message_id: &str) -> Option<String> {
         self.model.delivered_context(message_id)
+    }
+
+    /// Offers a span made outside the model (a relayed call's, [`RelaySpans`]).
+    pub fn offer(&self, span: Span) {
+        self.sink.offer(span);
+    }
+}
+
+/// The trace context a request carries: its message's (`params.meta`, for `map/send`), else its
+/// own (`params._meta`). Parses only params that mention `traceparent`.
+pub fn call_context(params: Option<&serde_json::value::RawValue>) -> Option<TraceContext> {
+    #[derive(serde::Deserialize)]
+    struct Trace {
+        #[serde(default)]
+        traceparent: Option<serde_json::Value>,
+        #[serde(default)]
+        tracestate: Option<serde_json::Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params {
+        #[serde(default)]
+        meta: Option<Trace>,
+        #[serde(default, rename = "_meta")]
+        own: Option<Trace>,
+    }
+    let raw = params?.get();
+    if !raw.contains("traceparent") {
+        return None;
+    }
+    let p: Params = serde_json::from_str(raw).ok()?;
+    let of = |t: Option<Trace>| {
+        let t = t?;
+        TraceContext::new(
+            t.traceparent.as_ref()?.as_str()?,
+            t.tracestate.as_ref().and_then(|s| s.as_str()),
+        )
+    };
+    of(p.meta).or_else(|| of(p.own))
+}
+
+/// The spans a standby makes for the calls it relays to the node that writes the log: one
+/// `relay {method}` span (CLIENT, `map.node` this node, `rpc.method` the MAP method) per
+/// call, under the call's trace context, or the root of a new trace when it has none. Only
+/// when traces are exported (same settings as the writer's: the sampler decides alike).
+#[derive(Debug, Clone)]
+pub struct RelaySpans {
+    sink: Arc<dyn SpanSink>,
+    sampler: Sampler,
+    node: Arc<str>,
+}
+
+/// A relayed call's span, from when it is forwarded until the writer answers
+/// ([`RelaySpan::end`]). Dropped without an end, it is not exported.
+#[derive(Debug)]
+pub struct RelaySpan {
+    span: Span,
+    /// Where it goes when it ends, when its trace is kept.
+    sink: Option<Arc<dyn SpanSink>>,
+}
+
+impl RelaySpans {
+    /// Relay spans of node `node` into `sink`, kept as `sampler` says.
+    pub fn new(sink: Arc<dyn SpanSink>, sampler: Sampler, node: &str) -> Self {
+        Self {
+            sink,
+            sampler,
+            node: Arc::from(node),
+        }
+    }
+
+    /// Starts the span of a call of `method` relayed now, under `parent` (the call's trace
+    /// context), or as the root of a new trace.
+    pub fn begin(&self, method: &str, parent: Option<&TraceContext>) -> RelaySpan {
+        let random = crate::protocol::ids::random_u128;
+        let (trace_id, parent_id, sampled, trace_state) = match parent.and_then(parts) {
+            Some((trace, span, flag, state)) => (
+                trace,
+                Some(span),
+                self.sampler.keeps(&trace, Some(flag)),
+                state,
+            ),
+            None => {
+                let trace = random().to_be_bytes();
+                (trace, None, self.sampler.keeps(&trace, None), None)
+            }
+        };
+        let mut span_id = (random() as u64).to_be_bytes();
+        if span_id == [0; 8] {
+            span_id[7] = 1;
+        }
+        let now = crate::protocol::ids::now_ms();
+        RelaySpan {
+            span: Span {
+                trace_id,
+                span_id,
+                parent_id,
+                parent_remote: parent_id.is_some(),
+                trace_state,
+                name: format!("relay {method}"),
+                kind: SpanKind::Client,
+                start_ms: now,
+                end_ms: now,
+                attributes: vec![
+                    ("map.node", AttrValue::Str(self.node.to_string())),
+                    ("rpc.system", AttrValue::Str("jsonrpc".into())),
+                    ("rpc.method", AttrValue::Str(method.to_owned())),
+                ],
+                error: None,
+            },
+            sink: sampled.then(|| Arc::clone(&self.sink)),
+        }
+    }
+}
+
+impl RelaySpan {
+    /// The W3C `traceparent` naming this span, what the writer parents the call's work under
+    /// (flags `00` when its trace is not kept, so the writer drops it too).
+    pub fn traceparent(&self) -> String {
+        let flags = if self.sink.is_some() { "01" } else { "00" };
+        format!(
+            "00-{}-{}-{flags}",
+            model::hex(&self.span.trace_id),
+            model::hex(&self.span.span_id)
+        )
+    }
+
+    /// Ends the span now, failed with `error` if the writer refused the call or did not answer,
+    /// and offers it when its trace is kept.
+    pub fn end(mut self, error: Option<String>) {
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        self.span.end_ms = crate::protocol::ids::now_ms().max(self.span.start_ms);
+        self.span.error = error;
+        sink.offer(self.span);
+    }
+}
+
+/// A context's parts: trace id, span id, sampled flag and `tracestate`.
+type Parts = ([u8; 16], [u8; 8], bool, Option<Arc<str>>);
+
+/// A valid context's [`Parts`].
+fn parts(t: &TraceContext) -> Option<Parts> {
+    let p = t.traceparent.as_bytes();
+    let bytes = |from: usize, n: usize| -> Option<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let pair = std::str::from_utf8(p.get(from + 2 * i..from + 2 * i + 2)?).ok()?;
+                u8::from_str_radix(pair, 16).ok()
+            })
+            .collect()
+    };
+    let trace: [u8; 16] = bytes(3, 16)?.try_into().ok()?;
+    let span: [u8; 8] = bytes(36, 8)?.try_into().ok()?;
+    let flags = bytes(53, 1)?;
+    Some((trace, span, flags[0] & 1 == 1, t.tracestate.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default)]
+    struct Kept(std::sync::Mutex<Vec<Span>>);
+    impl SpanSink for Kept {
+        fn offer(&self, span: Span) {
+            self.0.lock().unwrap().push(span);
+        }
+    }
+
+    #[test]
+    fn a_relay_span_sits_under_the_calls_context_or_starts_a_trace() {
+        let kept = Arc::new(Kept::default());
+        let spans = RelaySpans::new(kept.clone(), Sampler::default(), "n1");
+        let caller = TraceContext::new(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("rojo=1"),
+        )
+        .unwrap();
+        let span = spans.begin("map/send", Some(&caller));
+        let tp = span.traceparent();
+        assert!(
+            tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "{tp}"
+        );
+        assert!(
+            tp.ends_with("-01") && !tp.contains("00f067aa0ba902b7"),
+            "{tp}"
+        );
+        span.end(None);
+        let root = spans.begin("map/agents/spawn", None);
+        let root_tp = root.traceparent();
+        root.end(Some("refused".into()));
+        let got = kept.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].name, "relay map/send");
+        assert_eq!(got[0].parent_id, Some(*b"\x00\xf0\x67\xaa\x0b\xa9\x02\xb7"));
+        assert_eq!(got[0].trace_state.as_deref(), Some("rojo=1"));
+        assert_eq!(got[0].kind, SpanKind::Client);
+        assert_eq!(got[0].attr("map.node"), Some(&AttrValue::Str("n1".into())));
+        assert_eq!(got[0].traceparent(), tp);
+        assert_eq!(got[1].parent_id, None);
+        assert_eq!(got[1].traceparent(), root_tp);
+        assert_eq!(got[1].error.as_deref(), Some("refused"));
+        // A caller that keeps nothing: the span is not exported, and its context says so.
+        let unsampled = TraceContext::new(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+            None,
+        )
+        .unwrap();
+        let span = spans.begin("map/send", Some(&unsampled));
+        assert!(span.traceparent().ends_with("-00"));
+        span.end(None);
+        assert_eq!(kept.0.lock().unwrap().len(), 2);
     }
 }
