@@ -7,7 +7,10 @@
 #   cargo build --release && cargo bench --bench load --no-run
 #   scripts/bench-traces.sh LOAD_BIN target/release/map-router [ROUNDS] > results.jsonl
 #
-# Every line is bench-ab.sh's, with "pair": "on" or "down" added. Loopback only.
+# Every line is bench-ab.sh's, with "pair": "on" or "down" added. Then the latency of sends at
+# a fixed rate (RATE msg/s, default 2700, 10 agents + 2 subscribers, 1 publisher), export off,
+# on and down in turn, ROUNDS times: lines with "pair": "rate" and "export": off|on|down.
+# Loopback only; every wait is bounded.
 set -euo pipefail
 LOAD=$1; BIN=$2; ROUNDS=${3:-3}
 dir=$(mktemp -d)
@@ -25,5 +28,22 @@ B_ARGS="--config $dir/on.toml" "$here/bench-ab.sh" "$LOAD" "$BIN" "$BIN" "$ROUND
   | sed 's/^{/{"pair":"on",/'
 B_ARGS="--config $dir/down.toml" "$here/bench-ab.sh" "$LOAD" "$BIN" "$BIN" "$ROUNDS" \
   | sed 's/^{/{"pair":"down",/'
+. "$here/lib.sh"
+for round in $(seq "$ROUNDS"); do
+  for export in off on down; do
+    args=(); [ "$export" != off ] && args=(--config "$dir/$export.toml")
+    : > "$dir/log"
+    taskset -c 0 "$BIN" serve --listen 127.0.0.1:0 --ephemeral "${args[@]}" 2> "$dir/log" &
+    pid=$!
+    url=$(router_url "$dir/log")
+    c0=$(cpu "$pid")
+    res=$(taskset -c 1 timeout 300 "$LOAD" --url "$url" --server-pid "$pid" --test fanout \
+      --agents 10 --subscribers 2 --publishers 1 --messages 20000 --rate "${RATE:-2700}" \
+      --payload-bytes 1024 2>/dev/null | grep deliveries_per_s | head -n1)
+    c1=$(cpu "$pid")
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    echo "{\"pair\":\"rate\",\"round\":$round,\"export\":\"$export\",\"cpu_ticks\":$((c1 - c0)),\"result\":$res}"
+  done
+done
 kill -TERM "$sink"; wait "$sink" 2>/dev/null || true
 cat "$dir/sink.log" >&2

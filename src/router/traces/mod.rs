@@ -28,6 +28,17 @@ use crate::store::record::EventRecord;
 pub trait SpanSink: Send + Sync + std::fmt::Debug {
     /// Takes a finished span, or drops it.
     fn offer(&self, span: Span);
+
+    /// Whether a span offered now would be taken (a full queue: the model does not build
+    /// spans that would be dropped).
+    fn has_room(&self) -> bool {
+        true
+    }
+
+    /// Counts `n` spans dropped without being built.
+    fn dropped(&self, n: u64) {
+        let _ = n;
+    }
 }
 
 /// The model run on the router's own events, and where its spans go.
@@ -48,8 +59,13 @@ impl Tap {
 
     /// Runs the model on a logged event and offers the spans it finishes.
     pub fn observe(&mut self, rec: &EventRecord, agent_name: &dyn Fn(&str) -> Option<AgentFacts>) {
+        self.model.set_building(self.sink.has_room());
         for span in self.model.observe(rec, agent_name) {
             self.sink.offer(span);
+        }
+        let skipped = self.model.take_skipped();
+        if skipped > 0 {
+            self.sink.dropped(skipped);
         }
     }
 
@@ -167,9 +183,9 @@ impl RelaySpans {
                 start_ms: now,
                 end_ms: now,
                 attributes: vec![
-                    ("map.node", AttrValue::Str(self.node.to_string())),
-                    ("rpc.system", AttrValue::Str("jsonrpc".into())),
-                    ("rpc.method", AttrValue::Str(method.to_owned())),
+                    ("map.node", AttrValue::str(self.node.to_string())),
+                    ("rpc.system", AttrValue::str("jsonrpc")),
+                    ("rpc.method", AttrValue::str(method.to_owned())),
                 ],
                 error: None,
             },
@@ -263,7 +279,7 @@ mod tests {
         assert_eq!(got[0].parent_id, Some(*b"\x00\xf0\x67\xaa\x0b\xa9\x02\xb7"));
         assert_eq!(got[0].trace_state.as_deref(), Some("rojo=1"));
         assert_eq!(got[0].kind, SpanKind::Client);
-        assert_eq!(got[0].attr("map.node"), Some(&AttrValue::Str("n1".into())));
+        assert_eq!(got[0].attr("map.node"), Some(&AttrValue::str("n1")));
         assert_eq!(got[0].traceparent(), tp);
         assert_eq!(got[1].parent_id, None);
         assert_eq!(got[1].traceparent(), root_tp);

@@ -72,8 +72,8 @@ pub enum SpanKind {
 /// An attribute's value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttrValue {
-    /// Text.
-    Str(String),
+    /// Text (shared: a message's attributes are on each of its hops).
+    Str(Arc<str>),
     /// An integer.
     Int(i64),
     /// A flag.
@@ -90,6 +90,13 @@ pub struct AgentFacts {
     pub name: Arc<str>,
     /// Its role (`tool` for an AIP tool: a request to it is a tool call).
     pub role: Option<Arc<str>>,
+}
+
+impl AttrValue {
+    /// Text.
+    pub fn str(v: impl Into<Arc<str>>) -> Self {
+        AttrValue::Str(v.into())
+    }
 }
 
 /// One finished span.
@@ -268,6 +275,9 @@ struct Sent {
     asked_tool: Option<String>,
     /// Whether the sender waits for a reply (`meta.expectsResponse`).
     expects_response: bool,
+    /// Sampled, but not built (the sink was full when it was sent): its hops are counted as
+    /// dropped, never exported without their attributes.
+    skip: bool,
 }
 
 /// A delivery a reply may answer.
@@ -329,6 +339,10 @@ pub struct SpanModel {
     /// Requests' hops waiting for their replies, by delivery event; oldest first in `due`.
     awaiting: HashMap<u128, Span>,
     due: VecDeque<(u64, u128)>,
+    /// Whether spans are built (off while the sink has no room: they would be dropped).
+    building: bool,
+    /// Spans not built since the last [`SpanModel::take_skipped`].
+    skipped: u64,
 }
 
 impl SpanModel {
@@ -340,12 +354,26 @@ impl SpanModel {
             hops: Bounded::new(MAX_HOPS),
             awaiting: HashMap::new(),
             due: VecDeque::new(),
+            building: true,
+            skipped: 0,
         }
     }
 
     /// The settings.
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// Builds spans (`true`, the default) or only follows the work and counts the spans it
+    /// would have built (`false`: the sink is full and would drop them; nothing is spent on
+    /// them). The tables are kept either way, so later spans still find their parents.
+    pub fn set_building(&mut self, on: bool) {
+        self.building = on;
+    }
+
+    /// How many spans were not built since the last call.
+    pub fn take_skipped(&mut self) -> u64 {
+        std::mem::take(&mut self.skipped)
     }
 
     /// The `traceparent` an agent receiving the message that `sent` (its `message_sent`
@@ -561,8 +589,17 @@ impl SpanModel {
                 }
             }
         };
-        if !parent.sampled {
-            // Nothing of this message is exported; its recipients and replies follow.
+        let address = serde_json::from_str::<Value>(data.to.get())
+            .ok()
+            .and_then(|to| Address::parse(&to).ok());
+        let direct = address.as_ref().is_some_and(Address::names_one);
+        if !parent.sampled || !self.building {
+            // Nothing of this message is exported (not sampled, or the sink is full: counted
+            // as dropped); its recipients and replies follow.
+            let skip = parent.sampled;
+            if skip && !direct {
+                self.skipped += 1;
+            }
             self.sent.insert(
                 message_id.to_owned(),
                 Sent {
@@ -576,41 +613,38 @@ impl SpanModel {
                     tool: None,
                     asked_tool: None,
                     expects_response: false,
+                    skip,
                 },
             );
             return;
         }
-        let address = serde_json::from_str::<Value>(data.to.get())
-            .ok()
-            .and_then(|to| Address::parse(&to).ok());
-        let direct = address.as_ref().is_some_and(Address::names_one);
         let mut common = vec![
             (
                 "messaging.message.id",
-                AttrValue::Str(message_id.to_owned()),
+                AttrValue::str(message_id.to_owned()),
             ),
-            ("map.sender", AttrValue::Str(from.to_owned())),
-            ("gen_ai.caller.name", AttrValue::Str(from.to_owned())),
+            ("map.sender", AttrValue::str(from.to_owned())),
+            ("gen_ai.caller.name", AttrValue::str(from.to_owned())),
             (
                 "map.address",
-                AttrValue::Str(address.as_ref().map_or("invalid", form).to_owned()),
+                AttrValue::str(address.as_ref().map_or("invalid", form).to_owned()),
             ),
         ];
         if let Some(scope) = address.as_ref().and_then(scope_of) {
-            common.push(("map.scope", AttrValue::Str(scope)));
+            common.push(("map.scope", AttrValue::str(scope)));
         }
         if let Some(c) = &data.correlation_id {
-            common.push(("map.correlation_id", AttrValue::Str(c.to_string())));
+            common.push(("map.correlation_id", AttrValue::str(c.to_string())));
         }
         if meta.get("isResult").and_then(Value::as_bool) == Some(true) {
             common.push(("map.is_result", AttrValue::Bool(true)));
         }
         if let Some(p) = &data.priority {
-            common.push(("map.priority", AttrValue::Str(p.to_string())));
+            common.push(("map.priority", AttrValue::str(p.to_string())));
         }
         let protocol = meta.get("protocol").and_then(Value::as_str);
         if let Some(p) = protocol {
-            common.push(("map.protocol", AttrValue::Str(p.to_owned())));
+            common.push(("map.protocol", AttrValue::str(p.to_owned())));
         }
         let conversation = meta
             .pointer("/mail/conversationId")
@@ -619,7 +653,7 @@ impl SpanModel {
             .and_then(Value::as_str)
             .filter(|c| !c.is_empty());
         if let Some(c) = conversation {
-            common.push(("gen_ai.conversation.id", AttrValue::Str(c.to_owned())));
+            common.push(("gen_ai.conversation.id", AttrValue::str(c.to_owned())));
         }
         if let Some(a2a) = meta.get("a2a").filter(|_| protocol == Some("a2a")) {
             for (key, member) in [
@@ -628,7 +662,7 @@ impl SpanModel {
                 ("a2a.message.id", "messageId"),
             ] {
                 if let Some(v) = a2a.get(member).and_then(Value::as_str) {
-                    common.push((key, AttrValue::Str(v.to_owned())));
+                    common.push((key, AttrValue::str(v.to_owned())));
                 }
             }
         }
@@ -661,14 +695,16 @@ impl SpanModel {
                     text.truncate(cut);
                     common.push(("map.message.payload.truncated", AttrValue::Bool(true)));
                 }
-                common.push(("map.message.payload", AttrValue::Str(text)));
+                common.push(("map.message.payload", AttrValue::str(text)));
             }
         }
         let span = span_id(id);
         let start = ev.timestamp;
-        if !direct {
+        if !direct && !self.building {
+            self.skipped += 1;
+        } else if !direct {
             let mut attributes = common.clone();
-            attributes.push(("messaging.operation.type", AttrValue::Str("send".into())));
+            attributes.push(("messaging.operation.type", AttrValue::str("send")));
             out.push(Span {
                 trace_id: parent.trace,
                 span_id: span,
@@ -697,6 +733,7 @@ impl SpanModel {
                 asked_tool,
                 expects_response: meta.get("expectsResponse").and_then(Value::as_bool)
                     == Some(true),
+                skip: false,
             },
         );
     }
@@ -764,7 +801,9 @@ impl SpanModel {
                     },
                 );
             }
-            if sent.parent.sampled {
+            if sent.parent.sampled && !self.building {
+                self.skipped += 1;
+            } else if sent.parent.sampled {
                 let span = hop_span(
                     &sent,
                     sent.span,
@@ -802,6 +841,10 @@ impl SpanModel {
             );
         }
         if !sent.parent.sampled {
+            return;
+        }
+        if !self.building || sent.skip {
+            self.skipped += recipients.len().min(MAX_RECIPIENT_SPANS) as u64;
             return;
         }
         let omitted = recipients.len().saturating_sub(MAX_RECIPIENT_SPANS);
@@ -856,14 +899,11 @@ impl SpanModel {
         let mut attributes = Vec::new();
         let (name, kind) = match ev.kind {
             EventType::AgentSpawning => {
-                attributes.push((
-                    "gen_ai.operation.name",
-                    AttrValue::Str("create_agent".into()),
-                ));
-                attributes.push(("gen_ai.agent.id", AttrValue::Str(agent.clone())));
-                attributes.push(("gen_ai.agent.name", AttrValue::Str(name_of(&agent))));
+                attributes.push(("gen_ai.operation.name", AttrValue::str("create_agent")));
+                attributes.push(("gen_ai.agent.id", AttrValue::str(agent.clone())));
+                attributes.push(("gen_ai.agent.name", AttrValue::str(name_of(&agent))));
                 if let Some(p) = data.get("parent").and_then(Value::as_str) {
-                    attributes.push(("map.parent", AttrValue::Str(p.to_owned())));
+                    attributes.push(("map.parent", AttrValue::str(p.to_owned())));
                 }
                 (
                     format!("create_agent {}", name_of(&agent)),
@@ -871,13 +911,13 @@ impl SpanModel {
                 )
             }
             EventType::AgentInjected => {
-                attributes.push(("gen_ai.agent.id", AttrValue::Str(agent.clone())));
+                attributes.push(("gen_ai.agent.id", AttrValue::str(agent.clone())));
                 for (key, member) in [
                     ("map.inject.delivery", "delivery"),
                     ("map.inject.by", "injectedBy"),
                 ] {
                     if let Some(v) = data.get(member).and_then(Value::as_str) {
-                        attributes.push((key, AttrValue::Str(v.to_owned())));
+                        attributes.push((key, AttrValue::str(v.to_owned())));
                     }
                 }
                 if let Some(v) = data.get("injected").and_then(Value::as_bool) {
@@ -885,7 +925,7 @@ impl SpanModel {
                 }
                 if self.settings.capture_content {
                     if let Some(c) = data.get("content") {
-                        attributes.push(("map.inject.content", AttrValue::Str(c.to_string())));
+                        attributes.push(("map.inject.content", AttrValue::str(c.to_string())));
                     }
                 }
                 (
@@ -895,9 +935,9 @@ impl SpanModel {
             }
             EventType::TrajectoryCheckpoint => {
                 let cp = data.get("checkpoint").unwrap_or(&Value::Null);
-                attributes.push(("gen_ai.agent.id", AttrValue::Str(agent.clone())));
+                attributes.push(("gen_ai.agent.id", AttrValue::str(agent.clone())));
                 if let Some(c) = cp.get("id").and_then(Value::as_str) {
-                    attributes.push(("map.checkpoint.id", AttrValue::Str(c.to_owned())));
+                    attributes.push(("map.checkpoint.id", AttrValue::str(c.to_owned())));
                 }
                 let usage = cp.pointer("/metadata/usage");
                 for (key, member) in [
@@ -924,18 +964,18 @@ impl SpanModel {
                     .and_then(Value::as_str)
                     .unwrap_or("");
                 let status = task.get("status").and_then(Value::as_str).unwrap_or("");
-                attributes.push(("map.task.id", AttrValue::Str(task_id.to_owned())));
-                attributes.push(("map.task.status", AttrValue::Str(status.to_owned())));
+                attributes.push(("map.task.id", AttrValue::str(task_id.to_owned())));
+                attributes.push(("map.task.status", AttrValue::str(status.to_owned())));
                 if let Some(a2a) = task.pointer("/meta/a2a") {
                     // The A2A gateway's tasks are MAP tasks of the same id.
                     let t = a2a.get("taskId").and_then(Value::as_str).unwrap_or(task_id);
-                    attributes.push(("a2a.task.id", AttrValue::Str(t.to_owned())));
+                    attributes.push(("a2a.task.id", AttrValue::str(t.to_owned())));
                     if let Some(s) = a2a
                         .get("state")
                         .or_else(|| a2a.pointer("/status/state"))
                         .and_then(Value::as_str)
                     {
-                        attributes.push(("a2a.task.state", AttrValue::Str(s.to_owned())));
+                        attributes.push(("a2a.task.state", AttrValue::str(s.to_owned())));
                     }
                 }
                 (format!("task {}", ev.kind.as_str()), SpanKind::Internal)
@@ -986,42 +1026,36 @@ fn hop_span(
     let agent = agent.map(|f| f.name);
     let name = match (&tool, &agent) {
         (Some(tool), _) => {
-            attributes.push((
-                "gen_ai.operation.name",
-                AttrValue::Str("execute_tool".into()),
-            ));
-            attributes.push(("gen_ai.tool.name", AttrValue::Str(tool.clone())));
+            attributes.push(("gen_ai.operation.name", AttrValue::str("execute_tool")));
+            attributes.push(("gen_ai.tool.name", AttrValue::str(tool.clone())));
             if let Some(AttrValue::Str(m)) = sent
                 .common
                 .iter()
                 .find(|(k, _)| *k == "messaging.message.id")
                 .map(|(_, v)| v)
             {
-                attributes.push(("gen_ai.tool.call.id", AttrValue::Str(m.clone())));
+                attributes.push(("gen_ai.tool.call.id", AttrValue::str(m.clone())));
             }
             format!("execute_tool {tool}")
         }
         (None, Some(name)) => {
-            attributes.push((
-                "gen_ai.operation.name",
-                AttrValue::Str("invoke_agent".into()),
-            ));
+            attributes.push(("gen_ai.operation.name", AttrValue::str("invoke_agent")));
             format!("invoke_agent {name}")
         }
         (None, None) => format!("deliver {recipient}"),
     };
     if agent.is_some() {
-        attributes.push(("gen_ai.agent.id", AttrValue::Str(recipient.to_owned())));
+        attributes.push(("gen_ai.agent.id", AttrValue::str(recipient.to_owned())));
         attributes.push((
             "gen_ai.agent.name",
-            AttrValue::Str(agent.map_or_else(|| recipient.to_owned(), |n| n.to_string())),
+            AttrValue::str(agent.map_or_else(|| recipient.to_owned(), |n| n.to_string())),
         ));
     } else {
-        attributes.push(("map.recipient", AttrValue::Str(recipient.to_owned())));
+        attributes.push(("map.recipient", AttrValue::str(recipient.to_owned())));
     }
-    attributes.push(("map.outcome", AttrValue::Str(outcome.to_owned())));
+    attributes.push(("map.outcome", AttrValue::str(outcome.to_owned())));
     if let Some(r) = reason {
-        attributes.push(("map.failure.reason", AttrValue::Str(r.to_owned())));
+        attributes.push(("map.failure.reason", AttrValue::str(r.to_owned())));
     }
     if later {
         attributes.push(("map.from_queue", AttrValue::Bool(true)));

@@ -46,12 +46,20 @@ pub struct Exporter {
 impl SpanSink for Exporter {
     fn offer(&self, span: Span) {
         if self.tx.try_send(span).is_err() {
-            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
-            warn_lost(
-                &self.warned,
-                "the export queue is full (the collector is slow or down)",
-            );
+            self.dropped(1);
         }
+    }
+
+    fn has_room(&self) -> bool {
+        self.tx.capacity() > 0
+    }
+
+    fn dropped(&self, n: u64) {
+        self.counts.dropped.fetch_add(n, Ordering::Relaxed);
+        warn_lost(
+            &self.warned,
+            "the export queue is full (the collector is slow or down)",
+        );
     }
 }
 
@@ -172,7 +180,10 @@ async fn run(
 }
 
 fn warn_lost(warned: &Mutex<Option<Instant>>, why: &str) {
-    let mut last = crate::sync::lock(warned);
+    // NB: called for every dropped span; when another thread holds the lock, it is warning.
+    let Ok(mut last) = warned.try_lock() else {
+        return;
+    };
     if last.is_some_and(|t| t.elapsed() < WARN_EVERY) {
         return;
     }
@@ -211,7 +222,7 @@ fn span_data(s: Span, scope: &InstrumentationScope) -> SpanData {
                 KeyValue::new(
                     k,
                     match v {
-                        AttrValue::Str(t) => Value::from(t),
+                        AttrValue::Str(t) => Value::String(t.into()),
                         AttrValue::Int(i) => Value::I64(i),
                         AttrValue::Bool(b) => Value::Bool(b),
                         AttrValue::F64(f) => Value::F64(f),
