@@ -53,8 +53,14 @@ fn ids_of(events: &[Value]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn replay_and_resume_work_across_a_restart() {
+// NB: on a big stack: a debug build without incremental compilation (CI) overflowed the test
+// thread's 2 MiB here, with two in-process servers and their clients on one thread.
+#[test]
+fn replay_and_resume_work_across_a_restart() {
+    on_big_stack(replay_and_resume);
+}
+
+async fn replay_and_resume() {
     let dir = TempDir::new("restart");
     let (server, url) = durable_server(&dir.path, |_| {}).await;
     let mut dash = WsClient::system(&url).await;

@@ -133,7 +133,7 @@ pub struct Router {
     /// The mail extension's conversations.
     pub(super) mailboxes: crate::router::mail::table::Mailboxes,
     /// Traces out: the span model run on each logged event (`router::traces`).
-    pub(super) traces: Option<crate::router::traces::Tap>,
+    pub(super) traces: Option<Box<crate::router::traces::Tap>>,
     /// The trace context of the current call (`params._meta.traceparent`): stamped on its
     /// events that have none of their own.
     pub(super) call_trace: Option<crate::protocol::trace::TraceContext>,

@@ -303,7 +303,7 @@ impl Router {
         let (tx, rx) = mpsc::channel(config.command_queue.max(1));
         let mut router = Router::new(config.clone());
         router.supervised = Supervision::new(parts.process_control);
-        router.traces = parts.traces;
+        router.traces = parts.traces.map(Box::new);
         if router.traces.is_some() {
             router.schedule(
                 std::time::Instant::now() + crate::router::traces::FLUSH_EVERY,
