@@ -405,7 +405,10 @@ impl SpanModel {
         while let Some(&(start, delivery)) = self.due.front() {
             let overdue =
                 now_ms == u64::MAX || start.saturating_add(self.settings.reply_wait_ms) < now_ms;
-            if !overdue && self.awaiting.len() <= MAX_AWAITING {
+            // NB: `due` also holds hops answered since (their entries go when they fall due),
+            // so it is bounded by count as well as by time.
+            if !overdue && self.awaiting.len() <= MAX_AWAITING && self.due.len() <= 4 * MAX_AWAITING
+            {
                 break;
             }
             self.due.pop_front();
