@@ -154,7 +154,7 @@ impl RelaySpans {
     /// context), or as the root of a new trace.
     pub fn begin(&self, method: &str, parent: Option<&TraceContext>) -> RelaySpan {
         let random = crate::protocol::ids::random_u128;
-        let (trace_id, parent_id, sampled, trace_state) = match parent.and_then(parts) {
+        let (trace_id, parent_id, sampled, trace_state) = match parent.and_then(model::parts) {
             Some((trace, span, flag, state)) => (
                 trace,
                 Some(span),
@@ -198,12 +198,7 @@ impl RelaySpan {
     /// The W3C `traceparent` naming this span, what the writer parents the call's work under
     /// (flags `00` when its trace is not kept, so the writer drops it too).
     pub fn traceparent(&self) -> String {
-        let flags = if self.sink.is_some() { "01" } else { "00" };
-        format!(
-            "00-{}-{}-{flags}",
-            model::hex(&self.span.trace_id),
-            model::hex(&self.span.span_id)
-        )
+        model::traceparent(&self.span.trace_id, &self.span.span_id, self.sink.is_some())
     }
 
     /// Ends the span now, failed with `error` if the writer refused the call or did not answer,
@@ -216,26 +211,6 @@ impl RelaySpan {
         self.span.error = error;
         sink.offer(self.span);
     }
-}
-
-/// A context's parts: trace id, span id, sampled flag and `tracestate`.
-type Parts = ([u8; 16], [u8; 8], bool, Option<Arc<str>>);
-
-/// A valid context's [`Parts`].
-fn parts(t: &TraceContext) -> Option<Parts> {
-    let p = t.traceparent.as_bytes();
-    let bytes = |from: usize, n: usize| -> Option<Vec<u8>> {
-        (0..n)
-            .map(|i| {
-                let pair = std::str::from_utf8(p.get(from + 2 * i..from + 2 * i + 2)?).ok()?;
-                u8::from_str_radix(pair, 16).ok()
-            })
-            .collect()
-    };
-    let trace: [u8; 16] = bytes(3, 16)?.try_into().ok()?;
-    let span: [u8; 8] = bytes(36, 8)?.try_into().ok()?;
-    let flags = bytes(53, 1)?;
-    Some((trace, span, flags[0] & 1 == 1, t.tracestate.clone()))
 }
 
 #[cfg(test)]

@@ -137,7 +137,7 @@ impl Span {
 
     /// The W3C `traceparent` naming this span (flags `01`: it is sampled, or it would not be).
     pub fn traceparent(&self) -> String {
-        format!("00-{}-{}-01", hex(&self.trace_id), hex(&self.span_id))
+        traceparent(&self.trace_id, &self.span_id, true)
     }
 }
 
@@ -383,7 +383,7 @@ impl SpanModel {
         let s = self.sent.get(&message_id.to_owned())?;
         s.parent
             .sampled
-            .then(|| format!("00-{}-{}-01", hex(&s.parent.trace), hex(&s.span)))
+            .then(|| traceparent(&s.parent.trace, &s.span, true))
     }
 
     /// The requests' hops whose replies are overdue at `now_ms` (event time): ended at their
@@ -1116,17 +1116,33 @@ fn parse<'a, D: serde::Deserialize<'a>>(json: &'a str) -> Option<(Option<TraceCo
     Some((trace, event.data))
 }
 
+/// A valid context's parts: its trace id, its span (the parent of what follows), whether the
+/// caller keeps the trace (the sampled flag), and its `tracestate`.
+pub type Parts = ([u8; 16], [u8; 8], bool, Option<Arc<str>>);
+
+/// The [`Parts`] of a valid context (`TraceContext::new` checked its syntax).
+pub fn parts(t: &TraceContext) -> Option<Parts> {
+    let trace = unhex::<16>(t.trace_id())?;
+    let span = unhex::<8>(t.traceparent.get(36..52)?)?;
+    let flags = unhex::<1>(t.traceparent.get(53..55)?)?;
+    Some((trace, span, flags[0] & 1 == 1, t.tracestate.clone()))
+}
+
+/// The W3C `traceparent` naming span `span` of trace `trace`, flagged sampled or not.
+pub fn traceparent(trace: &[u8; 16], span: &[u8; 8], sampled: bool) -> String {
+    let flags = if sampled { "01" } else { "00" };
+    format!("00-{}-{}-{flags}", hex(trace), hex(span))
+}
+
 /// A caller's context as the parent of what the router makes.
 fn context_of(t: &TraceContext, sampler: &Sampler) -> Context {
-    let trace = unhex::<16>(t.trace_id()).unwrap_or([0; 16]);
-    let span = unhex::<8>(&t.traceparent[36..52]);
-    let flag = u8::from_str_radix(&t.traceparent[53..55], 16).unwrap_or(0) & 1 == 1;
+    let (trace, span, flag, state) = parts(t).unwrap_or(([0; 16], [0; 8], false, None));
     Context {
         trace,
-        span,
+        span: Some(span).filter(|s| *s != [0; 8]),
         remote: true,
         sampled: sampler.keeps(&trace, Some(flag)),
-        state: t.tracestate.clone(),
+        state,
     }
 }
 
