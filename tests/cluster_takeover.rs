@@ -200,17 +200,15 @@ const CAROL: &str = "key-carol-0123456789abcdef";
 
 /// The API keys of ops, alice, bob and carol in a file under `dir` (mode 0600): its path.
 fn keys_file(dir: &Path) -> String {
-    let keys = dir.join("keys");
-    std::fs::write(
-        &keys,
-        format!("{OPS} ops\n{ALICE} alice\n{BOB} bob\n{CAROL} carol\n"),
+    common::cluster::keys_file(
+        dir,
+        &[
+            (OPS, "ops"),
+            (ALICE, "alice"),
+            (BOB, "bob"),
+            (CAROL, "carol"),
+        ],
     )
-    .unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    keys.display().to_string()
 }
 
 /// A node's `[storage]` section and what follows it: `[auth]` on with the keys of

@@ -23,38 +23,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::cluster::{free_port, health, health_until, node_args, serving};
+use common::cluster::{free_port, health, health_until, node_args, serving, start as spawn};
 use common::nats::Nats;
 use common::*;
 use serde_json::json;
-
-/// A node process and its WebSocket URL.
-struct Node {
-    child: tokio::process::Child,
-    url: String,
-}
-
-/// Starts the binary with `args` (listening on `port`) and waits until its port accepts.
-async fn spawn(args: Vec<std::ffi::OsString>, port: u16) -> Node {
-    let child = binary_command(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start a node");
-    within(Duration::from_secs(20), async {
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    Node {
-        child,
-        url: format!("ws://127.0.0.1:{port}/"),
-    }
-}
 
 /// Every byte that crossed between the nodes and NATS, each connection's both directions.
 type Seen = Arc<Mutex<Vec<Vec<u8>>>>;

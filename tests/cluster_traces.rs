@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::{free_port, health_until, serving};
+use common::cluster::{free_port, health_until, node_args, serving, start, Started};
 use common::nats::Nats;
 use common::otlp::{Got, Receiver};
 use common::*;
@@ -45,25 +45,9 @@ fn parent(trace: &str, span: &str) -> String {
     format!("00-{trace}-{span}-01")
 }
 
-/// A node process, killed on drop.
-struct Node {
-    _child: tokio::process::Child,
-    url: String,
-}
-
 /// The API keys file under `dir` (mode 0600): alice, bob and the agents' principal.
 fn keys_file(dir: &Path) -> String {
-    let keys = dir.join("keys");
-    std::fs::write(
-        &keys,
-        format!("{ALICE} alice\n{BOB} bob\n{AGENTS} agents\n"),
-    )
-    .unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    keys.display().to_string()
+    common::cluster::keys_file(dir, &[(ALICE, "alice"), (BOB, "bob"), (AGENTS, "agents")])
 }
 
 /// Starts node `name` (a standby with `standby`) on `nats`, exporting spans to `receiver`,
@@ -75,54 +59,22 @@ async fn spawn(
     standby: bool,
     keys: &str,
     receiver: &Receiver,
-) -> Node {
+) -> Started {
     let port = free_port();
-    let data = dir.join(name);
-    let config = data.with_extension("toml");
     let standby = if standby {
-        "standby = true\ntakeover_poll_ms = 100\n"
+        "\nstandby = true\ntakeover_poll_ms = 100"
     } else {
         ""
     };
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\nroll_call_ms = 500\n\
-             node = \"{name}\"\n{standby}\
-             [storage]\ncommit_timeout_ms = 1500\n\
-             [auth]\n[auth.api_keys]\nfile = {keys:?}\n\
-             [telemetry]\nendpoint = \"{}\"\ndelay_ms = 20\n",
-            receiver.base()
-        ),
-    )
-    .unwrap();
-    let child = binary_command([
-        std::ffi::OsString::from("--listen"),
-        format!("127.0.0.1:{port}").into(),
-        "--cluster".into(),
-        nats.url().into(),
-        "--data-dir".into(),
-        data.into(),
-        "--config".into(),
-        config.into(),
-    ])
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::null())
-    .spawn()
-    .expect("start a node");
-    within(Duration::from_secs(20), async {
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    Node {
-        _child: child,
-        url: format!("ws://127.0.0.1:{port}/"),
-    }
+    // `more` goes at the end of node_args's `[cluster]`: the sections it opens end where
+    // node_args's `[storage]` begins.
+    let more = format!(
+        "node = \"{name}\"{standby}\n\
+         [auth]\n[auth.api_keys]\nfile = {keys:?}\n\
+         [telemetry]\nendpoint = \"{}\"\ndelay_ms = 20",
+        receiver.base()
+    );
+    start(node_args(&nats.url(), &dir.join(name), port, &more), port).await
 }
 
 /// An agent of the `agents` principal on `url`, registered as `id`.

@@ -125,6 +125,47 @@ impl Node {
     }
 }
 
+/// A node process started by [`start`] and its WebSocket URL (killed on drop).
+pub struct Started {
+    pub child: tokio::process::Child,
+    pub url: String,
+}
+
+/// Starts the binary with `args` (listening on `port`, as [`node_args`] writes them) and waits
+/// until its port accepts.
+pub async fn start(args: Vec<std::ffi::OsString>, port: u16) -> Started {
+    let child = super::binary_command(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start a node");
+    super::within(Duration::from_secs(20), async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    Started {
+        child,
+        url: format!("ws://127.0.0.1:{port}/"),
+    }
+}
+
+/// An API keys file under `dir` (mode 0600) with one `key principal` line per pair: its path.
+pub fn keys_file(dir: &Path, keys: &[(&str, &str)]) -> String {
+    let path = dir.join("keys");
+    let text: String = keys.iter().map(|(k, p)| format!("{k} {p}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    path.display().to_string()
+}
+
 /// The arguments of a cluster node listening on `port` on the NATS server at `url`, its config
 /// file (`[cluster]` with short timeouts, `roll_call_ms = 500` and `cluster` added) written
 /// next to `data`.
