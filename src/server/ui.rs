@@ -34,7 +34,7 @@ pub struct Asset {
 const JS: &str = "text/javascript; charset=utf-8";
 
 /// Every file the dashboard is made of; `index.html` is also served at `/ui` and `/ui/`.
-pub const ASSETS: [Asset; 7] = [
+pub const ASSETS: [Asset; 16] = [
     Asset {
         name: "index.html",
         content_type: "text/html; charset=utf-8",
@@ -69,6 +69,53 @@ pub const ASSETS: [Asset; 7] = [
         name: "util.js",
         content_type: JS,
         body: include_bytes!("ui/util.js"),
+    },
+    Asset {
+        name: "flow.js",
+        content_type: JS,
+        body: include_bytes!("ui/flow.js"),
+    },
+    Asset {
+        name: "charts.js",
+        content_type: JS,
+        body: include_bytes!("ui/charts.js"),
+    },
+    Asset {
+        name: "graph.js",
+        content_type: JS,
+        body: include_bytes!("ui/graph.js"),
+    },
+    Asset {
+        name: "traces.js",
+        content_type: JS,
+        body: include_bytes!("ui/traces.js"),
+    },
+    Asset {
+        name: "tasks.js",
+        content_type: JS,
+        body: include_bytes!("ui/tasks.js"),
+    },
+    Asset {
+        name: "conversations.js",
+        content_type: JS,
+        body: include_bytes!("ui/conversations.js"),
+    },
+    Asset {
+        name: "system.js",
+        content_type: JS,
+        body: include_bytes!("ui/system.js"),
+    },
+    // uPlot 1.6.32 (MIT, github.com/leeoniya/uPlot; uplot.LICENSE), the charts' library: its
+    // ES module and stylesheet as npm ships them.
+    Asset {
+        name: "uplot.js",
+        content_type: JS,
+        body: include_bytes!("ui/uplot.js"),
+    },
+    Asset {
+        name: "uplot.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_bytes!("ui/uplot.css"),
     },
 ];
 

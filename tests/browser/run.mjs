@@ -10,13 +10,17 @@
 // target/browser-artifacts/. Every wait is bounded; the whole run is bounded by RUN_LIMIT_MS.
 import { spawn } from 'node:child_process';
 import { createServer, connect as tcpConnect } from 'node:net';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import assert from 'node:assert/strict';
 import { chromium } from 'playwright-core';
 import WebSocket from 'ws';
+import { AgentConnection, ClientConnection } from '@multi-agent-protocol/sdk';
+
+// Node has no global WebSocket before 22; the SDK's static connect() helpers use it.
+globalThis.WebSocket ??= WebSocket;
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const argv = process.argv.slice(2);
@@ -30,7 +34,7 @@ const FILTER = arg('--filter');
 const ARTIFACTS = path.resolve(HERE, '../../target/browser-artifacts');
 const AGENT = path.join(HERE, 'agent.py');
 /** The whole run. */
-const RUN_LIMIT_MS = 120_000;
+const RUN_LIMIT_MS = 600_000;
 /** One wait (an element, a state, an answer). */
 const WAIT_MS = 8_000;
 /** How long "it does not appear" is watched. */
@@ -79,15 +83,15 @@ function routerEnv() {
 }
 
 /** Starts the binary with `config` (TOML); resolves once it printed both of its URLs. */
-function startRouter(config, files = {}) {
-  const dir = mkdtempSync(path.join(tmpdir(), 'map-router-browser-'));
+function startRouter(config, files = {}, reuseDir = null) {
+  const dir = reuseDir ?? mkdtempSync(path.join(tmpdir(), 'map-router-browser-'));
   for (const [name, text] of Object.entries(files)) writeFileSync(path.join(dir, name), text, { mode: 0o600 });
   writeFileSync(path.join(dir, 'router.toml'), config);
   const proc = spawn(BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', path.join(dir, 'data'), '--config', path.join(dir, 'router.toml')], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: routerEnv(),
   });
-  const router = { proc, dir, log: [], wsUrl: null, uiUrl: null };
+  const router = { proc, dir, log: [], wsUrl: null, uiUrl: null, config, files };
   routers.add(router);
   return withTimeout(
     new Promise((resolve, reject) => {
@@ -195,8 +199,21 @@ async function startStandby(natsUrl, node) {
   };
 }
 
+/** kill -9, then the same binary on the same data directory and config (new port). */
+async function restartRouter(router) {
+  router.keepDir = true;
+  routers.delete(router);
+  if (router.proc.exitCode === null && router.proc.signalCode === null) {
+    const exited = new Promise((r) => router.proc.once('exit', r));
+    router.proc.kill('SIGKILL');
+    await withTimeout(exited, WAIT_MS, 'router exit after SIGKILL');
+  }
+  return startRouter(router.config, {}, router.dir);
+}
+
 async function stopRouter(router) {
   routers.delete(router);
+  if (router.keepDir) return;
   if (router.proc.exitCode === null && router.proc.signalCode === null) {
     const exited = new Promise((r) => router.proc.once('exit', r));
     router.proc.kill('SIGTERM');
@@ -382,6 +399,7 @@ scenario('dashboard', async (t, browser) => {
   await t.step('the message flow draws it; a click shows its payload and trace context', async () => {
     const traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
     await peer.send({ agent: 'worker-2' }, { probe: 'traced', step: 2 }, { traceparent });
+    await page.click(tid('tab-flow'));
     const arrow = page.locator(tid('flow-message')).last();
     await until(async () => (await page.locator(tid('flow-message')).count()) >= 2, 'two messages in the flow');
     await arrow.click();
@@ -389,6 +407,7 @@ scenario('dashboard', async (t, browser) => {
     await detail.waitFor({ timeout: WAIT_MS });
     assert.match(await detail.locator(tid('message-payload')).textContent(), /"probe": "traced"/);
     assert.equal(await detail.locator(tid('traceparent')).textContent(), traceparent);
+    await page.click(tid('tab-events'));
   });
 
   await t.step('clicking an agent shows its metadata, process, and usage summed up the tree', async () => {
@@ -409,7 +428,7 @@ scenario('dashboard', async (t, browser) => {
     // Each agent of agent.py records two, in order.
     assert.equal(cps.status, 'loaded');
     assert.deepEqual(cps.ids, ['lead-cp-1', 'lead-cp-2']);
-    await page.locator(tid('flow-message')).first().waitFor({ timeout: WAIT_MS });
+    await page.locator(tid('flow-message')).first().waitFor({ state: 'attached', timeout: WAIT_MS });
     // Not in cluster mode: no NATS badge (the page asked /health at load, seconds ago).
     assert.ok(await page.locator(tid('nats-status')).isHidden());
     await shot(page, 'dashboard');
@@ -501,7 +520,8 @@ scenario('dashboard', async (t, browser) => {
     await sleep(QUIET_MS);
     assert.deepEqual(await sequence(page, 'meanwhile'), [], 'the past does not show new events');
     await page.click(tid('back-to-live'));
-    await page.locator(`${tid('mode')}[data-mode="live"]`).waitFor({ timeout: WAIT_MS });
+    await page.locator(`${tid('mode')}[data-mode="live"]`).waitFor({ state: 'attached', timeout: WAIT_MS });
+    assert.ok(await page.locator(tid('mode')).isHidden(), 'live is said once, by the connection status');
     await page.selectOption(tid('filter-type'), 'message_sent');
     await until(async () => (await sequence(page, 'meanwhile')).length >= 20, 'the twenty messages');
     assert.deepEqual(await sequence(page, 'meanwhile'), range(20));
@@ -671,6 +691,33 @@ scenario('cluster', async (t, browser) => {
 });
 
 // ---------------------------------------------------------------------------------------------
+// The views' scenarios (tests/browser/views/*.mjs; see views/README.md)
+
+const DOCS_IMAGES = path.resolve(HERE, '../../docs/images');
+/** A screenshot for the docs: docs/images/dashboard-<name>.png, taken by the suite itself. */
+async function docsShot(page, name, options = {}) {
+  mkdirSync(DOCS_IMAGES, { recursive: true });
+  await page.screenshot({ path: path.join(DOCS_IMAGES, `dashboard-${name}.png`), fullPage: false, ...options });
+}
+
+/**
+ * An SDK agent (`@multi-agent-protocol/sdk`'s AgentConnection over a real WebSocket), closed
+ * when the scenario ends: `await sdkAgent(t, url, {name, role, scopes, auth})`.
+ */
+async function sdkAgent(t, url, options) {
+  const agent = await withTimeout(AgentConnection.connect(url, options), WAIT_MS, `SDK agent ${options?.name}`);
+  t.cleanup(() => withTimeout(agent.disconnect(), WAIT_MS, 'SDK agent disconnect').catch(() => {}));
+  return agent;
+}
+
+const harness = { scenario, sdkAgent, AgentConnection, ClientConnection, assert, until, sleep, withTimeout, tid, shot, docsShot, treeNodes, rows, sequence, range, Peer, startNats, startStandby, freePort, treeConfig, AGENT, BIN, WAIT_MS, QUIET_MS, LIVE_MS, HERE };
+const VIEWS_DIR = path.join(HERE, 'views');
+for (const file of readdirSync(VIEWS_DIR).filter((f) => f.endsWith('.mjs')).sort()) {
+  const mod = await import(pathToFileURL(path.join(VIEWS_DIR, file)).href);
+  mod.default(harness);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Runner
 
 let passed = 0;
@@ -686,6 +733,13 @@ async function runScenario(s, browser) {
       t.routerLog = r.log;
       return r;
     },
+    /** kill -9 `r` and start it again on its data directory; resolves with the new router. */
+    async restart(r) {
+      const next = await restartRouter(r);
+      cleanups.push(() => stopRouter(next));
+      t.routerLog = next.log;
+      return next;
+    },
     cleanup(fn) {
       cleanups.push(fn);
     },
@@ -698,7 +752,17 @@ async function runScenario(s, browser) {
       const c = await b.newContext({ viewport: { width: 1440, height: 900 } });
       c.setDefaultTimeout(WAIT_MS);
       t.pageErrors = [];
-      c.on('page', (p) => p.on('pageerror', (e) => t.pageErrors.push(e.message)));
+      c.on('page', (p) => {
+        p.on('pageerror', (e) => t.pageErrors.push(e.message));
+        // console.error from the page's scripts; the browser's own network lines (a router
+        // killed on purpose, a socket refused while it restarts) are not the page's errors.
+        p.on('console', (m) => {
+          if (m.type() !== 'error') return;
+          const text = m.text();
+          if (/^(Failed to load resource|WebSocket connection to .* failed)/.test(text)) return;
+          t.pageErrors.push(`console.error: ${text}`);
+        });
+      });
       cleanups.push(() => c.close());
       return c;
     },

@@ -13,7 +13,14 @@
 // above the cursor makes every path free of gaps and duplicates.
 import { ClosedError, MapClient, RpcError, routerUrl } from './client.js';
 import { Model } from './model.js';
-import { collectMessages, fillSelect, nameOf, renderAgentDetail, renderEvents, renderFlow, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
+import { fillSelect, nameOf, renderAgentDetail, renderEvents, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
+import { collectMessages, renderFlow } from './flow.js';
+import * as charts from './charts.js';
+import * as graph from './graph.js';
+import * as traces from './traces.js';
+import * as tasks from './tasks.js';
+import * as conversations from './conversations.js';
+import * as system from './system.js';
 import { clock, compareIds, el } from './util.js';
 
 // Every event type: `*` (the standard ones) and our vendor types, which the router sends only
@@ -39,6 +46,24 @@ const PAGE = 1000;
 /** Pages one catch-up reads at most (a million events). */
 const MAX_PAGES = 1000;
 const AUTH_KEY = 'map-router-dashboard.auth';
+
+/**
+ * The views of the middle panel, one tab each (`#<name>` in the URL opens one). Only the view
+ * shown is drawn. A view module exports `render(root, ctx)` (ctx: see `viewContext`) and may
+ * export `observe(event)`, called with every event of the log in order from its start (the
+ * history, then live), shown or not, so that it can keep bounded aggregates over time.
+ */
+const VIEWS = {
+  events: null, // drawn by render() below (the stream)
+  flow: null, // drawn by render() below
+  charts,
+  graph,
+  traces,
+  tasks,
+  conversations,
+  system,
+};
+const OBSERVERS = Object.values(VIEWS).filter((v) => v && typeof v.observe === 'function');
 
 function positive(text, fallback) {
   const n = Number.parseInt(text ?? '', 10);
@@ -189,10 +214,25 @@ const S = {
   steer: null,
   notice: '',
   expiresAt: null,
+  view: viewFromHash(),
+  /** What the trace view shows: `{messageId}` or `{eventId}`, or null. */
+  traceAnchor: null,
 };
+
+function viewFromHash() {
+  const name = location.hash.replace(/^#/, '').split('/')[0];
+  return Object.hasOwn(VIEWS, name) ? name : 'events';
+}
 
 const fold = new Follower('history', 100_000, (e) => {
   S.fold.apply(e);
+  for (const v of OBSERVERS) {
+    try {
+      v.observe(e);
+    } catch (err) {
+      console.warn('map-router dashboard: a view could not take an event', err);
+    }
+  }
   const t = S.timeline;
   t.ids.push(e.id);
   t.times.push(e.timestamp);
@@ -654,10 +694,39 @@ const actions = {
     if (pos !== null) void travel(pos);
   },
   steer,
+  /** Shows another view (`events`, `flow`, `charts`, ...). */
+  showView(name) {
+    if (!Object.hasOwn(VIEWS, name)) return;
+    if (location.hash !== `#${name}`) history.replaceState(null, '', `#${name}`);
+    S.view = name;
+    scheduleRender();
+  },
+  /** Sets some of the filters (`{type?, agent?, scope?}`; '' clears one); they apply to every view. */
+  setFilters(f) {
+    for (const [key, id] of [['type', 'filter-type'], ['agent', 'filter-agent'], ['scope', 'filter-scope']]) {
+      if (f[key] === undefined) continue;
+      S.filters[key] = f[key];
+      $(id).value = f[key];
+    }
+    scheduleRender();
+  },
+  /** Opens the trace waterfall of a message or an event (`{messageId}` or `{eventId}`). */
+  showTrace(anchor) {
+    S.traceAnchor = anchor;
+    actions.showView('traces');
+  },
   reloadCheckpoints() {
     if (S.selected?.kind === 'agent') void loadCheckpoints(S.selected.id);
   },
 };
+
+for (const tab of document.querySelectorAll('#tabs [data-view]')) {
+  tab.addEventListener('click', () => actions.showView(tab.dataset.view));
+}
+window.addEventListener('hashchange', () => {
+  S.view = viewFromHash();
+  scheduleRender();
+});
 
 for (const [key, id] of [['type', 'filter-type'], ['agent', 'filter-agent'], ['scope', 'filter-scope']]) {
   $(id).addEventListener('change', (ev) => {
@@ -693,8 +762,10 @@ function render() {
   $('principal').textContent = S.connect?.principal ? `principal ${S.connect.principal.id}` : S.connect ? 'anonymous' : '';
   $('sign-out').hidden = !loadCredential();
   const mode = $('mode');
-  mode.textContent = past ? 'past' : 'live';
+  // The connection status already says "live": the badge speaks only of the past.
+  mode.textContent = 'past';
   mode.dataset.mode = past ? 'past' : 'live';
+  mode.hidden = !past;
   document.body.dataset.mode = past ? 'past' : 'live';
   $('notice').textContent = S.notice + (fold.gap ? ' Older events were removed by retention: history starts later than the first agents.' : '');
   $('notice').hidden = !S.notice && !fold.gap;
@@ -716,7 +787,6 @@ function render() {
   S.filters = { type: $('filter-type').value, agent: $('filter-agent').value, scope: $('filter-scope').value };
   const stream = $('event-stream');
   stream.dataset.paused = S.paused ? 'true' : 'false';
-  renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model: past ? model : treeModel, limit: ROWS, canTravel: S.historyReady }, actions);
   const pause = $('pause');
   pause.textContent = S.paused ? 'Resume' : 'Pause';
   pause.setAttribute('aria-pressed', S.paused ? 'true' : 'false');
@@ -731,8 +801,21 @@ function render() {
         ? 'catching up…'
         : `${S.list.length} events`;
 
-  // Flow
-  renderFlow($('message-flow'), collectMessages(events, FLOW_MESSAGES), { model: past ? model : treeModel, selectedMessage: S.selected?.kind === 'message' ? S.selected.id : null }, actions);
+  // Tabs, then the view shown (only it is drawn).
+  for (const tab of document.querySelectorAll('#tabs [data-view]')) {
+    const on = tab.dataset.view === S.view;
+    tab.setAttribute('aria-selected', on ? 'true' : 'false');
+    tab.classList.toggle('selected', on);
+  }
+  for (const name of Object.keys(VIEWS)) $(`view-${name}`).hidden = name !== S.view;
+  const shownModel = past ? model : treeModel;
+  if (S.view === 'events') {
+    renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model: shownModel, limit: ROWS, canTravel: S.historyReady }, actions);
+  } else if (S.view === 'flow') {
+    renderFlow($('message-flow'), collectMessages(events, FLOW_MESSAGES), { model: shownModel, selectedMessage: S.selected?.kind === 'message' ? S.selected.id : null }, actions);
+  } else {
+    VIEWS[S.view].render($(`view-${S.view}`), viewContext(shownModel, events));
+  }
 
   // Detail
   const detail = $('detail');
@@ -757,6 +840,40 @@ function render() {
   if (document.activeElement !== scrubber) label.textContent = past ? `${clock(past.timestamp)} · event ${past.pos + 1} of ${last + 1}` : S.historyReady ? `live · ${last + 1} events` : 'reading history…';
   $('history-status').dataset.state = S.historyReady ? 'ready' : 'loading';
   $('back-to-live').disabled = !past;
+}
+
+/**
+ * What a view is drawn from:
+ *   model     the system at the moment shown (live, or the past being looked at)
+ *   events    the stream's events up to that moment, oldest first (at most 2 000)
+ *   fold      the model folded from the start of the log (process details, participants)
+ *   past      null when live, else {id, timestamp, pos} of the event looked at
+ *   client    the MapClient (`await ctx.client.request(method, params)`); null while connecting
+ *   caps      the connection's capabilities; connect: the `map/connect` result
+ *   filters   {type, agent, scope}: the filters every view applies ('' = all)
+ *   selected  what the detail pane shows: {kind: 'agent'|'message', id}
+ *   traceAnchor  {messageId} or {eventId} to show in the trace view, or null
+ *   historyReady  whether the history has been read (observe() has seen the whole log)
+ *   actions   selectAgent(id), selectMessage(m), showView(name), setFilters(f), showTrace(anchor),
+ *             travelTo(eventId)
+ *   rerender  schedules a redraw (after an answer arrives)
+ */
+function viewContext(model, events) {
+  return {
+    model,
+    events,
+    fold: S.fold,
+    past: S.past ? { id: S.past.id, timestamp: S.past.timestamp, pos: S.past.pos } : null,
+    client: S.client && !S.client.closed && S.status === 'live' ? S.client : null,
+    caps: S.caps,
+    connect: S.connect,
+    filters: S.filters,
+    selected: S.selected,
+    traceAnchor: S.traceAnchor,
+    historyReady: S.historyReady,
+    actions,
+    rerender: scheduleRender,
+  };
 }
 
 /** The live model with the fold's process details and checkpoints (read-only view). */
