@@ -2,6 +2,7 @@
 // element when the view is shown; `observe(event)` (optional) is called with every event of
 // the log in order, from its start, whether the view is shown or not.
 import { el, replaceChildren } from './util.js';
+import './stats.js';
 
 export function render(root, ctx) {
   if (root.dataset.drawn === 'stub') return;
