@@ -210,3 +210,30 @@ fn the_dashboard_asks_for_every_vendor_event_type() {
         }
     }
 }
+
+/// The type filter offers every type a subscriber can get, seen or not: a type added to the
+/// router but not to the dashboard's list would be missing from the filter.
+#[test]
+fn the_type_filter_offers_every_event_type() {
+    let path = format!("{}/src/server/ui/views.js", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("views.js");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("export const ALL_TYPES = "))
+        .expect("ALL_TYPES");
+    let listed = line.matches('\'').count() / 2;
+    let mut expected = 0;
+    for t in map_router::protocol::event::EventType::ALL {
+        if t.is_internal() {
+            assert!(!line.contains(&format!("'{}'", t.as_str())), "{} is internal", t.as_str());
+            continue;
+        }
+        expected += 1;
+        assert!(
+            line.contains(&format!("'{}'", t.as_str())),
+            "views.js ALL_TYPES lacks {}",
+            t.as_str()
+        );
+    }
+    assert_eq!(listed, expected, "ALL_TYPES has a type the router does not know: {line}");
+}

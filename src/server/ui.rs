@@ -34,7 +34,7 @@ pub struct Asset {
 const JS: &str = "text/javascript; charset=utf-8";
 
 /// Every file the dashboard is made of; `index.html` is also served at `/ui` and `/ui/`.
-pub const ASSETS: [Asset; 17] = [
+pub const ASSETS: [Asset; 18] = [
     Asset {
         name: "index.html",
         content_type: "text/html; charset=utf-8",
@@ -74,6 +74,11 @@ pub const ASSETS: [Asset; 17] = [
         name: "flow.js",
         content_type: JS,
         body: include_bytes!("ui/flow.js"),
+    },
+    Asset {
+        name: "metrics.js",
+        content_type: JS,
+        body: include_bytes!("ui/metrics.js"),
     },
     Asset {
         name: "stats.js",

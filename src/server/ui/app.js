@@ -13,7 +13,7 @@
 // above the cursor makes every path free of gaps and duplicates.
 import { ClosedError, MapClient, RpcError, routerUrl } from './client.js';
 import { Model } from './model.js';
-import { fillSelect, nameOf, renderAgentDetail, renderEvents, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
+import { ALL_TYPES, fillSelect, nameOf, renderAgentDetail, renderEvents, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
 import { collectMessages, renderFlow } from './flow.js';
 import * as charts from './charts.js';
 import * as graph from './graph.js';
@@ -63,6 +63,8 @@ const VIEWS = {
   conversations,
   system,
 };
+/** The views the shared filters (type, agent, scope) and the pause apply to. */
+const FILTERED_VIEWS = new Set(['events', 'flow', 'charts', 'graph']);
 const OBSERVERS = Object.values(VIEWS).filter((v) => v && typeof v.observe === 'function');
 
 function positive(text, fallback) {
@@ -748,8 +750,6 @@ function scheduleRender() {
   });
 }
 
-const COMMON_TYPES = ['agent_registered', 'agent_unregistered', 'agent_state_changed', 'agent.metadata.changed', 'agent.stderr', 'agent.injected', 'message_sent', 'message_delivered', 'message_failed', 'scope_created', 'scope_member_joined', 'participant_connected', 'trajectory.checkpoint'];
-
 function render() {
   const past = S.past;
   const model = past?.model ?? S.live;
@@ -779,7 +779,7 @@ function render() {
   $('agent-count').textContent = `${model.agents.size}`;
 
   // Stream
-  const types = new Set(COMMON_TYPES);
+  const types = new Set(ALL_TYPES);
   for (const e of events) types.add(e.type);
   fillSelect($('filter-type'), [...types].sort().map((t) => [t, t]), 'all types');
   fillSelect($('filter-agent'), [...model.agents.values()].map((a) => [a.id, a.name ?? a.id]), 'all agents');
@@ -799,7 +799,7 @@ function render() {
         : `paused: ${waiting} new events held`
       : list.running
         ? 'catching up…'
-        : `${S.list.length} events`;
+        : streamCount();
 
   // Tabs, then the view shown (only it is drawn).
   for (const tab of document.querySelectorAll('#tabs [data-view]')) {
@@ -808,9 +808,12 @@ function render() {
     tab.classList.toggle('selected', on);
   }
   for (const name of Object.keys(VIEWS)) $(`view-${name}`).hidden = name !== S.view;
+  // The filters and the pause concern the views drawn from the stream.
+  document.querySelector('.filters').hidden = !FILTERED_VIEWS.has(S.view);
   const shownModel = past ? model : treeModel;
   if (S.view === 'events') {
-    renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model: shownModel, limit: ROWS, canTravel: S.historyReady }, actions);
+    const emptyText = !past && !S.historyReady && events.length === 0 ? 'Reading the log…' : 'No events.';
+    renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model: shownModel, limit: ROWS, canTravel: S.historyReady, emptyText }, actions);
   } else if (S.view === 'flow') {
     renderFlow($('message-flow'), collectMessages(events, FLOW_MESSAGES), { model: shownModel, selectedMessage: S.selected?.kind === 'message' ? S.selected.id : null }, actions);
   } else {
@@ -857,6 +860,8 @@ function render() {
  *   actions   selectAgent(id), selectMessage(m), showView(name), setFilters(f), showTrace(anchor),
  *             travelTo(eventId)
  *   rerender  schedules a redraw (after an answer arrives)
+ *   fetchAuthed(path)  GET a path of this router (`/metrics`, `/health`) with the page's
+ *             credential as `Authorization: Bearer` when it has one, within 2 s
  */
 function viewContext(model, events) {
   return {
@@ -873,7 +878,26 @@ function viewContext(model, events) {
     historyReady: S.historyReady,
     actions,
     rerender: scheduleRender,
+    fetchAuthed,
   };
+}
+
+/** GET `path` on this origin with the page's credential (a bearer), bounded by 2 s. */
+function fetchAuthed(path) {
+  const c = loadCredential();
+  const headers = c ? { authorization: `Bearer ${c.credential}` } : {};
+  return fetch(path, { cache: 'no-store', headers, signal: AbortSignal.timeout(2000) });
+}
+
+/**
+ * The stream's count, in the scrubber's terms: the log's whole length once the history is read
+ * (the stream keeps only the newest LIST_CAP of them).
+ */
+function streamCount() {
+  const t = S.timeline;
+  const total = t.offset + t.ids.length;
+  if (!S.historyReady) return `${S.list.length} events (reading the log…)`;
+  return S.list.length < total ? `the newest ${S.list.length} of ${total} events` : `${total} events`;
 }
 
 /** The live model with the fold's process details and checkpoints (read-only view). */

@@ -12,6 +12,41 @@ function once(root, key, draw) {
   draw();
 }
 
+/**
+ * Every event type a subscriber can get (the router's `EventType::ALL` but its internal
+ * records; tests/ui.rs keeps the two equal): the type filter offers each, seen or not.
+ */
+export const ALL_TYPES = ['agent_registered', 'agent_unregistered', 'agent_state_changed', 'agent_orphaned', 'agent_environment_changed', 'agent.metadata.changed', 'agent.presence.changed', 'agent.injected', 'agent.stderr', 'agent.diagnostic', 'agent.spawning', 'agent.spawn.failed', 'participant_connected', 'participant_disconnected', 'message_sent', 'message_delivered', 'message_failed', 'message.queued', 'scope_created', 'scope_deleted', 'scope_member_joined', 'scope_member_left', 'subscription.overflow', 'permissions_client_updated', 'permissions_agent_updated', 'trajectory.checkpoint', 'task.created', 'task.assigned', 'task.status', 'task.completed', 'task.updated', 'mail.created', 'mail.closed', 'mail.participant.joined', 'mail.participant.left', 'mail.turn.added', 'mail.thread.created'];
+
+/**
+ * The gateway an agent came through (`im`, `mamp`, `aip`, `a2a`), or null for the user's own
+ * agents: the gateways mark the agents they register in their metadata (docs/gateways.md,
+ * docs/aip.md, docs/a2a.md).
+ */
+export function gatewayOf(agent) {
+  const m = agent?.metadata;
+  if (!m || typeof m !== 'object') return null;
+  if (typeof m.gateway === 'string') return m.gateway;
+  if (m.aip && typeof m.aip === 'object') return 'aip';
+  if (m.a2a && typeof m.a2a === 'object') return 'a2a';
+  return null;
+}
+
+/** A MAP address for people: names instead of ids (`worker-1`, `scope team`, `role reviewer`). */
+export function addressText(model, to) {
+  const who = (id) => nameOf(model, id);
+  if (typeof to === 'string') return who(to);
+  if (!to || typeof to !== 'object') return compact(to, 60);
+  if (typeof to.agent === 'string') return to.system ? `${who(to.agent)} @ ${to.system}` : who(to.agent);
+  if (Array.isArray(to.agents)) return to.agents.map(who).join(', ');
+  if (typeof to.scope === 'string') return `scope ${model?.scopes.get(to.scope)?.name ?? to.scope}`;
+  if (typeof to.role === 'string') return `role ${to.role}${to.within ? ` in ${model?.scopes.get(to.within)?.name ?? to.within}` : ''}`;
+  if (typeof to.parent === 'string' || to.parent === true) return 'parent';
+  if (to.children !== undefined) return 'children';
+  if (to.broadcast) return 'everyone';
+  return compact(to, 60);
+}
+
 const KNOWN_STATES = new Set(['registered', 'active', 'busy', 'idle', 'suspended', 'stopping', 'stopped', 'failed', 'orphaned']);
 
 function stateClass(state) {
@@ -75,13 +110,18 @@ function morph(kept, fresh) {
 }
 
 function drawTree(root, model, selectedId, actions) {
-  const roots = model.roots();
+  // The user's own agents first; the agents the gateways registered for outside callers after
+  // them, under their own heading.
+  const all = model.roots();
+  const own = all.filter((a) => !gatewayOf(a));
+  const through = all.filter((a) => gatewayOf(a));
+  const roots = [...own, ...through];
   if (roots.length === 0) {
     treeDrawings.delete(root);
     replaceChildren(root, el('p', { class: 'empty', 'data-testid': 'tree-empty' }, 'No agents.'));
     return;
   }
-  const shape = [];
+  const shape = [own.length];
   walkTree(model, roots, 1, (a, level, kids) => shape.push([a.id, level, kids.length > 0]));
   const shapeKey = JSON.stringify(shape);
   const last = treeDrawings.get(root);
@@ -99,10 +139,10 @@ function drawTree(root, model, selectedId, actions) {
     return button;
   };
   const seen = new Set();
-  const branch = (agents, level) =>
+  const branch = (agents, level, label = 'Agents') =>
     el(
       'ul',
-      { role: level === 1 ? 'tree' : 'group', 'aria-label': level === 1 ? 'Agents' : null },
+      { role: level === 1 ? 'tree' : 'group', 'aria-label': level === 1 ? label : null },
       agents.map((a) => {
         if (seen.has(a.id)) return null;
         seen.add(a.id);
@@ -115,7 +155,11 @@ function drawTree(root, model, selectedId, actions) {
         );
       }),
     );
-  replaceChildren(root, branch(roots, 1));
+  replaceChildren(
+    root,
+    own.length ? branch(own, 1) : null,
+    through.length ? [el('h3', { class: 'tree-heading', 'data-testid': 'gateway-agents' }, `Through gateways (${through.length})`), branch(through, 1, 'Agents through gateways')] : null,
+  );
   treeDrawings.set(root, { shapeKey, buttons });
 }
 
@@ -141,6 +185,7 @@ function agentNode(model, a, selected, actions) {
     a.role ? el('span', { class: 'agent-role' }, a.role) : null,
     el('span', { class: stateClass(a.state), 'data-testid': 'agent-state' }, a.state),
     a.node ? el('span', { class: 'chip node', title: `on node ${a.node}`, 'data-testid': 'agent-node-name' }, a.node) : null,
+    gatewayOf(a) ? el('span', { class: 'chip gateway', title: `registered by the ${gatewayOf(a)} gateway`, 'data-testid': 'agent-gateway' }, `via ${gatewayOf(a)}`) : null,
     (a.scopes ?? []).map((s) => el('span', { class: 'chip', title: `scope ${s}` }, model.scopes.get(s)?.name ?? s)),
     procBits.length ? el('span', { class: 'proc', 'data-testid': 'agent-proc' }, procBits.join(' · ')) : null,
   );
@@ -193,7 +238,7 @@ export function summarize(event, model) {
   const who = (id) => nameOf(model, id);
   switch (event.type) {
     case 'message_sent':
-      return `${who(d.from)} → ${compact(d.to, 60)}: ${compact(d.payload ?? d.message?.payload, 120)}`;
+      return `${who(d.from)} → ${addressText(model, d.to ?? d.message?.to)}: ${compact(d.payload ?? d.message?.payload, 120)}`;
     case 'message_delivered':
       // A multicast's one event lists every recipient and leaves the payload in message_sent.
       return `${who(d.from)} → ${(d.deliveredTo ?? []).map(who).join(', ')}${d.payload !== undefined || d.message ? `: ${compact(d.payload ?? d.message?.payload, 120)}` : ''}`;
@@ -234,16 +279,20 @@ export function summarize(event, model) {
  * The event list: the newest `limit` events of `events` that pass the filters, newest last.
  * `expanded` is the set of event ids whose JSON is open.
  */
-export function renderEvents(root, events, { filters, expanded, model, limit, canTravel }, actions) {
+export function renderEvents(root, events, { filters, expanded, model, limit, canTravel, emptyText = 'No events.' }, actions) {
+  const brief = briefClients(events, filters);
   const rows = [];
   for (let i = events.length - 1; i >= 0 && rows.length < limit; i--) {
-    if (matches(events[i], filters)) rows.push(events[i]);
+    const e = events[i];
+    if (brief.hidden.has(e.id)) continue;
+    if (matches(e, filters)) rows.push(e);
   }
   rows.reverse();
   const stick = root.scrollTop + root.clientHeight >= root.scrollHeight - 8;
   // Rows are kept by event id: only new rows are inserted and old ones removed, so a row under
   // the pointer stays where it is.
-  const rowKey = (e) => `${e.id}|${expanded.has(e.id)}|${canTravel}|${summarize(e, model)}`;
+  const text = (e) => (brief.lasted.has(e.id) ? `${e.data?.name ?? nameOf(model, e.data?.participantId)} (client): connected for ${num(brief.lasted.get(e.id))} ms` : summarize(e, model));
+  const rowKey = (e) => `${e.id}|${expanded.has(e.id)}|${canTravel}|${text(e)}`;
   const wanted = new Map(rows.map((e) => [rowKey(e), e]));
   for (const child of [...root.children]) {
     if (!wanted.has(child.dataset.rowKey)) child.remove();
@@ -254,24 +303,53 @@ export function renderEvents(root, events, { filters, expanded, model, limit, ca
       cursor = cursor.nextElementSibling;
       continue;
     }
-    const row = eventRow(e, { expanded, model, canTravel }, actions);
+    const row = eventRow(e, { expanded, model, canTravel, text: text(e), merged: brief.lasted.has(e.id) }, actions);
     row.dataset.rowKey = k;
     root.insertBefore(row, cursor);
   }
-  if (rows.length === 0) root.append(el('li', { class: 'empty', 'data-row-key': 'empty' }, 'No events.'));
+  if (rows.length === 0) root.append(el('li', { class: 'empty', 'data-row-key': `empty|${emptyText}` }, emptyText));
   if (stick) root.scrollTop = root.scrollHeight;
 }
 
-function eventRow(e, { expanded, model, canTravel }, actions) {
+/** A client connected for less than this, with nothing in between shown, is one row. */
+const BRIEF_MS = 10_000;
+
+/**
+ * Short-lived clients (a CLI call): their `participant_connected` and `participant_disconnected`
+ * become one row, at the disconnect ("connected for 40 ms"). `hidden` holds the connects folded
+ * away, `lasted` the disconnects' durations. Not when the type filter asks for either type.
+ */
+function briefClients(events, filters) {
+  const hidden = new Set();
+  const lasted = new Map();
+  if (filters.type === 'participant_connected' || filters.type === 'participant_disconnected') return { hidden, lasted };
+  const connected = new Map();
+  for (const e of events) {
+    const d = e.data ?? {};
+    if (e.type === 'participant_connected' && d.participantType === 'client') {
+      connected.set(d.participantId, e);
+    } else if (e.type === 'participant_disconnected') {
+      const c = connected.get(d.participantId);
+      connected.delete(d.participantId);
+      if (c && e.timestamp - c.timestamp < BRIEF_MS) {
+        hidden.add(c.id);
+        lasted.set(e.id, Math.max(0, e.timestamp - c.timestamp));
+      }
+    }
+  }
+  return { hidden, lasted };
+}
+
+function eventRow(e, { expanded, model, canTravel, text, merged }, actions) {
   return el(
         'li',
-        { class: `event type-${e.type.replace(/[^a-z]/gi, '-')}`, 'data-testid': 'event-row', 'data-event-id': e.id, 'data-type': e.type },
+        { class: `event type-${e.type.replace(/[^a-z]/gi, '-')}`, 'data-testid': 'event-row', 'data-event-id': e.id, 'data-type': e.type, 'data-merged': merged ? 'true' : null, title: e.type },
         el('time', { datetime: new Date(e.timestamp).toISOString() }, clock(e.timestamp)),
-        el('span', { class: 'etype' }, e.type),
+        el('span', { class: 'etype' }, merged ? 'client connected' : e.type),
         el(
           'button',
           { type: 'button', class: 'summary', 'aria-expanded': expanded.has(e.id) ? 'true' : 'false', onclick: () => actions.toggleEvent(e) },
-          summarize(e, model),
+          text,
         ),
         canTravel
           ? el('button', { type: 'button', class: 'travel', 'data-testid': 'travel-here', title: 'Show the system as it was after this event', 'aria-label': 'Time travel to this event', onclick: () => actions.travelTo(e.id) }, '◀')
@@ -404,6 +482,12 @@ export function renderAgentDetail(root, model, agentId, { cp, past, caps, steer,
       checkpointSection(cpStatus, cp, checkpoints, actions),
     ),
   );
+  // The stderr tail opens at its newest lines.
+  const tail = info.querySelector('[data-testid="stderr-tail"]');
+  if (tail && tail.dataset.shown !== String(tail.textContent.length)) {
+    tail.dataset.shown = String(tail.textContent.length);
+    tail.scrollTop = tail.scrollHeight;
+  }
 }
 
 function processSection(p) {

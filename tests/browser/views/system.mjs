@@ -1,0 +1,61 @@
+// The system view (issue 46, item 6): the node, the cluster's nodes with their positions, a
+// standby's page, the router's gauges from /metrics, and the gateways' agents.
+export default function (h) {
+  const { assert, tid, until, WAIT_MS } = h;
+
+  h.scenario('system: single node', async (t, browser) => {
+    const router = await t.router(h.treeConfig());
+    const context = await t.context(browser);
+    const page = await context.newPage();
+    await page.goto(`${router.uiUrl}#system`);
+
+    await t.step('the system view says this is a single node and shows the gauges of /metrics', async () => {
+      await page.locator(`${tid('tab-system')}[aria-selected="true"]`).waitFor({ timeout: WAIT_MS });
+      await until(async () => (await page.textContent(tid('node-role'))) === 'single node', 'the node role');
+      // Three supervised agents: /metrics and the page agree on the agents and connections.
+      const gauge = async (name) => Number(await page.getAttribute(`${tid('gauge')}[data-name="${name}"]`, 'data-value'));
+      const scrape = async () => (await (await fetch(router.uiUrl.replace(/\/ui$/, '/metrics'))).text()).split('\n');
+      const sum = (lines, name) => lines.filter((l) => l.startsWith(name) && !l.startsWith(`${name}_`)).reduce((n, l) => n + Number(l.split(' ').at(-1)), 0);
+      await until(async () => (await gauge('agents')) === 3, 'three agents in the gauges', 15_000);
+      const lines = await scrape();
+      assert.equal(sum(lines, 'map_agents'), 3);
+      // Connections move with the page's own polls: within one scrape of /metrics.
+      const shown = await gauge('connections');
+      assert.ok(Math.abs(shown - sum(lines, 'map_connections')) <= 1, `connections ${shown} vs /metrics ${sum(lines, 'map_connections')}`);
+      assert.ok(await page.locator(tid('gateways-none')).isVisible(), 'no gateway traffic yet');
+      await h.docsShot(page, 'system');
+    });
+  });
+
+  h.scenario('system: cluster', async (t, browser) => {
+    const nats = await h.startNats();
+    t.cleanup(() => nats.stop());
+    const router = await t.router(`[cluster]\nurl = "${nats.url}"\nnode = "node-a"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 3000\n`);
+    const standby = await h.startStandby(nats.url, 'node-b');
+    t.cleanup(() => standby.kill());
+    const context = await t.context(browser);
+    const page = await context.newPage();
+    await page.goto(`${router.uiUrl}#system`);
+
+    await t.step('the live node lists both nodes, their roles and positions, and NATS connected', async () => {
+      await until(async () => (await page.locator(tid('cluster-node')).count()) === 2, 'two nodes', 4 * WAIT_MS);
+      const nodes = await page.$$eval(h.tid('cluster-node'), (rs) => rs.map((r) => [r.dataset.node, r.dataset.role]));
+      assert.deepEqual(nodes.sort(), [['node-a', 'writer'], ['node-b', 'standby']]);
+      assert.match(await page.textContent(tid('node-role')), /^live/);
+      assert.equal(await page.getAttribute(tid('node-nats'), 'data-status'), 'connected');
+    });
+
+    await t.step("a standby's page shows the same agents and nodes, and says it is a standby", async () => {
+      await standby.serving();
+      const peer = await t.peer(router.wsUrl, { participantType: 'agent', name: 'on-a' });
+      await peer.call('map/agents/register', { agentId: 'on-a', name: 'on-a' });
+      const other = await context.newPage();
+      await other.goto(`${standby.url.replace(/^ws/, 'http')}ui#system`);
+      await until(async () => /^standby/.test((await other.textContent(tid('node-role')).catch(() => '')) ?? ''), 'the standby role', 4 * WAIT_MS);
+      await until(async () => (await other.locator(tid('cluster-node')).count()) === 2, 'two nodes on the standby', 4 * WAIT_MS);
+      await other.locator(`${tid('agent-node')}[data-agent-id="on-a"]`).waitFor({ timeout: 4 * WAIT_MS });
+      await h.docsShot(other, 'system-standby');
+      await other.close();
+    });
+  });
+}
