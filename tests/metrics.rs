@@ -433,3 +433,83 @@ async fn the_classic_text_format_passes_promtool() {
         .header("content-type")
         .is_some_and(|t| t.starts_with("application/openmetrics-text")));
 }
+
+/// The gateways' HTTP routes are counted per gateway by how each request ended, with the number
+/// of distinct callers; several principals call, one with a bad key, and the exposition names
+/// none of them (counts only: no principal id, no key).
+#[tokio::test]
+async fn gateway_requests_are_counted_per_gateway_without_naming_callers() {
+    let (_server, url) = start_server(|c| {
+        c.auth.api_keys.inline = Some(map_router::auth::config::Secret(
+            "key-alice-0123456789 alice\nkey-bob-0123456789abc bob".into(),
+        ));
+    })
+    .await;
+    let addr = addr_of(&url);
+    let alice = [("Authorization", "Bearer key-alice-0123456789")];
+    let bob = [("Authorization", "Bearer key-bob-0123456789abc")];
+    // MAMP: the public card (anonymous), bob's JSON post, alice's post that is not JSON (refused
+    // by the gate), a post with a key nobody has (refused).
+    assert_eq!(
+        request(addr, "GET", "/mamp/v1/card", &[], b"").await.status,
+        200
+    );
+    let plain = [alice[0], ("Content-Type", "text/plain")];
+    assert_eq!(
+        request(addr, "POST", "/mamp/v1/messages", &plain, b"x")
+            .await
+            .status,
+        415
+    );
+    let forged = [
+        ("Authorization", "Bearer key-mallory-000000000"),
+        ("Content-Type", "application/json"),
+    ];
+    assert_eq!(
+        request(addr, "POST", "/mamp/v1/messages", &forged, b"{}")
+            .await
+            .status,
+        401
+    );
+    let json_bob = [bob[0], ("Content-Type", "application/json")];
+    let bad = request(addr, "POST", "/mamp/v1/messages", &json_bob, b"{}")
+        .await
+        .status;
+    assert!(
+        bad >= 400,
+        "an empty MAMP message is refused by its handler: {bad}"
+    );
+    // A2A: alice asks for an agent's card that does not exist (404).
+    let missing = "/a2a/agents/nobody/.well-known/agent-card.json";
+    assert_eq!(request(addr, "GET", missing, &alice, b"").await.status, 404);
+    let s = scrape(addr, &alice).await;
+    let count = |g: &str, o: &str| {
+        s.value(
+            "map_gateway_requests_total",
+            &[("gateway", g), ("outcome", o)],
+        )
+    };
+    assert_eq!(
+        (
+            count("mamp", "ok"),
+            count("mamp", "refused"),
+            count("mamp", "error")
+        ),
+        (1.0, 2.0, 1.0)
+    );
+    assert_eq!(
+        (
+            count("a2a", "ok"),
+            count("a2a", "refused"),
+            count("a2a", "error")
+        ),
+        (0.0, 0.0, 1.0)
+    );
+    // MAMP: the anonymous card reader (by address), alice and bob; the forged key is nobody.
+    assert_eq!(s.value("map_gateway_callers", &[("gateway", "mamp")]), 3.0);
+    assert_eq!(s.value("map_gateway_callers", &[("gateway", "a2a")]), 1.0);
+    let text = String::from_utf8(get_metrics(addr, &alice).await.body).unwrap();
+    for secret in ["alice", "bob", "mallory", "key-"] {
+        assert!(!text.contains(secret), "/metrics names {secret}");
+    }
+}

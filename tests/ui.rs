@@ -225,7 +225,11 @@ fn the_type_filter_offers_every_event_type() {
     let mut expected = 0;
     for t in map_router::protocol::event::EventType::ALL {
         if t.is_internal() {
-            assert!(!line.contains(&format!("'{}'", t.as_str())), "{} is internal", t.as_str());
+            assert!(
+                !line.contains(&format!("'{}'", t.as_str())),
+                "{} is internal",
+                t.as_str()
+            );
             continue;
         }
         expected += 1;
@@ -235,5 +239,8 @@ fn the_type_filter_offers_every_event_type() {
             t.as_str()
         );
     }
-    assert_eq!(listed, expected, "ALL_TYPES has a type the router does not know: {line}");
+    assert_eq!(
+        listed, expected,
+        "ALL_TYPES has a type the router does not know: {line}"
+    );
 }

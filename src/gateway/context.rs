@@ -41,6 +41,7 @@ use crate::gateway::guard::{Access, Gate, GatedRoute, Guard, GuardSettings, Refu
 use crate::gateway::im::table::ImTable;
 use crate::gateway::peer_table::PeerTable;
 use crate::gateway::threads::Threads;
+use crate::gateway::traffic::Traffic;
 use crate::gateway::wire::{closing, error_response, AgentUri, Failure, GatewayError};
 use crate::protocol::agent::Agent;
 use crate::protocol::capabilities::{Capability, ParticipantType};
@@ -80,6 +81,9 @@ pub struct GatewayContext {
     /// The callers' buckets and the body deadline, shared by the MAMP and IM gates, IM frames
     /// and AIP calls.
     pub guard: Arc<Guard>,
+    /// What the gateways' routes were asked (`traffic.rs`), counted by every gate of this
+    /// context's gateways and of the A2A gateway; rendered into `/metrics`.
+    traffic: Arc<Traffic>,
     /// The gateway routes the server built (MAMP, IM, A2A), each behind its gate.
     routes: Mutex<Vec<GatedRoute>>,
     /// What the router delivers (its payload and frame limits), and where it listens.
@@ -164,9 +168,11 @@ impl GatewayContext {
     ) -> Self {
         let rate = (settings.rate_per_caller > 0)
             .then_some((settings.rate_per_caller, settings.burst_per_caller));
+        let traffic = Arc::new(Traffic::default());
         let guard = Arc::new(Guard::new(GuardSettings {
             body_timeout: settings.body_timeout(),
             rate,
+            traffic: Some(Arc::clone(&traffic)),
             ..GuardSettings::default()
         }));
         let configured = settings.mamp.max_message_size;
@@ -183,6 +189,7 @@ impl GatewayContext {
             im_table: Arc::new(ImTable::default()),
             threads: Threads::default(),
             guard,
+            traffic,
             routes: Mutex::new(Vec::new()),
             facts,
         };
@@ -258,6 +265,11 @@ impl GatewayContext {
             Some(key) => self.guard.rate(&key).map_err(Failure::rate_limited),
             None => Ok(()),
         }
+    }
+
+    /// The gateways' request counts (for `/metrics`, and for the A2A gateway's gates).
+    pub fn traffic(&self) -> Arc<Traffic> {
+        Arc::clone(&self.traffic)
     }
 
     /// The gate of a MAMP or IM route group: `access`, bodies of at most `max` bytes (`setting`

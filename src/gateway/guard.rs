@@ -44,6 +44,7 @@ use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
 use crate::gateway::caller::{credential, Accepts, Admission, Caller, CallerKey, Refusal};
+use crate::gateway::traffic::{self, Outcome, Traffic};
 use crate::gateway::wire::closing;
 use crate::transport::admission::PeerInfo;
 
@@ -71,6 +72,8 @@ pub struct GuardSettings {
     pub body_timeout: Duration,
     /// Requests per second and burst per caller; `None`: unlimited.
     pub rate: Option<(u32, u32)>,
+    /// Where the gates count their requests (`traffic.rs`; the gateway context's table).
+    pub traffic: Option<Arc<Traffic>>,
 }
 
 impl Default for GuardSettings {
@@ -79,6 +82,7 @@ impl Default for GuardSettings {
             allowed_origins: Vec::new(),
             body_timeout: DEFAULT_BODY_TIMEOUT,
             rate: Some(DEFAULT_RATE),
+            traffic: None,
         }
     }
 }
@@ -261,6 +265,8 @@ pub type Render = Arc<dyn Fn(&Refused, &HeaderMap) -> Response + Send + Sync>;
 /// caller's rate, a JSON body, the body's size cap and deadline. Cheap to clone.
 #[derive(Clone)]
 pub struct Gate {
+    /// The route group's name (set by [`GatedRoutes::new`]); its first word names the gateway.
+    group: &'static str,
     admission: Admission,
     accepts: Accepts,
     access: Access,
@@ -287,6 +293,7 @@ impl Gate {
     /// bytes, answering refusals with `render`.
     pub fn new(admission: Admission, guard: Arc<Guard>, max_body: usize, render: Render) -> Self {
         Self {
+            group: "",
             admission,
             accepts: Accepts::default(),
             access: Access::Required,
@@ -355,6 +362,13 @@ impl Gate {
 /// The gate's middleware (module docs); the handler gets the [`Caller`] in the request's
 /// extensions and the body read whole.
 async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
+    let traffic = gate.guard.settings().traffic.clone();
+    let gateway = traffic::gateway_of(gate.group);
+    let count = |caller: Option<&Caller>, outcome: Outcome| {
+        if let Some(t) = &traffic {
+            t.observe(gateway, caller.and_then(|c| c.key(false)).as_ref(), outcome);
+        }
+    };
     let ip = request.extensions().get::<PeerInfo>().map(|p| p.addr.ip());
     let has_body = request.body().size_hint().exact() != Some(0);
     // Answered from the head: the body, if any, was not read, so the connection closes.
@@ -368,9 +382,13 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
     };
     let caller = match gate.caller(&request, ip) {
         Ok(c) => c,
-        Err(refusal) => return early(Refused::Caller(refusal), request.headers()),
+        Err(refusal) => {
+            count(None, Outcome::Refused);
+            return early(Refused::Caller(refusal), request.headers());
+        }
     };
     if let Err(refused) = gate.rate(&caller) {
+        count(Some(&caller), Outcome::Refused);
         return early(refused, request.headers());
     }
     let posts = matches!(
@@ -382,6 +400,7 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
             .headers()
             .get(header::CONTENT_TYPE)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        count(Some(&caller), Outcome::Refused);
         return early(Refused::NotJson(found), request.headers());
     }
     let (mut parts, body) = request.into_parts();
@@ -395,14 +414,25 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
                     BodyError::Timeout => Refused::Timeout { deadline },
                     BodyError::Broken => Refused::Broken,
                 };
+                count(Some(&caller), Outcome::Refused);
                 return closing((gate.render)(&refused, &parts.headers));
             }
         }
     } else {
         body
     };
+    let key = traffic.as_ref().and_then(|_| caller.key(false));
     parts.extensions.insert(caller);
-    next.run(Request::from_parts(parts, body)).await
+    let response = next.run(Request::from_parts(parts, body)).await;
+    if let Some(t) = &traffic {
+        let outcome = if response.status().as_u16() >= 400 {
+            Outcome::Error
+        } else {
+            Outcome::Ok
+        };
+        t.observe(gateway, key.as_ref(), outcome);
+    }
+    response
 }
 
 /// One gateway route behind a [`Gate`], as listed by [`Gated::routes`].
@@ -439,7 +469,8 @@ impl<S> std::fmt::Debug for GatedRoutes<S> {
 
 impl<S: Clone + Send + Sync + 'static> GatedRoutes<S> {
     /// An empty group named `group`, behind `gate`.
-    pub fn new(group: &'static str, gate: Gate) -> Self {
+    pub fn new(group: &'static str, mut gate: Gate) -> Self {
+        gate.group = group;
         Self {
             group,
             gate,

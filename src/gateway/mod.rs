@@ -52,6 +52,7 @@ pub mod recency;
 pub mod senders;
 pub mod threads;
 pub mod trace;
+pub mod traffic;
 pub mod wire;
 
 use std::sync::Arc;

@@ -593,6 +593,7 @@ impl Serving {
         let app = if metrics.is_some() {
             let follower = Arc::downgrade(follower);
             let aip_gateway = aip.as_ref().map(|(g, _)| Arc::downgrade(g));
+            let traffic = gateways.traffic();
             let extra: crate::server::metrics::Extra = Arc::new(move || {
                 let position = follower.upgrade().map_or(0, |f| f.position());
                 let aip = aip_gateway
@@ -600,7 +601,9 @@ impl Serving {
                     .and_then(std::sync::Weak::upgrade)
                     .map(|g| g.render_metrics())
                     .unwrap_or_default();
-                aip + &render_metrics(&probe)
+                traffic.render()
+                    + &aip
+                    + &render_metrics(&probe)
                     + &format!(
                         "# TYPE map_cluster_standby gauge\n\
                      # HELP map_cluster_standby 1 on a standby: it follows the stream another \

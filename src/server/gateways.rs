@@ -144,7 +144,14 @@ pub(super) fn gateway_routes(
     let mut gated = crate::gateway::routes(Arc::clone(gateways));
     if config.a2a.enabled {
         gated = gated.merge(a2a_routes(
-            config, ctx, options, a2a_auth, a2a_allow, shutdown, node,
+            config,
+            ctx,
+            options,
+            a2a_auth,
+            a2a_allow,
+            shutdown,
+            node,
+            gateways.traffic(),
         ));
     }
     gateways.record_routes(gated.routes);
@@ -160,6 +167,7 @@ fn a2a_routes(
     allow: A2aAllow,
     shutdown: &watch::Receiver<bool>,
     node: Option<&str>,
+    traffic: Arc<crate::gateway::traffic::Traffic>,
 ) -> crate::gateway::guard::Gated {
     use crate::auth::config::AuthMethodName;
     use crate::gateway::a2a;
@@ -192,6 +200,7 @@ fn a2a_routes(
             limits: config.a2a.limits(&config.limits),
             default_agent: config.a2a.default_agent.clone(),
             node: node.map(str::to_owned),
+            traffic: Some(traffic),
         },
         shutdown.clone(),
     );

@@ -230,13 +230,17 @@ impl Server {
         }
         let app = if metrics.is_some() {
             let aip_gateway = aip.as_ref().map(|(gateway, ..)| Arc::clone(gateway));
-            let extra = (aip_gateway.is_some() || probe.is_some()).then(|| {
+            let traffic = gateway_context.traffic();
+            let extra = Some({
                 let probe = probe.clone();
                 Arc::new(move || {
-                    let mut out = aip_gateway
-                        .as_ref()
-                        .map(|g| g.render_metrics())
-                        .unwrap_or_default();
+                    let mut out = traffic.render();
+                    out.push_str(
+                        &aip_gateway
+                            .as_ref()
+                            .map(|g| g.render_metrics())
+                            .unwrap_or_default(),
+                    );
                     if let Some(p) = &probe {
                         out.push_str(&cluster::render_metrics(p));
                     }

@@ -120,6 +120,9 @@ pub struct Settings {
     /// the cluster may do is the live node's: the configured remote agents, the sweep of
     /// tasks a restart interrupted.
     pub node: Option<String>,
+    /// Where its gates count their requests (the gateway context's table, shared with MAMP
+    /// and IM); `None`: not counted.
+    pub traffic: Option<Arc<crate::gateway::traffic::Traffic>>,
 }
 
 /// The gateway: its settings, its MAP sessions once opened, and its callers' sessions.
@@ -170,6 +173,7 @@ impl A2aGateway {
         let guard = Arc::new(Guard::new(GuardSettings {
             body_timeout: settings.limits.body_timeout,
             rate: settings.limits.rate,
+            traffic: settings.traffic.clone(),
             ..GuardSettings::default()
         }));
         let admission = Admission::new(settings.auth.clone());

@@ -23,6 +23,18 @@ export default function (h) {
       const shown = await gauge('connections');
       assert.ok(Math.abs(shown - sum(lines, 'map_connections')) <= 1, `connections ${shown} vs /metrics ${sum(lines, 'map_connections')}`);
       assert.ok(await page.locator(tid('gateways-none')).isVisible(), 'no gateway traffic yet');
+    });
+
+    await t.step("each gateway's requests, callers and errors, as /metrics counts them", async () => {
+      const base = router.uiUrl.replace(/\/ui$/, '');
+      assert.equal((await fetch(`${base}/mamp/v1/card`)).status, 200);
+      assert.equal((await fetch(`${base}/a2a/agents/nobody/.well-known/agent-card.json`)).status, 404);
+      const row = (g) => page.locator(`${tid('gateway')}[data-gateway="${g}"]`);
+      await row('a2a').waitFor({ timeout: WAIT_MS });
+      await row('mamp').waitFor({ timeout: WAIT_MS });
+      assert.equal(await row('a2a').locator(tid('gateway-errors')).textContent(), '1');
+      assert.equal(await row('mamp').locator(tid('gateway-errors')).textContent(), '0');
+      assert.equal(await row('mamp').locator(tid('gateway-callers')).textContent(), '1');
       await h.docsShot(page, 'system');
     });
   });
