@@ -159,6 +159,7 @@ pub(super) fn gateway_routes(
 }
 
 /// The A2A gateway's routes (docs/a2a.md).
+#[allow(clippy::too_many_arguments)]
 fn a2a_routes(
     config: &Config,
     ctx: &TransportContext,
