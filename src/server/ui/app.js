@@ -30,14 +30,18 @@ const EVERY_TYPE = ['*', 'agent.presence.changed', 'agent.metadata.changed', 'me
 const params = new URLSearchParams(location.search);
 /** Events a paused stream keeps before it forgets them and reads them again on resume. */
 const BUFFER_CAP = positive(params.get('buffer'), 2000);
-/** Events kept for the stream and message flow. */
+/** Events kept for the stream and message flow (up to LIST_SLACK more until the next trim). */
 const LIST_CAP = 2000;
+const LIST_SLACK = 500;
+/** Live events redraw the page at most this often; a click, a filter or a tab at once. */
+const LIVE_RENDER_MS = 200;
 /** Rows drawn in the stream. */
 const ROWS = 300;
 /** Messages drawn in the flow. */
 const FLOW_MESSAGES = 60;
 /** Event ids kept for the scrubber (positions beyond are forgotten, oldest first). */
 const TIMELINE_CAP = 100_000;
+const TIMELINE_SLACK = 10_000;
 /** A copy of the folded model every this many events, so time travel replays little. */
 const SNAPSHOT_EVERY = 500;
 const SNAPSHOTS_CAP = 400;
@@ -238,7 +242,7 @@ const fold = new Follower('history', 100_000, (e) => {
   const t = S.timeline;
   t.ids.push(e.id);
   t.times.push(e.timestamp);
-  if (t.ids.length > TIMELINE_CAP) {
+  if (t.ids.length > TIMELINE_CAP + TIMELINE_SLACK) {
     const drop = t.ids.length - TIMELINE_CAP;
     t.ids.splice(0, drop);
     t.times.splice(0, drop);
@@ -252,13 +256,14 @@ const fold = new Follower('history', 100_000, (e) => {
     S.recent.push(e);
     if (S.recent.length > ROWS) S.recent.shift();
   }
-  scheduleRender();
+  scheduleRender(false);
 });
 
 const list = new Follower('stream', BUFFER_CAP, (e) => {
   S.list.push(e);
-  if (S.list.length > LIST_CAP) S.list.splice(0, S.list.length - LIST_CAP);
-  scheduleRender();
+  // Dropped in chunks: one splice per LIST_SLACK events, not one per event.
+  if (S.list.length > LIST_CAP + LIST_SLACK) S.list.splice(0, S.list.length - LIST_CAP);
+  scheduleRender(false);
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -452,7 +457,7 @@ function onNotification(method, p) {
     if (compareIds(e.id, S.live.lastEventId) > 0) S.live.apply(e);
     fold.push(e);
     list.push(e);
-    scheduleRender();
+    scheduleRender(false);
   } else if (method === 'map/auth/expiring') {
     S.expiresAt = p?.expiresAt ?? S.expiresAt;
     S.notice = `Your credential expires at ${clock(S.expiresAt)}; sign in again after that.`;
@@ -741,13 +746,34 @@ for (const [key, id] of [['type', 'filter-type'], ['agent', 'filter-agent'], ['s
 // Rendering
 
 let renderQueued = false;
-function scheduleRender() {
-  if (renderQueued) return;
+let renderTimer = null;
+let lastRender = -Infinity;
+
+/**
+ * Draws the page on the next animation frame. `force` (the default: anything a person did, an
+ * answer that arrived) draws at once; live events (`force` false) at most every LIVE_RENDER_MS,
+ * so a busy router costs the page a few redraws a second, not one per frame.
+ */
+function scheduleRender(force = true) {
+  if (renderQueued && !(force && renderTimer)) return;
+  clearTimeout(renderTimer);
+  renderTimer = null;
   renderQueued = true;
-  requestAnimationFrame(() => {
-    renderQueued = false;
-    render();
-  });
+  const frame = () =>
+    requestAnimationFrame(() => {
+      renderQueued = false;
+      lastRender = performance.now();
+      render();
+    });
+  const wait = force ? 0 : LIVE_RENDER_MS - (performance.now() - lastRender);
+  if (wait > 0) {
+    renderTimer = setTimeout(() => {
+      renderTimer = null;
+      frame();
+    }, wait);
+  } else {
+    frame();
+  }
 }
 
 function render() {
