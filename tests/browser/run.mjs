@@ -432,6 +432,8 @@ scenario('dashboard', async (t, browser) => {
     // Not in cluster mode: no NATS badge (the page asked /health at load, seconds ago).
     assert.ok(await page.locator(tid('nats-status')).isHidden());
     await shot(page, 'dashboard');
+    // The README's and docs/dashboard.md's picture, taken here so that it cannot go stale.
+    await docsShot(page, 'overview');
   });
 
   await t.step('steering: suspend, resume and inject from the detail pane', async () => {
