@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The dashboard under load (issue 46, item 7), as a benchmark: 50 agents send 1 000 messages/s for
+# 60 s while headless Chromium shows /ui and is driven through its views; three runs against a
+# release build; prints each run's figures and their medians, and appends the raw lines to
+# docs/bench/<date>-ui.jsonl. Checks the issue's bounds (frame time p95 < 50 ms, serving the page
+# < 5 % of the router's CPU) in each run (MAP_UI_PERF_STRICT=1).
+#
+#   scripts/bench-ui.sh [seconds]   (default 60)
+#
+# The scenario is tests/browser/views/perf.mjs (the browser suite runs it for 10 s, unchecked).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+cargo build --release --locked --bin map-router
+out="docs/bench/$(date -u +%F)-ui.jsonl"
+mkdir -p docs/bench
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for run in 1 2 3; do
+  MAP_UI_PERF_SECONDS=$seconds MAP_UI_PERF_STRICT=1 MAP_UI_PERF_REPORT="$tmp/run$run.json" \
+    node tests/browser/run.mjs --bin target/release/map-router --filter perf
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["run"]=int(sys.argv[2]); r["build"]="release"; print(json.dumps(r))' \
+    "$tmp/run$run.json" "$run" | tee -a "$out"
+done
+python3 - "$tmp" <<'PY'
+import json, statistics, sys, glob
+runs = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/run*.json"))]
+def med(k): return statistics.median(r[k] for r in runs)
+print(f"medians of {len(runs)} runs: frame p50 {med('frameP50'):.1f} ms, p95 {med('frameP95'):.1f} ms, "
+      f"long frames {med('longFrames'):.0f}; heap {med('heapWarm')/1e6:.1f} -> {med('heapEnd')/1e6:.1f} MB; "
+      f"router CPU per message {med('cpuPerMessageAloneUs'):.1f} us alone, {med('cpuPerMessageWithPageUs'):.1f} us with the page "
+      f"(serving it: {100*med('servingShare'):.1f} %)")
+PY
