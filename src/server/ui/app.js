@@ -221,9 +221,24 @@ const S = {
   notice: '',
   expiresAt: null,
   view: viewFromHash(),
-  /** What the trace view shows: `{messageId}` or `{eventId}`, or null. */
-  traceAnchor: null,
+  /** What the trace view shows: `{messageId}`, `{eventId}` or `{traceId}`, or null. */
+  traceAnchor: anchorFromHash(),
 };
+
+/** `#traces/message/<id>`, `#traces/event/<id>`, `#traces/trace/<hex>`: a trace's own link. */
+function anchorFromHash() {
+  const [view, kind, id] = location.hash.replace(/^#/, '').split('/');
+  if (view !== 'traces' || !id) return null;
+  const key = { message: 'messageId', event: 'eventId', trace: 'traceId' }[kind];
+  return key ? { [key]: decodeURIComponent(id) } : null;
+}
+
+function hashOfAnchor(anchor) {
+  if (anchor?.messageId) return `#traces/message/${encodeURIComponent(anchor.messageId)}`;
+  if (anchor?.eventId) return `#traces/event/${encodeURIComponent(anchor.eventId)}`;
+  if (anchor?.traceId) return `#traces/trace/${encodeURIComponent(anchor.traceId)}`;
+  return '#traces';
+}
 
 function viewFromHash() {
   const name = location.hash.replace(/^#/, '').split('/')[0];
@@ -704,7 +719,8 @@ const actions = {
   /** Shows another view (`events`, `flow`, `charts`, ...). */
   showView(name) {
     if (!Object.hasOwn(VIEWS, name)) return;
-    if (location.hash !== `#${name}`) history.replaceState(null, '', `#${name}`);
+    const hash = name === 'traces' ? hashOfAnchor(S.traceAnchor) : `#${name}`;
+    if (location.hash !== hash) history.replaceState(null, '', hash);
     S.view = name;
     scheduleRender();
   },
@@ -719,8 +735,10 @@ const actions = {
   },
   /** Opens the trace waterfall of a message or an event (`{messageId}` or `{eventId}`). */
   showTrace(anchor) {
-    S.traceAnchor = anchor;
-    actions.showView('traces');
+    S.traceAnchor = anchor ?? null;
+    S.view = 'traces';
+    if (location.hash !== hashOfAnchor(S.traceAnchor)) history.replaceState(null, '', hashOfAnchor(S.traceAnchor));
+    scheduleRender();
   },
   reloadCheckpoints() {
     if (S.selected?.kind === 'agent') void loadCheckpoints(S.selected.id);
@@ -732,6 +750,7 @@ for (const tab of document.querySelectorAll('#tabs [data-view]')) {
 }
 window.addEventListener('hashchange', () => {
   S.view = viewFromHash();
+  S.traceAnchor = anchorFromHash();
   scheduleRender();
 });
 

@@ -311,6 +311,14 @@ export function renderEvents(root, events, { filters, expanded, model, limit, ca
   if (stick) root.scrollTop = root.scrollHeight;
 }
 
+/** What `map/traces/get` is asked for an event's trace, or null for an event in no trace. */
+export function traceAnchorOf(e) {
+  const d = e.data ?? {};
+  if (e.type.startsWith('message') && typeof d.messageId === 'string') return { messageId: d.messageId };
+  if (['agent.spawning', 'agent.injected', 'trajectory.checkpoint'].includes(e.type) || e.type.startsWith('task.')) return { eventId: e.id };
+  return null;
+}
+
 /** A client connected for less than this, with nothing in between shown, is one row. */
 const BRIEF_MS = 10_000;
 
@@ -351,6 +359,9 @@ function eventRow(e, { expanded, model, canTravel, text, merged }, actions) {
           { type: 'button', class: 'summary', 'aria-expanded': expanded.has(e.id) ? 'true' : 'false', onclick: () => actions.toggleEvent(e) },
           text,
         ),
+        traceAnchorOf(e)
+          ? el('button', { type: 'button', class: 'travel', 'data-testid': 'trace-here', title: 'Show the trace this event is part of', 'aria-label': 'Show its trace', onclick: () => actions.showTrace(traceAnchorOf(e)) }, '⌁')
+          : el('span', {}),
         canTravel
           ? el('button', { type: 'button', class: 'travel', 'data-testid': 'travel-here', title: 'Show the system as it was after this event', 'aria-label': 'Time travel to this event', onclick: () => actions.travelTo(e.id) }, '◀')
           : null,
