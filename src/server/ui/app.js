@@ -857,6 +857,8 @@ function render() {
  *   actions   selectAgent(id), selectMessage(m), showView(name), setFilters(f), showTrace(anchor),
  *             travelTo(eventId)
  *   rerender  schedules a redraw (after an answer arrives)
+ *   bearer    () => the credential the page signed in with (an API key or a JWT), or null: what
+ *             `Authorization: Bearer` carries to the router's HTTP routes (`GET /metrics`)
  */
 function viewContext(model, events) {
   return {
@@ -873,6 +875,7 @@ function viewContext(model, events) {
     historyReady: S.historyReady,
     actions,
     rerender: scheduleRender,
+    bearer: () => loadCredential()?.credential ?? null,
   };
 }
 
