@@ -26,8 +26,9 @@ const METRICS_RETRY_MS = 15_000;
 /** Agents drawn in a per-agent chart (the busiest in the window). */
 const TOP = 6;
 /** Height of a chart's plot, px. */
-const HEIGHT = 140;
+const HEIGHT = 120;
 const SPANS = [
+  [60, 'last minute'],
   [300, 'last 5 min'],
   [900, 'last 15 min'],
   [3600, 'last hour'],
@@ -70,10 +71,10 @@ const M = {
 const CHARTS = [
   ['messages', 'Messages per second (all agents)'],
   ['agents', 'Per agent, per second'],
-  ['connections', 'Participants connected (from the log)'],
   ['latency', 'Reply latency per answering agent (ms)'],
   ['tokens', 'Tokens per agent (input + output, running total)'],
   ['cost', 'Cost per agent (USD, running total)'],
+  ['connections', 'Participants connected (from the log)'],
   ['conn-now', 'Connections and sessions now (/metrics)'],
   ['queues', 'Outbox and queue depths (/metrics)'],
   ['commit', 'Store commit time, mean per scrape (ms, /metrics)'],
@@ -181,7 +182,7 @@ function draw(ctx, now) {
 
   set('messages', w, { x0, x1, startMs, endMs }, [
     { label: 'sent', data: rate(totals.sent), total: sum(totals.sent) },
-    { label: 'delivered', data: rate(totals.delivered), total: sum(totals.delivered) },
+    { label: 'delivered', data: rate(totals.delivered), total: sum(totals.delivered), dash: [6, 4] },
     { label: 'failed', data: rate(totals.failed), total: sum(totals.failed) },
   ]);
 
@@ -248,13 +249,14 @@ function fmt(v, s) {
 }
 
 /**
- * Draws chart `name`: `series` [{label, data, total?, points?, money?, summary?}] over `w`'s
+ * Draws chart `name`: `series` [{label, data, total?, points?, money?, summary?, dash?}] over `w`'s
  * buckets (or `bounds.xs` for sampled gauges); `empty` is said instead when there is nothing.
  */
 function set(name, w, bounds, series, empty = '') {
   const c = V.charts.get(name);
   const xs = w ? w.xs : bounds.xs;
   const summaries = series.filter((s) => s.summary).map((s) => `${s.label}: ${s.summary}`);
+  if (!summaries.length && series.some((s) => s.total !== undefined)) summaries.push(`in the window: ${series.map((s) => `${s.label} ${num(s.total ?? 0)}`).join(' · ')}`);
   c.note.textContent = summaries.length ? summaries.join(' · ') : empty;
   c.note.hidden = !c.note.textContent;
   const labels = series.map((s) => s.label);
@@ -276,6 +278,7 @@ function set(name, w, bounds, series, empty = '') {
             label: s.label,
             stroke: PALETTE[i % PALETTE.length],
             width: 1.5,
+            dash: s.dash,
             spanGaps: false,
             points: { show: Boolean(s.points), size: 5 },
             value: (u, v) => fmt(v, s),

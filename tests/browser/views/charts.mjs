@@ -173,7 +173,11 @@ export default function (h) {
 
     await t.step('screenshot', async () => {
       await page.mouse.move(0, 0);
+      await page.selectOption(tid('charts-span'), '60');
+      await until(async () => (await chart(page, tid, 'messages')).end - (await chart(page, tid, 'messages')).start < 61_000, 'a one-minute window');
       await h.docsShot(page, 'charts');
+      await page.selectOption(tid('charts-span'), '300');
+      await until(async () => (await chart(page, tid, 'messages')).end - (await chart(page, tid, 'messages')).start > 299_000, 'the five-minute window again');
     });
 
     await t.step('scrubbing back moves the charts\' end there', async () => {
