@@ -26,7 +26,7 @@ const METRICS_RETRY_MS = 15_000;
 /** Agents drawn in a per-agent chart (the busiest in the window). */
 const TOP = 6;
 /** Height of a chart's plot, px. */
-const HEIGHT = 120;
+const HEIGHT = 130;
 const SPANS = [
   [60, 'last minute'],
   [300, 'last 5 min'],
@@ -242,6 +242,13 @@ function drawMetrics(startMs, endMs) {
   for (const name of ['conn-now', 'queues', 'commit']) V.charts.get(name).card.dataset.metrics = M.status;
 }
 
+/** A time axis label on one line: `12:03:04`, or `12:03` on a whole minute. */
+function timeLabel(sec) {
+  const d = new Date(sec * 1000);
+  const pad = (n) => String(n).padStart(2, '0');
+  return d.getSeconds() === 0 ? `${pad(d.getHours())}:${pad(d.getMinutes())}` : `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
 function fmt(v, s) {
   if (v === null || v === undefined || Number.isNaN(v)) return '–';
   if (s?.money) return `$${v < 1 ? v.toFixed(4) : v.toFixed(2)}`;
@@ -271,7 +278,11 @@ function set(name, w, bounds, series, empty = '') {
       {
         width: V.width || chartWidth(),
         height: HEIGHT,
-        scales: { x: { time: true, range: () => c.range }, y: { range: (u, min, max) => [Math.min(0, min ?? 0), Math.max(max ?? 1, money ? 0.0001 : 1)] } },
+        scales: {
+          x: { time: true, range: () => c.range },
+          // From 0, rounded up to a number the ticks can name.
+          y: { range: (u, min, max) => uPlot.rangeNum(Math.min(0, min ?? 0), Math.max(max ?? 0, money ? 0.001 : 1), 0.1, true) },
+        },
         series: [
           {},
           ...series.map((s, i) => ({
@@ -284,7 +295,7 @@ function set(name, w, bounds, series, empty = '') {
             value: (u, v) => fmt(v, s),
           })),
         ],
-        axes: [{ stroke: '#5f6b7a', grid: { stroke: '#eef0f3' } }, { stroke: '#5f6b7a', grid: { stroke: '#eef0f3' }, size: 56, values: (u, vals) => vals.map((v) => fmt(v, { money })) }],
+        axes: [{ stroke: '#5f6b7a', grid: { stroke: '#eef0f3' }, values: (u, splits) => splits.map(timeLabel) }, { stroke: '#5f6b7a', grid: { stroke: '#eef0f3' }, size: 56, values: (u, vals) => vals.map((v) => fmt(v, { money })) }],
         cursor: { drag: { x: false, y: false } },
         legend: { show: series.length > 0 },
       },

@@ -25,7 +25,7 @@
 export const FINE_SECONDS = 3600;
 /** One-minute buckets kept: the newest day. */
 export const COARSE_MINUTES = 1440;
-/** Agents with their own message series (the busiest; a newcomer replaces the quietest). */
+/** Agents with their own message series (the busiest; when full, a newcomer replaces the quietest quarter). */
 export const AGENTS_TRACKED = 64;
 /** Agents with their own reply-latency series. */
 export const LATENCY_AGENTS = 16;
@@ -113,6 +113,14 @@ class Ring {
     return out;
   }
 
+  /** The sum of `SUM` channel `c` over `n` units from `first` (no allocation). */
+  sum(c, first, n, coarse) {
+    const part = coarse ? this.coarse : this.fine;
+    let total = 0;
+    for (let k = 0; k < n; k++) total += Ring.at(part, c, first + k) ?? 0;
+    return total;
+  }
+
   /** The level of channel `c` just before unit `first`, or null when none is kept. */
   levelBefore(c, first, coarse) {
     if (!coarse) {
@@ -131,7 +139,7 @@ class Ring {
   }
 }
 
-/** A Map of at most `cap` entries by weight: a new key replaces the lightest. */
+/** A Map of at most `cap` entries by weight: when it is full, a new key replaces the lightest ones. */
 class Tracked {
   constructor(cap, make) {
     this.cap = cap;
@@ -143,9 +151,10 @@ class Tracked {
     let e = this.map.get(id);
     if (e) return e;
     if (this.map.size >= this.cap) {
-      let lightest = null;
-      for (const [k, v] of this.map) if (!lightest || v.weight < lightest[1].weight) lightest = [k, v];
-      this.map.delete(lightest[0]);
+      // The lightest quarter goes at once, so that a stream of newcomers (a multicast to a
+      // large scope) costs one sort per cap/4 of them, not a scan each.
+      const byWeight = [...this.map].sort((a, b) => a[1].weight - b[1].weight);
+      for (const [k] of byWeight.slice(0, Math.max(1, this.cap >> 2))) this.map.delete(k);
     }
     e = { weight: 0, ring: this.make() };
     this.map.set(id, e);
@@ -354,13 +363,13 @@ export class Stats {
     const c = { sent: SENT, delivered: DELIVERED, failed: FAILED }[what] ?? SENT;
     const out = [];
     for (const [id, e] of this.agents.map) {
-      const counts = e.ring.read(c, w.first, w.n, w.coarse);
-      let total = 0;
-      for (const v of counts) total += v;
-      if (total > 0) out.push({ id, counts, total });
+      if (e.weight === 0) continue;
+      const total = e.ring.sum(c, w.first, w.n, w.coarse);
+      if (total > 0) out.push({ id, total, ring: e.ring });
     }
     out.sort((a, b) => b.total - a.total || (a.id < b.id ? -1 : 1));
-    return out.slice(0, top);
+    // Only the agents drawn get their series read out.
+    return out.slice(0, top).map(({ id, total, ring }) => ({ id, total, counts: ring.read(c, w.first, w.n, w.coarse) }));
   }
 
   /**
