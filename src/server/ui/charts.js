@@ -295,7 +295,7 @@ function set(name, w, bounds, series, empty = '') {
             value: (u, v) => fmt(v, s),
           })),
         ],
-        axes: [{ stroke: '#5f6b7a', grid: { stroke: '#eef0f3' }, values: (u, splits) => splits.map(timeLabel) }, { stroke: '#5f6b7a', grid: { stroke: '#eef0f3' }, size: 56, values: (u, vals) => vals.map((v) => fmt(v, { money })) }],
+        axes: [{ stroke: '#5f6b7a', grid: { stroke: '#eef0f3' }, size: 30, values: (u, splits) => splits.map(timeLabel) }, { stroke: '#5f6b7a', grid: { stroke: '#eef0f3' }, size: 56, values: (u, vals) => vals.map((v) => fmt(v, { money })) }],
         cursor: { drag: { x: false, y: false } },
         legend: { show: series.length > 0 },
       },
