@@ -907,6 +907,8 @@ function render() {
  *   rerender  schedules a redraw (after an answer arrives)
  *   fetchAuthed(path)  GET a path of this router (`/metrics`, `/health`) with the page's
  *             credential as `Authorization: Bearer` when it has one, within 2 s
+ *   bearer    () => the credential the page signed in with (an API key or a JWT), or null: what
+ *             `Authorization: Bearer` carries to the router's HTTP routes (`GET /metrics`)
  */
 function viewContext(model, events) {
   return {
@@ -924,6 +926,7 @@ function viewContext(model, events) {
     actions,
     rerender: scheduleRender,
     fetchAuthed,
+    bearer: () => loadCredential()?.credential ?? null,
   };
 }
 
