@@ -14,7 +14,8 @@
 import { ClosedError, MapClient, RpcError, routerUrl } from './client.js';
 import { Model } from './model.js';
 import { fillSelect, nameOf, renderAgentDetail, renderEvents, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
-import { collectMessages, renderFlow } from './flow.js';
+import * as flow from './flow.js';
+import { collectMessages } from './flow.js';
 import * as charts from './charts.js';
 import * as graph from './graph.js';
 import * as traces from './traces.js';
@@ -34,8 +35,6 @@ const BUFFER_CAP = positive(params.get('buffer'), 2000);
 const LIST_CAP = 2000;
 /** Rows drawn in the stream. */
 const ROWS = 300;
-/** Messages drawn in the flow. */
-const FLOW_MESSAGES = 60;
 /** Event ids kept for the scrubber (positions beyond are forgotten, oldest first). */
 const TIMELINE_CAP = 100_000;
 /** A copy of the folded model every this many events, so time travel replays little. */
@@ -55,7 +54,7 @@ const AUTH_KEY = 'map-router-dashboard.auth';
  */
 const VIEWS = {
   events: null, // drawn by render() below (the stream)
-  flow: null, // drawn by render() below
+  flow,
   charts,
   graph,
   traces,
@@ -811,8 +810,6 @@ function render() {
   const shownModel = past ? model : treeModel;
   if (S.view === 'events') {
     renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model: shownModel, limit: ROWS, canTravel: S.historyReady }, actions);
-  } else if (S.view === 'flow') {
-    renderFlow($('message-flow'), collectMessages(events, FLOW_MESSAGES), { model: shownModel, selectedMessage: S.selected?.kind === 'message' ? S.selected.id : null }, actions);
   } else {
     VIEWS[S.view].render($(`view-${S.view}`), viewContext(shownModel, events));
   }
@@ -822,7 +819,7 @@ function render() {
   if (S.selected?.kind === 'agent') {
     renderAgentDetail(detail, past ? model : treeModel, S.selected.id, { cp: S.cp, past, caps: S.caps, steer: S.steer, injectForm }, actions);
   } else if (S.selected?.kind === 'message') {
-    renderMessageDetail(detail, S.selected.message, past ? model : treeModel);
+    renderMessageDetail(detail, S.selected.message, past ? model : treeModel, actions);
   } else {
     renderPlaceholder(detail);
   }
