@@ -20,12 +20,12 @@ export const MAX_NODES = 80;
 /** Live redraws at most this often (ms). */
 const REDRAW_MS = 1000;
 
-const NODE_W = 124;
+const NODE_W = 112;
 const NODE_H = 30;
-const GAP_X = 22;
-const GAP_Y = 34;
+const GAP_X = 64;
+const GAP_Y = 56;
 const PAD = 12;
-const TITLE_H = 20;
+const TITLE_H = 30;
 const MARGIN = 10;
 
 // ---------------------------------------------------------------------------------------------
@@ -217,23 +217,25 @@ function draw(s, ctx, width) {
   const edgeParts = shown.map((e) => {
     const a = pos.get(e.from);
     const b = pos.get(e.to);
-    let dx = b.x - a.x;
-    let dy = b.y - a.y;
-    const len = Math.hypot(dx, dy) || 1;
-    dx /= len;
-    dy /= len;
-    // Two directions between the same pair: each on its own side.
-    const off = both.has(`${e.to}\u0001${e.from}`) ? 5 : 0;
-    const ox = -dy * off;
-    const oy = dx * off;
-    const cut = (ux, uy) => Math.min(NODE_W / 2 / Math.max(Math.abs(ux), 1e-6), NODE_H / 2 / Math.max(Math.abs(uy), 1e-6)) + 2;
-    const ca = cut(dx, dy);
-    const x1 = a.x + dx * ca + ox;
-    const y1 = a.y + dy * ca + oy;
-    const x2 = b.x - dx * (ca + 3) + ox;
-    const y2 = b.y - dy * (ca + 3) + oy;
-    const lx = x1 + (x2 - x1) * 0.4;
-    const ly = y1 + (y2 - y1) * 0.4;
+    // A quadratic curve bowing to the left of its direction: the two directions of a pair
+    // part, and an edge does not run through the nodes between its ends in a row.
+    const len = Math.hypot(b.x - a.x, b.y - a.y) || 1;
+    const bow = Math.min(0.22 * len, 70);
+    const cx = (a.x + b.x) / 2 + ((b.y - a.y) / len) * bow;
+    const cy = (a.y + b.y) / 2 - ((b.x - a.x) / len) * bow;
+    // Each end leaves its node's border, towards the control point.
+    const border = (p, gap) => {
+      const dx = cx - p.x;
+      const dy = cy - p.y;
+      const d = Math.hypot(dx, dy) || 1;
+      const t = Math.min(NODE_W / 2 / Math.max(Math.abs(dx / d), 1e-6), NODE_H / 2 / Math.max(Math.abs(dy / d), 1e-6)) + gap;
+      return [p.x + (dx / d) * t, p.y + (dy / d) * t];
+    };
+    const [x1, y1] = border(a, 2);
+    const [x2, y2] = border(b, 4);
+    const lx = 0.25 * x1 + 0.5 * cx + 0.25 * x2;
+    const ly = 0.25 * y1 + 0.5 * cy + 0.25 * y2;
+    const d = `M ${x1.toFixed(1)} ${y1.toFixed(1)} Q ${cx.toFixed(1)} ${cy.toFixed(1)} ${x2.toFixed(1)} ${y2.toFixed(1)}`;
     const stroke = 1.2 + (3.5 * Math.log1p(e.count)) / Math.log1p(maxCount);
     const fromName = label(e.from);
     const toName = label(e.to);
@@ -260,17 +262,18 @@ function draw(s, ctx, width) {
           onkeydown: (ev) => (ev.key === 'Enter' || ev.key === ' ') && open(),
         },
         svg('title', {}, `${fromName} → ${toName}: ${e.count} messages`),
-        svg('line', { x1, y1, x2, y2, class: 'hit' }),
-        svg('line', { x1, y1, x2, y2, class: 'edge', 'stroke-width': stroke.toFixed(1), 'marker-end': 'url(#graph-arrow)' }),
+        svg('path', { d, class: 'hit' }),
+        svg('path', { d, class: 'edge', 'stroke-width': stroke.toFixed(1), 'marker-end': 'url(#graph-arrow)' }),
+        svg('rect', { x: lx - 4 - 4 * String(e.count).length, y: ly - 9, width: 8 + 8 * String(e.count).length, height: 17, rx: 8, class: 'count-bg' }),
+        svg('text', { x: lx, y: ly + 4, 'text-anchor': 'middle', class: 'count', 'data-testid': 'graph-edge-count' }, String(e.count)),
       ),
-      label: svg('text', { x: lx, y: ly + 4, 'text-anchor': 'middle', class: 'count graph-edge-count', 'data-testid': 'graph-edge-count', 'data-from': e.from === CLI_KEY ? 'cli' : e.from, 'data-to': e.to === CLI_KEY ? 'cli' : e.to, onclick: open }, String(e.count)),
     };
   });
 
   const drawing = svg(
     'svg',
     { width, height, viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': `Agent graph: ${kept.size} participants, ${shown.length} edges` },
-    svg('defs', {}, svg('marker', { id: 'graph-arrow', viewBox: '0 0 10 10', refX: 8, refY: 5, markerWidth: 5, markerHeight: 5, orient: 'auto-start-reverse' }, svg('path', { d: 'M 0 0 L 10 5 L 0 10 z', class: 'graph-arrowhead' }))),
+    svg('defs', {}, svg('marker', { id: 'graph-arrow', viewBox: '0 0 10 10', refX: 8, refY: 5, markerWidth: 9, markerHeight: 9, markerUnits: 'userSpaceOnUse', orient: 'auto-start-reverse' }, svg('path', { d: 'M 0 0 L 10 5 L 0 10 z', class: 'graph-arrowhead' }))),
     boxes.map((bx) =>
       svg(
         'g',
@@ -293,12 +296,10 @@ function draw(s, ctx, width) {
         },
         svg('title', {}, `${label(k)}${k === CLI_KEY ? ' (the CLI and clients connected briefly)' : ` (${k})`}: ${traffic.get(k)} messages in and out`),
         svg('rect', { x: p.x - NODE_W / 2, y: p.y - NODE_H / 2, width: NODE_W, height: NODE_H, rx: 6 }),
-        svg('text', { x: p.x, y: p.y + 4, 'text-anchor': 'middle' }, truncate(label(k), 17)),
+        svg('text', { x: p.x, y: p.y + 4, 'text-anchor': 'middle' }, truncate(label(k), 15)),
       ),
     ),
   );
-  // Counts on top of nodes and lines.
-  for (const p of edgeParts) drawing.append(p.label);
   replaceChildren(s.box, drawing);
 }
 

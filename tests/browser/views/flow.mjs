@@ -157,5 +157,28 @@ export default function (h) {
       await page.locator(`${tid('tab-traces')}[aria-selected="true"]`).waitFor({ timeout: WAIT_MS });
       assert.ok(await page.locator(tid('view-traces')).isVisible());
     });
+
+    await t.step('the same traffic as a graph: 51 nodes in their scopes, none overlapping', async () => {
+      await page.click(tid('tab-graph'));
+      const nodes = await until(async () => {
+        const ns = await page.$$eval(`${tid('graph-node')} rect`, (rs) => rs.map((r) => {
+          const b = r.getBoundingClientRect();
+          const g = r.parentElement;
+          return { id: g.dataset.nodeId, name: g.dataset.name, scope: g.dataset.scope, x: b.x, y: b.y, w: b.width, h: b.height };
+        }));
+        return ns.length === 51 ? ns : null;
+      }, '50 agents and the cli node');
+      for (const n of nodes) {
+        if (n.id === 'cli') assert.equal(n.name, 'cli (2)');
+        else assert.equal(n.scope, byId.get(n.id).scope, `${n.name} in its scope`);
+      }
+      for (let i = 0; i < nodes.length; i++) {
+        for (let j = i + 1; j < nodes.length; j++) {
+          const [p, q] = [nodes[i], nodes[j]];
+          assert.ok(p.x + p.w <= q.x || q.x + q.w <= p.x || p.y + p.h <= q.y || q.y + q.h <= p.y, `${p.name} and ${q.name} do not overlap`);
+        }
+      }
+      await h.shot(page, 'graph-50');
+    });
   });
 }
