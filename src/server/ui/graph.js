@@ -43,6 +43,17 @@ const ring = {
   newest: 0,
 };
 
+/** One string per participant id, so that the ring does not hold a copy per delivery. */
+const names = new Map();
+const NAMES_KEPT = 10_000;
+function intern(id) {
+  const known = names.get(id);
+  if (known !== undefined) return known;
+  if (names.size >= NAMES_KEPT) names.clear();
+  names.set(id, id);
+  return id;
+}
+
 export function observe(event) {
   if (typeof event.timestamp === 'number' && event.timestamp > ring.newest) ring.newest = event.timestamp;
   if (event.type !== 'message_delivered') return;
@@ -51,8 +62,8 @@ export function observe(event) {
   for (const r of d.deliveredTo) {
     if (typeof r !== 'string') continue;
     const i = ring.next;
-    ring.from[i] = d.from;
-    ring.to[i] = r;
+    ring.from[i] = intern(d.from);
+    ring.to[i] = intern(r);
     ring.ts[i] = event.timestamp;
     ring.id[i] = event.id;
     ring.next = (i + 1) % DELIVERIES_KEPT;
@@ -94,7 +105,9 @@ function countEdges(model, past, filters) {
     else edges.set(key, { from: a, to: b, count: 1, members: new Set() });
     if (a === CLI_KEY) edges.get(key).members.add(from);
   }
-  return { edges, start, end };
+  // The ring is full and its oldest delivery is inside the window: older ones were forgotten.
+  const truncated = ring.size === DELIVERIES_KEPT && ring.ts[ring.next] > start;
+  return { edges, start, end, truncated };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -147,7 +160,7 @@ export function render(root, ctx) {
 
 function draw(s, ctx, width) {
   const { model, past, filters, actions } = ctx;
-  const { edges, start, end } = countEdges(model, past, filters);
+  const { edges, start, end, truncated } = countEdges(model, past, filters);
   // Nodes: every end of an edge, the busiest MAX_NODES.
   const traffic = new Map();
   for (const e of edges.values()) {
@@ -161,10 +174,10 @@ function draw(s, ctx, width) {
   for (const e of edges.values()) for (const m of e.members) cliMembers.add(m);
   const label = (k) => (k === CLI_KEY ? `cli (${cliMembers.size})` : nameOf(model, k));
   s.status.textContent =
-    `${num(total)} messages delivered between ${kept.size} participants, ${clock(start)} – ${clock(end)}` +
-    ` (the ${WINDOW_MS / 60_000} min before ${past ? 'the moment shown' : 'the newest event'})` +
-    (hidden > 0 ? `; ${hidden} quieter participants not drawn` : '') +
-    (ring.size === DELIVERIES_KEPT ? `; counts only the newest ${num(DELIVERIES_KEPT)} deliveries` : '');
+    `${num(total)} messages between ${kept.size} participants · ${clock(start).slice(0, 8)} – ${clock(end).slice(0, 8)}` +
+    ` (${WINDOW_MS / 60_000} min before ${past ? 'the moment shown' : 'the newest event'})` +
+    (hidden > 0 ? ` · ${hidden} quieter participants not drawn` : '') +
+    (truncated ? ` · only the newest ${num(DELIVERIES_KEPT)} deliveries` : '');
   if (kept.size === 0) {
     replaceChildren(s.box, el('p', { class: 'empty', 'data-testid': 'graph-empty' }, filters.agent || filters.scope ? 'No messages pass the filters in the window.' : 'No messages in the window.'));
     return;
