@@ -158,6 +158,32 @@ export default function (h) {
       assert.ok(await page.locator(tid('view-traces')).isVisible());
     });
 
+    await t.step('a burst of 2 000 messages from 50 agents: the flow keeps up, frames stay short', async () => {
+      await page.click(tid('tab-flow'));
+      await page.evaluate(() => {
+        window.__frames = [];
+        let last = performance.now();
+        const tick = (now) => {
+          window.__frames.push(now - last);
+          last = now;
+          if (window.__frames.length < 100_000) requestAnimationFrame(tick);
+        };
+        requestAnimationFrame(tick);
+      });
+      const started = Date.now();
+      await Promise.all(agents.map(async (a, i) => {
+        for (let k = 0; k < 40; k++) await a.conn.send({ agent: agents[(i + 7) % agents.length].id }, { burst: k });
+      }));
+      const sendMs = Date.now() - started;
+      await until(async () => /"burst":39/.test(await page.locator(tid('flow-label')).last().textContent()) || (await page.$$eval(tid('flow-label'), (ls) => ls.filter((l) => l.textContent.includes('"burst":39')).length)) > 0, 'the burst in the flow');
+      const frames = await page.evaluate(() => window.__frames.slice(1));
+      frames.sort((a, b) => a - b);
+      const p95 = frames[Math.floor(frames.length * 0.95)];
+      console.log(`  flow burst: 2000 messages sent in ${sendMs} ms; ${frames.length} frames, p95 ${p95.toFixed(1)} ms, max ${frames.at(-1).toFixed(1)} ms`);
+      assert.equal(await page.locator(tid('flow-message')).count(), 120, 'the newest 120 messages');
+      assert.ok(p95 < 50, `frame time p95 ${p95.toFixed(1)} ms < 50 ms`);
+    });
+
     await t.step('the same traffic as a graph: 51 nodes in their scopes, none overlapping', async () => {
       await page.click(tid('tab-graph'));
       const nodes = await until(async () => {
