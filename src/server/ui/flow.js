@@ -272,6 +272,14 @@ function partsOf(root, ctx) {
   return s;
 }
 
+/** How long the last drawings took (ms), newest last, and how many there were: what the flow costs the page. */
+const drawTimes = [];
+const DRAW_TIMES_KEPT = 100;
+let drawings = 0;
+export function drawStats() {
+  return { drawings, recent: [...drawTimes] };
+}
+
 /** Draws the flow into the view's element (`#view-flow`, holding `#message-flow`). */
 export function render(root, ctx) {
   const s = partsOf(root, ctx);
@@ -301,6 +309,9 @@ export function render(root, ctx) {
       s.view = view;
       s.drawnAt = performance.now();
       draw(s, ctx, width, selected);
+      drawings += 1;
+      drawTimes.push(performance.now() - s.drawnAt);
+      if (drawTimes.length > DRAW_TIMES_KEPT) drawTimes.shift();
     }
   }
   if (s.follow && s.box.clientHeight > 0 && s.box.scrollTop + s.box.clientHeight < s.box.scrollHeight - 8) s.box.scrollTop = s.box.scrollHeight;
