@@ -142,9 +142,9 @@ export function showPair(from, to) {
 
 /**
  * The lanes for `messages` in `width` px: [{key, label, title, kind, members}] and a map from
- * participant id to its lane's index. `pinned` ids keep their own lane.
+ * participant id to its lane's index. `pinned` ids keep their own lane; `keepScope` folds last.
  */
-export function layoutLanes(messages, model, past, width, pinned) {
+export function layoutLanes(messages, model, past, width, pinned, keepScope = '') {
   const traffic = new Map(); // unit key → arrows at it
   const members = new Map(); // unit key → participant ids
   const order = [];
@@ -178,7 +178,9 @@ export function layoutLanes(messages, model, past, width, pinned) {
     }
     let count = lanes.length;
     const folded = new Map(); // unit key → scope
-    for (const [scope, keys] of [...byScope].sort((a, b) => b[1].length - a[1].length)) {
+    // The scope chosen in the scope filter folds last.
+    const sorted = [...byScope].sort((a, b) => (a[0] === keepScope) - (b[0] === keepScope) || b[1].length - a[1].length);
+    for (const [scope, keys] of sorted) {
       if (count <= capacity) break;
       if (keys.length < 2) continue;
       for (const k of keys) folded.set(k, scope);
@@ -338,7 +340,7 @@ function draw(s, ctx, width, selectedId) {
     return;
   }
   const pinned = new Set([filters.agent, pair?.from, pair?.to].filter(Boolean));
-  const { lanes, index } = layoutLanes(messages, model, past, width, pinned);
+  const { lanes, index } = layoutLanes(messages, model, past, width, pinned, filters.scope);
   const laneW = width / lanes.length;
   const x = (id) => index.get(id) * laneW + laneW / 2;
   const height = messages.length * ROW_H + 8;

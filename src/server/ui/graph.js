@@ -140,7 +140,8 @@ export function render(root, ctx) {
   const { filters, past } = ctx;
   const width = s.box.clientWidth;
   const view = JSON.stringify([filters.agent, filters.scope, past?.id, width, ctx.model.agents.size, ctx.model.scopes.size]);
-  const key = `${view}|${ring.seen}`;
+  // New deliveries, or anything else that changed the model (names, scopes): redrawn, throttled.
+  const key = `${view}|${ring.seen}|${ctx.model.lastEventId}`;
   if (key === s.key) return;
   const wait = s.drawnAt + REDRAW_MS - performance.now();
   if (s.view === view && wait > 0) {
