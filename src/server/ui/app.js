@@ -15,7 +15,6 @@ import { ClosedError, MapClient, RpcError, routerUrl } from './client.js';
 import { Model } from './model.js';
 import { fillSelect, nameOf, renderAgentDetail, renderEvents, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
 import * as flow from './flow.js';
-import { collectMessages } from './flow.js';
 import * as charts from './charts.js';
 import * as graph from './graph.js';
 import * as traces from './traces.js';
@@ -683,7 +682,7 @@ const actions = {
     if (S.expanded.has(e.id)) S.expanded.delete(e.id);
     else S.expanded.add(e.id);
     if (e.type.startsWith('message_')) {
-      const m = collectMessages(S.past ? S.past.events : S.list, LIST_CAP).find((x) => x.id === e.data?.messageId);
+      const m = flow.collectMessages(S.past ? S.past.events : S.list, LIST_CAP).find((x) => x.id === e.data?.messageId);
       if (m) S.selected = { kind: 'message', id: m.id, message: m };
     }
     scheduleRender();
