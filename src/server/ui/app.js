@@ -14,7 +14,7 @@
 import { ClosedError, MapClient, RpcError, routerUrl } from './client.js';
 import { Model } from './model.js';
 import { ALL_TYPES, fillSelect, nameOf, renderAgentDetail, renderEvents, renderMessageDetail, renderPlaceholder, renderScopes, renderTree } from './views.js';
-import { collectMessages, renderFlow } from './flow.js';
+import * as flow from './flow.js';
 import * as charts from './charts.js';
 import * as graph from './graph.js';
 import * as traces from './traces.js';
@@ -37,8 +37,6 @@ const LIST_SLACK = 500;
 const LIVE_RENDER_MS = 200;
 /** Rows drawn in the stream. */
 const ROWS = 300;
-/** Messages drawn in the flow. */
-const FLOW_MESSAGES = 60;
 /** Event ids kept for the scrubber (positions beyond are forgotten, oldest first). */
 const TIMELINE_CAP = 100_000;
 const TIMELINE_SLACK = 10_000;
@@ -59,7 +57,7 @@ const AUTH_KEY = 'map-router-dashboard.auth';
  */
 const VIEWS = {
   events: null, // drawn by render() below (the stream)
-  flow: null, // drawn by render() below
+  flow,
   charts,
   graph,
   traces,
@@ -706,7 +704,7 @@ const actions = {
     if (S.expanded.has(e.id)) S.expanded.delete(e.id);
     else S.expanded.add(e.id);
     if (e.type.startsWith('message_')) {
-      const m = collectMessages(S.past ? S.past.events : S.list, LIST_CAP).find((x) => x.id === e.data?.messageId);
+      const m = flow.collectMessages(S.past ? S.past.events : S.list, LIST_CAP).find((x) => x.id === e.data?.messageId);
       if (m) S.selected = { kind: 'message', id: m.id, message: m };
     }
     scheduleRender();
@@ -859,8 +857,6 @@ function render() {
   if (S.view === 'events') {
     const emptyText = !past && !S.historyReady && events.length === 0 ? 'Reading the log…' : 'No events.';
     renderEvents(stream, events, { filters: S.filters, expanded: S.expanded, model: shownModel, limit: ROWS, canTravel: S.historyReady, emptyText }, actions);
-  } else if (S.view === 'flow') {
-    renderFlow($('message-flow'), collectMessages(events, FLOW_MESSAGES), { model: shownModel, selectedMessage: S.selected?.kind === 'message' ? S.selected.id : null }, actions);
   } else {
     VIEWS[S.view].render($(`view-${S.view}`), viewContext(shownModel, events));
   }
@@ -870,7 +866,7 @@ function render() {
   if (S.selected?.kind === 'agent') {
     renderAgentDetail(detail, past ? model : treeModel, S.selected.id, { cp: S.cp, past, caps: S.caps, steer: S.steer, injectForm }, actions);
   } else if (S.selected?.kind === 'message') {
-    renderMessageDetail(detail, S.selected.message, past ? model : treeModel);
+    renderMessageDetail(detail, S.selected.message, past ? model : treeModel, actions);
   } else {
     renderPlaceholder(detail);
   }

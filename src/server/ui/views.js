@@ -383,8 +383,18 @@ export function fillSelect(select, options, allLabel) {
 // Detail panes
 
 /** One message: envelope, payload, and its W3C trace context when present. */
-export function renderMessageDetail(root, m, model) {
-  once(root, JSON.stringify(['message', m.id, m.delivered, m.failed, nameOf(model, m.from)]), () => drawMessageDetail(root, m, model));
+export function renderMessageDetail(root, m, model, actions) {
+  once(root, JSON.stringify(['message', m.id, m.delivered, m.failed, nameOf(model, m.from)]), () => drawMessageDetail(root, m, model, actions));
+}
+
+/** A message address with names for ids: `{agent: id}` → the agent's name, `{scope}` → its name. */
+function addressText(to, model) {
+  if (to && typeof to === 'object') {
+    if (typeof to.agent === 'string') return nameOf(model, to.agent);
+    if (Array.isArray(to.agents)) return to.agents.map((a) => nameOf(model, a)).join(', ');
+    if (typeof to.scope === 'string') return `scope ${model?.scopes.get(to.scope)?.name ?? to.scope}`;
+  }
+  return compact(to, 200);
 }
 
 /** The detail pane's text when nothing is selected. */
@@ -392,7 +402,7 @@ export function renderPlaceholder(root) {
   once(root, 'placeholder', () => replaceChildren(root, el('p', { class: 'muted' }, 'Select an agent or a message.')));
 }
 
-function drawMessageDetail(root, m, model) {
+function drawMessageDetail(root, m, model, actions) {
   const meta = m.message?.meta ?? {};
   replaceChildren(
     root,
@@ -400,6 +410,7 @@ function drawMessageDetail(root, m, model) {
       'section',
       { 'data-testid': 'message-detail', 'aria-label': 'Message detail' },
       el('h2', {}, 'Message'),
+      actions ? el('button', { type: 'button', 'data-testid': 'message-trace', title: 'The whole trace of this message across agents', onclick: () => actions.showTrace({ messageId: m.id }) }, 'Show its trace') : null,
       el(
         'dl',
         {},
@@ -408,7 +419,7 @@ function drawMessageDetail(root, m, model) {
         el('dt', {}, 'from'),
         el('dd', {}, `${nameOf(model, m.from)} (${m.from})`),
         el('dt', {}, 'to'),
-        el('dd', {}, compact(m.to, 200)),
+        el('dd', {}, addressText(m.to, model)),
         el('dt', {}, 'delivered to'),
         el('dd', {}, m.delivered.map((r) => nameOf(model, r)).join(', ') || '–'),
         m.failed.length ? [el('dt', {}, 'failed'), el('dd', {}, m.failed.map((f) => `${nameOf(model, f.recipient)}: ${f.reason}`).join(', '))] : null,
