@@ -14,17 +14,82 @@ use crate::protocol::methods::method::method;
 pub struct TracesGetParams {
     /// A trace id: 32 lowercase hex digits. Its spans are looked for in the newest hour of the
     /// log (at most 200 000 events examined), unless an anchor names where to read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "trace_id"
+    )]
     pub trace_id: Option<String>,
     /// A message id: the trace of that message (around its `message_sent` event).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "message_id"
+    )]
     pub message_id: Option<String>,
     /// An event id: the trace of that event (around it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "event_id"
+    )]
     pub event_id: Option<String>,
     /// How far around the anchor to read, in ms (default 600 000, at most 3 600 000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "window_ms"
+    )]
     pub window_ms: Option<u64>,
+}
+
+/// What a JSON value is, for an error that names a field's wrong type without echoing it.
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+fn text<'de, D: serde::Deserializer<'de>>(d: D, field: &str) -> Result<Option<String>, D::Error> {
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(serde::de::Error::custom(format!(
+            "{field} must be a string, not {}",
+            kind(&other)
+        ))),
+    }
+}
+
+fn trace_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    text(d, "traceId")
+}
+
+fn message_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    text(d, "messageId")
+}
+
+fn event_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    text(d, "eventId")
+}
+
+fn window_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+        Some(other) => Err(serde::de::Error::custom(format!(
+            "windowMs must be a whole number of milliseconds from 1 to 3600000, not {}",
+            match &other {
+                serde_json::Value::Number(_) => "a negative, fractional or huge number",
+                v => kind(v),
+            }
+        ))),
+    }
 }
 
 /// A span's status.

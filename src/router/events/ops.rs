@@ -245,7 +245,10 @@ pub(crate) type Render = fn(&EventRecord) -> String;
 
 /// The oldest retained position and the visible head (what the store has committed is made
 /// visible first, as for `map/replay`: a caller reads its own writes).
-pub(crate) async fn log_bounds(router: &RouterHandle, conn: ConnId) -> Result<(u64, u64), RouterError> {
+pub(crate) async fn log_bounds(
+    router: &RouterHandle,
+    conn: ConnId,
+) -> Result<(u64, u64), RouterError> {
     router
         .call(conn, Some(Capability::CanObserve), true, |r, _| {
             r.sync_committed();

@@ -92,9 +92,7 @@ fn anchor_of(p: &TracesGetParams) -> Result<(Anchor, u64), RouterError> {
         .filter(|v| v.is_some())
         .count();
     if given != 1 {
-        return Err(invalid(
-            "give exactly one of traceId, messageId or eventId",
-        ));
+        return Err(invalid("give exactly one of traceId, messageId or eventId"));
     }
     let window = match p.window_ms {
         None => DEFAULT_WINDOW_MS,
@@ -115,7 +113,8 @@ fn anchor_of(p: &TracesGetParams) -> Result<(Anchor, u64), RouterError> {
     };
     let anchor = if let Some(t) = &p.trace_id {
         let ok = t.len() == 32
-            && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && t.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
             && t.bytes().any(|b| b != b'0');
         if !ok {
             return Err(invalid(
@@ -377,9 +376,10 @@ pub async fn get(
     let wire: crate::protocol::event::SubscriptionFilter =
         serde_json::from_value(serde_json::json!({ "eventTypes": types }))
             .map_err(|e| RouterError::Storage(e.to_string()))?;
-    let filter = Arc::new(CompiledFilter::compile(Some(&wire)).map_err(|e| {
-        RouterError::Storage(format!("the trace reader's filter: {}", e.message))
-    })?);
+    let filter =
+        Arc::new(CompiledFilter::compile(Some(&wire)).map_err(|e| {
+            RouterError::Storage(format!("the trace reader's filter: {}", e.message))
+        })?);
     let mut names = Names::default();
     let mut truncated = false;
     let (trace, from_ms, to_ms, start) = match &anchor {
@@ -395,15 +395,33 @@ pub async fn get(
         }
         Anchor::Message(m) => {
             let at = Ulid::parse(m).map_or(0, Ulid::timestamp_ms);
-            around(&router, conn, &filter, &anchor, at, window, &mut names, &mut truncated)
-                .await?
-                .ok_or_else(not_found)?
+            around(
+                &router,
+                conn,
+                &filter,
+                &anchor,
+                at,
+                window,
+                &mut names,
+                &mut truncated,
+            )
+            .await?
+            .ok_or_else(not_found)?
         }
         Anchor::Event(e) => {
             let at = e.0.timestamp_ms();
-            around(&router, conn, &filter, &anchor, at, window, &mut names, &mut truncated)
-                .await?
-                .ok_or_else(not_found)?
+            around(
+                &router,
+                conn,
+                &filter,
+                &anchor,
+                at,
+                window,
+                &mut names,
+                &mut truncated,
+            )
+            .await?
+            .ok_or_else(not_found)?
         }
     };
     // The second pass: the trace's spans.
@@ -411,6 +429,9 @@ pub async fn get(
     let mut spans: Vec<Span> = Vec::new();
     let mut cursor = start;
     let mut examined = 0u64;
+    // The log's order of the events spans are named after (a span id is derived from its
+    // event's id): what orders spans that start in the same millisecond.
+    let mut order: HashMap<[u8; 8], u64> = HashMap::new();
     let keep = |found: Vec<Span>, spans: &mut Vec<Span>, truncated: &mut bool| {
         for s in found.into_iter().filter(|s| s.trace_id == trace) {
             if spans.len() < MAX_SPANS {
@@ -424,6 +445,10 @@ pub async fn get(
         let chunk = scan_step(&router, conn, &filter, cursor, Some(to_ms), render).await?;
         names.learn(&router, conn, &chunk.matched).await?;
         for text in &chunk.matched {
+            if let Some(id) = id_of(text) {
+                let n = order.len() as u64;
+                order.insert(span_id(id), n);
+            }
             let found = m.observe_logged(text, &|id| names.facts(id));
             keep(found, &mut spans, &mut truncated);
         }
@@ -443,7 +468,7 @@ pub async fn get(
     }
     Ok(TracesGetResult {
         trace_id: hex(&trace),
-        spans: wire_spans(spans),
+        spans: wire_spans(spans, &order),
         examined,
         from_ms,
         to_ms,
@@ -477,9 +502,10 @@ async fn around(
     Ok(trace.map(|t| (t, from_ms, to_ms, start)))
 }
 
-/// Spans as the wire has them, by start time (a parent before its children when they start
-/// in the same millisecond).
-fn wire_spans(spans: Vec<Span>) -> Vec<TraceSpan> {
+/// Spans as the wire has them, by start time; those that start in the same millisecond in
+/// the log's order of the events they come from (`order`, by span id; a group's recipient or
+/// a delivery from a queue comes after its message's span), a parent before its children.
+fn wire_spans(spans: Vec<Span>, order: &HashMap<[u8; 8], u64>) -> Vec<TraceSpan> {
     let parent: HashMap<[u8; 8], Option<[u8; 8]>> =
         spans.iter().map(|s| (s.span_id, s.parent_id)).collect();
     let depth = |s: &Span| {
@@ -496,12 +522,19 @@ fn wire_spans(spans: Vec<Span>) -> Vec<TraceSpan> {
         }
         d
     };
-    let mut keyed: Vec<(u64, usize, Span)> = spans
+    let origin = |s: &Span| {
+        order
+            .get(&s.span_id)
+            .or_else(|| s.parent_id.and_then(|p| order.get(&p)))
+            .copied()
+            .unwrap_or(u64::MAX)
+    };
+    let mut keyed: Vec<((u64, u64, usize, [u8; 8]), Span)> = spans
         .iter()
-        .map(|s| (s.start_ms, depth(s), s.clone()))
+        .map(|s| ((s.start_ms, origin(s), depth(s), s.span_id), s.clone()))
         .collect();
-    keyed.sort_by(|a, b| (a.0, a.1, a.2.span_id).cmp(&(b.0, b.1, b.2.span_id)));
-    keyed.into_iter().map(|(_, _, s)| wire_span(s)).collect()
+    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    keyed.into_iter().map(|(_, s)| wire_span(s)).collect()
 }
 
 fn wire_span(s: Span) -> TraceSpan {
@@ -561,10 +594,10 @@ mod tests {
         };
         let id = "01HZX3K5N7Q8R9S0T1V2W3X4Y5";
         assert!(bad(serde_json::json!({})).contains("exactly one"));
-        assert!(
-            bad(serde_json::json!({"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "eventId": id}))
-                .contains("exactly one")
-        );
+        assert!(bad(
+            serde_json::json!({"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "eventId": id})
+        )
+        .contains("exactly one"));
         for t in [
             "4BF92F3577B34DA6A3CE929D0E0E4736",
             "4bf92f3577b34da6a3ce929d0e0e473",
@@ -575,16 +608,17 @@ mod tests {
         }
         assert!(bad(serde_json::json!({"messageId": "m-1"})).contains("ULID"));
         assert!(bad(serde_json::json!({"eventId": id, "windowMs": 0})).contains("at least 1"));
-        assert!(bad(serde_json::json!({"eventId": id, "windowMs": 3_600_001}))
-            .contains("at most 3600000"));
+        assert!(
+            bad(serde_json::json!({"eventId": id, "windowMs": 3_600_001}))
+                .contains("at most 3600000")
+        );
         let (a, w) = anchor_of(&params(serde_json::json!({"eventId": id}))).unwrap();
         assert!(matches!(a, Anchor::Event(_)));
         assert_eq!(w, DEFAULT_WINDOW_MS);
-        let (a, _) =
-            anchor_of(&params(serde_json::json!({"traceId": "4bf92f3577b34da6a3ce929d0e0e4736"})))
-                .unwrap();
-        assert!(
-            matches!(a, Anchor::Trace(t) if hex(&t) == "4bf92f3577b34da6a3ce929d0e0e4736")
-        );
+        let (a, _) = anchor_of(&params(
+            serde_json::json!({"traceId": "4bf92f3577b34da6a3ce929d0e0e4736"}),
+        ))
+        .unwrap();
+        assert!(matches!(a, Anchor::Trace(t) if hex(&t) == "4bf92f3577b34da6a3ce929d0e0e4736"));
     }
 }
