@@ -502,6 +502,9 @@ async fn around(
     Ok(trace.map(|t| (t, from_ms, to_ms, start)))
 }
 
+/// Start, log order of the origin event, depth, span id.
+type SortKey = (u64, u64, usize, [u8; 8]);
+
 /// Spans as the wire has them, by start time; those that start in the same millisecond in
 /// the log's order of the events they come from (`order`, by span id; a group's recipient or
 /// a delivery from a queue comes after its message's span), a parent before its children.
@@ -529,12 +532,13 @@ fn wire_spans(spans: Vec<Span>, order: &HashMap<[u8; 8], u64>) -> Vec<TraceSpan>
             .copied()
             .unwrap_or(u64::MAX)
     };
-    let mut keyed: Vec<((u64, u64, usize, [u8; 8]), Span)> = spans
+    let keys: HashMap<[u8; 8], SortKey> = spans
         .iter()
-        .map(|s| ((s.start_ms, origin(s), depth(s), s.span_id), s.clone()))
+        .map(|s| (s.span_id, (s.start_ms, origin(s), depth(s), s.span_id)))
         .collect();
-    keyed.sort_by(|a, b| a.0.cmp(&b.0));
-    keyed.into_iter().map(|(_, s)| wire_span(s)).collect()
+    let mut spans = spans;
+    spans.sort_by_key(|s| keys.get(&s.span_id).copied());
+    spans.into_iter().map(wire_span).collect()
 }
 
 fn wire_span(s: Span) -> TraceSpan {
