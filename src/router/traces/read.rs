@@ -195,6 +195,10 @@ impl Names {
         }
         let mut ask: Vec<String> = Vec::new();
         for text in events {
+            // A message_sent names no agent the model asks about.
+            if head(text).is_some_and(|(_, t)| t == EventType::MessageSent.as_str()) {
+                continue;
+            }
             let Ok(ev) = serde_json::from_str::<Ev>(text) else {
                 continue;
             };
@@ -285,12 +289,33 @@ fn message_of(text: &str) -> Option<String> {
         .map(|e| e.data.message_id)
 }
 
+/// An event's id and type, read from the head of its JSON (`{"id":"…","type":"…",`, as the log
+/// writes every event), else parsed.
+fn head(text: &str) -> Option<(EventId, &str)> {
+    let fast = || {
+        let rest = text.strip_prefix("{\"id\":\"")?;
+        let id = EventId::parse(rest.get(..26)?)?;
+        let rest = rest.get(26..)?.strip_prefix("\",\"type\":\"")?;
+        Some((id, rest.get(..rest.find('"')?)?))
+    };
+    fast().or_else(|| {
+        #[derive(serde::Deserialize)]
+        struct Ev<'a> {
+            id: EventId,
+            #[serde(rename = "type", borrow)]
+            kind: std::borrow::Cow<'a, str>,
+        }
+        let ev = serde_json::from_str::<Ev<'_>>(text).ok()?;
+        let kind = EventType::ALL
+            .iter()
+            .find(|k| k.as_str() == ev.kind)?
+            .as_str();
+        Some((ev.id, kind))
+    })
+}
+
 fn id_of(text: &str) -> Option<EventId> {
-    #[derive(serde::Deserialize)]
-    struct Ev {
-        id: EventId,
-    }
-    serde_json::from_str::<Ev>(text).ok().map(|e| e.id)
+    head(text).map(|(id, _)| id)
 }
 
 fn trace_of_context(tp: &str) -> Option<[u8; 16]> {
@@ -331,7 +356,7 @@ async fn find_trace(
             }
             let hit = match anchor {
                 Anchor::Message(mid) => {
-                    text.contains("\"type\":\"message_sent\"")
+                    head(text).is_some_and(|(_, t)| t == EventType::MessageSent.as_str())
                         && message_of(text).as_ref() == Some(mid)
                 }
                 Anchor::Event(id) => id_of(text) == Some(*id),
@@ -588,6 +613,21 @@ mod tests {
 
     fn params(v: Value) -> TracesGetParams {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn an_events_head_is_read_from_its_json() {
+        let id = "01HZX3K5N7Q8R9S0T1V2W3X4Y5";
+        let logged = format!(
+            r#"{{"id":"{id}","type":"message_sent","timestamp":1,"data":{{"messageId":"m"}}}}"#
+        );
+        let (got, kind) = head(&logged).unwrap();
+        assert_eq!(got.to_string(), id);
+        assert_eq!(kind, "message_sent");
+        // Another member order (not the log's): parsed.
+        let other = format!(r#"{{"type":"task.created","timestamp":1,"id":"{id}"}}"#);
+        assert_eq!(head(&other).map(|(_, k)| k), Some("task.created"));
+        assert!(head(r#"{"id":"nope","type":"message_sent"}"#).is_none());
     }
 
     #[test]
