@@ -318,13 +318,10 @@ fn id_of(text: &str) -> Option<EventId> {
     head(text).map(|(id, _)| id)
 }
 
+/// The trace a `traceparent` names (read by the model's one reader of a context's parts).
 fn trace_of_context(tp: &str) -> Option<[u8; 16]> {
-    let t = tp.get(3..35)?;
-    let mut id = [0u8; 16];
-    for (i, b) in id.iter_mut().enumerate() {
-        *b = u8::from_str_radix(t.get(i * 2..i * 2 + 2)?, 16).ok()?;
-    }
-    Some(id)
+    let context = crate::protocol::trace::TraceContext::new(tp, None)?;
+    super::model::parts(&context).map(|(trace, ..)| trace)
 }
 
 /// The first pass: reads from `cursor` up to the anchor and returns the trace the model puts
