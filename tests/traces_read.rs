@@ -295,6 +295,57 @@ async fn a_failed_hop_and_a_queued_then_delivered_one() {
     assert!(ms(later, "startTimeMs") >= ms(queued, "startTimeMs"));
 }
 
+/// Work a traced call causes (here a task's creation and status change under a caller's span):
+/// read back by the event's id, a span under the caller's span, in the caller's trace.
+#[tokio::test]
+async fn a_traced_task_change_reads_back_by_its_event() {
+    let (_server, url) = default_server().await;
+    let mut sys = WsClient::system(&url).await;
+    let parent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    sys.ok(
+        "map/tasks/create",
+        json!({"task": {"id": "t-traced"}, "_meta": {"traceparent": parent}}),
+    )
+    .await;
+    // The same task changed without a context: in no trace.
+    sys.ok(
+        "map/tasks/update",
+        json!({"taskId": "t-traced", "status": "in_progress"}),
+    )
+    .await;
+    let events = replay_all(&mut sys, None).await;
+    let of = |kind: &str| {
+        events
+            .iter()
+            .find(|e| e["event"]["type"] == json!(kind))
+            .unwrap_or_else(|| panic!("a {kind} event"))["eventId"]
+            .clone()
+    };
+    let r = sys
+        .ok("map/traces/get", json!({"eventId": of("task.created")}))
+        .await;
+    assert_eq!(r["traceId"], json!(CALLER_TRACE));
+    let task = one(&r, "task task.created");
+    assert_eq!(task["parentSpanId"], json!(CALLER_SPAN));
+    assert_eq!(task["kind"], json!("internal"));
+    assert_eq!(task["attributes"]["map.task.id"], json!("t-traced"));
+    assert_eq!(spans(&r).len(), 1, "{r:#}");
+    let untraced = events
+        .iter()
+        .filter(|e| {
+            e["event"]["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("task."))
+        })
+        .find(|e| e["event"].get("_meta").is_none())
+        .expect("the untraced change")["eventId"]
+        .clone();
+    let e = sys
+        .err("map/traces/get", json!({"eventId": untraced}))
+        .await;
+    assert_eq!(e["code"], json!(17001), "{e}");
+}
+
 const KEYS: &str = "key-ops-0123456789 ops,key-alice-0123456789 alice,key-bob-0123456789 bob,\
                     key-carol-0123456789 carol";
 
