@@ -111,10 +111,12 @@ impl ErrorCode {
     // Sessions extension (16xxx, `urn:map:ext:sessions:1`'s range; the codes are ours).
     pub const SESSION_NOT_FOUND: Self = Self(16000);
     pub const SESSION_IN_USE: Self = Self(16001);
+    // Traces (17xxx, ours: `map/traces/get`).
+    pub const TRACE_NOT_FOUND: Self = Self(17001);
 
     /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
     /// The fuzz property tests check that no other code ever reaches a peer.
-    pub const ALL: [Self; 45] = [
+    pub const ALL: [Self; 46] = [
         Self::PARSE_ERROR,
         Self::INVALID_REQUEST,
         Self::METHOD_NOT_FOUND,
@@ -160,6 +162,7 @@ impl ErrorCode {
         Self::TASK_PERMISSION_DENIED,
         Self::SESSION_NOT_FOUND,
         Self::SESSION_IN_USE,
+        Self::TRACE_NOT_FOUND,
     ];
 
     /// The `data.category` the SDK associates with this code (wire.md §3).
@@ -176,7 +179,7 @@ impl ErrorCode {
             13000..=13999 => ErrorCategory::Trajectory,
             // Tasks and sessions are resources: `task` and `session` are in neither the
             // schema's closed `ErrorCategory` nor the SDK's (docs/compatibility.md §2).
-            14000..=14999 | 16000..=16999 => ErrorCategory::Resource,
+            14000..=14999 | 16000..=17999 => ErrorCategory::Resource,
             _ => ErrorCategory::Internal,
         }
     }

@@ -216,6 +216,10 @@ impl Dispatcher {
             |router, conn, p| Box::pin(subscriptions::replay(router, conn, p)),
             nothing,
         );
+        d.add_async::<methods::traces::TracesGet>(
+            |router, conn, p| Box::pin(crate::router::traces::read::get(router, conn, p)),
+            nothing,
+        );
         // Agents.
         d.add::<AgentsList>(AfterCommit, Router::handle_agents_list, nothing);
         d.add::<AgentsGet>(AfterCommit, Router::handle_agents_get, nothing);

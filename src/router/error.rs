@@ -90,6 +90,10 @@ pub enum RouterError {
     /// A change to a task the caller may see but not modify.
     #[error("Task permission denied: {0}")]
     TaskDenied(String),
+    /// No trace, message or event of that id that the caller may see (`map/traces/get`:
+    /// unknown and hidden alike).
+    #[error("Trace not found: {0}")]
+    TraceNotFound(String),
     /// A mail extension error: its code and message.
     #[error("{1}")]
     Mail(crate::protocol::jsonrpc::ErrorCode, String),
@@ -176,6 +180,7 @@ impl RouterError {
                 ErrorObject::new(ErrorCode::TASK_ASSIGNMENT_FAILED, msg)
             }
             Self::TaskDenied(_) => ErrorObject::new(ErrorCode::TASK_PERMISSION_DENIED, msg),
+            Self::TraceNotFound(_) => ErrorObject::new(ErrorCode::TRACE_NOT_FOUND, msg),
             Self::Mail(code, _) => ErrorObject::new(*code, msg),
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),

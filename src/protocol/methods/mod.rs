@@ -17,6 +17,7 @@ pub mod scopes;
 pub mod session;
 pub mod steering;
 pub mod tasks;
+pub mod traces;
 pub mod trajectory;
 
 pub use method::Method;
@@ -94,6 +95,7 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<mail::MailThreadList>();
     visit.visit::<mail::MailSummary>();
     visit.visit::<mail::MailReplay>();
+    visit.visit::<traces::TracesGet>();
 }
 
 /// Receives each method type from [`for_each_method`].

@@ -97,7 +97,11 @@ fn storage(e: crate::store::StoreError) -> RouterError {
 
 /// Resolves a position to a sequence number: in the memory window when it covers it, else in
 /// the store.
-async fn resolve(router: &RouterHandle, conn: ConnId, pos: Position) -> Result<u64, RouterError> {
+pub(crate) async fn resolve(
+    router: &RouterHandle,
+    conn: ConnId,
+    pos: Position,
+) -> Result<u64, RouterError> {
     let in_memory = router
         .call(conn, Some(Capability::CanObserve), true, move |r, _| {
             Ok(r.memory_position(pos))
@@ -225,15 +229,66 @@ pub async fn subscribe(
 }
 
 /// One step of a replay scan.
-struct Chunk {
-    /// Matching events, rendered as replay entries.
-    matched: Vec<String>,
+pub(crate) struct Chunk {
+    /// Matching events, rendered (as replay entries, for `map/replay`).
+    pub(crate) matched: Vec<String>,
     /// Events examined.
-    examined: u64,
+    pub(crate) examined: u64,
     /// Where the next step starts.
-    next: u64,
+    pub(crate) next: u64,
     /// The scan reached the head of the log or `toTimestamp`.
-    end: bool,
+    pub(crate) end: bool,
+}
+
+/// How a scan renders an event it admits.
+pub(crate) type Render = fn(&EventRecord) -> String;
+
+/// The oldest retained position and the visible head (what the store has committed is made
+/// visible first, as for `map/replay`: a caller reads its own writes).
+pub(crate) async fn log_bounds(
+    router: &RouterHandle,
+    conn: ConnId,
+) -> Result<(u64, u64), RouterError> {
+    router
+        .call(conn, Some(Capability::CanObserve), true, |r, _| {
+            r.sync_committed();
+            Ok((r.bus.oldest_retained(), r.bus.visible_head()))
+        })
+        .await
+}
+
+/// One step of a scan of the log from `cursor` (up to `to`, a time, inclusive): at most
+/// [`REPLAY_CHUNK`] events, from the memory window or else the store, each kept (rendered by
+/// `render`) only when `filter` and the caller's visibility admit it, exactly as live delivery
+/// would. `map/replay` reads this way, and so does the trace reader (`router::traces::read`).
+pub(crate) async fn scan_step(
+    router: &RouterHandle,
+    conn: ConnId,
+    filter: &Arc<CompiledFilter>,
+    cursor: u64,
+    to: Option<u64>,
+    render: Render,
+) -> Result<Chunk, RouterError> {
+    let f = filter.clone();
+    let step = router
+        .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
+            Ok(r.replay_memory_chunk(ctx, &f, cursor, to, render))
+        })
+        .await?;
+    if let Some(chunk) = step {
+        return Ok(chunk);
+    }
+    // Before the memory window: read the store.
+    let store = router
+        .store()
+        .ok_or_else(|| RouterError::Storage("no event store".into()))?;
+    let rows = store.read(cursor, REPLAY_CHUNK).await.map_err(storage)?;
+    let f = filter.clone();
+    router
+        .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
+            Ok(r.replay_rows(ctx, &f, rows, cursor, to, render))
+        })
+        .await
 }
 
 fn render_replayed(rec: &EventRecord) -> String {
@@ -303,28 +358,7 @@ pub async fn replay(
     let mut examined: u64 = 0;
     let mut counted_all = false;
     loop {
-        let f = filter.clone();
-        let step = router
-            .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
-                Ok(r.replay_memory_chunk(ctx, &f, cursor, to))
-            })
-            .await?;
-        let chunk = match step {
-            Some(chunk) => chunk,
-            None => {
-                // Before the memory window: read the store.
-                let store = router
-                    .store()
-                    .ok_or_else(|| RouterError::Storage("no event store".into()))?;
-                let rows = store.read(cursor, REPLAY_CHUNK).await.map_err(storage)?;
-                let f = filter.clone();
-                router
-                    .call(conn, Some(Capability::CanObserve), true, move |r, ctx| {
-                        Ok(r.replay_rows(ctx, &f, rows, cursor, to))
-                    })
-                    .await?
-            }
-        };
+        let chunk = scan_step(&router, conn, &filter, cursor, to, render_replayed).await?;
         examined += chunk.examined;
         for entry in chunk.matched {
             total += 1;
@@ -491,6 +525,7 @@ impl Router {
         filter: &CompiledFilter,
         from: u64,
         to: Option<u64>,
+        render: Render,
     ) -> Option<Chunk> {
         let log = &self.bus.log;
         if let Lookup::Evicted = log.get(from) {
@@ -519,7 +554,7 @@ impl Router {
             chunk.examined += 1;
             chunk.next = rec.seq + 1;
             if EventBus::admits(&probe, rec, self.agent_view()) {
-                chunk.matched.push(render_replayed(rec));
+                chunk.matched.push(render(rec));
             }
         }
         chunk.end = chunk.next >= head;
@@ -534,6 +569,7 @@ impl Router {
         rows: Vec<StoredRow>,
         from: u64,
         to: Option<u64>,
+        render: Render,
     ) -> Chunk {
         let mut chunk = Chunk {
             matched: Vec::new(),
@@ -565,7 +601,7 @@ impl Router {
             chunk.examined += 1;
             chunk.next = seq + 1;
             if EventBus::admits(&probe, &rec, self.agent_view()) {
-                chunk.matched.push(render_replayed(&rec));
+                chunk.matched.push(render(&rec));
             }
         }
         chunk.end = chunk.next >= self.bus.visible_head();

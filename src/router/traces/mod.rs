@@ -6,12 +6,16 @@
 //! a [`SpanSink`] that never blocks (the exporter's bounded queue, `server::telemetry`). The
 //! router knows no collector, socket or HTTP: what leaves the process is the sink's business.
 //!
+//! Reading a trace back from the log (`map/traces/get`, the dashboard's waterfall) is
+//! [`read`]'s: the same model, run on the events the caller may see.
+//!
 //! Also owns the spans a cluster's standby makes outside the model ([`RelaySpans`]): one per
 //! call it relays to the node that writes the log, whose context the writer then uses as the
 //! call's (`relayTraceparent`, `router::relay`), so that what the call causes there is its
 //! child.
 
 pub mod model;
+pub mod read;
 
 /// How often the router ends the hops whose replies are overdue.
 pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
