@@ -783,7 +783,7 @@ async function runScenario(s, browser) {
       } catch (err) {
         failed++;
         broken = name;
-        console.log(`FAIL - ${label}: ${err.message}`);
+        console.log(`FAIL - ${label}: ${err.message}${t.pageErrors?.length ? ` (errors in the page: ${t.pageErrors.join('; ')})` : ''}`);
         if (t.routerLog) console.log(`  router stderr (last lines): ${t.routerLog.slice(-8).join('\n    ')}`);
       }
     },

@@ -387,16 +387,6 @@ export function renderMessageDetail(root, m, model, actions) {
   once(root, JSON.stringify(['message', m.id, m.delivered, m.failed, nameOf(model, m.from)]), () => drawMessageDetail(root, m, model, actions));
 }
 
-/** A message address with names for ids: `{agent: id}` → the agent's name, `{scope}` → its name. */
-function addressText(to, model) {
-  if (to && typeof to === 'object') {
-    if (typeof to.agent === 'string') return nameOf(model, to.agent);
-    if (Array.isArray(to.agents)) return to.agents.map((a) => nameOf(model, a)).join(', ');
-    if (typeof to.scope === 'string') return `scope ${model?.scopes.get(to.scope)?.name ?? to.scope}`;
-  }
-  return compact(to, 200);
-}
-
 /** The detail pane's text when nothing is selected. */
 export function renderPlaceholder(root) {
   once(root, 'placeholder', () => replaceChildren(root, el('p', { class: 'muted' }, 'Select an agent or a message.')));
@@ -419,7 +409,7 @@ function drawMessageDetail(root, m, model, actions) {
         el('dt', {}, 'from'),
         el('dd', {}, `${nameOf(model, m.from)} (${m.from})`),
         el('dt', {}, 'to'),
-        el('dd', {}, addressText(m.to, model)),
+        el('dd', {}, addressText(model, m.to)),
         el('dt', {}, 'delivered to'),
         el('dd', {}, m.delivered.map((r) => nameOf(model, r)).join(', ') || '–'),
         m.failed.length ? [el('dt', {}, 'failed'), el('dd', {}, m.failed.map((f) => `${nameOf(model, f.recipient)}: ${f.reason}`).join(', '))] : null,
