@@ -17,7 +17,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import assert from 'node:assert/strict';
 import { chromium } from 'playwright-core';
 import WebSocket from 'ws';
-import { AgentConnection, ClientConnection } from '@multi-agent-protocol/sdk';
+import { AgentConnection, ClientConnection, websocketStream } from '@multi-agent-protocol/sdk';
 
 // Node has no global WebSocket before 22; the SDK's static connect() helpers use it.
 globalThis.WebSocket ??= WebSocket;
@@ -712,7 +712,30 @@ async function sdkAgent(t, url, options) {
   return agent;
 }
 
-const harness = { scenario, sdkAgent, AgentConnection, ClientConnection, assert, until, sleep, withTimeout, tid, shot, docsShot, treeNodes, rows, sequence, range, Peer, startNats, startStandby, freePort, treeConfig, AGENT, BIN, WAIT_MS, QUIET_MS, LIVE_MS, HERE };
+/**
+ * An SDK agent over a socket the test also reads: `frames` maps each delivered message's id to
+ * its frame's `params._meta.traceparent` (the router's span of that delivery, present when the
+ * router exports traces), which an instrumented agent continues. `{agent, frames}`.
+ */
+async function sdkAgentWithFrames(t, url, options) {
+  const ws = new WebSocket(url);
+  const frames = new Map();
+  ws.on('message', (data, isBinary) => {
+    if (isBinary) return;
+    const f = JSON.parse(data.toString());
+    if (f.method === 'map/message' && f.params?.message?.id) frames.set(f.params.message.id, f.params._meta?.traceparent);
+  });
+  await withTimeout(new Promise((resolve, reject) => {
+    ws.once('open', resolve);
+    ws.once('error', reject);
+  }), WAIT_MS, `${options?.name} socket`);
+  t.cleanup(() => ws.terminate());
+  const agent = new AgentConnection(websocketStream(ws), options);
+  await withTimeout(agent.connect(), WAIT_MS, `SDK agent ${options?.name}`);
+  return { agent, frames };
+}
+
+const harness = { scenario, sdkAgent, sdkAgentWithFrames, AgentConnection, ClientConnection, assert, until, sleep, withTimeout, tid, shot, docsShot, treeNodes, rows, sequence, range, Peer, startNats, startStandby, freePort, treeConfig, AGENT, BIN, WAIT_MS, QUIET_MS, LIVE_MS, HERE };
 const VIEWS_DIR = path.join(HERE, 'views');
 for (const file of readdirSync(VIEWS_DIR).filter((f) => f.endsWith('.mjs')).sort()) {
   const mod = await import(pathToFileURL(path.join(VIEWS_DIR, file)).href);

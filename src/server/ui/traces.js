@@ -174,7 +174,14 @@ function waterfall(result, ctx) {
               ctx.rerender();
             },
           },
-          el('span', { class: 'span-name', 'data-indent': depth }, el('span', { class: 'indent', 'aria-hidden': 'true' }, '│ '.repeat(depth)), s.name),
+          el(
+            'span',
+            { class: 'span-name', 'data-indent': depth, title: s.name },
+            el('span', { class: 'indent', 'aria-hidden': 'true' }, '│ '.repeat(depth)),
+            s.name,
+            a['map.is_result'] === true ? el('span', { class: 'muted' }, ' ↩ answer') : null,
+            typeof a['map.sender'] === 'string' ? el('span', { class: 'muted' }, ` from ${nameOf(ctx.model, a['map.sender'])}`) : null,
+          ),
           el(
             'span',
             { class: 'span-track' },
@@ -184,11 +191,17 @@ function waterfall(result, ctx) {
         );
       }),
     ),
-    selected ? spanDetail(selected) : el('p', { class: 'muted' }, 'Click a span for its attributes.'),
+    selected ? spanDetail(selected, ctx.model) : el('p', { class: 'muted' }, 'Click a span for its attributes.'),
   );
 }
 
-function spanDetail(s) {
+function spanDetail(s, model) {
+  // An agent's or participant's id is shown with its name.
+  const value = (v) => {
+    if (typeof v !== 'string') return compact(v, 200);
+    const name = nameOf(model, v);
+    return name !== v ? `${name} (${v})` : v;
+  };
   return el(
     'section',
     { class: 'span-detail', 'data-testid': 'span-detail' },
@@ -203,7 +216,7 @@ function spanDetail(s) {
       el('dd', {}, s.kind),
       el('dt', {}, 'status'),
       el('dd', {}, s.status?.code ?? 'unset', s.status?.message ? `: ${s.status.message}` : ''),
-      Object.entries(s.attributes ?? {}).map(([k, v]) => [el('dt', {}, k), el('dd', {}, typeof v === 'string' ? v : compact(v, 200))]),
+      Object.entries(s.attributes ?? {}).map(([k, v]) => [el('dt', {}, k), el('dd', {}, value(v))]),
     ),
   );
 }

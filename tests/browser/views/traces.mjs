@@ -8,7 +8,9 @@ export default function (h) {
   /** A (requester), B (asks C, then answers A), C (answers): three SDK agents. */
   async function threeAgents(t, url) {
     const a = await h.sdkAgent(t, url, { name: 'A', role: 'planner' });
-    const b = await h.sdkAgent(t, url, { name: 'B', role: 'researcher' });
+    // B is instrumented: its request to C continues the router's span of the delivery that
+    // reached it (the frame's _meta.traceparent), as docs/traces.md asks of an agent.
+    const { agent: b, frames } = await h.sdkAgentWithFrames(t, url, { name: 'B', role: 'researcher' });
     const c = await h.sdkAgent(t, url, { name: 'C', role: 'analyst' });
     const answered = [];
     // NB: an SDK onMessage handler must not await its own send or reply: the SDK reads the
@@ -26,7 +28,8 @@ export default function (h) {
       } else if (m.meta?.expectsResponse) {
         const cid = `b-asks-c-${m.id}`;
         waiting.set(cid, m);
-        quietly(b.send({ agent: c.agentId }, { question: 'what is it?' }, { expectsResponse: true, correlationId: cid }));
+        const traceparent = frames.get(m.id);
+        quietly(b.send({ agent: c.agentId }, { question: 'what is it?' }, { expectsResponse: true, correlationId: cid, ...(traceparent ? { traceparent } : {}) }));
       }
     });
     a.onMessage((m) => {
@@ -36,7 +39,10 @@ export default function (h) {
   }
 
   h.scenario('traces', async (t, browser) => {
-    let router = await t.router('[limits]\nexempt_loopback = true\n');
+    // Export on (to a collector that is not there: the spans are dropped and counted), so the
+    // router hands each delivery's span to its agent; the waterfall itself is read from the log.
+    const port = await h.freePort();
+    let router = await t.router(`[limits]\nexempt_loopback = true\n\n[telemetry]\nendpoint = "http://127.0.0.1:${port}"\n`);
     const { a, b, c, answered } = await threeAgents(t, router.wsUrl);
     const sent = await a.send({ agent: b.agentId }, { task: 'find it' }, { expectsResponse: true, correlationId: 'a-asks-b' });
     const messageId = sent.messageId;
