@@ -40,10 +40,19 @@ impl Router {
                 all.push(a.as_str().to_owned());
             }
         }
+        // A session of a system principal (`auth.system_principals`) counts as system whatever
+        // its participant type: it may connect as `system` anyway, and an operator's dashboard
+        // connects as `client` (docs/mail.md, "Who sees a conversation").
+        let system_principal = self.config.auth.as_ref().is_some_and(|auth| {
+            self.sessions
+                .get(&caller.session)
+                .and_then(|s| s.principal())
+                .is_some_and(|p| auth.may_be_system(&p.id))
+        });
         Identities {
             address,
             all,
-            system: caller.kind == ParticipantType::System,
+            system: caller.kind == ParticipantType::System || system_principal,
         }
     }
 
