@@ -149,4 +149,45 @@ export default function (h) {
       await cardIn(page, id, 'completed', 'the card in Completed again, live');
     });
   });
+  // A2A tasks are MAP tasks (docs/a2a.md): they are cards too, marked A2A, and their contextId
+  // groups them in the conversations view (an A2A context is not a mail conversation).
+  h.scenario('tasks-a2a', async (t, browser) => {
+    const router = await t.router(CONFIG, { 'api-keys': KEYS });
+    const echo = await h.sdkAgent(t, router.wsUrl, { name: 'echo', role: 'worker', auth: ALICE });
+    echo.onMessage((m) => void echo.reply(m, { echo: m.payload }).catch(() => {}));
+    const http = router.uiUrl.replace(/\/ui$/, '');
+    const ids = [];
+    for (const text of ['first', 'second']) {
+      const res = await fetch(`${http}/a2a/agents/echo`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'a2a-version': '1.0', authorization: `Bearer ${OPS}` },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'SendMessage', params: { message: { messageId: `m-${text}`, role: 'ROLE_USER', contextId: 'ctx-demo', parts: [{ text }] } } }),
+        signal: AbortSignal.timeout(WAIT_MS),
+      });
+      const body = await res.json();
+      assert.ok(body.result?.task?.id, `an A2A task: ${JSON.stringify(body)}`);
+      assert.equal(body.result.task.contextId, 'ctx-demo');
+      ids.push(body.result.task.id);
+    }
+    const context = await t.context(browser);
+    const page = await context.newPage();
+    await signIn(page, router.uiUrl, OPS);
+    await page.click(h.tid('tab-tasks'));
+
+    await t.step('A2A tasks are cards marked A2A, in their column, with the agent by name', async () => {
+      for (const id of ids) {
+        const c = await cardIn(page, id, 'completed', 'the A2A task completed');
+        assert.equal(c.assignee, 'echo');
+        assert.match(c.title, /A2A task for echo/);
+        assert.match(await page.textContent(`${tid('task-card')}[data-task-id="${id}"] ${tid('task-a2a')}`), /A2A completed/);
+      }
+    });
+
+    await t.step('the conversations view groups them by A2A context', async () => {
+      await page.click(h.tid('tab-conversations'));
+      const row = page.locator(`${tid('a2a-context')}[data-context-id="ctx-demo"]`);
+      await row.waitFor({ timeout: WAIT_MS });
+      assert.match(await row.textContent(), /ctx-demo · 2 tasks: echo \(completed\), echo \(completed\)/);
+    });
+  });
 }
