@@ -73,8 +73,12 @@ fn turn_contents(page: &Value) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_system_principal_reads_every_conversation_others_only_their_own() {
+#[test]
+fn a_system_principal_reads_every_conversation_others_only_their_own() {
+    on_big_stack(a_system_principal_reads_every_conversation_others_only_their_own_body);
+}
+
+async fn a_system_principal_reads_every_conversation_others_only_their_own_body() {
     let (_server, url) = server().await;
     let mut alice = agent(&url, ALICE, "alice-bot").await;
     let mut helper = agent(&url, ALICE, "alice-helper").await;
@@ -133,9 +137,69 @@ async fn a_system_principal_reads_every_conversation_others_only_their_own() {
         [json!("first"), json!("second"), json!("third")]
     );
     ops.ok("mail/get", json!({"conversationId": bobs})).await;
+    let summary = ops
+        .ok("mail/summary", json!({"conversationId": alices}))
+        .await;
+    let text = summary["summary"].as_str().unwrap_or_default();
+    assert!(text.contains("3 turns by 2 participants"), "{summary}");
+    // It reads; it changes nothing it does not take part in: no turn, close, invite, join or
+    // send into it (the same 10000 as before), and the conversation is as it was.
+    for (method, params) in [
+        (
+            "mail/turn",
+            json!({"conversationId": alices, "contentType": "text", "content": "ops was here"}),
+        ),
+        ("mail/close", json!({"conversationId": alices})),
+        (
+            "mail/invite",
+            json!({"conversationId": alices, "participant": {"id": "bob-bot"}}),
+        ),
+        ("mail/join", json!({"conversationId": alices})),
+        (
+            "map/send",
+            json!({"to": {"agent": "alice-bot"}, "payload": "x",
+                   "meta": {"mail": {"conversationId": alices}}}),
+        ),
+    ] {
+        let err = ops.err(method, params).await;
+        assert_eq!(err["code"], json!(10000), "{method}: {err}");
+    }
+    let got = ops
+        .ok(
+            "mail/get",
+            json!({"conversationId": alices, "include": {"participants": true, "stats": true}}),
+        )
+        .await;
+    assert_eq!(got["conversation"]["status"], json!("active"), "{got}");
+    assert_eq!(got["participants"].as_array().unwrap().len(), 2, "{got}");
+    assert_eq!(got["stats"]["totalTurns"], json!(3), "{got}");
+    // alice's agents got nothing from it.
+    alice.assert_no_message().await;
+    // The events of the conversation still go to its participants only (and to sessions of
+    // type system): the operator's client reads, it is not sent them.
+    let sub = ops.subscribe(json!({"eventTypes": ["mail.*"]})).await;
+    helper
+        .ok(
+            "mail/turn",
+            json!({"conversationId": alices, "contentType": "text", "content": "fourth"}),
+        )
+        .await;
+    ops.assert_no_event(&sub).await;
 
     // alice's agents read hers and not bob's; bob reads his and not alice's.
     assert_eq!(subjects(&mut alice).await, ["alice's plan"]);
+    let turns = alice
+        .ok("mail/turns/list", json!({"conversationId": alices}))
+        .await;
+    assert_eq!(
+        turn_contents(&turns),
+        [
+            json!("first"),
+            json!("second"),
+            json!("third"),
+            json!("fourth")
+        ]
+    );
     assert_eq!(subjects(&mut helper).await, ["alice's plan"]);
     assert_eq!(subjects(&mut bob).await, ["bob's plan"]);
     for (method, params) in [
@@ -176,8 +240,12 @@ async fn a_system_principal_reads_every_conversation_others_only_their_own() {
     }
 }
 
-#[tokio::test]
-async fn a_system_principal_as_an_agent_reads_every_conversation_too() {
+#[test]
+fn a_system_principal_as_an_agent_reads_every_conversation_too() {
+    on_big_stack(a_system_principal_as_an_agent_reads_every_conversation_too_body);
+}
+
+async fn a_system_principal_as_an_agent_reads_every_conversation_too_body() {
     let (_server, url) = server().await;
     let mut bob = agent(&url, BOB, "bob-bot").await;
     let bobs = bob
