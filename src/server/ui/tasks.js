@@ -51,17 +51,32 @@ const S = {
   drawTimer: null,
 };
 
-/** The task's card: what the board and its history show of it. */
-function put(task) {
+/** Task ids whose record came from the listing (not from an event). */
+const listed = new Set();
+
+/**
+ * The task's card: what the board and its history show of it. Events come in log order, so an
+ * event's record replaces the one of an earlier event; the listing's record is the task as it
+ * was when it was read, replaced only by a record changed later (an event of the history read
+ * after the listing, with the same `updatedAt`, is not newer).
+ */
+function put(task, fromList = false) {
   if (!task || typeof task.id !== 'string') return;
   const prev = S.tasks.get(task.id);
-  if (prev && (prev.updatedAt ?? 0) > (task.updatedAt ?? 0)) return; // an older record
+  if (prev) {
+    const older = (task.updatedAt ?? 0) < (prev.updatedAt ?? 0);
+    const same = (task.updatedAt ?? 0) === (prev.updatedAt ?? 0);
+    if (older || (same && !fromList && listed.has(task.id))) return;
+  }
+  if (fromList) listed.add(task.id);
+  else listed.delete(task.id);
   S.tasks.delete(task.id); // re-inserted: the map's order is the order of the last change
   S.tasks.set(task.id, task);
   if (S.tasks.size > TASKS_CAP) {
     const oldest = S.tasks.keys().next().value;
     S.tasks.delete(oldest);
     S.history.delete(oldest);
+    listed.delete(oldest);
   }
   S.version++;
 }
@@ -112,7 +127,7 @@ async function loadList(client, rerender) {
     let cursor;
     for (let page = 0; page < LIST_PAGES; page++) {
       const r = await client.request('map/tasks/list', cursor ? { limit: 1000, cursor } : { limit: 1000 });
-      for (const task of r?.tasks ?? []) put(task);
+      for (const task of r?.tasks ?? []) put(task, true);
       cursor = r?.nextCursor;
       if (!r?.hasMore || !cursor) break;
     }

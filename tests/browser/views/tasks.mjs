@@ -190,4 +190,50 @@ export default function (h) {
       assert.match(await row.textContent(), /ctx-demo · 2 tasks: echo \(completed\), echo \(completed\)/);
     });
   });
+  // Many tasks changing while the board is shown: it redraws at most every 250 ms, and the
+  // page's frames stay short (the Performance API's view of requestAnimationFrame).
+  h.scenario('tasks-load', async (t, browser) => {
+    const router = await t.router(CONFIG, { 'api-keys': KEYS });
+    const worker = await h.sdkAgent(t, router.wsUrl, { name: 'worker', role: 'worker', auth: ALICE });
+    const N = 600;
+    const ids = [];
+    for (let i = 0; i < N; i += 100) {
+      const batch = await Promise.all(Array.from({ length: 100 }, (_, j) => worker.createTask({ task: { title: `task ${i + j}`, assignee: worker.agentId } })));
+      ids.push(...batch.map((r) => r.task.id));
+    }
+    const context = await t.context(browser);
+    const page = await context.newPage();
+    await signIn(page, router.uiUrl, OPS);
+    await page.click(h.tid('tab-tasks'));
+    const count = (status) => page.textContent(`${tid('task-column')}[data-status="${status}"] ${tid('task-column-count')}`);
+    await until(async () => (await count('open')) === String(N), `${N} tasks in Open`);
+
+    await t.step(`${N} tasks moving: columns right, frames short, redraws throttled`, async () => {
+      await page.evaluate(() => {
+        window.__frames = [];
+        window.__draws = 0;
+        let last = performance.now();
+        const tick = (now) => {
+          window.__frames.push(now - last);
+          last = now;
+          if (window.__frames.length < 100000) requestAnimationFrame(tick);
+        };
+        requestAnimationFrame(tick);
+        new MutationObserver(() => window.__draws++).observe(document.querySelector('[data-testid="view-tasks"]'), { childList: true });
+      });
+      const started = Date.now();
+      for (let i = 0; i < N; i += 100) {
+        await Promise.all(ids.slice(i, i + 100).map((id, j) => worker.updateTask({ taskId: id, status: (i + j) % 2 ? 'in_progress' : 'completed' })));
+      }
+      await until(async () => (await count('in_progress')) === String(N / 2) && (await count('completed')) === String(N / 2), 'half in progress, half completed');
+      const seconds = (Date.now() - started) / 1000;
+      const { frames, draws } = await page.evaluate(() => ({ frames: window.__frames.slice(1), draws: window.__draws }));
+      frames.sort((a, b) => a - b);
+      const p95 = frames[Math.floor(frames.length * 0.95)] ?? 0;
+      console.log(`  tasks-load: ${N} updates in ${seconds.toFixed(1)} s, ${frames.length} frames, p95 ${p95.toFixed(1)} ms, ${draws} redraws`);
+      assert.ok(p95 < 50, `frame p95 ${p95.toFixed(1)} ms`);
+      assert.ok(draws <= Math.ceil(seconds * 4) + 4, `at most 4 redraws a second: ${draws} in ${seconds.toFixed(1)} s`);
+      assert.equal(await count('open'), '0');
+    });
+  });
 }
