@@ -169,6 +169,12 @@ function kindOf(c) {
   return `${via} · ${c.type ?? 'multi-agent'}`;
 }
 
+/** Its subject, else who talks in it (`a ↔ b`), else its id. */
+function titleOf(ctx, c, parts) {
+  if (c.subject) return c.subject;
+  return parts.length ? parts.map((p) => participantName(ctx, p)).join(' ↔ ') : c.id;
+}
+
 function participantName(ctx, p) {
   if (ctx.model.agents.has(p.id) || ctx.model.participants?.has(p.id)) return nameOf(ctx.model, p.id);
   return p.agentInfo?.name ?? nameOf(ctx.model, p.id);
@@ -267,7 +273,7 @@ function draw(root, ctx, convs, drawn) {
               ctx.rerender();
             },
           },
-          el('span', { class: 'conv-subject', 'data-testid': 'conversation-subject' }, c.subject || c.id),
+          el('span', { class: 'conv-subject', 'data-testid': 'conversation-subject' }, titleOf(ctx, c, parts)),
           el('span', { class: 'badge', 'data-testid': 'conversation-kind' }, kindOf(c)),
           c.status === 'completed' ? el('span', { class: 'badge' }, 'closed') : null,
           el('span', { class: 'conv-participants muted', 'data-testid': 'conversation-participants' }, parts.length ? parts.map((p) => participantName(ctx, p)).join(', ') : `${c.participantCount ?? 0} participant(s)`),
@@ -294,7 +300,7 @@ function turnsPane(ctx) {
   return el(
     'section',
     { class: 'conv-turns', 'data-testid': 'conversation-turns', 'data-conversation-id': c.id, 'data-status': t.status },
-    el('h4', {}, c.subject || c.id),
+    el('h4', {}, titleOf(ctx, c, parts)),
     el('p', { class: 'muted' }, `${kindOf(c)} · ${c.id} · started ${clock(c.createdAt)} by ${nameOf(ctx.model, c.createdBy)}`),
     el('p', { class: 'muted', 'data-testid': 'conversation-members' }, 'Participants: ', parts.map((p) => `${participantName(ctx, p)} (${p.role}${p.leftAt ? ', left' : ''})`).join(', ') || '–'),
     t.status === 'error' ? el('p', { class: 'error' }, `The turns could not be read: ${t.error}`) : null,

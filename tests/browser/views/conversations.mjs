@@ -96,13 +96,34 @@ export default function (h) {
       await signIn(page, router.uiUrl, OPS);
       await seesTheConversation(page, convId);
       await page.locator(`${tid('conversations-status')}[data-status="loaded"]`).waitFor({ timeout: WAIT_MS });
-      await h.docsShot(page, 'conversations');
     });
 
     await t.step('a new turn appears in the open conversation', async () => {
       await planner.recordTurn({ conversationId: convId, contentType: 'text', content: 'Shipping.' });
       await until(async () => (await turns(page)).at(-1)?.content === 'Shipping.', 'the new turn, last');
       assert.equal((await turns(page)).at(-1).sender, 'alice-planner');
+    });
+
+    await t.step('an IM message is a conversation too, marked IM, with its turn', async () => {
+      const http = router.uiUrl.replace(/\/ui$/, '');
+      const res = await fetch(`${http}/gateway/send`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${OPS}` },
+        body: JSON.stringify({ to: 'alice-planner', content: 'ping over IM' }),
+        signal: AbortSignal.timeout(WAIT_MS),
+      });
+      const sent = await res.json();
+      assert.equal(res.status, 200, JSON.stringify(sent));
+      const im = await until(async () => (await listed(page)).find((c) => c.kind.startsWith('IM') && /alice-planner/.test(c.participants)), 'the IM conversation listed with its participants').catch(async (e) => {
+        throw new Error(`${e.message}: ${JSON.stringify(await listed(page))}`);
+      });
+      assert.equal(im.kind, 'IM · multi-agent');
+      await page.click(`${tid('conversation')}[data-conversation-id="${im.id}"]`);
+      await until(async () => (await turns(page)).map((x) => x.content).join('|') === 'ping over IM', 'its one turn');
+      // The picture for the docs: both conversations listed, the mail one open.
+      await page.click(`${tid('conversation')}[data-conversation-id="${convId}"]`);
+      await until(async () => (await turns(page)).length === EXPECTED.length + 1, 'the mail conversation open again');
+      await h.docsShot(page, 'conversations');
     });
 
     await t.step('an ordinary principal taking no part sees no conversation and no foreign agent', async () => {
@@ -115,7 +136,7 @@ export default function (h) {
       assert.equal(await bobPage.locator(tid('conversation')).count(), 0);
       assert.equal(await bobPage.locator(tid('agent-node')).count(), 0, 'none of alice\'s agents in the tree');
       const text = await bobPage.textContent('body');
-      for (const secret of ['Release plan', 'Friday', 'alice-planner', 'alice-helper']) assert.ok(!text.includes(secret), `bob's page does not show "${secret}"`);
+      for (const secret of ['Release plan', 'Friday', 'ping over IM', 'alice-planner', 'alice-helper']) assert.ok(!text.includes(secret), `bob's page does not show "${secret}"`);
       await bobPage.click(tid('tab-events'));
       await h.sleep(QUIET_MS);
       // No event about alice's agents or their conversation: not registered, not joined to a
