@@ -30,6 +30,8 @@ const LIST_PAGES = 10;
 const REFRESH_MS = 3000;
 /** `mail/get` calls in flight at most. */
 const PARTICIPANT_READS = 4;
+/** The view is redrawn at most this often while what it shows changes. */
+const REDRAW_MS = 250;
 
 const S = {
   /** @type {Map<string, object>} conversation id → record (wire shape) */
@@ -48,6 +50,8 @@ const S = {
   turns: null,
   version: 0,
   timer: null,
+  lastDraw: -Infinity,
+  drawTimer: null,
 };
 
 function putConv(c) {
@@ -203,6 +207,19 @@ export function render(root, ctx) {
   }
   const key = JSON.stringify([S.version, tasksVersion(), ctx.past?.id ?? null, ctx.filters, ctx.model.agents.size, client ? 1 : 0]);
   if (root.dataset.key === key) return;
+  // Live changes are drawn at most every REDRAW_MS (a burst of turns or tasks is one redraw).
+  const now = performance.now();
+  const wait = S.lastDraw + REDRAW_MS - now;
+  if (wait > 0) {
+    if (!S.drawTimer) {
+      S.drawTimer = setTimeout(() => {
+        S.drawTimer = null;
+        ctx.rerender();
+      }, wait);
+    }
+    return;
+  }
+  S.lastDraw = now;
   root.dataset.key = key;
   const convs = shownConvs(ctx);
   const drawn = convs.slice(0, CONVERSATIONS_DRAWN);

@@ -156,4 +156,60 @@ export default function (h) {
       await seesTheConversation(page, convId, [...EXPECTED, { sender: 'alice-planner', content: 'Shipping.' }]);
     });
   });
+  // Many turns while the conversation is open: the view reads them all back in order, redraws
+  // at most every 250 ms, and the page's frames stay short.
+  h.scenario('conversations-load', async (t, browser) => {
+    const router = await t.router(CONFIG, { 'api-keys': KEYS });
+    const a = await h.sdkAgent(t, router.wsUrl, { name: 'talker-a', role: 'worker', auth: ALICE });
+    const b = await h.sdkAgent(t, router.wsUrl, { name: 'talker-b', role: 'worker', auth: ALICE });
+    const convId = (await a.createConversation({ subject: 'Busy', initialParticipants: [{ id: b.agentId }] })).conversation.id;
+    const context = await t.context(browser);
+    const page = await context.newPage();
+    await signIn(page, router.uiUrl, OPS);
+    await page.locator(`${tid('conversation')}[data-conversation-id="${convId}"]`).click();
+    await page.locator(`${tid('conversation-turns')}[data-conversation-id="${convId}"]`).waitFor({ timeout: WAIT_MS });
+    const N = 600;
+
+    await t.step(`${N} turns while it is open: all shown in order, frames short, redraws throttled`, async () => {
+      await page.evaluate(() => {
+        window.__frames = [];
+        window.__draws = 0;
+        let last = performance.now();
+        const tick = (now) => {
+          window.__frames.push(now - last);
+          last = now;
+          if (window.__frames.length < 100000) requestAnimationFrame(tick);
+        };
+        requestAnimationFrame(tick);
+        new MutationObserver(() => window.__draws++).observe(document.querySelector('[data-testid="view-conversations"]'), { childList: true });
+      });
+      const started = Date.now();
+      for (let i = 0; i < N; i += 100) {
+        await Promise.all(Array.from({ length: 100 }, (_, j) => (j % 2 ? b : a).recordTurn({ conversationId: convId, contentType: 'text', content: `turn ${i + j}` })));
+      }
+      const shown = await until(async () => {
+        const ts = await turns(page);
+        return ts.length === N ? ts : null;
+      }, `${N} turns shown`, 3 * WAIT_MS);
+      const seconds = (Date.now() - started) / 1000;
+      // In the order the router recorded them (mail/turns/list), each by its sender's name.
+      const listedByRouter = [];
+      let cursor;
+      const ops = await t.peer(router.wsUrl, { auth: { method: 'api-key', credential: OPS } });
+      for (let page = 0; page < 5; page++) {
+        const r = await ops.call('mail/turns/list', cursor ? { conversationId: convId, limit: 1000, cursor } : { conversationId: convId, limit: 1000 });
+        listedByRouter.push(...r.turns.map((x) => x.content));
+        cursor = r.nextCursor;
+        if (!r.hasMore) break;
+      }
+      assert.deepEqual(shown.map((x) => x.content), listedByRouter);
+      assert.deepEqual(new Set(shown.map((x) => x.sender)), new Set(['talker-a', 'talker-b']));
+      const { frames, draws } = await page.evaluate(() => ({ frames: window.__frames.slice(1), draws: window.__draws }));
+      frames.sort((x, y) => x - y);
+      const p95 = frames[Math.floor(frames.length * 0.95)] ?? 0;
+      console.log(`  conversations-load: ${N} turns in ${seconds.toFixed(1)} s, ${frames.length} frames, p95 ${p95.toFixed(1)} ms, ${draws} redraws`);
+      assert.ok(p95 < 50, `frame p95 ${p95.toFixed(1)} ms`);
+      assert.ok(draws <= Math.ceil(seconds * 4) + 4, `at most 4 redraws a second: ${draws} in ${seconds.toFixed(1)} s`);
+    });
+  });
 }
