@@ -90,6 +90,7 @@ function line(event) {
   if (!lines) {
     lines = [];
     S.history.set(id, lines);
+    if (S.history.size > TASKS_CAP) S.history.delete(S.history.keys().next().value);
   }
   if (lines.some((l) => l.eventId === event.id)) return;
   const t = d.task ?? {};
