@@ -78,6 +78,9 @@ pub(crate) struct Identities {
     pub(crate) all: Vec<String>,
     /// Whether it is a system participant.
     pub(crate) system: bool,
+    /// Whether it reads every conversation and turn: a system participant, or any session of a
+    /// system principal (`auth.system_principals`). It changes only what it takes part in.
+    pub(crate) reads_all: bool,
 }
 
 impl Identities {
@@ -90,12 +93,18 @@ impl Identities {
     pub(crate) fn sees(&self, participants: &[Participant]) -> bool {
         self.system || participants.iter().any(|p| self.has(&p.id))
     }
+
+    /// Whether they may read `conv`: they see it, or they read every conversation.
+    pub(crate) fn reads(&self, participants: &[Participant]) -> bool {
+        self.reads_all || self.sees(participants)
+    }
 }
 
-/// Whether `who` may read `turn` in `conv`: system; its author; else by the turn's visibility
-/// and the reader's history access. A pure function of the conversation's participants.
+/// Whether `who` may read `turn` in `conv`: system (or reading every conversation); its author;
+/// else by the turn's visibility and the reader's history access. A pure function of the
+/// conversation's participants.
 pub(crate) fn sees_turn(conv: &Conv, who: &Identities, turn: &Turn) -> bool {
-    if who.system || who.has(&turn.participant) {
+    if who.reads_all || who.has(&turn.participant) {
         return true;
     }
     let Some(me) = who.all.iter().find_map(|id| conv.participant(id)) else {

@@ -8,7 +8,9 @@
 //!   id (a session without one). A session takes part in a conversation through its agent, its
 //!   participant id, or any agent it owns.
 //! - Who sees a conversation: its participants (those that left too) and system participants.
-//!   To anyone else it does not exist (`10000`). Every `mail.*` event has that audience: the
+//!   Who reads it (`mail/get`, `list`, `turns/list`, `summary`, `replay`): those, and every
+//!   session of a principal in `auth.system_principals`, whatever its participant type (an
+//!   operator's dashboard is a `client`), which changes only what it takes part in. To anyone else it does not exist (`10000`). Every `mail.*` event has that audience: the
 //!   owners of its participants' agents; a turn's visibility narrows its event further.
 //! - A `map/send` with `meta.mail {conversationId}` is routed as usual and recorded as a turn
 //!   (`source: intercepted`); agents it reached that were not in the conversation join it.

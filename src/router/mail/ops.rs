@@ -40,10 +40,22 @@ impl Router {
                 all.push(a.as_str().to_owned());
             }
         }
+        let system = caller.kind == ParticipantType::System;
+        // A session of a system principal (`auth.system_principals`) reads every conversation
+        // whatever its participant type: it may connect as `system` anyway, and an operator's
+        // dashboard connects as `client` (docs/mail.md, "System participants").
+        let reads_all = system
+            || self.config.auth.as_ref().is_some_and(|auth| {
+                self.sessions
+                    .get(&caller.session)
+                    .and_then(|s| s.principal())
+                    .is_some_and(|p| auth.may_be_system(&p.id))
+            });
         Identities {
             address,
             all,
-            system: caller.kind == ParticipantType::System,
+            system,
+            reads_all,
         }
     }
 
@@ -93,6 +105,29 @@ impl Router {
             Some(c) => c.cloned(),
         };
         conv.filter(|c| who.sees(&c.participants))
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// The conversation, if the caller may read it: as [`Router::visible_conv`], and every
+    /// conversation for a session of a system principal (the reads: `mail/get`, `mail/list`,
+    /// `mail/turns/list`, `mail/summary`, `mail/replay`).
+    ///
+    /// # Errors
+    /// `10000`; `NeedsLoad` when it is not in memory.
+    pub(super) fn readable_conv(
+        &mut self,
+        who: &Identities,
+        id: &str,
+    ) -> Result<Arc<Conv>, RouterError> {
+        let conv = match self.mailboxes.convs.get(id) {
+            None => {
+                return Err(RouterError::NeedsLoad(vec![Need::Conversation(
+                    id.to_owned(),
+                )]))
+            }
+            Some(c) => c.cloned(),
+        };
+        conv.filter(|c| who.reads(&c.participants))
             .ok_or_else(|| not_found(id))
     }
 
@@ -999,7 +1034,7 @@ impl Router {
                 Some(cached) => (cached.conversation.clone(), cached.participants.clone()),
                 None => (stored.conversation, stored.participants),
             };
-            let admitted = who.sees(&participants)
+            let admitted = who.reads(&participants)
                 && f.kind
                     .as_ref()
                     .is_none_or(|k| k.is_empty() || k.contains(&c.kind))

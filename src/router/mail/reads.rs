@@ -1,5 +1,6 @@
 //! The reads of the mail extension that go through many rows: `mail/list` (pages through the
-//! store's `conversations`, through its membership index for anyone but system), and every
+//! store's `conversations`, through its membership index for anyone who does not read every
+//! conversation), and every
 //! read of turns (`mail/get` with recent turns or stats, `mail/join`'s catch-up,
 //! `mail/turns/list`, `mail/summary`, `mail/replay`), which page through the `turns` table.
 //! Each is an asynchronous method: one router step to check the caller and take the
@@ -42,7 +43,7 @@ async fn visible(
         let who = r.identities(&caller);
         let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
         r.need_mail(Some(&id), &turns)?;
-        let conv = r.visible_conv(&who, &id)?;
+        let conv = r.readable_conv(&who, &id)?;
         Ok((conv, Arc::new(who)))
     })
     .await
@@ -217,9 +218,9 @@ pub async fn get(
     })
 }
 
-/// `mail/list`: the conversations the caller takes part in (all, for system), in creation
-/// order. Pages through the store's `conversations` table (through its membership index for
-/// anyone but system), a chunk at a time.
+/// `mail/list`: the conversations the caller takes part in (all, for a system participant or
+/// a system principal's session), in creation order. Pages through the store's
+/// `conversations` table (through its membership index for anyone else), a chunk at a time.
 ///
 /// # Errors
 /// `InvalidParams` for a cursor that names no conversation the caller may see.
@@ -235,7 +236,7 @@ pub async fn list(
         let caller = r.caller(ctx)?;
         let who = r.identities(&caller);
         let after = match &cursor {
-            Some(c) => match r.visible_conv(&who, c) {
+            Some(c) => match r.readable_conv(&who, c) {
                 Ok(conv) => Some((conv.conversation.created_at, conv.conversation.id.clone())),
                 Err(RouterError::NeedsLoad(n)) => return Err(RouterError::NeedsLoad(n)),
                 Err(_) => return Err(RouterError::InvalidParams(format!("unknown cursor {c:?}"))),
@@ -247,7 +248,7 @@ pub async fn list(
     .await?;
     settle(&router, conn, HISTORY).await?;
     let chunk = (limit + 1).clamp(64, SCAN_CHUNK);
-    let members = (!who.system).then(|| who.all.clone());
+    let members = (!who.reads_all).then(|| who.all.clone());
     let page = scan_page(
         after,
         limit,
@@ -371,7 +372,7 @@ pub async fn turns_list(
             .map(String::as_str)
             .collect();
         r.need_mail(Some(&id), &named)?;
-        let conv = r.visible_conv(&who, &id)?;
+        let conv = r.readable_conv(&who, &id)?;
         let mut after = match &after_id {
             Some(a) => Some(r.turn_seq(&id, a)?),
             None => None,
@@ -456,7 +457,7 @@ pub async fn summary(
             .map(String::as_str)
             .collect();
         r.need_mail(Some(&id), &named)?;
-        let conv = r.visible_conv(&who, &id)?;
+        let conv = r.readable_conv(&who, &id)?;
         // Both ends are included.
         let after = match &from_id {
             Some(t) => r.turn_seq(&id, t)?.checked_sub(1),
@@ -521,7 +522,7 @@ pub async fn replay(
         let caller = r.caller(ctx)?;
         let who = r.identities(&caller);
         r.need_mail(Some(&id), from_turn.as_deref().as_slice())?;
-        let conv = r.visible_conv(&who, &id)?;
+        let conv = r.readable_conv(&who, &id)?;
         let from = match &from_turn {
             Some(t) => Some(r.turn_seq(&id, t)?),
             None => None,
