@@ -638,6 +638,24 @@ args = ["${AGENT}", "active", "30", "5", "0.003"]
     assert.ok(!(await page.locator(tid('auth-form')).isVisible()));
     await until(async () => (await treeNodes(page)).length === 2, 'the two visible agents again');
   });
+
+  await t.step("an operator's key (a system principal) sees every agent, the hidden one too", async () => {
+    const opsContext = await t.context(browser);
+    const opsPage = await opsContext.newPage();
+    await opsPage.goto(router.uiUrl);
+    await opsPage.locator(tid('auth-form')).waitFor({ timeout: WAIT_MS });
+    await opsPage.fill(tid('auth-credential'), 'ops-key-0123456789abcdef0123');
+    await opsPage.click(tid('auth-submit'));
+    await opsPage.locator(`${tid('connection-status')}[data-status="live"]`).waitFor({ timeout: WAIT_MS });
+    assert.match(await opsPage.textContent(tid('principal')), /^principal ops \(operator/);
+    const nodes = await until(async () => {
+      const ns = await treeNodes(opsPage);
+      return ns.length === 3 ? ns : null;
+    }, 'three agents for the operator');
+    assert.deepEqual(nodes.map((n) => n.id).sort(), ['public-a', 'public-b', 'secret-c']);
+    // ...while the ordinary dashboard still shows two.
+    assert.equal((await treeNodes(page)).length, 2);
+  });
 });
 
 scenario('cluster', async (t, browser) => {

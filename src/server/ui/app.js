@@ -373,7 +373,7 @@ async function connect() {
     await client.open();
     const req = { protocolVersion: 1, participantType: 'client', name: 'map-router-dashboard' };
     if (credential) req.auth = { method: credential.method, credential: credential.credential };
-    const res = await client.request('map/connect', req);
+    const res = await connectAs(client, req);
     if (res.authRequired) {
       S.client = null;
       client.close();
@@ -392,6 +392,23 @@ async function connect() {
     if (err instanceof ClosedError) return; // onClosed decides what happens next
     setStatus('error', err.message);
     client.close();
+  }
+}
+
+/**
+ * `map/connect`, as an operator when the credential's principal is one: signed in, the page asks
+ * for `participantType: "system"` first (granted only to principals in `auth.system_principals`,
+ * docs/security.md), so that an operator sees every agent, conversation and event; any other
+ * principal is refused that (1003) and connects as a `client` on the same socket, seeing what
+ * its principal may. Without a credential the page is a client.
+ */
+async function connectAs(client, req) {
+  if (!req.auth) return client.request('map/connect', req);
+  try {
+    return await client.request('map/connect', { ...req, participantType: 'system' });
+  } catch (err) {
+    if (!(err instanceof RpcError) || err.code !== 1003) throw err;
+    return client.request('map/connect', req);
   }
 }
 
@@ -802,7 +819,11 @@ function render() {
   const status = $('connection-status');
   status.textContent = S.status + (S.statusDetail ? `: ${S.statusDetail}` : '');
   status.dataset.status = S.status;
-  $('principal').textContent = S.connect?.principal ? `principal ${S.connect.principal.id}` : S.connect ? 'anonymous' : '';
+  $('principal').textContent = S.connect?.principal
+    ? `principal ${S.connect.principal.id}${S.connect.participantType === 'system' ? ' (operator: sees everything)' : ''}`
+    : S.connect
+      ? 'anonymous'
+      : '';
   $('sign-out').hidden = !loadCredential();
   const mode = $('mode');
   // The connection status already says "live": the badge speaks only of the past.
