@@ -69,5 +69,43 @@ export default function (h) {
       await h.docsShot(other, 'system-standby');
       await other.close();
     });
+
+    await t.step("a standby's page shows the same charts, trace and tasks as the live node's", async () => {
+      // Two SDK agents on the live node: five messages, a request answered, a task.
+      const a = await h.sdkAgent(t, router.wsUrl, { name: 'sa', role: 'planner' });
+      const b = await h.sdkAgent(t, router.wsUrl, { name: 'sb', role: 'worker' });
+      b.onMessage((m) => {
+        if (m.meta?.expectsResponse) void b.reply(m, { ok: true }).catch(() => {});
+      });
+      for (let i = 0; i < 4; i++) await a.send({ agent: b.agentId }, { n: i });
+      const asked = await a.send({ agent: b.agentId }, { q: 'done?' }, { expectsResponse: true, correlationId: 'standby-q' });
+      await a.createTask({ task: { title: 'Seen from the standby', assignee: b.agentId } });
+      const sent = 6; // four, the request, the answer
+      const peer = await t.peer(router.wsUrl);
+      await until(async () => (await peer.history()).filter((e) => e.type === 'message_sent').length === sent, 'the six messages in the log');
+      const pages = [];
+      for (const url of [router.uiUrl, `${standby.url.replace(/^ws/, 'http')}ui`]) {
+        const p = await context.newPage();
+        pages.push(p);
+        await p.goto(`${url}#charts`);
+        await p.locator(`${tid('history-status')}[data-state="ready"]`).waitFor({ state: 'attached', timeout: 4 * WAIT_MS });
+      }
+      const totals = (p) => p.getAttribute(tid('chart-messages'), 'data-totals').then((t) => JSON.parse(t ?? 'null'));
+      for (const p of pages) await until(async () => (await totals(p))?.sent === sent, 'six messages charted', 4 * WAIT_MS);
+      assert.deepEqual(await totals(pages[1]), await totals(pages[0]), 'the same totals on both nodes');
+      // The trace of the request, read on the standby (relayed to the live node).
+      for (const p of pages) {
+        await p.goto(`${p.url().split('#')[0]}#traces/message/${asked.messageId}`);
+        await p.locator(tid('trace')).waitFor({ timeout: 4 * WAIT_MS });
+      }
+      const spans = (p) => p.$$eval(h.tid('span'), (rs) => rs.map((r) => [r.dataset.spanId, r.dataset.parentId, r.dataset.name]));
+      assert.deepEqual(await spans(pages[1]), await spans(pages[0]));
+      assert.equal((await spans(pages[1])).length, 2, 'the request and its answer');
+      for (const p of pages) {
+        await p.click(tid('tab-tasks'));
+        await p.locator(tid('task-card'), { hasText: 'Seen from the standby' }).waitFor({ timeout: 4 * WAIT_MS });
+      }
+      for (const p of pages) await p.close();
+    });
   });
 }
