@@ -461,12 +461,15 @@ fn now_ms() -> u64 {
 
 #[tokio::test]
 async fn expiring_notice_comes_before_expiry_and_expiry_ends_access() {
-    let (_server, url, _dir) = auth_server(|_| {}).await;
+    // The watcher is an operator: another principal's session's comings and goings reach only
+    // its own principal and system participants (tests/participant_audience.rs).
+    let (_server, url, _dir) =
+        auth_server(|c| c.auth.system_principals = vec!["watcher".into()]).await;
     let mut watcher = WsClient::connect(&url).await;
     watcher
         .ok(
             "map/connect",
-            json!({"protocolVersion": 1, "auth": bearer(&hs256("watcher", 600))}),
+            json!({"protocolVersion": 1, "participantType": "system", "auth": bearer(&hs256("watcher", 600))}),
         )
         .await;
     let sub = watcher
@@ -497,7 +500,7 @@ async fn expiring_notice_comes_before_expiry_and_expiry_ends_access() {
     assert!(left > 0 && left <= 4000, "{notice}");
     assert!(arrived < exp_ms, "the notice came before expiry");
 
-    // No refresh: access ends with a close, and everyone sees why.
+    // No refresh: access ends with a close, and the operator sees why.
     let code = within(Duration::from_secs(6), client.expect_close()).await;
     assert_eq!(code, Some(4001));
     assert!(now_ms() + 50 >= exp_ms, "not before exp");

@@ -26,6 +26,8 @@ pub struct Caller {
     pub kind: ParticipantType,
     /// The agent the session speaks as, if any.
     pub primary_agent: Option<AgentId>,
+    /// The principal the session authenticated as (none with authentication off).
+    pub principal: Option<crate::protocol::methods::session::Principal>,
     /// The permission policy.
     pub policy: permissions::SharedPolicy,
 }
@@ -37,6 +39,7 @@ impl Caller {
             participant: &self.participant,
             kind: self.kind,
             agent: self.primary_agent.as_ref(),
+            principal: self.principal.as_ref(),
             policy: &self.policy,
         }
     }

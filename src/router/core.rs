@@ -480,6 +480,7 @@ impl Router {
             participant: s.participant().clone(),
             kind: s.kind(),
             primary_agent,
+            principal: s.principal().cloned(),
             policy: self.config.permissions.clone(),
         })
     }
@@ -611,6 +612,18 @@ impl Router {
         } else {
             Audience::System
         };
+        // With authentication on, what a session says about itself is its principal's business:
+        // other principals do not learn who connected (nor the names its agents connect under).
+        if let Some(p) = self
+            .sessions
+            .by_participant(participant)
+            .and_then(|s| s.principal())
+        {
+            audience = audience.and(Audience::Principal {
+                id: p.id.clone(),
+                issuer: p.issuer.clone(),
+            });
+        }
         let owned = self.registry.owned_by(participant);
         for id in owned.iter().chain(also) {
             if let Some(r) = self.registry.get(id) {

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::agent::{Agent, AgentVisibility};
 use crate::protocol::capabilities::{ParticipantCapabilities, ParticipantType};
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
+use crate::protocol::methods::session::Principal;
 use crate::protocol::scope::{JoinPolicy, ScopeVisibility, SendPolicy};
 
 use crate::router::events::log::Audience;
@@ -373,6 +374,8 @@ pub struct Viewer<'a> {
     pub kind: ParticipantType,
     /// The agent it speaks as (its primary agent), whose `canSee` / `canMessage` rules apply.
     pub agent: Option<&'a AgentId>,
+    /// The principal it authenticated as (none with authentication off).
+    pub principal: Option<&'a Principal>,
     /// The policy.
     pub policy: &'a Policy,
 }
@@ -707,6 +710,9 @@ pub fn audience_allows(viewer: &Viewer<'_>, audience: &Audience, reg: AgentView<
         Audience::Everyone => true,
         Audience::System => false,
         Audience::Participants { who } => who.contains(viewer.participant),
+        Audience::Principal { id, issuer } => viewer
+            .principal
+            .is_some_and(|p| p.id == *id && p.issuer == *issuer),
         Audience::Scoped { owner, scopes } => {
             owner.as_ref() == Some(viewer.participant) || shares_scope(viewer, scopes, reg)
         }
@@ -754,6 +760,7 @@ mod tests {
             participant: p,
             kind,
             agent: None,
+            principal: None,
             policy,
         }
     }
@@ -930,6 +937,7 @@ mod tests {
             participant: p,
             kind: ParticipantType::Agent,
             agent: Some(Box::leak(Box::new(AgentId::from(a)))),
+            principal: None,
             policy: &policy,
         };
         assert!(

@@ -33,6 +33,15 @@ pub enum Audience {
         /// That agent's scopes.
         scopes: Vec<ScopeId>,
     },
+    /// Sessions of this principal (and system participants): what a session of an
+    /// authenticated principal says about itself, such as its `participant_connected`.
+    Principal {
+        /// The principal's id.
+        id: String,
+        /// Its issuer (a JWT's `iss`), if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        issuer: Option<String>,
+    },
     /// Whoever every one of these admits (an event about several things: a message between
     /// two agents is seen only by those who may see both).
     All {
@@ -51,6 +60,9 @@ impl Audience {
             Audience::Participants { who } => vec_of(who, |p| id(p.as_arc())),
             Audience::Scoped { owner, scopes } => {
                 owner.as_ref().map_or(0, |p| id(p.as_arc())) + vec_of(scopes, |s| id(s.as_arc()))
+            }
+            Audience::Principal { id, issuer } => {
+                alloc(id.len()) + issuer.as_ref().map_or(0, |i| alloc(i.len()))
             }
             Audience::All { of } => vec_of(of, Audience::heap),
         }

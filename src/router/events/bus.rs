@@ -80,6 +80,8 @@ pub struct Subscription {
     pub participant_type: ParticipantType,
     /// The agent the subscriber speaks as (its `canSee` rules apply).
     pub agent: Option<AgentId>,
+    /// The principal the subscriber authenticated as (none with authentication off).
+    pub principal: Option<crate::protocol::methods::session::Principal>,
     /// The permission policy.
     pub policy: SharedPolicy,
     /// Compiled filter.
@@ -550,6 +552,7 @@ fn admits(sub: &Subscription, rec: &EventRecord, reg: AgentView<'_>) -> bool {
         participant: &sub.participant,
         kind: sub.participant_type,
         agent: sub.agent.as_ref(),
+        principal: sub.principal.as_ref(),
         policy: &sub.policy,
     };
     if !can_see_event(

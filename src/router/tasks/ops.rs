@@ -163,6 +163,7 @@ impl Router {
                 participant: s.participant(),
                 kind: s.kind(),
                 agent: s.primary_agent(),
+                principal: s.principal(),
                 policy: &self.config.permissions,
             };
             if viewer.is_system() {
