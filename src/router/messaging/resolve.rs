@@ -358,6 +358,7 @@ mod tests {
             participant: participant.into(),
             kind,
             primary_agent: agent.map(AgentId::from),
+            principal: None,
             policy: Arc::new(Policy::default()),
         }
     }
