@@ -132,6 +132,7 @@ fn subscription(
             ParticipantType::Client
         },
         agent: None,
+        principal: None,
         policy: Default::default(),
         filter: CompiledFilter::compile(f_ref(&filter)).unwrap(),
         exclude_own: i.is_multiple_of(7),
