@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The dashboard under load (issue 46, item 7), as a benchmark: 50 agents send 1 000 messages/s for
-# 60 s while headless Chromium shows /ui and is driven through its views; three runs against a
+# 60 s while headless Chromium shows /ui and is driven through its views (the router pinned to
+# core 0, the rest to core 1; the router's CPU is compared with a blank page before and after);
+# three runs against a
 # release build; prints each run's figures and their medians, and appends the raw lines to
 # docs/bench/<date>-ui.jsonl. Checks the issue's bounds (frame time p95 < 50 ms, serving the page
-# < 5 % of the router's CPU) in each run (MAP_UI_PERF_STRICT=1).
+# < 5 % of the router's CPU) on the medians, and exits 1 when one is missed.
 #
 #   scripts/bench-ui.sh [seconds]   (default 60)
 #
@@ -17,8 +19,11 @@ mkdir -p docs/bench
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for run in 1 2 3; do
-  MAP_UI_PERF_SECONDS=$seconds MAP_UI_PERF_STRICT=1 MAP_UI_PERF_REPORT="$tmp/run$run.json" \
-    node tests/browser/run.mjs --bin target/release/map-router --filter perf
+  # The bounds are judged below on the medians; a run that misses one still reports.
+  # The router on core 0; the browser, the generator and the test on core 1.
+  MAP_UI_PERF_SECONDS=$seconds MAP_UI_PERF_REPORT="$tmp/run$run.json" MAP_BROWSER_ROUTER_CPUS=0 \
+    taskset -c 1 node tests/browser/run.mjs --bin target/release/map-router --filter perf || true
+  [ -s "$tmp/run$run.json" ] || { echo "run $run: no report" >&2; exit 1; }
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["run"]=int(sys.argv[2]); r["build"]="release"; print(json.dumps(r))' \
     "$tmp/run$run.json" "$run" | tee -a "$out"
 done
@@ -30,4 +35,10 @@ print(f"medians of {len(runs)} runs: frame p50 {med('frameP50'):.1f} ms, p95 {me
       f"long frames {med('longFrames'):.0f}; heap {med('heapWarm')/1e6:.1f} -> {med('heapEnd')/1e6:.1f} MB; "
       f"router CPU per message {med('cpuPerMessageAloneUs'):.1f} us alone, {med('cpuPerMessageWithPageUs'):.1f} us with the page "
       f"(serving it: {100*med('servingShare'):.1f} %)")
+ok = True
+for what, value, bound in [("frame time p95 (ms)", med('frameP95'), 50), ("serving share (%)", 100 * med('servingShare'), 5)]:
+    verdict = "ok" if value < bound else "MISSED"
+    ok = ok and value < bound
+    print(f"{what}: {value:.1f} (bound {bound}): {verdict}")
+sys.exit(0 if ok else 1)
 PY

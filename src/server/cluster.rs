@@ -498,6 +498,7 @@ impl Serving {
         let metrics_auth = auth.clone().filter(|_| !config.metrics.public);
         // Traces: this node makes no span of the model (it writes no log), one per call it
         // relays (`router::relay`), exported as the live node's are.
+        let relays = Arc::downgrade(&relay);
         if let Some(spans) = relay_spans(config, metrics.as_deref(), node) {
             relay.set_spans(spans);
         }
@@ -596,6 +597,7 @@ impl Serving {
             let traffic = gateways.traffic();
             let extra: crate::server::metrics::Extra = Arc::new(move || {
                 let position = follower.upgrade().map_or(0, |f| f.position());
+                let relayed = relays.upgrade().map_or(0, |r| r.sessions());
                 let aip = aip_gateway
                     .as_ref()
                     .and_then(std::sync::Weak::upgrade)
@@ -612,7 +614,11 @@ impl Serving {
                      # TYPE map_cluster_following_position gauge\n\
                      # HELP map_cluster_following_position The seq after the newest event this \
                      standby has followed.\n\
-                     map_cluster_following_position {position}\n"
+                     map_cluster_following_position {position}\n\
+                     # TYPE map_cluster_relay_sessions gauge\n\
+                     # HELP map_cluster_relay_sessions Sessions of this standby's clients whose \
+                     calls it relays to the live node now.\n\
+                     map_cluster_relay_sessions {relayed}\n"
                     )
             });
             app.merge(crate::server::metrics::routes_with(

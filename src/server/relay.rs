@@ -137,6 +137,11 @@ pub struct FollowerRelay {
 }
 
 impl FollowerRelay {
+    /// How many relay sessions this node has open now (`map_cluster_relay_sessions`).
+    pub fn sessions(&self) -> usize {
+        lock(&self.routes).len()
+    }
+
     /// Starts listening for the writer's frames to this node's connections.
     /// `incarnation`: this process's (`store::jetstream::NodeStatus::this_incarnation`).
     pub fn start(

@@ -87,7 +87,10 @@ function startRouter(config, files = {}, reuseDir = null) {
   const dir = reuseDir ?? mkdtempSync(path.join(tmpdir(), 'map-router-browser-'));
   for (const [name, text] of Object.entries(files)) writeFileSync(path.join(dir, name), text, { mode: 0o600 });
   writeFileSync(path.join(dir, 'router.toml'), config);
-  const proc = spawn(BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', path.join(dir, 'data'), '--config', path.join(dir, 'router.toml')], {
+  const argv = ['serve', '--listen', '127.0.0.1:0', '--data-dir', path.join(dir, 'data'), '--config', path.join(dir, 'router.toml')];
+  // Benchmarks pin the router to its own cores (taskset execs it: the pid is the router's).
+  const pin = process.env.MAP_BROWSER_ROUTER_CPUS;
+  const proc = spawn(pin ? 'taskset' : BIN, pin ? ['-c', pin, BIN, ...argv] : argv, {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: routerEnv(),
   });

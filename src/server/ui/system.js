@@ -83,6 +83,8 @@ function nodeSection() {
   const writer = h.nodes.find((n) => n.role === 'writer');
   const role = !clustered ? 'single node' : h.status === 200 ? 'live (writes the event log)' : `standby${h.writer ? ` (writer: ${h.writer})` : ''}`;
   const handover = ['session', 'agent', 'scope'].map((kind) => [kind, metric(m, 'map_cluster_handover_records', { kind })]).filter(([, v]) => v !== null);
+  const relayed = metric(m, 'map_cluster_relay_sessions');
+  const following = metric(m, 'map_cluster_following_position');
   return el(
     'section',
     { 'aria-label': 'Nodes' },
@@ -95,6 +97,8 @@ function nodeSection() {
       clustered ? [el('dt', {}, 'NATS'), el('dd', { 'data-testid': 'node-nats', 'data-status': (h.nats ?? 'unknown').split(/[ :]/)[0] }, h.nats ?? 'unknown')] : null,
       h.handover ? [el('dt', {}, 'on a takeover'), el('dd', { 'data-testid': 'node-handover' }, h.handover)] : null,
       handover.length ? [el('dt', {}, 'handover records'), el('dd', {}, handover.map(([k, v]) => `${num(v)} ${k}s`).join(' · '))] : null,
+      following !== null ? [el('dt', {}, 'following'), el('dd', { 'data-testid': 'node-following' }, `position ${num(following)}`)] : null,
+      relayed !== null ? [el('dt', {}, 'relay sessions'), el('dd', { 'data-testid': 'node-relays', 'data-value': relayed }, `${num(relayed)} (clients of this node whose calls go to the live node)`)] : null,
       el('dt', {}, 'read'),
       el('dd', { class: 'muted' }, state.at ? clock(state.at) : '–'),
     ),

@@ -101,6 +101,9 @@ export default function (h) {
       const spans = (p) => p.$$eval(h.tid('span'), (rs) => rs.map((r) => [r.dataset.spanId, r.dataset.parentId, r.dataset.name]));
       assert.deepEqual(await spans(pages[1]), await spans(pages[0]));
       assert.equal((await spans(pages[1])).length, 2, 'the request and its answer');
+      // The standby relayed its page's trace call: its system view counts that relay session.
+      await pages[1].click(tid('tab-system'));
+      await until(async () => Number(await pages[1].getAttribute(tid('node-relays'), 'data-value').catch(() => 0)) >= 1, "the standby's relay session", 4 * WAIT_MS);
       for (const p of pages) {
         await p.click(tid('tab-tasks'));
         await p.locator(tid('task-card'), { hasText: 'Seen from the standby' }).waitFor({ timeout: 4 * WAIT_MS });
