@@ -96,16 +96,7 @@ impl Router {
         who: &Identities,
         id: &str,
     ) -> Result<Arc<Conv>, RouterError> {
-        let conv = match self.mailboxes.convs.get(id) {
-            None => {
-                return Err(RouterError::NeedsLoad(vec![Need::Conversation(
-                    id.to_owned(),
-                )]))
-            }
-            Some(c) => c.cloned(),
-        };
-        conv.filter(|c| who.sees(&c.participants))
-            .ok_or_else(|| not_found(id))
+        self.conv_if(id, |c| who.sees(&c.participants))
     }
 
     /// The conversation, if the caller may read it: as [`Router::visible_conv`], and every
@@ -119,6 +110,15 @@ impl Router {
         who: &Identities,
         id: &str,
     ) -> Result<Arc<Conv>, RouterError> {
+        self.conv_if(id, |c| who.reads(&c.participants))
+    }
+
+    /// The conversation `id` when `admits` it; `10000` otherwise (the same as a missing one).
+    fn conv_if(
+        &mut self,
+        id: &str,
+        admits: impl Fn(&Conv) -> bool,
+    ) -> Result<Arc<Conv>, RouterError> {
         let conv = match self.mailboxes.convs.get(id) {
             None => {
                 return Err(RouterError::NeedsLoad(vec![Need::Conversation(
@@ -127,8 +127,7 @@ impl Router {
             }
             Some(c) => c.cloned(),
         };
-        conv.filter(|c| who.reads(&c.participants))
-            .ok_or_else(|| not_found(id))
+        conv.filter(|c| admits(c)).ok_or_else(|| not_found(id))
     }
 
     /// Where a turn of `conv` is (`None`: no such turn in that conversation).

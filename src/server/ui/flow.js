@@ -10,7 +10,7 @@
 // Interface (app.js): `render(root, ctx)`, `observe(event)`; `collectMessages` is also used by
 // app.js (a click on a message event selects its message). No MAP calls.
 import { nameOf, recipientsOf } from './views.js';
-import { clock, compact, el, replaceChildren } from './util.js';
+import { clock, compact, el, replaceChildren, svg } from './util.js';
 
 /** Messages drawn: the newest that pass the filters. */
 export const FLOW_MESSAGES = 120;
@@ -244,16 +244,6 @@ export function layoutLanes(messages, model, past, width, pinned, keepScope = ''
 // ---------------------------------------------------------------------------------------------
 // Drawing
 
-const SVG = 'http://www.w3.org/2000/svg';
-function svg(tag, attrs = {}, ...children) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k.startsWith('on') && typeof v === 'function') node.addEventListener(k.slice(2), v);
-    else if (v !== null && v !== undefined) node.setAttribute(k, String(v));
-  }
-  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined && c !== false) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return node;
-}
 
 /** Per flow element: its parts, what was drawn last, the scroll state. */
 const state = new WeakMap();

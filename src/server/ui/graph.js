@@ -9,7 +9,7 @@
 // `observe(event)`. No MAP calls.
 import { nameOf } from './views.js';
 import { CLI_KEY, laneKeyOf, showPair } from './flow.js';
-import { clock, compareIds, el, num, replaceChildren } from './util.js';
+import { clock, compareIds, el, num, replaceChildren, svg } from './util.js';
 
 /** Deliveries kept (sender, recipient, time, event id), the oldest forgotten first. */
 export const DELIVERIES_KEPT = 50_000;
@@ -113,16 +113,6 @@ function countEdges(model, past, filters) {
 // ---------------------------------------------------------------------------------------------
 // Drawing
 
-const SVG = 'http://www.w3.org/2000/svg';
-function svg(tag, attrs = {}, ...children) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k.startsWith('on') && typeof v === 'function') node.addEventListener(k.slice(2), v);
-    else if (v !== null && v !== undefined) node.setAttribute(k, String(v));
-  }
-  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined && c !== false) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return node;
-}
 
 const state = new WeakMap();
 

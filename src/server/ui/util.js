@@ -29,6 +29,19 @@ function append(node, children) {
   }
 }
 
+const SVG = 'http://www.w3.org/2000/svg';
+
+/** As `el`, for an SVG element: `svg('line', {x1, y1, class: 'lane'})`. */
+export function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k.startsWith('on') && typeof v === 'function') node.addEventListener(k.slice(2), v);
+    else if (v !== null && v !== undefined) node.setAttribute(k, String(v));
+  }
+  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined && c !== false) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
 /** Replaces every child of `node`. */
 export function replaceChildren(node, ...children) {
   node.replaceChildren();
