@@ -127,7 +127,14 @@ pub struct ConnectionOptions {
     /// In cluster mode, the node the connection is really on when it is not this one: a
     /// standby's connection, whose relay session this is (`server::relay`).
     pub node: Option<Arc<str>>,
+    /// How long the writer may hold events and messages to put more of them in one write
+    /// (`?linger=` on a WebSocket URL, at most [`MAX_LINGER`]); answers to requests are never
+    /// held. `None`: each batch is written as soon as the outbox has nothing more.
+    pub linger: Option<Duration>,
 }
+
+/// The longest a connection may ask its writer to hold events ([`ConnectionOptions::linger`]).
+pub const MAX_LINGER: Duration = Duration::from_millis(250);
 
 impl Default for ConnectionOptions {
     fn default() -> Self {
@@ -145,6 +152,7 @@ impl Default for ConnectionOptions {
             rate: RateLimits::unlimited(),
             peer: None,
             node: None,
+            linger: None,
         }
     }
 }
@@ -190,6 +198,7 @@ pub async fn serve_connection<St, Si>(
             ping_interval: opts.ping_interval,
             write_timeout: opts.idle_timeout,
             write_batch: opts.write_batch.max(1),
+            linger: opts.linger.map(|l| l.min(MAX_LINGER)),
         },
     ));
     let mut session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch)
@@ -341,6 +350,7 @@ struct WriterOptions {
     /// A write or flush that takes longer than this means the peer stopped reading: give up.
     write_timeout: Option<Duration>,
     write_batch: usize,
+    linger: Option<Duration>,
 }
 
 /// Runs a sink operation under the write timeout. `Err(())` means failed or timed out.
@@ -392,7 +402,12 @@ async fn write_loop<Si>(
         let Some(mut item) = first else { break };
         let mut fed = 0;
         let mut yielded = false;
+        // With a linger, events and messages wait for company until this instant; an answer
+        // to a request (a `Frame`) in the batch ends the wait.
+        let linger_until = opts.linger.map(|l| Instant::now() + l);
+        let mut answered = false;
         loop {
+            answered |= matches!(item, Outbound::Frame(_));
             match item {
                 Outbound::Close { code, reason } => {
                     let _ = bounded(limit, conn, "flush", sink.flush()).await;
@@ -426,7 +441,15 @@ async fn write_loop<Si>(
             };
             match next {
                 Some(next) => item = next,
-                None => break,
+                None => match linger_until {
+                    Some(until) if !answered => {
+                        match tokio::time::timeout_at(until, rx.recv()).await {
+                            Ok(Some(next)) => item = next,
+                            _ => break,
+                        }
+                    }
+                    _ => break,
+                },
             }
         }
         if bounded(limit, conn, "flush", sink.flush()).await.is_err() {

@@ -13,7 +13,7 @@
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, SinkExt, StreamExt};
 
 use crate::transport::admission::PeerInfo;
@@ -51,8 +51,15 @@ pub const READ_BUFFER_BYTES: usize = 4 * 1024;
 pub async fn upgrade(
     ws: WebSocketUpgrade,
     peer: Option<Extension<PeerInfo>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
     State(mut state): State<WsState>,
 ) -> Response {
+    match linger(query.as_deref()) {
+        Ok(l) => state.options.linger = l,
+        Err(why) => {
+            return (axum::http::StatusCode::BAD_REQUEST, format!("{why}\n")).into_response();
+        }
+    }
     let hard = hard_limit(state.options.max_frame_bytes);
     let peer = peer.map(|Extension(p)| p);
     state.options.peer = peer.as_ref().map(|p| p.addr);
@@ -63,6 +70,33 @@ pub async fn upgrade(
             let serve = serve_socket(socket, state);
             serve.map(move |()| drop(peer))
         })
+}
+
+/// `?linger=MS` (1 to 250): the connection asks its writer to hold events and messages up to
+/// that long to write more of them at once (a dashboard that redraws a few times a second loses
+/// nothing by it; answers to its requests are never held). Absent: `None`; anything else is
+/// refused with why.
+///
+/// # Errors
+/// A `linger` that is not a whole number of milliseconds from 1 to 250.
+pub fn linger(query: Option<&str>) -> Result<Option<std::time::Duration>, String> {
+    let Some(value) = query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "linger")
+        .map(|(_, v)| v)
+    else {
+        return Ok(None);
+    };
+    let max = crate::transport::connection::MAX_LINGER.as_millis() as u64;
+    match value.parse::<u64>() {
+        Ok(ms) if (1..=max).contains(&ms) => Ok(Some(std::time::Duration::from_millis(ms))),
+        _ => Err(format!(
+            "linger must be a whole number of milliseconds from 1 to {max}, not {:?}",
+            value.chars().take(16).collect::<String>()
+        )),
+    }
 }
 
 /// Builds the connection's future. Not an `async fn`: an idle connection's task holds only

@@ -115,5 +115,7 @@ export class MapClient {
 /** The dashboard's WebSocket URL: the page's own host, `/map`. */
 export function routerUrl(location) {
   const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
-  return `${scheme}//${location.host}/map`;
+  // The page redraws at most five times a second: the router may hold its events up to 100 ms
+  // to write them together (`?linger=`, docs/dashboard.md); answers are never held.
+  return `${scheme}//${location.host}/map?linger=100`;
 }
