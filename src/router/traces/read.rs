@@ -70,6 +70,16 @@ enum Anchor {
 }
 
 impl Anchor {
+    /// When a message or event anchor happened (its ULID's time; 0 for a message id that is
+    /// no ULID); `None` for a bare trace id, which has no place in the log.
+    fn at_ms(&self) -> Option<u64> {
+        match self {
+            Anchor::Trace(_) => None,
+            Anchor::Message(m) => Some(Ulid::parse(m).map_or(0, Ulid::timestamp_ms)),
+            Anchor::Event(e) => Some(e.0.timestamp_ms()),
+        }
+    }
+
     /// How the caller named it (the text of the not-found error, the same whether it is
     /// unknown or hidden from the caller).
     fn named(&self, p: &TracesGetParams) -> String {
@@ -404,8 +414,8 @@ pub async fn get(
         })?);
     let mut names = Names::default();
     let mut truncated = false;
-    let (trace, from_ms, to_ms, start) = match &anchor {
-        Anchor::Trace(t) => {
+    let (trace, from_ms, to_ms, start) = match (&anchor, anchor.at_ms()) {
+        (Anchor::Trace(t), _) => {
             let to_ms = now_ms();
             let from_ms = to_ms.saturating_sub(NEWEST_MS);
             let mut start = resolve(&router, conn, Position::AtTime(from_ms)).await?;
@@ -415,23 +425,8 @@ pub async fn get(
             }
             (*t, from_ms, to_ms, start)
         }
-        Anchor::Message(m) => {
-            let at = Ulid::parse(m).map_or(0, Ulid::timestamp_ms);
-            around(
-                &router,
-                conn,
-                &filter,
-                &anchor,
-                at,
-                window,
-                &mut names,
-                &mut truncated,
-            )
-            .await?
-            .ok_or_else(not_found)?
-        }
-        Anchor::Event(e) => {
-            let at = e.0.timestamp_ms();
+        (_, at) => {
+            let at = at.unwrap_or_default();
             around(
                 &router,
                 conn,

@@ -305,21 +305,11 @@ let retryTimer = null;
 const HEALTH_MS = 2000;
 
 /**
- * Cluster mode: the event log's NATS connection, as `GET /health`'s `nats:` line says, in the
- * header. A router that is not in cluster mode has no such line: the badge stays hidden and
- * the page stops asking.
+ * The nodes of the event log's stream (the live node's last roll call, as /health lists them;
+ * `system.parseHealth`): each with its role, and how far a standby is behind the writer.
  */
-/**
- * The nodes of the event log's stream, from the `node NAME: ROLE, position N` lines of
- * /health (the live node's last roll call): each with its role, and how far a standby is
- * behind the writer.
- */
-function showNodes(lines) {
+function showNodes(nodes) {
   const el = $('cluster-nodes');
-  const nodes = lines
-    .map((l) => /^node (.+): (\w+), position (\d+)$/.exec(l))
-    .filter(Boolean)
-    .map(([, name, role, position]) => ({ name, role, position: Number(position) }));
   if (nodes.length === 0) {
     el.hidden = true;
     return;
@@ -334,22 +324,25 @@ function showNodes(lines) {
   el.hidden = false;
 }
 
+/**
+ * Cluster mode: the event log's NATS connection, as `GET /health`'s `nats:` line says, in the
+ * header. A router that is not in cluster mode has no such line: the badge stays hidden and
+ * the page stops asking.
+ */
 async function watchNats() {
   const badge = $('nats-status');
   let state;
   try {
     const res = await fetch('/health', { cache: 'no-store', signal: AbortSignal.timeout(HEALTH_MS) });
-    const lines = (await res.text()).split('\n');
-    const line = lines.find((l) => l.startsWith('nats: '));
-    if (!line) {
+    const health = system.parseHealth(res.status, await res.text());
+    if (health.nats === null) {
       badge.hidden = true;
       return;
     }
-    showNodes(lines);
+    showNodes(health.nodes);
     void learnNodes();
-    const detail = line.slice('nats: '.length);
-    state = detail.split(/[ :]/)[0];
-    badge.textContent = `nats: ${detail}`;
+    state = health.nats.split(/[ :]/)[0];
+    badge.textContent = `nats: ${health.nats}`;
   } catch {
     // The router itself does not answer: the connection status says so; keep asking.
     state = 'unreachable';

@@ -15,7 +15,7 @@ export const POLL_MS = 2000;
 
 const state = { health: null, healthStatus: null, healthError: null, metrics: null, at: null, timer: null, ctx: null, root: null };
 
-/** `/health` as `{status, role, nats, writer, nodes: [{name, role, position}], handover, lines}`. */
+/** `/health` as `{status, first (its first line), nats, writer, handover, nodes: [{name, role, position}], lines}` (null for a line it lacks). */
 export function parseHealth(status, text) {
   const lines = text.split('\n').map((l) => l.trim()).filter(Boolean);
   const value = (prefix) => lines.find((l) => l.startsWith(prefix))?.slice(prefix.length).trim() ?? null;
