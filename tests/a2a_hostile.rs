@@ -820,6 +820,17 @@ async fn what_map_would_refuse_is_refused_at_once_and_stalls_nobody() {
     eprintln!("deep follow-up (100 levels): refused in {:?}", t.elapsed());
     assert_eq!(r.json()["error"]["code"], -32600, "{}", text(&r));
     assert_eq!(r.json()["id"], Value::Null);
+    // A lone surrogate escape (no reader can make it text; MAP refuses it): -32700, and the
+    // task is not touched (checked below with GetTask).
+    let lone = rpc_body(
+        json!(4),
+        "SendMessage",
+        json!({"message": {"messageId": "l", "role": "ROLE_USER", "taskId": task, "parts": [{"text": "LONE"}]}}),
+    )
+    .replace("LONE", "\\ud800");
+    let r = post(addr, "/a2a", None, &lone).await;
+    assert_eq!(r.json()["error"]["code"], -32700, "{}", text(&r));
+    assert!(text(&r).contains("surrogate"), "{}", text(&r));
     // Within the body's limit, but deeper than MAP once it is a task: 413 naming the limit.
     let t = Instant::now();
     let v = call(
@@ -891,6 +902,7 @@ async fn what_map_would_refuse_is_refused_at_once_and_stalls_nobody() {
         v["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
         "{v}"
     );
+    assert!(!v.to_string().contains("\\ud800"), "{v}");
     // An agent's answer too deep to keep: the task fails saying so (not left working).
     let t = Instant::now();
     let v = call(

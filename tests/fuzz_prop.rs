@@ -443,6 +443,9 @@ fn pinned_hostile_frames() {
         r#"{"jsonrpc":"2.0","id":1e400,"method":"map/agents/list"}"#,
         r#"{"jsonrpc":"2.0","id":18446744073709551616,"method":"map/agents/list"}"#,
         r#"{"jsonrpc":"2.0","id":"\u0041","method":"map\/agents\/list"}"#,
+        // CI's fuzzer found a lone surrogate passed through to an answer serde_json cannot read.
+        r#"{"jsonrpc":"2.0","id":0,"method":"mail/create","params":{"metadata":{"agentId":"\u0000\ud800"}}}"#,
+        r#"{"jsonrpc":"2.0","id":11,"method":"map/agents/register","params":{"name":"\udc00"}}"#,
         r#"{"jsonrpc":"2.0","id":4,"method":"map/subscribe","params":{"filter":{"eventTypes":[""]}}}"#,
         r#"{"jsonrpc":"2.0","id":5,"method":"map/subscribe","params":{"filter":{"eventTypes":1}}}"#,
         r#"{"jsonrpc":"2.0","id":6,"method":"map/agents/register","params":{"name":1e308,"metadata":[]}}"#,

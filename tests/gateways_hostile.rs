@@ -925,6 +925,108 @@ async fn posts_must_be_json() {
     }
 }
 
+/// A lone UTF-16 surrogate escape (`"\ud800"`) is valid JSON syntax that no reader can turn
+/// into text (serde_json refuses it, so our own client would). CI's fuzzer found MAP passing one
+/// through to an answer; every entry refuses it now, with a clear error, and delivers nothing:
+/// MAMP and IM bodies (400), an IM frame (`invalid_frame`, the socket stays), and a MAP request
+/// (`-32600` under its own id, the session stays). A surrogate pair still passes byte for byte.
+#[tokio::test]
+async fn lone_surrogates_are_refused_at_every_entry_and_nothing_is_delivered() {
+    let (_server, addr, url) = server(|_| {}).await;
+    let (_c, agent) = map_agent(&url, None, "analyst").await;
+    let mut inbox = agent.messages();
+    let to = format!("agent://{addr}/analyst");
+    let post_raw = |path: &'static str, body: String| async move {
+        request_from(
+            None,
+            addr,
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        )
+        .await
+    };
+    let lone = |v: Value| v.to_string().replace("LONE", "\\u0000\\ud800");
+    for (path, body) in [
+        (
+            "/mamp/v1/messages",
+            lone(mamp("agent://remote.example/x", &to, json!("hi LONE"))),
+        ),
+        (
+            "/mamp/v1/messages",
+            lone(mamp(
+                "agent://remote.example/x",
+                &to,
+                json!([{"type": "text", "text": "LONE"}]),
+            )),
+        ),
+        ("/gateway/send", lone(json!({"to": to, "content": "LONE"}))),
+        (
+            "/gateway/send",
+            lone(json!({"to": to, "content": {"k": ["LONE"]}})),
+        ),
+    ] {
+        let r = post_raw(path, body).await;
+        assert_error(&r, 400, "invalid_message");
+        assert!(text(&r).contains("surrogate"), "{}", text(&r));
+    }
+    // An IM frame: answered, and the connection keeps working.
+    let (mut im, _) = registered(addr, None, "agent://im.example/x").await;
+    let bad = lone(json!({"type": "send", "to": to, "content": "LONE"}));
+    with_timeout(im.send(Ws::Text(bad.into()))).await.unwrap();
+    let answer = frame(&mut im).await;
+    assert_eq!(answer["error"], "invalid_frame", "{answer}");
+    // MAP: answered under the request's id, and the session goes on.
+    let mut map = WsClient::client(&url).await;
+    let answer = map
+        .request_raw(&lone(json!({
+            "jsonrpc": "2.0", "id": 41, "method": "map/send",
+            "params": {"to": {"agent": "analyst"}, "payload": "LONE"}
+        })))
+        .await;
+    assert_eq!(answer["id"], 41, "{answer}");
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    assert!(
+        tokio::time::timeout(QUIET, inbox.next()).await.is_err(),
+        "a refused message was delivered"
+    );
+    // A pair passes, byte for byte, on each path.
+    let pair = |v: Value| v.to_string().replace("PAIR", "\\ud83d\\ude00");
+    let r = post_raw(
+        "/mamp/v1/messages",
+        pair(mamp("agent://remote.example/x", &to, json!("PAIR"))),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let r = post_raw("/gateway/send", pair(json!({"to": to, "content": "PAIR"}))).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    send_frame(&mut im, json!({"type": "send", "to": to, "content": "ok"})).await;
+    assert_eq!(frame(&mut im).await["type"], "sent");
+    let answer = map
+        .request_raw(&pair(json!({
+            "jsonrpc": "2.0", "id": 42, "method": "map/send",
+            "params": {"to": {"agent": "analyst"}, "payload": "PAIR"}
+        })))
+        .await;
+    assert_eq!(answer["id"], 42, "{answer}");
+    assert!(answer.get("result").is_some(), "{answer}");
+    let mut payloads = Vec::new();
+    for _ in 0..4 {
+        let m = within(Duration::from_secs(5), inbox.next()).await.unwrap();
+        payloads.push(m.payload.unwrap().get().to_owned());
+    }
+    assert_eq!(
+        payloads
+            .iter()
+            .filter(|p| p.as_str() == "\"\\ud83d\\ude00\"")
+            .count(),
+        3,
+        "{payloads:?}"
+    );
+    assert!(payloads.contains(&"\"ok\"".to_owned()), "{payloads:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory one caller controls
 

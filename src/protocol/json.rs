@@ -26,9 +26,13 @@ impl RawJson {
     /// Takes JSON text as it is.
     ///
     /// # Errors
-    /// The text is not one valid JSON value.
+    /// The text is not one valid JSON value, or a string in it holds a lone surrogate escape
+    /// ([`lone_surrogate`]).
     pub fn from_text(text: impl Into<String>) -> Result<Self, serde_json::Error> {
-        RawValue::from_string(text.into()).map(|raw| Self(Arc::from(raw)))
+        let raw = RawValue::from_string(text.into())?;
+        refuse_lone_surrogate(raw.get().as_bytes())
+            .map_err(<serde_json::Error as serde::de::Error>::custom)?;
+        Ok(Self(Arc::from(raw)))
     }
 
     /// A value built in Rust (by the router itself, or a Rust client), serialized once.
@@ -245,8 +249,86 @@ impl Serialize for RawJson {
 
 impl<'de> Deserialize<'de> for RawJson {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Box::<RawValue>::deserialize(deserializer).map(|raw| Self(Arc::from(raw)))
+        let raw = Box::<RawValue>::deserialize(deserializer)?;
+        refuse_lone_surrogate(raw.get().as_bytes()).map_err(serde::de::Error::custom)?;
+        Ok(Self(Arc::from(raw)))
     }
+}
+
+/// Refuses JSON text holding a lone surrogate escape (see [`lone_surrogate`]), with a message
+/// naming it. Gateways call it on a body before reading it, as [`RawJson`] does on a value.
+///
+/// # Errors
+/// The message for the caller.
+pub fn refuse_lone_surrogate(text: &[u8]) -> Result<(), String> {
+    // NB: `<[u8]>::contains` on one byte is a memchr; most frames hold no escape at all.
+    if !text.contains(&b'\\') {
+        return Ok(());
+    }
+    match lone_surrogate(text) {
+        None => Ok(()),
+        Some(at) => Err(format!(
+            "a string holds the lone UTF-16 surrogate {} (at byte {at}), which is not text",
+            text.get(at..at + 6)
+                .and_then(|e| std::str::from_utf8(e).ok())
+                .unwrap_or("\\u")
+        )),
+    }
+}
+
+/// Where `text` (JSON) holds a `\uXXXX` escape naming a lone UTF-16 surrogate: a high one
+/// (`\uD800`–`\uDBFF`) not followed at once by an escaped low one (`\uDC00`–`\uDFFF`), or a low
+/// one standing alone. `None` when every escape names a Unicode scalar value.
+///
+/// Such a string is not text: RFC 8259 §8.2 leaves its meaning undefined, I-JSON (RFC 7493)
+/// forbids it, and serde_json (so the Rust client, the store's readers and every Rust consumer)
+/// refuses to read it into a string, although its `RawValue` accepts it. A participant's JSON
+/// passes through the router byte for byte, so one accepted would reach every reader; the
+/// router refuses the entry instead ([`classify`]).
+///
+/// One pass over the bytes, tracking strings and escapes, no allocation.
+pub fn lone_surrogate(text: impl AsRef<[u8]>) -> Option<usize> {
+    let bytes = text.as_ref();
+    let mut in_string = false;
+    // After a high surrogate escape, the offset where it starts.
+    let mut high: Option<usize> = None;
+    let mut i = 0usize;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if !in_string {
+            in_string = b == b'"';
+            i += 1;
+            continue;
+        }
+        match b {
+            b'\\' if bytes.get(i + 1) == Some(&b'u') => {
+                let unit = bytes
+                    .get(i + 2..i + 6)
+                    .and_then(|d| std::str::from_utf8(d).ok())
+                    .filter(|d| d.bytes().all(|c| c.is_ascii_hexdigit()))
+                    .and_then(|d| u32::from_str_radix(d, 16).ok());
+                let Some(unit) = unit else {
+                    // Not four hex digits: the parser refuses it.
+                    return high;
+                };
+                match (unit, high.take()) {
+                    (0xDC00..=0xDFFF, Some(_)) => {}
+                    (0xD800..=0xDBFF, None) => high = Some(i),
+                    (0xD800..=0xDFFF, None) => return Some(i),
+                    (_, Some(at)) => return Some(at),
+                    _ => {}
+                }
+                i += 6;
+                continue;
+            }
+            _ if high.is_some() => return high,
+            b'\\' => i += 1,
+            b'"' => in_string = false,
+            _ => {}
+        }
+        i += 1;
+    }
+    high
 }
 
 impl JsonSchema for RawJson {
@@ -313,6 +395,11 @@ mod tests {
         assert_eq!(r.bool_member("b"), Some(true));
         assert_eq!(r.to_value(), json!({"a": "t", "b": true}));
         assert!(RawJson::from_text("{nope").is_err());
+        // A lone surrogate is refused however the value arrives; a pair is kept verbatim.
+        assert!(RawJson::from_text(r#"{"a":"\ud800"}"#).is_err());
+        assert!(serde_json::from_str::<RawJson>(r#"["x\udc00"]"#).is_err());
+        let pair = serde_json::from_str::<RawJson>(r#"["\ud83d\ude00"]"#).unwrap();
+        assert_eq!(pair.get(), r#"["\ud83d\ude00"]"#);
         assert!(RawJson::null().is_null());
         assert_ne!(
             RawJson::from_text("{\"a\":1}").unwrap(),

@@ -402,6 +402,16 @@ pub fn classify(raw: &RawValue) -> Incoming<'_> {
         },
     };
     let reply_id = || id.clone().unwrap_or_else(Id::null);
+    if let Err(reason) = crate::protocol::json::refuse_lone_surrogate(raw.get().as_bytes()) {
+        // An id holding it cannot be echoed: the answer would not be JSON.
+        let in_id = env
+            .id
+            .is_some_and(|i| crate::protocol::json::lone_surrogate(i.get()).is_some());
+        return Incoming::Invalid {
+            id: if in_id { Id::null() } else { reply_id() },
+            reason,
+        };
+    }
     if env.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
         return Incoming::Invalid {
             id: reply_id(),
@@ -619,6 +629,85 @@ mod tests {
 
     fn raw(s: &str) -> &RawValue {
         serde_json::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn lone_surrogates_are_found_where_serde_json_refuses_them() {
+        // Every sequence of up to three pieces, inside a string: the scan finds nothing in
+        // exactly what serde_json can read back into a String.
+        let pieces = [
+            "\\ud800",
+            "\\uDBFF",
+            "\\udc00",
+            "\\uDFFF",
+            "\\u0041",
+            "\\u0000",
+            "\\n",
+            "\\\\",
+            "\\\\ud800",
+            "u",
+            "x",
+            "\\/",
+        ];
+        let mut checked = 0;
+        for a in pieces {
+            for b in pieces {
+                for c in pieces {
+                    let text = format!(r#"{{"k":"{a}{b}{c}","n":["\\"]}}"#);
+                    let ours = crate::protocol::json::lone_surrogate(&text);
+                    let serde = serde_json::from_str::<serde_json::Value>(&text);
+                    assert_eq!(
+                        ours.is_none(),
+                        serde.is_ok(),
+                        "{text}: {ours:?} vs {serde:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 12 * 12 * 12);
+        assert_eq!(
+            crate::protocol::json::lone_surrogate(r#"{"\udfff":1}"#),
+            Some(2)
+        );
+        // A pair split by the end of the string or by other text is still lone.
+        assert_eq!(
+            crate::protocol::json::lone_surrogate(r#"["\ud800","\udc00"]"#),
+            Some(2)
+        );
+        assert_eq!(
+            crate::protocol::json::lone_surrogate(r#"["\ud800 \udc00"]"#),
+            Some(2)
+        );
+        assert_eq!(
+            crate::protocol::json::lone_surrogate(r#"["\ud83d\ude00"]"#),
+            None
+        );
+    }
+
+    #[test]
+    fn an_entry_with_a_lone_surrogate_is_invalid_and_keeps_its_id() {
+        // The case CI's fuzzer found: answered under its own id, so the caller's request ends.
+        let found = r#"{"jsonrpc":"2.0","id":0,"method":"mail/create","params":{"metadata":{"agentId":"\u0000\ud800"}}}"#;
+        match classify(raw(found)) {
+            Incoming::Invalid { id, reason } => {
+                assert_eq!(id.as_json(), "0");
+                assert!(reason.contains("\\ud800"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // In the id itself it cannot be echoed.
+        match classify(raw(r#"{"jsonrpc":"2.0","id":"\udc00x","method":"m"}"#)) {
+            Incoming::Invalid { id, .. } => assert_eq!(id.as_json(), "null"),
+            other => panic!("{other:?}"),
+        }
+        // A pair is fine.
+        assert!(matches!(
+            classify(raw(
+                r#"{"jsonrpc":"2.0","id":1,"method":"m","params":["\ud83d\ude00"]}"#
+            )),
+            Incoming::Request { .. }
+        ));
     }
 
     #[test]

@@ -167,6 +167,9 @@ pub fn read(body: &[u8], max_depth: usize) -> Result<Request, (Option<Box<RawVal
     })?;
     let value: &RawValue =
         serde_json::from_str(text).map_err(|e| (None, A2aError::parse_error(e)))?;
+    // NB: RawValue keeps a lone surrogate escape that no reader can turn into text.
+    crate::protocol::json::refuse_lone_surrogate(body)
+        .map_err(|e| (None, A2aError::parse_error(e)))?;
     let t = value.get().trim_start();
     if t.starts_with('[') {
         return Err((None, A2aError::invalid_request("batches are not supported")));

@@ -467,7 +467,9 @@ async fn register(
             }
             continue;
         }
-        let frame: Frame = match serde_json::from_str(&text) {
+        let parsed = crate::protocol::json::refuse_lone_surrogate(text.as_bytes())
+            .and_then(|()| serde_json::from_str::<Frame>(&text).map_err(|e| e.to_string()));
+        let frame: Frame = match parsed {
             Ok(f) => f,
             Err(e) => {
                 say(error_frame(
@@ -598,7 +600,9 @@ async fn handle_frame(
     uri: &str,
     text: &str,
 ) -> Option<Value> {
-    let frame: Frame = match serde_json::from_str(text) {
+    let parsed = crate::protocol::json::refuse_lone_surrogate(text.as_bytes())
+        .and_then(|()| serde_json::from_str::<Frame>(text).map_err(|e| e.to_string()));
+    let frame: Frame = match parsed {
         Ok(f) => f,
         Err(e) => {
             return Some(error_frame(

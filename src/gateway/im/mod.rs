@@ -293,6 +293,9 @@ async fn send(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Err(e) = crate::protocol::json::refuse_lone_surrogate(&body) {
+        return error_response(StatusCode::BAD_REQUEST, "invalid_message", &e);
+    }
     let body: SendBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {

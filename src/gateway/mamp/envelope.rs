@@ -57,6 +57,7 @@ pub type Refusal = (&'static str, String);
 /// # Errors
 /// The seed-style error code and a message naming the field.
 pub fn check(body: &[u8]) -> Result<Checked, Refusal> {
+    crate::protocol::json::refuse_lone_surrogate(body).map_err(|e| ("invalid_message", e))?;
     let envelope: Envelope = serde_json::from_slice(body)
         .map_err(|e| ("invalid_message", format!("not a MAMP 1.0 message: {e}")))?;
     if envelope.protocol != PROTOCOL {
