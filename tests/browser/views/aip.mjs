@@ -5,7 +5,9 @@
 // declared, and a node killed shown offline once the router notices its silence; it lists the
 // AIP session one node held with another in the conversations view, with its participants and
 // turns in order, also after kill -9 and a restart. An ordinary principal (bob) sees no AIP
-// conversation and none of alice's private agents.
+// conversation and none of alice's private agents, and no more than MAP gives him: the AIP nodes
+// are public agents (AIP has no visibility), so he does see them and their session's message
+// events, only not its mail conversation (reported with issue 46; docs/dashboard.md says so).
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
