@@ -334,13 +334,29 @@ function turnsPane(ctx) {
               ' ',
               el('strong', { 'data-testid': 'turn-sender' }, senderName(ctx, x.participant, parts)),
               ' ',
-              el('span', { class: 'turn-content', 'data-testid': 'turn-content' }, x.contentType === 'text' && typeof x.content === 'string' ? x.content : compact(x.content, 400)),
+              el('span', { class: 'turn-content', 'data-testid': 'turn-content' }, turnText(x)),
               x.contentType !== 'text' ? el('span', { class: 'badge' }, x.contentType) : null,
             ),
           ),
         ),
     t.more ? el('p', { class: 'muted' }, `Only the first ${TURNS_CAP} turns are shown.`) : null,
   );
+}
+
+/**
+ * A turn's content as a person reads it: its text; a gateway's `{parts: [...]}` payload (an AIP
+ * session's, docs/aip.md) as its text parts in order, other parts as `[image]`, `[audio]`...;
+ * anything else as compact JSON.
+ */
+function turnText(x) {
+  const c = x.content;
+  if (typeof c === 'string') return c;
+  const parts = c && typeof c === 'object' && !Array.isArray(c) && Object.keys(c).length === 1 ? c.parts : null;
+  if (Array.isArray(parts) && parts.length > 0 && parts.every((p) => p && typeof p === 'object')) {
+    const text = parts.map((p) => (typeof p.text === 'string' ? p.text : `[${typeof p.kind === 'string' ? p.kind : 'part'}]`)).join(' ');
+    return text.length > 400 ? `${text.slice(0, 399)}…` : text;
+  }
+  return compact(c, 400);
 }
 
 function contextsPane(ctx) {

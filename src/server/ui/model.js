@@ -41,8 +41,9 @@ export class Model {
     const m = new Model();
     for (const a of agents ?? []) {
       // In cluster mode, the node the agent's connection is on (`_meta.mapRouter.presence`).
-      const node = a._meta?.mapRouter?.presence?.node;
-      m.agents.set(a.id, { ...a, scopes: [...(a.scopes ?? [])], ...(node ? { node } : {}) });
+      const presence = a._meta?.mapRouter?.presence;
+      const node = presence?.node;
+      m.agents.set(a.id, { ...a, scopes: [...(a.scopes ?? [])], ...(node ? { node } : {}), ...(presence?.status ? { presence: { status: presence.status, since: presence.since ?? null } } : {}) });
       const life = a.lifecycle ?? {};
       if (life.exitCode !== undefined || life.exitReason !== undefined) {
         const p = m.proc(a.id);
@@ -142,6 +143,8 @@ export class Model {
       case 'agent.presence.changed': {
         const agent = this.agents.get(d.agentId);
         if (agent && d.node) agent.node = d.node;
+        // Online or offline, and since when (an AIP node silent past its heartbeat timeout).
+        if (agent && d.status) agent.presence = { status: d.status, since: d.since ?? null };
         break;
       }
       case 'agent.metadata.changed': {

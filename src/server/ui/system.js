@@ -63,7 +63,17 @@ export function render(root, ctx) {
 }
 
 function agentsKey(model) {
-  return [...model.agents.values()].filter((a) => gatewayOf(a)).map((a) => [a.id, a.name, a.role, a.state, a.metadata?.aip?.domain]);
+  return [...model.agents.values()].filter((a) => gatewayOf(a)).map((a) => [a.id, a.name, a.role, a.state, a.presence?.status, a.metadata?.aip?.domain]);
+}
+
+/**
+ * An AIP node's state as an operator reads it: `offline since <time>` when the gateway closed
+ * its session for silence (its agent orphaned, presence offline: `[aip] on_silence = "offline"`),
+ * else its agent's state. An evicted node is not listed at all (its agent is unregistered).
+ */
+function aipState(a) {
+  if (a.presence?.status === 'offline' || a.state === 'orphaned') return a.presence?.since ? `offline since ${clock(a.presence.since)}` : 'offline';
+  return a.state ?? '';
 }
 
 function table(testid, head, rows) {
@@ -181,34 +191,40 @@ function gatewaySection(model) {
       : table(
           'gateway-table',
           ['gateway', 'agents', 'callers (10 min)', 'requests', 'refused', 'errors'],
-          [...gateways].sort().map((g) =>
-            el(
+          [...gateways].sort().map((g) => {
+            const requests = (outcome) => metric(m, 'map_gateway_requests_total', outcome ? { gateway: g, outcome } : { gateway: g });
+            // AIP's gRPC calls are not HTTP requests of a gateway route: not counted there (so
+            // not shown as 0); its refusals are `map_aip_refused_total`.
+            const grpc = g === 'aip' && requests() === null;
+            const notCounted = el('td', { class: 'num muted', title: 'gRPC calls: see the AIP counters below' }, '–');
+            return el(
               'tr',
               { 'data-testid': 'gateway', 'data-gateway': g },
               el('td', {}, g),
               el('td', { class: 'num' }, num(by.get(g)?.length ?? 0)),
-              el('td', { class: 'num', 'data-testid': 'gateway-callers' }, num(metric(m, 'map_gateway_callers', { gateway: g }) ?? 0)),
-              el('td', { class: 'num' }, num(metric(m, 'map_gateway_requests_total', { gateway: g }) ?? 0)),
-              el('td', { class: 'num' }, num(metric(m, 'map_gateway_requests_total', { gateway: g, outcome: 'refused' }) ?? 0)),
-              el('td', { class: 'num', 'data-testid': 'gateway-errors' }, num(metric(m, 'map_gateway_requests_total', { gateway: g, outcome: 'error' }) ?? 0)),
-            ),
-          ),
+              grpc ? notCounted.cloneNode(true) : el('td', { class: 'num', 'data-testid': 'gateway-callers' }, num(metric(m, 'map_gateway_callers', { gateway: g }) ?? 0)),
+              grpc ? notCounted.cloneNode(true) : el('td', { class: 'num' }, num(requests() ?? 0)),
+              el('td', { class: 'num' }, num((grpc ? metric(m, 'map_aip_refused_total') : requests('refused')) ?? 0)),
+              grpc ? notCounted : el('td', { class: 'num', 'data-testid': 'gateway-errors' }, num(requests('error') ?? 0)),
+            );
+          }),
         ),
     aip.length
       ? [
           el('h4', {}, `AIP nodes and tools (${aip.length})`, m ? ` · sessions open ${num(metric(m, 'map_aip_sessions_open') ?? 0)} · tool calls ${num(metric(m, 'map_aip_tool_calls_total') ?? 0)}` : ''),
           table(
             'aip-nodes',
-            ['name', 'kind', 'domain', 'state', 'skills / arguments'],
+            ['name', 'AIP id', 'kind', 'domain', 'state', 'skills / arguments'],
             aip.map((a) =>
               el(
                 'tr',
                 { 'data-testid': 'aip-node', 'data-agent-id': a.id, 'data-role': a.role ?? '' },
                 el('td', {}, nameOf(model, a.id)),
+                el('td', { class: 'muted' }, a.id),
                 el('td', {}, a.role === 'tool' ? 'tool' : 'agent'),
                 el('td', {}, String(a.metadata?.aip?.domain ?? '')),
-                el('td', {}, a.state ?? ''),
-                el('td', { class: 'muted' }, a.role === 'tool' ? Object.keys(a.metadata?.aip?.arguments ?? {}).join(', ') : (a.metadata?.aip?.skills ?? []).map((s) => s?.skillId ?? s?.capability ?? '').filter(Boolean).join(', ')),
+                el('td', { 'data-testid': 'aip-node-state' }, aipState(a)),
+                el('td', { class: 'muted' }, a.role === 'tool' ? Object.entries(a.metadata?.aip?.arguments ?? {}).map(([k, v]) => `${k}: ${typeof v === 'string' ? v : JSON.stringify(v)}`).join(', ') : (a.metadata?.aip?.skills ?? []).map((s) => s?.skillId ?? s?.capability ?? '').filter(Boolean).join(', ')),
               ),
             ),
           ),
