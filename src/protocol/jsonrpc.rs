@@ -89,6 +89,9 @@ impl ErrorCode {
     // MAP federation (5xxx)
     pub const FEDERATION_UNAVAILABLE: Self = Self(5000);
     pub const FEDERATION_SYSTEM_NOT_FOUND: Self = Self(5001);
+    pub const FEDERATION_NOT_ALLOWED: Self = Self(5003);
+    pub const FEDERATION_LOOP: Self = Self(5010);
+    pub const FEDERATION_MAX_HOPS: Self = Self(5011);
     // Mail extension (10xxx, `urn:map:ext:mail:1`; the SDK's MAIL_ERROR_CODES).
     pub const MAIL_CONVERSATION_NOT_FOUND: Self = Self(10000);
     pub const MAIL_CONVERSATION_CLOSED: Self = Self(10001);
@@ -116,7 +119,7 @@ impl ErrorCode {
 
     /// Every code this router sends (the documented set: wire.md §3 and `docs/security.md`).
     /// The fuzz property tests check that no other code ever reaches a peer.
-    pub const ALL: [Self; 46] = [
+    pub const ALL: [Self; 49] = [
         Self::PARSE_ERROR,
         Self::INVALID_REQUEST,
         Self::METHOD_NOT_FOUND,
@@ -144,6 +147,9 @@ impl ErrorCode {
         Self::QUOTA_EXCEEDED,
         Self::FEDERATION_UNAVAILABLE,
         Self::FEDERATION_SYSTEM_NOT_FOUND,
+        Self::FEDERATION_NOT_ALLOWED,
+        Self::FEDERATION_LOOP,
+        Self::FEDERATION_MAX_HOPS,
         Self::MAIL_CONVERSATION_NOT_FOUND,
         Self::MAIL_CONVERSATION_CLOSED,
         Self::MAIL_NOT_A_PARTICIPANT,

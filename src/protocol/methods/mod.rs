@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod auth;
 pub mod events;
+pub mod federation;
 pub mod identities;
 pub mod mail;
 pub mod messaging;

@@ -1,0 +1,267 @@
+//! Federation (`urn:map:ext:federation:1`, seed 001 "Pattern 3: MAP-to-MAP"): the envelope a
+//! routed message travels in between systems, and the checks a system runs on one it receives,
+//! in the order `../shared/spec/federation.md` §3 gives (the SDK's `processFederationEnvelope`).
+//!
+//! Owns the wire shapes and the pure rules (hop limit, loop detection, allowed sources and
+//! targets, the next envelope); who may route and where a message goes are the router's.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::json::RawJson;
+use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
+
+/// The hop limit when neither the envelope nor the system sets one (the SDK's default).
+pub const DEFAULT_MAX_HOPS: u64 = 10;
+
+/// The most hops a system accepts an envelope to ask for: an absurd `maxHops` is capped here.
+pub const MAX_HOPS_LIMIT: u64 = 64;
+
+/// Longest system id (bytes): system ids name routers in config, paths and metrics labels.
+pub const MAX_SYSTEM_ID_BYTES: usize = 128;
+
+/// `federation` of an envelope (the SDK's `FederationEnvelope.federation`, spec §2.1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationRouting {
+    /// The system the message started at.
+    pub source_system: String,
+    /// Its final destination.
+    pub target_system: String,
+    /// Systems traversed so far.
+    pub hop_count: u64,
+    /// Reject when `hopCount >= maxHops`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hops: Option<u64>,
+    /// Systems traversed, when tracked (we always track it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<Vec<String>>,
+    /// When the message started (Unix ms).
+    pub origin_timestamp: u64,
+    /// Cross-system correlation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// Reserved by the SDK (no algorithm defined); passed on, never trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+/// A routed message: the payload (a MAP `Message`) and its routing (spec §2.1).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationEnvelope {
+    /// The message, passed on byte for byte.
+    pub payload: RawJson,
+    /// Where it came from and goes.
+    pub federation: FederationRouting,
+}
+
+/// What a system's own rules allow (spec §3's `config`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutingRules {
+    /// This system's id.
+    pub system_id: String,
+    /// Hop limit when the envelope sets none ([`DEFAULT_MAX_HOPS`] when `None`).
+    pub max_hops: Option<u64>,
+    /// Only these sources, when set.
+    pub allowed_sources: Option<Vec<String>>,
+    /// Only these targets, when set.
+    pub allowed_targets: Option<Vec<String>>,
+}
+
+/// Checks an envelope this system received, in the spec's order, and returns the envelope to
+/// pass on: the same payload, `hopCount + 1`, and this system appended to `path` (always
+/// tracked, so loops are always caught).
+///
+/// 1. `hopCount >= maxHops` (the envelope's, capped at [`MAX_HOPS_LIMIT`], else the rules',
+///    else 10): `5011 Message exceeded maximum hop count of <maxHops>`.
+/// 2. `path` holds this system, unless it is the origin itself (spec §3's caveat: with the path
+///    tracked, the origin is already in it): `5010 Loop detected: message already visited <id>`.
+/// 3. `allowedSources` set and the source not in it: `5003 Source system <s> not in allowed
+///    sources`.
+/// 4. `allowedTargets` set and the target not in it: `5003 Target system <t> not in allowed
+///    targets`.
+///
+/// # Errors
+/// The first rule broken, as the error object to answer with (`data.category: "federation"`).
+pub fn process(
+    envelope: &FederationEnvelope,
+    rules: &RoutingRules,
+) -> Result<FederationEnvelope, ErrorObject> {
+    let f = &envelope.federation;
+    let max_hops = f
+        .max_hops
+        .unwrap_or_else(|| rules.max_hops.unwrap_or(DEFAULT_MAX_HOPS))
+        .min(MAX_HOPS_LIMIT);
+    if f.hop_count >= max_hops {
+        return Err(ErrorObject::new(
+            ErrorCode::FEDERATION_MAX_HOPS,
+            format!("Message exceeded maximum hop count of {max_hops}"),
+        ));
+    }
+    let me = rules.system_id.as_str();
+    let visited = f.path.as_deref().unwrap_or_default();
+    // The origin's own envelope holds it once, first: only a second visit is a loop.
+    let origin_once = f.source_system == me && visited.first().map(String::as_str) == Some(me);
+    let visits = visited.iter().filter(|s| s.as_str() == me).count();
+    if visits > usize::from(origin_once) {
+        return Err(ErrorObject::new(
+            ErrorCode::FEDERATION_LOOP,
+            format!("Loop detected: message already visited {me}"),
+        ));
+    }
+    if let Some(allowed) = &rules.allowed_sources {
+        if !allowed.contains(&f.source_system) {
+            return Err(ErrorObject::new(
+                ErrorCode::FEDERATION_NOT_ALLOWED,
+                format!("Source system {} not in allowed sources", f.source_system),
+            ));
+        }
+    }
+    if let Some(allowed) = &rules.allowed_targets {
+        if !allowed.contains(&f.target_system) {
+            return Err(ErrorObject::new(
+                ErrorCode::FEDERATION_NOT_ALLOWED,
+                format!("Target system {} not in allowed targets", f.target_system),
+            ));
+        }
+    }
+    let mut next = envelope.clone();
+    next.federation.hop_count = f.hop_count + 1;
+    let mut path = visited.to_vec();
+    if !origin_once {
+        path.push(me.to_owned());
+    }
+    next.federation.path = Some(path);
+    Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(source: &str, target: &str, hops: u64, path: Option<&[&str]>) -> FederationEnvelope {
+        FederationEnvelope {
+            payload: RawJson::from_text(
+                r#"{"id":"m1","from":"a","to":{"agent":"b"},"timestamp":1}"#,
+            )
+            .unwrap(),
+            federation: FederationRouting {
+                source_system: source.into(),
+                target_system: target.into(),
+                hop_count: hops,
+                max_hops: None,
+                path: path.map(|p| p.iter().map(|s| (*s).to_owned()).collect()),
+                origin_timestamp: 1,
+                correlation_id: None,
+                signature: None,
+            },
+        }
+    }
+
+    fn rules(me: &str) -> RoutingRules {
+        RoutingRules {
+            system_id: me.into(),
+            ..RoutingRules::default()
+        }
+    }
+
+    #[test]
+    fn a_fresh_envelope_moves_one_hop_and_records_the_system() {
+        let next = process(&env("alpha", "beta", 0, Some(&["alpha"])), &rules("beta")).unwrap();
+        assert_eq!(next.federation.hop_count, 1);
+        assert_eq!(next.federation.path.unwrap(), ["alpha", "beta"]);
+        assert_eq!(next.payload.get(), env("a", "b", 0, None).payload.get());
+        // The origin itself (the SDK puts it in the path first) is not a loop.
+        let own = process(&env("alpha", "beta", 0, Some(&["alpha"])), &rules("alpha")).unwrap();
+        assert_eq!(own.federation.path.unwrap(), ["alpha"]);
+        // No path yet: tracking starts here.
+        let untracked = process(&env("alpha", "beta", 0, None), &rules("beta")).unwrap();
+        assert_eq!(untracked.federation.path.unwrap(), ["beta"]);
+    }
+
+    #[test]
+    fn the_checks_run_in_the_specs_order_with_its_messages() {
+        let strict = RoutingRules {
+            system_id: "beta".into(),
+            max_hops: Some(3),
+            allowed_sources: Some(vec!["alpha".into()]),
+            allowed_targets: Some(vec!["beta".into()]),
+        };
+        // Every rule broken at once: the hop limit is reported first.
+        let all = env("evil", "gamma", 3, Some(&["evil", "beta"]));
+        let e = process(&all, &strict).unwrap_err();
+        assert_eq!(e.code, ErrorCode::FEDERATION_MAX_HOPS);
+        assert_eq!(e.message, "Message exceeded maximum hop count of 3");
+        assert_eq!(format!("{:?}", e.code.category()), "Federation");
+        // Then the loop.
+        let e = process(&env("evil", "gamma", 1, Some(&["evil", "beta"])), &strict).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                ErrorCode::FEDERATION_LOOP,
+                "Loop detected: message already visited beta"
+            )
+        );
+        // Then the source.
+        let e = process(&env("evil", "gamma", 1, Some(&["evil"])), &strict).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                ErrorCode::FEDERATION_NOT_ALLOWED,
+                "Source system evil not in allowed sources"
+            )
+        );
+        // Then the target.
+        let e = process(&env("alpha", "gamma", 1, Some(&["alpha"])), &strict).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                ErrorCode::FEDERATION_NOT_ALLOWED,
+                "Target system gamma not in allowed targets"
+            )
+        );
+        assert!(process(&env("alpha", "beta", 1, Some(&["alpha"])), &strict).is_ok());
+    }
+
+    #[test]
+    fn the_envelopes_hop_limit_wins_but_an_absurd_one_is_capped() {
+        let mut e = env("alpha", "beta", 2, Some(&["alpha"]));
+        e.federation.max_hops = Some(2);
+        assert_eq!(
+            process(&e, &rules("beta")).unwrap_err().code,
+            ErrorCode::FEDERATION_MAX_HOPS
+        );
+        e.federation.max_hops = Some(u64::MAX);
+        e.federation.hop_count = MAX_HOPS_LIMIT;
+        let err = process(&e, &rules("beta")).unwrap_err();
+        assert_eq!(
+            err.message,
+            format!("Message exceeded maximum hop count of {MAX_HOPS_LIMIT}")
+        );
+        e.federation.hop_count = 9;
+        e.federation.max_hops = None;
+        assert!(process(&e, &rules("beta")).is_ok());
+        e.federation.hop_count = 10;
+        assert_eq!(
+            process(&e, &rules("beta")).unwrap_err().code,
+            ErrorCode::FEDERATION_MAX_HOPS
+        );
+    }
+
+    #[test]
+    fn a_loop_through_the_origin_is_caught_on_its_second_visit() {
+        // alpha → beta → alpha: alpha sees itself first and again.
+        let e = env("alpha", "gamma", 2, Some(&["alpha", "beta", "alpha"]));
+        assert_eq!(
+            process(&e, &rules("alpha")).unwrap_err().code,
+            ErrorCode::FEDERATION_LOOP
+        );
+        // A forged source naming us with a path that does not start with us is a loop too.
+        let e = env("alpha", "gamma", 1, Some(&["beta", "alpha"]));
+        assert_eq!(
+            process(&e, &rules("alpha")).unwrap_err().code,
+            ErrorCode::FEDERATION_LOOP
+        );
+    }
+}
