@@ -78,6 +78,25 @@ pub enum PushError {
 #[derive(Debug, Default)]
 struct Shared {
     wants_wakeup: AtomicBool,
+    /// Signalled after a push that must not wait for company: a frame (an answer) or a close.
+    /// A writer holding events ([`OutboxReceiver::linger`]) waits on this, not on every push.
+    urgent: tokio::sync::Notify,
+}
+
+impl Shared {
+    fn pushed(&self, urgent: bool) {
+        if urgent {
+            self.urgent.notify_one();
+        }
+    }
+}
+
+impl Outbound {
+    /// Whether the writer should write it without waiting for more (see
+    /// [`OutboxReceiver::linger`]).
+    fn is_urgent(&self) -> bool {
+        matches!(self, Outbound::Frame(_) | Outbound::Close { .. })
+    }
 }
 
 /// The sending side, held by the router (in its connection table) and by the session.
@@ -116,10 +135,13 @@ pub fn outbox(capacity: usize) -> (Outbox, OutboxReceiver) {
 impl Outbox {
     /// Pushes without waiting (router side).
     pub fn try_push(&self, item: Outbound) -> Result<(), PushError> {
+        let urgent = item.is_urgent();
         self.tx.try_send(item).map_err(|e| match e {
             mpsc::error::TrySendError::Full(item) => PushError::Full(item),
             mpsc::error::TrySendError::Closed(item) => PushError::Closed(item),
-        })
+        })?;
+        self.shared.pushed(urgent);
+        Ok(())
     }
 
     /// Pushes, waiting for room (session side). Fails only when the writer is gone.
@@ -127,7 +149,10 @@ impl Outbox {
     /// # Cancel safety
     /// Cancel safe: if cancelled, the item was not queued.
     pub async fn push(&self, item: Outbound) -> Result<(), Outbound> {
-        self.tx.send(item).await.map_err(|e| e.0)
+        let urgent = item.is_urgent();
+        self.tx.send(item).await.map_err(|e| e.0)?;
+        self.shared.pushed(urgent);
+        Ok(())
     }
 
     /// Asks the writer to send `Command::Drained` once the queue has room again. Call *before*
@@ -163,6 +188,18 @@ impl OutboxReceiver {
     /// Cancel safe.
     pub async fn recv(&mut self) -> Option<Outbound> {
         self.rx.recv().await
+    }
+
+    /// Waits until `until`, or until a frame or a close is pushed (possibly one pushed since
+    /// the last linger: at worst the wait ends early). Events and messages pushed meanwhile do
+    /// not wake the writer: they wait in the queue, and a full queue pauses the router's
+    /// deliveries as always (no loss). A writer that lingers takes what came with
+    /// [`OutboxReceiver::try_recv`] afterwards.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn linger(&mut self, until: tokio::time::Instant) {
+        let _ = tokio::time::timeout_at(until, self.shared.urgent.notified()).await;
     }
 
     /// Takes an item if one is ready.

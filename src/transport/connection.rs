@@ -442,10 +442,13 @@ async fn write_loop<Si>(
             match next {
                 Some(next) => item = next,
                 None => match linger_until {
-                    Some(until) if !answered => {
-                        match tokio::time::timeout_at(until, rx.recv()).await {
-                            Ok(Some(next)) => item = next,
-                            _ => break,
+                    // NB: one wake-up at the end of the linger (or at an answer) for all the
+                    // events that came meanwhile, not one per event.
+                    Some(until) if !answered && Instant::now() < until => {
+                        rx.linger(until).await;
+                        match rx.try_recv() {
+                            Some(next) => item = next,
+                            None => break,
                         }
                     }
                     _ => break,
