@@ -264,9 +264,22 @@ async fn a_system_id_is_proven_by_the_principal_never_claimed() {
         json!(5000)
     );
     bob.assert_no_message().await;
-    // Once the link disconnects, its entry is gone: routing on the closed session is refused
-    // and a new link of the right principal takes the id again.
-    g.ok("map/disconnect", json!({})).await;
+    // The same principal's newer session takes the link over; the older one may no longer
+    // route, the newer one may.
+    let mut g2 = alpha_link(&url).await;
+    let route = json!({"systemId": "beta", "envelope":
+        envelope("alpha", "beta", 0, json!(["alpha"]), json!({"agent": "bob"}))});
+    assert_eq!(
+        g.err("map/federation/route", route.clone()).await["code"],
+        json!(5000)
+    );
+    assert_eq!(
+        g2.ok("map/federation/route", route.clone()).await["routed"],
+        json!(true)
+    );
+    assert!(bob.next_text().await.contains("alpha:agent:alice"));
+    // Its session detached, the link is gone: another link of the principal takes the id.
+    g2.ok("map/disconnect", json!({})).await;
     alpha_link(&url).await;
 }
 
@@ -402,4 +415,46 @@ async fn with_authentication_off_a_gateway_is_taken_at_its_word() {
         .await;
     assert_eq!(r["routed"], json!(true), "{r}");
     assert_eq!(bob.next_message().await["from"], json!("alpha:agent:alice"));
+}
+
+/// The SDK's own `GatewayConnection` (tests/interop/federation_gateway.mjs) links as `alpha`,
+/// records the link (it does only with `connected && systemInfo`), and its `routeToSystem`
+/// (the SDK's envelope, path tracked) reaches the local agent.
+#[tokio::test]
+async fn the_sdks_gateway_connection_connects_and_routes() {
+    let (_server, url, _dir) = beta(|_| {}).await;
+    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop/federation_gateway.mjs");
+    let out = within(
+        std::time::Duration::from_secs(20),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .args([url.as_str(), ALPHA_KEY, "alpha", "beta", "bob"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(got["connect"]["connected"], json!(true), "{got}");
+    assert_eq!(got["connect"]["systemInfo"]["name"], json!("beta"), "{got}");
+    assert_eq!(
+        got["recorded"],
+        json!(true),
+        "the SDK recorded the peer: {got}"
+    );
+    assert_eq!(got["route"]["routed"], json!(true), "{got}");
+    let frame = bob.next_text().await;
+    let v: Value = serde_json::from_str(&frame).unwrap();
+    let m = &v["params"]["message"];
+    assert_eq!(m["from"], json!("alpha:agent:alice"), "{m}");
+    assert_eq!(m["payload"], json!({"hello": "from the SDK"}));
+    assert_eq!(m["id"], got["route"]["messageId"]);
 }
