@@ -1128,6 +1128,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_federation_section_reaches_the_router_and_bad_ids_are_refused() {
+        let c = Config::from_toml(
+            "[federation]\nsystem_id = \"beta\"\nmax_hops = 4\nallowed_sources = [\"alpha\"]\n\
+             [[federation.peer]]\nsystem_id = \"alpha\"\nprincipal = \"alpha-gw\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let f = c.router_config().federation;
+        assert_eq!(f.rules.system_id, "beta");
+        assert_eq!(f.rules.max_hops, Some(4));
+        assert_eq!(f.rules.allowed_sources, Some(vec!["alpha".to_owned()]));
+        assert_eq!(f.peers, [("alpha".to_owned(), "alpha-gw".to_owned())]);
+        // Default: the host name (or map-router), a valid system id.
+        let id = Config::default().federation.system_id();
+        assert!(
+            crate::protocol::methods::federation::check_system_id(&id).is_ok(),
+            "{id}"
+        );
+        for bad in [
+            "[federation]\nsystem_id = \"a:b\"\n",
+            "[federation]\nmax_hops = 0\n",
+            "[federation]\nallowed_targets = [\"\"]\n",
+            "[[federation.peer]]\nsystem_id = \"alpha\"\nprincipal = \"\"\n",
+        ] {
+            let refused = Config::from_toml(bad).and_then(|c| c.validate());
+            assert!(refused.is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn relative_paths_in_a_file_are_relative_to_its_directory() {
         let dir = std::env::temp_dir().join(format!("map-router-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
