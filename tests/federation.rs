@@ -458,3 +458,46 @@ async fn the_sdks_gateway_connection_connects_and_routes() {
     assert_eq!(m["payload"], json!({"hello": "from the SDK"}));
     assert_eq!(m["id"], got["route"]["messageId"]);
 }
+
+/// `map-router serve --system-id gamma`: the id a peer sees in `systemInfo` and the one routed
+/// envelopes must target.
+#[tokio::test]
+async fn the_serve_flag_names_the_system() {
+    let (_router, url) = start_binary([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--ephemeral",
+        "--system-id",
+        "gamma",
+    ])
+    .await;
+    let mut bob = WsClient::agent(&url, "bob", json!({})).await;
+    let mut g = WsClient::connect_as(&url, "gateway", json!({})).await;
+    let r = g
+        .ok(
+            "map/federation/connect",
+            json!({"systemId": "alpha", "endpoint": "wss://alpha.example/map"}),
+        )
+        .await;
+    assert_eq!(r["systemInfo"]["name"], json!("gamma"), "{r}");
+    let to = json!({"agent": "bob"});
+    let e = g
+        .err(
+            "map/federation/route",
+            json!({"systemId": "beta", "envelope":
+                envelope("alpha", "beta", 0, json!(["alpha"]), to.clone())}),
+        )
+        .await;
+    assert_eq!(e["message"], json!("System not found: beta"), "{e}");
+    bob.assert_no_message().await;
+    let r = g
+        .ok(
+            "map/federation/route",
+            json!({"systemId": "gamma", "envelope":
+                envelope("alpha", "gamma", 0, json!(["alpha"]), to)}),
+        )
+        .await;
+    assert_eq!(r["routed"], json!(true), "{r}");
+    assert_eq!(bob.next_message().await["from"], json!("alpha:agent:alice"));
+}
