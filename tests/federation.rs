@@ -501,3 +501,55 @@ async fn the_serve_flag_names_the_system() {
     assert_eq!(r["routed"], json!(true), "{r}");
     assert_eq!(bob.next_message().await["from"], json!("alpha:agent:alice"));
 }
+
+/// A link reaches what its principal's grant allows: `messaging.canSend` to route at all,
+/// `messaging.canBroadcast` for a role or scope address (`[permissions.principals]`).
+#[tokio::test]
+async fn a_links_reach_follows_its_principals_grant() {
+    let (_server, url, _dir) = beta(|c| {
+        c.permissions = map_router::server::Config::from_toml(
+            "[permissions.principals.\"alpha-gw\".messaging]\ncanBroadcast = true\n\
+             [permissions.principals.mallory.messaging]\ncanSend = false\n",
+        )
+        .unwrap()
+        .permissions;
+        c.federation.peer.push(FederationPeer {
+            system_id: "gamma".into(),
+            principal: "mallory".into(),
+        });
+    })
+    .await;
+    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let mut g = alpha_link(&url).await;
+    let r = g
+        .ok(
+            "map/federation/route",
+            json!({"systemId": "beta", "envelope":
+                envelope("alpha", "beta", 0, json!(["alpha"]), json!({"role": "worker"}))}),
+        )
+        .await;
+    assert_eq!(r["routed"], json!(true), "{r}");
+    let v: Value = serde_json::from_str(&bob.next_text().await).unwrap();
+    assert_eq!(v["params"]["message"]["from"], json!("alpha:agent:alice"));
+
+    let (mut m, _) = connect_with_key(&url, MALLORY_KEY, "gateway", json!({})).await;
+    let r = m
+        .ok(
+            "map/federation/connect",
+            json!({"systemId": "gamma", "endpoint": "wss://gamma.example/map"}),
+        )
+        .await;
+    assert_eq!(r["connected"], json!(true), "{r}");
+    let e = m
+        .err(
+            "map/federation/route",
+            json!({"systemId": "beta", "envelope":
+                envelope("gamma", "beta", 0, json!(["gamma"]), json!({"agent": "bob"}))}),
+        )
+        .await;
+    assert_eq!(
+        e,
+        map_error(1003, "Permission denied: messaging.canSend", "auth")
+    );
+    bob.assert_no_message().await;
+}

@@ -9,6 +9,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::capabilities::Capability;
 use crate::protocol::ids::MessageId;
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
@@ -224,10 +225,10 @@ method!(
 );
 
 method!(
-    /// `map/federation/route` (a connected peer link).
+    /// `map/federation/route` (a connected peer link; it sends, so `messaging.canSend`).
     FederationRoute,
     "map/federation/route",
-    None,
+    Some(Capability::CanSend),
     FederationRouteParams,
     FederationRouteResult
 );
