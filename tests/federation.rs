@@ -318,6 +318,7 @@ async fn hostile_envelopes_get_the_specs_errors_and_the_router_keeps_serving() {
         c.federation.allowed_sources = Some(vec!["alpha".into(), "gamma".into()]);
         c.federation.allowed_targets = Some(vec!["beta".into(), "omega".into()]);
         c.limits.max_payload_bytes = 4096;
+        c.limits.max_frame_bytes = 16 * 1024;
     })
     .await;
     let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
@@ -380,6 +381,14 @@ async fn hostile_envelopes_get_the_specs_errors_and_the_router_keeps_serving() {
         )
         .await;
     assert_eq!(e["code"], json!(4002), "{e}");
+    // Huger: over the frame limit, refused before it is parsed (-32600).
+    let mut huger = envelope("alpha", "beta", 0, json!(["alpha"]), to());
+    huger["payload"]["payload"] = json!("x".repeat(20 * 1024));
+    let frame = json!({"jsonrpc": "2.0", "id": 999, "method": "map/federation/route",
+        "params": {"systemId": "beta", "envelope": huger}});
+    g.send_raw(&frame.to_string()).await;
+    let r = g.next_non_notification().await;
+    assert_eq!(r["error"]["code"], json!(-32600), "{r}");
     bob.assert_no_message().await;
     // Still serving, on the same connection.
     let r = g
@@ -551,5 +560,43 @@ async fn a_links_reach_follows_its_principals_grant() {
         e,
         map_error(1003, "Permission denied: messaging.canSend", "auth")
     );
+    bob.assert_no_message().await;
+}
+
+/// A peer flooding routes meets its principal's request rate (4001), and the router keeps
+/// serving: the agent gets exactly the routes that were answered `routed`.
+#[tokio::test]
+async fn a_peer_flooding_routes_is_rate_limited_per_principal() {
+    let (_server, url, _dir) = beta(|c| {
+        c.limits.exempt_loopback = false;
+        c.limits.rate_per_principal = 2;
+        c.limits.burst_per_principal = 10;
+        c.limits.rate_per_connection = 0;
+    })
+    .await;
+    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let mut g = alpha_link(&url).await;
+    let route = json!({"systemId": "beta", "envelope":
+        envelope("alpha", "beta", 0, json!(["alpha"]), json!({"agent": "bob"}))});
+    let (mut routed, mut limited) = (0, 0);
+    for _ in 0..40 {
+        match g.call("map/federation/route", route.clone()).await {
+            Ok(r) => {
+                assert_eq!(r["routed"], json!(true), "{r}");
+                routed += 1;
+            }
+            Err(e) => {
+                assert_eq!(e["code"], json!(4001), "{e}");
+                limited += 1;
+            }
+        }
+    }
+    assert!(
+        limited > 0 && routed > 0,
+        "routed {routed}, limited {limited}"
+    );
+    for _ in 0..routed {
+        assert!(bob.next_text().await.contains("alpha:agent:alice"));
+    }
     bob.assert_no_message().await;
 }
