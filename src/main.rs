@@ -74,6 +74,10 @@ struct ServeArgs {
     /// Keep events in memory only: nothing is written to disk and nothing survives a restart.
     #[arg(long)]
     ephemeral: bool,
+    /// This system's federation id (docs/federation.md). Overrides `[federation] system_id`;
+    /// default: the host name.
+    #[arg(long, env = "MAP_ROUTER_SYSTEM_ID")]
+    system_id: Option<String>,
     /// Cluster mode: keep the event log in NATS JetStream at this URL (`nats://HOST:PORT`)
     /// instead of SQLite. Overrides `[cluster] url`; docs/cluster-notes.md.
     #[arg(long, env = "MAP_ROUTER_CLUSTER", conflicts_with = "ephemeral")]
@@ -276,6 +280,9 @@ fn build_config(args: &ServeArgs, mode: Mode) -> Result<Config, String> {
     }
     if let Some(url) = &args.cluster {
         config.cluster.url = Some(url.clone());
+    }
+    if let Some(id) = &args.system_id {
+        config.federation.system_id = Some(id.clone());
     }
     config.cluster.standby |= args.standby;
     if config.cluster.standby && config.cluster.url.is_none() {

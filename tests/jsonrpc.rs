@@ -183,7 +183,8 @@ async fn unknown_methods_get_the_sdk_message_before_and_after_connect() {
         )
     );
     for method in [
-        "map/federation/connect",
+        // [M]'s non-standard peer listing (connect and route are served: tests/federation.rs).
+        "map/federation/list",
         "workspace/list",
         "map/resources/list",
     ] {

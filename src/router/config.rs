@@ -93,6 +93,9 @@ pub struct RouterConfig {
     /// sessions, agents and scopes are written again before the limits delete them
     /// (`router::handover`). `None`: the stream keeps everything.
     pub saved_refresh: Option<SavedRefresh>,
+    /// Federation: this system's id, its routing rules and which principal speaks for which
+    /// peer system (`router::federation`).
+    pub federation: Federation,
 }
 
 /// When the live node writes a saved record again (`RouterConfig::saved_refresh`).
@@ -135,6 +138,29 @@ impl Default for RouterConfig {
             follower: false,
             relay: None,
             saved_refresh: None,
+            federation: Federation::default(),
+        }
+    }
+}
+
+/// Federation settings (`router::federation`; the server fills them from `[federation]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Federation {
+    /// This system's id, hop limit and allowed sources and targets (spec §3).
+    pub rules: crate::protocol::methods::federation::RoutingRules,
+    /// `(system id, principal id)`: the principal an inbound link for that system must have
+    /// authenticated as (with authentication on; off, a gateway is taken at its word).
+    pub peers: Vec<(String, String)>,
+}
+
+impl Default for Federation {
+    fn default() -> Self {
+        Self {
+            rules: crate::protocol::methods::federation::RoutingRules {
+                system_id: "map-router".into(),
+                ..Default::default()
+            },
+            peers: Vec::new(),
         }
     }
 }

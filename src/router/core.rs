@@ -153,6 +153,8 @@ pub struct Router {
     /// What each quota owner has created (tasks, conversations, checkpoints): a bounded cache
     /// of the store's counts.
     pub(super) created: crate::router::kept::cache::Cache<crate::store::kept::OwnerCounts>,
+    /// Federation: which session speaks for which peer system.
+    pub(super) federation: crate::router::federation::table::Links,
 }
 
 /// The router's collaborators.
@@ -275,6 +277,7 @@ impl Router {
             mailboxes: crate::router::mail::table::Mailboxes::new(cache_items, 0),
             kept: crate::router::kept::Kept::new(None),
             created: crate::router::kept::cache::Cache::new(cache_items),
+            federation: Default::default(),
             call_causes: Vec::new(),
             traces: None,
             call_trace: None,

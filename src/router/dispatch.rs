@@ -317,6 +317,17 @@ impl Dispatcher {
             Router::handle_permissions_update,
             nothing,
         );
+        // Federation (inbound).
+        d.add::<methods::federation::FederationConnect>(
+            AfterCommit,
+            Router::handle_federation_connect,
+            nothing,
+        );
+        d.add::<methods::federation::FederationRoute>(
+            Pipelined,
+            Router::handle_federation_route,
+            nothing,
+        );
         d.add::<methods::identities::IdentityRelease>(
             AfterCommit,
             Router::handle_identity_release,

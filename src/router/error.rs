@@ -97,6 +97,9 @@ pub enum RouterError {
     /// A mail extension error: its code and message.
     #[error("{1}")]
     Mail(crate::protocol::jsonrpc::ErrorCode, String),
+    /// A federation error (5000–5999): its code and message (`router::federation`).
+    #[error("{1}")]
+    Federation(crate::protocol::jsonrpc::ErrorCode, String),
     /// The durable store failed.
     #[error("Storage error: {0}")]
     Storage(String),
@@ -181,7 +184,7 @@ impl RouterError {
             }
             Self::TaskDenied(_) => ErrorObject::new(ErrorCode::TASK_PERMISSION_DENIED, msg),
             Self::TraceNotFound(_) => ErrorObject::new(ErrorCode::TRACE_NOT_FOUND, msg),
-            Self::Mail(code, _) => ErrorObject::new(*code, msg),
+            Self::Mail(code, _) | Self::Federation(code, _) => ErrorObject::new(*code, msg),
             Self::NotDurable(_) => ErrorObject::new(ErrorCode::EXHAUSTED, msg),
             Self::Storage(_) => ErrorObject::internal(msg),
             Self::NotOnFollower(_) => ErrorObject::new(ErrorCode::METHOD_NOT_SUPPORTED, msg),

@@ -22,6 +22,8 @@
 //!   are paged into bounded caches, and the loads in flight;
 //! - [`traces`]: the span model (every hop between agents as a span, from logged events) and,
 //!   when traces are exported, the tap that runs it on each event;
+//! - [`federation`]: the connected inbound peer links (which session speaks for which peer
+//!   system) and routed envelopes delivered here;
 //! - [`permissions`]: every permission decision, as pure functions.
 //!
 //! A new extension (tasks, mail, trajectory) is one more such part: a folder with its state and
@@ -41,6 +43,7 @@ pub mod core;
 pub mod dispatch;
 pub mod error;
 pub mod events;
+pub mod federation;
 pub mod handle;
 pub mod handover;
 pub mod identities;

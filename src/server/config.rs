@@ -97,6 +97,101 @@ pub struct Config {
     /// Traces out over OTLP/HTTP (`[telemetry]`, docs/traces.md; off unless an endpoint is set
     /// here or in `OTEL_EXPORTER_OTLP_*`).
     pub telemetry: crate::server::telemetry::TelemetrySettings,
+    /// Federation with other MAP systems (`[federation]`, docs/federation.md).
+    pub federation: FederationSettings,
+}
+
+/// `[federation]`: this system's id and the peers whose gateways may link to it
+/// (docs/federation.md, "Receiving routed messages").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FederationSettings {
+    /// This system's id (default: the host name; `--system-id` on `serve`).
+    pub system_id: Option<String>,
+    /// Hop limit when an envelope sets none (default 10, the SDK's; at most 64).
+    pub max_hops: Option<u64>,
+    /// Accept envelopes only from these source systems (default: any).
+    pub allowed_sources: Option<Vec<String>>,
+    /// Accept envelopes only for these target systems (default: any).
+    pub allowed_targets: Option<Vec<String>>,
+    /// The peer systems (`[[federation.peer]]`).
+    pub peer: Vec<FederationPeer>,
+}
+
+/// `[[federation.peer]]`: a peer system and the principal its inbound link authenticates as.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FederationPeer {
+    /// The peer's system id.
+    pub system_id: String,
+    /// The auth principal (API key name or JWT `sub`) a link for that system must have
+    /// connected as; a gateway of any other principal claiming the id is refused.
+    pub principal: String,
+}
+
+impl FederationSettings {
+    /// This system's id: the configured one, else the host name, else `map-router`.
+    pub fn system_id(&self) -> String {
+        self.system_id.clone().unwrap_or_else(host_name)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        use crate::protocol::methods::federation::{check_system_id, MAX_HOPS_LIMIT};
+        let ids = self
+            .system_id
+            .iter()
+            .chain(self.allowed_sources.iter().flatten())
+            .chain(self.allowed_targets.iter().flatten())
+            .chain(self.peer.iter().map(|p| &p.system_id));
+        for id in ids {
+            check_system_id(id).map_err(|e| format!("federation: {id:?}: {e}"))?;
+        }
+        if self.max_hops.is_some_and(|h| h == 0 || h > MAX_HOPS_LIMIT) {
+            return Err(format!(
+                "federation.max_hops must be between 1 and {MAX_HOPS_LIMIT}"
+            ));
+        }
+        if let Some(p) = self.peer.iter().find(|p| p.principal.is_empty()) {
+            return Err(format!(
+                "federation.peer {}: principal must not be empty",
+                p.system_id
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the router core needs.
+    pub fn router_federation(&self) -> crate::router::config::Federation {
+        crate::router::config::Federation {
+            rules: crate::protocol::methods::federation::RoutingRules {
+                system_id: self.system_id(),
+                max_hops: self.max_hops,
+                allowed_sources: self.allowed_sources.clone(),
+                allowed_targets: self.allowed_targets.clone(),
+            },
+            peers: self
+                .peer
+                .iter()
+                .map(|p| (p.system_id.clone(), p.principal.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// The host name (the kernel's, else `/etc/hostname`, else `$HOSTNAME`), or `map-router` when
+/// there is none usable as a system id.
+fn host_name() -> String {
+    let name = ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(f).ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|n| n.trim().to_owned())
+        .unwrap_or_default();
+    if crate::protocol::methods::federation::check_system_id(&name).is_ok() {
+        name
+    } else {
+        "map-router".into()
+    }
 }
 
 /// `[a2a]`: the A2A gateway (docs/a2a.md).
@@ -683,6 +778,7 @@ impl Default for Config {
             a2a: A2aSettings::default(),
             aip: crate::gateway::aip::AipSettings::default(),
             telemetry: crate::server::telemetry::TelemetrySettings::default(),
+            federation: FederationSettings::default(),
         }
     }
 }
@@ -910,6 +1006,7 @@ impl Config {
         self.auth.validate().map_err(ConfigError::Invalid)?;
         self.gateways.validate().map_err(ConfigError::Invalid)?;
         self.aip.validate().map_err(ConfigError::Invalid)?;
+        self.federation.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 
@@ -963,6 +1060,7 @@ impl Config {
                     },
                 )
             }),
+            federation: self.federation.router_federation(),
             ..RouterConfig::default()
         }
     }
@@ -1028,6 +1126,36 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_federation_section_reaches_the_router_and_bad_ids_are_refused() {
+        let c = Config::from_toml(
+            "[federation]\nsystem_id = \"beta\"\nmax_hops = 4\nallowed_sources = [\"alpha\"]\n\
+             [[federation.peer]]\nsystem_id = \"alpha\"\nprincipal = \"alpha-gw\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let f = c.router_config().federation;
+        assert_eq!(f.rules.system_id, "beta");
+        assert_eq!(f.rules.max_hops, Some(4));
+        assert_eq!(f.rules.allowed_sources, Some(vec!["alpha".to_owned()]));
+        assert_eq!(f.peers, [("alpha".to_owned(), "alpha-gw".to_owned())]);
+        // Default: the host name (or map-router), a valid system id.
+        let id = Config::default().federation.system_id();
+        assert!(
+            crate::protocol::methods::federation::check_system_id(&id).is_ok(),
+            "{id}"
+        );
+        for bad in [
+            "[federation]\nsystem_id = \"a:b\"\n",
+            "[federation]\nmax_hops = 0\n",
+            "[federation]\nallowed_targets = [\"\"]\n",
+            "[[federation.peer]]\nsystem_id = \"alpha\"\nprincipal = \"\"\n",
+        ] {
+            let refused = Config::from_toml(bad).and_then(|c| c.validate());
+            assert!(refused.is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn relative_paths_in_a_file_are_relative_to_its_directory() {

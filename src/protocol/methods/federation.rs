@@ -2,14 +2,19 @@
 //! routed message travels in between systems, and the checks a system runs on one it receives,
 //! in the order `../shared/spec/federation.md` §3 gives (the SDK's `processFederationEnvelope`).
 //!
-//! Owns the wire shapes and the pure rules (hop limit, loop detection, allowed sources and
-//! targets, the next envelope); who may route and where a message goes are the router's.
+//! Owns the wire shapes (the envelope, `map/federation/connect` and `map/federation/route`) and
+//! the pure rules (bounds, hop limit, loop detection, allowed sources and targets, the next
+//! envelope); who may route and where a message goes are the router's (`router::federation`).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::capabilities::Capability;
+use crate::protocol::ids::MessageId;
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::{ErrorCode, ErrorObject};
+use crate::protocol::methods::method::method;
+use crate::protocol::methods::session::Principal;
 
 /// The hop limit when neither the envelope nor the system sets one (the SDK's default).
 pub const DEFAULT_MAX_HOPS: u64 = 10;
@@ -55,6 +60,178 @@ pub struct FederationEnvelope {
     /// Where it came from and goes.
     pub federation: FederationRouting,
 }
+
+/// Longest `from` of a routed message (bytes): it becomes part of the federated sender id.
+pub const MAX_FROM_BYTES: usize = 256;
+
+impl FederationEnvelope {
+    /// Checks what a peer could grow or smuggle: system ids non-empty, at most
+    /// [`MAX_SYSTEM_ID_BYTES`] and without `:` (they become part of federated ids), a path of at
+    /// most [`MAX_HOPS_LIMIT`] systems.
+    ///
+    /// # Errors
+    /// What is wrong, for `-32602` details.
+    pub fn check_bounds(&self) -> Result<(), String> {
+        let f = &self.federation;
+        let path = f.path.as_deref().unwrap_or_default();
+        if path.len() > MAX_HOPS_LIMIT as usize {
+            return Err(format!(
+                "federation.path holds {} systems (at most {MAX_HOPS_LIMIT})",
+                path.len()
+            ));
+        }
+        for id in [&f.source_system, &f.target_system].into_iter().chain(path) {
+            check_system_id(id)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks one system id (see [`FederationEnvelope::check_bounds`]).
+///
+/// # Errors
+/// What is wrong with it.
+pub fn check_system_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_SYSTEM_ID_BYTES || id.contains(':') {
+        return Err(format!(
+            "a system id is 1 to {MAX_SYSTEM_ID_BYTES} bytes without ':'"
+        ));
+    }
+    Ok(())
+}
+
+/// The `Message` an envelope carries, as far as routing reads it: `to`, `payload` and `meta`
+/// are kept as written (delivered byte for byte); the rest of the message is not trusted.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RoutedMessage {
+    /// The sender on its own system.
+    pub from: String,
+    /// Where to deliver: any address form, kept as written.
+    #[schemars(with = "serde_json::Value")]
+    pub to: RawJson,
+    /// The payload, byte for byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub payload: Option<RawJson>,
+    /// Message metadata, byte for byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub meta: Option<RawJson>,
+}
+
+/// `map/federation/connect` params (the SDK sends the first four; the rest is read and ignored).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationConnectParams {
+    /// The system this link speaks for.
+    pub system_id: String,
+    /// Where that system is reached (recorded, not dialled).
+    pub endpoint: String,
+    /// Credentials: not read; the link's identity is its session's principal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<serde_json::Value>,
+    /// The challenge a retry answers (not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_context: Option<serde_json::Value>,
+    /// The peer's own description (not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_info: Option<serde_json::Value>,
+    /// Protocol version (not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<serde_json::Value>,
+    /// What the peer exposes (not read yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposure: Option<serde_json::Value>,
+}
+
+/// This system, as a peer sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemInfo {
+    /// Name (the system id).
+    pub name: String,
+    /// Router version.
+    pub version: String,
+    /// What it serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<serde_json::Value>,
+}
+
+/// How to prove the identity a refused link claimed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FederationAuthRequired {
+    /// Methods the router accepts (on `map/connect`).
+    pub methods: Vec<String>,
+    /// `map_chal_<ULID>`.
+    pub challenge: String,
+    /// Always true.
+    pub required: bool,
+}
+
+/// `map/federation/connect` result: `connected: false` with `authRequired` is a result, not
+/// an error (spec §1); `systemInfo` is always there (the SDK records a peer only with it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationConnectResult {
+    /// Whether the link now speaks for the system.
+    pub connected: bool,
+    /// This system.
+    pub system_info: SystemInfo,
+    /// The link's session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The principal the link authenticated as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Principal>,
+    /// When not connected: how to prove the identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_required: Option<FederationAuthRequired>,
+}
+
+/// `map/federation/route` params: the SDK's `{systemId, envelope}`, or the legacy
+/// `{systemId, message}`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationRouteParams {
+    /// The system the message is for (the envelope's `targetSystem` wins).
+    pub system_id: String,
+    /// The envelope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope: Option<FederationEnvelope>,
+    /// Legacy: a bare message, wrapped as coming from the link's system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub message: Option<RawJson>,
+}
+
+/// `map/federation/route` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationRouteResult {
+    /// Whether it was delivered here (or passed on).
+    pub routed: bool,
+    /// The id of the message delivered here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<MessageId>,
+}
+
+method!(
+    /// `map/federation/connect` (gateway and system participants).
+    FederationConnect,
+    "map/federation/connect",
+    None,
+    FederationConnectParams,
+    FederationConnectResult
+);
+
+method!(
+    /// `map/federation/route` (a connected peer link; it sends, so `messaging.canSend`).
+    FederationRoute,
+    "map/federation/route",
+    Some(Capability::CanSend),
+    FederationRouteParams,
+    FederationRouteResult
+);
 
 /// What a system's own rules allow (spec §3's `config`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

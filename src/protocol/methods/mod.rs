@@ -97,6 +97,8 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<mail::MailSummary>();
     visit.visit::<mail::MailReplay>();
     visit.visit::<traces::TracesGet>();
+    visit.visit::<federation::FederationConnect>();
+    visit.visit::<federation::FederationRoute>();
 }
 
 /// Receives each method type from [`for_each_method`].

@@ -213,6 +213,20 @@ impl Router {
         meta: Option<RawJson>,
         caused_by: Vec<EventId>,
     ) -> Result<Delivered, RouterError> {
+        self.deliver_message_as(caller, caller.address(), to, payload, meta, caused_by)
+    }
+
+    /// Resolves, delivers and records one message that `caller` passes on with the sender
+    /// `from` (a federated sender id, `router::federation`; else the caller's own address).
+    pub(crate) fn deliver_message_as(
+        &mut self,
+        caller: &Caller,
+        from: Arc<str>,
+        to: RawJson,
+        payload: Option<RawJson>,
+        meta: Option<RawJson>,
+        caused_by: Vec<EventId>,
+    ) -> Result<Delivered, RouterError> {
         let address = Address::parse_raw(&to).map_err(RouterError::InvalidParams)?;
         let multicast = address.is_multicast()
             || matches!(&address, Address::Text(t) if self.text_names_scope(caller, t));
@@ -226,7 +240,6 @@ impl Router {
         let views = self.resolve_views();
         let recipients = resolve(views, caller, &address, self.config.strict_recipients)?;
         let recipients = permitted(views.agents, caller, recipients, !multicast)?;
-        let from = caller.address();
         let message = Message {
             id: MessageId::generate(),
             from: from.to_string(),
