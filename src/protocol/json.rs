@@ -284,7 +284,7 @@ pub fn refuse_lone_surrogate(text: &[u8]) -> Result<(), String> {
 /// forbids it, and serde_json (so the Rust client, the store's readers and every Rust consumer)
 /// refuses to read it into a string, although its `RawValue` accepts it. A participant's JSON
 /// passes through the router byte for byte, so one accepted would reach every reader; the
-/// router refuses the entry instead ([`classify`]).
+/// router refuses the entry instead ([`crate::protocol::jsonrpc::classify`]).
 ///
 /// One pass over the bytes, tracking strings and escapes, no allocation.
 pub fn lone_surrogate(text: impl AsRef<[u8]>) -> Option<usize> {
@@ -348,6 +348,48 @@ impl JsonSchema for RawJson {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lone_surrogates_are_found_where_serde_json_refuses_them() {
+        // Every sequence of up to three pieces, inside a string: the scan finds nothing in
+        // exactly what serde_json can read back into a String.
+        let pieces = [
+            "\\ud800",
+            "\\uDBFF",
+            "\\udc00",
+            "\\uDFFF",
+            "\\u0041",
+            "\\u0000",
+            "\\n",
+            "\\\\",
+            "\\\\ud800",
+            "u",
+            "x",
+            "\\/",
+        ];
+        let mut checked = 0;
+        for a in pieces {
+            for b in pieces {
+                for c in pieces {
+                    let text = format!(r#"{{"k":"{a}{b}{c}","n":["\\"]}}"#);
+                    let ours = lone_surrogate(&text);
+                    let serde = serde_json::from_str::<serde_json::Value>(&text);
+                    assert_eq!(
+                        ours.is_none(),
+                        serde.is_ok(),
+                        "{text}: {ours:?} vs {serde:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 12 * 12 * 12);
+        assert_eq!(lone_surrogate(r#"{"\udfff":1}"#), Some(2));
+        // A pair split by the end of the string or by other text is still lone.
+        assert_eq!(lone_surrogate(r#"["\ud800","\udc00"]"#), Some(2));
+        assert_eq!(lone_surrogate(r#"["\ud800 \udc00"]"#), Some(2));
+        assert_eq!(lone_surrogate(r#"["\ud83d\ude00"]"#), None);
+    }
     use serde_json::json;
 
     #[test]

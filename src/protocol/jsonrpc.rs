@@ -638,60 +638,6 @@ mod tests {
     }
 
     #[test]
-    fn lone_surrogates_are_found_where_serde_json_refuses_them() {
-        // Every sequence of up to three pieces, inside a string: the scan finds nothing in
-        // exactly what serde_json can read back into a String.
-        let pieces = [
-            "\\ud800",
-            "\\uDBFF",
-            "\\udc00",
-            "\\uDFFF",
-            "\\u0041",
-            "\\u0000",
-            "\\n",
-            "\\\\",
-            "\\\\ud800",
-            "u",
-            "x",
-            "\\/",
-        ];
-        let mut checked = 0;
-        for a in pieces {
-            for b in pieces {
-                for c in pieces {
-                    let text = format!(r#"{{"k":"{a}{b}{c}","n":["\\"]}}"#);
-                    let ours = crate::protocol::json::lone_surrogate(&text);
-                    let serde = serde_json::from_str::<serde_json::Value>(&text);
-                    assert_eq!(
-                        ours.is_none(),
-                        serde.is_ok(),
-                        "{text}: {ours:?} vs {serde:?}"
-                    );
-                    checked += 1;
-                }
-            }
-        }
-        assert_eq!(checked, 12 * 12 * 12);
-        assert_eq!(
-            crate::protocol::json::lone_surrogate(r#"{"\udfff":1}"#),
-            Some(2)
-        );
-        // A pair split by the end of the string or by other text is still lone.
-        assert_eq!(
-            crate::protocol::json::lone_surrogate(r#"["\ud800","\udc00"]"#),
-            Some(2)
-        );
-        assert_eq!(
-            crate::protocol::json::lone_surrogate(r#"["\ud800 \udc00"]"#),
-            Some(2)
-        );
-        assert_eq!(
-            crate::protocol::json::lone_surrogate(r#"["\ud83d\ude00"]"#),
-            None
-        );
-    }
-
-    #[test]
     fn an_entry_with_a_lone_surrogate_is_invalid_and_keeps_its_id() {
         // The case CI's fuzzer found: answered under its own id, so the caller's request ends.
         let found = r#"{"jsonrpc":"2.0","id":0,"method":"mail/create","params":{"metadata":{"agentId":"\u0000\ud800"}}}"#;
