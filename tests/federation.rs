@@ -35,6 +35,7 @@ async fn beta(tweak: impl FnOnce(&mut map_router::server::Config)) -> (Server, S
         c.federation.peer = vec![FederationPeer {
             system_id: "alpha".into(),
             principal: "alpha-gw".into(),
+            ..Default::default()
         }];
         tweak(c);
     })
@@ -525,6 +526,7 @@ async fn a_links_reach_follows_its_principals_grant() {
         c.federation.peer.push(FederationPeer {
             system_id: "gamma".into(),
             principal: "mallory".into(),
+            ..Default::default()
         });
     })
     .await;
@@ -579,8 +581,11 @@ async fn a_peer_flooding_routes_is_rate_limited_per_principal() {
     let route = json!({"systemId": "beta", "envelope":
         envelope("alpha", "beta", 0, json!(["alpha"]), json!({"agent": "bob"}))});
     let (mut routed, mut limited) = (0, 0);
-    for _ in 0..40 {
-        match g.call("map/federation/route", route.clone()).await {
+    for i in 0..40 {
+        // Each its own message (one id sent again is one message, routed once).
+        let mut route = route.clone();
+        route["envelope"]["payload"]["id"] = json!(format!("flood-{i}"));
+        match g.call("map/federation/route", route).await {
             Ok(r) => {
                 assert_eq!(r["routed"], json!(true), "{r}");
                 routed += 1;

@@ -837,6 +837,10 @@ pub struct MessageQueuedData {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipients: Option<Vec<AgentId>>,
     pub reason: String,
+    /// A message passed on to another system (`reason: "federation"`): the envelope's routing
+    /// from here, when the message did not start here (a restart rebuilds the envelope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub federation: Option<crate::protocol::methods::federation::FederationRouting>,
 }
 
 /// `agent.spawning`: a supervised process was launched for this agent and has not registered

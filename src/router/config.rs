@@ -151,7 +151,20 @@ pub struct Federation {
     /// `(system id, principal id)`: the principal an inbound link for that system must have
     /// authenticated as (with authentication on; off, a gateway is taken at its word).
     pub peers: Vec<(String, String)>,
+    /// The peer systems this router dials (`[[federation.peer]]` with an `endpoint`): messages
+    /// for them wait here until the server's link to them takes them.
+    pub outbound: Vec<String>,
+    /// `(target system, peer)`: systems reached through a peer that dials them in turn.
+    pub routes: Vec<(String, String)>,
+    /// Most messages waiting for one peer (the rest fail, reported to their senders).
+    pub max_queued: usize,
+    /// How long a message passing through waits for the next system's answer before its
+    /// sender's system is told it was routed (it waits here, durably, for the link).
+    pub forward_wait: std::time::Duration,
 }
+
+/// Default of [`Federation::max_queued`] (the SDK's outage buffer holds as many).
+pub const DEFAULT_FEDERATION_QUEUE: usize = 1000;
 
 impl Default for Federation {
     fn default() -> Self {
@@ -161,7 +174,37 @@ impl Default for Federation {
                 ..Default::default()
             },
             peers: Vec::new(),
+            outbound: Vec::new(),
+            routes: Vec::new(),
+            max_queued: DEFAULT_FEDERATION_QUEUE,
+            forward_wait: std::time::Duration::from_secs(5),
         }
+    }
+}
+
+impl Federation {
+    /// The peer a message for `system` goes to: the system itself when this router dials it,
+    /// else the peer a route names (which must be dialled); `None` for this system or an
+    /// unknown one.
+    pub fn next_hop(&self, system: &str) -> Option<&str> {
+        if system == self.rules.system_id {
+            return None;
+        }
+        if let Some(peer) = self.outbound.iter().find(|p| *p == system) {
+            return Some(peer);
+        }
+        self.routes
+            .iter()
+            .find(|(target, _)| target == system)
+            .map(|(_, via)| via.as_str())
+            .filter(|via| self.outbound.iter().any(|p| p == via))
+    }
+
+    /// The system and agent of a federated agent id `<system>:agent:<agent>` whose system this
+    /// router reaches (else `None`: a local id).
+    pub fn remote_agent<'a>(&self, id: &'a str) -> Option<(&'a str, &'a str)> {
+        let (system, agent) = id.split_once(":agent:")?;
+        (!agent.is_empty() && self.next_hop(system).is_some()).then_some((system, agent))
     }
 }
 

@@ -154,7 +154,7 @@ pub struct Router {
     /// of the store's counts.
     pub(super) created: crate::router::kept::cache::Cache<crate::store::kept::OwnerCounts>,
     /// Federation: which session speaks for which peer system.
-    pub(super) federation: crate::router::federation::table::Links,
+    pub(super) federation: crate::router::federation::Federation,
 }
 
 /// The router's collaborators.

@@ -317,15 +317,27 @@ impl Dispatcher {
             Router::handle_permissions_update,
             nothing,
         );
-        // Federation (inbound).
+        // Federation.
         d.add::<methods::federation::FederationConnect>(
             AfterCommit,
             Router::handle_federation_connect,
             nothing,
         );
-        d.add::<methods::federation::FederationRoute>(
-            Pipelined,
-            Router::handle_federation_route,
+        d.add_async::<methods::federation::FederationRoute>(
+            |router, conn, p| Box::pin(crate::router::federation::ops::route(router, conn, p)),
+            nothing,
+        );
+        d.add_async::<methods::federation::FederationOutboundNext>(
+            |router, conn, p| {
+                Box::pin(crate::router::federation::ops::outbound_next(
+                    router, conn, p,
+                ))
+            },
+            nothing,
+        );
+        d.add::<methods::federation::FederationOutboundAck>(
+            AfterCommit,
+            Router::handle_federation_outbound_ack,
             nothing,
         );
         d.add::<methods::identities::IdentityRelease>(

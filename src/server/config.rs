@@ -116,10 +116,21 @@ pub struct FederationSettings {
     pub allowed_targets: Option<Vec<String>>,
     /// The peer systems (`[[federation.peer]]`).
     pub peer: Vec<FederationPeer>,
+    /// The endpoint this system announces to the peers it dials (default: `ws://` and the
+    /// first listen address).
+    pub endpoint: Option<String>,
+    /// Systems reached through a peer that dials them in turn: `{ <target> = "<peer>" }`.
+    pub routes: std::collections::BTreeMap<String, String>,
+    /// Most messages waiting for one peer while it is unreachable (default 1000); the rest
+    /// fail, reported to their senders.
+    pub max_queued: Option<usize>,
+    /// How long a message passing through waits for the next system's answer before the
+    /// previous system is told it was routed (ms, default 5000).
+    pub forward_wait_ms: Option<u64>,
 }
 
 /// `[[federation.peer]]`: a peer system and the principal its inbound link authenticates as.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FederationPeer {
     /// The peer's system id.
@@ -127,6 +138,17 @@ pub struct FederationPeer {
     /// The auth principal (API key name or JWT `sub`) a link for that system must have
     /// connected as; a gateway of any other principal claiming the id is refused.
     pub principal: String,
+    /// Where this router dials the peer (`ws://` or `wss://` URL of its MAP endpoint): set,
+    /// messages for the peer's agents wait here until the link takes them
+    /// (`server::federation`). Unset, the peer only links in.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// The environment variable holding the API key this router presents to the peer.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The environment variable holding a bearer token (JWT) to present instead.
+    #[serde(default)]
+    pub token_env: Option<String>,
 }
 
 impl FederationSettings {
@@ -157,7 +179,73 @@ impl FederationSettings {
                 p.system_id
             ));
         }
+        for p in &self.peer {
+            if let Some(e) = &p.endpoint {
+                if !(e.starts_with("ws://") || e.starts_with("wss://")) {
+                    return Err(format!(
+                        "federation.peer {}: endpoint must be a ws:// or wss:// URL",
+                        p.system_id
+                    ));
+                }
+            }
+        }
+        for (target, via) in &self.routes {
+            check_system_id(target).map_err(|e| format!("federation.routes: {target:?}: {e}"))?;
+            if !self
+                .peer
+                .iter()
+                .any(|p| p.system_id == *via && p.endpoint.is_some())
+            {
+                return Err(format!(
+                    "federation.routes: {target} goes through {via}, which is no peer with an endpoint"
+                ));
+            }
+        }
+        if self.max_queued == Some(0) {
+            return Err("federation.max_queued must be at least 1".into());
+        }
         Ok(())
+    }
+
+    /// The links this router dials (`server::federation`), with their credentials read from
+    /// the environment.
+    ///
+    /// # Errors
+    /// A credential's environment variable is not set.
+    pub fn peer_links(
+        &self,
+        first_listen: Option<std::net::SocketAddr>,
+    ) -> Result<Vec<crate::server::federation::PeerLink>, String> {
+        let me = self.system_id();
+        let announce = self.endpoint.clone().unwrap_or_else(|| {
+            first_listen.map_or_else(String::new, |a| format!("ws://{a}/"))
+        });
+        self.peer
+            .iter()
+            .filter_map(|p| p.endpoint.as_ref().map(|e| (p, e)))
+            .map(|(p, endpoint)| {
+                let read = |var: &String| {
+                    std::env::var(var).map_err(|_| {
+                        format!(
+                            "federation.peer {}: the environment variable {var} is not set",
+                            p.system_id
+                        )
+                    })
+                };
+                let credential = match (&p.api_key_env, &p.token_env) {
+                    (Some(v), _) => Some(("api-key", read(v)?)),
+                    (None, Some(v)) => Some(("bearer", read(v)?)),
+                    (None, None) => None,
+                };
+                Ok(crate::server::federation::PeerLink {
+                    system: p.system_id.clone(),
+                    endpoint: endpoint.clone(),
+                    me: me.clone(),
+                    announce: announce.clone(),
+                    credential,
+                })
+            })
+            .collect()
     }
 
     /// What the router core needs.
@@ -174,6 +262,21 @@ impl FederationSettings {
                 .iter()
                 .map(|p| (p.system_id.clone(), p.principal.clone()))
                 .collect(),
+            outbound: self
+                .peer
+                .iter()
+                .filter(|p| p.endpoint.is_some())
+                .map(|p| p.system_id.clone())
+                .collect(),
+            routes: self
+                .routes
+                .iter()
+                .map(|(t, v)| (t.clone(), v.clone()))
+                .collect(),
+            max_queued: self
+                .max_queued
+                .unwrap_or(crate::router::config::DEFAULT_FEDERATION_QUEUE),
+            forward_wait: std::time::Duration::from_millis(self.forward_wait_ms.unwrap_or(5000)),
         }
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod federation;
 mod gateways;
 pub mod listener;
 pub mod metrics;
@@ -228,13 +229,35 @@ impl Server {
         if !config.gateways.mamp.remote.is_empty() && config.gateways.mamp.enabled {
             tokio::spawn(crate::gateway::peers::open_configured(gateways));
         }
+        let peers = config
+            .federation
+            .peer_links(addrs.first().copied())
+            .map_err(std::io::Error::other)?;
+        let peer_links = federation::PeerLinks::new(&peers);
+        let mut link_tasks = Vec::new();
+        if !peers.is_empty() {
+            let links = Arc::new(gateways::GatewayLinks {
+                ctx: ctx.clone(),
+                options: options.clone(),
+            });
+            for peer in peers {
+                link_tasks.push(tokio::spawn(federation::run(
+                    Arc::clone(&links),
+                    peer,
+                    peer_links.clone(),
+                    shutdown_rx.clone(),
+                )));
+            }
+        }
         let app = if metrics.is_some() {
             let aip_gateway = aip.as_ref().map(|(gateway, ..)| Arc::clone(gateway));
             let traffic = gateway_context.traffic();
             let extra = Some({
                 let probe = probe.clone();
+                let peer_links = peer_links.clone();
                 Arc::new(move || {
                     let mut out = traffic.render();
+                    out.push_str(&peer_links.render());
                     out.push_str(
                         &aip_gateway
                             .as_ref()
@@ -256,7 +279,7 @@ impl Server {
             app
         };
         let app = origins::guard(app, &config);
-        let mut http_tasks = Vec::new();
+        let mut http_tasks = link_tasks;
         let aip = aip.map(|(gateway, addr, tcp, tls)| {
             http_tasks.push(tokio::spawn(crate::gateway::aip::listener::serve(
                 Arc::clone(&gateway),

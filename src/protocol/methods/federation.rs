@@ -104,6 +104,11 @@ pub fn check_system_id(id: &str) -> Result<(), String> {
 /// are kept as written (delivered byte for byte); the rest of the message is not trusted.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct RoutedMessage {
+    /// Its id on the system it started at (the receiver's copy is `<source>:message:<id>`,
+    /// which makes a route that is sent again after a lost answer a duplicate, not a second
+    /// message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// The sender on its own system.
     pub from: String,
     /// Where to deliver: any address form, kept as written.
@@ -215,6 +220,91 @@ pub struct FederationRouteResult {
     pub message_id: Option<MessageId>,
 }
 
+/// `map/federation/outbound/next` params: the router's own peer link (the server's dialler,
+/// `server::federation`) takes the next messages waiting for a peer system. Not part of MAP:
+/// only the router's service principal may call it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundNextParams {
+    /// The peer system.
+    pub system_id: String,
+    /// Start again from the oldest unacknowledged message (a new link to the peer).
+    #[serde(default)]
+    pub restart: bool,
+    /// Most messages to take (default and cap 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<usize>,
+    /// How long to wait for one when none waits (ms; default 0, at most 30 000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// One message waiting for a peer: the envelope to route there.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundItem {
+    /// The id of the message here (what the acknowledgement names).
+    pub message_id: MessageId,
+    /// What to send: `map/federation/route {systemId: <the peer>, envelope}`.
+    pub envelope: FederationEnvelope,
+}
+
+/// `map/federation/outbound/next` result.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundNextResult {
+    /// Oldest first.
+    pub items: Vec<OutboundItem>,
+}
+
+/// What a peer answered a route with, when it refused it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RouteRefusal {
+    /// The peer's error code.
+    pub code: i32,
+    /// Its message.
+    pub message: String,
+}
+
+/// `map/federation/outbound/ack` params: the peer's answer to a route.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundAckParams {
+    /// The peer system.
+    pub system_id: String,
+    /// The message here.
+    pub message_id: MessageId,
+    /// The peer's refusal; none: routed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RouteRefusal>,
+}
+
+/// `map/federation/outbound/ack` result.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundAckResult {
+    /// Whether the message was waiting (false: acknowledged before, or unknown).
+    pub acked: bool,
+}
+
+method!(
+    /// `map/federation/outbound/next` (the router's own peer links only).
+    FederationOutboundNext,
+    "map/federation/outbound/next",
+    None,
+    OutboundNextParams,
+    OutboundNextResult
+);
+
+method!(
+    /// `map/federation/outbound/ack` (the router's own peer links only).
+    FederationOutboundAck,
+    "map/federation/outbound/ack",
+    None,
+    OutboundAckParams,
+    OutboundAckResult
+);
+
 method!(
     /// `map/federation/connect` (gateway and system participants).
     FederationConnect,
@@ -278,8 +368,9 @@ pub fn process(
     }
     let me = rules.system_id.as_str();
     let visited = f.path.as_deref().unwrap_or_default();
-    // The origin's own envelope holds it once, first: only a second visit is a loop.
-    let origin_once = f.source_system == me && visited.first().map(String::as_str) == Some(me);
+    // The origin's own envelope, not yet sent anywhere, holds it alone: any other visit is a
+    // loop (a message of ours that came back through other systems too).
+    let origin_once = f.source_system == me && visited == [me];
     let visits = visited.iter().filter(|s| s.as_str() == me).count();
     if visits > usize::from(origin_once) {
         return Err(ErrorObject::new(
@@ -433,6 +524,12 @@ mod tests {
         assert_eq!(
             process(&e, &rules("alpha")).unwrap_err().code,
             ErrorCode::FEDERATION_LOOP
+        );
+        // alpha → beta → gamma → alpha: back at the origin through other systems.
+        let e = env("alpha", "delta", 2, Some(&["alpha", "beta", "gamma"]));
+        assert_eq!(
+            process(&e, &rules("alpha")).unwrap_err().message,
+            "Loop detected: message already visited alpha"
         );
         // A forged source naming us with a path that does not start with us is a loop too.
         let e = env("alpha", "gamma", 1, Some(&["beta", "alpha"]));

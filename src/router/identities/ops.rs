@@ -90,9 +90,18 @@ impl Router {
         })
     }
 
-    /// Whether `id` is reserved for the service principal: a reserved id, or one of its
-    /// node-qualified forms `<reserved id>@<node>` (a cluster standby's gateway sessions).
+    /// Whether `id` is reserved for the service principal: a reserved id, one of its
+    /// node-qualified forms `<reserved id>@<node>` (a cluster standby's gateway sessions), or
+    /// the federated form `<system>:agent:<id>`, which names another system's agent (as the
+    /// sender of a routed message and the address of its reply): no local participant may
+    /// pose as one (`router::federation`).
     pub(crate) fn is_reserved(&self, id: &str) -> bool {
+        if id
+            .split_once(":agent:")
+            .is_some_and(|(system, _)| !system.is_empty() && !system.contains(':'))
+        {
+            return true;
+        }
         let base = id.split_once('@').map_or(id, |(base, _)| base);
         self.config
             .reserved_ids

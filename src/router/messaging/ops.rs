@@ -213,15 +213,18 @@ impl Router {
         meta: Option<RawJson>,
         caused_by: Vec<EventId>,
     ) -> Result<Delivered, RouterError> {
-        self.deliver_message_as(caller, caller.address(), to, payload, meta, caused_by)
+        self.deliver_message_as(caller, caller.address(), None, to, payload, meta, caused_by)
     }
 
     /// Resolves, delivers and records one message that `caller` passes on with the sender
-    /// `from` (a federated sender id, `router::federation`; else the caller's own address).
+    /// `from` (a federated sender id, `router::federation`; else the caller's own address),
+    /// under the id `id` (a federated message's; else a new one).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn deliver_message_as(
         &mut self,
         caller: &Caller,
         from: Arc<str>,
+        id: Option<MessageId>,
         to: RawJson,
         payload: Option<RawJson>,
         meta: Option<RawJson>,
@@ -241,7 +244,7 @@ impl Router {
         let recipients = resolve(views, caller, &address, self.config.strict_recipients)?;
         let recipients = permitted(views.agents, caller, recipients, !multicast)?;
         let message = Message {
-            id: MessageId::generate(),
+            id: id.unwrap_or_else(MessageId::generate),
             from: from.to_string(),
             to,
             timestamp: now_ms(),
@@ -379,6 +382,26 @@ impl Router {
         // reads.
         let mut outcomes = Outcomes::default();
         for recipient in recipients {
+            // An agent of another system: kept for the link to its system (`router::federation`).
+            if let Recipient::Remote { system, agent, id } = &recipient {
+                let outcome = match self.federation_keep(system, agent, id, &out) {
+                    Ok(routing) => {
+                        queued.push(id.clone());
+                        if !aggregate {
+                            self.emit_queued(&out, id, "federation", routing);
+                            continue;
+                        }
+                        Outcome::Queued
+                    }
+                    Err(reason) => Outcome::Failed(reason),
+                };
+                match outcome {
+                    _ if aggregate => outcomes.add(outcome, self.recipient_audience(id), id),
+                    Outcome::Failed(reason) => self.emit_failed(&out, id, reason),
+                    _ => {}
+                }
+                continue;
+            }
             let outcome = match self.recipient_conn(&recipient) {
                 None => Err("recipient_offline"),
                 Some(conn) if reached.contains(&conn) => Ok(()),
@@ -420,7 +443,7 @@ impl Router {
                 Outcome::Delivered => {
                     self.emit_delivered(&out, id, None);
                 }
-                Outcome::Queued => self.emit_queued(&out, id),
+                Outcome::Queued => self.emit_queued(&out, id, "recipient_offline", None),
                 Outcome::Failed(reason) => self.emit_failed(&out, id, reason),
             }
         }
@@ -435,7 +458,7 @@ impl Router {
     }
 
     /// Emits `message_delivered` for one recipient; returns its id.
-    fn emit_delivered(
+    pub(crate) fn emit_delivered(
         &mut self,
         out: &Outgoing,
         recipient: &str,
@@ -520,6 +543,7 @@ impl Router {
                             .collect(),
                     ),
                     reason: "recipient_offline".into(),
+                    federation: None,
                 }),
             ),
             Outcome::Failed(reason) => (
@@ -564,6 +588,18 @@ impl Router {
 
     /// Emits `message_failed` for one recipient.
     fn emit_failed(&mut self, out: &Outgoing, recipient: &str, reason: &str) {
+        self.emit_failed_code(out, recipient, reason, ErrorCode::DELIVERY_FAILED.0);
+    }
+
+    /// Emits `message_failed` for one recipient, with the code of the refusal (another
+    /// system's, `router::federation`).
+    pub(crate) fn emit_failed_code(
+        &mut self,
+        out: &Outgoing,
+        recipient: &str,
+        reason: &str,
+        code: i32,
+    ) {
         let data = crate::router::core::to_json(&MessageFailedData {
             message_id: out.id.clone(),
             from: out.from.to_string(),
@@ -572,7 +608,7 @@ impl Router {
             recipients: None,
             recipient_count: None,
             reason: reason.into(),
-            code: ErrorCode::DELIVERY_FAILED.0,
+            code,
         });
         let audience = self.recipient_audience(recipient);
         self.emit_about(out, EventType::MessageFailed, data, audience, None);
@@ -594,13 +630,20 @@ impl Router {
     }
 
     /// Emits `message.queued` for a message kept for one agent that is away.
-    fn emit_queued(&mut self, out: &Arc<Outgoing>, agent: &str) {
+    pub(crate) fn emit_queued(
+        &mut self,
+        out: &Arc<Outgoing>,
+        agent: &str,
+        reason: &str,
+        federation: Option<crate::protocol::methods::federation::FederationRouting>,
+    ) {
         let data = crate::router::core::to_json(&MessageQueuedData {
             message_id: out.id.clone(),
             from: out.from.to_string(),
             recipient: Some(AgentId::from(agent)),
             recipients: None,
-            reason: "recipient_offline".into(),
+            reason: reason.into(),
+            federation,
         });
         let audience = self.recipient_audience(agent);
         self.emit_about(out, EventType::MessageQueued, data, audience, None);
@@ -683,6 +726,7 @@ impl Router {
         match r {
             Recipient::Agent(a) => self.agent_conn(a),
             Recipient::Participant(p) => self.sessions.by_participant(p)?.conn(),
+            Recipient::Remote { .. } => None,
         }
     }
 
@@ -710,6 +754,7 @@ impl Router {
             agents: self.agent_view(),
             scopes: self.scope_view(),
             sessions: self.session_view(),
+            systems: &self.config.federation,
         }
     }
 }

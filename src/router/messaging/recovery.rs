@@ -11,7 +11,7 @@
 //! `message_sent` retention already removed fails at once (`recipient_queue_lost`): every queued
 //! message is delivered or reported, never silently dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -20,6 +20,7 @@ use crate::protocol::event::EventType;
 use crate::protocol::ids::{AgentId, EventId, MessageId};
 use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;
+use crate::protocol::methods::federation::FederationRouting;
 use crate::store::record::{EventRecord, StoredRow};
 use crate::store::{EventStore, StoreError};
 
@@ -40,6 +41,18 @@ pub(crate) struct StillQueued {
     pub(crate) from: String,
     /// Who saw its `message.queued` (a lost one's failure goes to the same audience).
     pub(crate) audience: crate::store::record::Audience,
+    /// Passing through to another system: the routing its envelope had from here.
+    pub(crate) federation: Option<FederationRouting>,
+}
+
+/// What the previous run left to do with messages.
+#[derive(Debug, Default)]
+pub(crate) struct Recovered {
+    /// Its queued messages, in the order they were queued.
+    pub(crate) queued: Vec<StillQueued>,
+    /// The federated messages it delivered (their ids `<source>:message:<id>`), newest last, at
+    /// most `federation::SEEN_CAP`: a peer sending one again is not delivered twice.
+    pub(crate) federated: Vec<MessageId>,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +67,8 @@ struct Outcome {
     recipients: Option<Vec<String>>,
     #[serde(default)]
     delivered_to: Option<Vec<String>>,
+    #[serde(default)]
+    federation: Option<FederationRouting>,
 }
 
 #[derive(Deserialize)]
@@ -68,16 +83,18 @@ struct Sent {
 
 struct Queued {
     seq: u64,
+    federation: Option<FederationRouting>,
     sent: Option<EventId>,
     from: String,
     audience: crate::store::record::Audience,
 }
 
-/// The messages the previous run left queued, in the order they were queued.
+/// The messages the previous run left queued, in the order they were queued, and the
+/// federated messages it delivered.
 ///
 /// # Errors
 /// The store could not be read. Unreadable rows are skipped with a warning.
-pub(crate) async fn still_queued(store: &dyn EventStore) -> Result<Vec<StillQueued>, StoreError> {
+pub(crate) async fn still_queued(store: &dyn EventStore) -> Result<Recovered, StoreError> {
     let kinds: Vec<String> = [
         EventType::MessageQueued,
         EventType::MessageDelivered,
@@ -87,6 +104,7 @@ pub(crate) async fn still_queued(store: &dyn EventStore) -> Result<Vec<StillQueu
     .map(|k| k.as_str().to_owned())
     .collect();
     let mut pending: HashMap<(String, String), Queued> = HashMap::new();
+    let mut federated: VecDeque<MessageId> = VecDeque::new();
     let mut from = 0;
     loop {
         let rows = store.read_kinds(kinds.clone(), from, PAGE).await?;
@@ -94,7 +112,7 @@ pub(crate) async fn still_queued(store: &dyn EventStore) -> Result<Vec<StillQueu
         from = last.seq + 1;
         let full = rows.len() == PAGE;
         for row in rows {
-            fold(&mut pending, row);
+            fold(&mut pending, &mut federated, row);
         }
         if !full {
             break;
@@ -111,7 +129,7 @@ pub(crate) async fn still_queued(store: &dyn EventStore) -> Result<Vec<StillQueu
             }
         }
     }
-    Ok(pending
+    let queued = pending
         .into_iter()
         .map(|((message_id, agent), q)| StillQueued {
             agent: AgentId::from(agent.as_str()),
@@ -119,11 +137,20 @@ pub(crate) async fn still_queued(store: &dyn EventStore) -> Result<Vec<StillQueu
             message_id: MessageId::from(message_id.as_str()),
             from: q.from,
             audience: q.audience,
+            federation: q.federation,
         })
-        .collect())
+        .collect();
+    Ok(Recovered {
+        queued,
+        federated: federated.into(),
+    })
 }
 
-fn fold(pending: &mut HashMap<(String, String), Queued>, row: StoredRow) {
+fn fold(
+    pending: &mut HashMap<(String, String), Queued>,
+    federated: &mut VecDeque<MessageId>,
+    row: StoredRow,
+) {
     let rec = match EventRecord::from_row(row) {
         Ok(rec) => rec,
         Err(e) => {
@@ -135,6 +162,13 @@ fn fold(pending: &mut HashMap<(String, String), Queued>, row: StoredRow) {
         return;
     };
     let o = event.data;
+    // A federated message delivered here (or passed on): its outcome's id carries its source.
+    if rec.kind != EventType::MessageQueued && o.message_id.contains(":message:") {
+        federated.push_back(MessageId::from(o.message_id.as_str()));
+        if federated.len() > crate::router::federation::SEEN_CAP {
+            federated.pop_front();
+        }
+    }
     let mut names: Vec<String> = o.recipient.into_iter().collect();
     names.extend(o.recipients.unwrap_or_default());
     names.extend(o.delivered_to.unwrap_or_default());
@@ -145,6 +179,7 @@ fn fold(pending: &mut HashMap<(String, String), Queued>, row: StoredRow) {
                 key,
                 Queued {
                     seq: rec.seq,
+                    federation: o.federation.clone(),
                     sent: rec.caused_by.first().copied(),
                     from: o.from.clone(),
                     audience: rec.audience.clone(),
@@ -198,13 +233,16 @@ impl crate::router::core::Router {
         let Some(store) = self.store.clone() else {
             return;
         };
-        let queued = match still_queued(&*store).await {
+        let Recovered { queued, federated } = match still_queued(&*store).await {
             Ok(q) => q,
             Err(e) => {
                 tracing::error!(error = %e, "could not read the previous run's queued messages");
                 return;
             }
         };
+        for id in federated {
+            self.federation.seen.insert(id);
+        }
         if queued.is_empty() {
             return;
         }
@@ -215,6 +253,21 @@ impl crate::router::core::Router {
         let until = std::time::Instant::now() + self.config.resume_window;
         let mut agents = Vec::new();
         for q in queued {
+            // For another system: back in its peer's queue, for as long as it takes.
+            if let (Some(out), Some((system, agent))) = (
+                q.out.as_ref(),
+                self.config.federation.remote_agent(q.agent.as_str()),
+            ) {
+                let envelope = self.envelope_for(out, system, agent, q.federation.clone());
+                let (system, agent) = (system.to_owned(), agent.to_owned());
+                self.federation.transit = Some((envelope, None));
+                let kept = self.federation_keep(&system, &agent, q.agent.as_str(), out);
+                self.federation.transit = None;
+                if let Err(reason) = kept {
+                    self.report_failed(out, q.agent.as_str(), reason);
+                }
+                continue;
+            }
             match q.out {
                 Some(out) => {
                     if let Err(reason) = self.messaging.keep(&q.agent, &out) {

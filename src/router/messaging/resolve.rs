@@ -8,6 +8,9 @@
 //! - Unknown explicit agents, scopes and participants are errors (2001/2002/2000) unless
 //!   `strict` is off.
 //! - Scope, role and broadcast exclude the sending agent; recipients are de-duplicated.
+//! - `{system, agent}`, and `{agent: "<system>:agent:<id>"}` (how a reply reaches a federated
+//!   sender), name an agent of another system this router reaches (`config::Federation`):
+//!   [`Recipient::Remote`], which no local agent can stand in for. Any other system is 5001.
 //! - Only agents the caller may see are named; a scope must be visible and take messages from
 //!   the caller (`sendPolicy`).
 //!
@@ -34,6 +37,8 @@ pub struct Views<'a> {
     pub scopes: ScopeView<'a>,
     /// The sessions.
     pub sessions: SessionView<'a>,
+    /// The systems this router reaches.
+    pub systems: &'a crate::router::config::Federation,
 }
 
 /// A resolved recipient.
@@ -43,6 +48,15 @@ pub enum Recipient {
     Agent(AgentId),
     /// A participant (delivered to its connection).
     Participant(ParticipantId),
+    /// An agent of another system (passed on to the peer link for `system`).
+    Remote {
+        /// Its system (the message's `targetSystem`).
+        system: String,
+        /// Its id there.
+        agent: String,
+        /// `<system>:agent:<agent>`: how its events name it here.
+        id: String,
+    },
 }
 
 impl Recipient {
@@ -51,6 +65,7 @@ impl Recipient {
         match self {
             Self::Agent(a) => a.as_str(),
             Self::Participant(p) => p.as_str(),
+            Self::Remote { id, .. } => id,
         }
     }
 }
@@ -72,7 +87,7 @@ pub fn permitted(
             Recipient::Agent(id) => agents
                 .get(id)
                 .is_some_and(|t| can_message_agent(&viewer, sender, t, agents)),
-            Recipient::Participant(_) => true,
+            Recipient::Participant(_) | Recipient::Remote { .. } => true,
         };
         if allowed {
             out.push(r);
@@ -98,6 +113,7 @@ pub fn resolve(
         agents,
         scopes,
         sessions,
+        systems,
     } = views;
     let viewer = caller.viewer();
     let visible_agent = |id: &AgentId| {
@@ -125,7 +141,15 @@ pub fn resolve(
             None => Ok(Vec::new()),
         }
     };
+    let remote = |system: &str, agent: &str| Recipient::Remote {
+        system: system.to_owned(),
+        agent: agent.to_owned(),
+        id: format!("{system}:agent:{agent}"),
+    };
     let agent_or_participant = |id: &str| -> Option<Recipient> {
+        if let Some((system, agent)) = systems.remote_agent(id) {
+            return Some(remote(system, agent));
+        }
         let agent = AgentId::from(id);
         if visible_agent(&agent) {
             Some(Recipient::Agent(agent))
@@ -254,8 +278,18 @@ pub fn resolve(
             })
             .map(|s| Recipient::Participant(s.participant.clone()))
             .collect(),
-        Address::Federated { system, .. } => {
-            return Err(RouterError::SystemNotFound(system.clone()))
+        Address::Federated { system, agent } if *system == systems.rules.system_id => {
+            match agent_or_participant(agent.as_str()) {
+                Some(r) => vec![r],
+                None if strict => return Err(RouterError::AgentNotFound(agent.to_string())),
+                None => Vec::new(),
+            }
+        }
+        Address::Federated { system, agent } => {
+            if systems.next_hop(system).is_none() || agent.as_str().is_empty() {
+                return Err(RouterError::SystemNotFound(system.clone()));
+            }
+            vec![remote(system, agent.as_str())]
         }
     };
     let mut seen = HashSet::new();
@@ -283,6 +317,7 @@ mod tests {
         registry: Registry,
         scopes: Scopes,
         sessions: Sessions,
+        systems: crate::router::config::Federation,
     }
 
     fn agent(id: &str, owner: &str, parent: Option<&str>, role: Option<&str>) -> Agent {
@@ -345,10 +380,15 @@ mod tests {
         sessions.restore(session("alice", ParticipantType::Agent), now);
         sessions.restore(session("bob", ParticipantType::Agent), now);
         sessions.restore(session("carol", ParticipantType::Client), now);
+        let mut systems = crate::router::config::Federation::default();
+        systems.rules.system_id = "home".into();
+        systems.outbound = vec!["beta".into()];
+        systems.routes = vec![("gamma".into(), "beta".into()), ("delta".into(), "nope".into())];
         World {
             registry,
             scopes,
             sessions,
+            systems,
         }
     }
 
@@ -373,6 +413,7 @@ mod tests {
             agents: AgentView::new(&w.registry, &w.scopes),
             scopes: ScopeView::new(&w.scopes),
             sessions: SessionView::new(&w.sessions),
+            systems: &w.systems,
         };
         let address = Address::parse_raw(&RawJson::from(to)).expect("an address");
         let found = resolve(views, c, &address, strict)?;
@@ -476,5 +517,36 @@ mod tests {
             .unwrap(),
             vec!["alice"]
         );
+    }
+
+    #[test]
+    fn other_systems_are_named_only_when_reached_and_no_local_id_stands_in() {
+        let w = world();
+        let alice = caller("alice", ParticipantType::Agent, Some("a1"));
+        let to = |v| run(&w, &alice, v, true);
+        assert_eq!(
+            to(serde_json::json!({"system": "beta", "agent": "bob"})).unwrap(),
+            vec!["beta:agent:bob"]
+        );
+        // Through a peer that dials gamma in turn; the reply form names it too.
+        assert_eq!(
+            to(serde_json::json!({"agent": "gamma:agent:carol"})).unwrap(),
+            vec!["gamma:agent:carol"]
+        );
+        // This system's own id is a local address.
+        assert_eq!(
+            to(serde_json::json!({"system": "home", "agent": "a2"})).unwrap(),
+            vec!["a2"]
+        );
+        // Unknown systems, and a route through a peer not dialled, are 5001.
+        for system in ["zeta", "delta"] {
+            let e = to(serde_json::json!({"system": system, "agent": "x"})).unwrap_err();
+            assert!(matches!(e, RouterError::SystemNotFound(ref s) if s == system), "{e:?}");
+        }
+        // `<unknown>:agent:x` is an ordinary (here unknown) local id.
+        assert!(matches!(
+            to(serde_json::json!({"agent": "zeta:agent:x"})).unwrap_err(),
+            RouterError::AgentNotFound(_)
+        ));
     }
 }

@@ -637,7 +637,8 @@ impl Router {
     ) {
         let session_id = session_id.clone();
         // A peer link speaks for its system only while its session is attached.
-        self.federation.session_gone(&session_id);
+        self.federation.links.session_gone(&session_id);
+        self.federation.outbound.session_gone(&session_id);
         let Some(s) = self.sessions.get_mut(&session_id) else {
             return;
         };
