@@ -28,7 +28,9 @@ use tokio::sync::watch;
 
 use crate::client::{Client, ClientError, ClientOptions, ReconnectPolicy};
 use crate::protocol::capabilities::ParticipantType;
-use crate::protocol::methods::federation::{OutboundNextResult, RouteRefusal};
+use crate::protocol::methods::federation::{
+    FederationRouteParams, OutboundNextResult, RouteRefusal,
+};
 use crate::transport::in_process::InProcessLinks;
 
 /// How long a message the peer refuses for now is tried again before it is settled as refused.
@@ -261,22 +263,28 @@ async fn pump(
 ) -> Result<(), LinkError> {
     let mut restart = true;
     loop {
+        // NB: as text, never `serde_json::Value`: the envelope's payload passes byte for byte.
         let next = local
-            .call_raw(
+            .call_text(
                 "map/federation/outbound/next",
-                json!({"systemId": peer.system, "restart": restart, "waitMs": NEXT_WAIT_MS}),
+                json!({"systemId": peer.system, "restart": restart, "waitMs": NEXT_WAIT_MS})
+                    .to_string(),
             )
             .await
             .map_err(LinkError::Local)?;
         restart = false;
-        let next: OutboundNextResult = serde_json::from_value(next)
+        let next: OutboundNextResult = serde_json::from_str(&next)
             .map_err(|e| LinkError::Local(ClientError::Decode(e.to_string())))?;
         for item in next.items {
-            let target = item.envelope.federation.target_system.clone();
-            let params = json!({"systemId": target, "envelope": item.envelope});
+            let params = serde_json::to_string(&FederationRouteParams {
+                system_id: item.envelope.federation.target_system.clone(),
+                envelope: Some(item.envelope),
+                message: None,
+            })
+            .map_err(|e| LinkError::Local(ClientError::Decode(e.to_string())))?;
             let started = Instant::now();
             let error = loop {
-                match remote.call_raw("map/federation/route", params.clone()).await {
+                match remote.call_text("map/federation/route", params.clone()).await {
                     Ok(_) => break None,
                     Err(ClientError::Rpc { code, message, .. })
                         if for_now(code.0) && started.elapsed() < RETRY_FOR =>

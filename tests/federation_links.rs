@@ -1,0 +1,529 @@
+//! Federation between real routers (issue 47): each system the built binary as its own
+//! process, with its own data directory, API keys and `[[federation.peer]]` links to the others
+//! over loopback WebSockets. A message for `{system, agent}` waits in its router's queue for
+//! the peer link, which routes it in order; the reply comes back the same way; a loop or the
+//! hop limit stops a message with the spec's code, which its sender sees; a peer killed with
+//! kill -9 and restarted loses nothing acknowledged and gets nothing twice, and what overflows
+//! the bounded queue meanwhile is reported to its sender.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use map_router::client::{AgentHandle, Client, ClientOptions};
+use map_router::protocol::json::RawJson;
+use map_router::protocol::methods::agents::RegisterParams;
+use map_router::protocol::methods::messaging::SendParams;
+use serde_json::{json, Value};
+
+/// The key `from`'s router presents to `to`'s, which knows it as principal `<from>-gw`.
+fn link_key(from: &str, to: &str) -> String {
+    format!("ak-link-{from}-to-{to}-0123456789abcdef")
+}
+
+/// The key of `system`'s own agents (principal `agents-<system>`).
+fn agent_key(system: &str) -> String {
+    format!("ak-agents-of-{system}-0123456789abcdef")
+}
+
+/// One system: a router process and how to start it again.
+struct System {
+    name: &'static str,
+    port: u16,
+    dir: PathBuf,
+    env: Vec<(String, String)>,
+    child: Option<tokio::process::Child>,
+}
+
+impl System {
+    /// Writes `name`'s config: its keys, its peers (`(peer, dialled)`: each peer's gateway may
+    /// link in; a dialled one is dialled at its port in `ports`) and `extra` in `[federation]`.
+    fn new(
+        name: &'static str,
+        ports: &[(&str, u16)],
+        peers: &[(&str, bool)],
+        extra: &str,
+        dir: &TempDir,
+    ) -> Self {
+        let port = ports.iter().find(|(n, _)| *n == name).expect("a port").1;
+        let mut keys = format!("{} agents-{name}\n", agent_key(name));
+        keys.push_str("ak-nogrant-principal-0123456789 nogrant\n");
+        let mut config = format!(
+            "[auth.api_keys]\nfile = {:?}\n\n[federation]\nsystem_id = \"{name}\"\n{extra}\n",
+            dir.path.join(format!("{name}-keys"))
+        );
+        let mut env = Vec::new();
+        for (peer, dialled) in peers {
+            keys.push_str(&format!("{} {peer}-gw\n", link_key(peer, name)));
+            config.push_str(&format!(
+                "[[federation.peer]]\nsystem_id = \"{peer}\"\nprincipal = \"{peer}-gw\"\n"
+            ));
+            if *dialled {
+                let at = ports.iter().find(|(n, _)| n == peer).expect("a port").1;
+                let var = format!("FED_KEY_{}", peer.to_uppercase());
+                config.push_str(&format!(
+                    "endpoint = \"ws://127.0.0.1:{at}/\"\napi_key_env = \"{var}\"\n"
+                ));
+                env.push((var, link_key(name, peer)));
+            }
+        }
+        std::fs::write(dir.path.join(format!("{name}-keys")), keys).unwrap();
+        std::fs::write(dir.path.join(format!("{name}.toml")), config).unwrap();
+        Self {
+            name,
+            port,
+            dir: dir.path.clone(),
+            env,
+            child: None,
+        }
+    }
+
+    async fn start(&mut self) {
+        let (child, _url) = start_binary_with_env(
+            [
+                "--listen".to_owned(),
+                format!("127.0.0.1:{}", self.port),
+                "--config".to_owned(),
+                self.dir
+                    .join(format!("{}.toml", self.name))
+                    .display()
+                    .to_string(),
+                "--data-dir".to_owned(),
+                self.dir.join(self.name).display().to_string(),
+            ],
+            self.env.clone(),
+        )
+        .await;
+        self.child = Some(child);
+    }
+
+    /// kill -9, and wait until it is gone.
+    async fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.start_kill().unwrap();
+        with_timeout(child.wait()).await.unwrap();
+    }
+
+    fn url(&self) -> String {
+        format!("ws://127.0.0.1:{}/", self.port)
+    }
+
+    /// A client of this system's agents' principal.
+    async fn client(&self) -> Client {
+        with_timeout(Client::connect_ws(
+            &self.url(),
+            ClientOptions::agent().api_key(agent_key(self.name)),
+        ))
+        .await
+        .unwrap()
+    }
+
+    /// An agent `id` of this system.
+    async fn agent(&self, id: &str) -> AgentHandle {
+        let c = self.client().await;
+        with_timeout(c.register(RegisterParams {
+            agent_id: Some(id.into()),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+    }
+
+    /// `/metrics` text (with a credential: `[auth]` is on).
+    async fn metrics(&self) -> String {
+        http_get_text(
+            &format!("http://127.0.0.1:{}/metrics", self.port),
+            &agent_key(self.name),
+        )
+        .await
+    }
+}
+
+/// A GET's answer, with `key` as the bearer credential.
+async fn http_get_text(url: &str, key: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut s = with_timeout(tokio::net::TcpStream::connect(host))
+        .await
+        .unwrap();
+    s.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    with_timeout(s.read_to_string(&mut out)).await.unwrap();
+    out
+}
+
+/// Every event of `types` in `client`'s view of its router's log, oldest first (`data` and
+/// `type` of each).
+async fn log_of(client: &Client, types: &[&str]) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = with_timeout(client.call_raw(
+            "map/replay",
+            json!({"afterEventId": after, "limit": 1000, "filter": {"eventTypes": types}}),
+        ))
+        .await
+        .unwrap();
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        for e in &events {
+            out.push(e["event"].clone());
+        }
+        if page["hasMore"] != json!(true) || events.is_empty() {
+            return out;
+        }
+        after = events.last().and_then(|e| e["eventId"].as_str().map(str::to_owned));
+    }
+}
+
+/// Polls `check` every 100 ms until it gives a value (at most `limit`).
+async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < until, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The next message of `inbox`, bounded.
+async fn next(inbox: &mut map_router::client::Messages) -> map_router::protocol::message::Message {
+    within(Duration::from_secs(20), inbox.next())
+        .await
+        .expect("the inbox ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
+    let dir = TempDir::new("fed-links-two");
+    let ports = [
+        ("alpha", cluster_free_port()),
+        ("beta", cluster_free_port()),
+    ];
+    let mut alpha = System::new("alpha", &ports, &[("beta", true)], "", &dir);
+    let mut beta = System::new("beta", &ports, &[("alpha", true)], "", &dir);
+    alpha.start().await;
+    beta.start().await;
+    let alice = alpha.agent("alice").await;
+    let bob = beta.agent("bob").await;
+    let mut alice_in = alice.messages();
+    let mut bob_in = bob.messages();
+
+    // Byte for byte, `meta` included; the answer says it waits for the link.
+    let text = r#"{"text":"hello from alpha","n":1.50,"nested":{"k":[1,2]}}"#;
+    let sent = with_timeout(alice.client().send_with(SendParams {
+        to: RawJson::from(json!({"system": "beta", "agent": "bob"})),
+        payload: Some(RawJson::from_text(text).unwrap()),
+        meta: Some(RawJson::from_text(r#"{"trace":"x-1","w":2.0}"#).unwrap()),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(sent.queued, vec!["beta:agent:bob".to_owned()]);
+    assert!(sent.delivered.is_empty());
+    let m = next(&mut bob_in).await;
+    assert_eq!(m.from, "alpha:agent:alice", "never a local id");
+    assert_eq!(
+        m.payload.as_ref().map(|p| p.get().to_owned()),
+        Some(text.to_owned())
+    );
+    assert_eq!(m.meta.as_ref().unwrap().get(), r#"{"trace":"x-1","w":2.0}"#);
+
+    // The reply travels back over beta's own link to alpha.
+    with_timeout(bob.reply(&m, json!({"text": "hi alice"})))
+        .await
+        .unwrap();
+    let r = next(&mut alice_in).await;
+    assert_eq!(r.from, "beta:agent:bob");
+    assert_eq!(r.payload.unwrap().get(), r#"{"text":"hi alice"}"#);
+
+    // Alpha's log says the message reached beta (delivered to the federated recipient).
+    let events = log_of(alice.client(), &["message_delivered"]).await;
+    assert!(
+        events.iter().any(|e| e["data"]["messageId"] == json!(sent.message_id.as_str())
+            && e["data"]["deliveredTo"] == json!(["beta:agent:bob"])),
+        "{events:?}"
+    );
+
+    // Nobody on alpha may pose as beta's agent, and an unknown system is 5001.
+    let mallory = alpha.client().await;
+    let e = with_timeout(mallory.register(RegisterParams {
+        agent_id: Some("beta:agent:bob".into()),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("reserved") || e.to_string().contains("taken"), "{e}");
+    let e = with_timeout(alice.send(json!({"system": "zeta", "agent": "x"}), json!({})))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("5001"), "{e}");
+
+    // A principal without a link key cannot link as alpha to beta.
+    let intruder = with_timeout(Client::connect_ws(
+        &beta.url(),
+        ClientOptions::new()
+            .participant_type(map_router::protocol::capabilities::ParticipantType::Gateway)
+            .api_key("ak-nogrant-principal-0123456789"),
+    ))
+    .await
+    .unwrap();
+    let linked = with_timeout(intruder.call_raw(
+        "map/federation/connect",
+        json!({"systemId": "alpha", "endpoint": "ws://evil/"}),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(linked["connected"], json!(false), "{linked}");
+    // ... nor take or settle what waits for a peer.
+    let e = with_timeout(intruder.call_raw(
+        "map/federation/outbound/next",
+        json!({"systemId": "alpha"}),
+    ))
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("own peer links"), "{e}");
+    bob_in_is_quiet(&mut bob_in).await;
+
+    // The links' state is on /metrics.
+    let metrics = alpha.metrics().await;
+    assert!(metrics.contains("map_federation_link_up{peer=\"beta\"} 1"), "{metrics}");
+    assert!(metrics.contains("map_federation_routed_total{peer=\"beta\"} 1"), "{metrics}");
+}
+
+async fn bob_in_is_quiet(inbox: &mut map_router::client::Messages) {
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), inbox.next())
+            .await
+            .is_err(),
+        "no other message"
+    );
+}
+
+fn cluster_free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// The `message_failed` of message `id` in `client`'s view of its router's log.
+async fn failure_of(client: &Client, id: &str) -> Option<Value> {
+    log_of(client, &["message_failed"])
+        .await
+        .into_iter()
+        .find(|e| e["data"]["messageId"] == json!(id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_routers_in_a_loop_stop_a_message_with_the_specs_code_and_its_sender_sees_why() {
+    let dir = TempDir::new("fed-links-loop");
+    let ports = [
+        ("alpha", cluster_free_port()),
+        ("beta", cluster_free_port()),
+        ("gamma", cluster_free_port()),
+    ];
+    // alpha → beta → gamma → alpha, each routing `omega` to the next.
+    let mut alpha = System::new(
+        "alpha",
+        &ports,
+        &[("beta", true), ("gamma", false)],
+        "routes = { omega = \"beta\" }",
+        &dir,
+    );
+    let mut beta = System::new(
+        "beta",
+        &ports,
+        &[("gamma", true), ("alpha", false)],
+        "routes = { omega = \"gamma\" }",
+        &dir,
+    );
+    let mut gamma = System::new(
+        "gamma",
+        &ports,
+        &[("alpha", true), ("beta", false)],
+        "routes = { omega = \"alpha\" }",
+        &dir,
+    );
+    for s in [&mut alpha, &mut beta, &mut gamma] {
+        s.start().await;
+    }
+    let alice = alpha.agent("alice").await;
+    let sent = with_timeout(alice.send(json!({"system": "omega", "agent": "x"}), json!({"n": 1})))
+        .await
+        .unwrap();
+    assert_eq!(sent.queued, vec!["omega:agent:x".to_owned()]);
+    let id = sent.message_id.to_string();
+    let failed = eventually(Duration::from_secs(20), "the loop is reported", || {
+        let c = alice.client().clone();
+        let id = id.clone();
+        async move { failure_of(&c, &id).await }
+    })
+    .await;
+    assert_eq!(failed["data"]["code"], json!(5010), "{failed}");
+    assert_eq!(
+        failed["data"]["reason"],
+        json!("federation_refused: Loop detected: message already visited alpha"),
+        "{failed}"
+    );
+
+    // The hop limit: gamma allows one hop; beta → gamma is the second.
+    gamma.kill().await;
+    let mut gamma = System::new(
+        "gamma",
+        &ports,
+        &[("alpha", true), ("beta", false)],
+        "routes = { omega = \"alpha\" }\nmax_hops = 1",
+        &dir,
+    );
+    gamma.start().await;
+    let sent = with_timeout(alice.send(json!({"system": "omega", "agent": "x"}), json!({"n": 2})))
+        .await
+        .unwrap();
+    let id = sent.message_id.to_string();
+    let failed = eventually(Duration::from_secs(30), "the hop limit is reported", || {
+        let c = alice.client().clone();
+        let id = id.clone();
+        async move { failure_of(&c, &id).await }
+    })
+    .await;
+    assert_eq!(failed["data"]["code"], json!(5011), "{failed}");
+    assert_eq!(
+        failed["data"]["reason"],
+        json!("federation_refused: Message exceeded maximum hop count of 1"),
+        "{failed}"
+    );
+    // Every router still serves.
+    for s in [&alpha, &beta, &gamma] {
+        let c = s.client().await;
+        with_timeout(c.list_agents(Default::default())).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overflow_is_reported() {
+    const BOUND: usize = 12;
+    let dir = TempDir::new("fed-links-kill");
+    let ports = [
+        ("alpha", cluster_free_port()),
+        ("beta", cluster_free_port()),
+    ];
+    let mut alpha = System::new(
+        "alpha",
+        &ports,
+        &[("beta", true)],
+        &format!("max_queued = {BOUND}"),
+        &dir,
+    );
+    let mut beta = System::new("beta", &ports, &[("alpha", true)], "", &dir);
+    alpha.start().await;
+    beta.start().await;
+    let alice = alpha.agent("alice").await;
+    let bob = beta.agent("bob").await;
+    let mut bob_in = bob.messages();
+
+    // A random kill point; sends go on while beta is away, more than the bound.
+    let kill_at = 5 + (map_router::protocol::ids::random_u128() % 20) as usize;
+    let away = BOUND + 8;
+    let total = kill_at + away + 10;
+    let mut queued = Vec::new();
+    let mut refused = Vec::new();
+    let mut live = Vec::new();
+    let mut bob = Some(bob);
+    for n in 0..total {
+        if n == kill_at {
+            beta.kill().await;
+            drop(bob.take());
+        }
+        if n == kill_at + away {
+            beta.start().await;
+            // Bob comes back: its id is its principal's.
+            let again = beta.agent("bob").await;
+            bob_in = again.messages();
+            bob = Some(again);
+        }
+        let sent = with_timeout(alice.send(json!({"system": "beta", "agent": "bob"}), json!({"n": n})))
+            .await
+            .unwrap();
+        if sent.queued.is_empty() {
+            refused.push(n);
+        } else {
+            queued.push((n, sent.message_id.to_string()));
+        }
+        if n < kill_at {
+            // Before the kill, each arrives live.
+            let m = next(&mut bob_in).await;
+            live.push(m.payload.unwrap().get().to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!refused.is_empty(), "the bound overflowed while beta was away");
+    assert!(
+        refused.iter().all(|n| *n >= kill_at + BOUND),
+        "only once the bound was reached: {refused:?}"
+    );
+    // Each refused one was reported to its sender: message_failed, queue full.
+    let failures = log_of(alice.client(), &["message_failed"]).await;
+    let full = failures
+        .iter()
+        .filter(|e| e["data"]["reason"] == json!("federation_queue_full"))
+        .count();
+    assert_eq!(full, refused.len(), "{failures:?}");
+
+    // Everything queued reaches beta's log once, in order.
+    let beta_reader = beta.client().await;
+    let expected: Vec<usize> = queued.iter().map(|(n, _)| *n).collect();
+    let got: Vec<usize> = eventually(Duration::from_secs(40), "every queued message reached beta", || {
+        let c = beta_reader.clone();
+        let want = expected.len();
+        async move {
+            let got: Vec<usize> = log_of(&c, &["message_sent"])
+                .await
+                .into_iter()
+                .filter(|e| e["data"]["from"] == json!("alpha:agent:alice"))
+                .map(|e| e["data"]["payload"]["n"].as_u64().unwrap() as usize)
+                .collect();
+            (got.len() >= want).then_some(got)
+        }
+    })
+    .await;
+    assert_eq!(got, expected, "once each, in order");
+    // Alpha saw each delivered, none left waiting.
+    let delivered = log_of(alice.client(), &["message_delivered"]).await;
+    for (n, id) in &queued {
+        assert_eq!(
+            delivered
+                .iter()
+                .filter(|e| e["data"]["messageId"] == json!(id))
+                .count(),
+            1,
+            "message {n} delivered once in alpha's log"
+        );
+    }
+    // Bob's live copies never repeat and keep the order.
+    let mut after = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), bob_in.next()).await {
+        after.push(m.payload.unwrap().get().to_owned());
+    }
+    let ns: Vec<usize> = live
+        .iter()
+        .chain(&after)
+        .map(|p| serde_json::from_str::<Value>(p).unwrap()["n"].as_u64().unwrap() as usize)
+        .collect();
+    let mut sorted = ns.clone();
+    sorted.dedup();
+    assert_eq!(ns, sorted, "no repeat");
+    assert!(ns.windows(2).all(|w| w[0] < w[1]), "in order: {ns:?}");
+    let metrics = alpha.metrics().await;
+    assert!(metrics.contains("map_federation_link_failures_total{peer=\"beta\"}"), "{metrics}");
+}
