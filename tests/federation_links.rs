@@ -248,12 +248,22 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
     assert_eq!(r.payload.unwrap().get(), r#"{"text":"hi alice"}"#);
 
     // Alpha's log says the message reached beta (delivered to the federated recipient).
-    let events = log_of(alice.client(), &["message_delivered"]).await;
-    assert!(
-        events.iter().any(|e| e["data"]["messageId"] == json!(sent.message_id.as_str())
-            && e["data"]["deliveredTo"] == json!(["beta:agent:bob"])),
-        "{events:?}"
-    );
+    // (once the link has settled it: beta answered the route after delivering to bob)
+    eventually(Duration::from_secs(10), "alpha logs the delivery", || {
+        let c = alice.client().clone();
+        let id = sent.message_id.to_string();
+        async move {
+            log_of(&c, &["message_delivered"])
+                .await
+                .iter()
+                .any(|e| {
+                    e["data"]["messageId"] == json!(id)
+                        && e["data"]["deliveredTo"] == json!(["beta:agent:bob"])
+                })
+                .then_some(())
+        }
+    })
+    .await;
 
     // Nobody on alpha may pose as beta's agent, and an unknown system is 5001.
     let mallory = alpha.client().await;
@@ -413,6 +423,7 @@ async fn three_routers_in_a_loop_stop_a_message_with_the_specs_code_and_its_send
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overflow_is_reported() {
     const BOUND: usize = 12;
+    const TOTAL: usize = 300;
     let dir = TempDir::new("fed-links-kill");
     let ports = [
         ("alpha", cluster_free_port()),
@@ -430,48 +441,55 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
     beta.start().await;
     let alice = alpha.agent("alice").await;
     let bob = beta.agent("bob").await;
-    let mut bob_in = bob.messages();
 
-    // A random kill point; sends go on while beta is away, more than the bound.
-    let kill_at = 5 + (map_router::protocol::ids::random_u128() % 20) as usize;
-    let away = BOUND + 8;
-    let total = kill_at + away + 10;
-    let mut queued = Vec::new();
-    let mut refused = Vec::new();
-    let mut live = Vec::new();
-    let mut bob = Some(bob);
-    for n in 0..total {
-        if n == kill_at {
-            beta.kill().await;
-            drop(bob.take());
-        }
-        if n == kill_at + away {
-            beta.start().await;
-            // Bob comes back: its id is its principal's.
-            let again = beta.agent("bob").await;
-            bob_in = again.messages();
-            bob = Some(again);
-        }
-        let sent = with_timeout(alice.send(json!({"system": "beta", "agent": "bob"}), json!({"n": n})))
-            .await
-            .unwrap();
-        if sent.queued.is_empty() {
-            refused.push(n);
-        } else {
-            queued.push((n, sent.message_id.to_string()));
-        }
-        if n < kill_at {
-            // Before the kill, each arrives live.
-            let m = next(&mut bob_in).await;
-            live.push(m.payload.unwrap().get().to_owned());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Alice sends all the while; beta is killed at a random point and restarted.
+    let sender = {
+        let alice = alice.clone();
+        tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for n in 0..TOTAL {
+                let sent = with_timeout(
+                    alice.send(json!({"system": "beta", "agent": "bob"}), json!({"n": n})),
+                )
+                .await
+                .unwrap();
+                outcomes.push((n, sent.message_id.to_string(), !sent.queued.is_empty()));
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            outcomes
+        })
+    };
+    let reader = |inbox: map_router::client::Messages| {
+        tokio::spawn(async move {
+            inbox
+                .map(|m| {
+                    let n = serde_json::from_str::<Value>(m.payload.unwrap().get()).unwrap()["n"]
+                        .as_u64()
+                        .unwrap() as usize;
+                    (n, m.id.to_string())
+                })
+                .collect::<Vec<(usize, String)>>()
+                .await
+        })
+    };
+    let before = reader(bob.messages());
+    let kill_after = 30 + (map_router::protocol::ids::random_u128() % 300) as u64;
+    tokio::time::sleep(Duration::from_millis(kill_after)).await;
+    beta.kill().await;
+    drop(bob);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    beta.start().await;
+    // Bob comes back: its id is its principal's.
+    let bob = beta.agent("bob").await;
+    let after = reader(bob.messages());
+    let outcomes = with_timeout(sender).await.unwrap();
+    let queued: Vec<(usize, String)> = outcomes
+        .iter()
+        .filter(|o| o.2)
+        .map(|(n, id, _)| (*n, id.clone()))
+        .collect();
+    let refused: Vec<usize> = outcomes.iter().filter(|o| !o.2).map(|o| o.0).collect();
     assert!(!refused.is_empty(), "the bound overflowed while beta was away");
-    assert!(
-        refused.iter().all(|n| *n >= kill_at + BOUND),
-        "only once the bound was reached: {refused:?}"
-    );
     // Each refused one was reported to its sender: message_failed, queue full.
     let failures = log_of(alice.client(), &["message_failed"]).await;
     let full = failures
@@ -483,7 +501,7 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
     // Everything queued reaches beta's log once, in order.
     let beta_reader = beta.client().await;
     let expected: Vec<usize> = queued.iter().map(|(n, _)| *n).collect();
-    let got: Vec<usize> = eventually(Duration::from_secs(40), "every queued message reached beta", || {
+    let got: Vec<usize> = eventually(Duration::from_secs(60), "every queued message reached beta", || {
         let c = beta_reader.clone();
         let want = expected.len();
         async move {
@@ -497,8 +515,8 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
         }
     })
     .await;
-    assert_eq!(got, expected, "once each, in order");
-    // Alpha saw each delivered, none left waiting.
+    assert_eq!(got, expected, "once each, in order (killed after {kill_after} ms)");
+    // Alpha saw each delivered once, none left waiting.
     let delivered = log_of(alice.client(), &["message_delivered"]).await;
     for (n, id) in &queued {
         assert_eq!(
@@ -510,20 +528,27 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
             "message {n} delivered once in alpha's log"
         );
     }
-    // Bob's live copies never repeat and keep the order.
-    let mut after = Vec::new();
-    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), bob_in.next()).await {
-        after.push(m.payload.unwrap().get().to_owned());
+    // Bob's live copies keep the order. One may come twice, with the same id, and only
+    // across the kill: beta delivered it live in the instant before the kill, before it was
+    // durable, so alpha sent it again (docs/federation.md, "Outages").
+    drop(bob);
+    let before = with_timeout(before).await.unwrap();
+    let after = within(Duration::from_secs(5), after).await.unwrap();
+    assert!(!after.is_empty(), "bob got messages after the restart");
+    let strictly = |v: &[(usize, String)]| v.windows(2).all(|w| w[0].0 < w[1].0);
+    assert!(strictly(&before) && strictly(&after), "in order: {before:?} {after:?}");
+    let again: Vec<&(usize, String)> = after.iter().filter(|m| before.contains(m)).collect();
+    assert!(again.len() <= 1, "at most the one in flight at the kill: {again:?}");
+    if let Some(m) = again.first() {
+        assert_eq!(Some(*m), before.last(), "the last one before the kill");
     }
-    let ns: Vec<usize> = live
-        .iter()
-        .chain(&after)
-        .map(|p| serde_json::from_str::<Value>(p).unwrap()["n"].as_u64().unwrap() as usize)
-        .collect();
-    let mut sorted = ns.clone();
-    sorted.dedup();
-    assert_eq!(ns, sorted, "no repeat");
-    assert!(ns.windows(2).all(|w| w[0] < w[1]), "in order: {ns:?}");
+    for (n, id) in before.iter().chain(&after) {
+        let queued_id = &queued.iter().find(|(q, _)| q == n).expect("only queued ones").1;
+        assert_eq!(id, &format!("alpha:message:{queued_id}"), "one id per message, across systems");
+    }
     let metrics = alpha.metrics().await;
-    assert!(metrics.contains("map_federation_link_failures_total{peer=\"beta\"}"), "{metrics}");
+    assert!(
+        !metrics.contains("map_federation_link_failures_total{peer=\"beta\"} 0"),
+        "{metrics}"
+    );
 }
