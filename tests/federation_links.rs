@@ -552,3 +552,81 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
         "{metrics}"
     );
 }
+
+/// The SDK's own `AgentConnection` on each side (tests/interop/federation_agents.mjs): an agent
+/// on beta addresses `{system: "alpha", agent}`, the agent on alpha receives it from
+/// `beta:agent:<id>` and answers with the SDK's `reply()`, which comes back to the sender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_agent_connections_message_and_reply_across_two_routers() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let dir = TempDir::new("fed-links-sdk");
+    let ports = [
+        ("alpha", cluster_free_port()),
+        ("beta", cluster_free_port()),
+    ];
+    let mut alpha = System::new("alpha", &ports, &[("beta", true)], "", &dir);
+    let mut beta = System::new("beta", &ports, &[("alpha", true)], "", &dir);
+    alpha.start().await;
+    beta.start().await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop/federation_agents.mjs");
+    let mut waiter = tokio::process::Command::new("node")
+        .arg(&script)
+        .args(["wait", &alpha.url(), &agent_key("alpha"), "carol"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs");
+    let mut lines = BufReader::new(waiter.stdout.take().unwrap()).lines();
+    let ready = within(Duration::from_secs(20), lines.next_line()).await.unwrap();
+    assert_eq!(ready.as_deref(), Some("ready"));
+    let out = within(
+        Duration::from_secs(30),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .args([
+                "send",
+                &beta.url(),
+                &agent_key("beta"),
+                "dave",
+                "alpha",
+                "carol",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sender: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(sender["sent"]["queued"], json!(["alpha:agent:carol"]), "{sender}");
+    let received: Value = serde_json::from_str(
+        &within(Duration::from_secs(20), lines.next_line())
+            .await
+            .unwrap()
+            .expect("the waiter's line"),
+    )
+    .unwrap();
+    assert_eq!(received["from"], json!("beta:agent:dave"), "{received}");
+    assert_eq!(received["payload"], json!({"hello": "from the SDK"}));
+    assert_eq!(
+        received["id"],
+        json!(format!("beta:message:{}", sender["sent"]["messageId"].as_str().unwrap())),
+        "one id across the systems"
+    );
+    assert_eq!(sender["reply"]["from"], json!("alpha:agent:carol"), "{sender}");
+    assert_eq!(
+        sender["reply"]["payload"],
+        json!({"echo": {"hello": "from the SDK"}})
+    );
+    // The SDK's reply correlates: its meta passed both routers byte for byte.
+    assert_eq!(sender["reply"]["meta"]["isResult"], json!(true), "{sender}");
+    drop(waiter.stdin.take());
+    let _ = within(Duration::from_secs(10), waiter.wait()).await;
+}
