@@ -13,6 +13,9 @@
 //! - [`aip`]: AIP (seed 003) over gRPC, on a listener of its own (`docs/aip.md`).
 //! - [`mamp`]: MAMP 1.0 (seed 000): cards, `POST /mamp/v1/messages`, outbound POSTs to
 //!   configured remote MAMP agents (`docs/gateways.md`).
+//! - [`federation`]: MAP-to-MAP, outbound: this router's links to its peer systems, which
+//!   route what waits for each peer (`router::federation`) to its `map/federation/route`
+//!   (docs/federation.md).
 //! - [`im`]: the agent IM gateway (seed 002): `WS /gateway/connect`, `/gateway/*`, contacts
 //!   and collaborators (`docs/gateways.md`).
 //! - shared by every gateway: `caller.rs` (who calls: the one admission of a credential),
@@ -42,6 +45,7 @@ pub mod config;
 pub mod context;
 pub mod directory;
 pub mod egress;
+pub mod federation;
 pub mod guard;
 pub mod im;
 pub mod mamp;

@@ -140,7 +140,7 @@ pub struct FederationPeer {
     pub principal: String,
     /// Where this router dials the peer (`ws://` or `wss://` URL of its MAP endpoint): set,
     /// messages for the peer's agents wait here until the link takes them
-    /// (`server::federation`). Unset, the peer only links in.
+    /// (`gateway::federation`). Unset, the peer only links in.
     #[serde(default)]
     pub endpoint: Option<String>,
     /// The environment variable holding the API key this router presents to the peer.
@@ -207,7 +207,7 @@ impl FederationSettings {
         Ok(())
     }
 
-    /// The links this router dials (`server::federation`), with their credentials read from
+    /// The links this router dials (`gateway::federation`), with their credentials read from
     /// the environment.
     ///
     /// # Errors
@@ -215,7 +215,7 @@ impl FederationSettings {
     pub fn peer_links(
         &self,
         first_listen: Option<std::net::SocketAddr>,
-    ) -> Result<Vec<crate::server::federation::PeerLink>, String> {
+    ) -> Result<Vec<crate::gateway::federation::PeerLink>, String> {
         let me = self.system_id();
         let announce = self.endpoint.clone().unwrap_or_else(|| {
             first_listen.map_or_else(String::new, |a| format!("ws://{a}/"))
@@ -237,7 +237,7 @@ impl FederationSettings {
                     (None, Some(v)) => Some(("bearer", read(v)?)),
                     (None, None) => None,
                 };
-                Ok(crate::server::federation::PeerLink {
+                Ok(crate::gateway::federation::PeerLink {
                     system: p.system_id.clone(),
                     endpoint: endpoint.clone(),
                     me: me.clone(),

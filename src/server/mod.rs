@@ -20,7 +20,6 @@
 
 pub mod cluster;
 pub mod config;
-pub mod federation;
 mod gateways;
 pub mod listener;
 pub mod metrics;
@@ -233,7 +232,7 @@ impl Server {
             .federation
             .peer_links(addrs.first().copied())
             .map_err(std::io::Error::other)?;
-        let peer_links = federation::PeerLinks::new(&peers);
+        let peer_links = crate::gateway::federation::PeerLinks::new(&peers);
         let mut link_tasks = Vec::new();
         if !peers.is_empty() {
             let links = Arc::new(gateways::GatewayLinks {
@@ -241,7 +240,7 @@ impl Server {
                 options: options.clone(),
             });
             for peer in peers {
-                link_tasks.push(tokio::spawn(federation::run(
+                link_tasks.push(tokio::spawn(crate::gateway::federation::run(
                     Arc::clone(&links),
                     peer,
                     peer_links.clone(),

@@ -221,7 +221,7 @@ pub struct FederationRouteResult {
 }
 
 /// `map/federation/outbound/next` params: the router's own peer link (the server's dialler,
-/// `server::federation`) takes the next messages waiting for a peer system. Not part of MAP:
+/// `gateway::federation`) takes the next messages waiting for a peer system. Not part of MAP:
 /// only the router's service principal may call it.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -18,7 +18,7 @@
 //! (forged source or relay, then the spec's order through
 //! `protocol::methods::federation::process`) and deliver a message addressed to this system
 //! through normal routing, under the federated sender id `<system>:agent:<from>`, or queue it
-//! for the next system. The sockets are the server's (`server::federation`): the core only
+//! for the next system. The sockets are the gateway's (`gateway::federation`): the core only
 //! queues, hands out and records.
 
 pub mod ops;

@@ -357,7 +357,7 @@ impl Router {
         }
     }
 
-    /// Only the router's own peer links (its service principal, `server::federation`) take
+    /// Only the router's own peer links (its service principal, `gateway::federation`) take
     /// and settle what waits for a peer.
     fn peer_link(&self, ctx: &Ctx, system: &str) -> Result<Caller, RouterError> {
         let caller = self.caller(ctx)?;
