@@ -49,6 +49,10 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// List this router's federation peers (`[[federation.peer]]`) and test each link it
+    /// dials as the router would: connect, authenticate, `map/federation/connect`. Exits 1
+    /// when a link cannot be opened.
+    Peers(ServeArgs),
     #[command(flatten)]
     User(map_router::cli::Command),
 }
@@ -197,7 +201,7 @@ fn main() -> ExitCode {
     // User commands print results on stdout: only warnings and errors go to the log, and not
     // the client driver's warnings about the connection, which the commands report in their
     // own words (`watch`: connection lost, reconnected, gave up).
-    let quiet = matches!(cli.command, Some(Cmd::User(_)));
+    let quiet = matches!(cli.command, Some(Cmd::User(_) | Cmd::Peers(_)));
     init_logging(if quiet {
         "warn,map_router::client::driver=error"
     } else {
@@ -208,7 +212,64 @@ fn main() -> ExitCode {
         Some(Cmd::Schema { out, check }) => schema(&out, check),
         Some(Cmd::Serve(args)) => serve(args, Mode::Listen),
         Some(Cmd::Stdio(args)) => serve(args, Mode::Stdio),
+        Some(Cmd::Peers(args)) => peers(&args),
         None => serve(cli.serve, Mode::Listen),
+    }
+}
+
+/// `map-router peers`: one line per peer, `<system>  <how>  ok|FAILED ...`.
+fn peers(args: &ServeArgs) -> ExitCode {
+    let config = match build_config(args, Mode::Listen) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("map-router: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let links = match config.federation.peer_links(config.listen.first().copied()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("map-router: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match map_router::cli::runtime() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    println!(
+        "this system: {} ({} peers)",
+        config.federation.system_id(),
+        config.federation.peer.len()
+    );
+    let mut failed = false;
+    for p in &config.federation.peer {
+        let Some(link) = links.iter().find(|l| l.system == p.system_id) else {
+            println!(
+                "{}  links in as principal {}  (not dialled: no endpoint)",
+                p.system_id, p.principal
+            );
+            continue;
+        };
+        match runtime.block_on(map_router::gateway::federation::probe(link)) {
+            Ok(answer) => println!(
+                "{}  dialled at {}  ok: linked as {} ({} {})",
+                p.system_id,
+                link.endpoint,
+                link.me,
+                answer["systemInfo"]["name"].as_str().unwrap_or("?"),
+                answer["systemInfo"]["version"].as_str().unwrap_or("?"),
+            ),
+            Err(e) => {
+                failed = true;
+                println!("{}  dialled at {}  FAILED: {e}", p.system_id, link.endpoint);
+            }
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

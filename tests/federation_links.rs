@@ -630,3 +630,45 @@ async fn the_sdks_agent_connections_message_and_reply_across_two_routers() {
     drop(waiter.stdin.take());
     let _ = within(Duration::from_secs(10), waiter.wait()).await;
 }
+
+/// `map-router peers` lists the peers and tests each link as the router opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peers_command_lists_and_tests_the_links() {
+    let dir = TempDir::new("fed-links-cli");
+    let ports = [
+        ("alpha", cluster_free_port()),
+        ("beta", cluster_free_port()),
+    ];
+    let alpha = System::new("alpha", &ports, &[("beta", true), ("gamma", false)], "", &dir);
+    let mut beta = System::new("beta", &ports, &[("alpha", true)], "", &dir);
+    beta.start().await;
+    let peers = |env: Vec<(String, String)>| {
+        let config = dir.path.join("alpha.toml");
+        async move {
+            let out = within(
+                Duration::from_secs(30),
+                binary_command(["peers".into(), "--config".into(), config.into_os_string()])
+                    .envs(env)
+                    .output(),
+            )
+            .await
+            .unwrap();
+            (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+    };
+    let (code, out) = peers(alpha.env.clone()).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("this system: alpha (2 peers)"), "{out}");
+    assert!(out.contains("beta  dialled at ws://127.0.0.1:"), "{out}");
+    assert!(out.contains("ok: linked as alpha (beta "), "{out}");
+    assert!(out.contains("gamma  links in as principal gamma-gw"), "{out}");
+    // A key beta does not know as alpha's: refused, and said so.
+    let (code, out) = peers(vec![("FED_KEY_BETA".into(), agent_key("alpha"))]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("beta  dialled at") && out.contains("FAILED"), "{out}");
+    // Beta down.
+    beta.kill().await;
+    let (code, out) = peers(alpha.env.clone()).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("FAILED: dialling ws://127.0.0.1:"), "{out}");
+}

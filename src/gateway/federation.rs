@@ -151,7 +151,7 @@ pub async fn run<L: InProcessLinks + ?Sized + Send + Sync + 'static>(
             if local.is_none() {
                 local = Some(open_local(&*links, &peer).await?);
             }
-            let remote = dial(&peer).await?;
+            let (remote, _) = dial(&peer).await?;
             stats.dials.fetch_add(1, Ordering::Relaxed);
             stats.up.store(true, Ordering::Relaxed);
             tracing::info!(peer = %peer.system, endpoint = %peer.endpoint, "federation link up");
@@ -215,9 +215,20 @@ async fn open_local<L: InProcessLinks + ?Sized>(
         .map_err(LinkError::Local)
 }
 
+/// Tests the link to `peer` as the router opens it (`map-router peers`): dials, authenticates
+/// and links, then closes. Returns the peer's `map/federation/connect` answer.
+///
+/// # Errors
+/// Why the link cannot be opened.
+pub async fn probe(peer: &PeerLink) -> Result<serde_json::Value, String> {
+    let (remote, answer) = dial(peer).await.map_err(|e| e.to_string())?;
+    let _ = remote.close().await;
+    Ok(answer)
+}
+
 /// Opens the link: `map/connect` as a gateway with this router's credential, then
 /// `map/federation/connect`, which must answer `connected: true`.
-async fn dial(peer: &PeerLink) -> Result<Client, LinkError> {
+async fn dial(peer: &PeerLink) -> Result<(Client, serde_json::Value), LinkError> {
     let mut options = ClientOptions::new()
         .participant_type(ParticipantType::Gateway)
         .name(format!("federation link from {}", peer.me))
@@ -246,7 +257,7 @@ async fn dial(peer: &PeerLink) -> Result<Client, LinkError> {
             peer.system, peer.me
         )));
     }
-    Ok(remote)
+    Ok((remote, answer))
 }
 
 /// Whether a refusal is for now: the same route may succeed later.
