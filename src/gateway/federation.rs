@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::client::{Client, ClientError, ClientOptions, ReconnectPolicy};
+use crate::client::{Client, ClientError, ClientOptions, ConnectionState, ReconnectPolicy};
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::methods::federation::{
     FederationRouteParams, OutboundNextResult, RouteRefusal,
@@ -260,6 +260,19 @@ async fn dial(peer: &PeerLink) -> Result<(Client, serde_json::Value), LinkError>
     Ok((remote, answer))
 }
 
+/// Resolves once `remote` is no longer connected.
+async fn gone(remote: &Client) {
+    let mut state = remote.state_changes();
+    loop {
+        if !matches!(*state.borrow_and_update(), ConnectionState::Connected) {
+            return;
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Whether a refusal is for now: the same route may succeed later.
 fn for_now(code: i32) -> bool {
     matches!(code, 5000 | 4000 | 4001)
@@ -275,14 +288,19 @@ async fn pump(
     let mut restart = true;
     loop {
         // NB: as text, never `serde_json::Value`: the envelope's payload passes byte for byte.
-        let next = local
-            .call_text(
-                "map/federation/outbound/next",
-                json!({"systemId": peer.system, "restart": restart, "waitMs": NEXT_WAIT_MS})
-                    .to_string(),
-            )
-            .await
-            .map_err(LinkError::Local)?;
+        let next = local.call_text(
+            "map/federation/outbound/next",
+            json!({"systemId": peer.system, "restart": restart, "waitMs": NEXT_WAIT_MS})
+                .to_string(),
+        );
+        // While nothing waits, the peer going away is noticed by its socket, not by a route:
+        // what this call takes meanwhile is taken again by the next link (`restart`).
+        let next = tokio::select! {
+            next = next => next.map_err(LinkError::Local)?,
+            () = gone(remote) => {
+                return Err(LinkError::Remote("the peer closed the link".into()));
+            }
+        };
         restart = false;
         let next: OutboundNextResult = serde_json::from_str(&next)
             .map_err(|e| LinkError::Local(ClientError::Decode(e.to_string())))?;

@@ -303,6 +303,8 @@ pub struct RouterGauges {
     /// Entries of the router's other tables and indexes, by table (timers, indexes, queues,
     /// caches): what must shrink back once sessions and agents are gone.
     pub tables: Vec<(&'static str, u64)>,
+    /// Messages waiting for each peer system this router dials.
+    pub federation_queued: Vec<(String, u64)>,
 }
 
 /// Writes the router's snapshot during an encode.
@@ -487,6 +489,18 @@ impl Collector for RouterCollector {
             ),
             &g.tables,
         )?;
+        {
+            let mut m = e.encode_descriptor(
+                "federation_queued",
+                "Messages waiting for a peer system (in the durable log) until its link routes them",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (peer, n) in &g.federation_queued {
+                let labels = [("peer", peer.as_str())];
+                ConstGauge::new(*n as i64).encode(m.encode_family(&labels)?)?;
+            }
+        }
         Ok(())
     }
 }

@@ -105,6 +105,19 @@ impl Router {
                 .map(|(k, v)| (k, v as u64))
                 .collect()
             },
+            // Every dialled peer, 0 included, so a dashboard sees the peer before a message.
+            federation_queued: {
+                let waiting = self.federation.outbound.lens();
+                self.config
+                    .federation
+                    .outbound
+                    .iter()
+                    .map(|p| {
+                        let n = waiting.iter().find(|(q, _)| q == p).map_or(0, |(_, n)| *n);
+                        (p.clone(), n as u64)
+                    })
+                    .collect()
+            },
         }
     }
 }

@@ -1,7 +1,8 @@
 // The system view (issue 46, item 6): this router's node and, in a cluster, every node of the
 // event log's stream (role, position, how far behind the writer), the NATS connection, what a
 // standby would restore on a takeover; the router's live gauges; the gateways: the agents they
-// registered, the AIP nodes and tools, each gateway's callers and errors.
+// registered, the AIP nodes and tools, each gateway's callers and errors; the federation peers
+// this router dials (docs/federation.md): each link's state, what waits for it, what it routed.
 //
 // Read from `GET /health` and `GET /metrics` every POLL_MS while the view is shown (with the
 // page's credential; a principal that may not read /metrics is told so), and from the model
@@ -59,7 +60,7 @@ export function render(root, ctx) {
   const key = JSON.stringify([state.at, state.healthError, agentsKey(ctx.model)]);
   if (root.dataset.key === key) return;
   root.dataset.key = key;
-  replaceChildren(root, el('div', { class: 'system', 'data-testid': 'system' }, nodeSection(), routerSection(), gatewaySection(ctx.model)));
+  replaceChildren(root, el('div', { class: 'system', 'data-testid': 'system' }, nodeSection(), routerSection(), federationSection(), gatewaySection(ctx.model)));
 }
 
 function agentsKey(model) {
@@ -162,6 +163,37 @@ function routerSection() {
       'router-gauges',
       ['', 'now', ''],
       rows.map(([label, v, more]) => el('tr', { 'data-testid': 'gauge', 'data-name': label, 'data-value': v }, el('td', {}, label), el('td', { class: 'num' }, label.includes('commit') ? `${num(v, 2)} ms` : num(v)), el('td', { class: 'muted' }, more))),
+    ),
+  );
+}
+
+/** The peers this router dials, from /metrics (absent: no `[[federation.peer]]` with an endpoint). */
+function federationSection() {
+  const m = state.metrics?.families;
+  const peers = [...new Set([...(m?.get('map_federation_queued') ?? []), ...(m?.get('map_federation_link_up') ?? [])].map((x) => x.labels.peer))].sort();
+  if (!peers.length) return null;
+  const of = (name, peer) => metric(m, name, { peer }) ?? 0;
+  return el(
+    'section',
+    { 'aria-label': 'Federation' },
+    el('h3', {}, `Federation peers (${peers.length})`),
+    table(
+      'federation-peers',
+      ['peer system', 'link', 'waiting', 'routed', 'refused', 'retried', 'link failures'],
+      peers.map((p) => {
+        const up = of('map_federation_link_up', p) === 1;
+        return el(
+          'tr',
+          { 'data-testid': 'federation-peer', 'data-peer': p, 'data-link': up ? 'up' : 'down' },
+          el('td', {}, p),
+          el('td', { class: up ? '' : 'muted', 'data-testid': 'federation-link' }, up ? 'up' : 'down'),
+          el('td', { class: 'num', 'data-testid': 'federation-waiting' }, num(of('map_federation_queued', p))),
+          el('td', { class: 'num', 'data-testid': 'federation-routed' }, num(of('map_federation_routed_total', p))),
+          el('td', { class: 'num', 'data-testid': 'federation-refused' }, num(of('map_federation_refused_total', p))),
+          el('td', { class: 'num' }, num(of('map_federation_retries_total', p))),
+          el('td', { class: 'num' }, num(of('map_federation_link_failures_total', p))),
+        );
+      }),
     ),
   );
 }

@@ -111,4 +111,39 @@ export default function (h) {
       for (const p of pages) await p.close();
     });
   });
+
+  h.scenario('system: federation peers', async (t, browser) => {
+    // Authentication off: beta takes alpha's link at its word (docs/federation.md).
+    const beta = await t.router('[federation]\nsystem_id = "beta"\n');
+    const alpha = await t.router(`[federation]\nsystem_id = "alpha"\n[[federation.peer]]\nsystem_id = "beta"\nprincipal = "beta-gw"\nendpoint = "${beta.wsUrl}"\n`);
+    const bob = await h.sdkAgent(t, beta.wsUrl, { name: 'bob' });
+    const got = [];
+    bob.onMessage((m) => got.push(m));
+    const alice = await h.sdkAgent(t, alpha.wsUrl, { name: 'alice' });
+    const context = await t.context(browser);
+    const page = await context.newPage();
+    await page.goto(`${alpha.uiUrl}#system`);
+    const row = page.locator(`${tid('federation-peer')}[data-peer="beta"]`);
+
+    await t.step('the peer, its link up, and what it routed', async () => {
+      await row.waitFor({ timeout: 4 * WAIT_MS });
+      await until(async () => (await row.getAttribute('data-link')) === 'up', 'the link up', 4 * WAIT_MS);
+      const sent = await alice.send({ system: 'beta', agent: bob.agentId }, { n: 1 });
+      assert.deepEqual(sent.queued, [`beta:agent:${bob.agentId}`]);
+      await until(async () => got.length === 1, "bob's message");
+      assert.equal(got[0].from, `alpha:agent:${alice.agentId}`);
+      await until(async () => (await row.locator(tid('federation-routed')).textContent()) === '1', 'one routed', 4 * WAIT_MS);
+      assert.equal(await row.locator(tid('federation-waiting')).textContent(), '0');
+    });
+
+    await t.step('the peer down: its link and what waits for it', async () => {
+      const exited = new Promise((r) => beta.proc.once('exit', r));
+      beta.proc.kill('SIGKILL');
+      await exited;
+      await until(async () => (await row.getAttribute('data-link')) === 'down', 'the link down', 4 * WAIT_MS);
+      for (let n = 2; n <= 4; n++) await alice.send({ system: 'beta', agent: bob.agentId }, { n });
+      await until(async () => (await row.locator(tid('federation-waiting')).textContent()) === '3', 'three waiting', 4 * WAIT_MS);
+      await h.docsShot(page, 'system-federation');
+    });
+  });
 }
