@@ -342,7 +342,7 @@ async fn hostile_envelopes_get_the_specs_errors_and_the_router_keeps_serving() {
             "Forged route: the path must end with alpha, the system this link speaks for"),
         (envelope("gamma", "beta", 0, Value::Null, to()), 5003,
             "Forged route: sourceSystem gamma is not alpha, the system this link speaks for, and no path shows the relay"),
-        // A system we do not know (forwarding is not served yet).
+        // A system this router does not reach (no peer it dials, no route).
         (envelope("alpha", "omega", 0, json!(["alpha"]), to()), 5001, "System not found: omega"),
     ];
     for (env, code, message) in cases {
@@ -368,6 +368,13 @@ async fn hostile_envelopes_get_the_specs_errors_and_the_router_keeps_serving() {
         json!({"systemId": "beta", "envelope": {"payload": {"to": {"agent": "bob"}},
             "federation": {"sourceSystem": "alpha", "targetSystem": "beta",
                 "hopCount": -1, "originTimestamp": 1}}}),
+        // An absurd hop count, and a message id too long to become a local id.
+        json!({"systemId": "beta", "envelope": {"payload": {"from": "a", "to": {"agent": "bob"}},
+            "federation": {"sourceSystem": "alpha", "targetSystem": "beta",
+                "hopCount": 1e300, "originTimestamp": 1}}}),
+        json!({"systemId": "beta", "envelope": {"payload": {"id": "m".repeat(300), "from": "a",
+            "to": {"agent": "bob"}}, "federation": {"sourceSystem": "alpha",
+            "targetSystem": "beta", "hopCount": 0, "originTimestamp": 1}}}),
     ] {
         let e = g.err("map/federation/route", bad.clone()).await;
         assert_eq!(e["code"], json!(-32602), "{bad} -> {e}");
@@ -604,4 +611,65 @@ async fn a_peer_flooding_routes_is_rate_limited_per_principal() {
         assert!(bob.next_text().await.contains("alpha:agent:alice"));
     }
     bob.assert_no_message().await;
+}
+
+/// What waits for a peer is the router's own links' to take and settle: a linked peer, another
+/// principal's gateway and a client all get 1003 from `map/federation/outbound/*`, and the
+/// message stays waiting, neither delivered nor failed.
+#[tokio::test]
+async fn only_the_routers_own_links_take_or_settle_what_waits_for_a_peer() {
+    let (_server, url, _dir) = beta(|c| {
+        c.federation.peer.push(FederationPeer {
+            system_id: "gamma".into(),
+            principal: "gamma-gw".into(),
+            // Nobody listens there: the message waits.
+            endpoint: Some("ws://127.0.0.1:9/".into()),
+            ..Default::default()
+        });
+    })
+    .await;
+    let (mut bob, _) = connect_with_key(&url, BOB_KEY, "agent", json!({})).await;
+    bob.ok("map/agents/register", json!({"agentId": "bob"})).await;
+    let sent = bob
+        .ok(
+            "map/send",
+            json!({"to": {"system": "gamma", "agent": "x"}, "payload": {"secret": 1}}),
+        )
+        .await;
+    assert_eq!(sent["queued"], json!(["gamma:agent:x"]), "{sent}");
+    let id = sent["messageId"].clone();
+    let mut alpha = alpha_link(&url).await;
+    let (mut mallory, _) = connect_with_key(&url, MALLORY_KEY, "gateway", json!({})).await;
+    let (mut carol, _) = connect_with_key(&url, CAROL_KEY, "client", json!({})).await;
+    for who in [&mut alpha, &mut mallory, &mut carol, &mut bob] {
+        let e = who
+            .err(
+                "map/federation/outbound/next",
+                json!({"systemId": "gamma", "restart": true, "waitMs": 100}),
+            )
+            .await;
+        assert_eq!(e["code"], json!(1003), "{e}");
+        assert!(!e.to_string().contains("secret"), "{e}");
+        let e = who
+            .err(
+                "map/federation/outbound/ack",
+                json!({"systemId": "gamma", "messageId": id}),
+            )
+            .await;
+        assert_eq!(e["code"], json!(1003), "{e}");
+    }
+    let log = bob
+        .ok(
+            "map/replay",
+            json!({"filter": {"eventTypes": ["message_delivered", "message_failed", "message.queued"]}}),
+        )
+        .await;
+    let kinds: Vec<&str> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"]["data"]["messageId"] == id)
+        .map(|e| e["event"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["message.queued"], "still waiting: {log}");
 }
