@@ -98,7 +98,9 @@ async fn arrived(c: &Client) -> Vec<u64> {
         if page["hasMore"] != json!(true) || events.is_empty() {
             return out;
         }
-        after = events.last().and_then(|e| e["eventId"].as_str().map(str::to_owned));
+        after = events
+            .last()
+            .and_then(|e| e["eventId"].as_str().map(str::to_owned));
     }
 }
 
@@ -182,14 +184,23 @@ async fn takeover() {
     let (mut a1, a1_url) = alpha_node("a1", false);
     a1.listening(Duration::from_secs(20)).await;
     let (mut a2, a2_url) = alpha_node("a2", true);
-    let a2_addr = a2_url.trim_start_matches("ws://").trim_end_matches('/').to_owned();
+    let a2_addr = a2_url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .to_owned();
     within(Duration::from_secs(20), async {
         while tokio::net::TcpStream::connect(&a2_addr).await.is_err() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
-    health_until(&a2_url, Duration::from_secs(20), "a serving standby", serving).await;
+    health_until(
+        &a2_url,
+        Duration::from_secs(20),
+        "a serving standby",
+        serving,
+    )
+    .await;
 
     // Alice sends all the while: to a1, then (after its kill) to a2.
     let sender = {
@@ -201,8 +212,10 @@ async fn takeover() {
             for (i, url) in [a1_url, a2_url].into_iter().enumerate() {
                 if i == 1 {
                     // The standby serves while it waits; it is alpha once its /health is 200.
-                    health_until(&url, Duration::from_secs(30), "the takeover", |s, _| s == 200)
-                        .await;
+                    health_until(&url, Duration::from_secs(30), "the takeover", |s, _| {
+                        s == 200
+                    })
+                    .await;
                 }
                 let client = agent_client(&url, ALICE_KEY).await;
                 let alice = with_timeout(client.register(RegisterParams {
@@ -242,26 +255,31 @@ async fn takeover() {
     with_timeout(a1.child.wait()).await.unwrap();
     a2.listening(Duration::from_secs(30)).await;
     let (acked, unsure) = within(Duration::from_secs(60), sender).await.unwrap();
-    assert!(acked.len() > 150, "alice sent to both nodes: {}", acked.len());
+    assert!(
+        acked.len() > 150,
+        "alice sent to both nodes: {}",
+        acked.len()
+    );
 
     // Beta gets every acknowledged message once, in order (an unsure one at most once, in its
     // place).
     let reader = agent_client(&beta_url, BOB_KEY).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let got = loop {
-        let got = arrived(&reader).await;
-        let all = acked.iter().all(|n| got.contains(n));
-        if all {
-            break got;
-        }
-        assert!(
+    let got =
+        loop {
+            let got = arrived(&reader).await;
+            let all = acked.iter().all(|n| got.contains(n));
+            if all {
+                break got;
+            }
+            assert!(
             tokio::time::Instant::now() < deadline,
             "beta never got them all (killed after {kill_after} ms): missing {:?}\na2's log:\n{}",
             acked.iter().filter(|n| !got.contains(n)).collect::<Vec<_>>(),
             a2.log.lock().unwrap().join("\n")
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
     assert!(
         got.windows(2).all(|w| w[0] < w[1]),
         "once each, in order (killed after {kill_after} ms): {got:?}"

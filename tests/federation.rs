@@ -629,7 +629,8 @@ async fn only_the_routers_own_links_take_or_settle_what_waits_for_a_peer() {
     })
     .await;
     let (mut bob, _) = connect_with_key(&url, BOB_KEY, "agent", json!({})).await;
-    bob.ok("map/agents/register", json!({"agentId": "bob"})).await;
+    bob.ok("map/agents/register", json!({"agentId": "bob"}))
+        .await;
     let sent = bob
         .ok(
             "map/send",

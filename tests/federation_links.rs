@@ -177,7 +177,9 @@ async fn log_of(client: &Client, types: &[&str]) -> Vec<Value> {
         if page["hasMore"] != json!(true) || events.is_empty() {
             return out;
         }
-        after = events.last().and_then(|e| e["eventId"].as_str().map(str::to_owned));
+        after = events
+            .last()
+            .and_then(|e| e["eventId"].as_str().map(str::to_owned));
     }
 }
 
@@ -273,7 +275,10 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
     }))
     .await
     .unwrap_err();
-    assert!(e.to_string().contains("reserved") || e.to_string().contains("taken"), "{e}");
+    assert!(
+        e.to_string().contains("reserved") || e.to_string().contains("taken"),
+        "{e}"
+    );
     let e = with_timeout(alice.send(json!({"system": "zeta", "agent": "x"}), json!({})))
         .await
         .unwrap_err();
@@ -296,10 +301,9 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
     .unwrap();
     assert_eq!(linked["connected"], json!(false), "{linked}");
     // ... nor take or settle what waits for a peer.
-    let e = with_timeout(intruder.call_raw(
-        "map/federation/outbound/next",
-        json!({"systemId": "alpha"}),
-    ))
+    let e = with_timeout(
+        intruder.call_raw("map/federation/outbound/next", json!({"systemId": "alpha"})),
+    )
     .await
     .unwrap_err();
     assert!(e.to_string().contains("own peer links"), "{e}");
@@ -307,8 +311,14 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
 
     // The links' state is on /metrics.
     let metrics = alpha.metrics().await;
-    assert!(metrics.contains("map_federation_link_up{peer=\"beta\"} 1"), "{metrics}");
-    assert!(metrics.contains("map_federation_routed_total{peer=\"beta\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("map_federation_link_up{peer=\"beta\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("map_federation_routed_total{peer=\"beta\"} 1"),
+        "{metrics}"
+    );
 }
 
 async fn bob_in_is_quiet(inbox: &mut map_router::client::Messages) {
@@ -416,7 +426,9 @@ async fn three_routers_in_a_loop_stop_a_message_with_the_specs_code_and_its_send
     // Every router still serves.
     for s in [&alpha, &beta, &gamma] {
         let c = s.client().await;
-        with_timeout(c.list_agents(Default::default())).await.unwrap();
+        with_timeout(c.list_agents(Default::default()))
+            .await
+            .unwrap();
     }
 }
 
@@ -489,7 +501,10 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
         .map(|(n, id, _)| (*n, id.clone()))
         .collect();
     let refused: Vec<usize> = outcomes.iter().filter(|o| !o.2).map(|o| o.0).collect();
-    assert!(!refused.is_empty(), "the bound overflowed while beta was away");
+    assert!(
+        !refused.is_empty(),
+        "the bound overflowed while beta was away"
+    );
     // Each refused one was reported to its sender: message_failed, queue full.
     let failures = log_of(alice.client(), &["message_failed"]).await;
     let full = failures
@@ -501,21 +516,28 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
     // Everything queued reaches beta's log once, in order.
     let beta_reader = beta.client().await;
     let expected: Vec<usize> = queued.iter().map(|(n, _)| *n).collect();
-    let got: Vec<usize> = eventually(Duration::from_secs(60), "every queued message reached beta", || {
-        let c = beta_reader.clone();
-        let want = expected.len();
-        async move {
-            let got: Vec<usize> = log_of(&c, &["message_sent"])
-                .await
-                .into_iter()
-                .filter(|e| e["data"]["from"] == json!("alpha:agent:alice"))
-                .map(|e| e["data"]["payload"]["n"].as_u64().unwrap() as usize)
-                .collect();
-            (got.len() >= want).then_some(got)
-        }
-    })
+    let got: Vec<usize> = eventually(
+        Duration::from_secs(60),
+        "every queued message reached beta",
+        || {
+            let c = beta_reader.clone();
+            let want = expected.len();
+            async move {
+                let got: Vec<usize> = log_of(&c, &["message_sent"])
+                    .await
+                    .into_iter()
+                    .filter(|e| e["data"]["from"] == json!("alpha:agent:alice"))
+                    .map(|e| e["data"]["payload"]["n"].as_u64().unwrap() as usize)
+                    .collect();
+                (got.len() >= want).then_some(got)
+            }
+        },
+    )
     .await;
-    assert_eq!(got, expected, "once each, in order (killed after {kill_after} ms)");
+    assert_eq!(
+        got, expected,
+        "once each, in order (killed after {kill_after} ms)"
+    );
     // Alpha saw each delivered once, none left waiting.
     let delivered = log_of(alice.client(), &["message_delivered"]).await;
     for (n, id) in &queued {
@@ -536,15 +558,29 @@ async fn a_peer_killed_and_restarted_gets_every_message_once_in_order_and_overfl
     let after = within(Duration::from_secs(5), after).await.unwrap();
     assert!(!after.is_empty(), "bob got messages after the restart");
     let strictly = |v: &[(usize, String)]| v.windows(2).all(|w| w[0].0 < w[1].0);
-    assert!(strictly(&before) && strictly(&after), "in order: {before:?} {after:?}");
+    assert!(
+        strictly(&before) && strictly(&after),
+        "in order: {before:?} {after:?}"
+    );
     let again: Vec<&(usize, String)> = after.iter().filter(|m| before.contains(m)).collect();
-    assert!(again.len() <= 1, "at most the one in flight at the kill: {again:?}");
+    assert!(
+        again.len() <= 1,
+        "at most the one in flight at the kill: {again:?}"
+    );
     if let Some(m) = again.first() {
         assert_eq!(Some(*m), before.last(), "the last one before the kill");
     }
     for (n, id) in before.iter().chain(&after) {
-        let queued_id = &queued.iter().find(|(q, _)| q == n).expect("only queued ones").1;
-        assert_eq!(id, &format!("alpha:message:{queued_id}"), "one id per message, across systems");
+        let queued_id = &queued
+            .iter()
+            .find(|(q, _)| q == n)
+            .expect("only queued ones")
+            .1;
+        assert_eq!(
+            id,
+            &format!("alpha:message:{queued_id}"),
+            "one id per message, across systems"
+        );
     }
     let metrics = alpha.metrics().await;
     assert!(
@@ -579,7 +615,9 @@ async fn the_sdks_agent_connections_message_and_reply_across_two_routers() {
         .spawn()
         .expect("node runs");
     let mut lines = BufReader::new(waiter.stdout.take().unwrap()).lines();
-    let ready = within(Duration::from_secs(20), lines.next_line()).await.unwrap();
+    let ready = within(Duration::from_secs(20), lines.next_line())
+        .await
+        .unwrap();
     assert_eq!(ready.as_deref(), Some("ready"));
     let out = within(
         Duration::from_secs(30),
@@ -605,7 +643,11 @@ async fn the_sdks_agent_connections_message_and_reply_across_two_routers() {
         String::from_utf8_lossy(&out.stderr)
     );
     let sender: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
-    assert_eq!(sender["sent"]["queued"], json!(["alpha:agent:carol"]), "{sender}");
+    assert_eq!(
+        sender["sent"]["queued"],
+        json!(["alpha:agent:carol"]),
+        "{sender}"
+    );
     let received: Value = serde_json::from_str(
         &within(Duration::from_secs(20), lines.next_line())
             .await
@@ -617,10 +659,17 @@ async fn the_sdks_agent_connections_message_and_reply_across_two_routers() {
     assert_eq!(received["payload"], json!({"hello": "from the SDK"}));
     assert_eq!(
         received["id"],
-        json!(format!("beta:message:{}", sender["sent"]["messageId"].as_str().unwrap())),
+        json!(format!(
+            "beta:message:{}",
+            sender["sent"]["messageId"].as_str().unwrap()
+        )),
         "one id across the systems"
     );
-    assert_eq!(sender["reply"]["from"], json!("alpha:agent:carol"), "{sender}");
+    assert_eq!(
+        sender["reply"]["from"],
+        json!("alpha:agent:carol"),
+        "{sender}"
+    );
     assert_eq!(
         sender["reply"]["payload"],
         json!({"echo": {"hello": "from the SDK"}})
@@ -639,7 +688,13 @@ async fn the_peers_command_lists_and_tests_the_links() {
         ("alpha", cluster_free_port()),
         ("beta", cluster_free_port()),
     ];
-    let alpha = System::new("alpha", &ports, &[("beta", true), ("gamma", false)], "", &dir);
+    let alpha = System::new(
+        "alpha",
+        &ports,
+        &[("beta", true), ("gamma", false)],
+        "",
+        &dir,
+    );
     let mut beta = System::new("beta", &ports, &[("alpha", true)], "", &dir);
     beta.start().await;
     let peers = |env: Vec<(String, String)>| {
@@ -653,7 +708,10 @@ async fn the_peers_command_lists_and_tests_the_links() {
             )
             .await
             .unwrap();
-            (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
         }
     };
     let (code, out) = peers(alpha.env.clone()).await;
@@ -661,11 +719,17 @@ async fn the_peers_command_lists_and_tests_the_links() {
     assert!(out.contains("this system: alpha (2 peers)"), "{out}");
     assert!(out.contains("beta  dialled at ws://127.0.0.1:"), "{out}");
     assert!(out.contains("ok: linked as alpha (beta "), "{out}");
-    assert!(out.contains("gamma  links in as principal gamma-gw"), "{out}");
+    assert!(
+        out.contains("gamma  links in as principal gamma-gw"),
+        "{out}"
+    );
     // A key beta does not know as alpha's: refused, and said so.
     let (code, out) = peers(vec![("FED_KEY_BETA".into(), agent_key("alpha"))]).await;
     assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains("beta  dialled at") && out.contains("FAILED"), "{out}");
+    assert!(
+        out.contains("beta  dialled at") && out.contains("FAILED"),
+        "{out}"
+    );
     // Beta down.
     beta.kill().await;
     let (code, out) = peers(alpha.env.clone()).await;

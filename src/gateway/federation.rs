@@ -70,6 +70,9 @@ pub struct LinkStats {
     last_error: Mutex<Option<String>>,
 }
 
+/// A `/metrics` series of the links: name, type, help, and how to read it from a link.
+type Series = (&'static str, &'static str, &'static str, fn(&LinkStats) -> u64);
+
 /// Every link's state, by peer system.
 #[derive(Debug, Default, Clone)]
 pub struct PeerLinks(Arc<BTreeMap<String, Arc<LinkStats>>>);
@@ -103,25 +106,43 @@ impl PeerLinks {
             return String::new();
         }
         let mut out = String::new();
-        let series: [(&str, &str, &str, fn(&LinkStats) -> u64); 6] = [
-            ("map_federation_link_up", "gauge", "1 while the link to the peer system is up", |s| {
-                u64::from(s.up.load(Ordering::Relaxed))
-            }),
-            ("map_federation_dials_total", "counter", "Links to the peer opened", |s| {
-                s.dials.load(Ordering::Relaxed)
-            }),
-            ("map_federation_link_failures_total", "counter", "Dials that failed and links lost", |s| {
-                s.failures.load(Ordering::Relaxed)
-            }),
-            ("map_federation_routed_total", "counter", "Messages the peer took", |s| {
-                s.routed.load(Ordering::Relaxed)
-            }),
-            ("map_federation_refused_total", "counter", "Messages the peer refused (reported to their senders)", |s| {
-                s.refused.load(Ordering::Relaxed)
-            }),
-            ("map_federation_retries_total", "counter", "Routes tried again after the peer refused them for now", |s| {
-                s.retried.load(Ordering::Relaxed)
-            }),
+        let series: [Series; 6] = [
+            (
+                "map_federation_link_up",
+                "gauge",
+                "1 while the link to the peer system is up",
+                |s| u64::from(s.up.load(Ordering::Relaxed)),
+            ),
+            (
+                "map_federation_dials_total",
+                "counter",
+                "Links to the peer opened",
+                |s| s.dials.load(Ordering::Relaxed),
+            ),
+            (
+                "map_federation_link_failures_total",
+                "counter",
+                "Dials that failed and links lost",
+                |s| s.failures.load(Ordering::Relaxed),
+            ),
+            (
+                "map_federation_routed_total",
+                "counter",
+                "Messages the peer took",
+                |s| s.routed.load(Ordering::Relaxed),
+            ),
+            (
+                "map_federation_refused_total",
+                "counter",
+                "Messages the peer refused (reported to their senders)",
+                |s| s.refused.load(Ordering::Relaxed),
+            ),
+            (
+                "map_federation_retries_total",
+                "counter",
+                "Routes tried again after the peer refused them for now",
+                |s| s.retried.load(Ordering::Relaxed),
+            ),
         ];
         for (name, kind, help, value) in series {
             let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}");
@@ -313,7 +334,10 @@ async fn pump(
             .map_err(|e| LinkError::Local(ClientError::Decode(e.to_string())))?;
             let started = Instant::now();
             let error = loop {
-                match remote.call_text("map/federation/route", params.clone()).await {
+                match remote
+                    .call_text("map/federation/route", params.clone())
+                    .await
+                {
                     Ok(_) => break None,
                     Err(ClientError::Rpc { code, message, .. })
                         if for_now(code.0) && started.elapsed() < RETRY_FOR =>

@@ -217,9 +217,10 @@ impl FederationSettings {
         first_listen: Option<std::net::SocketAddr>,
     ) -> Result<Vec<crate::gateway::federation::PeerLink>, String> {
         let me = self.system_id();
-        let announce = self.endpoint.clone().unwrap_or_else(|| {
-            first_listen.map_or_else(String::new, |a| format!("ws://{a}/"))
-        });
+        let announce = self
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| first_listen.map_or_else(String::new, |a| format!("ws://{a}/")));
         self.peer
             .iter()
             .filter_map(|p| p.endpoint.as_ref().map(|e| (p, e)))

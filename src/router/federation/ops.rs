@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::capabilities::Capability;
+use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::ids::{now_ms, MessageId, Ulid};
 use crate::protocol::json::RawJson;
-use crate::protocol::message::{Address, Message};
 use crate::protocol::jsonrpc::ErrorCode;
+use crate::protocol::message::{Address, Message};
 use crate::protocol::methods::federation::{
     check_system_id, process, FederationAuthRequired, FederationConnectParams,
     FederationConnectResult, FederationEnvelope, FederationRouteParams, FederationRouteResult,
@@ -78,11 +78,12 @@ impl Router {
                 .iter()
                 .any(|(system, who)| *system == p.system_id && Some(who.as_str()) == principal);
         let linked = proven
-            && match self
-                .federation
-                .links
-                .link(&p.system_id, &caller.session, principal, &p.endpoint)
-            {
+            && match self.federation.links.link(
+                &p.system_id,
+                &caller.session,
+                principal,
+                &p.endpoint,
+            ) {
                 Ok(()) => true,
                 Err(Refused::Taken) => false,
                 Err(Refused::Full) => {
@@ -351,7 +352,7 @@ impl Router {
             signature: None,
         });
         FederationEnvelope {
-            payload: RawJson::from_text(&crate::router::core::to_json(&message))
+            payload: RawJson::from_text(crate::router::core::to_json(&message))
                 .unwrap_or_else(|_| RawJson::from(serde_json::Value::Null)),
             federation,
         }

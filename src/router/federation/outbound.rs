@@ -60,7 +60,12 @@ impl Outbound {
     ///
     /// # Errors
     /// The item back when `peer`'s queue already holds `cap` messages.
-    pub(crate) fn push(&mut self, peer: &str, item: Waiting, cap: usize) -> Result<(), Box<Waiting>> {
+    pub(crate) fn push(
+        &mut self,
+        peer: &str,
+        item: Waiting,
+        cap: usize,
+    ) -> Result<(), Box<Waiting>> {
         let q = self.queues.entry(peer.to_owned()).or_default();
         if q.items.len() >= cap {
             return Err(Box::new(item));
@@ -100,7 +105,11 @@ impl Outbound {
 
     /// What wakes a link waiting for `peer`'s next message.
     pub fn ready(&mut self, peer: &str) -> Arc<Notify> {
-        self.queues.entry(peer.to_owned()).or_default().ready.clone()
+        self.queues
+            .entry(peer.to_owned())
+            .or_default()
+            .ready
+            .clone()
     }
 
     /// The peer answered the route of message `id`: it leaves the queue.

@@ -383,7 +383,10 @@ mod tests {
         let mut systems = crate::router::config::Federation::default();
         systems.rules.system_id = "home".into();
         systems.outbound = vec!["beta".into()];
-        systems.routes = vec![("gamma".into(), "beta".into()), ("delta".into(), "nope".into())];
+        systems.routes = vec![
+            ("gamma".into(), "beta".into()),
+            ("delta".into(), "nope".into()),
+        ];
         World {
             registry,
             scopes,
@@ -541,7 +544,10 @@ mod tests {
         // Unknown systems, and a route through a peer not dialled, are 5001.
         for system in ["zeta", "delta"] {
             let e = to(serde_json::json!({"system": system, "agent": "x"})).unwrap_err();
-            assert!(matches!(e, RouterError::SystemNotFound(ref s) if s == system), "{e:?}");
+            assert!(
+                matches!(e, RouterError::SystemNotFound(ref s) if s == system),
+                "{e:?}"
+            );
         }
         // `<unknown>:agent:x` is an ordinary (here unknown) local id.
         assert!(matches!(
