@@ -267,6 +267,52 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
     })
     .await;
 
+    // Alpha lists beta's agents as beta shows them to alpha's link: bob, not beta's vault
+    // (visible to beta's system participants only).
+    let vault = beta.client().await;
+    with_timeout(vault.register(RegisterParams {
+        agent_id: Some("vault".into()),
+        visibility: Some(map_router::protocol::agent::AgentVisibility::System),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    // A public agent registered after the vault: once it is listed, the vault would be too.
+    let _carol = beta.agent("carol").await;
+    let listed = eventually(Duration::from_secs(10), "alpha lists carol", || {
+        let c = alice.client().clone();
+        async move {
+            let r = with_timeout(c.call_raw("map/federation/agents", json!({})))
+                .await
+                .unwrap();
+            let ids: Vec<String> = r["systems"][0]["agents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["federatedId"].as_str().unwrap().to_owned())
+                .collect();
+            ids.contains(&"beta:agent:carol".to_owned())
+                .then_some((r, ids))
+        }
+    })
+    .await;
+    assert_eq!(
+        listed.0["systems"][0]["systemId"],
+        json!("beta"),
+        "{}",
+        listed.0
+    );
+    assert!(
+        listed.1.contains(&"beta:agent:bob".to_owned()),
+        "{:?}",
+        listed.1
+    );
+    assert!(
+        !listed.1.iter().any(|i| i.contains("vault")),
+        "{:?}",
+        listed.1
+    );
+
     // Nobody on alpha may pose as beta's agent, and an unknown system is 5001.
     let mallory = alpha.client().await;
     let e = with_timeout(mallory.register(RegisterParams {
@@ -307,6 +353,11 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
     .await
     .unwrap_err();
     assert!(e.to_string().contains("own peer links"), "{e}");
+    // ... nor read beta's view of its peers' agents.
+    let e = with_timeout(intruder.call_raw("map/federation/agents", json!({})))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("own participants"), "{e}");
     bob_in_is_quiet(&mut bob_in).await;
 
     // The links' state is on /metrics.
@@ -735,4 +786,58 @@ async fn the_peers_command_lists_and_tests_the_links() {
     let (code, out) = peers(alpha.env.clone()).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("FAILED: dialling ws://127.0.0.1:"), "{out}");
+}
+
+/// The SDK's own `GatewayConnection` (tests/interop/federation_gateway.mjs) links to alpha as
+/// system `sdk` and routes to beta's agent: alpha passes the envelope on over its link to beta,
+/// and answers with beta's answer. Bob gets it from `sdk:agent:alice`, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_gateway_connection_routes_through_one_router_to_another() {
+    let dir = TempDir::new("fed-links-sdk-gw");
+    let ports = [
+        ("alpha", cluster_free_port()),
+        ("beta", cluster_free_port()),
+    ];
+    let mut alpha = System::new("alpha", &ports, &[("beta", true), ("sdk", false)], "", &dir);
+    let mut beta = System::new("beta", &ports, &[("alpha", true)], "", &dir);
+    alpha.start().await;
+    beta.start().await;
+    let bob = beta.agent("bob").await;
+    let mut bob_in = bob.messages();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop/federation_gateway.mjs");
+    let out = within(
+        Duration::from_secs(30),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .args([
+                alpha.url().as_str(),
+                &link_key("sdk", "alpha"),
+                "sdk",
+                "beta",
+                "bob",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(got["connect"]["connected"], json!(true), "{got}");
+    assert_eq!(got["recorded"], json!(true), "{got}");
+    assert_eq!(got["route"]["routed"], json!(true), "{got}");
+    let m = next(&mut bob_in).await;
+    assert_eq!(m.from, "sdk:agent:alice");
+    assert_eq!(
+        m.id.as_str(),
+        "sdk:message:sdk-m-1",
+        "one id across the systems"
+    );
+    assert_eq!(m.payload.unwrap().get(), r#"{"hello":"from the SDK"}"#);
 }

@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -39,6 +39,12 @@ pub const RETRY_FOR: Duration = Duration::from_secs(60);
 /// How long one call to the peer may take (a route passing through the peer waits there for the
 /// next system's answer, up to its `forward_wait`).
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How often the link lists the peer's agents again (`map/federation/agents`).
+const DIRECTORY_EVERY: Duration = Duration::from_secs(30);
+
+/// Most agents listed from a peer (the router keeps as many).
+const MAX_LISTED: usize = 1000;
 
 /// How long `outbound/next` waits for a message before it is asked again.
 const NEXT_WAIT_MS: u64 = 10_000;
@@ -67,11 +73,15 @@ pub struct LinkStats {
     routed: AtomicU64,
     refused: AtomicU64,
     retried: AtomicU64,
-    last_error: Mutex<Option<String>>,
 }
 
 /// A `/metrics` series of the links: name, type, help, and how to read it from a link.
-type Series = (&'static str, &'static str, &'static str, fn(&LinkStats) -> u64);
+type Series = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&LinkStats) -> u64,
+);
 
 /// Every link's state, by peer system.
 #[derive(Debug, Default, Clone)]
@@ -168,15 +178,20 @@ pub async fn run<L: InProcessLinks + ?Sized + Send + Sync + 'static>(
         if *shutdown.borrow() {
             return;
         }
+        let mut linked = false;
         let outcome = async {
             if local.is_none() {
                 local = Some(open_local(&*links, &peer).await?);
             }
             let (remote, _) = dial(&peer).await?;
+            linked = true;
             stats.dials.fetch_add(1, Ordering::Relaxed);
             stats.up.store(true, Ordering::Relaxed);
             tracing::info!(peer = %peer.system, endpoint = %peer.endpoint, "federation link up");
+            let directory =
+                tokio::spawn(directory(Arc::clone(&links), remote.clone(), peer.clone()));
             let pumped = pump(local.as_ref().expect("opened"), &remote, &peer, &stats).await;
+            directory.abort();
             stats.up.store(false, Ordering::Relaxed);
             let _ = remote.close().await;
             pumped
@@ -188,9 +203,12 @@ pub async fn run<L: InProcessLinks + ?Sized + Send + Sync + 'static>(
         let Err(e) = result else { continue };
         stats.failures.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(peer = %peer.system, error = %e, "federation link down; dialling again");
-        *stats.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         if matches!(e, LinkError::Local(_)) {
             local = None;
+        }
+        // A link that was up starts the backoff again: it is a new outage.
+        if linked {
+            backoff = Duration::from_millis(250);
         }
         let jitter = Duration::from_millis(crate::protocol::ids::random_u128() as u64 % 100);
         tokio::select! {
@@ -198,9 +216,6 @@ pub async fn run<L: InProcessLinks + ?Sized + Send + Sync + 'static>(
             _ = shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(10));
-        if stats.up.load(Ordering::Relaxed) {
-            backoff = Duration::from_millis(250);
-        }
     }
 }
 
@@ -279,6 +294,107 @@ async fn dial(peer: &PeerLink) -> Result<(Client, serde_json::Value), LinkError>
         )));
     }
     Ok((remote, answer))
+}
+
+/// Keeps the router's view of the peer's agents (`map/federation/agents`) while the link is
+/// up: listed at once, again soon after the peer reports an agent registered, unregistered or
+/// changing state (when it lets our principal observe them), and every [`DIRECTORY_EVERY`].
+/// Its own in-process session: the link's is busy waiting for messages.
+async fn directory<L: InProcessLinks + ?Sized + Send + Sync + 'static>(
+    links: Arc<L>,
+    remote: Client,
+    peer: PeerLink,
+) {
+    use futures::StreamExt;
+    let options = ClientOptions::new()
+        .participant_type(ParticipantType::System)
+        .participant_id(format!("federation-directory-{}", peer.system))
+        .name(format!("federation directory of {}", peer.system))
+        .request_timeout(CALL_TIMEOUT);
+    let Ok(local) = Client::in_process_as(&*links, crate::auth::service_principal(), options).await
+    else {
+        return;
+    };
+    let filter = crate::protocol::event::SubscriptionFilter {
+        event_types: Some(
+            [
+                "agent_registered",
+                "agent_unregistered",
+                "agent_state_changed",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ),
+        ..Default::default()
+    };
+    let mut changes = match remote.subscribe(filter).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::info!(peer = %peer.system, error = %e, "the peer's agent events are not shown to this system; listing its agents every 30 s");
+            None
+        }
+    };
+    loop {
+        if list_agents(&local, &remote, &peer).await.is_err() {
+            let _ = local.close().await;
+            return;
+        }
+        let changed = async {
+            match changes.as_mut() {
+                Some(c) => c.next().await.is_some(),
+                None => std::future::pending().await,
+            }
+        };
+        match tokio::time::timeout(DIRECTORY_EVERY, changed).await {
+            // Several changes at once (a tree registering) are listed once.
+            Ok(true) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Some(c) = changes.as_mut() {
+                    while let Some(Some(_)) = futures::FutureExt::now_or_never(c.next()) {}
+                }
+            }
+            Ok(false) => changes = None,
+            Err(_) => {}
+        }
+    }
+}
+
+/// Tells the router which agents the peer shows this system (`map/agents/list` on the link:
+/// what the peer lets our principal see), for `map/federation/agents`. A peer that refuses
+/// the listing shows none; only the router's own session failing ends the link.
+async fn list_agents(local: &Client, remote: &Client, peer: &PeerLink) -> Result<(), LinkError> {
+    let agents: Vec<serde_json::Value> = match remote
+        .call_raw("map/agents/list", json!({"limit": MAX_LISTED}))
+        .await
+    {
+        Ok(r) => r["agents"].as_array().cloned().unwrap_or_default(),
+        Err(ClientError::Rpc { code, message, .. }) => {
+            tracing::warn!(peer = %peer.system, code = code.0, %message, "the peer does not list its agents to this system");
+            Vec::new()
+        }
+        Err(e) => return Err(LinkError::Remote(format!("map/agents/list: {e}"))),
+    };
+    let text = |a: &serde_json::Value, k: &str| a[k].as_str().map(str::to_owned);
+    let agents: Vec<serde_json::Value> = agents
+        .iter()
+        .filter_map(|a| {
+            Some(json!({
+                "id": text(a, "id")?,
+                "name": text(a, "name"),
+                "role": text(a, "role"),
+                "description": text(a, "description"),
+                "state": text(a, "state"),
+            }))
+        })
+        .collect();
+    local
+        .call_raw(
+            "map/federation/outbound/agents",
+            json!({"systemId": peer.system, "agents": agents}),
+        )
+        .await
+        .map_err(LinkError::Local)?;
+    Ok(())
 }
 
 /// Resolves once `remote` is no longer connected.

@@ -335,6 +335,16 @@ impl Dispatcher {
             },
             nothing,
         );
+        d.add::<methods::federation::FederationOutboundAgents>(
+            AfterCommit,
+            Router::handle_federation_outbound_agents,
+            nothing,
+        );
+        d.add::<methods::federation::FederationAgents>(
+            AfterCommit,
+            Router::handle_federation_agents,
+            nothing,
+        );
         d.add::<methods::federation::FederationOutboundAck>(
             AfterCommit,
             Router::handle_federation_outbound_ack,

@@ -287,6 +287,94 @@ pub struct OutboundAckResult {
     pub acked: bool,
 }
 
+/// An agent a peer system shows this one (what the peer lets this system's link principal
+/// see), as `map/federation/agents` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteAgent {
+    /// How to address it here: `<system>:agent:<id>` (or `{system, agent}`).
+    #[serde(default)]
+    pub federated_id: String,
+    /// Its id on its system.
+    pub id: String,
+    /// Its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Its description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Its state, as its system last said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+/// `map/federation/outbound/agents` params: the router's own link tells it which agents the
+/// peer shows this system (the router's own peer links only).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundAgentsParams {
+    /// The peer system.
+    pub system_id: String,
+    /// Its agents, as the peer listed them to the link.
+    pub agents: Vec<RemoteAgent>,
+}
+
+/// `map/federation/agents` params.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationAgentsParams {
+    /// Only this peer system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_id: Option<String>,
+}
+
+/// One peer system in `map/federation/agents`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerAgents {
+    /// The peer system.
+    pub system_id: String,
+    /// When the link last listed them (Unix ms; absent: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed_at: Option<u64>,
+    /// The agents.
+    pub agents: Vec<RemoteAgent>,
+}
+
+/// `map/federation/agents` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationAgentsResult {
+    /// Each peer this router dials.
+    pub systems: Vec<PeerAgents>,
+}
+
+/// Empty result.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct Empty {}
+
+method!(
+    /// `map/federation/agents`: the agents of the peer systems this router dials, as each
+    /// shows them to this system (a map-router extension).
+    FederationAgents,
+    "map/federation/agents",
+    None,
+    FederationAgentsParams,
+    FederationAgentsResult
+);
+
+method!(
+    /// `map/federation/outbound/agents` (the router's own peer links only).
+    FederationOutboundAgents,
+    "map/federation/outbound/agents",
+    None,
+    OutboundAgentsParams,
+    Empty
+);
+
 method!(
     /// `map/federation/outbound/next` (the router's own peer links only).
     FederationOutboundNext,

@@ -11,7 +11,9 @@
 //!   (`map/federation/outbound/ack`: `message_delivered`, or `message_failed` with the peer's
 //!   code and reason);
 //! - the federated messages delivered here lately ([`Seen`]), so that a route sent again after
-//!   a lost answer (the peer's link broke, this router restarted) is not delivered twice.
+//!   a lost answer (the peer's link broke, this router restarted) is not delivered twice;
+//! - the agents each peer this router dials shows it (`directory`, as its link last listed
+//!   them: at most [`MAX_REMOTE_AGENTS`] per peer), for `map/federation/agents`.
 //!
 //! The handlers ([`ops`]) prove a link's system id by its session's principal (the
 //! `[[federation.peer]]` entries, passed in `RouterConfig::federation`), check routed envelopes
@@ -31,6 +33,9 @@ use crate::protocol::ids::MessageId;
 use crate::protocol::methods::federation::FederationEnvelope;
 use crate::router::ids::IdSet;
 
+/// Most agents kept per peer system in the directory.
+pub const MAX_REMOTE_AGENTS: usize = 1000;
+
 /// Federated messages remembered as delivered (their local ids).
 pub const SEEN_CAP: usize = 65_536;
 
@@ -43,6 +48,11 @@ pub struct Federation {
     pub outbound: outbound::Outbound,
     /// Federated messages delivered lately.
     pub seen: Seen,
+    /// The agents each dialled peer shows this system, and when its link listed them.
+    pub directory: crate::router::ids::IdMap<
+        String,
+        (u64, Vec<crate::protocol::methods::federation::RemoteAgent>),
+    >,
     /// The envelope (and waiter) of the route passing through that is being queued now: set
     /// by the route handler around its `deliver_message_as`, taken by the queueing.
     pub(crate) transit: Option<(FederationEnvelope, Option<outbound::Waiter>)>,

@@ -13,16 +13,18 @@ use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::{Address, Message};
 use crate::protocol::methods::federation::{
-    check_system_id, process, FederationAuthRequired, FederationConnectParams,
-    FederationConnectResult, FederationEnvelope, FederationRouteParams, FederationRouteResult,
-    FederationRouting, OutboundAckParams, OutboundAckResult, OutboundItem, OutboundNextParams,
-    OutboundNextResult, RouteRefusal, RoutedMessage, SystemInfo, MAX_FROM_BYTES,
+    check_system_id, process, Empty, FederationAgentsParams, FederationAgentsResult,
+    FederationAuthRequired, FederationConnectParams, FederationConnectResult, FederationEnvelope,
+    FederationRouteParams, FederationRouteResult, FederationRouting, OutboundAckParams,
+    OutboundAckResult, OutboundAgentsParams, OutboundItem, OutboundNextParams, OutboundNextResult,
+    PeerAgents, RouteRefusal, RoutedMessage, SystemInfo, MAX_FROM_BYTES,
 };
 use crate::router::caller::{Caller, Ctx};
 use crate::router::core::Router;
 use crate::router::error::RouterError;
 use crate::router::federation::outbound::{Waiting, MAX_TAKE};
 use crate::router::federation::table::Refused;
+use crate::router::federation::MAX_REMOTE_AGENTS;
 use crate::router::handle::RouterHandle;
 use crate::router::ids::ConnId;
 use crate::router::messaging::state::Outgoing;
@@ -392,6 +394,58 @@ impl Router {
             .outbound
             .take(system, &caller.session, restart, max);
         Ok((items, self.federation.outbound.ready(system)))
+    }
+
+    /// `map/federation/outbound/agents`: the link says which agents the peer shows this system
+    /// now (the first [`MAX_REMOTE_AGENTS`]).
+    pub fn handle_federation_outbound_agents(
+        &mut self,
+        ctx: &Ctx,
+        p: OutboundAgentsParams,
+    ) -> Result<Empty, RouterError> {
+        self.peer_link(ctx, &p.system_id)?;
+        let mut agents = p.agents;
+        agents.truncate(MAX_REMOTE_AGENTS);
+        agents.retain(|a| !a.id.is_empty() && a.id.len() <= MAX_FROM_BYTES);
+        for a in &mut agents {
+            a.federated_id = format!("{}:agent:{}", p.system_id, a.id);
+        }
+        self.federation
+            .directory
+            .insert(p.system_id, (now_ms(), agents));
+        Ok(Empty {})
+    }
+
+    /// `map/federation/agents`: the agents each peer this router dials shows it, addressable
+    /// as `{system, agent}` or by their federated id. Not for gateways: a peer's link sees this
+    /// system's own agents (`map/agents/list`), never another peer's.
+    pub fn handle_federation_agents(
+        &mut self,
+        ctx: &Ctx,
+        p: FederationAgentsParams,
+    ) -> Result<FederationAgentsResult, RouterError> {
+        let caller = self.caller(ctx)?;
+        if caller.kind == ParticipantType::Gateway {
+            return Err(RouterError::PermissionDenied(
+                "map/federation/agents is for this system's own participants".into(),
+            ));
+        }
+        let systems = self
+            .config
+            .federation
+            .outbound
+            .iter()
+            .filter(|s| p.system_id.as_ref().is_none_or(|only| only == *s))
+            .map(|s| {
+                let known = self.federation.directory.get(s);
+                PeerAgents {
+                    system_id: s.clone(),
+                    listed_at: known.map(|(at, _)| *at),
+                    agents: known.map(|(_, a)| a.clone()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        Ok(FederationAgentsResult { systems })
     }
 
     /// `map/federation/outbound/ack`: the peer answered the route of a waiting message:
