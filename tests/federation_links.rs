@@ -267,6 +267,41 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
     })
     .await;
 
+    // A trace crosses the boundary: a send with its request's trace context (`_meta`) is
+    // recorded on beta under the same trace.
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = with_timeout(alice.client().call_raw(
+        "map/send",
+        json!({"to": {"system": "beta", "agent": "bob"}, "payload": {"traced": true},
+            "_meta": {"traceparent": tp}}),
+    ))
+    .await
+    .unwrap();
+    let m = next(&mut bob_in).await;
+    assert_eq!(
+        m.id.as_str(),
+        format!("alpha:message:{}", traced["messageId"].as_str().unwrap())
+    );
+    // (delivered live at once; in the log once committed)
+    let sent_here = eventually(Duration::from_secs(10), "beta's log has it", || {
+        let c = bob.client().clone();
+        let id = m.id.to_string();
+        async move {
+            log_of(&c, &["message_sent"])
+                .await
+                .into_iter()
+                .find(|e| e["data"]["messageId"] == json!(id))
+        }
+    })
+    .await;
+    assert_eq!(
+        sent_here["_meta"]["traceparent"]
+            .as_str()
+            .map(|t| &t[3..35]),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+        "{sent_here}"
+    );
+
     // Alpha lists beta's agents as beta shows them to alpha's link: bob, not beta's vault
     // (visible to beta's system participants only).
     let vault = beta.client().await;
@@ -360,14 +395,23 @@ async fn an_agent_on_each_router_messages_and_replies_across_the_link() {
     assert!(e.to_string().contains("own participants"), "{e}");
     bob_in_is_quiet(&mut bob_in).await;
 
-    // The links' state is on /metrics.
-    let metrics = alpha.metrics().await;
+    // The links' state is on /metrics (the second route counted once beta has answered it).
+    let metrics = eventually(
+        Duration::from_secs(10),
+        "two routed on /metrics",
+        || async {
+            let m = alpha.metrics().await;
+            m.contains("map_federation_routed_total{peer=\"beta\"} 2")
+                .then_some(m)
+        },
+    )
+    .await;
     assert!(
         metrics.contains("map_federation_link_up{peer=\"beta\"} 1"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("map_federation_routed_total{peer=\"beta\"} 1"),
+        metrics.contains("map_federation_queued{peer=\"beta\"} 0"),
         "{metrics}"
     );
 }

@@ -442,10 +442,18 @@ async fn pump(
         let next: OutboundNextResult = serde_json::from_str(&next)
             .map_err(|e| LinkError::Local(ClientError::Decode(e.to_string())))?;
         for item in next.items {
+            let meta = item.traceparent.as_ref().map(|tp| {
+                crate::protocol::trace::TraceContext {
+                    traceparent: tp.as_str().into(),
+                    tracestate: item.tracestate.as_deref().map(Into::into),
+                }
+                .to_meta_json()
+            });
             let params = serde_json::to_string(&FederationRouteParams {
                 system_id: item.envelope.federation.target_system.clone(),
                 envelope: Some(item.envelope),
                 message: None,
+                meta: meta.and_then(|m| crate::protocol::json::RawJson::from_text(m).ok()),
             })
             .map_err(|e| LinkError::Local(ClientError::Decode(e.to_string())))?;
             let started = Instant::now();

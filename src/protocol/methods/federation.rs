@@ -207,6 +207,11 @@ pub struct FederationRouteParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Value>")]
     pub message: Option<RawJson>,
+    /// The request's own trace context (`traceparent`, `tracestate`), as on any MAP request:
+    /// our links send the sending system's, so the message's events here join its trace.
+    #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub meta: Option<RawJson>,
 }
 
 /// `map/federation/route` result.
@@ -247,6 +252,13 @@ pub struct OutboundItem {
     pub message_id: MessageId,
     /// What to send: `map/federation/route {systemId: <the peer>, envelope}`.
     pub envelope: FederationEnvelope,
+    /// The trace context to send with it (`_meta`): this system's span of the message, else
+    /// the message's own or its request's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// Its `tracestate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// `map/federation/outbound/next` result.

@@ -296,11 +296,20 @@ impl Router {
             None => (self.envelope_for(out, system, agent, None), None, false),
         };
         let routing = transit.then(|| envelope.federation.clone());
+        // This system's span of the message (when it exports traces), else the message's own
+        // trace context or its request's: the peer's events join the same trace.
+        let trace = self
+            .traces
+            .as_ref()
+            .and_then(|t| t.delivered_context(out.id.as_str()))
+            .and_then(|tp| crate::protocol::trace::TraceContext::new(&tp, None))
+            .or_else(|| out.trace.clone());
         let item = Waiting {
             out: out.clone(),
             recipient: recipient.to_owned(),
             envelope,
             waiter,
+            trace,
         };
         let cap = self.config.federation.max_queued;
         self.federation
@@ -501,11 +510,25 @@ pub async fn route(
     p: FederationRouteParams,
 ) -> Result<FederationRouteResult, RouterError> {
     let wait = handle.config().federation.forward_wait;
-    let step = handle
-        .call(conn, Some(Capability::CanSend), true, move |r, ctx| {
-            r.federation_route_step(ctx, p)
-        })
+    let declared = crate::router::handle::Declared {
+        trace: p
+            .meta
+            .as_ref()
+            .and_then(crate::protocol::trace::TraceContext::from_meta),
+        ..Default::default()
+    };
+    let (step, commit) = handle
+        .call_deferred(
+            conn,
+            Some(Capability::CanSend),
+            true,
+            declared,
+            move |r, ctx| r.federation_route_step(ctx, p),
+        )
         .await?;
+    if let Some(until) = commit {
+        handle.wait_committed(until).await?;
+    }
     match step {
         RouteStep::Done(result) => Ok(result),
         RouteStep::Wait(rx, message_id) => match tokio::time::timeout(wait, rx).await {

@@ -37,6 +37,8 @@ pub(crate) struct Waiting {
     pub(crate) envelope: FederationEnvelope,
     /// A route passing through, waiting for the answer (gone once it stopped waiting).
     pub(crate) waiter: Option<Waiter>,
+    /// The trace context the route carries to the peer.
+    pub(crate) trace: Option<crate::protocol::trace::TraceContext>,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +99,11 @@ impl Outbound {
             .map(|w| OutboundItem {
                 message_id: w.out.id.clone(),
                 envelope: w.envelope.clone(),
+                traceparent: w.trace.as_ref().map(|t| t.traceparent.to_string()),
+                tracestate: w
+                    .trace
+                    .as_ref()
+                    .and_then(|t| t.tracestate.as_ref().map(|s| s.to_string())),
             })
             .collect();
         q.taken += items.len();
@@ -183,6 +190,7 @@ mod tests {
                 },
             },
             waiter: None,
+            trace: None,
         }
     }
 
