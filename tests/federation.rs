@@ -673,4 +673,20 @@ async fn only_the_routers_own_links_take_or_settle_what_waits_for_a_peer() {
         .map(|e| e["event"]["type"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["message.queued"], "still waiting: {log}");
+    // A routed message for this system may not name another system in its `to`: that would
+    // start a new route from here, past the envelope's checks.
+    for to in [
+        json!({"system": "gamma", "agent": "x"}),
+        json!({"agent": "gamma:agent:x"}),
+        json!("gamma:agent:x"),
+    ] {
+        let e = alpha
+            .err(
+                "map/federation/route",
+                json!({"systemId": "beta", "envelope":
+                    envelope("alpha", "beta", 0, json!(["alpha"]), to.clone())}),
+            )
+            .await;
+        assert_eq!(e["code"], json!(5003), "{to} -> {e}");
+    }
 }

@@ -228,6 +228,24 @@ impl Router {
             let to = serde_json::json!({"system": f.target_system, "agent": agent});
             (RawJson::from(to), Some(rx))
         } else {
+            // The envelope's targetSystem says where a message goes: a `to` naming yet another
+            // system would start a new route from here, past this system's checks.
+            let systems = &self.config.federation;
+            let remote = |id: &str| systems.remote_agent(id).is_some();
+            let elsewhere = match Address::parse_raw(&message.to) {
+                Ok(Address::Federated { system, .. }) => system != me,
+                Ok(Address::Agent(a)) => remote(a.as_str()),
+                Ok(Address::Agents(list)) => list.iter().any(|a| remote(a.as_str())),
+                Ok(Address::Text(t)) => remote(t.strip_prefix("agent:").unwrap_or(&t)),
+                _ => false,
+            };
+            if elsewhere {
+                return Err(RouterError::Federation(
+                    ErrorCode::FEDERATION_NOT_ALLOWED,
+                    "A routed message's to names another system: route it there with targetSystem"
+                        .into(),
+                ));
+            }
             // An agent that was here and may come back (its id is claimed: after a restart,
             // before it registers again) is away, not unknown: the peer tries again later.
             if let Ok(Address::Agent(a)) = Address::parse_raw(&message.to) {
@@ -416,8 +434,22 @@ impl Router {
         let mut agents = p.agents;
         agents.truncate(MAX_REMOTE_AGENTS);
         agents.retain(|a| !a.id.is_empty() && a.id.len() <= MAX_FROM_BYTES);
+        // What a peer says of its agents is bounded like everything a caller can grow.
+        let clip = |s: &mut Option<String>, max: usize| {
+            if let Some(t) = s.as_mut().filter(|t| t.len() > max) {
+                let mut end = max;
+                while !t.is_char_boundary(end) {
+                    end -= 1;
+                }
+                t.truncate(end);
+            }
+        };
         for a in &mut agents {
             a.federated_id = format!("{}:agent:{}", p.system_id, a.id);
+            clip(&mut a.name, 256);
+            clip(&mut a.role, 256);
+            clip(&mut a.state, 64);
+            clip(&mut a.description, 1024);
         }
         self.federation
             .directory
