@@ -99,6 +99,10 @@ pub fn for_each_method<V: MethodVisitor>(visit: &mut V) {
     visit.visit::<traces::TracesGet>();
     visit.visit::<federation::FederationConnect>();
     visit.visit::<federation::FederationRoute>();
+    visit.visit::<federation::FederationAgents>();
+    visit.visit::<federation::FederationOutboundNext>();
+    visit.visit::<federation::FederationOutboundAck>();
+    visit.visit::<federation::FederationOutboundAgents>();
 }
 
 /// Receives each method type from [`for_each_method`].
