@@ -654,7 +654,7 @@ async fn only_the_routers_own_links_take_or_settle_what_waits_for_a_peer() {
         let e = who
             .err(
                 "map/federation/outbound/ack",
-                json!({"systemId": "gamma", "messageId": id}),
+                json!({"systemId": "gamma", "acks": [{"messageId": id}]}),
             )
             .await;
         assert_eq!(e["code"], json!(1003), "{e}");

@@ -441,6 +441,7 @@ async fn pump(
         restart = false;
         let next: OutboundNextResult = serde_json::from_str(&next)
             .map_err(|e| LinkError::Local(ClientError::Decode(e.to_string())))?;
+        let mut answers = Vec::with_capacity(next.items.len());
         for item in next.items {
             let meta = item.traceparent.as_ref().map(|tp| {
                 crate::protocol::trace::TraceContext {
@@ -476,20 +477,40 @@ async fn pump(
                             message,
                         })
                     }
-                    Err(e) => return Err(LinkError::Remote(format!("map/federation/route: {e}"))),
+                    Err(e) => {
+                        // What the peer answered so far is settled; the rest is taken again.
+                        settle(local, peer, &mut answers).await?;
+                        return Err(LinkError::Remote(format!("map/federation/route: {e}")));
+                    }
                 }
             };
             match &error {
                 None => stats.routed.fetch_add(1, Ordering::Relaxed),
                 Some(_) => stats.refused.fetch_add(1, Ordering::Relaxed),
             };
-            local
-                .call_raw(
-                    "map/federation/outbound/ack",
-                    json!({"systemId": peer.system, "messageId": item.message_id, "error": error}),
-                )
-                .await
-                .map_err(LinkError::Local)?;
+            answers.push(json!({"messageId": item.message_id, "error": error}));
         }
+        // One call (one commit here) settles the batch.
+        settle(local, peer, &mut answers).await?;
     }
+}
+
+/// `map/federation/outbound/ack` with `answers`, emptied.
+async fn settle(
+    local: &Client,
+    peer: &PeerLink,
+    answers: &mut Vec<serde_json::Value>,
+) -> Result<(), LinkError> {
+    if answers.is_empty() {
+        return Ok(());
+    }
+    let acks = std::mem::take(answers);
+    local
+        .call_raw(
+            "map/federation/outbound/ack",
+            json!({"systemId": peer.system, "acks": acks}),
+        )
+        .await
+        .map_err(LinkError::Local)?;
+    Ok(())
 }

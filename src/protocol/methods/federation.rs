@@ -278,12 +278,10 @@ pub struct RouteRefusal {
     pub message: String,
 }
 
-/// `map/federation/outbound/ack` params: the peer's answer to a route.
+/// The peer's answer to the route of one message.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct OutboundAckParams {
-    /// The peer system.
-    pub system_id: String,
+pub struct RouteAnswer {
     /// The message here.
     pub message_id: MessageId,
     /// The peer's refusal; none: routed.
@@ -291,12 +289,26 @@ pub struct OutboundAckParams {
     pub error: Option<RouteRefusal>,
 }
 
+/// Most answers one `map/federation/outbound/ack` settles.
+pub const MAX_ACKS: usize = 256;
+
+/// `map/federation/outbound/ack` params: the peer's answers to routes, oldest first (one
+/// call settles a batch: one commit).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundAckParams {
+    /// The peer system.
+    pub system_id: String,
+    /// The answers (at most [`MAX_ACKS`]).
+    pub acks: Vec<RouteAnswer>,
+}
+
 /// `map/federation/outbound/ack` result.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OutboundAckResult {
-    /// Whether the message was waiting (false: acknowledged before, or unknown).
-    pub acked: bool,
+    /// How many of them were waiting (the others were settled before, or are unknown).
+    pub acked: usize,
 }
 
 /// An agent a peer system shows this one (what the peer lets this system's link principal

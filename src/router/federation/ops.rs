@@ -17,7 +17,7 @@ use crate::protocol::methods::federation::{
     FederationAuthRequired, FederationConnectParams, FederationConnectResult, FederationEnvelope,
     FederationRouteParams, FederationRouteResult, FederationRouting, OutboundAckParams,
     OutboundAckResult, OutboundAgentsParams, OutboundItem, OutboundNextParams, OutboundNextResult,
-    PeerAgents, RouteRefusal, RoutedMessage, SystemInfo, MAX_FROM_BYTES,
+    PeerAgents, RouteRefusal, RoutedMessage, SystemInfo, MAX_ACKS, MAX_FROM_BYTES,
 };
 use crate::router::caller::{Caller, Ctx};
 use crate::router::core::Router;
@@ -489,31 +489,40 @@ impl Router {
         Ok(FederationAgentsResult { systems })
     }
 
-    /// `map/federation/outbound/ack`: the peer answered the route of a waiting message:
-    /// `message_delivered` (routed) or `message_failed` with the peer's code and reason, and a
-    /// route passing through here gets the same answer.
+    /// `map/federation/outbound/ack`: the peer answered the routes of waiting messages: each
+    /// gets `message_delivered` (routed) or `message_failed` with the peer's code and reason,
+    /// and a route passing through here gets the same answer.
     pub fn handle_federation_outbound_ack(
         &mut self,
         ctx: &Ctx,
         p: OutboundAckParams,
     ) -> Result<OutboundAckResult, RouterError> {
         self.peer_link(ctx, &p.system_id)?;
-        let Some(w) = self.federation.outbound.ack(&p.system_id, &p.message_id) else {
-            return Ok(OutboundAckResult { acked: false });
-        };
-        match &p.error {
-            None => {
-                self.emit_delivered(&w.out, &w.recipient, None);
+        if p.acks.len() > MAX_ACKS {
+            return Err(RouterError::InvalidParams(format!(
+                "at most {MAX_ACKS} acks at once"
+            )));
+        }
+        let mut acked = 0;
+        for a in p.acks {
+            let Some(w) = self.federation.outbound.ack(&p.system_id, &a.message_id) else {
+                continue;
+            };
+            acked += 1;
+            match &a.error {
+                None => {
+                    self.emit_delivered(&w.out, &w.recipient, None);
+                }
+                Some(e) => {
+                    let reason = format!("federation_refused: {}", e.message);
+                    self.emit_failed_code(&w.out, &w.recipient, &reason, e.code);
+                }
             }
-            Some(e) => {
-                let reason = format!("federation_refused: {}", e.message);
-                self.emit_failed_code(&w.out, &w.recipient, &reason, e.code);
+            if let Some(waiter) = w.waiter {
+                let _ = waiter.send(a.error.map_or(Ok(()), Err));
             }
         }
-        if let Some(waiter) = w.waiter {
-            let _ = waiter.send(p.error.map_or(Ok(()), Err));
-        }
-        Ok(OutboundAckResult { acked: true })
+        Ok(OutboundAckResult { acked })
     }
 }
 
