@@ -203,7 +203,7 @@ impl Federation {
     /// The system and agent of a federated agent id `<system>:agent:<agent>` whose system this
     /// router reaches (else `None`: a local id).
     pub fn remote_agent<'a>(&self, id: &'a str) -> Option<(&'a str, &'a str)> {
-        let (system, agent) = id.split_once(":agent:")?;
+        let (system, agent) = crate::protocol::methods::federation::Federated::Agent.split(id)?;
         (!agent.is_empty() && self.next_hop(system).is_some()).then_some((system, agent))
     }
 }

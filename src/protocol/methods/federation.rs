@@ -87,6 +87,38 @@ impl FederationEnvelope {
     }
 }
 
+/// What a federated id names ([M]'s form `<system>:<kind>:<id>`, spec §5): how another
+/// system's agent, or a message that came from it, is named here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Federated {
+    /// `<system>:agent:<id>`: an agent of that system (a routed message's sender, a reply's
+    /// address).
+    Agent,
+    /// `<system>:message:<id>`: a message that came from that system (its id here).
+    Message,
+}
+
+impl Federated {
+    fn infix(self) -> &'static str {
+        match self {
+            Self::Agent => ":agent:",
+            Self::Message => ":message:",
+        }
+    }
+
+    /// `<system>:<kind>:<id>`.
+    pub fn id(self, system: &str, id: &str) -> String {
+        format!("{system}{}{id}", self.infix())
+    }
+
+    /// The system and the id of a federated id of this kind: a system part that is non-empty
+    /// and holds no `:` (as every system id, [`check_system_id`]); the id part may be empty.
+    pub fn split(self, id: &str) -> Option<(&str, &str)> {
+        id.split_once(self.infix())
+            .filter(|(system, _)| !system.is_empty() && !system.contains(':'))
+    }
+}
+
 /// Checks one system id (see [`FederationEnvelope::check_bounds`]).
 ///
 /// # Errors
@@ -544,6 +576,23 @@ mod tests {
             system_id: me.into(),
             ..RoutingRules::default()
         }
+    }
+
+    #[test]
+    fn federated_ids_are_made_and_read_back_one_way() {
+        let id = Federated::Agent.id("beta", "bob");
+        assert_eq!(id, "beta:agent:bob");
+        assert_eq!(Federated::Agent.split(&id), Some(("beta", "bob")));
+        assert_eq!(Federated::Message.split(&id), None);
+        assert_eq!(
+            Federated::Message.split("alpha:message:m:1"),
+            Some(("alpha", "m:1"))
+        );
+        // The system part is a system id: not empty, no `:`. The id part may be empty.
+        assert_eq!(Federated::Agent.split(":agent:bob"), None);
+        assert_eq!(Federated::Agent.split("a:b:agent:bob"), None);
+        assert_eq!(Federated::Agent.split("beta:agent:"), Some(("beta", "")));
+        assert_eq!(Federated::Agent.split("bob"), None);
     }
 
     #[test]

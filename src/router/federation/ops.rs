@@ -13,7 +13,7 @@ use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
 use crate::protocol::message::{Address, Message};
 use crate::protocol::methods::federation::{
-    check_system_id, process, Empty, FederationAgentsParams, FederationAgentsResult,
+    check_system_id, process, Empty, Federated, FederationAgentsParams, FederationAgentsResult,
     FederationAuthRequired, FederationConnectParams, FederationConnectResult, FederationEnvelope,
     FederationRouteParams, FederationRouteResult, FederationRouting, OutboundAckParams,
     OutboundAckResult, OutboundAgentsParams, OutboundItem, OutboundNextParams, OutboundNextResult,
@@ -206,7 +206,7 @@ impl Router {
                     "envelope.payload.id is 1 to {MAX_FROM_BYTES} bytes"
                 )))
             }
-            Some(id) => Some(MessageId::from(format!("{}:message:{id}", f.source_system))),
+            Some(id) => Some(MessageId::from(Federated::Message.id(&f.source_system, id))),
             None => None,
         };
         if let Some(id) = id.as_ref().filter(|id| self.federation.seen.contains(id)) {
@@ -216,7 +216,7 @@ impl Router {
             }));
         }
         self.config.quotas.check_payload(message.payload.as_ref())?;
-        let from: Arc<str> = format!("{}:agent:{}", f.source_system, message.from).into();
+        let from: Arc<str> = Federated::Agent.id(&f.source_system, &message.from).into();
         let (to, wait) = if transit {
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.federation.transit = Some((next, Some(tx)));
@@ -350,12 +350,16 @@ impl Router {
         let me = &self.config.federation.rules.system_id;
         let (id, from) = match &routing {
             Some(r) => {
-                let strip = |s: &str, kind: &str| {
-                    s.strip_prefix(&format!("{}:{kind}:", r.source_system))
-                        .unwrap_or(s)
+                let strip = |s: &str, kind: Federated| {
+                    kind.split(s)
+                        .filter(|(system, _)| *system == r.source_system)
+                        .map_or(s, |(_, id)| id)
                         .to_owned()
                 };
-                (strip(out.id.as_str(), "message"), strip(&out.from, "agent"))
+                (
+                    strip(out.id.as_str(), Federated::Message),
+                    strip(&out.from, Federated::Agent),
+                )
             }
             None => (out.id.to_string(), out.from.to_string()),
         };
@@ -445,7 +449,7 @@ impl Router {
             }
         };
         for a in &mut agents {
-            a.federated_id = format!("{}:agent:{}", p.system_id, a.id);
+            a.federated_id = Federated::Agent.id(&p.system_id, &a.id);
             clip(&mut a.name, 256);
             clip(&mut a.role, 256);
             clip(&mut a.state, 64);

@@ -96,9 +96,9 @@ impl Router {
     /// sender of a routed message and the address of its reply): no local participant may
     /// pose as one (`router::federation`).
     pub(crate) fn is_reserved(&self, id: &str) -> bool {
-        if id
-            .split_once(":agent:")
-            .is_some_and(|(system, _)| !system.is_empty() && !system.contains(':'))
+        if crate::protocol::methods::federation::Federated::Agent
+            .split(id)
+            .is_some()
         {
             return true;
         }

@@ -20,7 +20,7 @@ use crate::protocol::event::EventType;
 use crate::protocol::ids::{AgentId, EventId, MessageId};
 use crate::protocol::json::RawJson;
 use crate::protocol::message::Message;
-use crate::protocol::methods::federation::FederationRouting;
+use crate::protocol::methods::federation::{Federated, FederationRouting};
 use crate::store::record::{EventRecord, StoredRow};
 use crate::store::{EventStore, StoreError};
 
@@ -163,7 +163,7 @@ fn fold(
     };
     let o = event.data;
     // A federated message delivered here (or passed on): its outcome's id carries its source.
-    if rec.kind != EventType::MessageQueued && o.message_id.contains(":message:") {
+    if rec.kind != EventType::MessageQueued && Federated::Message.split(&o.message_id).is_some() {
         federated.push_back(MessageId::from(o.message_id.as_str()));
         if federated.len() > crate::router::federation::SEEN_CAP {
             federated.pop_front();

@@ -144,7 +144,7 @@ pub fn resolve(
     let remote = |system: &str, agent: &str| Recipient::Remote {
         system: system.to_owned(),
         agent: agent.to_owned(),
-        id: format!("{system}:agent:{agent}"),
+        id: crate::protocol::methods::federation::Federated::Agent.id(system, agent),
     };
     let agent_or_participant = |id: &str| -> Option<Recipient> {
         if let Some((system, agent)) = systems.remote_agent(id) {
