@@ -217,10 +217,11 @@ impl Router {
         }
         self.config.quotas.check_payload(message.payload.as_ref())?;
         let from: Arc<str> = Federated::Agent.id(&f.source_system, &message.from).into();
+        let address = Address::parse_raw(&message.to);
         let (to, wait) = if transit {
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.federation.transit = Some((next, Some(tx)));
-            let agent = match Address::parse_raw(&message.to) {
+            let agent = match address {
                 Ok(Address::Agent(a)) => a.to_string(),
                 Ok(Address::Federated { agent, .. }) => agent.to_string(),
                 _ => "*".to_owned(),
@@ -232,11 +233,11 @@ impl Router {
             // system would start a new route from here, past this system's checks.
             let systems = &self.config.federation;
             let remote = |id: &str| systems.remote_agent(id).is_some();
-            let elsewhere = match Address::parse_raw(&message.to) {
-                Ok(Address::Federated { system, .. }) => system != me,
+            let elsewhere = match &address {
+                Ok(Address::Federated { system, .. }) => *system != me,
                 Ok(Address::Agent(a)) => remote(a.as_str()),
                 Ok(Address::Agents(list)) => list.iter().any(|a| remote(a.as_str())),
-                Ok(Address::Text(t)) => remote(t.strip_prefix("agent:").unwrap_or(&t)),
+                Ok(Address::Text(t)) => remote(t.strip_prefix("agent:").unwrap_or(t)),
                 _ => false,
             };
             if elsewhere {
@@ -248,8 +249,8 @@ impl Router {
             }
             // An agent that was here and may come back (its id is claimed: after a restart,
             // before it registers again) is away, not unknown: the peer tries again later.
-            if let Ok(Address::Agent(a)) = Address::parse_raw(&message.to) {
-                if !self.registry.contains(&a)
+            if let Ok(Address::Agent(a)) = &address {
+                if !self.registry.contains(a)
                     && self
                         .identities
                         .owner(crate::router::identities::table::IdKind::Agent, a.as_str())
@@ -306,14 +307,31 @@ impl Router {
         recipient: &str,
         out: &Arc<Outgoing>,
     ) -> Result<Option<FederationRouting>, &'static str> {
-        let Some(peer) = self.config.federation.next_hop(system).map(str::to_owned) else {
-            return Err("federation_unreachable");
-        };
         let (envelope, waiter, transit) = match self.federation.transit.take() {
             Some((envelope, waiter)) => (envelope, waiter, true),
             None => (self.envelope_for(out, system, agent, None), None, false),
         };
         let routing = transit.then(|| envelope.federation.clone());
+        self.queue_for_peer(system, recipient, out, envelope, waiter)?;
+        Ok(routing)
+    }
+
+    /// Queues `envelope` (which takes `out` to `recipient` on `system`) for the peer that
+    /// reaches `system`, with `waiter` for a route passing through.
+    ///
+    /// # Errors
+    /// The reason to report: no peer reaches `system`, or its queue is full.
+    pub(crate) fn queue_for_peer(
+        &mut self,
+        system: &str,
+        recipient: &str,
+        out: &Arc<Outgoing>,
+        envelope: FederationEnvelope,
+        waiter: Option<crate::router::federation::outbound::Waiter>,
+    ) -> Result<(), &'static str> {
+        let Some(peer) = self.config.federation.next_hop(system).map(str::to_owned) else {
+            return Err("federation_unreachable");
+        };
         // This system's span of the message (when it exports traces), else the message's own
         // trace context or its request's: the peer's events join the same trace.
         let trace = self
@@ -333,8 +351,7 @@ impl Router {
         self.federation
             .outbound
             .push(&peer, item, cap)
-            .map_err(|_| "federation_queue_full")?;
-        Ok(routing)
+            .map_err(|_| "federation_queue_full")
     }
 
     /// The envelope that takes `out` to `<system>:agent:<agent>`: from this system (hop 0, the

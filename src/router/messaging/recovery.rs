@@ -259,11 +259,10 @@ impl crate::router::core::Router {
                 self.config.federation.remote_agent(q.agent.as_str()),
             ) {
                 let envelope = self.envelope_for(out, system, agent, q.federation.clone());
-                let (system, agent) = (system.to_owned(), agent.to_owned());
-                self.federation.transit = Some((envelope, None));
-                let kept = self.federation_keep(&system, &agent, q.agent.as_str(), out);
-                self.federation.transit = None;
-                if let Err(reason) = kept {
+                let system = system.to_owned();
+                if let Err(reason) =
+                    self.queue_for_peer(&system, q.agent.as_str(), out, envelope, None)
+                {
                     self.report_failed(out, q.agent.as_str(), reason);
                 }
                 continue;
