@@ -102,13 +102,6 @@ impl PeerLinks {
         self.0.get(system).cloned().unwrap_or_default()
     }
 
-    /// Whether the link to `system` is up.
-    pub fn is_up(&self, system: &str) -> bool {
-        self.0
-            .get(system)
-            .is_some_and(|s| s.up.load(Ordering::Relaxed))
-    }
-
     /// The links' series for `/metrics` (docs/metrics.md).
     pub fn render(&self) -> String {
         use std::fmt::Write;
@@ -181,7 +174,15 @@ pub async fn run<L: InProcessLinks + ?Sized + Send + Sync + 'static>(
         let mut linked = false;
         let outcome = async {
             if local.is_none() {
-                local = Some(open_local(&*links, &peer).await?);
+                local = Some(
+                    open_local(
+                        &*links,
+                        format!("federation-link-{}", peer.system),
+                        format!("federation link to {}", peer.system),
+                        Duration::from_millis(NEXT_WAIT_MS) + CALL_TIMEOUT,
+                    )
+                    .await?,
+                );
             }
             let (remote, _) = dial(&peer).await?;
             linked = true;
@@ -237,15 +238,19 @@ impl std::fmt::Display for LinkError {
     }
 }
 
+/// A `system` session of the router's service principal on this router, over an in-process
+/// link: what takes and settles a peer's messages, and what records its agents.
 async fn open_local<L: InProcessLinks + ?Sized>(
     links: &L,
-    peer: &PeerLink,
+    participant: String,
+    name: String,
+    request_timeout: Duration,
 ) -> Result<Client, LinkError> {
     let options = ClientOptions::new()
         .participant_type(ParticipantType::System)
-        .participant_id(format!("federation-link-{}", peer.system))
-        .name(format!("federation link to {}", peer.system))
-        .request_timeout(Duration::from_millis(NEXT_WAIT_MS) + CALL_TIMEOUT);
+        .participant_id(participant)
+        .name(name)
+        .request_timeout(request_timeout);
     Client::in_process_as(links, crate::auth::service_principal(), options)
         .await
         .map_err(LinkError::Local)
@@ -306,12 +311,13 @@ async fn directory<L: InProcessLinks + ?Sized + Send + Sync + 'static>(
     peer: PeerLink,
 ) {
     use futures::StreamExt;
-    let options = ClientOptions::new()
-        .participant_type(ParticipantType::System)
-        .participant_id(format!("federation-directory-{}", peer.system))
-        .name(format!("federation directory of {}", peer.system))
-        .request_timeout(CALL_TIMEOUT);
-    let Ok(local) = Client::in_process_as(&*links, crate::auth::service_principal(), options).await
+    let Ok(local) = open_local(
+        &*links,
+        format!("federation-directory-{}", peer.system),
+        format!("federation directory of {}", peer.system),
+        CALL_TIMEOUT,
+    )
+    .await
     else {
         return;
     };
