@@ -7,12 +7,11 @@
 
 mod common;
 
+use common::raw::Raw;
 use common::*;
-use futures::{SinkExt, StreamExt};
 use map_router::server::config::FederationPeer;
 use map_router::server::Server;
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 const ALPHA_KEY: &str = "ak-alpha-gateway-0123456789";
 const MALLORY_KEY: &str = "ak-mallory-0123456789abcdef";
@@ -74,65 +73,30 @@ fn envelope(source: &str, target: &str, hops: u64, path: Value, to: Value) -> Va
         "payload": {"n": 1}}, "federation": f})
 }
 
-/// A WebSocket agent that reads exact text (the router's frames are never parsed before the
-/// payload is compared).
-struct RawAgent {
-    ws: tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-}
-
-impl RawAgent {
-    async fn connect(url: &str, key: &str, agent: &str) -> Self {
-        let (ws, _) = with_timeout(tokio_tungstenite::connect_async(url))
-            .await
-            .expect("connect");
-        let mut a = Self { ws };
-        let connect = format!(
-            r#"{{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{{"protocolVersion":1,"participantType":"agent","auth":{{"method":"api-key","credential":"{key}"}}}}}}"#
-        );
-        a.send(connect).await;
-        let answer = a.next_text().await;
-        assert!(answer.contains("\"sessionId\""), "{answer}");
-        a.send(format!(
-            r#"{{"jsonrpc":"2.0","id":2,"method":"map/agents/register","params":{{"agentId":"{agent}","role":"worker"}}}}"#
-        ))
+/// Agent `agent` of principal `key`, over a WebSocket that reads exact text (the router's frames
+/// are never parsed before the payload is compared).
+async fn raw_agent(url: &str, key: &str, agent: &str) -> Raw {
+    let mut a = Raw::connect(
+        url,
+        &format!(
+            r#"{{"protocolVersion":1,"participantType":"agent","auth":{{"method":"api-key","credential":"{key}"}}}}"#
+        ),
+    )
+    .await;
+    let answer = a
+        .call(
+            "map/agents/register",
+            &format!(r#"{{"agentId":"{agent}","role":"worker"}}"#),
+        )
         .await;
-        let answer = a.next_text().await;
-        assert!(answer.contains("\"agent\""), "{answer}");
-        a
-    }
-
-    async fn send(&mut self, text: String) {
-        with_timeout(self.ws.send(WsMessage::Text(text.into())))
-            .await
-            .expect("send");
-    }
-
-    async fn next_text(&mut self) -> String {
-        loop {
-            match with_timeout(self.ws.next()).await {
-                Some(Ok(WsMessage::Text(t))) => return t.to_string(),
-                Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => {}
-                other => panic!("unexpected frame {other:?}"),
-            }
-        }
-    }
-
-    /// Asserts no `map/message` arrives within a short quiet period.
-    async fn assert_no_message(&mut self) {
-        let quiet = std::time::Duration::from_millis(300);
-        if let Ok(Some(Ok(WsMessage::Text(t)))) = tokio::time::timeout(quiet, self.ws.next()).await
-        {
-            assert!(!t.contains("map/message"), "unexpected message: {t}");
-        }
-    }
+    assert!(answer.contains("\"agent\""), "{answer}");
+    a
 }
 
 #[tokio::test]
 async fn a_peer_routes_a_message_to_a_local_agent_under_its_federated_from() {
     let (_server, url, _dir) = beta(|_| {}).await;
-    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let mut bob = raw_agent(&url, BOB_KEY, "bob").await;
     let (mut watcher, _) = connect_with_key(&url, CAROL_KEY, "client", json!({})).await;
     let sub = watcher
         .subscribe(json!({"eventTypes": ["message_sent"]}))
@@ -211,7 +175,7 @@ async fn a_peer_routes_a_message_to_a_local_agent_under_its_federated_from() {
 #[tokio::test]
 async fn a_system_id_is_proven_by_the_principal_never_claimed() {
     let (_server, url, _dir) = beta(|_| {}).await;
-    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let mut bob = raw_agent(&url, BOB_KEY, "bob").await;
     let (mut m, _) = connect_with_key(&url, MALLORY_KEY, "gateway", json!({})).await;
     for system in ["alpha", "zeta"] {
         let r = m
@@ -322,7 +286,7 @@ async fn hostile_envelopes_get_the_specs_errors_and_the_router_keeps_serving() {
         c.limits.max_frame_bytes = 16 * 1024;
     })
     .await;
-    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let mut bob = raw_agent(&url, BOB_KEY, "bob").await;
     let mut g = alpha_link(&url).await;
     let to = || json!({"agent": "bob"});
     let cases = [
@@ -440,26 +404,13 @@ async fn with_authentication_off_a_gateway_is_taken_at_its_word() {
 #[tokio::test]
 async fn the_sdks_gateway_connection_connects_and_routes() {
     let (_server, url, _dir) = beta(|_| {}).await;
-    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/interop/federation_gateway.mjs");
-    let out = within(
+    let mut bob = raw_agent(&url, BOB_KEY, "bob").await;
+    let got = node_json(
+        "federation_gateway.mjs",
+        &[url.as_str(), ALPHA_KEY, "alpha", "beta", "bob"],
         std::time::Duration::from_secs(20),
-        tokio::process::Command::new("node")
-            .arg(&script)
-            .args([url.as_str(), ALPHA_KEY, "alpha", "beta", "bob"])
-            .kill_on_drop(true)
-            .output(),
     )
-    .await
-    .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    .await;
     assert_eq!(got["connect"]["connected"], json!(true), "{got}");
     assert_eq!(got["connect"]["systemInfo"]["name"], json!("beta"), "{got}");
     assert_eq!(
@@ -537,7 +488,7 @@ async fn a_links_reach_follows_its_principals_grant() {
         });
     })
     .await;
-    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let mut bob = raw_agent(&url, BOB_KEY, "bob").await;
     let mut g = alpha_link(&url).await;
     let r = g
         .ok(
@@ -583,7 +534,7 @@ async fn a_peer_flooding_routes_is_rate_limited_per_principal() {
         c.limits.rate_per_connection = 0;
     })
     .await;
-    let mut bob = RawAgent::connect(&url, BOB_KEY, "bob").await;
+    let mut bob = raw_agent(&url, BOB_KEY, "bob").await;
     let mut g = alpha_link(&url).await;
     let route = json!({"systemId": "beta", "envelope":
         envelope("alpha", "beta", 0, json!(["alpha"]), json!({"agent": "bob"}))});

@@ -714,30 +714,19 @@ async fn the_sdks_agent_connections_message_and_reply_across_two_routers() {
         .await
         .unwrap();
     assert_eq!(ready.as_deref(), Some("ready"));
-    let out = within(
+    let sender = node_json(
+        "federation_agents.mjs",
+        &[
+            "send",
+            &beta.url(),
+            &agent_key("beta"),
+            "dave",
+            "alpha",
+            "carol",
+        ],
         Duration::from_secs(30),
-        tokio::process::Command::new("node")
-            .arg(&script)
-            .args([
-                "send",
-                &beta.url(),
-                &agent_key("beta"),
-                "dave",
-                "alpha",
-                "carol",
-            ])
-            .kill_on_drop(true)
-            .output(),
     )
-    .await
-    .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let sender: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    .await;
     assert_eq!(
         sender["sent"]["queued"],
         json!(["alpha:agent:carol"]),
@@ -848,31 +837,18 @@ async fn the_sdks_gateway_connection_routes_through_one_router_to_another() {
     beta.start().await;
     let bob = beta.agent("bob").await;
     let mut bob_in = bob.messages();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/interop/federation_gateway.mjs");
-    let out = within(
+    let got = node_json(
+        "federation_gateway.mjs",
+        &[
+            alpha.url().as_str(),
+            &link_key("sdk", "alpha"),
+            "sdk",
+            "beta",
+            "bob",
+        ],
         Duration::from_secs(30),
-        tokio::process::Command::new("node")
-            .arg(&script)
-            .args([
-                alpha.url().as_str(),
-                &link_key("sdk", "alpha"),
-                "sdk",
-                "beta",
-                "bob",
-            ])
-            .kill_on_drop(true)
-            .output(),
     )
-    .await
-    .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    .await;
     assert_eq!(got["connect"]["connected"], json!(true), "{got}");
     assert_eq!(got["recorded"], json!(true), "{got}");
     assert_eq!(got["route"]["routed"], json!(true), "{got}");

@@ -21,6 +21,7 @@ pub mod phoenix;
 pub mod ports;
 #[cfg(feature = "cluster")]
 pub mod proxy;
+pub mod raw;
 
 /// A fresh directory under the system temp dir, removed on drop.
 pub struct TempDir {
@@ -98,6 +99,31 @@ pub async fn start_server(tweak: impl FnOnce(&mut Config)) -> (Server, String) {
     let addr = server.local_addrs()[0];
     assert!(addr.ip().is_loopback(), "tests listen on loopback only");
     (server, format!("ws://{addr}/"))
+}
+
+/// Runs the Node script `tests/interop/<script>` (an official SDK client) with `args`,
+/// bounded by `limit`; asserts it succeeded and returns the one JSON line it printed.
+pub async fn node_json(script: &str, args: &[&str], limit: Duration) -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(script);
+    let out = within(
+        limit,
+        tokio::process::Command::new("node")
+            .arg(&path)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).expect("one JSON line")
 }
 
 /// Starts the built `map-router` binary with `args` (which must make it listen), waits for its
