@@ -184,6 +184,67 @@ fn fanout(c: &mut Criterion) {
     g.finish();
 }
 
+/// 10 000 live subscriptions, each filtered to one scope (`scopes`) or one agent
+/// (`fromAgents`) with ten subscriptions per scope or agent: an event matches 10 of them. What
+/// an event costs (append, index, filters, permissions, the 10 queued deliveries): issue 48's
+/// target is at most 5 µs.
+fn fanout_filtered(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fanout_filtered");
+    const N: usize = 10_000;
+    for by in ["scope", "agent"] {
+        g.throughput(Throughput::Elements(10));
+        g.bench_function(BenchmarkId::new(by, N), |b| {
+            let mut bus = EventBus::new(EventLog::new(Retention {
+                max_events: 4096,
+                max_bytes: 1 << 26,
+            }));
+            let registry = Registry::default();
+            let scopes = Scopes::default();
+            let mut receivers: Vec<OutboxReceiver> = Vec::new();
+            for i in 0..N {
+                let (tx, rx) = outbox(1 << 10);
+                receivers.push(rx);
+                let field = if by == "scope" {
+                    "scopes"
+                } else {
+                    "fromAgents"
+                };
+                let filter: SubscriptionFilter = serde_json::from_str(&format!(
+                    r#"{{"eventTypes":["message.*"],"{field}":["{by}-{}"]}}"#,
+                    i / 10
+                ))
+                .unwrap();
+                let mut sub = subscription(i, ConnId(i as u64), tx);
+                sub.filter = CompiledFilter::compile(Some(&filter)).unwrap();
+                sub.participant_type = ParticipantType::Client;
+                sub.exclude_own = false;
+                bus.insert(sub);
+            }
+            let mut k = 0usize;
+            b.iter(|| {
+                k += 1;
+                let target = format!("{by}-{}", k % (N / 10));
+                let mut d = draft();
+                if by == "scope" {
+                    d.keys.scopes = vec![target.as_str().into()];
+                } else {
+                    d.source = Some(target.as_str().into());
+                }
+                let rec = bus.log.append(d, None);
+                bus.publish(&rec, AgentView::new(&registry, &scopes));
+                for i in 0..10 {
+                    let rx = &mut receivers[(k % (N / 10)) * 10 + i];
+                    assert!(
+                        rx.try_recv().is_some(),
+                        "subscription {i} of {target} got the event"
+                    );
+                }
+            });
+        });
+    }
+    g.finish();
+}
+
 /// One `map/agents/list` request through an in-process connection: frame decode, dispatch
 /// table, a hop to the router task and back, result encoding, the outbox and the writer.
 fn dispatch(c: &mut Criterion) {
@@ -237,6 +298,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = codec, filters, fanout, dispatch
+    targets = codec, filters, fanout, fanout_filtered, dispatch
 }
 criterion_main!(benches);

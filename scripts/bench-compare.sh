@@ -4,6 +4,13 @@
 # freshly started server, and prints ours/reference ratios. Loopback only.
 #
 #   scripts/bench-compare.sh [quick]
+#   scripts/bench-compare.sh nats [ROUNDS]
+#   MAP_ROUTER_BIN=/path/to/map-router scripts/bench-compare.sh ...   # another build
+#
+# `nats` runs only the 10 + 2 fan-out, ROUNDS times (3), on map-router (as shipped and ephemeral)
+# and on Debian's nats-server (core, and JetStream with a file-backed R1 stream and acknowledged
+# publishes) through benches/nats.rs, the same shape spoken to NATS, and prints the medians of
+# server CPU per delivery and their ratios (issue 48's targets).
 #
 # Needs cargo, node (>= 20) and npm. Raw JSON lines go to target/bench/compare-<time>.jsonl.
 # map-router runs twice: as shipped (durable SQLite store in a temp dir, capped at 64 MiB) and with --ephemeral
@@ -26,10 +33,24 @@ if [ "$(ulimit -n)" -lt 10100 ]; then
   exit 1
 fi
 
-cargo build --locked --release --bin map-router
+# MAP_ROUTER_BIN: a map-router binary to measure instead of building this checkout's.
+if [ -n "${MAP_ROUTER_BIN:-}" ]; then
+  router_bin=$MAP_ROUTER_BIN
+else
+  cargo build --locked --release --bin map-router
+  router_bin=target/release/map-router
+fi
 load=$(cargo bench --locked --bench load --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$load" ] || { echo "bench-compare: no load generator binary" >&2; exit 1; }
-(cd benches/reference && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+if [ "$quick" = nats ]; then
+  nats_load=$(cargo bench --locked --bench nats --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
+  [ -x "$nats_load" ] || { echo "bench-compare: no NATS load generator binary" >&2; exit 1; }
+  command -v nats-server >/dev/null || { echo "bench-compare: needs nats-server (apt-get install nats-server)" >&2; exit 1; }
+  kinds="ours ours-ephemeral nats-core nats-jetstream nats-jetstream-pull"
+else
+  (cd benches/reference && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+  kinds="ours ours-ephemeral reference"
+fi
 
 if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
   pin_server=(taskset -c 0); pin_load=(taskset -c 1)
@@ -61,20 +82,30 @@ start() {
           # As shipped, except that the store keeps at most 64 MiB on disk (default 1 GiB),
           # so that the benchmark cannot fill a small disk.
           printf '[storage]\nmax_bytes = 67108864\n' > "$work/ours.toml"
-          "${pin_server[@]}" target/release/map-router --listen 127.0.0.1:0 --data-dir "$work/data" \
+          "${pin_server[@]}" "$router_bin" --listen 127.0.0.1:0 --data-dir "$work/data" \
             --config "$work/ours.toml" 2> "$log" &
           line='^map-router listening on ' ;;
     ours-ephemeral)
-          "${pin_server[@]}" target/release/map-router --listen 127.0.0.1:0 --ephemeral 2> "$log" &
+          "${pin_server[@]}" "$router_bin" --listen 127.0.0.1:0 --ephemeral 2> "$log" &
           line='^map-router listening on ' ;;
     reference)
           "${pin_server[@]}" node benches/reference/server.mjs 2> "$log" &
           line='^reference listening on ' ;;
+    nats-core)
+          "${pin_server[@]}" nats-server -a 127.0.0.1 -p -1 2> "$log" &
+          line='Listening for client connections on ' ;;
+    nats-jetstream|nats-jetstream-pull)
+          rm -rf "$work/js"
+          "${pin_server[@]}" nats-server -a 127.0.0.1 -p -1 -js -sd "$work/js" 2> "$log" &
+          line='Listening for client connections on ' ;;
   esac
   server_pid=$!
   url=
   for _ in $(seq 100); do
-    url=$(grep -m1 "$line" "$log" | sed 's/.* on \(ws:[^ ]*\).*/\1/' || true)
+    case "$1" in
+      nats-*) url=$(grep -m1 "$line" "$log" | sed 's/.* on \([0-9.]*:[0-9]*\).*/nats:\/\/\1/' || true) ;;
+      *) url=$(grep -m1 "$line" "$log" | sed 's/.* on \(ws:[^ ]*\).*/\1/' || true) ;;
+    esac
     [ -n "$url" ] && break
     sleep 0.1
   done
@@ -91,15 +122,20 @@ stop() {
 case_() {
   local name=$1 kind
   shift
-  for kind in ours ours-ephemeral reference; do
+  for kind in $kinds; do
     start "$kind"
     local c0 result
     c0=$(cpu_ticks "$server_pid")
     # The churn case measures the store's growth in the durable server's data directory.
-    local data=()
+    local data=() gen=("$load") extra=(--server-pid "$server_pid")
     [ "$kind" = ours ] && data=(--data-dir "$work/data")
+    case "$kind" in
+      nats-core) gen=("$nats_load"); extra=(--mode core) ;;
+      nats-jetstream) gen=("$nats_load"); extra=(--mode jetstream --consumer push) ;;
+      nats-jetstream-pull) gen=("$nats_load"); extra=(--mode jetstream --consumer pull) ;;
+    esac
     # A failed case is reported and the run goes on (the reference fails some at full size).
-    if result=$("${pin_load[@]}" "$load" --bench --url "$url" --server-pid "$server_pid" \
+    if result=$("${pin_load[@]}" "${gen[@]}" --bench --url "$url" "${extra[@]}" \
         --server "$kind" "${data[@]}" "$@"); then
       local cpu_s
       cpu_s=$(echo "$(cpu_ticks "$server_pid") $c0 $ticks_per_s" | awk '{printf "%.3f", ($1 - $2) / $3}')
@@ -120,7 +156,25 @@ case_() {
   done
 }
 
-if [ "$quick" = quick ]; then
+if [ "$quick" = nats ]; then
+  for round in $(seq "${2:-3}"); do
+    case_ "fanout-10x2-r$round" --test fanout --agents 10 --subscribers 2 --messages 20000 --publishers 2
+  done
+  echo
+  echo "== server CPU per delivery (µs), medians of ${2:-3} from $out"
+  jq -s -r '
+    def median: sort | if length == 0 then null else .[(length - 1) / 2 | floor] end;
+    # Only complete runs: core NATS drops messages for a slow consumer (at most once).
+    map(select((.failed | not) and .test == "fanout" and .complete)) | group_by(.server)
+    | map({key: .[0].server, value: (map(.server_cpu_us_per_unit) | median)}) | from_entries
+    | . as $m
+    | (to_entries[] | "\(.key): \(.value) µs per delivery"),
+      "durable / NATS JetStream, pull consumers: \(($m.ours / $m["nats-jetstream-pull"] * 100 | round) / 100)x",
+      "durable / NATS JetStream: \(($m.ours / $m["nats-jetstream"] * 100 | round) / 100)x (target <= 1.2)",
+      "ephemeral / NATS core: \(($m["ours-ephemeral"] / $m["nats-core"] * 100 | round) / 100)x (target <= 2)"
+  ' "$out"
+  exit 0
+elif [ "$quick" = quick ]; then
   case_ fanout-10x2 --test fanout --agents 10 --subscribers 2 --messages 2000
   case_ rtt --test rtt --calls 1000
 else

@@ -31,6 +31,7 @@ use crate::protocol::ids::{AgentId, ParticipantId, SessionId, SubscriptionId};
 use crate::store::{EventStore, StoreError};
 
 use crate::router::events::filter::CompiledFilter;
+use crate::router::events::index::SubIndex;
 use crate::router::events::log::Audience;
 use crate::router::events::log::EventLog;
 use crate::router::events::log::EventRecord;
@@ -88,7 +89,9 @@ pub struct Subscription {
     pub filter: CompiledFilter,
     /// Skip events caused by the subscriber itself.
     pub exclude_own: bool,
-    /// Next log sequence number to examine.
+    /// Next log sequence number to examine. A live subscription may lag behind the bus's
+    /// position (`EventBus::live_base`): the events in between were not candidates for it in
+    /// the subscription index, so its filter admits none of them.
     pub cursor: u64,
     /// First log sequence number this subscription could see.
     pub start: u64,
@@ -180,6 +183,13 @@ pub struct EventBus {
     /// The log.
     pub log: EventLog,
     subs: IdMap<SubscriptionId, Subscription>,
+    /// The subscriptions by the filter field that narrows each (`router::events::index`).
+    index: SubIndex,
+    /// Every live subscription has examined (explicitly, or as no candidate in the index) the
+    /// events below this position: its cursor is at least this. The next event offered live
+    /// is normally at it; one that is not (a gap) is offered the slow way, to every live
+    /// subscription.
+    live_base: u64,
     disk: Option<DiskAccess>,
     /// What removed subscriptions delivered (the live ones count their own).
     retired: BusCounts,
@@ -199,13 +209,15 @@ pub struct BusCounts {
     pub by_state: [u64; 3],
 }
 
-/// Removes a subscription, keeping what it delivered in `retired`.
+/// Removes a subscription (and its index entries), keeping what it delivered in `retired`.
 fn retire(
     subs: &mut IdMap<SubscriptionId, Subscription>,
+    index: &mut SubIndex,
     retired: &mut BusCounts,
     id: &SubscriptionId,
 ) -> Option<Subscription> {
     let sub = subs.remove(id)?;
+    index.remove(id, &sub.filter);
     subs.shrink_if_sparse();
     retired.deliveries += sub.sequence;
     retired.overflows += sub.overflows;
@@ -216,8 +228,10 @@ impl EventBus {
     /// A bus over a log.
     pub fn new(log: EventLog) -> Self {
         Self {
+            live_base: log.next_seq(),
             log,
             subs: IdMap::default(),
+            index: SubIndex::default(),
             disk: None,
             retired: BusCounts::default(),
             visible: None,
@@ -228,6 +242,7 @@ impl EventBus {
     /// [`EventBus::committed`] reports them committed.
     pub fn deliver_committed_only(&mut self, committed: u64) {
         self.visible = Some(committed);
+        self.live_base = self.live_base.min(committed);
     }
 
     /// One past the last event subscribers and replays may be shown: the committed position
@@ -260,15 +275,21 @@ impl EventBus {
     /// live offer can no longer reach: evicted before their commit, or (a follower) skipped
     /// by a hole in what it followed.
     pub fn catch_up_behind(&mut self, upto: u64, reg: AgentView<'_>) {
+        if self.live_base >= upto {
+            // Every live subscription's cursor is at least `live_base`.
+            return;
+        }
+        let base = self.live_base;
         let behind: Vec<SubscriptionId> = self
             .subs
             .values()
-            .filter(|s| s.state == SubState::Live && s.cursor < upto)
+            .filter(|s| s.state == SubState::Live && s.cursor.max(base) < upto)
             .map(|s| s.id.clone())
             .collect();
         for id in behind {
             if let Some(sub) = self.subs.get_mut(&id) {
                 sub.state = SubState::Paused;
+                sub.cursor = sub.cursor.max(base);
             }
             self.catch_up(&id, reg);
         }
@@ -310,12 +331,16 @@ impl EventBus {
 
     /// Adds a pending subscription.
     pub fn insert(&mut self, sub: Subscription) {
+        if let Some(old) = self.subs.get(&sub.id) {
+            self.index.remove(&old.id, &old.filter);
+        }
+        self.index.insert(&sub.id, &sub.filter);
         self.subs.insert(sub.id.clone(), sub);
     }
 
     /// Removes a subscription.
     pub fn remove(&mut self, id: &SubscriptionId) -> Option<Subscription> {
-        retire(&mut self.subs, &mut self.retired, id)
+        retire(&mut self.subs, &mut self.index, &mut self.retired, id)
     }
 
     /// Deliveries and overflow notices since start, and subscriptions by state (computed at
@@ -344,18 +369,50 @@ impl EventBus {
         }
     }
 
-    /// Offers an event to every live subscription whose cursor is at it.
+    /// Offers an event to every live subscription whose cursor is at it: through the index
+    /// when the event is the next one at `live_base` (the live subscriptions that are no
+    /// candidates move past it without being examined), else to every live subscription.
     fn offer_live(&mut self, rec: &Arc<EventRecord>, reg: AgentView<'_>) {
-        let Self { log, subs, .. } = self;
+        let Self {
+            log,
+            subs,
+            index,
+            live_base,
+            ..
+        } = self;
+        if rec.seq == *live_base {
+            index.candidates(rec, |id| {
+                let Some(sub) = subs.get_mut(id) else { return };
+                if sub.state != SubState::Live || sub.cursor > rec.seq {
+                    return;
+                }
+                sub.cursor = rec.seq;
+                match offer(sub, rec, log, reg) {
+                    Offer::Advanced => {}
+                    Offer::Full | Offer::Gone => sub.state = SubState::Paused,
+                }
+            });
+            *live_base = rec.seq + 1;
+            return;
+        }
+        // A gap (or an event out of turn): every live subscription, the way without the index.
+        let base = *live_base;
+        let mut all_past = true;
         for sub in subs.values_mut() {
-            if sub.state != SubState::Live || sub.cursor != rec.seq {
+            if sub.state != SubState::Live {
                 continue;
             }
-            match offer(sub, rec, log, reg) {
-                Offer::Advanced => {}
-                Offer::Full | Offer::Gone => sub.state = SubState::Paused,
+            sub.cursor = sub.cursor.max(base);
+            if sub.cursor == rec.seq {
+                match offer(sub, rec, log, reg) {
+                    Offer::Advanced => {}
+                    Offer::Full | Offer::Gone => sub.state = SubState::Paused,
+                }
             }
+            all_past &= sub.state != SubState::Live || sub.cursor == rec.seq + 1;
         }
+        // Back to the index once every live subscription is past this event.
+        *live_base = if all_past { rec.seq + 1 } else { 0 };
     }
 
     /// Moves a pending subscription to catching up, and catches it up as far as its outbox
@@ -414,9 +471,11 @@ impl EventBus {
         let Self {
             log,
             subs,
+            index,
             disk,
             retired,
             visible,
+            ..
         } = self;
         let Some(sub) = subs.get_mut(id) else { return };
         if sub.state != SubState::Paused || sub.disk_pending {
@@ -463,7 +522,7 @@ impl EventBus {
             }
         }
         if close {
-            retire(subs, retired, id);
+            retire(subs, index, retired, id);
         }
     }
 
@@ -514,7 +573,7 @@ impl EventBus {
             // and memory does not either: a gap, signalled like any other.
             match overflow(sub, &self.log) {
                 Overflowed::Queued if sub.overflow == OverflowPolicy::Close => {
-                    retire(&mut self.subs, &mut self.retired, id);
+                    retire(&mut self.subs, &mut self.index, &mut self.retired, id);
                     return;
                 }
                 Overflowed::Queued => {}
@@ -533,7 +592,7 @@ impl EventBus {
             .map(|s| s.id.clone())
             .collect();
         for id in &ids {
-            retire(&mut self.subs, &mut self.retired, id);
+            retire(&mut self.subs, &mut self.index, &mut self.retired, id);
         }
         ids
     }

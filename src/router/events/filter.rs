@@ -43,6 +43,20 @@ fn set(list: &Option<Vec<String>>) -> Option<HashSet<String>> {
     }
 }
 
+/// The filter field that narrows a subscription the most, for the subscription index
+/// (`router::events::index`): each is a condition every admitted event meets.
+#[derive(Debug, Clone, Copy)]
+pub enum IndexKey<'a> {
+    /// The event names one of these scopes.
+    Scopes(&'a HashSet<String>),
+    /// The event's source is one of these agents.
+    Agents(&'a HashSet<String>),
+    /// The event's type is one of these (bit i = `EventType::ALL[i]`).
+    Types(u64),
+    /// Nothing narrows it.
+    Any,
+}
+
 /// Normalises an event type name: `_` → `.`.
 pub fn normalize_type(t: &str) -> String {
     t.replace('_', ".")
@@ -238,6 +252,19 @@ impl CompiledFilter {
             }
         }
         true
+    }
+
+    /// The key the subscription index files this filter under (see [`IndexKey`]).
+    pub fn index_key(&self) -> IndexKey<'_> {
+        if let Some(scopes) = &self.scopes {
+            IndexKey::Scopes(scopes)
+        } else if let Some(agents) = &self.from_agents {
+            IndexKey::Agents(agents)
+        } else if let Some(mask) = self.types {
+            IndexKey::Types(mask)
+        } else {
+            IndexKey::Any
+        }
     }
 
     /// Whether this filter admits every event of a standard type (vendor types need naming;

@@ -6,5 +6,6 @@
 pub mod bus;
 pub mod filter;
 pub mod follow;
+pub mod index;
 pub mod log;
 pub mod ops;
