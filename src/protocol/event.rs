@@ -114,6 +114,12 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// Its position in [`EventType::ALL`] (the declaration order, which `ALL` keeps): a bit in
+    /// a filter's type mask, a slot in the subscription index.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// Every type, for tests and the schema.
     pub const ALL: [EventType; 41] = [
         Self::AgentRegistered,
@@ -863,4 +869,19 @@ pub struct AgentSpawningData {
 pub struct AgentSpawnFailedData {
     pub agent_id: AgentId,
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EventType;
+
+    /// `index()` is the position in `ALL` (a filter's mask and the subscription index rely on
+    /// it), and every position fits a 64-bit mask.
+    #[test]
+    fn index_is_the_position_in_all() {
+        for (i, t) in EventType::ALL.iter().enumerate() {
+            assert_eq!(t.index(), i, "{t:?}");
+        }
+        assert!(EventType::ALL.len() <= 64);
+    }
 }

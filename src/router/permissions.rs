@@ -692,6 +692,10 @@ pub fn can_send_to_scope(viewer: &Viewer<'_>, scope: &ScopeRecord, reg: AgentVie
 
 /// Layer 1: may non-system participants see events of this type?
 pub fn event_type_exposed(policy: &Policy, kind: &str) -> bool {
+    if policy.exposure.hidden_event_types.is_empty() {
+        // Per delivery: no allocation when nothing is hidden.
+        return true;
+    }
     let norm = |s: &str| s.replace('.', "_");
     let k = norm(kind);
     !policy

@@ -5,7 +5,11 @@
 //! with `prefix.*` and `*` wildcards; they compile to a bit mask over the types we emit. Our
 //! vendor types (`EventType::is_vendor`) pass only a filter that names them exactly.
 
-use std::collections::HashSet;
+use crate::router::ids::IdHasher;
+
+/// A filter's list of names, hashed with the router's id hasher (foldhash; std's SipHash was
+/// most of a match's cost).
+pub type NameSet = std::collections::HashSet<String, IdHasher>;
 
 use crate::protocol::event::{EventType, SubscriptionFilter};
 use crate::protocol::jsonrpc::ErrorObject;
@@ -19,12 +23,12 @@ type JsonMap = serde_json::Map<String, serde_json::Value>;
 pub struct CompiledFilter {
     /// Bit i set = `EventType::ALL[i]` passes. `None` = every type.
     types: Option<u64>,
-    from_agents: Option<HashSet<String>>,
-    from_roles: Option<HashSet<String>>,
-    roles: Option<HashSet<String>>,
-    scopes: Option<HashSet<String>>,
-    priorities: Option<HashSet<String>>,
-    correlation_ids: Option<HashSet<String>>,
+    from_agents: Option<NameSet>,
+    from_roles: Option<NameSet>,
+    roles: Option<NameSet>,
+    scopes: Option<NameSet>,
+    priorities: Option<NameSet>,
+    correlation_ids: Option<NameSet>,
     metadata_match: Option<JsonMap>,
     environment_match: Option<Vec<(Vec<String>, serde_json::Value)>>,
     /// A `mail` extension filter: only `mail.*` events, narrowed by its fields.
@@ -33,10 +37,10 @@ pub struct CompiledFilter {
     /// session when given.
     trajectory: Option<(Option<String>, Option<String>)>,
     /// A `tasks` filter: only `task.*` events, of these tasks when given.
-    tasks: Option<Option<HashSet<String>>>,
+    tasks: Option<Option<NameSet>>,
 }
 
-fn set(list: &Option<Vec<String>>) -> Option<HashSet<String>> {
+fn set(list: &Option<Vec<String>>) -> Option<NameSet> {
     match list {
         Some(v) if !v.is_empty() => Some(v.iter().cloned().collect()),
         _ => None,
@@ -48,9 +52,9 @@ fn set(list: &Option<Vec<String>>) -> Option<HashSet<String>> {
 #[derive(Debug, Clone, Copy)]
 pub enum IndexKey<'a> {
     /// The event names one of these scopes.
-    Scopes(&'a HashSet<String>),
+    Scopes(&'a NameSet),
     /// The event's source is one of these agents.
-    Agents(&'a HashSet<String>),
+    Agents(&'a NameSet),
     /// The event's type is one of these (bit i = `EventType::ALL[i]`).
     Types(u64),
     /// Nothing narrows it.
@@ -96,7 +100,7 @@ impl CompiledFilter {
         };
         let mut from_agents = set(&f.from_agents);
         if let Some(extra) = set(&f.agents) {
-            from_agents.get_or_insert_with(HashSet::new).extend(extra);
+            from_agents.get_or_insert_with(NameSet::default).extend(extra);
         }
         let environment_match = f
             .environment_match
@@ -180,11 +184,7 @@ impl CompiledFilter {
         }
         match self.types {
             Some(mask) => {
-                let idx = EventType::ALL
-                    .iter()
-                    .position(|t| *t == rec.kind)
-                    .unwrap_or(63);
-                if mask & (1u64 << idx) == 0 {
+                if mask & (1u64 << rec.kind.index()) == 0 {
                     return false;
                 }
             }

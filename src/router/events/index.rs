@@ -16,12 +16,14 @@
 //! applies the whole filter and the permissions as before. A subscription with several scopes
 //! may be a candidate twice for one event; the bus's cursor check makes the second a no-op.
 
-use std::collections::HashMap;
 
 use crate::protocol::event::EventType;
 use crate::protocol::ids::SubscriptionId;
 use crate::router::events::filter::{CompiledFilter, IndexKey};
 use crate::router::events::log::EventRecord;
+use crate::router::ids::IdHasher;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, IdHasher>;
 
 /// Subscriptions by the key that narrows them.
 #[derive(Debug, Default)]
@@ -104,10 +106,8 @@ impl SubIndex {
     /// module docs).
     pub fn candidates(&self, rec: &EventRecord, mut f: impl FnMut(&SubscriptionId)) {
         self.any.iter().for_each(&mut f);
-        if let Some(i) = EventType::ALL.iter().position(|t| *t == rec.kind) {
-            if let Some(list) = self.by_type.get(i) {
-                list.iter().for_each(&mut f);
-            }
+        if let Some(list) = self.by_type.get(rec.kind.index()) {
+            list.iter().for_each(&mut f);
         }
         if let Some(list) = rec.source.as_deref().and_then(|s| self.by_agent.get(s)) {
             list.iter().for_each(&mut f);
