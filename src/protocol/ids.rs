@@ -272,9 +272,32 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// 128 random bits from the operating system's generator (through uuid's v4 source).
+/// 128 random bits from the operating system's generator, drawn 4 KiB at a time per thread:
+/// every message id is a fresh ULID, and one `getrandom` syscall per message was about 2 % of
+/// the router's CPU in the fan-out benchmark (docs/performance.md). The bytes are the kernel's,
+/// used once each; none is derived from another.
 pub fn random_u128() -> u128 {
-    uuid::Uuid::new_v4().as_u128()
+    const POOL: usize = 4096;
+    thread_local! {
+        static BYTES: std::cell::RefCell<(Box<[u8; POOL]>, usize)> =
+            std::cell::RefCell::new((Box::new([0; POOL]), POOL));
+    }
+    BYTES.with(|cell| {
+        let (pool, at) = &mut *cell.borrow_mut();
+        if *at + 16 > POOL {
+            if getrandom::fill(&mut pool[..]).is_err() {
+                // As before the pool: uuid's own draw (which panics if the kernel has none).
+                return uuid::Uuid::new_v4().as_u128();
+            }
+            *at = 0;
+        }
+        let mut bits = [0u8; 16];
+        bits.copy_from_slice(&pool[*at..*at + 16]);
+        // Used once: the pool forgets what it handed out.
+        pool[*at..*at + 16].fill(0);
+        *at += 16;
+        u128::from_le_bytes(bits)
+    })
 }
 
 /// A random token string for resume tokens: 122 bits of entropy, hex encoded.
@@ -285,6 +308,21 @@ pub fn random_token(prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Draws from the pool never repeat (within a thread, across its refills, and across
+    /// threads, each with its own pool) and are not all-zero.
+    #[test]
+    fn random_bits_do_not_repeat() {
+        let draw = || (0..1000).map(|_| random_u128()).collect::<Vec<_>>();
+        let mut all: Vec<u128> = draw();
+        all.extend(std::thread::spawn(draw).join().unwrap());
+        all.extend(std::thread::spawn(draw).join().unwrap());
+        assert!(all.iter().all(|x| *x != 0));
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "a repeated draw");
+    }
 
     #[test]
     fn ulid_round_trips_through_text() {

@@ -481,7 +481,8 @@ impl Router {
             audience,
             extra_cause,
         );
-        self.remember_delivery(out, recipient, delivered);
+        self.messaging
+            .record_delivery(out, recipient.into(), delivered);
         delivered
     }
 
@@ -571,14 +572,12 @@ impl Router {
         };
         let event = self.emit_about(out, kind, data, audience, None);
         if outcome == Outcome::Delivered {
-            for r in &recipients {
-                self.remember_delivery(out, r, event);
+            // NB. The names move into the reply index (no copy per recipient).
+            for r in recipients {
+                self.messaging
+                    .record_delivery(out, r.into_boxed_str(), event);
             }
         }
-    }
-
-    fn remember_delivery(&mut self, out: &Outgoing, recipient: &str, delivered: EventId) {
-        self.messaging.record_delivery(out, recipient, delivered);
     }
 
     /// Emits `message_failed` for one recipient.

@@ -66,7 +66,7 @@ impl DeliveryIndex {
     pub(crate) fn record(
         &mut self,
         message: &MessageId,
-        recipient: &str,
+        recipient: Box<str>,
         correlation: Option<&str>,
         event: EventId,
     ) {
@@ -101,7 +101,7 @@ impl DeliveryIndex {
                 self.by_message.entry(message.clone()).or_default()
             }
         };
-        list.push((recipient.into(), event));
+        list.push((recipient, event));
         self.deliveries += 1;
     }
 
@@ -181,7 +181,12 @@ impl Messaging {
     }
 
     /// Remembers that `out` was delivered to `recipient` by event `delivered`.
-    pub(crate) fn record_delivery(&mut self, out: &Outgoing, recipient: &str, delivered: EventId) {
+    pub(crate) fn record_delivery(
+        &mut self,
+        out: &Outgoing,
+        recipient: Box<str>,
+        delivered: EventId,
+    ) {
         self.deliveries
             .record(&out.id, recipient, out.correlation.as_deref(), delivered);
     }
@@ -230,9 +235,9 @@ mod tests {
         for i in 0..100u128 {
             let msg = MessageId::from(format!("m{i}").as_str());
             let corr = format!("c{i}");
-            m.deliveries.record(&msg, "stays", Some(&corr), ev(2 * i));
+            m.deliveries.record(&msg, "stays".into(), Some(&corr), ev(2 * i));
             m.deliveries
-                .record(&msg, &format!("gone{i}"), Some(&corr), ev(2 * i + 1));
+                .record(&msg, format!("gone{i}").into(), Some(&corr), ev(2 * i + 1));
         }
         assert_eq!(m.deliveries_len(), 200);
         let gone = |r: &str| r.starts_with("gone");
