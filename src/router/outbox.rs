@@ -15,10 +15,11 @@
 //! `try_push` attempt. If that attempt fails, the queue holds items the writer has not taken yet,
 //! so the writer will see the flag after taking them.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 use crate::protocol::ids::{EventId, SubscriptionId};
 use crate::router::events::log::EventRecord;
@@ -75,19 +76,86 @@ pub enum PushError {
     Closed(Outbound),
 }
 
+/// The queue itself: allocated on the first push, so an idle connection holds no slots (the
+/// channel this replaced allocated a block of 32 when the connection opened: about 2 KB of
+/// every idle session, docs/performance.md).
 #[derive(Debug, Default)]
+struct Queue {
+    items: VecDeque<Outbound>,
+    /// Outbox handles alive (the router's and the session's); at 0 the writer's `recv` ends.
+    senders: usize,
+}
+
+/// A drained queue keeps at most this many slots (a burst's memory goes back).
+const KEEP_SLOTS: usize = 32;
+
+#[derive(Debug)]
 struct Shared {
+    queue: Mutex<Queue>,
+    capacity: usize,
+    /// The writer is gone (or closed the queue): pushes fail.
+    closed: AtomicBool,
     wants_wakeup: AtomicBool,
     /// Signalled after a push that must not wait for company: a frame (an answer) or a close.
     /// A writer holding events ([`OutboxReceiver::linger`]) waits on this, not on every push.
-    urgent: tokio::sync::Notify,
+    urgent: Notify,
+    /// Signalled after every push and when the last sender goes: the writer's `recv`.
+    item: Notify,
+    /// Signalled when the writer takes an item or goes: a session waiting in `push`.
+    room: Notify,
+    /// Signalled once when the writer goes: `Outbox::closed`.
+    gone: Notify,
 }
 
 impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        // NB. Nothing panics while holding the lock; a poisoned queue is still consistent.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn pushed(&self, urgent: bool) {
+        self.item.notify_one();
         if urgent {
             self.urgent.notify_one();
         }
+    }
+
+    /// Queues `item` if there is room and the writer is there.
+    fn try_push(&self, item: Outbound) -> Result<(), PushError> {
+        let urgent = item.is_urgent();
+        {
+            let mut q = self.queue();
+            if self.closed.load(Ordering::Acquire) {
+                return Err(PushError::Closed(item));
+            }
+            if q.items.len() >= self.capacity {
+                return Err(PushError::Full(item));
+            }
+            q.items.push_back(item);
+        }
+        self.pushed(urgent);
+        Ok(())
+    }
+
+    fn take(&self) -> Option<Outbound> {
+        let item = {
+            let mut q = self.queue();
+            let item = q.items.pop_front();
+            if q.items.is_empty() && q.items.capacity() > KEEP_SLOTS {
+                q.items.shrink_to(KEEP_SLOTS);
+            }
+            item
+        };
+        if item.is_some() {
+            self.room.notify_one();
+        }
+        item
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.room.notify_waiters();
+        self.gone.notify_waiters();
     }
 }
 
@@ -100,59 +168,91 @@ impl Outbound {
 }
 
 /// The sending side, held by the router (in its connection table) and by the session.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Outbox {
-    tx: mpsc::Sender<Outbound>,
     shared: Arc<Shared>,
+}
+
+impl Clone for Outbox {
+    fn clone(&self) -> Self {
+        self.shared.queue().senders += 1;
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        let last = {
+            let mut q = self.shared.queue();
+            q.senders -= 1;
+            q.senders == 0
+        };
+        if last {
+            self.shared.item.notify_one();
+        }
+    }
 }
 
 /// The receiving side, owned by the connection's writer task.
 #[derive(Debug)]
 pub struct OutboxReceiver {
-    rx: mpsc::Receiver<Outbound>,
     shared: Arc<Shared>,
-    capacity: usize,
+}
+
+impl Drop for OutboxReceiver {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
 }
 
 /// Creates an outbox holding at most `capacity` frames.
 pub fn outbox(capacity: usize) -> (Outbox, OutboxReceiver) {
-    let capacity = capacity.max(1);
-    let (tx, rx) = mpsc::channel(capacity);
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        queue: Mutex::new(Queue {
+            items: VecDeque::new(),
+            senders: 1,
+        }),
+        capacity: capacity.max(1),
+        closed: AtomicBool::new(false),
+        wants_wakeup: AtomicBool::new(false),
+        urgent: Notify::new(),
+        item: Notify::new(),
+        room: Notify::new(),
+        gone: Notify::new(),
+    });
     (
         Outbox {
-            tx,
             shared: shared.clone(),
         },
-        OutboxReceiver {
-            rx,
-            shared,
-            capacity,
-        },
+        OutboxReceiver { shared },
     )
 }
 
 impl Outbox {
     /// Pushes without waiting (router side).
     pub fn try_push(&self, item: Outbound) -> Result<(), PushError> {
-        let urgent = item.is_urgent();
-        self.tx.try_send(item).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(item) => PushError::Full(item),
-            mpsc::error::TrySendError::Closed(item) => PushError::Closed(item),
-        })?;
-        self.shared.pushed(urgent);
-        Ok(())
+        self.shared.try_push(item)
     }
 
     /// Pushes, waiting for room (session side). Fails only when the writer is gone.
     ///
     /// # Cancel safety
     /// Cancel safe: if cancelled, the item was not queued.
-    pub async fn push(&self, item: Outbound) -> Result<(), Outbound> {
-        let urgent = item.is_urgent();
-        self.tx.send(item).await.map_err(|e| e.0)?;
-        self.shared.pushed(urgent);
-        Ok(())
+    pub async fn push(&self, mut item: Outbound) -> Result<(), Outbound> {
+        loop {
+            let room = self.shared.room.notified();
+            tokio::pin!(room);
+            // Registered before the check: a take between the check and the wait still wakes us.
+            room.as_mut().enable();
+            match self.shared.try_push(item) {
+                Ok(()) => return Ok(()),
+                Err(PushError::Closed(back)) => return Err(back),
+                Err(PushError::Full(back)) => item = back,
+            }
+            room.await;
+        }
     }
 
     /// Asks the writer to send `Command::Drained` once the queue has room again. Call *before*
@@ -163,12 +263,12 @@ impl Outbox {
 
     /// Frames queued and not yet taken by the writer.
     pub fn depth(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
+        self.shared.queue().items.len()
     }
 
     /// Whether the writer has gone away.
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.shared.closed.load(Ordering::Acquire)
     }
 
     /// Completes when the writer has gone away (it gave up on a peer that stopped reading, or
@@ -177,17 +277,34 @@ impl Outbox {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn closed(&self) {
-        self.tx.closed().await;
+        let gone = self.shared.gone.notified();
+        tokio::pin!(gone);
+        gone.as_mut().enable();
+        if self.is_closed() {
+            return;
+        }
+        gone.await;
     }
 }
 
 impl OutboxReceiver {
-    /// Waits for the next item; `None` when every sender is gone.
+    /// Waits for the next item; `None` when every sender is gone and the queue is empty.
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn recv(&mut self) -> Option<Outbound> {
-        self.rx.recv().await
+        loop {
+            let item = self.shared.item.notified();
+            tokio::pin!(item);
+            item.as_mut().enable();
+            if let Some(next) = self.shared.take() {
+                return Some(next);
+            }
+            if self.shared.queue().senders == 0 {
+                return self.shared.take();
+            }
+            item.await;
+        }
     }
 
     /// Waits until `until`, or until a frame or a close is pushed (possibly one pushed since
@@ -204,18 +321,19 @@ impl OutboxReceiver {
 
     /// Takes an item if one is ready.
     pub fn try_recv(&mut self) -> Option<Outbound> {
-        self.rx.try_recv().ok()
+        self.shared.take()
     }
 
     /// Whether the router asked for a wake-up and the queue is at most half full. Clears the
     /// request when it returns true.
     pub fn take_wakeup(&self) -> bool {
-        self.rx.len() <= self.capacity / 2 && self.shared.wants_wakeup.swap(false, Ordering::AcqRel)
+        self.shared.queue().items.len() <= self.shared.capacity / 2
+            && self.shared.wants_wakeup.swap(false, Ordering::AcqRel)
     }
 
     /// Stops accepting new items; queued items can still be received.
     pub fn close(&mut self) {
-        self.rx.close();
+        self.shared.close();
     }
 }
 

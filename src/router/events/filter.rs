@@ -100,7 +100,9 @@ impl CompiledFilter {
         };
         let mut from_agents = set(&f.from_agents);
         if let Some(extra) = set(&f.agents) {
-            from_agents.get_or_insert_with(NameSet::default).extend(extra);
+            from_agents
+                .get_or_insert_with(NameSet::default)
+                .extend(extra);
         }
         let environment_match = f
             .environment_match

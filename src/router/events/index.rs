@@ -16,7 +16,6 @@
 //! applies the whole filter and the permissions as before. A subscription with several scopes
 //! may be a candidate twice for one event; the bus's cursor check makes the second a no-op.
 
-
 use crate::protocol::event::EventType;
 use crate::protocol::ids::SubscriptionId;
 use crate::router::events::filter::{CompiledFilter, IndexKey};

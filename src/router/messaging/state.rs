@@ -235,7 +235,8 @@ mod tests {
         for i in 0..100u128 {
             let msg = MessageId::from(format!("m{i}").as_str());
             let corr = format!("c{i}");
-            m.deliveries.record(&msg, "stays".into(), Some(&corr), ev(2 * i));
+            m.deliveries
+                .record(&msg, "stays".into(), Some(&corr), ev(2 * i));
             m.deliveries
                 .record(&msg, format!("gone{i}").into(), Some(&corr), ev(2 * i + 1));
         }
