@@ -185,11 +185,8 @@ impl CompiledFilter {
             }
         }
         match self.types {
-            Some(mask) => {
-                if mask & (1u64 << rec.kind.index()) == 0 {
-                    return false;
-                }
-            }
+            Some(mask) if mask & (1u64 << rec.kind.index()) == 0 => return false,
+            Some(_) => {}
             // No `eventTypes`: every standard type, no vendor one.
             None if rec.kind.is_vendor() => return false,
             None => {}
