@@ -153,15 +153,20 @@ fn f_ref(f: &Option<SubscriptionFilter>) -> Option<&SubscriptionFilter> {
     f.as_ref()
 }
 
+/// A bus over a log of 4 096 events, for the fan-out benchmarks.
+fn bus() -> EventBus {
+    EventBus::new(EventLog::new(Retention {
+        max_events: 4096,
+        max_bytes: 1 << 26,
+    }))
+}
+
 fn fanout(c: &mut Criterion) {
     let mut g = c.benchmark_group("fanout");
     for n in [1usize, 10, 100, 1000] {
         g.throughput(Throughput::Elements(n as u64));
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
-            let mut bus = EventBus::new(EventLog::new(Retention {
-                max_events: 4096,
-                max_bytes: 1 << 26,
-            }));
+            let mut bus = bus();
             let registry = Registry::default();
             let scopes = Scopes::default();
             let mut receivers: Vec<OutboxReceiver> = Vec::new();
@@ -194,10 +199,7 @@ fn fanout_filtered(c: &mut Criterion) {
     for by in ["scope", "agent"] {
         g.throughput(Throughput::Elements(10));
         g.bench_function(BenchmarkId::new(by, N), |b| {
-            let mut bus = EventBus::new(EventLog::new(Retention {
-                max_events: 4096,
-                max_bytes: 1 << 26,
-            }));
+            let mut bus = bus();
             let registry = Registry::default();
             let scopes = Scopes::default();
             let mut receivers: Vec<OutboxReceiver> = Vec::new();

@@ -211,6 +211,16 @@ fn percentiles(h: &Histogram<u64>) -> Value {
     json!({"p50": ms(0.5), "p99": ms(0.99), "max": h.max() as f64 / 1000.0})
 }
 
+/// A consumer's messages as their payloads (a failed read ends nothing: the receiver's count
+/// and deadline decide).
+fn payloads<E: Send + 'static>(
+    messages: impl futures::Stream<Item = Result<jetstream::Message, E>> + Send + 'static,
+) -> futures::stream::BoxStream<'static, bytes::Bytes> {
+    messages
+        .filter_map(|m| async move { m.ok().map(|m| m.message.payload) })
+        .boxed()
+}
+
 async fn connect(url: &str) -> Res<async_nats::Client> {
     async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
@@ -366,10 +376,7 @@ async fn run(args: Args) -> Res<Value> {
                     .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
                     .await
                     .map_err(|e| e.to_string())?;
-                let messages = consumer.messages().await.map_err(|e| e.to_string())?;
-                messages
-                    .filter_map(|m| async move { m.ok().map(|m| m.message.payload) })
-                    .boxed()
+                payloads(consumer.messages().await.map_err(|e| e.to_string())?)
             } else {
                 let consumer = stream
                     .create_consumer(jetstream::consumer::push::OrderedConfig {
@@ -378,10 +385,7 @@ async fn run(args: Args) -> Res<Value> {
                     })
                     .await
                     .map_err(|e| e.to_string())?;
-                let messages = consumer.messages().await.map_err(|e| e.to_string())?;
-                messages
-                    .filter_map(|m| async move { m.ok().map(|m| m.message.payload) })
-                    .boxed()
+                payloads(consumer.messages().await.map_err(|e| e.to_string())?)
             }
         };
         // Core subscriptions exist once the server saw the SUB: a flush makes sure.
