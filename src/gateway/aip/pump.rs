@@ -381,6 +381,12 @@ async fn inbound(
     });
 }
 
+/// Whether `status` is tonic's own timeout (`tonic::TimeoutExpired`, which it turns into
+/// CANCELLED with this text) rather than a status the peer sent.
+fn is_tonic_timeout(status: &Status) -> bool {
+    status.code() == Code::Cancelled && status.message() == tonic::TimeoutExpired(()).to_string()
+}
+
 fn error_payload(status: &Status) -> Value {
     let message = if status.message().is_empty() {
         format!("{:?}", status.code())
@@ -468,6 +474,12 @@ async fn tool_call(
                     "parts": content::parts(&r.content),
                 })
             }
+            // tonic ends a call whose `grpc-timeout` passed with CANCELLED "Timeout expired":
+            // that is the tool's deadline, DEADLINE_EXCEEDED as when our own timer fires (the
+            // two race; a caller must not see either code depending on which won).
+            Ok(Err(status)) if is_tonic_timeout(&status) => error_payload(
+                &Status::deadline_exceeded(format!("the tool did not answer within {timeout:?}")),
+            ),
             Ok(Err(status)) => error_payload(&status),
             Err(_) => error_payload(&Status::deadline_exceeded(format!(
                 "the tool did not answer within {timeout:?}"
@@ -555,4 +567,22 @@ fn agent_client(node: &Node, max: usize) -> AgentServiceClient<tonic::transport:
     AgentServiceClient::new(node.channel.clone())
         .max_decoding_message_size(max)
         .max_encoding_message_size(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// tonic's own deadline is recognised (and becomes DEADLINE_EXCEEDED for callers); a
+    /// CANCELLED the peer sent is passed on as it is.
+    #[test]
+    fn tonic_timeouts_are_told_from_a_peers_cancel() {
+        let ours = Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(ours.code(), Code::Cancelled);
+        assert!(is_tonic_timeout(&ours));
+        assert!(!is_tonic_timeout(&Status::cancelled("the user gave up")));
+        assert!(!is_tonic_timeout(&Status::deadline_exceeded(
+            "Timeout expired"
+        )));
+    }
 }
