@@ -474,14 +474,11 @@ async fn tool_call(
                     "parts": content::parts(&r.content),
                 })
             }
-            // tonic ends a call whose `grpc-timeout` passed with CANCELLED "Timeout expired":
-            // that is the tool's deadline, DEADLINE_EXCEEDED as when our own timer fires (the
-            // two race; a caller must not see either code depending on which won).
-            Ok(Err(status)) if is_tonic_timeout(&status) => error_payload(
-                &Status::deadline_exceeded(format!("the tool did not answer within {timeout:?}")),
-            ),
-            Ok(Err(status)) => error_payload(&status),
-            Err(_) => error_payload(&Status::deadline_exceeded(format!(
+            Ok(Err(status)) if !is_tonic_timeout(&status) => error_payload(&status),
+            // Our timer, or tonic's on the call's `grpc-timeout` (it ends the call with
+            // CANCELLED "Timeout expired"): the two race, and either is the tool's deadline, so
+            // the caller sees DEADLINE_EXCEEDED whichever won.
+            Ok(Err(_)) | Err(_) => error_payload(&Status::deadline_exceeded(format!(
                 "the tool did not answer within {timeout:?}"
             ))),
         };
