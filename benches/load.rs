@@ -32,7 +32,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -45,6 +45,10 @@ use tokio::sync::{watch, Semaphore};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+#[path = "common/latency.rs"]
+mod latency;
+use latency::{histogram, now_us, percentiles, record, Arrivals};
+
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 type Tx = SplitSink<Ws, Message>;
 type Rx = SplitStream<Ws>;
@@ -56,8 +60,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 const MAX_SKIPPED_FRAMES: usize = 1_000_000;
 /// Connection handshakes in flight at once in the `connections` test.
 const CONNECT_PARALLELISM: usize = 128;
-/// Largest latency the histograms hold (60 s, in µs); larger values are clamped.
-const MAX_LATENCY_US: u64 = 60_000_000;
 
 #[derive(Debug, Parser)]
 #[command(name = "load", about = "MAP load generator (loopback only)")]
@@ -134,34 +136,6 @@ struct Args {
     /// Bound on each test, in seconds.
     #[arg(long, default_value_t = 120)]
     timeout_s: u64,
-}
-
-/// Microseconds since the generator started: the clock of the payload timestamps.
-fn now_us() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
-
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds")
-}
-
-fn record(h: &mut Histogram<u64>, us: u64) {
-    h.saturating_record(us.clamp(1, MAX_LATENCY_US));
-}
-
-/// `{p50, p99, max}` in milliseconds (null when empty).
-fn percentiles(h: &Histogram<u64>) -> Value {
-    if h.is_empty() {
-        return Value::Null;
-    }
-    let ms = |us: u64| (us as f64 / 1000.0 * 1000.0).round() / 1000.0;
-    json!({
-        "p50": ms(h.value_at_quantile(0.5)),
-        "p99": ms(h.value_at_quantile(0.99)),
-        "max": ms(h.max()),
-        "count": h.len(),
-    })
 }
 
 fn rate(n: u64, d: Duration) -> f64 {
@@ -342,13 +316,6 @@ impl FanoutSpec {
     }
 }
 
-/// What one receiving connection saw.
-struct ReaderOut {
-    count: u64,
-    latency: Histogram<u64>,
-    last: Option<Instant>,
-}
-
 /// Counts frames whose method is `marker` until `expected` arrived or `stop` flips; records the
 /// latency of each one carrying a `"bts":` send timestamp.
 async fn read_deliveries(
@@ -356,12 +323,8 @@ async fn read_deliveries(
     marker: &'static str,
     expected: u64,
     mut stop: watch::Receiver<bool>,
-) -> ReaderOut {
-    let mut out = ReaderOut {
-        count: 0,
-        latency: histogram(),
-        last: None,
-    };
+) -> Arrivals {
+    let mut out = Arrivals::new();
     while out.count < expected {
         let msg = tokio::select! {
             m = rx.next() => m,
@@ -372,24 +335,11 @@ async fn read_deliveries(
             Some(Ok(_)) => continue,
             _ => break,
         };
-        if !text.contains(marker) {
-            continue;
-        }
-        let now = now_us();
-        out.count += 1;
-        out.last = Some(Instant::now());
-        if let Some(sent) = send_timestamp(&text) {
-            record(&mut out.latency, now.saturating_sub(sent));
+        if text.contains(marker) {
+            out.saw(&text);
         }
     }
     out
-}
-
-/// The `"bts":<µs>` number in a frame, without parsing the frame.
-fn send_timestamp(text: &str) -> Option<u64> {
-    let at = text.find("\"bts\":")? + 6;
-    let digits = text[at..].bytes().take_while(u8::is_ascii_digit).count();
-    text[at..at + digits].parse().ok()
 }
 
 /// What one publisher did.

@@ -31,8 +31,11 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use clap::Parser;
 use futures::StreamExt;
-use hdrhistogram::Histogram;
 use serde_json::{json, Value};
+
+#[path = "common/latency.rs"]
+mod latency;
+use latency::{histogram, now_us, percentiles, Arrivals};
 
 type Res<T> = Result<T, String>;
 
@@ -78,20 +81,6 @@ struct Args {
     /// Printed as `server` in the line.
     #[arg(long, default_value = "nats")]
     server: String,
-}
-
-/// Microseconds since the generator started: the clock of the payload timestamps.
-fn now_us() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
-
-/// The `"bts":<µs>` number in a message.
-fn send_timestamp(bytes: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let at = text.find("\"bts\":")? + 6;
-    let digits = text[at..].bytes().take_while(u8::is_ascii_digit).count();
-    text[at..at + digits].parse().ok()
 }
 
 /// A message of exactly `size` bytes (or its minimum) carrying the send timestamp.
@@ -152,50 +141,42 @@ impl Drop for OwnServer {
     }
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")
+/// Messages sent by every publisher, and received by each receiver: how far the core
+/// publishers are ahead ([`CORE_LEAD`]).
+struct Progress {
+    sent: AtomicU64,
+    received: Vec<AtomicU64>,
 }
 
-/// What one receiver saw.
-struct Received {
-    count: u64,
-    latency: Histogram<u64>,
-    last: Option<Instant>,
-}
-
-impl Received {
-    fn new() -> Self {
-        Self {
-            count: 0,
-            latency: histogram(),
-            last: None,
-        }
-    }
-
-    fn saw(&mut self, payload: &[u8]) {
-        let now = now_us();
-        self.count += 1;
-        self.last = Some(Instant::now());
-        if let Some(sent) = send_timestamp(payload) {
-            let _ = self.latency.record(now.saturating_sub(sent).max(1));
-        }
+impl Progress {
+    /// Messages sent that the slowest receiver has not had yet.
+    fn lead(&self) -> u64 {
+        let slowest = self
+            .received
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .min();
+        self.sent
+            .load(Ordering::Relaxed)
+            .saturating_sub(slowest.unwrap_or(0))
     }
 }
 
-/// A receiver: counts messages until `expected` arrived or the deadline.
+/// Receiver `me`: counts messages until `expected` arrived or the deadline.
 async fn receive(
     mut messages: impl futures::Stream<Item = bytes::Bytes> + Unpin,
     expected: u64,
     deadline: Instant,
-    progress: Arc<AtomicU64>,
-) -> Received {
-    let mut out = Received::new();
+    progress: Arc<Progress>,
+    me: usize,
+) -> Arrivals {
+    let mut out = Arrivals::new();
     while out.count < expected {
         match tokio::time::timeout_at(deadline.into(), messages.next()).await {
-            Ok(Some(payload)) => out.saw(&payload),
+            Ok(Some(payload)) => out.saw(std::str::from_utf8(&payload).unwrap_or("")),
             _ => break,
         }
-        progress.store(out.count, Ordering::Relaxed);
+        progress.received[me].store(out.count, Ordering::Relaxed);
     }
     out
 }
@@ -205,11 +186,6 @@ async fn receive(
 /// bound keeps the generator, which reads every delivery on one core, from being that slow
 /// consumer, so that every run delivers everything and counts alike.
 const CORE_LEAD: u64 = 4096;
-
-fn percentiles(h: &Histogram<u64>) -> Value {
-    let ms = |q: f64| (h.value_at_quantile(q) as f64 / 1000.0 * 1000.0).round() / 1000.0;
-    json!({"p50": ms(0.5), "p99": ms(0.99), "max": h.max() as f64 / 1000.0})
-}
 
 /// A consumer's messages as their payloads (a failed read ends nothing: the receiver's count
 /// and deadline decide).
@@ -239,28 +215,19 @@ async fn publish(
     window: usize,
     size: usize,
     first_seq: u64,
-    // [0]: messages sent by every publisher; then each receiver's count.
-    received: Arc<Vec<Arc<AtomicU64>>>,
+    progress: Arc<Progress>,
     deadline: Instant,
 ) -> Res<u64> {
     let window = window.max(1);
     if mode == "core" {
         for i in 0..n {
-            // Messages of all publishers sent so far, against the slowest receiver.
-            while received[0].load(Ordering::Relaxed).saturating_sub(
-                received[1..]
-                    .iter()
-                    .map(|r| r.load(Ordering::Relaxed))
-                    .min()
-                    .unwrap_or(0),
-            ) > CORE_LEAD
-            {
+            while progress.lead() > CORE_LEAD {
                 if Instant::now() > deadline {
                     return Err("the receivers stopped".into());
                 }
                 tokio::task::yield_now().await;
             }
-            received[0].fetch_add(1, Ordering::Relaxed);
+            progress.sent.fetch_add(1, Ordering::Relaxed);
             client
                 .publish(subject.clone(), message(size, first_seq + i))
                 .await
@@ -400,15 +367,14 @@ async fn run(args: Args) -> Res<Value> {
     let setup_s = setup.elapsed().as_secs_f64();
 
     let start = Instant::now();
-    let progress: Arc<Vec<Arc<AtomicU64>>> = Arc::new(
-        (0..=receivers)
-            .map(|_| Arc::new(AtomicU64::new(0)))
-            .collect(),
-    );
+    let progress = Arc::new(Progress {
+        sent: AtomicU64::new(0),
+        received: (0..receivers).map(|_| AtomicU64::new(0)).collect(),
+    });
     let readers: Vec<_> = streams
         .into_iter()
-        .zip(progress[1..].iter().cloned())
-        .map(|(s, p)| tokio::spawn(receive(s, messages, deadline, p)))
+        .enumerate()
+        .map(|(me, s)| tokio::spawn(receive(s, messages, deadline, progress.clone(), me)))
         .collect();
     let per = messages / publishers as u64;
     let mut tasks = Vec::new();
@@ -421,7 +387,7 @@ async fn run(args: Args) -> Res<Value> {
         let subject = subject.clone();
         let mode = mode.to_string();
         let (window, size) = (args.window, args.message_bytes);
-        let received = progress.clone();
+        let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
             publish(
                 client,
@@ -431,7 +397,7 @@ async fn run(args: Args) -> Res<Value> {
                 window,
                 size,
                 per * p as u64,
-                received,
+                progress,
                 deadline,
             )
             .await
