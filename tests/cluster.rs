@@ -520,6 +520,8 @@ struct StandbyNode {
     child: tokio::process::Child,
     url: String,
     took_over: tokio::sync::oneshot::Receiver<bool>,
+    /// When its log said it took over the stream (the writer lock is its own from then).
+    took_over_at: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 /// Waits up to `limit` for standby `s` to take over, then for its `/health` 200; whether it
@@ -568,6 +570,8 @@ async fn start_standby_in(
         .expect("start a standby");
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let (tx, took_over) = tokio::sync::oneshot::channel();
+    let took_over_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let at = std::sync::Arc::clone(&took_over_at);
     let node = name.to_string();
     tokio::spawn(async move {
         let mut tx = Some(tx);
@@ -576,6 +580,7 @@ async fn start_standby_in(
             // Shown with a failing test's output (the test harness captures it otherwise).
             eprintln!("[{node}] {line}");
             if line.contains("standby: took over the stream") {
+                *at.lock().unwrap() = Some(Instant::now());
                 warm = line.contains("from_followed=true");
             }
             if line.starts_with("map-router listening on ") {
@@ -603,6 +608,7 @@ async fn start_standby_in(
         child,
         url,
         took_over,
+        took_over_at,
     }
 }
 
@@ -3459,7 +3465,14 @@ async fn measure_handover() {
         let took = killed.elapsed();
         let mut ops = WsClient::system(&f.url).await;
         ops.ok("map/agents/list", json!({"limit": 1})).await;
-        let answered = killed.elapsed();
+        let answered_at = Instant::now();
+        let answered = answered_at - killed;
+        let after_takeover = f
+            .took_over_at
+            .lock()
+            .unwrap()
+            .map(|at| answered_at - at)
+            .expect("the standby logged taking over");
         let listed = listed_agents(&mut ops).await;
         let orphaned = listed
             .iter()
@@ -3468,8 +3481,8 @@ async fn measure_handover() {
         assert_eq!(orphaned, agents, "every agent handed over");
         println!(
             "{agents} agents (registered in {registered:?}): SIGKILL to /health 200 on the \
-             standby {took:?}, to its first answer (a list of the agents) {:?}",
-            answered
+             standby {took:?}, to its first answer (a list of the agents) {answered:?}, \
+             {after_takeover:?} after it took the stream over"
         );
         drop(conns);
     }

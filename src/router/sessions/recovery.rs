@@ -100,6 +100,13 @@ impl AgentChange {
     }
 }
 
+/// The values of `open`, by the seq of the event that opened each.
+fn oldest_first<T>(open: HashMap<String, T>, seq: impl Fn(&T) -> u64) -> Vec<T> {
+    let mut v: Vec<T> = open.into_values().collect();
+    v.sort_by_key(|t| seq(t));
+    v
+}
+
 /// What the log says after the lifecycle events (cluster mode only): the last word about
 /// each scope, client permission and agent change, by seq.
 #[derive(Debug, Default)]
@@ -115,17 +122,18 @@ struct Tails {
     agents: HashMap<String, Vec<(u64, AgentChange)>>,
 }
 
-/// What the previous run left open, oldest first.
+/// What the previous run left open, by id (a takeover takes thousands out one by one;
+/// [`Self::oldest_first`] orders what is left when it is closed).
 #[derive(Debug, Default)]
 pub struct PreviousRun {
-    participants: Vec<OpenParticipant>,
-    agents: Vec<OpenAgent>,
+    participants: HashMap<String, OpenParticipant>,
+    agents: HashMap<String, OpenAgent>,
     /// The seq of the last lifecycle event of every participant and agent id the log holds.
     last_participant: HashMap<String, u64>,
     last_agent: HashMap<String, u64>,
     tails: Tails,
-    /// Scopes the log created that nothing restored, in creation order.
-    open_scopes: Vec<OpenScope>,
+    /// Scopes the log created that nothing restored.
+    open_scopes: HashMap<String, OpenScope>,
 }
 
 impl PreviousRun {
@@ -146,14 +154,12 @@ impl PreviousRun {
 
     /// Takes the participant out of those left connected; whether it was.
     pub fn take_participant(&mut self, id: &ParticipantId) -> bool {
-        let before = self.participants.len();
-        self.participants.retain(|p| &p.id != id);
-        self.participants.len() != before
+        self.participants.remove(id.as_str()).is_some()
     }
 
     /// Takes the agent out of those left registered.
     pub fn take_agent(&mut self, id: &AgentId) {
-        self.agents.retain(|a| &a.id != id);
+        self.agents.remove(id.as_str());
     }
 
     /// Whether a scope's record saved at `seq` is the log's last word about it: no
@@ -167,7 +173,7 @@ impl PreviousRun {
 
     /// Takes the scope out of those the log left created (it was restored).
     pub fn take_scope(&mut self, id: &ScopeId) {
-        self.open_scopes.retain(|s| &s.id != id);
+        self.open_scopes.remove(id.as_str());
     }
 
     /// The effective capabilities of the participant's `permissions_client_updated` logged
@@ -307,18 +313,14 @@ struct Folding {
 
 impl Folding {
     fn finish(self) -> PreviousRun {
-        let mut run = PreviousRun {
-            participants: self.participants.into_values().collect(),
-            agents: self.agents.into_values().collect(),
+        PreviousRun {
+            participants: self.participants,
+            agents: self.agents,
             last_participant: self.last_participant,
             last_agent: self.last_agent,
-            open_scopes: self.tails.open_scopes.values().cloned().collect(),
+            open_scopes: self.tails.open_scopes.clone(),
             tails: self.tails,
-        };
-        run.participants.sort_by_key(|p| p.seq);
-        run.agents.sort_by_key(|a| a.seq);
-        run.open_scopes.sort_by_key(|s| s.seq);
-        run
+        }
     }
 
     /// Folds one of the [`TAIL_KINDS`].
@@ -473,12 +475,21 @@ impl Router {
         let saved = std::mem::take(&mut self.saved_at_open);
         // Cluster mode (a node that saves): the changes that settle the saved records too.
         let tails = self.handover.is_some();
+        let started = std::time::Instant::now();
         match previous_run(&*store, tails).await {
             Ok(mut run) => {
+                let read = started.elapsed();
                 // Cluster mode: what the previous live node saved comes back (router::handover).
                 let connected = self.restore_saved(saved, &mut run);
+                let restored = started.elapsed();
                 self.close_previous_run(run);
                 self.detach_restored(connected);
+                tracing::info!(
+                    read_ms = read.as_millis() as u64,
+                    restored_ms = restored.as_millis() as u64,
+                    closed_ms = started.elapsed().as_millis() as u64,
+                    "recovered the previous run"
+                );
             }
             Err(e) => {
                 tracing::error!(error = %e, "could not read the previous run's lifecycle events")
@@ -492,7 +503,13 @@ impl Router {
     pub(crate) fn close_previous_run(&mut self, run: PreviousRun) {
         // Scopes the log created that no record restored: deleted, so the log's last word is
         // what the new live node holds (deepest first, each once).
-        for s in run.open_scopes.iter().rev() {
+        let PreviousRun {
+            participants,
+            agents,
+            open_scopes,
+            ..
+        } = run;
+        for s in oldest_first(open_scopes, |s| s.seq).iter().rev() {
             if self.scopes.contains(&s.id) {
                 continue;
             }
@@ -509,16 +526,16 @@ impl Router {
                 audience: s.audience.clone(),
             });
         }
-        if run.is_empty() {
+        if participants.is_empty() && agents.is_empty() {
             return;
         }
         tracing::info!(
-            participants = run.participants.len(),
-            agents = run.agents.len(),
+            participants = participants.len(),
+            agents = agents.len(),
             "closing out what the previous run left connected"
         );
         let mut disconnected: HashMap<ParticipantId, EventId> = HashMap::new();
-        for p in run.participants {
+        for p in oldest_first(participants, |p| p.seq) {
             let id = self.emit_participant_event(
                 EventType::ParticipantDisconnected,
                 &p.id,
@@ -532,7 +549,7 @@ impl Router {
             );
             disconnected.insert(p.id, id);
         }
-        for a in run.agents {
+        for a in oldest_first(agents, |a| a.seq) {
             let caused_by = a
                 .owner
                 .as_ref()
