@@ -14,10 +14,10 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, TransactionBehavior};
 
 use crate::protocol::ids::now_ms;
-use crate::store::sqlite::reader::SEQ_AT_TIME_SQL;
+use crate::store::sqlite::reader::first_seq_at_time;
 use crate::store::sqlite::sql::{
     sql_int, write_meta, IDLE_RETENTION_MIN, META_LAST_ID, META_LAST_TS, META_NEXT_SEQ,
     ROW_BYTES_SQL,
@@ -61,11 +61,7 @@ impl Writer {
         if let Some(max_age) = self.max_age {
             let cutoff =
                 now_ms().saturating_sub(u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX));
-            let first_young: Option<i64> = self
-                .conn
-                .prepare_cached(SEQ_AT_TIME_SQL)?
-                .query_row([sql_int(cutoff)], |r| r.get(0))
-                .optional()?;
+            let first_young = first_seq_at_time(&self.conn, cutoff)?;
             let first_young = first_young.map_or(self.committed_next, |s| s.max(0) as u64);
             target = target.max(first_young);
         }

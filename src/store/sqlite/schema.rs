@@ -64,8 +64,7 @@ pub(super) fn init_schema(conn: &mut Connection, path: &Path) -> Result<(), Stor
                      kind TEXT NOT NULL,
                      meta TEXT NOT NULL,
                      json TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);",
+                 );",
             )
             .map_err(err)?;
             for table in KeptTable::ALL {
@@ -89,6 +88,11 @@ pub(super) fn init_schema(conn: &mut Connection, path: &Path) -> Result<(), Stor
     // Lets recovery read the lifecycle events of a long log without scanning it (and is built
     // once for a file that predates it).
     tx.execute_batch("CREATE INDEX IF NOT EXISTS events_kind ON events (kind, seq);")
+        .map_err(err)?;
+    // Files of earlier versions index `ts`, which cost every append a b-tree update: a time
+    // is found by binary search on `seq` now (`reader::first_seq_at_time`). Dropping it is
+    // all the migration there is (an earlier version reads the file as well without it).
+    tx.execute_batch("DROP INDEX IF EXISTS events_ts;")
         .map_err(err)?;
     tx.execute_batch(CLAIMS).map_err(err)?;
     tx.execute_batch(kept::INDEXES).map_err(err)?;
@@ -154,5 +158,34 @@ mod tests {
             check_schema_version("x", path),
             Err(StoreError::Corrupt(_))
         ));
+    }
+
+    /// A file of an earlier build has an index on `ts`: opening drops it and keeps the rows.
+    #[test]
+    fn the_time_index_of_an_earlier_file_is_dropped() {
+        let path = Path::new("events.sqlite3");
+        let mut conn = Connection::open_in_memory().unwrap();
+        init_schema(&mut conn, path).unwrap();
+        conn.execute_batch(
+            "CREATE INDEX events_ts ON events (ts);
+             INSERT INTO events (seq, id, ts, kind, meta, json) VALUES (0, 'a', 5, 'k', '{}', '{}');",
+        )
+        .unwrap();
+        let indexes = |conn: &Connection| -> Vec<String> {
+            let mut stmt = conn
+                .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' ORDER BY name")
+                .unwrap();
+            let names = stmt.query_map([], |r| r.get(0)).unwrap();
+            names.map(Result::unwrap).collect()
+        };
+        assert!(indexes(&conn).contains(&"events_ts".to_owned()));
+        init_schema(&mut conn, path).unwrap();
+        let left = indexes(&conn);
+        assert!(!left.contains(&"events_ts".to_owned()), "{left:?}");
+        assert!(left.contains(&"events_kind".to_owned()), "{left:?}");
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 1);
     }
 }
