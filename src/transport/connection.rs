@@ -176,16 +176,17 @@ pub async fn serve_connection<St, Si>(
 {
     let conn = router.new_conn_id();
     let (tx, rx) = outbox(router.config().outbox_frames);
-    if router
-        .send(Command::Attach {
-            conn,
-            outbox: tx.clone(),
-            origin: opts.origin.clone(),
-            transport: opts.transport,
-            node: opts.node.clone(),
-        })
-        .await
-        .is_err()
+    // NB: the attach and the ending below are boxed: each is a state of this future only
+    // while it runs, and an idle connection's task should not carry room for them.
+    if Box::pin(router.send(Command::Attach {
+        conn,
+        outbox: tx.clone(),
+        origin: opts.origin.clone(),
+        transport: opts.transport,
+        node: opts.node.clone(),
+    }))
+    .await
+    .is_err()
     {
         return;
     }
@@ -311,22 +312,41 @@ pub async fn serve_connection<St, Si>(
         };
     };
 
+    Box::pin(finish(
+        router,
+        session,
+        tx,
+        writer,
+        exit,
+        opts.drain_timeout,
+        conn,
+    ))
+    .await;
+}
+
+/// Ends a connection: its last answers and close frame, the router told, the writer drained.
+async fn finish(
+    router: RouterHandle,
+    mut session: RpcSession,
+    tx: crate::router::outbox::Outbox,
+    writer: tokio::task::JoinHandle<()>,
+    exit: Option<Outbound>,
+    drain_timeout: Duration,
+    conn: ConnId,
+) {
     if let Some(close) = exit {
         // Answers still waiting for their commits go first (each bounded by the commit
         // timeout, all by the drain timeout).
-        let _ = tokio::time::timeout(opts.drain_timeout, session.flush_committed(true)).await;
+        let _ = tokio::time::timeout(drain_timeout, session.flush_committed(true)).await;
         // Behind everything already queued; bounded so a peer that reads nothing cannot hold us.
-        let _ = tokio::time::timeout(opts.drain_timeout, tx.push(close)).await;
+        let _ = tokio::time::timeout(drain_timeout, tx.push(close)).await;
     }
     let _ = router.send(Command::Detach { conn }).await;
     drop(session);
     drop(tx);
     // The router dropped its outbox handles on Detach; the writer ends when the queue is empty.
     let abort = writer.abort_handle();
-    if tokio::time::timeout(opts.drain_timeout, writer)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(drain_timeout, writer).await.is_err() {
         tracing::debug!(%conn, "writer did not drain in time; dropping the connection");
         abort.abort();
     }
