@@ -123,7 +123,7 @@ struct Tails {
 }
 
 /// What the previous run left open, by id (a takeover takes thousands out one by one;
-/// [`Self::oldest_first`] orders what is left when it is closed).
+/// `oldest_first` orders what is left when it is closed).
 #[derive(Debug, Default)]
 pub struct PreviousRun {
     participants: HashMap<String, OpenParticipant>,
