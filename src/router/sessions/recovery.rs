@@ -313,13 +313,15 @@ struct Folding {
 
 impl Folding {
     fn finish(self) -> PreviousRun {
+        let mut tails = self.tails;
         PreviousRun {
             participants: self.participants,
             agents: self.agents,
             last_participant: self.last_participant,
             last_agent: self.last_agent,
-            open_scopes: self.tails.open_scopes.clone(),
-            tails: self.tails,
+            // Only the run reads them from here on (a takeover takes the restored ones out).
+            open_scopes: std::mem::take(&mut tails.open_scopes),
+            tails,
         }
     }
 
@@ -503,6 +505,7 @@ impl Router {
     pub(crate) fn close_previous_run(&mut self, run: PreviousRun) {
         // Scopes the log created that no record restored: deleted, so the log's last word is
         // what the new live node holds (deepest first, each once).
+        let nothing_connected = run.is_empty();
         let PreviousRun {
             participants,
             agents,
@@ -526,7 +529,7 @@ impl Router {
                 audience: s.audience.clone(),
             });
         }
-        if participants.is_empty() && agents.is_empty() {
+        if nothing_connected {
             return;
         }
         tracing::info!(

@@ -52,10 +52,11 @@
 //!
 //! Schema (`schema.rs`, which also migrates older files): `events(seq INTEGER PRIMARY KEY, id
 //! TEXT UNIQUE, ts INTEGER, kind TEXT, meta TEXT, json TEXT)` with an index on `(kind, seq)`
-//! (a time is found by binary search on `seq`: `reader::first_seq_at_time`), `meta(key, value)` holding `schema_version`, and the kept tables (`kept.rs`:
-//! the newest row per key of tasks, checkpoints, conversations, turns and threads, with the
-//! columns the router pages them by, written in the same transaction as their events;
-//! `claims`). A file written by a newer schema version is refused rather than misread.
+//! (a time is found by binary search on `seq`: `reader::first_seq_at_time`), `meta(key,
+//! value)` holding `schema_version`, and the kept tables (`kept.rs`: the newest row per key
+//! of tasks, checkpoints, conversations, turns and threads, with the columns the router pages
+//! them by, written in the same transaction as their events; `claims`). A file written by a
+//! newer schema version is refused rather than misread.
 //!
 //! # Files
 //! - `mod.rs`: [`SqliteStore`] (the handle: `open` starts the threads, the [`EventStore`] impl
