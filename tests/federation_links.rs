@@ -425,11 +425,26 @@ async fn bob_in_is_quiet(inbox: &mut map_router::client::Messages) {
     );
 }
 
+/// A free port below Linux's ephemeral range (32768-60999). The routers start one after
+/// another on ports chosen before, and those already up dial the others meanwhile: a port the
+/// kernel handed out for binding 0 is in the range outbound connections take their source
+/// ports from, and one was taken before its router bound it ("the binary exited before
+/// listening", seen once in CI).
 fn cluster_free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    const FIRST: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    // Test processes run one after another, but each starts at its own place.
+    let start = (std::process::id() % u32::from(SPAN)) as u16;
+    for _ in 0..SPAN {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) % SPAN;
+        let port = FIRST + offset;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// The `message_failed` of message `id` in `client`'s view of its router's log.
