@@ -71,7 +71,12 @@ async def take(sub: Subscription, n: int, what: str) -> list[Event]:
             if len(out) == n:
                 return
 
-    await bounded(fill(), f"{what} ({len(out)} of {n})")
+    try:
+        await asyncio.wait_for(fill(), STEP)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out after {STEP} s: {what} ({len(out)} of {n})") from None
+    if len(out) < n:
+        raise AssertionError(f"the stream ended: {what} ({len(out)} of {n})")
     return out
 
 

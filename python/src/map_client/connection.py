@@ -395,7 +395,9 @@ class Connection:
             except MapConnectionError:
                 pass  # the resumed subscription starts a new window
 
-        if self._transport is not None and self._connected.is_set():
+        # NB. Not gated on `_connected`: while a reconnect restores its subscriptions, events of
+        # the ones already restored flow and must be credited, or their window closes for good.
+        if self._transport is not None:
             self._spawn(send())
 
     def _fail_pending(self, error: BaseException) -> None:

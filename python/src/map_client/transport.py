@@ -16,13 +16,15 @@ import asyncio
 import os
 import ssl as _ssl
 import sys
-from typing import Protocol
-
-from websockets.asyncio.client import ClientConnection as _WsConnection
-from websockets.asyncio.client import connect as _ws_connect
-from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import MapConnectionError
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection as _WsConnection
+
+# NB. `websockets` is imported where a WebSocket is opened, not here: a program spawned by the
+# router over stdio needs nothing but the standard library and this package.
 
 __all__ = ["Transport", "WebSocketTransport", "StreamTransport", "stdio", "MAX_FRAME_BYTES"]
 
@@ -45,7 +47,11 @@ class WebSocketTransport:
     """One WebSocket connection (websockets' asyncio client)."""
 
     def __init__(self, ws: _WsConnection) -> None:
+        from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+
         self._ws = ws
+        self._closed_error = ConnectionClosed
+        self._closed_ok = ConnectionClosedOK
 
     @classmethod
     async def open(
@@ -57,10 +63,14 @@ class WebSocketTransport:
         max_size: int = MAX_FRAME_BYTES,
     ) -> WebSocketTransport:
         """Opens `url`; with `wss://` and no `ssl`, the system's trust store is used."""
+        from websockets.asyncio.client import connect as _ws_connect
+        from websockets.exceptions import InvalidHandshake, InvalidURI
+
+        extra: dict[str, Any] = {"ssl": ssl} if ssl is not None and url.startswith("wss:") else {}
         try:
             ws = await _ws_connect(
                 url,
-                ssl=ssl if url.startswith("wss:") else None,
+                **extra,
                 open_timeout=open_timeout,
                 max_size=max_size,
                 compression=None,
@@ -75,22 +85,22 @@ class WebSocketTransport:
     async def send(self, text: str) -> None:
         try:
             await self._ws.send(text)
-        except ConnectionClosed as e:
+        except self._closed_error as e:
             raise MapConnectionError(f"connection closed: {e}") from e
 
     async def recv(self) -> str | None:
         try:
             frame = await self._ws.recv()
-        except ConnectionClosedOK:
+        except self._closed_ok:
             return None
-        except ConnectionClosed as e:
+        except self._closed_error as e:
             raise MapConnectionError(f"connection lost: {e}") from e
         return frame if isinstance(frame, str) else frame.decode("utf-8", "replace")
 
     async def close(self) -> None:
         try:
             await asyncio.wait_for(self._ws.close(), 2.0)
-        except (asyncio.TimeoutError, OSError, ConnectionClosed):
+        except (asyncio.TimeoutError, OSError, self._closed_error):
             self._ws.transport.abort()
 
     def abort(self) -> None:
