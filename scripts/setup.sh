@@ -7,8 +7,9 @@
 # 2. Node.js >= 20 (Debian's own nodejs may be older: then it says so and exits 1);
 # 3. the npm packages of tests/interop and tests/browser (npm ci, pinned by their lock files);
 # 4. the Python virtual environments (tests/gateways/setup.sh, tests/a2a_py/.venv,
-#    tests/aip_py/.venv, and tests/phoenix/.venv: Arize Phoenix, the OTLP receiver of the traces
-#    tests, about 45 s and 850 MB fresh), pinned.
+#    tests/aip_py/.venv, tests/python/.venv: the Python MAP client's suite, and
+#    tests/phoenix/.venv: Arize Phoenix, the OTLP receiver of the traces tests, about 45 s and
+#    850 MB fresh), pinned.
 #
 #   scripts/setup.sh [--check]    --check: report what is missing, install nothing
 #
@@ -82,7 +83,7 @@ done
 
 # 4. Python virtual environments, pinned by their requirements files.
 tests/gateways/setup.sh >/dev/null
-for dir in tests/a2a_py tests/aip_py tests/phoenix; do
+for dir in tests/a2a_py tests/aip_py tests/python tests/phoenix; do
   venv=$dir/.venv
   if [ ! -x "$venv/bin/python" ] || ! cmp -s "$dir/requirements.txt" "$venv/.requirements"; then
     say "making $venv"

@@ -4,7 +4,8 @@
 # @multi-agent-protocol/sdk clients drive the built binary over real WebSockets (and the
 # official @a2a-js/sdk client drives its A2A gateway), the gateway suite in which the seeds'
 # Python clients (httpx, websockets) drive the MAMP and IM gateways (tests/gateways/), Python
-# gRPC drives the AIP gateway (tests/aip_py/), and the
+# gRPC drives the AIP gateway (tests/aip_py/), our Python MAP client (python/) drives the router
+# (tests/python/), and the
 # web dashboard in headless Chromium (tests/browser/).
 #
 # Needs what scripts/test-deps.txt lists; scripts/setup.sh installs or checks it all first (as root
@@ -42,6 +43,9 @@ echo "== AIP acceptance through Python gRPC (grpcio 1.73.1, stubs by grpcio-tool
 scripts/aip_py.sh target/debug/map-router
 echo "== AIP acceptance spread: the Python gRPC nodes on a standby's AIP gateway, the MAP agent on the live node"
 scripts/aip_py.sh target/debug/map-router --spread
+
+echo "== Python MAP client (python/, its wheel, mypy --strict, examples/python, TS SDK peers; venv in tests/python/.venv)"
+scripts/python_suite.sh target/debug/map-router
 
 echo "== gateway suite (the seeds' Python clients against target/debug/map-router)"
 gateways_python=$(tests/gateways/setup.sh)
