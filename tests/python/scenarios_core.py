@@ -136,6 +136,7 @@ async def _(ctx: Ctx) -> None:
         e = await next_event(sub, lambda e: e["type"] == "participant_connected", "participant_connected")
         eq(e["data"]["participantId"], aid, "connected participant")
     check(a.state == "closed", "closed after the block")
+    eq(await bounded(_all(a.messages()), "messages() after close"), [], "messages() ends on a closed connection")
     await next_event(sub, lambda e: e["type"] == "participant_disconnected", "participant_disconnected")
     e = await next_event(sub, lambda e: e["type"] == "agent_unregistered", "agent_unregistered")
     eq(e["data"]["agentId"], aid, "its agent unregistered")
@@ -484,3 +485,7 @@ async def _(ctx: Ctx) -> None:
     eq(e.data.get("category"), "routing", "category")
     check(isinstance(e, RoutingError), "RoutingError")
     eq(str(e), "2001 Agent not found: nope", "str")
+
+
+async def _all(it: Any) -> list[Any]:
+    return [x async for x in it]

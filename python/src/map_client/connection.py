@@ -563,6 +563,8 @@ class Connection:
     async def messages(self) -> AsyncIterator[Message]:
         """Every message, in order, until the connection closes."""
         queue: asyncio.Queue[Any] = asyncio.Queue(max(1, self._max_queued // 4))
+        if self._dispatcher is not None and self._dispatcher.done():
+            return  # the connection has closed and its messages were handed out
         self._iterators.append(queue)
         self._consumer_added()
         try:
