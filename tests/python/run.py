@@ -26,6 +26,7 @@ from harness import ROOT, SCENARIOS, Ctx, Scenario
 import scenarios_core  # noqa: E402,F401  (each registers its scenarios)
 import scenarios_more  # noqa: E402,F401
 import scenarios_examples  # noqa: E402,F401
+import scenarios_ext  # noqa: E402,F401
 import scenarios_mixed  # noqa: E402,F401
 
 
