@@ -17,6 +17,9 @@ applied them is unknown) and, with `reconnect` on, the connection opens a new tr
 resumes its session (`resumeToken`), lets the subclass restore what it registered, and
 subscribes again from the last event each subscription handed out (subscription.py). Calls made
 meanwhile wait for that, within their own deadline.
+
+The catalogue of MAP methods (agents, scopes, steering, tasks, mail, ...) is `Methods`
+(methods.py), which this class completes with `call()` and `send()`.
 """
 
 from __future__ import annotations
@@ -42,19 +45,17 @@ from typing import (
 
 from .auth import Auth
 from .errors import AuthError, ErrorCode, MapConnectionError, MapError, MapTimeoutError
+from .methods import Methods
 from .subscription import DEFAULT_WINDOW, Subscription
 from .transport import Transport
 from .types import (
     Address,
-    AgentsGetResult,
-    AgentsListResult,
     ConnectResult,
     EventEnvelope,
     Message,
     MessageMeta,
     ReplayedEvent,
     ReplayResult,
-    Scope,
     SendResult,
     SubscriptionFilter,
 )
@@ -93,7 +94,7 @@ class _Pending:
         self.on_result = on_result
 
 
-class Connection:
+class Connection(Methods):
     """What clients and agents share: calls, messages, subscriptions, replay, reconnection."""
 
     _participant_type = "client"
@@ -745,230 +746,6 @@ class Connection:
             if not result.get("hasMore") or not result["events"]:
                 return
             cursor = result["events"][-1]["eventId"]
-
-    # -- agents, scopes, steering ---------------------------------------------------------
-
-    async def list_agents(
-        self, filter: Mapping[str, Any] | None = None, *, limit: int | None = None, cursor: str | None = None
-    ) -> AgentsListResult:
-        params: dict[str, Any] = {}
-        if filter:
-            params["filter"] = filter
-        if limit is not None:
-            params["limit"] = limit
-        if cursor is not None:
-            params["cursor"] = cursor
-        return cast(AgentsListResult, await self.call("map/agents/list", params))
-
-    async def get_agent(self, agent_id: str, *, include: Mapping[str, Any] | None = None) -> AgentsGetResult:
-        params: dict[str, Any] = {"agentId": agent_id}
-        if include:
-            params["include"] = include
-        return cast(AgentsGetResult, await self.call("map/agents/get", params))
-
-    async def get_structure_graph(
-        self, *, root_agent_id: str | None = None, depth: int | None = None, include_relationships: bool | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        if root_agent_id is not None:
-            params["rootAgentId"] = root_agent_id
-        if depth is not None:
-            params["depth"] = depth
-        if include_relationships is not None:
-            params["includeRelationships"] = include_relationships
-        return cast(dict[str, Any], await self.call("map/structure/graph", params))
-
-    async def list_scopes(self, *, parent: str | None = None) -> list[Scope]:
-        params = {"parent": parent} if parent is not None else {}
-        result = await self.call("map/scopes/list", params)
-        return cast(list[Scope], result["scopes"])
-
-    async def get_scope(self, scope_id: str) -> Scope:
-        return cast(Scope, (await self.call("map/scopes/get", {"scopeId": scope_id}))["scope"])
-
-    async def get_scope_members(
-        self, scope_id: str, *, limit: int | None = None, cursor: str | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"scopeId": scope_id}
-        if limit is not None:
-            params["limit"] = limit
-        if cursor is not None:
-            params["cursor"] = cursor
-        return cast(dict[str, Any], await self.call("map/scopes/members", params))
-
-    async def inject(self, agent_id: str, content: Any, delivery: str | None = None) -> dict[str, Any]:
-        """Steering (`map/inject`): puts `content` in front of a running agent."""
-        params: dict[str, Any] = {"agentId": agent_id, "content": content}
-        if delivery is not None:
-            params["delivery"] = delivery
-        return cast(dict[str, Any], await self.call("map/inject", params))
-
-    async def stop_agent(self, agent_id: str, *, reason: str | None = None, force: bool = False) -> dict[str, Any]:
-        """`{"stopping": bool, "agent": Agent}`: the agent gets a `stop` control message."""
-        params: dict[str, Any] = {"agentId": agent_id}
-        if reason is not None:
-            params["reason"] = reason
-        if force:
-            params["force"] = True
-        return cast(dict[str, Any], await self.call("map/agents/stop", params))
-
-    async def suspend_agent(self, agent_id: str, reason: str | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"agentId": agent_id}
-        if reason is not None:
-            params["reason"] = reason
-        return cast(dict[str, Any], await self.call("map/agents/suspend", params))
-
-    async def resume_agent(self, agent_id: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("map/agents/resume", {"agentId": agent_id}))
-
-    # -- sessions and authentication ------------------------------------------------------
-
-    async def list_sessions(self) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("map/session/list", {}))
-
-    async def load_session(self, session_id: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("map/session/load", {"sessionId": session_id}))
-
-    async def close_session(self, session_id: str | None = None) -> dict[str, Any]:
-        params = {"sessionId": session_id} if session_id is not None else {}
-        return cast(dict[str, Any], await self.call("map/session/close", params))
-
-    async def refresh_auth(self, auth: Auth) -> dict[str, Any]:
-        """Swaps the credential in-band (`map/auth/refresh`), e.g. on `map/auth/expiring`;
-        later reconnects use the new one."""
-        result = await self.call("map/auth/refresh", auth.to_wire())
-        if isinstance(result, dict) and result.get("success"):
-            self._auth = auth
-        return cast(dict[str, Any], result)
-
-    # -- tasks ----------------------------------------------------------------------------
-
-    async def create_task(self, task: Mapping[str, Any]) -> dict[str, Any]:
-        """`map/tasks/create {task}` → `{"task": Task}`."""
-        return cast(dict[str, Any], await self.call("map/tasks/create", {"task": dict(task)}))
-
-    async def assign_task(self, task_id: str, agent_id: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("map/tasks/assign", {"taskId": task_id, "agentId": agent_id}))
-
-    async def update_task(self, task_id: str, **changes: Any) -> dict[str, Any]:
-        """`map/tasks/update`: `status`, `title`, `description`, `assignee`, `meta`."""
-        return cast(dict[str, Any], await self.call("map/tasks/update", {"taskId": task_id, **changes}))
-
-    async def list_tasks(
-        self, filter: Mapping[str, Any] | None = None, *, limit: int | None = None, cursor: str | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        if filter:
-            params["filter"] = filter
-        if limit is not None:
-            params["limit"] = limit
-        if cursor is not None:
-            params["cursor"] = cursor
-        return cast(dict[str, Any], await self.call("map/tasks/list", params))
-
-    async def get_task(self, task_id: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("map/tasks/get", {"taskId": task_id}))
-
-    # -- mail (conversations) ---------------------------------------------------------------
-
-    async def create_conversation(self, **params: Any) -> dict[str, Any]:
-        """`mail/create` (`subject`, `type`, `initialParticipants`, `initialTurn`, `metadata`)."""
-        return cast(dict[str, Any], await self.call("mail/create", params))
-
-    async def get_conversation(self, conversation_id: str, include: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"conversationId": conversation_id}
-        if include:
-            params["include"] = include
-        return cast(dict[str, Any], await self.call("mail/get", params))
-
-    async def list_conversations(self, **params: Any) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("mail/list", params))
-
-    async def close_conversation(self, conversation_id: str, reason: str | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"conversationId": conversation_id}
-        if reason is not None:
-            params["reason"] = reason
-        return cast(dict[str, Any], await self.call("mail/close", params))
-
-    async def join_conversation(self, conversation_id: str, **params: Any) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("mail/join", {"conversationId": conversation_id, **params}))
-
-    async def leave_conversation(self, conversation_id: str, reason: str | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"conversationId": conversation_id}
-        if reason is not None:
-            params["reason"] = reason
-        return cast(dict[str, Any], await self.call("mail/leave", params))
-
-    async def invite_to_conversation(self, conversation_id: str, participant: Mapping[str, Any], **params: Any) -> dict[str, Any]:
-        return cast(
-            dict[str, Any],
-            await self.call("mail/invite", {"conversationId": conversation_id, "participant": participant, **params}),
-        )
-
-    async def record_turn(self, conversation_id: str, content_type: str, content: Any, **params: Any) -> dict[str, Any]:
-        return cast(
-            dict[str, Any],
-            await self.call(
-                "mail/turn", {"conversationId": conversation_id, "contentType": content_type, "content": content, **params}
-            ),
-        )
-
-    async def list_turns(self, conversation_id: str, **params: Any) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("mail/turns/list", {"conversationId": conversation_id, **params}))
-
-    async def create_thread(self, conversation_id: str, root_turn_id: str, **params: Any) -> dict[str, Any]:
-        return cast(
-            dict[str, Any],
-            await self.call("mail/thread/create", {"conversationId": conversation_id, "rootTurnId": root_turn_id, **params}),
-        )
-
-    async def list_threads(self, conversation_id: str, **params: Any) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("mail/thread/list", {"conversationId": conversation_id, **params}))
-
-    async def get_conversation_summary(self, conversation_id: str, **params: Any) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("mail/summary", {"conversationId": conversation_id, **params}))
-
-    async def replay_conversation(self, conversation_id: str, **params: Any) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("mail/replay", {"conversationId": conversation_id, **params}))
-
-    async def send_with_mail(
-        self,
-        to: Address,
-        payload: Any,
-        conversation_id: str,
-        *,
-        thread_id: str | None = None,
-        meta: MessageMeta | None = None,
-    ) -> SendResult:
-        """A send recorded as a turn of a conversation (`meta.mail`)."""
-        mail: dict[str, Any] = {"conversationId": conversation_id}
-        if thread_id is not None:
-            mail["threadId"] = thread_id
-        full: MessageMeta = {**(meta or {}), "mail": mail}
-        return await self.send(to, payload, full)
-
-    # -- trajectory -----------------------------------------------------------------------
-
-    async def list_checkpoints(
-        self, filter: Mapping[str, Any] | None = None, *, limit: int | None = None, cursor: str | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        if filter:
-            params["filter"] = filter
-        if limit is not None:
-            params["limit"] = limit
-        if cursor is not None:
-            params["cursor"] = cursor
-        return cast(dict[str, Any], await self.call("trajectory/list", params))
-
-    async def get_checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.call("trajectory/get", {"checkpointId": checkpoint_id}))
-
-    async def get_checkpoint_content(self, checkpoint_id: str, include: list[str] | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"checkpointId": checkpoint_id}
-        if include is not None:
-            params["include"] = include
-        return cast(dict[str, Any], await self.call("trajectory/content", params))
 
 
 _C = TypeVar("_C", bound=Connection)
