@@ -489,3 +489,24 @@ async def _(ctx: Ctx) -> None:
 
 async def _all(it: Any) -> list[Any]:
     return [x async for x in it]
+
+
+@scenario("bounds: messages nobody reads never stall the connection (the newest kept, the rest counted)")
+async def _(ctx: Ctx) -> None:
+    await ctx.start_router()
+    dash = await client(ctx, "dash", max_queued_messages=8)
+    events = await dash.subscribe({"eventTypes": ["agent_state_changed"]})
+    a = await agent(ctx, "chatty")
+    for i in range(20):
+        await a.send({"participant": dash.participant_id}, {"i": i})
+    await until(lambda: dash.dropped_messages == 12, f"12 dropped (got {dash.dropped_messages})")
+    listed = await bounded(dash.list_agents(), "calls still answered")
+    eq(len(listed["agents"]), 1, "list")
+    await a.busy()
+    eq((await next_event(events, what="events still flow"))["data"]["newState"], "busy", "event")
+    got = []
+    async for m in dash.messages():
+        got.append(m.get("payload", {}).get("i"))
+        if len(got) == 8:
+            break
+    eq(got, list(range(12, 20)), "the newest 8 kept, in order")

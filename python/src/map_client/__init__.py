@@ -8,7 +8,8 @@ multi-agent systems), shaped like the official TypeScript SDK.
             await agent.reply(message, {"echo": message.get("payload")})
 
 Modules: `client` (ClientConnection), `agent` (AgentConnection), `connection` (what both share:
-calls, messages, request/reply, reconnection), `methods` (the MAP methods as methods), `subscription` (event streams with credit),
+calls, messages, request/reply, reconnection), `methods` (the MAP methods as methods),
+`subscription` (event streams with credit),
 `transport` (WebSocket, stdio NDJSON), `errors`, `types`, `auth`. See docs/python.md.
 """
 

@@ -11,6 +11,8 @@ holds `max_queued_messages`; a subscription holds at most its credit window (sub
 NB. When the inbox is full the reader stops reading, which is backpressure on the router (it
 reports a recipient whose queue is full as `recipient_backlogged`) but also holds back answers:
 a handler that awaits a call while more than `max_queued_messages` messages wait gets a timeout.
+A connection on which nothing ever reads messages (no handler, no `messages()`) keeps only the
+newest `max_queued_messages` instead, counted in `dropped_messages` and logged.
 
 When the transport is lost, calls in flight fail with `MapConnectionError` (whether the router
 applied them is unknown) and, with `reconnect` on, the connection opens a new transport,
@@ -136,6 +138,9 @@ class Connection(Methods):
         self._notification_handlers: dict[str, list[NotificationHandler]] = {}
         self._state_handlers: list[StateHandler] = []
         self._background: set[asyncio.Task[Any]] = set()
+        #: Messages dropped because nothing ever read messages (no handler, no `messages()`)
+        #: and the inbox was full.
+        self.dropped_messages = 0
         self.connect_result: ConnectResult = {}
         self.resume_token: str | None = None
         self.state = "initial"
@@ -547,6 +552,14 @@ class Connection(Methods):
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
                 return
+        if self._dispatcher is None and self._inbox.full():
+            # Nobody has asked for messages (a dashboard that only watches events): waiting for
+            # a reader that will never come would stall this connection's answers and events.
+            # Keep the newest, count and log what goes.
+            self._inbox.get_nowait()
+            self.dropped_messages += 1
+            if self.dropped_messages == 1 or self.dropped_messages % 1000 == 0:
+                log.warning("%d messages dropped: nothing reads this connection's messages", self.dropped_messages)
         await self._inbox.put(message)  # NB. backpressure: see the module doc
 
     def on_message(self, handler: MessageHandler) -> MessageHandler:
