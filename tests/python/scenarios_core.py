@@ -231,7 +231,7 @@ async def _(ctx: Ctx) -> None:
     team = await a.create_scope("team", sendPolicy="any")
     e = await next_event(sub, what="scope_created")
     eq(e["data"]["scopeId"], team["id"], "scope_created")
-    eq([s["id"] for s in await obs.list_scopes()], [team["id"]], "list")
+    eq([s["id"] for s in (await obs.list_scopes())["scopes"]], [team["id"]], "list")
     eq((await obs.get_scope(team["id"]))["name"], "team", "get")
     await a.join_scope(team["id"])
     await b.join_scope(team["id"])

@@ -58,10 +58,10 @@ class Methods:
             params["includeRelationships"] = include_relationships
         return cast(dict[str, Any], await self.call("map/structure/graph", params))
 
-    async def list_scopes(self, *, parent: str | None = None) -> list[Scope]:
+    async def list_scopes(self, *, parent: str | None = None) -> dict[str, Any]:
+        """`{"scopes": [Scope, ...], "asOf"?}` (the direct children of `parent` when given)."""
         params = {"parent": parent} if parent is not None else {}
-        result = await self.call("map/scopes/list", params)
-        return cast(list[Scope], result["scopes"])
+        return cast(dict[str, Any], await self.call("map/scopes/list", params))
 
     async def get_scope(self, scope_id: str) -> Scope:
         return cast(Scope, (await self.call("map/scopes/get", {"scopeId": scope_id}))["scope"])
