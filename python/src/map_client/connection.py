@@ -2,17 +2,20 @@
 
 It owns one transport at a time and one reader task per transport. The reader resolves answers
 by id, hands `map/event` to its `Subscription`, resolves `request()`s by `correlationId`, and
-queues every other `map/message` for the application. Nothing the application does runs inside
-the reader: message handlers run on a dispatcher task of their own, one message at a time, so a
-handler may await `reply()` or `request()` (in the TypeScript SDK that deadlocks).
+puts every other `map/message` straight into the queue of each `messages()` iterator (one hop
+from the socket to the application), and into the queue of the handlers' dispatcher. Nothing
+the application does runs inside the reader: message handlers run on that dispatcher task, one
+message at a time, so a handler may await `reply()` or `request()` (in the TypeScript SDK that
+deadlocks).
 
-Bounds: every call has a deadline (`timeout`, 30 s by default, as in the SDK); the message inbox
-holds `max_queued_messages`; a subscription holds at most its credit window (subscription.py).
-NB. When the inbox is full the reader stops reading, which is backpressure on the router (it
-reports a recipient whose queue is full as `recipient_backlogged`) but also holds back answers:
-a handler that awaits a call while more than `max_queued_messages` messages wait gets a timeout.
-A connection on which nothing ever reads messages (no handler, no `messages()`) keeps only the
-newest `max_queued_messages` instead, counted in `dropped_messages` and logged.
+Bounds: every call has a deadline (`timeout`, 30 s by default, as in the SDK); each message
+queue holds `max_queued_messages`; a subscription holds at most its credit window
+(subscription.py). NB. When a message queue is full the reader stops reading, which is
+backpressure on the router (it reports a recipient whose queue is full as
+`recipient_backlogged`) but also holds back answers: a handler that awaits a call while more
+than `max_queued_messages` messages wait gets a timeout. While nothing reads messages (no
+handler, no `messages()`), the newest `max_queued_messages` are kept for the first reader and
+the rest counted in `dropped_messages` and logged.
 
 When the transport is lost, calls in flight fail with `MapConnectionError` (whether the router
 applied them is unknown) and, with `reconnect` on, the connection opens a new transport,
@@ -27,6 +30,7 @@ The catalogue of MAP methods (agents, scopes, steering, tasks, mail, ...) is `Me
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import json
 import logging
@@ -129,11 +133,12 @@ class Connection(Methods):
         self._subscriptions: list[Subscription] = []
         self._subs_by_id: dict[str, Subscription] = {}
         self._reply_waiters: dict[str, asyncio.Future[Message]] = {}
-        self._inbox: asyncio.Queue[Any] = asyncio.Queue(max_queued_messages)
+        #: Messages that arrived while nothing read messages (handed to the first reader).
+        self._inbox: collections.deque[Message] = collections.deque()
         self._max_queued = max_queued_messages
         self._handlers: list[MessageHandler] = []
         self._iterators: list[asyncio.Queue[Any]] = []
-        self._has_consumer = asyncio.Event()
+        self._handler_queue: asyncio.Queue[Any] | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._notification_handlers: dict[str, list[NotificationHandler]] = {}
         self._state_handlers: list[StateHandler] = []
@@ -270,23 +275,17 @@ class Connection(Methods):
                 sub._end()
         self._subscriptions.clear()
         self._subs_by_id.clear()
-        self._put_inbox_end()
+        self._end_messages()
         for task in list(self._background):
             task.cancel()
         self._closed.set()
         self._set_state("closed")
 
-    def _put_inbox_end(self) -> None:
-        try:
-            self._inbox.put_nowait(_END)
-        except asyncio.QueueFull:
-            # Make room for the end marker: the messages dropped here arrived on a connection
-            # that is closing anyway, and nobody is taking them.
-            self._inbox.get_nowait()
-            self._inbox.put_nowait(_END)
-        if self._dispatcher is None:
-            for q in self._iterators:
-                q.put_nowait(_END)
+    def _end_messages(self) -> None:
+        for queue in self._iterators:
+            self._end_queue(queue)
+        if self._handler_queue is not None:
+            self._end_queue(self._handler_queue)
 
     async def wait_closed(self) -> None:
         """Returns when the connection has closed for good (after reconnection gave up, or
@@ -552,61 +551,78 @@ class Connection(Methods):
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
                 return
-        if self._dispatcher is None and self._inbox.full():
-            # Nobody has asked for messages (a dashboard that only watches events): waiting for
-            # a reader that will never come would stall this connection's answers and events.
-            # Keep the newest, count and log what goes.
-            self._inbox.get_nowait()
-            self.dropped_messages += 1
-            if self.dropped_messages == 1 or self.dropped_messages % 1000 == 0:
-                log.warning("%d messages dropped: nothing reads this connection's messages", self.dropped_messages)
-        await self._inbox.put(message)  # NB. backpressure: see the module doc
+        if not self._handlers and not self._iterators:
+            # Nobody reads messages (yet, or at all: a dashboard that only watches events).
+            # Waiting for a reader that may never come would stall this connection's answers
+            # and events: keep the newest for the first reader, count and log what goes.
+            if len(self._inbox) >= self._max_queued:
+                self._inbox.popleft()
+                self.dropped_messages += 1
+                if self.dropped_messages == 1 or self.dropped_messages % 1000 == 0:
+                    log.warning("%d messages dropped: nothing reads this connection's messages", self.dropped_messages)
+            self._inbox.append(message)
+            return
+        # NB. A full queue stops this reader: backpressure, see the module doc.
+        for queue in self._iterators:
+            if queue.full():
+                await queue.put(message)
+            else:
+                queue.put_nowait(message)
+        if self._handlers and self._handler_queue is not None:
+            if self._handler_queue.full():
+                await self._handler_queue.put(message)
+            else:
+                self._handler_queue.put_nowait(message)
 
     def on_message(self, handler: MessageHandler) -> MessageHandler:
-        """Calls `handler(message)` for every message (sync or async; one at a time, in order).
-        Usable as a decorator. Replies to this side's `request()` go to the request instead."""
+        """Calls `handler(message)` for every message (sync or async; one at a time, in order, on
+        a task of their own). Usable as a decorator. Replies to this side's `request()` go to the
+        request instead."""
         self._handlers.append(handler)
-        self._consumer_added()
+        if self._handler_queue is None:
+            self._handler_queue = asyncio.Queue(self._max_queued)
+            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(self._handler_queue))
+        while self._inbox and not self._handler_queue.full():
+            self._handler_queue.put_nowait(self._inbox.popleft())
+        if self._closed.is_set():
+            self._end_queue(self._handler_queue)
         return handler
 
     def off_message(self, handler: MessageHandler) -> None:
         if handler in self._handlers:
             self._handlers.remove(handler)
-        self._consumer_removed()
 
     async def messages(self) -> AsyncIterator[Message]:
-        """Every message, in order, until the connection closes."""
-        queue: asyncio.Queue[Any] = asyncio.Queue(max(1, self._max_queued // 4))
-        if self._dispatcher is not None and self._dispatcher.done():
-            return  # the connection has closed and its messages were handed out
+        """Every message, in order, until the connection closes (what arrived while nothing
+        read messages first). Each iterator gets every message."""
+        queue: asyncio.Queue[Any] = asyncio.Queue(self._max_queued)
+        while self._inbox:
+            queue.put_nowait(self._inbox.popleft())
         self._iterators.append(queue)
-        self._consumer_added()
         try:
             while True:
+                if queue.empty() and self._closed.is_set():
+                    return
                 item = await queue.get()
                 if item is _END:
                     return
                 yield item
         finally:
             self._iterators.remove(queue)
-            self._consumer_removed()
 
-    def _consumer_added(self) -> None:
-        self._has_consumer.set()
-        if self._dispatcher is None:
-            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch())
+    @staticmethod
+    def _end_queue(queue: asyncio.Queue[Any]) -> None:
+        # A reader of `queue` that finds it empty after the close ends by itself; one waiting
+        # on an empty queue now is woken by the marker.
+        if queue.empty():
+            queue.put_nowait(_END)
 
-    def _consumer_removed(self) -> None:
-        if not self._handlers and not self._iterators:
-            self._has_consumer.clear()
-
-    async def _dispatch(self) -> None:
+    async def _dispatch(self, queue: asyncio.Queue[Any]) -> None:
         while True:
-            await self._has_consumer.wait()
-            message = await self._inbox.get()
+            if queue.empty() and self._closed.is_set():
+                return
+            message = await queue.get()
             if message is _END:
-                for q in list(self._iterators):
-                    await q.put(_END)
                 return
             for handler in list(self._handlers):
                 try:
@@ -615,8 +631,6 @@ class Connection(Methods):
                         await outcome
                 except Exception:
                     log.exception("message handler failed")
-            for q in list(self._iterators):
-                await q.put(message)
 
     def on_notification(self, method: str, handler: NotificationHandler) -> NotificationHandler:
         """Calls `handler(params)` for notifications of `method` other than messages and events
