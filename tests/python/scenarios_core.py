@@ -510,3 +510,27 @@ async def _(ctx: Ctx) -> None:
         if len(got) == 8:
             break
     eq(got, list(range(12, 20)), "the newest 8 kept, in order")
+
+
+@scenario("messages: every messages() iterator and every handler sees every message, in order")
+async def _(ctx: Ctx) -> None:
+    await ctx.start_router()
+    a = await agent(ctx, "fanout")  # has an on_message handler already (its inbox)
+    got: list[list[Any]] = [[], []]
+
+    async def read(i: int) -> None:
+        async for m in a.messages():
+            got[i].append(m.get("payload"))
+            if len(got[i]) == 5:
+                return
+
+    loop = asyncio.get_running_loop()
+    readers = [loop.create_task(read(0)), loop.create_task(read(1))]
+    await asyncio.sleep(0)  # both iterators registered before anything arrives
+    s = await agent(ctx, "sender")
+    for i in range(5):
+        await s.send(a.agent_id, i)
+    await bounded(asyncio.gather(*readers), "both iterators")
+    eq(got, [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]], "each iterator")
+    await until(lambda: len(inbox(a).messages) == 5, "the handler")
+    eq([m.get("payload") for m in inbox(a).messages], [0, 1, 2, 3, 4], "the handler, in order")
