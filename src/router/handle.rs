@@ -36,11 +36,18 @@ pub struct Declared {
     pub relay: Option<String>,
 }
 
-/// A cheap, cloneable handle to the router task.
+/// A cheap, cloneable handle to the router task: its channel and one shared part (16 bytes:
+/// every connection holds three, and a clone is two reference counts).
 #[derive(Debug, Clone)]
 pub struct RouterHandle {
     tx: mpsc::Sender<Command>,
-    next_conn: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+}
+
+/// What every handle of one router shares.
+#[derive(Debug)]
+struct Shared {
+    next_conn: AtomicU64,
     config: Arc<RouterConfig>,
     /// Store durability progress, when calls wait for it.
     committed: Option<tokio::sync::watch::Receiver<u64>>,
@@ -53,12 +60,12 @@ pub struct RouterHandle {
 impl RouterHandle {
     /// Whether this router is a follower (`RouterConfig::follower`).
     pub fn is_follower(&self) -> bool {
-        self.config.follower
+        self.shared.config.follower
     }
 
     /// The server's metrics, when they are enabled.
     pub fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
-        self.metrics.as_ref()
+        self.shared.metrics.as_ref()
     }
 
     /// The text of `GET /metrics`: the metrics' families and the router's snapshot.
@@ -66,24 +73,28 @@ impl RouterHandle {
     /// # Errors
     /// `NotFound`-like `Unavailable` when metrics are off or the router has stopped.
     pub async fn render_metrics(&self) -> Result<String, RouterError> {
-        let metrics = self.metrics.clone().ok_or(RouterError::Unavailable)?;
+        let metrics = self
+            .shared
+            .metrics
+            .clone()
+            .ok_or(RouterError::Unavailable)?;
         let snapshot = self.with(|r| r.metrics_snapshot()).await?;
         Ok(metrics.render(snapshot).await)
     }
 
     /// A fresh connection id.
     pub fn new_conn_id(&self) -> ConnId {
-        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
+        ConnId(self.shared.next_conn.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The router's configuration.
     pub fn config(&self) -> &RouterConfig {
-        &self.config
+        &self.shared.config
     }
 
     /// The durable event store, if the log is durable.
     pub fn store(&self) -> Option<Arc<dyn crate::store::EventStore>> {
-        self.store.clone()
+        self.shared.store.clone()
     }
 
     /// Sends a command, waiting for room in the channel.
@@ -219,15 +230,16 @@ impl RouterHandle {
         self.send(Command::Call(op)).await?;
         let (result, appended_to) = rx.await.map_err(|_| RouterError::Unavailable)?;
         let result = result?;
-        let commit = appended_to.filter(|_| self.committed.is_some());
+        let commit = appended_to.filter(|_| self.shared.committed.is_some());
         Ok((result, commit))
     }
 
     /// The store's commit progress and the commit timeout, when calls wait for commits.
     pub(crate) fn commit_progress(&self) -> Option<(tokio::sync::watch::Receiver<u64>, Duration)> {
-        self.committed
+        self.shared
+            .committed
             .clone()
-            .map(|c| (c, self.config.commit_timeout))
+            .map(|c| (c, self.shared.config.commit_timeout))
     }
 
     /// Waits (bounded by the commit timeout) until the store holds every event below `until`,
@@ -235,11 +247,11 @@ impl RouterHandle {
     /// at once without a store. Past the timeout it returns anyway (the read then shows what
     /// the store has), with a warning.
     pub async fn store_settled(&self, until: u64) {
-        let Some(store) = &self.store else {
+        let Some(store) = &self.shared.store else {
             return;
         };
         let mut committed = store.committed();
-        let limit = self.config.commit_timeout;
+        let limit = self.shared.config.commit_timeout;
         if tokio::time::timeout(limit, committed.wait_for(|c| *c >= until))
             .await
             .is_err()
@@ -257,10 +269,10 @@ impl RouterHandle {
     /// # Errors
     /// `NotDurable` (4000) when the commit does not come in time or the store has stopped.
     pub async fn wait_committed(&self, until: u64) -> Result<(), RouterError> {
-        let Some(mut committed) = self.committed.clone() else {
+        let Some(mut committed) = self.shared.committed.clone() else {
             return Ok(());
         };
-        let limit = self.config.commit_timeout;
+        let limit = self.shared.config.commit_timeout;
         let reached = tokio::time::timeout(limit, committed.wait_for(|c| *c >= until))
             .await
             .map(|r| r.is_ok());
@@ -381,11 +393,13 @@ impl Router {
         (
             RouterHandle {
                 tx,
-                next_conn: Arc::new(AtomicU64::new(1)),
-                committed,
-                store: handle_store,
-                metrics: parts.metrics,
-                config,
+                shared: Arc::new(Shared {
+                    next_conn: AtomicU64::new(1),
+                    committed,
+                    store: handle_store,
+                    metrics: parts.metrics,
+                    config,
+                }),
             },
             task,
         )

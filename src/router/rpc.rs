@@ -80,7 +80,9 @@ pub struct RpcSession {
     in_batch: bool,
     limits: SessionLimits,
     /// On a follower: the connection's relay session on the writer (`router::relay`).
-    relay: crate::router::relay::RelayState,
+    /// Allocated when first used (only followers and delegated sessions use it): an idle
+    /// connection's session should not carry its 280 bytes.
+    relay: Option<Box<crate::router::relay::RelayState>>,
     /// The request just handled was relayed without waiting: where its answer comes.
     relayed: Option<(tokio::sync::oneshot::Receiver<String>, Id)>,
 }
@@ -116,7 +118,7 @@ impl RpcSession {
             pipeline: None,
             needs_commit: None,
             in_batch: false,
-            relay: crate::router::relay::RelayState::default(),
+            relay: None,
             relayed: None,
         }
     }
@@ -141,6 +143,11 @@ impl RpcSession {
             Some(p) => p.head_ready().await,
             None => std::future::pending().await,
         }
+    }
+
+    /// Whether answers wait for their commits (so [`Self::commit_ready`] can resolve).
+    pub fn has_pending(&self) -> bool {
+        self.pipeline.as_ref().is_some_and(|p| !p.is_empty())
     }
 
     /// Sends the waiting answers that may go now, in order; with `all`, waits for every one
@@ -172,7 +179,9 @@ impl RpcSession {
     /// where `map/connect` answers no principal).
     pub fn with_delegated(mut self, principal: Option<&methods::session::Principal>) -> Self {
         if let Some(p) = principal {
-            self.relay.delegated(p.clone());
+            self.relay
+                .get_or_insert_with(Box::default)
+                .delegated(p.clone());
         }
         self
     }
@@ -427,13 +436,14 @@ impl RpcSession {
                         .await;
                 }
             }
-            if method == Disconnect::NAME && self.relay.is_open() {
+            if method == Disconnect::NAME && self.relay.get_or_insert_with(Box::default).is_open() {
                 let theirs = self
                     .relay
+                    .get_or_insert_with(Box::default)
                     .call(relay, self.conn, &self.outbox, method, params)
                     .await;
                 let mine = self.call_here(entry, id, method, params).await;
-                self.relay.disconnected();
+                self.relay.get_or_insert_with(Box::default).disconnected();
                 return match (theirs, mine) {
                     (Ok(result), Ok(reply)) => Ok(Reply { result, ..reply }),
                     (_, mine) => mine,
@@ -442,7 +452,12 @@ impl RpcSession {
         }
         let served = crate::router::dispatch::served_by_follower(method);
         match (
-            self.relay.route(method, params, relay.is_some(), served),
+            self.relay.get_or_insert_with(Box::default).route(
+                method,
+                params,
+                relay.is_some(),
+                served,
+            ),
             relay,
         ) {
             (Route::Writer, Some(relay)) => {
@@ -452,6 +467,7 @@ impl RpcSession {
                     // answers; the answer takes this one's place, in order (`pipeline.rs`).
                     let answer = self
                         .relay
+                        .get_or_insert_with(Box::default)
                         .send_pipelined(&relay, self.conn, &self.outbox, id, method, params)
                         .await?;
                     self.relayed = Some((answer, id.clone()));
@@ -463,6 +479,7 @@ impl RpcSession {
                 }
                 let result = self
                     .relay
+                    .get_or_insert_with(Box::default)
                     .call(&relay, self.conn, &self.outbox, method, params)
                     .await?;
                 return Ok(Reply {
@@ -477,10 +494,19 @@ impl RpcSession {
         let object = (method == Connect::NAME).then(|| params_object(params));
         let reply = self.call_here(entry, id, method, params).await?;
         match reply.after {
-            AfterReply::Connected => self.relay.opened_here(object, Some(&reply.result)),
-            AfterReply::AuthRequired => self.relay.opened_here(object, None),
-            AfterReply::Disconnected => self.relay.disconnected(),
-            _ => self.relay.served(method, params, &reply.result),
+            AfterReply::Connected => self
+                .relay
+                .get_or_insert_with(Box::default)
+                .opened_here(object, Some(&reply.result)),
+            AfterReply::AuthRequired => self
+                .relay
+                .get_or_insert_with(Box::default)
+                .opened_here(object, None),
+            AfterReply::Disconnected => self.relay.get_or_insert_with(Box::default).disconnected(),
+            _ => self
+                .relay
+                .get_or_insert_with(Box::default)
+                .served(method, params, &reply.result),
         }
         Ok(reply)
     }
@@ -491,7 +517,7 @@ impl RpcSession {
     /// credential this node accepts, `None` when it proves nothing yet (the connect is
     /// answered here: `authRequired`, or the refusal).
     fn proved(&self, params: Option<&RawValue>) -> Option<Option<methods::session::Principal>> {
-        if let Some(p) = self.relay.delegated_principal() {
+        if let Some(p) = self.relay.as_deref().and_then(|r| r.delegated_principal()) {
             return Some(Some(p.clone()));
         }
         let Some(auth) = self.router.config().auth.as_ref() else {
@@ -519,14 +545,16 @@ impl RpcSession {
         let mut theirs = params_object(params);
         theirs.remove("auth");
         let agent = theirs.get("participantType") == Some(&serde_json::json!("agent"));
-        let result = if self.relay.is_open() {
+        let result = if self.relay.get_or_insert_with(Box::default).is_open() {
             // A second connect on a live connection: the writer's session answers it.
             let theirs = crate::router::relay::to_raw(theirs)?;
             self.relay
+                .get_or_insert_with(Box::default)
                 .call(relay, self.conn, &self.outbox, Connect::NAME, Some(&theirs))
                 .await?
         } else {
             self.relay
+                .get_or_insert_with(Box::default)
                 .open_connect(
                     relay,
                     self.conn,
@@ -543,7 +571,7 @@ impl RpcSession {
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned)
         else {
-            self.relay.disconnected();
+            self.relay.get_or_insert_with(Box::default).disconnected();
             return Err(ErrorObject::internal(
                 "the writer's map/connect answer has no participantId",
             ));
@@ -578,7 +606,7 @@ impl RpcSession {
                 Ok(Reply { result, ..reply })
             }
             Err(e) => {
-                self.relay.disconnected();
+                self.relay.get_or_insert_with(Box::default).disconnected();
                 Err(e)
             }
         }
@@ -623,8 +651,16 @@ impl RpcSession {
     /// malformed ones) are ignored silently, as the spec requires: notifications are never
     /// answered.
     async fn notification(&mut self, method: &str, params: Option<&RawValue>) {
-        if self.router.is_follower() && self.relay.forwards_notification(method, params) {
-            self.relay.notify(method, params).await;
+        if self.router.is_follower()
+            && self
+                .relay
+                .get_or_insert_with(Box::default)
+                .forwards_notification(method, params)
+        {
+            self.relay
+                .get_or_insert_with(Box::default)
+                .notify(method, params)
+                .await;
             return;
         }
         if method == methods::trajectory::notifications::CONTENT_RESPONSE {

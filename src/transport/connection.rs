@@ -1,5 +1,6 @@
-//! One connection driver for every transport: a reader loop and a single writer task over any
-//! `Stream` of incoming frames and `Sink` of outgoing frames.
+//! One connection driver for every transport: a reader loop and a single writer over any
+//! `Stream` of incoming frames and `Sink` of outgoing frames, two futures of the connection's
+//! one task (an idle connection is one task and three small allocations).
 //!
 //! A transport adapts its socket or pipe to [`InFrame`] / [`OutFrame`] and calls
 //! [`serve_connection`]; everything else (JSON-RPC, sessions, ordering, back-pressure,
@@ -25,6 +26,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::{Either, FusedFuture, FutureExt};
 use futures::{Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -38,6 +40,7 @@ use crate::router::outbox::OutboxReceiver;
 use crate::router::rate::RateLimits;
 use crate::router::rpc::RpcSession;
 use crate::router::rpc::SessionLimits;
+use crate::router::rpc::WriterGone;
 use crate::router::sessions::table::{ConnOrigin, Transport};
 use crate::router::Command;
 use crate::router::ConnId;
@@ -159,38 +162,37 @@ impl Default for ConnectionOptions {
 
 /// Serves one connection until the peer leaves, the transport fails, or `shutdown` flips.
 ///
+/// The reader loop and the writer are two futures of one task, polled side by side: an idle
+/// connection is one task, not two (a task of its own cost the writer about 1.3 KB).
+///
 /// # Cancel safety
 /// Not cancel safe: cancelling it skips `Detach`, leaving the session attached to a dead
 /// connection until the router stops. Let it finish; use `shutdown` to end it.
-pub async fn serve_connection<St, Si>(
+pub fn serve_connection<St, Si>(
     router: RouterHandle,
     dispatcher: Arc<Dispatcher>,
-    mut stream: St,
+    stream: St,
     sink: Si,
     opts: ConnectionOptions,
-    mut shutdown: watch::Receiver<bool>,
-) where
+    shutdown: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send
+where
     St: Stream<Item = Result<InFrame, TransportError>> + Unpin + Send,
     Si: Sink<OutFrame> + Unpin + Send + 'static,
     Si::Error: std::fmt::Display,
 {
+    // NB: not an `async fn`, and everything is built here, outside the future: an `async fn`
+    // stores its arguments twice, and an idle connection should carry only its two loops.
     let conn = router.new_conn_id();
     let (tx, rx) = outbox(router.config().outbox_frames);
-    // NB: the attach and the ending below are boxed: each is a state of this future only
-    // while it runs, and an idle connection's task should not carry room for them.
-    if Box::pin(router.send(Command::Attach {
+    let attach = Box::new(Command::Attach {
         conn,
         outbox: tx.clone(),
         origin: opts.origin.clone(),
         transport: opts.transport,
         node: opts.node.clone(),
-    }))
-    .await
-    .is_err()
-    {
-        return;
-    }
-    let writer = tokio::spawn(write_loop(
+    });
+    let writer = Box::pin(write_loop(
         rx,
         sink,
         router.clone(),
@@ -202,7 +204,7 @@ pub async fn serve_connection<St, Si>(
             linger: opts.linger.map(|l| l.min(MAX_LINGER)),
         },
     ));
-    let mut session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch)
+    let session = RpcSession::new(router.clone(), dispatcher, conn, tx.clone(), opts.max_batch)
         .with_limits(SessionLimits {
             max_depth: opts.max_depth,
             rate: opts.rate.connection(opts.peer.map(|p| p.ip())),
@@ -213,142 +215,269 @@ pub async fn serve_connection<St, Si>(
             _ => None,
         })
         .with_pipelining();
-    let idle = opts.idle_timeout;
-    let mut deadline = idle.map(|d| Instant::now() + d);
-    // A supervised child's handshake is the supervisor's business (its own timeout).
-    let handshake = match opts.origin {
-        ConnOrigin::Remote | ConnOrigin::InProcess | ConnOrigin::Stdio => opts.handshake_timeout,
-        ConnOrigin::Delegated(_) => None,
-        ConnOrigin::Supervised { .. } => None,
+    let limits = ReaderLimits {
+        max_frame_bytes: opts.max_frame_bytes,
+        idle: opts.idle_timeout,
+        // A supervised child's handshake is the supervisor's business (its own timeout).
+        handshake: match opts.origin {
+            ConnOrigin::Remote | ConnOrigin::InProcess | ConnOrigin::Stdio => {
+                opts.handshake_timeout
+            }
+            ConnOrigin::Delegated(_) | ConnOrigin::Supervised { .. } => None,
+        },
     };
-    let mut handshake_deadline = handshake.map(|d| Instant::now() + d);
-    let close = |code: u16, reason: &str| Outbound::Close {
-        code,
-        reason: reason.into(),
-    };
-
-    let exit: Option<Outbound> = loop {
-        if *shutdown.borrow() {
-            break Some(close(1001, "server shutting down"));
+    let reader = Box::pin(read_loop(session, stream, tx, limits, shutdown));
+    let drain_timeout = opts.drain_timeout;
+    async move {
+        // NB: the attach and the ending are boxed too: each is a state of this future only
+        // while it runs.
+        if Box::pin(router.send(*attach)).await.is_err() {
+            return;
         }
-        let frame = tokio::select! {
-            // NB: shutdown first, so a busy peer cannot starve it.
-            biased;
-            _ = shutdown.changed() => continue,
-            () = tx.closed() => {
-                tracing::debug!(%conn, "writer gave up (the peer is not reading); closing");
-                break None;
+        match futures::future::select(reader, writer).await {
+            Either::Left((end, writer)) => {
+                Box::pin(finish(router, end, Some(writer), drain_timeout, conn)).await;
             }
-            () = sleep_until_opt(handshake_deadline) => {
-                let ms = handshake.map_or(0, |d| d.as_millis());
-                break Some(close(1008, &format!("handshake timeout: no map/connect within {ms} ms")));
+            Either::Right(((), reader)) => {
+                // The writer gave up (the peer stopped reading, or the sink failed): the
+                // reader sees the outbox closed at once.
+                let end = reader.await;
+                Box::pin(finish::<std::future::Ready<()>>(
+                    router,
+                    end,
+                    None,
+                    drain_timeout,
+                    conn,
+                ))
+                .await;
             }
-            () = session.commit_ready() => {
-                if session.flush_committed(false).await.is_err() {
+        }
+    }
+}
+
+/// What the reader leaves when it stops (boxed: an idle connection's future should not carry
+/// room for it).
+struct ReaderEnd {
+    session: RpcSession,
+    tx: crate::router::outbox::Outbox,
+    /// The close frame to send, if any.
+    exit: Option<Outbound>,
+}
+
+/// What the reader loop checks each frame against.
+struct ReaderLimits {
+    max_frame_bytes: usize,
+    /// Close the connection when nothing arrives for this long.
+    idle: Option<Duration>,
+    /// Close a connection that has no MAP session this long after it opened (or its session
+    /// ended).
+    handshake: Option<Duration>,
+}
+
+/// The reader: hands each frame to the session until the peer leaves, the transport fails, a
+/// deadline passes or `shutdown` flips.
+///
+/// One timer serves both deadlines, and it is not touched per frame: each frame only notes the
+/// time, and when the timer fires the loop checks what really expired and sets it again.
+///
+/// Not an `async fn`: its arguments would be stored twice (once as the call's, once as the
+/// body's locals); the `async move` block holds each once.
+#[allow(clippy::manual_async_fn)] // see above: an `async fn` would be larger
+fn read_loop<St>(
+    mut session: RpcSession,
+    mut stream: St,
+    tx: crate::router::outbox::Outbox,
+    limits: ReaderLimits,
+    mut shutdown: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = Box<ReaderEnd>> + Send
+where
+    St: Stream<Item = Result<InFrame, TransportError>> + Unpin + Send,
+{
+    async move {
+        let close = |code: u16, reason: &str| Outbound::Close {
+            code,
+            reason: reason.into(),
+        };
+        let started = Instant::now();
+        let mut last_frame = started;
+        let mut handshake_deadline = limits.handshake.map(|d| started + d);
+        let next_check = |handshake_deadline: Option<Instant>, last_frame: Instant| {
+            let idle = limits.idle.map(|d| last_frame + d);
+            match (handshake_deadline, idle) {
+                (Some(h), Some(i)) => Some(h.min(i)),
+                (h, i) => h.or(i),
+            }
+        };
+        let first = next_check(handshake_deadline, last_frame);
+        // Whether the timer stands for a deadline (at `timer.deadline()`).
+        let mut armed = first.is_some();
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(first.unwrap_or(started)));
+        let exit = {
+            // NB: the shutdown and closed-outbox waits live as long as the loop, registered once,
+            // instead of being built and dropped around every frame (the shutdown signal is one
+            // for all connections).
+            let mut stop = std::pin::pin!(async move {
+                // A dropped sender (the server gone) stops the connection as well.
+                let _ = shutdown.wait_for(|s| *s).await;
+            }
+            .fuse());
+            let mut closed = std::pin::pin!(tx.closed());
+
+            loop {
+                if stop.is_terminated() {
+                    break Some(close(1001, "server shutting down"));
+                }
+                let frame = tokio::select! {
+                    // NB: shutdown first, so a busy peer cannot starve it.
+                    biased;
+                    () = stop.as_mut() => continue,
+                    () = closed.as_mut() => {
+                        tracing::debug!(conn = %session.conn(), "writer gave up (the peer is not reading); closing");
+                        break None;
+                    }
+                    () = timer.as_mut(), if armed => {
+                        let now = Instant::now();
+                        if handshake_deadline.is_some_and(|at| at <= now) {
+                            let ms = limits.handshake.map_or(0, |d| d.as_millis());
+                            break Some(close(1008, &format!("handshake timeout: no map/connect within {ms} ms")));
+                        }
+                        if limits.idle.is_some_and(|d| last_frame + d <= now) {
+                            break Some(close(1001, "idle timeout: no frames or pongs received"));
+                        }
+                        let next = next_check(handshake_deadline, last_frame);
+                        armed = next.is_some();
+                        if let Some(at) = next {
+                            timer.as_mut().reset(at);
+                        }
+                        continue;
+                    }
+                    // NB: boxed, and only while answers wait: an idle connection carries no room
+                    // for it.
+                    () = boxed_or_never(session.has_pending().then(|| Box::pin(session.commit_ready()))) => {
+                        if Box::pin(session.flush_committed(false)).await.is_err() {
+                            break None;
+                        }
+                        continue;
+                    }
+                    frame = stream.next() => frame,
+                };
+                if limits.idle.is_some() {
+                    last_frame = Instant::now();
+                }
+                let result = match frame {
+                    None | Some(Ok(InFrame::Close)) => break None,
+                    Some(Err(TransportError::Oversized { limit })) => {
+                        break Some(close(1009, &format!("message exceeds {limit} bytes")));
+                    }
+                    Some(Err(TransportError::InvalidText)) => {
+                        break Some(close(1007, "text frame is not valid UTF-8"));
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(conn = %session.conn(), error = %e, "transport error");
+                        break None;
+                    }
+                    Some(Ok(InFrame::Alive)) => continue,
+                    Some(Ok(InFrame::Text(text))) if text.len() <= limits.max_frame_bytes => {
+                        // NB: handling waits for room in the outbox when the peer reads slowly; a
+                        // shutdown must still get through. Boxed: handling a request is the
+                        // largest state of this loop, and an idle connection should not carry it.
+                        tokio::select! {
+                            r = Box::pin(session.handle_text(&text)) => r,
+                            () = stop.as_mut() => continue,
+                        }
+                    }
+                    // NB: the rejections are boxed too (a rare path, and the largest state left).
+                    Some(Ok(other)) => {
+                        Box::pin(reject(&mut session, other, limits.max_frame_bytes)).await
+                    }
+                };
+                if result.is_err() {
                     break None;
                 }
-                continue;
-            }
-            () = sleep_until_opt(deadline) => {
-                break Some(close(1001, "idle timeout: no frames or pongs received"));
-            }
-            frame = stream.next() => frame,
-        };
-        if let Some(d) = idle {
-            deadline = Some(Instant::now() + d);
-        }
-        let result = match frame {
-            None | Some(Ok(InFrame::Close)) => break None,
-            Some(Err(TransportError::Oversized { limit })) => {
-                break Some(close(1009, &format!("message exceeds {limit} bytes")));
-            }
-            Some(Err(TransportError::InvalidText)) => {
-                break Some(close(1007, "text frame is not valid UTF-8"));
-            }
-            Some(Err(e)) => {
-                tracing::debug!(%conn, error = %e, "transport error");
-                break None;
-            }
-            Some(Ok(InFrame::Alive)) => continue,
-            Some(Ok(InFrame::Text(text))) => {
-                if text.len() > opts.max_frame_bytes {
-                    session
-                        .reject_frame(&too_large(text.len(), opts.max_frame_bytes))
-                        .await
-                } else {
-                    // NB: handling waits for room in the outbox when the peer reads slowly; a
-                    // shutdown must still get through. Boxed: handling a request is the
-                    // largest state of this loop, and an idle connection should not carry it.
-                    tokio::select! {
-                        r = Box::pin(session.handle_text(&text)) => r,
-                        _ = shutdown.wait_for(|s| *s) => continue,
+                let before = handshake_deadline;
+                handshake_deadline = match (session.is_connected(), handshake_deadline) {
+                    (true, _) => None,
+                    // The session ended (map/disconnect): the clock starts again.
+                    (false, None) => limits.handshake.map(|d| Instant::now() + d),
+                    (false, running) => running,
+                };
+                if handshake_deadline != before {
+                    // The timer may now be late (a handshake clock started) or early (harmless: it
+                    // fires, finds nothing expired and sets itself again).
+                    let want = next_check(handshake_deadline, last_frame);
+                    if want.is_some_and(|w| !armed || w < timer.deadline()) {
+                        armed = true;
+                        if let Some(at) = want {
+                            timer.as_mut().reset(at);
+                        }
                     }
                 }
             }
-            Some(Ok(InFrame::TooLarge { len })) => {
-                session
-                    .reject_frame(&too_large(len, opts.max_frame_bytes))
-                    .await
-            }
-            Some(Ok(InFrame::Binary)) => session
-                .reject_frame(&ErrorObject::invalid_request(
-                    "binary frames are not supported: send each JSON-RPC message as a text frame",
-                ))
-                .await,
-            Some(Ok(InFrame::BadUtf8)) => {
-                session
-                    .reject_frame(&ErrorObject::parse_error("frame is not valid UTF-8"))
-                    .await
-            }
         };
-        if result.is_err() {
-            break None;
-        }
-        handshake_deadline = match (session.is_connected(), handshake_deadline) {
-            (true, _) => None,
-            // The session ended (map/disconnect): the clock starts again.
-            (false, None) => handshake.map(|d| Instant::now() + d),
-            (false, running) => running,
-        };
-    };
-
-    Box::pin(finish(
-        router,
-        session,
-        tx,
-        writer,
-        exit,
-        opts.drain_timeout,
-        conn,
-    ))
-    .await;
+        Box::new(ReaderEnd { session, tx, exit })
+    }
 }
 
-/// Ends a connection: its last answers and close frame, the router told, the writer drained.
-async fn finish(
+/// Answers a frame the session cannot take (too large, binary, not UTF-8).
+async fn reject(
+    session: &mut RpcSession,
+    frame: InFrame,
+    max_frame_bytes: usize,
+) -> Result<(), WriterGone> {
+    let error = match frame {
+        InFrame::Text(text) => too_large(text.len(), max_frame_bytes),
+        InFrame::TooLarge { len } => too_large(len, max_frame_bytes),
+        InFrame::Binary => ErrorObject::invalid_request(
+            "binary frames are not supported: send each JSON-RPC message as a text frame",
+        ),
+        InFrame::BadUtf8 => ErrorObject::parse_error("frame is not valid UTF-8"),
+        InFrame::Alive | InFrame::Close => return Ok(()),
+    };
+    session.reject_frame(&error).await
+}
+
+/// Ends a connection: its last answers and close frame, the router told, the writer (when it
+/// still runs) given `drain_timeout` to write what is queued.
+async fn finish<W>(
     router: RouterHandle,
-    mut session: RpcSession,
-    tx: crate::router::outbox::Outbox,
-    writer: tokio::task::JoinHandle<()>,
-    exit: Option<Outbound>,
+    end: Box<ReaderEnd>,
+    writer: Option<std::pin::Pin<Box<W>>>,
     drain_timeout: Duration,
     conn: ConnId,
-) {
-    if let Some(close) = exit {
-        // Answers still waiting for their commits go first (each bounded by the commit
-        // timeout, all by the drain timeout).
-        let _ = tokio::time::timeout(drain_timeout, session.flush_committed(true)).await;
-        // Behind everything already queued; bounded so a peer that reads nothing cannot hold us.
-        let _ = tokio::time::timeout(drain_timeout, tx.push(close)).await;
-    }
-    let _ = router.send(Command::Detach { conn }).await;
-    drop(session);
-    drop(tx);
-    // The router dropped its outbox handles on Detach; the writer ends when the queue is empty.
-    let abort = writer.abort_handle();
-    if tokio::time::timeout(drain_timeout, writer).await.is_err() {
-        tracing::debug!(%conn, "writer did not drain in time; dropping the connection");
-        abort.abort();
+) where
+    W: std::future::Future<Output = ()>,
+{
+    let ReaderEnd {
+        mut session,
+        tx,
+        exit,
+    } = *end;
+    let ending = async move {
+        if let Some(close) = exit {
+            // Answers still waiting for their commits go first (each bounded by the commit
+            // timeout, all by the drain timeout).
+            let _ = tokio::time::timeout(drain_timeout, session.flush_committed(true)).await;
+            // Behind everything already queued; bounded so a peer that reads nothing cannot
+            // hold us.
+            let _ = tokio::time::timeout(drain_timeout, tx.push(close)).await;
+        }
+        let _ = router.send(Command::Detach { conn }).await;
+        // The router dropped its outbox handles on Detach; the writer ends when the queue is
+        // empty.
+        drop(session);
+        drop(tx);
+    };
+    let Some(writer) = writer else {
+        return ending.await;
+    };
+    let ending = std::pin::pin!(ending);
+    match futures::future::select(ending, writer).await {
+        Either::Left(((), writer)) => {
+            if tokio::time::timeout(drain_timeout, writer).await.is_err() {
+                tracing::debug!(%conn, "writer did not drain in time; dropping the connection");
+            }
+        }
+        Either::Right(((), ending)) => ending.await,
     }
 }
 
@@ -358,9 +487,10 @@ fn too_large(len: usize, limit: usize) -> ErrorObject {
     ))
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
+/// The boxed future's output, or never when there is none.
+async fn boxed_or_never<F: std::future::Future>(f: Option<std::pin::Pin<Box<F>>>) -> F::Output {
+    match f {
+        Some(f) => f.await,
         None => std::future::pending().await,
     }
 }
@@ -392,98 +522,106 @@ where
     result.map_err(|e| tracing::debug!(%conn, error = %e, "{what} failed"))
 }
 
-/// The single writer: drains the outbox into the sink.
-async fn write_loop<Si>(
+/// The single writer: drains the outbox into the sink. (Not an `async fn`, as [`read_loop`].)
+#[allow(clippy::manual_async_fn)] // as `read_loop`: an `async fn` would be larger
+fn write_loop<Si>(
     mut rx: OutboxReceiver,
     mut sink: Si,
     router: RouterHandle,
     conn: ConnId,
     opts: WriterOptions,
-) where
+) -> impl std::future::Future<Output = ()> + Send
+where
     Si: Sink<OutFrame> + Unpin + Send,
     Si::Error: std::fmt::Display,
 {
-    let limit = opts.write_timeout;
-    let mut ping = opts.ping_interval.map(|p| {
-        let mut i = tokio::time::interval_at(Instant::now() + p, p);
-        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        i
-    });
-    'outer: loop {
-        let first = tokio::select! {
-            item = rx.recv() => item,
-            _ = tick(&mut ping) => {
-                if bounded(limit, conn, "ping", sink.send(OutFrame::Ping)).await.is_err() {
+    async move {
+        let limit = opts.write_timeout;
+        let mut ping = opts.ping_interval.map(|p| {
+            let mut i = tokio::time::interval_at(Instant::now() + p, p);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
+        'outer: loop {
+            let first = tokio::select! {
+                item = rx.recv() => item,
+                _ = tick(&mut ping) => {
+                    if bounded(limit, conn, "ping", sink.send(OutFrame::Ping)).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let Some(mut item) = first else { break };
+            let mut fed = 0;
+            let mut yielded = false;
+            // With a linger, events and messages wait for company until this instant; an answer
+            // to a request (a `Frame`) in the batch ends the wait.
+            let linger_until = opts.linger.map(|l| Instant::now() + l);
+            let mut answered = false;
+            loop {
+                answered |= matches!(item, Outbound::Frame(_));
+                match item {
+                    Outbound::Close { code, reason } => {
+                        let _ = bounded(limit, conn, "flush", sink.flush()).await;
+                        let close = OutFrame::Close { code, reason };
+                        let _ = bounded(limit, conn, "close", sink.send(close)).await;
+                        break 'outer;
+                    }
+                    other => {
+                        if let Some(text) = other.into_text() {
+                            let write = sink.feed(OutFrame::Text(text));
+                            if bounded(limit, conn, "write", write).await.is_err() {
+                                break 'outer;
+                            }
+                        }
+                    }
+                }
+                fed += 1;
+                if fed >= opts.write_batch {
                     break;
                 }
-                continue;
-            }
-        };
-        let Some(mut item) = first else { break };
-        let mut fed = 0;
-        let mut yielded = false;
-        // With a linger, events and messages wait for company until this instant; an answer
-        // to a request (a `Frame`) in the batch ends the wait.
-        let linger_until = opts.linger.map(|l| Instant::now() + l);
-        let mut answered = false;
-        loop {
-            answered |= matches!(item, Outbound::Frame(_));
-            match item {
-                Outbound::Close { code, reason } => {
-                    let _ = bounded(limit, conn, "flush", sink.flush()).await;
-                    let close = OutFrame::Close { code, reason };
-                    let _ = bounded(limit, conn, "close", sink.send(close)).await;
-                    break 'outer;
-                }
-                other => {
-                    if let Some(text) = other.into_text() {
-                        let write = sink.feed(OutFrame::Text(text));
-                        if bounded(limit, conn, "write", write).await.is_err() {
-                            break 'outer;
-                        }
+                let next = match rx.try_recv() {
+                    None if !yielded => {
+                        // Once per flush, let the router (and other writers) run before the
+                        // syscall: under fan-out the next frames are usually a moment away, and
+                        // one write for several frames costs far less than one each.
+                        yielded = true;
+                        tokio::task::yield_now().await;
+                        rx.try_recv()
                     }
+                    next => next,
+                };
+                match next {
+                    Some(next) => item = next,
+                    None => match linger_until {
+                        // NB: one wake-up at the end of the linger (or at an answer) for all the
+                        // events that came meanwhile, not one per event.
+                        Some(until) if !answered && Instant::now() < until => {
+                            rx.linger(until).await;
+                            match rx.try_recv() {
+                                Some(next) => item = next,
+                                None => break,
+                            }
+                        }
+                        _ => break,
+                    },
                 }
             }
-            fed += 1;
-            if fed >= opts.write_batch {
+            if bounded(limit, conn, "flush", sink.flush()).await.is_err() {
                 break;
             }
-            let next = match rx.try_recv() {
-                None if !yielded => {
-                    // Once per flush, let the router (and other writers) run before the
-                    // syscall: under fan-out the next frames are usually a moment away, and
-                    // one write for several frames costs far less than one each.
-                    yielded = true;
-                    tokio::task::yield_now().await;
-                    rx.try_recv()
-                }
-                next => next,
-            };
-            match next {
-                Some(next) => item = next,
-                None => match linger_until {
-                    // NB: one wake-up at the end of the linger (or at an answer) for all the
-                    // events that came meanwhile, not one per event.
-                    Some(until) if !answered && Instant::now() < until => {
-                        rx.linger(until).await;
-                        match rx.try_recv() {
-                            Some(next) => item = next,
-                            None => break,
-                        }
-                    }
-                    _ => break,
-                },
+            if rx.take_wakeup()
+                && Box::pin(router.send(Command::Drained { conn }))
+                    .await
+                    .is_err()
+            {
+                break;
             }
         }
-        if bounded(limit, conn, "flush", sink.flush()).await.is_err() {
-            break;
-        }
-        if rx.take_wakeup() && router.send(Command::Drained { conn }).await.is_err() {
-            break;
-        }
+        rx.close();
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
     }
-    rx.close();
-    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
 }
 
 async fn tick(ping: &mut Option<tokio::time::Interval>) {
@@ -492,5 +630,74 @@ async fn tick(ping: &mut Option<tokio::time::Interval>) {
             i.tick().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::channel::mpsc;
+
+    /// An idle connection is one task holding three allocations: its own future, the reader
+    /// and the writer. Each is kept at or below an allocator size class (mimalloc's bins are
+    /// 768, 1024, ...), so a few bytes more would cost a whole class per connection
+    /// (docs/performance.md, "Idle sessions").
+    #[tokio::test]
+    async fn an_idle_connections_parts_stay_within_their_size_classes() {
+        let (router, _task) = crate::router::Router::start(
+            crate::router::RouterConfig::default(),
+            crate::router::RouterParts {
+                process_control: None,
+                store: None,
+                metrics: None,
+                traces: None,
+            },
+        );
+        let (_in, rx) = mpsc::channel::<String>(1);
+        let (tx, _out) = mpsc::channel::<String>(1);
+        let stream = Box::pin(rx.map(|text| Ok(InFrame::Text(text))));
+        let sink = Box::pin(tx.with(|frame: OutFrame| async move {
+            Ok::<_, mpsc::SendError>(match frame {
+                OutFrame::Text(text) => text,
+                _ => String::new(),
+            })
+        }));
+        let conn = router.new_conn_id();
+        let (otx, orx) = outbox(8);
+        let writer = write_loop(
+            orx,
+            sink,
+            router.clone(),
+            conn,
+            WriterOptions {
+                ping_interval: None,
+                write_timeout: None,
+                write_batch: 1,
+                linger: None,
+            },
+        );
+        let session = RpcSession::new(
+            router.clone(),
+            Arc::new(Dispatcher::new()),
+            conn,
+            otx.clone(),
+            1,
+        );
+        let limits = ReaderLimits {
+            max_frame_bytes: 1,
+            idle: None,
+            handshake: None,
+        };
+        let reader = read_loop(session, stream, otx, limits, watch::channel(false).1);
+        let (reader, writer) = (
+            std::mem::size_of_val(&reader),
+            std::mem::size_of_val(&writer),
+        );
+        assert!(reader <= 1024, "the reader's future takes {reader} bytes");
+        assert!(writer <= 768, "the writer's future takes {writer} bytes");
+        assert!(
+            std::mem::size_of::<RouterHandle>() <= 16,
+            "a router handle is held three times per connection"
+        );
     }
 }
