@@ -115,3 +115,33 @@ async def _until_stopped(sub: Any) -> Any:
         yield e
         if e["data"]["newState"] == "stopped":
             return
+
+
+@scenario("examples: echo_agent.py stdio: bridged by `map-router agent --`, with an API key", timeout=40)
+async def _(ctx: Ctx) -> None:
+    from map_client import Auth, ClientConnection
+    from scenarios_more import ALICE_KEY, AUTH_CONFIG
+
+    r = await ctx.start_router(AUTH_CONFIG)
+    proc = await asyncio.create_subprocess_exec(
+        r.binary, "agent", "--url", ctx.url, "--name", "bridged", "--role", "echo", "--",
+        sys.executable, str(EXAMPLES / "echo_agent.py"), "stdio:",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env={**ENV, "MAP_ROUTER_API_KEY": ALICE_KEY})
+    try:
+        async with ClientConnection.connect(ctx.url, name="asker", auth=Auth.api_key(ALICE_KEY)) as c:
+            async def bridged() -> str:
+                while True:
+                    for a in (await c.list_agents({"roles": ["echo"]}))["agents"]:
+                        return a["id"]
+                    await asyncio.sleep(0.05)
+
+            aid = await bounded(bridged(), "the bridged agent registers")
+            reply = await c.request(aid, {"via": "bridge"}, timeout=STEP)
+            eq(reply.get("payload"), {"echo": {"via": "bridge"}, "by": "bridged"}, "the bridged Python agent answers")
+            await c.stop_agent(aid, reason="done")
+            await bounded(proc.wait(), "the bridge exits with its program")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    eq(proc.returncode, 0, "exit code of the program")
