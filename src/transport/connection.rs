@@ -185,13 +185,15 @@ where
     // stores its arguments twice, and an idle connection should carry only its two loops.
     let conn = router.new_conn_id();
     let (tx, rx) = outbox(router.config().outbox_frames);
-    let attach = Box::new(Command::Attach {
+    // NB: boxed, and taken out of its box before it is sent, so the box is freed then, not
+    // when the connection ends.
+    let mut attach = Some(Box::new(Command::Attach {
         conn,
         outbox: tx.clone(),
         origin: opts.origin.clone(),
         transport: opts.transport,
         node: opts.node.clone(),
-    });
+    }));
     let writer = Box::pin(write_loop(
         rx,
         sink,
@@ -231,7 +233,11 @@ where
     async move {
         // NB: the attach and the ending are boxed too: each is a state of this future only
         // while it runs.
-        if Box::pin(router.send(*attach)).await.is_err() {
+        let sent = match attach.take() {
+            Some(attach) => Box::pin(router.send(*attach)),
+            None => return,
+        };
+        if sent.await.is_err() {
             return;
         }
         match futures::future::select(reader, writer).await {

@@ -65,10 +65,14 @@ pub async fn upgrade(
     let hard = hard_limit(state.options.max_frame_bytes);
     let peer = peer.map(|Extension(p)| p);
     state.options.peer = peer.as_ref().map(|p| p.addr);
+    // NB: the callback's captures are boxed: axum's upgrade task keeps the callback's room
+    // for the connection's whole life (about 300 bytes each, by value).
+    let captured = Box::new((state, peer));
     ws.max_message_size(hard)
         .max_frame_size(hard)
         .read_buffer_size(READ_BUFFER_BYTES)
         .on_upgrade(move |socket| {
+            let (state, peer) = *captured;
             let serve = serve_socket(socket, state);
             serve.map(move |()| drop(peer))
         })
