@@ -527,6 +527,31 @@ pub fn can_message_agent(
     }
 }
 
+/// May `viewer` see the participant `participant` (address a message to it, learn that it
+/// exists)? A participant stands for the agents it owns: the SDK's `AgentConnection` (and our
+/// Python client) connect with their agent's id as the participant id, so a participant whose
+/// agent is invisible would otherwise be the way to reach that agent. Hence, as for its
+/// `participant_*` events (`Router::emit_participant_event`): its id must not be hidden by the
+/// agents' exposure rules, and the viewer must see every agent it owns. A participant always
+/// sees itself; system participants see every one.
+///
+/// The principal a participant authenticated as plays no part here: a client of one principal
+/// must still be able to answer another's agent (`reply()` addresses `{agent: <its from>}`).
+pub fn can_see_participant(
+    viewer: &Viewer<'_>,
+    participant: &ParticipantId,
+    reg: AgentView<'_>,
+) -> bool {
+    if viewer.is_system() || viewer.participant == participant {
+        return true;
+    }
+    agent_exposed(viewer.policy, participant.as_str())
+        && reg
+            .owned_by(participant)
+            .iter()
+            .all(|a| reg.get(a).is_none_or(|r| can_see_agent(viewer, r, reg)))
+}
+
 /// May `viewer` act on `agent` as its controller (update, unregister, join it to scopes)?
 /// System participants, the owner, and the owner of any ancestor may.
 pub fn can_control_agent(viewer: &Viewer<'_>, agent: &Agent, reg: AgentView<'_>) -> bool {
@@ -877,6 +902,59 @@ mod tests {
             &leaf,
             AgentView::new(&reg, &scopes)
         ));
+    }
+
+    #[test]
+    fn a_participant_is_seen_by_those_who_see_every_agent_it_owns() {
+        let policy: Policy = toml::from_str("[exposure.agents]\nhidden = [\"hid-*\"]\n").unwrap();
+        let mut reg = Registry::default();
+        let scopes = Scopes::default();
+        // The SDK's shape: each agent's participant id is its agent id.
+        reg.insert_for_test(agent("lead", None, "lead", AgentVisibility::Public));
+        reg.insert_for_test(agent(
+            "po-1",
+            Some("lead"),
+            "po-1",
+            AgentVisibility::ParentOnly,
+        ));
+        reg.insert_for_test(agent("hid-1", None, "hid-1", AgentVisibility::Public));
+        reg.insert_for_test(agent("pub-1", None, "pub-1", AgentVisibility::Public));
+        let reg = AgentView::new(&reg, &scopes);
+        let ids = [
+            "lead",
+            "po-1",
+            "hid-1",
+            "pub-1",
+            "client",
+            "hid-client",
+            "sys",
+        ]
+        .map(ParticipantId::from);
+        let [lead, po, hid, public, client, hid_client, sys] = &ids;
+        let sees = |who: &ParticipantId, kind, whom: &ParticipantId| {
+            can_see_participant(&viewer(who, kind, &policy), whom, reg)
+        };
+        let stranger = ParticipantType::Agent;
+        // (viewer, participant, seen?)
+        for (who, whom, seen) in [
+            (public, public, true),
+            (public, client, true),
+            (public, lead, true),
+            (public, po, false),  // owns a parent-only agent it may not see
+            (lead, po, true),     // the parent's owner sees it
+            (po, po, true),       // itself
+            (public, hid, false), // an id (and agent) hidden by exposure
+            (hid, hid, true),
+            (public, hid_client, false), // hidden by its id alone
+        ] {
+            assert_eq!(sees(who, stranger, whom), seen, "{who} sees {whom}");
+        }
+        for whom in &ids {
+            assert!(
+                sees(sys, ParticipantType::System, whom),
+                "system sees {whom}"
+            );
+        }
     }
 
     #[test]

@@ -44,7 +44,6 @@ use crate::router::ids::{ConnId, IdSet};
 use crate::router::messaging::resolve::{permitted, resolve, Recipient, Views};
 use crate::router::messaging::state::Outgoing;
 use crate::router::permissions::agent_audience;
-use crate::router::permissions::can_see_agent;
 
 /// What became of a message.
 #[derive(Debug)]
@@ -674,17 +673,10 @@ impl Router {
         }
     }
 
-    /// Whether a string address resolves to a scope (`scope:<id>`, or a bare scope id that is
-    /// not also an agent's id).
+    /// Whether a string address resolves to a scope for `caller` (`resolve::names_scope`: a
+    /// scope it may not see is absent, so whether the send is a multicast leaks nothing).
     fn text_names_scope(&self, caller: &Caller, text: &str) -> bool {
-        if text.starts_with("scope:") {
-            return true;
-        }
-        let is_agent = self
-            .registry
-            .get(&AgentId::from(text))
-            .is_some_and(|r| can_see_agent(&caller.viewer(), r.agent(), self.agent_view()));
-        !is_agent && self.scopes.contains(&ScopeId::from(text))
+        crate::router::messaging::resolve::names_scope(self.resolve_views(), caller, text)
     }
 
     fn session_has(&self, caller: &Caller, cap: Capability) -> bool {

@@ -11,8 +11,16 @@
 //! - `{system, agent}`, and `{agent: "<system>:agent:<id>"}` (how a reply reaches a federated
 //!   sender), name an agent of another system this router reaches (`config::Federation`):
 //!   [`Recipient::Remote`], which no local agent can stand in for. Any other system is 5001.
-//! - Only agents the caller may see are named; a scope must be visible and take messages from
-//!   the caller (`sendPolicy`).
+//! - Only agents and participants the caller may see are named (`can_see_agent`,
+//!   `can_see_participant`); a scope must be visible and take messages from the caller
+//!   (`sendPolicy`). This is the one place a sender's address meets visibility, and every path
+//!   that delivers a message (`map/send`, a reply, a spawn's initial message, a federated
+//!   route, the gateways' sends) resolves here. An invisible target is absent: an explicit
+//!   address to it answers exactly what it answers for an id nobody has (2001 / 2000), and a
+//!   group leaves it out. NB: the fallback from `{agent: X}` to participant X is the one that
+//!   matters most, since the SDK's `AgentConnection` connects with its agent's id as
+//!   participant id: were the participant not checked as well, it would reach the agent its
+//!   id names however hidden (as it did until the Python suite found it).
 //!
 //! Owns nothing.
 
@@ -24,7 +32,7 @@ use crate::protocol::message::{Address, ParticipantGroup};
 use crate::router::caller::Caller;
 use crate::router::error::RouterError;
 use crate::router::permissions::{
-    can_message_agent, can_see_agent, can_see_scope, can_send_to_scope,
+    can_message_agent, can_see_agent, can_see_participant, can_see_scope, can_send_to_scope,
 };
 use crate::router::views::{AgentView, ScopeView, SessionView};
 
@@ -102,6 +110,27 @@ pub fn permitted(
     Ok(out)
 }
 
+/// Whether a string address names a scope for `caller`: `scope:<id>`, or the id of a scope it
+/// may see that is not also the id of an agent it may see (that is 2004, ambiguous). A scope
+/// it may not see is absent here too, so the answer (a multicast needing
+/// `messaging.canBroadcast`, or not) never tells whether such a scope exists.
+pub fn names_scope(views: Views<'_>, caller: &Caller, text: &str) -> bool {
+    text.starts_with("scope:")
+        || (names_visible_scope(views, caller, text)
+            && !views
+                .agents
+                .get(&AgentId::from(text))
+                .is_some_and(|r| can_see_agent(&caller.viewer(), r, views.agents)))
+}
+
+/// Whether `text` is the id of a scope `caller` may see.
+fn names_visible_scope(views: Views<'_>, caller: &Caller, text: &str) -> bool {
+    views
+        .scopes
+        .get(&ScopeId::from(text))
+        .is_some_and(|s| can_see_scope(&caller.viewer(), s, views.agents))
+}
+
 /// Resolves an address to recipients (see the module docs).
 pub fn resolve(
     views: Views<'_>,
@@ -120,6 +149,13 @@ pub fn resolve(
         agents
             .get(id)
             .is_some_and(|r| can_see_agent(&viewer, r, agents))
+    };
+    // A participant the caller may see (one standing for an agent it may not see is absent).
+    let visible_participant = |id: &ParticipantId| {
+        sessions
+            .by_participant(id)
+            .filter(|s| can_see_participant(&viewer, s.participant, agents))
+            .map(|s| Recipient::Participant(s.participant.clone()))
     };
     let sender_agent = caller.primary_agent.as_ref();
     let not_sender = |a: &AgentId| Some(a) != sender_agent;
@@ -154,9 +190,7 @@ pub fn resolve(
         if visible_agent(&agent) {
             Some(Recipient::Agent(agent))
         } else {
-            sessions
-                .by_participant(&ParticipantId::from(id))
-                .map(|s| Recipient::Participant(s.participant.clone()))
+            visible_participant(&ParticipantId::from(id))
         }
     };
     let mut out = match address {
@@ -171,10 +205,7 @@ pub fn resolve(
                 scope_members(&ScopeId::from(id))?
             } else {
                 let is_agent = visible_agent(&AgentId::from(text.as_str()));
-                let is_scope = scopes
-                    .get(&ScopeId::from(text.as_str()))
-                    .is_some_and(|s| can_see_scope(&viewer, s, agents));
-                match (is_agent, is_scope) {
+                match (is_agent, names_visible_scope(views, caller, text)) {
                     (true, true) => return Err(RouterError::AddressAmbiguous(text.clone())),
                     (false, true) => scope_members(&ScopeId::from(text.as_str()))?,
                     _ => match agent_or_participant(text) {
@@ -231,7 +262,8 @@ pub fn resolve(
             let mut v: Vec<AgentId> = Vec::new();
             if h.parent {
                 match agents.get(me).and_then(|r| r.parent.clone()) {
-                    Some(p) if agents.contains(&p) => v.push(p),
+                    // An invisible parent is no parent (2000 alone, left out of a union).
+                    Some(p) if visible_agent(&p) => v.push(p),
                     _ if strict && !(h.children || h.ancestors || h.descendants || h.siblings) => {
                         return Err(RouterError::AddressNotFound(format!(
                             "parent of {me} (it has none)"
@@ -263,8 +295,8 @@ pub fn resolve(
             .map(|r| Recipient::Agent(r.id.clone()))
             .collect(),
         Address::System => Vec::new(),
-        Address::Participant(p) => match sessions.by_participant(p) {
-            Some(s) => vec![Recipient::Participant(s.participant.clone())],
+        Address::Participant(p) => match visible_participant(p) {
+            Some(r) => vec![r],
             None if strict => return Err(RouterError::AddressNotFound(p.to_string())),
             None => Vec::new(),
         },
@@ -276,6 +308,7 @@ pub fn resolve(
                 ParticipantGroup::Agents => s.kind == ParticipantType::Agent,
                 ParticipantGroup::Clients => s.kind == ParticipantType::Client,
             })
+            .filter(|s| can_see_participant(&viewer, s.participant, agents))
             .map(|s| Recipient::Participant(s.participant.clone()))
             .collect(),
         Address::Federated { system, agent } if *system == systems.rules.system_id => {
@@ -311,8 +344,10 @@ mod tests {
     use crate::router::sessions::table::{SessionSeed, Sessions};
 
     /// Three owners: `alice` (agents `a1`, child `a2`, system-only `secret`), `bob` (agent
-    /// `b1`, role `worker`), and a client `carol` with no agent. Scope `team` holds `a1`, `a2`,
-    /// `b1`; scope `closed` (members send only) holds `b1`.
+    /// `b1`, role `worker`, and `b2`, a child of `secret`), and a client `carol` with no agent.
+    /// Scope `team` holds `a1`, `a2`, `b1`; scope `closed` (members send only) holds `b1`.
+    /// And `ghost`, connected as the SDK connects an agent (participant id = agent id), whose
+    /// agent `ghost` is system-only.
     struct World {
         registry: Registry,
         scopes: Scopes,
@@ -368,6 +403,10 @@ mod tests {
         secret.visibility = Some(AgentVisibility::System);
         registry.insert_for_test(secret);
         registry.insert_for_test(agent("b1", "bob", None, Some("worker")));
+        registry.insert_for_test(agent("b2", "bob", Some("secret"), None));
+        let mut ghost = agent("ghost", "ghost", None, Some("worker"));
+        ghost.visibility = Some(AgentVisibility::System);
+        registry.insert_for_test(ghost);
         let mut scopes = Scopes::default();
         scopes.restore(scope("team", Some(SendPolicy::Any)), None);
         scopes.restore(scope("closed", Some(SendPolicy::Members)), None);
@@ -380,6 +419,7 @@ mod tests {
         sessions.restore(session("alice", ParticipantType::Agent), now);
         sessions.restore(session("bob", ParticipantType::Agent), now);
         sessions.restore(session("carol", ParticipantType::Client), now);
+        sessions.restore(session("ghost", ParticipantType::Agent), now);
         let mut systems = crate::router::config::Federation::default();
         systems.rules.system_id = "home".into();
         systems.outbound = vec!["beta".into()];
@@ -430,7 +470,7 @@ mod tests {
         let alice = caller("alice", ParticipantType::Agent, Some("a1"));
         assert_eq!(
             run(&w, &alice, serde_json::json!({"broadcast": true}), true).unwrap(),
-            vec!["a2", "b1"],
+            vec!["a2", "b1", "b2"],
             "no sender, no system-only agent"
         );
         assert_eq!(
@@ -501,6 +541,50 @@ mod tests {
     }
 
     #[test]
+    fn an_invisible_agent_is_not_reached_through_the_participant_of_its_id() {
+        let w = world();
+        let bob = caller("bob", ParticipantType::Agent, Some("b1"));
+        let to = |v| run(&w, &bob, v, true);
+        // Each answer is the one an id nobody has gets.
+        for (address, absent) in [
+            (serde_json::json!({"agent": "ghost"}), "agent"),
+            (serde_json::json!("agent:ghost"), "agent"),
+            (serde_json::json!({"agents": ["b1", "ghost"]}), "agent"),
+            (
+                serde_json::json!({"system": "home", "agent": "ghost"}),
+                "agent",
+            ),
+            (serde_json::json!("ghost"), "address"),
+            (serde_json::json!({"participant": "ghost"}), "address"),
+        ] {
+            match (to(address.clone()), absent) {
+                (Err(RouterError::AgentNotFound(id)), "agent")
+                | (Err(RouterError::AddressNotFound(id)), "address") => {
+                    assert_eq!(id, "ghost", "{address}")
+                }
+                (got, _) => panic!("{address}: {got:?}"),
+            }
+        }
+        // Its parent is system-only: for bob's b2 it has none.
+        let bob2 = caller("bob", ParticipantType::Agent, Some("b2"));
+        assert!(matches!(
+            run(&w, &bob2, serde_json::json!({"parent": true}), true),
+            Err(RouterError::AddressNotFound(_))
+        ));
+        // A system participant reaches it (as the agent: the participant stands in only for
+        // an agent it cannot see).
+        let ops = caller("ops", ParticipantType::System, None);
+        assert_eq!(
+            run(&w, &ops, serde_json::json!({"participant": "ghost"}), true).unwrap(),
+            vec!["ghost"]
+        );
+        assert_eq!(
+            run(&w, &ops, serde_json::json!({"agent": "ghost"}), true).unwrap(),
+            vec!["ghost"]
+        );
+    }
+
+    #[test]
     fn participants_addresses_name_attached_sessions_only() {
         let w = world();
         let carol = caller("carol", ParticipantType::Client, None);
@@ -511,13 +595,18 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(
-            run(
-                &w,
-                &carol,
-                serde_json::json!({"participant": "alice"}),
-                true
-            )
-            .unwrap(),
+            run(&w, &carol, serde_json::json!({"participant": "bob"}), true).unwrap(),
+            vec!["bob"]
+        );
+        // Alice owns a system-only agent: to carol she is no participant (as in the
+        // participant events carol is shown), and the answer is an absent id's.
+        assert!(matches!(
+            run(&w, &carol, serde_json::json!({"participant": "alice"}), true),
+            Err(RouterError::AddressNotFound(id)) if id == "alice"
+        ));
+        let ops = caller("ops", ParticipantType::System, None);
+        assert_eq!(
+            run(&w, &ops, serde_json::json!({"participant": "alice"}), true).unwrap(),
             vec!["alice"]
         );
     }
