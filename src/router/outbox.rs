@@ -58,6 +58,9 @@ pub enum Outbound {
     Shared(Arc<str>),
     /// A `map/event` to encode.
     Event(Delivery),
+    /// A keep-alive probe, queued by the connection's own reader every ping interval (a
+    /// WebSocket ping frame; pipes and event streams write nothing for it).
+    Ping,
     /// Close the connection after writing what came before (WebSocket close code and reason).
     Close {
         /// Close code (e.g. 1000 normal, 1001 going away, 1008 policy).
@@ -391,7 +394,7 @@ impl Outbound {
                 d.encode(&mut s);
                 Some(s)
             }
-            Outbound::Close { .. } => None,
+            Outbound::Ping | Outbound::Close { .. } => None,
         }
     }
 }

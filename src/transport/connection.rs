@@ -12,8 +12,8 @@
 //! - The **writer** is the only code that touches the sink, so frames never interleave. It
 //!   drains the outbox in batches (feed several frames, flush once) and reports room to the
 //!   router when the router asked for it.
-//! - Keep-alive: the writer pings every `ping_interval`; the reader closes the connection when
-//!   nothing (not even a pong) arrived for `idle_timeout`.
+//! - Keep-alive: the reader queues a ping every `ping_interval` (the writer writes it in turn);
+//!   the reader closes the connection when nothing (not even a pong) arrived for `idle_timeout`.
 //! - On shutdown the reader queues a close frame behind what is already queued, so pending
 //!   responses and events still go out; the writer gets `drain_timeout` to finish.
 //! - Handshake: a connection that has no MAP session `handshake_timeout` after it opened (or
@@ -106,7 +106,7 @@ pub struct ConnectionOptions {
     pub max_frame_bytes: usize,
     /// Largest accepted batch.
     pub max_batch: usize,
-    /// How often the writer pings (`None`: never).
+    /// How often the connection pings (`None`: never).
     pub ping_interval: Option<Duration>,
     /// Close the connection when nothing arrives for this long (`None`: never).
     pub idle_timeout: Option<Duration>,
@@ -200,7 +200,6 @@ where
         router.clone(),
         conn,
         WriterOptions {
-            ping_interval: opts.ping_interval,
             write_timeout: opts.idle_timeout,
             write_batch: opts.write_batch.max(1),
             linger: opts.linger.map(|l| l.min(MAX_LINGER)),
@@ -227,6 +226,7 @@ where
             }
             ConnOrigin::Delegated(_) | ConnOrigin::Supervised { .. } => None,
         },
+        ping: opts.ping_interval,
     };
     let reader = Box::pin(read_loop(session, stream, tx, limits, shutdown));
     let drain_timeout = opts.drain_timeout;
@@ -278,13 +278,16 @@ struct ReaderLimits {
     /// Close a connection that has no MAP session this long after it opened (or its session
     /// ended).
     handshake: Option<Duration>,
+    /// Queue a ping this often.
+    ping: Option<Duration>,
 }
 
 /// The reader: hands each frame to the session until the peer leaves, the transport fails, a
 /// deadline passes or `shutdown` flips.
 ///
-/// One timer serves both deadlines, and it is not touched per frame: each frame only notes the
-/// time, and when the timer fires the loop checks what really expired and sets it again.
+/// One timer serves both deadlines and the keep-alive ping, and it is not touched per frame:
+/// each frame only notes the time, and when the timer fires the loop checks what really came
+/// due and sets it again.
 ///
 /// Not an `async fn`: its arguments would be stored twice (once as the call's, once as the
 /// body's locals); the `async move` block holds each once.
@@ -307,14 +310,14 @@ where
         let started = Instant::now();
         let mut last_frame = started;
         let mut handshake_deadline = limits.handshake.map(|d| started + d);
-        let next_check = |handshake_deadline: Option<Instant>, last_frame: Instant| {
-            let idle = limits.idle.map(|d| last_frame + d);
-            match (handshake_deadline, idle) {
-                (Some(h), Some(i)) => Some(h.min(i)),
-                (h, i) => h.or(i),
-            }
-        };
-        let first = next_check(handshake_deadline, last_frame);
+        let mut next_ping = limits.ping.map(|d| started + d);
+        // The earliest of the deadlines and the next ping.
+        let next_check =
+            |handshake: Option<Instant>, last_frame: Instant, ping: Option<Instant>| {
+                let idle = limits.idle.map(|d| last_frame + d);
+                [handshake, idle, ping].into_iter().flatten().min()
+            };
+        let first = next_check(handshake_deadline, last_frame, next_ping);
         // Whether the timer stands for a deadline (at `timer.deadline()`).
         let mut armed = first.is_some();
         let mut timer = std::pin::pin!(tokio::time::sleep_until(first.unwrap_or(started)));
@@ -343,6 +346,12 @@ where
                     }
                     () = timer.as_mut(), if armed => {
                         let now = Instant::now();
+                        if next_ping.is_some_and(|at| at <= now) {
+                            // NB: a full outbox is traffic enough; the writer's own timeout
+                            // notices a peer that stopped reading.
+                            let _ = tx.try_push(Outbound::Ping);
+                            next_ping = limits.ping.map(|d| now + d);
+                        }
                         if handshake_deadline.is_some_and(|at| at <= now) {
                             let ms = limits.handshake.map_or(0, |d| d.as_millis());
                             break Some(close(1008, &format!("handshake timeout: no map/connect within {ms} ms")));
@@ -350,7 +359,7 @@ where
                         if limits.idle.is_some_and(|d| last_frame + d <= now) {
                             break Some(close(1001, "idle timeout: no frames or pongs received"));
                         }
-                        let next = next_check(handshake_deadline, last_frame);
+                        let next = next_check(handshake_deadline, last_frame, next_ping);
                         armed = next.is_some();
                         if let Some(at) = next {
                             timer.as_mut().reset(at);
@@ -410,7 +419,7 @@ where
                 if handshake_deadline != before {
                     // The timer may now be late (a handshake clock started) or early (harmless: it
                     // fires, finds nothing expired and sets itself again).
-                    let want = next_check(handshake_deadline, last_frame);
+                    let want = next_check(handshake_deadline, last_frame, next_ping);
                     if want.is_some_and(|w| !armed || w < timer.deadline()) {
                         armed = true;
                         if let Some(at) = want {
@@ -502,7 +511,6 @@ async fn boxed_or_never<F: std::future::Future>(f: Option<std::pin::Pin<Box<F>>>
 }
 
 struct WriterOptions {
-    ping_interval: Option<Duration>,
     /// A write or flush that takes longer than this means the peer stopped reading: give up.
     write_timeout: Option<Duration>,
     write_batch: usize,
@@ -543,21 +551,8 @@ where
 {
     async move {
         let limit = opts.write_timeout;
-        let mut ping = opts.ping_interval.map(|p| {
-            let mut i = tokio::time::interval_at(Instant::now() + p, p);
-            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            i
-        });
         'outer: loop {
-            let first = tokio::select! {
-                item = rx.recv() => item,
-                _ = tick(&mut ping) => {
-                    if bounded(limit, conn, "ping", sink.send(OutFrame::Ping)).await.is_err() {
-                        break;
-                    }
-                    continue;
-                }
-            };
+            let first = rx.recv().await;
             let Some(mut item) = first else { break };
             let mut fed = 0;
             let mut yielded = false;
@@ -568,6 +563,12 @@ where
             loop {
                 answered |= matches!(item, Outbound::Frame(_));
                 match item {
+                    Outbound::Ping => {
+                        let write = sink.feed(OutFrame::Ping);
+                        if bounded(limit, conn, "ping", write).await.is_err() {
+                            break 'outer;
+                        }
+                    }
                     Outbound::Close { code, reason } => {
                         let _ = bounded(limit, conn, "flush", sink.flush()).await;
                         let close = OutFrame::Close { code, reason };
@@ -630,15 +631,6 @@ where
     }
 }
 
-async fn tick(ping: &mut Option<tokio::time::Interval>) {
-    match ping {
-        Some(i) => {
-            i.tick().await;
-        }
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -676,7 +668,6 @@ mod tests {
             router.clone(),
             conn,
             WriterOptions {
-                ping_interval: None,
                 write_timeout: None,
                 write_batch: 1,
                 linger: None,
@@ -693,6 +684,7 @@ mod tests {
             max_frame_bytes: 1,
             idle: None,
             handshake: None,
+            ping: None,
         };
         let reader = read_loop(session, stream, otx, limits, watch::channel(false).1);
         let (reader, writer) = (

@@ -1022,6 +1022,8 @@ impl Pump {
     fn record(&mut self, item: Outbound, out: &mut BytesMut) -> Option<(u16, String)> {
         let (event, text) = match item {
             Outbound::Close { code, reason } => return Some((code, reason)),
+            // An event stream's keep-alive is its own (a comment line on a timer).
+            Outbound::Ping => return None,
             Outbound::Event(delivery) => {
                 let mut text = String::new();
                 delivery.encode(&mut text);

@@ -65,8 +65,10 @@ pub async fn upgrade(
     let hard = hard_limit(state.options.max_frame_bytes);
     let peer = peer.map(|Extension(p)| p);
     state.options.peer = peer.as_ref().map(|p| p.addr);
-    // NB: the callback's captures are boxed: axum's upgrade task keeps the callback's room
-    // for the connection's whole life (about 300 bytes each, by value).
+    // NB: the connection runs in a task of its own, not in axum's upgrade task: that task
+    // keeps room for the handshake's socket, settings and this callback beside whatever the
+    // callback returns (about 1 KB per connection), and ends once the callback has spawned.
+    // The captures are boxed for the same reason while the handshake runs.
     let captured = Box::new((state, peer));
     ws.max_message_size(hard)
         .max_frame_size(hard)
@@ -74,7 +76,8 @@ pub async fn upgrade(
         .on_upgrade(move |socket| {
             let (state, peer) = *captured;
             let serve = serve_socket(socket, state);
-            serve.map(move |()| drop(peer))
+            tokio::spawn(serve.map(move |()| drop(peer)));
+            std::future::ready(())
         })
 }
 
