@@ -12,8 +12,10 @@
 //!   the same address answers for an id that does not exist;
 //! - a group address (`{broadcast}`, `{role}`, `{scope}`, a bare scope id, `{participants}`)
 //!   reaches the visible members and leaves the invisible one out of `delivered`;
-//! - a reply (`{agent: <the request's from>}` with its `correlationId`) to an invisible agent is
-//!   refused like any other explicit send;
+//! - a reply to an invisible agent's request (`{agent: <the request's from>}` with its
+//!   `correlationId` and `isResult`, as the SDK's `reply()` sends it) reaches it: the asker showed
+//!   itself by asking. Without `isResult`, with another correlation id, from one the request did
+//!   not reach, or sent again without a request, the same message answers as for an absent id;
 //! - in every case the invisible agent's socket receives nothing, and nothing the sender
 //!   receives mentions it; a system participant still reaches it.
 //!
@@ -42,6 +44,7 @@ async fn sdk_agent_with_key(url: &str, key: &str, id: &str, extra: Value) -> WsC
         json!(id),
         "the participant id is the agent's"
     );
+    c.session = r;
     register(&mut c, id, extra).await;
     c
 }
@@ -131,6 +134,52 @@ async fn no_event_mentions(c: &mut WsClient, id: &str) {
     .await;
 }
 
+/// `asker` (invisible to `replier` and `bystander`) sends `replier` a request. Only the reply
+/// to it, from the agent it reached, with its correlation id and `isResult` (what the SDK's
+/// `reply()` sends), reaches `asker`. Sent with another correlation id, without `isResult`, or
+/// by `bystander` (whom the request did not reach), the same message answers what it answers
+/// for `absent`, an id nobody has.
+async fn asks_and_only_its_answer_arrives(
+    asker: &mut WsClient,
+    replier: &mut WsClient,
+    bystander: &mut WsClient,
+    absent: &str,
+) {
+    let me = asker.pid();
+    let to = replier.pid();
+    let r = asker.send(json!({"agent": to}), json!({"ask": 1})).await;
+    assert_eq!(r["delivered"], json!([to]));
+    let asked = replier.next_message().await;
+    assert_eq!(asked["from"], json!(me));
+    let reply = |correlation: &Value, is_result: bool| {
+        json!({"to": {"agent": me}, "payload": {"answer": 1},
+               "meta": {"correlationId": correlation, "isResult": is_result}})
+    };
+    as_if_absent(replier, reply(&json!("no-such-request"), true), &me, absent).await;
+    as_if_absent(replier, reply(&asked["id"], false), &me, absent).await;
+    as_if_absent(bystander, reply(&asked["id"], true), &me, absent).await;
+    let r = replier.ok("map/send", reply(&asked["id"], true)).await;
+    assert_eq!(r["delivered"], json!([me]));
+    let answer = asker.next_message().await;
+    assert_eq!(answer["payload"], json!({"answer": 1}));
+    assert_eq!(answer["from"], json!(to));
+    // Answering once does not make it visible.
+    as_if_absent(
+        replier,
+        json!({"to": {"agent": me}, "payload": 2}),
+        &me,
+        absent,
+    )
+    .await;
+}
+
+/// Sends `params` (naming `hidden`) and the same naming `absent`; asserts the same refusal.
+async fn as_if_absent(c: &mut WsClient, params: Value, hidden: &str, absent: &str) {
+    let got = c.err("map/send", params.clone()).await;
+    let baseline = c.err("map/send", renamed(&params, hidden, absent)).await;
+    assert_eq!(got, renamed(&baseline, absent, hidden), "{params}");
+}
+
 #[tokio::test]
 async fn without_authentication_a_hidden_agent_is_never_reached_by_an_explicit_address() {
     let (_server, url) = start_server(|c| {
@@ -180,26 +229,9 @@ async fn without_authentication_a_hidden_agent_is_never_reached_by_an_explicit_a
     received_each_group_send(&mut visible).await;
     visible.assert_no_message().await;
 
-    // A reply to the hidden agent's request is refused too.
-    let r = hidden
-        .send(json!({"agent": "snd-1"}), json!({"ask": 1}))
-        .await;
-    assert_eq!(r["delivered"], json!(["snd-1"]));
-    let asked = sender.next_message().await;
-    assert_eq!(asked["from"], json!("hid-1"));
-    let reply = |to: &str| {
-        json!({"to": {"agent": to}, "payload": {"answer": 1},
-               "meta": {"correlationId": asked["id"], "isResult": true}})
-    };
-    let refused = sender.err("map/send", reply("hid-1")).await;
-    assert_eq!(
-        refused,
-        renamed(
-            &sender.err("map/send", reply("hid-9")).await,
-            "hid-9",
-            "hid-1"
-        )
-    );
+    // The hidden agent asks the sender something: the answer reaches it (the asker showed
+    // itself by asking), and nothing else addressed to it does.
+    asks_and_only_its_answer_arrives(&mut hidden, &mut sender, &mut visible, "hid-9").await;
 
     hidden.assert_no_message().await;
     no_event_mentions(&mut sender, "hid-1").await;
@@ -302,6 +334,8 @@ async fn between_principals() {
         group_send(&mut bob, to, "al-pub", "al-1").await;
     }
     received_each_group_send(&mut public).await;
+    // Alice's private agent asks bob: his answer reaches it, nothing else of his does.
+    asks_and_only_its_answer_arrives(&mut private, &mut bob, &mut public, "al-9").await;
 
     // The viewer may not send at all: the same 1003 whoever is named.
     for to in explicit_forms("al-1", "al-pub") {

@@ -491,9 +491,18 @@ pub fn can_message_agent(
     target: &Agent,
     reg: AgentView<'_>,
 ) -> bool {
-    if !can_see_agent(viewer, target, reg) {
-        return false;
-    }
+    can_see_agent(viewer, target, reg) && may_message_agent(viewer, sender, target, reg)
+}
+
+/// [`can_message_agent`] without its visibility check: the sender's `canMessage.agents` and the
+/// target's `acceptsFrom`. On its own only for a target the sender may address unseen: the
+/// sender of a request it answers (`messaging::resolve`).
+pub fn may_message_agent(
+    viewer: &Viewer<'_>,
+    sender: Option<&Agent>,
+    target: &Agent,
+    reg: AgentView<'_>,
+) -> bool {
     if let Some(sender) = sender {
         if may_restrict(sender, viewer.policy) {
             let rule = resolve_agent_permissions(sender, viewer.policy)

@@ -28,7 +28,7 @@ use crate::protocol::event::{EventType, MessageFailedData, MessageQueuedData};
 use crate::protocol::ids::{now_ms, AgentId, EventId, MessageId, ScopeId};
 use crate::protocol::json::RawJson;
 use crate::protocol::jsonrpc::ErrorCode;
-use crate::protocol::message::{Address, Message};
+use crate::protocol::message::{Address, Message, MetaView};
 use crate::protocol::methods::messaging::{SendParams, SendResult};
 use crate::protocol::methods::notifications;
 use crate::protocol::scope::ScopeVisibility;
@@ -239,9 +239,20 @@ impl Router {
                 Capability::CanBroadcast.path().into(),
             ));
         }
+        // A reply may name the sender of the request it answers, seen or not (`resolve`).
+        // (A substring test first: most sends are no replies, and parsing their meta is waste.)
+        let answering: Option<Arc<str>> = meta
+            .as_ref()
+            .filter(|m| m.get().contains("\"isResult\""))
+            .map(|m| MetaView::of(Some(m)))
+            .filter(|v| v.is_result)
+            .and_then(|v| v.correlation_id)
+            .and_then(|c| self.messaging.request_sender(&c, &from).cloned());
         let views = self.resolve_views();
-        let recipients = resolve(views, caller, &address, self.config.strict_recipients)?;
-        let recipients = permitted(views.agents, caller, recipients, !multicast)?;
+        let strict = self.config.strict_recipients;
+        let answering = answering.as_deref();
+        let recipients = resolve(views, caller, &address, strict, answering)?;
+        let recipients = permitted(views.agents, caller, recipients, !multicast, answering)?;
         let message = Message {
             id: id.unwrap_or_else(MessageId::generate),
             from: from.to_string(),

@@ -21,6 +21,10 @@
 //!   matters most, since the SDK's `AgentConnection` connects with its agent's id as
 //!   participant id: were the participant not checked as well, it would reach the agent its
 //!   id names however hidden (as it did until the Python suite found it).
+//! - One exception: a reply (`meta.isResult` with the request's `correlationId`) may name the
+//!   sender of the request it answers (`answering`, from the delivery index), seen or not, by an
+//!   explicit address: that sender showed itself by asking, so answering it leaks nothing, and
+//!   a hidden agent (a hidden gateway's, say) still gets its answers.
 //!
 //! Owns nothing.
 
@@ -33,6 +37,7 @@ use crate::router::caller::Caller;
 use crate::router::error::RouterError;
 use crate::router::permissions::{
     can_message_agent, can_see_agent, can_see_participant, can_see_scope, can_send_to_scope,
+    may_message_agent,
 };
 use crate::router::views::{AgentView, ScopeView, SessionView};
 
@@ -80,18 +85,23 @@ impl Recipient {
 
 /// Keeps the recipients the sender may message (`canMessage` of its agent, `acceptsFrom` of
 /// each target). A refused explicit target is an error; refused members of a group are
-/// left out.
+/// left out. `answering`: as for [`resolve`] (that agent need not be visible; the rest of the
+/// rules hold).
 pub fn permitted(
     agents: AgentView<'_>,
     caller: &Caller,
     recipients: Vec<Recipient>,
     explicit: bool,
+    answering: Option<&str>,
 ) -> Result<Vec<Recipient>, RouterError> {
     let viewer = caller.viewer();
     let sender = caller.primary_agent.as_ref().and_then(|a| agents.get(a));
     let mut out = Vec::with_capacity(recipients.len());
     for r in recipients {
         let allowed = match &r {
+            Recipient::Agent(id) if explicit && answering == Some(id.as_str()) => agents
+                .get(id)
+                .is_some_and(|t| may_message_agent(&viewer, sender, t, agents)),
             Recipient::Agent(id) => agents
                 .get(id)
                 .is_some_and(|t| can_message_agent(&viewer, sender, t, agents)),
@@ -131,12 +141,15 @@ fn names_visible_scope(views: Views<'_>, caller: &Caller, text: &str) -> bool {
         .is_some_and(|s| can_see_scope(&caller.viewer(), s, views.agents))
 }
 
-/// Resolves an address to recipients (see the module docs).
+/// Resolves an address to recipients (see the module docs). `answering`: the sender of the
+/// request this message answers, which an explicit address may name whether or not the caller
+/// may see it (the caller's message is a reply to a request that reached it).
 pub fn resolve(
     views: Views<'_>,
     caller: &Caller,
     address: &Address,
     strict: bool,
+    answering: Option<&str>,
 ) -> Result<Vec<Recipient>, RouterError> {
     let Views {
         agents,
@@ -150,11 +163,15 @@ pub fn resolve(
             .get(id)
             .is_some_and(|r| can_see_agent(&viewer, r, agents))
     };
-    // A participant the caller may see (one standing for an agent it may not see is absent).
+    let answered = |id: &str| answering == Some(id);
+    // A participant the caller may see (one standing for an agent it may not see is absent),
+    // or the one that asked what the caller answers.
     let visible_participant = |id: &ParticipantId| {
         sessions
             .by_participant(id)
-            .filter(|s| can_see_participant(&viewer, s.participant, agents))
+            .filter(|s| {
+                answered(id.as_str()) || can_see_participant(&viewer, s.participant, agents)
+            })
             .map(|s| Recipient::Participant(s.participant.clone()))
     };
     let sender_agent = caller.primary_agent.as_ref();
@@ -187,7 +204,7 @@ pub fn resolve(
             return Some(remote(system, agent));
         }
         let agent = AgentId::from(id);
-        if visible_agent(&agent) {
+        if visible_agent(&agent) || (answered(id) && agents.contains(&agent)) {
             Some(Recipient::Agent(agent))
         } else {
             visible_participant(&ParticipantId::from(id))
@@ -452,6 +469,17 @@ mod tests {
         to: serde_json::Value,
         strict: bool,
     ) -> Result<Vec<String>, RouterError> {
+        answer(w, c, to, strict, None)
+    }
+
+    /// [`run`] for a reply to a request from `answering`.
+    fn answer(
+        w: &World,
+        c: &Caller,
+        to: serde_json::Value,
+        strict: bool,
+        answering: Option<&str>,
+    ) -> Result<Vec<String>, RouterError> {
         let views = Views {
             agents: AgentView::new(&w.registry, &w.scopes),
             scopes: ScopeView::new(&w.scopes),
@@ -459,8 +487,8 @@ mod tests {
             systems: &w.systems,
         };
         let address = Address::parse_raw(&RawJson::from(to)).expect("an address");
-        let found = resolve(views, c, &address, strict)?;
-        let allowed = permitted(views.agents, c, found, true)?;
+        let found = resolve(views, c, &address, strict, answering)?;
+        let allowed = permitted(views.agents, c, found, true, answering)?;
         Ok(allowed.iter().map(|r| r.id().to_owned()).collect())
     }
 
@@ -571,6 +599,28 @@ mod tests {
             run(&w, &bob2, serde_json::json!({"parent": true}), true),
             Err(RouterError::AddressNotFound(_))
         ));
+        // A reply to its request reaches it, by an explicit address only; not a group.
+        for to in [
+            serde_json::json!({"agent": "ghost"}),
+            serde_json::json!({"agents": ["b1", "ghost"]}),
+            serde_json::json!({"participant": "ghost"}),
+            serde_json::json!("ghost"),
+        ] {
+            let got = answer(&w, &bob, to.clone(), true, Some("ghost")).unwrap();
+            assert!(got.contains(&"ghost".to_owned()), "{to}: {got:?}");
+        }
+        assert_eq!(
+            answer(
+                &w,
+                &bob,
+                serde_json::json!({"role": "worker"}),
+                true,
+                Some("ghost")
+            )
+            .unwrap(),
+            vec!["a2"],
+            "the sender (b1) and the system-only ghost left out"
+        );
         // A system participant reaches it (as the agent: the participant stands in only for
         // an agent it cannot see).
         let ops = caller("ops", ParticipantType::System, None);

@@ -42,8 +42,10 @@ const DELIVERY_INDEX_CAP: usize = 16_384;
 const REQUESTS_PER_CORRELATION: usize = 8;
 
 /// Recent deliveries, so a reply (`meta.isResult` with the request's `correlationId`) can name
-/// the delivery of the request it answers as its cause. Bounded: the oldest messages are
-/// forgotten once more than [`DELIVERY_INDEX_CAP`] deliveries are remembered.
+/// the delivery of the request it answers as its cause, and reach the request's sender even when
+/// the replier may not see it (`resolve`: the sender showed itself by asking). Bounded: the
+/// oldest messages are forgotten once more than [`DELIVERY_INDEX_CAP`] deliveries are
+/// remembered.
 ///
 /// One entry per message (its recipients in a short list), not one per delivery: a scope send
 /// to K agents costs one map insertion and K pushes instead of K insertions, K removals and 2K
@@ -51,7 +53,7 @@ const REQUESTS_PER_CORRELATION: usize = 8;
 /// docs/performance.md).
 #[derive(Debug, Default)]
 pub(crate) struct DeliveryIndex {
-    by_message: IdMap<MessageId, Vec<(Box<str>, EventId)>>,
+    by_message: IdMap<MessageId, Deliveries>,
     /// The requests that used each correlation id, newest last (at most
     /// [`REQUESTS_PER_CORRELATION`]): two requesters may pick the same id (`"q1"`), and one must
     /// not hide the other's request from its replier.
@@ -62,10 +64,20 @@ pub(crate) struct DeliveryIndex {
     deliveries: usize,
 }
 
+/// One message's deliveries.
+#[derive(Debug)]
+struct Deliveries {
+    /// Its sender (`from`), whom a reply to it may reach.
+    from: Arc<str>,
+    /// Its recipients and the event of each delivery.
+    to: Vec<(Box<str>, EventId)>,
+}
+
 impl DeliveryIndex {
     pub(crate) fn record(
         &mut self,
         message: &MessageId,
+        from: &Arc<str>,
         recipient: Box<str>,
         correlation: Option<&str>,
         event: EventId,
@@ -74,8 +86,8 @@ impl DeliveryIndex {
             let Some((m, c)) = self.order.pop_front() else {
                 break;
             };
-            if let Some(list) = self.by_message.remove(&m) {
-                self.deliveries -= list.len();
+            if let Some(d) = self.by_message.remove(&m) {
+                self.deliveries -= d.to.len();
             }
             if let Some(c) = c {
                 if let Some(list) = self.by_correlation.get_mut(&c) {
@@ -86,8 +98,8 @@ impl DeliveryIndex {
                 }
             }
         }
-        let list = match self.by_message.get_mut(message) {
-            Some(list) => list,
+        let d = match self.by_message.get_mut(message) {
+            Some(d) => d,
             None => {
                 if let Some(c) = correlation {
                     let list = self.by_correlation.entry(c.to_owned()).or_default();
@@ -98,10 +110,15 @@ impl DeliveryIndex {
                 }
                 self.order
                     .push_back((message.clone(), correlation.map(str::to_owned)));
-                self.by_message.entry(message.clone()).or_default()
+                self.by_message
+                    .entry(message.clone())
+                    .or_insert_with(|| Deliveries {
+                        from: from.clone(),
+                        to: Vec::new(),
+                    })
             }
         };
-        list.push((recipient, event));
+        d.to.push((recipient, event));
         self.deliveries += 1;
     }
 
@@ -109,11 +126,11 @@ impl DeliveryIndex {
     /// entries only hold memory (after a churn, thousands of them, until newer deliveries push
     /// them out). Gives the tables' room back.
     fn forget(&mut self, gone: impl Fn(&str) -> bool) {
-        self.by_message.retain(|_, list| {
-            list.retain(|(r, _)| !gone(r));
-            !list.is_empty()
+        self.by_message.retain(|_, d| {
+            d.to.retain(|(r, _)| !gone(r));
+            !d.to.is_empty()
         });
-        self.deliveries = self.by_message.values().map(Vec::len).sum();
+        self.deliveries = self.by_message.values().map(|d| d.to.len()).sum();
         let kept = &self.by_message;
         self.order.retain(|(m, _)| kept.contains_key(m));
         self.by_correlation.retain(|_, list| {
@@ -128,13 +145,23 @@ impl DeliveryIndex {
     /// The delivery to `replier` of the request that `correlation` names (a correlation id,
     /// or the request's message id, as the SDK's `reply()` uses when there was none).
     pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
+        self.request_to(correlation, replier).map(|(_, e)| e)
+    }
+
+    /// The sender of the request that `correlation` names, if it reached `replier`.
+    pub(crate) fn request_sender(&self, correlation: &str, replier: &str) -> Option<&Arc<str>> {
+        self.request_to(correlation, replier).map(|(from, _)| from)
+    }
+
+    /// The newest request that `correlation` names and that reached `replier`: its sender and
+    /// the event of that delivery.
+    fn request_to(&self, correlation: &str, replier: &str) -> Option<(&Arc<str>, EventId)> {
         let delivered_to_replier = |message: &MessageId| {
-            self.by_message
-                .get(message)?
-                .iter()
+            let d = self.by_message.get(message)?;
+            d.to.iter()
                 .rev()
                 .find(|(r, _)| &**r == replier)
-                .map(|(_, e)| *e)
+                .map(|(_, e)| (&d.from, *e))
         };
         // The newest request with this correlation id that reached the replier.
         self.by_correlation
@@ -187,8 +214,13 @@ impl Messaging {
         recipient: Box<str>,
         delivered: EventId,
     ) {
-        self.deliveries
-            .record(&out.id, recipient, out.correlation.as_deref(), delivered);
+        self.deliveries.record(
+            &out.id,
+            &out.from,
+            recipient,
+            out.correlation.as_deref(),
+            delivered,
+        );
     }
 
     /// An agent has left for good: once enough have (an eighth of the remembered deliveries,
@@ -207,6 +239,11 @@ impl Messaging {
     /// The delivery to `replier` of the request that `correlation` names.
     pub(crate) fn request_delivery(&self, correlation: &str, replier: &str) -> Option<EventId> {
         self.deliveries.request_delivery(correlation, replier)
+    }
+
+    /// The sender of the request that `correlation` names, if it reached `replier`.
+    pub(crate) fn request_sender(&self, correlation: &str, replier: &str) -> Option<&Arc<str>> {
+        self.deliveries.request_sender(correlation, replier)
     }
 
     /// Agents with kept messages, and messages kept in all (for stats).
@@ -232,13 +269,19 @@ mod tests {
     fn departed_recipients_are_forgotten_and_the_living_kept() {
         let mut m = Messaging::default();
         let ev = |n: u128| EventId(Ulid(n));
+        let from: Arc<str> = Arc::from("asker");
         for i in 0..100u128 {
             let msg = MessageId::from(format!("m{i}").as_str());
             let corr = format!("c{i}");
             m.deliveries
-                .record(&msg, "stays".into(), Some(&corr), ev(2 * i));
-            m.deliveries
-                .record(&msg, format!("gone{i}").into(), Some(&corr), ev(2 * i + 1));
+                .record(&msg, &from, "stays".into(), Some(&corr), ev(2 * i));
+            m.deliveries.record(
+                &msg,
+                &from,
+                format!("gone{i}").into(),
+                Some(&corr),
+                ev(2 * i + 1),
+            );
         }
         assert_eq!(m.deliveries_len(), 200);
         let gone = |r: &str| r.starts_with("gone");
@@ -248,6 +291,12 @@ mod tests {
         }
         assert_eq!(m.deliveries_len(), 200);
         assert_eq!(m.request_delivery("c7", "gone7"), Some(ev(15)));
+        assert_eq!(m.request_sender("c7", "gone7").map(|f| &**f), Some("asker"));
+        assert_eq!(
+            m.request_sender("c7", "elsewhere"),
+            None,
+            "not delivered there"
+        );
         m.agent_removed(gone);
         assert_eq!(
             m.deliveries_len(),
