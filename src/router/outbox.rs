@@ -134,6 +134,12 @@ impl Shared {
             if q.items.len() >= self.capacity {
                 return Err(PushError::Full(item));
             }
+            if q.items.capacity() == 0 {
+                // NB: one slot first, not the four `VecDeque` starts with: a connection that
+                // had only its `map/connect` answered holds 56 bytes, not 224 (a second item
+                // grows it as usual).
+                q.items.reserve_exact(1);
+            }
             q.items.push_back(item);
         }
         self.pushed(urgent);

@@ -268,7 +268,7 @@ impl Router {
             last_active_at: now_ms(),
             conn: Some(ctx.conn),
             resume_token: random_token("resume_"),
-            token_key: String::new(),
+            token_key: "".into(),
             policy: p.disconnect_policy.clone(),
             primary_agent: None,
             orphaned: Vec::new(),

@@ -314,7 +314,7 @@ pub struct Session {
     /// for a relay session's, whose token the standby keeps: `Sessions::set_token_key`).
     pub(in crate::router::sessions) resume_token: String,
     /// The token's digest ([`token_key`]), which the token index is keyed by.
-    pub(in crate::router::sessions) token_key: String,
+    pub(in crate::router::sessions) token_key: Arc<str>,
     /// What to do with owned agents when the session goes away.
     pub(in crate::router::sessions) policy: Option<DisconnectPolicy>,
     /// The agent this session speaks as (`from` of its messages).
@@ -493,9 +493,12 @@ pub fn policy_when_lost(session: Option<&Session>) -> DisconnectPolicy {
 /// All sessions and their indexes.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    by_id: IdMap<SessionId, Session>,
+    /// Boxed: a session is a few hundred bytes, and a table keeps room for up to twice as
+    /// many entries as it holds (docs/performance.md, "Idle sessions").
+    by_id: IdMap<SessionId, Box<Session>>,
     by_participant: IdMap<ParticipantId, SessionId>,
-    by_token: IdMap<String, SessionId>,
+    /// Keyed by the session's own `token_key` (shared, not a copy).
+    by_token: IdMap<Arc<str>, SessionId>,
     /// Sessions changed since the last save (cluster mode only).
     pub(crate) changed: crate::router::changes::Changes<SessionId>,
 }
@@ -503,28 +506,28 @@ pub struct Sessions {
 impl Sessions {
     /// Looks a session up.
     pub fn get(&self, id: &SessionId) -> Option<&Session> {
-        self.by_id.get(id)
+        self.by_id.get(id).map(|s| &**s)
     }
 
     /// Mutable access, for the sessions part (use [`Sessions::set_token`] to change the
     /// token).
     pub(in crate::router::sessions) fn get_mut(&mut self, id: &SessionId) -> Option<&mut Session> {
         self.changed.mark(id);
-        self.by_id.get_mut(id)
+        self.by_id.get_mut(id).map(|s| &mut **s)
     }
 
     /// The session of a participant.
     pub fn by_participant(&self, participant: &ParticipantId) -> Option<&Session> {
         self.by_participant
             .get(participant)
-            .and_then(|s| self.by_id.get(s))
+            .and_then(|s| self.get(s))
     }
 
     /// The session a resume token belongs to.
     pub fn by_token(&self, token: &str) -> Option<&Session> {
         self.by_token
             .get(token_key(token).as_str())
-            .and_then(|s| self.by_id.get(s))
+            .and_then(|s| self.get(s))
     }
 
     /// Makes `agent` the agent a session speaks as, unless it already speaks as one that
@@ -560,7 +563,7 @@ impl Sessions {
             last_active_at: crate::protocol::ids::now_ms(),
             conn: None,
             resume_token: String::new(),
-            token_key: seed.token_key,
+            token_key: seed.token_key.into(),
             policy: seed.policy,
             primary_agent: seed.primary_agent,
             orphaned: seed.orphaned,
@@ -575,19 +578,19 @@ impl Sessions {
     /// `resume_token` unless given (a restored session has the digest only).
     pub(in crate::router::sessions) fn insert(&mut self, mut session: Session) {
         if session.token_key.is_empty() {
-            session.token_key = token_key(&session.resume_token);
+            session.token_key = token_key(&session.resume_token).into();
         }
         self.changed.mark(&session.id);
         self.by_participant
             .insert(session.participant.clone(), session.id.clone());
         self.by_token
             .insert(session.token_key.clone(), session.id.clone());
-        self.by_id.insert(session.id.clone(), session);
+        self.by_id.insert(session.id.clone(), Box::new(session));
     }
 
     /// Removes a session and its index entries.
     pub(in crate::router::sessions) fn remove(&mut self, id: &SessionId) -> Option<Session> {
-        let s = self.by_id.remove(id)?;
+        let s = *self.by_id.remove(id)?;
         self.changed.mark(id);
         if self.by_participant.get(&s.participant) == Some(&s.id) {
             self.by_participant.remove(&s.participant);
@@ -604,7 +607,7 @@ impl Sessions {
         self.changed.mark(id);
         if let Some(s) = self.by_id.get_mut(id) {
             self.by_token.remove(&s.token_key);
-            s.token_key = token_key(&token);
+            s.token_key = token_key(&token).into();
             self.by_token.insert(s.token_key.clone(), s.id.clone());
             s.resume_token = token;
         }
@@ -617,7 +620,7 @@ impl Sessions {
         self.changed.mark(id);
         if let Some(s) = self.by_id.get_mut(id) {
             self.by_token.remove(&s.token_key);
-            s.token_key = key;
+            s.token_key = key.into();
             self.by_token.insert(s.token_key.clone(), s.id.clone());
             s.resume_token = String::new();
         }
@@ -625,7 +628,7 @@ impl Sessions {
 
     /// The session whose resume token has digest `key` ([`token_key`]).
     pub fn by_token_key(&self, key: &str) -> Option<&Session> {
-        self.by_token.get(key).and_then(|id| self.by_id.get(id))
+        self.by_token.get(key).and_then(|id| self.get(id))
     }
 
     /// Records that `id` made a call now.
@@ -637,7 +640,7 @@ impl Sessions {
 
     /// Every session.
     pub fn iter(&self) -> impl Iterator<Item = &Session> {
-        self.by_id.values()
+        self.by_id.values().map(|s| &**s)
     }
 
     /// Entries of the participant and resume-token indexes (for stats: each equals the
