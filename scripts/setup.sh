@@ -9,7 +9,8 @@
 # 4. the Python virtual environments (tests/gateways/setup.sh, tests/a2a_py/.venv,
 #    tests/aip_py/.venv, tests/python/.venv: the Python MAP client's suite, and
 #    tests/phoenix/.venv: Arize Phoenix, the OTLP receiver of the traces tests, about 45 s and
-#    850 MB fresh), pinned.
+#    850 MB fresh), pinned;
+# 5. the Python MAP client's wheel, in target/python/.
 #
 #   scripts/setup.sh [--check]    --check: report what is missing, install nothing
 #
@@ -93,4 +94,11 @@ for dir in tests/a2a_py tests/aip_py tests/python tests/phoenix; do
     cp "$dir/requirements.txt" "$venv/.requirements"
   fi
 done
+
+# 5. The Python MAP client's wheel (python/, pure Python: one py3-none-any file), built offline
+#    with the pinned hatchling of tests/python/.venv into target/python/ (`pip install` it).
+rm -rf target/python
+tests/python/.venv/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps \
+  --no-build-isolation --no-index -w target/python ./python >&2
+say "built $(ls target/python/*.whl)"
 say "ready"
