@@ -100,5 +100,5 @@ done
 rm -rf target/python
 tests/python/.venv/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps \
   --no-build-isolation --no-index -w target/python ./python >&2
-say "built $(ls target/python/*.whl)"
+for wheel in target/python/*.whl; do say "built $wheel"; done
 say "ready"

@@ -1,6 +1,5 @@
-//! One connection driver for every transport: a reader loop and a single writer over any
-//! `Stream` of incoming frames and `Sink` of outgoing frames, two futures of the connection's
-//! one task (an idle connection is one task and three small allocations).
+//! One connection driver for every transport: a reader loop and a single writer task over any
+//! `Stream` of incoming frames and `Sink` of outgoing frames.
 //!
 //! A transport adapts its socket or pipe to [`InFrame`] / [`OutFrame`] and calls
 //! [`serve_connection`]; everything else (JSON-RPC, sessions, ordering, back-pressure,
@@ -162,8 +161,7 @@ impl Default for ConnectionOptions {
 
 /// Serves one connection until the peer leaves, the transport fails, or `shutdown` flips.
 ///
-/// The reader loop and the writer are two futures of one task, polled side by side: an idle
-/// connection is one task, not two (a task of its own cost the writer about 1.3 KB).
+/// The connection's task holds the boxed reader loop and the writer task's handle.
 ///
 /// # Cancel safety
 /// Not cancel safe: cancelling it skips `Detach`, leaving the session attached to a dead
@@ -182,7 +180,7 @@ where
     Si::Error: std::fmt::Display,
 {
     // NB: not an `async fn`, and everything is built here, outside the future: an `async fn`
-    // stores its arguments twice, and an idle connection should carry only its two loops.
+    // stores its arguments twice, and an idle connection should carry only its loops.
     let conn = router.new_conn_id();
     let (tx, rx) = outbox(router.config().outbox_frames);
     // NB: boxed, and taken out of its box before it is sent, so the box is freed then, not
@@ -194,7 +192,13 @@ where
         transport: opts.transport,
         node: opts.node.clone(),
     }));
-    let writer = Box::pin(write_loop(
+    // NB: a task of its own, not a future polled beside the reader's. In one task every
+    // wake-up polled both, and the reader's poll of the WebSocket flushes what the writer had
+    // buffered (tungstenite writes pending frames before it reads), so batches broke up:
+    // ephemeral fan-out cost 31 % more CPU per delivery; with a waker per half, 16 % more at
+    // 100 + 10 (docs/performance.md). Spawned here, before the attach: it only waits for
+    // the outbox until then, and ends when the outbox's last sender goes.
+    let writer = tokio::spawn(write_loop(
         rx,
         sink,
         router.clone(),
@@ -244,18 +248,11 @@ where
             Either::Left((end, writer)) => {
                 Box::pin(finish(router, end, Some(writer), drain_timeout, conn)).await;
             }
-            Either::Right(((), reader)) => {
+            Either::Right((_, reader)) => {
                 // The writer gave up (the peer stopped reading, or the sink failed): the
                 // reader sees the outbox closed at once.
                 let end = reader.await;
-                Box::pin(finish::<std::future::Ready<()>>(
-                    router,
-                    end,
-                    None,
-                    drain_timeout,
-                    conn,
-                ))
-                .await;
+                Box::pin(finish(router, end, None, drain_timeout, conn)).await;
             }
         }
     }
@@ -453,15 +450,13 @@ async fn reject(
 
 /// Ends a connection: its last answers and close frame, the router told, the writer (when it
 /// still runs) given `drain_timeout` to write what is queued.
-async fn finish<W>(
+async fn finish(
     router: RouterHandle,
     end: Box<ReaderEnd>,
-    writer: Option<std::pin::Pin<Box<W>>>,
+    writer: Option<tokio::task::JoinHandle<()>>,
     drain_timeout: Duration,
     conn: ConnId,
-) where
-    W: std::future::Future<Output = ()>,
-{
+) {
     let ReaderEnd {
         mut session,
         tx,
@@ -485,14 +480,16 @@ async fn finish<W>(
     let Some(writer) = writer else {
         return ending.await;
     };
+    let abort = writer.abort_handle();
     let ending = std::pin::pin!(ending);
     match futures::future::select(ending, writer).await {
         Either::Left(((), writer)) => {
             if tokio::time::timeout(drain_timeout, writer).await.is_err() {
                 tracing::debug!(%conn, "writer did not drain in time; dropping the connection");
+                abort.abort();
             }
         }
-        Either::Right(((), ending)) => ending.await,
+        Either::Right((_, ending)) => ending.await,
     }
 }
 
@@ -518,22 +515,30 @@ struct WriterOptions {
 }
 
 /// Runs a sink operation under the write timeout. `Err(())` means failed or timed out.
-async fn bounded<F, E>(limit: Option<Duration>, conn: ConnId, what: &str, op: F) -> Result<(), ()>
+///
+/// A combinator, not an `async fn`: the writer's future holds it at every write, and an
+/// `async fn` would keep the operation twice (its argument and its awaited copy).
+fn bounded<F, E>(
+    limit: Option<Duration>,
+    conn: ConnId,
+    what: &'static str,
+    op: F,
+) -> impl std::future::Future<Output = Result<(), ()>>
 where
     F: std::future::Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    let result = match limit {
-        Some(limit) => match tokio::time::timeout(limit, op).await {
-            Ok(r) => r,
+    let failed = move |e: E| tracing::debug!(%conn, error = %e, "{what} failed");
+    match limit {
+        Some(limit) => Either::Left(tokio::time::timeout(limit, op).map(move |r| match r {
+            Ok(r) => r.map_err(failed),
             Err(_) => {
                 tracing::debug!(%conn, "{what} timed out: the peer is not reading");
-                return Err(());
+                Err(())
             }
-        },
-        None => op.await,
-    };
-    result.map_err(|e| tracing::debug!(%conn, error = %e, "{what} failed"))
+        })),
+        None => Either::Right(op.map(move |r| r.map_err(failed))),
+    }
 }
 
 /// The single writer: drains the outbox into the sink. (Not an `async fn`, as [`read_loop`].)
@@ -636,10 +641,10 @@ mod tests {
     use super::*;
     use futures::channel::mpsc;
 
-    /// An idle connection is one task holding three allocations: its own future, the reader
-    /// and the writer. Each is kept at or below an allocator size class (mimalloc's bins are
-    /// 768, 1024, ...), so a few bytes more would cost a whole class per connection
-    /// (docs/performance.md, "Idle sessions").
+    /// An idle connection is its task (the reader boxed beside it) and the writer's task.
+    /// Each is kept at or below a size class (mimalloc's bins are 768, 1024, ...; tokio rounds
+    /// a task up to 128 bytes), so a few bytes more would cost a whole class per connection
+    /// (docs/performance.md, "NATS-class cost").
     #[tokio::test]
     async fn an_idle_connections_parts_stay_within_their_size_classes() {
         let (router, _task) = crate::router::Router::start(
@@ -692,7 +697,8 @@ mod tests {
             std::mem::size_of_val(&writer),
         );
         assert!(reader <= 1024, "the reader's future takes {reader} bytes");
-        assert!(writer <= 768, "the writer's future takes {writer} bytes");
+        // The writer's task: its future, tokio's header and trailer, in 768 bytes.
+        assert!(writer <= 640, "the writer's future takes {writer} bytes");
         assert!(
             std::mem::size_of::<RouterHandle>() <= 16,
             "a router handle is held three times per connection"

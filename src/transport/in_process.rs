@@ -76,7 +76,8 @@ mod tests {
     use crate::router::Router;
     use crate::router::RouterParts;
 
-    /// An idle connection's task is this future (its reader and writer are boxed beside it);
+    /// An idle connection's task is this future (its reader is boxed beside it, its writer is
+    /// a task of its own);
     /// every byte of it is paid per connection (docs/performance.md, "Idle sessions").
     /// Building the future inside an `async` block instead of returning it once cost about
     /// 3 KB.

@@ -75,6 +75,9 @@ pub async fn upgrade(
         .read_buffer_size(READ_BUFFER_BYTES)
         .on_upgrade(move |socket| {
             let (state, peer) = *captured;
+            // NB: boxed: 40 bytes beside the connection's future would take its task past
+            // an allocator class (tokio aligns tasks to 128 bytes).
+            let peer = peer.map(Box::new);
             let serve = serve_socket(socket, state);
             tokio::spawn(serve.map(move |()| drop(peer)));
             std::future::ready(())
