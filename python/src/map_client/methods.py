@@ -15,6 +15,17 @@ from .types import Address, AgentsGetResult, AgentsListResult, MessageMeta, Scop
 __all__ = ["Methods"]
 
 
+def _page(filter: Mapping[str, Any] | None, limit: int | None, cursor: str | None) -> dict[str, Any]:
+    """A listing's parameters: the filter when it names anything, the page's size and cursor
+    when given."""
+    params: dict[str, Any] = {"filter": filter} if filter else {}
+    if limit is not None:
+        params["limit"] = limit
+    if cursor is not None:
+        params["cursor"] = cursor
+    return params
+
+
 class Methods:
     """Agents, scopes, steering, sessions, tasks, mail and trajectory, as methods."""
 
@@ -31,13 +42,7 @@ class Methods:
     async def list_agents(
         self, filter: Mapping[str, Any] | None = None, *, limit: int | None = None, cursor: str | None = None
     ) -> AgentsListResult:
-        params: dict[str, Any] = {}
-        if filter:
-            params["filter"] = filter
-        if limit is not None:
-            params["limit"] = limit
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = _page(filter, limit, cursor)
         return cast(AgentsListResult, await self.call("map/agents/list", params))
 
     async def get_agent(self, agent_id: str, *, include: Mapping[str, Any] | None = None) -> AgentsGetResult:
@@ -137,13 +142,7 @@ class Methods:
     async def list_tasks(
         self, filter: Mapping[str, Any] | None = None, *, limit: int | None = None, cursor: str | None = None
     ) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        if filter:
-            params["filter"] = filter
-        if limit is not None:
-            params["limit"] = limit
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = _page(filter, limit, cursor)
         return cast(dict[str, Any], await self.call("map/tasks/list", params))
 
     async def get_task(self, task_id: str) -> dict[str, Any]:
@@ -232,13 +231,7 @@ class Methods:
     async def list_checkpoints(
         self, filter: Mapping[str, Any] | None = None, *, limit: int | None = None, cursor: str | None = None
     ) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        if filter:
-            params["filter"] = filter
-        if limit is not None:
-            params["limit"] = limit
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = _page(filter, limit, cursor)
         return cast(dict[str, Any], await self.call("trajectory/list", params))
 
     async def get_checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
