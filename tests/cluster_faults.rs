@@ -182,7 +182,16 @@ struct Net {
 
 impl Net {
     async fn start(name: &str) -> Self {
-        let route_ports: Vec<u16> = (0..3).map(|_| common::cluster::free_port()).collect();
+        // NB: held (and never handed out again) until their server starts: a port released at
+        // once came back as a server's client port, and that server failed to start ("Error
+        // listening on router port ... address already in use").
+        let mut route_held: Vec<Option<std::net::TcpListener>> =
+            common::ports::reserve(3).into_iter().map(Some).collect();
+        let route_ports: Vec<u16> = route_held
+            .iter()
+            .flatten()
+            .map(|l| l.local_addr().expect("a reserved port").port())
+            .collect();
         let mut routes: Vec<Vec<Option<Proxy>>> = Vec::new();
         for i in 0..3 {
             let mut row = Vec::new();
@@ -202,6 +211,7 @@ impl Net {
                 .map(|j| format!("nats://127.0.0.1:{}", routes[i][j].as_ref().unwrap().port))
                 .collect::<Vec<_>>()
                 .join(",");
+            drop(route_held[i].take());
             nats.push(Nats::start_with(
                 &format!("{name}-{i}"),
                 vec![
