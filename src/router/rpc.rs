@@ -80,11 +80,31 @@ pub struct RpcSession {
     in_batch: bool,
     limits: SessionLimits,
     /// On a follower: the connection's relay session on the writer (`router::relay`).
-    /// Allocated when first used (only followers and delegated sessions use it): an idle
-    /// connection's session should not carry its 280 bytes.
-    relay: Option<Box<crate::router::relay::RelayState>>,
+    relay: LazyRelay,
     /// The request just handled was relayed without waiting: where its answer comes.
     relayed: Option<(tokio::sync::oneshot::Receiver<String>, Id)>,
+}
+
+/// A connection's relay state, allocated the first time it is needed (only followers and
+/// delegated sessions use it): an idle connection's session does not carry its 280 bytes.
+#[derive(Debug, Default)]
+struct LazyRelay(Option<Box<crate::router::relay::RelayState>>);
+
+impl LazyRelay {
+    /// The state, allocated now if it was not yet.
+    fn get(&mut self) -> &mut crate::router::relay::RelayState {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// Whether the connection has a relay session now (allocating nothing).
+    fn is_open(&self) -> bool {
+        self.0.as_deref().is_some_and(|r| r.is_open())
+    }
+
+    /// The principal the connection was admitted as by its opener, if any.
+    fn delegated_principal(&self) -> Option<&methods::session::Principal> {
+        self.0.as_deref().and_then(|r| r.delegated_principal())
+    }
 }
 
 /// The connection's writer (or the router) is gone; stop reading.
@@ -118,7 +138,7 @@ impl RpcSession {
             pipeline: None,
             needs_commit: None,
             in_batch: false,
-            relay: None,
+            relay: LazyRelay::default(),
             relayed: None,
         }
     }
@@ -179,9 +199,7 @@ impl RpcSession {
     /// where `map/connect` answers no principal).
     pub fn with_delegated(mut self, principal: Option<&methods::session::Principal>) -> Self {
         if let Some(p) = principal {
-            self.relay
-                .get_or_insert_with(Box::default)
-                .delegated(p.clone());
+            self.relay.get().delegated(p.clone());
         }
         self
     }
@@ -436,14 +454,14 @@ impl RpcSession {
                         .await;
                 }
             }
-            if method == Disconnect::NAME && self.relay.get_or_insert_with(Box::default).is_open() {
+            if method == Disconnect::NAME && self.relay.is_open() {
                 let theirs = self
                     .relay
-                    .get_or_insert_with(Box::default)
+                    .get()
                     .call(relay, self.conn, &self.outbox, method, params)
                     .await;
                 let mine = self.call_here(entry, id, method, params).await;
-                self.relay.get_or_insert_with(Box::default).disconnected();
+                self.relay.get().disconnected();
                 return match (theirs, mine) {
                     (Ok(result), Ok(reply)) => Ok(Reply { result, ..reply }),
                     (_, mine) => mine,
@@ -452,12 +470,9 @@ impl RpcSession {
         }
         let served = crate::router::dispatch::served_by_follower(method);
         match (
-            self.relay.get_or_insert_with(Box::default).route(
-                method,
-                params,
-                relay.is_some(),
-                served,
-            ),
+            self.relay
+                .get()
+                .route(method, params, relay.is_some(), served),
             relay,
         ) {
             (Route::Writer, Some(relay)) => {
@@ -467,7 +482,7 @@ impl RpcSession {
                     // answers; the answer takes this one's place, in order (`pipeline.rs`).
                     let answer = self
                         .relay
-                        .get_or_insert_with(Box::default)
+                        .get()
                         .send_pipelined(&relay, self.conn, &self.outbox, id, method, params)
                         .await?;
                     self.relayed = Some((answer, id.clone()));
@@ -479,7 +494,7 @@ impl RpcSession {
                 }
                 let result = self
                     .relay
-                    .get_or_insert_with(Box::default)
+                    .get()
                     .call(&relay, self.conn, &self.outbox, method, params)
                     .await?;
                 return Ok(Reply {
@@ -494,19 +509,10 @@ impl RpcSession {
         let object = (method == Connect::NAME).then(|| params_object(params));
         let reply = self.call_here(entry, id, method, params).await?;
         match reply.after {
-            AfterReply::Connected => self
-                .relay
-                .get_or_insert_with(Box::default)
-                .opened_here(object, Some(&reply.result)),
-            AfterReply::AuthRequired => self
-                .relay
-                .get_or_insert_with(Box::default)
-                .opened_here(object, None),
-            AfterReply::Disconnected => self.relay.get_or_insert_with(Box::default).disconnected(),
-            _ => self
-                .relay
-                .get_or_insert_with(Box::default)
-                .served(method, params, &reply.result),
+            AfterReply::Connected => self.relay.get().opened_here(object, Some(&reply.result)),
+            AfterReply::AuthRequired => self.relay.get().opened_here(object, None),
+            AfterReply::Disconnected => self.relay.get().disconnected(),
+            _ => self.relay.get().served(method, params, &reply.result),
         }
         Ok(reply)
     }
@@ -517,7 +523,7 @@ impl RpcSession {
     /// credential this node accepts, `None` when it proves nothing yet (the connect is
     /// answered here: `authRequired`, or the refusal).
     fn proved(&self, params: Option<&RawValue>) -> Option<Option<methods::session::Principal>> {
-        if let Some(p) = self.relay.as_deref().and_then(|r| r.delegated_principal()) {
+        if let Some(p) = self.relay.delegated_principal() {
             return Some(Some(p.clone()));
         }
         let Some(auth) = self.router.config().auth.as_ref() else {
@@ -545,16 +551,16 @@ impl RpcSession {
         let mut theirs = params_object(params);
         theirs.remove("auth");
         let agent = theirs.get("participantType") == Some(&serde_json::json!("agent"));
-        let result = if self.relay.get_or_insert_with(Box::default).is_open() {
+        let result = if self.relay.is_open() {
             // A second connect on a live connection: the writer's session answers it.
             let theirs = crate::router::relay::to_raw(theirs)?;
             self.relay
-                .get_or_insert_with(Box::default)
+                .get()
                 .call(relay, self.conn, &self.outbox, Connect::NAME, Some(&theirs))
                 .await?
         } else {
             self.relay
-                .get_or_insert_with(Box::default)
+                .get()
                 .open_connect(
                     relay,
                     self.conn,
@@ -571,7 +577,7 @@ impl RpcSession {
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned)
         else {
-            self.relay.get_or_insert_with(Box::default).disconnected();
+            self.relay.get().disconnected();
             return Err(ErrorObject::internal(
                 "the writer's map/connect answer has no participantId",
             ));
@@ -606,7 +612,7 @@ impl RpcSession {
                 Ok(Reply { result, ..reply })
             }
             Err(e) => {
-                self.relay.get_or_insert_with(Box::default).disconnected();
+                self.relay.get().disconnected();
                 Err(e)
             }
         }
@@ -651,16 +657,8 @@ impl RpcSession {
     /// malformed ones) are ignored silently, as the spec requires: notifications are never
     /// answered.
     async fn notification(&mut self, method: &str, params: Option<&RawValue>) {
-        if self.router.is_follower()
-            && self
-                .relay
-                .get_or_insert_with(Box::default)
-                .forwards_notification(method, params)
-        {
-            self.relay
-                .get_or_insert_with(Box::default)
-                .notify(method, params)
-                .await;
+        if self.router.is_follower() && self.relay.get().forwards_notification(method, params) {
+            self.relay.get().notify(method, params).await;
             return;
         }
         if method == methods::trajectory::notifications::CONTENT_RESPONSE {

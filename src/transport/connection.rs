@@ -417,11 +417,9 @@ where
                     // The timer may now be late (a handshake clock started) or early (harmless: it
                     // fires, finds nothing expired and sets itself again).
                     let want = next_check(handshake_deadline, last_frame, next_ping);
-                    if want.is_some_and(|w| !armed || w < timer.deadline()) {
+                    if let Some(at) = want.filter(|w| !armed || *w < timer.deadline()) {
                         armed = true;
-                        if let Some(at) = want {
-                            timer.as_mut().reset(at);
-                        }
+                        timer.as_mut().reset(at);
                     }
                 }
             }
@@ -557,8 +555,9 @@ where
     async move {
         let limit = opts.write_timeout;
         'outer: loop {
-            let first = rx.recv().await;
-            let Some(mut item) = first else { break };
+            let Some(mut item) = rx.recv().await else {
+                break;
+            };
             let mut fed = 0;
             let mut yielded = false;
             // With a linger, events and messages wait for company until this instant; an answer
