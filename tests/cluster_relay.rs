@@ -8,7 +8,10 @@
 //! - the NATS configuration docs/cluster.md gives (read from the doc) keeps a second NATS user
 //!   from reading relayed frames and from answering the writer lock's and the roll call's
 //!   requests (the standby takes over in bounded time); a node talking to NATS without TLS off
-//!   loopback warns at start, one on loopback does not.
+//!   loopback warns at start, one on loopback does not;
+//! - relayed messages lost on the way, and frames batched per NATS message (issue 48): in
+//!   order and whole both ways, never to a node that did not say it reads batches, a forged
+//!   batch refused whole.
 //!
 //! Every await is bounded. Needs `nats-server` on PATH (the tests fail, never skip, without it).
 #![cfg(feature = "cluster")]
@@ -385,6 +388,50 @@ async fn nats_accounts_as_documented_keep_other_users_out_of_the_relay() {
     );
 }
 
+/// A live node `n0` and a standby `n1` serving, and a NATS client subscribed to the relay
+/// subjects of `n1`'s connections both ways: (live, standby, tap, to the connections, to the
+/// writer).
+async fn tapped_pair(
+    nats: &Nats,
+    dir: &TempDir,
+) -> (
+    Node,
+    Node,
+    async_nats::Client,
+    async_nats::Subscriber,
+    async_nats::Subscriber,
+) {
+    let live_port = free_port();
+    let live = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n0"),
+            live_port,
+            "node = \"n0\"",
+        ),
+        live_port,
+    )
+    .await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let port = free_port();
+    let standby = spawn(
+        node_args(
+            &nats.url(),
+            &dir.path.join("n1"),
+            port,
+            "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
+        ),
+        port,
+    )
+    .await;
+    health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
+    let tap = with_timeout(async_nats::connect(nats.url())).await.unwrap();
+    let to_conn = tap.subscribe("_MAP.conn.MAP_EVENTS.n1.>").await.unwrap();
+    let to_writer = tap.subscribe("_MAP.relay.MAP_EVENTS.n1.>").await.unwrap();
+    tap.flush().await.unwrap();
+    (live, standby, tap, to_conn, to_writer)
+}
+
 /// Drains `sub` until it is quiet for 300 ms: the subject of the last message and the
 /// highest `Map-Relay-Seq` seen on it.
 async fn last_numbered(sub: &mut async_nats::Subscriber) -> (String, u64) {
@@ -425,34 +472,7 @@ async fn inject(tap: &async_nats::Client, subject: &str, seq: u64, frame: &str) 
 async fn a_relayed_message_lost_on_the_way_closes_the_connection_with_1012_and_it_resumes() {
     let nats = Nats::start("relay-gaps");
     let dir = TempDir::new("cluster-relay-gaps");
-    let live_port = free_port();
-    let live = spawn(
-        node_args(
-            &nats.url(),
-            &dir.path.join("n0"),
-            live_port,
-            "node = \"n0\"",
-        ),
-        live_port,
-    )
-    .await;
-    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
-    let port = free_port();
-    let standby = spawn(
-        node_args(
-            &nats.url(),
-            &dir.path.join("n1"),
-            port,
-            "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
-        ),
-        port,
-    )
-    .await;
-    health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
-    let tap = with_timeout(async_nats::connect(nats.url())).await.unwrap();
-    let mut to_conn = tap.subscribe("_MAP.conn.MAP_EVENTS.n1.>").await.unwrap();
-    let mut to_writer = tap.subscribe("_MAP.relay.MAP_EVENTS.n1.>").await.unwrap();
-    tap.flush().await.unwrap();
+    let (live, standby, tap, mut to_conn, mut to_writer) = tapped_pair(&nats, &dir).await;
     let mut sys = WsClient::system(&live.url).await;
 
     // Writer -> standby: the message after the last one is lost; the next arrives.
@@ -541,4 +561,211 @@ async fn a_relayed_message_lost_on_the_way_closes_the_connection_with_1012_and_i
         within(Duration::from_secs(5), again.expect_close()).await,
         Some(1012)
     );
+}
+
+/// Drains `sub` until it is quiet for 300 ms: every message as (its `Map-Relay-Batch` header,
+/// its payload), control messages (open, close, mark) left out.
+async fn drain_relayed(sub: &mut async_nats::Subscriber) -> Vec<(Option<String>, String)> {
+    use futures::StreamExt;
+    let mut out = Vec::new();
+    while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
+        let header = |name: &str| {
+            msg.headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        if header("Map-Relay").is_some() {
+            continue;
+        }
+        out.push((
+            header("Map-Relay-Batch"),
+            String::from_utf8(msg.payload.to_vec()).unwrap(),
+        ));
+    }
+    out
+}
+
+/// How many frames `relayed` (from [`drain_relayed`]) carries: a batch's header lists one
+/// length per frame.
+fn frames_in(relayed: &[(Option<String>, String)]) -> usize {
+    relayed
+        .iter()
+        .map(|(batch, _)| batch.as_ref().map_or(1, |l| l.split(',').count()))
+        .sum()
+}
+
+/// `n` `map/send` requests to `to`, written at once without waiting (ids from `first`),
+/// then their `n` answers, each checked.
+async fn pipelined_sends(c: &mut WsClient, to: serde_json::Value, first: u64, n: u64) {
+    for i in 0..n {
+        let req = json!({"jsonrpc": "2.0", "id": first + i, "method": "map/send",
+            "params": {"to": to, "payload": {"i": i}}});
+        c.send_raw(&req.to_string()).await;
+    }
+    for i in 0..n {
+        let answer = c.next_non_notification().await;
+        assert_eq!(answer["id"], json!(first + i), "{answer}");
+        assert!(answer["result"].is_object(), "{answer}");
+    }
+}
+
+/// Issue 48: frames ready together cross NATS as one message (a batch), in both directions of
+/// a relay, and arrive whole and in order; a node of an older build, which never says it reads
+/// batches, is sent one frame per message; a batch whose lengths do not describe its payload
+/// (another NATS user's, or a corrupted one) closes the connection with 1012 and none of its
+/// frames is handed on.
+#[tokio::test]
+async fn frames_ready_together_travel_as_batches_and_a_forged_batch_is_refused_whole() {
+    const N: u64 = 300;
+    let nats = Nats::start("relay-batches");
+    let dir = TempDir::new("cluster-relay-batches");
+    let (live, standby, tap, mut to_conn, mut to_writer) = tapped_pair(&nats, &dir).await;
+    let mut sys = WsClient::system(&live.url).await;
+    let mut a = WsClient::agent(&standby.url, "batch-a", json!({})).await;
+    let mut b = WsClient::agent(&live.url, "batch-b", json!({})).await;
+    drain_relayed(&mut to_conn).await;
+    drain_relayed(&mut to_writer).await;
+
+    // Writer -> standby: N messages to the standby's agent, sent at once.
+    pipelined_sends(&mut sys, json!({"agent": "batch-a"}), 1_000, N).await;
+    for i in 0..N {
+        assert_eq!(a.next_message().await["payload"], json!({"i": i}));
+    }
+    let relayed = drain_relayed(&mut to_conn).await;
+    let batches = relayed.iter().filter(|(batch, _)| batch.is_some()).count();
+    assert_eq!(
+        frames_in(&relayed) as u64,
+        N,
+        "one frame per message, no other"
+    );
+    assert!(batches >= 1, "no batch among {} messages", relayed.len());
+    assert!(relayed.len() < N as usize);
+
+    // Standby -> writer: N sends of the standby's agent, pipelined.
+    pipelined_sends(&mut a, json!({"agent": "batch-b"}), 2_000, N).await;
+    for i in 0..N {
+        assert_eq!(b.next_message().await["payload"], json!({"i": i}));
+    }
+    let relayed = drain_relayed(&mut to_writer).await;
+    assert!(
+        relayed.iter().any(|(batch, _)| batch.is_some()),
+        "no batch among {} messages",
+        relayed.len()
+    );
+
+    // A node of an older build (played here on the tap, which answers the roll call as it):
+    // its open does not say it reads batches, so every frame the writer sends it is a message
+    // of its own.
+    let mut roll_call = tap.subscribe("_MAP.nodes.MAP_EVENTS").await.unwrap();
+    let answering = {
+        let tap = tap.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let status = json!({"node": "old-node", "role": "standby", "position": 0,
+                "incarnation": "inc1"});
+            while let Some(msg) = roll_call.next().await {
+                if let Some(reply) = msg.reply {
+                    let _ = tap.publish(reply, status.to_string().into()).await;
+                }
+            }
+        })
+    };
+    let old = "_MAP.relay.MAP_EVENTS.old-node.inc1.1";
+    let mut to_old = tap
+        .subscribe("_MAP.conn.MAP_EVENTS.old-node.inc1.1")
+        .await
+        .unwrap();
+    tap.flush().await.unwrap();
+    let mut open = async_nats::HeaderMap::new();
+    open.insert("Map-Relay", "open");
+    open.insert("Map-Principal", "");
+    tap.publish_with_headers(old, open, bytes::Bytes::new())
+        .await
+        .unwrap();
+    let connect = r#"{"jsonrpc":"2.0","id":1,"method":"map/connect","params":{"protocolVersion":1,"participantType":"agent"}}"#;
+    let register =
+        r#"{"jsonrpc":"2.0","id":2,"method":"map/agents/register","params":{"agentId":"old-a"}}"#;
+    inject(&tap, old, 1, connect).await;
+    inject(&tap, old, 2, register).await;
+    let answers = within(Duration::from_secs(10), async {
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            got.extend(drain_relayed(&mut to_old).await);
+        }
+        got
+    })
+    .await;
+    assert!(answers[1].1.contains("old-a"), "{answers:?}");
+    pipelined_sends(&mut sys, json!({"agent": "old-a"}), 3_000, N).await;
+    let relayed = within(Duration::from_secs(10), async {
+        let mut got = Vec::new();
+        while frames_in(&got) < N as usize {
+            got.extend(drain_relayed(&mut to_old).await);
+        }
+        got
+    })
+    .await;
+    assert!(
+        relayed.iter().all(|(batch, _)| batch.is_none()),
+        "a batch to a node that never said it reads them"
+    );
+    for (i, (_, frame)) in relayed.iter().enumerate() {
+        let frame: serde_json::Value = serde_json::from_str(frame).unwrap();
+        assert_eq!(frame["params"]["message"]["payload"], json!({"i": i}));
+    }
+    answering.abort();
+
+    // A forged batch to the standby's connection, numbered next: two well-formed messages
+    // with a byte too many. The connection is closed with 1012 and handed neither.
+    let (subject, last) = last_numbered(&mut to_conn).await;
+    let forged = r#"{"jsonrpc":"2.0","method":"map/message","params":{"message":{"id":"f","from":"nobody","to":{"agent":"batch-a"},"payload":"forged"}}}"#;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Map-Relay-Seq", (last + 1).to_string().as_str());
+    let lengths = format!("{},{}", forged.len(), forged.len());
+    headers.insert("Map-Relay-Batch", lengths.as_str());
+    tap.publish_with_headers(subject, headers, format!("{forged}{forged} ").into())
+        .await
+        .unwrap();
+    tap.flush().await.unwrap();
+    assert_eq!(
+        within(Duration::from_secs(5), a.expect_close()).await,
+        Some(1012)
+    );
+    assert!(
+        a.take_queued()
+            .iter()
+            .all(|v| v["method"] != json!("map/message")),
+        "a frame of the forged batch was handed on"
+    );
+    // The same to the writer, from the standby's side: the relay session ends as a lost
+    // connection (the agent's owner disconnects), and nothing of it runs.
+    let mut c = WsClient::agent(&standby.url, "batch-c", json!({})).await;
+    let pid = c.pid();
+    let (subject, last) = last_numbered(&mut to_writer).await;
+    let call = r#"{"jsonrpc":"2.0","id":77,"method":"map/send","params":{"to":{"agent":"batch-b"},"payload":"forged"}}"#;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Map-Relay-Seq", (last + 1).to_string().as_str());
+    headers.insert("Map-Relay-Batch", format!("{},3", call.len()).as_str());
+    tap.publish_with_headers(subject, headers, format!("{call}{call}").into())
+        .await
+        .unwrap();
+    tap.flush().await.unwrap();
+    assert_eq!(
+        within(Duration::from_secs(5), c.expect_close()).await,
+        Some(1012)
+    );
+    let disconnects = |e: &serde_json::Value| {
+        e["type"] == json!("participant_disconnected") && e["data"]["participantId"] == json!(pid)
+    };
+    within(Duration::from_secs(5), async {
+        while count(&mut sys, disconnects).await == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    b.assert_none_where("the forged call's message", |v| {
+        v["params"]["message"]["payload"] == json!("forged")
+    })
+    .await;
 }

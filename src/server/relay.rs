@@ -96,7 +96,7 @@ fn key_of(subject: &str) -> Option<Key> {
     Some((node, incarnation, conn))
 }
 
-use frames::{Inbound, HEADER, MARK};
+use frames::{Inbound, Outbound, HEADER, MARK, READS_BATCHES};
 
 fn header(name: &str, value: &str) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
@@ -113,6 +113,8 @@ struct Route {
     inbound: Inbound,
     /// Set when the relay ends because a message was lost (`RelayLink::frames_lost`).
     lost: Arc<AtomicBool>,
+    /// Set once the writer said it reads batches (`frames::READS_BATCHES`).
+    writer_reads_batches: Arc<AtomicBool>,
 }
 
 use crate::sync::lock;
@@ -199,9 +201,17 @@ impl FollowerRelay {
                     let Some(route) = routes.get_mut(&conn) else {
                         continue;
                     };
-                    let text = match route.inbound.take_message(&msg) {
-                        Ok(Some(text)) => text,
-                        Ok(None) => continue,
+                    if msg
+                        .headers
+                        .as_ref()
+                        .is_some_and(|h| h.get(READS_BATCHES).is_some())
+                    {
+                        route
+                            .writer_reads_batches
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    let texts = match route.inbound.take_message(&msg) {
+                        Ok(texts) => texts,
                         Err(why) => {
                             tracing::warn!(conn, why, "relay: a frame from the writer is unusable; closing the connection");
                             route.lost.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -209,16 +219,19 @@ impl FollowerRelay {
                             continue;
                         }
                     };
-                    if let Err(e) = route.tx.try_send(text) {
-                        // A connection that does not read what its relay session sends is
-                        // closed (its relay ends), never fed with holes.
-                        if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                            tracing::warn!(
-                                conn,
-                                "relay: the connection is not reading; closing it"
-                            );
+                    for text in texts {
+                        if let Err(e) = route.tx.try_send(text) {
+                            // A connection that does not read what its relay session sends is
+                            // closed (its relay ends), never fed with holes.
+                            if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                                tracing::warn!(
+                                    conn,
+                                    "relay: the connection is not reading; closing it"
+                                );
+                            }
+                            routes.remove(&conn);
+                            break;
                         }
-                        routes.remove(&conn);
                     }
                 }
             })
@@ -256,12 +269,14 @@ impl Relay for FollowerRelay {
         let (tx, mut frames) = mpsc::channel::<String>(16);
         let (route, rx) = mpsc::channel::<String>(RELAY_INBOX);
         let lost = Arc::new(AtomicBool::new(false));
+        let writer_reads_batches = Arc::new(AtomicBool::new(false));
         lock(&self.routes).insert(
             conn,
             Route {
                 tx: route,
                 inbound: Inbound::default(),
                 lost: Arc::clone(&lost),
+                writer_reads_batches: Arc::clone(&writer_reads_batches),
             },
         );
         let principal = match principal {
@@ -279,13 +294,17 @@ impl Relay for FollowerRelay {
             if ready.wait_for(|r| *r).await.is_ok() {
                 let mut headers = header(HEADER, OPEN);
                 headers.insert(PRINCIPAL, principal.as_str());
+                headers.insert(READS_BATCHES, "1");
                 if client
                     .publish_with_headers(subject.clone(), headers, bytes::Bytes::new())
                     .await
                     .is_ok()
                 {
                     let frames = futures::stream::poll_fn(|cx| frames.poll_recv(cx));
-                    if let Err(e) = frames::forward(&client, &subject, frames).await {
+                    let out = Outbound::default();
+                    if let Err(e) =
+                        frames::forward(&client, &subject, frames, out, &writer_reads_batches).await
+                    {
                         tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
                     }
                     let _ = client
@@ -409,13 +428,21 @@ pub async fn host(
                         }
                     }
                 };
+                let standby_reads_batches = AtomicBool::new(
+                    msg.headers
+                        .as_ref()
+                        .is_some_and(|h| h.get(READS_BATCHES).is_some()),
+                );
                 let InProcessLink { tx, rx } = open(principal, &node);
                 let client = client.clone();
                 let stream = stream.clone();
                 let back = key.clone();
                 tokio::spawn(async move {
                     let subject = conn_subject(&stream, &back);
-                    if let Err(e) = frames::forward(&client, &subject, rx).await {
+                    let out = Outbound::announcing();
+                    if let Err(e) =
+                        frames::forward(&client, &subject, rx, out, &standby_reads_batches).await
+                    {
                         tracing::warn!(error = %e, "relay: cannot publish; the relay ends");
                     }
                     closed(&client, &stream, &back, CLOSED).await;
@@ -451,9 +478,8 @@ pub async fn host(
                     closed(&client, &stream, &key, CLOSED).await;
                     continue;
                 };
-                let text = match session.inbound.take_message(&msg) {
-                    Ok(Some(text)) => text,
-                    Ok(None) => continue,
+                let texts = match session.inbound.take_message(&msg) {
+                    Ok(texts) => texts,
                     Err(why) => {
                         // Ends as a lost connection (the client resumes on its node).
                         tracing::warn!(node = %key.0, conn, why, "relay: an unusable frame; closing the session");
@@ -462,7 +488,10 @@ pub async fn host(
                         continue;
                     }
                 };
-                if session.tx.try_send(text).is_err() {
+                if texts
+                    .into_iter()
+                    .any(|text| session.tx.try_send(text).is_err())
+                {
                     tracing::warn!(node = %key.0, conn, "relay: the session does not keep up; closing it");
                     sessions.remove(&key);
                     closed(&client, &stream, &key, CLOSED).await;

@@ -12,6 +12,16 @@
 //! spliced, nothing skipped in silence). A loss at the end of a burst has no next message to
 //! give it away: once the frames pause for [`MARK_AFTER`], the sender says how many it sent
 //! (a *mark*, `Map-Relay: mark`, [`forward`]), which [`Inbound::mark`] checks.
+//!
+//! Frames that are ready together travel together: [`forward`] puts the frames its stream has
+//! ready at once (at most [`BATCH_FRAMES`], [`BATCH_BYTES`] in all) into one message, a *batch*
+//! whose `Map-Relay-Batch` header lists each frame's length in bytes (`12,340,7`), so a burst
+//! of deliveries to one connection costs one NATS message instead of one per frame, on the
+//! sender, in nats-server and on the receiver. A batch is numbered once; it is taken whole or
+//! refused whole (lengths that do not add up to its payload, too many frames, a frame that is
+//! not UTF-8). An end sends batches only to an end that said it reads them ([`READS_BATCHES`]:
+//! the standby on its `open`, the writer on its first message), so a node of an older build
+//! on either end still gets one frame per message.
 
 /// The control header of a relay's messages (`open`, `close`, `closed`, `lost`, [`MARK`]).
 pub const HEADER: &str = "Map-Relay";
@@ -29,23 +39,51 @@ pub const PART: &str = "Map-Relay-Part";
 pub const PART_BYTES: usize = 256 * 1024;
 /// The largest frame reassembled (bounds what a relay may buffer).
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
+/// A batch: the message carries whole frames, of these lengths in bytes, in order (`a,b,c`).
+pub const BATCH: &str = "Map-Relay-Batch";
+/// Says that the end sending it reads batches: on a standby's `open`, and on the writer's
+/// first message of a relay session.
+pub const READS_BATCHES: &str = "Map-Relay-Batches";
+/// The most frames in one batch.
+pub const BATCH_FRAMES: usize = 64;
+/// The most bytes of frames in one batch; a frame this large or larger travels alone.
+pub const BATCH_BYTES: usize = 64 * 1024;
 
 /// The sending end of one direction: numbers the messages.
 #[derive(Debug, Default)]
 pub struct Outbound {
     sent: u64,
+    /// Say [`READS_BATCHES`] on the next message (the writer's first of a relay session).
+    announce: bool,
 }
 
 impl Outbound {
+    /// An end that says [`READS_BATCHES`] on its first message.
+    pub fn announcing() -> Self {
+        Self {
+            sent: 0,
+            announce: true,
+        }
+    }
+
+    /// The headers of the next message: its number, and the announcement once.
+    fn next_headers(&mut self) -> async_nats::HeaderMap {
+        self.sent += 1;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(SEQ, self.sent.to_string().as_str());
+        if std::mem::take(&mut self.announce) {
+            headers.insert(READS_BATCHES, "1");
+        }
+        headers
+    }
+
     /// The messages (headers and payload) that carry `frame`, numbered after those before.
     pub fn messages(&mut self, frame: String) -> Vec<(async_nats::HeaderMap, bytes::Bytes)> {
         let bytes = bytes::Bytes::from(frame);
         let parts = bytes.len().div_ceil(PART_BYTES).max(1);
         (0..parts)
             .map(|i| {
-                self.sent += 1;
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert(SEQ, self.sent.to_string().as_str());
+                let mut headers = self.next_headers();
                 if parts > 1 {
                     headers.insert(PART, format!("{}/{parts}", i + 1).as_str());
                 }
@@ -53,6 +91,23 @@ impl Outbound {
                 (headers, bytes.slice(i * PART_BYTES..end))
             })
             .collect()
+    }
+
+    /// The one message that carries `frames` (two or more, each shorter than [`BATCH_BYTES`]
+    /// and [`BATCH_FRAMES`] at most, as [`batches`] groups them) as a batch.
+    pub fn batch(&mut self, frames: &[String]) -> (async_nats::HeaderMap, bytes::Bytes) {
+        let mut headers = self.next_headers();
+        let mut lengths = String::with_capacity(frames.len() * 4);
+        let mut payload = Vec::with_capacity(frames.iter().map(String::len).sum());
+        for (i, frame) in frames.iter().enumerate() {
+            if i > 0 {
+                lengths.push(',');
+            }
+            lengths.push_str(&frame.len().to_string());
+            payload.extend_from_slice(frame.as_bytes());
+        }
+        headers.insert(BATCH, lengths.as_str());
+        (headers, payload.into())
     }
 
     /// The mark of what was sent so far.
@@ -82,23 +137,51 @@ impl Outbound {
     }
 }
 
+/// `ready` (frames in order) grouped as they travel: runs of frames that fit one batch
+/// ([`BATCH_FRAMES`], [`BATCH_BYTES`]), a frame of [`BATCH_BYTES`] or more alone. A group of
+/// one is sent as a plain frame.
+pub fn batches(ready: Vec<String>) -> Vec<Vec<String>> {
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    let mut bytes = 0;
+    for frame in ready {
+        let fits = groups.last().is_some_and(|g| {
+            g.len() < BATCH_FRAMES
+                && g[0].len() < BATCH_BYTES
+                && frame.len() < BATCH_BYTES
+                && bytes + frame.len() <= BATCH_BYTES
+        });
+        if fits {
+            bytes += frame.len();
+            groups.last_mut().expect("a group").push(frame);
+        } else {
+            bytes = frame.len();
+            groups.push(vec![frame]);
+        }
+    }
+    groups
+}
+
 /// Publishes every frame of `frames` on `subject`, numbered, and a mark once they pause for
-/// [`MARK_AFTER`] after some were sent. Returns when `frames` ends.
+/// [`MARK_AFTER`] after some were sent. Frames the stream has ready together go as batches
+/// while `peer_reads_batches` says the other end reads them; `out` is this direction's
+/// numbering ([`Outbound::announcing`] on the writer). Returns when `frames` ends.
 ///
 /// # Errors
 /// NATS refused a message; the relay ends.
 pub async fn forward(
     client: &async_nats::Client,
     subject: &str,
-    mut frames: impl futures::Stream<Item = String> + Unpin,
+    frames: impl futures::Stream<Item = String> + Unpin,
+    mut out: Outbound,
+    peer_reads_batches: &std::sync::atomic::AtomicBool,
 ) -> Result<(), async_nats::PublishError> {
     use futures::StreamExt as _;
-    let mut out = Outbound::default();
+    let mut frames = frames.ready_chunks(BATCH_FRAMES);
     let mut marked = 0;
     loop {
-        let frame = if out.sent > marked {
+        let ready = if out.sent > marked {
             match tokio::time::timeout(MARK_AFTER, frames.next()).await {
-                Ok(frame) => frame,
+                Ok(ready) => ready,
                 Err(_) => {
                     client
                         .publish_with_headers(subject.to_owned(), out.mark(), bytes::Bytes::new())
@@ -110,10 +193,26 @@ pub async fn forward(
         } else {
             frames.next().await
         };
-        let Some(frame) = frame else {
+        let Some(ready) = ready else {
             return Ok(());
         };
-        out.publish(client, subject, frame).await?;
+        if ready.len() == 1 || !peer_reads_batches.load(std::sync::atomic::Ordering::Relaxed) {
+            for frame in ready {
+                out.publish(client, subject, frame).await?;
+            }
+            continue;
+        }
+        for mut group in batches(ready) {
+            if group.len() == 1 {
+                let frame = group.pop().expect("one frame");
+                out.publish(client, subject, frame).await?;
+            } else {
+                let (headers, payload) = out.batch(&group);
+                client
+                    .publish_with_headers(subject.to_owned(), headers, payload)
+                    .await?;
+            }
+        }
     }
 }
 
@@ -129,23 +228,78 @@ pub struct Inbound {
 }
 
 impl Inbound {
-    /// The whole frame once `msg` completes it; `Err` (the relay session must end) for a
-    /// message out of sequence, a part out of order, a frame cut short or one too large.
-    pub fn take_message(
-        &mut self,
-        msg: &async_nats::Message,
-    ) -> Result<Option<String>, &'static str> {
+    /// The frames `msg` completes, in order (none for a part of a frame, one for a frame,
+    /// several for a batch); `Err` (the relay session must end) for a message out of
+    /// sequence, a part out of order, a frame cut short or one too large, or a batch whose
+    /// lengths do not describe its payload.
+    pub fn take_message(&mut self, msg: &async_nats::Message) -> Result<Vec<String>, &'static str> {
         let header = |name: &str| {
             msg.headers
                 .as_ref()
                 .and_then(|h| h.get(name))
-                .map(|v| v.as_str().to_owned())
+                .map(async_nats::HeaderValue::as_str)
         };
-        self.take(
-            header(SEQ).as_deref(),
-            header(PART).as_deref(),
-            &msg.payload,
-        )
+        if let Some(lengths) = header(BATCH) {
+            if header(PART).is_some() {
+                return Err("a batch that is also a part");
+            }
+            return self.take_batch(header(SEQ), lengths, &msg.payload);
+        }
+        Ok(self
+            .take(header(SEQ), header(PART), &msg.payload)?
+            .into_iter()
+            .collect())
+    }
+
+    /// The frames of a batch (`lengths`: the `Map-Relay-Batch` header), checked whole before
+    /// any is handed on.
+    pub fn take_batch(
+        &mut self,
+        seq: Option<&str>,
+        lengths: &str,
+        payload: &[u8],
+    ) -> Result<Vec<String>, &'static str> {
+        self.next(seq)?;
+        if self.parts != 0 {
+            return Err("a frame's parts were cut short");
+        }
+        let mut frames = Vec::new();
+        let mut at = 0usize;
+        for length in lengths.split(',') {
+            if frames.len() == BATCH_FRAMES {
+                return Err("a batch of too many frames");
+            }
+            let end = length
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| at.checked_add(n))
+                .filter(|end| *end <= payload.len())
+                .ok_or("a batch whose lengths do not fit its payload")?;
+            let frame =
+                std::str::from_utf8(&payload[at..end]).map_err(|_| "a frame that is not UTF-8")?;
+            frames.push(frame.to_owned());
+            at = end;
+        }
+        if at != payload.len() || frames.len() < 2 {
+            return Err("a batch whose lengths do not fit its payload");
+        }
+        Ok(frames)
+    }
+
+    /// Takes the message numbered `seq`: `Err` unless it is the next.
+    fn next(&mut self, seq: Option<&str>) -> Result<(), &'static str> {
+        let seq = seq
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or("a relayed message without its sequence number")?;
+        if seq != self.taken + 1 {
+            return Err(if seq > self.taken + 1 {
+                "a relayed message was lost (a gap in the sequence)"
+            } else {
+                "a relayed message came again or out of order"
+            });
+        }
+        self.taken = seq;
+        Ok(())
     }
 
     /// Checks a mark (`seq`: how many messages the other end sent): `Err` when some of them
@@ -182,17 +336,7 @@ impl Inbound {
         part: Option<&str>,
         payload: &[u8],
     ) -> Result<Option<String>, &'static str> {
-        let seq = seq
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or("a relayed message without its sequence number")?;
-        if seq != self.taken + 1 {
-            return Err(if seq > self.taken + 1 {
-                "a relayed message was lost (a gap in the sequence)"
-            } else {
-                "a relayed message came again or out of order"
-            });
-        }
-        self.taken = seq;
+        self.next(seq)?;
         let Some(part) = part else {
             if self.parts != 0 {
                 return Err("a frame's parts were cut short");
@@ -402,5 +546,121 @@ mod tests {
             }
         }
         assert_eq!(last, Err("a frame larger than a relay carries"));
+    }
+
+    fn seq_of(h: &async_nats::HeaderMap) -> Option<&str> {
+        h.get(SEQ).map(async_nats::HeaderValue::as_str)
+    }
+
+    #[test]
+    fn frames_ready_together_are_grouped_within_the_bounds() {
+        let small = |i: usize| format!("{{\"frame\":{i}}}");
+        // Fewer than a batch holds: one group, in order.
+        let ready: Vec<String> = (0..5).map(small).collect();
+        assert_eq!(batches(ready.clone()), vec![ready]);
+        // More frames than a batch holds: full groups, then the rest.
+        let ready: Vec<String> = (0..BATCH_FRAMES + 3).map(small).collect();
+        let groups = batches(ready.clone());
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].len(), BATCH_FRAMES);
+        assert_eq!(groups.concat(), ready);
+        // A frame of BATCH_BYTES or more travels alone; bytes bound a group.
+        let large = "x".repeat(BATCH_BYTES);
+        let half = "h".repeat(BATCH_BYTES / 2);
+        let ready = vec![
+            small(0),
+            large.clone(),
+            small(1),
+            half.clone(),
+            half.clone(),
+            small(2),
+        ];
+        let groups = batches(ready.clone());
+        assert_eq!(groups.concat(), ready);
+        assert!(groups.iter().any(|g| g == &vec![large.clone()]));
+        for g in &groups {
+            let bytes: usize = g.iter().map(String::len).sum();
+            assert!(g.len() == 1 || bytes <= BATCH_BYTES, "{bytes}");
+            assert!(g.len() <= BATCH_FRAMES);
+        }
+    }
+
+    #[test]
+    fn a_batch_arrives_as_its_frames_numbered_with_the_plain_ones() {
+        // Frames with multi-byte characters, braces and newlines (a participant's JSON
+        // passes byte for byte, pretty-printed or not).
+        let frames: Vec<String> = vec![
+            "{\"a\":\"é\u{1F600}\"}".into(),
+            "{\n  \"b\": [1, 2]\n}".into(),
+            String::new(),
+            "{\"c\":\",\"}".into(),
+        ];
+        let mut out = Outbound::announcing();
+        let first = out.messages("first".into());
+        let (headers, payload) = out.batch(&frames);
+        let last = out.messages("last".into());
+        assert_eq!(
+            first[0].0.get(READS_BATCHES).map(|v| v.as_str()),
+            Some("1"),
+            "the first message says so"
+        );
+        assert!(headers.get(READS_BATCHES).is_none(), "only the first");
+        let lengths = headers.get(BATCH).unwrap().as_str().to_owned();
+        assert_eq!(seq_of(&headers), Some("2"));
+        let mut inbound = Inbound::default();
+        let (h, p) = &first[0];
+        assert_eq!(inbound.take(seq_of(h), None, p), Ok(Some("first".into())));
+        assert_eq!(
+            inbound.take_batch(seq_of(&headers), &lengths, &payload),
+            Ok(frames.clone())
+        );
+        let (h, p) = &last[0];
+        assert_eq!(inbound.take(seq_of(h), None, p), Ok(Some("last".into())));
+        // A mark counts the batch once.
+        assert_eq!(inbound.mark(Some("3")), Ok(()));
+        // The batch lost: the next plain frame gives it away.
+        let mut inbound = Inbound::default();
+        let (h, p) = &first[0];
+        inbound.take(seq_of(h), None, p).unwrap();
+        let (h, p) = &last[0];
+        assert_eq!(
+            inbound.take(seq_of(h), None, p),
+            Err("a relayed message was lost (a gap in the sequence)")
+        );
+    }
+
+    #[test]
+    fn a_batch_that_does_not_describe_its_payload_is_refused_whole() {
+        let take = |lengths: &str, payload: &[u8]| {
+            Inbound::default().take_batch(Some("1"), lengths, payload)
+        };
+        let misfit = Err("a batch whose lengths do not fit its payload");
+        assert_eq!(take("2,3", b"ab"), misfit, "shorter than said");
+        assert_eq!(take("2,3", b"abcdefg"), misfit, "bytes left over");
+        assert_eq!(take("2,-1", b"ab"), misfit);
+        assert_eq!(take("2,x", b"abc"), misfit);
+        assert_eq!(take("", b""), misfit);
+        assert_eq!(take("2,,1", b"abc"), misfit);
+        assert_eq!(take(&format!("1,{}", u64::MAX), b"ab"), misfit, "overflow");
+        assert_eq!(take("3", b"abc"), misfit, "a batch of one frame");
+        // A character cut between two frames.
+        let bytes = "é".as_bytes();
+        assert_eq!(take("1,1", bytes), Err("a frame that is not UTF-8"));
+        let many = vec!["1"; BATCH_FRAMES + 1].join(",");
+        assert_eq!(
+            take(&many, &[b'a'; BATCH_FRAMES + 1]),
+            Err("a batch of too many frames")
+        );
+        assert_eq!(
+            Inbound::default().take_batch(None, "1,1", b"ab"),
+            Err("a relayed message without its sequence number")
+        );
+        // In the middle of a frame's parts.
+        let mut inbound = Inbound::default();
+        inbound.take(Some("1"), Some("1/2"), b"a").unwrap();
+        assert_eq!(
+            inbound.take_batch(Some("2"), "1,1", b"ab"),
+            Err("a frame's parts were cut short")
+        );
     }
 }
