@@ -552,10 +552,7 @@ async fn start_standby_in(
     storage: &str,
 ) -> StandbyNode {
     use tokio::io::AsyncBufReadExt;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = common::ports::free_port();
     let mut args = node_args_with(
         nats,
         data,

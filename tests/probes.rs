@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::nats::Nats;
+use common::ports::free_port;
 use common::*;
 
 fn addr_of(url: &str) -> SocketAddr {
@@ -110,13 +111,6 @@ fn node_args(
         "--config".into(),
         config.into(),
     ]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 #[tokio::test]

@@ -31,12 +31,9 @@ pub struct Node {
     pub log: Arc<Mutex<Vec<String>>>,
 }
 
-/// A free port on 127.0.0.1 (released at once: the node binds it soon after).
+/// A free port on 127.0.0.1 for a node to bind soon after ([`super::ports::free_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    super::ports::free_port()
 }
 
 impl Node {
