@@ -77,12 +77,12 @@ pub(crate) fn decode_parts(
     let header = |name: &str| {
         headers
             .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
+            .map(async_nats::HeaderValue::as_str)
             .ok_or_else(|| bad(&format!("no {name} header")))
     };
-    let id = header(MSG_ID)?;
+    let id = header(MSG_ID)?.to_owned();
     let timestamp = header(TS)?.parse().map_err(|_| bad("bad Map-Ts"))?;
-    let kind = header(KIND)?;
+    let kind = header(KIND)?.to_owned();
     let meta_len: usize = header(META_LEN)?
         .parse()
         .map_err(|_| bad("bad Map-Meta-Len"))?;

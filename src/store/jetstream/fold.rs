@@ -96,22 +96,27 @@ pub(super) struct Loaded {
     pub saved: Vec<StoredRow>,
 }
 
+/// The claims' and saved records' kinds: what [`fold_row`] folds besides the kept tables'.
+const CLAIMED: &str = "identity.claimed";
+const RELEASED: &str = "identity.released";
+const SAVED: &str = "state.saved";
+const DROPPED: &str = "state.dropped";
+
+/// Whether [`fold_row`] keeps anything of a row of `kind`: most rows (messages, lifecycle
+/// events) it ignores, and a follower need not copy them for it.
+pub(super) fn folds(kind: &str) -> bool {
+    matches!(kind, CLAIMED | RELEASED | SAVED | DROPPED)
+        || crate::store::kept::KeptTable::of_kind(kind).is_some()
+}
+
 /// Folds one row: a claim or its release into `whole.claims` (the newest claim of each id not
 /// released), a saved record or its drop into `whole.saved`, any other row into the kept
-/// tables (which ignore rows of kinds they do not keep). The fold at open and a following
-/// standby (`follower.rs`) both fold with it.
+/// tables (which ignore rows of kinds they do not keep, [`folds`]). The fold at open and a
+/// following standby (`follower.rs`) both fold with it.
 pub(super) fn fold_row(kept: &mut MemoryKept, whole: &mut Whole, row: StoredRow) {
     let (map, key, keep) = match row.kind.as_str() {
-        "identity.claimed" | "identity.released" => (
-            &mut whole.claims,
-            claim_key(&row.json),
-            row.kind == "identity.claimed",
-        ),
-        "state.saved" | "state.dropped" => (
-            &mut whole.saved,
-            saved_key(&row.json),
-            row.kind == "state.saved",
-        ),
+        CLAIMED | RELEASED => (&mut whole.claims, claim_key(&row.json), row.kind == CLAIMED),
+        SAVED | DROPPED => (&mut whole.saved, saved_key(&row.json), row.kind == SAVED),
         _ => {
             kept.ingest(row);
             return;

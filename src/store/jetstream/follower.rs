@@ -478,9 +478,14 @@ fn apply(state: &Mutex<Followed>, shared: &Shared, row: StoredRow, recent_rows: 
         return Applied::Seen;
     }
     s.next_seq = row.seq + 1;
-    s.last_id = Some(row.id.clone());
+    // Into the id kept from the row before (no allocation per row).
+    s.last_id
+        .get_or_insert_with(String::new)
+        .clone_from(&row.id);
     s.last_timestamp = row.timestamp;
-    fold::fold_row(&mut lock(&shared.kept), &mut s.whole, row.clone());
+    if fold::folds(&row.kind) {
+        fold::fold_row(&mut lock(&shared.kept), &mut s.whole, row.clone());
+    }
     let feed = s.feed.clone().map(|tx| (tx, row.clone()));
     s.recent.push_back(row);
     while s.recent.len() > recent_rows {
