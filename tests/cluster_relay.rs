@@ -97,25 +97,9 @@ async fn count(sys: &mut WsClient, pred: impl Fn(&serde_json::Value) -> bool) ->
 async fn a_standby_restarted_under_its_name_serves_at_once_and_its_predecessor_ends_once() {
     let nats = Nats::start("relay-restart");
     let dir = TempDir::new("cluster-relay-restart");
-    let live_port = free_port();
-    let live = spawn(
-        node_args(
-            &nats.url(),
-            &dir.path.join("n0"),
-            live_port,
-            "node = \"n0\"",
-        ),
-        live_port,
-    )
-    .await;
-    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let live = live_n0(&nats, &dir).await;
     let port = free_port();
-    let args = node_args(
-        &nats.url(),
-        &dir.path.join("n1"),
-        port,
-        "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
-    );
+    let args = standby_n1_args(&nats, &dir, port);
     let mut standby = spawn(args.clone(), port).await;
     health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
     // An agent of the first process (its relay session is that process's first).
@@ -388,6 +372,28 @@ async fn nats_accounts_as_documented_keep_other_users_out_of_the_relay() {
     );
 }
 
+/// The live node `n0`, answering `/health` 200.
+async fn live_n0(nats: &Nats, dir: &TempDir) -> Node {
+    let port = free_port();
+    let live = spawn(
+        node_args(&nats.url(), &dir.path.join("n0"), port, "node = \"n0\""),
+        port,
+    )
+    .await;
+    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    live
+}
+
+/// The arguments of the standby `n1` listening on `port`.
+fn standby_n1_args(nats: &Nats, dir: &TempDir, port: u16) -> Vec<std::ffi::OsString> {
+    node_args(
+        &nats.url(),
+        &dir.path.join("n1"),
+        port,
+        "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
+    )
+}
+
 /// A live node `n0` and a standby `n1` serving, and a NATS client subscribed to the relay
 /// subjects of `n1`'s connections both ways: (live, standby, tap, to the connections, to the
 /// writer).
@@ -401,29 +407,9 @@ async fn tapped_pair(
     async_nats::Subscriber,
     async_nats::Subscriber,
 ) {
-    let live_port = free_port();
-    let live = spawn(
-        node_args(
-            &nats.url(),
-            &dir.path.join("n0"),
-            live_port,
-            "node = \"n0\"",
-        ),
-        live_port,
-    )
-    .await;
-    health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
+    let live = live_n0(nats, dir).await;
     let port = free_port();
-    let standby = spawn(
-        node_args(
-            &nats.url(),
-            &dir.path.join("n1"),
-            port,
-            "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
-        ),
-        port,
-    )
-    .await;
+    let standby = spawn(standby_n1_args(nats, dir, port), port).await;
     health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
     let tap = with_timeout(async_nats::connect(nats.url())).await.unwrap();
     let to_conn = tap.subscribe("_MAP.conn.MAP_EVENTS.n1.>").await.unwrap();
@@ -455,6 +441,21 @@ async fn last_numbered(sub: &mut async_nats::Subscriber) -> (String, u64) {
     last.expect("a numbered relay message")
 }
 
+/// `c` is closed with 1012 (frames lost on the way) within 5 s, and was handed no
+/// `map/message` before (`what`: the message of the failure).
+async fn closed_1012_with_no_message(c: &mut WsClient, what: &str) {
+    assert_eq!(
+        within(Duration::from_secs(5), c.expect_close()).await,
+        Some(1012)
+    );
+    assert!(
+        c.take_queued()
+            .iter()
+            .all(|v| v["method"] != json!("map/message")),
+        "{what}"
+    );
+}
+
 /// Publishes `frame` on `subject` numbered `seq`.
 async fn inject(tap: &async_nats::Client, subject: &str, seq: u64, frame: &str) {
     let mut headers = async_nats::HeaderMap::new();
@@ -482,16 +483,7 @@ async fn a_relayed_message_lost_on_the_way_closes_the_connection_with_1012_and_i
     let (subject, last) = last_numbered(&mut to_conn).await;
     let spliced = r#"{"jsonrpc":"2.0","method":"map/message","params":{"message":{"id":"x","from":"nobody","to":{"agent":"gap-a"},"payload":"after a gap"}}}"#;
     inject(&tap, &subject, last + 2, spliced).await;
-    assert_eq!(
-        within(Duration::from_secs(5), a.expect_close()).await,
-        Some(1012)
-    );
-    assert!(
-        a.take_queued()
-            .iter()
-            .all(|v| v["method"] != json!("map/message")),
-        "the frame after the gap was handed on"
-    );
+    closed_1012_with_no_message(&mut a, "the frame after the gap was handed on").await;
     // It resumes with its token: the same session, its agent back, reached again.
     let resume = |token: String| {
         let url = standby.url.clone();
@@ -728,16 +720,7 @@ async fn frames_ready_together_travel_as_batches_and_a_forged_batch_is_refused_w
         .await
         .unwrap();
     tap.flush().await.unwrap();
-    assert_eq!(
-        within(Duration::from_secs(5), a.expect_close()).await,
-        Some(1012)
-    );
-    assert!(
-        a.take_queued()
-            .iter()
-            .all(|v| v["method"] != json!("map/message")),
-        "a frame of the forged batch was handed on"
-    );
+    closed_1012_with_no_message(&mut a, "a frame of the forged batch was handed on").await;
     // The same to the writer, from the standby's side: the relay session ends as a lost
     // connection (the agent's owner disconnects), and nothing of it runs.
     let mut c = WsClient::agent(&standby.url, "batch-c", json!({})).await;
