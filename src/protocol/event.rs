@@ -166,7 +166,7 @@ impl EventType {
     ];
 
     /// The wire string.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::AgentRegistered => "agent_registered",
             Self::AgentUnregistered => "agent_unregistered",

@@ -201,11 +201,7 @@ impl FollowerRelay {
                     let Some(route) = routes.get_mut(&conn) else {
                         continue;
                     };
-                    if msg
-                        .headers
-                        .as_ref()
-                        .is_some_and(|h| h.get(READS_BATCHES).is_some())
-                    {
+                    if frames::says_it_reads_batches(&msg) {
                         route
                             .writer_reads_batches
                             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -428,11 +424,7 @@ pub async fn host(
                         }
                     }
                 };
-                let standby_reads_batches = AtomicBool::new(
-                    msg.headers
-                        .as_ref()
-                        .is_some_and(|h| h.get(READS_BATCHES).is_some()),
-                );
+                let standby_reads_batches = AtomicBool::new(frames::says_it_reads_batches(&msg));
                 let InProcessLink { tx, rx } = open(principal, &node);
                 let client = client.clone();
                 let stream = stream.clone();

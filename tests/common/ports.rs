@@ -25,58 +25,72 @@ fn ephemeral_start() -> u16 {
         .unwrap_or(32_768)
 }
 
-/// Binds a port this process never handed out before, below the ephemeral range when there is
-/// room there (else from `bind(0)`), and returns the listener holding it.
-fn take(given: &mut HashSet<u16>) -> TcpListener {
-    struct Cursor(u32);
-    static NEXT: Mutex<Option<Cursor>> = Mutex::new(None);
-    let top = ephemeral_start();
-    if top > LOWEST + 1_000 {
-        let span = u32::from(top - LOWEST);
-        let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
-        // Test processes start at different points, so two that run at once rarely try the
-        // same port at the same moment.
-        let cursor = next.get_or_insert_with(|| {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            Cursor(std::process::id().wrapping_mul(7_919) ^ nanos)
-        });
-        for _ in 0..span {
-            cursor.0 = cursor.0.wrapping_add(1);
-            let port = LOWEST + (cursor.0 % span) as u16;
-            if given.contains(&port) {
+/// What this process handed out, and where its search goes on from.
+struct Handed {
+    ports: HashSet<u16>,
+    /// The next port tried is `LOWEST + (cursor + 1) % span`.
+    cursor: u32,
+    /// The ports between `LOWEST` and the ephemeral range (0 when there is no room there).
+    span: u32,
+}
+
+impl Handed {
+    fn new() -> Self {
+        let top = ephemeral_start();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Self {
+            ports: HashSet::new(),
+            // Test processes start at different points, so two that run at once rarely try
+            // the same port at the same moment.
+            cursor: std::process::id().wrapping_mul(7_919) ^ nanos,
+            span: if top > LOWEST + 1_000 {
+                u32::from(top - LOWEST)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// Binds a port never handed out before, below the ephemeral range when there is room
+    /// there (else from `bind(0)`), and returns the listener holding it.
+    fn take(&mut self) -> TcpListener {
+        for _ in 0..self.span {
+            self.cursor = self.cursor.wrapping_add(1);
+            let port = LOWEST + (self.cursor % self.span) as u16;
+            if self.ports.contains(&port) {
                 continue;
             }
             if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
-                given.insert(port);
+                self.ports.insert(port);
                 return listener;
             }
         }
-    }
-    let mut refused = Vec::new();
-    loop {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-        let port = listener.local_addr().expect("a bound port").port();
-        if given.insert(port) {
-            return listener;
+        let mut refused = Vec::new();
+        loop {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            let port = listener.local_addr().expect("a bound port").port();
+            if self.ports.insert(port) {
+                return listener;
+            }
+            // Keep it bound so the next bind cannot return it again.
+            refused.push(listener);
+            assert!(refused.len() < 1000, "no fresh port after 1000 tries");
         }
-        // Keep it bound so the next bind cannot return it again.
-        refused.push(listener);
-        assert!(refused.len() < 1000, "no fresh port after 1000 tries");
     }
 }
 
 /// Ports handed out by this process.
-static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+static HANDED: Mutex<Option<Handed>> = Mutex::new(None);
 
 /// `n` distinct free ports on 127.0.0.1, each held by a listener until the caller drops it
 /// (just before its server binds it), never one this test process handed out before (a
 /// nats-server restarts on its old port).
 pub fn reserve(n: usize) -> Vec<TcpListener> {
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    let given = given.get_or_insert_with(HashSet::new);
-    (0..n).map(|_| take(given)).collect()
+    let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
+    let handed = handed.get_or_insert_with(Handed::new);
+    (0..n).map(|_| handed.take()).collect()
 }
 
 /// A free port on 127.0.0.1 for a server the caller starts at once (a router node binds its

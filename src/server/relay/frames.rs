@@ -49,6 +49,13 @@ pub const BATCH_FRAMES: usize = 64;
 /// The most bytes of frames in one batch; a frame this large or larger travels alone.
 pub const BATCH_BYTES: usize = 64 * 1024;
 
+/// Whether `msg` says its sender reads batches ([`READS_BATCHES`]).
+pub fn says_it_reads_batches(msg: &async_nats::Message) -> bool {
+    msg.headers
+        .as_ref()
+        .is_some_and(|h| h.get(READS_BATCHES).is_some())
+}
+
 /// The sending end of one direction: numbers the messages.
 #[derive(Debug, Default)]
 pub struct Outbound {

@@ -26,6 +26,7 @@
 use std::collections::HashMap;
 
 use super::reader::Reader;
+use crate::protocol::event::EventType;
 use crate::store::kept::{claim_key, saved_key};
 use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
@@ -97,10 +98,10 @@ pub(super) struct Loaded {
 }
 
 /// The claims' and saved records' kinds: what [`fold_row`] folds besides the kept tables'.
-const CLAIMED: &str = "identity.claimed";
-const RELEASED: &str = "identity.released";
-const SAVED: &str = "state.saved";
-const DROPPED: &str = "state.dropped";
+const CLAIMED: &str = EventType::IdentityClaimed.as_str();
+const RELEASED: &str = EventType::IdentityReleased.as_str();
+const SAVED: &str = EventType::StateSaved.as_str();
+const DROPPED: &str = EventType::StateDropped.as_str();
 
 /// Whether [`fold_row`] keeps anything of a row of `kind`: most rows (messages, lifecycle
 /// events) it ignores, and a follower need not copy them for it.
