@@ -3405,6 +3405,16 @@ async fn handover() {
     assert!(rows
         .iter()
         .any(|r| r.kind == "state.saved" && r.json.contains("alice-bot")));
+    // What one call (or the takeover) changed is saved in one row: the detach's alice session
+    // and her agent together, and no drop on its own.
+    let session_key = format!("\"key\":\"session:{}\"", session.as_str().unwrap());
+    assert!(
+        rows.iter().any(|r| r.kind == "state.saved"
+            && r.json.contains(&session_key)
+            && r.json.contains("\"key\":\"agent:alice-bot\"")),
+        "the records of one change in separate rows"
+    );
+    assert!(rows.iter().all(|r| r.kind != "state.dropped"));
     assert!(
         rows.iter()
             .all(|r| !r.json.contains(&token) && !r.json.contains(&token_now)),

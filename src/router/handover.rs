@@ -5,8 +5,9 @@
 //! - **Saving** (the live node): each table records which ids changed
 //!   ([`Changes`](crate::router::changes::Changes)); after
 //!   every call, and after every batch of timers and transport events, [`Router::save_changed`]
-//!   writes the newest record of each changed one as an internal `state.saved` event
-//!   (`state.dropped` once it is gone), which the log keeps and no subscriber is shown. A
+//!   writes the newest record of each changed one, all of them in one internal `state.saved`
+//!   event (`data.records`; a record with only its key once it is gone; a row holds at most
+//!   [`BATCH_BYTES`] of records), which the log keeps and no subscriber is shown. A
 //!   record unchanged since it was last saved is not written again ([`Saver`] keeps a digest
 //!   per key). A call's answer waits for the commit of its records too, so what a client was
 //!   told is saved.
@@ -61,6 +62,9 @@ use crate::router::events::log::{Audience, EventDraft, FilterKeys};
 use crate::router::sessions::table::SessionSeed;
 use crate::router::timers::Deadline;
 
+/// Records of one `state.saved` row at most (bytes of their JSON; one larger record goes alone).
+const BATCH_BYTES: usize = 64 * 1024;
+
 /// How often the live node looks for saved records to write again
 /// (`RouterConfig::saved_refresh`).
 pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -112,7 +116,9 @@ struct SavedScope {
     creator: Option<ParticipantId>,
 }
 
-/// `data` of a `state.saved` (one of the three records) or `state.dropped` (the key only).
+/// One record of a `state.saved`'s `data.records`: one of the three, or the key only (dropped).
+/// (A node before batches wrote one record as the whole `data`, and a drop as `state.dropped`;
+/// both are still read, `store::kept`.)
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Record {
     key: String,
@@ -136,7 +142,7 @@ fn scope_key(id: &ScopeId) -> String {
     format!("scope:{id}")
 }
 
-/// The `data` of a `state.dropped`.
+/// A dropped key's record.
 fn dropped(key: String) -> String {
     crate::router::core::to_json(&Record {
         key,
@@ -185,6 +191,7 @@ impl Router {
         let Some(mut saver) = self.handover.take() else {
             return;
         };
+        let mut out = Vec::new();
         for id in self.scopes.changed.take() {
             let record = self.scopes.get(&id).map(|r| Record {
                 key: scope_key(&id),
@@ -194,7 +201,7 @@ impl Router {
                 }),
                 ..Record::default()
             });
-            self.put(&mut saver, scope_key(&id), record);
+            self.put(&mut saver, scope_key(&id), record, &mut out);
         }
         for id in self.sessions.changed.take() {
             let record = self
@@ -219,7 +226,7 @@ impl Router {
                     }),
                     ..Record::default()
                 });
-            self.put(&mut saver, session_key(&id), record);
+            self.put(&mut saver, session_key(&id), record, &mut out);
         }
         // An agent's record carries its scopes: a membership change saves it too.
         let mut agents: BTreeSet<AgentId> = self.registry.changed.take().into_iter().collect();
@@ -245,30 +252,29 @@ impl Router {
                     }),
                     ..Record::default()
                 });
-            self.put(&mut saver, agent_key(&id), record);
+            self.put(&mut saver, agent_key(&id), record, &mut out);
         }
         self.handover = Some(saver);
+        self.emit_records(out);
     }
 
-    /// Saves `record` under `key` if it changed, or drops the key (`None`) if it was saved.
-    fn put(&mut self, saver: &mut Saver, key: String, record: Option<Record>) {
-        let (kind, data) = match record {
+    /// Adds `record` to `out` under `key` if it changed, or the key's drop (`None`) if it was
+    /// saved.
+    fn put(&self, saver: &mut Saver, key: String, record: Option<Record>, out: &mut Vec<String>) {
+        match record {
             Some(record) => {
                 let data = crate::router::core::to_json(&record);
                 let d = digest(&data);
-                if !saver.changed(key, d, self.bus.log.next_seq()) {
-                    return;
+                if saver.changed(key, d, self.bus.log.next_seq()) {
+                    out.push(data);
                 }
-                (EventType::StateSaved, data)
             }
             None => {
-                if !saver.forget(&key) {
-                    return;
+                if saver.forget(&key) {
+                    out.push(dropped(key));
                 }
-                (EventType::StateDropped, dropped(key))
             }
-        };
-        self.emit_record(kind, data);
+        }
     }
 
     /// Writes again the saved records the stream's limits would delete next
@@ -315,10 +321,32 @@ impl Router {
         self.save_changed();
     }
 
-    /// Logs one internal record (`state.saved` / `state.dropped`): shown to nobody.
-    fn emit_record(&mut self, kind: EventType, data: String) {
+    /// Logs `records` (each a [`Record`]'s JSON; a drop has only its key) as internal
+    /// `state.saved` events of several records each (`data.records`), shown to nobody: one row
+    /// for what a call changed, [`BATCH_BYTES`] of records at most per row (a takeover's
+    /// thousands take a few rows, not one or two per agent).
+    fn emit_records(&mut self, records: Vec<String>) {
+        let mut data = String::new();
+        for record in records {
+            if !data.is_empty() && data.len() + record.len() + 2 > BATCH_BYTES {
+                self.emit_batch(std::mem::take(&mut data));
+            }
+            data.push_str(if data.is_empty() {
+                "{\"records\":["
+            } else {
+                ","
+            });
+            data.push_str(&record);
+        }
+        if !data.is_empty() {
+            self.emit_batch(data);
+        }
+    }
+
+    fn emit_batch(&mut self, mut data: String) {
+        data.push_str("]}");
         self.emit(EventDraft {
-            kind,
+            kind: EventType::StateSaved,
             source: None,
             data,
             caused_by: Vec::new(),
@@ -428,9 +456,7 @@ impl Router {
                     .is_none_or(|o| self.sessions.by_participant(o).is_some())
         });
         stale.extend(gone.iter().map(|(_, a)| agent_key(&a.agent.id)));
-        for key in stale {
-            self.emit_record(EventType::StateDropped, dropped(key));
-        }
+        self.emit_records(stale.into_iter().map(dropped).collect());
         // Changes logged after an agent's record (state, metadata, overrides, memberships).
         let agents: Vec<(u64, SavedAgent)> = agents
             .into_iter()
@@ -566,6 +592,12 @@ mod tests {
             ..RouterConfig::default()
         };
         let mut router = Router::new(Arc::new(config));
+        // A live node saves (`RouterHandle` sets this up in cluster mode).
+        router.handover = Some(crate::router::changes::Saver::default());
+        router.sessions.changed.track();
+        router.registry.changed.track();
+        router.scopes.changed.track();
+        router.scopes.members_changed.track();
         let mut run = fold_rows(events);
         let connected = router.restore_saved(saved, &mut run);
         router.close_previous_run(run);
@@ -746,6 +778,77 @@ mod tests {
         let rec = r.registry.get(&bot).unwrap();
         assert_eq!(rec.state_before_orphan().cloned(), Some(AgentState::ACTIVE));
         let _ = ParticipantId::from("alice");
+    }
+
+    #[test]
+    fn a_takeovers_records_are_written_several_to_a_row_drops_among_them() {
+        let events = vec![
+            row(1, "scope_created", json!({"scopeId": "old"})),
+            row(3, "scope_deleted", json!({"scopeId": "old"})),
+            row(4, "scope_created", json!({"scopeId": "team"})),
+            row(
+                5,
+                "participant_connected",
+                json!({"participantId": "alice", "participantType": "agent"}),
+            ),
+            row(
+                6,
+                "agent_registered",
+                json!({"agentId": "bot", "ownerId": "alice"}),
+            ),
+        ];
+        let saved = vec![
+            saved_scope(2, "old"),
+            saved_scope(7, "team"),
+            saved_session(8),
+            saved_agent(9, &["team"]),
+        ];
+        let mut r = restored(saved, events);
+        r.save_changed();
+        assert!(
+            logged(&r, "state.dropped").is_empty(),
+            "drops go in the rows"
+        );
+        let rows = logged(&r, "state.saved");
+        let keys: Vec<Vec<(String, bool)>> = rows
+            .iter()
+            .map(|d| {
+                d["records"]
+                    .as_array()
+                    .expect("records")
+                    .iter()
+                    .map(|r| {
+                        let body = r.get("session").or(r.get("agent")).or(r.get("scope"));
+                        (r["key"].as_str().unwrap().to_owned(), body.is_some())
+                    })
+                    .collect()
+            })
+            .collect();
+        // The stale record's drop (at the restore), then what the takeover changed: the
+        // restored scope, alice's session and her agent, orphaned, in one row.
+        assert_eq!(keys.len(), 2, "{rows:?}");
+        assert_eq!(keys[0], [("scope:old".to_owned(), false)], "{rows:?}");
+        let mut changed = keys[1].clone();
+        changed.sort();
+        assert_eq!(
+            changed,
+            [
+                ("agent:bot".to_owned(), true),
+                ("scope:team".to_owned(), true),
+                ("session:s-alice".to_owned(), true)
+            ],
+            "{rows:?}"
+        );
+        let agent = rows[1]["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == json!("agent:bot"))
+            .unwrap();
+        assert_eq!(agent["agent"]["agent"]["state"], json!("orphaned"));
+        // Nothing changed since: nothing written again.
+        r.save_changed();
+        assert_eq!(logged(&r, "state.saved").len(), 2);
     }
 
     #[test]

@@ -300,8 +300,9 @@ pub fn claim_key(event_json: &str) -> Option<String> {
         .map(|e| e.data.claim.id)
 }
 
-/// `data.key` of a `state.saved` / `state.dropped` event's JSON (`router::handover`): what the
-/// saved records are keyed by (`session:<id>`, `agent:<id>`, `scope:<id>`).
+/// `data.key` of a `state.saved` / `state.dropped` event's JSON of one record
+/// (`router::handover`): what the saved records are keyed by (`session:<id>`, `agent:<id>`,
+/// `scope:<id>`).
 pub fn saved_key(event_json: &str) -> Option<String> {
     #[derive(Deserialize)]
     struct Data {
@@ -314,6 +315,58 @@ pub fn saved_key(event_json: &str) -> Option<String> {
     serde_json::from_str::<Event>(event_json)
         .ok()
         .map(|e| e.data.key)
+}
+
+/// One record of a `state.saved` row's `data.records` (`router::handover`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct SavedRecord {
+    /// `session:<id>`, `agent:<id>` or `scope:<id>`.
+    pub key: String,
+    /// The record's JSON (`{key, session | agent | scope}`); `None`: the key was dropped.
+    pub json: Option<String>,
+}
+
+/// The records of a `state.saved` event's JSON that holds several (`data.records`, how the
+/// live node writes them since one row carries every record a call changed), `None` for a
+/// row of one record (`data.key`, [`saved_key`]) or an unreadable one. A record with nothing
+/// besides its key is a drop.
+pub fn saved_records(event_json: &str) -> Option<Vec<SavedRecord>> {
+    use serde_json::value::RawValue;
+    #[derive(Deserialize)]
+    struct Data<'a> {
+        #[serde(borrow)]
+        records: Vec<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow)]
+        data: Data<'a>,
+    }
+    /// Which record it is: a body besides the key, or a drop.
+    #[derive(Deserialize)]
+    struct Head {
+        key: String,
+        #[serde(default)]
+        session: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        agent: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        scope: Option<serde::de::IgnoredAny>,
+    }
+    let event: Event = serde_json::from_str(event_json).ok()?;
+    let mut out = Vec::with_capacity(event.data.records.len());
+    for raw in event.data.records {
+        let Ok(head) = serde_json::from_str::<Head>(raw.get()) else {
+            tracing::warn!("skipping a saved record without its key");
+            continue;
+        };
+        let body = head.session.is_some() || head.agent.is_some() || head.scope.is_some();
+        out.push(SavedRecord {
+            key: head.key,
+            json: body.then(|| raw.get().to_owned()),
+        });
+    }
+    Some(out)
 }
 
 /// The quota owner a row's `meta` names (`keys.owner`), if any.

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 
 use super::reader::Reader;
 use crate::protocol::event::EventType;
-use crate::store::kept::{claim_key, saved_key};
+use crate::store::kept::{claim_key, saved_key, saved_records, SavedRecord};
 use crate::store::memory::MemoryKept;
 use crate::store::record::StoredRow;
 use crate::store::{SavedCounts, StoreError};
@@ -115,6 +115,12 @@ pub(super) fn folds(kind: &str) -> bool {
 /// tables (which ignore rows of kinds they do not keep, [`folds`]). The fold at open and a
 /// following standby (`follower.rs`) both fold with it.
 pub(super) fn fold_row(kept: &mut MemoryKept, whole: &mut Whole, row: StoredRow) {
+    if row.kind == SAVED {
+        if let Some(records) = saved_records(&row.json) {
+            fold_records(whole, &row, records);
+            return;
+        }
+    }
     let (map, key, keep) = match row.kind.as_str() {
         CLAIMED | RELEASED => (&mut whole.claims, claim_key(&row.json), row.kind == CLAIMED),
         SAVED | DROPPED => (&mut whole.saved, saved_key(&row.json), row.kind == SAVED),
@@ -131,6 +137,30 @@ pub(super) fn fold_row(kept: &mut MemoryKept, whole: &mut Whole, row: StoredRow)
             map.remove(&key);
         }
         None => tracing::warn!(event = %row.id, kind = %row.kind, "a kept record without its key"),
+    }
+}
+
+/// Folds a row of several saved records (`store::kept::saved_records`): each kept one becomes
+/// a row of its own, as a row of one record reads (`{"data": <record>}`, the batch row's seq,
+/// id and time), so what a takeover restores is one row per key whichever way it was written.
+fn fold_records(whole: &mut Whole, batch: &StoredRow, records: Vec<SavedRecord>) {
+    for SavedRecord { key, json } in records {
+        match json {
+            Some(record) => {
+                let row = StoredRow {
+                    seq: batch.seq,
+                    id: batch.id.clone(),
+                    timestamp: batch.timestamp,
+                    kind: SAVED.to_owned(),
+                    meta: batch.meta.clone(),
+                    json: format!("{{\"data\":{record}}}"),
+                };
+                whole.saved.insert(key, row);
+            }
+            None => {
+                whole.saved.remove(&key);
+            }
+        }
     }
 }
 
@@ -156,4 +186,117 @@ pub(super) async fn load(reader: &Reader, first: u64, next: u64) -> Result<Loade
         claims,
         saved,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::{fold_row, Whole};
+    use crate::store::memory::MemoryKept;
+    use crate::store::record::StoredRow;
+
+    fn row(seq: u64, kind: &str, data: Value) -> StoredRow {
+        StoredRow {
+            seq,
+            id: format!("id-{seq}"),
+            timestamp: seq,
+            kind: kind.into(),
+            meta: "{}".into(),
+            json: json!({"type": kind, "data": data}).to_string(),
+        }
+    }
+
+    /// The saved record of each key the fold holds: (key, seq, `data` as restore reads it).
+    fn held(whole: &Whole) -> Vec<(String, u64, Value)> {
+        let mut v: Vec<(String, u64, Value)> = whole
+            .saved
+            .iter()
+            .map(|(k, r)| {
+                let event: Value = serde_json::from_str(&r.json).unwrap();
+                (k.clone(), r.seq, event["data"].clone())
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    #[test]
+    fn rows_of_several_records_fold_to_one_row_per_key_and_rows_of_one_still_fold() {
+        let mut kept = MemoryKept::default();
+        let mut whole = Whole::default();
+        let a1 = json!({"key": "agent:a", "agent": {"agent": {"id": "a", "state": "active"}}});
+        let s1 = json!({"key": "session:s", "session": {"id": "s"}});
+        // A node before batches: one record, and a drop as its own kind.
+        fold_row(
+            &mut kept,
+            &mut whole,
+            row(
+                1,
+                "state.saved",
+                json!({"key": "scope:t", "scope": {"scope": {"id": "t"}}}),
+            ),
+        );
+        fold_row(
+            &mut kept,
+            &mut whole,
+            row(2, "state.saved", json!({"records": [a1, s1]})),
+        );
+        assert_eq!(
+            held(&whole),
+            [
+                ("agent:a".to_owned(), 2, a1.clone()),
+                (
+                    "scope:t".to_owned(),
+                    1,
+                    json!({"key": "scope:t", "scope": {"scope": {"id": "t"}}})
+                ),
+                ("session:s".to_owned(), 2, s1.clone()),
+            ]
+        );
+        // A later row: the agent changed, the scope dropped (in the row), the session as it was.
+        let a2 = json!({"key": "agent:a", "agent": {"agent": {"id": "a", "state": "orphaned"}}});
+        fold_row(
+            &mut kept,
+            &mut whole,
+            row(
+                3,
+                "state.saved",
+                json!({"records": [a2, {"key": "scope:t"}]}),
+            ),
+        );
+        assert_eq!(
+            held(&whole),
+            [
+                ("agent:a".to_owned(), 3, a2.clone()),
+                ("session:s".to_owned(), 2, s1.clone()),
+            ]
+        );
+        fold_row(
+            &mut kept,
+            &mut whole,
+            row(4, "state.dropped", json!({"key": "session:s"})),
+        );
+        // A record without its key is skipped; the rest of its row is not.
+        fold_row(
+            &mut kept,
+            &mut whole,
+            row(
+                5,
+                "state.saved",
+                json!({"records": [{"agent": {}}, {"key": "agent:a"}]}),
+            ),
+        );
+        assert!(held(&whole).is_empty(), "{:?}", held(&whole));
+        // What a store's open returns goes back through `Whole::of` by the same keys.
+        fold_row(
+            &mut kept,
+            &mut whole,
+            row(6, "state.saved", json!({"records": [a1, s1]})),
+        );
+        let (_, saved) = whole.rows();
+        let again = Whole::of(Vec::new(), saved);
+        assert_eq!(held(&again), held(&whole));
+        assert_eq!(held(&again).len(), 2);
+    }
 }
