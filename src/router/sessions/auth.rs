@@ -101,6 +101,11 @@ fn lost_flags(
     before: &crate::protocol::capabilities::ParticipantCapabilities,
     after: &crate::protocol::capabilities::ParticipantCapabilities,
 ) -> Vec<String> {
+    if before == after {
+        // The common case (a takeover re-admits thousands under the same configuration):
+        // nothing to lose, and no JSON to build for each session.
+        return Vec::new();
+    }
     let (before, after) = (
         serde_json::to_value(before).unwrap_or_default(),
         serde_json::to_value(after).unwrap_or_default(),

@@ -478,6 +478,7 @@ impl Router {
         // Cluster mode (a node that saves): the changes that settle the saved records too.
         let tails = self.handover.is_some();
         let started = std::time::Instant::now();
+        let first = self.bus.log.next_seq();
         match previous_run(&*store, tails).await {
             Ok(mut run) => {
                 let read = started.elapsed();
@@ -486,10 +487,14 @@ impl Router {
                 let restored = started.elapsed();
                 self.close_previous_run(run);
                 self.detach_restored(connected);
+                let closed = started.elapsed();
+                // The records of what the takeover changed (`router::handover`).
+                self.save_changed();
                 tracing::info!(
                     read_ms = read.as_millis() as u64,
                     restored_ms = restored.as_millis() as u64,
-                    closed_ms = started.elapsed().as_millis() as u64,
+                    closed_ms = closed.as_millis() as u64,
+                    saved_ms = started.elapsed().as_millis() as u64,
                     "recovered the previous run"
                 );
             }
@@ -499,6 +504,30 @@ impl Router {
         }
         self.recover_queues().await;
         self.flush_store();
+        self.log_when_committed(started, first);
+    }
+
+    /// Logs how long after `started` the store committed what the recovery appended from
+    /// `first` on (a takeover's first answers wait for it), if it appended anything.
+    fn log_when_committed(&self, started: std::time::Instant, first: u64) {
+        let (Some(progress), until) = (self.store_progress.clone(), self.bus.log.next_seq()) else {
+            return;
+        };
+        let mut progress = progress;
+        if *progress.borrow() >= until {
+            return;
+        }
+        tokio::spawn(async move {
+            let limit = std::time::Duration::from_secs(60);
+            if let Ok(Ok(_)) = tokio::time::timeout(limit, progress.wait_for(|c| *c >= until)).await
+            {
+                tracing::info!(
+                    rows = until.saturating_sub(first),
+                    committed_ms = started.elapsed().as_millis() as u64,
+                    "the recovery's events are committed"
+                );
+            }
+        });
     }
 
     /// Emits the events that end what the previous run left open.

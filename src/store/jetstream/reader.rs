@@ -332,6 +332,9 @@ impl Reader {
         Ok(lo)
     }
 
+    /// The rows of `kinds` from `from` on, oldest first, at most `limit`. The kinds are read
+    /// concurrently (each its own subject: a takeover reads thirteen, and one after another
+    /// each waited out its own round trips).
     pub(super) async fn read_kinds(
         &self,
         kinds: Vec<String>,
@@ -340,59 +343,76 @@ impl Reader {
     ) -> Result<Vec<StoredRow>, StoreError> {
         let (first, next) = self.bounds().await?;
         let from = from.max(first);
-        let mut out = Vec::new();
         let mut kinds = kinds;
         kinds.sort();
         kinds.dedup();
-        for kind in kinds {
-            let subject = codec::subject(&self.prefix, &kind);
-            if limit as u64 > DIRECT_READ_MAX {
-                // Many rows may be asked for: a consumer on the kind's subject (the server
-                // skips every other row) instead of one direct get per row.
-                let mut taken = 0;
-                self.scan("reading by kind", &subject, from, next, |row| {
-                    if row.kind == kind {
-                        out.push(row);
-                        taken += 1;
-                    }
-                    taken < limit
-                })
-                .await?;
-                continue;
-            }
-            let mut seq = from;
+        let each = kinds
+            .into_iter()
+            .map(|kind| self.read_kind(kind, from, next, limit));
+        let mut out: Vec<StoredRow> = futures::future::try_join_all(each)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        out.sort_by_key(|r| r.seq);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// The rows of one kind in `[from, next)`, oldest first, at most `limit`.
+    async fn read_kind(
+        &self,
+        kind: String,
+        from: u64,
+        next: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let mut out = Vec::new();
+        let subject = codec::subject(&self.prefix, &kind);
+        if limit as u64 > DIRECT_READ_MAX {
+            // Many rows may be asked for: a consumer on the kind's subject (the server
+            // skips every other row) instead of one direct get per row.
             let mut taken = 0;
-            while taken < limit && seq < next {
-                let got = tokio::time::timeout(
-                    self.timeout,
-                    self.stream
-                        .direct_get_next_for_subject(subject.clone(), Some(seq)),
-                )
-                .await;
-                let msg = match got {
-                    Err(_) => {
-                        return Err(nats_err(
-                            "reading by kind",
-                            format!("no answer within {:?}", self.timeout),
-                        ))
-                    }
-                    Ok(Ok(msg)) => msg,
-                    Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => break,
-                    Ok(Err(e)) => return Err(nats_err("reading by kind", e)),
-                };
-                if msg.sequence >= next {
-                    break;
-                }
-                seq = msg.sequence + 1;
-                let row = decode(&msg)?;
+            self.scan("reading by kind", &subject, from, next, |row| {
                 if row.kind == kind {
                     out.push(row);
                     taken += 1;
                 }
+                taken < limit
+            })
+            .await?;
+            return Ok(out);
+        }
+        let mut seq = from;
+        let mut taken = 0;
+        while taken < limit && seq < next {
+            let got = tokio::time::timeout(
+                self.timeout,
+                self.stream
+                    .direct_get_next_for_subject(subject.clone(), Some(seq)),
+            )
+            .await;
+            let msg = match got {
+                Err(_) => {
+                    return Err(nats_err(
+                        "reading by kind",
+                        format!("no answer within {:?}", self.timeout),
+                    ))
+                }
+                Ok(Ok(msg)) => msg,
+                Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => break,
+                Ok(Err(e)) => return Err(nats_err("reading by kind", e)),
+            };
+            if msg.sequence >= next {
+                break;
+            }
+            seq = msg.sequence + 1;
+            let row = decode(&msg)?;
+            if row.kind == kind {
+                out.push(row);
+                taken += 1;
             }
         }
-        out.sort_by_key(|r| r.seq);
-        out.truncate(limit);
         Ok(out)
     }
 
