@@ -4,11 +4,13 @@
 //! Owns the queue of rows not yet acknowledged (oldest first; its front is always the row at
 //! `committed`). Each round publishes up to `max_in_flight` rows from the front, each with
 //! `Nats-Expected-Last-Sequence: seq - 1`, then collects their acks in whatever order they
-//! resolve and moves `committed` over the contiguous acknowledged prefix only. Anything after
-//! the first unacknowledged row is republished next round; the event id as `Nats-Msg-Id` makes
-//! a republished row a duplicate the server acknowledges with its original sequence. Every row
-//! behind the front also carries `Nats-Expected-Last-Msg-Id` (its predecessor's id), so a row
-//! never lands after another writer's row that took the front's position.
+//! resolve and moves `committed` over the contiguous acknowledged prefix only (once for the
+//! acks that are in together, not once per ack: each move wakes every waiting call and the
+//! router's delivery). Anything after the first unacknowledged row is republished next round;
+//! the event id as `Nats-Msg-Id` makes a republished row a duplicate the server acknowledges
+//! with its original sequence. Every row behind the front also carries
+//! `Nats-Expected-Last-Msg-Id` (its predecessor's id), so a row never lands after another
+//! writer's row that took the front's position.
 //!
 //! Fencing: a writer cut off from NATS may have been replaced meanwhile (a standby saw no
 //! writer answer, claimed the writer lock and took over). Before it publishes again after its
@@ -25,7 +27,7 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::Context;
 use futures::stream::FuturesUnordered;
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::{mpsc, watch};
 
 use super::codec;
@@ -322,16 +324,26 @@ impl Writer {
         let front = self.committed_next;
         let mut acked = BTreeSet::new();
         let mut front_outcome = None;
-        while let Some((seq, result)) = acks.next().await {
+        let mut next = acks.next().await;
+        while let Some((seq, result)) = next {
             match result {
                 Ok(ack) if ack.sequence == seq => {
                     acked.insert(seq);
-                    self.advance(&mut acked);
                 }
                 other if seq == front => front_outcome = Some(other),
                 _ => {}
             }
+            // The acks already in move `committed` once: every move wakes each call waiting
+            // for a commit and the router's delivery of committed events.
+            next = match acks.next().now_or_never() {
+                Some(ready) => ready,
+                None => {
+                    self.advance(&mut acked);
+                    acks.next().await
+                }
+            };
         }
+        self.advance(&mut acked);
         if self.committed_next > front {
             return Ok(());
         }
