@@ -402,21 +402,45 @@ impl Folding {
     }
 
     fn fold(&mut self, rec: EventRecord) {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(&rec.json) else {
-            return;
-        };
-        let data = &event["data"];
+        use serde_json::value::RawValue;
+        /// What the fold reads of a lifecycle event's `data`; the rest (a registration's whole
+        /// agent) is skipped, not built into a `Value`.
+        #[derive(serde::Deserialize)]
+        struct Event<'a> {
+            #[serde(borrow)]
+            data: Data<'a>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Data<'a> {
+            #[serde(borrow, default)]
+            participant_id: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            agent_id: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            participant_type: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            owner_id: Option<&'a RawValue>,
+        }
         if TAIL_KINDS.contains(&rec.kind) {
-            self.fold_tail(&rec, data);
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(&rec.json) else {
+                return;
+            };
+            self.fold_tail(&rec, &event["data"]);
             return;
         }
-        let text = |k: &str| data[k].as_str().map(str::to_owned);
+        let Ok(Event { data }) = serde_json::from_str::<Event>(&rec.json) else {
+            return;
+        };
+        // A string, else nothing (as `Value::as_str`).
+        let text =
+            |v: Option<&RawValue>| v.and_then(|v| serde_json::from_str::<String>(v.get()).ok());
         let (field, last) = match rec.kind {
             EventType::ParticipantConnected | EventType::ParticipantDisconnected => {
-                ("participantId", &mut self.last_participant)
+                (data.participant_id, &mut self.last_participant)
             }
             EventType::AgentRegistered | EventType::AgentUnregistered => {
-                ("agentId", &mut self.last_agent)
+                (data.agent_id, &mut self.last_agent)
             }
             _ => return,
         };
@@ -424,8 +448,9 @@ impl Folding {
         last.insert(id.clone(), rec.seq);
         match rec.kind {
             EventType::ParticipantConnected => {
-                let Ok(kind) =
-                    serde_json::from_value::<ParticipantType>(data["participantType"].clone())
+                let Some(Ok(kind)) = data
+                    .participant_type
+                    .map(|t| serde_json::from_str::<ParticipantType>(t.get()))
                 else {
                     return;
                 };
@@ -449,7 +474,7 @@ impl Folding {
                     OpenAgent {
                         seq: rec.seq,
                         id: AgentId::from(id.as_str()),
-                        owner: text("ownerId").map(|o| ParticipantId::from(o.as_str())),
+                        owner: text(data.owner_id).map(|o| ParticipantId::from(o.as_str())),
                         audience: rec.audience,
                         keys: rec.keys,
                     },
