@@ -485,6 +485,7 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
             store: None,
             metrics: None,
             traces: None,
+            carried_fold: None,
         },
     );
     let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);

@@ -75,6 +75,7 @@ fn follower() -> (RouterHandle, TransportContext) {
             store: None,
             metrics: None,
             traces: None,
+            carried_fold: None,
         },
     );
     let (stop, shutdown) = tokio::sync::watch::channel(false);

@@ -302,6 +302,7 @@ impl Router {
                 store: None,
                 metrics: None,
                 traces: None,
+                carried_fold: None,
             },
         )
     }
@@ -316,6 +317,7 @@ impl Router {
         let mut router = Router::new(config.clone());
         router.supervised = Supervision::new(parts.process_control);
         router.traces = parts.traces.map(Box::new);
+        router.carried_fold = parts.carried_fold;
         if router.traces.is_some() {
             router.schedule(
                 std::time::Instant::now() + crate::router::traces::FLUSH_EVERY,

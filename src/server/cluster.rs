@@ -59,6 +59,8 @@ const ROLL_CALL_WAIT: std::time::Duration = std::time::Duration::from_millis(250
 /// An opened store with what it recovered.
 pub type Opened = (Arc<dyn EventStore>, Recovered);
 
+use crate::router::sessions::recovery::LifecycleFold;
+
 /// What the writer hosts the standbys' relay sessions with (`server::relay::host`): its
 /// NATS connection and the stream's name.
 #[cfg(feature = "cluster")]
@@ -96,7 +98,7 @@ pub async fn open_store(
     config: &Config,
     metrics: Option<&crate::metrics::Metrics>,
     listeners: &Listeners<'_>,
-) -> std::io::Result<(Option<Opened>, Option<Probe>, Relays)> {
+) -> std::io::Result<(Option<Opened>, Option<Probe>, Relays, Option<LifecycleFold>)> {
     #[cfg(feature = "cluster")]
     if let Some(options) = config.cluster.jetstream_options(&config.router.name) {
         let options = options.map_err(|e| std::io::Error::other(format!("cluster: {e}")))?;
@@ -111,7 +113,7 @@ pub async fn open_store(
             }
         }
         let stream = options.stream.clone();
-        let (store, recovered) = open_jetstream(config, options, listeners).await?;
+        let (store, recovered, fold) = open_jetstream(config, options, listeners).await?;
         let relays = Some((store.nats(), stream));
         let nodes = roll_calls(&store, roll_call_every(config), |s| async move {
             s.nodes(ROLL_CALL_WAIT).await
@@ -127,6 +129,7 @@ pub async fn open_store(
             Some((store as Arc<dyn EventStore>, recovered)),
             Some(probe),
             relays,
+            fold,
         ));
     }
     #[cfg(not(feature = "cluster"))]
@@ -138,14 +141,19 @@ pub async fn open_store(
         ));
     }
     let Some(mut options) = config.storage.sqlite_options() else {
-        return Ok((None, None, None));
+        return Ok((None, None, None, None));
     };
     options.metrics = metrics.map(|m| m.store());
     let (store, recovered) = tokio::task::spawn_blocking(move || SqliteStore::open(options))
         .await
         .map_err(std::io::Error::other)?
         .map_err(std::io::Error::other)?;
-    Ok((Some((store as Arc<dyn EventStore>, recovered)), None, None))
+    Ok((
+        Some((store as Arc<dyn EventStore>, recovered)),
+        None,
+        None,
+        None,
+    ))
 }
 
 /// The hosts of a `[cluster] url` (one or several, comma-separated) reached without TLS that
@@ -229,7 +237,11 @@ async fn open_jetstream(
     config: &Config,
     options: crate::store::jetstream::JetStreamOptions,
     listeners: &Listeners<'_>,
-) -> std::io::Result<(Arc<crate::store::jetstream::JetStreamStore>, Recovered)> {
+) -> std::io::Result<(
+    Arc<crate::store::jetstream::JetStreamStore>,
+    Recovered,
+    Option<crate::router::sessions::recovery::LifecycleFold>,
+)> {
     use crate::store::jetstream::follower::Follower;
     use crate::store::jetstream::{wait_for_takeover, JetStreamStore};
     use crate::store::StoreError;
@@ -256,9 +268,11 @@ async fn open_jetstream(
                     let warm = follower.as_ref().is_some_and(|(f, _)| f.promoted_warm());
                     tracing::info!(node = %options.node, stream = %options.stream, from_followed = warm, "standby: took over the stream");
                 }
-                if let Some(s) = serving.take() {
-                    s.stop().await;
-                }
+                // The fold is the followed stream's only when the follower was promoted.
+                let fold = match serving.take() {
+                    Some(s) => s.stop().await.filter(|_| follower.is_some()),
+                    None => None,
+                };
                 if follower.is_none() {
                     // Not checked as a standby: another live process with this name?
                     if let Err(e) =
@@ -268,7 +282,7 @@ async fn open_jetstream(
                         return Err(e);
                     }
                 }
-                return Ok(opened);
+                return Ok((opened.0, opened.1, fold));
             }
             Err(StoreError::Locked(why)) if config.cluster.standby => {
                 if standby.is_none() {
@@ -360,7 +374,7 @@ async fn open_jetstream(
                 // refused). Meanwhile the listeners answer as a standby's, never refuse.
                 follower = None;
                 if let Some(s) = serving.take() {
-                    s.stop().await;
+                    let _ = s.stop().await;
                 }
                 if let Some(page) = standby.take() {
                     let writer = crate::sync::lock(&page.writer).clone();
@@ -514,6 +528,7 @@ impl Serving {
                 store: Some((store, recovered)),
                 metrics: metrics.clone(),
                 traces: None,
+                carried_fold: None,
             },
         );
         let feed = {
@@ -641,8 +656,9 @@ impl Serving {
     }
 
     /// Closes its connections and stops its router (as `Server::shutdown`, with no store to
-    /// close: the follower is the caller's).
-    async fn stop(self) {
+    /// close: the follower is the caller's). Returns the router's fold of the lifecycle
+    /// events it followed, for the router that takes the stream over.
+    async fn stop(self) -> Option<crate::router::sessions::recovery::LifecycleFold> {
         use crate::router::{Command, Router};
         let Self {
             ctx,
@@ -654,6 +670,12 @@ impl Serving {
             ..
         } = self;
         feed.abort();
+        // After the rows it was handed (the router takes calls in order).
+        let fold = tokio::time::timeout(drain, ctx.router.with(Router::take_lifecycle_fold))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
         let _ = tokio::time::timeout(drain, ctx.router.with(Router::begin_shutdown)).await;
         let _ = shutdown.send(true);
         ctx.connections.close();
@@ -677,6 +699,7 @@ impl Serving {
         }
         let _ = ctx.router.send(Command::Shutdown).await;
         let _ = tokio::time::timeout(drain, router_task).await;
+        fold
     }
 }
 

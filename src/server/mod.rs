@@ -117,7 +117,7 @@ impl Server {
             drain_timeout: options.drain_timeout,
         };
         let metrics = config.metrics.enabled.then(crate::metrics::Metrics::new);
-        let (store, probe, relays) = cluster::open_store(
+        let (store, probe, relays, carried_fold) = cluster::open_store(
             &config,
             metrics.as_deref(),
             &cluster::Listeners {
@@ -153,6 +153,7 @@ impl Server {
                 store,
                 metrics: metrics.clone(),
                 traces,
+                carried_fold,
             },
         );
         let (shutdown, shutdown_rx) = watch::channel(false);

@@ -653,6 +653,7 @@ mod tests {
                 store: None,
                 metrics: None,
                 traces: None,
+                carried_fold: None,
             },
         );
         let (_in, rx) = mpsc::channel::<String>(1);

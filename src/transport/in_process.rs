@@ -90,6 +90,7 @@ mod tests {
                 store: None,
                 metrics: None,
                 traces: None,
+                carried_fold: None,
             },
         );
         let (_stop, shutdown) = tokio::sync::watch::channel(false);

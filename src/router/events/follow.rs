@@ -7,7 +7,9 @@
 //! as any event; the identity claims among them go to the identities table, so that an id is
 //! a principal's on a follower exactly when it is on the writer, and a participant's new
 //! permissions (`permissions_client_updated`) go to its session here, so that what this node
-//! serves it (subscriptions, replay) follows them. Every row arrives committed,
+//! serves it (subscriptions, replay) follows them; and on a cluster standby each row goes to
+//! its fold of the lifecycle events (`sessions::recovery::LifecycleFold`), which the router
+//! that takes the stream over starts from. Every row arrives committed,
 //! so a follower delivers at once. What a follower
 //! refuses (everything that would write the log) is decided by the method table
 //! (`router::dispatch::served_by_follower`).
@@ -46,6 +48,8 @@ impl Router {
                 bus.catch_up_behind(seq, agents);
             }
             if self.bus.log.push_followed(Arc::clone(&record)) {
+                // Who is open, for a takeover by this node (`sessions::recovery`).
+                self.fold_followed(&record);
                 let (bus, agents) = self.bus_and_agents();
                 bus.publish(&record, agents);
                 // A participant's new permissions reach its session here too, as on the
