@@ -123,9 +123,9 @@ pub struct Router {
     /// The saved records the store came back with, restored before the first command.
     pub(super) saved_at_open: Vec<crate::store::record::StoredRow>,
     /// Cluster standby: its fold of the lifecycle events it follows (`sessions::recovery`).
-    pub(super) standby_fold: Option<crate::router::sessions::recovery::LifecycleFold>,
+    pub(super) standby_fold: Option<crate::router::sessions::lifecycle::LifecycleFold>,
     /// The node that took the stream over: the standby's fold, carried over.
-    pub(super) carried_fold: Option<crate::router::sessions::recovery::LifecycleFold>,
+    pub(super) carried_fold: Option<crate::router::sessions::lifecycle::LifecycleFold>,
     /// Events appended since the last flush to the store.
     pub(super) unflushed: Vec<Arc<crate::router::events::log::EventRecord>>,
     /// Messages kept for agents that are away, and recent deliveries (reply correlation).
@@ -173,8 +173,8 @@ pub struct RouterParts {
     /// The span model and where its spans go, when traces are exported (`router::traces`).
     pub traces: Option<crate::router::traces::Tap>,
     /// Cluster mode, the node that takes the stream over: its standby's fold of the lifecycle
-    /// events ([`LifecycleFold`](crate::router::sessions::recovery::LifecycleFold)).
-    pub carried_fold: Option<crate::router::sessions::recovery::LifecycleFold>,
+    /// events ([`LifecycleFold`](crate::router::sessions::lifecycle::LifecycleFold)).
+    pub carried_fold: Option<crate::router::sessions::lifecycle::LifecycleFold>,
 }
 
 /// Sizes of the router's state at one moment ([`RouterHandle::stats`](crate::router::handle::RouterHandle::stats)).

@@ -362,7 +362,7 @@ impl Router {
     pub(crate) fn restore_saved(
         &mut self,
         saved: Vec<StoredRow>,
-        run: &mut crate::router::sessions::recovery::PreviousRun,
+        run: &mut crate::router::sessions::lifecycle::PreviousRun,
     ) -> Vec<SessionId> {
         if saved.is_empty() {
             return Vec::new();
@@ -536,7 +536,7 @@ mod tests {
     use crate::protocol::ids::{AgentId, EventId, ParticipantId, ScopeId, SessionId, Ulid};
     use crate::router::config::RouterConfig;
     use crate::router::core::Router;
-    use crate::router::sessions::recovery::fold_rows;
+    use crate::router::sessions::lifecycle::fold_rows;
     use crate::store::record::StoredRow;
 
     /// A row of the log: an event of `kind` with `data` at `seq`.
@@ -582,6 +582,22 @@ mod tests {
                 "id": "bot", "ownerId": "alice", "state": "active", "scopes": scopes,
                 "metadata": {"k": 1}}}}),
         )
+    }
+
+    /// Alice connects at `seq` and registers her agent `bot` right after.
+    fn alice_registers_bot(seq: u64) -> [StoredRow; 2] {
+        [
+            row(
+                seq,
+                "participant_connected",
+                json!({"participantId": "alice", "participantType": "agent"}),
+            ),
+            row(
+                seq + 1,
+                "agent_registered",
+                json!({"agentId": "bot", "ownerId": "alice"}),
+            ),
+        ]
     }
 
     /// A cluster node's router that restores `saved` over the log `events` (and closes what
@@ -672,20 +688,12 @@ mod tests {
     #[test]
     fn agent_changes_logged_after_its_record_are_restored_not_rolled_back() {
         let lifecycle = || {
-            vec![
+            let mut log = vec![
                 row(1, "scope_created", json!({"scopeId": "team"})),
                 row(2, "scope_created", json!({"scopeId": "ops"})),
-                row(
-                    3,
-                    "participant_connected",
-                    json!({"participantId": "alice", "participantType": "agent"}),
-                ),
-                row(
-                    4,
-                    "agent_registered",
-                    json!({"agentId": "bot", "ownerId": "alice"}),
-                ),
-            ]
+            ];
+            log.extend(alice_registers_bot(3));
+            log
         };
         let saved = || {
             vec![
@@ -782,21 +790,12 @@ mod tests {
 
     #[test]
     fn a_takeovers_records_are_written_several_to_a_row_drops_among_them() {
-        let events = vec![
+        let mut events = vec![
             row(1, "scope_created", json!({"scopeId": "old"})),
             row(3, "scope_deleted", json!({"scopeId": "old"})),
             row(4, "scope_created", json!({"scopeId": "team"})),
-            row(
-                5,
-                "participant_connected",
-                json!({"participantId": "alice", "participantType": "agent"}),
-            ),
-            row(
-                6,
-                "agent_registered",
-                json!({"agentId": "bot", "ownerId": "alice"}),
-            ),
         ];
+        events.extend(alice_registers_bot(5));
         let saved = vec![
             saved_scope(2, "old"),
             saved_scope(7, "team"),

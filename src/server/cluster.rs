@@ -59,7 +59,7 @@ const ROLL_CALL_WAIT: std::time::Duration = std::time::Duration::from_millis(250
 /// An opened store with what it recovered.
 pub type Opened = (Arc<dyn EventStore>, Recovered);
 
-use crate::router::sessions::recovery::LifecycleFold;
+use crate::router::sessions::lifecycle::LifecycleFold;
 
 /// What the writer hosts the standbys' relay sessions with (`server::relay::host`): its
 /// NATS connection and the stream's name.
@@ -240,7 +240,7 @@ async fn open_jetstream(
 ) -> std::io::Result<(
     Arc<crate::store::jetstream::JetStreamStore>,
     Recovered,
-    Option<crate::router::sessions::recovery::LifecycleFold>,
+    Option<crate::router::sessions::lifecycle::LifecycleFold>,
 )> {
     use crate::store::jetstream::follower::Follower;
     use crate::store::jetstream::{wait_for_takeover, JetStreamStore};
@@ -658,7 +658,7 @@ impl Serving {
     /// Closes its connections and stops its router (as `Server::shutdown`, with no store to
     /// close: the follower is the caller's). Returns the router's fold of the lifecycle
     /// events it followed, for the router that takes the stream over.
-    async fn stop(self) -> Option<crate::router::sessions::recovery::LifecycleFold> {
+    async fn stop(self) -> Option<crate::router::sessions::lifecycle::LifecycleFold> {
         use crate::router::{Command, Router};
         let Self {
             ctx,

@@ -435,7 +435,7 @@ impl Router {
                 .agent
                 .permission_overrides
                 .get_or_insert_with(JsonMap::new);
-            merge_sections(current, overrides);
+            crate::router::agents::registry::merge_sections(current, overrides);
         }
         let after = rec.agent.clone();
         let after = self.agent_view().complete(after);
@@ -903,22 +903,6 @@ impl Router {
 
 fn agents_last_id(agents: &[Agent]) -> Option<&AgentId> {
     agents.last().map(|a| &a.id)
-}
-
-/// Per-section merge of permission overrides (`canSee`, `canMessage`, `acceptsFrom`).
-pub(crate) fn merge_sections(current: &mut JsonMap, changes: &JsonMap) {
-    for (section, value) in changes {
-        match (current.get_mut(section), value) {
-            (Some(serde_json::Value::Object(cur)), serde_json::Value::Object(new)) => {
-                for (k, v) in new {
-                    cur.insert(k.clone(), v.clone());
-                }
-            }
-            _ => {
-                current.insert(section.clone(), value.clone());
-            }
-        }
-    }
 }
 
 /// The `map/agents/list` filter.

@@ -431,6 +431,25 @@ impl Registry {
     }
 }
 
+/// Per-section merge of permission overrides (`canSee`, `canMessage`, `acceptsFrom`).
+pub(crate) fn merge_sections(
+    current: &mut serde_json::Map<String, serde_json::Value>,
+    changes: &serde_json::Map<String, serde_json::Value>,
+) {
+    for (section, value) in changes {
+        match (current.get_mut(section), value) {
+            (Some(serde_json::Value::Object(cur)), serde_json::Value::Object(new)) => {
+                for (k, v) in new {
+                    cur.insert(k.clone(), v.clone());
+                }
+            }
+            _ => {
+                current.insert(section.clone(), value.clone());
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

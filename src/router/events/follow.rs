@@ -8,7 +8,7 @@
 //! a principal's on a follower exactly when it is on the writer, and a participant's new
 //! permissions (`permissions_client_updated`) go to its session here, so that what this node
 //! serves it (subscriptions, replay) follows them; and on a cluster standby each row goes to
-//! its fold of the lifecycle events (`sessions::recovery::LifecycleFold`), which the router
+//! its fold of the lifecycle events (`sessions::lifecycle::LifecycleFold`), which the router
 //! that takes the stream over starts from. Every row arrives committed,
 //! so a follower delivers at once. What a follower
 //! refuses (everything that would write the log) is decided by the method table

@@ -4,6 +4,7 @@
 //! close: [`manage`]).
 
 pub mod auth;
+pub mod lifecycle;
 pub mod manage;
 pub mod ops;
 pub mod recovery;
