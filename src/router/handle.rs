@@ -344,11 +344,7 @@ impl Router {
             );
             if config.node.is_some() && !config.follower {
                 // Cluster mode, live node: save sessions, agents and scopes for the next one.
-                router.handover = Some(crate::router::changes::Saver::default());
-                router.sessions.changed.track();
-                router.registry.changed.track();
-                router.scopes.changed.track();
-                router.scopes.members_changed.track();
+                router.start_saving();
                 router.saved_at_open = recovered.saved;
                 if config.saved_refresh.is_some() {
                     router.schedule(

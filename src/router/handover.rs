@@ -186,6 +186,16 @@ fn parents_first<T, K: Ord + Clone>(
 }
 
 impl Router {
+    /// Makes this router save (a cluster's live node): the tables start recording what
+    /// changes, and [`Router::save_changed`] writes it.
+    pub(crate) fn start_saving(&mut self) {
+        self.handover = Some(Saver::default());
+        self.sessions.changed.track();
+        self.registry.changed.track();
+        self.scopes.changed.track();
+        self.scopes.members_changed.track();
+    }
+
     /// Writes the records of what changed since the last call (see the module doc).
     pub(crate) fn save_changed(&mut self) {
         let Some(mut saver) = self.handover.take() else {
@@ -608,12 +618,8 @@ mod tests {
             ..RouterConfig::default()
         };
         let mut router = Router::new(Arc::new(config));
-        // A live node saves (`RouterHandle` sets this up in cluster mode).
-        router.handover = Some(crate::router::changes::Saver::default());
-        router.sessions.changed.track();
-        router.registry.changed.track();
-        router.scopes.changed.track();
-        router.scopes.members_changed.track();
+        // A live node saves.
+        router.start_saving();
         let mut run = fold_rows(events);
         let connected = router.restore_saved(saved, &mut run);
         router.close_previous_run(run);

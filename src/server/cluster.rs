@@ -240,7 +240,7 @@ async fn open_jetstream(
 ) -> std::io::Result<(
     Arc<crate::store::jetstream::JetStreamStore>,
     Recovered,
-    Option<crate::router::sessions::lifecycle::LifecycleFold>,
+    Option<LifecycleFold>,
 )> {
     use crate::store::jetstream::follower::Follower;
     use crate::store::jetstream::{wait_for_takeover, JetStreamStore};
@@ -658,7 +658,7 @@ impl Serving {
     /// Closes its connections and stops its router (as `Server::shutdown`, with no store to
     /// close: the follower is the caller's). Returns the router's fold of the lifecycle
     /// events it followed, for the router that takes the stream over.
-    async fn stop(self) -> Option<crate::router::sessions::lifecycle::LifecycleFold> {
+    async fn stop(self) -> Option<LifecycleFold> {
         use crate::router::{Command, Router};
         let Self {
             ctx,

@@ -2,9 +2,9 @@
 //!
 //! Owns the events that end the participants and agents the previous process left open (the
 //! fold that finds them, "who was still there when it stopped", is `sessions::lifecycle`),
-//! and on a cluster standby the keeping of that fold. Sessions
-//! and the registry live in memory only, so after a restart (clean or after a crash) every
-//! participant and agent of the previous run is gone; without these events a dashboard that
+//! and on a cluster standby the keeping of that fold. Sessions and the registry live in
+//! memory only, so after a restart (clean or after a crash) every participant and agent of
+//! the previous run is gone; without these events a dashboard that
 //! rebuilds its view from the log (or resumes from an event id) would show them forever. At
 //! start-up, before it handles any command, the router emits:
 //!
@@ -179,10 +179,10 @@ impl Router {
     /// Logs how long after `started` the store committed what the recovery appended from
     /// `first` on (a takeover's first answers wait for it), if it appended anything.
     fn log_when_committed(&self, started: std::time::Instant, first: u64) {
-        let (Some(progress), until) = (self.store_progress.clone(), self.bus.log.next_seq()) else {
+        let Some(mut progress) = self.store_progress.clone() else {
             return;
         };
-        let mut progress = progress;
+        let until = self.bus.log.next_seq();
         if *progress.borrow() >= until {
             return;
         }
