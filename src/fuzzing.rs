@@ -523,6 +523,7 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
     while let Some(frame) = from_router.next().await {
         match frame {
             OutFrame::Text(text) => transcript.received.push(text),
+            OutFrame::Shared(text) => transcript.received.push(text.as_str().to_owned()),
             OutFrame::Close { code, reason } => transcript.close = Some((code, reason)),
             OutFrame::Ping => {}
         }

@@ -252,8 +252,10 @@ pub(crate) fn spawn_stdio(mut command: Command) -> Result<Link, ClientError> {
                 Err(e) => Some(Err(ClientError::Transport(e.to_string()))),
             })
         });
-    let sink = FramedWrite::new(stdin, NdjsonCodec::new(MAX_INBOUND_FRAME))
-        .sink_map_err(|e: std::io::Error| ClientError::Transport(e.to_string()));
+    let sink = SinkExt::<String>::sink_map_err(
+        FramedWrite::new(stdin, NdjsonCodec::new(MAX_INBOUND_FRAME)),
+        |e: std::io::Error| ClientError::Transport(e.to_string()),
+    );
     Ok(Link {
         stream: Box::pin(stream),
         sink: Box::pin(sink),

@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::protocol::ids::{EventId, SubscriptionId};
@@ -49,13 +50,57 @@ pub struct Delivery {
     pub caused_by: CausedBy,
 }
 
+/// The text of a frame several recipients share (a `map/message`): the bytes of one `String`
+/// behind a reference count (`bytes::Bytes`), so each recipient's socket takes them without a
+/// copy of its own (an `Arc<str>` became a new `String` per recipient in the writer). Built only
+/// from text, so always UTF-8.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedText(Bytes);
+
+impl SharedText {
+    /// The bytes, shared (for a socket that takes `Bytes`).
+    pub fn into_bytes(self) -> Bytes {
+        self.0
+    }
+
+    /// The UTF-8 bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The text. Checks the bytes again (the crate allows no `unsafe`): for tests and cold
+    /// paths; the writers take the bytes.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("a SharedText is built from text")
+    }
+}
+
+impl From<String> for SharedText {
+    /// Takes the string's buffer (no copy of the text).
+    fn from(s: String) -> Self {
+        SharedText(Bytes::from(s))
+    }
+}
+
+impl From<&str> for SharedText {
+    fn from(s: &str) -> Self {
+        SharedText(Bytes::copy_from_slice(s.as_bytes()))
+    }
+}
+
+impl AsRef<[u8]> for SharedText {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// Something for the writer to put on the wire.
 #[derive(Debug)]
 pub enum Outbound {
     /// A complete JSON-RPC frame (response, error, or a one-off notification).
     Frame(String),
     /// A complete frame shared by several recipients (a `map/message`).
-    Shared(Arc<str>),
+    Shared(SharedText),
     /// A `map/event` to encode.
     Event(Delivery),
     /// A keep-alive probe, queued by the connection's own reader every ping interval (a
@@ -394,7 +439,7 @@ impl Outbound {
     pub fn into_text(self) -> Option<String> {
         match self {
             Outbound::Frame(s) => Some(s),
-            Outbound::Shared(s) => Some(s.to_string()),
+            Outbound::Shared(s) => Some(s.as_str().to_owned()),
             Outbound::Event(d) => {
                 let mut s = String::new();
                 d.encode(&mut s);
@@ -420,6 +465,37 @@ pub(crate) fn push(outbox: &Outbox, item: Outbound) -> Result<(), PushError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shared frame is the sender's buffer, and every recipient's copy is that buffer again:
+    /// no copy when it is built from the `String`, none per recipient, none on the way to a
+    /// socket that takes `Bytes`.
+    #[test]
+    fn a_shared_frame_is_one_buffer_for_every_recipient() {
+        let text = String::from(r#"{"jsonrpc":"2.0","method":"map/message","params":{}}"#);
+        let at = text.as_ptr();
+        let shared = SharedText::from(text);
+        assert_eq!(shared.as_bytes().as_ptr(), at, "built without a copy");
+        let recipients: Vec<SharedText> = (0..10).map(|_| shared.clone()).collect();
+        for r in &recipients {
+            assert_eq!(
+                r.as_bytes().as_ptr(),
+                at,
+                "a recipient's frame is the same bytes"
+            );
+            assert_eq!(
+                r.as_str(),
+                r#"{"jsonrpc":"2.0","method":"map/message","params":{}}"#
+            );
+        }
+        let bytes = recipients.into_iter().next().unwrap().into_bytes();
+        assert_eq!(bytes.as_ptr(), at, "handed to the socket without a copy");
+        let (tx, mut rx) = outbox(4);
+        tx.try_push(Outbound::Shared(shared.clone())).unwrap();
+        match rx.try_recv() {
+            Some(Outbound::Shared(s)) => assert_eq!(s.as_bytes().as_ptr(), at),
+            other => panic!("expected the shared frame, got {other:?}"),
+        }
+    }
 
     /// The channel allocates its first block of 32 slots when a connection opens, so every
     /// byte of `Outbound` is paid 32 times per idle connection.

@@ -36,6 +36,7 @@ use crate::router::dispatch::DEFAULT_MAX_BATCH;
 use crate::router::outbox::outbox;
 use crate::router::outbox::Outbound;
 use crate::router::outbox::OutboxReceiver;
+use crate::router::outbox::SharedText;
 use crate::router::rate::RateLimits;
 use crate::router::rpc::RpcSession;
 use crate::router::rpc::SessionLimits;
@@ -70,6 +71,9 @@ pub enum InFrame {
 pub enum OutFrame {
     /// A text frame.
     Text(String),
+    /// A text frame several recipients share (a `map/message`): a socket that takes `Bytes`
+    /// writes it without a copy per recipient.
+    Shared(SharedText),
     /// A keep-alive ping.
     Ping,
     /// A close frame.
@@ -580,8 +584,12 @@ where
                         break 'outer;
                     }
                     other => {
-                        if let Some(text) = other.into_text() {
-                            let write = sink.feed(OutFrame::Text(text));
+                        let frame = match other {
+                            Outbound::Shared(text) => Some(OutFrame::Shared(text)),
+                            other => other.into_text().map(OutFrame::Text),
+                        };
+                        if let Some(frame) = frame {
+                            let write = sink.feed(frame);
                             if bounded(limit, conn, "write", write).await.is_err() {
                                 break 'outer;
                             }
@@ -662,6 +670,7 @@ mod tests {
         let sink = Box::pin(tx.with(|frame: OutFrame| async move {
             Ok::<_, mpsc::SendError>(match frame {
                 OutFrame::Text(text) => text,
+                OutFrame::Shared(text) => text.as_str().to_owned(),
                 _ => String::new(),
             })
         }));

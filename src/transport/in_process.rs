@@ -57,6 +57,7 @@ pub fn connect(ctx: &TransportContext, opts: ConnectionOptions) -> InProcessLink
     let sink = server_tx.with_flat_map(|frame: OutFrame| {
         futures::stream::iter(match frame {
             OutFrame::Text(text) => Some(Ok(text)),
+            OutFrame::Shared(text) => Some(Ok(text.as_str().to_owned())),
             OutFrame::Ping | OutFrame::Close { .. } => None,
         })
     });
@@ -106,6 +107,7 @@ mod tests {
         let sink = tx.with(|frame: OutFrame| async move {
             Ok::<_, mpsc::SendError>(match frame {
                 OutFrame::Text(text) => text,
+                OutFrame::Shared(text) => text.as_str().to_owned(),
                 _ => String::new(),
             })
         });

@@ -124,12 +124,15 @@ impl Decoder for NdjsonCodec {
     }
 }
 
-impl Encoder<String> for NdjsonCodec {
+/// Writes one line per frame: a `String`, or the bytes of a frame several recipients share
+/// (`SharedText`).
+impl<T: AsRef<[u8]>> Encoder<T> for NdjsonCodec {
     type Error = std::io::Error;
 
-    fn encode(&mut self, frame: String, dst: &mut BytesMut) -> Result<(), Self::Error> {
+    fn encode(&mut self, frame: T, dst: &mut BytesMut) -> Result<(), Self::Error> {
+        let frame = frame.as_ref();
         dst.reserve(frame.len() + 1);
-        dst.extend_from_slice(frame.as_bytes());
+        dst.extend_from_slice(frame);
         dst.extend_from_slice(b"\n");
         Ok(())
     }

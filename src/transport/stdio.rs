@@ -9,6 +9,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
+use crate::router::outbox::SharedText;
 use crate::router::sessions::table::Transport;
 use crate::transport::connection::ConnectionOptions;
 use crate::transport::connection::InFrame;
@@ -45,7 +46,8 @@ where
     });
     let sink = FramedWrite::new(writer, codec).with_flat_map(|frame: OutFrame| {
         futures::stream::iter(match frame {
-            OutFrame::Text(text) => Some(Ok(text)),
+            OutFrame::Text(text) => Some(Ok(SharedText::from(text))),
+            OutFrame::Shared(text) => Some(Ok(text)),
             // Pipes have no ping and no close frame: closing the pipe is the close.
             OutFrame::Ping | OutFrame::Close { .. } => None,
         })

@@ -11,7 +11,7 @@
 //! Reading compatibility: the SDK writes bare JSON per frame; some tools write NDJSON into one
 //! frame. A frame that holds several newline-separated objects is handled object by object.
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, SinkExt, StreamExt};
@@ -141,6 +141,11 @@ fn serve_socket(socket: WebSocket, state: WsState) -> impl std::future::Future<O
     let sink = sink.with(|frame: OutFrame| async move {
         Ok::<_, axum::Error>(match frame {
             OutFrame::Text(s) => Message::Text(s.into()),
+            // The recipients' shared bytes, not a copy each (axum checks them for UTF-8 again:
+            // its `Utf8Bytes` has no unchecked constructor).
+            OutFrame::Shared(s) => {
+                Message::Text(Utf8Bytes::try_from(s.into_bytes()).map_err(axum::Error::new)?)
+            }
             OutFrame::Ping => Message::Ping(Default::default()),
             OutFrame::Close { code, reason } => Message::Close(Some(CloseFrame {
                 code,

@@ -167,7 +167,7 @@ mod tests {
             delivered_correlation: None,
             payload_json: None,
             message_json: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
-            frame: Arc::from(""),
+            frame: crate::router::outbox::SharedText::from(""),
             sent: crate::protocol::ids::EventId(crate::protocol::ids::Ulid::random()),
             keys: Default::default(),
             audience: crate::router::events::log::Audience::Everyone,

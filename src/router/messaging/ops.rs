@@ -43,6 +43,7 @@ use crate::router::events::log::FilterKeys;
 use crate::router::ids::{ConnId, IdSet};
 use crate::router::messaging::resolve::{permitted, resolve, Recipient, Views};
 use crate::router::messaging::state::Outgoing;
+use crate::router::outbox::SharedText;
 use crate::router::permissions::agent_audience;
 
 /// What became of a message.
@@ -57,19 +58,19 @@ pub struct Delivered {
 }
 
 /// The `map/message` frame for a message, shared by all its recipients.
-pub fn message_frame(message: &Message) -> Arc<str> {
+pub fn message_frame(message: &Message) -> SharedText {
     message_frame_of(&crate::router::core::to_json(message))
 }
 
 /// The `map/message` frame around a message's JSON.
-pub(crate) fn message_frame_of(message_json: &str) -> Arc<str> {
+pub(crate) fn message_frame_of(message_json: &str) -> SharedText {
     message_frame_traced(message_json, None)
 }
 
 /// The `map/message` frame around a message's JSON, with `params._meta.traceparent` when
 /// traces are exported: the router's span for the message, which the recipient continues from
 /// (docs/traces.md). The message itself, `meta` included, is the sender's text.
-pub(crate) fn message_frame_traced(message_json: &str, traceparent: Option<&str>) -> Arc<str> {
+pub(crate) fn message_frame_traced(message_json: &str, traceparent: Option<&str>) -> SharedText {
     let mut params = String::with_capacity(message_json.len() + 80);
     params.push_str("{\"message\":");
     params.push_str(message_json);
@@ -740,7 +741,7 @@ impl Router {
 
     /// Queues a `map/message` frame for a connection without waiting. Returns false when the
     /// connection is gone or its bounded queue is full.
-    pub(crate) fn push_message(&mut self, conn: ConnId, frame: Arc<str>) -> bool {
+    pub(crate) fn push_message(&mut self, conn: ConnId, frame: SharedText) -> bool {
         let queued = self
             .conns
             .push_message(conn, frame, self.config.pending_messages);

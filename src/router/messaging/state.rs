@@ -12,6 +12,7 @@ use crate::protocol::ids::{AgentId, EventId, MessageId};
 use crate::protocol::json::RawJson;
 use crate::router::events::log::{Audience, FilterKeys};
 use crate::router::ids::{IdMap, Shrink};
+use crate::router::outbox::SharedText;
 
 /// Most messages kept for one agent while it is away.
 pub const MAX_OFFLINE_MESSAGES: usize = 1000;
@@ -27,7 +28,7 @@ pub(crate) struct Outgoing {
     pub(crate) delivered_correlation: Option<String>,
     pub(crate) payload_json: Option<RawJson>,
     pub(crate) message_json: Box<RawValue>,
-    pub(crate) frame: Arc<str>,
+    pub(crate) frame: SharedText,
     pub(crate) sent: EventId,
     pub(crate) keys: FilterKeys,
     pub(crate) audience: Audience,

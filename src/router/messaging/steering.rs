@@ -101,7 +101,7 @@ impl Router {
     fn push_message_front(
         &mut self,
         conn: crate::router::ids::ConnId,
-        frame: std::sync::Arc<str>,
+        frame: crate::router::outbox::SharedText,
     ) -> bool {
         let queued = self
             .conns

@@ -28,7 +28,7 @@ use crate::protocol::ids::{AgentId, ParticipantId, SessionId};
 use crate::protocol::methods::session::{ConnectParams, DisconnectPolicy, Principal};
 
 use crate::router::ids::ConnId;
-use crate::router::outbox::{push, Outbound, Outbox, PushError};
+use crate::router::outbox::{push, Outbound, Outbox, PushError, SharedText};
 
 /// Where a connection comes from (authentication may trust some origins: `[auth]
 /// trusted_transports`).
@@ -124,7 +124,7 @@ pub struct Conn {
     pub(in crate::router::sessions) session: Option<SessionId>,
     /// `map/message` frames waiting for room in the outbox (bounded by config). Kept here, not
     /// in the outbox, so the router never waits on a slow peer.
-    pub(in crate::router::sessions) pending: VecDeque<Arc<str>>,
+    pub(in crate::router::sessions) pending: VecDeque<SharedText>,
     /// A `map/connect` that answered `authRequired`, completed by `map/authenticate`.
     pub(in crate::router::sessions) pending_auth: Option<Box<ConnectParams>>,
 }
@@ -205,19 +205,19 @@ impl Conns {
     /// Queues a `map/message` frame for a connection without waiting: into its outbox, or
     /// behind the frames already waiting for room (at most `cap` of them). False when the
     /// connection is gone or its bounded queue is full.
-    pub fn push_message(&mut self, id: ConnId, frame: Arc<str>, cap: usize) -> bool {
+    pub fn push_message(&mut self, id: ConnId, frame: SharedText, cap: usize) -> bool {
         self.queue_message(id, frame, cap, false)
     }
 
     /// Queues a frame ahead of the connection's waiting messages (steering). False when the
     /// connection is gone or its bounded queue is full.
-    pub fn push_message_front(&mut self, id: ConnId, frame: Arc<str>, cap: usize) -> bool {
+    pub fn push_message_front(&mut self, id: ConnId, frame: SharedText, cap: usize) -> bool {
         self.queue_message(id, frame, cap, true)
     }
 
     /// Into the outbox when nothing waits and it has room, else into `pending` (behind the
     /// waiting frames, or ahead of them: `front`), at most `cap` of them.
-    fn queue_message(&mut self, id: ConnId, frame: Arc<str>, cap: usize, front: bool) -> bool {
+    fn queue_message(&mut self, id: ConnId, frame: SharedText, cap: usize, front: bool) -> bool {
         let Some(c) = self.by_id.get_mut(&id) else {
             return false;
         };
@@ -242,7 +242,7 @@ impl Conns {
     }
 
     /// Sends a frame only if it can go at once (nothing waiting, room in the outbox).
-    pub fn send_now(&self, id: ConnId, frame: Arc<str>) -> bool {
+    pub fn send_now(&self, id: ConnId, frame: SharedText) -> bool {
         self.by_id.get(&id).is_some_and(|c| {
             c.pending.is_empty() && c.outbox.try_push(Outbound::Shared(frame)).is_ok()
         })

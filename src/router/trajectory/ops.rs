@@ -280,7 +280,7 @@ impl Router {
             include: p.include.clone(),
         };
         let frame = notification(notifications::CONTENT_REQUEST, &request);
-        if !self.push_message(conn, Arc::from(frame)) {
+        if !self.push_message(conn, frame.into()) {
             self.trajectories.forget(&request_id);
             return Err(unavailable(&format!(
                 "agent {agent}'s connection cannot take a request now"
