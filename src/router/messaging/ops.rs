@@ -735,8 +735,8 @@ impl Router {
 
     /// The connection of an agent's owner.
     pub(crate) fn agent_conn(&self, agent: &AgentId) -> Option<ConnId> {
-        let owner = self.registry.get(agent)?.agent().owner_id.clone()?;
-        self.sessions.by_participant(&owner)?.conn()
+        let owner = self.registry.get(agent)?.agent().owner_id.as_ref()?;
+        self.sessions.by_participant(owner)?.conn()
     }
 
     /// Queues a `map/message` frame for a connection without waiting. Returns false when the
