@@ -40,10 +40,12 @@ else
   cargo build --locked --release --bin map-router
   router_bin=target/release/map-router
 fi
-load=$(cargo bench --locked --bench load --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
+# LOAD_BIN / NATS_LOAD_BIN: load generators already built (e.g. `cargo build --release --bench
+# nats`, which reuses the release build instead of building the bench profile again).
+load=${LOAD_BIN:-$(cargo bench --locked --bench load --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)}
 [ -x "$load" ] || { echo "bench-compare: no load generator binary" >&2; exit 1; }
 if [ "$quick" = nats ]; then
-  nats_load=$(cargo bench --locked --bench nats --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
+  nats_load=${NATS_LOAD_BIN:-$(cargo bench --locked --bench nats --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)}
   [ -x "$nats_load" ] || { echo "bench-compare: no NATS load generator binary" >&2; exit 1; }
   command -v nats-server >/dev/null || { echo "bench-compare: needs nats-server (apt-get install nats-server)" >&2; exit 1; }
   kinds="ours ours-ephemeral nats-core nats-jetstream nats-jetstream-pull"
