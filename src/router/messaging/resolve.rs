@@ -28,13 +28,12 @@
 //!
 //! Owns nothing.
 
-use std::collections::HashSet;
-
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::ids::{AgentId, ParticipantId, ScopeId};
 use crate::protocol::message::{Address, ParticipantGroup};
 use crate::router::caller::Caller;
 use crate::router::error::RouterError;
+use crate::router::ids::IdSet;
 use crate::router::permissions::{
     can_message_agent, can_see_agent, can_see_participant, can_see_scope, can_send_to_scope,
     may_message_agent,
@@ -342,9 +341,25 @@ pub fn resolve(
             vec![remote(system, agent.as_str())]
         }
     };
-    let mut seen = HashSet::new();
-    out.retain(|r| seen.insert(r.clone()));
+    dedup_in_order(&mut out);
     Ok(out)
+}
+
+/// Leaves the first of each recipient, in order, without copying any (a scope's members are
+/// already distinct: the usual case keeps everything).
+fn dedup_in_order(out: &mut Vec<Recipient>) {
+    if out.len() < 2 {
+        return;
+    }
+    let mut seen: IdSet<&Recipient> =
+        IdSet::with_capacity_and_hasher(out.len(), Default::default());
+    let first: Vec<bool> = out.iter().map(|r| seen.insert(r)).collect();
+    drop(seen);
+    if first.iter().all(|&f| f) {
+        return;
+    }
+    let mut keep = first.into_iter();
+    out.retain(|_| keep.next().unwrap_or(false));
 }
 
 #[cfg(test)]
@@ -490,6 +505,33 @@ mod tests {
         let found = resolve(views, c, &address, strict, answering)?;
         let allowed = permitted(views.agents, c, found, true, answering)?;
         Ok(allowed.iter().map(|r| r.id().to_owned()).collect())
+    }
+
+    #[test]
+    fn recipients_named_twice_are_reached_once_in_the_order_first_named() {
+        let agent = |id: &str| Recipient::Agent(AgentId::from(id));
+        let participant = |id: &str| Recipient::Participant(ParticipantId::from(id));
+        let mut out = vec![
+            agent("a"),
+            agent("b"),
+            participant("a"),
+            agent("a"),
+            agent("c"),
+            agent("b"),
+            participant("a"),
+        ];
+        dedup_in_order(&mut out);
+        assert_eq!(
+            out,
+            vec![agent("a"), agent("b"), participant("a"), agent("c")],
+            "an agent and a participant of one id are two recipients"
+        );
+        let mut distinct = vec![agent("x"), agent("y")];
+        dedup_in_order(&mut distinct);
+        assert_eq!(distinct, vec![agent("x"), agent("y")]);
+        let mut one = vec![agent("x")];
+        dedup_in_order(&mut one);
+        assert_eq!(one, vec![agent("x")]);
     }
 
     #[test]
