@@ -522,10 +522,8 @@ async fn serve(frames: Vec<Decoded>) -> Transcript {
     };
     while let Some(frame) = from_router.next().await {
         match frame {
-            OutFrame::Text(text) => transcript.received.push(text),
-            OutFrame::Shared(text) => transcript.received.push(text.as_str().to_owned()),
             OutFrame::Close { code, reason } => transcript.close = Some((code, reason)),
-            OutFrame::Ping => {}
+            text => transcript.received.extend(text.into_text()),
         }
     }
     conn.await.expect("the connection task does not panic");

@@ -86,6 +86,18 @@ pub enum OutFrame {
     },
 }
 
+impl OutFrame {
+    /// The text of a text frame as a `String` of its own (a shared frame is copied), or `None`
+    /// for a ping or a close: for sinks that carry strings (in-process links, tests).
+    pub fn into_text(self) -> Option<String> {
+        match self {
+            OutFrame::Text(text) => Some(text),
+            OutFrame::Shared(text) => Some(text.as_str().to_owned()),
+            OutFrame::Ping | OutFrame::Close { .. } => None,
+        }
+    }
+}
+
 /// Why a transport's stream failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -724,11 +736,7 @@ mod tests {
         let (tx, _out) = mpsc::channel::<String>(1);
         let stream = Box::pin(rx.map(|text| Ok(InFrame::Text(text))));
         let sink = Box::pin(tx.with(|frame: OutFrame| async move {
-            Ok::<_, mpsc::SendError>(match frame {
-                OutFrame::Text(text) => text,
-                OutFrame::Shared(text) => text.as_str().to_owned(),
-                _ => String::new(),
-            })
+            Ok::<_, mpsc::SendError>(frame.into_text().unwrap_or_default())
         }));
         let conn = router.new_conn_id();
         let (otx, orx) = outbox(8);

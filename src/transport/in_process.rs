@@ -54,13 +54,8 @@ pub fn connect(ctx: &TransportContext, opts: ConnectionOptions) -> InProcessLink
     // The embedding program is trusted to connect when it likes.
     opts.handshake_timeout = None;
     let stream = server_rx.map(|text| Ok(InFrame::Text(text)));
-    let sink = server_tx.with_flat_map(|frame: OutFrame| {
-        futures::stream::iter(match frame {
-            OutFrame::Text(text) => Some(Ok(text)),
-            OutFrame::Shared(text) => Some(Ok(text.as_str().to_owned())),
-            OutFrame::Ping | OutFrame::Close { .. } => None,
-        })
-    });
+    let sink =
+        server_tx.with_flat_map(|frame: OutFrame| futures::stream::iter(frame.into_text().map(Ok)));
     tokio::spawn(ctx.serve(Box::pin(stream), Box::pin(sink), opts));
     InProcessLink {
         tx: client_tx,
@@ -105,11 +100,7 @@ mod tests {
         let (tx, _rx) = mpsc::channel::<String>(1);
         let stream = rx.map(|text| Ok(InFrame::Text(text)));
         let sink = tx.with(|frame: OutFrame| async move {
-            Ok::<_, mpsc::SendError>(match frame {
-                OutFrame::Text(text) => text,
-                OutFrame::Shared(text) => text.as_str().to_owned(),
-                _ => String::new(),
-            })
+            Ok::<_, mpsc::SendError>(frame.into_text().unwrap_or_default())
         });
         let serve = ctx.serve(
             Box::pin(stream),

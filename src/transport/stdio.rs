@@ -25,6 +25,22 @@ pub fn pipe_options(mut opts: ConnectionOptions) -> ConnectionOptions {
     opts
 }
 
+/// One line for the codec: a frame of its own, or the bytes of one several recipients share
+/// (neither is copied before the codec writes it).
+enum Line {
+    Own(String),
+    Shared(SharedText),
+}
+
+impl AsRef<[u8]> for Line {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Line::Own(text) => text.as_bytes(),
+            Line::Shared(text) => text.as_bytes(),
+        }
+    }
+}
+
 /// Frames NDJSON over a reader/writer pair: a stream of incoming frames and a sink of
 /// outgoing ones, as the connection driver wants them.
 pub fn framed<R, W>(
@@ -46,8 +62,8 @@ where
     });
     let sink = FramedWrite::new(writer, codec).with_flat_map(|frame: OutFrame| {
         futures::stream::iter(match frame {
-            OutFrame::Text(text) => Some(Ok(SharedText::from(text))),
-            OutFrame::Shared(text) => Some(Ok(text)),
+            OutFrame::Text(text) => Some(Ok(Line::Own(text))),
+            OutFrame::Shared(text) => Some(Ok(Line::Shared(text))),
             // Pipes have no ping and no close frame: closing the pipe is the close.
             OutFrame::Ping | OutFrame::Close { .. } => None,
         })
