@@ -12,7 +12,8 @@
 //!
 //! Catching up reads the in-memory window first; a cursor older than the window is read from
 //! the durable store in batches (asynchronously: the rows come back as `Command::DiskRows`, so
-//! the router never waits on a disk). Only a cursor older than everything retained is a gap:
+//! the router never waits on a disk; a read that fails is tried again, later each time, and
+//! never taken for a gap). Only a cursor older than everything retained is a gap:
 //! the subscription gets one `subscription.overflow` notice and then follows its policy, `skip`
 //! (continue live) or `close` (end the subscription). Loss is always signalled, never silent.
 //!
@@ -24,6 +25,7 @@
 //! the next event.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::protocol::capabilities::ParticipantType;
 use crate::protocol::event::{EventType, SubscriptionOverflowData};
@@ -52,6 +54,14 @@ use crate::router::views::AgentView;
 /// Rows read from the store per catch-up batch: enough to amortise a read, few enough that a
 /// batch the outbox cannot take whole is cheap to re-read.
 pub const DISK_BATCH: usize = 512;
+
+/// A catch-up read the store could not answer (NATS away or slow, a disk error) is tried again
+/// after this, twice as long after each failure in a row, up to [`DISK_RETRY_MAX`]. The rows
+/// are still retained, so a failed read is no gap: reporting one lost events a dashboard on a
+/// standby was entitled to (the cluster fault test saw 183 go after one NATS timeout).
+pub const DISK_RETRY_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait between two tries of a failing catch-up read.
+pub const DISK_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Subscription state (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +116,8 @@ pub struct Subscription {
     pub overflow: OverflowPolicy,
     /// A store read for this subscription is in flight.
     pub disk_pending: bool,
+    /// Catch-up reads that failed in a row (the next waits longer: [`DISK_RETRY_FIRST`]).
+    pub disk_failures: u32,
     /// State.
     pub state: SubState,
     /// Where deliveries go.
@@ -162,11 +174,15 @@ impl std::fmt::Debug for DiskAccess {
 }
 
 impl DiskAccess {
-    fn request(&self, subscription: SubscriptionId, from: u64) {
-        let read = self.store.read(from, DISK_BATCH);
+    /// Reads a batch from `from` for `subscription`, after `wait`.
+    fn request(&self, subscription: SubscriptionId, from: u64, wait: Duration) {
+        let store = Arc::clone(&self.store);
         let back = self.rows_back.clone();
         tokio::spawn(async move {
-            let rows = read.await;
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+            let rows = store.read(from, DISK_BATCH).await;
             back(DiskRows {
                 subscription,
                 from,
@@ -497,7 +513,7 @@ impl EventBus {
                     if let Some(d) = disk.as_ref() {
                         if sub.cursor >= d.store.first_seq() {
                             sub.disk_pending = true;
-                            d.request(sub.id.clone(), sub.cursor);
+                            d.request(sub.id.clone(), sub.cursor, Duration::ZERO);
                             return;
                         }
                     }
@@ -542,9 +558,31 @@ impl EventBus {
             return;
         }
         let rows = match rows {
-            Ok(rows) => rows,
+            Ok(rows) => {
+                sub.disk_failures = 0;
+                rows
+            }
+            Err(StoreError::Io(e)) if self.disk.is_some() => {
+                // The rows are still there: read again later, never report them lost. The
+                // wait grows, so a broken store is not spun on; the subscription stays paused
+                // until a read succeeds or it is removed.
+                sub.disk_failures = sub.disk_failures.saturating_add(1);
+                let wait = retry_wait(sub.disk_failures);
+                if sub.disk_failures == 1 || sub.disk_failures % 20 == 0 {
+                    tracing::warn!(
+                        subscription = %id, error = %e, failures = sub.disk_failures, ?wait,
+                        "catch-up read failed; trying again"
+                    );
+                }
+                sub.disk_pending = true;
+                if let Some(d) = &self.disk {
+                    d.request(id.clone(), from, wait);
+                }
+                return;
+            }
             Err(e) => {
-                // Retrying could spin on a broken disk; the gap is reported instead.
+                // Unreadable (corrupt) or closed: reading again would fail the same way; the
+                // gap is reported instead.
                 tracing::error!(subscription = %id, error = %e, "catch-up read failed");
                 Vec::new()
             }
@@ -704,6 +742,14 @@ enum Overflowed {
 
 /// Queues the overflow notice for a cursor older than everything retained, and moves the
 /// cursor: to live (`skip`) or nowhere (`close`, the caller removes the subscription).
+/// How long to wait before trying a catch-up read again after `failures` failed in a row.
+fn retry_wait(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    DISK_RETRY_FIRST
+        .saturating_mul(1 << doublings)
+        .min(DISK_RETRY_MAX)
+}
+
 fn overflow(sub: &mut Subscription, log: &EventLog) -> Overflowed {
     let resume = log.next_seq();
     let lost = resume.saturating_sub(sub.cursor);
@@ -791,6 +837,7 @@ mod tests {
             window: None,
             overflow: Default::default(),
             disk_pending: false,
+            disk_failures: 0,
             overflows: 0,
             state: SubState::Pending,
             outbox: tx,

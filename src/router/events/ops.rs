@@ -450,6 +450,7 @@ impl Router {
             window: options.ack_window.filter(|w| *w > 0),
             overflow: options.on_overflow.unwrap_or_default(),
             disk_pending: false,
+            disk_failures: 0,
             overflows: 0,
             state: SubState::Pending,
             outbox,
@@ -509,6 +510,7 @@ impl Router {
             window: None,
             overflow: OverflowPolicy::Skip,
             disk_pending: false,
+            disk_failures: 0,
             overflows: 0,
             state: SubState::Paused,
             outbox: self

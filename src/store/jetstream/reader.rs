@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, Consumer, DeliverPolicy};
-use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind, Stream};
 use futures::StreamExt as _;
 
 use super::codec::{self, decode};
@@ -144,16 +145,61 @@ impl Reader {
     }
 
     /// The row at `seq`, `None` when there is none (not yet written, or deleted).
+    ///
+    /// A direct get is answered by any replica, and a replica behind the leader (a NATS server
+    /// just back from a partition, or one that has not applied the newest commit yet) says
+    /// "not found" for a row the stream holds. So "not found" is asked again of the leader
+    /// before it is believed: a hole taken for deletion lost a catch-up its events, a binary
+    /// search stepped past its answer, and the writer took a lagging replica for a purged
+    /// stream.
     pub(super) async fn get(&self, seq: u64) -> Result<Option<StoredRow>, StoreError> {
-        match tokio::time::timeout(self.timeout, self.stream.direct_get(seq)).await {
-            Err(_) => Err(nats_err(
-                &format!("reading seq {seq}"),
-                format!("no answer within {:?}", self.timeout),
-            )),
-            Ok(Ok(msg)) => decode(&msg).map(Some),
-            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Ok(Err(e)) => Err(nats_err(&format!("reading seq {seq}"), e)),
+        let what = || format!("reading seq {seq}");
+        let direct = tokio::time::timeout(self.timeout, self.stream.direct_get(seq)).await;
+        match direct {
+            Err(_) => return Err(nats_err(&what(), self.no_answer())),
+            Ok(Ok(msg)) => return decode(&msg).map(Some),
+            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => {}
+            Ok(Err(e)) => return Err(nats_err(&what(), e)),
         }
+        match tokio::time::timeout(self.timeout, self.stream.get_raw_message(seq)).await {
+            Err(_) => Err(nats_err(&what(), self.no_answer())),
+            Ok(Ok(msg)) => decode(&msg).map(Some),
+            Ok(Err(e)) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Ok(Err(e)) => Err(nats_err(&what(), e)),
+        }
+    }
+
+    /// The first message on `subject` at or after `seq`, `None` when there is none: a direct
+    /// get, and "not found" asked again of the leader, as [`Reader::get`] does.
+    async fn next_for_subject(
+        &self,
+        subject: &str,
+        seq: u64,
+    ) -> Result<Option<StreamMessage>, StoreError> {
+        let what = "reading by kind";
+        let direct = tokio::time::timeout(
+            self.timeout,
+            self.stream
+                .direct_get_next_for_subject(subject.to_owned(), Some(seq)),
+        )
+        .await;
+        match direct {
+            Err(_) => return Err(nats_err(what, self.no_answer())),
+            Ok(Ok(msg)) => return Ok(Some(msg)),
+            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => {}
+            Ok(Err(e)) => return Err(nats_err(what, e)),
+        }
+        let leader = self.stream.get_first_raw_message_by_subject(subject, seq);
+        match tokio::time::timeout(self.timeout, leader).await {
+            Err(_) => Err(nats_err(what, self.no_answer())),
+            Ok(Ok(msg)) => Ok(Some(msg)),
+            Ok(Err(e)) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Ok(Err(e)) => Err(nats_err(what, e)),
+        }
+    }
+
+    fn no_answer(&self) -> String {
+        format!("no answer within {:?}", self.timeout)
     }
 
     pub(super) async fn recover(&self, recent_rows: usize) -> Result<Recovered, StoreError> {
@@ -386,22 +432,8 @@ impl Reader {
         let mut seq = from;
         let mut taken = 0;
         while taken < limit && seq < next {
-            let got = tokio::time::timeout(
-                self.timeout,
-                self.stream
-                    .direct_get_next_for_subject(subject.clone(), Some(seq)),
-            )
-            .await;
-            let msg = match got {
-                Err(_) => {
-                    return Err(nats_err(
-                        "reading by kind",
-                        format!("no answer within {:?}", self.timeout),
-                    ))
-                }
-                Ok(Ok(msg)) => msg,
-                Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => break,
-                Ok(Err(e)) => return Err(nats_err("reading by kind", e)),
+            let Some(msg) = self.next_for_subject(&subject, seq).await? else {
+                break;
             };
             if msg.sequence >= next {
                 break;
