@@ -143,6 +143,7 @@ fn subscription(
         window: None,
         overflow: Default::default(),
         disk_pending: false,
+        disk_failures: 0,
         overflows: 0,
         state: SubState::Live,
         outbox,
