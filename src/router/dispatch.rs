@@ -547,9 +547,14 @@ impl Dispatcher {
 }
 
 /// Whether a follower (`RouterConfig::follower`) serves `method`: sessions, subscriptions and
-/// replay, which read the log and write nothing to it. Every other method is refused there
-/// with `RouterError::NotOnFollower`, before it reaches the router task.
+/// replay, which read the log and write nothing to it, and the reads of agents and scopes it
+/// answers from the saved records it follows (`router::relay::reads_saved_image`). Every
+/// other method is refused there with `RouterError::NotOnFollower`, before it reaches the
+/// router task.
 pub fn served_by_follower(method: &str) -> bool {
+    if crate::router::relay::reads_saved_image(method) {
+        return true;
+    }
     use methods::auth::{AuthRefresh, Authenticate};
     use methods::events::{Replay, Subscribe, Unsubscribe};
     use methods::session::{Connect, Disconnect};

@@ -342,6 +342,11 @@ impl Router {
                 &recovered.claims,
                 config.ids_per_principal,
             );
+            if config.follower {
+                // The live node's agents and scopes as saved, for the reads a follower
+                // answers (`router::handover`); what follows comes with the rows.
+                router.follow_saved_rows(&recovered.saved);
+            }
             if config.node.is_some() && !config.follower {
                 // Cluster mode, live node: save sessions, agents and scopes for the next one.
                 router.start_saving();

@@ -1,6 +1,6 @@
 //! Handing sessions, agents and scopes over from one live node of a cluster to the next.
 //!
-//! Owns the *saved image* of those three tables and its two halves:
+//! Owns the *saved image* of those three tables and its three parts:
 //!
 //! - **Saving** (the live node): each table records which ids changed
 //!   ([`Changes`](crate::router::changes::Changes)); after
@@ -19,6 +19,13 @@
 //!   sessions that were connected when the old live node died then go through the detach of
 //!   a lost connection (`participant_disconnected` with reason `router_restarted`, then their
 //!   disconnect policy: agents orphaned, or unregistered), once, by the new live node.
+//!
+//! - **Following** (a standby's router, `RouterConfig::follower`): the agents and scopes
+//!   records go into the follower's own registry and scopes as it follows them
+//!   ([`Router::follow_saved`]; those it starts from, [`Router::follow_saved_rows`]), newest
+//!   record wins, a drop removes; sessions' records are not taken. From them the standby
+//!   answers `map/agents/*` and `map/scopes/*` reads (`router::relay::reads_saved_image`).
+//!   That router is dropped at a takeover: the new live node restores as above.
 //!
 //! With stream limits (`RouterConfig::saved_refresh`), the live node also writes a record
 //! again before the limits would delete it ([`Router::refresh_saved`]), so the stream always
@@ -183,6 +190,121 @@ fn parents_first<T, K: Ord + Clone>(
         }
     }
     out
+}
+
+/// What one followed saved record says of its key: its newest record, or that it is gone.
+type Followed = (String, Option<Record>);
+
+/// The records of a `state.saved` (or an older node's `state.dropped`) event's JSON: several
+/// (`data.records`) or one (`data` itself, as the store's fold hands them over).
+fn followed_records(kind: EventType, json: &str) -> Vec<Followed> {
+    #[derive(Deserialize)]
+    struct Event {
+        data: Record,
+    }
+    let parse = |key: String, body: Option<&str>| -> Option<Followed> {
+        let Some(body) = body else {
+            return Some((key, None));
+        };
+        match serde_json::from_str::<Record>(body) {
+            Ok(r) => Some((key, Some(r))),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "follower: skipping an unreadable saved record");
+                None
+            }
+        }
+    };
+    if kind == EventType::StateSaved {
+        if let Some(records) = crate::store::kept::saved_records(json) {
+            return records
+                .into_iter()
+                .filter_map(|r| parse(r.key, r.json.as_deref()))
+                .collect();
+        }
+    }
+    match serde_json::from_str::<Event>(json) {
+        Ok(Event { data }) if kind == EventType::StateDropped => vec![(data.key, None)],
+        Ok(Event { data }) => {
+            let body = data.session.is_some() || data.agent.is_some() || data.scope.is_some();
+            vec![(data.key.clone(), body.then_some(data))]
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "follower: skipping an unreadable saved row");
+            Vec::new()
+        }
+    }
+}
+
+impl Router {
+    /// A follower: puts the saved records it starts from (`Recovered::saved`, one per key)
+    /// into its own registry and scopes ([`Router::follow_saved`]).
+    pub(crate) fn follow_saved_rows(&mut self, rows: &[StoredRow]) {
+        let records = rows
+            .iter()
+            .flat_map(|row| {
+                let kind = if row.kind == EventType::StateDropped.as_str() {
+                    EventType::StateDropped
+                } else {
+                    EventType::StateSaved
+                };
+                followed_records(kind, &row.json)
+            })
+            .collect();
+        self.apply_followed(records);
+    }
+
+    /// A follower: puts the records of one followed `state.saved` (or `state.dropped`) event
+    /// into its own registry and scopes, so that it answers `map/agents/list` / `get` and
+    /// `map/scopes/*` itself (`router::relay`) with the live node's data as of its last
+    /// saved call. Sessions' records are the live node's business: not taken.
+    pub(crate) fn follow_saved(&mut self, kind: EventType, json: &str) {
+        self.apply_followed(followed_records(kind, json));
+    }
+
+    /// Scopes first (parents first), then agents (parents first, each with its memberships
+    /// as saved), then what was dropped.
+    fn apply_followed(&mut self, records: Vec<Followed>) {
+        let (mut scopes, mut agents, mut dropped) = (Vec::new(), Vec::new(), Vec::new());
+        for (key, record) in records {
+            match record {
+                None => dropped.push(key),
+                Some(Record { scope: Some(s), .. }) => scopes.push(s),
+                Some(Record { agent: Some(a), .. }) => agents.push(a),
+                Some(_) => {}
+            }
+        }
+        for s in parents_first(scopes, |s| s.scope.id.clone(), |s| s.scope.parent.clone()) {
+            self.scopes.follow(s.scope, s.creator);
+        }
+        for a in parents_first(agents, |a| a.agent.id.clone(), |a| a.agent.parent.clone()) {
+            let mut agent = a.agent;
+            let id = agent.id.clone();
+            let want: BTreeSet<ScopeId> = std::mem::take(&mut agent.scopes).into_iter().collect();
+            self.registry
+                .follow(agent, a.state_before_suspend, a.state_before_orphan);
+            for scope in self.scopes.of_agent(&id).to_vec() {
+                if !want.contains(&scope) {
+                    self.scopes.leave(&scope, &id);
+                }
+            }
+            for scope in &want {
+                self.scopes.join(scope, &id);
+            }
+        }
+        for key in dropped {
+            match key.split_once(':') {
+                Some(("agent", id)) => {
+                    let id = AgentId::from(id);
+                    for scope in self.scopes.of_agent(&id).to_vec() {
+                        self.scopes.leave(&scope, &id);
+                    }
+                    self.registry.unfollow(&id);
+                }
+                Some(("scope", id)) => self.scopes.unfollow(&ScopeId::from(id)),
+                _ => {}
+            }
+        }
+    }
 }
 
 impl Router {

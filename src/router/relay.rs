@@ -31,7 +31,10 @@
 //!   (A connect this node cannot prove at once, `map/authenticate` after `authRequired`,
 //!   opens its session here and the relay session at the first call it cannot serve.)
 //! - Subscriptions and replay are served here (that is where a standby saves the writer's
-//!   fan-out), unless the session speaks as an agent (the writer's answer to its connect or
+//!   fan-out), and so are the reads of agents and scopes ([`reads_saved_image`]: from the
+//!   writer's saved records as followed, `router::handover`; once a call of the session
+//!   went to the writer, only after following the stream to its end, so the read shows what
+//!   the call changed), unless the session speaks as an agent (the writer's answer to its connect or
 //!   resume says `agent` or lists agents it owns or reclaimed, it registered an agent, or it
 //!   loaded another session): what an agent viewer is shown depends on the registry, which
 //!   the writer holds. `map/unsubscribe` and `map/subscribe.ack` go where the subscription is.
@@ -107,6 +110,56 @@ pub trait Relay: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// The reads a follower answers from the live node's saved agents and scopes, as it follows
+/// them (`router::handover`), for a session that does not speak as an agent (an agent's view
+/// depends on its own record's rules, which the writer applies): `map/agents/list` and `get`,
+/// `map/scopes/list`, `get` and `members`. Answered with this node's permission checks on the
+/// caller's principal, as the writer would; after a call of the session's went to the writer,
+/// only once this node has followed the stream to its end (read your writes).
+pub fn reads_saved_image(method: &str) -> bool {
+    use crate::protocol::methods::agents::{AgentsGet, AgentsList};
+    use crate::protocol::methods::scopes::{ScopesGet, ScopesList, ScopesMembers};
+    use crate::protocol::methods::Method;
+    [
+        AgentsList::NAME,
+        AgentsGet::NAME,
+        ScopesList::NAME,
+        ScopesGet::NAME,
+        ScopesMembers::NAME,
+    ]
+    .contains(&method)
+}
+
+/// Longest wait of a read on a follower for the rows its session's relayed calls wrote
+/// ([`followed_to_the_end`]); past it the read goes to the writer.
+pub const READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(2);
+
+/// A follower: whether it has followed (within [`READ_YOUR_WRITES_WAIT`]) every row the
+/// stream holds now. The writer commits a call's saved records before it answers, so once
+/// this holds a read here shows what every call answered before it changed.
+pub async fn followed_to_the_end(router: &super::handle::RouterHandle) -> bool {
+    let deadline = tokio::time::Instant::now() + READ_YOUR_WRITES_WAIT;
+    let Some(store) = router.store() else {
+        return true;
+    };
+    let Ok(Ok(end)) = tokio::time::timeout_at(deadline, store.head()).await else {
+        return false;
+    };
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match router.with(|r| r.bus.log.next_seq()).await {
+            Ok(next) if next >= end => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+        if tokio::time::Instant::now() + pause > deadline {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
 /// Where a follower's call goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -131,6 +184,10 @@ pub struct RelayState {
     local_subs: HashSet<String>,
     /// The session speaks as an agent: its subscriptions and replay are the writer's.
     agent: bool,
+    /// A call went to the writer since a read was last answered here: the next read served
+    /// here first follows the stream to its end ([`followed_to_the_end`]), so that it shows
+    /// what that call changed.
+    wrote: bool,
     link: Option<Open>,
     next_id: u64,
     /// The principal the connection was admitted as by whoever opened it (an in-process link
@@ -407,12 +464,22 @@ impl RelayState {
                 Route::Writer
             };
         }
-        if (method == Subscribe::NAME || method == Replay::NAME)
+        if (method == Subscribe::NAME || method == Replay::NAME || reads_saved_image(method))
             && (self.link.is_none() || !self.agent)
         {
             return Route::Here;
         }
         Route::Writer
+    }
+
+    /// Whether a call went to the writer since the last read served here; clears it.
+    pub fn take_wrote(&mut self) -> bool {
+        std::mem::take(&mut self.wrote)
+    }
+
+    /// A read served here could not follow the stream to its end: the next one tries again.
+    pub fn wrote_still(&mut self) {
+        self.wrote = true;
     }
 
     /// Whether a notification from the client goes to the writer: every one once the relay
@@ -595,6 +662,7 @@ impl RelayState {
     ) -> Result<String, ErrorObject> {
         refuse_relay_trace(params)?;
         self.ensure_open(relay, conn, outbox).await?;
+        self.wrote = true;
         if method == <crate::protocol::methods::agents::AgentsRegister as crate::protocol::methods::Method>::NAME {
             self.agent = true;
         }

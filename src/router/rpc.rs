@@ -469,12 +469,22 @@ impl RpcSession {
             }
         }
         let served = crate::router::dispatch::served_by_follower(method);
-        match (
-            self.relay
-                .get()
-                .route(method, params, relay.is_some(), served),
-            relay,
-        ) {
+        let mut route = self
+            .relay
+            .get()
+            .route(method, params, relay.is_some(), served);
+        if route == Route::Here
+            && relay.is_some()
+            && crate::router::relay::reads_saved_image(method)
+            && self.relay.get().take_wrote()
+            && !crate::router::relay::followed_to_the_end(&self.router).await
+        {
+            // Read your writes: this node could not follow what the session's relayed calls
+            // wrote in time (NATS slow or away), so the writer answers (and the next read
+            // here waits again: forwarding marks the session).
+            route = Route::Writer;
+        }
+        match (route, relay) {
             (Route::Writer, Some(relay)) => {
                 use methods::messaging::Send;
                 if method == Send::NAME && self.pipeline.is_some() && !self.in_batch {

@@ -124,6 +124,15 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// The oldest retained sequence number (moves forward as retention deletes rows).
     fn first_seq(&self) -> u64;
 
+    /// The position after the newest row the log holds now, as its writer committed it: what
+    /// this store has committed, for the store a router writes; the stream's own end, asked of
+    /// NATS, for a follower's (what a read must wait to have followed to show a relayed
+    /// call's changes, `router::relay`).
+    fn head(&self) -> StoreFuture<u64> {
+        let committed = *self.committed().borrow();
+        Box::pin(async move { Ok(committed) })
+    }
+
     /// The sequence number of the first event a fresh store holds (SQLite's 0; JetStream
     /// numbers from 1). A `first_seq` at or below it means retention never deleted anything.
     fn origin(&self) -> u64 {

@@ -307,6 +307,37 @@ impl Registry {
         }
     }
 
+    /// An agent as the live node last saved it (`router::handover`), on a follower that
+    /// answers reads from what it follows: replaced in place when known (its place in the
+    /// order and its children kept), inserted otherwise.
+    pub fn follow(
+        &mut self,
+        agent: Agent,
+        state_before_suspend: Option<AgentState>,
+        state_before_orphan: Option<AgentState>,
+    ) {
+        let id = agent.id.clone();
+        let kept = self.remove(&id).map(|r| (r.order, r.children));
+        self.insert(agent);
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        rec.state_before_suspend = state_before_suspend;
+        rec.state_before_orphan = state_before_orphan;
+        if let Some((order, children)) = kept {
+            self.order.remove(&rec.order);
+            rec.order = order;
+            rec.children = children;
+            self.order.insert(order, id);
+        }
+    }
+
+    /// An agent the live node dropped from its saved records, on a follower
+    /// ([`Registry::follow`]).
+    pub fn unfollow(&mut self, id: &AgentId) {
+        self.remove(id);
+    }
+
     /// Why an orphan whose deadline has passed at `now` is to be unregistered (`None`: it
     /// is no orphan, or not yet due).
     pub fn orphan_expired(&self, id: &AgentId, now: Instant) -> Option<&'static str> {

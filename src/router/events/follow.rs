@@ -7,7 +7,9 @@
 //! as any event; the identity claims among them go to the identities table, so that an id is
 //! a principal's on a follower exactly when it is on the writer, and a participant's new
 //! permissions (`permissions_client_updated`) go to its session here, so that what this node
-//! serves it (subscriptions, replay) follows them; and on a cluster standby each row goes to
+//! serves it (subscriptions, replay) follows them; the live node's saved records of agents and
+//! scopes (`state.saved`) go to this router's registry and scopes (`router::handover`), from
+//! which it answers `map/agents/*` and `map/scopes/*` reads; and on a cluster standby each row goes to
 //! its fold of the lifecycle events (`sessions::lifecycle::LifecycleFold`), which the router
 //! that takes the stream over starts from. Every row arrives committed,
 //! so a follower delivers at once. What a follower
@@ -16,6 +18,7 @@
 
 use std::sync::Arc;
 
+use crate::protocol::event::EventType;
 use crate::router::core::Router;
 use crate::router::events::log::{EventRecord, StoredRow};
 
@@ -50,6 +53,11 @@ impl Router {
             if self.bus.log.push_followed(Arc::clone(&record)) {
                 // Who is open, for a takeover by this node (`sessions::recovery`).
                 self.fold_followed(&record);
+                if matches!(record.kind, EventType::StateSaved | EventType::StateDropped) {
+                    // The live node's agents and scopes, for the reads served here
+                    // (`router::handover`).
+                    self.follow_saved(record.kind, &record.json);
+                }
                 let (bus, agents) = self.bus_and_agents();
                 bus.publish(&record, agents);
                 // A participant's new permissions reach its session here too, as on the

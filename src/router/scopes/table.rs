@@ -168,6 +168,25 @@ impl Scopes {
         }
     }
 
+    /// A scope as the live node last saved it (`router::handover`), on a follower that
+    /// answers reads from what it follows: updated in place when known (its members, children
+    /// and place in the order kept; a scope's parent never changes), inserted otherwise.
+    pub fn follow(&mut self, scope: Scope, creator: Option<ParticipantId>) {
+        match self.scopes.get_mut(&scope.id) {
+            Some(rec) => {
+                rec.scope = scope;
+                rec.creator = creator;
+            }
+            None => self.insert(scope, creator),
+        }
+    }
+
+    /// A scope the live node dropped from its saved records, on a follower
+    /// ([`Scopes::follow`]); its members leave it.
+    pub fn unfollow(&mut self, id: &ScopeId) {
+        self.remove(id);
+    }
+
     /// Inserts a scope whose id is free and whose parent, if any, exists.
     pub(in crate::router::scopes) fn insert(
         &mut self,

@@ -339,6 +339,11 @@ impl EventStore for Follower {
         self.reader.read_owned(from, limit)
     }
 
+    fn head(&self) -> StoreFuture<u64> {
+        let reader = self.reader.clone();
+        Box::pin(async move { reader.bounds().await.map(|(_, next)| next) })
+    }
+
     fn seq_after(&self, id: EventId) -> StoreFuture<u64> {
         self.reader.seq_after_owned(id)
     }
