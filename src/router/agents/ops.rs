@@ -782,10 +782,19 @@ impl Router {
                 .map(|r| self.agent_view().complete(r.agent.clone()))
                 .collect()
         };
-        let agent = self
+        let mut agent = self
             .agent_view()
             .snapshot(id)
             .ok_or_else(|| RouterError::AgentNotFound(id.to_string()))?;
+        // Its `children` name only those the caller may see (a parent-only child's id is its
+        // owner's and the parent's owner's to know).
+        if let Some(children) = agent.children.as_mut() {
+            children.retain(|c| {
+                self.registry
+                    .get(c)
+                    .is_some_and(|r| can_see_agent(&caller.viewer(), &r.agent, self.agent_view()))
+            });
+        }
         let parent = if include.parent == Some(true) {
             agent
                 .parent
