@@ -92,6 +92,33 @@ impl RouterHandle {
         &self.shared.config
     }
 
+    /// A follower: whether it has followed, within `limit`, every row the stream holds now
+    /// (`EventStore::head`). The writer commits a call's saved records before it answers, so
+    /// once this holds a read here shows what every call answered before it changed (read
+    /// your writes, `router::relay`).
+    pub async fn followed_to_the_end(&self, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        let Some(store) = self.store() else {
+            return true;
+        };
+        let Ok(Ok(end)) = tokio::time::timeout_at(deadline, store.head()).await else {
+            return false;
+        };
+        let mut pause = std::time::Duration::from_micros(200);
+        loop {
+            match self.with(|r| r.bus.log.next_seq()).await {
+                Ok(next) if next >= end => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return false;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// The durable event store, if the log is durable.
     pub fn store(&self) -> Option<Arc<dyn crate::store::EventStore>> {
         self.shared.store.clone()

@@ -131,34 +131,8 @@ pub fn reads_saved_image(method: &str) -> bool {
 }
 
 /// Longest wait of a read on a follower for the rows its session's relayed calls wrote
-/// ([`followed_to_the_end`]); past it the read goes to the writer.
+/// (`RouterHandle::followed_to_the_end`); past it the read goes to the writer.
 pub const READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(2);
-
-/// A follower: whether it has followed (within [`READ_YOUR_WRITES_WAIT`]) every row the
-/// stream holds now. The writer commits a call's saved records before it answers, so once
-/// this holds a read here shows what every call answered before it changed.
-pub async fn followed_to_the_end(router: &super::handle::RouterHandle) -> bool {
-    let deadline = tokio::time::Instant::now() + READ_YOUR_WRITES_WAIT;
-    let Some(store) = router.store() else {
-        return true;
-    };
-    let Ok(Ok(end)) = tokio::time::timeout_at(deadline, store.head()).await else {
-        return false;
-    };
-    let mut pause = Duration::from_micros(200);
-    loop {
-        match router.with(|r| r.bus.log.next_seq()).await {
-            Ok(next) if next >= end => return true,
-            Ok(_) => {}
-            Err(_) => return false,
-        }
-        if tokio::time::Instant::now() + pause > deadline {
-            return false;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(10));
-    }
-}
 
 /// Where a follower's call goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,8 +159,8 @@ pub struct RelayState {
     /// The session speaks as an agent: its subscriptions and replay are the writer's.
     agent: bool,
     /// A call went to the writer since a read was last answered here: the next read served
-    /// here first follows the stream to its end ([`followed_to_the_end`]), so that it shows
-    /// what that call changed.
+    /// here first follows the stream to its end (`RouterHandle::followed_to_the_end`), so
+    /// that it shows what that call changed.
     wrote: bool,
     link: Option<Open>,
     next_id: u64,

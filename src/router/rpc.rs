@@ -477,7 +477,10 @@ impl RpcSession {
             && relay.is_some()
             && crate::router::relay::reads_saved_image(method)
             && self.relay.get().take_wrote()
-            && !crate::router::relay::followed_to_the_end(&self.router).await
+            && !self
+                .router
+                .followed_to_the_end(crate::router::relay::READ_YOUR_WRITES_WAIT)
+                .await
         {
             // Read your writes: this node could not follow what the session's relayed calls
             // wrote in time (NATS slow or away), so the writer answers (and the next read
