@@ -34,10 +34,10 @@
 //!   fan-out), and so are the reads of agents and scopes ([`reads_saved_image`]: from the
 //!   writer's saved records as followed, `router::handover`; once a call of the session
 //!   went to the writer, only after following the stream to its end, so the read shows what
-//!   the call changed), unless the session speaks as an agent (the writer's answer to its connect or
-//!   resume says `agent` or lists agents it owns or reclaimed, it registered an agent, or it
-//!   loaded another session): what an agent viewer is shown depends on the registry, which
-//!   the writer holds. `map/unsubscribe` and `map/subscribe.ack` go where the subscription is.
+//!   the call changed), unless the session speaks as an agent (the writer's answer to its
+//!   connect or resume says `agent` or lists agents it owns or reclaimed, it registered an
+//!   agent, or it loaded another session): what an agent viewer is shown depends on its own
+//!   agent's record and rules, which the writer applies. `map/unsubscribe` and `map/subscribe.ack` go where the subscription is.
 //! - Every other call, and every other notification from the client, goes to the writer;
 //!   `map/disconnect` ends both sessions (the client gets the writer's answer).
 //! - Calls are forwarded in order, each with an id of the relay's own; the writer's answer
@@ -449,11 +449,6 @@ impl RelayState {
     /// Whether a call went to the writer since the last read served here; clears it.
     pub fn take_wrote(&mut self) -> bool {
         std::mem::take(&mut self.wrote)
-    }
-
-    /// A read served here could not follow the stream to its end: the next one tries again.
-    pub fn wrote_still(&mut self) {
-        self.wrote = true;
     }
 
     /// Whether a notification from the client goes to the writer: every one once the relay
