@@ -242,6 +242,11 @@ async fn a_standby_answers_reads_as_the_live_node_would_for_every_principal() {
         let gone = ops1.err("map/scopes/get", json!({"scopeId": id})).await;
         assert!(gone["code"].is_number(), "deleted {id}: {gone}");
     }
+    // A session closed on the live node has no session on the standby either: its reads are
+    // refused there, as on the live node (1000), until it connects again.
+    ops1.ok("map/session/close", json!({})).await;
+    let refused = ops1.err("map/agents/list", json!({})).await;
+    assert_eq!(refused["code"], json!(1000), "{refused}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for b in busy {
         within(Duration::from_secs(10), b).await.unwrap();

@@ -816,14 +816,21 @@ impl RelayState {
 }
 
 /// Whether the writer's answer to `method` leaves the session speaking as an agent (its
-/// subscriptions are then the writer's): a connect or resume that answers an `agent` session
-/// or one with agents (owned, reclaimed), and a `map/session/load` (the connection is another
-/// session now, which this node's own session for it is not).
+/// subscriptions and reads are then the writer's): a connect or resume that answers an
+/// `agent` session or one with agents (owned, reclaimed), a `map/session/load` (the
+/// connection is another session now, which this node's own session for it is not), and a
+/// `map/session/close` of the connection's own session (`current`: it has no session there
+/// now, and the writer refuses its calls until it connects again; this node's session would
+/// have answered them).
 fn speaks_as_agent(method: &str, answer: &str) -> bool {
-    use crate::protocol::methods::session::{Connect, SessionLoad};
+    use crate::protocol::methods::session::{Connect, SessionClose, SessionLoad};
     use crate::protocol::methods::Method;
     if method == SessionLoad::NAME {
         return true;
+    }
+    if method == SessionClose::NAME {
+        let answer: serde_json::Value = serde_json::from_str(answer).unwrap_or_default();
+        return answer["current"] == serde_json::json!(true);
     }
     if method != Connect::NAME {
         return false;
@@ -1094,6 +1101,11 @@ mod tests {
         assert!(!connect(r#"{"participantType":"client","ownedAgents":[]}"#));
         assert!(!connect("not json"));
         assert!(speaks_as_agent("map/session/load", r#"{"restored":true}"#));
+        assert!(speaks_as_agent(
+            "map/session/close",
+            r#"{"closed":true,"current":true}"#
+        ));
+        assert!(!speaks_as_agent("map/session/close", r#"{"closed":true}"#));
         assert!(!speaks_as_agent(
             "map/send",
             r#"{"participantType":"agent"}"#
