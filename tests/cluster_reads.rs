@@ -21,7 +21,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{free_port, health_until, keys_file, node_args, serving, start};
+use common::cluster::{free_port, health_until, keys_file, node_args, serving, start, Started};
 use common::nats::Nats;
 use common::*;
 use serde_json::{json, Value};
@@ -37,9 +37,17 @@ fn key(principal: &str) -> &'static str {
     KEYS.iter().find(|(_, p)| *p == principal).unwrap().0
 }
 
-/// `[auth]` with the four principals' keys (a file under `dir`), `ops` a system principal,
-/// `nobody` without `observation.canQuery`: appended to a node's config file.
-fn with_auth(args: &[std::ffi::OsString], keys: &str) {
+/// Starts node `name` on `nats` with `cluster` added to its `[cluster]`, and `[auth]` with the
+/// four principals' keys (the file `keys`), `ops` a system principal, `nobody` without
+/// `observation.canQuery`.
+async fn start_node(nats: &Nats, dir: &TempDir, keys: &str, name: &str, cluster: &str) -> Started {
+    let port = free_port();
+    let args = node_args(
+        &nats.url(),
+        &dir.path.join(name),
+        port,
+        &format!("node = \"{name}\"\n{cluster}"),
+    );
     let config = std::path::PathBuf::from(args.last().unwrap());
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
@@ -50,6 +58,7 @@ fn with_auth(args: &[std::ffi::OsString], keys: &str) {
         ),
     )
     .unwrap();
+    start(args, port).await
 }
 
 /// A call's outcome as compared across nodes: the result (without `asOf`, the newest event
@@ -98,25 +107,16 @@ async fn a_standby_answers_reads_as_the_live_node_would_for_every_principal() {
     let nats = Nats::start("reads");
     let dir = TempDir::new("cluster-reads");
     let keys = keys_file(&dir.path, &KEYS);
-    let live_port = free_port();
-    let args = node_args(
-        &nats.url(),
-        &dir.path.join("n0"),
-        live_port,
-        "node = \"n0\"",
-    );
-    with_auth(&args, &keys);
-    let live = start(args, live_port).await;
+    let live = start_node(&nats, &dir, &keys, "n0", "").await;
     health_until(&live.url, Duration::from_secs(20), "ok", |s, _| s == 200).await;
-    let port = free_port();
-    let args = node_args(
-        &nats.url(),
-        &dir.path.join("n1"),
-        port,
-        "node = \"n1\"\nstandby = true\ntakeover_poll_ms = 100",
-    );
-    with_auth(&args, &keys);
-    let standby = start(args, port).await;
+    let standby = start_node(
+        &nats,
+        &dir,
+        &keys,
+        "n1",
+        "standby = true\ntakeover_poll_ms = 100",
+    )
+    .await;
     health_until(&standby.url, Duration::from_secs(20), "serving", serving).await;
 
     // Agents and scopes, made on the live node: alice's public one, her parent-only child;
@@ -253,7 +253,7 @@ async fn a_standby_answers_reads_as_the_live_node_would_for_every_principal() {
     }
 }
 
-fn signal(node: &common::cluster::Started, sig: &str) {
+fn signal(node: &Started, sig: &str) {
     let pid = node.child.id().expect("running").to_string();
     let status = std::process::Command::new("kill")
         .args([&format!("-{sig}"), &pid])

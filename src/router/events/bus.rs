@@ -740,8 +740,6 @@ enum Overflowed {
     NoRoom,
 }
 
-/// Queues the overflow notice for a cursor older than everything retained, and moves the
-/// cursor: to live (`skip`) or nowhere (`close`, the caller removes the subscription).
 /// How long to wait before trying a catch-up read again after `failures` failed in a row.
 fn retry_wait(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
@@ -750,6 +748,8 @@ fn retry_wait(failures: u32) -> Duration {
         .min(DISK_RETRY_MAX)
 }
 
+/// Queues the overflow notice for a cursor older than everything retained, and moves the
+/// cursor: to live (`skip`) or nowhere (`close`, the caller removes the subscription).
 fn overflow(sub: &mut Subscription, log: &EventLog) -> Overflowed {
     let resume = log.next_seq();
     let lost = resume.saturating_sub(sub.cursor);

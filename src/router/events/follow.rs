@@ -9,9 +9,9 @@
 //! permissions (`permissions_client_updated`) go to its session here, so that what this node
 //! serves it (subscriptions, replay) follows them; the live node's saved records of agents and
 //! scopes (`state.saved`) go to this router's registry and scopes (`router::handover`), from
-//! which it answers `map/agents/*` and `map/scopes/*` reads; and on a cluster standby each row goes to
-//! its fold of the lifecycle events (`sessions::lifecycle::LifecycleFold`), which the router
-//! that takes the stream over starts from. Every row arrives committed,
+//! which it answers `map/agents/*` and `map/scopes/*` reads; and on a cluster standby each row
+//! goes to its fold of the lifecycle events (`sessions::lifecycle::LifecycleFold`), which the
+//! router that takes the stream over starts from. Every row arrives committed,
 //! so a follower delivers at once. What a follower
 //! refuses (everything that would write the log) is decided by the method table
 //! (`router::dispatch::served_by_follower`).

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, Consumer, DeliverPolicy};
 use async_nats::jetstream::message::StreamMessage;
-use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::{
+    DirectGetError, DirectGetErrorKind, RawMessageError, RawMessageErrorKind, Stream,
+};
 use futures::StreamExt as _;
 
 use super::codec::{self, decode};
@@ -145,61 +147,59 @@ impl Reader {
     }
 
     /// The row at `seq`, `None` when there is none (not yet written, or deleted).
-    ///
-    /// A direct get is answered by any replica, and a replica behind the leader (a NATS server
-    /// just back from a partition, or one that has not applied the newest commit yet) says
-    /// "not found" for a row the stream holds. So "not found" is asked again of the leader
-    /// before it is believed: a hole taken for deletion lost a catch-up its events, a binary
-    /// search stepped past its answer, and the writer took a lagging replica for a purged
-    /// stream.
     pub(super) async fn get(&self, seq: u64) -> Result<Option<StoredRow>, StoreError> {
-        let what = || format!("reading seq {seq}");
-        let direct = tokio::time::timeout(self.timeout, self.stream.direct_get(seq)).await;
-        match direct {
-            Err(_) => return Err(nats_err(&what(), self.no_answer())),
-            Ok(Ok(msg)) => return decode(&msg).map(Some),
-            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => {}
-            Ok(Err(e)) => return Err(nats_err(&what(), e)),
-        }
-        match tokio::time::timeout(self.timeout, self.stream.get_raw_message(seq)).await {
-            Err(_) => Err(nats_err(&what(), self.no_answer())),
-            Ok(Ok(msg)) => decode(&msg).map(Some),
-            Ok(Err(e)) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Ok(Err(e)) => Err(nats_err(&what(), e)),
-        }
+        let what = format!("reading seq {seq}");
+        let direct = self.stream.direct_get(seq);
+        let found = self
+            .settled(&what, direct, || self.stream.get_raw_message(seq))
+            .await?;
+        found.map(|msg| decode(&msg)).transpose()
     }
 
-    /// The first message on `subject` at or after `seq`, `None` when there is none: a direct
-    /// get, and "not found" asked again of the leader, as [`Reader::get`] does.
+    /// The first message on `subject` at or after `seq`, `None` when there is none.
     async fn next_for_subject(
         &self,
         subject: &str,
         seq: u64,
     ) -> Result<Option<StreamMessage>, StoreError> {
-        let what = "reading by kind";
-        let direct = tokio::time::timeout(
-            self.timeout,
-            self.stream
-                .direct_get_next_for_subject(subject.to_owned(), Some(seq)),
-        )
-        .await;
-        match direct {
-            Err(_) => return Err(nats_err(what, self.no_answer())),
+        let direct = self
+            .stream
+            .direct_get_next_for_subject(subject.to_owned(), Some(seq));
+        self.settled("reading by kind", direct, || {
+            self.stream.get_first_raw_message_by_subject(subject, seq)
+        })
+        .await
+    }
+
+    /// The message a direct get answers, its "not found" asked again of the stream's leader
+    /// (`leader`) before it is believed: any replica answers a direct get, and one behind the
+    /// leader (a NATS server just back from a partition, or one that has not applied the
+    /// newest commit yet) says "not found" for a row the stream holds. Believed at once, a
+    /// hole taken for deletion lost a catch-up its events, a binary search stepped past its
+    /// answer, and the writer took a lagging replica for a purged stream. Each request is
+    /// bounded by the request timeout; `what` names the read in errors.
+    async fn settled<L>(
+        &self,
+        what: &str,
+        direct: impl std::future::Future<Output = Result<StreamMessage, DirectGetError>>,
+        leader: impl FnOnce() -> L,
+    ) -> Result<Option<StreamMessage>, StoreError>
+    where
+        L: std::future::Future<Output = Result<StreamMessage, RawMessageError>>,
+    {
+        let no_answer = || nats_err(what, format!("no answer within {:?}", self.timeout));
+        match tokio::time::timeout(self.timeout, direct).await {
+            Err(_) => return Err(no_answer()),
             Ok(Ok(msg)) => return Ok(Some(msg)),
             Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => {}
             Ok(Err(e)) => return Err(nats_err(what, e)),
         }
-        let leader = self.stream.get_first_raw_message_by_subject(subject, seq);
-        match tokio::time::timeout(self.timeout, leader).await {
-            Err(_) => Err(nats_err(what, self.no_answer())),
+        match tokio::time::timeout(self.timeout, leader()).await {
+            Err(_) => Err(no_answer()),
             Ok(Ok(msg)) => Ok(Some(msg)),
             Ok(Err(e)) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
             Ok(Err(e)) => Err(nats_err(what, e)),
         }
-    }
-
-    fn no_answer(&self) -> String {
-        format!("no answer within {:?}", self.timeout)
     }
 
     pub(super) async fn recover(&self, recent_rows: usize) -> Result<Recovered, StoreError> {
